@@ -1,0 +1,8 @@
+"""``python -m mmd``: the same as the ``mmd`` console script."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Atomic file commits: write to a hidden temporary file in the target's folder, fsync, rename.
+
+A reader (a grader's diff, the daemon's next scan) sees either no file or the
+whole file, never a part. The temporary name starts with ``.`` and ends with
+``.tmp`` so that mmd's own inbox scanner and most tools ignore it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import OutputError
+
+
+@dataclass(frozen=True)
+class Written:
+    """What was committed: its path, size and sha256."""
+
+    path: Path
+    bytes: int
+    sha256: str
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on folders; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, replace: bool = True) -> Written:
+    """Write ``chunks`` to ``path`` atomically and return its size and sha256.
+
+    With ``replace=False`` an existing ``path`` is never overwritten: the
+    commit uses ``link`` + ``unlink`` so that a name taken meanwhile raises
+    FileExistsError instead of being replaced. Any OSError (disk full,
+    permissions) leaves no partial file behind and is raised as OutputError.
+    """
+    folder = path.parent
+    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                digest.update(view)
+                while view:
+                    done = os.write(fd, view)
+                    view = view[done:]
+                size += len(chunk)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails with FileExistsError if the name was taken
+            os.unlink(tmp)
+    except FileExistsError:
+        _unlink_quietly(tmp)
+        raise
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}", {"path": str(path)}) from None
+    if durable:
+        _fsync_dir(folder)
+    return Written(path=path, bytes=size, sha256=digest.hexdigest())
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

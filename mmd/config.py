@@ -1,0 +1,199 @@
+"""Typed, validated settings.
+
+Precedence, lowest first: built-in defaults < config file < ``MMD_*``
+environment < command-line flags. The file is read with ``yaml.safe_load``;
+an unknown key or a wrong type is a :class:`ConfigError` that names the key
+and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+#: Searched in order when no --config and no MMD_CONFIG is given.
+DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "backend": ("auto", "cpu", "cuda"),
+    "memory": ("device", "pitched", "managed"),
+    "observer": ("auto", "inotify", "polling"),
+    "log_format": ("auto", "json", "console"),
+    "log_level": ("debug", "info", "warning", "error"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything mmd can be told. Field comments are the documentation."""
+
+    # -- the job --
+    backend: str = "auto"  # auto: cuda when it works, else cpu (and say so)
+    kernel: str = "tiled"  # a name from `mmd kernels`
+    tile: int = 32  # threads per block edge; 64 is refused on every current GPU
+    memory: str = "device"  # device | pitched | managed
+    device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
+    # -- the spool (relative paths are taken from the working directory) --
+    inbox: Path = Path("inbox")
+    outbox: Path = Path("outbox")
+    # -- limits --
+    max_memory_bytes: int | None = None  # None: the machine's physical memory
+    max_file_bytes: int | None = None  # None: no limit beyond memory
+    max_queue: int = 100_000  # jobs waiting in the daemon's queue
+    # -- the daemon --
+    observer: str = "auto"  # auto | inotify | polling (network filesystems)
+    rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
+    quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete
+    poll_seconds: float = 1.0  # polling observer period
+    # -- logs --
+    log_format: str = "auto"  # auto: console on a terminal, JSON otherwise
+    log_level: str = "info"
+    #: Where the settings came from, for messages (not a setting).
+    sources: tuple[str, ...] = field(default=("defaults",), compare=False)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied and validated (None values are ignored)."""
+        clean = {k: v for k, v in changes.items() if v is not None}
+        return _validated(dataclasses.replace(self, **clean), "override")
+
+
+_FIELDS = {f.name: f for f in fields(Settings) if f.name != "sources"}
+
+
+def _coerce(name: str, value: Any, origin: str) -> Any:
+    """Convert ``value`` to the type of setting ``name`` or raise ConfigError."""
+    ftype = str(_FIELDS[name].type)
+    where = f"{origin}: {name}"
+    if value is None:
+        if "None" in ftype:
+            return None
+        raise ConfigError(f"{where} must not be empty")
+    try:
+        if ftype.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(str(value).replace("_", "")) if isinstance(value, str) else int(value)
+        if ftype.startswith("float"):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if ftype.startswith("Path"):
+            if not isinstance(value, (str, Path)) or str(value) == "":
+                raise ValueError
+            return Path(value)
+        if ftype.startswith("str"):
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be {ftype.replace(' | None', ' or null')}, got {value!r}") from None
+    raise AssertionError(f"unhandled setting type {ftype}")
+
+
+def _validated(s: Settings, origin: str) -> Settings:
+    for name, allowed in CHOICES.items():
+        value = getattr(s, name)
+        if value not in allowed:
+            raise ConfigError(f"{origin}: {name} must be one of {', '.join(allowed)}, got {value!r}")
+    if s.tile <= 0:
+        raise ConfigError(f"{origin}: tile must be a positive integer, got {s.tile}")
+    for name in ("rescan_seconds", "quiet_seconds", "poll_seconds"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{origin}: {name} must be positive")
+    for name in ("max_memory_bytes", "max_file_bytes"):
+        value = getattr(s, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{origin}: {name} must be positive or null")
+    if s.max_queue <= 0:
+        raise ConfigError(f"{origin}: max_queue must be positive")
+    return s
+
+
+def _apply(base: Settings, values: Mapping[str, Any], origin: str) -> Settings:
+    changes = {}
+    for key, value in values.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(_FIELDS)})")
+        changes[key] = _coerce(key, value, origin)
+    merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin))
+    return _validated(merged, origin)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file into a mapping (empty file: no settings)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """Settings given as ``MMD_<NAME>`` variables (``MMD_CONFIG`` is the file, not a setting)."""
+    out = {}
+    for key, value in environ.items():
+        if key.startswith("MMD_") and key != "MMD_CONFIG":
+            name = key[4:].lower()
+            if name not in _FIELDS:
+                raise ConfigError(f"environment: unknown setting {key}")
+            out[name] = None if value.strip().lower() in ("", "null", "none") else value
+    return out
+
+
+def find_config(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file to use: --config, else $MMD_CONFIG, else config/mmd.yaml if present."""
+    if explicit is not None:
+        return explicit
+    if environ.get("MMD_CONFIG"):
+        return Path(environ["MMD_CONFIG"])
+    for candidate in DEFAULT_CONFIG_PATHS:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load(
+    config: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings from defaults, the config file, the environment and ``overrides`` (flags).
+
+    ``overrides`` entries that are None (flags not given) are ignored.
+    """
+    environ = os.environ if environ is None else environ
+    settings = Settings()
+    path = find_config(config, environ)
+    if path is not None:
+        settings = _apply(settings, read_file(path), str(path))
+    settings = _apply(settings, env_values(environ), "environment")
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        settings = _apply(settings, flags, "command line")
+    return settings
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory, or None where the OS will not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,0 +1,115 @@
+"""mmd's one error hierarchy.
+
+Every failure a user can cause or meet is an :class:`MmdError` subclass that
+carries what they need to fix it. The job boundary (:func:`mmd.pipeline.run_job`)
+turns these into refusals (an ``<stem>.error.yaml`` and a one-line message);
+anything else that escapes is a bug in mmd, not in the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class MmdError(Exception):
+    """Base class: a failure with a one-line reason for the user."""
+
+    reason: str
+    #: Extra facts for the error sidecar (line, value, limits ...).
+    details: dict[str, Any] = field(default_factory=dict)
+
+    #: Short machine-readable kind, written to the error sidecar.
+    kind = "error"
+
+    def __post_init__(self) -> None:
+        super().__init__(self.reason)
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def as_dict(self) -> dict[str, Any]:
+        """The error as plain data for the error sidecar."""
+        return {"kind": self.kind, "reason": self.reason, **self.details}
+
+
+@dataclass(eq=False)
+class InputFormatError(MmdError):
+    """The input text is not a valid matrix file.
+
+    ``line`` is 1-based; ``value`` is the offending token (shortened), when
+    there is one.
+    """
+
+    line: int | None = None
+    value: str | None = None
+
+    kind = "input"
+
+    def __post_init__(self) -> None:
+        if self.line is not None:
+            self.details.setdefault("line", self.line)
+        if self.value is not None:
+            self.details.setdefault("value", self.value)
+        super().__post_init__()
+
+
+class LimitError(MmdError):
+    """A configured limit (memory, file size, queue) would be exceeded."""
+
+    kind = "limit"
+
+
+class ConfigError(MmdError):
+    """A configuration file, environment variable or flag is invalid."""
+
+    kind = "config"
+
+
+class JobNameError(MmdError):
+    """A per-job setting in a file name is unknown or not allowed."""
+
+    kind = "jobname"
+
+
+class BackendUnavailable(MmdError):
+    """The requested backend cannot run here (no GPU, no pycuda ...)."""
+
+    kind = "backend"
+
+
+class KernelError(MmdError):
+    """Unknown kernel, or a kernel/tile/memory combination that cannot run."""
+
+    kind = "kernel"
+
+
+class TileError(KernelError):
+    """A tile size the device cannot launch (detected before launch)."""
+
+    kind = "tile"
+
+
+class CudaError(MmdError):
+    """A CUDA failure during a job (out of memory, launch failure ...)."""
+
+    kind = "cuda"
+
+
+class VerificationError(MmdError):
+    """A result does not match its reference."""
+
+    kind = "verify"
+
+
+class SpoolError(MmdError):
+    """A spool operation (claim, commit, archive) failed."""
+
+    kind = "spool"
+
+
+class OutputError(MmdError):
+    """The output or its sidecar could not be written (disk full, permissions)."""
+
+    kind = "output"
