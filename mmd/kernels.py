@@ -1,0 +1,274 @@
+"""The one kernel registry: every way mmd can multiply, and how to launch it.
+
+Each :class:`KernelSpec` says where a kernel's source is (``kernels/<name>.cu``),
+its entry symbol, a one-line description, and its launch geometry as functions
+of the output size and the tile: block and grid dimensions, outputs per thread,
+threads per block and static shared memory. The CLI choices, the benchmark
+loop, the graph labels, the docs and the tests all read kernel names and facts
+from here; nothing about a kernel is written twice.
+
+:func:`check_launch` is pure: given a kernel, a tile and a device's
+:class:`DeviceLimits`, it raises :class:`~mmd.errors.TileError` with a one-line
+reason when the launch cannot happen (too many threads, too much shared memory,
+too many registers), before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import KernelError, TileError
+
+#: The folder holding the ``.cu`` files (``<repo>/kernels``).
+KERNELS_DIR: Path = Path(__file__).resolve().parent.parent / "kernels"
+
+#: Tiles the course asks about (and the benchmark loops over). Other tiles are
+#: not refused here: :func:`check_launch` refuses what the device cannot launch
+#: (tile 64: 4096 threads per block).
+TILES: tuple[int, ...] = (4, 8, 16, 32)
+
+#: Bytes in one matrix element (float32).
+FLOAT_BYTES = 4
+
+#: Kinds of registry entries: a CUDA C source compiled at run time, a library
+#: call (cuBLAS) on the GPU, or the host (numpy) backend.
+SOURCE, LIBRARY, HOST = "source", "library", "host"
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a device allows one block; read from the device by :mod:`mmd.gpu`."""
+
+    max_threads_per_block: int
+    max_shared_per_block: int
+    max_registers_per_block: int
+    name: str = "unknown device"
+    compute_capability: tuple[int, int] = (0, 0)
+    total_memory: int = 0
+    max_grid_x: int = 2**31 - 1
+    max_grid_y: int = 65535
+
+    @property
+    def arch(self) -> str:
+        """The nvcc architecture name, ``sm_90`` for compute capability 9.0."""
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+
+#: Limits of every CUDA GPU since compute capability 3.0 (1024 threads, 48 KiB
+#: of static shared memory, 64 Ki registers per block): for checks made where
+#: no device can be asked, such as validating a tile on the command line.
+COMMON_LIMITS = DeviceLimits(
+    max_threads_per_block=1024,
+    max_shared_per_block=48 * 1024,
+    max_registers_per_block=64 * 1024,
+    name="any CUDA GPU",
+)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One registry entry.
+
+    For a ``source`` kernel the block is ``tile × tile`` threads and each thread
+    computes ``outputs_edge × outputs_edge`` outputs, so a block covers
+    ``tile·outputs_edge`` rows and columns of C; the kernel's static shared
+    memory is ``shared_floats_per_tile2 · tile²`` floats.
+    """
+
+    name: str
+    kind: str
+    description: str
+    #: File name inside :data:`KERNELS_DIR`; None for cublas and cpu.
+    source_file: str | None = None
+    #: The ``extern "C"`` symbol to launch; None for cublas and cpu.
+    entry: str | None = None
+    #: Outputs per thread along each edge (1 or 2).
+    outputs_edge: int = 1
+    #: Static shared memory in floats per tile² (2: one tile of A, one of B).
+    shared_floats_per_tile2: int = 0
+
+    @property
+    def source(self) -> Path | None:
+        """The absolute path of the ``.cu`` file, or None."""
+        return KERNELS_DIR / self.source_file if self.source_file else None
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether this entry runs on the CUDA backend."""
+        return self.kind in (SOURCE, LIBRARY)
+
+    @property
+    def uses_tile(self) -> bool:
+        """Whether the tile changes anything (only for compiled kernels)."""
+        return self.kind == SOURCE
+
+    @property
+    def outputs_per_thread(self) -> int:
+        """Elements of C each thread computes."""
+        return self.outputs_edge * self.outputs_edge
+
+    def block(self, tile: int) -> tuple[int, int, int]:
+        """Block dimensions (x, y, z) in threads."""
+        return (tile, tile, 1)
+
+    def block_edge(self, tile: int) -> int:
+        """Rows (and columns) of C one block covers."""
+        return tile * self.outputs_edge
+
+    def grid(self, m: int, n: int, tile: int) -> tuple[int, int, int]:
+        """Grid dimensions (x over C's columns, y over its rows) for an m×n C."""
+        edge = self.block_edge(tile)
+        return (_ceil_div(n, edge), _ceil_div(m, edge), 1)
+
+    def threads_per_block(self, tile: int) -> int:
+        """Threads in one block."""
+        x, y, z = self.block(tile)
+        return x * y * z
+
+    def shared_bytes(self, tile: int) -> int:
+        """Static shared memory of one block in bytes."""
+        return self.shared_floats_per_tile2 * tile * tile * FLOAT_BYTES
+
+
+_SPECS: tuple[KernelSpec, ...] = (
+    KernelSpec(
+        name="naive",
+        kind=SOURCE,
+        description="one thread per output, operands from global memory",
+        source_file="naive.cu",
+        entry="mmd_naive",
+    ),
+    KernelSpec(
+        name="tiled",
+        kind=SOURCE,
+        description="shared-memory tiles of A and B, one output per thread",
+        source_file="tiled.cu",
+        entry="mmd_tiled",
+        shared_floats_per_tile2=2,
+    ),
+    KernelSpec(
+        name="prefetch",
+        kind=SOURCE,
+        description="tiled, with the next tile prefetched into registers",
+        source_file="prefetch.cu",
+        entry="mmd_prefetch",
+        shared_floats_per_tile2=2,
+    ),
+    KernelSpec(
+        name="coarse",
+        kind=SOURCE,
+        description="tiled, four outputs (2×2) per thread",
+        source_file="coarse.cu",
+        entry="mmd_coarse",
+        outputs_edge=2,
+        shared_floats_per_tile2=8,
+    ),
+    KernelSpec(
+        name="aplus",
+        kind=SOURCE,
+        description="A+: four outputs per thread, prefetch interleaved with the partial products",
+        source_file="aplus.cu",
+        entry="mmd_aplus",
+        outputs_edge=2,
+        shared_floats_per_tile2=8,
+    ),
+    KernelSpec(
+        name="cublas",
+        kind=LIBRARY,
+        description="cuBLAS SGEMM (the vendor library, for reference)",
+    ),
+    KernelSpec(
+        name="cpu",
+        kind=HOST,
+        description="numpy float32 matmul on the host",
+    ),
+)
+
+#: name → spec, in ladder order (naive first, cpu last).
+REGISTRY: dict[str, KernelSpec] = {spec.name: spec for spec in _SPECS}
+
+#: Every registered name, in ladder order.
+NAMES: tuple[str, ...] = tuple(REGISTRY)
+
+#: Names of the compiled kernels (those with a ``.cu`` file).
+SOURCE_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.kind == SOURCE)
+
+#: Names the CUDA backend accepts (compiled kernels and cublas).
+GPU_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.on_gpu)
+
+
+def get(name: str) -> KernelSpec:
+    """The spec of kernel ``name``; KernelError naming the choices otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KernelError(
+            f"unknown kernel {name!r}; choose one of {', '.join(NAMES)}",
+            details={"kernel": name, "choices": list(NAMES)},
+        ) from None
+
+
+def check_launch(
+    kernel: str | KernelSpec,
+    tile: int,
+    limits: DeviceLimits,
+    *,
+    registers_per_thread: int | None = None,
+) -> None:
+    """Raise TileError when ``kernel`` at ``tile`` cannot be launched under ``limits``.
+
+    Checks, in order: the tile is a positive integer; threads per block;
+    static shared memory per block; registers per block when
+    ``registers_per_thread`` is known (after compiling). Entries that use no
+    tile (cublas, cpu) pass any tile. Pure: reads nothing but its arguments.
+    """
+    spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
+    if not spec.uses_tile:
+        return
+    details = {"kernel": spec.name, "tile": tile}
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+        raise TileError(f"tile {tile!r} is not a positive whole number", details=details)
+
+    threads = spec.threads_per_block(tile)
+    if threads > limits.max_threads_per_block:
+        raise TileError(
+            f"tile {tile} needs {threads} threads per block; "
+            f"this GPU allows {limits.max_threads_per_block}",
+            details={**details, "threads": threads, "limit": limits.max_threads_per_block},
+        )
+    shared = spec.shared_bytes(tile)
+    if shared > limits.max_shared_per_block:
+        raise TileError(
+            f"tile {tile} needs {shared} bytes of shared memory per block for {spec.name}; "
+            f"this GPU allows {limits.max_shared_per_block}",
+            details={**details, "shared_bytes": shared, "limit": limits.max_shared_per_block},
+        )
+    if registers_per_thread is not None:
+        registers = registers_per_thread * threads
+        if registers > limits.max_registers_per_block:
+            raise TileError(
+                f"tile {tile} needs {registers} registers per block "
+                f"({registers_per_thread} per thread) for {spec.name}; "
+                f"this GPU allows {limits.max_registers_per_block}",
+                details={**details, "registers": registers, "limit": limits.max_registers_per_block},
+            )
+
+
+def check_grid(kernel: str | KernelSpec, m: int, n: int, tile: int, limits: DeviceLimits) -> None:
+    """Raise TileError when an m×n output needs more blocks than the grid allows."""
+    spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
+    if not spec.uses_tile:
+        return
+    gx, gy, _ = spec.grid(m, n, tile)
+    if gx > limits.max_grid_x or gy > limits.max_grid_y:
+        raise TileError(
+            f"a {m}×{n} result at tile {tile} needs a {gx}×{gy} grid of blocks; "
+            f"this GPU allows {limits.max_grid_x}×{limits.max_grid_y}",
+            details={"kernel": spec.name, "tile": tile, "grid": [gx, gy]},
+        )
