@@ -1,0 +1,193 @@
+"""The CUDA backend: the registry's kernels (and cuBLAS) on one GPU, phase by phase.
+
+Each job runs five timed phases on one stream (CUDA events): ``malloc``,
+``h2d``, ``kernel``, ``d2h`` and ``free``; ``cuda`` is their sum, the course's
+"CUDA time". ``compile`` is added when the kernel had to be built for this job
+(the first use of a kernel/tile pair in this backend). The tile is checked
+against the device's limits before anything is allocated, device memory is
+freed on every path, and driver failures become :class:`~mmd.errors.CudaError`.
+
+Everything that touches pycuda lives in :mod:`mmd.gpu`; this module holds the
+job's logic and is tested on CPU-only machines with a fake session. Create,
+use and close a backend in one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import kernels as registry
+from ..errors import CudaError, KernelError, MmdError
+from .base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest, Product
+
+_MIB = 1024 * 1024
+
+
+def _open_session(device: int) -> Any:
+    from ..gpu import GpuSession
+
+    return GpuSession(device)
+
+
+class CudaBackend:
+    """Multiply on GPU ``device`` with a registered kernel or cuBLAS."""
+
+    name = "cuda"
+
+    def __init__(self, device: int = 0, *, session_factory: Callable[[int], Any] = _open_session) -> None:
+        self._session = session_factory(device)
+        self._device = device
+        self._thread = threading.get_ident()
+        self._closed = False
+
+    @property
+    def session(self) -> Any:
+        """The :class:`mmd.gpu.GpuSession` underneath (for scripts and tests)."""
+        return self._session
+
+    @property
+    def limits(self) -> registry.DeviceLimits:
+        """The device's launch limits."""
+        return self._session.limits
+
+    def device_name(self) -> str:
+        """``"NVIDIA H100 80GB HBM3 (sm_90)"``."""
+        return self._session.device_name()
+
+    def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
+        """Return A·B computed on the GPU with every phase timed (ms)."""
+        self._check_usable()
+        spec = registry.get(request.kernel)
+        if not spec.on_gpu:
+            raise KernelError(
+                f"kernel {spec.name} does not run on the cuda backend; "
+                f"choose one of {', '.join(registry.GPU_KERNELS)}",
+                details={"kernel": spec.name},
+            )
+        if request.memory not in MEMORY_MODES:
+            raise KernelError(
+                f"unknown memory mode {request.memory!r}; choose one of {', '.join(MEMORY_MODES)}",
+                details={"memory": request.memory},
+            )
+        a, b = self._operands(a, b)
+        m, k = a.shape
+        n = b.shape[1]
+        limits = self._session.limits
+        registry.check_launch(spec, request.tile, limits)
+        registry.check_grid(spec, m, n, request.tile, limits)
+
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        compiled = None
+        if spec.uses_tile:
+            compiled, built_now = self._guarded(lambda: self._session.compile(spec, request.tile))
+            if built_now:
+                timings["compile"] = compiled.compile_ms
+            registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
+        self._check_memory(request.memory, m * k + k * n + m * n)
+
+        c = self._guarded(lambda: self._run(spec, compiled, a, b, request.memory, timings))
+        timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
+        return Product(
+            c=c,
+            kernel=spec.name,
+            tile=request.tile if spec.uses_tile else None,
+            memory=request.memory,
+            device=self.device_name(),
+            timings_ms=timings,
+            notes=notes,
+        )
+
+    def _run(
+        self,
+        spec: registry.KernelSpec,
+        compiled: Any,
+        a: np.ndarray,
+        b: np.ndarray,
+        memory: str,
+        timings: dict[str, float],
+    ) -> np.ndarray:
+        session = self._session
+        m, k = a.shape
+        n = b.shape[1]
+        timer = session.phase_timer()
+        held: list[Any] = []
+        try:
+            with timer.phase("malloc"):
+                for rows, cols in ((m, k), (k, n), (m, n)):
+                    held.append(session.alloc(memory, rows, cols))
+            da, db, dc = held
+            with timer.phase("h2d"):
+                session.upload(da, a, "a")
+                session.upload(db, b, "b")
+            with timer.phase("kernel"):
+                if compiled is None:
+                    session.sgemm(da, db, dc)
+                else:
+                    session.launch(compiled, da, db, dc)
+            with timer.phase("d2h"):
+                c = session.download(dc, "c")
+            with timer.phase("free"):
+                while held:
+                    session.free(held.pop())
+            timings.update(timer.elapsed_ms())
+            return c
+        finally:
+            self._release(held)
+
+    def _release(self, held: list[Any]) -> None:
+        """Free whatever a failed job still holds; the first error wins."""
+        while held:
+            matrix = held.pop()
+            try:
+                self._session.free(matrix)
+            except Exception:  # noqa: BLE001 - the job's own error is the one to report
+                pass
+
+    def _guarded(self, step: Callable[[], Any]) -> Any:
+        """Run ``step``, turning stray driver errors into CudaError."""
+        try:
+            return step()
+        except MmdError:
+            raise
+        except self._session.errors as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise CudaError(f"CUDA failed: {reason}") from exc
+
+    def _check_memory(self, memory: str, elements: int) -> None:
+        """Refuse a job whose three matrices cannot fit in free device memory."""
+        need = elements * registry.FLOAT_BYTES
+        free, _total = self._guarded(self._session.mem_info)
+        if need > free:
+            raise CudaError(
+                f"the job needs {need / _MIB:.0f} MiB of {memory} memory; "
+                f"{free / _MIB:.0f} MiB of device memory is free",
+                details={"needed_bytes": need, "free_bytes": free},
+            )
+
+    @staticmethod
+    def _operands(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise KernelError(
+                f"cannot multiply a {'×'.join(map(str, a.shape))} matrix by a "
+                f"{'×'.join(map(str, b.shape))} one: A's columns must equal B's rows",
+                details={"a_shape": list(a.shape), "b_shape": list(b.shape)},
+            )
+        return (np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32))
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CudaError("the cuda backend is closed")
+        if threading.get_ident() != self._thread:
+            raise CudaError("the cuda backend was created in another thread; use and close it there")
+
+    def close(self) -> None:
+        """Release the device (pop the CUDA context). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._session.close()
