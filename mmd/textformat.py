@@ -1,0 +1,716 @@
+"""The matrix text format: fast vectorized parse and byte-exact ``%6.2f`` emit.
+
+Pure functions over bytes: no file I/O, no printing.
+
+Input::
+
+    [UTF-8 BOM] N | M K N            (line 1, positive integers)
+    M*K values of A, then K*N of B   (any spaces, tabs, CR, LF between)
+
+Output::
+
+    N | M N
+    m lines of n fields, each printf("%6.2f"), nothing between them, '\\n' after each
+
+The fast paths work on ``np.frombuffer(data, uint8)`` in chunks of about a
+megabyte (split at whitespace), run on two threads (numpy releases the GIL).
+Anything the vectorized code cannot convert exactly goes to a slow path that
+uses Python's ``float()`` / ``'%6.2f' %``, so results are always exact.
+See docs/textformat.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import InputFormatError
+
+__all__ = [
+    "Header",
+    "Matrices",
+    "parse_header",
+    "parse",
+    "emit",
+    "emit_chunks",
+    "parse_output",
+    "format_reference",
+    "parse_reference",
+]
+
+BOM = b"\xef\xbb\xbf"
+
+#: Bytes per parse chunk (cut at the next whitespace byte).
+PARSE_CHUNK = 1 << 20
+#: Elements per emit chunk (rows are never split).
+EMIT_CHUNK_ELEMS = 1 << 16
+#: Worker threads for the chunked loops.
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+_MAX_SHOWN = 40
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed first line of an input file."""
+
+    m: int
+    k: int
+    n: int
+    square: bool  # header was a single N
+    body_offset: int  # byte offset in data where the values start (after header line)
+    line: int  # 1-based line number of the header line (always 1)
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """A parsed input: A (m×k) and B (k×n), float32, C-contiguous."""
+
+    header: Header
+    a: np.ndarray
+    b: np.ndarray
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def _shorten(raw: bytes | str, limit: int = _MAX_SHOWN) -> str:
+    """A printable, shortened form of an offending value."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        text = bytes(raw).decode("utf-8", errors="backslashreplace")
+    else:
+        text = raw
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def _as_u8(data: bytes | bytearray | memoryview) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _line_at(data: bytes | memoryview, offset: int) -> int:
+    """1-based line number of byte ``offset`` (counts '\\n' before it)."""
+    offset = max(0, min(offset, len(data)))
+    return int(np.count_nonzero(_as_u8(data)[:offset] == 10)) + 1
+
+
+def _last_line(data: bytes | memoryview) -> int:
+    """Line number of the last line of ``data`` (a final '\\n' ends it, it starts none)."""
+    size = len(data)
+    if size == 0:
+        return 1
+    end = size - 1 if _as_u8(data)[size - 1] == 10 else size
+    return _line_at(data, end)
+
+
+def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = WORKERS) -> Iterator[Any]:
+    """``map`` on a small thread pool, results in order, at most 2*workers in flight."""
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        for it in items:
+            yield fn(it)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = []
+        it = iter(items)
+        for item in it:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
+                break
+        try:
+            while pending:
+                fut = pending.pop(0)
+                res = fut.result()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(pool.submit(fn, nxt))
+                yield res
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+# ---------------------------------------------------------------------------
+# header
+
+_HEADER_RE = re.compile(rb"[ \t]*([0-9]+)(?:[ \t]+([0-9]+)[ \t]+([0-9]+))?[ \t]*\r?")
+_HEADER_MAX = 4096
+
+
+def _header_error(got: bytes) -> InputFormatError:
+    shown = _shorten(got.rstrip(b"\r"))
+    return InputFormatError(
+        f"line 1: header must be 'N' or 'M K N' with positive integers, got '{shown}'",
+        line=1,
+        value=shown,
+    )
+
+
+def parse_header(data: bytes | memoryview) -> Header:
+    """Parse line 1 (after an optional UTF-8 BOM); raises :class:`InputFormatError`."""
+    start = 3 if bytes(data[:3]) == BOM else 0
+    head = bytes(data[start : start + _HEADER_MAX])
+    nl = head.find(b"\n")
+    if nl < 0:
+        if len(data) - start > _HEADER_MAX:
+            raise _header_error(head[:60])
+        line = head
+        body = len(data)
+    else:
+        line = head[:nl]
+        body = start + nl + 1
+    match = _HEADER_RE.fullmatch(line)
+    if not match:
+        raise _header_error(line)
+    if match.group(2) is None:
+        n = int(match.group(1))
+        m = k = n
+        square = True
+    else:
+        m, k, n = (int(g) for g in match.groups())
+        square = False
+    if m <= 0 or k <= 0 or n <= 0:
+        raise _header_error(line)
+    return Header(m=m, k=k, n=n, square=square, body_offset=body, line=1)
+
+
+# ---------------------------------------------------------------------------
+# value parsing: slow exact path
+
+_NUM_RE = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_FIELDS_RE = re.compile(rb"(?:[+-]?[0-9]+\.[0-9][0-9])+")
+_FIELD_RE = re.compile(rb"[+-]?[0-9]+\.[0-9][0-9]")
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _run_values(run: bytes) -> list[float] | str:
+    """Values (as Python floats) of one whitespace-delimited run, or an error reason."""
+    if _NUM_RE.fullmatch(run):
+        return [float(run)]
+    if _FIELDS_RE.fullmatch(run):
+        return [float(f) for f in _FIELD_RE.findall(run)]
+    return "is not a number"
+
+
+def _too_big(v: float) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.isinf(np.float32(v)))
+
+
+def _range_error(data: bytes | memoryview, offset: int, raw: bytes) -> InputFormatError:
+    line = _line_at(data, offset)
+    shown = _shorten(raw)
+    return InputFormatError(f"line {line}: '{shown}' is outside float32 range", line=line, value=shown)
+
+
+def _slow_run(data: bytes | memoryview, offset: int, run: bytes) -> list[float]:
+    vals = _run_values(run)
+    if isinstance(vals, str):
+        line = _line_at(data, offset)
+        shown = _shorten(run)
+        raise InputFormatError(f"line {line}: '{shown}' {vals}", line=line, value=shown)
+    for v in vals:
+        if _too_big(v):
+            raise _range_error(data, offset, run)
+    return vals
+
+
+# ---------------------------------------------------------------------------
+# value parsing: vectorized fast path
+
+# byte classes: 0 whitespace, 1 digit, 2 '.', 3 sign, 4 anything else
+_CLS = np.full(256, 4, dtype=np.uint8)
+for _c in b" \t\r\n":
+    _CLS[_c] = 0
+_CLS[ord("0") : ord("9") + 1] = 1
+_CLS[ord(".")] = 2
+_CLS[ord("+")] = 3
+_CLS[ord("-")] = 3
+_DIG = np.zeros(256, dtype=np.uint8)
+_DIG[ord("0") : ord("9") + 1] = np.arange(10, dtype=np.uint8)
+_P10F = np.array([10.0**i for i in range(23)], dtype=np.float64)
+_MAXE = 22
+_TWO53 = float(2**53)
+_WS_RE = re.compile(rb"[ \t\r\n]")
+
+
+def _chunk_bounds(data: bytes | memoryview, start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    """Split [start, stop) into pieces of about ``size`` bytes, cut at whitespace."""
+    out = []
+    pos = start
+    while pos < stop:
+        cut = pos + size
+        if cut >= stop:
+            out.append((pos, stop))
+            break
+        m = _WS_RE.search(data, cut, stop)
+        end = stop if m is None else m.start() + 1
+        out.append((pos, end))
+        pos = end
+    return out
+
+
+def _scan(b: np.ndarray, want_offsets: bool = False):
+    """Parse one chunk of body bytes (starting and ending at token boundaries).
+
+    Returns ``(values float64, bad_runs, offsets)`` where bad_runs is a list of
+    ``(run_start, run_end, first_token, last_token_excl)`` for runs the fast path
+    could not take (their token values are placeholders), and offsets (only when
+    asked) is the chunk-relative byte offset of each token.
+    """
+    n = b.size
+    cls = _CLS.take(b)
+    tok = cls != 0
+    d = np.diff(tok.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    rstarts = np.flatnonzero(d == 1)
+    if rstarts.size == 0:
+        return np.empty(0, np.float64), [], np.empty(0, np.int64)
+    rends = np.flatnonzero(d == -1)
+    del d
+    isdot = cls == 2
+    issign = cls == 3
+    # signs not at the start of a run, other bytes: runs needing care
+    inner_sign = issign.copy()
+    inner_sign[rstarts] = False
+    ndots_run = np.add.reduceat(isdot, rstarts, dtype=np.int32)
+    has_inner = bool(inner_sign.any())
+    if has_inner or bool((ndots_run >= 2).any()):
+        # touching %6.2f fields: split candidates right after each '.dd'
+        multi = (ndots_run >= 2).astype(np.uint8)
+        if has_inner:
+            spos = np.flatnonzero(inner_sign)
+            multi[np.searchsorted(rstarts, spos, side="right") - 1] = 1
+        seg = np.diff(rstarts, append=n)
+        mflag = np.zeros(n, dtype=bool)
+        mflag[rstarts[0] :] = np.repeat(multi.view(bool), seg)
+        cand = np.zeros(n, dtype=bool)
+        # position i is a split point when bytes i-3..i are in one token and b[i-3] == '.'
+        cand[3:] = isdot[:-3] & tok[1:-2] & tok[2:-1] & tok[3:]
+        cand &= mflag
+        st = np.zeros(n + 1, dtype=bool)
+        st[rstarts] = True
+        st[:n] |= cand
+        tstarts = np.flatnonzero(st)
+        en = np.zeros(n + 1, dtype=bool)
+        en[rends] = True
+        en[:n] |= cand  # a split at i ends the previous token at i
+        tends = np.flatnonzero(en)
+        split_tok = None  # computed below
+        ndots = np.add.reduceat(isdot, tstarts, dtype=np.int32)
+        # which tokens come from a run that was split (need exact '.dd' shape)
+        run_of_tok = np.searchsorted(rstarts, tstarts, side="right") - 1
+        pieces = np.bincount(run_of_tok, minlength=rstarts.size)
+        split_tok = pieces[run_of_tok] >= 2
+        del mflag, cand, st, en
+    else:
+        tstarts, tends = rstarts, rends
+        ndots = ndots_run
+        split_tok = None
+    T = tstarts.size
+    isd = cls == 1
+    cd = np.cumsum(isd, dtype=np.int32)
+    dend = cd[tends - 1]
+    ndig = dend - (cd[tstarts] - isd[tstarts])
+    seg = np.diff(tstarts, append=n)
+    t0 = int(tstarts[0])
+    e = np.repeat(dend, seg)
+    e -= cd[t0:]
+    np.minimum(e, _MAXE, out=e)
+    w = _P10F.take(e)
+    del e
+    w *= _DIG.take(b[t0:])
+    mant = np.add.reduceat(w, tstarts - t0)
+    del w
+    # fraction digits: the digits after the (single) dot
+    frac = np.zeros(T, dtype=np.int32)
+    dpos = np.flatnonzero(isdot)
+    if dpos.size:
+        dtok = np.repeat(np.arange(T), ndots)
+        one = ndots[dtok] == 1
+        frac[dtok[one]] = dend[dtok[one]] - cd[dpos[one]]
+    bad = (ndots >= 2) | (ndig == 0) | (ndig > _MAXE) | (mant >= _TWO53)
+    # signs anywhere but a token start, and unknown bytes (exponents, junk)
+    inner = issign
+    inner[tstarts] = False
+    odd = np.flatnonzero(inner | (cls == 4))
+    if odd.size:
+        bad[np.searchsorted(tstarts, odd, side="right") - 1] = True
+    if split_tok is not None:
+        bad |= split_tok & ((ndots != 1) | (frac != 2) | (ndig < 3))
+    vals = mant / _P10F.take(frac)
+    neg = b.take(tstarts) == 45
+    np.negative(vals, out=vals, where=neg)
+    bad_runs = []
+    if bad.any():
+        bt = np.flatnonzero(bad)
+        runs = np.unique(np.searchsorted(rstarts, tstarts[bt], side="right") - 1)
+        for r in runs.tolist():
+            rs, re_ = int(rstarts[r]), int(rends[r])
+            i0 = int(np.searchsorted(tstarts, rs, side="left"))
+            i1 = int(np.searchsorted(tstarts, re_, side="left"))
+            bad_runs.append((rs, re_, i0, i1))
+    return vals, bad_runs, (tstarts if want_offsets else None)
+
+
+def _parse_chunk(data: bytes | memoryview, lo: int, hi: int, as_f32: bool = True):
+    """Values of bytes [lo, hi) of data (float32 or float64), raising on bad input.
+
+    Returns (values, offsets-or-None) where offsets maps values to byte offsets
+    only when slow runs changed the count (computed lazily by the caller).
+    """
+    b = _as_u8(data)[lo:hi]
+    vals, bad_runs, _ = _scan(b)
+    if bad_runs:
+        parts = []
+        prev = 0
+        for rs, re_, i0, i1 in bad_runs:
+            parts.append(vals[prev:i0])
+            run = bytes(data[lo + rs : lo + re_])
+            parts.append(np.array(_slow_run(data, lo + rs, run), dtype=np.float64))
+            prev = i1
+        parts.append(vals[prev:])
+        vals = np.concatenate(parts)
+    if not as_f32:
+        return vals
+    with np.errstate(over="ignore"):
+        out = vals.astype(np.float32)
+    if out.size and np.isinf(out).any():
+        i = int(np.flatnonzero(np.isinf(out))[0])
+        off = _value_offsets(data, lo, hi)[i]
+        m = _WS_RE.search(data, off)
+        end = hi if m is None else m.start()
+        raise _range_error(data, off, bytes(data[off:end]))
+    return out
+
+
+def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
+    """Absolute byte offset of every value in [lo, hi) (slow runs: their run start)."""
+    b = _as_u8(data)[lo:hi]
+    vals, bad_runs, tstarts = _scan(b, want_offsets=True)
+    offs = tstarts.astype(np.int64) + lo
+    if not bad_runs:
+        return offs
+    parts = []
+    prev = 0
+    for rs, re_, i0, i1 in bad_runs:
+        parts.append(offs[prev:i0])
+        vs = _run_values(bytes(data[lo + rs : lo + re_]))
+        count = 1 if isinstance(vs, str) else len(vs)
+        parts.append(np.full(count, lo + rs, dtype=np.int64))
+        prev = i1
+    parts.append(offs[prev:])
+    return np.concatenate(parts)
+
+
+def _parse_values(data: bytes | memoryview, start: int, expected: int, what: str, as_f32: bool = True) -> np.ndarray:
+    """Parse exactly ``expected`` values from data[start:]; raise naming lines otherwise."""
+    stop = len(data)
+    bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
+    plausible = expected <= (stop - start + 1) // 2 + 1
+    out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
+    count = 0
+
+    def work(bd):
+        return _parse_chunk(data, bd[0], bd[1], as_f32)
+
+    for bd, vals in zip(bounds, _ordered_map(work, bounds)):
+        nv = vals.size
+        if count + nv > expected:
+            extra = expected - count
+            off = int(_value_offsets(data, bd[0], bd[1])[extra])
+            line = _line_at(data, off)
+            m = _WS_RE.search(data, off)
+            shown = _shorten(bytes(data[off : (stop if m is None else m.start())]))
+            raise InputFormatError(
+                f"too many values: expected {what}, found more; the first extra value '{shown}' is on line {line}",
+                line=line,
+                value=shown,
+            )
+        if plausible:
+            out[count : count + nv] = vals
+        count += nv
+    if count != expected:
+        line = _last_line(data)
+        raise InputFormatError(f"line {line}: expected {what}, found {count}", line=line)
+    return out
+
+
+def parse(data: bytes | memoryview, header: Header | None = None) -> Matrices:
+    """Parse a whole input file into float32 A and B; raises :class:`InputFormatError`."""
+    if header is None:
+        header = parse_header(data)
+    m, k, n = header.m, header.k, header.n
+    na, nb = m * k, k * n
+    what = f"{na + nb} values ({na} for A, {nb} for B)"
+    vals = _parse_values(data, header.body_offset, na + nb, what)
+    a = vals[:na].reshape(m, k)
+    b = vals[na:].reshape(k, n)
+    return Matrices(header=header, a=a, b=b)
+
+
+# ---------------------------------------------------------------------------
+# reference implementations (slow, obviously correct)
+
+
+def format_reference(c: np.ndarray) -> bytes:
+    """Output file bytes with Python's ``'%6.2f' % float(x)`` per element."""
+    c = np.asarray(c)
+    if c.ndim != 2:
+        raise ValueError("emit needs a 2-D matrix")
+    m, n = c.shape
+    lines = [(f"{n}" if m == n else f"{m} {n}") + "\n"]
+    for row in c.tolist():
+        lines.append("".join("%6.2f" % float(x) for x in row) + "\n")
+    return "".join(lines).encode("ascii")
+
+
+def parse_reference(data: bytes) -> Matrices:
+    """Parse with Python tokenizing and ``float()`` (for tests)."""
+    data = bytes(data)
+    header = parse_header(data)
+    runs = data[header.body_offset :].split()
+    vals: list[float] = []
+    for run in runs:
+        got = _run_values(run)
+        if isinstance(got, str):
+            raise InputFormatError(f"'{_shorten(run)}' {got}", value=_shorten(run))
+        vals.extend(got)
+    m, k, n = header.m, header.k, header.n
+    if len(vals) != m * k + k * n:
+        raise InputFormatError(f"expected {m * k + k * n} values, found {len(vals)}")
+    arr = np.array(vals, dtype=np.float64)
+    if np.any(np.abs(arr) > _F32_MAX) and any(_too_big(v) for v in vals):
+        raise InputFormatError("value outside float32 range")
+    with np.errstate(over="ignore"):
+        f = arr.astype(np.float32)
+    return Matrices(header=header, a=f[: m * k].reshape(m, k).copy(), b=f[m * k :].reshape(k, n).copy())
+
+
+# ---------------------------------------------------------------------------
+# emit
+
+# "d.ff" for a % 1000 ; right-aligned digit groups for higher digits
+_T4 = np.frombuffer(b"".join(b"%d.%02d" % (v // 100, v % 100) for v in range(1000)), dtype=np.uint32)
+_TP = np.frombuffer(b"    " + b"".join(b"%4d" % v for v in range(1, 10000)), dtype=np.uint32)
+_TZ = np.frombuffer(b"".join(b"%04d" % v for v in range(10000)), dtype=np.uint32)
+# a >= _THRESH[i]  <=>  the integer part has more than i+1 digits
+_THRESH = np.array([10 ** (i + 3) for i in range(16)], dtype=np.int64)
+_FAST_LIMIT = 1e15  # |x*100| below this: int64 path
+
+
+def _emit_ints(a: np.ndarray, neg: np.ndarray, n: int) -> bytes:
+    """Rows of n fields from hundredths ``a`` (int64 >= 0) and signs; each row ends '\\n'."""
+    cnt = a.size
+    if cnt == 0:
+        return b""
+    nd = np.searchsorted(_THRESH, a, side="right").astype(np.int32)
+    nd += 1
+    w = nd + 3
+    w += neg
+    np.maximum(w, 6, out=w)
+    # newline before the first field of each row but the first (and one at the end)
+    w[n::n] += 1
+    W = ((int(w.max()) + 4) // 4) * 4
+    nblk = W // 4
+    slots = np.empty((cnt, W), dtype=np.uint8)
+    s32 = slots.view(np.uint32)
+    s32[:, nblk - 1] = _T4.take(a % 1000)
+    q = a // 1000
+    for k in range(1, nblk):
+        if k > 1:
+            q //= 10000
+        digits = q % 10000
+        hi = q >= 10000
+        if hi.any():
+            s32[:, nblk - 1 - k] = np.where(hi, _TZ.take(digits), _TP.take(digits))
+        else:
+            s32[:, nblk - 1 - k] = _TP.take(digits)
+    flat = slots.reshape(-1)
+    base = np.arange(0, cnt * W, W, dtype=np.int64)
+    if neg.any():
+        ni = np.flatnonzero(neg)
+        flat[base[ni] + (W - 4) - nd[ni]] = 45
+    if cnt > n:
+        rows = np.arange(n, cnt, n)
+        flat[base[rows] + (W - w[rows])] = 10
+    mask = np.arange(W, dtype=np.int32)[None, :] >= (W - w)[:, None]
+    return slots[mask].tobytes() + b"\n"
+
+
+def _emit_rows(c: np.ndarray) -> bytes:
+    """Bytes of the rows of 2-D ``c`` (each row ends with '\\n')."""
+    rows, n = c.shape
+    if rows == 0 or n == 0:
+        return b"\n" * rows
+    exact = c.dtype in (np.float32, np.float16) or (np.issubdtype(c.dtype, np.integer) and c.dtype.itemsize <= 4)
+    x = c.astype(np.float64).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x * 100.0
+        r = np.rint(y)
+        slow = ~(np.abs(r) < _FAST_LIMIT)
+        if not exact:
+            # x*100 may be inexact in float64: send near-ties to the exact path
+            slow |= np.abs(np.abs(y - np.floor(y)) - 0.5) < 1e-6
+    if slow.any():
+        bad_rows = np.unique(np.flatnonzero(slow) // n)
+        parts = []
+        prev = 0
+        for r_ in bad_rows.tolist():
+            if r_ > prev:
+                parts.append(_emit_rows(c[prev:r_]))
+            parts.append(("".join("%6.2f" % float(v) for v in c[r_].tolist()) + "\n").encode("ascii"))
+            prev = r_ + 1
+        if prev < rows:
+            parts.append(_emit_rows(c[prev:]))
+        return b"".join(parts)
+    a = np.abs(r).astype(np.int64)
+    neg = np.signbit(x)
+    return _emit_ints(a, neg, n)
+
+
+def _header_line(m: int, n: int) -> bytes:
+    return (b"%d\n" % n) if m == n else (b"%d %d\n" % (m, n))
+
+
+def _row_blocks(m: int, n: int, rows_per_chunk: int | None) -> list[tuple[int, int]]:
+    step = rows_per_chunk if rows_per_chunk and rows_per_chunk > 0 else max(1, EMIT_CHUNK_ELEMS // max(1, n))
+    return [(i, min(m, i + step)) for i in range(0, m, step)]
+
+
+def _check_2d(c: np.ndarray) -> np.ndarray:
+    c = np.asarray(c)
+    if c.ndim != 2:
+        raise ValueError(f"emit needs a 2-D matrix, got shape {c.shape}")
+    return c
+
+
+def emit_chunks(c: np.ndarray, rows_per_chunk: int | None = None) -> Iterator[bytes]:
+    """The bytes of :func:`emit` in pieces: the header line, then blocks of rows."""
+    c = _check_2d(c)
+    m, n = c.shape
+    yield _header_line(m, n)
+    blocks = _row_blocks(m, n, rows_per_chunk)
+    yield from _ordered_map(lambda bd: _emit_rows(c[bd[0] : bd[1]]), blocks)
+
+
+def emit(c: np.ndarray) -> bytes:
+    """The full output file for matrix ``c``: header line, then ``%6.2f`` rows."""
+    return b"".join(emit_chunks(c))
+
+
+# ---------------------------------------------------------------------------
+# reading an output file back (mmd check)
+
+_OUT_HEADER_RE = re.compile(rb"([1-9][0-9]*)(?: ([1-9][0-9]*))?\n")
+_OUT_FIELD_RE = re.compile(rb"( *)(-?(?:0|[1-9][0-9]*)\.[0-9][0-9])")
+
+
+def _out_error(line: int, reason: str, value: bytes | None = None) -> InputFormatError:
+    shown = None if value is None else _shorten(value)
+    return InputFormatError(f"line {line}: {reason}", line=line, value=shown)
+
+
+def _diagnose_line(raw: bytes, lineno: int, n: int, has_nl: bool) -> InputFormatError | None:
+    """Why one output row is not exact, or None if it looks right."""
+    pos = 0
+    count = 0
+    while pos < len(raw):
+        m = _OUT_FIELD_RE.match(raw, pos)
+        if m is None:
+            bad = raw[pos : pos + 12]
+            return _out_error(lineno, f"field '{_shorten(bad)}' is not in %6.2f format", bad)
+        spaces, core = m.group(1), m.group(2)
+        if len(spaces) != max(0, 6 - len(core)):
+            bad = m.group(0)
+            return _out_error(lineno, f"field '{_shorten(bad)}' is not in %6.2f format (width)", bad)
+        count += 1
+        pos = m.end()
+    if count != n:
+        return _out_error(lineno, f"expected {n} fields, found {count}")
+    if not has_nl:
+        return _out_error(lineno, "missing final newline")
+    return None
+
+
+def parse_output(data: bytes | memoryview) -> np.ndarray:
+    """Read an mmd output file strictly; returns float64 m×n.
+
+    Any deviation from the exact bytes :func:`emit` would write (for some
+    values) raises :class:`InputFormatError` naming the line.
+    """
+    head = bytes(data[:64])
+    hm = _OUT_HEADER_RE.match(head)
+    if hm is None or (hm.group(2) is not None and hm.group(1) == hm.group(2)):
+        nl = head.find(b"\n")
+        got = head if nl < 0 else head[:nl]
+        raise _out_error(1, f"header must be 'N' or 'M N' (as mmd writes it), got '{_shorten(got)}'", got)
+    if hm.group(2) is None:
+        m = n = int(hm.group(1))
+    else:
+        m, n = int(hm.group(1)), int(hm.group(2))
+    start = hm.end()
+    body = _as_u8(data)[start:]
+    stop = len(data)
+    # values, as the input parser reads them (touching fields split after '.dd')
+    parts = []
+    count = 0
+    limit = m * n
+    bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
+    for vals in _ordered_map(lambda bd: _parse_chunk(data, bd[0], bd[1], as_f32=False), bounds):
+        parts.append(vals)
+        count += vals.size
+        if count > limit + n:
+            break
+    vals = np.concatenate(parts) if parts else np.empty(0, np.float64)
+    # re-emit canonically and compare byte for byte
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = np.rint(np.abs(vals) * 100.0)
+    if vals.size and not (a < _FAST_LIMIT).all():
+        i = int(np.flatnonzero(~(a < _FAST_LIMIT))[0])
+        raise _out_error(_line_at(data, int(_value_offsets_all(data, start)[i])), "value too large for an mmd output")
+    a = a.astype(np.int64)
+    neg = np.signbit(vals)
+    full = (vals.size // n) * n
+    canon = _emit_ints(a[:full], neg[:full], n)
+    if full < vals.size:
+        canon += _emit_ints(a[full:], neg[full:], n)
+    got = body
+    want = np.frombuffer(canon, dtype=np.uint8)
+    size = min(got.size, want.size)
+    diff = np.flatnonzero(got[:size] != want[:size])
+    if diff.size == 0 and got.size == want.size and vals.size == limit:
+        return vals.reshape(m, n)
+    off = start + (int(diff[0]) if diff.size else size)
+    if off >= stop:
+        off = max(start, stop - 1)
+    lineno = _line_at(data, off)
+    # diagnose that line
+    nls = np.flatnonzero(_as_u8(data)[:off] == 10)
+    ls = int(nls[-1]) + 1 if nls.size else 0
+    le_m = re.compile(rb"\n").search(data, ls)
+    le = stop if le_m is None else le_m.start()
+    raw = bytes(data[ls:le])
+    if lineno > m + 1:
+        raise _out_error(lineno, f"unexpected content after the last of {m} rows", raw[:40])
+    err = _diagnose_line(raw, lineno, n, le_m is not None)
+    if err is not None:
+        raise err
+    if vals.size != limit:
+        last = _last_line(data)
+        raise _out_error(last, f"expected {m} rows of {n} fields, found {vals.size} values")
+    raise _out_error(lineno, "does not match the exact %6.2f output format", raw[:40])
+
+
+def _value_offsets_all(data: bytes | memoryview, start: int) -> np.ndarray:
+    return np.concatenate(
+        [_value_offsets(data, lo, hi) for lo, hi in _chunk_bounds(data, start, len(data), PARSE_CHUNK)]
+    )
