@@ -1,0 +1,47 @@
+import hashlib
+import os
+
+import pytest
+
+from mmd.atomic import write_atomic
+from mmd.errors import OutputError
+
+
+def test_writes_whole_file_with_hash(tmp_path):
+    target = tmp_path / "out.txt"
+    w = write_atomic(target, [b"abc", b"", b"def"])
+    assert target.read_bytes() == b"abcdef"
+    assert (w.bytes, w.sha256) == (6, hashlib.sha256(b"abcdef").hexdigest())
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_replace_false_never_overwrites(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        write_atomic(target, [b"new"], replace=False)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_failure_mid_write_leaves_nothing(tmp_path):
+    target = tmp_path / "out.txt"
+
+    def chunks():
+        yield b"partial"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputError, match="No space left on device"):
+        write_atomic(target, chunks())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_folder_is_output_error(tmp_path):
+    if os.geteuid() == 0:
+        target = tmp_path / "missing-dir" / "out.txt"  # root ignores modes: use a missing folder
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir(mode=0o500)
+        target = folder / "out.txt"
+    with pytest.raises(OutputError, match="cannot write"):
+        write_atomic(target, [b"x"])

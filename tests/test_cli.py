@@ -1,0 +1,107 @@
+"""The command line as a user meets it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import yaml
+
+from mmd import textformat
+
+from .conftest import run_mmd
+
+
+def test_gen_run_check_round_trip(tmp_path):
+    src = tmp_path / "m.txt"
+    r = run_mmd("gen", "--shape", "9", "13", "7", "--seed", "5", "-o", str(src))
+    assert r.returncode == 0, r.stderr
+    mats = textformat.parse(src.read_bytes())
+    assert mats.a.shape == (9, 13) and mats.b.shape == (13, 7)
+    assert np.count_nonzero(mats.a) == mats.a.size and np.count_nonzero(mats.b) == mats.b.size
+    r = run_mmd("run", str(src))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "m.out"
+    assert out.read_bytes() == textformat.format_reference(mats.a @ mats.b)
+    assert yaml.safe_load((tmp_path / "m.timing.yaml").read_text())["status"] == "ok"
+    r = run_mmd("check", str(out), "--input", str(src))
+    assert r.returncode == 0 and "format ok" in r.stdout and "ok:" in r.stdout
+
+
+def test_gen_is_reproducible_with_a_seed(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        assert run_mmd("gen", "16", "--seed", "1", "-o", str(tmp_path / name)).returncode == 0
+    assert (tmp_path / "a.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
+    assert (tmp_path / "a.txt").read_bytes().startswith(b"16\n")
+
+
+def test_run_refusal_is_one_line_and_nonzero(tmp_path):
+    src = tmp_path / "bad.txt"
+    src.write_text("2\n1 2 3\n4 x 6\n")
+    r = run_mmd("run", str(src))
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("mmd run:")]
+    assert len(lines) == 1 and "line 3" in lines[0] and "'x'" in lines[0]
+    assert not (tmp_path / "bad.out").exists()
+    assert (tmp_path / "bad.error.yaml").exists()
+
+
+def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_text("2\n1 2\n3 4\n1 0\n0 1\n")
+    good = tmp_path / "good.out"
+    good.write_bytes(b"2\n  1.00  2.00\n  3.00  4.00\n")
+    assert run_mmd("check", str(good), "--input", str(src)).returncode == 0
+    wrong = tmp_path / "wrong.out"
+    wrong.write_bytes(b"2\n  1.00  2.00\n  3.00  4.50\n")
+    r = run_mmd("check", str(wrong), "--input", str(src))
+    assert r.returncode == 1 and "MISMATCH" in r.stdout and "row 2 col 2" in r.stdout
+    badfmt = tmp_path / "badfmt.out"
+    badfmt.write_bytes(b"2\n1.00 2.00\n  3.00  4.00\n")
+    r = run_mmd("check", str(badfmt), str(good))
+    assert r.returncode == 1 and "FORMAT" in r.stdout
+    assert run_mmd("check", str(good), str(good)).returncode == 0
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    r = run_mmd("run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = run_mmd("run", str(tmp_path / "missing.txt"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    r = run_mmd("run", str(tmp_path / "x.txt"), "--tile", "abc")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = run_mmd("gen", "-o", str(tmp_path / "g.txt"))
+    assert r.returncode != 0 and "give either N or --shape" in r.stderr
+
+
+def test_bad_config_is_one_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tiel: 3\n")
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src), "--config", str(cfg))
+    assert r.returncode == 1 and "unknown setting 'tiel'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src), "--backend", "cuda")
+    # On CI there is no pycuda: a clean refusal. On a GPU machine it simply works.
+    assert "Traceback" not in r.stderr
+    if r.returncode != 0:
+        assert "pycuda" in r.stderr or "CUDA" in r.stderr
+
+
+def test_auto_backend_says_when_it_falls_back(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src), env={"MMD_BACKEND": "auto"})
+    assert r.returncode == 0, r.stderr
+    rec = yaml.safe_load((tmp_path / "m.timing.yaml").read_text())
+    if rec["backend"] == "cpu":
+        assert "using the cpu backend" in r.stderr
+
+
+def test_python_dash_m_and_version():
+    r = run_mmd("--version")
+    assert r.returncode == 0 and r.stdout.startswith("mmd ")

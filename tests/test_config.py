@@ -1,0 +1,85 @@
+from pathlib import Path
+
+import pytest
+
+from mmd import config
+from mmd.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mmd.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_any_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = config.load(environ={})
+    assert (s.backend, s.kernel, s.tile, s.memory) == ("auto", "tiled", 32, "device")
+    assert s.inbox == Path("inbox") and s.outbox == Path("outbox")
+
+
+def test_precedence_defaults_file_env_flags(tmp_path):
+    path = write(tmp_path, "tile: 8\nkernel: aplus\nbackend: cpu\n")
+    s = config.load(path, environ={})
+    assert (s.tile, s.kernel, s.backend) == (8, "aplus", "cpu")
+    s = config.load(path, environ={"MMD_TILE": "16"})
+    assert (s.tile, s.kernel) == (16, "aplus")
+    s = config.load(path, {"tile": 4, "kernel": None}, environ={"MMD_TILE": "16"})
+    assert (s.tile, s.kernel) == (4, "aplus")
+
+
+def test_mmd_config_variable_names_the_file(tmp_path):
+    path = write(tmp_path, "tile: 4\n")
+    assert config.load(environ={"MMD_CONFIG": str(path)}).tile == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("tiel: 4\n", "unknown setting 'tiel'"),
+        ("tile: four\n", "tile must be int"),
+        ("tile: 4.5\n", "tile must be int"),
+        ("tile: true\n", "tile must be int"),
+        ("backend: gpu\n", "backend must be one of auto, cpu, cuda"),
+        ("memory: shared\n", "memory must be one of"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("tile: [\n", "not valid YAML"),
+        ("max_file_bytes: -3\n", "max_file_bytes must be positive"),
+        ("inbox: 3\n", "inbox must be Path"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        config.load(write(tmp_path, text), environ={})
+
+
+def test_bad_environment_is_named():
+    with pytest.raises(ConfigError, match="environment: unknown setting MMD_TILES"):
+        config.load(None, environ={"MMD_TILES": "3"})
+    with pytest.raises(ConfigError, match="environment: tile must be int"):
+        config.load(None, environ={"MMD_TILE": "x"})
+
+
+def test_missing_explicit_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        config.load(tmp_path / "nope.yaml", environ={})
+
+
+def test_null_memory_limit_and_env_null(tmp_path):
+    s = config.load(write(tmp_path, "max_memory_bytes: 1_000\n"), environ={})
+    assert s.max_memory_bytes == 1000
+    s = config.load(write(tmp_path, "max_memory_bytes: 1000\n"), environ={"MMD_MAX_MEMORY_BYTES": "null"})
+    assert s.max_memory_bytes is None
+
+
+def test_shipped_config_is_valid_and_equals_defaults():
+    shipped = Path(__file__).resolve().parent.parent / "config" / "mmd.yaml"
+    s = config.load(shipped, environ={})
+    assert s == config.Settings()
+
+
+def test_replace_validates():
+    with pytest.raises(ConfigError):
+        config.Settings().replace(backend="tpu")
+    assert config.Settings().replace(tile=8, kernel=None).tile == 8
