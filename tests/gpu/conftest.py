@@ -1,0 +1,25 @@
+"""GPU tests: one CUDA backend for the whole run, skipped cleanly without pycuda or a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``gpu`` marker here too, so this folder runs on its own."""
+    config.addinivalue_line("markers", "gpu: needs pycuda and a CUDA GPU (skipped elsewhere)")
+
+
+@pytest.fixture(scope="session")
+def cuda_backend():
+    """A CudaBackend on device 0, or a skip saying why there is none."""
+    pytest.importorskip("pycuda", reason="pycuda is not installed")
+    from mmd.backends.cuda import CudaBackend
+    from mmd.errors import BackendUnavailable
+
+    try:
+        backend = CudaBackend(device=0)
+    except BackendUnavailable as exc:
+        pytest.skip(f"no usable GPU: {exc}")
+    yield backend
+    backend.close()

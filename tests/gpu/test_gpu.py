@@ -1,0 +1,136 @@
+"""Every kernel on a real GPU: correct at awkward sizes, every memory mode, no leaks.
+
+Run with ``pytest -m gpu tests/gpu``; skipped where pycuda or a GPU is missing.
+Results are compared with a float64 numpy reference by the relative Frobenius
+error, and the output buffer is poisoned with NaN first, so an element a
+kernel forgets to write fails the check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mmd import kernels as registry
+from mmd.backends.base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest
+from mmd.errors import TileError
+
+pytestmark = pytest.mark.gpu
+
+#: (M, K, N): C is M×N. Square sizes around the tiles' edges, one tiny, one
+#: with every dimension different and none a multiple of any tile.
+SIZES = [(1, 1, 1), (32, 32, 32), (33, 33, 33), (256, 256, 256), (1000, 1000, 1000), (37, 53, 29)]
+
+
+def size_id(size: tuple[int, int, int]) -> str:
+    return "x".join(map(str, size))
+
+
+def operands(m: int, k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1.0, 1.0, (m, k)).astype(np.float32)
+    b = rng.uniform(-1.0, 1.0, (k, n)).astype(np.float32)
+    return a, b
+
+
+def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str) -> float:
+    """Relative error against float64, under 1e-5·sqrt(K); NaN (unwritten) never passes."""
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert c.shape == ref.shape, what
+    assert np.isfinite(c).all(), f"{what}: {np.count_nonzero(~np.isfinite(c))} elements unwritten (NaN)"
+    err = float(np.linalg.norm(c - ref) / max(np.linalg.norm(ref), 1e-30))
+    bound = 1e-5 * math.sqrt(a.shape[1])
+    assert err < bound, f"{what}: relative error {err:.2e} >= {bound:.2e}"
+    return err
+
+
+def poisoned_product(backend, kernel: str, tile: int, memory: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C from the session's own steps, with C filled with NaN before the launch."""
+    session = backend.session
+    spec = registry.get(kernel)
+    m, k = a.shape
+    n = b.shape[1]
+    held = []
+    try:
+        for rows, cols in ((m, k), (k, n), (m, n)):
+            held.append(session.alloc(memory, rows, cols))
+        da, db, dc = held
+        session.upload(da, a, "a")
+        session.upload(db, b, "b")
+        session.fill(dc, float("nan"))
+        if spec.uses_tile:
+            compiled, _ = session.compile(spec, tile)
+            session.launch(compiled, da, db, dc)
+        else:
+            session.sgemm(da, db, dc)
+        return session.download(dc, "c")
+    finally:
+        for matrix in held:
+            session.free(matrix)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_id)
+@pytest.mark.parametrize("tile", registry.TILES)
+@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+def test_kernel_matches_reference(cuda_backend, kernel, tile, size):
+    a, b = operands(*size, seed=hash((kernel, tile, size)) % 2**32)
+    c = poisoned_product(cuda_backend, kernel, tile, "device", a, b)
+    assert_close(c, a, b, f"{kernel} tile {tile} {size_id(size)}")
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_id)
+def test_cublas_matches_reference(cuda_backend, size):
+    a, b = operands(*size, seed=7)
+    c = poisoned_product(cuda_backend, "cublas", 0, "device", a, b)
+    assert_close(c, a, b, f"cublas {size_id(size)}")
+
+
+@pytest.mark.parametrize("memory", MEMORY_MODES)
+@pytest.mark.parametrize("kernel", registry.GPU_KERNELS)
+def test_memory_modes(cuda_backend, kernel, memory):
+    for size in [(37, 53, 29), (33, 33, 33)]:
+        a, b = operands(*size, seed=11)
+        c = poisoned_product(cuda_backend, kernel, 16, memory, a, b)
+        assert_close(c, a, b, f"{kernel} {memory} {size_id(size)} (poisoned)")
+        product = cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=8, memory=memory))
+        assert_close(product.c, a, b, f"{kernel} {memory} {size_id(size)} (backend)")
+
+
+def test_phases_and_compile_once(cuda_backend):
+    a, b = operands(64, 48, 80, seed=3)
+    request = MultiplyRequest(kernel="tiled", tile=4, memory="device")
+    first = cuda_backend.multiply(a, b, request)
+    second = cuda_backend.multiply(a, b, request)
+    for product in (first, second):
+        t = product.timings_ms
+        assert all(t[p] >= 0 for p in CUDA_PHASES)
+        assert t["cuda"] == pytest.approx(sum(t[p] for p in CUDA_PHASES))
+    assert "compile" not in second.timings_ms
+    assert second.device.endswith(")") and "sm_" in second.device
+
+
+@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+def test_tile_64_refused_before_allocation(cuda_backend, kernel):
+    a, b = operands(128, 128, 128, seed=5)
+    free_before, _ = cuda_backend.session.mem_info()
+    with pytest.raises(TileError, match=r"^tile 64 needs 4096 threads per block; this GPU allows 1024$"):
+        cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
+    free_after, _ = cuda_backend.session.mem_info()
+    assert free_after == free_before
+
+
+def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
+    kernels = registry.GPU_KERNELS
+    a, b = operands(300, 200, 100, seed=9)
+    for kernel in kernels:  # warm up: modules loaded, cuBLAS handle made
+        for memory in MEMORY_MODES:
+            cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
+    free_before, _ = cuda_backend.session.mem_info()
+    for job in range(100):
+        kernel = kernels[job % len(kernels)]
+        memory = MEMORY_MODES[job % len(MEMORY_MODES)]
+        cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
+    free_after, _ = cuda_backend.session.mem_info()
+    assert free_after == free_before, f"{(free_before - free_after) / 2**20:.1f} MiB not returned"

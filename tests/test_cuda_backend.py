@@ -1,0 +1,294 @@
+"""The CUDA backend's job logic on a CPU: a fake session stands in for mmd.gpu.
+
+The fake computes with numpy and counts allocations and frees, so these tests
+check phase accounting, compile-once, the tile check before any allocation,
+freeing on every error path and the conversion of driver errors, with no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+
+from mmd import kernels as registry
+from mmd.backends.base import CUDA_PHASES, MultiplyRequest
+from mmd.backends.cuda import CudaBackend
+from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
+
+LIMITS = registry.DeviceLimits(
+    max_threads_per_block=1024,
+    max_shared_per_block=48 * 1024,
+    max_registers_per_block=64 * 1024,
+    name="Fake GPU",
+    compute_capability=(9, 0),
+    total_memory=80 * 2**30,
+)
+
+#: Milliseconds the fake timer reports for each phase.
+PHASE_MS = {"malloc": 1.0, "h2d": 2.0, "kernel": 3.0, "d2h": 4.0, "free": 5.0}
+
+
+class DriverError(Exception):
+    """Stands in for pycuda._driver.Error."""
+
+
+class FakeMatrix:
+    def __init__(self, rows: int, cols: int) -> None:
+        self.rows, self.cols, self.ld = rows, cols, cols
+        self.data = np.full((rows, cols), np.nan, np.float32)
+
+
+class FakeCompiled:
+    def __init__(self, spec: registry.KernelSpec, tile: int, registers: int) -> None:
+        self.spec, self.tile, self.registers, self.compile_ms = spec, tile, registers, 42.0
+
+
+class FakeTimer:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        yield
+        self.names.append(name)
+
+    def elapsed_ms(self) -> dict[str, float]:
+        return {name: PHASE_MS[name] for name in self.names}
+
+
+class FakeSession:
+    """numpy behind the GpuSession interface; ``fail_at`` names a step that raises."""
+
+    errors = (DriverError, MemoryError)
+
+    def __init__(self, device: int = 0, *, fail_at: str | None = None, registers: int = 32) -> None:
+        self.limits = LIMITS
+        self.fail_at = fail_at
+        self.registers = registers
+        self.allocs = 0
+        self.frees = 0
+        self.compiles = 0
+        self.built: dict = {}
+        self.closed = False
+        self.free_bytes = 10 * 2**30
+
+    def _maybe_fail(self, step: str) -> None:
+        if self.fail_at == step:
+            raise DriverError(f"cuFake failed: {step}\n(second line)")
+
+    def device_name(self) -> str:
+        return "Fake GPU (sm_90)"
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.free_bytes, LIMITS.total_memory
+
+    def compile(self, spec, tile):
+        """Like GpuSession.compile: built (True) the first time, cached after."""
+        self._maybe_fail("compile")
+        key = (spec.name, tile)
+        built = key not in self.built
+        if built:
+            self.compiles += 1
+            self.built[key] = FakeCompiled(spec, tile, self.registers)
+        return self.built[key], built
+
+    def alloc(self, mode, rows, cols):
+        if self.fail_at == "alloc" and self.allocs == 1:  # the second allocation fails
+            raise MemoryError("cuMemAlloc failed: out of memory")
+        self.allocs += 1
+        return FakeMatrix(rows, cols)
+
+    def free(self, matrix):
+        self.frees += 1
+        self._maybe_fail("free")
+
+    def upload(self, matrix, host, slot):
+        self._maybe_fail("upload")
+        matrix.data[...] = host
+
+    def launch(self, compiled, a, b, c):
+        self._maybe_fail("launch")
+        c.data[...] = a.data @ b.data
+
+    def sgemm(self, a, b, c):
+        self._maybe_fail("sgemm")
+        c.data[...] = a.data @ b.data
+
+    def download(self, matrix, slot="c"):
+        self._maybe_fail("download")
+        return matrix.data.copy()
+
+    def phase_timer(self):
+        return FakeTimer()
+
+    def close(self):
+        self.closed = True
+
+
+def backend_with(**kwargs) -> tuple[CudaBackend, FakeSession]:
+    session = FakeSession(**kwargs)
+    return CudaBackend(0, session_factory=lambda device: session), session
+
+
+def operands(m=5, k=7, n=3):
+    rng = np.random.default_rng(0)
+    return rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
+
+
+def test_phases_sum_to_cuda_and_compile_only_first_time():
+    backend, session = backend_with()
+    a, b = operands()
+    first = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16))
+    second = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16))
+    for product in (first, second):
+        assert [p for p in CUDA_PHASES if p in product.timings_ms] == list(CUDA_PHASES)
+        assert product.timings_ms["cuda"] == sum(PHASE_MS.values())
+        np.testing.assert_allclose(product.c, a @ b, rtol=1e-6)
+        assert (product.kernel, product.tile, product.memory) == ("tiled", 16, "device")
+        assert product.device == "Fake GPU (sm_90)"
+    assert first.timings_ms["compile"] == 42.0
+    assert "compile" not in second.timings_ms
+    assert session.allocs == session.frees == 6
+
+
+def test_first_use_of_each_tile_is_a_compile():
+    backend, session = backend_with()
+    a, b = operands()
+    runs = [backend.multiply(a, b, MultiplyRequest(kernel="coarse", tile=t)) for t in (8, 8, 16, 8)]
+    assert ["compile" in r.timings_ms for r in runs] == [True, False, True, False]
+    assert session.compiles == 2
+
+
+def test_cublas_has_no_tile_and_no_compile():
+    backend, session = backend_with()
+    a, b = operands()
+    product = backend.multiply(a, b, MultiplyRequest(kernel="cublas", tile=64))
+    assert product.tile is None and "compile" not in product.timings_ms
+    assert session.compiles == 0
+    np.testing.assert_allclose(product.c, a @ b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+def test_tile_64_refused_before_any_allocation_or_compile(kernel):
+    backend, session = backend_with()
+    a, b = operands()
+    with pytest.raises(TileError, match=r"^tile 64 needs 4096 threads per block; this GPU allows 1024$"):
+        backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
+    assert session.allocs == 0 and session.compiles == 0
+
+
+def test_register_limit_refused_after_compile_before_allocation():
+    backend, session = backend_with(registers=255)
+    a, b = operands()
+    with pytest.raises(TileError, match=r"registers per block"):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=32))
+    assert session.allocs == 0
+
+
+@pytest.mark.parametrize("step", ["alloc", "upload", "launch", "download"])
+def test_device_memory_freed_and_error_converted(step):
+    backend, session = backend_with(fail_at=step)
+    a, b = operands()
+    with pytest.raises(CudaError) as info:
+        backend.multiply(a, b, MultiplyRequest(kernel="naive", tile=8))
+    assert "\n" not in info.value.reason
+    assert session.allocs == session.frees > 0
+
+
+def test_cublas_failure_frees_memory():
+    backend, session = backend_with(fail_at="sgemm")
+    a, b = operands()
+    with pytest.raises(CudaError):
+        backend.multiply(a, b, MultiplyRequest(kernel="cublas", memory="pitched"))
+    assert session.allocs == session.frees == 3
+
+
+def test_a_failing_free_still_frees_the_rest():
+    backend, session = backend_with(fail_at="free")
+    a, b = operands()
+    with pytest.raises(CudaError):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+    assert session.frees == 3  # one failed in the free phase, two freed in the cleanup
+
+
+def test_compile_driver_error_is_cuda_error():
+    backend, session = backend_with(fail_at="compile")
+    a, b = operands()
+    with pytest.raises(CudaError, match="cuFake failed: compile"):
+        backend.multiply(a, b, MultiplyRequest(kernel="aplus", tile=8))
+    assert session.allocs == 0
+
+
+def test_too_little_device_memory_refused_before_allocation():
+    backend, session = backend_with()
+    session.free_bytes = 100
+    a, b = operands()
+    with pytest.raises(CudaError, match="MiB of device memory is free"):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+    assert session.allocs == 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "match"),
+    [
+        (MultiplyRequest(kernel="nope"), "unknown kernel 'nope'"),
+        (MultiplyRequest(kernel="cpu"), "does not run on the cuda backend"),
+        (MultiplyRequest(kernel="tiled", memory="texture"), "unknown memory mode"),
+    ],
+)
+def test_bad_requests_are_kernel_errors(request_, match):
+    backend, session = backend_with()
+    a, b = operands()
+    with pytest.raises(KernelError, match=match):
+        backend.multiply(a, b, request_)
+    assert session.allocs == 0
+
+
+def test_shape_mismatch_refused():
+    backend, _ = backend_with()
+    a, _ = operands(4, 5, 6)
+    with pytest.raises(KernelError, match="A's columns must equal B's rows"):
+        backend.multiply(a, a, MultiplyRequest())
+
+
+def test_other_thread_refused_and_close_idempotent():
+    backend, session = backend_with()
+    a, b = operands()
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_catch(backend.multiply, a, b, MultiplyRequest())))
+    thread.start()
+    thread.join()
+    assert isinstance(errors[0], CudaError)
+    backend.close()
+    backend.close()
+    assert session.closed
+    with pytest.raises(CudaError, match="closed"):
+        backend.multiply(a, b, MultiplyRequest())
+
+
+def _catch(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def test_real_backend_without_pycuda_is_unavailable():
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendUnavailable, match="pycuda is not installed"):
+            CudaBackend(0)
+    else:
+        pytest.skip("pycuda is installed here; the GPU tests cover the real session")
+
+
+def test_gpu_module_imports_without_pycuda():
+    import mmd.gpu
+
+    assert "pycuda" in mmd.gpu._import_driver.__doc__
+    assert all(path for path in mmd.gpu.cublas_candidates())
