@@ -317,7 +317,8 @@ class GpuSession:
         cached = self._modules.get(key)
         if cached is not None:
             return cached, False
-        from pycuda.compiler import CompileError, SourceModule
+        from pycuda.compiler import SourceModule
+        from pycuda.driver import CompileError
 
         start = time.perf_counter()
         try:
@@ -367,7 +368,7 @@ class GpuSession:
                 return DeviceMatrix(mode, rows, cols, pitch // FLOAT_BYTES, int(handle), handle)
             if mode == "managed":
                 array = cuda.managed_empty(
-                    (max(rows, 1), max(cols, 1)), np.float32, mem_flags=cuda.mem_attach_flags.GLOBAL
+                    (max(rows, 1), max(cols, 1)), np.float32, "C", cuda.mem_attach_flags.GLOBAL
                 )
                 ptr = int(array.base.get_device_pointer())
                 return DeviceMatrix(mode, rows, cols, max(cols, 1), ptr, array)
@@ -463,6 +464,8 @@ class GpuSession:
         self._check_thread()
         m, k, n = a.rows, a.cols, b.cols
         spec, tile = compiled.spec, compiled.tile
+        if m == 0 or n == 0:
+            return
         grid = spec.grid(m, n, tile)
         block = spec.block(tile)
         with self._converting(f"launching {spec.name} at tile {tile}"):
@@ -474,7 +477,10 @@ class GpuSession:
         """C = A·B through cuBLAS (the handle is made on first use)."""
         self._check_thread()
         if self._cublas is None:
-            self._cublas = Cublas(self.stream.handle)
+            handle = getattr(self.stream, "handle", None)
+            if handle is None:
+                handle = self.stream.handle_int
+            self._cublas = Cublas(int(handle))
         self._cublas.sgemm(a, b, c)
 
     def phase_timer(self) -> PhaseTimer:
