@@ -133,4 +133,6 @@ def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
         memory = MEMORY_MODES[job % len(MEMORY_MODES)]
         cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
     free_after, _ = cuda_backend.session.mem_info()
-    assert free_after == free_before, f"{(free_before - free_after) / 2**20:.1f} MiB not returned"
+    # The driver may hand back memory it held from earlier tests (seen: 66 MiB
+    # more free after the loop on an H200), so "no leak" is "not less free".
+    assert free_after >= free_before, f"{(free_before - free_after) / 2**20:.1f} MiB not returned"
