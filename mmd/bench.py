@@ -254,7 +254,8 @@ def describe_row(row: dict[str, Any]) -> str:
     """One line for a finished case."""
     tile = f"t{row['tile']}" if row.get("tile") not in (None, "") else "-"
     shape = f"{row['m']}x{row['k']}x{row['n']}"
-    head = f"{row['kernel']:<8} {tile:>4} {shape:<14}"
+    width = max(map(len, registry.NAMES))
+    head = f"{row['kernel']:<{width}} {tile:>4} {shape:<14}"
     status = row["status"]
     if status == "ok":
         parts = [f"kernel {row['kernel_median_ms']:.3f} ms"]
@@ -442,7 +443,8 @@ class _Wrong(Exception):
     """A result that does not match its reference; the message says how."""
 
 
-def _stats(samples: list[dict[str, float]]) -> dict[str, float | None]:
+def phase_stats(samples: list[dict[str, float]]) -> dict[str, float | None]:
+    """``<phase>_median_ms``, ``_min_ms`` and ``_max_ms`` for every phase (None where no sample has it)."""
     out: dict[str, float | None] = {}
     for phase in PHASES:
         values = [s[phase] for s in samples if s.get(phase) is not None]
@@ -526,7 +528,7 @@ class _Runner:
             traceback.print_exc(file=sys.stderr)
             return row
         row["repeats"] = len(samples)
-        row.update(_stats(samples))
+        row.update(phase_stats(samples))
         kernel_ms = row["kernel_median_ms"]
         row["gflops"] = round(2.0 * case.m * case.k * case.n / (kernel_ms * 1e6), 3) if kernel_ms else None
         return row

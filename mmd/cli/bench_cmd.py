@@ -1,0 +1,116 @@
+"""``mmd bench``: run the course's benchmark plan (or a smaller one) and write results.csv/yaml."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import bench, config, logs
+from .. import kernels as registry
+from ..backends import open_backend
+from .common import settings_from
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="time kernels over sizes and tiles",
+        description=(
+            "Run the benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
+            "every registered kernel). Each case is checked once against a float64 product, then timed. "
+            "Writes OUT/<timestamp>/results.csv and results.yaml; exits 1 if any result is wrong."
+        ),
+    )
+    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    p.add_argument("--backend", choices=config.CHOICES["backend"], help="where GPU kernels run (default: auto)")
+    p.add_argument("--device", type=int, help="CUDA device ordinal")
+    p.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=registry.NAMES,
+        metavar="KERNEL",
+        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: all; only cpu on the cpu backend)",
+    )
+    p.add_argument("--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: 32 256 ... 4096)")
+    p.add_argument("--tiles", nargs="+", type=int, metavar="T", help="tiles (default: 4 8 16 32 64)")
+    p.add_argument(
+        "--sizes-at-tile",
+        type=int,
+        default=bench.COURSE_SIZES_AT_TILE,
+        metavar="T",
+        help="the tile every size runs at (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tiles-at-size",
+        type=int,
+        metavar="N",
+        help="the size every tile runs at (default: 4096 for the course's sizes, else the largest size)",
+    )
+    p.add_argument("--grid", action="store_true", help="run every size at every tile instead")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per case (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default: %(default)s)")
+    p.add_argument("--memory", choices=config.CHOICES["memory"], help="device memory mode (default: from config)")
+    p.add_argument(
+        "--through-files",
+        action="store_true",
+        help="run each call as a real job on text files (read, parse, CUDA, emit, write) instead of in memory",
+    )
+    p.add_argument(
+        "--cpu-max-size",
+        type=int,
+        default=bench.CPU_MAX_SIZE,
+        metavar="N",
+        help="skip the cpu kernel above this size; 0: no limit (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="results root (default: %(default)s)")
+    p.add_argument("--report", action="store_true", help="render the report into <results>/report afterwards")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    if settings.log_level == "info":  # one "job done" line per call would bury the progress display
+        logs.configure(settings.log_format, "warning")
+    backend, note = open_backend(settings.backend, settings.device)
+    if note:
+        print(f"mmd bench: {note}", file=sys.stderr)
+    try:
+        kernels = tuple(args.kernels) if args.kernels else bench.default_kernels(backend)
+        sizes = tuple(args.sizes) if args.sizes else bench.COURSE_SIZES
+        tiles_at_size = args.tiles_at_size
+        if tiles_at_size is None and args.sizes is None:
+            tiles_at_size = bench.COURSE_TILES_AT_SIZE
+        try:
+            plan = bench.Plan(
+                kernels=kernels,
+                sizes=sizes,
+                tiles=tuple(args.tiles) if args.tiles else bench.COURSE_TILES,
+                repeats=args.repeats,
+                warmup=args.warmup,
+                memory=args.memory or settings.memory,
+                through_files=args.through_files,
+                sizes_at_tile=args.sizes_at_tile,
+                tiles_at_size=tiles_at_size,
+                grid=args.grid,
+                cpu_max_size=args.cpu_max_size or None,
+                seed=args.seed,
+            )
+        except ValueError as exc:
+            print(f"mmd bench: {exc}", file=sys.stderr)
+            return 2
+        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr))
+    finally:
+        backend.close()
+    print(result.csv_path)
+    print(result.yaml_path)
+    for row in result.failures:
+        print(f"mmd bench: FAILED {bench.describe_row(row)}", file=sys.stderr)
+    if args.report:
+        from .. import report
+
+        rendered = report.render(result.folder, result.folder / "report")
+        for path in rendered.files:
+            print(path)
+    return 0 if result.ok else 1

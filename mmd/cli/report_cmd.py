@@ -1,0 +1,35 @@
+"""``mmd report RESULTS``: the course's graphs and summary.md from bench results or job sidecars."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="graphs and summary from bench results or sidecars",
+        description=(
+            "Render graph 1 (overall time by tile), graph 2 (CUDA time by tile), graph 3 (kernel time and "
+            "GFLOP/s by size) as PNG and SVG, and summary.md, from RESULTS: a results.csv or results.yaml "
+            "from `mmd bench`, the folder holding one, or a folder of job sidecars (*.timing.yaml, *.error.yaml)."
+        ),
+    )
+    p.add_argument("results", type=Path, help="results.csv, results.yaml, or a folder")
+    p.add_argument("--out", type=Path, help="output folder (default: report/ beside the results)")
+    p.add_argument("--log", action="store_true", help="logarithmic time axis on graphs 1 and 2")
+    p.add_argument("--size", type=int, help="the size graphs 1 and 2 show (default: the largest in the data)")
+    p.add_argument(
+        "--peak-tflops", type=float, help="the GPU's fp32 peak in TFLOP/s (default: looked up by device name)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rendered = report.render(args.results, args.out, log=args.log, size=args.size, peak_tflops=args.peak_tflops)
+    for path in rendered.files:
+        print(path)
+    return 0

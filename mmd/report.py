@@ -1,0 +1,730 @@
+"""The benchmark report: the course's graphs and the tables behind them, from results or sidecars.
+
+Input is one of
+
+* a ``results.csv`` or ``results.yaml`` written by :mod:`mmd.bench` (or the
+  folder holding them), or
+* a folder of job sidecars (``*.timing.yaml`` and ``*.error.yaml``, an outbox):
+  runs of the same kernel, tile, shape and memory mode are pooled into one row
+  (median, min and max per phase), and each kind of refusal (tile 64) becomes
+  a ``refused`` row with its reason.
+
+Output, in PNG and SVG (matplotlib, Agg):
+
+1. ``graph1_overall``: overall time at the largest size (the course: 4096) —
+   tiles on the x axis, one bar per kernel in each group, min–max as error
+   bars; kernels without a tile (cublas, cpu) in their own group and as a
+   dotted line across.
+2. ``graph2_cuda``: the same for CUDA time (malloc + h2d + kernel + d2h +
+   free); a kernel without CUDA phases (the cpu backend) shows its kernel
+   time, and its label says so.
+3. ``graph3_sizes``: kernel time and GFLOP/s against size at tile 32, with
+   cuBLAS and the GPU's fp32 peak as references.
+
+and ``summary.md``: the tables behind the graphs, speed-up over the cpu
+backend and over naive, efficiency against cuBLAS and the fp32 peak, and
+every refused, wrong or skipped case with its reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import kernels as registry
+from .bench import COLUMNS, phase_stats
+from .errors import MmdError
+from .sidecar import ERROR_SUFFIX, TIMING_SUFFIX
+
+#: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
+PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (
+    (r"H100.*PCIe", 51.2, "H100 PCIe"),
+    (r"H100.*NVL", 60.0, "H100 NVL"),
+    (r"H100", 67.0, "H100 SXM"),
+    (r"H200", 67.0, "H200"),
+    (r"A100", 19.5, "A100"),
+    (r"\bT400\b", 1.09, "T400"),
+)
+
+#: The tile the size sweep is read at when present.
+SWEEP_TILE = 32
+
+_INT_COLUMNS = {"tile", "m", "k", "n", "repeats", "warmup"}
+_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith("_ms")} | {"gflops", "max_abs_error", "rel_error"}
+
+
+class ReportError(MmdError):
+    """The report's input cannot be read (no results, no sidecars, a malformed file)."""
+
+    kind = "report"
+
+
+# -- reading -----------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    """Rows in :data:`mmd.bench.COLUMNS` form, where they came from, and the environment when known."""
+
+    rows: list[dict[str, Any]]
+    source: Path
+    environment: dict[str, Any] = field(default_factory=dict)
+    kind: str = "bench"  # bench | sidecars
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for col in COLUMNS:
+        value = row.get(col)
+        if value == "" or value is None:
+            out[col] = None
+        elif col in _INT_COLUMNS:
+            out[col] = int(value)
+        elif col in _FLOAT_COLUMNS:
+            out[col] = float(value)
+        else:
+            out[col] = str(value)
+    return out
+
+
+def read_csv(path: Path) -> Results:
+    """Rows of a results.csv (and the environment of its results.yaml, if beside it)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = [_typed(r) for r in csv.DictReader(fh)]
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+    env: dict[str, Any] = {}
+    beside = path.with_name("results.yaml")
+    if beside.is_file():
+        env = _load_yaml(beside).get("environment") or {}
+    return Results(rows, path, env)
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} is not a mapping")
+    return data
+
+
+def read_yaml(path: Path) -> Results:
+    """Rows and environment of a results.yaml."""
+    data = _load_yaml(path)
+    if not isinstance(data.get("rows"), list):
+        raise ReportError(f"{path} has no rows: not a results.yaml from mmd bench")
+    try:
+        rows = [_typed(r) for r in data["rows"]]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ReportError(f"{path}: malformed row: {exc}") from None
+    return Results(rows, path, data.get("environment") or {})
+
+
+def _shape(record: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    shape = record.get("shape") or {}
+    return shape.get("m"), shape.get("k"), shape.get("n")
+
+
+def read_sidecars(folder: Path) -> Results:
+    """Pool a folder's timing sidecars by case; one ``refused`` row per kind of refusal."""
+    timing = sorted(folder.glob("*" + TIMING_SUFFIX))
+    errors = sorted(folder.glob("*" + ERROR_SUFFIX))
+    if not timing and not errors:
+        raise ReportError(f"{folder} holds no results.csv, results.yaml or job sidecars (*{TIMING_SUFFIX})")
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for path in timing:
+        rec = _load_yaml(path)
+        if rec.get("status") != "ok":
+            continue
+        key = (
+            rec.get("kernel"),
+            rec.get("tile"),
+            *_shape(rec),
+            rec.get("memory"),
+            rec.get("backend"),
+            rec.get("device"),
+        )
+        groups.setdefault(key, []).append(rec)
+    rows: list[dict[str, Any]] = []
+    devices: list[str] = []
+    for (kernel, tile, m, k, n, memory, backend, device), recs in groups.items():
+        samples = [{p: v for p, v in (r.get("timings_ms") or {}).items() if v is not None} for r in recs]
+        row = {c: None for c in COLUMNS}
+        row.update(
+            kernel=kernel,
+            backend=backend,
+            tile=tile,
+            m=m,
+            k=k,
+            n=n,
+            memory=memory,
+            mode="files",
+            status="ok",
+            repeats=len(recs),
+            warmup=0,
+            device=device,
+        )
+        row.update(phase_stats(samples))
+        if row["kernel_median_ms"] and None not in (m, k, n):
+            row["gflops"] = round(2.0 * m * k * n / (row["kernel_median_ms"] * 1e6), 3)
+        rows.append(row)
+        if device:
+            devices.append(device)
+    refusals: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for path in errors:
+        rec = _load_yaml(path)
+        req = rec.get("requested") or {}
+        reason = (rec.get("error") or {}).get("reason", "refused")
+        key = (req.get("kernel"), req.get("tile"), *_shape(rec), req.get("memory"), rec.get("backend"), reason)
+        refusals.setdefault(key, []).append(rec)
+    for (kernel, tile, m, k, n, memory, backend, reason), recs in refusals.items():
+        row = {c: None for c in COLUMNS}
+        row.update(
+            kernel=kernel,
+            backend=backend,
+            tile=tile,
+            m=m,
+            k=k,
+            n=n,
+            memory=memory,
+            mode="files",
+            status="refused",
+            reason=reason,
+            repeats=len(recs),
+            warmup=0,
+        )
+        rows.append(row)
+    env = {"device": max(set(devices), key=devices.count)} if devices else {}
+    return Results([_typed(r) for r in rows], folder, env, kind="sidecars")
+
+
+def load(source: Path) -> Results:
+    """Results from a results.csv/yaml, the folder holding one, or a folder of sidecars."""
+    source = Path(source)
+    if source.is_dir():
+        for name, reader in (("results.yaml", read_yaml), ("results.csv", read_csv)):
+            if (source / name).is_file():
+                return reader(source / name)
+        return read_sidecars(source)
+    if not source.exists():
+        raise ReportError(f"{source} does not exist")
+    if source.suffix == ".csv":
+        return read_csv(source)
+    if source.suffix in (".yaml", ".yml"):
+        return read_yaml(source)
+    raise ReportError(f"{source}: give a results.csv, a results.yaml or a folder")
+
+
+# -- reading the rows ----------------------------------------------------------
+
+
+def size_of(row: dict[str, Any]) -> int | None:
+    """N for an N×N×N case; None for other shapes (not graphed)."""
+    m, k, n = row.get("m"), row.get("k"), row.get("n")
+    return m if m is not None and m == k == n else None
+
+
+def uses_tile(kernel: str) -> bool:
+    """Whether the tile matters for ``kernel`` (unknown names are taken to use one)."""
+    spec = registry.REGISTRY.get(kernel)
+    return spec.uses_tile if spec is not None else True
+
+
+def kernel_order(names: Iterable[str]) -> list[str]:
+    """Registry order (naive ... cpu), unknown names after, alphabetically."""
+    order = {name: i for i, name in enumerate(registry.NAMES)}
+    return sorted(set(names), key=lambda n: (order.get(n, len(order)), n))
+
+
+def peak_for(device: str | None) -> tuple[float, str] | None:
+    """(fp32 peak in TFLOP/s, GPU label) for a known device name."""
+    for pattern, tflops, label in PEAK_FP32_TFLOPS:
+        if device and re.search(pattern, device):
+            return tflops, label
+    return None
+
+
+def _ok(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["status"] == "ok"]
+
+
+def graph_size(rows: list[dict[str, Any]], size: int | None = None) -> int | None:
+    """The size graphs 1-2 show: ``size``, else the largest square size with a result or a refusal."""
+    if size is not None:
+        return size
+    sizes = [size_of(r) for r in rows if r["status"] in ("ok", "refused")]
+    sizes = [s for s in sizes if s is not None]
+    return max(sizes) if sizes else None
+
+
+def sweep_tile(rows: list[dict[str, Any]]) -> int | None:
+    """The tile graph 3 reads: 32 when present, else the tile with the most sizes."""
+    tiled = [r for r in _ok(rows) if r["tile"] is not None and uses_tile(r["kernel"]) and size_of(r)]
+    if not tiled:
+        return None
+    tiles = [r["tile"] for r in tiled]
+    if SWEEP_TILE in tiles:
+        return SWEEP_TILE
+    return max(sorted(set(tiles)), key=lambda t: len({size_of(r) for r in tiled if r["tile"] == t}))
+
+
+@dataclass
+class TileSweep:
+    """The rows behind graphs 1-2: one size, kernels by tile."""
+
+    size: int | None
+    tiles: list[int]
+    tiled_kernels: list[str]
+    untiled_kernels: list[str]
+    cells: dict[tuple[str, int | None], dict[str, Any]]  # (kernel, tile) → row (ok or refused)
+
+
+def tile_sweep(rows: list[dict[str, Any]], size: int | None) -> TileSweep:
+    at = [r for r in rows if r["status"] in ("ok", "refused") and size is not None and size_of(r) == size]
+    cells: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for r in at:
+        tile = r["tile"] if uses_tile(r["kernel"]) else None
+        key = (r["kernel"], tile)
+        if key not in cells or (cells[key]["status"] != "ok" and r["status"] == "ok"):
+            cells[key] = r
+    tiled = kernel_order(k for k, t in cells if t is not None)
+    untiled = kernel_order(k for k, t in cells if t is None)
+    tiles = sorted({t for _, t in cells if t is not None})
+    return TileSweep(size, tiles, tiled, untiled, cells)
+
+
+def size_sweep(rows: list[dict[str, Any]], tile: int | None) -> dict[str, list[dict[str, Any]]]:
+    """kernel → ok rows by ascending size: tiled kernels at ``tile``, untiled ones at any tile."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in _ok(rows):
+        if size_of(r) is None or (uses_tile(r["kernel"]) and r["tile"] != tile):
+            continue
+        out.setdefault(r["kernel"], []).append(r)
+    return {k: sorted(out[k], key=size_of) for k in kernel_order(out)}
+
+
+def cuda_or_kernel(row: dict[str, Any]) -> tuple[float | None, float | None, float | None, bool]:
+    """(median, min, max, is_kernel_time): CUDA time, or kernel time where the row has no CUDA phases."""
+    if row.get("cuda_median_ms") is not None:
+        return row["cuda_median_ms"], row["cuda_min_ms"], row["cuda_max_ms"], False
+    return row.get("kernel_median_ms"), row.get("kernel_min_ms"), row.get("kernel_max_ms"), True
+
+
+# -- drawing -------------------------------------------------------------------
+
+
+def _figure(width: float = 9.0, height: float = 5.0) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _colors(names: Iterable[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    order = {name: i for i, name in enumerate(registry.NAMES)}
+    extra = iter(range(len(order), 10 * 100))
+    return {n: cmap((order[n] if n in order else next(extra)) % 10) for n in names}
+
+
+def _save(fig: Any, out: Path, stem: str) -> list[Path]:
+    png, svg = out / f"{stem}.png", out / f"{stem}.svg"
+    fig.savefig(png, format="png")
+    fig.savefig(svg, format="svg", metadata={"Date": None})
+    return [png, svg]
+
+
+def _no_data(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _bars(
+    sweep: TileSweep,
+    value: Callable[[dict[str, Any]], tuple[float | None, float | None, float | None, bool]],
+    title: str,
+    ylabel: str,
+    log: bool,
+) -> Any:
+    fig = _figure()
+    ax = fig.subplots()
+    kernels = sweep.tiled_kernels + sweep.untiled_kernels
+    if not kernels:
+        _no_data(ax, f"no results at size {sweep.size}")
+        ax.set_title(title)
+        return fig
+    colors = _colors(kernels)
+    groups: list[tuple[str, int | None, list[str]]] = [(f"{t}×{t}", t, sweep.tiled_kernels) for t in sweep.tiles]
+    if sweep.untiled_kernels:
+        groups.append(("no tile", None, sweep.untiled_kernels))
+    per_group = max(len(g[2]) for g in groups)
+    width = 0.8 / per_group
+    labelled: set[str] = set()
+    kernel_time: set[str] = set()
+    for gi, (_, tile, names) in enumerate(groups):
+        for bi, name in enumerate(names):
+            x = gi - 0.4 + width * (bi + 0.5)
+            row = sweep.cells.get((name, tile))
+            if row is None:
+                continue
+            if row["status"] != "ok":
+                ax.text(
+                    x,
+                    0.02,
+                    "refused",
+                    transform=ax.get_xaxis_transform(),
+                    rotation=90,
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    color=colors[name],
+                )
+                continue
+            med, lo, hi, is_kernel = value(row)
+            if med is None:
+                continue
+            if is_kernel:
+                kernel_time.add(name)
+            yerr = [[med - lo], [hi - med]] if lo is not None and hi is not None else None
+            ax.bar(x, med, width, color=colors[name], yerr=yerr, capsize=2, label=None if name in labelled else name)
+            labelled.add(name)
+            if tile is None and sweep.tiles:  # the same value as a line across the tile groups
+                ax.axhline(med, color=colors[name], linestyle=":", linewidth=1)
+    for handle in ax.get_legend_handles_labels()[0]:
+        if handle.get_label() in kernel_time:
+            handle.set_label(f"{handle.get_label()} (kernel time)")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_xlabel("tile")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    if labelled:
+        ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak: tuple[float, str] | None) -> Any:
+    fig = _figure(12.0, 5.0)
+    ax_t, ax_g = fig.subplots(1, 2)
+    if not sweeps:
+        _no_data(ax_t, "no results")
+        _no_data(ax_g, "no results")
+        return fig
+    colors = _colors(sweeps)
+    for name, rows in sweeps.items():
+        sizes = [size_of(r) for r in rows]
+        ref = name == "cublas"
+        style = dict(
+            color="black" if ref else colors[name],
+            linestyle="--" if ref else "-",
+            marker="o",
+            linewidth=2 if ref else 1.5,
+            label=name,
+        )
+        ax_t.plot(sizes, [r["kernel_median_ms"] for r in rows], **style)
+        ax_g.plot(sizes, [r["gflops"] for r in rows], **style)
+    if peak is not None:
+        tflops, label = peak
+        ax_g.axhline(tflops * 1000, color="red", linestyle=":", label=f"fp32 peak ({label}, {tflops:g} TFLOP/s)")
+    where = f"tile {tile}" if tile is not None else "no tiled kernel"
+    ax_t.set_title(f"kernel time vs size ({where})")
+    ax_t.set_ylabel("kernel time (ms, median)")
+    ax_g.set_title(f"GFLOP/s vs size ({where})")
+    ax_g.set_ylabel("GFLOP/s (2·N³ / kernel time)")
+    for ax in (ax_t, ax_g):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("N (N×N times N×N)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return fig
+
+
+# -- the summary ---------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _cell(row: dict[str, Any] | None, phase: str) -> str:
+    if row is None:
+        return ""
+    if row["status"] != "ok":
+        return row["status"]
+    med = row.get(f"{phase}_median_ms")
+    if med is None:
+        return "–"
+    return f"{med:.3f} [{row[f'{phase}_min_ms']:.3f}–{row[f'{phase}_max_ms']:.3f}]"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return [*lines, ""]
+
+
+def _sweep_table(sweep: TileSweep, phase: str, fallback_kernel: bool = False) -> list[str]:
+    cols = [(f"tile {t}", t) for t in sweep.tiles] + ([("no tile", None)] if sweep.untiled_kernels else [])
+    body = []
+    for name in sweep.tiled_kernels + sweep.untiled_kernels:
+        cells = []
+        for _, tile in cols:
+            if (tile is None) != (name in sweep.untiled_kernels):
+                cells.append("")
+                continue
+            row = sweep.cells.get((name, tile))
+            use = phase
+            if fallback_kernel and row is not None and row["status"] == "ok" and row.get("cuda_median_ms") is None:
+                use = "kernel"
+            text = _cell(row, use)
+            cells.append(f"{text} (kernel)" if use != phase and text not in ("", "–") else text)
+        body.append([name, *cells])
+    return _table(["kernel", *[c[0] for c in cols]], body)
+
+
+def _ratio_table(
+    sweeps: dict[str, list[dict[str, Any]]],
+    base: dict[int, float],
+    value: Callable[[dict[str, Any]], float | None],
+    invert: bool = False,
+    fmt: str = "{:.2f}×",
+) -> list[str]:
+    sizes = sorted({size_of(r) for rows in sweeps.values() for r in rows})
+    body = []
+    for name, rows in sweeps.items():
+        by_size = {size_of(r): value(r) for r in rows}
+        cells = []
+        for s in sizes:
+            v, b = by_size.get(s), base.get(s)
+            if not v or not b:
+                cells.append("")
+            else:
+                cells.append(fmt.format(v / b if invert else b / v))
+        body.append([name, *cells])
+    return _table(["kernel", *[str(s) for s in sizes]], body)
+
+
+def summary_markdown(
+    results: Results,
+    sweep: TileSweep,
+    tile: int | None,
+    sweeps: dict[str, list[dict[str, Any]]],
+    peak: tuple[float, str] | None,
+    graphs: list[str],
+) -> str:
+    rows = results.rows
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "refused", "wrong", "skipped", "error")}
+    out = ["# mmd benchmark report", ""]
+    out.append(
+        f"Source: `{results.source}` ({'job sidecars' if results.kind == 'sidecars' else 'mmd bench'}); "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + "."
+    )
+    out.append("")
+    failing = [r for r in rows if r["status"] in ("wrong", "error")]
+    if failing:
+        out += [
+            "## FAILED: wrong results and errors",
+            "",
+            "These cases returned a wrong product; their times are not graphed.",
+            "",
+        ]
+        out += _table(
+            ["kernel", "tile", "shape", "status", "reason"],
+            [
+                [r["kernel"], r["tile"] or "", f"{r['m']}×{r['k']}×{r['n']}", r["status"].upper(), r["reason"] or ""]
+                for r in failing
+            ],
+        )
+    if results.environment:
+        out += ["## Environment", ""]
+        out += _table(["", ""], [[k, "" if v is None else v] for k, v in results.environment.items()])
+    names = kernel_order({r["kernel"] for r in rows if r["kernel"]})
+    out += ["## Kernels", ""]
+    out += _table(
+        ["kernel", "what it is"],
+        [[n, registry.REGISTRY[n].description if n in registry.REGISTRY else "?"] for n in names],
+    )
+    out += [
+        "## Definitions",
+        "",
+        "- **overall**: in memory, the wall time of one multiply call; through files (and in sidecars), "
+        "read + parse + CUDA phases + emit + write, from the start of the job to the committed output.",
+        "- **cuda**: malloc + h2d + kernel + d2h + free, timed with CUDA events (the course's CUDA time). "
+        "The cpu backend has no CUDA phases: its kernel time stands in, marked (kernel).",
+        "- **kernel**: the kernel (or cuBLAS, or numpy) alone. GFLOP/s = 2·M·K·N / kernel time.",
+        "- Cells are the median [min–max] in ms over the timed repeats.",
+        "",
+    ]
+    size = sweep.size
+    out += [f"## Graph 1: overall time at {size}×{size} (ms)", "", f"![graph 1]({graphs[0]})", ""]
+    out += _sweep_table(sweep, "overall")
+    out += [f"## Graph 2: CUDA time at {size}×{size} (ms)", "", f"![graph 2]({graphs[1]})", ""]
+    out += _sweep_table(sweep, "cuda", fallback_kernel=True)
+    where = f"tile {tile}" if tile is not None else "any tile"
+    out += [f"## Graph 3: kernel time and GFLOP/s against size ({where})", "", f"![graph 3]({graphs[2]})", ""]
+    sizes = sorted({size_of(r) for rs in sweeps.values() for r in rs})
+    out += ["Kernel time (ms, median):", ""]
+    out += _table(
+        ["kernel", *map(str, sizes)],
+        [
+            [n, *[_ms({size_of(r): r["kernel_median_ms"] for r in rs}.get(s)) for s in sizes]]
+            for n, rs in sweeps.items()
+        ],
+    )
+    out += ["GFLOP/s:", ""]
+    out += _table(
+        ["kernel", *map(str, sizes)],
+        [
+            [n, *[("" if (g := {size_of(r): r["gflops"] for r in rs}.get(s)) is None else f"{g:.1f}") for s in sizes]]
+            for n, rs in sweeps.items()
+        ],
+    )
+
+    def base(kernel: str, phase: str) -> dict[int, float]:
+        return {size_of(r): r[f"{phase}_median_ms"] for r in sweeps.get(kernel, []) if r[f"{phase}_median_ms"]}
+
+    out += ["## Speed-up over the cpu backend", ""]
+    if "cpu" in sweeps:
+        for phase in ("overall", "kernel"):
+            out += [f"{phase} time: cpu {phase} / kernel {phase} (higher is faster):", ""]
+            out += _ratio_table(sweeps, base("cpu", phase), lambda r, p=phase: r[f"{p}_median_ms"])
+    else:
+        out += ["No cpu results to compare with.", ""]
+    out += ["## Speed-up over naive", ""]
+    if "naive" in sweeps:
+        out += ["kernel time: naive kernel / kernel (higher is faster):", ""]
+        out += _ratio_table(sweeps, base("naive", "kernel"), lambda r: r["kernel_median_ms"])
+    else:
+        out += ["No naive results to compare with.", ""]
+    out += ["## Efficiency", ""]
+    if "cublas" in sweeps:
+        out += ["Against cuBLAS: cuBLAS kernel time / kernel time (100% = as fast as cuBLAS):", ""]
+        out += _ratio_table(sweeps, base("cublas", "kernel"), lambda r: r["kernel_median_ms"], fmt="{:.1%}")
+    else:
+        out += ["No cuBLAS results to compare with.", ""]
+    if peak is not None:
+        tflops, label = peak
+        peak_gflops = {s: tflops * 1000 for s in sizes}
+        out += [f"Against the fp32 peak of the {label} ({tflops:g} TFLOP/s): GFLOP/s / peak:", ""]
+        out += _ratio_table(sweeps, peak_gflops, lambda r: r["gflops"], invert=True, fmt="{:.1%}")
+    else:
+        out += ["The GPU's fp32 peak is not known for this device (give --peak-tflops).", ""]
+    refused = [r for r in rows if r["status"] == "refused"]
+    out += ["## Refused cases", ""]
+    if refused:
+        out += _table(
+            ["kernel", "tile", "shape", "times", "reason"],
+            [
+                [
+                    r["kernel"] or "",
+                    "" if r["tile"] is None else r["tile"],
+                    "?" if r["m"] is None else f"{r['m']}×{r['k']}×{r['n']}",
+                    r["repeats"] or 1,
+                    r["reason"] or "",
+                ]
+                for r in refused
+            ],
+        )
+    else:
+        out += ["None.", ""]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    if skipped:
+        out += ["## Skipped cases", ""]
+        out += _table(
+            ["kernel", "tile", "shape", "reason"],
+            [
+                [r["kernel"], "" if r["tile"] is None else r["tile"], f"{r['m']}×{r['k']}×{r['n']}", r["reason"] or ""]
+                for r in skipped
+            ],
+        )
+    return "\n".join(out).rstrip() + "\n"
+
+
+# -- rendering -----------------------------------------------------------------
+
+
+@dataclass
+class Rendered:
+    """What :func:`render` wrote."""
+
+    folder: Path
+    files: list[Path]
+    summary: Path
+    size: int | None
+    tile: int | None
+
+
+def render(
+    source: Path | Results,
+    out: Path | None = None,
+    *,
+    log: bool = False,
+    size: int | None = None,
+    peak_tflops: float | None = None,
+) -> Rendered:
+    """Render graphs 1-3 (PNG and SVG) and summary.md from ``source`` into ``out``.
+
+    ``out`` defaults to ``report/`` beside the results (inside a sidecar folder).
+    """
+    results = source if isinstance(source, Results) else load(Path(source))
+    if out is None:
+        base = results.source if results.source.is_dir() else results.source.parent
+        out = base / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = results.rows
+    shown = graph_size(rows, size)
+    sweep = tile_sweep(rows, shown)
+    tile = sweep_tile(rows)
+    sweeps = size_sweep(rows, tile)
+    if peak_tflops is not None:
+        peak: tuple[float, str] | None = (peak_tflops, "GPU (given)")
+    else:
+        devices = [results.environment.get("device")] + [r["device"] for r in rows if r.get("backend") != "cpu"]
+        peak = next((p for p in map(peak_for, devices) if p is not None), None)
+
+    where = f"{shown}×{shown}" if shown is not None else "no size"
+    files: list[Path] = []
+    fig = _bars(
+        sweep,
+        lambda r: (r["overall_median_ms"], r["overall_min_ms"], r["overall_max_ms"], False),
+        f"Graph 1: overall time at {where}",
+        "overall time (ms, median; bars: min–max)",
+        log,
+    )
+    files += _save(fig, out, "graph1_overall")
+    fig = _bars(
+        sweep,
+        cuda_or_kernel,
+        f"Graph 2: CUDA time (malloc + h2d + kernel + d2h + free) at {where}",
+        "CUDA time (ms, median; bars: min–max)",
+        log,
+    )
+    files += _save(fig, out, "graph2_cuda")
+    fig = _size_figure(sweeps, tile, peak)
+    files += _save(fig, out, "graph3_sizes")
+    summary = out / "summary.md"
+    text = summary_markdown(
+        results, sweep, tile, sweeps, peak, ["graph1_overall.png", "graph2_cuda.png", "graph3_sizes.png"]
+    )
+    summary.write_text(text, encoding="utf-8")
+    files.append(summary)
+    return Rendered(out, files, summary, shown, tile)
