@@ -47,7 +47,7 @@ __all__ = [
 BOM = b"\xef\xbb\xbf"
 
 #: Bytes per parse chunk (cut at the next whitespace byte).
-PARSE_CHUNK = 1 << 20
+PARSE_CHUNK = 1 << 18
 #: Elements per emit chunk (rows are never split).
 EMIT_CHUNK_ELEMS = 1 << 16
 #: Worker threads for the chunked loops.
@@ -112,9 +112,10 @@ def _last_line(data: bytes | memoryview) -> int:
     return _line_at(data, end)
 
 
-def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = WORKERS) -> Iterator[Any]:
+def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int | None = None) -> Iterator[Any]:
     """``map`` on a small thread pool, results in order, at most 2*workers in flight."""
     items = list(items)
+    workers = WORKERS if workers is None else workers
     if workers <= 1 or len(items) <= 1:
         for it in items:
             yield fn(it)
@@ -361,14 +362,226 @@ def _scan(b: np.ndarray, want_offsets: bool = False):
     return vals, bad_runs, (tstarts if want_offsets else None)
 
 
-def _parse_chunk(data: bytes | memoryview, lo: int, hi: int, as_f32: bool = True):
-    """Values of bytes [lo, hi) of data (float32 or float64), raising on bad input.
+_U = np.uint64
+_H = _U(0x8080808080808080)
+_ONES = _U(0x0101010101010101)
+_DOTS = _U(0x2E2E2E2E2E2E2E2E)
+_ZEROS = _U(0x3030303030303030)
+_X21 = _U(0x2121212121212121)
+_F0 = _U(0xF0F0F0F0F0F0F0F0)
+_X06 = _U(0x0606060606060606)
+_M1 = _U(0x000000FF000000FF)
+_MUL1 = _U(100 + (1000000 << 32))
+_MUL2 = _U(1 + (10000 << 32))
+_LOW32 = _U(0xFFFFFFFF)
+_ALL = (1 << 64) - 1
 
-    Returns (values, offsets-or-None) where offsets maps values to byte offsets
-    only when slow runs changed the count (computed lazily by the caller).
+
+def _tab(values):
+    return np.array(values, dtype=np.uint64)
+
+
+def _keep(nbytes):  # top nbytes bytes of a word
+    return 0 if nbytes <= 0 else (_ALL << (8 * (8 - nbytes))) & _ALL if nbytes < 8 else _ALL
+
+
+# token length L (1..16): masks for the hi word (last 8 chars) and lo word
+_KH = _tab([_keep(min(L, 8)) for L in range(17)])
+_KL = _tab([_keep(L - 8) for L in range(17)])
+_FH = _tab([0x3030303030303030 & ~_keep(min(L, 8)) & _ALL for L in range(17)])
+_FL = _tab([0x3030303030303030 & ~_keep(L - 8) & _ALL for L in range(17)])
+# remove the byte at p (0..7; 8 = none): keep above, shift below up one byte
+_HM = _tab([(_ALL << (8 * (p + 1))) & _ALL if p < 8 else _ALL for p in range(8)] + [_ALL])
+_LM = _tab([(1 << (8 * p)) - 1 for p in range(8)] + [0])
+_Z30 = _tab([0x30] * 8 + [0])
+_P10U8 = _U(10**8)
+
+
+def _lowest_byte(dz: np.ndarray) -> np.ndarray:
+    """Index (0..7) of the lowest byte with its top bit set in dz; 8 where dz == 0."""
+    lb = dz & (~dz + _U(1))
+    ex = (lb.astype(np.float64).view(np.int64) >> 52) - (1023 + 7)
+    p = ex >> 3
+    p[dz == 0] = 8
+    return p
+
+
+def _zero_bytes(x: np.ndarray) -> np.ndarray:
+    return (x - _ONES) & ~x & _H
+
+
+def _all_digits(x: np.ndarray) -> np.ndarray:
+    return ((x & _F0) == _ZEROS) & (((x + _X06) & _F0) == _ZEROS)
+
+
+def _parse8(x: np.ndarray) -> np.ndarray:
+    v = x - _ZEROS
+    v = v * _U(10) + (v >> _U(8))
+    v = (((v & _M1) * _MUL1) + (((v >> _U(16)) & _M1) * _MUL2)) >> _U(32)
+    return v & _LOW32
+
+
+def _swar_scan(raw: np.ndarray):
+    """Fast parse of a chunk: (values float64, ends, lengths, bad mask) or None to fall back."""
+    size = raw.size
+    b = raw
+    # control bytes other than tab/LF/CR: let the general path name them
+    if (b < 9).any() or ((b - np.uint8(11)) < 2).any() or ((b - np.uint8(14)) < 18).any():
+        return None
+    buf = np.empty(size + 24, dtype=np.uint8)
+    buf[:16] = 32
+    buf[16 : 16 + size] = b
+    buf[16 + size :] = 32
+    sep = buf <= 32
+    endm = ~sep[:-1]
+    endm &= sep[1:]
+    ends = np.flatnonzero(endm)
+    ends += 1
+    if ends.size == 0:
+        return np.empty(0, np.float64), ends, ends, np.zeros(0, bool)
+    short = _short_scan(buf, ends)
+    if short is not None:
+        vals, ok = short
+        return vals, ends - 16, np.full(ends.size, 16), ~ok
+    v64 = np.ndarray(shape=(buf.size - 7,), dtype=np.uint64, buffer=buf, strides=(1,))
+    hi = v64[ends - 8]
+    lo = v64[ends - 16]
+    sh = ~(((hi | _H) - _X21) | hi) & _H
+    sl = ~(((lo | _H) - _X21) | lo) & _H
+    # highest separator byte -> token length
+    qh = (sh.astype(np.float64).view(np.int64) >> 55) - (1023 >> 3)
+    ql = (sl.astype(np.float64).view(np.int64) >> 55) - (1023 >> 3)
+    L = np.where(sh != 0, 7 - qh, 15 - ql)
+    L[(sh == 0) & (sl == 0)] = 16
+    longbad = (sh == 0) & (sl == 0)  # 16 or more chars: slow path
+    hi &= _KH.take(L)
+    hi |= _FH.take(L)
+    lo &= _KL.take(L)
+    lo |= _FL.take(L)
+    first = buf.take(ends - L)
+    neg = first == 45
+    sgn = neg | (first == 43)
+    if sgn.any():
+        pos = (16 - L) & 7
+        delta = np.where(sgn, (first ^ 0x30).astype(np.uint64), _U(0)) << (pos * 8).astype(np.uint64)
+        inhi = L <= 8
+        hi ^= np.where(inhi, delta, _U(0))
+        lo ^= np.where(inhi, _U(0), delta)
+    ph = _lowest_byte(_zero_bytes(hi ^ _DOTS))
+    in_hi = ph < 8
+    carry = np.where(in_hi, lo >> _U(56), _U(0))
+    hi = (hi & _HM.take(ph)) | ((hi & _LM.take(ph)) << _U(8)) | carry
+    lo = np.where(in_hi, (lo << _U(8)) | _U(0x30), lo)
+    pl = _lowest_byte(_zero_bytes(lo ^ _DOTS))
+    pl[in_hi] = 8
+    in_lo = pl < 8
+    lo = (lo & _HM.take(pl)) | ((lo & _LM.take(pl)) << _U(8)) | _Z30.take(pl)
+    ok = _all_digits(hi) & _all_digits(lo)
+    hasdot = in_hi | in_lo
+    ok &= (L - sgn - hasdot) >= 1
+    ok &= ~longbad
+    mant = _parse8(lo) * _P10U8 + _parse8(hi)
+    ok &= mant < _U(2**53)
+    frac = np.where(in_hi, 7 - ph, np.where(in_lo, 15 - pl, 0))
+    vals = mant.astype(np.float64) / _P10F.take(frac)
+    _apply_sign(vals, neg)
+    return vals, ends - 16, L, ~ok
+
+
+_DASH = _U(0x2D2D2D2D2D2D2D2D)
+_PLUS = _U(0x2B2B2B2B2B2B2B2B)
+_X1D = _U(0x1D1D1D1D1D1D1D1D)
+_X1B = _U(0x1B1B1B1B1B1B1B1B)
+_XFF = _U(0xFF)
+_DOT5 = _U(0x2E << 40)
+_BYTE5 = _U(0xFF << 40)
+_HM5 = _U((_ALL << 48) & _ALL)
+_LM5 = _U((1 << 40) - 1)
+_TOP = _U(0x80 << 56)
+_TOP2 = _U(0x80 << 48)
+
+
+def _short_scan(buf: np.ndarray, ends: np.ndarray):
+    """SWAR parse when every token is at most 7 bytes long (the common case).
+
+    ``buf`` is padded so ``ends - 8 >= 0``. Returns (values, ok) or None when a
+    token is longer (the caller uses the 16-byte path).
     """
+    v64 = np.ndarray(shape=(buf.size - 7,), dtype=np.uint64, buffer=buf, strides=(1,))
+    hi = v64[ends - 8]
+    sh = ~(((hi | _H) - _X21) | hi) & _H
+    if not sh.all():
+        return None
+    # smear separator marks downwards: every byte at or below the highest one
+    m = sh | (sh >> _U(8))
+    m |= m >> _U(16)
+    m |= m >> _U(32)
+    g = (m >> _U(7)) * _XFF  # garbage bytes (separator and before)
+    fm = ((m << _U(8)) & ~m) & _H  # first token byte marker
+    hi &= ~g
+    hi |= g & _ZEROS
+    ff = (fm >> _U(7)) * _XFF
+    first = hi & ff
+    neg = first == (_DASH & ff)
+    sgn = neg | (first == (_PLUS & ff))
+    flip = neg.astype(np.uint64) * _X1D
+    flip += (sgn & ~neg).astype(np.uint64) * _X1B
+    flip &= ff
+    hi ^= flip
+    if ((hi & _BYTE5) == _DOT5).all():
+        # every token ends '.dd': fixed layout, two fraction digits
+        hi = (hi & _HM5) | ((hi & _LM5) << _U(8)) | _U(0x30)
+        ok = _all_digits(hi)
+        frac = None
+        hasdot = np.ones(hi.size, dtype=bool)
+    else:
+        ph = _lowest_byte(_zero_bytes(hi ^ _DOTS))
+        hasdot = ph < 8
+        hi = (hi & _HM.take(ph)) | ((hi & _LM.take(ph)) << _U(8)) | _Z30.take(ph)
+        ok = _all_digits(hi)
+        frac = np.where(hasdot, 7 - ph, 0)
+    # at least one digit: a 1-byte token may not be a sign or dot; a 2-byte one not both
+    one = fm == _TOP
+    two = fm == _TOP2
+    ok &= ~(one & (sgn | hasdot))
+    ok &= ~(two & sgn & hasdot)
+    mant = _parse8(hi)
+    if frac is None:
+        vals = mant.astype(np.float64)
+        vals /= 100.0
+    else:
+        vals = mant.astype(np.float64) / _P10F.take(frac)
+    _apply_sign(vals, neg)
+    return vals, ok
+
+
+def _apply_sign(vals: np.ndarray, neg: np.ndarray) -> None:
+    """Set the sign bit where ``neg`` (vals are >= 0; gives -0.0 for '-0')."""
+    bits = vals.view(np.uint64)
+    bits |= neg.astype(np.uint64) << _U(63)
+
+
+def _parse_chunk(data: bytes | memoryview, lo: int, hi: int, as_f32: bool = True):
+    """Values of bytes [lo, hi) of data (float32 or float64), raising on bad input."""
     b = _as_u8(data)[lo:hi]
-    vals, bad_runs, _ = _scan(b)
+    got = _swar_scan(b)
+    if got is not None:
+        vals, ends, L, bad = got
+        nbad = int(np.count_nonzero(bad))
+        if nbad and nbad * 64 > vals.size:
+            got = None  # many odd tokens (touching fields?): the general path
+    if got is None:
+        vals, bad_runs, _ = _scan(b)
+    else:
+        bad_runs = []
+        if nbad:
+            for i in np.flatnonzero(bad).tolist():
+                e = int(ends[i])
+                m = _WS_RE.search(data, lo + e, hi)
+                re_ = (hi if m is None else m.start()) - lo
+                # the run starts at the last whitespace before e
+                s = e - int(L[i]) if L[i] < 16 else _run_start(b, e)
+                bad_runs.append((s, re_, i, i + 1))
     if bad_runs:
         parts = []
         prev = 0
@@ -385,11 +598,21 @@ def _parse_chunk(data: bytes | memoryview, lo: int, hi: int, as_f32: bool = True
         out = vals.astype(np.float32)
     if out.size and np.isinf(out).any():
         i = int(np.flatnonzero(np.isinf(out))[0])
-        off = _value_offsets(data, lo, hi)[i]
+        off = int(_value_offsets(data, lo, hi)[i])
         m = _WS_RE.search(data, off)
         end = hi if m is None else m.start()
         raise _range_error(data, off, bytes(data[off:end]))
     return out
+
+
+def _run_start(b: np.ndarray, e: int) -> int:
+    """Start of the whitespace-delimited run that ends just before ``e``."""
+    lo = max(0, e - 64)
+    ws = np.flatnonzero(_CLS.take(b[lo:e]) == 0)
+    if ws.size == 0 and lo > 0:
+        lo = 0
+        ws = np.flatnonzero(_CLS.take(b[:e]) == 0)
+    return lo + int(ws[-1]) + 1 if ws.size else 0
 
 
 def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
