@@ -312,7 +312,9 @@ class GpuSession:
         self._check_thread()
         source = spec.source.read_text()
         digest = hashlib.sha256(source.encode()).hexdigest()
-        options = (f"-DTILE={tile}", *COMPILE_OPTIONS)
+        # Kernels with a fixed block ignore the tile: one build serves every tile.
+        tile = tile if spec.uses_tile else 0
+        options = ((f"-DTILE={tile}",) if spec.uses_tile else ()) + COMPILE_OPTIONS
         key = (spec.name, tile, digest, options, self.limits.compute_capability)
         cached = self._modules.get(key)
         if cached is not None:

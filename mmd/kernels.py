@@ -92,6 +92,12 @@ class KernelSpec:
     outputs_edge: int = 1
     #: Static shared memory in floats per tile² (2: one tile of A, one of B).
     shared_floats_per_tile2: int = 0
+    #: For kernels whose block does not depend on the tile (the tile is
+    #: ignored): (BM, BN, TM, TN), C rows and columns per block and per
+    #: thread, with (BM/TM)·(BN/TN) threads in a 1-D block.
+    block_tile: tuple[int, int, int, int] | None = None
+    #: Their static shared memory in bytes.
+    fixed_shared_bytes: int = 0
 
     @property
     def source(self) -> Path | None:
@@ -104,27 +110,42 @@ class KernelSpec:
         return self.kind in (SOURCE, LIBRARY)
 
     @property
-    def uses_tile(self) -> bool:
-        """Whether the tile changes anything (only for compiled kernels)."""
+    def compiled(self) -> bool:
+        """Whether this entry is a ``.cu`` file compiled at run time."""
         return self.kind == SOURCE
+
+    @property
+    def uses_tile(self) -> bool:
+        """Whether the tile changes the launch (compiled kernels without a fixed block)."""
+        return self.kind == SOURCE and self.block_tile is None
 
     @property
     def outputs_per_thread(self) -> int:
         """Elements of C each thread computes."""
+        if self.block_tile is not None:
+            _, _, tm, tn = self.block_tile
+            return tm * tn
         return self.outputs_edge * self.outputs_edge
 
     def block(self, tile: int) -> tuple[int, int, int]:
         """Block dimensions (x, y, z) in threads."""
+        if self.block_tile is not None:
+            bm, bn, tm, tn = self.block_tile
+            return ((bm // tm) * (bn // tn), 1, 1)
         return (tile, tile, 1)
 
-    def block_edge(self, tile: int) -> int:
-        """Rows (and columns) of C one block covers."""
-        return tile * self.outputs_edge
+    def block_shape(self, tile: int) -> tuple[int, int]:
+        """Rows and columns of C one block covers."""
+        if self.block_tile is not None:
+            bm, bn, _, _ = self.block_tile
+            return (bm, bn)
+        edge = tile * self.outputs_edge
+        return (edge, edge)
 
     def grid(self, m: int, n: int, tile: int) -> tuple[int, int, int]:
         """Grid dimensions (x over C's columns, y over its rows) for an m×n C."""
-        edge = self.block_edge(tile)
-        return (_ceil_div(n, edge), _ceil_div(m, edge), 1)
+        rows, cols = self.block_shape(tile)
+        return (_ceil_div(n, cols), _ceil_div(m, rows), 1)
 
     def threads_per_block(self, tile: int) -> int:
         """Threads in one block."""
@@ -133,6 +154,8 @@ class KernelSpec:
 
     def shared_bytes(self, tile: int) -> int:
         """Static shared memory of one block in bytes."""
+        if self.block_tile is not None:
+            return self.fixed_shared_bytes
         return self.shared_floats_per_tile2 * tile * tile * FLOAT_BYTES
 
 
@@ -179,6 +202,33 @@ _SPECS: tuple[KernelSpec, ...] = (
         shared_floats_per_tile2=8,
     ),
     KernelSpec(
+        name="blocktile2d",
+        kind=SOURCE,
+        description="2-D block tiling: 128×128 C per block, 8×8 outputs per thread (tile ignored)",
+        source_file="blocktile2d.cu",
+        entry="mmd_blocktile2d",
+        block_tile=(128, 128, 8, 8),
+        fixed_shared_bytes=(128 * 8 + 8 * 128) * FLOAT_BYTES,
+    ),
+    KernelSpec(
+        name="vectorized",
+        kind=SOURCE,
+        description="blocktile2d with 16-byte loads and stores and A's slab transposed (tile ignored)",
+        source_file="vectorized.cu",
+        entry="mmd_vectorized",
+        block_tile=(128, 128, 8, 8),
+        fixed_shared_bytes=(8 * (128 + 4) + 8 * 128) * FLOAT_BYTES,
+    ),
+    KernelSpec(
+        name="fast",
+        kind=SOURCE,
+        description="warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)",
+        source_file="fast.cu",
+        entry="mmd_fast",
+        block_tile=(128, 128, 8, 8),
+        fixed_shared_bytes=2 * 8 * (128 + 4 + 128) * FLOAT_BYTES,
+    ),
+    KernelSpec(
         name="cublas",
         kind=LIBRARY,
         description="cuBLAS SGEMM (the vendor library, for reference)",
@@ -223,29 +273,31 @@ def check_launch(
 ) -> None:
     """Raise TileError when ``kernel`` at ``tile`` cannot be launched under ``limits``.
 
-    Checks, in order: the tile is a positive integer; threads per block;
-    static shared memory per block; registers per block when
-    ``registers_per_thread`` is known (after compiling). Entries that use no
-    tile (cublas, cpu) pass any tile. Pure: reads nothing but its arguments.
+    Checks, in order: the tile is a positive integer (where the kernel uses
+    it); threads per block; static shared memory per block; registers per
+    block when ``registers_per_thread`` is known (after compiling). cublas and
+    cpu pass any tile; kernels with a fixed block are checked whatever the
+    tile. Pure: reads nothing but its arguments.
     """
     spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
-    if not spec.uses_tile:
+    if not spec.compiled:
         return
     details = {"kernel": spec.name, "tile": tile}
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+    if spec.uses_tile and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
         raise TileError(f"tile {tile!r} is not a positive whole number", details=details)
+    what = f"tile {tile}" if spec.uses_tile else spec.name
 
     threads = spec.threads_per_block(tile)
     if threads > limits.max_threads_per_block:
         raise TileError(
-            f"tile {tile} needs {threads} threads per block; "
+            f"{what} needs {threads} threads per block; "
             f"this GPU allows {limits.max_threads_per_block}",
             details={**details, "threads": threads, "limit": limits.max_threads_per_block},
         )
     shared = spec.shared_bytes(tile)
     if shared > limits.max_shared_per_block:
         raise TileError(
-            f"tile {tile} needs {shared} bytes of shared memory per block for {spec.name}; "
+            f"{what} needs {shared} bytes of shared memory per block for {spec.name}; "
             f"this GPU allows {limits.max_shared_per_block}",
             details={**details, "shared_bytes": shared, "limit": limits.max_shared_per_block},
         )
@@ -253,7 +305,7 @@ def check_launch(
         registers = registers_per_thread * threads
         if registers > limits.max_registers_per_block:
             raise TileError(
-                f"tile {tile} needs {registers} registers per block "
+                f"{what} needs {registers} registers per block "
                 f"({registers_per_thread} per thread) for {spec.name}; "
                 f"this GPU allows {limits.max_registers_per_block}",
                 details={**details, "registers": registers, "limit": limits.max_registers_per_block},
@@ -263,12 +315,12 @@ def check_launch(
 def check_grid(kernel: str | KernelSpec, m: int, n: int, tile: int, limits: DeviceLimits) -> None:
     """Raise TileError when an m×n output needs more blocks than the grid allows."""
     spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
-    if not spec.uses_tile:
+    if not spec.compiled:
         return
     gx, gy, _ = spec.grid(m, n, tile)
     if gx > limits.max_grid_x or gy > limits.max_grid_y:
         raise TileError(
-            f"a {m}×{n} result at tile {tile} needs a {gx}×{gy} grid of blocks; "
+            f"a {m}×{n} result with {spec.name} at tile {tile} needs a {gx}×{gy} grid of blocks; "
             f"this GPU allows {limits.max_grid_x}×{limits.max_grid_y}",
             details={"kernel": spec.name, "tile": tile, "grid": [gx, gy]},
         )

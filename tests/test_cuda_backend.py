@@ -171,13 +171,27 @@ def test_cublas_has_no_tile_and_no_compile():
     np.testing.assert_allclose(product.c, a @ b, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+TILED = [n for n in registry.SOURCE_KERNELS if registry.get(n).uses_tile]
+FIXED = [n for n in registry.SOURCE_KERNELS if not registry.get(n).uses_tile]
+
+
+@pytest.mark.parametrize("kernel", TILED)
 def test_tile_64_refused_before_any_allocation_or_compile(kernel):
     backend, session = backend_with()
     a, b = operands()
     with pytest.raises(TileError, match=r"^tile 64 needs 4096 threads per block; this GPU allows 1024$"):
         backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
     assert session.allocs == 0 and session.compiles == 0
+
+
+@pytest.mark.parametrize("kernel", FIXED)
+def test_fixed_block_kernels_run_at_any_tile_and_compile_once(kernel):
+    backend, session = backend_with()
+    a, b = operands()
+    products = [backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=t)) for t in (64, 8)]
+    assert [p.tile for p in products] == [None, None]
+    assert session.compiles == 1
+    np.testing.assert_allclose(products[1].c, a @ b, rtol=1e-6)
 
 
 def test_register_limit_refused_after_compile_before_allocation():

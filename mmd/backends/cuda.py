@@ -83,8 +83,9 @@ class CudaBackend:
         timings: dict[str, float] = {}
         notes: list[str] = []
         compiled = None
-        if spec.uses_tile:
-            compiled, built_now = self._guarded(lambda: self._session.compile(spec, request.tile))
+        if spec.compiled:
+            tile = request.tile if spec.uses_tile else 0
+            compiled, built_now = self._guarded(lambda: self._session.compile(spec, tile))
             if built_now:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)

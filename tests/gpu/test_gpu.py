@@ -60,7 +60,7 @@ def poisoned_product(backend, kernel: str, tile: int, memory: str, a: np.ndarray
         session.upload(da, a, "a")
         session.upload(db, b, "b")
         session.fill(dc, float("nan"))
-        if spec.uses_tile:
+        if spec.compiled:
             compiled, _ = session.compile(spec, tile)
             session.launch(compiled, da, db, dc)
         else:

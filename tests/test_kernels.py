@@ -1,0 +1,259 @@
+"""The kernel registry on a CPU: files ↔ entries, check_launch, geometry, and nvcc.
+
+The compile tests build every ``kernels/*.cu`` for sm_90 at every tile with
+``-Xptxas -v`` (skipped where nvcc is missing) and assert that nothing spills.
+Run with ``MMD_WRITE_PTXAS_REPORT=1`` to rewrite ``docs/kernels-ptxas.txt``
+from the compiler's report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mmd import kernels as registry
+from mmd.errors import KernelError, TileError
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "docs" / "kernels-ptxas.txt"
+#: Read at import: the suite's autouse fixture clears MMD_* variables.
+WRITE_REPORT = os.environ.get("MMD_WRITE_PTXAS_REPORT") == "1"
+NVCC = shutil.which("nvcc")
+ARCH = "sm_90"
+
+H100 = registry.DeviceLimits(
+    max_threads_per_block=1024,
+    max_shared_per_block=48 * 1024,
+    max_registers_per_block=64 * 1024,
+    name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0),
+)
+
+
+# -- registry ----------------------------------------------------------------
+
+
+def test_every_cu_file_is_registered_and_every_source_exists():
+    files = {p.name for p in registry.KERNELS_DIR.glob("*.cu")}
+    registered = {spec.source_file for spec in registry.REGISTRY.values() if spec.source_file}
+    assert files == registered
+    for spec in registry.REGISTRY.values():
+        if spec.kind == registry.SOURCE:
+            assert spec.source is not None and spec.source.is_file(), spec.name
+            assert spec.entry == f"mmd_{spec.name}"
+            declaration = rf'extern "C" __global__ void\s+(__launch_bounds__\([^)]*\)\s*)?{spec.entry}\('
+            assert re.search(declaration, spec.source.read_text()), spec.name
+
+
+def test_every_kernel_has_the_same_argument_list():
+    signature = re.compile(
+        r"const float\* __restrict__ A,\s*const float\* __restrict__ B,\s*float\* __restrict__ C,\s*"
+        r"int M, int K, int N,\s*int lda, int ldb, int ldc\)"
+    )
+    for name in registry.SOURCE_KERNELS:
+        spec = registry.get(name)
+        text = spec.source.read_text()
+        assert signature.search(text), name
+        if spec.uses_tile:
+            assert "#ifndef TILE" in text and "#error" in text, name
+
+
+def test_registry_names_and_library_entries():
+    assert registry.NAMES[:5] == ("naive", "tiled", "prefetch", "coarse", "aplus")
+    assert registry.get("cublas").source is None and registry.get("cublas").on_gpu
+    assert registry.get("cpu").kind == registry.HOST and not registry.get("cpu").on_gpu
+    assert "cpu" not in registry.GPU_KERNELS and "cublas" in registry.GPU_KERNELS
+    assert all(registry.get(n).description for n in registry.NAMES)
+    with pytest.raises(KernelError, match="unknown kernel 'quick'; choose one of naive, tiled"):
+        registry.get("quick")
+
+
+# -- check_launch -------------------------------------------------------------
+
+
+TILED = tuple(n for n in registry.SOURCE_KERNELS if registry.get(n).uses_tile)
+FIXED = tuple(n for n in registry.SOURCE_KERNELS if not registry.get(n).uses_tile)
+
+
+@pytest.mark.parametrize("kernel", TILED)
+def test_tile_64_refused_with_reason(kernel):
+    with pytest.raises(TileError) as info:
+        registry.check_launch(kernel, 64, H100)
+    assert str(info.value) == "tile 64 needs 4096 threads per block; this GPU allows 1024"
+    assert info.value.kind == "tile"
+    assert info.value.details["threads"] == 4096
+
+
+@pytest.mark.parametrize("tile", registry.TILES)
+@pytest.mark.parametrize("kernel", registry.NAMES)
+def test_course_tiles_accepted(kernel, tile):
+    registry.check_launch(kernel, tile, H100)
+    registry.check_launch(kernel, tile, registry.COMMON_LIMITS, registers_per_thread=64)
+
+
+def test_shared_memory_limit_refused():
+    small = registry.DeviceLimits(1024, 16 * 1024, 64 * 1024)
+    registry.check_launch("tiled", 32, small)  # 8 KiB
+    with pytest.raises(TileError) as info:
+        registry.check_launch("coarse", 32, small)  # 32 KiB
+    assert str(info.value) == (
+        "tile 32 needs 32768 bytes of shared memory per block for coarse; this GPU allows 16384"
+    )
+
+
+def test_register_limit_refused_only_when_known():
+    registry.check_launch("aplus", 32, H100)
+    with pytest.raises(TileError) as info:
+        registry.check_launch("aplus", 32, H100, registers_per_thread=72)
+    assert str(info.value) == (
+        "tile 32 needs 73728 registers per block (72 per thread) for aplus; this GPU allows 65536"
+    )
+
+
+@pytest.mark.parametrize("tile", [0, -4, 2.5, "32", True])
+def test_nonsense_tiles_refused(tile):
+    with pytest.raises(TileError, match="is not a positive whole number"):
+        registry.check_launch("tiled", tile, H100)
+
+
+def test_library_entries_ignore_the_tile():
+    registry.check_launch("cublas", 64, H100)
+    registry.check_launch("cpu", 1024, H100)
+
+
+@pytest.mark.parametrize("kernel", FIXED)
+def test_fixed_block_kernels_ignore_the_tile_but_not_the_limits(kernel):
+    spec = registry.get(kernel)
+    assert spec.block(4) == spec.block(64) == (256, 1, 1)
+    registry.check_launch(kernel, 64, H100)
+    with pytest.raises(TileError, match=rf"^{kernel} needs 256 threads per block; this GPU allows 128$"):
+        registry.check_launch(kernel, 32, registry.DeviceLimits(128, 49152, 65536))
+
+
+def test_grid_limit():
+    tiny_grid = registry.DeviceLimits(1024, 49152, 65536, max_grid_y=10)
+    registry.check_grid("tiled", 40, 40, 4, tiny_grid)
+    with pytest.raises(TileError, match="grid of blocks"):
+        registry.check_grid("tiled", 41, 40, 4, tiny_grid)
+
+
+# -- geometry -------------------------------------------------------------------
+
+AWKWARD = [(1, 1), (7, 7), (33, 33), (127, 127), (1000, 1000), (37, 29), (29, 37), (4096, 1)]
+
+
+@pytest.mark.parametrize(("m", "n"), AWKWARD)
+@pytest.mark.parametrize("tile", registry.TILES)
+@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+def test_geometry_covers_every_output_without_a_spare_block(kernel, tile, m, n):
+    spec = registry.get(kernel)
+    bx, by, bz = spec.block(tile)
+    gx, gy, gz = spec.grid(m, n, tile)
+    assert (bz, gz) == (1, 1)
+    assert bx * by == spec.threads_per_block(tile)
+    rows, cols = spec.block_shape(tile)
+    assert gx * cols >= n and gy * rows >= m
+    # one block fewer along either axis would leave outputs uncovered
+    assert (gx - 1) * cols < n and (gy - 1) * rows < m
+    # the block's threads cover its C tile exactly
+    assert bx * by * spec.outputs_per_thread == rows * cols
+    assert gx * gy * bx * by * spec.outputs_per_thread >= m * n
+
+
+def test_shared_bytes_match_the_sources():
+    assert registry.get("naive").shared_bytes(32) == 0
+    assert registry.get("tiled").shared_bytes(32) == 2 * 32 * 32 * 4
+    assert registry.get("coarse").shared_bytes(16) == 8 * 16 * 16 * 4
+    assert registry.get("aplus").shared_bytes(32) == 32768
+
+
+# -- nvcc / ptxas -----------------------------------------------------------------
+
+#: Every kernel at every tile; kernels with a fixed block once, without -DTILE.
+CASES = [
+    (name, tile)
+    for name in registry.SOURCE_KERNELS
+    for tile in (registry.TILES if registry.get(name).uses_tile else (0,))
+]
+
+
+def _compile(name: str, tile: int, out_dir: Path) -> tuple[int, str]:
+    source = registry.get(name).source
+    cmd = [NVCC, f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", *([f"-DTILE={tile}"] if tile else []),
+           "-o", str(out_dir / f"{name}-{tile}.cubin"), str(source)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def ptxas_reports(tmp_path_factory) -> dict[tuple[str, int], tuple[int, str]]:
+    """Every kernel × tile compiled once, a few at a time."""
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    out_dir = tmp_path_factory.mktemp("cubin")
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        futures = {case: pool.submit(_compile, *case, out_dir) for case in CASES}
+        reports = {case: future.result() for case, future in futures.items()}
+    if WRITE_REPORT:
+        _write_report(reports)
+    return reports
+
+
+def _summary(text: str) -> str:
+    keep = [
+        ln.replace("ptxas info    :", "").strip()
+        for ln in text.splitlines()
+        if "bytes stack frame" in ln or "Used" in ln
+    ]
+    return " | ".join(keep)
+
+
+def _write_report(reports: dict[tuple[str, int], tuple[int, str]]) -> None:
+    version = subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    lines = [
+        f"# ptxas -v for every kernel and tile: nvcc -arch={ARCH} -cubin -Xptxas -v -DTILE=T",
+        "# (kernels with a fixed block are built once, without -DTILE)",
+        f"# {version}",
+        "# regenerate: MMD_WRITE_PTXAS_REPORT=1 python -m pytest tests/test_kernels.py -m slow",
+        "",
+    ]
+    for (name, tile), (rc, text) in reports.items():
+        label = f"{name} TILE={tile}" if tile else f"{name} (fixed block)"
+        lines.append(f"{label}: {_summary(text) if rc == 0 else 'FAILED: ' + text.strip()}")
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "tile"), CASES, ids=[f"{n}-{t}" for n, t in CASES])
+def test_kernel_compiles_without_spills(ptxas_reports, name, tile):
+    rc, text = ptxas_reports[(name, tile)]
+    assert rc == 0, text
+    assert "0 bytes spill stores" in text and "0 bytes spill loads" in text, text
+    assert "0 bytes stack frame" in text, text
+    used = re.search(r"Used (\d+) registers", text)
+    assert used, text
+    registers = int(used.group(1))
+    # The registry's check passes with the real register count ...
+    registry.check_launch(name, tile, H100, registers_per_thread=registers)
+    # ... and its shared-memory figure is what ptxas reports.
+    smem = re.search(r"(\d+) bytes smem", text)
+    assert (int(smem.group(1)) if smem else 0) == registry.get(name).shared_bytes(tile)
+
+
+@pytest.mark.slow
+def test_kernel_without_tile_does_not_compile(tmp_path):
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    source = registry.get("tiled").source
+    proc = subprocess.run(
+        [NVCC, f"-arch={ARCH}", "-cubin", "-o", str(tmp_path / "x.cubin"), str(source)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "-DTILE" in proc.stdout + proc.stderr
