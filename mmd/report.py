@@ -448,8 +448,11 @@ def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak
     ax_t.set_ylabel("kernel time (ms, median)")
     ax_g.set_title(f"GFLOP/s vs size ({where})")
     ax_g.set_ylabel("GFLOP/s (2·N³ / kernel time)")
+    sizes = sorted({size_of(r) for rows in sweeps.values() for r in rows})
     for ax in (ax_t, ax_g):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("N (N×N times N×N)")
         ax.grid(alpha=0.3, which="both")
