@@ -1,0 +1,303 @@
+/*
+ * fast.cu: warp-tiled, double-buffered fp32 SGEMM (FFMA, fp32 accumulation).
+ *
+ * Idea: vectorized already does 64 FMAs per 4 shared loads per thread. What
+ * is left between it and cuBLAS is latency and conflicts, not arithmetic:
+ *   1. Warp tiling with interleaved 4 x 4 sub-tiles. A warp owns a WM x WN
+ *      piece of the block's C tile; its 32 lanes form a WTM x WTN grid and
+ *      each lane owns (TM/4) x (TN/4) sub-tiles of 4 x 4 outputs, spaced
+ *      4*WTM rows and 4*WTN columns apart. At one k the lanes of a warp
+ *      then read WTN consecutive float4 of B's row (512 bytes, no bank
+ *      conflict) and WTM float4 of A's column (each a broadcast to WTN
+ *      lanes), where vectorized's contiguous 8 x 8 thread tiles made lanes
+ *      hit the same banks two by two.
+ *   2. Shared-memory double buffering with a register prefetch. Two slabs
+ *      of A and B live in shared memory. While the block multiplies slab s,
+ *      each thread's global loads for slab s+1 are already in flight into
+ *      registers; after the multiply it stores them into the other buffer.
+ *      One __syncthreads per slab instead of two, and the global latency
+ *      hides behind BK * TM * TN FMAs. (DOUBLE_BUFFER=0 gives the same
+ *      kernel with one buffer and two barriers per slab: the step between.)
+ *   3. Grouped block order (GROUP_M): consecutive blocks walk down GROUP_M
+ *      block-rows before moving right, so the blocks resident at one time
+ *      share panels of A and B in L2.
+ *   4. __launch_bounds__(THREADS, MIN_BLOCKS) caps registers so that
+ *      MIN_BLOCKS blocks fit on one SM (128 registers at 256 x 2).
+ * Loads and stores are 16 bytes (LDG.E.128, LDS.128, STS.128, STG.E.128)
+ * with the same guarded fallback as vectorized: a float4 that is misaligned
+ * (base pointer or ld not a multiple of 4 floats) or crosses the matrix
+ * edge is moved one float at a time with bounds checks.
+ *
+ * Thread layout: THREADS = (BM/WM) * (BN/WN) warps of 32. Warp w sits at
+ * warp row w / (BN/WN), warp column w % (BN/WN); lane l at lane row
+ * l / WTN, lane column l % WTN. Lane (lr, lc) of warp (wr, wc) owns C rows
+ *   wr*WM + i*4*WTM + lr*4 + [0,4)   for i in [0, TM/4)
+ * and columns
+ *   wc*WN + j*4*WTN + lc*4 + [0,4)   for j in [0, TN/4)
+ * of the block's tile: TM x TN accumulators. A's slab is stored transposed,
+ * a_tile[k][m] (rows padded by A_PAD floats against bank conflicts of the
+ * transposing stores), B's slab as it is, b_tile[k][n].
+ *
+ * Launch geometry (mmd/kernels.py owns it):
+ *   block = (THREADS, 1, 1)   THREADS = 32 * (BM / (TM*WTM)) * (BN / (TN*(32/WTM)))
+ *                             (256 at the defaults)
+ *   grid  = (ceil(N / BN), ceil(M / BM), 1)
+ *   static shared memory = STAGES * BK * (BM + A_PAD + BN) * sizeof(float)
+ *                          (STAGES = 2 with DOUBLE_BUFFER; 16.6 KiB at the defaults)
+ *
+ * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
+ * alignment of A, B, C. Out-of-range loads give zeros, out-of-range stores
+ * are skipped. Row-major. TILE, if given, is ignored.
+ */
+#include <stdint.h>
+
+#ifndef BM
+#define BM 128 /* rows of C per block */
+#endif
+#ifndef BN
+#define BN 128 /* columns of C per block */
+#endif
+#ifndef BK
+#define BK 8 /* depth of one shared-memory slab */
+#endif
+#ifndef TM
+#define TM 8 /* rows of C per thread (a multiple of 4) */
+#endif
+#ifndef TN
+#define TN 8 /* columns of C per thread (a multiple of 4) */
+#endif
+#ifndef WTM
+#define WTM 4 /* lanes of a warp along M; 32 / WTM along N */
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2 /* blocks per SM that __launch_bounds__ must allow */
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8 /* block-rows walked before moving one block-column right */
+#endif
+#ifndef DOUBLE_BUFFER
+#define DOUBLE_BUFFER 1
+#endif
+
+#define WARP 32
+#define VEC 4   /* floats in one 16-byte access */
+#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] */
+#define WTN (WARP / WTM)
+#define WM (TM * WTM) /* rows of C per warp */
+#define WN (TN * WTN) /* columns of C per warp */
+#define WARPS_N (BN / WN)
+#define THREADS ((BM / WM) * WARPS_N * WARP)
+#define SUB_M (TM / VEC) /* 4 x 4 sub-tiles per thread along M */
+#define SUB_N (TN / VEC)
+#define A_LOADS ((BM * BK) / (VEC * THREADS))
+#define B_LOADS ((BK * BN) / (VEC * THREADS))
+#if DOUBLE_BUFFER
+#define STAGES 2
+#else
+#define STAGES 1
+#endif
+
+static_assert(WARP % WTM == 0, "WTM must divide the warp size (32)");
+static_assert(TM % VEC == 0 && TN % VEC == 0 && BK % VEC == 0,
+              "TM, TN and BK must be multiples of 4 (one float4)");
+static_assert(BM % WM == 0 && BN % WN == 0,
+              "BM must be a multiple of TM*WTM and BN of TN*(32/WTM): whole warp tiles");
+static_assert(A_LOADS >= 1 && (BM * BK) % (VEC * THREADS) == 0,
+              "A's BM x BK slab must split into whole float4s per thread");
+static_assert(B_LOADS >= 1 && (BK * BN) % (VEC * THREADS) == 0,
+              "B's BK x BN slab must split into whole float4s per thread");
+static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
+
+/* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
+__device__ __forceinline__ bool vector_ok(const float* P, int ld)
+{
+    return ((reinterpret_cast<uintptr_t>(P) % (VEC * sizeof(float))) == 0) && (ld % VEC == 0);
+}
+
+/* P[row][col .. col+3] = v where inside rows x cols; 16-byte store when allowed. */
+__device__ __forceinline__ void store4(float* __restrict__ P, int ld, int row, int col,
+                                       int rows, int cols, bool vec, float4 v)
+{
+    if (row >= rows) return;
+    float* p = P + (size_t)row * ld + col;
+    if (vec && col + VEC <= cols) {
+        *reinterpret_cast<float4*>(p) = v;
+    } else {
+        if (col + 0 < cols) p[0] = v.x;
+        if (col + 1 < cols) p[1] = v.y;
+        if (col + 2 < cols) p[2] = v.z;
+        if (col + 3 < cols) p[3] = v.w;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+mmd_fast(const float* __restrict__ A,
+         const float* __restrict__ B,
+         float* __restrict__ C,
+         int M, int K, int N,
+         int lda, int ldb, int ldc)
+{
+    __shared__ __align__(16) float a_tile[STAGES][BK][BM + A_PAD]; /* transposed: [k][m] */
+    __shared__ __align__(16) float b_tile[STAGES][BK][BN];
+
+    /* Grouped order: block id -> (block row, block column), GROUP_M rows at a time. */
+    const int grid_m = gridDim.y, grid_n = gridDim.x;
+    const int pid = blockIdx.y * grid_n + blockIdx.x;
+    const int per_group = GROUP_M * grid_n;
+    const int first_m = (pid / per_group) * GROUP_M;
+    const int group_rows = min(grid_m - first_m, GROUP_M);
+    const int block_m = first_m + (pid % per_group) % group_rows;
+    const int block_n = (pid % per_group) / group_rows;
+    const int row0 = block_m * BM;
+    const int col0 = block_n * BN;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / WARP, lane = tid % WARP;
+    const int t_row = (warp / WARPS_N) * WM + (lane / WTN) * VEC; /* first row of sub-tile 0 */
+    const int t_col = (warp % WARPS_N) * WN + (lane % WTN) * VEC; /* first column of sub-tile 0 */
+
+    const bool vec_a = vector_ok(A, lda);
+    const bool vec_b = vector_ok(B, ldb);
+    const bool vec_c = vector_ok(C, ldc);
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j)
+            acc[i][j] = 0.0f;
+
+    float4 a_next[A_LOADS], b_next[B_LOADS]; /* the next slab, on its way from global memory */
+
+    /* Each thread's fixed place in the slabs it loads, worked out once. Load l
+     * of A reads row a_m + l*A_ROW_STEP, columns k0 + a_k + [0,4); load l of B
+     * reads row k0 + b_k + l*B_ROW_STEP, columns col0 + b_n + [0,4). The
+     * pointers move along K by BK each slab; the bounds tests that do not
+     * depend on k0 are made here, once. */
+    constexpr int A_ROW_STEP = THREADS / (BK / VEC); /* rows of A between loads l and l+1 */
+    constexpr int B_ROW_STEP = THREADS / (BN / VEC); /* rows of B between loads l and l+1 */
+    static_assert(THREADS % (BK / VEC) == 0 && THREADS % (BN / VEC) == 0,
+                  "THREADS must be a multiple of BK/4 and BN/4");
+    const int a_m = tid / (BK / VEC), a_k = (tid % (BK / VEC)) * VEC;
+    const int b_k = tid / (BN / VEC), b_n = (tid % (BN / VEC)) * VEC;
+    const float* a_src = A + (size_t)(row0 + a_m) * lda + a_k;
+    const float* b_src = B + (size_t)b_k * ldb + col0 + b_n;
+    const size_t a_load_step = (size_t)A_ROW_STEP * lda;
+    const size_t b_load_step = (size_t)B_ROW_STEP * ldb;
+    const size_t b_slab_step = (size_t)BK * ldb;
+    const int b_col = col0 + b_n;
+    const bool b_vec = vec_b && b_col + VEC <= N; /* B's float4 never crosses the right edge */
+
+    /* Global -> registers for the slab at k0; a_src and b_src point at it. */
+    auto fetch = [&](int k0) {
+        const int a_col = k0 + a_k;
+        const bool a_vec = vec_a && a_col + VEC <= K;
+#pragma unroll
+        for (int l = 0; l < A_LOADS; ++l) {
+            const float* p = a_src + l * a_load_step;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (row0 + a_m + l * A_ROW_STEP < M) {
+                if (a_vec) {
+                    v = __ldg(reinterpret_cast<const float4*>(p));
+                } else {
+                    if (a_col + 0 < K) v.x = __ldg(p + 0);
+                    if (a_col + 1 < K) v.y = __ldg(p + 1);
+                    if (a_col + 2 < K) v.z = __ldg(p + 2);
+                    if (a_col + 3 < K) v.w = __ldg(p + 3);
+                }
+            }
+            a_next[l] = v;
+        }
+#pragma unroll
+        for (int l = 0; l < B_LOADS; ++l) {
+            const float* p = b_src + l * b_load_step;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (k0 + b_k + l * B_ROW_STEP < K) {
+                if (b_vec) {
+                    v = __ldg(reinterpret_cast<const float4*>(p));
+                } else {
+                    if (b_col + 0 < N) v.x = __ldg(p + 0);
+                    if (b_col + 1 < N) v.y = __ldg(p + 1);
+                    if (b_col + 2 < N) v.z = __ldg(p + 2);
+                    if (b_col + 3 < N) v.w = __ldg(p + 3);
+                }
+            }
+            b_next[l] = v;
+        }
+        a_src += BK;
+        b_src += b_slab_step;
+    };
+    /* Registers -> shared buffer s (A transposed). */
+    auto stash = [&](int s) {
+#pragma unroll
+        for (int l = 0; l < A_LOADS; ++l) {
+            const int idx = tid + l * THREADS;
+            const int m = idx / (BK / VEC), k = (idx % (BK / VEC)) * VEC;
+            a_tile[s][k + 0][m] = a_next[l].x;
+            a_tile[s][k + 1][m] = a_next[l].y;
+            a_tile[s][k + 2][m] = a_next[l].z;
+            a_tile[s][k + 3][m] = a_next[l].w;
+        }
+#pragma unroll
+        for (int l = 0; l < B_LOADS; ++l) {
+            const int idx = tid + l * THREADS;
+            const int k = idx / (BN / VEC), n = (idx % (BN / VEC)) * VEC;
+            *reinterpret_cast<float4*>(&b_tile[s][k][n]) = b_next[l];
+        }
+    };
+    /* acc += the slab in shared buffer s. */
+    auto multiply = [&](int s) {
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            float a_frag[TM], b_frag[TN];
+#pragma unroll
+            for (int i = 0; i < SUB_M; ++i)
+                *reinterpret_cast<float4*>(&a_frag[i * VEC]) =
+                    *reinterpret_cast<const float4*>(&a_tile[s][k][t_row + i * VEC * WTM]);
+#pragma unroll
+            for (int j = 0; j < SUB_N; ++j)
+                *reinterpret_cast<float4*>(&b_frag[j * VEC]) =
+                    *reinterpret_cast<const float4*>(&b_tile[s][k][t_col + j * VEC * WTN]);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j)
+                    acc[i][j] += a_frag[i] * b_frag[j];
+        }
+    };
+
+#if DOUBLE_BUFFER
+    fetch(0);
+    stash(0);
+    __syncthreads();
+    int s = 0;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        const bool more = k0 + BK < K;
+        if (more) fetch(k0 + BK); /* in flight during the multiply */
+        multiply(s);
+        /* Buffer s^1 was last read in the previous step, before its barrier. */
+        if (more) stash(s ^ 1);
+        __syncthreads();
+        s ^= 1;
+    }
+#else
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        fetch(k0);
+        stash(0);
+        __syncthreads();
+        multiply(0);
+        __syncthreads();
+    }
+#endif
+
+#pragma unroll
+    for (int i = 0; i < SUB_M; ++i)
+#pragma unroll
+        for (int r = 0; r < VEC; ++r)
+#pragma unroll
+            for (int j = 0; j < SUB_N; ++j) {
+                const int ai = i * VEC + r, aj = j * VEC;
+                store4(C, ldc, row0 + t_row + i * VEC * WTM + r, col0 + t_col + j * VEC * WTN, M, N,
+                       vec_c, make_float4(acc[ai][aj], acc[ai][aj + 1], acc[ai][aj + 2], acc[ai][aj + 3]));
+            }
+}
