@@ -1,0 +1,34 @@
+"""``mmd serve``: the daemon: watch the inbox, write results to the outbox."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import config
+from ..daemon import Daemon
+from .common import add_job_options, settings_from
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="watch the inbox and process every file dropped there",
+        description="Serve the inbox: each complete file becomes a job whose output and sidecar go to the outbox. "
+        "SIGTERM/SIGINT finish the job in hand and exit; SIGHUP reloads the config.",
+    )
+    add_job_options(p)
+    p.add_argument("--inbox", type=Path, help="folder to watch (default: inbox)")
+    p.add_argument("--outbox", type=Path, help="folder for outputs and sidecars (default: outbox)")
+    p.add_argument("--observer", choices=config.CHOICES["observer"],
+                   help="how to watch: inotify, polling (network filesystems) or auto")
+    p.add_argument("--once", action="store_true", help="process what is in the inbox, then exit")
+    p.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace) -> config.Settings:
+    return settings_from(args, inbox=args.inbox, outbox=args.outbox, observer=args.observer)
+
+
+def run(args: argparse.Namespace) -> int:
+    return Daemon(_settings(args), reload=lambda: _settings(args)).serve(once=args.once)

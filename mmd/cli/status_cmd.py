@@ -1,0 +1,53 @@
+"""``mmd status``: is a daemon serving the inbox, what is it doing, what did it do last."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..daemon import status_of
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show the daemon serving the inbox", description=__doc__)
+    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = config.load(args.config, {"inbox": args.inbox})
+    status = status_of(settings.inbox)
+    if args.json:
+        print(json.dumps(status, indent=1))
+    else:
+        print(render(status))
+    return 0 if status["serving"] else 3
+
+
+def render(status: dict[str, Any]) -> str:
+    """The status as a few lines for a terminal."""
+    state = status.get("state") or {}
+    lines = []
+    if status["serving"]:
+        lines.append(f"serving {status['inbox']}: pid {status['pid']}, since {state.get('started', '?')}, "
+                     f"{state.get('observer', '?')} observer, backend {state.get('backend', '?')}")
+    else:
+        last = f" (last daemon: pid {state['pid']}, {state.get('status')})" if state else ""
+        lines.append(f"no daemon serves {status['inbox']}{last}")
+    lines.append(f"waiting in the inbox: {status['waiting_in_inbox']}"
+                 + (f"; queued in the daemon: {state.get('queue', 0)}" if status["serving"] else ""))
+    current = state.get("current") if status["serving"] else None
+    if current:
+        lines.append(f"running: {current['file']} (job {current['job']}, since {current['since']})")
+    done = state.get("done")
+    if done:
+        lines.append(f"done: {done['ok']} ok, {done['error']} refused")
+    for job in state.get("recent", [])[:10]:
+        took = f"{job['overall_ms']:.1f} ms" if job.get("overall_ms") is not None else ""
+        lines.append(f"  {job['finished']}  {job['status']:5}  {job['file']}  -> {job.get('sidecar')}  {took}")
+    return "\n".join(lines)

@@ -1,0 +1,738 @@
+"""The daemon: watch the inbox, take complete files, run them one at a time, archive.
+
+Threads:
+
+* the **main thread** (:meth:`Daemon.serve`) owns the schedule: it reads
+  *hints* (observer events, the worker's "done", signals) from one queue,
+  decides when a file is complete (:class:`mmd.spool.Readiness`), rescans the
+  inbox every ``rescan_seconds`` (events are only hints: inotify drops them on
+  overflow), and hands complete names to the worker in arrival order;
+* the **observer** (watchdog: inotify, or polling) turns filesystem events
+  into hints;
+* the **worker** owns the backend (opened, used and closed in that thread) and
+  runs each job: claim → :func:`mmd.pipeline.run_job` → archive. A job never
+  kills the daemon: anything a job raises becomes an error sidecar.
+
+Signals are installed by :meth:`Daemon.serve`: SIGTERM/SIGINT let the job in
+hand finish and exit 0 (a second one exits at once; the job left in ``.work``
+resumes at the next start), SIGHUP reloads the settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import jobname, sidecar
+from .atomic import write_atomic
+from .backends import MultiplyRequest, open_backend
+from .backends.base import Backend
+from .config import Settings, physical_memory_bytes
+from .errors import MmdError, SpoolError
+from .logs import get_logger
+from .notify import Notifier, WatchdogPinger
+from .pipeline import Limits, run_job
+from .spool import LOCK_NAME, STATE_NAME, Claim, Readiness, Spool, is_job_name
+
+#: How many finished jobs the state file lists.
+RECENT_JOBS = 20
+#: The state file is rewritten at most this often (seconds) while jobs run.
+STATE_EVERY = 0.25
+#: Idle heartbeat of the worker and the main loop (seconds).
+HEARTBEAT = 1.0
+#: A loop that has not turned for this long is stuck (the watchdog stops pinging).
+STUCK_AFTER = 30.0
+
+# Hint kinds (the first item of each tuple in the hint queue).
+COMPLETE, SEEN, DONE, BROKEN, STOP, RELOAD, WAKE = "complete", "seen", "done", "broken", "stop", "reload", "wake"
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# ---------------------------------------------------------------------------
+# the lock: one daemon per inbox
+
+
+class SpoolLock:
+    """``inbox/.mmd.lock`` held with ``flock`` for the daemon's life; it holds the daemon's pid."""
+
+    def __init__(self, inbox: Path) -> None:
+        self.path = Path(inbox) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise SpoolError naming the daemon that has it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            os.close(fd)
+            who = f"pid {pid}" if pid else "another process"
+            raise SpoolError(f"another mmd daemon ({who}) already serves {self.path.parent}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def lock_holder(inbox: Path) -> int | None:
+    """The pid of the daemon serving ``inbox``, or None when its lock is free."""
+    try:
+        fd = os.open(Path(inbox) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(fd) or -1  # held, pid not yet written
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# the state file, for `mmd status`
+
+
+class State:
+    """What `mmd status` shows; written atomically to ``inbox/.mmd-state.json``, throttled."""
+
+    def __init__(self, path: Path, **facts: Any) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._data: dict[str, Any] = {
+            "pid": os.getpid(),
+            "started": _now_iso(),
+            **facts,
+            "status": "starting",
+            "queue": 0,
+            "current": None,
+            "done": {"ok": 0, "error": 0},
+            "recent": [],
+        }
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
+        self._dirty = True
+        self._written = 0.0
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            self._data.update(changes)
+            self._dirty = True
+
+    def finished(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._recent.appendleft(entry)
+            self._data["done"]["ok" if entry["status"] == "ok" else "error"] += 1
+            self._data["current"] = None
+            self._dirty = True
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._data, "recent": list(self._recent), "updated": _now_iso()}
+
+    def due_in(self) -> float | None:
+        """Seconds until a pending write is allowed (None: nothing to write)."""
+        if not self._dirty:
+            return None
+        return max(0.0, self._written + STATE_EVERY - time.monotonic())
+
+    def write(self, force: bool = False) -> None:
+        """Write the file if something changed and the throttle allows (or ``force``)."""
+        if not force and (not self._dirty or time.monotonic() - self._written < STATE_EVERY):
+            return
+        snap = self.snapshot()
+        self._dirty = False
+        self._written = time.monotonic()
+        try:
+            write_atomic(self.path, [json.dumps(snap, indent=1).encode() + b"\n"], durable=False)
+        except MmdError as exc:
+            get_logger().warning("cannot write the state file", reason=exc.reason)
+
+
+def read_state(inbox: Path) -> dict[str, Any] | None:
+    """The last state a daemon wrote for ``inbox`` (None when there is none)."""
+    try:
+        return json.loads((Path(inbox) / STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def status_of(inbox: Path) -> dict[str, Any]:
+    """Whether a daemon serves ``inbox`` (lock held and its pid alive) and its last state."""
+    pid = lock_holder(inbox)
+    state = read_state(inbox)
+    serving = pid is not None and (pid == -1 or _alive(pid))
+    waiting = sum(1 for _ in Spool(inbox, inbox).scan())
+    return {"inbox": str(inbox), "serving": serving, "pid": pid if serving else None,
+            "waiting_in_inbox": waiting, "state": state}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------
+# the observer: filesystem events become hints
+
+
+def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds: float, log: Any):
+    """Start a watchdog observer on ``inbox``; returns (observer, the kind actually used).
+
+    ``auto`` uses inotify and falls back to polling where inotify cannot be set
+    up (no inotify, out of instances or watches); ``inotify`` fails instead.
+    """
+    if kind in ("auto", "inotify"):
+        try:
+            observer, created_is_move = _inotify_observer()
+            observer.schedule(_Hints(inbox, hints, created_is_move), str(inbox), recursive=False,
+                              event_filter=_event_types(created_is_move))
+            observer.start()
+            return observer, "inotify"
+        except (OSError, ImportError) as exc:
+            if kind == "inotify":
+                raise SpoolError(f"inotify is not available here ({exc}); use observer: polling") from None
+            log.warning("inotify is not available; falling back to polling", reason=str(exc))
+    from watchdog.observers.polling import PollingObserver
+
+    observer = PollingObserver(timeout=poll_seconds)
+    observer.schedule(_Hints(inbox, hints, False), str(inbox), recursive=False, event_filter=_event_types(False))
+    observer.start()
+    return observer, "polling"
+
+
+def _event_types(created_is_move: bool) -> list[type]:
+    from watchdog.events import FileClosedEvent, FileCreatedEvent, FileMovedEvent
+
+    return [FileClosedEvent, FileCreatedEvent, FileMovedEvent]
+
+
+def _inotify_observer():
+    """watchdog's inotify observer, asking the kernel only for close-after-write and moved-in.
+
+    watchdog holds each unpaired IN_MOVED_FROM for half a second to pair it with
+    an IN_MOVED_TO, and every later event waits behind it; each claim is such a
+    rename out of the inbox. Watching IN_CLOSE_WRITE | IN_MOVED_TO only avoids
+    that, and then a "created" event can only be a file renamed into the inbox,
+    which is complete. Where this watchdog has no mask hook, the plain observer
+    is used and "created" means "watch until quiet".
+    """
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
+
+    observer = InotifyObserver()
+    hook = hasattr(InotifyEmitter, "get_event_mask_from_filter") and getattr(observer, "_emitter_class", None)
+    if hook is not InotifyEmitter:
+        return observer, False
+    from watchdog.observers.inotify_c import InotifyConstants as K
+
+    class _ArrivalsEmitter(InotifyEmitter):
+        def get_event_mask_from_filter(self):  # type: ignore[override]
+            return K.IN_DELETE_SELF | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
+
+    observer._emitter_class = _ArrivalsEmitter
+    return observer, True
+
+
+class _Hints:
+    """A watchdog handler: events on files directly in the inbox become hints."""
+
+    def __init__(self, inbox: Path, hints: queue.SimpleQueue, created_is_move: bool) -> None:
+        self.inbox = os.path.abspath(inbox)
+        self.hints = hints
+        self.created_kind = COMPLETE if created_is_move else SEEN
+
+    def _put(self, kind: str, path: Any) -> None:
+        path = os.fsdecode(path)
+        if not path:
+            return
+        folder, name = os.path.split(os.path.abspath(path))
+        if folder == self.inbox and is_job_name(name):
+            self.hints.put((kind, name))
+
+    def dispatch(self, event: Any) -> None:
+        if event.is_directory:
+            return
+        kind = event.event_type
+        if kind == "closed":
+            self._put(COMPLETE, event.src_path)
+        elif kind == "moved":
+            self._put(COMPLETE, event.dest_path)  # a rename is atomic: the file is whole
+        elif kind == "created":
+            self._put(self.created_kind, event.src_path)
+
+
+# ---------------------------------------------------------------------------
+# the worker: one thread that owns the backend and runs jobs in order
+
+
+class Worker(threading.Thread):
+    """Claims, runs and archives jobs one at a time; the backend lives and dies in this thread."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        super().__init__(name="mmd-worker", daemon=True)
+        self.d = daemon
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        self.failed: MmdError | None = None
+        self.busy_since: float | None = None
+        self.beat = time.monotonic()
+        self._backends: dict[str, Backend] = {}
+
+    # -- backends (only ever touched in this thread) --
+    def _backend(self, name: str) -> Backend:
+        want = self.d.settings.backend if name == "auto" else name
+        if want in self._backends:
+            return self._backends[want]
+        for backend in self._backends.values():
+            if backend.name == want:
+                return backend
+        backend, note = open_backend(want, self.d.settings.device)
+        if note:
+            get_logger().warning("backend fallback", note=note)
+        self._backends[want] = backend
+        return backend
+
+    def _close_backends(self) -> None:
+        for backend in self._backends.values():
+            try:
+                backend.close()
+            except Exception as exc:  # closing must not hide the reason we are stopping
+                get_logger().warning("backend close failed", error=repr(exc))
+        self._backends.clear()
+
+    def drop_backends(self) -> None:
+        """Forget backends so the next job opens them with new settings (after a reload)."""
+        self.jobs.put(("reopen", None))
+
+    # -- the loop --
+    def run(self) -> None:
+        try:
+            try:
+                self._backend(self.d.settings.backend)
+            except MmdError as exc:
+                self.failed = exc
+                return
+            finally:
+                self.ready.set()
+            while not self.stop_event.is_set():
+                self.beat = time.monotonic()
+                try:
+                    kind, item = self.jobs.get(timeout=HEARTBEAT)
+                except queue.Empty:
+                    continue
+                if self.stop_event.is_set() or kind == "stop":
+                    break
+                if kind == "reopen":
+                    self._close_backends()
+                    continue
+                self.busy_since = time.monotonic()
+                try:
+                    self.process(kind, item)
+                finally:
+                    self.busy_since = None
+                    self.d.hints.put((DONE, item if kind == "name" else item.name))
+        finally:
+            self._close_backends()
+
+    def submit(self, kind: str, item: Any) -> None:
+        """Queue a job: ``("name", inbox name)`` or ``("resume", Claim)``."""
+        self.jobs.put((kind, item))
+
+    def process(self, kind: str, item: Any) -> None:
+        """One job, start to archive; nothing it raises escapes."""
+        spool = self.d.spool
+        log = get_logger(file=item if kind == "name" else item.name)
+        claim: Claim | None = None
+        try:
+            try:
+                claim = spool.claim(item) if kind == "name" else item
+            except OSError as exc:
+                raise SpoolError(f"cannot claim {item}: {exc.strerror or exc}") from None
+            if claim is None:
+                log.debug("already taken")  # claimed by someone else or removed: harmless
+                return
+            log = log.bind(job=claim.job_id)
+            self.d.state.update(current={"job": claim.job_id, "file": claim.name, "since": _now_iso()})
+            self._run(claim, log)
+        except SpoolError as exc:
+            if claim is None:  # the file stays in the inbox; it is tried again at a later rescan
+                log.error("cannot claim", reason=exc.reason)
+                self.d.hints.put((BROKEN, item))
+            else:
+                log.error("spool error", reason=exc.reason)
+        except Exception as exc:  # the job boundary: a job never kills the daemon
+            log.exception("internal error in job", error=repr(exc))
+            if claim is not None:
+                self._refuse(claim, _internal(exc), {}, log)
+
+    def _run(self, claim: Claim, log: Any) -> None:
+        spool, settings = self.d.spool, self.d.settings
+        extra: dict[str, Any] = {}
+        if claim.collision():
+            extra["collision"] = claim.collision()
+        if claim.resumed:
+            extra["resumed"] = True
+            finished = spool.finished(claim)
+            if finished is not None:
+                ok, path = finished
+                spool.archive(claim, ok)
+                log.info("resumed job was already finished; archived", sidecar=path.name,
+                         status="ok" if ok else "error")
+                self._record(claim, ok, path, None)
+                return
+            log.info("resuming job left by an earlier daemon")
+        if not claim.regular:
+            self._refuse(claim, SpoolError(
+                f"{claim.name} is not a regular file (a link, folder or device); mmd does not follow it",
+            ), extra, log)
+            return
+        try:
+            name = jobname.parse(claim.name)
+            if name.overrides:
+                extra["name_settings"] = dict(name.overrides)
+            o = name.overrides
+            request = MultiplyRequest(kernel=o.get("kernel", settings.kernel), tile=o.get("tile", settings.tile),
+                                      memory=o.get("memory", settings.memory))
+            backend = self._backend(o.get("backend", settings.backend))
+        except MmdError as exc:  # a bad name or an unavailable backend: refused like bad input
+            self._refuse(claim, exc, extra, log)
+            return
+        result = run_job(claim.path, claim.output, request, backend, limits=self.d.limits, started=claim.started,
+                         job_id=claim.job_id, extra=extra or None, durable=self.d.durable)
+        if not result.ok and result.record.get("error", {}).get("sidecar_failed"):
+            log.error("no error sidecar could be written; the input is kept in .failed")
+        spool.archive(claim, result.ok)
+        self._record(claim, result.ok, result.sidecar, result.record)
+
+    def _refuse(self, claim: Claim, exc: MmdError, extra: dict[str, Any], log: Any) -> None:
+        """Refuse a job that never reached run_job (bad name, not a file, internal error)."""
+        path = write_refusal(claim, exc, extra, self.d.durable)
+        log.warning("job refused", status="error", kind=exc.kind, reason=exc.reason)
+        try:
+            self.d.spool.archive(claim, False)
+        except MmdError as arch:
+            log.error("cannot archive", reason=arch.reason)
+        self._record(claim, False, path, None)
+
+    def _record(self, claim: Claim, ok: bool, path: Path | None, record: dict[str, Any] | None) -> None:
+        overall = ((record or {}).get("timings_ms") or {}).get("overall")
+        self.d.state.finished({
+            "job": claim.job_id, "file": claim.name, "status": "ok" if ok else "error",
+            "output": claim.output.name if ok else None, "sidecar": path.name if path else None,
+            "overall_ms": overall, "finished": _now_iso(),
+        })
+
+
+def _internal(exc: BaseException) -> MmdError:
+    err = MmdError(f"internal error in mmd: {type(exc).__name__}: {exc}", {"exception": type(exc).__name__})
+    err.kind = "internal"  # type: ignore[misc]
+    return err
+
+
+def write_refusal(claim: Claim, exc: MmdError, extra: dict[str, Any], durable: bool) -> Path | None:
+    """The error sidecar for a job refused before :func:`run_job` (same shape as its refusals)."""
+    from . import __version__
+
+    try:
+        size: int | None = os.lstat(claim.path).st_size
+    except OSError:
+        size = None
+    record: dict[str, Any] = {
+        "status": "error",
+        "job": claim.job_id,
+        "input": {"name": claim.name, "bytes": size},
+        "output": {"name": claim.output.name, "written": False},
+        "error": exc.as_dict(),
+        "timings_ms": {"overall": round((time.perf_counter() - claim.started) * 1e3, 3)},
+        **extra,
+        "mmd_version": __version__,
+        "finished_at": _now_iso(),
+    }
+    path = sidecar.error_path(claim.output)
+    try:
+        write_atomic(path, [sidecar.dumps(record)], durable=durable)
+    except MmdError as write_exc:
+        get_logger(job=claim.job_id, file=claim.name).error("cannot write error sidecar", reason=write_exc.reason)
+        return None
+    return path
+
+
+# ---------------------------------------------------------------------------
+# the daemon
+
+
+class Daemon:
+    """Serve one inbox: ``Daemon(settings).serve()``; ``serve(once=True)`` drains it and returns."""
+
+    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+        self.settings = settings
+        self._reload = reload
+        self.spool = Spool(settings.inbox, settings.outbox)
+        self.hints: queue.SimpleQueue = queue.SimpleQueue()
+        self.state = State(self.spool.inbox / STATE_NAME, inbox=str(settings.inbox.resolve()),
+                           outbox=str(settings.outbox.resolve()), backend=settings.backend)
+        self.log = get_logger()
+        self.worker: Worker | None = None
+        self._queued: set[str] = set()  # names handed to the worker and not yet done
+        self._again: set[str] = set()  # completed again while queued: look once more when done
+        self._readiness = Readiness(settings.quiet_seconds)
+        self._stop_requests = 0
+        self._beat = time.monotonic()
+        self._backlog = False  # names left in the inbox because the queue was full
+        self._broken: set[str] = set()  # names whose claim failed (retried at each rescan when serving)
+
+    # -- derived settings --
+    @property
+    def limits(self) -> Limits:
+        s = self.settings
+        memory = s.max_memory_bytes if s.max_memory_bytes is not None else physical_memory_bytes()
+        return Limits(max_memory_bytes=memory, max_file_bytes=s.max_file_bytes)
+
+    @property
+    def durable(self) -> bool:
+        """fsync outputs and sidecars (a ``durable`` setting, where config has one)."""
+        return bool(getattr(self.settings, "durable", True))
+
+    # -- signals --
+    def _on_stop_signal(self, signum: int, _frame: Any) -> None:
+        self._stop_requests += 1
+        if self._stop_requests >= 2:
+            job = self.state.snapshot().get("current")
+            os.write(2, (f"mmd serve: second {signal.Signals(signum).name}: stopping at once"
+                         f"{'; ' + job['file'] + ' stays in .work and resumes at the next start' if job else ''}\n"
+                         ).encode())
+            os._exit(1)
+        self.hints.put((STOP, signal.Signals(signum).name))
+
+    def _on_hup(self, _signum: int, _frame: Any) -> None:
+        self.hints.put((RELOAD, None))
+
+    def _install_signals(self) -> dict[int, Any]:
+        old = {}
+        for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal),
+                             (signal.SIGHUP, self._on_hup)):
+            old[sig] = signal.signal(sig, handler)
+        return old
+
+    # -- health, for the systemd watchdog --
+    def health(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        w = self.worker
+        if w is None or not w.is_alive():
+            return False, "the worker thread is not running"
+        if w.busy_since is None and now - w.beat > STUCK_AFTER:
+            return False, f"the worker has not turned for {now - w.beat:.0f} s"
+        if now - self._beat > STUCK_AFTER:
+            return False, f"the main loop has not turned for {now - self._beat:.0f} s"
+        return True, ""
+
+    # -- scheduling --
+    def _offer(self, name: str, complete: bool) -> None:
+        """A hint that ``name`` may be a job; queue it when it is complete."""
+        if name in self._queued:
+            if complete:
+                self._again.add(name)
+            return
+        if not complete:
+            cand = self.spool.stat(name)
+            if cand is None:
+                self._readiness.forget(name)
+                return
+            if not self._readiness.observe(name, cand.size, cand.mtime_ns):
+                return
+        self._readiness.forget(name)
+        if len(self._queued) >= self.settings.max_queue:
+            self._backlog = True
+            return
+        self._queued.add(name)
+        assert self.worker is not None
+        self.worker.submit("name", name)
+        self.state.update(queue=self.worker.jobs.qsize())
+
+    def _rescan(self) -> int:
+        """Offer every waiting file; returns how many job files wait (not counting broken ones)."""
+        found = [c for c in self.spool.scan() if c.name not in self._broken]
+        for cand in found:
+            if cand.name not in self._queued and self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
+                self._offer(cand.name, complete=True)
+        known = {c.name for c in found}
+        for name in self._readiness.pending:
+            if name not in known:
+                self._readiness.forget(name)
+        return len(found)
+
+    def _recheck_pending(self) -> None:
+        for name in self._readiness.pending:
+            self._offer(name, complete=False)
+
+    def _handle(self, hint: tuple[Any, ...]) -> None:
+        kind = hint[0]
+        if kind == COMPLETE:
+            self._offer(hint[1], complete=True)
+        elif kind == SEEN:
+            self._offer(hint[1], complete=False)
+        elif kind == DONE:
+            name = hint[1]
+            self._queued.discard(name)
+            if self.worker is not None:
+                self.state.update(queue=self.worker.jobs.qsize())
+            if name in self._again:
+                self._again.discard(name)
+                self._offer(name, complete=True)
+        elif kind == BROKEN:
+            self._broken.add(hint[1])
+        elif kind == STOP:
+            self.log.info("stopping after the job in hand", signal=hint[1])
+        elif kind == RELOAD:
+            self._reload_settings()
+
+    def _reload_settings(self) -> None:
+        if self._reload is None:
+            self.log.warning("SIGHUP: nothing to reload from")
+            return
+        try:
+            new = self._reload()
+        except MmdError as exc:
+            self.log.error("SIGHUP: config not reloaded", reason=exc.reason)
+            return
+        if (new.inbox, new.outbox) != (self.settings.inbox, self.settings.outbox):
+            self.log.warning("SIGHUP: inbox/outbox changes need a restart; keeping the old ones",
+                             inbox=str(self.settings.inbox), outbox=str(self.settings.outbox))
+            new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
+        backend_changed = (new.backend, new.device) != (self.settings.backend, self.settings.device)
+        self.settings = new
+        self._readiness.quiet = new.quiet_seconds
+        if backend_changed and self.worker is not None:
+            self.worker.drop_backends()
+        self.state.update(backend=new.backend)
+        self.log.info("SIGHUP: settings reloaded", sources=list(new.sources))
+
+    # -- the loop --
+    def serve(self, once: bool = False) -> int:
+        """Serve until SIGTERM/SIGINT (exit 0), or with ``once`` until the inbox is drained."""
+        lock = SpoolLock(self.spool.inbox)
+        self.spool.prepare()
+        lock.acquire()
+        old_signals = self._install_signals()
+        notifier = Notifier()
+        pinger: WatchdogPinger | None = None
+        observer = None
+        try:
+            for path in self.spool.sweep_temporaries():
+                self.log.info("removed a temporary left by a killed process", path=str(path))
+            self.worker = Worker(self)
+            self.worker.start()
+            self.worker.ready.wait()
+            if self.worker.failed is not None:
+                raise self.worker.failed
+            resumed = self.spool.resumable()
+            for claim in resumed:
+                self._queued.add(claim.name)
+                self.worker.submit("resume", claim)
+            kind = "once"
+            if not once:
+                observer, kind = make_observer(self.settings.observer, self.spool.inbox, self.hints,
+                                               self.settings.poll_seconds, self.log)
+            self.state.update(status="serving", observer=kind)
+            waiting = self._rescan()
+            self.log.info("serving", inbox=str(self.spool.inbox), outbox=str(self.spool.outbox), observer=kind,
+                          backend=self.settings.backend, waiting=waiting, resumed=len(resumed))
+            notifier.ready(f"serving {self.spool.inbox}")
+            pinger = WatchdogPinger.start_for(notifier, self.health)
+            self._loop(once)
+            return 0
+        finally:
+            self.state.update(status="stopping")
+            notifier.stopping("finishing the job in hand")
+            if observer is not None:
+                observer.stop()
+            if self.worker is not None and self.worker.is_alive():
+                self.worker.stop_event.set()
+                self.worker.jobs.put(("stop", None))
+                self.worker.join()
+            if pinger is not None:
+                pinger.stop()
+            self.state.update(status="stopped", queue=0, current=None)
+            self.state.write(force=True)
+            if observer is not None:
+                with contextlib.suppress(RuntimeError):
+                    observer.join(timeout=5)
+            lock.release()
+            for sig, handler in old_signals.items():
+                signal.signal(sig, handler)
+            notifier.close()
+            self.log.info("stopped", done=self.state.snapshot()["done"])
+
+    def _loop(self, once: bool) -> None:
+        next_rescan = time.monotonic() + (min(self.settings.quiet_seconds / 2, 0.1) if once
+                                          else self.settings.rescan_seconds)
+        while True:
+            self._beat = time.monotonic()
+            waits = [next_rescan - self._beat, HEARTBEAT]
+            for due in (self._readiness.due_in(), self.state.due_in()):
+                if due is not None:
+                    waits.append(due)
+            try:
+                hint = self.hints.get(timeout=max(0.0, min(waits)))
+            except queue.Empty:
+                hint = (WAKE,)
+            while True:
+                self._handle(hint)
+                if hint[0] == STOP:
+                    return
+                try:
+                    hint = self.hints.get_nowait()
+                except queue.Empty:
+                    break
+            now = time.monotonic()
+            due = self._readiness.due_in()
+            if due is not None and due <= 0:
+                self._recheck_pending()
+            if now >= next_rescan or self._backlog:
+                self._backlog = False
+                if not once:
+                    self._broken.clear()
+                found = self._rescan()
+                next_rescan = now + (min(self.settings.quiet_seconds / 2, 0.1) if once
+                                     else self.settings.rescan_seconds)
+                if once and not self._queued and not found:
+                    return
+            self.state.write()
+            if self.worker is not None and not self.worker.is_alive():
+                raise SpoolError("the worker thread stopped unexpectedly")

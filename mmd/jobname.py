@@ -1,0 +1,125 @@
+"""Per-job settings in file names: ``NAME@kernel=aplus,tile=16.txt``.
+
+The part of the stem after the first ``@`` is a comma-separated list of
+``key=value`` settings that override the daemon's for that one job. The
+output keeps the whole stem (``NAME@kernel=aplus,tile=16.out``), so a
+student can drop the same matrix under several names and compare.
+
+Keys and values come only from fixed sets: anything else is a
+:class:`~mmd.errors.JobNameError`, refused like bad input (with an error
+sidecar). Pure functions: nothing here touches the filesystem.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from .backends.base import MEMORY_MODES
+from .config import CHOICES
+from .errors import JobNameError
+
+#: What can be set in a name, in the order they are reported.
+KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory")
+
+#: Separators: NAME ``@`` key ``=`` value ``,`` key ``=`` value.
+SETTINGS_MARK, ITEM_SEP, VALUE_SEP = "@", ",", "="
+
+#: The largest tile a name may ask for (the device refuses what it cannot launch).
+MAX_TILE = 1024
+
+_KERNEL_RE = re.compile(r"[a-z0-9_]+")
+_TILE_RE = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class JobName:
+    """A dropped file's name, split: ``stem`` names the outputs, ``overrides`` the settings."""
+
+    name: str
+    stem: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def stem_of(name: str) -> str:
+    """The output stem of a dropped file: its name without the last suffix (never raises)."""
+    return PurePath(name).stem or name
+
+
+def kernel_names() -> tuple[str, ...] | None:
+    """Registered kernel names, or None where the registry is not importable."""
+    try:
+        from . import kernels
+    except ImportError:
+        return None
+    names = getattr(kernels, "NAMES", None)
+    return tuple(names) if names else None
+
+
+def _kernel(value: str) -> str:
+    names = kernel_names()
+    if names is None:
+        if not _KERNEL_RE.fullmatch(value):
+            raise JobNameError(f"kernel {value!r} is not a kernel name ([a-z0-9_]+)", {"kernel": value})
+        return value  # the backend refuses names it does not know
+    if value not in names:
+        raise JobNameError(
+            f"unknown kernel {value!r} in the file name; choose one of {', '.join(names)}",
+            {"kernel": value, "choices": list(names)},
+        )
+    return value
+
+
+def _tile(value: str) -> int:
+    if not _TILE_RE.fullmatch(value) or not 1 <= int(value) <= MAX_TILE:
+        raise JobNameError(
+            f"tile {value!r} in the file name must be a whole number from 1 to {MAX_TILE}", {"tile": value}
+        )
+    return int(value)
+
+
+def _choice(key: str, allowed: tuple[str, ...]):
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise JobNameError(
+                f"{key} {value!r} in the file name must be one of {', '.join(allowed)}",
+                {key: value, "choices": list(allowed)},
+            )
+        return value
+
+    return check
+
+
+_VALIDATORS = {
+    "kernel": _kernel,
+    "tile": _tile,
+    "backend": _choice("backend", CHOICES["backend"]),
+    "memory": _choice("memory", MEMORY_MODES),
+}
+
+
+def parse(name: str) -> JobName:
+    """Split ``name`` into its output stem and its per-job settings.
+
+    ``m.txt`` → (``m``, {}); ``m@kernel=aplus,tile=16.txt`` → (``m@kernel=aplus,tile=16``,
+    {kernel: aplus, tile: 16}). Raises JobNameError for an unknown key, a value outside
+    its allowed set, a repeated key or a malformed list; the message names the fix.
+    """
+    stem = stem_of(name)
+    _name, mark, spec = stem.partition(SETTINGS_MARK)
+    if not mark:
+        return JobName(name, stem)
+    overrides: dict[str, Any] = {}
+    hint = f"'@' starts per-job settings: NAME@key=value,... with keys {', '.join(KEYS)}"
+    for item in spec.split(ITEM_SEP):
+        key, eq, value = item.partition(VALUE_SEP)
+        if not eq or not key or not value:
+            raise JobNameError(f"{item!r} in the file name is not key=value ({hint})", {"item": item})
+        if key not in _VALIDATORS:
+            raise JobNameError(f"unknown setting {key!r} in the file name ({hint})", {"key": key})
+        if key in overrides:
+            raise JobNameError(f"setting {key!r} is given twice in the file name", {"key": key})
+        overrides[key] = _VALIDATORS[key](value)
+    return JobName(name, stem, {k: overrides[k] for k in KEYS if k in overrides})

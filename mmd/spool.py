@@ -1,0 +1,378 @@
+"""The spool protocol: which inbox names are jobs, claim, output names, archive, recovery.
+
+Layout (the dot folders are created on demand)::
+
+    inbox/m.txt                       a job waiting
+    inbox/.work/<job>.<v>/m.txt       claimed: job id and output version in the folder name
+    inbox/.done/m.txt                 finished with an output
+    inbox/.failed/m.txt               refused (the error sidecar says why)
+    inbox/.mmd.lock, .mmd-state.json  the daemon's lock and state (see mmd.daemon)
+    outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
+    outbox/m.error.yaml               a refusal
+
+A claim is one ``os.rename`` into ``.work``: of two claimers exactly one wins,
+the other gets FileNotFoundError, which is harmless. The claimed file keeps its
+name (the sidecar and logs say ``m.txt``) inside a folder named for the job.
+The output name is chosen before the claim and recorded in that folder's name
+(``<v>``), so after a kill -9
+the job resumes into the same output name, and a sidecar carrying the job id
+proves that the job finished and only its archive is left to do.
+
+Everything here but :class:`Spool`'s methods is pure; :class:`Readiness` and
+:func:`scan` take their clock and ``scandir`` as parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import sidecar
+from .errors import SpoolError
+from .jobname import stem_of
+
+WORK_DIR, DONE_DIR, FAILED_DIR = ".work", ".done", ".failed"
+LOCK_NAME = ".mmd.lock"
+STATE_NAME = ".mmd-state.json"
+OUTPUT_SUFFIX = ".out"
+
+#: Names that are never jobs: hidden files (our own folders and temporaries
+#: included), and the usual "still being written" suffixes.
+IGNORED_PREFIXES: tuple[str, ...] = (".",)
+IGNORED_SUFFIXES: tuple[str, ...] = (".tmp", ".part", "~")
+
+#: Versions tried before giving up on an output name (m.out, m.1.out ...).
+MAX_VERSIONS = 10_000
+
+_WORK_RE = re.compile(r"(?P<job>[0-9a-f]{12})\.(?P<version>[0-9]+)")
+# write_atomic's temporaries: .<name>.<pid>.tmp
+_TMP_RE = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
+
+
+def is_job_name(name: str) -> bool:
+    """Whether a file called ``name`` in the inbox is a job (not hidden, not a partial)."""
+    return bool(name) and not name.startswith(IGNORED_PREFIXES) and not name.endswith(IGNORED_SUFFIXES)
+
+
+def new_job_id() -> str:
+    """A fresh job id: 12 hex digits (48 random bits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def output_path(outbox: Path, stem: str, version: int = 0) -> Path:
+    """``outbox/<stem>.out``, or ``outbox/<stem>.<version>.out`` for a later version."""
+    return outbox / (f"{stem}.{version}{OUTPUT_SUFFIX}" if version else f"{stem}{OUTPUT_SUFFIX}")
+
+
+def names_of(output: Path) -> tuple[Path, Path, Path]:
+    """The three names a job may commit: output, timing sidecar, error sidecar."""
+    return output, sidecar.timing_path(output), sidecar.error_path(output)
+
+
+def resolve_output(
+    outbox: Path, stem: str, exists: Callable[[Path], bool] = os.path.lexists
+) -> tuple[int, list[str]]:
+    """The first free output version for ``stem`` and the names that made earlier ones taken.
+
+    A version is taken when any of its output, timing or error sidecar exists,
+    so a new result never overwrites, or sits beside, an older job's files.
+    """
+    collided: list[str] = []
+    for version in range(MAX_VERSIONS):
+        taken = [p.name for p in names_of(output_path(outbox, stem, version)) if exists(p)]
+        if not taken:
+            return version, collided
+        collided.extend(taken)
+    raise SpoolError(f"{MAX_VERSIONS} outputs named {stem}.* already exist in {outbox}; clear some")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A job file seen in the inbox."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
+    """Job files in ``inbox``, oldest first (mtime, then name); folders are skipped.
+
+    Links and other non-regular files are listed (they are refused at claim, so
+    they do not sit in the inbox forever); stat never follows a link.
+    """
+    found = []
+    try:
+        with scandir(inbox) as it:
+            for entry in it:
+                if not is_job_name(entry.name):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        continue
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # claimed or removed meanwhile
+                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns))
+    except FileNotFoundError:
+        return []
+    found.sort(key=lambda c: (c.mtime_ns, c.name))
+    return found
+
+
+class Readiness:
+    """Decides when a file is completely written.
+
+    A close-after-write or a rename into the inbox makes it complete at once
+    (:meth:`complete`). Otherwise (polling, rescans, a file moved in from
+    another folder) it is complete once its size and mtime have stayed the
+    same for ``quiet_seconds``: either seen unchanged over that long, or with
+    an mtime at least that old (:meth:`observe`). Pure: the clocks are
+    parameters.
+    """
+
+    def __init__(
+        self,
+        quiet_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.quiet = quiet_seconds
+        self._clock = clock
+        self._wall = wall
+        self._seen: dict[str, tuple[int, int, float]] = {}
+
+    def observe(self, name: str, size: int, mtime_ns: int) -> bool:
+        """Record a stat of ``name``; True when it has been quiet long enough."""
+        now = self._clock()
+        last = self._seen.get(name)
+        if last is None or last[:2] != (size, mtime_ns):
+            self._seen[name] = (size, mtime_ns, now)
+            since = now
+        else:
+            since = last[2]
+        if now - since >= self.quiet or self._wall() - mtime_ns / 1e9 >= self.quiet:
+            self._seen.pop(name, None)
+            return True
+        return False
+
+    def forget(self, name: str) -> None:
+        """Stop tracking ``name`` (taken, or gone)."""
+        self._seen.pop(name, None)
+
+    @property
+    def pending(self) -> list[str]:
+        """Names seen but not yet quiet."""
+        return list(self._seen)
+
+    def due_in(self) -> float | None:
+        """Seconds until the earliest pending name could be quiet (None: nothing pending)."""
+        if not self._seen:
+            return None
+        now = self._clock()
+        return max(0.0, min(since + self.quiet - now for _, _, since in self._seen.values()))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed job: its file sits at ``path`` (``.work/<job>.<v>/<name>``) until it is archived."""
+
+    job_id: str
+    name: str
+    version: int
+    path: Path
+    output: Path
+    #: ``time.perf_counter()`` at the claim (the job's ``overall`` starts here).
+    started: float
+    regular: bool = True
+    resumed: bool = False
+    #: Names in the outbox that pushed the output to a later version.
+    collided: list[str] = field(default_factory=list)
+
+    @property
+    def stem(self) -> str:
+        return stem_of(self.name)
+
+    def collision(self) -> dict[str, Any] | None:
+        """The sidecar's ``collision`` entry, when the output had to be versioned."""
+        if not self.version:
+            return None
+        return {"wanted": f"{self.stem}{OUTPUT_SUFFIX}", "existing": list(self.collided), "used": self.output.name}
+
+
+def work_folder_name(job_id: str, version: int) -> str:
+    """The ``.work`` folder of a claimed job: ``<job>.<version>``."""
+    return f"{job_id}.{version}"
+
+
+def parse_work_folder(name: str) -> tuple[str, int] | None:
+    """``<job>.<v>`` → (job, v); None for a name mmd did not make."""
+    match = _WORK_RE.fullmatch(name)
+    if not match:
+        return None
+    return match["job"], int(match["version"])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Spool:
+    """An inbox and an outbox, and the moves between them."""
+
+    def __init__(self, inbox: Path, outbox: Path) -> None:
+        self.inbox = Path(inbox)
+        self.outbox = Path(outbox)
+        self.work = self.inbox / WORK_DIR
+        self.done = self.inbox / DONE_DIR
+        self.failed = self.inbox / FAILED_DIR
+        self._made: set[Path] = set()
+
+    # -- folders --
+    def _folder(self, path: Path) -> Path:
+        if path not in self._made:
+            path.mkdir(parents=True, exist_ok=True)
+            self._made.add(path)
+        return path
+
+    def prepare(self) -> None:
+        """Create the inbox and the outbox if missing (the dot folders come on demand)."""
+        for folder in (self.inbox, self.outbox):
+            try:
+                self._folder(folder)
+            except OSError as exc:
+                raise SpoolError(f"cannot create {folder}: {exc.strerror or exc}") from None
+
+    # -- scanning --
+    def scan(self) -> list[Candidate]:
+        """Job files waiting in the inbox, oldest first."""
+        return scan(self.inbox)
+
+    def stat(self, name: str) -> Candidate | None:
+        """The inbox entry ``name`` if it is still there and not a folder."""
+        try:
+            info = os.lstat(self.inbox / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISDIR(info.st_mode):
+            return None
+        return Candidate(name, info.st_size, info.st_mtime_ns)
+
+    # -- claim --
+    def claim(self, name: str) -> Claim | None:
+        """Claim inbox file ``name`` by renaming it into ``.work``; None if it is gone.
+
+        The output version is chosen first and recorded in the claimed name.
+        The rename moves a symbolic link itself, never its target; the claim
+        says whether the file is a regular one (others are refused unopened).
+        """
+        version, collided = resolve_output(self.outbox, stem_of(name))
+        job_id = new_job_id()
+        folder = self._folder(self.work) / work_folder_name(job_id, version)
+        folder.mkdir()
+        dst = folder / name
+        try:
+            os.rename(self.inbox / name, dst)
+        except FileNotFoundError:
+            folder.rmdir()
+            return None  # someone else has it, or it was removed: harmless
+        except BaseException:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            raise
+        started = time.perf_counter()
+        regular = stat.S_ISREG(os.lstat(dst).st_mode)
+        return Claim(job_id, name, version, dst, output_path(self.outbox, stem_of(name), version), started,
+                     regular=regular, collided=collided)
+
+    def resumable(self) -> list[Claim]:
+        """Jobs left in ``.work`` by an earlier daemon, oldest first; empty job folders are removed."""
+        claims = []
+        for folder in _entries(self.work):
+            parsed = parse_work_folder(folder.name)
+            if parsed is None or not folder.is_dir():
+                continue  # not mmd's: left alone
+            job_id, version = parsed
+            files = list(_entries(folder))
+            if not files:  # killed between mkdir and rename, or after the archive
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+                continue
+            for path in files:
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                claims.append((info.st_mtime_ns, path.name, Claim(
+                    job_id, path.name, version, path, output_path(self.outbox, stem_of(path.name), version),
+                    time.perf_counter(), regular=stat.S_ISREG(info.st_mode), resumed=True,
+                )))
+        claims.sort(key=lambda c: (c[0], c[1]))
+        return [c for _, _, c in claims]
+
+    def finished(self, claim: Claim) -> tuple[bool, Path] | None:
+        """(ok, sidecar) when this job's own sidecar is already committed, else None.
+
+        A sidecar is this job's when it carries the job id; it is committed
+        last, so its presence means only the archive was left to do.
+        """
+        _output, timing, error = names_of(claim.output)
+        for ok, path in ((True, timing), (False, error)):
+            try:
+                record = sidecar.load(path)
+            except Exception:  # missing, unreadable or not YAML: not this job's
+                continue
+            if record.get("job") == claim.job_id:
+                return ok, path
+        return None
+
+    # -- archive --
+    def archive(self, claim: Claim, ok: bool) -> Path:
+        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one."""
+        folder = self._folder(self.done if ok else self.failed)
+        target = folder / claim.name
+        if os.path.lexists(target):
+            stem, dot, suffix = claim.name.rpartition(".")
+            target = folder / (f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{claim.name}.{claim.job_id}")
+        try:
+            os.rename(claim.path, target)
+        except OSError as exc:
+            raise SpoolError(f"cannot archive {claim.name} to {folder}: {exc.strerror or exc}") from None
+        with contextlib.suppress(OSError):
+            claim.path.parent.rmdir()
+        return target
+
+    # -- housekeeping --
+    def sweep_temporaries(self) -> list[Path]:
+        """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone."""
+        removed = []
+        for folder in (self.outbox, self.inbox):
+            for path in _entries(folder):
+                match = _TMP_RE.fullmatch(path.name)
+                if match and int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"])):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                        removed.append(path)
+        return removed
+
+
+def _entries(folder: Path) -> Iterator[Path]:
+    try:
+        with os.scandir(folder) as it:
+            yield from (Path(e.path) for e in list(it))
+    except FileNotFoundError:
+        return
