@@ -111,7 +111,11 @@ def test_phases_and_compile_once(cuda_backend):
     assert second.device.endswith(")") and "sm_" in second.device
 
 
-@pytest.mark.parametrize("kernel", registry.SOURCE_KERNELS)
+TILED = [n for n in registry.SOURCE_KERNELS if registry.get(n).uses_tile]
+FIXED = [n for n in registry.SOURCE_KERNELS if not registry.get(n).uses_tile]
+
+
+@pytest.mark.parametrize("kernel", TILED)
 def test_tile_64_refused_before_allocation(cuda_backend, kernel):
     a, b = operands(128, 128, 128, seed=5)
     free_before, _ = cuda_backend.session.mem_info()
@@ -121,9 +125,24 @@ def test_tile_64_refused_before_allocation(cuda_backend, kernel):
     assert free_after == free_before
 
 
+@pytest.mark.parametrize("kernel", FIXED)
+def test_fixed_block_kernels_ignore_tile_64(cuda_backend, kernel):
+    a, b = operands(130, 70, 260, seed=6)
+    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
+    assert product.tile is None
+    assert_close(product.c, a, b, f"{kernel} at tile 64")
+
+
+#: The driver's own reservations (local memory for the largest stack frame
+#: launched so far, cuBLAS workspaces) move free memory by tens of MiB (seen:
+#: +66 and -62 MiB on an H200); a job's matrices are 4 MiB each, so a leak of
+#: even one per job over 100 jobs (400 MiB) stands far above this.
+DRIVER_NOISE = 128 * 2**20
+
+
 def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
     kernels = registry.GPU_KERNELS
-    a, b = operands(300, 200, 100, seed=9)
+    a, b = operands(1024, 1024, 1024, seed=9)
     for kernel in kernels:  # warm up: modules loaded, cuBLAS handle made
         for memory in MEMORY_MODES:
             cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
@@ -133,6 +152,5 @@ def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
         memory = MEMORY_MODES[job % len(MEMORY_MODES)]
         cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
     free_after, _ = cuda_backend.session.mem_info()
-    # The driver may hand back memory it held from earlier tests (seen: 66 MiB
-    # more free after the loop on an H200), so "no leak" is "not less free".
-    assert free_after >= free_before, f"{(free_before - free_after) / 2**20:.1f} MiB not returned"
+    lost = free_before - free_after
+    assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned after 100 jobs"
