@@ -1,0 +1,70 @@
+"""Per-job settings in file names: what is accepted, what is refused and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmd import jobname
+from mmd.errors import JobNameError
+
+
+def test_plain_name_has_no_settings():
+    assert jobname.parse("m.txt") == jobname.JobName("m.txt", "m", {})
+    assert jobname.parse("run.v2.txt").stem == "run.v2"
+    assert jobname.parse("noext").stem == "noext"
+
+
+def test_settings_are_parsed_and_stem_kept_whole():
+    got = jobname.parse("m@kernel=aplus,tile=16.txt")
+    assert got.stem == "m@kernel=aplus,tile=16"
+    assert got.overrides == {"kernel": "aplus", "tile": 16}
+
+
+def test_all_keys_in_canonical_order():
+    got = jobname.parse("x@memory=managed,backend=cpu,tile=8,kernel=naive.txt")
+    assert list(got.overrides) == ["kernel", "tile", "backend", "memory"]
+    assert got.overrides == {"kernel": "naive", "tile": 8, "backend": "cpu", "memory": "managed"}
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("m@foo=1.txt", "unknown setting 'foo'"),
+        ("m@kernel=nope.txt", "unknown kernel 'nope'"),
+        ("m@tile=0.txt", "from 1 to 1024"),
+        ("m@tile=2048.txt", "from 1 to 1024"),
+        ("m@tile=-4.txt", "from 1 to 1024"),
+        ("m@tile=x.txt", "from 1 to 1024"),
+        ("m@backend=tpu.txt", "backend 'tpu'"),
+        ("m@memory=host.txt", "memory 'host'"),
+        ("m@tile=8,tile=16.txt", "given twice"),
+        ("m@tile=8,.txt", "not key=value"),
+        ("m@lab.txt", "not key=value"),
+        ("m@=3.txt", "not key=value"),
+    ],
+)
+def test_refusals_name_the_problem(name, words):
+    with pytest.raises(JobNameError) as info:
+        jobname.parse(name)
+    assert words in info.value.reason
+    assert info.value.kind == "jobname"
+
+
+def test_kernel_names_come_from_the_registry():
+    from mmd import kernels
+
+    assert jobname.kernel_names() == tuple(kernels.NAMES)
+    for name in kernels.NAMES:
+        assert jobname.parse(f"m@kernel={name}.txt").overrides == {"kernel": name}
+
+
+def test_without_registry_any_lowercase_name_passes(monkeypatch):
+    monkeypatch.setattr(jobname, "kernel_names", lambda: None)
+    assert jobname.parse("m@kernel=future_k9.txt").overrides == {"kernel": "future_k9"}
+    with pytest.raises(JobNameError):
+        jobname.parse("m@kernel=Bad-Name.txt")
+
+
+def test_stem_of_never_raises():
+    assert jobname.stem_of("m@foo=1.txt") == "m@foo=1"
+    assert jobname.stem_of(".hidden") == ".hidden"

@@ -1,0 +1,208 @@
+"""The spool protocol: names, completeness, claim races, output versions, archive, recovery."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import yaml
+
+from mmd import spool
+from mmd.spool import Readiness, Spool
+
+
+@pytest.mark.parametrize("name", ["m.txt", "m", "a b.txt", "m@tile=16.txt", "x.out"])
+def test_job_names(name):
+    assert spool.is_job_name(name)
+
+
+@pytest.mark.parametrize("name", [".m.txt", ".work", ".mmd.lock", "m.txt.tmp", "m.part", "m.txt~", ""])
+def test_ignored_names(name):
+    assert not spool.is_job_name(name)
+
+
+def test_resolve_output_versions_past_any_taken_name(tmp_path):
+    assert spool.resolve_output(tmp_path, "m") == (0, [])
+    (tmp_path / "m.error.yaml").write_text("old refusal")
+    version, collided = spool.resolve_output(tmp_path, "m")
+    assert (version, collided) == (1, ["m.error.yaml"])
+    (tmp_path / "m.1.out").write_text("")
+    assert spool.resolve_output(tmp_path, "m") == (2, ["m.error.yaml", "m.1.out"])
+    assert spool.output_path(tmp_path, "m", 2).name == "m.2.out"
+
+
+def test_resolve_output_with_injected_exists(tmp_path):
+    taken = {tmp_path / "m.out", tmp_path / "m.1.timing.yaml"}
+    assert spool.resolve_output(tmp_path, "m", exists=taken.__contains__) == (2, ["m.out", "m.1.timing.yaml"])
+
+
+def test_scan_skips_folders_and_ignored_names_and_sorts_by_mtime(tmp_path):
+    for i, name in enumerate(["b.txt", "a.txt", ".hidden", "c.part", "d.tmp"]):
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, ns=(10**18 + i, 10**18 + i))
+    (tmp_path / "sub").mkdir()
+    os.symlink("/etc/passwd", tmp_path / "link.txt")
+    names = [c.name for c in spool.scan(tmp_path)]
+    assert names[:2] == ["b.txt", "a.txt"]
+    assert set(names) == {"a.txt", "b.txt", "link.txt"}
+    assert spool.scan(tmp_path / "missing") == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_readiness_waits_for_quiet():
+    clock, wall = Clock(), Clock()
+    r = Readiness(0.5, clock=clock, wall=wall)
+    fresh = int(wall.t * 1e9)
+    assert not r.observe("m", 10, fresh)
+    assert r.pending == ["m"] and r.due_in() == pytest.approx(0.5)
+    clock.t += 0.3
+    wall.t += 0.3
+    grown = int(wall.t * 1e9)
+    assert not r.observe("m", 20, grown)  # it grew: the wait starts again
+    clock.t += 0.4
+    wall.t += 0.4
+    assert not r.observe("m", 20, grown)
+    clock.t += 0.2
+    wall.t += 0.2
+    assert r.observe("m", 20, grown)
+    assert r.pending == [] and r.due_in() is None
+
+
+def test_readiness_old_mtime_is_quiet_at_once():
+    wall = Clock()
+    r = Readiness(0.5, clock=Clock(), wall=wall)
+    assert r.observe("old", 5, int((wall.t - 10) * 1e9))
+
+
+def _drop(inbox, name="m.txt", text="2\n1 2\n3 4\n1 0\n0 1\n"):
+    inbox.mkdir(exist_ok=True)
+    (inbox / name).write_text(text)
+
+
+def test_claim_moves_into_work_with_id_and_version(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    assert c is not None and c.regular and not c.resumed
+    assert c.path == s.work / f"{c.job_id}.0" / "m.txt"
+    assert c.output == s.outbox / "m.out"
+    assert not (s.inbox / "m.txt").exists()
+    assert s.claim("m.txt") is None  # gone: harmless
+    assert list(s.work.iterdir()) == [c.path.parent]
+
+
+def test_claim_race_has_one_winner(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    for round_ in range(20):
+        _drop(s.inbox, f"r{round_}.txt")
+    results: list = []
+    barrier = threading.Barrier(4)
+
+    def claimer():
+        mine = Spool(s.inbox, s.outbox)
+        barrier.wait()
+        for round_ in range(20):
+            results.append(mine.claim(f"r{round_}.txt"))
+
+    threads = [threading.Thread(target=claimer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [c for c in results if c is not None]
+    assert sorted(c.name for c in won) == sorted(f"r{i}.txt" for i in range(20))
+    assert len(list(s.work.iterdir())) == 20  # losers left no empty folders
+
+
+def test_claim_versions_output_and_reports_collision(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    (s.outbox / "m.out").write_text("someone else's")
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    assert c.output.name == "m.1.out" and c.version == 1
+    assert c.collision() == {"wanted": "m.out", "existing": ["m.out"], "used": "m.1.out"}
+
+
+def test_claim_symlink_moves_the_link_never_the_target(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    os.symlink(secret, s.inbox / "link.txt")
+    c = s.claim("link.txt")
+    assert c is not None and not c.regular
+    assert c.path.is_symlink() and secret.read_text() == "do not read"
+
+
+def test_archive_done_failed_and_no_overwrite(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    first = s.claim("m.txt")
+    assert s.archive(first, True) == s.done / "m.txt"
+    _drop(s.inbox, text="second")
+    second = s.claim("m.txt")
+    target = s.archive(second, True)
+    assert target == s.done / f"m.{second.job_id}.txt" and target.read_text() == "second"
+    _drop(s.inbox, "bad.txt")
+    assert s.archive(s.claim("bad.txt"), False) == s.failed / "bad.txt"
+    assert list(s.work.iterdir()) == []
+
+
+def _sidecar(path, job):
+    path.write_text(yaml.safe_dump({"status": "ok", "job": job}))
+
+
+def test_resume_finds_work_and_knows_finished_jobs(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        _drop(s.inbox, name)
+    a, b, c = (s.claim(n) for n in ("a.txt", "b.txt", "c.txt"))
+    (s.work / "0123456789ab.0").mkdir()  # killed between mkdir and rename
+    (s.work / "not-ours").mkdir()
+    _sidecar(s.outbox / "a.timing.yaml", a.job_id)  # finished, not archived
+    (s.outbox / "b.out").write_text("partial commit")  # output, no sidecar
+    _sidecar(s.outbox / "c.timing.yaml", "ffffffffffff")  # someone else's sidecar
+
+    resumed = {r.name: r for r in Spool(s.inbox, s.outbox).resumable()}
+    assert set(resumed) == {"a.txt", "b.txt", "c.txt"}
+    assert all(r.resumed for r in resumed.values())
+    assert resumed["a.txt"].job_id == a.job_id and resumed["a.txt"].output == a.output
+    assert s.finished(resumed["a.txt"]) == (True, s.outbox / "a.timing.yaml")
+    assert s.finished(resumed["b.txt"]) is None
+    assert s.finished(resumed["c.txt"]) is None
+    assert not (s.work / "0123456789ab.0").exists()
+    assert (s.work / "not-ours").exists()
+
+
+def test_error_sidecar_counts_as_finished(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    _sidecar(s.outbox / "m.error.yaml", c.job_id)
+    assert s.finished(c) == (False, s.outbox / "m.error.yaml")
+
+
+def test_sweep_removes_temporaries_of_dead_processes(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    dead = s.outbox / ".m.out.999999999.tmp"
+    mine = s.outbox / f".m.out.{os.getpid()}.tmp"
+    other = s.outbox / ".notes.tmp"
+    for p in (dead, mine, other):
+        p.write_text("")
+    assert s.sweep_temporaries() == [dead]
+    assert mine.exists() and other.exists()
