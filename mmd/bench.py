@@ -4,7 +4,9 @@ A *case* is one kernel at one shape and one tile. For each case the inputs
 are random (seeded by the shape, so every kernel multiplies the same
 matrices), the first call's result is checked against the float64 product,
 ``warmup`` calls are thrown away and ``repeats`` calls are measured; every
-phase gets its median, min and max. A case ends in one of these statuses:
+phase gets its median, min and max (``compile``, which happens once per
+kernel and tile and so usually in the warm-up, is kept from whichever call
+built the kernel). A case ends in one of these statuses:
 
 ``ok``
     checked and timed.
@@ -512,9 +514,12 @@ class _Runner:
         request = MultiplyRequest(kernel=case.kernel, tile=case.tile or plan.sizes_at_tile, memory=plan.memory)
         inputs = self.inputs(case)
         samples: list[dict[str, float]] = []
+        compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
         try:
             for i in range(plan.warmup + plan.repeats):
                 timings = self._call(backend, request, inputs, check=i == 0, row=row)
+                if "compile" in timings:
+                    compiles.append(timings["compile"])
                 if i >= plan.warmup:
                     samples.append(timings)
         except _Wrong as exc:
@@ -529,6 +534,8 @@ class _Runner:
             return row
         row["repeats"] = len(samples)
         row.update(phase_stats(samples))
+        if row["compile_median_ms"] is None and compiles:
+            row.update({k: v for k, v in phase_stats([{"compile": c} for c in compiles]).items() if "compile" in k})
         kernel_ms = row["kernel_median_ms"]
         row["gflops"] = round(2.0 * case.m * case.k * case.n / (kernel_ms * 1e6), 3) if kernel_ms else None
         return row

@@ -31,6 +31,7 @@ class FakeGpu:
     def __init__(self, wrong: str | None = None, crash: str | None = None) -> None:
         self.wrong, self.crash = wrong, crash
         self.calls = 0
+        self.built: set[tuple[str, int]] = set()
 
     def multiply(self, a, b, request):
         self.calls += 1
@@ -53,6 +54,9 @@ class FakeGpu:
             "free": 0.05,
         }
         timings["cuda"] = sum(timings.values())
+        if spec.uses_tile and (spec.name, request.tile) not in self.built:
+            self.built.add((spec.name, request.tile))
+            timings["compile"] = 50.0  # the first use of a kernel/tile pair builds it
         tile = request.tile if spec.uses_tile else None
         return Product(c, spec.name, tile, request.memory, GPU_NAME, timings)
 
@@ -153,6 +157,10 @@ def test_refused_tile_is_recorded_with_its_reason(tmp_path):
     assert len(refused) == 1
     assert refused[0]["tile"] == 64 and "4096 threads per block" in refused[0]["reason"]
     assert backend.calls == 3 + 1  # warmup + 2 repeats at tile 32; one refused call at 64
+    ok = run.rows[0]
+    assert ok["status"] == "ok" and ok["cuda_median_ms"] is not None
+    assert ok["compile_median_ms"] == 50.0  # built in the warm-up, still recorded
+    assert ok["overall_max_ms"] < 50.0  # ... and not in the timed repeats
 
 
 def test_unexpected_exception_is_an_error_and_the_run_goes_on(tmp_path):
