@@ -449,8 +449,8 @@ def _swar_scan(raw: np.ndarray):
     sh = ~(((hi | _H) - _X21) | hi) & _H
     sl = ~(((lo | _H) - _X21) | lo) & _H
     # highest separator byte -> token length
-    qh = (sh.astype(np.float64).view(np.int64) >> 55) - (1023 >> 3)
-    ql = (sl.astype(np.float64).view(np.int64) >> 55) - (1023 >> 3)
+    qh = ((sh.astype(np.float64).view(np.int64) >> 52) - 1023) >> 3
+    ql = ((sl.astype(np.float64).view(np.int64) >> 52) - 1023) >> 3
     L = np.where(sh != 0, 7 - qh, 15 - ql)
     L[(sh == 0) & (sl == 0)] = 16
     longbad = (sh == 0) & (sl == 0)  # 16 or more chars: slow path

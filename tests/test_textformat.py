@@ -1,0 +1,412 @@
+"""Tests for mmd.textformat: exact bytes, exact values, strict refusals."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmd import textformat as tf
+from mmd.errors import InputFormatError
+
+# ---------------------------------------------------------------------------
+# emit
+
+
+SPECIAL = [
+    0.0, -0.0, 0.125, 0.375, 2.675, -2.675, 0.005, -0.005, 0.015, -0.001, -0.004999, 0.004999,
+    1000.0, -100.0, -99.995, 999.995, 123456.78, -123456.78, 1e20, -1e20, 3e38, -3e38, 1.5, 99.99,
+    -9999.99, 1e7, 1e-30, 12345678.0, 2.5e13, 1e15, 9.99e14, 0.5, -0.5, 0.045, 0.055,
+]
+
+
+def _specials() -> np.ndarray:
+    vals = [np.float32(v) for v in SPECIAL]
+    # ties: k/100 + 0.005 that are exact in float32 (multiples of 1/8 etc.)
+    vals += [np.float32(k / 8) for k in range(-200, 200)]
+    return np.array(vals, dtype=np.float32)
+
+
+def test_emit_specials_match_reference():
+    vals = _specials()
+    c = vals.reshape(1, -1)
+    assert tf.emit(c) == tf.format_reference(c)
+    assert tf.emit(vals.reshape(-1, 1)) == tf.format_reference(vals.reshape(-1, 1))
+
+
+def test_emit_known_bytes():
+    c = np.array([[0.125, 0.375, -0.001, -0.0], [1000.0, -100.0, 123456.78, 2.675]], dtype=np.float32)
+    assert tf.emit(c) == (
+        b"2 4\n  0.12  0.38 -0.00 -0.00\n1000.00-100.00123456.78  2.67\n"
+    )
+    assert tf.emit(np.array([[7.0]], dtype=np.float32)) == b"1\n  7.00\n"
+
+
+def test_emit_nan_inf_do_not_crash():
+    c = np.array([[np.nan, np.inf, -np.inf, 1.0]], dtype=np.float32)
+    assert tf.emit(c) == b"1 4\n   nan   inf  -inf  1.00\n"
+
+
+def test_emit_chunks_same_bytes():
+    rng = np.random.default_rng(3)
+    c = rng.uniform(-5000, 5000, (37, 23)).astype(np.float32)
+    whole = tf.emit(c)
+    for rows in (1, 2, 5, 36, 37, 100):
+        pieces = list(tf.emit_chunks(c, rows_per_chunk=rows))
+        assert pieces[0] == b"37 23\n"
+        assert b"".join(pieces) == whole
+    assert whole == tf.format_reference(c)
+
+
+def test_emit_float64_input_matches_python():
+    c = np.array([[2.675, 0.125, 1.005, -1.005, 0.015]], dtype=np.float64)
+    assert tf.emit(c) == tf.format_reference(c)
+
+
+def test_emit_random_many_match_reference():
+    rng = np.random.default_rng(1)
+    for scale in (1.0, 10.0, 1000.0, 1e6, 1e12):
+        c = (rng.standard_normal((40, 50)) * scale).astype(np.float32)
+        assert tf.emit(c) == tf.format_reference(c)
+    # random bit patterns (finite, all magnitudes)
+    bits = rng.integers(0, 2**32, size=4000, dtype=np.uint64).astype(np.uint32)
+    c = bits.view(np.float32)
+    c = c[np.isfinite(c)].reshape(1, -1)
+    assert tf.emit(c) == tf.format_reference(c)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 7),
+    st.integers(1, 7),
+    st.data(),
+)
+def test_emit_hypothesis(m, n, data):
+    vals = data.draw(
+        st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=m * n, max_size=m * n)
+    )
+    c = np.array(vals, dtype=np.float32).reshape(m, n)
+    assert tf.emit(c) == tf.format_reference(c)
+
+
+C_PROG = textwrap.dedent(
+    r"""
+    #include <stdio.h>
+    #include <stdint.h>
+    #include <string.h>
+    int main(void) {
+        unsigned int u;
+        while (scanf("%x", &u) == 1) {
+            float f; memcpy(&f, &u, 4);
+            printf("%6.2f", (double)f);
+        }
+        printf("\n");
+        return 0;
+    }
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def c_printf(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("cprintf")
+    (d / "p.c").write_text(C_PROG)
+    exe = d / "p"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(d / "p.c")], check=True)
+
+    def run(vals: np.ndarray) -> bytes:
+        hexes = " ".join("%08x" % int(u) for u in vals.astype(np.float32).view(np.uint32))
+        out = subprocess.run([str(exe)], input=hexes.encode(), capture_output=True, check=True)
+        return out.stdout
+
+    return run
+
+
+def test_emit_matches_c_printf(c_printf):
+    rng = np.random.default_rng(7)
+    vals = np.concatenate(
+        [
+            _specials(),
+            rng.uniform(-10, 10, 3000).astype(np.float32),
+            (rng.standard_normal(2000) * 1e4).astype(np.float32),
+            np.float32((np.arange(-500, 500) + 0.5) / 100),  # near-ties
+            -rng.uniform(0, 0.006, 200).astype(np.float32),  # negatives near zero
+        ]
+    ).astype(np.float32)
+    want = c_printf(vals)
+    got = tf.emit(vals.reshape(1, -1))
+    assert got.split(b"\n", 1)[1] == want
+
+
+# ---------------------------------------------------------------------------
+# parse
+
+
+def _doc(m, k, n, a_vals, b_vals, sep=" ") -> bytes:
+    head = f"{n}\n" if m == k == n else f"{m} {k} {n}\n"
+    return (head + sep.join(a_vals) + "\n" + sep.join(b_vals) + "\n").encode()
+
+
+def test_parse_basic_square_and_rect():
+    got = tf.parse(b"2\n1 2\n3 4\n5 6 7 8\n")
+    assert got.header == tf.Header(m=2, k=2, n=2, square=True, body_offset=2, line=1)
+    np.testing.assert_array_equal(got.a, [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(got.b, [[5, 6], [7, 8]])
+    assert got.a.dtype == np.float32 and got.a.flags.c_contiguous and got.b.flags.c_contiguous
+    got = tf.parse(b"1 3 2\n1 2 3\n1 2\n3 4\n5 6")  # no final newline
+    assert got.a.shape == (1, 3) and got.b.shape == (3, 2)
+    np.testing.assert_array_equal(got.b, [[1, 2], [3, 4], [5, 6]])
+
+
+def test_parse_1x1_bom_crlf_blank_lines():
+    got = tf.parse(b"\xef\xbb\xbf1\r\n\r\n  -2.5\r\n\r\n\t+4e1 \r\n")
+    assert got.a[0, 0] == np.float32(-2.5) and got.b[0, 0] == np.float32(40.0)
+    assert got.header.body_offset == 6
+
+
+def test_parse_value_forms():
+    toks = ["3", "-2.50", ".5", "5.", "1.5e-3", "2E+4", "-0", "+7", "-.25", "0.1", "1e-45", "1e-50",
+            "3.4028235e38", "-3.4028234e38", "12345678901234567890", "0.30000000000000004441", "1234567.891"]
+    k = len(toks)
+    data = _doc(1, k, 1, toks, ["1"] * k)
+    got = tf.parse(data)
+    want = np.array([np.float32(float(t)) for t in toks], dtype=np.float32)
+    np.testing.assert_array_equal(got.a.reshape(-1), want)
+    assert np.signbit(got.a[0, 6])
+
+
+def test_parse_touching_fields():
+    got = tf.parse(b"1 2 2\n100.00-25.50\n100.00100.00  -1.00  2.00\n")
+    np.testing.assert_array_equal(got.a, [[100.0, -25.5]])
+    np.testing.assert_array_equal(got.b, [[100.0, 100.0], [-1.0, 2.0]])
+
+
+def test_parse_reads_emit_output_back():
+    rng = np.random.default_rng(5)
+    c = rng.uniform(-3000, 3000, (6, 6)).astype(np.float32)
+    out = tf.emit(c)
+    body = out.split(b"\n", 1)[1]
+    doc = b"6\n" + body + body
+    got = tf.parse(doc)
+    want = np.float32(np.round(c.astype(np.float64), 2))
+    np.testing.assert_array_equal(got.a, np.array([[np.float32(float("%.2f" % v)) for v in row] for row in c]))
+    assert np.allclose(got.b, want, atol=0.006)
+
+
+def _err(data: bytes) -> InputFormatError:
+    with pytest.raises(InputFormatError) as info:
+        tf.parse(data)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["x", "0x1p3", "nan", "NaN", "inf", "-Infinity", "infinity", "1_000", "3,5", "1e", "--1", "1.2.3", "+", ".",
+     "1e39", "3.5e38", "-1e39", "1.2345.6", "1.23-4", "é", "1e5x"],
+)
+def test_parse_refuses_value(bad):
+    data = b"2\n1 2\n3 4\n5 6\n7 " + bad.encode() + b"\n"
+    e = _err(data)
+    assert e.line == 5
+    assert e.value == bad
+    assert str(e).startswith("line 5: '")
+    if bad in ("1e39", "3.5e38", "-1e39"):
+        assert "outside float32 range" in str(e)
+    else:
+        assert "is not a number" in str(e)
+
+
+def test_parse_refuses_binary_and_nul():
+    e = _err(b"1\n\x00\n2\n")
+    assert e.line == 2
+    e = _err(b"1\n1\n\xff\xfe\n")
+    assert e.line == 3 and "\\xff" in e.value
+
+
+def test_parse_long_value_shortened():
+    e = _err(b"1\n1\n" + b"9" * 30 + b"x" * 50 + b"\n")
+    assert e.line == 3 and len(e.value) <= 40 and e.value.endswith("...")
+
+
+def test_parse_too_few_and_too_many():
+    e = _err(b"3\n1 2 3\n4 5 6\n7 8 9\n1 2 3\n4 5 6\n7 8\n")
+    assert str(e) == "line 7: expected 18 values (9 for A, 9 for B), found 17"
+    assert e.line == 7
+    e = _err(b"1\n1\n2\n\n3 4\n")
+    assert e.line == 5 and e.value == "3" and str(e).startswith("too many values")
+    e = _err(b"2 3 2\n")
+    assert "found 0" in str(e)
+
+
+def test_parse_too_many_after_touching_fields():
+    e = _err(b"1\n1.001.00\n-2.00\n")
+    assert e.line == 3 and e.value == "-2.00"
+
+
+@pytest.mark.parametrize(
+    "head",
+    ["0", "-3", "3.0", "1e3", "2 3", "1 2 3 4", "abc", "", "   ", "+3", "3 0 3", "0x10", "３"],
+)
+def test_header_refusals(head):
+    with pytest.raises(InputFormatError) as info:
+        tf.parse_header(head.encode() + b"\n1 2\n")
+    e = info.value
+    assert e.line == 1
+    assert str(e).startswith("line 1: header must be 'N' or 'M K N' with positive integers, got '")
+    assert e.value == head.strip() or e.value == head
+
+
+def test_header_examples():
+    assert tf.parse_header(b"4\n") == tf.Header(4, 4, 4, True, 2, 1)
+    assert tf.parse_header(b"2 3 4\r\n") == tf.Header(2, 3, 4, False, 7, 1)
+    assert tf.parse_header(b"\xef\xbb\xbf 2\t3 4 \n1") == tf.Header(2, 3, 4, False, 11, 1)
+    assert tf.parse_header(b"5").body_offset == 1
+    with pytest.raises(InputFormatError):
+        tf.parse_header(b"\n3\n")  # header must be line 1
+    with pytest.raises(InputFormatError):
+        tf.parse_header(b"")
+
+
+def test_parse_accepts_given_header():
+    data = b"1 1 2\n3\n4 5\n"
+    h = tf.parse_header(data)
+    got = tf.parse(memoryview(data), h)
+    np.testing.assert_array_equal(got.b, [[4, 5]])
+
+
+def test_parse_large_multi_chunk_matches_reference(monkeypatch):
+    monkeypatch.setattr(tf, "PARSE_CHUNK", 1000)
+    rng = np.random.default_rng(11)
+    m, k, n = 13, 17, 11
+    vals = rng.uniform(-1e4, 1e4, m * k + k * n)
+    forms = ["%.2f", "%.6f", "%g", "%.3e", "%d", "%.17g"]
+    toks = [(forms[i % len(forms)] % v) if forms[i % len(forms)] != "%d" else "%d" % int(v) for i, v in enumerate(vals)]
+    seps = [" ", "\t", "\r\n", "\n\n", "  "]
+    body = "".join(t + seps[i % len(seps)] for i, t in enumerate(toks))
+    data = f"{m} {k} {n}\n{body}".encode()
+    got = tf.parse(data)
+    ref = tf.parse_reference(data)
+    np.testing.assert_array_equal(got.a, ref.a)
+    np.testing.assert_array_equal(got.b, ref.b)
+    want = np.array([np.float32(float(t)) for t in toks], dtype=np.float32)
+    np.testing.assert_array_equal(np.concatenate([got.a.ravel(), got.b.ravel()]), want)
+
+
+_num = st.one_of(
+    st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: "%.2f" % v),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
+    st.integers(-(10**12), 10**12).map(str),
+    st.floats(-1e30, 1e30, allow_nan=False).map(lambda v: "%.4e" % v),
+    st.integers(0, 99999).map(lambda v: ".%d" % v),
+    st.integers(0, 99999).map(lambda v: "%d." % v),
+    st.integers(0, 999).map(lambda v: "+%d.5" % v),
+    st.integers(0, 10**17).map(lambda v: "-%d.%d" % (v, v % 97)),
+)
+_sep = st.sampled_from([" ", "\t", "\r\n", "\n", "\n\n", " \t ", "\r\n\r\n"])
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.data())
+def test_parse_hypothesis_vs_reference(m, k, n, data):
+    count = m * k + k * n
+    toks = data.draw(st.lists(_num, min_size=count, max_size=count))
+    seps = data.draw(st.lists(_sep, min_size=count, max_size=count))
+    body = "".join(t + s for t, s in zip(toks, seps))
+    raw = f"{m} {k} {n}\n{body}".encode()
+    got = tf.parse(raw)
+    ref = tf.parse_reference(raw)
+    np.testing.assert_array_equal(got.a, ref.a)
+    np.testing.assert_array_equal(got.b, ref.b)
+    want = np.array([np.float32(float(t)) for t in toks], dtype=np.float32)
+    flat = np.concatenate([got.a.ravel(), got.b.ravel()])
+    np.testing.assert_array_equal(flat, want)
+    np.testing.assert_array_equal(np.signbit(flat), np.signbit(want))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 7), st.data())
+def test_round_trip_hypothesis(m, n, data):
+    vals = data.draw(st.lists(st.floats(-1e5, 1e5, width=32), min_size=m * n, max_size=m * n))
+    c = np.array(vals, dtype=np.float32).reshape(m, n)
+    out = tf.emit(c)
+    back = tf.parse_output(out)
+    want = np.array([[float("%.2f" % float(v)) for v in row] for row in c])
+    np.testing.assert_array_equal(back, want)
+    # the output rows read as input (n x n ... use it as A with k = n)
+    body = out.split(b"\n", 1)[1]
+    doc = b"%d %d 1\n" % (m, n) + body + b"1\n" * n
+    got = tf.parse(doc)
+    np.testing.assert_array_equal(got.a, want.astype(np.float32))
+
+
+# ---------------------------------------------------------------------------
+# parse_output
+
+
+def test_parse_output_ok():
+    c = np.array([[1.5, -2.25, 1000.0], [0.0, -0.0, 123456.0]], dtype=np.float32)
+    got = tf.parse_output(tf.emit(c))
+    assert got.dtype == np.float64 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got, [[1.5, -2.25, 1000.0], [0.0, -0.0, 123456.0]])
+    sq = tf.parse_output(b"1\n  3.14\n")
+    assert sq[0, 0] == 3.14
+
+
+def _out_err(data: bytes) -> InputFormatError:
+    with pytest.raises(InputFormatError) as info:
+        tf.parse_output(data)
+    return info.value
+
+
+def test_parse_output_strict():
+    good = b"2 3\n  1.00  2.00  3.00\n  4.00  5.00  6.00\n"
+    assert tf.parse_output(good).shape == (2, 3)
+    e = _out_err(b"2 3\n  1.00  2.00\n  4.00  5.00  6.00\n")
+    assert e.line == 2 and "expected 3 fields, found 2" in str(e)
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00  5.00  6.00")
+    assert e.line == 3 and "missing final newline" in str(e)
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00 5.00  6.00\n")
+    assert e.line == 3 and "%6.2f" in str(e)
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00  5.0   6.00\n")
+    assert e.line == 3
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00  5.00 6.000\n")
+    assert e.line == 3
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00  5.00  6.00\n  7.00  8.00  9.00\n")
+    assert e.line == 4
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n")
+    assert e.line == 2 and "expected 2 rows" in str(e)
+    e = _out_err(b"2 3\n  1.00  2.00  3.00\n\n  4.00  5.00  6.00\n")
+    assert e.line == 3
+    e = _out_err(b"2 3\n  1.00  2.00  x.00\n  4.00  5.00  6.00\n")
+    assert e.line == 2
+    e = _out_err(b"2 3\n +1.00  2.00  3.00\n  4.00  5.00  6.00\n")
+    assert e.line == 2
+
+
+@pytest.mark.parametrize("head", [b"3 3\n", b"2 3 4\n", b"03\n", b" 3\n", b"3\r\n", b"x\n", b"", b"\xef\xbb\xbf1\n"])
+def test_parse_output_bad_header(head):
+    e = _out_err(head + b"  1.00\n")
+    assert e.line == 1 and "header" in str(e)
+
+
+def test_parse_output_wide_touching():
+    c = np.array([[-2133.45, 1234.5, 100.0, -0.004]], dtype=np.float32)
+    out = tf.emit(c)
+    assert out == b"1 4\n-2133.451234.50100.00 -0.00\n"
+    np.testing.assert_array_equal(tf.parse_output(out), [[-2133.45, 1234.5, 100.0, -0.0]])
+
+
+def test_references_agree_small():
+    data = b"2\n1 2.5 -3 4e-2\n.5 5. 6 7\n"
+    a = tf.parse(data)
+    r = tf.parse_reference(data)
+    np.testing.assert_array_equal(a.a, r.a)
+    np.testing.assert_array_equal(a.b, r.b)
