@@ -19,6 +19,12 @@ from mmd.errors import CudaError
 GPU_NAME = "NVIDIA H100 80GB HBM3 (sm_90)"
 
 
+@pytest.fixture
+def quiet_logs(monkeypatch):
+    """In-process CLI calls must not point structlog at pytest's captured (later closed) stderr."""
+    monkeypatch.setattr("mmd.logs.configure", lambda *args, **kwargs: None)
+
+
 class FakeGpu:
     """numpy behind a GPU backend's face: CUDA phases, the registry's launch check (tile 64 refused).
 
@@ -234,7 +240,7 @@ def test_progress_plain_lines_and_terminal_bar(tmp_path):
     assert "refused  tile 64 needs" in text  # a refusal stays on its own line
 
 
-def test_cli_bench_on_the_cpu(tmp_path, capsys):
+def test_cli_bench_on_the_cpu(tmp_path, capsys, quiet_logs):
     out = tmp_path / "bench"
     code = main(["bench", "--backend", "cpu", "--sizes", "8", "16", "--repeats", "2", "--out", str(out)])
     assert code == 0
@@ -245,7 +251,7 @@ def test_cli_bench_on_the_cpu(tmp_path, capsys):
     assert str(folder / "results.csv") in capsys.readouterr().out
 
 
-def test_cli_bench_exits_1_on_a_wrong_result(tmp_path, monkeypatch, capsys):
+def test_cli_bench_exits_1_on_a_wrong_result(tmp_path, monkeypatch, capsys, quiet_logs):
     import mmd.cli.bench_cmd as bench_cmd
 
     monkeypatch.setattr(bench_cmd, "open_backend", lambda name, device: (FakeGpu(wrong="tiled"), None))

@@ -21,6 +21,12 @@ from .test_bench import FakeGpu, read_csv
 GRAPHS = ("graph1_overall", "graph2_cuda", "graph3_sizes")
 
 
+@pytest.fixture
+def quiet_logs(monkeypatch):
+    """In-process CLI calls must not point structlog at pytest's captured (later closed) stderr."""
+    monkeypatch.setattr("mmd.logs.configure", lambda *args, **kwargs: None)
+
+
 @pytest.fixture(scope="module")
 def gpu_results(tmp_path_factory):
     """A fake-GPU run: every kernel, sizes 8/16/32 at tile 32, tiles 4..64 at 32 (64 refused)."""
@@ -140,7 +146,7 @@ def test_cpu_only_results_render(tmp_path):
     assert "Graph 1: overall time at 33×33" in summary
 
 
-def test_size_option_and_cli(gpu_results, tmp_path, capsys):
+def test_size_option_and_cli(gpu_results, tmp_path, capsys, quiet_logs):
     code = main(
         ["report", str(gpu_results.folder), "--out", str(tmp_path), "--log", "--size", "16", "--peak-tflops", "10"]
     )
