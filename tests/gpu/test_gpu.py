@@ -154,3 +154,39 @@ def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
     free_after, _ = cuda_backend.session.mem_info()
     lost = free_before - free_after
     assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned after 100 jobs"
+
+
+def test_driver_out_of_memory_becomes_cuda_error(cuda_backend):
+    from mmd.errors import CudaError
+
+    session = cuda_backend.session
+    free_before, total = session.mem_info()
+    rows = total // (4 * 100_000) + 1  # one plain allocation larger than the whole card
+    with pytest.raises(CudaError, match="allocating .* MiB of device memory failed"):
+        session.alloc("device", rows, 100_000)
+    assert session.mem_info()[0] >= free_before - DRIVER_NOISE
+
+
+def test_a_second_backend_in_another_thread(cuda_backend):
+    """Each thread pushes the primary context onto its own stack and pops it at close."""
+    import threading
+
+    from mmd.backends.cuda import CudaBackend
+
+    a, b = operands(65, 31, 17, seed=12)
+    results = []
+
+    def work() -> None:
+        backend = CudaBackend(device=0)
+        try:
+            results.append(backend.multiply(a, b, MultiplyRequest(kernel="coarse", tile=8)).c)
+        finally:
+            backend.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert len(results) == 1
+    assert_close(results[0], a, b, "coarse in a second thread")
+    # the session-wide backend still works in this thread afterwards
+    assert_close(cuda_backend.multiply(a, b, MultiplyRequest(kernel="aplus", tile=8)).c, a, b, "aplus after")
