@@ -76,7 +76,13 @@
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
 #endif
 #ifndef DOUBLE_BUFFER
-#define DOUBLE_BUFFER 1
+#define DOUBLE_BUFFER 1 /* 1: two shared buffers, register prefetch; 0: one buffer */
+#endif
+#ifndef ASYNC
+#define ASYNC 0 /* 1: cp.async straight into shared memory, STAGES_ASYNC buffers */
+#endif
+#ifndef STAGES_ASYNC
+#define STAGES_ASYNC 2 /* shared-memory stages of the cp.async pipeline (>= 2) */
 #endif
 
 #define WARP 32
@@ -91,7 +97,9 @@
 #define SUB_N (TN / VEC)
 #define A_LOADS ((BM * BK) / (VEC * THREADS))
 #define B_LOADS ((BK * BN) / (VEC * THREADS))
-#if DOUBLE_BUFFER
+#if ASYNC
+#define STAGES STAGES_ASYNC
+#elif DOUBLE_BUFFER
 #define STAGES 2
 #else
 #define STAGES 1
@@ -107,6 +115,25 @@ static_assert(A_LOADS >= 1 && (BM * BK) % (VEC * THREADS) == 0,
 static_assert(B_LOADS >= 1 && (BK * BN) % (VEC * THREADS) == 0,
               "B's BK x BN slab must split into whole float4s per thread");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
+static_assert(!ASYNC || STAGES_ASYNC >= 2, "the cp.async pipeline needs at least 2 stages");
+
+/* cp.async (sm_80+): copy `bytes` (4 or 16) from global to shared memory
+ * without passing through registers; only the first src_bytes are read, the
+ * rest of the destination is zero-filled (src_bytes = 0: all zeros, nothing
+ * read). 16-byte copies bypass L1 (.cg), 4-byte ones may not (.ca). */
+__device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool valid)
+{
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool valid)
+{
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
 
 /* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
 __device__ __forceinline__ bool vector_ok(const float* P, int ld)
@@ -167,7 +194,6 @@ mmd_fast(const float* __restrict__ A,
         for (int j = 0; j < TN; ++j)
             acc[i][j] = 0.0f;
 
-    float4 a_next[A_LOADS], b_next[B_LOADS]; /* the next slab, on its way from global memory */
 
     /* Each thread's fixed place in the slabs it loads, worked out once. Load l
      * of A reads row a_m + l*A_ROW_STEP, columns k0 + a_k + [0,4); load l of B
@@ -187,6 +213,9 @@ mmd_fast(const float* __restrict__ A,
     const size_t b_slab_step = (size_t)BK * ldb;
     const int b_col = col0 + b_n;
     const bool b_vec = vec_b && b_col + VEC <= N; /* B's float4 never crosses the right edge */
+
+#if !ASYNC
+    float4 a_next[A_LOADS], b_next[B_LOADS]; /* the next slab, on its way from global memory */
 
     /* Global -> registers for the slab at k0; a_src and b_src point at it. */
     auto fetch = [&](int k0) {
@@ -245,6 +274,7 @@ mmd_fast(const float* __restrict__ A,
             *reinterpret_cast<float4*>(&b_tile[s][k][n]) = b_next[l];
         }
     };
+#endif
     /* acc += the slab in shared buffer s. */
     auto multiply = [&](int s) {
 #pragma unroll
@@ -266,7 +296,61 @@ mmd_fast(const float* __restrict__ A,
         }
     };
 
-#if DOUBLE_BUFFER
+#if ASYNC
+    /* Global -> shared buffer s for the slab at k0, without registers. B's
+     * float4 go as 16-byte copies; A's are transposed, so each float goes
+     * as its own 4-byte copy to its place in a_tile[s][k][m]. Out-of-range
+     * elements are zero-filled (the source pointer is then A or B itself,
+     * always valid, and nothing is read). */
+    auto issue = [&](int k0, int s) {
+        const int a_col = k0 + a_k;
+#pragma unroll
+        for (int l = 0; l < A_LOADS; ++l) {
+            const float* p = a_src + l * a_load_step;
+            const bool row_in = row0 + a_m + l * A_ROW_STEP < M;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const bool in = row_in && a_col + e < K;
+                cp_async4(&a_tile[s][a_k + e][a_m + l * A_ROW_STEP], in ? p + e : A, in);
+            }
+        }
+#pragma unroll
+        for (int l = 0; l < B_LOADS; ++l) {
+            const float* p = b_src + l * b_load_step;
+            const bool row_in = k0 + b_k + l * B_ROW_STEP < K;
+            float* dst = &b_tile[s][b_k + l * B_ROW_STEP][b_n];
+            if (b_vec) {
+                cp_async16(dst, row_in ? p : B, row_in);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool in = row_in && b_col + e < N;
+                    cp_async4(dst + e, in ? p + e : B, in);
+                }
+            }
+        }
+        a_src += BK;
+        b_src += b_slab_step;
+    };
+    const int slabs = (K + BK - 1) / BK;
+    /* Prologue: slabs 0 .. STAGES-2 in flight. One commit group per slab,
+     * empty ones too, so that "all but the newest STAGES-2 groups done"
+     * always means "slab t has landed". */
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < slabs) issue(t * BK, t);
+        cp_async_commit();
+    }
+    for (int t = 0; t < slabs; ++t) {
+        cp_async_wait<STAGES - 2>(); /* this thread's copies of slab t are done */
+        __syncthreads();             /* everyone's are; and everyone finished slab t-1 */
+        const int next = t + STAGES - 1;
+        /* Into the buffer slab t-1 used: free since the barrier above. */
+        if (next < slabs) issue(next * BK, next % STAGES);
+        cp_async_commit();
+        multiply(t % STAGES);
+    }
+#elif DOUBLE_BUFFER
     fetch(0);
     stash(0);
     __syncthreads();
