@@ -50,8 +50,7 @@ def _import_driver() -> Any:
         import pycuda.driver as cuda
     except ImportError as exc:
         raise BackendUnavailable(
-            f"pycuda is not installed ({exc}); install pycuda with the CUDA toolkit, "
-            "or use the cpu backend"
+            f"pycuda is not installed ({exc}); install pycuda with the CUDA toolkit, or use the cpu backend"
         ) from exc
     except OSError as exc:  # libcuda.so missing: no NVIDIA driver on this machine
         raise BackendUnavailable(f"no CUDA device: the NVIDIA driver library cannot be loaded ({exc})") from exc
@@ -172,9 +171,7 @@ class Cublas:
         self.lib, self.path = self._load()
         self._handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
-        self._check(
-            self.lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream_handle)), "cublasSetStream"
-        )
+        self._check(self.lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream_handle)), "cublasSetStream")
         self._alpha = ctypes.c_float(1.0)
         self._beta = ctypes.c_float(0.0)
 
@@ -196,7 +193,8 @@ class Cublas:
                 tried.append(f"{candidate}: {_one_line(exc)}")
         raise BackendUnavailable(
             "libcublas cannot be loaded (set MMD_CUBLAS to its path); tried "
-            + "; ".join(tried[:4]) + (" ..." if len(tried) > 4 else "")
+            + "; ".join(tried[:4])
+            + (" ..." if len(tried) > 4 else "")
         )
 
     @staticmethod
@@ -369,9 +367,7 @@ class GpuSession:
                 handle, pitch = cuda.mem_alloc_pitch(max(cols, 1) * FLOAT_BYTES, max(rows, 1), FLOAT_BYTES)
                 return DeviceMatrix(mode, rows, cols, pitch // FLOAT_BYTES, int(handle), handle)
             if mode == "managed":
-                array = cuda.managed_empty(
-                    (max(rows, 1), max(cols, 1)), np.float32, "C", cuda.mem_attach_flags.GLOBAL
-                )
+                array = cuda.managed_empty((max(rows, 1), max(cols, 1)), np.float32, "C", cuda.mem_attach_flags.GLOBAL)
                 ptr = int(array.base.get_device_pointer())
                 return DeviceMatrix(mode, rows, cols, max(cols, 1), ptr, array)
         raise KernelError(f"unknown memory mode {mode!r}; choose device, pitched or managed")
@@ -507,7 +503,7 @@ class GpuSession:
         if getattr(self, "_cublas", None) is not None:
             try:
                 self._cublas.close()
-            except Exception as exc:  # noqa: BLE001 - closing goes on
+            except Exception as exc:
                 problems.append(exc)
             self._cublas = None
         for buf in getattr(self, "_pinned", {}).values():
@@ -527,9 +523,7 @@ class GpuSession:
         if self._closed:
             raise CudaError("the CUDA session is closed")
         if threading.get_ident() != self._thread:
-            raise CudaError(
-                "the CUDA session was opened in another thread; open, use and close it in one thread"
-            )
+            raise CudaError("the CUDA session was opened in another thread; open, use and close it in one thread")
 
     @contextlib.contextmanager
     def _converting(self, doing: str) -> Iterator[None]:

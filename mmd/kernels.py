@@ -290,8 +290,7 @@ def check_launch(
     threads = spec.threads_per_block(tile)
     if threads > limits.max_threads_per_block:
         raise TileError(
-            f"{what} needs {threads} threads per block; "
-            f"this GPU allows {limits.max_threads_per_block}",
+            f"{what} needs {threads} threads per block; this GPU allows {limits.max_threads_per_block}",
             details={**details, "threads": threads, "limit": limits.max_threads_per_block},
         )
     shared = spec.shared_bytes(tile)

@@ -53,7 +53,8 @@ def print_versions(backend: CudaBackend) -> None:
     print(f"versions: {session.versions()} python {platform.python_version()} numpy {np.__version__}")
     nvcc = shutil.which("nvcc")
     print(f"nvcc: {nvcc} {sh(nvcc, '--version').splitlines()[-1] if nvcc else ''}")
-    print(f"nvidia-smi: {sh('nvidia-smi', '--query-gpu=name,driver_version,clocks.sm,clocks.mem', '--format=csv,noheader')}")
+    query = "--query-gpu=name,driver_version,clocks.sm,clocks.mem"
+    print(f"nvidia-smi: {sh('nvidia-smi', query, '--format=csv,noheader')}")
 
 
 def run_tests(out: Path | None) -> int:
@@ -90,8 +91,10 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
         for kernel, tile in cases:
             spec = registry.get(kernel)
             if not spec.compiled:
+
                 def step() -> None:
                     session.sgemm(da, db, dc)
+
                 regs = None
             else:
                 compiled, _ = session.compile(spec, tile or 0)
@@ -99,6 +102,7 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
 
                 def step(compiled=compiled) -> None:
                     session.launch(compiled, da, db, dc)
+
             session.fill(dc, float("nan"))
             step()  # warm-up
             times = []
@@ -123,7 +127,10 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
                 "tflops": 2 * size**3 / ms / 1e9, "rel_err_vs_cublas": err, "registers": regs,
             }  # fmt: skip
             rows.append(row)
-            print(f"  {kernel:8s} tile {tile or '-':>2}: {ms:9.3f} ms  {row['tflops']:6.2f} TFLOP/s  err {err:.1e}", flush=True)
+            print(
+                f"  {kernel:8s} tile {tile or '-':>2}: {ms:9.3f} ms  {row['tflops']:6.2f} TFLOP/s  err {err:.1e}",
+                flush=True,
+            )
     finally:
         for matrix in (da, db, dc):
             session.free(matrix)
@@ -156,18 +163,22 @@ def table(rows: list[dict], phases: list[dict], size: int, device: str) -> str:
             continue
         cells = [by.get((kernel, t)) for t in tiles]
         best = max((c["tflops"] for c in cells if c), default=float("nan"))
-        out.append(f"{kernel:11s}" + "".join(f"{c['ms']:11.2f}" if c else f"{'-':>11s}" for c in cells) + f"{best:14.2f}")
+        ms_cells = "".join(f"{c['ms']:11.2f}" if c else f"{'-':>11s}" for c in cells)
+        out.append(f"{kernel:11s}{ms_cells}{best:14.2f}")
     cub = by.get(("cublas", None))
     if cub:
         out.append(f"{'cublas':11s}{cub['ms']:11.2f}{'(library)':>33s}{cub['tflops']:14.2f}")
     worst = max((r["rel_err_vs_cublas"] for r in rows if r["kernel"] != "cublas"), default=float("nan"))
     cub_err = cub["rel_err_vs_cublas"] if cub else float("nan")
-    out.append(f"largest relative difference of a kernel from cuBLAS: {worst:.1e}; "
-               f"cuBLAS vs float64 (first 256 rows): {cub_err:.1e}")
+    out.append(
+        f"largest relative difference of a kernel from cuBLAS: {worst:.1e}; "
+        f"cuBLAS vs float64 (first 256 rows): {cub_err:.1e}"
+    )
     if phases:
         out.append(f"whole job, tiled tile 32, {size}^3, ms: " + " ".join(f"{p:>7s}" for p in (*CUDA_PHASES, "cuda")))
         for p in phases:
-            out.append(f"  {p['memory']:8s}" + " " * 29 + " ".join(f"{p.get(k, float('nan')):7.2f}" for k in (*CUDA_PHASES, "cuda")))
+            values = " ".join(f"{p.get(k, float('nan')):7.2f}" for k in (*CUDA_PHASES, "cuda"))
+            out.append(f"  {p['memory']:8s}" + " " * 29 + values)
     return "\n".join(out)
 
 

@@ -286,7 +286,7 @@ def test_other_thread_refused_and_close_idempotent():
 def _catch(fn, *args):
     try:
         fn(*args)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return exc
     return None
 

@@ -102,9 +102,7 @@ def test_shared_memory_limit_refused():
     registry.check_launch("tiled", 32, small)  # 8 KiB
     with pytest.raises(TileError) as info:
         registry.check_launch("coarse", 32, small)  # 32 KiB
-    assert str(info.value) == (
-        "tile 32 needs 32768 bytes of shared memory per block for coarse; this GPU allows 16384"
-    )
+    assert str(info.value) == ("tile 32 needs 32768 bytes of shared memory per block for coarse; this GPU allows 16384")
 
 
 def test_register_limit_refused_only_when_known():

@@ -14,6 +14,7 @@ use and close a backend in one thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -64,8 +65,7 @@ class CudaBackend:
         spec = registry.get(request.kernel)
         if not spec.on_gpu:
             raise KernelError(
-                f"kernel {spec.name} does not run on the cuda backend; "
-                f"choose one of {', '.join(registry.GPU_KERNELS)}",
+                f"kernel {spec.name} does not run on the cuda backend; choose one of {', '.join(registry.GPU_KERNELS)}",
                 details={"kernel": spec.name},
             )
         if request.memory not in MEMORY_MODES:
@@ -144,10 +144,9 @@ class CudaBackend:
         """Free whatever a failed job still holds; the first error wins."""
         while held:
             matrix = held.pop()
-            try:
+            # the job's own error is the one to report
+            with contextlib.suppress(Exception):
                 self._session.free(matrix)
-            except Exception:  # noqa: BLE001 - the job's own error is the one to report
-                pass
 
     def _guarded(self, step: Callable[[], Any]) -> Any:
         """Run ``step``, turning stray driver errors into CudaError."""

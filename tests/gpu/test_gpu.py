@@ -162,7 +162,7 @@ def test_driver_out_of_memory_becomes_cuda_error(cuda_backend):
     session = cuda_backend.session
     free_before, total = session.mem_info()
     rows = total // (4 * 100_000) + 1  # one plain allocation larger than the whole card
-    with pytest.raises(CudaError, match="allocating .* MiB of device memory failed"):
+    with pytest.raises(CudaError, match=r"allocating .* MiB of device memory failed"):
         session.alloc("device", rows, 100_000)
     assert session.mem_info()[0] >= free_before - DRIVER_NOISE
 
