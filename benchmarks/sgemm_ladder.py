@@ -116,14 +116,19 @@ def variants(quick: bool) -> list[Variant]:
     fast_sets = {
         "128x128x8_async": {"ASYNC": 1},
         "128x128x8_async3": {"ASYNC": 1, "STAGES_ASYNC": 3},
-        "128x128x8_async4": {"ASYNC": 1, "STAGES_ASYNC": 4},
         "128x128x16_async": {"ASYNC": 1, "BK": 16},
-        "128x128x8_async_g1": {"ASYNC": 1, "GROUP_M": 1},
-        "128x64x8_async": {"ASYNC": 1, "BN": 64},
         "64x128x8_async": {"ASYNC": 1, "BM": 64},
         "64x64x8_t4x8_async": {"ASYNC": 1, "BM": 64, "BN": 64, "TM": 4},
         "128x128x8_reg": {"MIN_BLOCKS": 1},
         "128x128x16_reg": {"BK": 16, "MIN_BLOCKS": 1},
+        "128x128x16_reg_g1": {"BK": 16, "MIN_BLOCKS": 1, "GROUP_M": 1},
+        "128x128x16_reg_w8": {"BK": 16, "MIN_BLOCKS": 1, "WTM": 8},
+        "128x256x8_reg_t8x16": {"BN": 256, "TN": 16, "MIN_BLOCKS": 1},
+        "256x128x8_reg_t16x8": {"BM": 256, "TM": 16, "MIN_BLOCKS": 1},
+        "64x128x16_reg": {"BM": 64, "BK": 16, "MIN_BLOCKS": 1},
+        "64x128x8_reg": {"BM": 64, "MIN_BLOCKS": 1},
+        "64x64x16_reg": {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 1},
+        "64x64x16_t4x8_reg": {"BM": 64, "BN": 64, "TM": 4, "BK": 16, "MIN_BLOCKS": 1},
         "128x128x8_reg_mb2": {"MIN_BLOCKS": 2},
     }
     if quick:
