@@ -380,6 +380,7 @@ def environment(backend: Backend) -> dict[str, Any]:
             found = {}
         env["driver_version"] = found.get("driver")
         env["cuda_version"] = found.get("pycuda_built_for")
+        env["pycuda_version"] = env["pycuda_version"] or found.get("pycuda")
     smi = _command_output(["nvidia-smi"])
     if smi:
         if env["driver_version"] is None:
