@@ -193,8 +193,13 @@ def status_of(inbox: Path) -> dict[str, Any]:
     state = read_state(inbox)
     serving = pid is not None and (pid == -1 or _alive(pid))
     waiting = sum(1 for _ in Spool(inbox, inbox).scan())
-    return {"inbox": str(inbox), "serving": serving, "pid": pid if serving else None,
-            "waiting_in_inbox": waiting, "state": state}
+    return {
+        "inbox": str(inbox),
+        "serving": serving,
+        "pid": pid if serving else None,
+        "waiting_in_inbox": waiting,
+        "state": state,
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -220,8 +225,12 @@ def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds
     if kind in ("auto", "inotify"):
         try:
             observer, created_is_move = _inotify_observer()
-            observer.schedule(_Hints(inbox, hints, created_is_move), str(inbox), recursive=False,
-                              event_filter=_event_types(created_is_move))
+            observer.schedule(
+                _Hints(inbox, hints, created_is_move),
+                str(inbox),
+                recursive=False,
+                event_filter=_event_types(created_is_move),
+            )
             observer.start()
             return observer, "inotify"
         except (OSError, ImportError) as exc:
@@ -412,29 +421,47 @@ class Worker(threading.Thread):
             if finished is not None:
                 ok, path = finished
                 spool.archive(claim, ok)
-                log.info("resumed job was already finished; archived", sidecar=path.name,
-                         status="ok" if ok else "error")
+                log.info(
+                    "resumed job was already finished; archived", sidecar=path.name, status="ok" if ok else "error"
+                )
                 self._record(claim, ok, path, None)
                 return
             log.info("resuming job left by an earlier daemon")
         if not claim.regular:
-            self._refuse(claim, SpoolError(
-                f"{claim.name} is not a regular file (a link, folder or device); mmd does not follow it",
-            ), extra, log)
+            self._refuse(
+                claim,
+                SpoolError(
+                    f"{claim.name} is not a regular file (a link, folder or device); mmd does not follow it",
+                ),
+                extra,
+                log,
+            )
             return
         try:
             name = jobname.parse(claim.name)
             if name.overrides:
                 extra["name_settings"] = dict(name.overrides)
             o = name.overrides
-            request = MultiplyRequest(kernel=o.get("kernel", settings.kernel), tile=o.get("tile", settings.tile),
-                                      memory=o.get("memory", settings.memory))
+            request = MultiplyRequest(
+                kernel=o.get("kernel", settings.kernel),
+                tile=o.get("tile", settings.tile),
+                memory=o.get("memory", settings.memory),
+            )
             backend = self._backend(o.get("backend", settings.backend))
         except MmdError as exc:  # a bad name or an unavailable backend: refused like bad input
             self._refuse(claim, exc, extra, log)
             return
-        result = run_job(claim.path, claim.output, request, backend, limits=self.d.limits, started=claim.started,
-                         job_id=claim.job_id, extra=extra or None, durable=self.d.durable)
+        result = run_job(
+            claim.path,
+            claim.output,
+            request,
+            backend,
+            limits=self.d.limits,
+            started=claim.started,
+            job_id=claim.job_id,
+            extra=extra or None,
+            durable=self.d.durable,
+        )
         if not result.ok and result.record.get("error", {}).get("sidecar_failed"):
             log.error("no error sidecar could be written; the input is kept in .failed")
         spool.archive(claim, result.ok)
@@ -452,11 +479,17 @@ class Worker(threading.Thread):
 
     def _record(self, claim: Claim, ok: bool, path: Path | None, record: dict[str, Any] | None) -> None:
         overall = ((record or {}).get("timings_ms") or {}).get("overall")
-        self.d.state.finished({
-            "job": claim.job_id, "file": claim.name, "status": "ok" if ok else "error",
-            "output": claim.output.name if ok else None, "sidecar": path.name if path else None,
-            "overall_ms": overall, "finished": _now_iso(),
-        })
+        self.d.state.finished(
+            {
+                "job": claim.job_id,
+                "file": claim.name,
+                "status": "ok" if ok else "error",
+                "output": claim.output.name if ok else None,
+                "sidecar": path.name if path else None,
+                "overall_ms": overall,
+                "finished": _now_iso(),
+            }
+        )
 
 
 def _internal(exc: BaseException) -> MmdError:
@@ -505,8 +538,12 @@ class Daemon:
         self._reload = reload
         self.spool = Spool(settings.inbox, settings.outbox)
         self.hints: queue.SimpleQueue = queue.SimpleQueue()
-        self.state = State(self.spool.inbox / STATE_NAME, inbox=str(settings.inbox.resolve()),
-                           outbox=str(settings.outbox.resolve()), backend=settings.backend)
+        self.state = State(
+            self.spool.inbox / STATE_NAME,
+            inbox=str(settings.inbox.resolve()),
+            outbox=str(settings.outbox.resolve()),
+            backend=settings.backend,
+        )
         self.log = get_logger()
         self.worker: Worker | None = None
         self._queued: set[str] = set()  # names handed to the worker and not yet done
@@ -534,9 +571,13 @@ class Daemon:
         self._stop_requests += 1
         if self._stop_requests >= 2:
             job = self.state.snapshot().get("current")
-            os.write(2, (f"mmd serve: second {signal.Signals(signum).name}: stopping at once"
-                         f"{'; ' + job['file'] + ' stays in .work and resumes at the next start' if job else ''}\n"
-                         ).encode())
+            os.write(
+                2,
+                (
+                    f"mmd serve: second {signal.Signals(signum).name}: stopping at once"
+                    f"{'; ' + job['file'] + ' stays in .work and resumes at the next start' if job else ''}\n"
+                ).encode(),
+            )
             os._exit(1)
         self.hints.put((STOP, signal.Signals(signum).name))
 
@@ -545,8 +586,11 @@ class Daemon:
 
     def _install_signals(self) -> dict[int, Any]:
         old = {}
-        for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal),
-                             (signal.SIGHUP, self._on_hup)):
+        for sig, handler in (
+            (signal.SIGTERM, self._on_stop_signal),
+            (signal.SIGINT, self._on_stop_signal),
+            (signal.SIGHUP, self._on_hup),
+        ):
             old[sig] = signal.signal(sig, handler)
         return old
 
@@ -632,8 +676,11 @@ class Daemon:
             self.log.error("SIGHUP: config not reloaded", reason=exc.reason)
             return
         if (new.inbox, new.outbox) != (self.settings.inbox, self.settings.outbox):
-            self.log.warning("SIGHUP: inbox/outbox changes need a restart; keeping the old ones",
-                             inbox=str(self.settings.inbox), outbox=str(self.settings.outbox))
+            self.log.warning(
+                "SIGHUP: inbox/outbox changes need a restart; keeping the old ones",
+                inbox=str(self.settings.inbox),
+                outbox=str(self.settings.outbox),
+            )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
         backend_changed = (new.backend, new.device) != (self.settings.backend, self.settings.device)
         self.settings = new
@@ -667,12 +714,20 @@ class Daemon:
                 self.worker.submit("resume", claim)
             kind = "once"
             if not once:
-                observer, kind = make_observer(self.settings.observer, self.spool.inbox, self.hints,
-                                               self.settings.poll_seconds, self.log)
+                observer, kind = make_observer(
+                    self.settings.observer, self.spool.inbox, self.hints, self.settings.poll_seconds, self.log
+                )
             self.state.update(status="serving", observer=kind)
             waiting = self._rescan()
-            self.log.info("serving", inbox=str(self.spool.inbox), outbox=str(self.spool.outbox), observer=kind,
-                          backend=self.settings.backend, waiting=waiting, resumed=len(resumed))
+            self.log.info(
+                "serving",
+                inbox=str(self.spool.inbox),
+                outbox=str(self.spool.outbox),
+                observer=kind,
+                backend=self.settings.backend,
+                waiting=waiting,
+                resumed=len(resumed),
+            )
             notifier.ready(f"serving {self.spool.inbox}")
             pinger = WatchdogPinger.start_for(notifier, self.health)
             self._loop(once)
@@ -700,8 +755,9 @@ class Daemon:
             self.log.info("stopped", done=self.state.snapshot()["done"])
 
     def _loop(self, once: bool) -> None:
-        next_rescan = time.monotonic() + (min(self.settings.quiet_seconds / 2, 0.1) if once
-                                          else self.settings.rescan_seconds)
+        next_rescan = time.monotonic() + (
+            min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
+        )
         while True:
             self._beat = time.monotonic()
             waits = [next_rescan - self._beat, HEARTBEAT]
@@ -729,8 +785,9 @@ class Daemon:
                 if not once:
                     self._broken.clear()
                 found = self._rescan()
-                next_rescan = now + (min(self.settings.quiet_seconds / 2, 0.1) if once
-                                     else self.settings.rescan_seconds)
+                next_rescan = now + (
+                    min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
+                )
                 if once and not self._queued and not found:
                     return
             self.state.write()

@@ -77,9 +77,7 @@ def names_of(output: Path) -> tuple[Path, Path, Path]:
     return output, sidecar.timing_path(output), sidecar.error_path(output)
 
 
-def resolve_output(
-    outbox: Path, stem: str, exists: Callable[[Path], bool] = os.path.lexists
-) -> tuple[int, list[str]]:
+def resolve_output(outbox: Path, stem: str, exists: Callable[[Path], bool] = os.path.lexists) -> tuple[int, list[str]]:
     """The first free output version for ``stem`` and the names that made earlier ones taken.
 
     A version is taken when any of its output, timing or error sidecar exists,
@@ -296,8 +294,16 @@ class Spool:
             raise
         started = time.perf_counter()
         regular = stat.S_ISREG(os.lstat(dst).st_mode)
-        return Claim(job_id, name, version, dst, output_path(self.outbox, stem_of(name), version), started,
-                     regular=regular, collided=collided)
+        return Claim(
+            job_id,
+            name,
+            version,
+            dst,
+            output_path(self.outbox, stem_of(name), version),
+            started,
+            regular=regular,
+            collided=collided,
+        )
 
     def resumable(self) -> list[Claim]:
         """Jobs left in ``.work`` by an earlier daemon, oldest first; empty job folders are removed."""
@@ -317,10 +323,22 @@ class Spool:
                     info = path.lstat()
                 except FileNotFoundError:
                     continue
-                claims.append((info.st_mtime_ns, path.name, Claim(
-                    job_id, path.name, version, path, output_path(self.outbox, stem_of(path.name), version),
-                    time.perf_counter(), regular=stat.S_ISREG(info.st_mode), resumed=True,
-                )))
+                claims.append(
+                    (
+                        info.st_mtime_ns,
+                        path.name,
+                        Claim(
+                            job_id,
+                            path.name,
+                            version,
+                            path,
+                            output_path(self.outbox, stem_of(path.name), version),
+                            time.perf_counter(),
+                            regular=stat.S_ISREG(info.st_mode),
+                            resumed=True,
+                        ),
+                    )
+                )
         claims.sort(key=lambda c: (c[0], c[1]))
         return [c for _, _, c in claims]
 

@@ -63,15 +63,23 @@ class Served:
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mmd", "serve", *args],
-            cwd=root, env=env(**extra_env), stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=root,
+            env=env(**extra_env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def state(self) -> dict:
         return daemon.read_state(self.inbox) or {}
 
     def wait_serving(self) -> Served:
-        wait_for(lambda: self.state().get("status") == "serving" and self.state().get("pid") == self.proc.pid
-                 or self.proc.poll() is not None, 30, "the daemon to serve")
+        def up() -> bool:
+            state = self.state()
+            return (state.get("status") == "serving" and state.get("pid") == self.proc.pid) or (
+                self.proc.poll() is not None
+            )
+
+        wait_for(up, 30, "the daemon to serve")
         assert self.proc.poll() is None, self.logs()
         return self
 
@@ -207,7 +215,7 @@ def test_200_files_by_cp_and_slow_writers(tmp_path, served):
 
     d = served().wait_serving()
     writers = [
-        subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(tmp_path / f"{stem}.src"), str(d.inbox / f"{stem}.txt")])
+        subprocess.Popen([sys.executable, "-c", SLOW_WRITER, f"{tmp_path}/{stem}.src", f"{d.inbox}/{stem}.txt"])
         for stem in big
     ]
     cp = subprocess.run(f"cp {stage}/*.txt {d.inbox}/", shell=True, check=True, timeout=60)
@@ -217,8 +225,11 @@ def test_200_files_by_cp_and_slow_writers(tmp_path, served):
     inputs.update(big)
     total = len(inputs) + len(bad)
     wait_for(lambda: len(list(d.outbox.glob("*.yaml"))) >= total, 120, f"{total} sidecars")
-    wait_for(lambda: d.state().get("done", {}).get("ok", 0) + d.state().get("done", {}).get("error", 0) >= total,
-             30, "the state file to count every job")
+    wait_for(
+        lambda: d.state().get("done", {}).get("ok", 0) + d.state().get("done", {}).get("error", 0) >= total,
+        30,
+        "the state file to count every job",
+    )
 
     for stem, (a, b) in inputs.items():
         check_ok(d.outbox, stem, a, b, input_name=f"{stem}.txt")
@@ -348,8 +359,9 @@ def test_polling_observer_and_startup_backlog(tmp_path, served):
     assert d.state()["observer"] == "polling"
     late = make_input(tmp_path / "late.src", 7, 3, 5, 2)
     subprocess.run(["cp", str(tmp_path / "late.src"), str(inbox / "late.txt")], check=True)
-    wait_for(lambda: (d.outbox / "late.timing.yaml").exists() and (d.outbox / "early.timing.yaml").exists(),
-             30, "both jobs")
+    wait_for(
+        lambda: (d.outbox / "late.timing.yaml").exists() and (d.outbox / "early.timing.yaml").exists(), 30, "both jobs"
+    )
     check_ok(d.outbox, "early", *early)
     check_ok(d.outbox, "late", *late)
     assert d.stop() == 0

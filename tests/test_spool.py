@@ -169,7 +169,7 @@ def test_resume_finds_work_and_knows_finished_jobs(tmp_path):
     s.prepare()
     for name in ("a.txt", "b.txt", "c.txt"):
         _drop(s.inbox, name)
-    a, b, c = (s.claim(n) for n in ("a.txt", "b.txt", "c.txt"))
+    a, _b, _c = (s.claim(n) for n in ("a.txt", "b.txt", "c.txt"))
     (s.work / "0123456789ab.0").mkdir()  # killed between mkdir and rename
     (s.work / "not-ours").mkdir()
     _sidecar(s.outbox / "a.timing.yaml", a.job_id)  # finished, not archived

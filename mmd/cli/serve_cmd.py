@@ -20,8 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_job_options(p)
     p.add_argument("--inbox", type=Path, help="folder to watch (default: inbox)")
     p.add_argument("--outbox", type=Path, help="folder for outputs and sidecars (default: outbox)")
-    p.add_argument("--observer", choices=config.CHOICES["observer"],
-                   help="how to watch: inotify, polling (network filesystems) or auto")
+    p.add_argument(
+        "--observer",
+        choices=config.CHOICES["observer"],
+        help="how to watch: inotify, polling (network filesystems) or auto",
+    )
     p.add_argument("--once", action="store_true", help="process what is in the inbox, then exit")
     p.set_defaults(func=run)
 

@@ -34,13 +34,17 @@ def render(status: dict[str, Any]) -> str:
     state = status.get("state") or {}
     lines = []
     if status["serving"]:
-        lines.append(f"serving {status['inbox']}: pid {status['pid']}, since {state.get('started', '?')}, "
-                     f"{state.get('observer', '?')} observer, backend {state.get('backend', '?')}")
+        lines.append(
+            f"serving {status['inbox']}: pid {status['pid']}, since {state.get('started', '?')}, "
+            f"{state.get('observer', '?')} observer, backend {state.get('backend', '?')}"
+        )
     else:
         last = f" (last daemon: pid {state['pid']}, {state.get('status')})" if state else ""
         lines.append(f"no daemon serves {status['inbox']}{last}")
-    lines.append(f"waiting in the inbox: {status['waiting_in_inbox']}"
-                 + (f"; queued in the daemon: {state.get('queue', 0)}" if status["serving"] else ""))
+    lines.append(
+        f"waiting in the inbox: {status['waiting_in_inbox']}"
+        + (f"; queued in the daemon: {state.get('queue', 0)}" if status["serving"] else "")
+    )
     current = state.get("current") if status["serving"] else None
     if current:
         lines.append(f"running: {current['file']} (job {current['job']}, since {current['since']})")
