@@ -130,7 +130,15 @@ def variants(quick: bool) -> list[Variant]:
         "64x64x16_reg": {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 1},
         "64x64x16_t4x8_reg": {"BM": 64, "BN": 64, "TM": 4, "BK": 16, "MIN_BLOCKS": 1},
         "128x128x8_reg_mb2": {"MIN_BLOCKS": 2},
+        "256x128x16_reg_t16x8_pad0": {"BM": 256, "TM": 16, "BK": 16, "A_PAD": 0, "MIN_BLOCKS": 1},
+        "128x256x16_reg_t8x16_pad0": {"BN": 256, "TN": 16, "BK": 16, "A_PAD": 0, "MIN_BLOCKS": 1},
+        "256x128x8_reg_t16x8_w8": {"BM": 256, "TM": 16, "WTM": 8, "MIN_BLOCKS": 1},
     }
+    # Every macro spelled out, so a set means the same whatever fast.cu's defaults are.
+    base = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8, "WTM": 4, "MIN_BLOCKS": 2, "GROUP_M": 8,
+            "A_PAD": 4, "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2}
+    fast_sets = {k: {**base, **v} for k, v in fast_sets.items()}
+    out[-1].macros = {**base, **out[-1].macros}  # warptile_1buf
     if quick:
         fast_sets = {k: fast_sets[k] for k in ("128x128x8_async", "64x64x8_t4x8_async")}
     for label, macros in fast_sets.items():

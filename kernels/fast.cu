@@ -87,7 +87,9 @@
 
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
-#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] */
+#ifndef A_PAD
+#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
+#endif
 #define WTN (WARP / WTM)
 #define WM (TM * WTM) /* rows of C per warp */
 #define WN (TN * WTN) /* columns of C per warp */
