@@ -7,6 +7,7 @@ whole file, never a part. The temporary name starts with ``.`` and ends with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable
@@ -81,7 +82,5 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, r
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

@@ -9,7 +9,7 @@ import numpy as np
 
 def random_matrix(rng: np.random.Generator, rows: int, cols: int, lo: float = -10.0, hi: float = 10.0) -> np.ndarray:
     """A float32 matrix of values in [lo, hi] with two decimals and no zeros."""
-    lo_h, hi_h = int(round(lo * 100)), int(round(hi * 100))
+    lo_h, hi_h = round(lo * 100), round(hi * 100)
     if lo_h > hi_h or (lo_h == hi_h == 0):
         raise ValueError(f"range [{lo}, {hi}] holds no non-zero two-decimal values")
     h = rng.integers(lo_h, hi_h, size=(rows, cols), endpoint=True)

@@ -15,16 +15,27 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class _StderrLogger:
+    """Writes each line to whatever ``sys.stderr`` is at that moment (tests swap it)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
 def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Set up structlog for the process: ``fmt`` is auto, json or console."""
-    stream = stream or sys.stderr
+    """Set up structlog for the process: ``fmt`` is auto, json or console.
+
+    Without ``stream`` lines go to the current ``sys.stderr``, looked up at
+    each write.
+    """
+    tty = (stream or sys.stderr).isatty()
     if fmt == "auto":
-        fmt = "console" if stream.isatty() else "json"
-    renderer: Any
-    if fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        fmt = "console" if tty else "json"
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=tty)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -34,7 +45,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=(structlog.PrintLoggerFactory(file=stream) if stream else lambda *_: _StderrLogger()),
         cache_logger_on_first_use=False,
     )
 

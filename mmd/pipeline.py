@@ -184,6 +184,7 @@ def run_job(
 
         t0 = time.perf_counter()
         header = textformat.parse_header(data)
+        record["shape"] = {"m": header.m, "k": header.k, "n": header.n}
         check_header(header, len(data), limits)
         matrices = textformat.parse(data, header)
         clock.timings["parse"] = (time.perf_counter() - t0) * 1e3
@@ -261,6 +262,7 @@ def _refuse(
         "input": input_info,
         "output": {"name": output_path.name, "written": False},
         "error": exc.as_dict(),
+        **({"shape": record["shape"]} if "shape" in record else {}),
         "backend": backend.name,
         "requested": {"kernel": request.kernel, "tile": request.tile, "memory": request.memory},
         "timings_ms": {k: round(v, 3) for k, v in clock.timings.items()},

@@ -58,7 +58,7 @@ def test_rectangular_and_one_by_one(tmp_path):
     assert result.ok
     assert out.read_bytes() == textformat.format_reference(a @ b)
     assert out.read_bytes().startswith(b"3 7\n")
-    result, _, out = job(tmp_path, "1\n-3\n2.5\n", name="one.txt")
+    _, _, out = job(tmp_path, "1\n-3\n2.5\n", name="one.txt")
     assert out.read_bytes() == b"1\n -7.50\n"
 
 
@@ -134,7 +134,7 @@ def test_cuda_time_is_the_sum_of_the_five_phases(tmp_path):
             phases = {"malloc": 1.0, "h2d": 2.0, "kernel": 3.0, "d2h": 4.0, "free": 5.0}
             return Product(a @ b, "tiled", 16, "device", "fake gpu", phases)
 
-    result, _, out = job(tmp_path, "1\n2\n3\n", backend=FakeGpu())
+    result, _, _ = job(tmp_path, "1\n2\n3\n", backend=FakeGpu())
     assert result.ok
     t = result.record["timings_ms"]
     assert t["cuda"] == 15.0 and t["kernel"] == 3.0
@@ -142,5 +142,5 @@ def test_cuda_time_is_the_sum_of_the_five_phases(tmp_path):
 
 
 def test_extra_entries_reach_the_sidecar(tmp_path):
-    result, _, out = job(tmp_path, "1\n2\n3\n", extra={"settings_from_name": {"tile": 16}})
+    _, _, out = job(tmp_path, "1\n2\n3\n", extra={"settings_from_name": {"tile": 16}})
     assert yaml.safe_load(sidecar.timing_path(out).read_text())["settings_from_name"] == {"tile": 16}
