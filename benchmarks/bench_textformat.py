@@ -101,13 +101,13 @@ def main() -> None:
             assert tf.parse(data).a.shape == (n, n)
             in_mb, out_mb = len(data) / 1e6, len(out) / 1e6
 
-            def loadtxt():
+            def loadtxt(body=body):
                 return np.loadtxt(io.BytesIO(body), dtype=np.float32)
 
             t_load = timed(loadtxt, args.repeat)
-            t_parse = timed(lambda: tf.parse(data), args.repeat)
-            t_save = timed(lambda: np.savetxt(io.BytesIO(), c, fmt="%6.2f", delimiter=""), args.repeat)
-            t_emit = timed(lambda: tf.emit(c), args.repeat)
+            t_parse = timed(lambda data=data: tf.parse(data), args.repeat)
+            t_save = timed(lambda c=c: np.savetxt(io.BytesIO(), c, fmt="%6.2f", delimiter=""), args.repeat)
+            t_emit = timed(lambda c=c: tf.emit(c), args.repeat)
             rss = {}
             if args.rss:
                 path = Path(tmp) / f"in{n}.txt"

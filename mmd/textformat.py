@@ -618,7 +618,7 @@ def _run_start(b: np.ndarray, e: int) -> int:
 def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
     """Absolute byte offset of every value in [lo, hi) (slow runs: their run start)."""
     b = _as_u8(data)[lo:hi]
-    vals, bad_runs, tstarts = _scan(b, want_offsets=True)
+    _, bad_runs, tstarts = _scan(b, want_offsets=True)
     offs = tstarts.astype(np.int64) + lo
     if not bad_runs:
         return offs
@@ -645,7 +645,7 @@ def _parse_values(data: bytes | memoryview, start: int, expected: int, what: str
     def work(bd):
         return _parse_chunk(data, bd[0], bd[1], as_f32)
 
-    for bd, vals in zip(bounds, _ordered_map(work, bounds)):
+    for bd, vals in zip(bounds, _ordered_map(work, bounds), strict=True):
         nv = vals.size
         if count + nv > expected:
             extra = expected - count

@@ -319,7 +319,7 @@ def test_parse_hypothesis_vs_reference(m, k, n, data):
     count = m * k + k * n
     toks = data.draw(st.lists(_num, min_size=count, max_size=count))
     seps = data.draw(st.lists(_sep, min_size=count, max_size=count))
-    body = "".join(t + s for t, s in zip(toks, seps))
+    body = "".join(t + s for t, s in zip(toks, seps, strict=True))
     raw = f"{m} {k} {n}\n{body}".encode()
     got = tf.parse(raw)
     ref = tf.parse_reference(raw)
