@@ -408,3 +408,66 @@ def test_unexpected_exception_becomes_internal_refusal(tmp_path, monkeypatch):
     assert rec["error"]["kind"] == "internal" and "simulated bug" in rec["error"]["reason"]
     check_ok(tmp_path / "outbox", "fine", a, b)
     assert names(inbox / ".failed") == {"boom.txt"}
+
+
+# A daemon whose jobs wait for a file called "release" in the working folder: a job is
+# then certainly "in hand" when the signals come.
+HELD_JOBS = """
+import os, sys, time
+from mmd import daemon
+from mmd.cli import main
+real = daemon.run_job
+def held(*args, **kw):
+    while not os.path.exists("release"):
+        time.sleep(0.01)
+    return real(*args, **kw)
+daemon.run_job = held
+sys.exit(main(["serve"]))
+"""
+
+
+def _held_daemon(tmp_path) -> subprocess.Popen:
+    log = open(tmp_path / "held.log", "w")  # noqa: SIM115 - the process owns it
+    return subprocess.Popen([sys.executable, "-c", HELD_JOBS], cwd=tmp_path, env=env(), stdout=log, stderr=log)
+
+
+def _held_log(tmp_path) -> list[dict]:
+    text = (tmp_path / "held.log").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_two_stage_shutdown(tmp_path, second_signal):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    inputs = {f"h{i}": make_input(inbox / f"h{i}.txt", 5, 5, 5, i) for i in range(3)}
+    proc = _held_daemon(tmp_path)
+    try:
+        wait_for(lambda: work_files(inbox), 30, "a job in hand")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(
+            lambda: any(e.get("event") == "stopping after the job in hand" for e in _held_log(tmp_path)),
+            30,
+            "the first stage",
+        )
+        if second_signal:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 1
+            assert len(work_files(inbox)) == 1, "the job in hand stays in .work"
+            assert "stopping at once" in (tmp_path / "held.log").read_text()
+        else:
+            (tmp_path / "release").write_text("")
+            assert proc.wait(timeout=10) == 0
+            assert work_files(inbox) == []
+            assert len(names(inbox / ".done")) == 1
+        assert {n for n in names(inbox) if spool.is_job_name(n)}, "unstarted jobs stay in the inbox"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    for stem, (a, b) in inputs.items():
+        check_ok(tmp_path / "outbox", stem, a, b)
+    assert names(inbox / ".done") == {f"{s}.txt" for s in inputs}
+    assert not list((tmp_path / "outbox").glob("*.1.*"))
