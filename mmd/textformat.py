@@ -156,6 +156,9 @@ def _header_error(got: bytes) -> InputFormatError:
     )
 
 
+_BLANK_RE = re.compile(rb"[ \t\r\n]*")
+
+
 def parse_header(data: bytes | memoryview) -> Header:
     """Parse line 1 (after an optional UTF-8 BOM); raises :class:`InputFormatError`."""
     start = 3 if bytes(data[:3]) == BOM else 0
@@ -171,6 +174,9 @@ def parse_header(data: bytes | memoryview) -> Header:
         body = start + nl + 1
     match = _HEADER_RE.fullmatch(line)
     if not match:
+        if _BLANK_RE.fullmatch(data, start):
+            what = "empty" if len(data) == start else "whitespace only"
+            raise InputFormatError(f"line 1: the file is {what}; expected a header 'N' or 'M K N'", line=1)
         raise _header_error(line)
     if match.group(2) is None:
         n = int(match.group(1))

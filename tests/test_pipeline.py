@@ -65,7 +65,9 @@ def test_rectangular_and_one_by_one(tmp_path):
 @pytest.mark.parametrize(
     ("text", "needle", "line"),
     [
-        ("", "empty", None),
+        ("", "the file is empty", 1),
+        (" \r\n\t\n", "the file is whitespace only", 1),
+        ("\ufeff", "the file is empty", 1),
         ("2\n1 2 3 4\n1 2 3\n", "expected 8 values", None),
         ("2\n1 2 3 4\n1 2 3 x\n", "'x'", 3),
         ("0\n", "header", 1),
