@@ -40,10 +40,15 @@
  *
  * Launch geometry (mmd/kernels.py owns it):
  *   block = (THREADS, 1, 1)   THREADS = 32 * (BM / (TM*WTM)) * (BN / (TN*(32/WTM)))
- *                             (256 at the defaults)
+ *                             (256 at the defaults: 8 warps of 32 x 128)
  *   grid  = (ceil(N / BN), ceil(M / BM), 1)
  *   static shared memory = STAGES * BK * (BM + A_PAD + BN) * sizeof(float)
- *                          (STAGES = 2 with DOUBLE_BUFFER; 16.6 KiB at the defaults)
+ *                          (STAGES = 2 with DOUBLE_BUFFER; 48 KiB at the defaults,
+ *                          the static limit: A_PAD 0 keeps it there)
+ *
+ * Defaults: the autotune's best set for large shapes on the H200
+ * (BM 128, BN 256, BK 16, 8 x 16 per thread, register prefetch, 1 block per
+ * SM); kernels/fast.tune.yaml has the sets per shape class.
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Out-of-range loads give zeros, out-of-range stores
@@ -55,22 +60,22 @@
 #define BM 128 /* rows of C per block */
 #endif
 #ifndef BN
-#define BN 128 /* columns of C per block */
+#define BN 256 /* columns of C per block */
 #endif
 #ifndef BK
-#define BK 8 /* depth of one shared-memory slab */
+#define BK 16 /* depth of one shared-memory slab */
 #endif
 #ifndef TM
 #define TM 8 /* rows of C per thread (a multiple of 4) */
 #endif
 #ifndef TN
-#define TN 8 /* columns of C per thread (a multiple of 4) */
+#define TN 16 /* columns of C per thread (a multiple of 4) */
 #endif
 #ifndef WTM
 #define WTM 4 /* lanes of a warp along M; 32 / WTM along N */
 #endif
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS 2 /* blocks per SM that __launch_bounds__ must allow */
+#define MIN_BLOCKS 1 /* blocks per SM that __launch_bounds__ must allow */
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
@@ -88,7 +93,7 @@
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
 #ifndef A_PAD
-#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
+#define A_PAD 0 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
 #endif
 #define WTN (WARP / WTM)
 #define WM (TM * WTM) /* rows of C per warp */
