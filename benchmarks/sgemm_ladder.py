@@ -253,7 +253,7 @@ def time_fn(cp, fn, sets, reps, warmup=3) -> float:
         fn(*sets[i % len(sets)])
         ends[i].record()
     ends[-1].synchronize()
-    return statistics.median(cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends))
+    return statistics.median(cp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends, strict=True))
 
 
 def main() -> int:
@@ -283,8 +283,8 @@ def main() -> int:
     say(f"{'variant':34} {'regs':>4} {'smem':>6} {'spill st/ld':>11} {'LDG128':>6} {'LDGSTS':>6} {'LDS128':>6} "
         f"{'STG128':>6} {'FFMA':>5} {'LDL/STL':>7}")
     if not args.compile_only:
-        import cupy as cp  # noqa: F401  (imported after compiling: --compile-only needs no GPU)
-        import numpy as np  # noqa: F401
+        import cupy as cp
+        import numpy as np
     good = []
     for v in vs:
         r = v.report

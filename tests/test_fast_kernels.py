@@ -110,7 +110,7 @@ def test_sixteen_byte_loads(builds, case):
 
 def test_every_ladder_kernel_has_the_common_entry():
     signature = re.compile(
-        r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?mmd_(\w+)\s*\(\s*const float\* __restrict__ A,\s*'
+        r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?mmd_(\w+)\s*\(\s*const float\* __restrict__ A,\s*'  # noqa: E501
         r"const float\* __restrict__ B,\s*float\* __restrict__ C,\s*int M, int K, int N,\s*int lda, int ldb, int ldc\)")
     for kernel in LADDER:
         m = signature.search((KERNELS / f"{kernel}.cu").read_text())
