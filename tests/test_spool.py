@@ -82,6 +82,10 @@ def test_readiness_old_mtime_is_quiet_at_once():
     assert r.observe("old", 5, int((wall.t - 10) * 1e9))
 
 
+def jobs_in(work):
+    return sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
+
+
 def _drop(inbox, name="m.txt", text="2\n1 2\n3 4\n1 0\n0 1\n"):
     inbox.mkdir(exist_ok=True)
     (inbox / name).write_text(text)
@@ -97,7 +101,7 @@ def test_claim_moves_into_work_with_id_and_version(tmp_path):
     assert c.output == s.outbox / "m.out"
     assert not (s.inbox / "m.txt").exists()
     assert s.claim("m.txt") is None  # gone: harmless
-    assert list(s.work.iterdir()) == [c.path.parent]
+    assert jobs_in(s.work) == [c.path.parent.name]
 
 
 def test_claim_race_has_one_winner(tmp_path):
@@ -121,7 +125,7 @@ def test_claim_race_has_one_winner(tmp_path):
         t.join()
     won = [c for c in results if c is not None]
     assert sorted(c.name for c in won) == sorted(f"r{i}.txt" for i in range(20))
-    assert len(list(s.work.iterdir())) == 20  # losers left no empty folders
+    assert len(jobs_in(s.work)) == 20  # losers left no job folders
 
 
 def test_claim_versions_output_and_reports_collision(tmp_path):
@@ -157,7 +161,8 @@ def test_archive_done_failed_and_no_overwrite(tmp_path):
     assert target == s.done / f"m.{second.job_id}.txt" and target.read_text() == "second"
     _drop(s.inbox, "bad.txt")
     assert s.archive(s.claim("bad.txt"), False) == s.failed / "bad.txt"
-    assert list(s.work.iterdir()) == []
+    assert jobs_in(s.work) == []
+    assert list((s.work / spool.SPARE_DIR).iterdir()) == []  # the emptied folder, kept for the next claim
 
 
 def _sidecar(path, job):
