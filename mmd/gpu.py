@@ -272,6 +272,7 @@ class GpuSession:
             total_memory=dev.total_memory(),
             max_grid_x=dev.get_attribute(attr.MAX_GRID_DIM_X),
             max_grid_y=dev.get_attribute(attr.MAX_GRID_DIM_Y),
+            multiprocessors=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
         )
 
     def device_name(self) -> str:
@@ -312,7 +313,8 @@ class GpuSession:
         digest = hashlib.sha256(source.encode()).hexdigest()
         # Kernels with a fixed block ignore the tile: one build serves every tile.
         tile = tile if spec.uses_tile else 0
-        options = ((f"-DTILE={tile}",) if spec.uses_tile else ()) + COMPILE_OPTIONS
+        macros = tuple(f"-D{key}={value}" for key, value in spec.macros)
+        options = ((f"-DTILE={tile}",) if spec.uses_tile else ()) + macros + COMPILE_OPTIONS
         key = (spec.name, tile, digest, options, self.limits.compute_capability)
         cached = self._modules.get(key)
         if cached is not None:

@@ -15,8 +15,12 @@ too many registers), before anything is allocated.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from .errors import KernelError, TileError
 
@@ -48,6 +52,8 @@ class DeviceLimits:
     total_memory: int = 0
     max_grid_x: int = 2**31 - 1
     max_grid_y: int = 65535
+    #: Streaming multiprocessors (0: unknown); picks a fixed-block kernel's variant.
+    multiprocessors: int = 0
 
     @property
     def arch(self) -> str:
@@ -69,6 +75,34 @@ COMMON_LIMITS = DeviceLimits(
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+#: Fixed-block kernels classify shapes by how many 128×128 blocks of C they
+#: have per multiprocessor: fewer than one is "small" (a large block tile
+#: would leave multiprocessors idle), fewer than four "medium", else "large".
+SHAPE_CLASS_EDGE = 128
+SHAPE_CLASSES: tuple[tuple[str, float], ...] = (("small", 1.0), ("medium", 4.0), ("large", float("inf")))
+
+
+def shape_class(m: int, n: int, multiprocessors: int) -> str:
+    """``small``, ``medium`` or ``large`` for an m×n C on a GPU with that many multiprocessors."""
+    if multiprocessors <= 0:
+        return "large"
+    per_sm = _ceil_div(m, SHAPE_CLASS_EDGE) * _ceil_div(n, SHAPE_CLASS_EDGE) / multiprocessors
+    return next(name for name, bound in SHAPE_CLASSES if per_sm < bound)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A compile-time parameter set of a fixed-block kernel (``-D`` macros and its geometry)."""
+
+    label: str
+    macros: tuple[tuple[str, int], ...]
+    #: (BM, BN, TM, TN) as in :attr:`KernelSpec.block_tile`.
+    block_tile: tuple[int, int, int, int]
+    shared_bytes: int
+    #: Shape classes this variant serves unless a tuning file says otherwise.
+    classes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -98,6 +132,43 @@ class KernelSpec:
     block_tile: tuple[int, int, int, int] | None = None
     #: Their static shared memory in bytes.
     fixed_shared_bytes: int = 0
+    #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
+    macros: tuple[tuple[str, int], ...] = ()
+    #: Parameter sets chosen per shape class (:meth:`for_shape`); empty: one build.
+    variants: tuple[Variant, ...] = ()
+    #: The label of the variant this spec was resolved to, if any.
+    variant: str | None = None
+
+    def for_shape(self, m: int, n: int, limits: DeviceLimits) -> KernelSpec:
+        """The spec to launch for an m×n C on this device: the variant its shape class calls for.
+
+        The class → variant choice comes from ``kernels/<name>.tune.yaml`` for
+        this GPU when the autotuner recorded one (``benchmarks/sgemm_ladder.py``),
+        else from each variant's default classes.
+        """
+        if not self.variants:
+            return self
+        cls = shape_class(m, n, limits.multiprocessors)
+        wanted = _tuned_label(self.name, limits.name, cls)
+        chosen = next((v for v in self.variants if v.label == wanted), None)
+        if chosen is None:
+            chosen = next((v for v in self.variants if cls in v.classes), self.variants[0])
+        return self.with_variant(chosen)
+
+    def with_variant(self, variant: Variant) -> KernelSpec:
+        """This kernel built with ``variant``'s macros and geometry."""
+        return dataclasses.replace(
+            self,
+            macros=variant.macros,
+            block_tile=variant.block_tile,
+            fixed_shared_bytes=variant.shared_bytes,
+            variants=(),
+            variant=variant.label,
+        )
+
+    def builds(self) -> tuple[KernelSpec, ...]:
+        """Every distinct build of this kernel: one per variant, or itself."""
+        return tuple(self.with_variant(v) for v in self.variants) or (self,)
 
     @property
     def source(self) -> Path | None:
@@ -225,8 +296,27 @@ _SPECS: tuple[KernelSpec, ...] = (
         description="warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)",
         source_file="fast.cu",
         entry="mmd_fast",
-        block_tile=(128, 128, 8, 8),
-        fixed_shared_bytes=2 * 8 * (128 + 4 + 128) * FLOAT_BYTES,
+        # The file's defaults: BM 128, BN 256, BK 16, 8×16 outputs per thread,
+        # two shared-memory stages of BK·(BM + BN) floats.
+        block_tile=(128, 256, 8, 16),
+        fixed_shared_bytes=2 * 16 * (128 + 256) * FLOAT_BYTES,
+        variants=(
+            Variant(
+                label="128x256x16_reg_t8x16_pad0",
+                macros=(),
+                block_tile=(128, 256, 8, 16),
+                shared_bytes=2 * 16 * (128 + 256) * FLOAT_BYTES,
+                classes=("medium", "large"),
+            ),
+            Variant(
+                label="64x64x16_t4x8_reg",
+                macros=(("BM", 64), ("BN", 64), ("BK", 16), ("TM", 4), ("TN", 8), ("WTM", 4),
+                        ("MIN_BLOCKS", 1), ("A_PAD", 4)),
+                block_tile=(64, 64, 4, 8),
+                shared_bytes=2 * 16 * (64 + 4 + 64) * FLOAT_BYTES,
+                classes=("small",),
+            ),
+        ),
     ),
     KernelSpec(
         name="cublas",
@@ -251,6 +341,24 @@ SOURCE_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.kind == SOUR
 
 #: Names the CUDA backend accepts (compiled kernels and cublas).
 GPU_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.on_gpu)
+
+
+@functools.cache
+def _tuning(name: str) -> dict:
+    """``kernels/<name>.tune.yaml``: GPU name → shape class → chosen parameter set."""
+    path = KERNELS_DIR / f"{name}.tune.yaml"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tuned_label(name: str, gpu: str, cls: str) -> str | None:
+    entry = _tuning(name).get(gpu, {})
+    chosen = entry.get(cls) if isinstance(entry, dict) else None
+    return chosen.get("params") if isinstance(chosen, dict) else None
 
 
 def get(name: str) -> KernelSpec:

@@ -173,18 +173,21 @@ def test_shared_bytes_match_the_sources():
 
 # -- nvcc / ptxas -----------------------------------------------------------------
 
-#: Every kernel at every tile; kernels with a fixed block once, without -DTILE.
-CASES = [
-    (name, tile)
+#: Every kernel at every tile; kernels with a fixed block once per variant, without -DTILE.
+BUILDS = {
+    (build.name if build.variant is None else f"{build.name}:{build.variant}", tile): build
     for name in registry.SOURCE_KERNELS
-    for tile in (registry.TILES if registry.get(name).uses_tile else (0,))
-]
+    for build in registry.get(name).builds()
+    for tile in (registry.TILES if build.uses_tile else (0,))
+}
+CASES = list(BUILDS)
 
 
 def _compile(name: str, tile: int, out_dir: Path) -> tuple[int, str]:
-    source = registry.get(name).source
-    cmd = [NVCC, f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", *([f"-DTILE={tile}"] if tile else []),
-           "-o", str(out_dir / f"{name}-{tile}.cubin"), str(source)]  # fmt: skip
+    spec = BUILDS[(name, tile)]
+    macros = [f"-D{key}={value}" for key, value in spec.macros]
+    cmd = [NVCC, f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", *([f"-DTILE={tile}"] if tile else []), *macros,
+           "-o", str(out_dir / f"{name.replace(':', '-')}-{tile}.cubin"), str(spec.source)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -238,11 +241,12 @@ def test_kernel_compiles_without_spills(ptxas_reports, name, tile):
     used = re.search(r"Used (\d+) registers", text)
     assert used, text
     registers = int(used.group(1))
+    spec = BUILDS[(name, tile)]
     # The registry's check passes with the real register count ...
-    registry.check_launch(name, tile, H100, registers_per_thread=registers)
+    registry.check_launch(spec, tile, H100, registers_per_thread=registers)
     # ... and its shared-memory figure is what ptxas reports.
     smem = re.search(r"(\d+) bytes smem", text)
-    assert (int(smem.group(1)) if smem else 0) == registry.get(name).shared_bytes(tile)
+    assert (int(smem.group(1)) if smem else 0) == spec.shared_bytes(tile)
 
 
 @pytest.mark.slow
@@ -255,3 +259,17 @@ def test_kernel_without_tile_does_not_compile(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0 and "-DTILE" in proc.stdout + proc.stderr
+
+
+def test_fast_picks_its_variant_by_shape_class():
+    h200 = registry.DeviceLimits(1024, 48 * 1024, 64 * 1024, name="some GPU", multiprocessors=132)
+    fast = registry.get("fast")
+    small = fast.for_shape(1000, 1000, h200)
+    large = fast.for_shape(4096, 4096, h200)
+    assert small.block_tile == (64, 64, 4, 8) and dict(small.macros)["BM"] == 64
+    assert large.block_tile == (128, 256, 8, 16) and large.macros == ()
+    assert small.grid(1000, 1000, 0) == (16, 16, 1)
+    # unknown multiprocessor count: the default (large) build
+    assert fast.for_shape(1000, 1000, registry.COMMON_LIMITS).block_tile == (128, 256, 8, 16)
+    # kernels without variants resolve to themselves
+    assert registry.get("tiled").for_shape(7, 7, h200) is registry.get("tiled")

@@ -77,6 +77,7 @@ class CudaBackend:
         m, k = a.shape
         n = b.shape[1]
         limits = self._session.limits
+        spec = spec.for_shape(m, n, limits)
         registry.check_launch(spec, request.tile, limits)
         registry.check_grid(spec, m, n, request.tile, limits)
 
