@@ -42,15 +42,22 @@ def timings_block(timings: dict[str, float]) -> dict[str, float | None]:
     return {key: (round(timings[key], 3) if timings.get(key) is not None else None) for key in TIMING_KEYS}
 
 
+#: libyaml's dumper when PyYAML was built with it: the same bytes, five times faster,
+#: and the sidecar is the largest fixed cost of a small job.
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def dumps(record: dict[str, Any]) -> bytes:
     """The sidecar's bytes: block-style YAML in the record's own key order."""
-    return yaml.safe_dump(record, sort_keys=False, default_flow_style=False, allow_unicode=True).encode("utf-8")
+    text = yaml.dump(record, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return text.encode("utf-8")
 
 
 def load(path: Path) -> dict[str, Any]:
     """Read a sidecar back (for reports and the daemon's recovery)."""
     with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+        data = yaml.load(fh, Loader=_Loader)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a sidecar mapping")
     return data

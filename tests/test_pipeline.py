@@ -146,3 +146,11 @@ def test_cuda_time_is_the_sum_of_the_five_phases(tmp_path):
 def test_extra_entries_reach_the_sidecar(tmp_path):
     _, _, out = job(tmp_path, "1\n2\n3\n", extra={"settings_from_name": {"tile": 16}})
     assert yaml.safe_load(sidecar.timing_path(out).read_text())["settings_from_name"] == {"tile": 16}
+
+
+def test_sidecar_bytes_are_the_same_with_and_without_libyaml():
+    import yaml
+
+    record = {"status": "ok", "input": {"name": "ünï code.txt", "bytes": 3}, "timings_ms": {"parse": 1.5, "cuda": None}}
+    plain = yaml.safe_dump(record, sort_keys=False, default_flow_style=False, allow_unicode=True).encode()
+    assert sidecar.dumps(record) == plain
