@@ -405,8 +405,11 @@ class GpuSession:
                 self.stream.synchronize()
                 np.copyto(matrix.handle[: matrix.rows, : matrix.cols], host)
                 return
-            staging = self._pinned_buffer(slot, matrix.rows, matrix.cols)
-            np.copyto(staging, host)
+            if self.is_pinned(host) and host.flags.c_contiguous:
+                staging = host  # already page-locked (host_empty): copy straight from it
+            else:
+                staging = self._pinned_buffer(slot, matrix.rows, matrix.cols)
+                np.copyto(staging, host)
             if matrix.mode == "device":
                 self._cuda.memcpy_htod_async(matrix.handle, staging, self.stream)
             else:
@@ -445,6 +448,125 @@ class GpuSession:
             self.stream.synchronize()
             np.copyto(out, staging)
         return out
+
+    # -- page-locked host memory and raw buffers (the text path) -------------
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
+        """A page-locked array of ``shape``, reused by ``slot`` (valid until the slot's next use).
+
+        Arrays from here go to the device without a staging copy
+        (:meth:`upload` checks :meth:`is_pinned`); the host parser can write
+        into one directly (``textformat.parse(..., out=...)``).
+        """
+        self._check_thread()
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        need = max(count * dtype.itemsize, 1)
+        key = f"host:{slot}"
+        buf = self._pinned.get(key)
+        if buf is None or buf.nbytes < need or need < buf.nbytes * PINNED_REUSE_FRACTION:
+            if buf is not None:
+                # Dropped, not freed: views handed out earlier stay valid until they go.
+                del self._pinned[key]
+            with self._converting(f"allocating {need / _MIB:.1f} MiB of page-locked memory"):
+                buf = self._cuda.pagelocked_empty(need, np.uint8)
+            self._pinned[key] = buf
+        return buf[: count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def is_pinned(self, host: np.ndarray) -> bool:
+        """Whether ``host`` lies inside one of this session's page-locked buffers."""
+        if not isinstance(host, np.ndarray) or host.size == 0:
+            return False
+        start = host.__array_interface__["data"][0]
+        end = start + host.nbytes
+        for buf in self._pinned.values():
+            lo = buf.__array_interface__["data"][0]
+            if lo <= start and end <= lo + buf.nbytes:
+                return True
+        return False
+
+    def mem_alloc(self, nbytes: int) -> Any:
+        """Raw device memory (``int(handle)`` is its address); free with :meth:`mem_free`."""
+        self._check_thread()
+        with self._converting(f"allocating {nbytes / _MIB:.1f} MiB of device memory"):
+            return self._cuda.mem_alloc(max(int(nbytes), 1))
+
+    def mem_free(self, handle: Any) -> None:
+        """Release raw device memory now."""
+        self._check_thread()
+        with self._converting("freeing device memory"):
+            handle.free()
+
+    def memset8(self, ptr: int, value: int, nbytes: int) -> None:
+        """Set ``nbytes`` bytes at ``ptr`` to ``value`` on the session's stream."""
+        if nbytes > 0:
+            with self._converting("setting device memory"):
+                self._cuda.memset_d8_async(int(ptr), int(value), int(nbytes), self.stream)
+
+    def copy_htod(self, ptr: int, host: np.ndarray) -> None:
+        """Copy ``host`` (page-locked for an asynchronous copy) to ``ptr`` on the stream."""
+        if host.nbytes:
+            with self._converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
+                self._cuda.memcpy_htod_async(int(ptr), host, self.stream)
+
+    def copy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        """Copy ``host.nbytes`` bytes from ``ptr`` into ``host`` on the stream (page-locked: asynchronous)."""
+        if host.nbytes:
+            with self._converting(f"copying {host.nbytes / _MIB:.1f} MiB from the device"):
+                self._cuda.memcpy_dtoh_async(host, int(ptr), self.stream)
+
+    def compile_functions(
+        self, source: Path, entries: dict[str, str], defines: dict[str, int]
+    ) -> tuple[dict[str, Any], float | None]:
+        """Build ``source`` (not a registry kernel) and prepare ``entries`` (name: pycuda signature).
+
+        Returns the functions and the milliseconds spent building them
+        (None when they came from this session's cache).
+        """
+        self._check_thread()
+        text = source.read_text()
+        options = tuple(f"-D{k}={v}" for k, v in sorted(defines.items())) + COMPILE_OPTIONS
+        key = ("text", str(source), hashlib.sha256(text.encode()).hexdigest(), options, self.limits.compute_capability)
+        cached = self._modules.get(key)
+        if cached is not None:
+            return cached.function, None
+        from pycuda.compiler import SourceModule
+        from pycuda.driver import CompileError
+
+        start = time.perf_counter()
+        try:
+            module = SourceModule(text, options=list(options), arch=self.limits.arch, no_extern_c=True)
+            functions = {}
+            for name, signature in entries.items():
+                fn = module.get_function(name)
+                fn.prepare(signature)
+                functions[name] = fn
+        except CompileError as exc:
+            lines = [ln for ln in (exc.stderr or str(exc)).splitlines() if "error" in ln] or [str(exc)]
+            raise KernelError(f"{source.name} does not compile: {_one_line(Exception(lines[0]))}") from exc
+        except self._cuda.Error as exc:
+            raise CudaError(f"loading {source.name} failed: {_one_line(exc)}") from exc
+        ms = (time.perf_counter() - start) * 1e3
+        # Cached beside the matmul kernels; ``spec`` is unused for these entries.
+        self._modules[key] = Compiled(
+            spec=None, tile=0, function=functions, module=module, registers=0, shared_bytes=0,
+            local_bytes=0, compile_ms=ms,
+        )  # type: ignore[arg-type]  # fmt: skip
+        return functions, ms
+
+    def record_event(self) -> Any:
+        """A CUDA event recorded now on the session's stream (``.synchronize()`` waits for it)."""
+        with self._converting("recording an event"):
+            event = self._cuda.Event()
+            event.record(self.stream)
+        return event
+
+    def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None:
+        """Launch a prepared 1-D ``function`` with ``blocks`` × ``threads`` on the session's stream."""
+        if blocks <= 0:
+            return
+        with self._converting("launching a text kernel"):
+            function.prepared_async_call((int(blocks), 1), (int(threads), 1, 1), self.stream, *args)
 
     def fill(self, matrix: DeviceMatrix, value: float) -> None:
         """Set every element (padding included) to ``value``: poison for tests."""

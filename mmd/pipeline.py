@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import numpy as np
 
 from . import __version__, sidecar, textformat
 from .atomic import write_atomic
-from .backends.base import CUDA_PHASES, Backend, MultiplyRequest, Product
+from .backends.base import CUDA_PHASES, Backend, MultiplyRequest, Product, TextBackend
 from .errors import InputFormatError, LimitError, MmdError, OutputError
 from .logs import get_logger
 
@@ -70,8 +70,15 @@ class _Clock:
         return (time.perf_counter() - self.started) * 1e3
 
 
-def read_input(path: Path, limits: Limits) -> bytes:
-    """Read a job's bytes without following a symlink; refuse non-files and oversize files."""
+def read_input(
+    path: Path, limits: Limits, into: Callable[[int], np.ndarray] | None = None
+) -> bytes | memoryview:
+    """Read a job's bytes without following a symlink; refuse non-files and oversize files.
+
+    With ``into``, a function giving a writable uint8 array of at least the
+    size asked for (a backend's page-locked memory), the file is read into
+    that and a memoryview of it returned.
+    """
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
@@ -87,12 +94,33 @@ def read_input(path: Path, limits: Limits) -> bytes:
                 {"bytes": info.st_size, "max_file_bytes": limits.max_file_bytes},
             )
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read()
+            data = _read_into(fh, info.st_size, into) if into is not None and info.st_size else fh.read()
     finally:
         os.close(fd)
     if limits.max_file_bytes is not None and len(data) > limits.max_file_bytes:
         raise LimitError(f"file grew past the limit of {limits.max_file_bytes} bytes while being read")
     return data
+
+
+def _read_into(fh: Any, size: int, into: Callable[[int], np.ndarray]) -> bytes | memoryview:
+    """``size`` bytes read straight into ``into(size)``; a file that grew meanwhile is read whole."""
+    view = memoryview(into(size)).cast("B")[:size]
+    got = 0
+    while got < size:
+        done = fh.readinto(view[got:])
+        if not done:
+            return view[:got]
+        got += done
+    rest = fh.read()
+    return bytes(view) + rest if rest else view
+
+
+def text_path_for(backend: Backend, request: MultiplyRequest) -> str:
+    """``gpu`` when the request allows it and the backend can take text, else ``host``."""
+    want = getattr(request, "text_path", "auto")
+    if want == "host" or not isinstance(backend, TextBackend):
+        return "host"
+    return "gpu"
 
 
 def check_header(header: textformat.Header, data_len: int, limits: Limits) -> None:
@@ -174,9 +202,11 @@ def run_job(
     record: dict[str, Any] = {"status": "ok", "job": job_id}
     input_info: dict[str, Any] = {"name": input_path.name}
     hasher: _Hasher | None = None
+    shape: dict[str, int] | None = None
     try:
+        path_kind = text_path_for(backend, request)
         t0 = time.perf_counter()
-        data = read_input(input_path, limits)
+        data = read_input(input_path, limits, into=backend.host_bytes if path_kind == "gpu" else None)  # type: ignore[attr-defined]
         clock.timings["read"] = (time.perf_counter() - t0) * 1e3
         input_info["bytes"] = len(data)
         hasher = _Hasher(data)
@@ -184,30 +214,45 @@ def run_job(
 
         t0 = time.perf_counter()
         header = textformat.parse_header(data)
-        record["shape"] = {"m": header.m, "k": header.k, "n": header.n}
+        shape = {"m": header.m, "k": header.k, "n": header.n}
         check_header(header, len(data), limits)
-        matrices = textformat.parse(data, header)
-        clock.timings["parse"] = (time.perf_counter() - t0) * 1e3
-        del data  # the text is no longer needed; keep peak memory near one copy
-
-        product = backend.multiply(matrices.a, matrices.b, request)
+        if path_kind == "gpu" and not backend.accepts_text(header, len(data), request):  # type: ignore[attr-defined]
+            path_kind = "host"
+        if path_kind == "gpu":
+            # The text path: the backend parses, multiplies and formats (mmd.gputext).
+            header_ms = (time.perf_counter() - t0) * 1e3
+            product = backend.multiply_text(data, header, request)  # type: ignore[attr-defined]
+            del data
+            clock.timings["parse"] = header_ms + product.stage_ms.get("parse", 0.0)
+            clock.timings["emit"] = product.stage_ms.get("emit", 0.0)
+            chunks: Iterator[bytes] = iter(product.chunks)
+            text_info = {"path": "gpu", **product.text}
+        else:
+            pinned = getattr(backend, "host_empty", None)
+            out = pinned(header.m * header.k + header.k * header.n) if pinned is not None else None
+            matrices = textformat.parse(data, header, out=out)
+            clock.timings["parse"] = (time.perf_counter() - t0) * 1e3
+            del data  # the text is no longer needed; keep peak memory near one copy
+            product = backend.multiply(matrices.a, matrices.b, request)
+            del matrices
+            chunks = _timed_chunks(textformat.emit_chunks(product.c), clock)
+            text_info = {"path": "host"}
         clock.timings.update(product.timings_ms)
         if all(p in product.timings_ms for p in CUDA_PHASES):
             clock.timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
-        del matrices
 
         t0 = time.perf_counter()
-        written = write_atomic(
-            output_path, _timed_chunks(textformat.emit_chunks(product.c), clock), durable=durable
-        )
-        clock.timings["write"] = (time.perf_counter() - t0) * 1e3 - clock.timings.get("emit", 0.0)
+        written = write_atomic(output_path, chunks, durable=durable)
+        clock.timings["write"] = (time.perf_counter() - t0) * 1e3
+        if path_kind == "host":
+            clock.timings["write"] -= clock.timings.get("emit", 0.0)
         input_info["sha256"] = hasher.result()
         m, k, n = header.m, header.k, header.n
         kernel_ms = product.timings_ms.get("kernel")
         record.update(
             input=input_info,
             output={"name": output_path.name, "bytes": written.bytes, "sha256": written.sha256},
-            shape={"m": m, "k": k, "n": n},
+            shape=shape,
             backend=backend.name,
             kernel=product.kernel,
             tile=product.tile,
@@ -217,6 +262,8 @@ def run_job(
         )
         clock.timings["overall"] = clock.since_start()
         record["timings_ms"] = sidecar.timings_block(clock.timings)
+        # The text phases' GPU parts (not in the course's timing keys).
+        record["text"] = text_info
         record["gflops"] = round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None
         if product.notes:
             record["notes"] = list(product.notes)
@@ -235,7 +282,7 @@ def run_job(
         return JobResult(True, input_path, output_path, path, record, product=product)
     except MmdError as exc:
         return _refuse(exc, input_path, output_path, request, backend, clock, record, input_info,
-                       hasher, extra, durable, log)
+                       hasher, extra, durable, log, shape)
 
 
 def _refuse(
@@ -251,6 +298,7 @@ def _refuse(
     extra: dict[str, Any] | None,
     durable: bool,
     log: Any,
+    shape: dict[str, int] | None,
 ) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if hasher is not None:
@@ -262,7 +310,7 @@ def _refuse(
         "input": input_info,
         "output": {"name": output_path.name, "written": False},
         "error": exc.as_dict(),
-        **({"shape": record["shape"]} if "shape" in record else {}),
+        **({"shape": shape} if shape is not None else {}),
         "backend": backend.name,
         "requested": {"kernel": request.kernel, "tile": request.tile, "memory": request.memory},
         "timings_ms": {k: round(v, 3) for k, v in clock.timings.items()},

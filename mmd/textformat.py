@@ -640,12 +640,15 @@ def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _parse_values(data: bytes | memoryview, start: int, expected: int, what: str, as_f32: bool = True) -> np.ndarray:
+def _parse_values(
+    data: bytes | memoryview, start: int, expected: int, what: str, as_f32: bool = True, out: np.ndarray | None = None
+) -> np.ndarray:
     """Parse exactly ``expected`` values from data[start:]; raise naming lines otherwise."""
     stop = len(data)
     bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
     plausible = expected <= (stop - start + 1) // 2 + 1
-    out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
+    if out is None or not plausible:
+        out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
     count = 0
 
     def work(bd):
@@ -673,14 +676,20 @@ def _parse_values(data: bytes | memoryview, start: int, expected: int, what: str
     return out
 
 
-def parse(data: bytes | memoryview, header: Header | None = None) -> Matrices:
-    """Parse a whole input file into float32 A and B; raises :class:`InputFormatError`."""
+def parse(data: bytes | memoryview, header: Header | None = None, out: np.ndarray | None = None) -> Matrices:
+    """Parse a whole input file into float32 A and B; raises :class:`InputFormatError`.
+
+    ``out``, a C-contiguous float32 array of m*k + k*n elements (a backend's
+    page-locked memory, say), receives the values; A and B are views of it.
+    """
     if header is None:
         header = parse_header(data)
     m, k, n = header.m, header.k, header.n
     na, nb = m * k, k * n
     what = f"{na + nb} values ({na} for A, {nb} for B)"
-    vals = _parse_values(data, header.body_offset, na + nb, what)
+    if out is not None and (out.dtype != np.float32 or out.size != na + nb or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous float32 array of {na + nb} elements")
+    vals = _parse_values(data, header.body_offset, na + nb, what, out=None if out is None else out.reshape(-1))
     a = vals[:na].reshape(m, k)
     b = vals[na:].reshape(k, n)
     return Matrices(header=header, a=a, b=b)

@@ -18,6 +18,11 @@ CUDA_PHASES: tuple[str, ...] = ("malloc", "h2d", "kernel", "d2h", "free")
 
 MEMORY_MODES: tuple[str, ...] = ("device", "pitched", "managed")
 
+#: Where a job's text is parsed and formatted: ``host`` (textformat on the
+#: CPU), ``gpu`` (a backend with :class:`TextBackend`), ``auto`` (gpu when the
+#: backend offers it for the job, else host).
+TEXT_PATHS: tuple[str, ...] = ("auto", "host", "gpu")
+
 
 @dataclass(frozen=True)
 class MultiplyRequest:
@@ -26,6 +31,8 @@ class MultiplyRequest:
     kernel: str = "tiled"
     tile: int = 32
     memory: str = "device"
+    #: One of :data:`TEXT_PATHS`.
+    text_path: str = "auto"
 
 
 @dataclass
@@ -70,4 +77,41 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the device (pop the CUDA context). Idempotent."""
+        ...
+
+
+@dataclass
+class TextProduct(Product):
+    """A text backend's result: the output file's bytes in ``chunks`` (header line first).
+
+    ``c`` is the product in page-locked memory, valid until the backend's next
+    job. ``timings_ms`` holds the course's phases (here ``h2d`` and ``d2h``
+    move text); ``stage_ms`` the wall-clock ``parse``, ``multiply`` and
+    ``emit`` stages; ``text`` the GPU parts (``parse_gpu``, ``emit_gpu``) and
+    what fell back to the host.
+    """
+
+    chunks: list = field(default_factory=list)
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    text: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class TextBackend(Protocol):
+    """A backend that also parses and formats the text itself (optional; the cuda backend)."""
+
+    def accepts_text(self, header: object, nbytes: int, request: MultiplyRequest) -> bool:
+        """Whether :meth:`multiply_text` takes this job (else the pipeline parses on the host)."""
+        ...
+
+    def host_bytes(self, nbytes: int) -> np.ndarray:
+        """Writable page-locked memory of ``nbytes`` for the pipeline to read the input into."""
+        ...
+
+    def multiply_text(self, data: bytes | memoryview, header: object, request: MultiplyRequest) -> TextProduct:
+        """Parse ``data`` (the whole file; ``header`` already parsed), multiply and format.
+
+        Raises InputFormatError exactly as ``textformat.parse`` would, and the
+        same errors as :meth:`Backend.multiply` otherwise.
+        """
         ...

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import kernels as registry
 from ..errors import CudaError, KernelError, MmdError
-from .base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest, Product
+from .base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest, Product, TextProduct
 
 _MIB = 1024 * 1024
 
@@ -44,6 +44,7 @@ class CudaBackend:
         self._device = device
         self._thread = threading.get_ident()
         self._closed = False
+        self._text: Any = None  # mmd.gputext.GpuText, made on the first text job
 
     @property
     def session(self) -> Any:
@@ -62,6 +63,24 @@ class CudaBackend:
     def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
         """Return A·B computed on the GPU with every phase timed (ms)."""
         self._check_usable()
+        a, b = self._operands(a, b)
+        m, k = a.shape
+        n = b.shape[1]
+        spec, compiled, timings = self._prepare(request, m, k, n)
+        c = self._guarded(lambda: self._run(spec, compiled, a, b, request.memory, timings))
+        timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
+        return Product(
+            c=c,
+            kernel=spec.name,
+            tile=request.tile if spec.uses_tile else None,
+            memory=request.memory,
+            device=self.device_name(),
+            timings_ms=timings,
+            notes=[],
+        )
+
+    def _prepare(self, request: MultiplyRequest, m: int, k: int, n: int) -> tuple[Any, Any, dict[str, float]]:
+        """Check the kernel, memory mode, tile and grid; build the kernel; check free memory."""
         spec = registry.get(request.kernel)
         if not spec.on_gpu:
             raise KernelError(
@@ -73,16 +92,10 @@ class CudaBackend:
                 f"unknown memory mode {request.memory!r}; choose one of {', '.join(MEMORY_MODES)}",
                 details={"memory": request.memory},
             )
-        a, b = self._operands(a, b)
-        m, k = a.shape
-        n = b.shape[1]
         limits = self._session.limits
-        spec = spec.for_shape(m, n, limits)
         registry.check_launch(spec, request.tile, limits)
         registry.check_grid(spec, m, n, request.tile, limits)
-
         timings: dict[str, float] = {}
-        notes: list[str] = []
         compiled = None
         if spec.compiled:
             tile = request.tile if spec.uses_tile else 0
@@ -91,17 +104,77 @@ class CudaBackend:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
         self._check_memory(request.memory, m * k + k * n + m * n)
+        return spec, compiled, timings
 
-        c = self._guarded(lambda: self._run(spec, compiled, a, b, request.memory, timings))
+    # -- the text path (mmd.gputext) -----------------------------------------
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """Page-locked memory the host parser can fill (``textformat.parse(out=...)``): no staging copy in h2d."""
+        self._check_usable()
+        return self._session.host_empty(shape, dtype, slot="parsed")
+
+    def host_bytes(self, nbytes: int) -> np.ndarray:
+        """Page-locked bytes the pipeline reads the input into (reused; valid until the next job)."""
+        self._check_usable()
+        return self._session.host_empty(nbytes, np.uint8, slot="text_in")
+
+    def accepts_text(self, header: Any, nbytes: int, request: MultiplyRequest) -> bool:
+        """Whether :meth:`multiply_text` takes this job: device memory, and offsets within int32."""
+        from .. import gputext
+
+        return (
+            request.memory == "device"
+            and hasattr(self._session, "compile_functions")
+            and gputext.fits(header, nbytes)
+        )
+
+    def multiply_text(self, data: bytes | memoryview, header: Any, request: MultiplyRequest) -> TextProduct:
+        """Parse ``data`` on the GPU, multiply with the requested kernel, format the text there."""
+        from .. import gputext
+        from ..gpu import DeviceMatrix
+
+        self._check_usable()
+        m, k, n = header.m, header.k, header.n
+        spec, compiled, timings = self._prepare(request, m, k, n)
+        if self._text is None:
+            self._text = gputext.GpuText(self._session)
+        _parse, _emit, built_ms = self._guarded(self._text.functions)
+        if built_ms is not None:
+            timings["compile"] = timings.get("compile", 0.0) + built_ms
+        session = self._session
+
+        def make(rows: int, cols: int, ptr: int) -> Any:
+            return DeviceMatrix("device", rows, cols, cols, ptr, None)
+
+        def product(da: Any, db: Any, dc: Any) -> None:
+            if compiled is None:
+                session.sgemm(da, db, dc)
+            else:
+                session.launch(compiled, da, db, dc)
+
+        result = self._guarded(lambda: self._text.multiply_text(data, header, product, make))
+        phases = result.phases_ms
+        for phase in CUDA_PHASES:
+            timings[phase] = phases.get(phase, 0.0)
         timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
-        return Product(
-            c=c,
+        return TextProduct(
+            c=result.c,
             kernel=spec.name,
             tile=request.tile if spec.uses_tile else None,
             memory=request.memory,
             device=self.device_name(),
             timings_ms=timings,
-            notes=notes,
+            notes=list(result.notes),
+            chunks=result.chunks,
+            stage_ms=dict(result.stage_ms),
+            text={
+                "path": "gpu",
+                "parse_gpu": round(phases.get("parse_gpu", 0.0), 3),
+                "emit_gpu": round(phases.get("emit_gpu", 0.0), 3),
+                "host_parse": result.host_parse,
+                "host_emit": result.host_emit,
+                "exotic_runs": result.exotic_runs,
+            },
         )
 
     def _run(

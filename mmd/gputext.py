@@ -1,0 +1,394 @@
+"""The GPU text path: upload an input's bytes, parse, multiply and format on the device, download text.
+
+:func:`multiply_text` runs a whole job's middle on one :class:`mmd.gpu.GpuSession`
+(this module imports no pycuda; every device call goes through the session):
+
+1. ``h2d``: the body bytes (after the header line) go to the device, padded
+   with spaces to whole blocks, from page-locked memory (the pipeline reads
+   the file straight into :meth:`GpuSession.host_empty` memory; other bytes
+   are staged through a page-locked ring, copied while earlier pieces upload).
+2. ``parse_gpu``: ``kernels/text_parse.cu`` finds the runs, classifies and
+   counts them, scans the counts and converts the values into A and B.
+   Runs only the exact host rule can convert (exponents, long mantissas,
+   overlong runs) come back as (run, offset) pairs; the host converts them
+   with textformat's own rule and sends the values back. Any error (a bad
+   byte, a malformed number, too few or too many values, a value beyond
+   float32) makes the host parser parse the file, so the message, line and
+   value are exactly those of the host path.
+3. ``kernel``: the requested matmul kernel on the parsed buffers in place.
+4. ``emit_gpu``: ``kernels/text_emit.cu`` writes the ``%6.2f`` text (lengths,
+   a prefix sum, bytes). Outputs with a value the fast path does not format
+   (not finite, or |x| >= 10^16) are formatted by textformat on the host.
+5. ``d2h``: the text (and C, for callers that check it) into page-locked memory.
+
+Every phase is timed with CUDA events on the session's stream; ``malloc``,
+``h2d``, ``kernel``, ``d2h`` and ``free`` keep the course's names (here h2d and
+d2h move text, not float32 matrices). Wall-clock stage times (``parse``,
+``multiply``, ``emit``) are reported separately for the pipeline.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import textformat
+from .kernels import KERNELS_DIR
+from .textformat import Header
+
+#: The text kernels' sources (not matmul kernels: not in the registry's NAMES).
+PARSE_SOURCE = KERNELS_DIR / "text_parse.cu"
+EMIT_SOURCE = KERNELS_DIR / "text_emit.cu"
+TEXT_KERNEL_FILES: tuple[str, ...] = (PARSE_SOURCE.name, EMIT_SOURCE.name)
+
+#: Threads per block in every text kernel.
+THREADS = 256
+#: Bytes one thread classifies in the run-start passes (one uint4 load).
+BYTES_PER_THREAD = 16
+BYTES_PER_BLOCK = THREADS * BYTES_PER_THREAD
+#: int32 items one thread sums in the scan passes.
+ITEMS_PER_THREAD = 8
+ITEMS_PER_BLOCK = THREADS * ITEMS_PER_THREAD
+#: Longest run one GPU thread walks; longer runs take the host's exact path.
+MAX_RUN = 1024
+#: Runs the host converts for one job at most; more: the host parses the file.
+EXOTIC_CAP = 1 << 16
+#: Bytes of one %6.2f field at most on the fast emit path (18 digits, '.', '-', a spare).
+MAX_FIELD_BYTES = 21
+#: Offsets are int32 on the device.
+INT32_MAX = 2**31 - 1
+#: Bytes per piece when staging non-page-locked input through the ring.
+STAGE_CHUNK = 16 << 20
+#: What the parse kernels' status slot STATUS_BAD holds when no run is bad.
+NO_BAD = np.iinfo(np.uint64).max
+
+DEFINES = {
+    "THREADS": THREADS,
+    "BYTES_PER_THREAD": BYTES_PER_THREAD,
+    "ITEMS_PER_THREAD": ITEMS_PER_THREAD,
+    "MAX_RUN": MAX_RUN,
+}
+#: Entry points and their pycuda argument signatures (P pointer, i int32).
+PARSE_ENTRIES = {
+    "run_starts_count": "PP",
+    "run_starts_write": "PPP",
+    "scan_block_sums": "Pi",
+    "scan_count": "PiP",
+    "scan_write": "PiPP",
+    "runs_classify": "PiPiPPPi",
+    "runs_convert": "PiPiPPPiPi",
+    "set_counts": "PPiP",
+    "scatter_values": "PPPiPPiPi",
+}
+EMIT_ENTRIES = {"emit_lengths": "PiiiPPP", "emit_write": "PiiiPP"}
+
+_SEP = re.compile(rb"[ \t\r\n]")
+
+
+def fits(header: Header, nbytes: int) -> bool:
+    """Whether a job is within the text kernels' int32 offsets (else the host path takes it)."""
+    body = nbytes - header.body_offset
+    out = header.m * header.n * MAX_FIELD_BYTES + header.m
+    return 0 < body <= INT32_MAX - 2 * BYTES_PER_BLOCK and out <= INT32_MAX and header.m * header.n > 0
+
+
+def _blocks(items: int, per_block: int) -> int:
+    return (items + per_block - 1) // per_block
+
+
+def header_line(m: int, n: int) -> bytes:
+    """The output's first line (as textformat.emit writes it)."""
+    return (b"%d\n" % n) if m == n else (b"%d %d\n" % (m, n))
+
+
+@dataclass
+class TextResult:
+    """What :func:`multiply_text` made: the output's pieces, C, and timings (ms)."""
+
+    chunks: list[Any]
+    c: np.ndarray
+    #: CUDA-event phases: malloc, h2d, parse_gpu, kernel, emit_gpu, d2h, free.
+    phases_ms: dict[str, float]
+    #: Wall-clock stages: parse (upload + parse), multiply, emit (format + download).
+    stage_ms: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    #: Runs converted by the host's exact rule; whether the host parsed / emitted instead.
+    exotic_runs: int = 0
+    host_parse: bool = False
+    host_emit: bool = False
+
+
+class _Timer:
+    """Named CUDA-event phases, several of one kind summed."""
+
+    def __init__(self, session: Any) -> None:
+        self._timer = session.phase_timer()
+        self._seen: dict[str, int] = {}
+
+    def phase(self, kind: str) -> Any:
+        count = self._seen.get(kind, 0)
+        self._seen[kind] = count + 1
+        return self._timer.phase(f"{kind}#{count}")
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, ms in self._timer.elapsed_ms().items():
+            kind = name.split("#", 1)[0]
+            out[kind] = out.get(kind, 0.0) + ms
+        return out
+
+
+class GpuText:
+    """The text kernels on one session, built on first use."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._parse: dict[str, Any] | None = None
+        self._emit: dict[str, Any] | None = None
+
+    def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+        """The parse and emit entry points, and the milliseconds spent building them now."""
+        built = 0.0
+        parse, ms1 = self.session.compile_functions(PARSE_SOURCE, PARSE_ENTRIES, DEFINES)
+        emit, ms2 = self.session.compile_functions(EMIT_SOURCE, EMIT_ENTRIES, {"THREADS": THREADS})
+        for ms in (ms1, ms2):
+            if ms is not None:
+                built += ms
+        return parse, emit, (built if ms1 is not None or ms2 is not None else None)
+
+    def multiply_text(
+        self,
+        data: bytes | memoryview,
+        header: Header,
+        product: Callable[[Any, Any, Any], None],
+        make_matrix: Callable[[int, int, int], Any],
+    ) -> TextResult:
+        """Parse ``data`` on the device, call ``product(da, db, dc)``, format C; see the module doc.
+
+        ``make_matrix(rows, cols, ptr)`` wraps device memory as the backend's
+        matrix type. Raises InputFormatError exactly as ``textformat.parse``.
+        """
+        s = self.session
+        pf, ef, _ = self.functions()
+        m, k, n = header.m, header.k, header.n
+        na, nb, nc = m * k, k * n, m * n
+        view = memoryview(data).cast("B")
+        body = view[header.body_offset :]
+        nbody = len(body)
+        byte_blocks = _blocks(nbody, BYTES_PER_BLOCK)
+        padded = byte_blocks * BYTES_PER_BLOCK + BYTES_PER_BLOCK
+        timer = _Timer(s)
+        held: list[Any] = []
+        result_notes: list[str] = []
+        stage: dict[str, float] = {}
+
+        def alloc(nbytes: int) -> int:
+            handle = s.mem_alloc(nbytes)
+            held.append(handle)
+            return int(handle)
+
+        def scan(values: int, count: int, out: int, sums: int) -> None:
+            """out = exclusive prefix sum of int32 values[0, count) (out may be values); total at sums[blocks]."""
+            blocks = _blocks(count, ITEMS_PER_BLOCK)
+            s.call(pf["scan_count"], blocks, THREADS, values, np.int32(count), sums)
+            s.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(blocks))
+            s.call(pf["scan_write"], blocks, THREADS, values, np.int32(count), sums, out)
+
+        def read_int(ptr: int, dtype: Any = np.int32, count: int = 1) -> np.ndarray:
+            host = s.host_empty(count, dtype, slot="small")
+            s.copy_dtoh(host, ptr)
+            s.synchronize()
+            return host.copy()
+
+        t0 = time.perf_counter()
+        try:
+            with timer.phase("malloc"):
+                text = alloc(padded)
+                sums = alloc(4 * (max(byte_blocks, _blocks(max(nc, 1), ITEMS_PER_BLOCK)) + 2))
+                status = alloc(8 * 4)
+                a = alloc(4 * na)
+                b = alloc(4 * nb)
+                c = alloc(4 * nc)
+            with timer.phase("h2d"):
+                self._upload(body, text)
+            with timer.phase("parse_gpu"):
+                s.memset8(text + nbody, 0x20, padded - nbody)
+                s.call(pf["run_starts_count"], byte_blocks, THREADS, text, sums)
+                s.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(byte_blocks))
+            nruns = int(read_int(sums + 4 * byte_blocks)[0])
+            host_parse = nruns == 0
+            exotic_count = 0
+            if not host_parse:
+                with timer.phase("malloc"):
+                    starts = alloc(4 * nruns)
+                    counts = alloc(4 * nruns)
+                    first = alloc(4 * nruns)
+                    exotic = alloc(8 * EXOTIC_CAP)
+                    run_sums = alloc(4 * (_blocks(nruns, ITEMS_PER_BLOCK) + 2))
+                with timer.phase("parse_gpu"):
+                    s.memset8(status, 0, 8 * 4)
+                    s.memset8(status, 0xFF, 8)  # STATUS_BAD: no bad run yet
+                    s.call(pf["run_starts_write"], byte_blocks, THREADS, text, sums, starts)
+                    s.call(pf["runs_classify"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
+                           np.int32(nruns), counts, status, exotic, np.int32(EXOTIC_CAP))  # fmt: skip
+                st = read_int(status, np.uint64, 2)
+                exotic_count = int(st[1])
+                host_parse = int(st[0]) != NO_BAD or exotic_count > EXOTIC_CAP
+            if not host_parse and exotic_count:
+                host_parse = not self._exotic(view, header, pf, exotic, exotic_count, counts, timer, alloc)
+            if not host_parse:
+                with timer.phase("parse_gpu"):
+                    scan(counts, nruns, first, run_sums)
+                total = int(read_int(run_sums + 4 * _blocks(nruns, ITEMS_PER_BLOCK))[0])
+                host_parse = total != na + nb
+            if not host_parse:
+                with timer.phase("parse_gpu"):
+                    s.call(pf["runs_convert"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
+                           np.int32(nruns), counts, first, a, np.int32(na), b, np.int32(nb))  # fmt: skip
+                    if exotic_count:
+                        ex_runs, ex_j, ex_vals = self._exotic_values
+                        ptrs = [alloc(arr.nbytes) for arr in (ex_runs, ex_j, ex_vals)]
+                        for ptr, arr in zip(ptrs, (ex_runs, ex_j, ex_vals), strict=True):
+                            s.copy_htod(ptr, arr)  # pageable: copied before the call returns
+                        s.call(pf["scatter_values"], _blocks(ex_vals.size, THREADS), THREADS, *ptrs,
+                               np.int32(ex_vals.size), first, a, np.int32(na), b, np.int32(nb))  # fmt: skip
+            else:
+                # The host parser words the error (or, should it accept the file, supplies the values).
+                matrices = textformat.parse(view, header)
+                result_notes.append("the gpu parse handed this input to the host parser")
+                with timer.phase("h2d"):
+                    s.copy_htod(a, np.ascontiguousarray(matrices.a))
+                    s.copy_htod(b, np.ascontiguousarray(matrices.b))
+            s.synchronize()
+            t1 = time.perf_counter()
+            stage["parse"] = (t1 - t0) * 1e3
+
+            with timer.phase("kernel"):
+                product(make_matrix(m, k, a), make_matrix(k, n, b), make_matrix(m, n, c))
+            s.synchronize()
+            t2 = time.perf_counter()
+            stage["multiply"] = (t2 - t1) * 1e3
+
+            with timer.phase("emit_gpu"):
+                slow_rows = alloc(m)
+                s.memset8(slow_rows, 0, m)
+                s.memset8(status, 0, 8)
+                lengths = alloc(4 * nc)
+                s.call(ef["emit_lengths"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
+                       lengths, slow_rows, status)  # fmt: skip
+                scan(lengths, nc, lengths, sums)
+            slow = int(read_int(status, np.uint64)[0])
+            size = int(read_int(sums + 4 * _blocks(nc, ITEMS_PER_BLOCK))[0])
+            c_host = s.host_empty((m, n), np.float32, slot="c")
+            host_emit = slow > 0
+            if not host_emit:
+                with timer.phase("malloc"):
+                    out = alloc(size)
+                with timer.phase("emit_gpu"):
+                    s.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
+                           lengths, out)  # fmt: skip
+                text_host = s.host_empty(size, np.uint8, slot="text_out")
+                with timer.phase("d2h"):
+                    s.copy_dtoh(text_host, out)
+                    s.copy_dtoh(c_host, c)
+            else:
+                with timer.phase("d2h"):
+                    s.copy_dtoh(c_host, c)
+            s.synchronize()
+            if host_emit:
+                result_notes.append(f"{slow} values beyond the gpu formatter: the host formatted the output")
+                chunks: list[Any] = list(textformat.emit_chunks(c_host))
+            else:
+                chunks = [header_line(m, n), memoryview(text_host)]
+            with timer.phase("free"):
+                while held:
+                    s.mem_free(held.pop())
+            phases = timer.totals()
+            stage["emit"] = (time.perf_counter() - t2) * 1e3
+            return TextResult(
+                chunks=chunks,
+                c=c_host,
+                phases_ms=phases,
+                stage_ms=stage,
+                notes=result_notes,
+                exotic_runs=exotic_count,
+                host_parse=host_parse,
+                host_emit=host_emit,
+            )
+        finally:
+            while held:
+                handle = held.pop()
+                try:
+                    s.mem_free(handle)
+                except Exception:  # the job's own error is the one to report
+                    pass
+
+    def _upload(self, body: memoryview, text: int) -> None:
+        """Copy the body to the device: straight from page-locked memory, else through a staging ring."""
+        s = self.session
+        host = np.frombuffer(body, dtype=np.uint8)
+        if s.is_pinned(host):
+            s.copy_htod(text, host)
+            return
+        ring = [s.host_empty(STAGE_CHUNK, np.uint8, slot=f"stage{i}") for i in range(2)]
+        done: list[Any] = [None, None]
+        for i, lo in enumerate(range(0, host.size, STAGE_CHUNK)):
+            piece = host[lo : lo + STAGE_CHUNK]
+            slot = i % 2
+            if done[slot] is not None:
+                done[slot].synchronize()
+            staged = ring[slot][: piece.size]
+            np.copyto(staged, piece)
+            s.copy_htod(text + lo, staged)
+            done[slot] = s.record_event()
+
+    def _exotic(
+        self,
+        view: memoryview,
+        header: Header,
+        pf: dict[str, Any],
+        exotic: int,
+        count: int,
+        counts: int,
+        timer: _Timer,
+        alloc: Callable[[int], int],
+    ) -> bool:
+        """Convert the listed runs with the host's exact rule; False when one is an error."""
+        s = self.session
+        pairs = s.host_empty(2 * count, np.int32, slot="exotic")
+        s.copy_dtoh(pairs, exotic)
+        s.synchronize()
+        pairs = pairs.reshape(count, 2).copy()
+        body = view[header.body_offset :]
+        runs, nvals, js, values = [], [], [], []
+        for r, off in pairs.tolist():
+            m = _SEP.search(body, off)
+            end = len(body) if m is None else m.start()
+            got = textformat._run_values(bytes(body[off:end]))  # the host parser's own rule
+            if isinstance(got, str) or any(textformat._too_big(v) for v in got):
+                return False
+            runs.append(r)
+            nvals.append(len(got))
+            js.extend(range(len(got)))
+            values.extend(got)
+        run_arr = np.array(runs, np.int32)
+        cnt = np.array(nvals, np.int32)
+        ptr_runs = alloc(run_arr.nbytes)
+        ptr_cnt = alloc(cnt.nbytes)
+        with timer.phase("parse_gpu"):
+            s.copy_htod(ptr_runs, run_arr)
+            s.copy_htod(ptr_cnt, cnt)
+            s.call(pf["set_counts"], _blocks(count, THREADS), THREADS, ptr_runs, ptr_cnt, np.int32(count), counts)
+        s.synchronize()
+        # scattered after the counts' scan, by multiply_text
+        self._exotic_values = (
+            np.repeat(run_arr, cnt).astype(np.int32),
+            np.array(js, np.int32),
+            np.array(values, np.float64).astype(np.float32),
+        )
+        return True
