@@ -17,7 +17,7 @@
 //      stream compaction with cub::BlockScan inside the block).
 //   2. runs_classify: one thread per run walks its bytes and writes how many
 //      values it holds (0 for host-converted runs, which it lists in
-//      `exotic`, and for errors, whose first byte offset goes to
+//      `exotic` as (run, first byte) pairs, and for errors, whose first byte offset goes to
 //      status[STATUS_BAD] by atomicMin so the host can name the line).
 //   3. scan_count / scan_block_sums / scan_write: exclusive prefix sum of the
 //      counts: the index of each run's first value. The total is the last
@@ -275,7 +275,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         counts[r] = 0;
     } else if (kind == RUN_EXOTIC) {
         unsigned long long slot = atomicAdd(&status[STATUS_EXOTIC], 1ULL);
-        if (slot < (unsigned long long)exotic_cap) exotic[slot] = r;
+        if (slot < (unsigned long long)exotic_cap) {
+            exotic[2 * slot] = r;
+            exotic[2 * slot + 1] = s;
+        }
         counts[r] = 0;
     } else {
         counts[r] = fields;
