@@ -25,6 +25,7 @@ DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
 CHOICES: dict[str, tuple[str, ...]] = {
     "backend": ("auto", "cpu", "cuda"),
     "memory": ("device", "pitched", "managed"),
+    "text_path": ("auto", "host", "gpu"),
     "observer": ("auto", "inotify", "polling"),
     "log_format": ("auto", "json", "console"),
     "log_level": ("debug", "info", "warning", "error"),
@@ -41,6 +42,7 @@ class Settings:
     tile: int = 32  # threads per block edge; 64 is refused on every current GPU
     memory: str = "device"  # device | pitched | managed
     device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
+    text_path: str = "auto"  # auto: parse/format on the GPU when the backend can (docs/textpath.md) | host | gpu
     # -- the spool (relative paths are taken from the working directory) --
     inbox: Path = Path("inbox")
     outbox: Path = Path("outbox")

@@ -83,3 +83,11 @@ def test_replace_validates():
     with pytest.raises(ConfigError):
         config.Settings().replace(backend="tpu")
     assert config.Settings().replace(tile=8, kernel=None).tile == 8
+
+
+def test_text_path_setting():
+    assert config.Settings().text_path == "auto"
+    assert config.load(None, environ={"MMD_TEXT_PATH": "host"}).text_path == "host"
+    assert config.Settings().replace(text_path="gpu").text_path == "gpu"
+    with pytest.raises(ConfigError, match="text_path must be one of auto, host, gpu"):
+        config.load(None, environ={"MMD_TEXT_PATH": "cuda"})
