@@ -18,14 +18,14 @@
 //      / scan_write in text_parse.cu) is each element's first byte.
 //   3. emit_write: one thread per element writes its bytes at that offset.
 //
-// Geometry: 1-D blocks of THREADS threads, one thread per element of the
+// Geometry: 1-D blocks of TEXT_THREADS threads, one thread per element of the
 // m×n matrix (row-major, row stride ldc). Lengths and offsets are int32: the
 // host formats outputs that could reach 2 GiB itself.
 
 #include <stdint.h>
 
-#ifndef THREADS
-#define THREADS 256  // threads per block
+#ifndef TEXT_THREADS
+#define TEXT_THREADS 256  // threads per block
 #endif
 
 #define FIELD_WIDTH 6                   // %6.2f: fields are at least this wide
@@ -55,10 +55,10 @@ __device__ __forceinline__ int field_bytes(unsigned long long q, bool neg) {
     return max(FIELD_WIDTH, digits + 1 + (neg ? 1 : 0));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     emit_lengths(const float* __restrict__ c, int m, int n, int ldc, int* __restrict__ lengths,
                  unsigned char* __restrict__ slow_rows, unsigned long long* __restrict__ status) {
-    long long i = (long long)blockIdx.x * THREADS + threadIdx.x;
+    long long i = (long long)blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (i >= (long long)m * n) return;
     int row = (int)(i / n);
     int col = (int)(i - (long long)row * n);
@@ -75,10 +75,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     lengths[i] = bytes + (col == n - 1 ? 1 : 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     emit_write(const float* __restrict__ c, int m, int n, int ldc, const int* __restrict__ offsets,
                unsigned char* __restrict__ out) {
-    long long i = (long long)blockIdx.x * THREADS + threadIdx.x;
+    long long i = (long long)blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (i >= (long long)m * n) return;
     int row = (int)(i / n);
     int col = (int)(i - (long long)row * n);

@@ -8,11 +8,11 @@
 // ("100.00-25.50", split after each ".dd", as the host parser does), something
 // only the exact host path converts (exponents, more than MAX_DIGITS digits,
 // a mantissa of 2^53 or more, more than MAX_FRAC fraction digits, runs longer
-// than MAX_RUN bytes), or an error (any other byte, a malformed number).
+// than TEXT_MAX_RUN bytes), or an error (any other byte, a malformed number).
 //
 //   1. run_starts_count / scan_block_sums / run_starts_write: a run starts at
 //      byte i when i is not a separator and i-1 is (or i == 0). Each block
-//      counts the starts in its BYTES_PER_BLOCK bytes, the block counts are
+//      counts the starts in its TEXT_BYTES_PER_BLOCK bytes, the block counts are
 //      scanned, and each block writes the starts' offsets in order (a
 //      stream compaction with cub::BlockScan inside the block).
 //   2. runs_classify: one thread per run walks its bytes and writes how many
@@ -28,10 +28,10 @@
 //      strtod's; __double2float_rn then gives strtod-then-float32 exactly.
 //   5. set_counts / scatter_values: the host's values for exotic runs.
 //
-// Geometry: 1-D blocks of THREADS threads. Byte passes: each thread owns
-// BYTES_PER_THREAD consecutive bytes (one uint4 load; the device buffer is
+// Geometry: 1-D blocks of TEXT_THREADS threads. Byte passes: each thread owns
+// TEXT_BYTES_PER_THREAD consecutive bytes (one uint4 load; the device buffer is
 // padded with spaces to a whole block). Scan passes: each thread owns
-// ITEMS_PER_THREAD consecutive int32 items. Per-run passes: one thread per run.
+// TEXT_ITEMS_PER_THREAD consecutive int32 items. Per-run passes: one thread per run.
 // scan_block_sums is a single block. Offsets are int32: the host sends bodies
 // of 2 GiB or more to the host parser.
 
@@ -39,21 +39,21 @@
 #include <cub/block/block_scan.cuh>
 #include <stdint.h>
 
-#ifndef THREADS
-#define THREADS 256  // threads per block in every kernel here
+#ifndef TEXT_THREADS
+#define TEXT_THREADS 256  // threads per block in every kernel here
 #endif
-#ifndef BYTES_PER_THREAD
-#define BYTES_PER_THREAD 16  // one uint4 load per thread in the byte passes
+#ifndef TEXT_BYTES_PER_THREAD
+#define TEXT_BYTES_PER_THREAD 16  // one uint4 load per thread in the byte passes
 #endif
-#ifndef ITEMS_PER_THREAD
-#define ITEMS_PER_THREAD 8  // int32 items per thread in the scan passes
+#ifndef TEXT_ITEMS_PER_THREAD
+#define TEXT_ITEMS_PER_THREAD 8  // int32 items per thread in the scan passes
 #endif
-#ifndef MAX_RUN
-#define MAX_RUN 1024  // longest run one thread walks; longer runs go to the host
+#ifndef TEXT_MAX_RUN
+#define TEXT_MAX_RUN 1024  // longest run one thread walks; longer runs go to the host
 #endif
 
-#define BYTES_PER_BLOCK (THREADS * BYTES_PER_THREAD)
-#define ITEMS_PER_BLOCK (THREADS * ITEMS_PER_THREAD)
+#define TEXT_BYTES_PER_BLOCK (TEXT_THREADS * TEXT_BYTES_PER_THREAD)
+#define TEXT_ITEMS_PER_BLOCK (TEXT_THREADS * TEXT_ITEMS_PER_THREAD)
 #define MAX_DIGITS 19  // significant digits that always fit a uint64
 #define MAX_FRAC 22    // 10^22 is the largest power of ten a double holds exactly
 #define TWO_POW_53 (1ULL << 53)
@@ -62,10 +62,10 @@
 #define STATUS_BAD 0     // smallest byte offset of a run that is an error
 #define STATUS_EXOTIC 1  // number of runs for the host's exact path
 
-static_assert(BYTES_PER_THREAD == 16, "the byte passes load one uint4 (16 bytes) per thread");
+static_assert(TEXT_BYTES_PER_THREAD == 16, "the byte passes load one uint4 (16 bytes) per thread");
 
-typedef cub::BlockScan<int, THREADS> BlockScanInt;
-typedef cub::BlockReduce<int, THREADS> BlockReduceInt;
+typedef cub::BlockScan<int, TEXT_THREADS> BlockScanInt;
+typedef cub::BlockReduce<int, TEXT_THREADS> BlockReduceInt;
 
 __constant__ double kPow10[MAX_FRAC + 1] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                             1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
@@ -81,7 +81,7 @@ __device__ __forceinline__ unsigned start_mask(const unsigned char* __restrict__
     unsigned prev_sep = base == 0 ? 1u : (unsigned)is_sep(text[base - 1]);
     unsigned mask = 0;
 #pragma unroll
-    for (int i = 0; i < BYTES_PER_THREAD; ++i) {
+    for (int i = 0; i < TEXT_BYTES_PER_THREAD; ++i) {
         unsigned c = (words[i >> 2] >> (8 * (i & 3))) & 0xFFu;
         unsigned sep = is_sep(c);
         mask |= (prev_sep & (sep ^ 1u)) << i;
@@ -90,21 +90,21 @@ __device__ __forceinline__ unsigned start_mask(const unsigned char* __restrict__
     return mask;
 }
 
-// text is padded with spaces to gridDim.x * BYTES_PER_BLOCK bytes.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// text is padded with spaces to gridDim.x * TEXT_BYTES_PER_BLOCK bytes.
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     run_starts_count(const unsigned char* __restrict__ text, int* __restrict__ block_sums) {
     __shared__ typename BlockReduceInt::TempStorage temp;
-    long long base = (long long)blockIdx.x * BYTES_PER_BLOCK + threadIdx.x * BYTES_PER_THREAD;
+    long long base = (long long)blockIdx.x * TEXT_BYTES_PER_BLOCK + threadIdx.x * TEXT_BYTES_PER_THREAD;
     int count = __popc(start_mask(text, base));
     int total = BlockReduceInt(temp).Sum(count);
     if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     run_starts_write(const unsigned char* __restrict__ text, const int* __restrict__ block_offsets,
                      int* __restrict__ run_start) {
     __shared__ typename BlockScanInt::TempStorage temp;
-    long long base = (long long)blockIdx.x * BYTES_PER_BLOCK + threadIdx.x * BYTES_PER_THREAD;
+    long long base = (long long)blockIdx.x * TEXT_BYTES_PER_BLOCK + threadIdx.x * TEXT_BYTES_PER_THREAD;
     unsigned mask = start_mask(text, base);
     int before;
     BlockScanInt(temp).ExclusiveSum(__popc(mask), before);
@@ -117,10 +117,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 }
 
 // Exclusive scan of sums[0, count) in place by one block; the total goes to sums[count].
-extern "C" __global__ void __launch_bounds__(THREADS) scan_block_sums(int* __restrict__ sums, int count) {
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS) scan_block_sums(int* __restrict__ sums, int count) {
     __shared__ typename BlockScanInt::TempStorage temp;
     int carry = 0;
-    for (int start = 0; start < count; start += THREADS) {
+    for (int start = 0; start < count; start += TEXT_THREADS) {
         int i = start + threadIdx.x;
         int v = i < count ? sums[i] : 0;
         int before, tile_total;
@@ -132,28 +132,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) scan_block_sums(int* __res
     if (threadIdx.x == 0) sums[count] = carry;
 }
 
-// Per-block sums of in[0, count), ITEMS_PER_BLOCK items a block.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// Per-block sums of in[0, count), TEXT_ITEMS_PER_BLOCK items a block.
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     scan_count(const int* __restrict__ in, int count, int* __restrict__ block_sums) {
     __shared__ typename BlockReduceInt::TempStorage temp;
-    long long base = (long long)blockIdx.x * ITEMS_PER_BLOCK + threadIdx.x * ITEMS_PER_THREAD;
+    long long base = (long long)blockIdx.x * TEXT_ITEMS_PER_BLOCK + threadIdx.x * TEXT_ITEMS_PER_THREAD;
     int sum = 0;
 #pragma unroll
-    for (int j = 0; j < ITEMS_PER_THREAD; ++j)
+    for (int j = 0; j < TEXT_ITEMS_PER_THREAD; ++j)
         if (base + j < count) sum += in[base + j];
     int total = BlockReduceInt(temp).Sum(sum);
     if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
 }
 
 // out = exclusive prefix sum of in (out may be in), given scanned block offsets.
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     scan_write(const int* in, int count, const int* __restrict__ block_offsets, int* out) {
     __shared__ typename BlockScanInt::TempStorage temp;
-    long long base = (long long)blockIdx.x * ITEMS_PER_BLOCK + threadIdx.x * ITEMS_PER_THREAD;
-    int items[ITEMS_PER_THREAD];
+    long long base = (long long)blockIdx.x * TEXT_ITEMS_PER_BLOCK + threadIdx.x * TEXT_ITEMS_PER_THREAD;
+    int items[TEXT_ITEMS_PER_THREAD];
     int sum = 0;
 #pragma unroll
-    for (int j = 0; j < ITEMS_PER_THREAD; ++j) {
+    for (int j = 0; j < TEXT_ITEMS_PER_THREAD; ++j) {
         items[j] = base + j < count ? in[base + j] : 0;
         sum += items[j];
     }
@@ -161,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     BlockScanInt(temp).ExclusiveSum(sum, before);
     int run = block_offsets[blockIdx.x] + before;
 #pragma unroll
-    for (int j = 0; j < ITEMS_PER_THREAD; ++j) {
+    for (int j = 0; j < TEXT_ITEMS_PER_THREAD; ++j) {
         if (base + j < count) out[base + j] = run;
         run += items[j];
     }
@@ -252,18 +252,18 @@ __device__ int classify(const unsigned char* __restrict__ text, int s, int end, 
 }
 
 __device__ __forceinline__ int run_end(const unsigned char* __restrict__ text, int s, int n, bool& truncated) {
-    int limit = min(n, s + MAX_RUN);
+    int limit = min(n, s + TEXT_MAX_RUN);
     int p = s;
     while (p < limit && !is_sep(text[p])) ++p;
     truncated = p == limit && limit < n && !is_sep(text[p]);
     return p;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     runs_classify(const unsigned char* __restrict__ text, int n, const int* __restrict__ run_start, int nruns,
                   int* __restrict__ counts, unsigned long long* __restrict__ status, int* __restrict__ exotic,
                   int exotic_cap) {
-    int r = blockIdx.x * THREADS + threadIdx.x;
+    int r = blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (r >= nruns) return;
     int s = run_start[r];
     bool truncated;
@@ -286,11 +286,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 }
 
 // Values of A go to a[0, na), the rest to b[0, nb); indices beyond are dropped (the host checks the total).
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     runs_convert(const unsigned char* __restrict__ text, int n, const int* __restrict__ run_start, int nruns,
                  const int* __restrict__ counts, const int* __restrict__ first, float* __restrict__ a, int na,
                  float* __restrict__ b, int nb) {
-    int r = blockIdx.x * THREADS + threadIdx.x;
+    int r = blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (r >= nruns) return;
     int count = counts[r];
     if (count == 0) return;
@@ -329,18 +329,18 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     set_counts(const int* __restrict__ runs, const int* __restrict__ values, int count, int* __restrict__ counts) {
-    int i = blockIdx.x * THREADS + threadIdx.x;
+    int i = blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (i < count) counts[runs[i]] = values[i];
 }
 
 // values[i] is the j[i]-th value of run runs[i].
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     scatter_values(const int* __restrict__ runs, const int* __restrict__ j, const float* __restrict__ values,
                    int count, const int* __restrict__ first, float* __restrict__ a, int na, float* __restrict__ b,
                    int nb) {
-    int i = blockIdx.x * THREADS + threadIdx.x;
+    int i = blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (i >= count) return;
     int index = first[runs[i]] + j[i];
     if (index < na) a[index] = values[i];

@@ -67,11 +67,12 @@ STAGE_CHUNK = 16 << 20
 #: What the parse kernels' status slot STATUS_BAD holds when no run is bad.
 NO_BAD = np.iinfo(np.uint64).max
 
+#: The kernels' compile-time constants (prefixed: CUB's templates use the bare names).
 DEFINES = {
-    "THREADS": THREADS,
-    "BYTES_PER_THREAD": BYTES_PER_THREAD,
-    "ITEMS_PER_THREAD": ITEMS_PER_THREAD,
-    "MAX_RUN": MAX_RUN,
+    "TEXT_THREADS": THREADS,
+    "TEXT_BYTES_PER_THREAD": BYTES_PER_THREAD,
+    "TEXT_ITEMS_PER_THREAD": ITEMS_PER_THREAD,
+    "TEXT_MAX_RUN": MAX_RUN,
 }
 #: Entry points and their pycuda argument signatures (P pointer, i int32).
 PARSE_ENTRIES = {
@@ -155,7 +156,7 @@ class GpuText:
         """The parse and emit entry points, and the milliseconds spent building them now."""
         built = 0.0
         parse, ms1 = self.session.compile_functions(PARSE_SOURCE, PARSE_ENTRIES, DEFINES)
-        emit, ms2 = self.session.compile_functions(EMIT_SOURCE, EMIT_ENTRIES, {"THREADS": THREADS})
+        emit, ms2 = self.session.compile_functions(EMIT_SOURCE, EMIT_ENTRIES, {"TEXT_THREADS": THREADS})
         for ms in (ms1, ms2):
             if ms is not None:
                 built += ms
