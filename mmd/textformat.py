@@ -32,6 +32,14 @@ import numpy as np
 
 from .errors import InputFormatError
 
+try:  # optional C accelerator (setup.py builds it where a compiler is present)
+    from . import _fasttext
+except ImportError:  # pragma: no cover - depends on the build
+    _fasttext = None
+
+#: Use mmd._fasttext where it applies; MMD_NO_FASTTEXT=1 forces the numpy path.
+USE_FASTTEXT = _fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
+
 __all__ = [
     "Header",
     "Matrices",
@@ -649,6 +657,11 @@ def _parse_values(
     plausible = expected <= (stop - start + 1) // 2 + 1
     if out is None or not plausible:
         out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
+    if USE_FASTTEXT and as_f32 and plausible:
+        status, _ = _fasttext.parse_values(data, start, out)
+        if status == 0:
+            return out
+        # any problem: the numpy path below finds it again and words the error
     count = 0
 
     def work(bd):
@@ -837,7 +850,16 @@ def emit_chunks(c: np.ndarray, rows_per_chunk: int | None = None) -> Iterator[by
     m, n = c.shape
     yield _header_line(m, n)
     blocks = _row_blocks(m, n, rows_per_chunk)
-    yield from _ordered_map(lambda bd: _emit_rows(c[bd[0] : bd[1]]), blocks)
+    rows = _emit_rows
+    if USE_FASTTEXT and c.dtype.kind == "f" and c.dtype.itemsize <= 4:
+        rows = _emit_rows_c
+    yield from _ordered_map(lambda bd: rows(c[bd[0] : bd[1]]), blocks)
+
+
+def _emit_rows_c(c: np.ndarray) -> bytes:
+    """:func:`_emit_rows` by mmd._fasttext (float32 and float16 convert exactly)."""
+    block = np.ascontiguousarray(c, dtype=np.float32)
+    return _fasttext.format_rows(block, block.shape[0], block.shape[1])
 
 
 def emit(c: np.ndarray) -> bytes:

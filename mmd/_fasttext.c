@@ -1,0 +1,545 @@
+/*
+ * mmd._fasttext: a small C accelerator for mmd.textformat.
+ *
+ *   parse_values(data, offset, out_a, out_b) -> (status, position)
+ *   format_rows(c, m, n) -> bytes
+ *
+ * Both work on buffers (no numpy C API) and run with the GIL released.
+ *
+ * parse_values reads whitespace-separated values (' ', '\t', '\r', '\n')
+ * from data[offset:] with exactly the grammar of mmd.textformat:
+ *
+ *   value := [+-]? (DIGITS ['.' DIGITS?] | '.' DIGITS) ([eE] [+-]? DIGITS)?
+ *
+ * A run that is not one value but entirely a concatenation of
+ * [+-]?DIGITS '.' DIGIT DIGIT fields (mmd's own output, no separators) gives
+ * one value per field. Each value is (float)(correctly rounded double):
+ * mantissa <= 2^53 with a decimal exponent in [-22, 22] is one exact IEEE
+ * multiplication or division of exact operands; anything else goes to
+ * strtod (correctly rounded in glibc) on a NUL-terminated copy of the token,
+ * whose grammar has been checked here first. It fills out_a, then out_b
+ * (writable float32 buffers) and returns (0, end). On any problem it stops
+ * and returns a nonzero status and the byte offset of the offending run; the
+ * caller then runs its own (slow) parser to produce the exact error message:
+ *
+ *   1 not a number, 2 too few values, 3 too many values, 4 outside float32.
+ *
+ * format_rows writes m rows of n fields, each byte-exact printf("%6.2f") of
+ * a float32 (NaN/inf as Python's '%6.2f' prints them), '\n' after each row.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GLIBC__) || defined(__APPLE__) || defined(__FreeBSD__)
+#include <locale.h>
+#if defined(__APPLE__)
+#include <xlocale.h>
+#endif
+#define MMD_HAVE_STRTOD_L 1
+static locale_t c_locale = (locale_t)0;
+#endif
+
+enum { ST_OK = 0, ST_NAN = 1, ST_FEW = 2, ST_MANY = 3, ST_RANGE = 4, ST_NOMEM = 5 };
+
+#define IS_WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\t' || (c) == '\r')
+#define IS_DIGIT(c) ((unsigned)((c) - '0') < 10u)
+
+static const double P10[23] = {
+    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+};
+
+#define TWO53 (UINT64_C(1) << 53)
+
+/* strtod on [s, e) (grammar already checked); -1 on out of memory. */
+static int
+slow_double(const unsigned char *s, const unsigned char *e, double *out)
+{
+    char small[128];
+    size_t len = (size_t)(e - s);
+    char *buf = small;
+    if (len >= sizeof(small)) {
+        buf = (char *)malloc(len + 1);
+        if (buf == NULL)
+            return -1;
+    }
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+#ifdef MMD_HAVE_STRTOD_L
+    *out = c_locale ? strtod_l(buf, NULL, c_locale) : strtod(buf, NULL);
+#else
+    *out = strtod(buf, NULL);
+#endif
+    if (buf != small)
+        free(buf);
+    return 0;
+}
+
+/* Exact conversion of mant * 10^e10 (mant <= 2^53, |e10| <= 22). */
+static inline double
+fast_double(uint64_t mant, int64_t e10)
+{
+    double d = (double)mant;
+    return e10 < 0 ? d / P10[-e10] : d * P10[e10];
+}
+
+/*
+ * One value at s (the start of a run). Returns 1 when [s, *next) is one
+ * valid number followed by whitespace or the end, with its value in *val;
+ * 0 when the run is not one number; -1 on out of memory.
+ */
+static inline int
+one_number(const unsigned char *s, const unsigned char *end, const unsigned char **next, double *val)
+{
+    const unsigned char *q = s;
+    int neg = 0;
+    if (q < end && (*q == '+' || *q == '-')) {
+        neg = (*q == '-');
+        q++;
+    }
+    /* up to 19 digits (leading zeros included) accumulate exactly */
+    const unsigned char *ds = q;
+    uint64_t mant = 0;
+    while (q < end && IS_DIGIT(*q)) {
+        mant = mant * 10 + (unsigned)(*q - '0');
+        q++;
+    }
+    Py_ssize_t ndig = q - ds;
+    int64_t e10 = 0;
+    if (q < end && *q == '.') {
+        q++;
+        const unsigned char *fs = q;
+        while (q < end && IS_DIGIT(*q)) {
+            mant = mant * 10 + (unsigned)(*q - '0');
+            q++;
+        }
+        ndig += q - fs;
+        e10 = -(int64_t)(q - fs);
+    }
+    if (ndig == 0)
+        return 0;
+    if (q < end && (*q | 0x20) == 'e') {
+        const unsigned char *r = q + 1;
+        int eneg = 0;
+        if (r < end && (*r == '+' || *r == '-')) {
+            eneg = (*r == '-');
+            r++;
+        }
+        if (r < end && IS_DIGIT(*r)) {
+            int64_t ex = 0;
+            while (r < end && IS_DIGIT(*r)) {
+                if (ex < 100000000)
+                    ex = ex * 10 + (*r - '0');
+                r++;
+            }
+            e10 += eneg ? -ex : ex;
+            q = r;
+        }
+    }
+    if (q < end && !IS_WS(*q))
+        return 0;
+    *next = q;
+    double d;
+    if (ndig <= 19 && mant <= TWO53 && e10 >= -22 && e10 <= 22) {
+        d = fast_double(mant, e10);
+    } else {
+        if (slow_double(s + (s < q && (*s == '+' || *s == '-')), q, &d) < 0)
+            return -1;
+    }
+    *val = neg ? -d : d;
+    return 1;
+}
+
+typedef struct {
+    float *out[2];
+    Py_ssize_t cap[2];
+    int which;
+    Py_ssize_t idx;
+} sink_t;
+
+static inline int
+store(sink_t *k, double d)
+{
+    float f = (float)d;
+    if (isinf(f))
+        return ST_RANGE;
+    while (k->idx >= k->cap[k->which]) {
+        if (k->which == 1)
+            return ST_MANY;
+        k->which = 1;
+        k->idx = 0;
+    }
+    k->out[k->which][k->idx++] = f;
+    return ST_OK;
+}
+
+static int
+parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, sink_t *k, Py_ssize_t *where)
+{
+    const unsigned char *p = data + offset, *end = data + len;
+    for (;;) {
+        while (p < end && IS_WS(*p))
+            p++;
+        if (p >= end)
+            break;
+        const unsigned char *rs = p, *next = p;
+        double d;
+        int got = one_number(p, end, &next, &d);
+        if (got < 0) {
+            *where = rs - data;
+            return ST_NOMEM;
+        }
+        if (got) {
+            int st = store(k, d);
+            if (st) {
+                *where = rs - data;
+                return st;
+            }
+            p = next;
+            continue;
+        }
+        /* touching %6.2f fields: [+-]?DIGITS.dd repeated, nothing else */
+        const unsigned char *re = rs;
+        while (re < end && !IS_WS(*re))
+            re++;
+        const unsigned char *q = rs;
+        /* check the whole run first: an invalid run stores nothing */
+        while (q < re) {
+            if (*q == '+' || *q == '-')
+                q++;
+            const unsigned char *ds = q;
+            while (q < re && IS_DIGIT(*q))
+                q++;
+            if (q == ds || re - q < 3 || q[0] != '.' || !IS_DIGIT(q[1]) || !IS_DIGIT(q[2])) {
+                *where = rs - data;
+                return ST_NAN;
+            }
+            q += 3;
+        }
+        q = rs;
+        while (q < re) {
+            const unsigned char *fs = q;
+            int neg = 0;
+            if (*q == '+' || *q == '-') {
+                neg = (*q == '-');
+                q++;
+            }
+            const unsigned char *ds = q;
+            uint64_t mant = 0;
+            int nsig = 0;
+            while (IS_DIGIT(*q)) {
+                unsigned dg = *q - '0';
+                if (mant || dg) {
+                    nsig++;
+                    if (nsig <= 17)
+                        mant = mant * 10 + dg;
+                }
+                q++;
+            }
+            mant = mant * 100 + (unsigned)(q[1] - '0') * 10 + (unsigned)(q[2] - '0');
+            q += 3;
+            if (nsig <= 15 && mant <= TWO53) {
+                d = (double)mant / 100.0;
+            } else if (slow_double(ds, q, &d) < 0) {
+                *where = fs - data;
+                return ST_NOMEM;
+            }
+            int st = store(k, neg ? -d : d);
+            if (st) {
+                *where = fs - data;
+                return st;
+            }
+        }
+        p = re;
+    }
+    *where = len;
+    if (k->which == 0 && k->cap[1] > 0)
+        return ST_FEW;
+    if (k->idx < k->cap[k->which])
+        return ST_FEW;
+    return ST_OK;
+}
+
+static int
+is_float32_format(const char *fmt)
+{
+    if (fmt == NULL)
+        return 0;
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    return fmt[0] == 'f' && fmt[1] == '\0';
+}
+
+static int
+get_f32_out(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->itemsize != 4 || !is_float32_format(view->format)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "output buffers must hold float32");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+parse_values(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data, oa, ob;
+    Py_ssize_t offset;
+    PyObject *a_obj, *b_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nO|O:parse_values", &data, &offset, &a_obj, &b_obj))
+        return NULL;
+    if (offset < 0 || offset > data.len) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "offset out of range");
+        return NULL;
+    }
+    if (get_f32_out(a_obj, &oa) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    int have_b = (b_obj != Py_None);
+    if (have_b && get_f32_out(b_obj, &ob) < 0) {
+        PyBuffer_Release(&oa);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    sink_t k;
+    k.out[0] = (float *)oa.buf;
+    k.cap[0] = oa.len / 4;
+    k.out[1] = have_b ? (float *)ob.buf : NULL;
+    k.cap[1] = have_b ? ob.len / 4 : 0;
+    k.which = 0;
+    k.idx = 0;
+    Py_ssize_t where = 0;
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = parse_body((const unsigned char *)data.buf, data.len, offset, &k, &where);
+    Py_END_ALLOW_THREADS
+    if (have_b)
+        PyBuffer_Release(&ob);
+    PyBuffer_Release(&oa);
+    PyBuffer_Release(&data);
+    if (st == ST_NOMEM)
+        return PyErr_NoMemory();
+    return Py_BuildValue("(in)", st, where);
+}
+
+/* ------------------------------------------------------------------------ */
+/* emit */
+
+static const char DIG2[201] =
+    "00010203040506070809"
+    "10111213141516171819"
+    "20212223242526272829"
+    "30313233343536373839"
+    "40414243444546474849"
+    "50515253545556575859"
+    "60616263646566676869"
+    "70717273747576777879"
+    "80818283848586878889"
+    "90919293949596979899";
+
+#define MAXW 48 /* widest field: -3.4e38 is 39 digits + ".00" + sign */
+
+static inline int
+ndigits(uint64_t v)
+{
+    int n = 1;
+    while (v >= 10000) {
+        v /= 10000;
+        n += 4;
+    }
+    if (v >= 10)
+        n++;
+    if (v >= 100)
+        n++;
+    if (v >= 1000)
+        n++;
+    return n;
+}
+
+/* One %6.2f field of x at o; returns the bytes written (<= MAXW). */
+static inline int
+put_field(char *o, float x)
+{
+    if (isnan(x)) {
+        memcpy(o, "   nan", 6);
+        return 6;
+    }
+    if (isinf(x)) {
+        memcpy(o, x < 0 ? "  -inf" : "   inf", 6);
+        return 6;
+    }
+    int neg = signbit(x) ? 1 : 0;
+    double ay = fabs((double)x * 100.0); /* exact: 24 + 7 bits */
+    uint64_t u;
+    if (ay < 4503599627370496.0) {           /* 2^52: round half to even */
+        double t = ay + 4503599627370496.0; /* no -ffast-math here */
+        u = (uint64_t)(t - 4503599627370496.0);
+    } else if (ay < 9223372036854775808.0) { /* 2^63: already an integer */
+        u = (uint64_t)ay;
+    } else {
+        /* |x| >= 2^56: an integer; %.0f has no locale-dependent point */
+        char tmp[64];
+        int L = snprintf(tmp, sizeof(tmp), "%.0f", (double)x);
+        if (L < 0 || L > MAXW - 3)
+            L = 0;
+        memcpy(o, tmp, (size_t)L);
+        memcpy(o + L, ".00", 3);
+        L += 3;
+        if (L < 6) { /* cannot happen, kept for safety */
+            memmove(o + 6 - L, o, (size_t)L);
+            memset(o, ' ', (size_t)(6 - L));
+            L = 6;
+        }
+        return L;
+    }
+    uint64_t ip = u / 100;
+    unsigned fr = (unsigned)(u % 100);
+    int nd = ndigits(ip);
+    int len = nd + 3 + neg;
+    int w = len < 6 ? 6 : len;
+    char *e = o + w;
+    e[-1] = DIG2[2 * fr + 1];
+    e[-2] = DIG2[2 * fr];
+    e[-3] = '.';
+    char *d = e - 3;
+    while (ip >= 100) {
+        unsigned r = (unsigned)(ip % 100);
+        ip /= 100;
+        d -= 2;
+        d[0] = DIG2[2 * r];
+        d[1] = DIG2[2 * r + 1];
+    }
+    if (ip >= 10) {
+        d -= 2;
+        d[0] = DIG2[2 * ip];
+        d[1] = DIG2[2 * ip + 1];
+    } else {
+        *--d = (char)('0' + ip);
+    }
+    if (neg)
+        *--d = '-';
+    while (d > o)
+        *--d = ' ';
+    return w;
+}
+
+static PyObject *
+format_rows(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *c_obj;
+    Py_ssize_t m, n;
+    if (!PyArg_ParseTuple(args, "Onn:format_rows", &c_obj, &m, &n))
+        return NULL;
+    if (m < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative shape");
+        return NULL;
+    }
+    Py_buffer c;
+    if (PyObject_GetBuffer(c_obj, &c, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (c.itemsize != 4 || !is_float32_format(c.format)) {
+        PyBuffer_Release(&c);
+        PyErr_SetString(PyExc_TypeError, "format_rows needs a float32 buffer");
+        return NULL;
+    }
+    if (n > 0 && m > PY_SSIZE_T_MAX / 4 / n) {
+        PyBuffer_Release(&c);
+        return PyErr_NoMemory();
+    }
+    if (c.len != m * n * 4) {
+        PyBuffer_Release(&c);
+        PyErr_SetString(PyExc_ValueError, "buffer size does not match m*n float32");
+        return NULL;
+    }
+    if (n > (PY_SSIZE_T_MAX - 1) / MAXW / 4) {
+        PyBuffer_Release(&c);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t row_max = n * MAXW + 1;
+    Py_ssize_t cap = m * (n * 8 + 1);
+    if (cap < row_max)
+        cap = row_max;
+    PyObject *res = PyBytes_FromStringAndSize(NULL, cap);
+    if (res == NULL) {
+        PyBuffer_Release(&c);
+        return NULL;
+    }
+    const float *x = (const float *)c.buf;
+    Py_ssize_t pos = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (cap - pos < row_max) {
+            Py_ssize_t want = cap + cap / 2;
+            if (want < pos + row_max)
+                want = pos + row_max;
+            Py_BLOCK_THREADS
+            int r = _PyBytes_Resize(&res, want);
+            Py_UNBLOCK_THREADS
+            if (r < 0) {
+                failed = 1;
+                break;
+            }
+            cap = want;
+        }
+        char *o = PyBytes_AS_STRING(res) + pos;
+        const float *row = x + i * n;
+        for (Py_ssize_t j = 0; j < n; j++)
+            o += put_field(o, row[j]);
+        *o++ = '\n';
+        pos = o - PyBytes_AS_STRING(res);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&c);
+    if (failed)
+        return NULL; /* res is NULL and the error is set */
+    if (_PyBytes_Resize(&res, pos) < 0)
+        return NULL;
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"parse_values", parse_values, METH_VARARGS,
+     "parse_values(data, offset, out_a, out_b=None) -> (status, position)\n\n"
+     "Fill float32 buffers out_a then out_b with the values of data[offset:].\n"
+     "status: 0 ok, 1 not a number, 2 too few, 3 too many, 4 outside float32."},
+    {"format_rows", format_rows, METH_VARARGS,
+     "format_rows(c, m, n) -> bytes\n\n"
+     "m rows of n '%6.2f' fields of the float32 buffer c, '\\n' after each row."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fasttext", "C accelerator for mmd.textformat (parse and %6.2f emit).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__fasttext(void)
+{
+#ifdef MMD_HAVE_STRTOD_L
+    if (c_locale == (locale_t)0)
+        c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+#endif
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(mod, "OK", ST_OK) < 0 || PyModule_AddIntConstant(mod, "NOT_A_NUMBER", ST_NAN) < 0 ||
+        PyModule_AddIntConstant(mod, "TOO_FEW", ST_FEW) < 0 || PyModule_AddIntConstant(mod, "TOO_MANY", ST_MANY) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_OF_RANGE", ST_RANGE) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}
