@@ -27,6 +27,7 @@ import json
 import os
 import queue
 import signal
+import stat
 import threading
 import time
 from collections import deque
@@ -39,11 +40,11 @@ from .atomic import write_atomic
 from .backends import MultiplyRequest, open_backend
 from .backends.base import Backend
 from .config import Settings, physical_memory_bytes
-from .errors import MmdError, SpoolError
+from .errors import MmdError, OutputError, SpoolError
 from .logs import get_logger
 from .notify import Notifier, WatchdogPinger
 from .pipeline import Limits, run_job
-from .spool import LOCK_NAME, STATE_NAME, Claim, Readiness, Spool, is_job_name
+from .spool import LOCK_NAME, STATE_NAME, Claim, Readiness, Spool, is_job_name, shown
 
 #: How many finished jobs the state file lists.
 RECENT_JOBS = 20
@@ -53,9 +54,16 @@ STATE_EVERY = 0.25
 HEARTBEAT = 1.0
 #: A loop that has not turned for this long is stuck (the watchdog stops pinging).
 STUCK_AFTER = 30.0
+#: After an output could not be committed (disk full, outbox unwritable) no new job is
+#: taken for rescan_seconds, doubling with each failure in a row, up to this (seconds).
+MAX_PAUSE = 300.0
+#: Bits the daemon always masks from the files and folders it creates: no group or
+#: world write, whatever umask it was started with (the unit sets 0027).
+UMASK_BITS = 0o022
 
 # Hint kinds (the first item of each tuple in the hint queue).
 COMPLETE, SEEN, DONE, BROKEN, STOP, RELOAD, WAKE = "complete", "seen", "done", "broken", "stop", "reload", "wake"
+RESCAN, INBOX, PAUSE = "rescan", "inbox", "pause"
 
 
 def _now_iso() -> str:
@@ -174,9 +182,36 @@ class State:
         self._dirty = False
         self._written = time.monotonic()
         try:
-            write_atomic(self.path, [json.dumps(snap, indent=1).encode() + b"\n"], durable=False)
-        except MmdError as exc:
-            get_logger().warning("cannot write the state file", reason=exc.reason)
+            _write_state(self.path, json.dumps(snap, indent=1).encode() + b"\n")
+        except OSError as exc:
+            get_logger().warning("cannot write the state file", reason=exc.strerror or str(exc))
+
+
+def _write_state(path: Path, data: bytes) -> None:
+    """Write the state file in the inbox, which users can write too.
+
+    The temporary is created with ``O_EXCL | O_NOFOLLOW``: a link planted
+    under its name is removed, never written through (write_atomic's
+    ``O_TRUNC`` open would write into the link's target).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
 
 
 def read_state(inbox: Path) -> dict[str, Any] | None:
@@ -221,10 +256,12 @@ def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds
 
     ``auto`` uses inotify and falls back to polling where inotify cannot be set
     up (no inotify, out of instances or watches); ``inotify`` fails instead.
+    An inotify queue overflow (events lost) becomes a RESCAN hint, the inbox
+    itself deleted an INBOX hint.
     """
     if kind in ("auto", "inotify"):
         try:
-            observer, created_is_move = _inotify_observer()
+            observer, created_is_move = _inotify_observer(lambda: hints.put((RESCAN, "inotify queue overflow")))
             observer.schedule(
                 _Hints(inbox, hints, created_is_move),
                 str(inbox),
@@ -246,12 +283,12 @@ def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds
 
 
 def _event_types(created_is_move: bool) -> list[type]:
-    from watchdog.events import FileClosedEvent, FileCreatedEvent, FileMovedEvent
+    from watchdog.events import DirDeletedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent
 
-    return [FileClosedEvent, FileCreatedEvent, FileMovedEvent]
+    return [FileClosedEvent, FileCreatedEvent, FileMovedEvent, DirDeletedEvent]
 
 
-def _inotify_observer():
+def _inotify_observer(on_overflow: Callable[[], None] | None = None):
     """watchdog's inotify observer, asking the kernel only for close-after-write and moved-in.
 
     watchdog holds each unpaired IN_MOVED_FROM for half a second to pair it with
@@ -272,6 +309,21 @@ def _inotify_observer():
     class _ArrivalsEmitter(InotifyEmitter):
         def get_event_mask_from_filter(self):  # type: ignore[override]
             return K.IN_DELETE_SELF | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
+
+        def on_thread_start(self) -> None:
+            super().on_thread_start()
+            # watchdog drops its pending events on IN_Q_OVERFLOW and only logs it; the
+            # daemon must rescan at once. Where this watchdog has no such hook, the
+            # periodic rescan still finds every file, rescan_seconds later.
+            group = getattr(self, "_inotify", None)
+            if on_overflow is not None and hasattr(group, "on_queue_overflow"):
+                inner = group.on_queue_overflow
+
+                def overflowed() -> None:
+                    inner()
+                    on_overflow()
+
+                group.on_queue_overflow = overflowed
 
     observer._emitter_class = _ArrivalsEmitter
     return observer, True
@@ -295,6 +347,8 @@ class _Hints:
 
     def dispatch(self, event: Any) -> None:
         if event.is_directory:
+            if event.event_type == "deleted" and os.path.abspath(os.fsdecode(event.src_path)) == self.inbox:
+                self.hints.put((INBOX, "deleted"))
             return
         kind = event.event_type
         if kind == "closed":
@@ -322,6 +376,8 @@ class Worker(threading.Thread):
         self.busy_since: float | None = None
         self.beat = time.monotonic()
         self._backends: dict[str, Backend] = {}
+        #: Outputs that could not be committed in a row (the pause doubles with each).
+        self.output_failures = 0
 
     # -- backends (only ever touched in this thread) --
     def _backend(self, name: str) -> Backend:
@@ -373,6 +429,8 @@ class Worker(threading.Thread):
                 self.busy_since = time.monotonic()
                 try:
                     self.process(kind, item)
+                except Exception as exc:  # last line: the worker thread must outlive any job
+                    get_logger().exception("job escaped the job boundary", error=repr(exc))
                 finally:
                     self.busy_since = None
                     self.d.hints.put((DONE, item if kind == "name" else item.name))
@@ -386,17 +444,23 @@ class Worker(threading.Thread):
     def process(self, kind: str, item: Any) -> None:
         """One job, start to archive; nothing it raises escapes."""
         spool = self.d.spool
-        log = get_logger(file=item if kind == "name" else item.name)
+        log = get_logger(file=shown(item if kind == "name" else item.name))
         claim: Claim | None = None
+        if kind == "name" and self.d.paused():
+            return  # outbox trouble: the file stays in the inbox until the pause ends
         try:
             try:
+                if not os.path.isdir(spool.outbox):  # deleted under us: make it again
+                    spool.outbox.mkdir(parents=True, exist_ok=True)
                 claim = spool.claim(item) if kind == "name" else item
             except OSError as exc:
                 raise SpoolError(f"cannot claim {item}: {exc.strerror or exc}") from None
             if claim is None:
                 log.debug("already taken")  # claimed by someone else or removed: harmless
                 return
-            log = log.bind(job=claim.job_id)
+            log = log.bind(job=claim.job_id, file=shown(claim.name))
+            if claim.original is not None:
+                log.info("claimed under a safe name", original=shown(claim.original))
             self.d.state.update(current={"job": claim.job_id, "file": claim.name, "since": _now_iso()})
             self._run(claim, log)
         except SpoolError as exc:
@@ -413,6 +477,8 @@ class Worker(threading.Thread):
     def _run(self, claim: Claim, log: Any) -> None:
         spool, settings = self.d.spool, self.d.settings
         extra: dict[str, Any] = {}
+        if claim.original is not None:
+            extra["original_name"] = shown(claim.original)
         if claim.collision():
             extra["collision"] = claim.collision()
         if claim.resumed:
@@ -427,18 +493,12 @@ class Worker(threading.Thread):
                 self._record(claim, ok, path, None)
                 return
             log.info("resuming job left by an earlier daemon")
-        if not claim.regular:
-            self._refuse(
-                claim,
-                SpoolError(
-                    f"{claim.name} is not a regular file (a link, folder or device); mmd does not follow it",
-                ),
-                extra,
-                log,
-            )
+        if claim.problem is not None or not claim.regular:
+            problem = claim.problem or "is not a regular file (a link, folder or device); mmd does not follow it"
+            self._refuse(claim, SpoolError(f"{shown(claim.original or claim.name)} {problem}"), extra, log)
             return
         try:
-            name = jobname.parse(claim.name)
+            name = jobname.parse(claim.original or claim.name)
             if name.overrides:
                 extra["name_settings"] = dict(name.overrides)
             o = name.overrides
@@ -462,10 +522,38 @@ class Worker(threading.Thread):
             extra=extra or None,
             durable=self.d.durable,
         )
+        if not result.ok and isinstance(result.error, OutputError):
+            self._retry_later(claim, result.error, log)
+            return
+        self.output_failures = 0
         if not result.ok and result.record.get("error", {}).get("sidecar_failed"):
             log.error("no error sidecar could be written; the input is kept in .failed")
         spool.archive(claim, result.ok)
         self._record(claim, result.ok, result.sidecar, result.record)
+
+    def _retry_later(self, claim: Claim, exc: OutputError, log: Any) -> None:
+        """The outbox refused the result (disk full, quota, permissions): not the input's fault.
+
+        This job's own output and error sidecar are removed (nothing
+        half-done stays visible), the input goes back into the inbox, and the
+        daemon takes no new job for a pause that doubles with each failure
+        in a row; the next rescan after it tries again.
+        """
+        for path in (claim.output, sidecar.error_path(claim.output), sidecar.timing_path(claim.output)):
+            if path == claim.output or self.d.spool.owned_by(claim, path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        self.output_failures += 1
+        pause = min(self.d.settings.rescan_seconds * 2 ** (self.output_failures - 1), MAX_PAUSE)
+        try:
+            back = self.d.spool.give_back(claim)
+            where = f"back in the inbox as {shown(back.name)}"
+        except SpoolError as err:
+            log.error("cannot give the job back; it stays in .work until the next start", reason=err.reason)
+            where = "kept in .work"
+        log.error("output not committed; retrying later", reason=exc.reason, input=where, pause_s=pause)
+        self.d._paused_until = time.monotonic() + pause  # before the next queued name is looked at
+        self.d.hints.put((PAUSE, exc.reason, pause))
 
     def _refuse(self, claim: Claim, exc: MmdError, extra: dict[str, Any], log: Any) -> None:
         """Refuse a job that never reached run_job (bad name, not a file, internal error)."""
@@ -509,7 +597,7 @@ def write_refusal(claim: Claim, exc: MmdError, extra: dict[str, Any], durable: b
     record: dict[str, Any] = {
         "status": "error",
         "job": claim.job_id,
-        "input": {"name": claim.name, "bytes": size},
+        "input": {"name": shown(claim.name), "bytes": size},
         "output": {"name": claim.output.name, "written": False},
         "error": exc.as_dict(),
         "timings_ms": {"overall": round((time.perf_counter() - claim.started) * 1e3, 3)},
@@ -520,8 +608,9 @@ def write_refusal(claim: Claim, exc: MmdError, extra: dict[str, Any], durable: b
     path = sidecar.error_path(claim.output)
     try:
         write_atomic(path, [sidecar.dumps(record)], durable=durable)
-    except MmdError as write_exc:
-        get_logger(job=claim.job_id, file=claim.name).error("cannot write error sidecar", reason=write_exc.reason)
+    except Exception as write_exc:  # MmdError (disk full) or a record YAML cannot hold: never fatal
+        reason = getattr(write_exc, "reason", repr(write_exc))
+        get_logger(job=claim.job_id, file=shown(claim.name)).error("cannot write error sidecar", reason=reason)
         return None
     return path
 
@@ -553,6 +642,13 @@ class Daemon:
         self._beat = time.monotonic()
         self._backlog = False  # names left in the inbox because the queue was full
         self._broken: set[str] = set()  # names whose claim failed (retried at each rescan when serving)
+        self._paused_until = 0.0  # monotonic: no new job before (the outbox refused a result)
+        self._rescan_now = False
+        self._once_failed: str | None = None  # with --once: why the drain stopped early
+        self._lock: SpoolLock | None = None
+        self._observer: Any = None
+        self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
+        self._inbox_gone = False
 
     # -- derived settings --
     @property
@@ -606,6 +702,10 @@ class Daemon:
             return False, f"the main loop has not turned for {now - self._beat:.0f} s"
         return True, ""
 
+    def paused(self) -> bool:
+        """Whether new jobs wait (the outbox refused a result a moment ago)."""
+        return time.monotonic() < self._paused_until
+
     # -- scheduling --
     def _offer(self, name: str, complete: bool) -> None:
         """A hint that ``name`` may be a job; queue it when it is complete."""
@@ -621,7 +721,14 @@ class Daemon:
             if not self._readiness.observe(name, cand.size, cand.mtime_ns):
                 return
         self._readiness.forget(name)
+        if self.paused():
+            return  # it stays in the inbox; the rescan after the pause takes it
         if len(self._queued) >= self.settings.max_queue:
+            if not self._backlog:
+                self.log.warning(
+                    "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
+                )
+                self.state.update(backlog=True)
             self._backlog = True
             return
         self._queued.add(name)
@@ -665,6 +772,50 @@ class Daemon:
             self.log.info("stopping after the job in hand", signal=hint[1])
         elif kind == RELOAD:
             self._reload_settings()
+        elif kind == RESCAN:
+            self.log.warning("rescanning the inbox", reason=hint[1])
+            self._rescan_now = True
+        elif kind == INBOX:
+            self._check_inbox()
+        elif kind == PAUSE:
+            _, reason, seconds = hint
+            self._paused_until = time.monotonic() + seconds
+            self.state.update(paused={"reason": reason, "seconds": seconds, "since": _now_iso()})
+            self._once_failed = reason
+
+    def _check_inbox(self) -> None:
+        """Follow the inbox being deleted (wait) and recreated (serve the new folder)."""
+        try:
+            info = os.stat(self.spool.inbox)
+            ident: tuple[int, int] | None = (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+        except OSError:
+            ident = None
+        if ident == self._inbox_id:
+            return
+        if ident is None:
+            if not self._inbox_gone:
+                self.log.error("the inbox is gone; waiting for it to be made again", inbox=str(self.spool.inbox))
+                self.state.update(status="inbox missing")
+            self._inbox_gone = True
+            return
+        self.log.warning("the inbox was made again; serving the new folder", inbox=str(self.spool.inbox))
+        self._inbox_gone = False
+        self._inbox_id = ident
+        self.spool.forget_folders()
+        self.spool.prepare()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock.acquire()  # SpoolError if another daemon took the new inbox meanwhile
+        if self._observer is not None:
+            self._observer.stop()
+            with contextlib.suppress(RuntimeError):
+                self._observer.join(timeout=5)
+            self._observer, _kind = make_observer(
+                self.settings.observer, self.spool.inbox, self.hints, self.settings.poll_seconds, self.log
+            )
+        self._broken.clear()
+        self._rescan_now = True
+        self.state.update(status="serving")
 
     def _reload_settings(self) -> None:
         if self._reload is None:
@@ -693,13 +844,20 @@ class Daemon:
     # -- the loop --
     def serve(self, once: bool = False) -> int:
         """Serve until SIGTERM/SIGINT (exit 0), or with ``once`` until the inbox is drained."""
-        lock = SpoolLock(self.spool.inbox)
-        self.spool.prepare()
-        lock.acquire()
+        old_umask = os.umask(UMASK_BITS)
+        os.umask(old_umask | UMASK_BITS)
+        lock = self._lock = SpoolLock(self.spool.inbox)
+        try:
+            self.spool.prepare()
+            lock.acquire()
+        except BaseException:
+            os.umask(old_umask)
+            raise
+        info = os.stat(self.spool.inbox)
+        self._inbox_id = (info.st_dev, info.st_ino)
         old_signals = self._install_signals()
         notifier = Notifier()
         pinger: WatchdogPinger | None = None
-        observer = None
         try:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
@@ -714,7 +872,7 @@ class Daemon:
                 self.worker.submit("resume", claim)
             kind = "once"
             if not once:
-                observer, kind = make_observer(
+                self._observer, kind = make_observer(
                     self.settings.observer, self.spool.inbox, self.hints, self.settings.poll_seconds, self.log
                 )
             self.state.update(status="serving", observer=kind)
@@ -730,11 +888,11 @@ class Daemon:
             )
             notifier.ready(f"serving {self.spool.inbox}")
             pinger = WatchdogPinger.start_for(notifier, self.health)
-            self._loop(once)
-            return 0
+            return self._loop(once)
         finally:
             self.state.update(status="stopping")
             notifier.stopping("finishing the job in hand")
+            observer = self._observer
             if observer is not None:
                 observer.stop()
             if self.worker is not None and self.worker.is_alive():
@@ -748,19 +906,22 @@ class Daemon:
             if observer is not None:
                 with contextlib.suppress(RuntimeError):
                     observer.join(timeout=5)
-            lock.release()
+            self._lock.release()
+            os.umask(old_umask)
             for sig, handler in old_signals.items():
                 signal.signal(sig, handler)
             notifier.close()
             self.log.info("stopped", done=self.state.snapshot()["done"])
 
-    def _loop(self, once: bool) -> None:
+    def _loop(self, once: bool) -> int:
         next_rescan = time.monotonic() + (
             min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
         )
         while True:
             self._beat = time.monotonic()
             waits = [next_rescan - self._beat, HEARTBEAT]
+            if self.paused():
+                waits.append(self._paused_until - self._beat)
             for due in (self._readiness.due_in(), self.state.due_in()):
                 if due is not None:
                     waits.append(due)
@@ -771,17 +932,29 @@ class Daemon:
             while True:
                 self._handle(hint)
                 if hint[0] == STOP:
-                    return
+                    return 0
                 try:
                     hint = self.hints.get_nowait()
                 except queue.Empty:
                     break
+            if once and self._once_failed is not None:
+                self.log.error("stopping: a result could not be committed", reason=self._once_failed)
+                return 1
+            self._check_inbox()
             now = time.monotonic()
             due = self._readiness.due_in()
             if due is not None and due <= 0:
                 self._recheck_pending()
-            if now >= next_rescan or self._backlog:
-                self._backlog = False
+            if self._paused_until and now >= self._paused_until:
+                self._paused_until = 0.0
+                self.state.update(paused=None)
+                self._rescan_now = True
+            # A full queue is refilled by a rescan once it has drained to half (not after
+            # every job: each rescan lists the whole inbox).
+            refill = self._backlog and len(self._queued) <= self.settings.max_queue // 2
+            if now >= next_rescan or refill or self._rescan_now:
+                self._backlog = self._rescan_now = False
+                self.state.update(backlog=False)
                 if not once:
                     self._broken.clear()
                 found = self._rescan()
@@ -789,7 +962,7 @@ class Daemon:
                     min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
                 )
                 if once and not self._queued and not found:
-                    return
+                    return 0
             self.state.write()
             if self.worker is not None and not self.worker.is_alive():
                 raise SpoolError("the worker thread stopped unexpectedly")

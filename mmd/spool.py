@@ -25,10 +25,12 @@ Everything here but :class:`Spool`'s methods is pure; :class:`Readiness` and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import stat
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +56,16 @@ IGNORED_SUFFIXES: tuple[str, ...] = (".tmp", ".part", "~")
 #: Versions tried before giving up on an output name (m.out, m.1.out ...).
 MAX_VERSIONS = 10_000
 
+#: The longest name (UTF-8 bytes) a claimed job keeps. Every name derived from it
+#: must fit NAME_MAX (255): ``<stem>.9999.timing.yaml`` (+17), the archive's
+#: ``<name>.<job id>`` (+13) and write_atomic's ``.<name>.<pid>.tmp`` (+13 for a
+#: 7-digit pid) on top of the output's own name.
+MAX_NAME_BYTES = 224
+#: Characters never kept in a claimed name: C0/C1 controls (newline, tab, escape
+#: ...), DEL, and the bidirectional overrides that make ``txt.exe`` read as
+#: ``exe.txt``. Each becomes ``_``.
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+
 _WORK_RE = re.compile(r"(?P<job>[0-9a-f]{12})\.(?P<version>[0-9]+)")
 # write_atomic's temporaries: .<name>.<pid>.tmp
 _TMP_RE = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
@@ -62,6 +74,34 @@ _TMP_RE = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
 def is_job_name(name: str) -> bool:
     """Whether a file called ``name`` in the inbox is a job (not hidden, not a partial)."""
     return bool(name) and not name.startswith(IGNORED_PREFIXES) and not name.endswith(IGNORED_SUFFIXES)
+
+
+def safe_name(name: str) -> str:
+    """The name a job is claimed under: ``name`` itself when it is harmless.
+
+    Control characters, bidirectional overrides and bytes that are not UTF-8
+    (Python's surrogate escapes) become ``_``; a name longer than
+    :data:`MAX_NAME_BYTES` is cut (on a character boundary, keeping its last
+    suffix) and given 8 hex digits of the original's sha256, so two long names
+    that share a prefix stay apart. A name from a folder listing cannot hold
+    ``/`` or be ``.``/``..``, so the result is one plain name in its folder.
+    """
+    clean = "".join("_" if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI else ch for ch in name)
+    if len(clean.encode("utf-8")) <= MAX_NAME_BYTES:
+        return clean
+    tag = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+    stem, dot, suffix = clean.rpartition(".")
+    if not dot or not stem or len(suffix.encode()) > 16:
+        stem, suffix = clean, ""
+    tail = f"-{tag}" + (f".{suffix}" if suffix else "")
+    room = MAX_NAME_BYTES - len(tail.encode())
+    cut = stem.encode("utf-8")[:room].decode("utf-8", "ignore")
+    return cut + tail
+
+
+def shown(name: str) -> str:
+    """``name`` for a log line or a message: controls and undecodable bytes escaped, never raw."""
+    return "".join(ch if ch.isprintable() and ch not in _BIDI else ascii(ch)[1:-1] for ch in name)
 
 
 def new_job_id() -> str:
@@ -196,6 +236,10 @@ class Claim:
     resumed: bool = False
     #: Names in the outbox that pushed the output to a later version.
     collided: list[str] = field(default_factory=list)
+    #: The inbox name when the claim had to rename it (see :func:`safe_name`).
+    original: str | None = None
+    #: Why the claimed entry must not be read (a link, a hard link, not a file); None: read it.
+    problem: str | None = None
 
     @property
     def stem(self) -> str:
@@ -206,6 +250,22 @@ class Claim:
         if not self.version:
             return None
         return {"wanted": f"{self.stem}{OUTPUT_SUFFIX}", "existing": list(self.collided), "used": self.output.name}
+
+
+def entry_problem(info: os.stat_result) -> str | None:
+    """Why an inbox entry (its ``lstat``) must not be read, or None for a plain file.
+
+    A symbolic link is never followed. A regular file with more than one name
+    may be a hard link to a file outside the spool (``ln /etc/shadow inbox/x``
+    on the same filesystem): mmd cannot tell, so it reads none.
+    """
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link; mmd never follows links"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file (a folder, device, pipe or socket)"
+    if info.st_nlink > 1:
+        return f"has {info.st_nlink} hard links; mmd reads only files with one name (copy it, do not link it)"
+    return None
 
 
 def work_folder_name(job_id: str, version: int) -> str:
@@ -246,16 +306,37 @@ class Spool:
     def _folder(self, path: Path) -> Path:
         if path not in self._made:
             path.mkdir(parents=True, exist_ok=True)
+            if path.parent == self.inbox:
+                _check_own_folder(path)
             self._made.add(path)
         return path
 
+    def forget_folders(self) -> None:
+        """Make and check every folder again at next use (the inbox was deleted and recreated)."""
+        self._made.clear()
+
     def prepare(self) -> None:
-        """Create the inbox and the outbox if missing (the dot folders come on demand)."""
+        """Create the inbox and the outbox if missing and check the dot folders users could plant.
+
+        The inbox is writable by the users who drop files: a ``.work``,
+        ``.done`` or ``.failed`` that is a link, or a folder someone else owns,
+        would let them move or swap claimed files, so the daemon refuses to
+        serve until it is removed. A world-writable outbox is refused too.
+        """
         for folder in (self.inbox, self.outbox):
             try:
                 self._folder(folder)
             except OSError as exc:
                 raise SpoolError(f"cannot create {folder}: {exc.strerror or exc}") from None
+        for folder in (self.work, self.done, self.failed):
+            if os.path.lexists(folder):
+                _check_own_folder(folder)
+        mode = os.stat(self.outbox).st_mode
+        if mode & stat.S_IWOTH:
+            raise SpoolError(
+                f"the outbox {self.outbox} is world-writable (mode {stat.S_IMODE(mode):o}): anyone could replace "
+                f"results; chmod o-w it"
+            )
 
     # -- scanning --
     def scan(self) -> list[Candidate]:
@@ -280,10 +361,11 @@ class Spool:
         The rename moves a symbolic link itself, never its target; the claim
         says whether the file is a regular one (others are refused unopened).
         """
-        version, collided = resolve_output(self.outbox, stem_of(name))
+        safe = safe_name(name)
+        version, collided = resolve_output(self.outbox, stem_of(safe))
         job_id = new_job_id()
         folder = self._job_folder(work_folder_name(job_id, version))
-        dst = folder / name
+        dst = folder / safe
         try:
             os.rename(self.inbox / name, dst)
         except FileNotFoundError:
@@ -293,16 +375,18 @@ class Spool:
             self._release_folder(folder)
             raise
         started = time.perf_counter()
-        regular = stat.S_ISREG(os.lstat(dst).st_mode)
+        info = os.lstat(dst)
         return Claim(
             job_id,
-            name,
+            safe,
             version,
             dst,
-            output_path(self.outbox, stem_of(name), version),
+            output_path(self.outbox, stem_of(safe), version),
             started,
-            regular=regular,
+            regular=stat.S_ISREG(info.st_mode),
             collided=collided,
+            original=name if safe != name else None,
+            problem=entry_problem(info),
         )
 
     def _job_folder(self, name: str) -> Path:
@@ -353,6 +437,7 @@ class Spool:
                             time.perf_counter(),
                             regular=stat.S_ISREG(info.st_mode),
                             resumed=True,
+                            problem=entry_problem(info),
                         ),
                     )
                 )
@@ -375,33 +460,81 @@ class Spool:
                 return ok, path
         return None
 
+    def owned_by(self, claim: Claim, path: Path) -> bool:
+        """Whether the sidecar at ``path`` was written by ``claim``'s job (it carries the job id)."""
+        try:
+            return sidecar.load(path).get("job") == claim.job_id
+        except Exception:  # missing, unreadable or not YAML: not this job's
+            return False
+
     # -- archive --
     def archive(self, claim: Claim, ok: bool) -> Path:
         """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one."""
-        folder = self._folder(self.done if ok else self.failed)
-        target = folder / claim.name
-        if os.path.lexists(target):
-            stem, dot, suffix = claim.name.rpartition(".")
-            target = folder / (f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{claim.name}.{claim.job_id}")
+        try:
+            folder = self._folder(self.done if ok else self.failed)
+        except OSError as exc:
+            raise SpoolError(f"cannot archive {shown(claim.name)}: {exc.strerror or exc}") from None
+        name = claim.name
+        target = folder / name
+        if os.path.lexists(target) or len(os.fsencode(name)) > MAX_NAME_BYTES:
+            stem, dot, suffix = safe_name(name).rpartition(".")
+            name = f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{safe_name(name)}.{claim.job_id}"
+            target = folder / name
         try:
             os.rename(claim.path, target)
         except OSError as exc:
-            raise SpoolError(f"cannot archive {claim.name} to {folder}: {exc.strerror or exc}") from None
+            raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {exc.strerror or exc}") from None
         self._release_folder(claim.path.parent)
         return target
 
+    def give_back(self, claim: Claim) -> Path:
+        """Put a claimed file back into the inbox (a job to retry later); never over a newer drop.
+
+        The name is linked first and the claimed one removed, so a file
+        dropped meanwhile under the same name is never replaced; then the
+        file goes back as ``<stem>.<job id>.<suffix>``. Raises SpoolError when
+        it cannot (it then stays in ``.work`` and is resumed at the next start).
+        """
+        stem, dot, suffix = claim.name.rpartition(".")
+        for name in (claim.name, f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{claim.name}.{claim.job_id}"):
+            try:
+                os.link(claim.path, self.inbox / name, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: {exc.strerror or exc}") from None
+            os.unlink(claim.path)
+            self._release_folder(claim.path.parent)
+            return self.inbox / name
+        raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: its names are taken")
+
     # -- housekeeping --
     def sweep_temporaries(self) -> list[Path]:
-        """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone."""
+        """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone.
+
+        In the outbox (mmd's alone) every such name; in the inbox, which users
+        write, only the state file's.
+        """
         removed = []
         for folder in (self.outbox, self.inbox):
             for path in _entries(folder):
                 match = _TMP_RE.fullmatch(path.name)
+                if folder == self.inbox and not path.name.startswith(f".{STATE_NAME}."):
+                    continue
                 if match and int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"])):
                     with contextlib.suppress(OSError):
                         path.unlink()
                         removed.append(path)
         return removed
+
+
+def _check_own_folder(path: Path) -> None:
+    """Refuse a spool folder that is a link or that another user owns (planted in the inbox)."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SpoolError(f"{path} is not a folder (a link or a file); remove it so that mmd can make its own")
+    if info.st_uid != os.geteuid():
+        raise SpoolError(f"{path} belongs to uid {info.st_uid}, not to mmd (uid {os.geteuid()}); remove it")
 
 
 def _entries(folder: Path) -> Iterator[Path]:
