@@ -65,7 +65,7 @@ INT32_MAX = 2**31 - 1
 #: Bytes per piece when staging non-page-locked input through the ring.
 STAGE_CHUNK = 16 << 20
 #: What the parse kernels' status slot STATUS_BAD holds when no run is bad.
-NO_BAD = np.iinfo(np.uint64).max
+NO_BAD = 2**64 - 1
 
 #: The kernels' compile-time constants (prefixed: CUB's templates use the bare names).
 DEFINES = {

@@ -33,7 +33,7 @@ def f32(x: float) -> float:
 
 values = st.one_of(
     st.floats(-1e4, 1e4, width=32),
-    st.floats(-1e12, 1e12, width=32),
+    st.floats(-999999995904.0, 999999995904.0, width=32),  # +-1e12, as float32
     st.sampled_from([f32(v) for v in SPECIAL]),
     st.integers(-10**6, 10**6).map(lambda i: f32(i / 8)),
 )
@@ -176,7 +176,7 @@ def test_whole_job_random_512(cuda_backend, tmp_path):
     parsed = textformat.parse(src.read_bytes())
     c = np.array(result.product.c)
     ref = parsed.a.astype(np.float64) @ parsed.b.astype(np.float64)
-    assert np.abs(c - ref).max() < 1e-3
+    assert np.abs(c - ref).max() < 1e-5 * np.sqrt(512) * np.abs(ref).max()  # float32 accumulation
     assert out.read_bytes() == textformat.emit(c)
     t = result.record["timings_ms"]
     assert t["cuda"] == pytest.approx(sum(t[p] for p in ("malloc", "h2d", "kernel", "d2h", "free")), abs=0.01)
