@@ -29,6 +29,7 @@ d2h move text, not float32 matrices). Wall-clock stage times (``parse``,
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -324,10 +325,8 @@ class GpuText:
         finally:
             while held:
                 handle = held.pop()
-                try:
+                with contextlib.suppress(Exception):  # the job's own error is the one to report
                     s.mem_free(handle)
-                except Exception:  # the job's own error is the one to report
-                    pass
 
     def _upload(self, body: memoryview, text: int) -> None:
         """Copy the body to the device: straight from page-locked memory, else through a staging ring."""

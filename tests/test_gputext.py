@@ -97,7 +97,10 @@ class FakeTextBackend(CpuBackend):
         )  # fmt: skip
 
 
-def run(tmp_path, text: bytes, backend, request=MultiplyRequest(kernel="cpu")):
+CPU_REQUEST = MultiplyRequest(kernel="cpu")
+
+
+def run(tmp_path, text: bytes, backend, request=CPU_REQUEST):
     src = tmp_path / "m.txt"
     src.write_bytes(text)
     out = tmp_path / "m.out"
