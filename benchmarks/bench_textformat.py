@@ -5,8 +5,11 @@ Usage: python benchmarks/bench_textformat.py [--sizes 1024 4096] [--repeat 3]
 For each size N: an N×N pair of float32 inputs uniform in [-10, 10], written
 with '%.2f' (like the course's input files), is parsed by numpy.loadtxt and by
 mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
-and by mmd's emit. Median of --repeat runs; peak RSS growth is measured in a
-fresh subprocess per case with --rss (rough).
+and by mmd's emit. mmd is timed twice: on its numpy path (``parse``/``emit``,
+the module flag USE_FASTTEXT off, as with MMD_NO_FASTTEXT=1) and with the C
+accelerator mmd._fasttext (``parse (C)``/``emit (C)``, when it is built).
+Median of --repeat runs; peak RSS growth is measured in a fresh subprocess per
+case with --rss (rough).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ import io, resource, sys, numpy as np
 sys.path.insert(0, {root!r})
 from mmd import textformat as tf
 case, path = sys.argv[1], sys.argv[2]
+tf.USE_FASTTEXT = case.endswith(' (C)')
+case = case.replace(' (C)', '')
 data = open(path, 'rb').read()
 c = np.load(path + '.npy') if case in ('emit', 'savetxt') else None
 import os
@@ -105,29 +110,45 @@ def main() -> None:
                 return np.loadtxt(io.BytesIO(body), dtype=np.float32)
 
             t_load = timed(loadtxt, args.repeat)
-            t_parse = timed(lambda data=data: tf.parse(data), args.repeat)
             t_save = timed(lambda c=c: np.savetxt(io.BytesIO(), c, fmt="%6.2f", delimiter=""), args.repeat)
-            t_emit = timed(lambda c=c: tf.emit(c), args.repeat)
+            fast = tf._fasttext is not None
+            try:
+                tf.USE_FASTTEXT = False
+                t_parse = timed(lambda data=data: tf.parse(data), args.repeat)
+                t_emit = timed(lambda c=c: tf.emit(c), args.repeat)
+                if fast:
+                    tf.USE_FASTTEXT = True
+                    assert tf.emit(c) == out
+                    t_parse_c = timed(lambda data=data: tf.parse(data), args.repeat)
+                    t_emit_c = timed(lambda c=c: tf.emit(c), args.repeat)
+            finally:
+                tf.USE_FASTTEXT = fast
             rss = {}
             if args.rss:
                 path = Path(tmp) / f"in{n}.txt"
                 path.write_bytes(data)
                 np.save(str(path) + ".npy", c)
-                for case in ("loadtxt", "parse", "savetxt", "emit"):
-                    rss[case] = peak_delta(case, path)
-            rows.append(dict(n=n, in_mb=in_mb, out_mb=out_mb, loadtxt=t_load, parse=t_parse,
-                             savetxt=t_save, emit=t_emit, rss=rss))
+                for case in ("loadtxt", "parse", "parse (C)", "savetxt", "emit", "emit (C)"):
+                    if fast or "(C)" not in case:
+                        rss[case] = peak_delta(case, path)
+            row = dict(n=n, in_mb=in_mb, out_mb=out_mb, loadtxt=t_load, parse=t_parse, savetxt=t_save, emit=t_emit)
+            if fast:
+                row.update({"parse (C)": t_parse_c, "emit (C)": t_emit_c})
+            rows.append(dict(row, rss=rss))
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     mb = lambda v: "-" if v is None else f"{v / 1e6:.0f}"  # noqa: E731
-    print(f"{'N':>5} {'case':<8} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'speed-up':>8} {'peak RSS +MB':>12}")
+    print(f"{'N':>5} {'case':<9} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'speed-up':>8} {'peak RSS +MB':>12}")
     for r in rows:
         for case, size, base in (("loadtxt", r["in_mb"], None), ("parse", r["in_mb"], "loadtxt"),
-                                 ("savetxt", r["out_mb"], None), ("emit", r["out_mb"], "savetxt")):
+                                 ("parse (C)", r["in_mb"], "loadtxt"), ("savetxt", r["out_mb"], None),
+                                 ("emit", r["out_mb"], "savetxt"), ("emit (C)", r["out_mb"], "savetxt")):
+            if case not in r:
+                continue
             t = r[case]
             up = f"{r[base] / t:.2f}x" if base else ""
-            print(f"{r['n']:>5} {case:<8} {size:>7.1f} {t:>8.3f} {size / t:>7.0f} {up:>8} {mb(r['rss'].get(case)):>12}")
+            print(f"{r['n']:>5} {case:<9} {size:>7.1f} {t:>8.3f} {size / t:>7.0f} {up:>8} {mb(r['rss'].get(case)):>12}")
 
 
 if __name__ == "__main__":

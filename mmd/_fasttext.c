@@ -46,6 +46,11 @@
 static locale_t c_locale = (locale_t)0;
 #endif
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define MMD_HAVE_PTHREAD 1
+#endif
+
 enum { ST_OK = 0, ST_NAN = 1, ST_FEW = 2, ST_MANY = 3, ST_RANGE = 4, ST_NOMEM = 5 };
 
 #define IS_WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\t' || (c) == '\r')
@@ -98,12 +103,10 @@ fast_double(uint64_t mant, int64_t e10)
 static inline int
 one_number(const unsigned char *s, const unsigned char *end, const unsigned char **next, double *val)
 {
+    /* s < end: a run starts with a byte that is not whitespace */
     const unsigned char *q = s;
-    int neg = 0;
-    if (q < end && (*q == '+' || *q == '-')) {
-        neg = (*q == '-');
-        q++;
-    }
+    int neg = (*q == '-');
+    q += neg | (*q == '+'); /* branch-free: signs are random in real data */
     /* up to 19 digits (leading zeros included) accumulate exactly */
     const unsigned char *ds = q;
     uint64_t mant = 0;
@@ -157,113 +160,237 @@ one_number(const unsigned char *s, const unsigned char *end, const unsigned char
     return 1;
 }
 
+/* Where value number g goes: out_a[g] for g < na, else out_b[g - na]. */
 typedef struct {
-    float *out[2];
-    Py_ssize_t cap[2];
-    int which;
-    Py_ssize_t idx;
-} sink_t;
+    float *a, *b;
+    Py_ssize_t na, total;
+} dest_t;
 
-static inline int
-store(sink_t *k, double d)
+static inline void
+put(const dest_t *d, Py_ssize_t g, float f)
 {
-    float f = (float)d;
-    if (isinf(f))
-        return ST_RANGE;
-    while (k->idx >= k->cap[k->which]) {
-        if (k->which == 1)
-            return ST_MANY;
-        k->which = 1;
-        k->idx = 0;
+    if (g < d->na)
+        d->a[g] = f;
+    else
+        d->b[g - d->na] = f;
+}
+
+/* Touching %6.2f fields: the run [rs, re) is [+-]?DIGITS.dd repeated. Count or -1. */
+static Py_ssize_t
+fields_count(const unsigned char *rs, const unsigned char *re)
+{
+    Py_ssize_t cnt = 0;
+    const unsigned char *q = rs;
+    while (q < re) {
+        if (*q == '+' || *q == '-')
+            q++;
+        const unsigned char *ds = q;
+        while (q < re && IS_DIGIT(*q))
+            q++;
+        if (q == ds || re - q < 3 || q[0] != '.' || !IS_DIGIT(q[1]) || !IS_DIGIT(q[2]))
+            return -1;
+        q += 3;
+        cnt++;
     }
-    k->out[k->which][k->idx++] = f;
+    return cnt;
+}
+
+/* Store the fields of a checked run at g, g+1, ...; status, *where on failure. */
+static int
+fields_store(const unsigned char *rs, const unsigned char *re, const dest_t *dst, Py_ssize_t g,
+             const unsigned char **where)
+{
+    const unsigned char *q = rs;
+    while (q < re) {
+        const unsigned char *fs = q;
+        int neg = 0;
+        if (*q == '+' || *q == '-') {
+            neg = (*q == '-');
+            q++;
+        }
+        const unsigned char *ds = q;
+        uint64_t mant = 0;
+        int nsig = 0;
+        while (IS_DIGIT(*q)) {
+            unsigned dg = *q - '0';
+            if (mant || dg) {
+                nsig++;
+                if (nsig <= 17)
+                    mant = mant * 10 + dg;
+            }
+            q++;
+        }
+        mant = mant * 100 + (unsigned)(q[1] - '0') * 10 + (unsigned)(q[2] - '0');
+        q += 3;
+        double d;
+        if (nsig <= 15 && mant <= TWO53) {
+            d = (double)mant / 100.0;
+        } else if (slow_double(ds, q, &d) < 0) {
+            *where = fs;
+            return ST_NOMEM;
+        }
+        float f = (float)(neg ? -d : d);
+        if (isinf(f)) {
+            *where = fs;
+            return ST_RANGE;
+        }
+        put(dst, g++, f);
+    }
     return ST_OK;
 }
 
+/* Values of [lo, hi) stored forwards from index 0; *count gets how many. */
 static int
-parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, sink_t *k, Py_ssize_t *where)
+parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *dst, Py_ssize_t *count,
+              const unsigned char **where)
 {
-    const unsigned char *p = data + offset, *end = data + len;
+    const unsigned char *p = lo;
+    Py_ssize_t g = 0, total = dst->total;
     for (;;) {
-        while (p < end && IS_WS(*p))
+        while (p < hi && IS_WS(*p))
             p++;
-        if (p >= end)
+        if (p >= hi)
             break;
-        const unsigned char *rs = p, *next = p;
+        const unsigned char *next = p;
         double d;
-        int got = one_number(p, end, &next, &d);
-        if (got < 0) {
-            *where = rs - data;
-            return ST_NOMEM;
-        }
-        if (got) {
-            int st = store(k, d);
-            if (st) {
-                *where = rs - data;
-                return st;
-            }
+        int got = one_number(p, hi, &next, &d);
+        *where = p;
+        if (got > 0) {
+            float f = (float)d;
+            if (isinf(f))
+                return ST_RANGE;
+            if (g >= total)
+                return ST_MANY;
+            put(dst, g++, f);
             p = next;
             continue;
         }
-        /* touching %6.2f fields: [+-]?DIGITS.dd repeated, nothing else */
-        const unsigned char *re = rs;
-        while (re < end && !IS_WS(*re))
+        if (got < 0)
+            return ST_NOMEM;
+        const unsigned char *re = p;
+        while (re < hi && !IS_WS(*re))
             re++;
-        const unsigned char *q = rs;
-        /* check the whole run first: an invalid run stores nothing */
-        while (q < re) {
-            if (*q == '+' || *q == '-')
-                q++;
-            const unsigned char *ds = q;
-            while (q < re && IS_DIGIT(*q))
-                q++;
-            if (q == ds || re - q < 3 || q[0] != '.' || !IS_DIGIT(q[1]) || !IS_DIGIT(q[2])) {
-                *where = rs - data;
-                return ST_NAN;
-            }
-            q += 3;
-        }
-        q = rs;
-        while (q < re) {
-            const unsigned char *fs = q;
-            int neg = 0;
-            if (*q == '+' || *q == '-') {
-                neg = (*q == '-');
-                q++;
-            }
-            const unsigned char *ds = q;
-            uint64_t mant = 0;
-            int nsig = 0;
-            while (IS_DIGIT(*q)) {
-                unsigned dg = *q - '0';
-                if (mant || dg) {
-                    nsig++;
-                    if (nsig <= 17)
-                        mant = mant * 10 + dg;
-                }
-                q++;
-            }
-            mant = mant * 100 + (unsigned)(q[1] - '0') * 10 + (unsigned)(q[2] - '0');
-            q += 3;
-            if (nsig <= 15 && mant <= TWO53) {
-                d = (double)mant / 100.0;
-            } else if (slow_double(ds, q, &d) < 0) {
-                *where = fs - data;
-                return ST_NOMEM;
-            }
-            int st = store(k, neg ? -d : d);
-            if (st) {
-                *where = fs - data;
-                return st;
-            }
-        }
+        Py_ssize_t cnt = fields_count(p, re);
+        if (cnt < 0)
+            return ST_NAN;
+        if (cnt > total - g)
+            return ST_MANY;
+        int st = fields_store(p, re, dst, g, where);
+        if (st)
+            return st;
+        g += cnt;
         p = re;
     }
-    *where = len;
-    if (k->which == 0 && k->cap[1] > 0)
+    *count = g;
+    return ST_OK;
+}
+
+/* Values of [lo, hi) stored backwards from index total-1 (runs found from the end). */
+static int
+parse_backward(const unsigned char *lo, const unsigned char *hi, const dest_t *dst, Py_ssize_t *count,
+               const unsigned char **where)
+{
+    const unsigned char *p = hi;
+    Py_ssize_t k = 0, total = dst->total;
+    for (;;) {
+        while (p > lo && IS_WS(p[-1]))
+            p--;
+        if (p == lo)
+            break;
+        const unsigned char *re = p;
+        while (p > lo && !IS_WS(p[-1]))
+            p--;
+        const unsigned char *rs = p, *next = rs;
+        double d;
+        *where = rs;
+        int got = one_number(rs, re, &next, &d);
+        if (got > 0) {
+            float f = (float)d;
+            if (isinf(f))
+                return ST_RANGE;
+            if (k >= total)
+                return ST_MANY;
+            put(dst, total - 1 - k, f);
+            k++;
+            continue;
+        }
+        if (got < 0)
+            return ST_NOMEM;
+        Py_ssize_t cnt = fields_count(rs, re);
+        if (cnt < 0)
+            return ST_NAN;
+        if (cnt > total - k)
+            return ST_MANY;
+        int st = fields_store(rs, re, dst, total - k - cnt, where);
+        if (st)
+            return st;
+        k += cnt;
+    }
+    *count = k;
+    return ST_OK;
+}
+
+typedef struct {
+    const unsigned char *lo, *hi;
+    const dest_t *dst;
+    Py_ssize_t count;
+    const unsigned char *where;
+    int status;
+} half_t;
+
+static void *
+backward_main(void *arg)
+{
+    half_t *h = (half_t *)arg;
+    h->status = parse_backward(h->lo, h->hi, h->dst, &h->count, &h->where);
+    return NULL;
+}
+
+/*
+ * The whole body: one thread forwards over the first half (values from index
+ * 0 up), one backwards over the second half (values from the last index down);
+ * the counts must add up to the total.
+ */
+static int
+parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const dest_t *dst, Py_ssize_t min_split,
+           Py_ssize_t *pos)
+{
+    const unsigned char *lo = data + offset, *hi = data + len;
+    const unsigned char *split = hi;
+    if (len - offset >= min_split && len - offset >= 2) {
+        split = lo + (len - offset) / 2;
+        while (split < hi && !IS_WS(*split))
+            split++;
+    }
+    half_t back = {split, hi, dst, 0, hi, ST_OK};
+    int threaded = 0;
+#ifdef MMD_HAVE_PTHREAD
+    pthread_t th;
+    if (split < hi && pthread_create(&th, NULL, backward_main, &back) == 0)
+        threaded = 1;
+#endif
+    if (!threaded && split < hi)
+        backward_main(&back);
+    Py_ssize_t c1 = 0;
+    const unsigned char *w1 = hi;
+    int st = parse_forward(lo, split, dst, &c1, &w1);
+#ifdef MMD_HAVE_PTHREAD
+    if (threaded)
+        pthread_join(th, NULL);
+#endif
+    if (st) {
+        *pos = w1 - data;
+        return st;
+    }
+    if (back.status) {
+        *pos = back.where - data;
+        return back.status;
+    }
+    *pos = len;
+    if (c1 + back.count < dst->total)
         return ST_FEW;
-    if (k->idx < k->cap[k->which])
-        return ST_FEW;
+    if (c1 + back.count > dst->total)
+        return ST_MANY;
     return ST_OK;
 }
 
@@ -294,9 +421,9 @@ static PyObject *
 parse_values(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data, oa, ob;
-    Py_ssize_t offset;
+    Py_ssize_t offset, min_split = (Py_ssize_t)1 << 20;
     PyObject *a_obj, *b_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nO|O:parse_values", &data, &offset, &a_obj, &b_obj))
+    if (!PyArg_ParseTuple(args, "y*nO|On:parse_values", &data, &offset, &a_obj, &b_obj, &min_split))
         return NULL;
     if (offset < 0 || offset > data.len) {
         PyBuffer_Release(&data);
@@ -313,17 +440,15 @@ parse_values(PyObject *Py_UNUSED(self), PyObject *args)
         PyBuffer_Release(&data);
         return NULL;
     }
-    sink_t k;
-    k.out[0] = (float *)oa.buf;
-    k.cap[0] = oa.len / 4;
-    k.out[1] = have_b ? (float *)ob.buf : NULL;
-    k.cap[1] = have_b ? ob.len / 4 : 0;
-    k.which = 0;
-    k.idx = 0;
+    dest_t dst;
+    dst.a = (float *)oa.buf;
+    dst.na = oa.len / 4;
+    dst.b = have_b ? (float *)ob.buf : NULL;
+    dst.total = dst.na + (have_b ? ob.len / 4 : 0);
     Py_ssize_t where = 0;
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = parse_body((const unsigned char *)data.buf, data.len, offset, &k, &where);
+    st = parse_body((const unsigned char *)data.buf, data.len, offset, &dst, min_split, &where);
     Py_END_ALLOW_THREADS
     if (have_b)
         PyBuffer_Release(&ob);
@@ -512,8 +637,9 @@ format_rows(PyObject *Py_UNUSED(self), PyObject *args)
 
 static PyMethodDef methods[] = {
     {"parse_values", parse_values, METH_VARARGS,
-     "parse_values(data, offset, out_a, out_b=None) -> (status, position)\n\n"
-     "Fill float32 buffers out_a then out_b with the values of data[offset:].\n"
+     "parse_values(data, offset, out_a, out_b=None, min_split=1<<20) -> (status, position)\n\n"
+     "Fill float32 buffers out_a then out_b with the values of data[offset:]\n"
+     "(two threads when data[offset:] has at least min_split bytes).\n"
      "status: 0 ok, 1 not a number, 2 too few, 3 too many, 4 outside float32."},
     {"format_rows", format_rows, METH_VARARGS,
      "format_rows(c, m, n) -> bytes\n\n"

@@ -57,10 +57,30 @@ def _outcome(data: bytes):
     return ("ok", _bits(got.a).tobytes(), _bits(got.b).tobytes(), got.a.shape, got.b.shape)
 
 
+class _Split:
+    """mmd._fasttext with its two-thread split on every input (min_split=0)."""
+
+    format_rows = staticmethod(ft.format_rows) if ft is not None else None
+
+    @staticmethod
+    def parse_values(data, offset, out_a, out_b=None):
+        return ft.parse_values(data, offset, out_a, out_b, 0)
+
+
+def _split_path(fn, *args):
+    old = tf._fasttext
+    tf._fasttext = _Split
+    try:
+        return fn(*args)
+    finally:
+        tf._fasttext = old
+
+
 def _same_both_ways(data: bytes):
     fast = _outcome(data)
     slow = _numpy_path(_outcome, data)
     assert fast == slow
+    assert _split_path(_outcome, data) == fast
     return fast
 
 
@@ -96,6 +116,32 @@ def test_parse_values_statuses():
     np.testing.assert_array_equal(one, [1, 2, 3, 4, 5])
     assert ft.parse_values(bytearray(b"1 2 3 4 5"), 0, one, None)[0] == ft.OK
     assert ft.parse_values(memoryview(b"..1 2 3 4 5")[2:], 0, one)[0] == ft.OK
+
+
+def test_parse_values_two_threads():
+    a = np.zeros(2, np.float32)
+    b = np.zeros(3, np.float32)
+    for body, want in [
+        (b"1 2 3 4 5", (ft.OK, 9)),
+        (b"1 2 3 4", (ft.TOO_FEW, 7)),
+        (b"1 2 3 4 5 6", (ft.TOO_MANY, 11)),
+        (b"1 2 3 4 5 6 7 8 9 10 11", (ft.TOO_MANY, 23)),
+        (b"1 2 x 4 5", (ft.NOT_A_NUMBER, 4)),
+        (b"1 2 3 4 x", (ft.NOT_A_NUMBER, 8)),
+        (b"1 2 3 4 1e39", (ft.OUT_OF_RANGE, 8)),
+        (b"1.002.00 3.00-4.005.00", (ft.OK, 22)),
+        (b"1.002.003.00-4.005.00", (ft.OK, 21)),
+        (b"  1.002.003.00-4.005.00\n\n", (ft.OK, 25)),
+        (b"1.002.003.00-4.005.006.00", (ft.TOO_MANY, 0)),
+    ]:
+        got = ft.parse_values(body, 0, a, b, 0)
+        assert got[0] == want[0], body
+        if want[0] == ft.OK:
+            assert got == want
+            split = np.concatenate([a, b])
+            assert ft.parse_values(body, 0, a, b) == want
+            np.testing.assert_array_equal(split, np.concatenate([a, b]))
+        assert ft.parse_values(body, 0, a, b)[0] == want[0]
 
 
 def test_parse_values_bad_arguments():
@@ -158,6 +204,9 @@ _tie = st.tuples(st.floats(1e-30, 1e30), st.sampled_from([-1, 0, 1]), st.boolean
 
 def _check_values(raw: bytes, toks: list[str]) -> None:
     fast = tf.parse(raw)
+    split = _split_path(tf.parse, raw)
+    np.testing.assert_array_equal(_bits(fast.a), _bits(split.a))
+    np.testing.assert_array_equal(_bits(fast.b), _bits(split.b))
     ref = tf.parse_reference(raw)
     slow = ref if _long_frac(toks) else _numpy_path(tf.parse, raw)
     flat = np.concatenate([fast.a.ravel(), fast.b.ravel()])
