@@ -57,6 +57,9 @@ STUCK_AFTER = 30.0
 #: After an output could not be committed (disk full, outbox unwritable) no new job is
 #: taken for rescan_seconds, doubling with each failure in a row, up to this (seconds).
 MAX_PAUSE = 300.0
+#: A job whose output could not be committed this many times in a row is failed with the
+#: reason (an output too big for the space left must not block the jobs behind it).
+MAX_OUTPUT_ATTEMPTS = 3
 #: Bits the daemon always masks from the files and folders it creates: no group or
 #: world write, whatever umask it was started with (the unit sets 0027).
 UMASK_BITS = 0o022
@@ -378,6 +381,8 @@ class Worker(threading.Thread):
         self._backends: dict[str, Backend] = {}
         #: Outputs that could not be committed in a row (the pause doubles with each).
         self.output_failures = 0
+        #: Inbox name → attempts whose output could not be committed (given back to retry).
+        self.attempts: dict[str, int] = {}
 
     # -- backends (only ever touched in this thread) --
     def _backend(self, name: str) -> Backend:
@@ -461,8 +466,8 @@ class Worker(threading.Thread):
             log = log.bind(job=claim.job_id, file=shown(claim.name))
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
-            self.d.state.update(current={"job": claim.job_id, "file": claim.name, "since": _now_iso()})
-            self._run(claim, log)
+            self.d.state.update(current={"job": claim.job_id, "file": shown(claim.name), "since": _now_iso()})
+            self._run(claim, log, item if kind == "name" else claim.name)
         except SpoolError as exc:
             if claim is None:  # the file stays in the inbox; it is tried again at a later rescan
                 log.error("cannot claim", reason=exc.reason)
@@ -474,7 +479,7 @@ class Worker(threading.Thread):
             if claim is not None:
                 self._refuse(claim, _internal(exc), {}, log)
 
-    def _run(self, claim: Claim, log: Any) -> None:
+    def _run(self, claim: Claim, log: Any, inbox_name: str) -> None:
         spool, settings = self.d.spool, self.d.settings
         extra: dict[str, Any] = {}
         if claim.original is not None:
@@ -522,16 +527,20 @@ class Worker(threading.Thread):
             extra=extra or None,
             durable=self.d.durable,
         )
+        tries = self.attempts.pop(inbox_name, 0) + 1
         if not result.ok and isinstance(result.error, OutputError):
-            self._retry_later(claim, result.error, log)
-            return
-        self.output_failures = 0
+            if tries < MAX_OUTPUT_ATTEMPTS:
+                self._retry_later(claim, result.error, log, tries)
+                return
+            log.error("output not committed after %d attempts; job failed" % tries, reason=result.error.reason)
+        else:
+            self.output_failures = 0
         if not result.ok and result.record.get("error", {}).get("sidecar_failed"):
             log.error("no error sidecar could be written; the input is kept in .failed")
         spool.archive(claim, result.ok)
         self._record(claim, result.ok, result.sidecar, result.record)
 
-    def _retry_later(self, claim: Claim, exc: OutputError, log: Any) -> None:
+    def _retry_later(self, claim: Claim, exc: OutputError, log: Any, tries: int) -> None:
         """The outbox refused the result (disk full, quota, permissions): not the input's fault.
 
         This job's own output and error sidecar are removed (nothing
@@ -548,10 +557,13 @@ class Worker(threading.Thread):
         try:
             back = self.d.spool.give_back(claim)
             where = f"back in the inbox as {shown(back.name)}"
+            if len(self.attempts) > 10_000:  # names given back and then removed by hand
+                self.attempts.clear()
+            self.attempts[back.name] = tries
         except SpoolError as err:
             log.error("cannot give the job back; it stays in .work until the next start", reason=err.reason)
             where = "kept in .work"
-        log.error("output not committed; retrying later", reason=exc.reason, input=where, pause_s=pause)
+        log.error("output not committed; retrying later", reason=exc.reason, input=where, pause_s=pause, attempt=tries)
         self.d._paused_until = time.monotonic() + pause  # before the next queued name is looked at
         self.d.hints.put((PAUSE, exc.reason, pause))
 

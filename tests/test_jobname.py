@@ -68,3 +68,32 @@ def test_without_registry_any_lowercase_name_passes(monkeypatch):
 def test_stem_of_never_raises():
     assert jobname.stem_of("m@foo=1.txt") == "m@foo=1"
     assert jobname.stem_of(".hidden") == ".hidden"
+
+
+# A name can only pick from the allowed sets: no paths, no code, whatever the bytes.
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mmd import config  # noqa: E402
+from mmd.backends.base import MEMORY_MODES  # noqa: E402
+
+
+@settings(max_examples=400, derandomize=True)
+@given(st.text(max_size=80), st.text(alphabet="@=,.kerneltilbackdmory/\\;$ 0123456789", max_size=60))
+def test_any_name_parses_to_allowed_values_or_is_refused(prefix, spec):
+    try:
+        got = jobname.parse(f"{prefix}@{spec}.txt")
+    except JobNameError as exc:
+        assert exc.reason
+        return
+    names = jobname.kernel_names()
+    for key, value in got.overrides.items():
+        if key == "kernel":
+            assert names is None or value in names
+            assert "/" not in value and "." not in value
+        elif key == "tile":
+            assert isinstance(value, int) and 1 <= value <= jobname.MAX_TILE
+        elif key == "backend":
+            assert value in config.CHOICES["backend"]
+        else:
+            assert key == "memory" and value in MEMORY_MODES

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from mmd import spool
+from mmd.errors import SpoolError
 from mmd.spool import Readiness, Spool
 
 
@@ -211,3 +212,97 @@ def test_sweep_removes_temporaries_of_dead_processes(tmp_path):
         p.write_text("")
     assert s.sweep_temporaries() == [dead]
     assert mine.exists() and other.exists()
+
+
+# ---------------------------------------------------------------------------
+# hostile entries and names (see also tests/test_reliability.py)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "m.txt",
+        "with space.txt",
+        "données.txt",
+        "-rf.txt",
+        "a..b.txt",
+        "new\nline.txt",
+        "x\udcff.txt",
+        "evil\u202etxt.exe",
+        "x" * 300,
+        "é" * 200 + ".txt",
+        "y" * 250 + "." + "z" * 40,
+    ],
+)
+def test_safe_name_is_one_short_printable_name(name):
+    safe = spool.safe_name(name)
+    assert "/" not in safe and safe not in (".", "..") and safe.isprintable()
+    assert len(safe.encode()) <= spool.MAX_NAME_BYTES
+    assert len(f".{safe}.9999.timing.yaml.4194304.tmp".encode()) <= 255 + 1  # the longest derived name
+    if name.isprintable() and len(name.encode()) <= spool.MAX_NAME_BYTES and "\u202e" not in name:
+        assert safe == name
+
+
+def test_safe_names_of_long_names_stay_apart():
+    assert spool.safe_name("a" * 300 + "1.txt") != spool.safe_name("a" * 300 + "2.txt")
+
+
+def test_shown_escapes_controls():
+    assert spool.shown("a\nb\x1b\udcff") == "a\\nb\\x1b\\udcff"
+    assert spool.shown("données x.txt") == "données x.txt"
+
+
+def test_claim_refuses_hard_links_and_renames_hostile_names(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("1\n2\n3\n")
+    os.link(outside, s.inbox / "hard.txt")
+    c = s.claim("hard.txt")
+    assert c.regular and "hard links" in c.problem
+    assert outside.read_text() == "1\n2\n3\n"
+    _drop(s.inbox, "a\nb.txt")
+    c = s.claim("a\nb.txt")
+    assert c.name == "a_b.txt" and c.original == "a\nb.txt" and c.output.name == "a_b.out" and c.problem is None
+
+
+def test_entry_replaced_between_event_and_claim(tmp_path):
+    """What the claim's rename takes is what is there at that moment; links are found by lstat after it."""
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox, "m.txt", "first")
+    (tmp_path / "other").write_text("second")
+    os.rename(tmp_path / "other", s.inbox / "m.txt")  # replaced after the event
+    c = s.claim("m.txt")
+    assert c.path.read_text() == "second" and c.problem is None
+    os.symlink(tmp_path / "other-target", s.inbox / "n.txt")
+    c = s.claim("n.txt")
+    assert "symbolic link" in c.problem and c.path.is_symlink()
+    _drop(s.inbox, "gone.txt")
+    os.unlink(s.inbox / "gone.txt")
+    assert s.claim("gone.txt") is None
+
+
+def test_give_back_never_replaces_a_newer_drop(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox, "m.txt", "old")
+    c = s.claim("m.txt")
+    _drop(s.inbox, "m.txt", "new")
+    back = s.give_back(c)
+    assert back.name == f"m.{c.job_id}.txt" and back.read_text() == "old"
+    assert (s.inbox / "m.txt").read_text() == "new"
+    assert jobs_in(s.work) == []
+
+
+def test_prepare_refuses_planted_links_and_world_writable_outbox(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.inbox.mkdir()
+    os.symlink(tmp_path, s.inbox / ".failed")
+    with pytest.raises(SpoolError, match="not a folder"):
+        s.prepare()
+    os.unlink(s.inbox / ".failed")
+    s.outbox.mkdir(exist_ok=True)
+    os.chmod(s.outbox, 0o777)
+    with pytest.raises(SpoolError, match="world-writable"):
+        s.prepare()

@@ -1,0 +1,673 @@
+"""A hostile inbox, faults and load: the daemon keeps serving, loses nothing, reaches nothing outside the spool.
+
+Every test ends by accounting for every file it dropped: each input is in
+``.done`` with a checked output, or in ``.failed`` (or back in the inbox) with
+a reason; nothing is left in ``.work``, no temporary and no partial output is
+visible. docs/reliability.md lists what each test injects. No sleep is used to
+synchronise: waits poll a condition against a deadline (a random delay is
+used only to choose *when* a kill -9 lands).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mmd import atomic, config, daemon, sidecar, spool
+
+from .conftest import run_mmd
+from .test_daemon import ENV, Served, check_ok, error_of, make_input, names, served, wait_for, work_files
+
+#: RELIABILITY_FULL=1 runs the full-size cases (a 4096 job, a 100 MB line) instead of the CI scale.
+FULL = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
+
+SPOOL_NAMES = {".work", ".done", ".failed", ".mmd.lock", ".mmd-state.json"}
+
+
+__all__ = ["served"]  # the fixture, shared with test_daemon
+
+
+def settings_for(root: Path, **kw) -> config.Settings:
+    base = dict(inbox=root / "inbox", outbox=root / "outbox", backend="cpu", quiet_seconds=0.05)
+    base.update(kw)
+    return config.Settings(**base)
+
+
+def serve_with(settings: config.Settings, action, timeout: float = 120) -> daemon.Daemon:
+    """Serve in this (the main) thread while ``action(daemon)`` runs in another; then stop."""
+    d = daemon.Daemon(settings)
+    failures: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon to serve")
+            action(d)
+        except BaseException as exc:  # pytest.fail raises a BaseException
+            failures.append(exc)
+        finally:
+            d.hints.put((daemon.STOP, "test"))
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    assert d.serve() == 0
+    driver.join(timeout)
+    if failures:
+        raise failures[0]
+    return d
+
+
+def waiting(inbox: Path) -> set[str]:
+    return {n for n in names(inbox) if spool.is_job_name(n)}
+
+
+def assert_nothing_half_done(root: Path) -> None:
+    outbox, inbox = root / "outbox", root / "inbox"
+    assert not [p for p in outbox.iterdir() if p.name.endswith(".tmp")], "a temporary is visible"
+    for out in outbox.glob("*.out"):
+        assert sidecar.timing_path(out).exists(), f"{out.name} has no sidecar: half done"
+    assert work_files(inbox) == [], "a job was left in .work"
+
+
+def small(path: Path, seed: int, m: int = 3, k: int = 4, n: int = 2):
+    return make_input(path, m, k, n, seed)
+
+
+# ---------------------------------------------------------------------------
+# load
+
+
+@pytest.mark.slow
+def test_burst_of_2000_files_none_lost(tmp_path, served):
+    """2,000 files in one burst (half renamed in, half written in place); events alone must take them all."""
+    inbox, stage = tmp_path / "inbox", tmp_path / "stage"
+    inbox.mkdir()
+    stage.mkdir()
+    d = served(MMD_RESCAN_SECONDS="600").wait_serving()  # no rescan in the test's time: events only
+    inputs = {}
+    for i in range(2000):
+        stem = f"b{i:04d}"
+        if i % 2:
+            inputs[stem] = small(stage / f"{stem}.txt", i)
+            os.rename(stage / f"{stem}.txt", inbox / f"{stem}.txt")
+        else:
+            inputs[stem] = small(inbox / f"{stem}.txt", i)
+    wait_for(lambda: len(names(inbox / ".done")) >= 2000, 180, "2000 jobs")
+    assert d.proc.poll() is None
+    for stem, (a, b) in inputs.items():
+        check_ok(d.outbox, stem, a, b)
+    assert waiting(inbox) == set()
+    assert d.stop() == 0
+    assert_nothing_half_done(tmp_path)
+
+
+def test_lost_events_and_overflow_trigger_a_rescan(tmp_path, monkeypatch):
+    """Events dropped (as on an inotify overflow): the overflow callback rescans at once, nothing waits 1 h."""
+    monkeypatch.setattr(daemon._Hints, "dispatch", lambda self, event: None)  # every event lost
+    inputs = {}
+
+    def act(d: daemon.Daemon) -> None:
+        for i in range(50):
+            inputs[f"o{i}"] = small(d.spool.inbox / f"o{i}.txt", i)
+        groups = [e._inotify for e in d._observer.emitters if getattr(e, "_inotify", None) is not None]
+        assert groups, "the inotify observer has no watch group"
+        groups[0].on_queue_overflow()  # what watchdog calls on IN_Q_OVERFLOW
+        wait_for(lambda: len(names(d.spool.inbox / ".done")) == 50, 60, "50 jobs after the overflow")
+
+    s = settings_for(tmp_path, rescan_seconds=3600, observer="inotify")
+    s.inbox.mkdir()
+    serve_with(s, act)
+    for stem, (a, b) in inputs.items():
+        check_ok(s.outbox, stem, a, b)
+
+
+@pytest.mark.slow
+def test_big_job_interleaved_with_100_small(tmp_path, served):
+    """A 1024 job (4096 with RELIABILITY_FULL=1) and 100 small ones dropped while it runs."""
+    size = 4096 if FULL else 1024
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    big = make_input(tmp_path / "big.src", size, size, size, 1)
+    d = served().wait_serving()
+    os.rename(tmp_path / "big.src", inbox / "big.txt")
+    inputs = {}
+    for i in range(100):
+        inputs[f"s{i:03d}"] = small(tmp_path / f"s{i:03d}.src", i, 5, 6, 7)
+        os.rename(tmp_path / f"s{i:03d}.src", inbox / f"s{i:03d}.txt")
+    wait_for(lambda: len(names(inbox / ".done")) == 101, 600 if FULL else 180, "101 jobs")
+    check_ok(d.outbox, "big", *big)
+    for stem, (a, b) in inputs.items():
+        check_ok(d.outbox, stem, a, b)
+    assert d.stop() == 0
+    assert_nothing_half_done(tmp_path)
+
+
+def test_max_queue_leaves_the_rest_in_the_inbox_for_a_rescan(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    inputs = {f"q{i:02d}": small(inbox / f"q{i:02d}.txt", i) for i in range(30)}
+    assert daemon.Daemon(settings_for(tmp_path, max_queue=4)).serve(once=True) == 0
+    for stem, (a, b) in inputs.items():
+        check_ok(tmp_path / "outbox", stem, a, b)
+    assert waiting(inbox) == set()
+
+
+# ---------------------------------------------------------------------------
+# faults
+
+
+@pytest.mark.slow
+def test_kill9_at_random_points_20_rounds(tmp_path):
+    """20 daemons killed with SIGKILL at random moments (start-up, claim, commit, archive); then one drains."""
+    rng = random.Random(20)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    inputs = {}
+    for round_ in range(20):
+        for j in range(4):
+            stem = f"r{round_:02d}_{j}"
+            inputs[stem] = make_input(tmp_path / f"{stem}.src", 90, 90, 90, round_ * 10 + j)
+            os.rename(tmp_path / f"{stem}.src", inbox / f"{stem}.txt")
+        d = Served(tmp_path)
+        time.sleep(rng.uniform(0.3, 1.5))  # not a synchronisation: the random point of the kill
+        d.proc.kill()
+        d.proc.wait(timeout=10)
+        d.log.close()
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    for stem, (a, b) in inputs.items():
+        check_ok(tmp_path / "outbox", stem, a, b, input_name=f"{stem}.txt")
+    assert not list((tmp_path / "outbox").glob("*.1.*")), "a job was done twice"
+    assert names(inbox / ".done") == {f"{s}.txt" for s in inputs}
+    assert_nothing_half_done(tmp_path)
+
+
+def _enospc_on(outbox: Path, which: str):
+    """An ``os.write`` that fails with ENOSPC on commit temporaries in ``outbox`` of ``which`` (out or yaml)."""
+    real = os.write
+    state = {"on": True, "hits": 0}
+
+    def write(fd: int, data) -> int:
+        if state["on"]:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                target = ""
+            name = os.path.basename(target)
+            if target.startswith(str(outbox)) and name.endswith(".tmp") and f".{which}." in name:
+                state["hits"] += 1
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    return write, state
+
+
+@pytest.mark.parametrize("which", ["out", "yaml"])
+def test_disk_full_keeps_the_input_and_shows_nothing_half_written(tmp_path, monkeypatch, which):
+    """ENOSPC on the output (or on the sidecars after the output): given back, retried, then done."""
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    outbox.mkdir()
+    a, b = small(inbox / "m.txt", 1)
+    write, state = _enospc_on(outbox, which)
+    monkeypatch.setattr(atomic.os, "write", write)
+    s = settings_for(tmp_path)
+    assert daemon.Daemon(s).serve(once=True) == 1  # --once stops: the outbox refused a result
+    assert state["hits"] >= 1
+    assert waiting(inbox) == {"m.txt"}, "the input must be back in the inbox"
+    assert names(outbox) == set(), f"something half written is visible: {names(outbox)}"
+    assert work_files(inbox) == []
+    state["on"] = False
+    assert daemon.Daemon(s).serve(once=True) == 0
+    check_ok(outbox, "m", a, b)
+    assert names(outbox) == {"m.out", "m.timing.yaml"}
+
+
+def test_output_that_never_fits_is_failed_after_three_attempts_and_others_run(tmp_path, monkeypatch):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    outbox.mkdir()
+    real = os.write
+
+    def write(fd: int, data) -> int:  # only big.out's temporary hits a full disk
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if os.path.basename(target).startswith(".big.out."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(atomic.os, "write", write)
+    inputs = {}
+
+    def act(d: daemon.Daemon) -> None:
+        small(d.spool.inbox / "big.txt", 9)
+        for i in range(3):
+            inputs[f"f{i}"] = small(d.spool.inbox / f"f{i}.txt", i)
+        wait_for(lambda: (outbox / "big.error.yaml").exists() and len(names(inbox / ".done")) == 3, 60, "all jobs")
+
+    serve_with(settings_for(tmp_path, rescan_seconds=0.05), act)
+    rec = error_of(outbox, "big")
+    assert rec["error"]["kind"] == "output" and "No space left" in rec["error"]["reason"]
+    assert names(inbox / ".failed") == {"big.txt"}
+    for stem, (a, b) in inputs.items():
+        check_ok(outbox, stem, a, b)
+    assert_nothing_half_done(tmp_path)
+
+
+def _try_mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    options = f"size={size},mode=0755"
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+def test_real_full_tmpfs_outbox(tmp_path, served):
+    """A 1 MiB tmpfs outbox: a result too big for it is failed with the reason, the small ones are served,
+    a completely full disk pauses the daemon and the job runs once space is freed."""
+    outbox = tmp_path / "outbox"
+    if not _try_mount_tmpfs(outbox, "1m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount rights); the ENOSPC tests above cover it")
+    try:
+        inbox = tmp_path / "inbox"
+        inbox.mkdir()
+        d = served(MMD_RESCAN_SECONDS="0.2").wait_serving()
+        make_input(tmp_path / "big.src", 450, 10, 450, 1)  # ~1.2 MB of output
+        os.rename(tmp_path / "big.src", inbox / "big.txt")
+        inputs = {f"t{i}": small(tmp_path / f"t{i}.src", i) for i in range(3)}
+        for stem in inputs:
+            os.rename(tmp_path / f"{stem}.src", inbox / f"{stem}.txt")
+        wait_for(lambda: (outbox / "big.error.yaml").exists() and len(names(inbox / ".done")) == 3, 60, "jobs")
+        assert "No space left" in error_of(outbox, "big")["error"]["reason"]
+        for stem, (a, b) in inputs.items():
+            check_ok(outbox, stem, a, b)
+        # Fill the disk to the last byte: a new job is paused, kept, and served when space returns.
+        filler = outbox / ".filler"
+        with open(filler, "wb") as fh, pytest.raises(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        late = small(tmp_path / "late.src", 7)
+        os.rename(tmp_path / "late.src", inbox / "late.txt")
+        wait_for(lambda: (d.state().get("paused") or {}).get("reason"), 30, "the pause")
+        assert "late.txt" in waiting(inbox) or work_files(inbox), "the input must be kept"
+        filler.unlink()
+        wait_for(lambda: (outbox / "late.timing.yaml").exists(), 60, "the late job after space came back")
+        check_ok(outbox, "late", *late)
+        assert d.stop() == 0
+        assert_nothing_half_done(tmp_path)
+    finally:
+        subprocess.run(["umount", "-l", str(outbox)], capture_output=True)
+
+
+def test_inbox_deleted_and_recreated(tmp_path, served):
+    inbox = tmp_path / "inbox"
+    d = served().wait_serving()
+    first = small(tmp_path / "a.src", 1)
+    os.rename(tmp_path / "a.src", inbox / "a.txt")
+    wait_for(lambda: (d.outbox / "a.timing.yaml").exists(), 30, "job a")
+    shutil.rmtree(inbox)
+    wait_for(lambda: any(e.get("event", "").startswith("the inbox is gone") for e in d.events()), 30, "the log")
+    inbox.mkdir()
+    second = small(tmp_path / "b.src", 2)
+    os.rename(tmp_path / "b.src", inbox / "b.txt")
+    wait_for(lambda: (d.outbox / "b.timing.yaml").exists(), 30, "job b in the new inbox")
+    check_ok(d.outbox, "a", *first)
+    check_ok(d.outbox, "b", *second)
+    assert daemon.lock_holder(inbox) == d.proc.pid, "the new inbox is locked by the daemon"
+    third = small(tmp_path / "c.src", 3)
+    os.rename(tmp_path / "c.src", inbox / "c.txt")  # events work again (a new watch)
+    wait_for(lambda: (d.outbox / "c.timing.yaml").exists(), 30, "job c")
+    check_ok(d.outbox, "c", *third)
+    assert d.stop() == 0
+
+
+def test_outbox_deleted_is_made_again(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    a, b = small(inbox / "m.txt", 1)
+    s = settings_for(tmp_path)
+    spool.Spool(s.inbox, s.outbox).prepare()
+    shutil.rmtree(s.outbox)
+    assert daemon.Daemon(s).serve(once=True) == 0
+    check_ok(s.outbox, "m", a, b)
+
+
+def test_clock_jumps_do_not_break_timings(tmp_path, monkeypatch):
+    """The wall clock jumps an hour back and forth on every read; durations use the monotonic clock."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    a, b = small(inbox / "m.txt", 1, 40, 40, 40)
+    real = time.time
+    flips = iter(range(10**9))
+    monkeypatch.setattr(time, "time", lambda: real() + (3600 if next(flips) % 2 else -3600))
+    assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+    rec = check_ok(tmp_path / "outbox", "m", a, b)
+    timings = {k: v for k, v in rec["timings_ms"].items() if v is not None}
+    assert all(0 <= v < 60_000 for v in timings.values()), timings
+
+
+def test_readiness_survives_wall_clock_jumps():
+    mono, wall = [100.0], [1_000_000.0]
+    r = spool.Readiness(0.5, clock=lambda: mono[0], wall=lambda: wall[0])
+    fresh = int(wall[0] * 1e9)
+    wall[0] -= 3600  # jumps back: the mtime is in the future, the monotonic quiet time still decides
+    assert not r.observe("m", 10, fresh)
+    mono[0] += 0.6
+    assert r.observe("m", 10, fresh)
+    wall[0] += 7200  # jumps forward: a growing file is still watched until its size settles
+    assert not r.observe("n", 10, int(wall[0] * 1e9))
+
+
+# ---------------------------------------------------------------------------
+# bad input, through the daemon
+
+
+def test_bad_inputs_are_refused_with_reasons_and_nothing_is_lost(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    line_mb = 100 if FULL else 8
+    bad = {
+        "empty": b"",
+        "spaces": b" \n\t\r\n" * 1000,
+        "huge_header": b"1000000 1000000 1000000\n1 2 3\n",
+        "square_huge": b"1000000\n1\n",
+        "long_line": b"2\n" + b"7" * (line_mb << 20),
+        "long_header": b"1" * (line_mb << 20),
+        "nul": b"2\n1 2\x00 3 4\n1 0 0 1\n",
+        "binary": bytes(range(256)) * 64,
+        "nan": b"1\nnan\n1\n",
+        "negative": b"-2\n1 2\n",
+        "float_header": b"2.0\n1 2 3 4 5 6 7 8\n",
+        "too_many": b"1\n1 2 3\n",
+    }
+    for stem, data in bad.items():
+        (inbox / f"{stem}.txt").write_bytes(data)
+    # A whitespace "bomb" that is still valid: 16 MB of blanks between 8 values.
+    pad = b" " * (2 << 20)
+    (inbox / "sparse.txt").write_bytes(b"2\n" + pad.join(b"1 2 3 4 5 6 7 8".split()) + b"\n")
+    t0 = time.monotonic()
+    assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+    assert time.monotonic() - t0 < 120
+    for stem in bad:
+        rec = error_of(tmp_path / "outbox", stem)
+        assert rec["error"]["kind"] in ("input", "limit") and rec["error"]["reason"], stem
+    assert names(inbox / ".failed") == {f"{s}.txt" for s in bad}
+    assert names(inbox / ".done") == {"sparse.txt"}
+    assert (tmp_path / "outbox" / "sparse.out").read_text() == "2\n 19.00 22.00\n 43.00 50.00\n"
+
+
+def test_limits_refuse_with_clear_reasons(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    make_input(inbox / "bigfile.txt", 40, 40, 40, 1)
+    (inbox / "bigshape.txt").write_bytes(b"30 30 30\n" + b"1 " * 1800)
+    ok = small(inbox / "fine.txt", 3)
+    s = settings_for(tmp_path, max_file_bytes=6000, max_memory_bytes=4 * 1024)
+    assert daemon.Daemon(s).serve(once=True) == 0
+    rec = error_of(tmp_path / "outbox", "bigfile")
+    assert rec["error"]["kind"] == "limit" and "6000" in rec["error"]["reason"]
+    rec = error_of(tmp_path / "outbox", "bigshape")
+    assert rec["error"]["kind"] == "limit" and "30x30x30" in rec["error"]["reason"]
+    check_ok(tmp_path / "outbox", "fine", *ok)
+
+
+@pytest.mark.slow
+def test_file_growing_while_it_is_read(tmp_path, served):
+    """A writer keeps appending after its first close (the close is what inotify reports)."""
+    inbox = tmp_path / "inbox"
+    d = served().wait_serving()
+    path = inbox / "grow.txt"
+    make_input(tmp_path / "g.src", 60, 60, 60, 1)
+    body = (tmp_path / "g.src").read_bytes()
+    keep = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # stays open
+    try:
+        with open(path, "ab") as first:  # its close is the CLOSE_WRITE event
+            first.write(body)
+        for _ in range(2000):  # about 4 MB more, racing the claim and the read
+            os.write(keep, b"1.00 " * 400 + b"\n")
+    finally:
+        os.close(keep)
+    wait_for(lambda: list(d.outbox.glob("grow*.yaml")), 30, "the job to end")
+    assert d.proc.poll() is None
+    wait_for(lambda: names(inbox / ".done") | names(inbox / ".failed"), 10, "the archive")
+    assert names(inbox / ".done") | names(inbox / ".failed") == {"grow.txt"}
+    for rec_path in d.outbox.glob("grow*.error.yaml"):
+        assert yaml.safe_load(rec_path.read_text())["error"]["reason"]
+    assert d.stop() == 0
+
+
+# ---------------------------------------------------------------------------
+# hostile names and links
+
+
+def test_links_are_never_followed_out_of_the_spool(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"1\n5\n7\n")  # a valid job: reading it would be the leak
+    secret_dir = tmp_path / "secretdir"
+    secret_dir.mkdir()
+    (secret_dir / "x").write_text("x")
+    before = secret.stat()
+    os.symlink(secret, inbox / "sym.txt")
+    os.symlink(secret_dir, inbox / "symdir.txt")
+    os.symlink(tmp_path / "nowhere", inbox / "dangling.txt")
+    os.symlink("../secret.txt", inbox / "relative.txt")
+    os.link(secret, inbox / "hard.txt")
+    os.mkfifo(inbox / "fifo.txt")  # opening it would block the worker forever
+    linked = set(waiting(inbox))
+    ok = small(inbox / "plain.txt", 1)
+    assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+
+    outbox = tmp_path / "outbox"
+    for name in linked:
+        rec = error_of(outbox, name[:-4])
+        assert rec["error"]["kind"] == "spool", name
+    assert "hard link" in error_of(outbox, "hard")["error"]["reason"]
+    assert "symbolic link" in error_of(outbox, "sym")["error"]["reason"]
+    assert names(inbox / ".failed") == linked
+    assert os.path.islink(inbox / ".failed" / "sym.txt"), "the link itself is moved, never its target"
+    after = secret.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert secret.read_bytes() == b"1\n5\n7\n" and (secret_dir / "x").read_text() == "x"
+    for path in outbox.iterdir():
+        assert b"35.00" not in path.read_bytes(), f"{path.name} holds the secret's product"
+    check_ok(outbox, "plain", *ok)
+
+
+HOSTILE = [
+    "with space.txt",
+    "new\nline.txt",
+    "tab\there.txt",
+    "esc\x1b[31mred.txt",
+    "données-ünïcode-行列.txt",
+    "emoji-🧮.txt",
+    "evil\u202etxt.exe",
+    "-rf.txt",
+    "--help.txt",
+    "a..b.txt",
+    "x..y..txt",
+    "x" * 251 + ".txt",
+    "é" * 125 + ".txt",
+    "m@kernel=....etc..passwd.txt",
+    "m@kernel=..,backend=cpu.txt",
+    "m@kernel=__import__('os').txt",
+    "m@backend=cuda;rm -rf.txt",
+    "m@tile=1e9.txt",
+    "m@tile=-1.txt",
+    "m@memory=dev-nvidia0.txt",
+    "m@kernel=naive\n.txt",
+    "m@kernel=naive,kernel=tiled.txt",
+]
+INJECTIONS = [n for n in HOSTILE if n.startswith("m@")]
+
+
+def test_hostile_names_stay_inside_the_outbox(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    inputs = {}
+    for i, name in enumerate(HOSTILE):
+        inputs[name] = small(inbox / name, i)
+    raw = os.fsencode(inbox) + b"/bad\xff\xfe.txt"  # not UTF-8
+    with open(raw, "wb") as fh:
+        fh.write(b"1\n2\n3\n")
+    outside_before = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(inbox))
+
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    for line in r.stderr.splitlines():
+        event = json.loads(line)  # every log line is one JSON object: no raw newline from a name
+        assert "\x1b" not in json.dumps(event, ensure_ascii=False)
+
+    produced = list(outbox.iterdir())
+    assert all(p.parent == outbox for p in produced)
+    for p in produced:
+        assert len(os.fsencode(p.name)) <= 255
+        assert p.name.isprintable() and "\u202e" not in p.name, repr(p.name)
+    outside_after = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(inbox) and p.parent != outbox)
+    assert outside_after == [p for p in outside_before if p.parent != outbox and p != outbox] + [outbox]
+
+    ok = [n for n in HOSTILE if n not in INJECTIONS]
+    records = [yaml.safe_load(p.read_text()) for p in outbox.glob("*.timing.yaml")]
+    assert len(records) == len(ok) + 1  # and the non-UTF-8 name
+    errors = [yaml.safe_load(p.read_text()) for p in outbox.glob("*.error.yaml")]
+    assert len(errors) == len(INJECTIONS) and all(e["error"]["kind"] == "jobname" for e in errors)
+    for rec in records:
+        assert rec["status"] == "ok"
+    assert len(names(inbox / ".done")) == len(ok) + 1
+    assert len(names(inbox / ".failed")) == len(INJECTIONS)
+    assert waiting(inbox) == set() and work_files(inbox) == []
+    renamed = [rec for rec in records if "original_name" in rec]
+    assert {rec["original_name"] for rec in renamed} >= {"new\\nline.txt", "bad\\udcff\\udcfe.txt"}
+    assert (outbox / "with space.out").exists() and (outbox / "-rf.out").exists()
+    assert (outbox / "données-ünïcode-行列.out").exists()
+
+
+# ---------------------------------------------------------------------------
+# permissions and planted spool files
+
+
+def test_files_are_created_without_group_or_world_write(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    small(inbox / "m.txt", 1)
+    (inbox / "bad.txt").write_text("x")
+    old = os.umask(0)
+    try:
+        assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+        assert os.umask(0) == 0, "the daemon restores the caller's umask"
+    finally:
+        os.umask(old)
+    made = [tmp_path / "outbox", inbox / ".done", inbox / ".failed", inbox / ".work"]
+    made += list((tmp_path / "outbox").iterdir())
+    for path in made:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert not mode & 0o022, f"{path.name} is {mode:o}"
+
+
+def test_world_writable_outbox_is_refused(tmp_path):
+    (tmp_path / "outbox").mkdir()
+    os.chmod(tmp_path / "outbox", 0o777)
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    assert r.returncode != 0 and "world-writable" in r.stderr
+
+
+@pytest.mark.parametrize("planted", [".work", ".done", ".failed"])
+def test_planted_spool_folder_link_is_refused(tmp_path, planted):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, inbox / planted)
+    small(inbox / "m.txt", 1)
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    assert r.returncode != 0 and "not a folder" in r.stderr
+    assert list(elsewhere.iterdir()) == [] and waiting(inbox) == {"m.txt"}
+
+
+def test_state_file_is_never_written_through_a_planted_link(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    victim = tmp_path / "victim.out"
+    victim.write_text("another user's result\n")
+    os.symlink(victim, inbox / f".{spool.STATE_NAME}.{os.getpid()}.tmp")
+    small(inbox / "m.txt", 1)
+    assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+    assert victim.read_text() == "another user's result\n"
+    assert json.loads((inbox / spool.STATE_NAME).read_text())["status"] == "stopped"
+
+
+# ---------------------------------------------------------------------------
+# the GPU (tests/gpu holds the rest; these skip without pycuda and a GPU)
+
+
+def _has_gpu() -> bool:
+    try:
+        import pycuda.driver as drv
+
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:
+        return False
+
+
+HOG = """
+import sys, pycuda.autoinit, pycuda.driver as drv
+free, total = drv.mem_get_info()
+hog = drv.mem_alloc(max(free - (64 << 20), 1))
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs pycuda and a CUDA GPU")
+def test_gpu_out_of_memory_mid_job_then_the_next_job_runs(tmp_path, served):
+    inbox = tmp_path / "inbox"
+    d = served(MMD_BACKEND="cuda").wait_serving()
+    hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "held"
+        make_input(tmp_path / "oom.src", 4096, 4096, 4096, 1)  # 200 MB of device memory: more than is left
+        os.rename(tmp_path / "oom.src", inbox / "oom.txt")
+        wait_for(lambda: (d.outbox / "oom.error.yaml").exists(), 120, "the out-of-memory refusal")
+        assert error_of(d.outbox, "oom")["error"]["kind"] in ("cuda", "limit")
+    finally:
+        hog.stdin.close()
+        hog.wait(timeout=30)
+    nxt = make_input(tmp_path / "next.src", 512, 512, 512, 2)
+    os.rename(tmp_path / "next.src", inbox / "next.txt")
+    wait_for(lambda: (d.outbox / "next.timing.yaml").exists(), 120, "the next job")
+    check_ok(d.outbox, "next", *nxt)
+    assert d.stop() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs pycuda and a CUDA GPU")
+def test_gpu_launch_refusal_then_the_next_job_runs(tmp_path, served):
+    inbox = tmp_path / "inbox"
+    d = served(MMD_BACKEND="cuda").wait_serving()
+    make_input(tmp_path / "t.src", 64, 64, 64, 1)
+    os.rename(tmp_path / "t.src", inbox / "t@tile=1024.txt")  # 1024x1024 threads: no GPU launches it
+    wait_for(lambda: (d.outbox / "t@tile=1024.error.yaml").exists(), 60, "the refusal")
+    nxt = make_input(tmp_path / "n.src", 256, 256, 256, 2)
+    os.rename(tmp_path / "n.src", inbox / "n.txt")
+    wait_for(lambda: (d.outbox / "n.timing.yaml").exists(), 60, "the next job")
+    check_ok(d.outbox, "n", *nxt)
+    assert d.stop() == 0
