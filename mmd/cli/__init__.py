@@ -15,7 +15,7 @@ from .. import __version__
 from ..errors import MmdError
 
 #: Sub-command modules, in the order `mmd --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status", "bench", "report")
+COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status", "submit", "bench", "report")
 
 
 class _Parser(argparse.ArgumentParser):
