@@ -45,3 +45,13 @@ def test_unwritable_folder_is_output_error(tmp_path):
         target = folder / "out.txt"
     with pytest.raises(OutputError, match="cannot write"):
         write_atomic(target, [b"x"])
+
+
+def test_large_chunks_hash_the_same_as_inline(tmp_path):
+    import numpy as np
+
+    chunks = [np.random.default_rng(i).bytes(size) for i, size in enumerate((3 << 20, 10, 2 << 20, 5 << 20))]
+    w = write_atomic(tmp_path / "big.bin", chunks, durable=False)
+    joined = b"".join(chunks)
+    assert w.sha256 == hashlib.sha256(joined).hexdigest() and w.bytes == len(joined)
+    assert (tmp_path / "big.bin").read_bytes() == joined

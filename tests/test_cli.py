@@ -105,3 +105,12 @@ def test_auto_backend_says_when_it_falls_back(tmp_path):
 def test_python_dash_m_and_version():
     r = run_mmd("--version")
     assert r.returncode == 0 and r.stdout.startswith("mmd ")
+
+
+def test_job_request_carries_every_job_setting():
+    from mmd import config
+    from mmd.cli.common import request_from
+
+    s = config.Settings().replace(kernel="aplus", tile=16, memory="pitched", text_path="host")
+    r = request_from(s)
+    assert (r.kernel, r.tile, r.memory, r.text_path) == ("aplus", 16, "pitched", "host")

@@ -33,7 +33,9 @@ def settings_from(args: argparse.Namespace, **extra: object) -> config.Settings:
 
 def request_from(settings: config.Settings) -> MultiplyRequest:
     """The multiply request the settings describe."""
-    return MultiplyRequest(kernel=settings.kernel, tile=settings.tile, memory=settings.memory)
+    return MultiplyRequest(
+        kernel=settings.kernel, tile=settings.tile, memory=settings.memory, text_path=settings.text_path
+    )
 
 
 def limits_from(settings: config.Settings) -> Limits:
