@@ -45,6 +45,11 @@ def render(status: dict[str, Any]) -> str:
         f"waiting in the inbox: {status['waiting_in_inbox']}"
         + (f"; queued in the daemon: {state.get('queue', 0)}" if status["serving"] else "")
     )
+    paused = state.get("paused") if status["serving"] else None
+    if paused:
+        lines.append(f"paused since {paused.get('since')} for {paused.get('seconds')} s: {paused.get('reason')}")
+    if status["serving"] and state.get("backlog"):
+        lines.append("queue full: more files wait in the inbox for the next rescan")
     current = state.get("current") if status["serving"] else None
     if current:
         lines.append(f"running: {current['file']} (job {current['job']}, since {current['since']})")
