@@ -321,7 +321,12 @@ def test_inbox_deleted_and_recreated(tmp_path, served):
     first = small(tmp_path / "a.src", 1)
     os.rename(tmp_path / "a.src", inbox / "a.txt")
     wait_for(lambda: (d.outbox / "a.timing.yaml").exists(), 30, "job a")
-    shutil.rmtree(inbox)
+
+    def removed() -> bool:  # the daemon may write its state file into the folder while it is removed
+        shutil.rmtree(inbox, ignore_errors=True)
+        return not inbox.exists()
+
+    wait_for(removed, 10, "the inbox to be removed")
     wait_for(lambda: any(e.get("event", "").startswith("the inbox is gone") for e in d.events()), 30, "the log")
     inbox.mkdir()
     second = small(tmp_path / "b.src", 2)
