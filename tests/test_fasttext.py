@@ -289,6 +289,17 @@ def test_parse_fixed_cases_three_ways():
     _check_values(raw, toks + ["1"] * k)
 
 
+def test_parse_into_callers_array():
+    raw = b"1 2 2\n1.5 -2\n3 4e1\n.5 6\n"
+    out = np.full(6, np.nan, np.float32)
+    got = tf.parse(raw, out=out)
+    np.testing.assert_array_equal(out, [1.5, -2, 3, 40, 0.5, 6])
+    assert np.shares_memory(got.a, out) and np.shares_memory(got.b, out)
+    with pytest.raises(InputFormatError) as info:
+        tf.parse(b"1 2 2\n1.5 -2\n3 x\n.5 6\n", out=out)
+    assert str(info.value) == "line 3: 'x' is not a number"
+
+
 def test_parse_big_multichunk_three_ways():
     rng = np.random.default_rng(4)
     m, k, n = 60, 70, 50
