@@ -305,9 +305,11 @@ class Spool:
     # -- folders --
     def _folder(self, path: Path) -> Path:
         if path not in self._made:
-            path.mkdir(parents=True, exist_ok=True)
             if path.parent == self.inbox:
+                path.mkdir(exist_ok=True)  # never the inbox itself: if it was deleted, it stays so
                 _check_own_folder(path)
+            else:
+                path.mkdir(parents=True, exist_ok=True)
             self._made.add(path)
         return path
 

@@ -320,7 +320,7 @@ def test_inbox_deleted_and_recreated(tmp_path, served):
     d = served().wait_serving()
     first = small(tmp_path / "a.src", 1)
     os.rename(tmp_path / "a.src", inbox / "a.txt")
-    wait_for(lambda: (d.outbox / "a.timing.yaml").exists(), 30, "job a")
+    wait_for(lambda: (inbox / ".done" / "a.txt").exists(), 30, "job a")
 
     def removed() -> bool:  # the daemon may write its state file into the folder while it is removed
         shutil.rmtree(inbox, ignore_errors=True)
