@@ -107,6 +107,19 @@ one_number(const unsigned char *s, const unsigned char *end, const unsigned char
     const unsigned char *q = s;
     int neg = (*q == '-');
     q += neg | (*q == '+'); /* branch-free: signs are random in real data */
+    /* the course's shape, d.dd or dd.dd followed by whitespace: a shortcut */
+    if (end - q >= 6 && IS_DIGIT(q[0])) {
+        unsigned d0 = q[0] - '0';
+        int two = IS_DIGIT(q[1]);
+        const unsigned char *t = q + two;
+        if (t[1] == '.' && IS_DIGIT(t[2]) && IS_DIGIT(t[3]) && IS_WS(t[4])) {
+            unsigned ip = two ? d0 * 10 + (unsigned)(q[1] - '0') : d0;
+            double d = (double)(ip * 100 + (unsigned)(t[2] - '0') * 10 + (unsigned)(t[3] - '0')) / 100.0;
+            *next = t + 4;
+            *val = neg ? -d : d;
+            return 1;
+        }
+    }
     /* up to 19 digits (leading zeros included) accumulate exactly */
     const unsigned char *ds = q;
     uint64_t mant = 0;

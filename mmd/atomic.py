@@ -88,7 +88,7 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, r
     hasher = _OverlappedHash()
     size = 0
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = _create_exclusive(tmp)
         try:
             for chunk in chunks:
                 view = memoryview(chunk)
@@ -116,6 +116,20 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, r
     if durable:
         _fsync_dir(folder)
     return Written(path=path, bytes=size, sha256=digest)
+
+
+def _create_exclusive(tmp: Path) -> int:
+    """Open a new temporary file, never through a link planted at its name.
+
+    A leftover of the same name (a crashed process with our pid) is removed
+    once and the open retried; a second collision is an error.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # removes a planted link itself, never its target
+        return os.open(tmp, flags, 0o644)
 
 
 def _unlink_quietly(path: Path) -> None:

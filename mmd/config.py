@@ -49,12 +49,15 @@ class Settings:
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # None: no limit beyond memory
+    max_dim: int | None = None  # largest M, K or N a job may have; None: no limit
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
     rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
     quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete
     poll_seconds: float = 1.0  # polling observer period
+    # -- durability --
+    durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
     log_format: str = "auto"  # auto: console on a terminal, JSON otherwise
     log_level: str = "info"
@@ -66,6 +69,8 @@ class Settings:
         clean = {k: v for k, v in changes.items() if v is not None}
         return _validated(dataclasses.replace(self, **clean), "override")
 
+
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 _FIELDS = {f.name: f for f in fields(Settings) if f.name != "sources"}
 
@@ -79,6 +84,12 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
             return None
         raise ConfigError(f"{where} must not be empty")
     try:
+        if ftype == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[value.strip().lower()]
+            raise ValueError
         if ftype.startswith("int"):
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
@@ -110,7 +121,7 @@ def _validated(s: Settings, origin: str) -> Settings:
     for name in ("rescan_seconds", "quiet_seconds", "poll_seconds"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {name} must be positive")
-    for name in ("max_memory_bytes", "max_file_bytes"):
+    for name in ("max_memory_bytes", "max_file_bytes", "max_dim"):
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {name} must be positive or null")

@@ -37,13 +37,13 @@ from typing import Any
 
 from . import jobname, sidecar
 from .atomic import write_atomic
-from .backends import MultiplyRequest, open_backend
+from .backends import open_backend
 from .backends.base import Backend
-from .config import Settings, physical_memory_bytes
+from .config import Settings
 from .errors import MmdError, OutputError, SpoolError
 from .logs import get_logger
 from .notify import Notifier, WatchdogPinger
-from .pipeline import Limits, run_job
+from .pipeline import Limits, limits_for, request_for, run_job
 from .spool import LOCK_NAME, STATE_NAME, Claim, Readiness, Spool, is_job_name, shown
 
 #: How many finished jobs the state file lists.
@@ -507,11 +507,7 @@ class Worker(threading.Thread):
             if name.overrides:
                 extra["name_settings"] = dict(name.overrides)
             o = name.overrides
-            request = MultiplyRequest(
-                kernel=o.get("kernel", settings.kernel),
-                tile=o.get("tile", settings.tile),
-                memory=o.get("memory", settings.memory),
-            )
+            request = request_for(settings, **o)
             backend = self._backend(o.get("backend", settings.backend))
         except MmdError as exc:  # a bad name or an unavailable backend: refused like bad input
             self._refuse(claim, exc, extra, log)
@@ -665,14 +661,12 @@ class Daemon:
     # -- derived settings --
     @property
     def limits(self) -> Limits:
-        s = self.settings
-        memory = s.max_memory_bytes if s.max_memory_bytes is not None else physical_memory_bytes()
-        return Limits(max_memory_bytes=memory, max_file_bytes=s.max_file_bytes)
+        return limits_for(self.settings)
 
     @property
     def durable(self) -> bool:
-        """fsync outputs and sidecars (a ``durable`` setting, where config has one)."""
-        return bool(getattr(self.settings, "durable", True))
+        """fsync outputs and sidecars before they count as committed."""
+        return self.settings.durable
 
     # -- signals --
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:

@@ -26,12 +26,17 @@ import numpy as np
 from . import __version__, sidecar, textformat
 from .atomic import write_atomic
 from .backends.base import CUDA_PHASES, Backend, MultiplyRequest, Product, TextBackend
+from .config import Settings, physical_memory_bytes
 from .errors import InputFormatError, LimitError, MmdError, OutputError
 from .logs import get_logger
 
 #: Bytes of working memory a job needs per element of C beyond the float32
 #: matrices: the output text (``%6.2f`` and a little) while it is emitted.
 _TEXT_BYTES_PER_OUTPUT = 8
+
+#: How far past its size at open a file may grow while read, when no
+#: max_file_bytes is set; beyond that the writer is still at work.
+_GROWTH_SLACK = 1 << 20
 
 #: Headers promising more values than the file can hold are refused before
 #: parsing once their matrices would take more than this many bytes.
@@ -44,6 +49,7 @@ class Limits:
 
     max_memory_bytes: int | None = None
     max_file_bytes: int | None = None
+    max_dim: int | None = None
 
 
 @dataclass
@@ -57,6 +63,19 @@ class JobResult:
     record: dict[str, Any]
     error: MmdError | None = None
     product: Product | None = field(default=None, repr=False)
+
+
+def request_for(settings: Settings, **overrides: Any) -> MultiplyRequest:
+    """The multiply request ``settings`` describe, with per-job ``overrides`` (kernel, tile, memory)."""
+    job = {"kernel": settings.kernel, "tile": settings.tile, "memory": settings.memory}
+    job.update({k: v for k, v in overrides.items() if k in job and v is not None})
+    return MultiplyRequest(**job, text_path=settings.text_path)
+
+
+def limits_for(settings: Settings) -> Limits:
+    """Job limits from ``settings``; memory defaults to what the machine holds."""
+    memory = settings.max_memory_bytes if settings.max_memory_bytes is not None else physical_memory_bytes()
+    return Limits(max_memory_bytes=memory, max_file_bytes=settings.max_file_bytes, max_dim=settings.max_dim)
 
 
 class _Clock:
@@ -93,17 +112,22 @@ def read_input(
                 f"file is {info.st_size} bytes; the limit is {limits.max_file_bytes}",
                 {"bytes": info.st_size, "max_file_bytes": limits.max_file_bytes},
             )
+        # A file still growing must not make mmd read without bound.
+        cap = limits.max_file_bytes if limits.max_file_bytes is not None else info.st_size + _GROWTH_SLACK
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = _read_into(fh, info.st_size, into) if into is not None and info.st_size else fh.read()
+            data = _read_into(fh, info.st_size, into, cap) if into is not None and info.st_size else fh.read(cap + 1)
     finally:
         os.close(fd)
-    if limits.max_file_bytes is not None and len(data) > limits.max_file_bytes:
-        raise LimitError(f"file grew past the limit of {limits.max_file_bytes} bytes while being read")
+    if len(data) > cap:
+        raise LimitError(
+            f"{path.name} grew past {cap} bytes while being read (it was {info.st_size} bytes when opened)",
+            {"bytes_at_open": info.st_size},
+        )
     return data
 
 
-def _read_into(fh: Any, size: int, into: Callable[[int], np.ndarray]) -> bytes | memoryview:
-    """``size`` bytes read straight into ``into(size)``; a file that grew meanwhile is read whole."""
+def _read_into(fh: Any, size: int, into: Callable[[int], np.ndarray], cap: int) -> bytes | memoryview:
+    """``size`` bytes read straight into ``into(size)``; a file that grew meanwhile is read up to ``cap + 1``."""
     view = memoryview(into(size)).cast("B")[:size]
     got = 0
     while got < size:
@@ -111,7 +135,7 @@ def _read_into(fh: Any, size: int, into: Callable[[int], np.ndarray]) -> bytes |
         if not done:
             return view[:got]
         got += done
-    rest = fh.read()
+    rest = fh.read(max(cap + 1 - size, 0))
     return bytes(view) + rest if rest else view
 
 
@@ -126,6 +150,11 @@ def text_path_for(backend: Backend, request: MultiplyRequest) -> str:
 def check_header(header: textformat.Header, data_len: int, limits: Limits) -> None:
     """Refuse a header the file cannot hold or the memory limit cannot take, before allocating."""
     m, k, n = header.m, header.k, header.n
+    if limits.max_dim is not None and max(m, k, n) > limits.max_dim:
+        raise LimitError(
+            f"line {header.line}: a {m}x{k}x{n} product exceeds the largest size allowed, {limits.max_dim}",
+            {"line": header.line, "max_dim": limits.max_dim},
+        )
     values = m * k + k * n
     # Each value takes at least one byte plus one separator (the last needs none).
     # Small shortfalls are left to the parser, whose message names the last line;

@@ -55,3 +55,13 @@ def test_large_chunks_hash_the_same_as_inline(tmp_path):
     joined = b"".join(chunks)
     assert w.sha256 == hashlib.sha256(joined).hexdigest() and w.bytes == len(joined)
     assert (tmp_path / "big.bin").read_bytes() == joined
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    target = tmp_path / "out.txt"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / f".out.txt.{os.getpid()}.tmp").symlink_to(victim)
+    write_atomic(target, [b"result"])
+    assert victim.read_bytes() == b"precious"
+    assert target.read_bytes() == b"result" and not target.is_symlink()

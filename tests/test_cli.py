@@ -107,10 +107,14 @@ def test_python_dash_m_and_version():
     assert r.returncode == 0 and r.stdout.startswith("mmd ")
 
 
-def test_job_request_carries_every_job_setting():
+def test_job_request_and_limits_carry_every_job_setting():
     from mmd import config
-    from mmd.cli.common import request_from
+    from mmd.pipeline import limits_for, request_for
 
-    s = config.Settings().replace(kernel="aplus", tile=16, memory="pitched", text_path="host")
-    r = request_from(s)
+    s = config.Settings().replace(kernel="aplus", tile=16, memory="pitched", text_path="host", max_dim=100)
+    r = request_for(s)
     assert (r.kernel, r.tile, r.memory, r.text_path) == ("aplus", 16, "pitched", "host")
+    r = request_for(s, tile=8, backend="cpu", kernel=None)
+    assert (r.kernel, r.tile) == ("aplus", 8)
+    limits = limits_for(s)
+    assert limits.max_dim == 100 and limits.max_memory_bytes == config.physical_memory_bytes()

@@ -154,3 +154,41 @@ def test_sidecar_bytes_are_the_same_with_and_without_libyaml():
     record = {"status": "ok", "input": {"name": "ünï code.txt", "bytes": 3}, "timings_ms": {"parse": 1.5, "cuda": None}}
     plain = yaml.safe_dump(record, sort_keys=False, default_flow_style=False, allow_unicode=True).encode()
     assert sidecar.dumps(record) == plain
+
+
+def test_max_dim_refuses_before_parsing(tmp_path):
+    result, _, _ = job(tmp_path, "3 2 5\n" + "1 " * 16, limits=Limits(max_dim=4))
+    assert not result.ok and result.error.kind == "limit"
+    assert "exceeds the largest size allowed, 4" in result.error.reason
+
+
+def test_a_file_that_keeps_growing_is_not_read_without_bound(tmp_path, monkeypatch):
+    import os
+
+    from mmd import pipeline
+
+    src = tmp_path / "grow.txt"
+    src.write_bytes(b"1\n2\n3\n" + b" " * (3 << 20))
+    real_fstat = os.fstat
+
+    def fstat_at_open(fd):
+        # The size the file had when it was opened; a writer appended 3 MiB since.
+        info = real_fstat(fd)
+        return os.stat_result((*info[:6], 6, *info[7:]))
+
+    monkeypatch.setattr(pipeline.os, "fstat", fstat_at_open)
+    result = run_job(src, tmp_path / "grow.out", REQ, CpuBackend(), durable=False)
+    assert not result.ok and result.error.kind == "limit" and "grew past" in result.error.reason
+
+
+def test_durable_and_max_dim_settings(tmp_path):
+    from mmd import config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("durable: false\nmax_dim: 4096\n")
+    s = config.load(cfg, environ={"MMD_DURABLE": "yes"})
+    assert s.durable is True and s.max_dim == 4096
+    import pytest as _pytest
+
+    with _pytest.raises(config.ConfigError, match="durable must be bool"):
+        config.load(cfg, environ={"MMD_DURABLE": "maybe"})

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 
 from .. import config, logs
-from ..backends import MultiplyRequest
-from ..pipeline import Limits
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
@@ -29,16 +27,3 @@ def settings_from(args: argparse.Namespace, **extra: object) -> config.Settings:
     settings = config.load(getattr(args, "config", None), flags)
     logs.configure(settings.log_format, settings.log_level)
     return settings
-
-
-def request_from(settings: config.Settings) -> MultiplyRequest:
-    """The multiply request the settings describe."""
-    return MultiplyRequest(
-        kernel=settings.kernel, tile=settings.tile, memory=settings.memory, text_path=settings.text_path
-    )
-
-
-def limits_from(settings: config.Settings) -> Limits:
-    """Job limits; memory defaults to what the machine holds."""
-    memory = settings.max_memory_bytes if settings.max_memory_bytes is not None else config.physical_memory_bytes()
-    return Limits(max_memory_bytes=memory, max_file_bytes=settings.max_file_bytes)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..backends import open_backend
-from ..pipeline import run_job
-from .common import add_job_options, limits_from, request_from, settings_from
+from ..pipeline import limits_for, request_for, run_job
+from .common import add_job_options, settings_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"mmd run: {note}", file=sys.stderr)
     try:
-        result = run_job(args.input, output, request_from(settings), backend, limits=limits_from(settings))
+        result = run_job(
+            args.input, output, request_for(settings), backend, limits=limits_for(settings), durable=settings.durable
+        )
     finally:
         backend.close()
     if not result.ok:
