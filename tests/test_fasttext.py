@@ -289,6 +289,21 @@ def test_parse_fixed_cases_three_ways():
     _check_values(raw, toks + ["1"] * k)
 
 
+def test_parse_values_short_shapes_exhaustive():
+    """Every [+-]d.dd / dd.dd token (the C shortcut for the course's inputs), then the general loop."""
+    toks = [f"{s}{i}.{f:02d}" for s in ("", "-", "+") for i in [*range(100), "00", "07"] for f in range(100)]
+    want = np.array([np.float32(float(t)) for t in toks], dtype=np.float32)
+    for sep in ("\n", " ", "\t", "\r\n"):
+        data = sep.join(toks).encode()  # the last token has no whitespace after it
+        out = np.zeros(len(toks), np.float32)
+        assert ft.parse_values(data, 0, out)[0] == ft.OK
+        np.testing.assert_array_equal(_bits(out), _bits(want))
+    for bad in (b"1.23x", b"1.23\x00", b"1.23.00", b"12.345", b"1.23e5"):
+        out = np.zeros(1, np.float32)
+        st_, _ = ft.parse_values(bad + b"      ", 0, out)
+        assert (st_ == ft.OK) == (bad in (b"12.345", b"1.23e5"))
+
+
 def test_parse_into_callers_array():
     raw = b"1 2 2\n1.5 -2\n3 4e1\n.5 6\n"
     out = np.full(6, np.nan, np.float32)
