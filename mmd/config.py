@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,7 +43,10 @@ class Settings:
     kernel: str = "tiled"  # a name from `mmd kernels`
     tile: int = 32  # threads per block edge; 64 is refused on every current GPU
     memory: str = "device"  # device | pitched | managed
-    device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
+    device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for `mmd run` and `mmd bench`
+    #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
+    devices: tuple[int, ...] | None = None
+    kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
     text_path: str = "auto"  # auto: parse/format on the GPU when the backend can (docs/textpath.md) | host | gpu
     # -- the spool (relative paths are taken from the working directory) --
     inbox: Path = Path("inbox")
@@ -56,6 +61,8 @@ class Settings:
     rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
     quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete
     poll_seconds: float = 1.0  # polling observer period
+    shared_inbox: bool = False  # several hosts serve one inbox on a shared filesystem (docs/cluster.md)
+    host_id: str | None = None  # this host's name in a shared inbox; None: the hostname
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
@@ -75,10 +82,57 @@ _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False,
 _FIELDS = {f.name: f for f in fields(Settings) if f.name != "sources"}
 
 
+#: What a host id may hold: it becomes part of file names in the shared inbox.
+HOST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _devices(value: Any, where: str) -> tuple[int, ...] | None:
+    """``devices``: a list of ordinals (YAML list, or ``0,1`` / ``[0, 1]`` from the environment); all/null: None."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]").strip()
+        if text.lower() in ("all", "auto"):
+            return None
+        value = [v for v in re.split(r"[,\s]+", text) if v]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{where} must be a list of device ordinals or all, got {value!r}")
+    out = []
+    for item in value:
+        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and item.isdigit())):
+            raise ConfigError(f"{where} must be a list of device ordinals or all, got {value!r}")
+        out.append(int(item))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{where} names a device twice: {out}")
+    return tuple(out)
+
+
+def host_id_of(settings: Settings) -> str:
+    """This daemon's host id: the setting, else the hostname (characters outside ``A-Za-z0-9._-`` → ``_``)."""
+    if settings.host_id is not None:
+        return settings.host_id
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64].strip(".") or "localhost"
+    return name
+
+
+def kernel_cache_dir(settings: Settings, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where compiled kernels are kept (None: no disk cache)."""
+    value = settings.kernel_cache
+    if value is None:
+        return None
+    if value != "auto":
+        return Path(value).expanduser()
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "mmd" / "kernels"
+
+
 def _coerce(name: str, value: Any, origin: str) -> Any:
     """Convert ``value`` to the type of setting ``name`` or raise ConfigError."""
     ftype = str(_FIELDS[name].type)
     where = f"{origin}: {name}"
+    if name == "devices":
+        return None if value is None else _devices(value, where)
     if value is None:
         if "None" in ftype:
             return None
@@ -127,6 +181,12 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {name} must be positive or null")
     if s.max_queue <= 0:
         raise ConfigError(f"{origin}: max_queue must be positive")
+    if s.devices is not None and (not s.devices or any(d < 0 for d in s.devices)):
+        raise ConfigError(f"{origin}: devices must be device ordinals (0, 1, ...), got {list(s.devices)}")
+    if s.host_id is not None and (not HOST_ID_RE.fullmatch(s.host_id) or s.host_id in (".", "..")):
+        raise ConfigError(f"{origin}: host_id may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}")
+    if s.kernel_cache is not None and not s.kernel_cache:
+        raise ConfigError(f"{origin}: kernel_cache must be auto, a folder or null")
     return s
 
 
