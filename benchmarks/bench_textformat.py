@@ -80,7 +80,9 @@ def peak_delta(case: str, path: Path) -> int | None:
     try:
         out = subprocess.run(
             [sys.executable, "-c", CHILD.format(root=str(ROOT)), case, str(path)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return int(out.stdout.strip())
     except Exception:
@@ -91,8 +93,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--rss", action="store_true",
-                    help="also run each case in a subprocess for peak RSS growth (rough: maxrss is a high-water mark)")
+    ap.add_argument(
+        "--rss",
+        action="store_true",
+        help="also run each case in a subprocess for peak RSS growth (rough: maxrss is a high-water mark)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
@@ -141,9 +146,14 @@ def main() -> None:
     mb = lambda v: "-" if v is None else f"{v / 1e6:.0f}"  # noqa: E731
     print(f"{'N':>5} {'case':<9} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'speed-up':>8} {'peak RSS +MB':>12}")
     for r in rows:
-        for case, size, base in (("loadtxt", r["in_mb"], None), ("parse", r["in_mb"], "loadtxt"),
-                                 ("parse (C)", r["in_mb"], "loadtxt"), ("savetxt", r["out_mb"], None),
-                                 ("emit", r["out_mb"], "savetxt"), ("emit (C)", r["out_mb"], "savetxt")):
+        for case, size, base in (
+            ("loadtxt", r["in_mb"], None),
+            ("parse", r["in_mb"], "loadtxt"),
+            ("parse (C)", r["in_mb"], "loadtxt"),
+            ("savetxt", r["out_mb"], None),
+            ("emit", r["out_mb"], "savetxt"),
+            ("emit (C)", r["out_mb"], "savetxt"),
+        ):
             if case not in r:
                 continue
             t = r[case]
