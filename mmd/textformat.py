@@ -361,7 +361,7 @@ def _scan(b: np.ndarray, want_offsets: bool = False):
         bad[np.searchsorted(tstarts, odd, side="right") - 1] = True
     if split_tok is not None:
         bad |= split_tok & ((ndots != 1) | (frac != 2) | (ndig < 3))
-    vals = mant / _P10F.take(frac)
+    vals = mant / _P10F.take(np.minimum(frac, _MAXE))  # long fractions are flagged bad above
     neg = b.take(tstarts) == 45
     np.negative(vals, out=vals, where=neg)
     bad_runs = []
