@@ -4,7 +4,7 @@
 #   scripts/gpu_validate.sh STAGE...     stages: setup tests cli ladder course wholejob
 #
 # setup     install the carried wheels (.device-wheels/), build the C text accelerator
-# tests     pytest tests/gpu (every kernel × tile × shape against float64, memory modes, leaks, GPU text path)
+# tests     pytest -m gpu tests (every kernel × tile × shape against float64, memory modes, leaks, GPU text path)
 # cli       `mmd run --backend cuda` for every kernel × tile 4..64 on a 1000×1000 and a 37×53×29 file,
 #           each output checked with `mmd check --input`; tile 64 must be refused
 # ladder    `mmd bench` of fast vs cublas at 1000/2048/4096/8192 (10 repeats) + a rectangular case
@@ -32,7 +32,7 @@ stage_setup() {
 }
 
 stage_tests() {
-    python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 25
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -n 25
 }
 
 stage_cli() {
