@@ -98,6 +98,7 @@ COLUMNS: tuple[str, ...] = (
     "n",
     "memory",
     "mode",
+    "text_path",
     "status",
     "reason",
     "repeats",
@@ -149,6 +150,8 @@ class Plan:
     warmup: int = 1
     memory: str = "device"
     through_files: bool = False
+    #: How ``--through-files`` jobs handle their text: auto, host or gpu (docs/textpath.md).
+    text_path: str = "auto"
     sizes_at_tile: int = COURSE_SIZES_AT_TILE
     tiles_at_size: int | None = None
     grid: bool = False
@@ -512,7 +515,9 @@ class _Runner:
         if skip is not None:
             row.update(status="skipped", reason=skip)
             return row
-        request = MultiplyRequest(kernel=case.kernel, tile=case.tile or plan.sizes_at_tile, memory=plan.memory)
+        request = MultiplyRequest(
+            kernel=case.kernel, tile=case.tile or plan.sizes_at_tile, memory=plan.memory, text_path=plan.text_path
+        )
         inputs = self.inputs(case)
         samples: list[dict[str, float]] = []
         compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
@@ -562,6 +567,7 @@ class _Runner:
             write_atomic(inputs.text, input_chunks(inputs.a, inputs.b, square=True), durable=False)
         output = self.workdir / "out.txt"
         result = run_job(inputs.text, output, request, backend)
+        row["text_path"] = result.record.get("text", {}).get("path")
         try:
             if not result.ok:
                 assert result.error is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ class CudaBackend:
         self._thread = threading.get_ident()
         self._closed = False
         self._text: Any = None  # mmd.gputext.GpuText, made on the first text job
+        self._warm: set[tuple[int, int, int]] = set()  # shapes cuBLAS has run here
 
     @property
     def session(self) -> Any:
@@ -104,7 +106,32 @@ class CudaBackend:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
         self._check_memory(request.memory, m * k + k * n + m * n)
+        if spec.kind == registry.LIBRARY:
+            self._warm_library(m, k, n, timings)
         return spec, compiled, timings
+
+    def _warm_library(self, m: int, k: int, n: int, timings: dict[str, float]) -> None:
+        """Run cuBLAS once on scratch buffers the first time a shape comes, outside the timed phases.
+
+        Its first call creates the handle and loads the kernel it picks for the
+        shape (about 100 ms on an H200, measured with `mmd run`), which is
+        set-up, not the product: it is recorded as ``compile``, like a kernel
+        built for its first job.
+        """
+        if (m, k, n) in self._warm:
+            return
+        session = self._session
+        start = time.perf_counter()
+        held: list[Any] = []
+        try:
+            for rows, cols in ((m, k), (k, n), (m, n)):
+                held.append(self._guarded(lambda r=rows, c=cols: session.alloc("device", r, c)))
+            self._guarded(lambda: session.sgemm(*held))
+            self._guarded(session.synchronize)
+        finally:
+            self._release(held)
+        self._warm.add((m, k, n))
+        timings["compile"] = timings.get("compile", 0.0) + (time.perf_counter() - start) * 1e3
 
     # -- the text path (mmd.gputext) -----------------------------------------
 

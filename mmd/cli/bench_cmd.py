@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 repeats=args.repeats,
                 warmup=args.warmup,
                 memory=args.memory or settings.memory,
+                text_path=settings.text_path,
                 through_files=args.through_files,
                 sizes_at_tile=args.sizes_at_tile,
                 tiles_at_size=tiles_at_size,
