@@ -17,6 +17,34 @@ from pathlib import Path
 
 from .errors import OutputError
 
+#: The host id that commit temporaries carry (``.<name>.<host>.<pid>.tmp``); set by a
+#: daemon on a shared inbox, so that each host sweeps only its own. None: ``.<name>.<pid>.tmp``.
+_host: str | None = None
+#: The longest file name (bytes) most filesystems take.
+NAME_MAX = 255
+
+
+def set_host(host_id: str | None) -> None:
+    """Tag this process's commit temporaries with ``host_id`` (None: no tag)."""
+    global _host
+    _host = host_id
+
+
+def temporary_name(name: str, host: str | None = None, pid: int | None = None) -> str:
+    """The hidden temporary a commit of ``name`` writes first: ``.<name>[.<host>].<pid>.tmp``.
+
+    Where that would not fit NAME_MAX (a long name plus a host id), the name
+    part is 16 hex digits of its sha256 instead: still one temporary per name
+    and process, and still matched by the sweep's pattern.
+    """
+    host = _host if host is None else host
+    tag = f"{host}.{os.getpid() if pid is None else pid}" if host else f"{os.getpid() if pid is None else pid}"
+    tmp = f".{name}.{tag}.tmp"
+    if len(tmp.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        tmp = f".{digest}.{tag}.tmp"
+    return tmp
+
 
 @dataclass(frozen=True)
 class Written:
@@ -84,7 +112,7 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, r
     permissions) leaves no partial file behind and is raised as OutputError.
     """
     folder = path.parent
-    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    tmp = folder / temporary_name(path.name)
     hasher = _OverlappedHash()
     size = 0
     try:

@@ -21,6 +21,7 @@ resumes at the next start), SIGHUP reloads the settings.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import fcntl
 import json
@@ -35,16 +36,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import jobname, sidecar
+from . import atomic, jobname, sidecar
 from .atomic import write_atomic
-from .backends import open_backend
+from .backends import open_backend, worker_devices
 from .backends.base import Backend
-from .config import Settings
-from .errors import MmdError, OutputError, SpoolError
+from .config import Settings, host_id_of, kernel_cache_dir
+from .errors import CudaError, MmdError, OutputError, SpoolError
 from .logs import get_logger
 from .notify import Notifier, WatchdogPinger
 from .pipeline import Limits, limits_for, request_for, run_job
-from .spool import LOCK_NAME, STATE_NAME, Claim, Readiness, Spool, is_job_name, shown
+from .spool import LOCK_NAME, Claim, Readiness, Spool, host_lock_name, is_job_name, shown, state_name
 
 #: How many finished jobs the state file lists.
 RECENT_JOBS = 20
@@ -78,44 +79,116 @@ def _now_iso() -> str:
 
 
 class SpoolLock:
-    """``inbox/.mmd.lock`` held with ``flock`` for the daemon's life; it holds the daemon's pid."""
+    """``inbox/.mmd.lock`` held with ``flock`` for the daemon's life; it holds the daemon's pid.
 
-    def __init__(self, inbox: Path) -> None:
+    On a shared inbox (``host_id`` given) the inbox lock is held shared, so
+    daemons of several hosts serve it together while a daemon without
+    ``shared_inbox`` (which wants it exclusive) and they refuse each other;
+    one daemon per host is then ensured by ``inbox/.mmd.<host_id>.lock``,
+    held exclusive and holding ``<host_id> <pid>``.
+    """
+
+    def __init__(self, inbox: Path, host_id: str | None = None) -> None:
         self.path = Path(inbox) / LOCK_NAME
+        self.host_id = host_id
+        self.host_path = Path(inbox) / host_lock_name(host_id) if host_id else None
         self._fd: int | None = None
+        self._host_fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock or raise SpoolError naming the daemon that has it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        inbox = self.path.parent
+        fd = _open_lock(self.path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.host_path else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _read_pid(fd)
             os.close(fd)
             who = f"pid {pid}" if pid else "another process"
-            raise SpoolError(f"another mmd daemon ({who}) already serves {self.path.parent}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+            if self.host_path is not None:
+                raise SpoolError(
+                    f"another mmd daemon ({who}) already serves {inbox} without shared_inbox; "
+                    "stop it or give it shared_inbox: true"
+                ) from None
+            if pid is None and _host_locks_held(inbox):
+                raise SpoolError(
+                    f"mmd daemons with shared_inbox already serve {inbox} (see mmd status); "
+                    "set shared_inbox: true to join them"
+                ) from None
+            raise SpoolError(f"another mmd daemon ({who}) already serves {inbox}") from None
+        if self.host_path is None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._fd = fd
+            return
+        try:
+            host_fd = _open_lock(self.host_path)
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            fcntl.flock(host_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(host_fd)
+            os.close(host_fd)
+            os.close(fd)
+            who = f"pid {pid}" if pid else "another process"
+            raise SpoolError(f"another mmd daemon ({who}) already serves {inbox} as host {self.host_id}") from None
+        os.ftruncate(host_fd, 0)
+        os.pwrite(host_fd, f"{self.host_id} {os.getpid()}\n".encode(), 0)
+        self._fd, self._host_fd = fd, host_fd
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._host_fd is not None:
             with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
+                os.ftruncate(self._host_fd, 0)
+            os.close(self._host_fd)
+            self._host_fd = None
+        if self._fd is not None:
+            if self.host_path is None:  # the shared inbox lock's file is not this daemon's to clear
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 
 
+def _open_lock(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+
 def _read_pid(fd: int) -> int | None:
+    """The pid in a lock file: ``<pid>`` or ``<host_id> <pid>``."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        text = os.pread(fd, 128, 0).decode("ascii", "replace").split()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text[-1]) if text and text[-1].isdigit() else None
+
+
+def _held(path: Path) -> tuple[bool, str]:
+    """Whether the lock file at ``path`` is held (flock), and what it holds."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False, ""
+    try:
+        text = os.pread(fd, 128, 0).decode("ascii", "replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True, text
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, text
+    finally:
+        os.close(fd)
+
+
+def _host_locks_held(inbox: Path) -> bool:
+    return any(_held(path)[0] for path in Path(inbox).glob(".mmd.*.lock"))
 
 
 def lock_holder(inbox: Path) -> int | None:
-    """The pid of the daemon serving ``inbox``, or None when its lock is free."""
+    """The pid of the (non-shared) daemon serving ``inbox``, or None when its lock is free or only shared."""
     try:
         fd = os.open(Path(inbox) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -131,12 +204,36 @@ def lock_holder(inbox: Path) -> int | None:
         os.close(fd)
 
 
+def host_daemons(inbox: Path, own_host: str | None = None) -> list[dict[str, Any]]:
+    """The daemons of a shared inbox: one entry per ``.mmd.<host>.lock``.
+
+    ``held`` is the flock (cluster-wide on NFS by default); a pid is checked
+    only for ``own_host``, since a pid means nothing on another machine.
+    """
+    out = []
+    for path in sorted(Path(inbox).glob(".mmd.*.lock")):
+        host = path.name[len(".mmd.") : -len(".lock")]
+        held, text = _held(path)
+        parts = text.split()
+        pid = int(parts[-1]) if parts and parts[-1].isdigit() else None
+        alive = None
+        if host == own_host and pid is not None:
+            alive = _alive(pid)
+        serving = held and alive is not False
+        out.append({"host": host, "pid": pid if held else None, "serving": serving, "own": host == own_host})
+    return out
+
+
 # ---------------------------------------------------------------------------
 # the state file, for `mmd status`
 
 
 class State:
-    """What `mmd status` shows; written atomically to ``inbox/.mmd-state.json``, throttled."""
+    """What `mmd status` shows; written atomically to ``inbox/.mmd-state.json``, throttled.
+
+    ``workers`` lists each worker (its device, backend and the job in hand);
+    ``current`` is the job in hand of the first busy one.
+    """
 
     def __init__(self, path: Path, **facts: Any) -> None:
         self.path = path
@@ -148,9 +245,11 @@ class State:
             "status": "starting",
             "queue": 0,
             "current": None,
+            "workers": [],
             "done": {"ok": 0, "error": 0},
             "recent": [],
         }
+        self._workers: dict[int, dict[str, Any]] = {}
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
         self._dirty = True
         self._written = 0.0
@@ -160,16 +259,36 @@ class State:
             self._data.update(changes)
             self._dirty = True
 
-    def finished(self, entry: dict[str, Any]) -> None:
+    def worker(self, index: int, **changes: Any) -> None:
+        """Update what worker ``index`` is doing (``current``: its job in hand, or None)."""
+        with self._lock:
+            entry = self._workers.setdefault(index, {"index": index, "current": None, "done": 0})
+            entry.update(changes)
+            self._dirty = True
+
+    def finished(self, entry: dict[str, Any], worker: int | None = None) -> None:
         with self._lock:
             self._recent.appendleft(entry)
             self._data["done"]["ok" if entry["status"] == "ok" else "error"] += 1
             self._data["current"] = None
+            if worker is not None:
+                w = self._workers.setdefault(worker, {"index": worker, "current": None, "done": 0})
+                w["current"] = None
+                w["done"] += 1
             self._dirty = True
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._data, "recent": list(self._recent), "updated": _now_iso()}
+            workers = [dict(self._workers[i]) for i in sorted(self._workers)]
+            busy = [w["current"] for w in workers if w.get("current")]
+            current = busy[0] if busy else self._data.get("current")
+            return {
+                **self._data,
+                "current": current,
+                "workers": workers,
+                "recent": list(self._recent),
+                "updated": _now_iso(),
+            }
 
     def due_in(self) -> float | None:
         """Seconds until a pending write is allowed (None: nothing to write)."""
@@ -217,19 +336,32 @@ def _write_state(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_state(inbox: Path) -> dict[str, Any] | None:
-    """The last state a daemon wrote for ``inbox`` (None when there is none)."""
+def read_state(inbox: Path, host_id: str | None = None) -> dict[str, Any] | None:
+    """The last state a daemon wrote for ``inbox`` (None when there is none); ``host_id``: a shared inbox's host."""
     try:
-        return json.loads((Path(inbox) / STATE_NAME).read_text(encoding="utf-8"))
+        return json.loads((Path(inbox) / state_name(host_id)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def status_of(inbox: Path) -> dict[str, Any]:
-    """Whether a daemon serves ``inbox`` (lock held and its pid alive) and its last state."""
+def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
+    """Whether a daemon serves ``inbox`` (lock held and its pid alive) and its last state.
+
+    On a shared inbox every ``.mmd.<host>.lock`` is listed under ``hosts``
+    with its state file; pids are checked only for ``host_id`` (this host).
+    ``serving`` is true when any daemon serves it.
+    """
     pid = lock_holder(inbox)
+    single = pid is not None and (pid == -1 or _alive(pid))
+    hosts = host_daemons(inbox, host_id)
+    for entry in hosts:
+        entry["state"] = read_state(inbox, entry["host"])
     state = read_state(inbox)
-    serving = pid is not None and (pid == -1 or _alive(pid))
+    if not single and hosts:
+        own = [h for h in hosts if h["own"]] or [h for h in hosts if h["serving"]] or hosts
+        state = own[0]["state"]
+        pid = own[0]["pid"]
+    serving = single or any(h["serving"] for h in hosts)
     waiting = sum(1 for _ in Spool(inbox, inbox).scan())
     return {
         "inbox": str(inbox),
@@ -237,6 +369,7 @@ def status_of(inbox: Path) -> dict[str, Any]:
         "pid": pid if serving else None,
         "waiting_in_inbox": waiting,
         "state": state,
+        "hosts": hosts,
     }
 
 
@@ -367,22 +500,26 @@ class _Hints:
 
 
 class Worker(threading.Thread):
-    """Claims, runs and archives jobs one at a time; the backend lives and dies in this thread."""
+    """Claims, runs and archives jobs one at a time on one device; its backend lives and dies in this thread.
 
-    def __init__(self, daemon: Daemon) -> None:
-        super().__init__(name="mmd-worker", daemon=True)
+    ``mmd serve`` starts one worker per device (``devices``); all of them take
+    jobs from the daemon's one queue in arrival order, so the next idle
+    worker takes the next job.
+    """
+
+    def __init__(self, daemon: Daemon, index: int = 0, device: int = 0) -> None:
+        super().__init__(name=f"mmd-worker-{index}", daemon=True)
         self.d = daemon
-        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.index = index
+        self.device = device
+        self.jobs: queue.Queue[Any] = daemon.jobs
         self.stop_event = threading.Event()
         self.ready = threading.Event()
+        self.reopen = threading.Event()
         self.failed: MmdError | None = None
         self.busy_since: float | None = None
         self.beat = time.monotonic()
         self._backends: dict[str, Backend] = {}
-        #: Outputs that could not be committed in a row (the pause doubles with each).
-        self.output_failures = 0
-        #: Inbox name → attempts whose output could not be committed (given back to retry).
-        self.attempts: dict[str, int] = {}
 
     # -- backends (only ever touched in this thread) --
     def _backend(self, name: str) -> Backend:
@@ -392,9 +529,9 @@ class Worker(threading.Thread):
         for backend in self._backends.values():
             if backend.name == want:
                 return backend
-        backend, note = open_backend(want, self.d.settings.device)
+        backend, note = open_backend(want, self.device, kernel_cache=kernel_cache_dir(self.d.settings))
         if note:
-            get_logger().warning("backend fallback", note=note)
+            get_logger().warning("backend fallback", note=note, device_index=self.device)
         self._backends[want] = backend
         return backend
 
@@ -403,18 +540,22 @@ class Worker(threading.Thread):
             try:
                 backend.close()
             except Exception as exc:  # closing must not hide the reason we are stopping
-                get_logger().warning("backend close failed", error=repr(exc))
+                get_logger().warning("backend close failed", error=repr(exc), device_index=self.device)
         self._backends.clear()
 
     def drop_backends(self) -> None:
         """Forget backends so the next job opens them with new settings (after a reload)."""
-        self.jobs.put(("reopen", None))
+        self.reopen.set()
+
+    def _state(self, **changes: Any) -> None:
+        self.d.state.worker(self.index, **changes)
 
     # -- the loop --
     def run(self) -> None:
         try:
             try:
-                self._backend(self.d.settings.backend)
+                backend = self._backend(self.d.settings.backend)
+                self._state(device_index=self.device, backend=backend.name, device=_device_name(backend))
             except MmdError as exc:
                 self.failed = exc
                 return
@@ -428,9 +569,9 @@ class Worker(threading.Thread):
                     continue
                 if self.stop_event.is_set() or kind == "stop":
                     break
-                if kind == "reopen":
+                if self.reopen.is_set():
+                    self.reopen.clear()
                     self._close_backends()
-                    continue
                 self.busy_since = time.monotonic()
                 try:
                     self.process(kind, item)
@@ -438,12 +579,13 @@ class Worker(threading.Thread):
                     get_logger().exception("job escaped the job boundary", error=repr(exc))
                 finally:
                     self.busy_since = None
+                    self._state(current=None)
                     self.d.hints.put((DONE, item if kind == "name" else item.name))
         finally:
             self._close_backends()
 
     def submit(self, kind: str, item: Any) -> None:
-        """Queue a job: ``("name", inbox name)`` or ``("resume", Claim)``."""
+        """Queue a job: ``("name", inbox name)`` or ``("resume", Claim)`` (on the queue all workers share)."""
         self.jobs.put((kind, item))
 
     def process(self, kind: str, item: Any) -> None:
@@ -464,9 +606,11 @@ class Worker(threading.Thread):
                 log.debug("already taken")  # claimed by someone else or removed: harmless
                 return
             log = log.bind(job=claim.job_id, file=shown(claim.name))
+            if len(self.d.workers) > 1:
+                log = log.bind(device_index=self.device)
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
-            self.d.state.update(current={"job": claim.job_id, "file": shown(claim.name), "since": _now_iso()})
+            self._state(current={"job": claim.job_id, "file": shown(claim.name), "since": _now_iso()})
             self._run(claim, log, item if kind == "name" else claim.name)
         except SpoolError as exc:
             if claim is None:  # the file stays in the inbox; it is tried again at a later rescan
@@ -497,7 +641,14 @@ class Worker(threading.Thread):
                 )
                 self._record(claim, ok, path, None)
                 return
+            settled = spool.settle(claim)
+            if settled.output != claim.output:
+                log.warning("its output version was taken meanwhile; moved", output=settled.output.name)
+            claim = settled
             log.info("resuming job left by an earlier daemon")
+        extra["device_index"] = self.device
+        if self.d.host_id is not None:
+            extra["host"] = self.d.host_id
         if claim.problem is not None or not claim.regular:
             problem = claim.problem or "is not a regular file (a link, folder or device); mmd does not follow it"
             self._refuse(claim, SpoolError(f"{shown(claim.original or claim.name)} {problem}"), extra, log)
@@ -523,14 +674,19 @@ class Worker(threading.Thread):
             extra=extra or None,
             durable=self.d.durable,
         )
-        tries = self.attempts.pop(inbox_name, 0) + 1
+        if isinstance(result.error, CudaError):
+            # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
+            # drop this worker's backends; the next job opens a fresh context.
+            log.warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
+            self._close_backends()
+        tries = self.d.output_attempt(inbox_name)
         if not result.ok and isinstance(result.error, OutputError):
             if tries < MAX_OUTPUT_ATTEMPTS:
                 self._retry_later(claim, result.error, log, tries)
                 return
             log.error("output not committed after %d attempts; job failed" % tries, reason=result.error.reason)
         else:
-            self.output_failures = 0
+            self.d.output_committed()
         if not result.ok and result.record.get("error", {}).get("sidecar_failed"):
             log.error("no error sidecar could be written; the input is kept in .failed")
         spool.archive(claim, result.ok)
@@ -548,14 +704,12 @@ class Worker(threading.Thread):
             if path == claim.output or self.d.spool.owned_by(claim, path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-        self.output_failures += 1
-        pause = min(self.d.settings.rescan_seconds * 2 ** (self.output_failures - 1), MAX_PAUSE)
+        failures = self.d.output_failed()
+        pause = min(self.d.settings.rescan_seconds * 2 ** (failures - 1), MAX_PAUSE)
         try:
             back = self.d.spool.give_back(claim)
             where = f"back in the inbox as {shown(back.name)}"
-            if len(self.attempts) > 10_000:  # names given back and then removed by hand
-                self.attempts.clear()
-            self.attempts[back.name] = tries
+            self.d.remember_attempts(back.name, tries)
         except SpoolError as err:
             log.error("cannot give the job back; it stays in .work until the next start", reason=err.reason)
             where = "kept in .work"
@@ -583,9 +737,19 @@ class Worker(threading.Thread):
                 "output": claim.output.name if ok else None,
                 "sidecar": path.name if path else None,
                 "overall_ms": overall,
+                "device_index": self.device,
                 "finished": _now_iso(),
-            }
+            },
+            worker=self.index,
         )
+
+
+def _device_name(backend: Backend) -> str | None:
+    name = getattr(backend, "device_name", None)
+    try:
+        return name() if callable(name) else None
+    except Exception:  # a name is only for the status display
+        return None
 
 
 def _internal(exc: BaseException) -> MmdError:
@@ -633,16 +797,26 @@ class Daemon:
     def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
         self.settings = settings
         self._reload = reload
-        self.spool = Spool(settings.inbox, settings.outbox)
+        #: This host's id on a shared inbox (None: the daemon has the inbox to itself).
+        self.host_id = host_id_of(settings) if settings.shared_inbox else None
+        self.spool = Spool(settings.inbox, settings.outbox, self.host_id)
         self.hints: queue.SimpleQueue = queue.SimpleQueue()
         self.state = State(
-            self.spool.inbox / STATE_NAME,
+            self.spool.inbox / state_name(self.host_id),
             inbox=str(settings.inbox.resolve()),
             outbox=str(settings.outbox.resolve()),
             backend=settings.backend,
+            **({"host": self.host_id} if self.host_id else {}),
         )
         self.log = get_logger()
-        self.worker: Worker | None = None
+        #: The jobs queue every worker takes from, in arrival order: ("name", inbox name) or ("resume", Claim).
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.workers: list[Worker] = []
+        self._outputs_lock = threading.Lock()
+        #: Outputs that could not be committed in a row (the pause doubles with each).
+        self._output_failures = 0
+        #: Inbox name → attempts whose output could not be committed (given back to retry).
+        self._attempts: dict[str, int] = {}
         self._queued: set[str] = set()  # names handed to the worker and not yet done
         self._again: set[str] = set()  # completed again while queued: look once more when done
         self._readiness = Readiness(settings.quiet_seconds)
@@ -667,6 +841,33 @@ class Daemon:
     def durable(self) -> bool:
         """fsync outputs and sidecars before they count as committed."""
         return self.settings.durable
+
+    @property
+    def worker(self) -> Worker | None:
+        """The first worker (for callers that knew only one)."""
+        return self.workers[0] if self.workers else None
+
+    # -- outbox trouble, shared by the workers --
+    def output_attempt(self, name: str) -> int:
+        """This try's number for inbox file ``name`` (1 unless it was given back after outbox trouble)."""
+        with self._outputs_lock:
+            return self._attempts.pop(name, 0) + 1
+
+    def remember_attempts(self, name: str, tries: int) -> None:
+        with self._outputs_lock:
+            if len(self._attempts) > 10_000:  # names given back and then removed by hand
+                self._attempts.clear()
+            self._attempts[name] = tries
+
+    def output_committed(self) -> None:
+        with self._outputs_lock:
+            self._output_failures = 0
+
+    def output_failed(self) -> int:
+        """Count an output the outbox refused; returns how many in a row."""
+        with self._outputs_lock:
+            self._output_failures += 1
+            return self._output_failures
 
     # -- signals --
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
@@ -699,11 +900,13 @@ class Daemon:
     # -- health, for the systemd watchdog --
     def health(self) -> tuple[bool, str]:
         now = time.monotonic()
-        w = self.worker
-        if w is None or not w.is_alive():
+        if not self.workers:
             return False, "the worker thread is not running"
-        if w.busy_since is None and now - w.beat > STUCK_AFTER:
-            return False, f"the worker has not turned for {now - w.beat:.0f} s"
+        for w in self.workers:
+            if not w.is_alive():
+                return False, f"the worker thread of device {w.device} is not running"
+            if w.busy_since is None and now - w.beat > STUCK_AFTER:
+                return False, f"the worker of device {w.device} has not turned for {now - w.beat:.0f} s"
         if now - self._beat > STUCK_AFTER:
             return False, f"the main loop has not turned for {now - self._beat:.0f} s"
         return True, ""
@@ -738,9 +941,8 @@ class Daemon:
             self._backlog = True
             return
         self._queued.add(name)
-        assert self.worker is not None
-        self.worker.submit("name", name)
-        self.state.update(queue=self.worker.jobs.qsize())
+        self.jobs.put(("name", name))
+        self.state.update(queue=self.jobs.qsize())
 
     def _rescan(self) -> int:
         """Offer every waiting file; returns how many job files wait (not counting broken ones)."""
@@ -767,8 +969,7 @@ class Daemon:
         elif kind == DONE:
             name = hint[1]
             self._queued.discard(name)
-            if self.worker is not None:
-                self.state.update(queue=self.worker.jobs.qsize())
+            self.state.update(queue=self.jobs.qsize())
             if name in self._again:
                 self._again.discard(name)
                 self._offer(name, complete=True)
@@ -839,11 +1040,24 @@ class Daemon:
                 outbox=str(self.settings.outbox),
             )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
-        backend_changed = (new.backend, new.device) != (self.settings.backend, self.settings.device)
+        if (new.devices, new.shared_inbox, new.host_id) != (
+            self.settings.devices,
+            self.settings.shared_inbox,
+            self.settings.host_id,
+        ):
+            self.log.warning("SIGHUP: devices, shared_inbox and host_id changes need a restart; keeping the old ones")
+            new = dataclasses.replace(
+                new,
+                devices=self.settings.devices,
+                shared_inbox=self.settings.shared_inbox,
+                host_id=self.settings.host_id,
+            )
+        backend_changed = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
-        if backend_changed and self.worker is not None:
-            self.worker.drop_backends()
+        if backend_changed:
+            for w in self.workers:
+                w.drop_backends()
         self.state.update(backend=new.backend)
         self.log.info("SIGHUP: settings reloaded", sources=list(new.sources))
 
@@ -852,7 +1066,7 @@ class Daemon:
         """Serve until SIGTERM/SIGINT (exit 0), or with ``once`` until the inbox is drained."""
         old_umask = os.umask(UMASK_BITS)
         os.umask(old_umask | UMASK_BITS)
-        lock = self._lock = SpoolLock(self.spool.inbox)
+        lock = self._lock = SpoolLock(self.spool.inbox, self.host_id)
         try:
             self.spool.prepare()
             lock.acquire()
@@ -862,20 +1076,27 @@ class Daemon:
         info = os.stat(self.spool.inbox)
         self._inbox_id = (info.st_dev, info.st_ino)
         old_signals = self._install_signals()
+        atomic.set_host(self.host_id)
         notifier = Notifier()
         pinger: WatchdogPinger | None = None
         try:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
-            self.worker = Worker(self)
-            self.worker.start()
-            self.worker.ready.wait()
-            if self.worker.failed is not None:
-                raise self.worker.failed
+            devices = worker_devices(self.settings.backend, self.settings.devices)
+            self.workers = [Worker(self, i, device) for i, device in enumerate(devices)]
+            for w in self.workers:
+                w.start()
+            for w in self.workers:
+                w.ready.wait()
+            for w in self.workers:
+                if w.failed is not None:
+                    raise w.failed
             resumed = self.spool.resumable()
+            for path in self.spool.sweep_reservations({c.job_id for c in resumed}):
+                self.log.info("removed an output reservation left by a killed process", path=str(path))
             for claim in resumed:
                 self._queued.add(claim.name)
-                self.worker.submit("resume", claim)
+                self.jobs.put(("resume", claim))
             kind = "once"
             if not once:
                 self._observer, kind = make_observer(
@@ -889,8 +1110,10 @@ class Daemon:
                 outbox=str(self.spool.outbox),
                 observer=kind,
                 backend=self.settings.backend,
+                devices=devices,
                 waiting=waiting,
                 resumed=len(resumed),
+                **({"host": self.host_id} if self.host_id else {}),
             )
             notifier.ready(f"serving {self.spool.inbox}")
             pinger = WatchdogPinger.start_for(notifier, self.health)
@@ -901,10 +1124,13 @@ class Daemon:
             observer = self._observer
             if observer is not None:
                 observer.stop()
-            if self.worker is not None and self.worker.is_alive():
-                self.worker.stop_event.set()
-                self.worker.jobs.put(("stop", None))
-                self.worker.join()
+            running = [w for w in self.workers if w.is_alive()]
+            for w in running:
+                w.stop_event.set()
+            for _ in running:
+                self.jobs.put(("stop", None))
+            for w in running:
+                w.join()
             if pinger is not None:
                 pinger.stop()
             self.state.update(status="stopped", queue=0, current=None)
@@ -913,6 +1139,7 @@ class Daemon:
                 with contextlib.suppress(RuntimeError):
                     observer.join(timeout=5)
             self._lock.release()
+            atomic.set_host(None)
             os.umask(old_umask)
             for sig, handler in old_signals.items():
                 signal.signal(sig, handler)
@@ -970,5 +1197,5 @@ class Daemon:
                 if once and not self._queued and not found:
                     return 0
             self.state.write()
-            if self.worker is not None and not self.worker.is_alive():
-                raise SpoolError("the worker thread stopped unexpectedly")
+            if any(not w.is_alive() for w in self.workers):
+                raise SpoolError("a worker thread stopped unexpectedly")

@@ -9,6 +9,12 @@ A :class:`GpuSession` belongs to the thread that opened it: it retains the
 device's primary context and pushes it onto that thread's context stack (the
 context cuBLAS, through the runtime API, uses too), and :meth:`GpuSession.close`
 pops it again. Open, use and close a session in one thread.
+
+Kernels are compiled to cubins by nvcc and kept in mmd's own disk cache
+(:class:`KernelCache`): one file per (source, headers, options, arch, nvcc
+version), written through a temporary and a rename, so several processes
+(daemons, workers) filling the same entry leave one whole file, and an entry
+that is cut short or corrupt is rebuilt.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from . import kernels as registry
-from .errors import BackendUnavailable, CudaError, KernelError
+from .atomic import write_atomic
+from .errors import BackendUnavailable, CudaError, KernelError, MmdError
 from .kernels import FLOAT_BYTES, DeviceLimits, KernelSpec
 
 #: nvcc options besides -DTILE and -arch (the include dir is added separately).
@@ -55,6 +62,139 @@ def _import_driver() -> Any:
     except OSError as exc:  # libcuda.so missing: no NVIDIA driver on this machine
         raise BackendUnavailable(f"no CUDA device: the NVIDIA driver library cannot be loaded ({exc})") from exc
     return cuda
+
+
+def device_count() -> int:
+    """How many CUDA devices the driver shows (after CUDA_VISIBLE_DEVICES); 0 without pycuda or a driver.
+
+    Initialises the driver only: no context is made in the calling thread.
+    """
+    try:
+        cuda = _import_driver()
+        cuda.init()
+        return int(cuda.Device.count())
+    except Exception:  # no pycuda, no driver, no device: no GPU workers
+        return 0
+
+
+# ---------------------------------------------------------------------------
+# the kernel cache
+
+#: Each cache entry starts with this tag and the sha256 of the cubin after the first line.
+_CACHE_TAG = b"mmd-cubin-1 "
+#: Headers a kernel may include from its include folders (hashed into the key).
+_HEADER_SUFFIXES = (".cuh", ".h", ".hpp", ".inc")
+
+
+def default_kernel_cache(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/mmd/kernels``, else ``~/.cache/mmd/kernels``."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "mmd" / "kernels"
+
+
+_nvcc_version: str | None = None
+
+
+def nvcc_version() -> str:
+    """``nvcc --version`` as pycuda reads it (cached per process); ``unknown`` where nvcc cannot say."""
+    global _nvcc_version
+    if _nvcc_version is None:
+        try:
+            from pycuda.compiler import get_nvcc_version
+
+            _nvcc_version = str(get_nvcc_version("nvcc"))
+        except Exception:  # no nvcc here: compiling fails later with the reason
+            _nvcc_version = "unknown"
+    return _nvcc_version
+
+
+def _nvcc_compile(source: str, options: list[str], arch: str, include_dirs: list[str]) -> bytes:
+    """nvcc → cubin through pycuda, with pycuda's own disk cache off (it writes files in place)."""
+    from pycuda.compiler import compile as nvcc
+
+    return nvcc(source, options=options, arch=arch, include_dirs=include_dirs, no_extern_c=True, cache_dir=False)
+
+
+class KernelCache:
+    """Compiled kernels on disk, safe to share between processes.
+
+    ``folder/<key>.cubin``, where the key is the sha256 of the source, the
+    headers in the include folders, the options, the arch and the nvcc
+    version. An entry is written with :func:`mmd.atomic.write_atomic` (a
+    temporary of this process, then a rename): processes racing to fill one
+    key each write a whole file and the last rename wins, never a mix. Each
+    entry carries the sha256 of its cubin, so a short or corrupt one (a full
+    disk, a copy cut off) is ignored and rebuilt. ``folder`` None: no disk
+    cache, every session compiles. ``build`` and ``version`` are the compiler
+    and its version (nvcc through pycuda; tests pass fakes).
+    """
+
+    def __init__(
+        self,
+        folder: Path | None,
+        build: Callable[[str, list[str], str, list[str]], bytes] = _nvcc_compile,
+        version: Callable[[], str] = nvcc_version,
+    ) -> None:
+        self.folder = None if folder is None else Path(folder).expanduser()
+        self._build = build
+        self._version = version
+
+    def key(self, source: str, options: Iterable[str], arch: str, include_dirs: Iterable[str | Path] = ()) -> str:
+        digest = hashlib.sha256()
+        for part in (source, "\0".join(options), arch, self._version()):
+            digest.update(part.encode("utf-8", "surrogateescape") + b"\0\1")
+        for folder in include_dirs:
+            for header in sorted(Path(folder).glob("*")):
+                if header.suffix in _HEADER_SUFFIXES and header.is_file():
+                    digest.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0\1")
+        return digest.hexdigest()
+
+    def path(self, key: str) -> Path | None:
+        return None if self.folder is None else self.folder / f"{key}.cubin"
+
+    @staticmethod
+    def read(path: Path) -> bytes | None:
+        """The cubin in entry ``path``, or None when it is missing, short or corrupt."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        head, newline, payload = data.partition(b"\n")
+        if not newline or not head.startswith(_CACHE_TAG):
+            return None
+        if head[len(_CACHE_TAG) :].decode("ascii", "replace") != hashlib.sha256(payload).hexdigest():
+            return None
+        return payload
+
+    def get(
+        self,
+        source: str,
+        options: Iterable[str],
+        arch: str,
+        include_dirs: Iterable[str | Path] = (),
+        refresh: bool = False,
+    ) -> tuple[bytes, bool]:
+        """(cubin, whether it was compiled now); ``refresh``: compile even when an entry exists."""
+        options, include_dirs = list(options), [str(d) for d in include_dirs]
+        path = self.path(self.key(source, options, arch, include_dirs))
+        if path is not None and not refresh:
+            cached = self.read(path)
+            if cached is not None:
+                return cached, False
+        cubin = self._build(source, options, arch, include_dirs)
+        if path is not None:
+            self._store(path, cubin)
+        return cubin, True
+
+    def _store(self, path: Path, cubin: bytes) -> None:
+        """Write an entry; a cache that cannot be written only costs compile time."""
+        head = _CACHE_TAG + hashlib.sha256(cubin).hexdigest().encode() + b"\n"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, [head, cubin], durable=False)
+        except (OSError, MmdError):
+            pass
 
 
 def pycuda_available() -> bool:
@@ -229,7 +369,11 @@ class Cublas:
 class GpuSession:
     """One device, in the calling thread: compile, allocate, copy, launch, time."""
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, kernel_cache: Path | KernelCache | None = None) -> None:
+        """Open ``device``; ``kernel_cache``: the folder of compiled kernels (None: the default folder)."""
+        if not isinstance(kernel_cache, KernelCache):
+            kernel_cache = KernelCache(default_kernel_cache() if kernel_cache is None else kernel_cache)
+        self.kernel_cache = kernel_cache
         cuda = _import_driver()
         self._cuda = cuda
         #: Exception classes the driver raises, for callers' nets.
@@ -304,7 +448,7 @@ class GpuSession:
         """The kernel built for ``tile`` and whether it was built just now.
 
         Cached in this session by (kernel, tile, source hash, options, device
-        capability); pycuda's own disk cache sits beneath.
+        capability); mmd's disk cache (:class:`KernelCache`) sits beneath.
         """
         if spec.source is None or spec.entry is None:
             raise KernelError(f"kernel {spec.name} has no CUDA source to compile")
@@ -319,18 +463,11 @@ class GpuSession:
         cached = self._modules.get(key)
         if cached is not None:
             return cached, False
-        from pycuda.compiler import SourceModule
         from pycuda.driver import CompileError
 
         start = time.perf_counter()
         try:
-            module = SourceModule(
-                source,
-                options=list(options),
-                arch=self.limits.arch,
-                include_dirs=[str(registry.KERNELS_DIR)],
-                no_extern_c=True,
-            )
+            module = self._load_module(source, options, [str(registry.KERNELS_DIR)])
             function = module.get_function(spec.entry)
         except CompileError as exc:
             lines = [ln for ln in (exc.stderr or str(exc)).splitlines() if "error" in ln] or [str(exc)]
@@ -353,6 +490,17 @@ class GpuSession:
         )
         self._modules[key] = compiled
         return compiled, True
+
+    def _load_module(self, source: str, options: Iterable[str], include_dirs: list[str]) -> Any:
+        """A module from the kernel cache (compiled there if missing); a cached cubin the driver refuses is rebuilt."""
+        cubin, built = self.kernel_cache.get(source, options, self.limits.arch, include_dirs)
+        try:
+            return self._cuda.module_from_buffer(cubin)
+        except self._cuda.Error:
+            if built:
+                raise
+        cubin, _ = self.kernel_cache.get(source, options, self.limits.arch, include_dirs, refresh=True)
+        return self._cuda.module_from_buffer(cubin)
 
     # -- memory --------------------------------------------------------------
 
@@ -530,12 +678,11 @@ class GpuSession:
         cached = self._modules.get(key)
         if cached is not None:
             return cached.function, None
-        from pycuda.compiler import SourceModule
         from pycuda.driver import CompileError
 
         start = time.perf_counter()
         try:
-            module = SourceModule(text, options=list(options), arch=self.limits.arch, no_extern_c=True)
+            module = self._load_module(text, options, [])
             functions = {}
             for name, signature in entries.items():
                 fn = module.get_function(name)

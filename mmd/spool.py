@@ -4,9 +4,11 @@ Layout (the dot folders are created on demand)::
 
     inbox/m.txt                       a job waiting
     inbox/.work/<job>.<v>/m.txt       claimed: job id and output version in the folder name
+    inbox/.work/<host>/<job>.<v>/m.txt  the same on a shared inbox: each host claims into its own folder
     inbox/.done/m.txt                 finished with an output
     inbox/.failed/m.txt               refused (the error sidecar says why)
     inbox/.mmd.lock, .mmd-state.json  the daemon's lock and state (see mmd.daemon)
+    outbox/.m.claim                   the output version reserved at the claim (holds the job id)
     outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
     outbox/m.error.yaml               a refusal
 
@@ -25,6 +27,7 @@ Everything here but :class:`Spool`'s methods is pure; :class:`Readiness` and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -47,6 +50,8 @@ SPARE_DIR = ".spare"
 LOCK_NAME = ".mmd.lock"
 STATE_NAME = ".mmd-state.json"
 OUTPUT_SUFFIX = ".out"
+#: The reservation of an output version: ``outbox/.<stem>[.<v>].claim``, created O_EXCL at the claim.
+CLAIM_SUFFIX = ".claim"
 
 #: Names that are never jobs: hidden files (our own folders and temporaries
 #: included), and the usual "still being written" suffixes.
@@ -67,8 +72,18 @@ MAX_NAME_BYTES = 224
 _BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 _WORK_RE = re.compile(r"(?P<job>[0-9a-f]{12})\.(?P<version>[0-9]+)")
-# write_atomic's temporaries: .<name>.<pid>.tmp
+# write_atomic's temporaries: .<name>.<pid>.tmp (.<name>.<host>.<pid>.tmp on a shared inbox)
 _TMP_RE = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
+
+
+def host_lock_name(host_id: str) -> str:
+    """A shared inbox's per-host lock: ``.mmd.<host_id>.lock``."""
+    return f".mmd.{host_id}.lock"
+
+
+def state_name(host_id: str | None) -> str:
+    """The daemon's state file: ``.mmd-state.json``, or ``.mmd-state.<host_id>.json`` on a shared inbox."""
+    return f".mmd-state.{host_id}.json" if host_id else STATE_NAME
 
 
 def is_job_name(name: str) -> bool:
@@ -119,19 +134,38 @@ def names_of(output: Path) -> tuple[Path, Path, Path]:
     return output, sidecar.timing_path(output), sidecar.error_path(output)
 
 
-def resolve_output(outbox: Path, stem: str, exists: Callable[[Path], bool] = os.path.lexists) -> tuple[int, list[str]]:
-    """The first free output version for ``stem`` and the names that made earlier ones taken.
+def claim_path(outbox: Path, stem: str, version: int = 0) -> Path:
+    """The reservation of output version ``version`` of ``stem``: ``outbox/.<stem>[.<v>].claim``."""
+    return outbox / (f".{stem}.{version}{CLAIM_SUFFIX}" if version else f".{stem}{CLAIM_SUFFIX}")
 
-    A version is taken when any of its output, timing or error sidecar exists,
-    so a new result never overwrites, or sits beside, an older job's files.
+
+def resolve_output(
+    outbox: Path, stem: str, exists: Callable[[Path], bool] = os.path.lexists, start: int = 0
+) -> tuple[int, list[str]]:
+    """The first free output version for ``stem`` (from ``start``) and the names that made earlier ones taken.
+
+    A version is taken when its reservation (a job holds it) or any of its
+    output, timing or error sidecar exists, so a new result never overwrites,
+    or sits beside, an older job's files. The reservation is looked at first:
+    a job commits its output before it drops its reservation.
     """
     collided: list[str] = []
-    for version in range(MAX_VERSIONS):
-        taken = [p.name for p in names_of(output_path(outbox, stem, version)) if exists(p)]
+    for version in range(start, MAX_VERSIONS):
+        names = (claim_path(outbox, stem, version), *names_of(output_path(outbox, stem, version)))
+        taken = [p.name for p in names if exists(p)]
         if not taken:
             return version, collided
         collided.extend(taken)
     raise SpoolError(f"{MAX_VERSIONS} outputs named {stem}.* already exist in {outbox}; clear some")
+
+
+def read_reservation(path: Path) -> tuple[str, str, int] | None:
+    """(job id, host, pid) from a reservation file; None when missing or not mmd's."""
+    try:
+        job, host, pid = path.read_text(encoding="ascii").split()
+        return job, host, int(pid)
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -240,6 +274,8 @@ class Claim:
     original: str | None = None
     #: Why the claimed entry must not be read (a link, a hard link, not a file); None: read it.
     problem: str | None = None
+    #: ``outbox/.<stem>[.<v>].claim``: the output version this job holds until its sidecar is committed.
+    reservation: Path | None = None
 
     @property
     def stem(self) -> str:
@@ -294,10 +330,13 @@ def _pid_alive(pid: int) -> bool:
 class Spool:
     """An inbox and an outbox, and the moves between them."""
 
-    def __init__(self, inbox: Path, outbox: Path) -> None:
+    def __init__(self, inbox: Path, outbox: Path, host_id: str | None = None) -> None:
         self.inbox = Path(inbox)
         self.outbox = Path(outbox)
-        self.work = self.inbox / WORK_DIR
+        #: Set on a shared inbox: this host claims into and resumes from ``.work/<host_id>`` only.
+        self.host_id = host_id
+        self.work_root = self.inbox / WORK_DIR
+        self.work = self.work_root / host_id if host_id else self.work_root
         self.done = self.inbox / DONE_DIR
         self.failed = self.inbox / FAILED_DIR
         self._made: set[Path] = set()
@@ -305,7 +344,11 @@ class Spool:
     # -- folders --
     def _folder(self, path: Path) -> Path:
         if path not in self._made:
-            if path.parent == self.inbox:
+            if path == self.work and path != self.work_root:  # .work/<host>: never makes the inbox either
+                self._folder(self.work_root)
+                path.mkdir(exist_ok=True)
+                _check_own_folder(path)
+            elif path.parent == self.inbox:
                 path.mkdir(exist_ok=True)  # never the inbox itself: if it was deleted, it stays so
                 _check_own_folder(path)
             else:
@@ -330,7 +373,7 @@ class Spool:
                 self._folder(folder)
             except OSError as exc:
                 raise SpoolError(f"cannot create {folder}: {exc.strerror or exc}") from None
-        for folder in (self.work, self.done, self.failed):
+        for folder in (self.work_root, self.work, self.done, self.failed):
             if os.path.lexists(folder):
                 _check_own_folder(folder)
         mode = os.stat(self.outbox).st_mode
@@ -364,9 +407,10 @@ class Spool:
         says whether the file is a regular one (others are refused unopened).
         """
         safe = safe_name(name)
-        version, collided = resolve_output(self.outbox, stem_of(safe))
+        stem = stem_of(safe)
+        guess, collided = resolve_output(self.outbox, stem)
         job_id = new_job_id()
-        folder = self._job_folder(work_folder_name(job_id, version))
+        folder = self._job_folder(work_folder_name(job_id, guess))
         dst = folder / safe
         try:
             os.rename(self.inbox / name, dst)
@@ -377,19 +421,139 @@ class Spool:
             self._release_folder(folder)
             raise
         started = time.perf_counter()
+        # Only the claimer that won the rename reserves (a loser must not push the winner to m.1.out).
+        version, reservation = guess, None
+        with contextlib.suppress(SpoolError):  # the outbox cannot be written: the job runs, its commit says why
+            version, collided, reservation = self.reserve(stem, job_id)
+        if version != guess:
+            moved = self.work / work_folder_name(job_id, version)
+            try:
+                os.rename(folder, moved)
+                folder, dst = moved, moved / safe
+            except OSError:
+                _unlink_quietly(reservation)  # type: ignore[arg-type]
+                version, reservation = guess, None
         info = os.lstat(dst)
         return Claim(
             job_id,
             safe,
             version,
             dst,
-            output_path(self.outbox, stem_of(safe), version),
+            output_path(self.outbox, stem, version),
             started,
             regular=stat.S_ISREG(info.st_mode),
             collided=collided,
             original=name if safe != name else None,
             problem=entry_problem(info),
+            reservation=reservation,
         )
+
+    def reserve(self, stem: str, job_id: str) -> tuple[int, list[str], Path]:
+        """Reserve the first free output version of ``stem``: (version, names in the way, reservation).
+
+        The reservation ``outbox/.<stem>[.<v>].claim`` is created with
+        ``O_CREAT | O_EXCL`` (atomic on local filesystems and NFSv3+) and
+        holds ``<job> <host> <pid>``; when another job made it first, the
+        next version is tried. After creating it the version's own names are
+        looked at again: a job that held it a moment ago commits its output
+        before it drops its reservation.
+        """
+        start, collided = 0, []
+        while True:
+            version, more = resolve_output(self.outbox, stem, start=start)
+            collided.extend(more)
+            path = claim_path(self.outbox, stem, version)
+            if not self._create_reservation(path, job_id):
+                collided.append(path.name)
+                start = version + 1
+                continue
+            late = [p.name for p in names_of(output_path(self.outbox, stem, version)) if os.path.lexists(p)]
+            if not late:
+                return version, collided, path
+            _unlink_quietly(path)
+            collided.extend(late)
+            start = version + 1
+
+    def _create_reservation(self, path: Path, job_id: str) -> bool:
+        """Create reservation ``path`` holding ``<job> <host> <pid>``; False when it exists already."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {exc.strerror or exc}") from None
+        try:
+            os.write(fd, f"{job_id} {self.host_id or '-'} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+        return True
+
+    def settle(self, claim: Claim) -> Claim:
+        """A resumed job holding its output version again; moved to the next free version if another job has it.
+
+        A kill between the claim's rename and its reservation leaves a job
+        without one; another daemon may then have reserved (or even
+        finished) that version. The job takes its reservation again when it
+        is free and no other job's sidecar sits there, else it reserves the
+        next free version and its ``.work`` folder is renamed to match.
+        """
+        path = claim_path(self.outbox, claim.stem, claim.version)
+        held = read_reservation(path)
+        if held is not None and held[0] == claim.job_id:
+            return dataclasses.replace(claim, reservation=path)
+        try:
+            if held is None and self._create_reservation(path, claim.job_id):
+                _out, timing, error = names_of(claim.output)
+                others = [p for p in (timing, error) if os.path.lexists(p) and not self.owned_by(claim, p)]
+                if not others:
+                    return dataclasses.replace(claim, reservation=path)
+                _unlink_quietly(path)
+            version, collided, reservation = self.reserve(claim.stem, claim.job_id)
+        except SpoolError:
+            return claim  # the outbox cannot be written: the job runs and its commit says why
+        moved = self.work / work_folder_name(claim.job_id, version)
+        try:
+            os.rename(claim.path.parent, moved)
+        except OSError:
+            _unlink_quietly(reservation)
+            return claim
+        return dataclasses.replace(
+            claim,
+            version=version,
+            path=moved / claim.name,
+            output=output_path(self.outbox, claim.stem, version),
+            collided=collided,
+            reservation=reservation,
+        )
+
+    def release(self, claim: Claim) -> None:
+        """Drop ``claim``'s output reservation (its sidecar is committed, or it gave the job back)."""
+        path = claim.reservation
+        if path is None:
+            return
+        held = read_reservation(path)
+        if held is not None and held[0] == claim.job_id:
+            _unlink_quietly(path)
+
+    def sweep_reservations(self, keep: set[str]) -> list[Path]:
+        """Remove reservations this host made for jobs that are no longer in its ``.work`` (``keep``: job ids).
+
+        On a shared inbox only this host's (other hosts hold theirs while their jobs run).
+        """
+        removed = []
+        for path in _entries(self.outbox):
+            if not path.name.startswith(".") or not path.name.endswith(CLAIM_SUFFIX):
+                continue
+            held = read_reservation(path)
+            if held is None:
+                continue  # not mmd's, or being written right now: left alone
+            job, host, _pid = held
+            if job in keep or (self.host_id is not None and host != self.host_id):
+                continue
+            _unlink_quietly(path)
+            removed.append(path)
+        return removed
 
     def _job_folder(self, name: str) -> Path:
         """An empty ``.work/<name>``: the spare folder renamed (a mkdir costs more on ext4)."""
@@ -440,6 +604,7 @@ class Spool:
                             regular=stat.S_ISREG(info.st_mode),
                             resumed=True,
                             problem=entry_problem(info),
+                            reservation=claim_path(self.outbox, stem_of(path.name), version),
                         ),
                     )
                 )
@@ -476,16 +641,31 @@ class Spool:
             folder = self._folder(self.done if ok else self.failed)
         except OSError as exc:
             raise SpoolError(f"cannot archive {shown(claim.name)}: {exc.strerror or exc}") from None
-        name = claim.name
-        target = folder / name
-        if os.path.lexists(target) or len(os.fsencode(name)) > MAX_NAME_BYTES:
-            stem, dot, suffix = safe_name(name).rpartition(".")
-            name = f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{safe_name(name)}.{claim.job_id}"
+        stem, dot, suffix = safe_name(claim.name).rpartition(".")
+        other = f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{safe_name(claim.name)}.{claim.job_id}"
+        names = [other] if len(os.fsencode(claim.name)) > MAX_NAME_BYTES else [claim.name, other]
+        target = None
+        for name in names:
+            # link + unlink: a name another daemon archived meanwhile is never replaced
+            try:
+                os.link(claim.path, folder / name, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            except OSError:  # no hard links here (a folder, or a filesystem without them): rename
+                if os.path.lexists(folder / name):
+                    continue
+                try:
+                    os.rename(claim.path, folder / name)
+                except OSError as exc:
+                    raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {exc.strerror or exc}") from None
+                target = folder / name
+                break
+            _unlink_quietly(claim.path)
             target = folder / name
-        try:
-            os.rename(claim.path, target)
-        except OSError as exc:
-            raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {exc.strerror or exc}") from None
+            break
+        if target is None:
+            raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: its names are taken")
+        self.release(claim)
         self._release_folder(claim.path.parent)
         return target
 
@@ -506,6 +686,7 @@ class Spool:
             except OSError as exc:
                 raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: {exc.strerror or exc}") from None
             os.unlink(claim.path)
+            self.release(claim)
             self._release_folder(claim.path.parent)
             return self.inbox / name
         raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: its names are taken")
@@ -515,13 +696,17 @@ class Spool:
         """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone.
 
         In the outbox (mmd's alone) every such name; in the inbox, which users
-        write, only the state file's.
+        write, only the state file's. On a shared inbox only this host's
+        (``.<name>.<host>.<pid>.tmp``, and this host's state file): a pid
+        says nothing about another machine's processes.
         """
         removed = []
+        own = re.compile(r"\..+\." + re.escape(self.host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if self.host_id else _TMP_RE
+        state = state_name(self.host_id)
         for folder in (self.outbox, self.inbox):
             for path in _entries(folder):
-                match = _TMP_RE.fullmatch(path.name)
-                if folder == self.inbox and not path.name.startswith(f".{STATE_NAME}."):
+                match = (_TMP_RE if folder == self.inbox else own).fullmatch(path.name)
+                if folder == self.inbox and not path.name.startswith(f".{state}."):
                     continue
                 if match and int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"])):
                     with contextlib.suppress(OSError):
@@ -537,6 +722,11 @@ def _check_own_folder(path: Path) -> None:
         raise SpoolError(f"{path} is not a folder (a link or a file); remove it so that mmd can make its own")
     if info.st_uid != os.geteuid():
         raise SpoolError(f"{path} belongs to uid {info.st_uid}, not to mmd (uid {os.geteuid()}); remove it")
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _entries(folder: Path) -> Iterator[Path]:

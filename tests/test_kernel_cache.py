@@ -1,0 +1,122 @@
+"""mmd's own cache of compiled kernels (mmd.gpu.KernelCache), with the compiler faked: runs without CUDA."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+
+import pytest
+
+from mmd import config
+from mmd.gpu import KernelCache, default_kernel_cache
+
+CUBIN = b"\x7fELF fake cubin " + bytes(range(256)) * 64
+
+
+def fake_build(calls: list | None = None, delay: float = 0.0, payload: bytes = CUBIN):
+    def build(source, options, arch, include_dirs):
+        if calls is not None:
+            calls.append((source, tuple(options), arch))
+        time.sleep(delay)
+        return payload + source.encode()
+
+    return build
+
+
+def cache(folder, calls=None, version="nvcc 12.4", **kw) -> KernelCache:
+    return KernelCache(folder, build=fake_build(calls, **kw), version=lambda: version)
+
+
+def test_compiles_once_then_loads(tmp_path):
+    calls: list = []
+    c = cache(tmp_path / "k", calls)
+    cubin, built = c.get("src", ["-O3"], "sm_90")
+    assert built and cubin == CUBIN + b"src"
+    again, built = cache(tmp_path / "k", calls).get("src", ["-O3"], "sm_90")  # a new process, same folder
+    assert not built and again == cubin and len(calls) == 1
+    assert [p.suffix for p in (tmp_path / "k").iterdir()] == [".cubin"], "no temporaries left"
+
+
+def test_key_covers_source_options_arch_version_and_headers(tmp_path):
+    headers = tmp_path / "inc"
+    headers.mkdir()
+    (headers / "common.cuh").write_text("#define X 1\n")
+    c = cache(tmp_path / "k")
+    base = c.key("src", ["-O3"], "sm_90", [headers])
+    assert c.key("src2", ["-O3"], "sm_90", [headers]) != base
+    assert c.key("src", ["-O2"], "sm_90", [headers]) != base
+    assert c.key("src", ["-O3"], "sm_80", [headers]) != base
+    assert cache(tmp_path / "k", version="nvcc 13.0").key("src", ["-O3"], "sm_90", [headers]) != base
+    (headers / "common.cuh").write_text("#define X 2\n")
+    assert c.key("src", ["-O3"], "sm_90", [headers]) != base
+    assert c.key("src", ["-O3"], "sm_90", [headers]) == c.key("src", ["-O3"], "sm_90", [headers])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "garbage"])
+def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
+    calls: list = []
+    c = cache(tmp_path / "k", calls)
+    cubin, _ = c.get("src", [], "sm_90")
+    (entry,) = (tmp_path / "k").iterdir()
+    data = entry.read_bytes()
+    entry.write_bytes(
+        {
+            "truncated": data[: len(data) // 2],
+            "flipped": data[:-1] + bytes([data[-1] ^ 1]),
+            "empty": b"",
+            "garbage": b"not a cache entry",
+        }[damage]
+    )
+    again, built = c.get("src", [], "sm_90")
+    assert built and again == cubin and len(calls) == 2
+    assert KernelCache.read(entry) == cubin, "the rebuilt entry replaced the damaged one"
+
+
+def test_disabled_cache_writes_nothing(tmp_path):
+    calls: list = []
+    c = cache(None, calls)
+    assert c.get("src", [], "sm_90")[1] and c.get("src", [], "sm_90")[1]
+    assert len(calls) == 2
+
+
+def test_an_unwritable_cache_only_costs_compile_time(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cubin, built = cache(blocker / "k").get("src", [], "sm_90")
+    assert built and cubin == CUBIN + b"src"
+
+
+def _fill(folder: str, go, results) -> None:
+    c = KernelCache(folder, build=fake_build(delay=0.05), version=lambda: "v")
+    go.wait()
+    cubin, built = c.get("src", ["-O3"], "sm_90")
+    results.put((cubin == CUBIN + b"src", built))
+
+
+def test_processes_racing_to_fill_one_key_leave_one_valid_file(tmp_path):
+    folder = tmp_path / "k"
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    go, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_fill, args=(str(folder), go, results)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    go.set()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert all(ok for ok, _ in got)
+    assert sum(built for _, built in got) >= 2, "the processes did race"
+    files = list(folder.iterdir())
+    assert [f.suffix for f in files] == [".cubin"], f"one entry, no temporaries: {files}"
+    assert KernelCache.read(files[0]) == CUBIN + b"src"
+
+
+def test_kernel_cache_setting(tmp_path):
+    assert config.kernel_cache_dir(config.Settings(), {"XDG_CACHE_HOME": "/x"}) == default_kernel_cache(
+        {"XDG_CACHE_HOME": "/x"}
+    )
+    assert config.kernel_cache_dir(config.Settings(), {"XDG_CACHE_HOME": "/x"}).as_posix() == "/x/mmd/kernels"
+    assert config.kernel_cache_dir(config.load(None, environ={"MMD_KERNEL_CACHE": "null"})) is None
+    assert config.kernel_cache_dir(config.Settings(kernel_cache=str(tmp_path))) == tmp_path

@@ -1,0 +1,190 @@
+"""``mmd serve`` with several workers (one per device), on CPU with fake devices.
+
+What runs here: the dispatch (one shared queue in arrival order, the next idle
+worker takes the next job), the sidecar's ``device_index``, the per-worker
+state, and a worker reopening its backend after a CUDA error. What does not:
+real GPUs (see docs/daemon.md, "Several GPUs", for the measured run).
+No sleep synchronises: every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import yaml
+
+from mmd import backends, config, daemon
+from mmd.backends.cpu import CpuBackend
+from mmd.errors import CudaError
+from mmd.generate import input_chunks, random_matrix
+
+
+def make_inputs(inbox, count: int, n: int = 4) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    inputs = {}
+    for i in range(count):
+        a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
+        path = inbox / f"j{i:02d}.txt"
+        path.write_bytes(b"".join(input_chunks(a, b, square=True)))
+        # arrival order = mtime order
+        os.utime(path, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+        inputs[f"j{i:02d}"] = (a, b)
+    return inputs
+
+
+def settings_for(tmp_path, **kw) -> config.Settings:
+    return config.Settings(
+        inbox=tmp_path / "inbox", outbox=tmp_path / "outbox", backend="cpu", quiet_seconds=0.05, **kw
+    )
+
+
+def sidecars(outbox) -> dict[str, dict]:
+    return {p.name.split(".")[0]: yaml.safe_load(p.read_text()) for p in outbox.glob("*.timing.yaml")}
+
+
+class FakeDevice(CpuBackend):
+    """A CPU backend that says which device it stands for; ``fail`` names jobs whose multiply raises CudaError."""
+
+    opened: ClassVar[list[tuple[int, int]]] = []
+    closed: ClassVar[list[int]] = []
+
+    def __init__(self, device: int, fail: set | None = None) -> None:
+        self.device = device
+        self.fail = fail if fail is not None else set()
+        FakeDevice.opened.append((device, threading.get_ident()))
+
+    def multiply(self, a, b, request):
+        if self.fail and a.shape == (5, 5):
+            raise CudaError("an illegal memory access was encountered (fake)")
+        return super().multiply(a, b, request)
+
+    def device_name(self) -> str:
+        return f"fake gpu {self.device}"
+
+    def close(self) -> None:
+        FakeDevice.closed.append(self.device)
+
+
+@pytest.fixture
+def fake_devices(monkeypatch):
+    FakeDevice.opened, FakeDevice.closed = [], []
+    fail: set = set()
+
+    def fake_open(name, device=0, kernel_cache=None):
+        return FakeDevice(device, fail), None
+
+    monkeypatch.setattr(daemon, "open_backend", fake_open)
+    return fail
+
+
+def test_worker_devices():
+    assert backends.worker_devices("cpu", None) == [0]
+    assert backends.worker_devices("cpu", (0, 1)) == [0, 1]
+    assert backends.worker_devices("cuda", (2,)) == [2]
+    import mmd.gpu
+
+    real = mmd.gpu.device_count
+    try:
+        mmd.gpu.device_count = lambda: 3
+        assert backends.worker_devices("cuda", None) == [0, 1, 2]
+        assert backends.worker_devices("auto", None) == [0, 1, 2]
+        mmd.gpu.device_count = lambda: 0
+        assert backends.worker_devices("auto", None) == [0]
+    finally:
+        mmd.gpu.device_count = real
+
+
+def test_devices_setting():
+    assert config.load(None, environ={"MMD_DEVICES": "0,1"}).devices == (0, 1)
+    assert config.load(None, environ={"MMD_DEVICES": "[2, 3]"}).devices == (2, 3)
+    assert config.load(None, environ={"MMD_DEVICES": "all"}).devices is None
+    assert config.Settings().devices is None
+    with pytest.raises(config.ConfigError, match="devices"):
+        config.load(None, environ={"MMD_DEVICES": "0,0"})
+    with pytest.raises(config.ConfigError, match="devices"):
+        config.load(None, environ={"MMD_DEVICES": "gpu0"})
+
+
+def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
+    """devices [0, 1] on the cpu backend: two workers, each its own backend in its own thread, jobs in parallel."""
+    (tmp_path / "inbox").mkdir()
+    inputs = make_inputs(tmp_path / "inbox", 12)
+    both_busy = threading.Barrier(2, timeout=20)
+    real = daemon.run_job
+    seen: list[int] = []
+
+    def paired(path, *args, **kw):
+        # the first two jobs wait for each other: only two workers at once can pass
+        if len(seen) < 2:
+            seen.append(threading.get_ident())
+            both_busy.wait()
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(daemon, "run_job", paired)
+    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
+    assert d.serve(once=True) == 0
+    assert len(set(seen)) == 2, "the first two jobs ran in two threads at once"
+    recs = sidecars(tmp_path / "outbox")
+    assert set(recs) == set(inputs)
+    assert {r["device_index"] for r in recs.values()} == {0, 1}
+    assert all(r["status"] == "ok" and r["output"]["name"] == f"{s}.out" for s, r in recs.items())
+    workers = d.state.snapshot()["workers"]
+    assert [w["device_index"] for w in workers] == [0, 1]
+    assert sum(w["done"] for w in workers) == 12
+
+
+def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch):
+    """Device 0 is held by the first (oldest) job; every later job goes to the idle device 1, in arrival order."""
+    (tmp_path / "inbox").mkdir()
+    make_inputs(tmp_path / "inbox", 6)
+    release = threading.Event()
+    order: list[tuple[str, int]] = []
+    real = daemon.run_job
+
+    def held_first(path, output, request, backend, **kw):
+        order.append((path.name, backend.device))
+        if path.name == "j00.txt":
+            assert release.wait(20)
+        elif len(order) >= 6:
+            release.set()
+        return real(path, output, request, backend, **kw)
+
+    monkeypatch.setattr(daemon, "run_job", held_first)
+    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
+    assert d.serve(once=True) == 0
+    first_device = order[0][1]
+    assert order[0][0] == "j00.txt"
+    rest = order[1:]
+    assert [name for name, _ in rest] == [f"j{i:02d}.txt" for i in range(1, 6)], "arrival order kept"
+    assert {dev for _, dev in rest} == {1 - first_device}, "the idle device took every later job"
+    recs = sidecars(tmp_path / "outbox")
+    assert recs["j00"]["device_index"] == first_device and recs["j00"]["device"] == f"fake gpu {first_device}"
+    assert {recs[f"j{i:02d}"]["device_index"] for i in range(1, 6)} == {1 - first_device}
+    opened_threads = {dev: tid for dev, tid in FakeDevice.opened}
+    assert len(opened_threads) == 2 and len(set(opened_threads.values())) == 2, "one backend per worker thread"
+    assert sorted(FakeDevice.closed) == [0, 1], "each worker closed its own backend"
+
+
+def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
+    """A CUDA error (a sticky one leaves the context unusable): the job is refused, the backend closed and
+    reopened, and the next job runs."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    rng = np.random.default_rng(5)
+    a, b = random_matrix(rng, 5, 5), random_matrix(rng, 5, 5)
+    (inbox / "a_bad.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
+    a, b = random_matrix(rng, 4, 4), random_matrix(rng, 4, 4)
+    (inbox / "b_good.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
+    os.utime(inbox / "a_bad.txt", ns=(10**18, 10**18))
+    fake_devices.add("on")
+    assert daemon.Daemon(settings_for(tmp_path, devices=(0,))).serve(once=True) == 0
+    err = yaml.safe_load((tmp_path / "outbox" / "a_bad.error.yaml").read_text())
+    assert err["error"]["kind"] == "cuda" and err["device_index"] == 0
+    ok = yaml.safe_load((tmp_path / "outbox" / "b_good.timing.yaml").read_text())
+    assert ok["status"] == "ok"
+    assert [dev for dev, _ in FakeDevice.opened] == [0, 0], "opened at start, reopened after the CUDA error"
+    assert FakeDevice.closed == [0, 0], "closed after the error, and at the end"
