@@ -25,6 +25,7 @@ LIMITS = registry.DeviceLimits(
     name="Fake GPU",
     compute_capability=(9, 0),
     total_memory=80 * 2**30,
+    multiprocessors=132,
 )
 
 #: Milliseconds the fake timer reports for each phase.
@@ -88,7 +89,7 @@ class FakeSession:
     def compile(self, spec, tile):
         """Like GpuSession.compile: built (True) the first time, cached after."""
         self._maybe_fail("compile")
-        key = (spec.name, tile)
+        key = (spec.name, tile, spec.macros)
         built = key not in self.built
         if built:
             self.compiles += 1
@@ -312,3 +313,13 @@ def test_gpu_module_imports_without_pycuda():
 
     assert "pycuda" in mmd.gpu._import_driver.__doc__
     assert all(path for path in mmd.gpu.cublas_candidates())
+
+
+def test_fixed_block_kernels_launch_the_variant_tuned_for_the_shape():
+    backend, session = backend_with()
+    small = backend.multiply(*operands(), MultiplyRequest(kernel="fast"))
+    large = backend.multiply(*operands(m=4096, k=1, n=4096), MultiplyRequest(kernel="fast"))
+    built = {compiled.spec.variant: compiled.spec for compiled in session.built.values()}
+    assert set(built) == {"64x64x16_t4x8_reg", "128x256x16_reg_t8x16_pad0"}
+    assert dict(built["64x64x16_t4x8_reg"].macros)["BM"] == 64
+    assert small.kernel == large.kernel == "fast"

@@ -95,6 +95,7 @@ class CudaBackend:
                 details={"memory": request.memory},
             )
         limits = self._session.limits
+        spec = spec.for_shape(m, n, limits)  # fixed-block kernels: the variant tuned for this shape
         registry.check_launch(spec, request.tile, limits)
         registry.check_grid(spec, m, n, request.tile, limits)
         timings: dict[str, float] = {}
