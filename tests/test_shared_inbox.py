@@ -376,3 +376,69 @@ def test_a_starting_daemon_leaves_another_hosts_job_in_hand_alone(tmp_path, proc
     wait_for(lambda: (outbox / "held.timing.yaml").exists(), 60, "the holder to finish")
     assert holder.stop() == 0
     assert verify.against_inputs(textformat.parse_output((outbox / "held.out").read_bytes()), a, b).ok
+
+
+# ---------------------------------------------------------------------------
+# the pieces of shared_inbox, in process
+
+
+def test_locks_of_a_shared_inbox(tmp_path):
+    from mmd.daemon import SpoolLock, status_of
+    from mmd.errors import SpoolError
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    a, b = SpoolLock(inbox, "node0"), SpoolLock(inbox, "node1")
+    a.acquire()
+    b.acquire()  # two hosts serve together
+    assert (inbox / ".mmd.node0.lock").read_text() == f"node0 {os.getpid()}\n"
+    with pytest.raises(SpoolError, match="already serves"):
+        SpoolLock(inbox, "node0").acquire()  # a second daemon of one host
+    with pytest.raises(SpoolError, match="shared_inbox"):
+        SpoolLock(inbox).acquire()  # a daemon without the setting
+    status = status_of(inbox, "node0")
+    assert status["serving"] and [(h["host"], h["serving"], h["own"]) for h in status["hosts"]] == [
+        ("node0", True, True),
+        ("node1", True, False),
+    ]
+    a.release()
+    b.release()
+    single = SpoolLock(inbox)
+    single.acquire()
+    with pytest.raises(SpoolError, match="without shared_inbox"):
+        SpoolLock(inbox, "node2").acquire()
+    single.release()
+    assert not status_of(inbox, "node0")["serving"]
+
+
+def test_each_host_sweeps_only_its_own_temporaries(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    outbox.mkdir()
+    dead = 2**22 + 12345  # above pid_max's default: never alive
+    mine = outbox / f".m.out.node0.{dead}.tmp"
+    theirs = outbox / f".m.out.node1.{dead}.tmp"
+    state_mine = inbox / f"..mmd-state.node0.json.{dead}.tmp"  # _write_state: .<name>.<pid>.tmp
+    state_theirs = inbox / f"..mmd-state.node1.json.{dead}.tmp"
+    for p in (mine, theirs, state_mine, state_theirs):
+        p.write_text("")
+    assert sorted(spool.Spool(inbox, outbox, "node0").sweep_temporaries()) == sorted([mine, state_mine])
+    assert theirs.exists() and state_theirs.exists()
+
+
+def test_archive_never_replaces_and_reservations_go_with_the_job(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    outbox.mkdir()
+    (inbox / "m.txt").write_text("first")
+    first = spool.Spool(inbox, outbox, "node0").claim("m.txt")
+    (inbox / "m.txt").write_text("second")
+    second = spool.Spool(inbox, outbox, "node1").claim("m.txt")
+    assert first is not None and second is not None
+    assert first.path.parent.parent.name == "node0" and second.path.parent.parent.name == "node1"
+    assert (first.output.name, second.output.name) == ("m.out", "m.1.out")
+    done = [spool.Spool(inbox, outbox, h).archive(c, True) for h, c in (("node0", first), ("node1", second))]
+    assert [p.name for p in done] == ["m.txt", f"m.{second.job_id}.txt"]
+    assert [p.read_text() for p in done] == ["first", "second"]
+    assert not [p for p in outbox.iterdir() if p.name.endswith(".claim")], "reservations dropped at the archive"
+    assert spool.Spool(inbox, outbox, "node0").resumable() == []

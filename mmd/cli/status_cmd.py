@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config, {"inbox": args.inbox})
-    status = status_of(settings.inbox)
+    status = status_of(settings.inbox, config.host_id_of(settings))
     if args.json:
         print(json.dumps(status, indent=1))
     else:
@@ -50,12 +50,30 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"paused since {paused.get('since')} for {paused.get('seconds')} s: {paused.get('reason')}")
     if status["serving"] and state.get("backlog"):
         lines.append("queue full: more files wait in the inbox for the next rescan")
-    current = state.get("current") if status["serving"] else None
-    if current:
-        lines.append(f"running: {current['file']} (job {current['job']}, since {current['since']})")
+    workers = state.get("workers") or [] if status["serving"] else []
+    if len(workers) > 1:
+        for w in workers:
+            job = w.get("current")
+            doing = f"running {job['file']} (job {job['job']}, since {job['since']})" if job else "idle"
+            lines.append(
+                f"  device {w.get('device_index', w['index'])} ({w.get('device') or '?'}): {doing}; "
+                f"{w.get('done', 0)} done"
+            )
+    else:
+        current = state.get("current") if status["serving"] else None
+        if current:
+            lines.append(f"running: {current['file']} (job {current['job']}, since {current['since']})")
     done = state.get("done")
     if done:
         lines.append(f"done: {done['ok']} ok, {done['error']} refused")
+    for host in status.get("hosts") or []:
+        hstate = host.get("state") or {}
+        done = hstate.get("done") or {}
+        lines.append(
+            f"host {host['host']}{' (this host)' if host['own'] else ''}: "
+            f"{'serving, pid ' + str(host['pid']) if host['serving'] else 'not serving'}; "
+            f"{done.get('ok', 0)} ok, {done.get('error', 0)} refused"
+        )
     for job in state.get("recent", [])[:10]:
         took = f"{job['overall_ms']:.1f} ms" if job.get("overall_ms") is not None else ""
         lines.append(f"  {job['finished']}  {job['status']:5}  {job['file']}  -> {job.get('sidecar')}  {took}")
