@@ -156,9 +156,8 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
     monkeypatch.setattr(daemon, "run_job", held_first)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
     assert d.serve(once=True) == 0
-    first_device = order[0][1]
-    assert order[0][0] == "j00.txt"
-    rest = order[1:]
+    first_device = dict(order)["j00.txt"]
+    rest = [(name, dev) for name, dev in order if name != "j00.txt"]
     assert [name for name, _ in rest] == [f"j{i:02d}.txt" for i in range(1, 6)], "arrival order kept"
     assert {dev for _, dev in rest} == {1 - first_device}, "the idle device took every later job"
     recs = sidecars(tmp_path / "outbox")
