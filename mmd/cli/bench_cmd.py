@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if settings.log_level == "info":  # one "job done" line per call would bury the progress display
         logs.configure(settings.log_format, "warning")
-    backend, note = open_backend(settings.backend, settings.device)
+    backend, note = open_backend(settings.backend, settings.device, config.kernel_cache_dir(settings))
     if note:
         print(f"mmd bench: {note}", file=sys.stderr)
     try:

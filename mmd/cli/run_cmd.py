@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import config
 from ..backends import open_backend
 from ..pipeline import limits_for, request_for, run_job
 from .common import add_job_options, settings_from
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if output.resolve() == args.input.resolve():
         print(f"mmd run: the output would replace the input {args.input}; give -o", file=sys.stderr)
         return 2
-    backend, note = open_backend(settings.backend, settings.device)
+    backend, note = open_backend(settings.backend, settings.device, config.kernel_cache_dir(settings))
     if note:
         print(f"mmd run: {note}", file=sys.stderr)
     try:
