@@ -254,7 +254,7 @@ def test_cli_bench_on_the_cpu(tmp_path, capsys, quiet_logs):
 def test_cli_bench_exits_1_on_a_wrong_result(tmp_path, monkeypatch, capsys, quiet_logs):
     import mmd.cli.bench_cmd as bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "open_backend", lambda name, device: (FakeGpu(wrong="tiled"), None))
+    monkeypatch.setattr(bench_cmd, "open_backend", lambda *_args, **_kw: (FakeGpu(wrong="tiled"), None))
     code = main(
         ["bench", "--kernels", "tiled", "--sizes", "8", "--tiles", "32", "--repeats", "1", "--out", str(tmp_path)]
     )
