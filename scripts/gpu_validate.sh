@@ -10,6 +10,8 @@
 # ladder    `mmd bench` of fast vs cublas at 1000/2048/4096/8192 (10 repeats) + a rectangular case
 # course    `mmd bench` on the course's plan, `mmd report`; results and graphs packed in $OUT/course.tgz
 # wholejob  whole jobs through text files at 1024 and 4096: host text path vs GPU text path
+# files     the course's tiles at 4096 as real jobs through text files (what a grader's "overall" sees)
+# oneshot   `mmd run` twice per library/fixed-block kernel: set-up (compile) kept out of the kernel phase
 #
 # Each stage prints a compact summary last; full logs go to $OUT/<stage>.log.
 set -uo pipefail
@@ -136,6 +138,27 @@ for r in csv.DictReader(open(res)):
     keys = ["read", "parse", "malloc", "h2d", "kernel", "d2h", "free", "cuda", "emit", "write", "overall"]
     print(f"text path {sys.argv[2]:<4} {r['m']}: " + " ".join(f"{k} {float(r[k + '_median_ms']):.1f}" for k in keys if r.get(k + '_median_ms')))
 PY
+    done
+}
+
+stage_files() {
+    "${MMD[@]}" bench --backend cuda --sizes 4096 --tiles 4 8 16 32 64 --tiles-at-size 4096 --through-files \
+        --repeats 3 --out "$WORK/files" --report >"$OUT/files.bench.log" 2>&1 || status=1
+    local res
+    res=$(ls -d "$WORK"/files/*/ | tail -n 1)
+    tar -czf "$OUT/files.tgz" -C "$res" .
+    tail -n 3 "$OUT/files.bench.log"
+    sed -n '/## Graph 1/,/## Graph 3/p' "$res/report/summary.md"
+}
+
+stage_oneshot() {
+    "${MMD[@]}" gen 1000 --seed 3 -o "$WORK/one.txt" >/dev/null
+    for k in fast cublas tiled; do
+        for i in 1 2; do
+            "${MMD[@]}" run "$WORK/one.txt" -o "$WORK/one-$k.out" --backend cuda --kernel "$k" >/dev/null 2>&1 || status=1
+            python3 -c "import yaml,sys; t=yaml.safe_load(open(sys.argv[1]))['timings_ms']; print(sys.argv[2], 'run', sys.argv[3], 'kernel', t['kernel'], 'compile', t['compile'])" \
+                "$WORK/one-$k.timing.yaml" "$k" "$i"
+        done
     done
 }
 
