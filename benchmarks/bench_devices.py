@@ -1,24 +1,47 @@
-"""Throughput of `mmd serve --once` with one worker per device: devices [0] against [0, 1] (and more).
+"""Steady-state throughput of `mmd serve --once` with one worker per device: devices [0] against [0, 1].
 
-    python benchmarks/bench_devices.py --n 4096 --jobs 8 --devices 0 0,1 [--backend cuda] [--kernel tiled]
+    python benchmarks/bench_devices.py --n 4096 --jobs 32 --devices 0 0,1 [--backend cuda] [--kernel tiled]
+        [--gil-probe 4]
 
 One input is generated (seeded) and copied ``--jobs`` times into a fresh
-inbox for each device list; each run is one `python -m mmd serve --once`
-process, timed from start to exit. A first run of one small job fills the
-kernel cache, so no measured run compiles. Prints one row per device list:
-wall seconds, jobs/s, speed-up over the first row, and the jobs each device
-took (from the sidecars' ``device_index``).
+inbox for each device list (copies, not hard links: the spool refuses a file
+with two links); each run is one `python -m mmd serve --once` process, and
+its folder is removed before the next (a 4096 input is 185 MB, its output
+about 117 MB). A first run of one small job fills the kernel cache, so no
+measured run compiles.
+
+Throughput comes from the sidecars, not from the process's wall time (which
+includes Python start, imports and CUDA set-up): each job's claim time is its
+``finished_at`` less its ``overall`` (claim to committed output).
+
+* ``batch jobs/s``: jobs / (last finish - first claim);
+* ``steady jobs/s``: the first job of each device is left out (it loads the
+  text kernels into its context): jobs finished after the last of those
+  first finishes / (last finish - that finish).
+
+A second table gives the per-phase medians (ms) from the sidecars: read,
+parse (upload + GPU parse), kernel, emit (GPU format + download), write
+(output commit with sha256), overall, and ``other`` = overall less those
+(claim, the input's sha256 wait, the sidecar).
+
+``--gil-probe K`` runs K jobs in this process on device 0 with a second
+thread that sleeps 0.2 ms at a time and notes how late it wakes: a late wake
+is time the job thread held the GIL. It prints, per job, overall ms, the
+summed lateness and the longest single one.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import datetime as dt
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +49,8 @@ import numpy as np
 import yaml
 
 from mmd.generate import input_chunks, random_matrix
+
+PHASES = ("read", "parse", "kernel", "emit", "write", "overall")
 
 
 def serve_once(root: Path, devices: str, args: argparse.Namespace, cache: Path) -> float:
@@ -46,13 +71,86 @@ def serve_once(root: Path, devices: str, args: argparse.Namespace, cache: Path) 
     return took
 
 
+def _ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+def throughput(recs: list[dict]) -> tuple[float, float, int]:
+    """(batch jobs/s, steady jobs/s, jobs in the steady window) from the sidecars."""
+    fin = [_ts(r["finished_at"]) for r in recs]
+    claim = [f - r["timings_ms"]["overall"] / 1e3 for f, r in zip(fin, recs, strict=True)]
+    batch = len(recs) / (max(fin) - min(claim))
+    first: dict = {}
+    for f, r in sorted(zip(fin, recs, strict=True), key=lambda x: x[0]):
+        first.setdefault(r.get("device_index"), f)
+    start = max(first.values())
+    later = [f for f in fin if f > start]
+    steady = len(later) / (max(fin) - start) if later else float("nan")
+    return batch, steady, len(later)
+
+
+def phases(recs: list[dict]) -> dict[str, float]:
+    out = {}
+    for key in PHASES:
+        vals = [r["timings_ms"].get(key) for r in recs if r["timings_ms"].get(key) is not None]
+        out[key] = statistics.median(vals) if vals else float("nan")
+    others = [
+        r["timings_ms"]["overall"] - sum(r["timings_ms"].get(k) or 0.0 for k in PHASES[:-1]) for r in recs
+    ]
+    out["other"] = statistics.median(others) if others else float("nan")
+    return out
+
+
+def gil_probe(source: Path, args: argparse.Namespace, cache: Path, count: int, base: Path) -> list[str]:
+    """Run ``count`` jobs here on device 0 while a sleeper thread measures how long the GIL is held."""
+    from mmd.backends import open_backend
+    from mmd.config import Settings
+    from mmd.pipeline import Limits, request_for, run_job
+
+    backend, _ = open_backend(args.backend, 0, kernel_cache=cache)
+    request = request_for(Settings(kernel=args.kernel))
+    lines = []
+    try:
+        for i in range(count + 1):  # the first one loads the kernels: not shown
+            late: list[float] = []
+            stop = threading.Event()
+
+            def sleeper(late: list[float] = late, stop: threading.Event = stop) -> None:
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    time.sleep(0.0002)
+                    late.append(time.perf_counter() - t0 - 0.0002)
+
+            t = threading.Thread(target=sleeper)
+            t.start()
+            time.sleep(0.01)
+            res = run_job(source, base / "probe.out", request, backend, limits=Limits(), durable=False)
+            stop.set()
+            t.join()
+            if not res.ok:
+                sys.exit(f"probe job failed: {res.record.get('error')}")
+            if i == 0:
+                continue
+            held = sum(x for x in late if x > 0.0005)
+            lines.append(
+                f"probe job {i}: overall {res.record['timings_ms']['overall']:7.1f} ms, GIL held ~{held * 1e3:6.1f} ms "
+                f"(longest {max(late, default=0) * 1e3:5.1f} ms)"
+            )
+            for p in base.glob("probe.*"):
+                p.unlink()
+    finally:
+        backend.close()
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--jobs", type=int, default=32)
     p.add_argument("--devices", nargs="+", default=["0", "0,1"])
     p.add_argument("--backend", default="cuda")
     p.add_argument("--kernel", default="tiled")
+    p.add_argument("--gil-probe", type=int, default=0, metavar="K")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="mmd-devices-"))
     cache = base / "kernels"
@@ -68,6 +166,8 @@ def main() -> int:
     small = random_matrix(rng, 64, 64)
     (warm / "inbox" / "w.txt").write_bytes(b"".join(input_chunks(small, small, square=True)))
     serve_once(warm, args.devices[-1], args, cache)
+    shutil.rmtree(warm)
+    probe = gil_probe(source, args, cache, args.gil_probe, base) if args.gil_probe else []
     rows = []
     for devices in args.devices:
         root = base / f"run-{devices.replace(',', '_')}"
@@ -75,28 +175,38 @@ def main() -> int:
         stage = root / "stage"
         stage.mkdir()
         for i in range(args.jobs):
-            shutil.copyfile(source, stage / f"m{i:02d}.txt")
-            os.rename(stage / f"m{i:02d}.txt", root / "inbox" / f"m{i:02d}.txt")
+            shutil.copyfile(source, stage / f"m{i:03d}.txt")
+            os.rename(stage / f"m{i:03d}.txt", root / "inbox" / f"m{i:03d}.txt")
         took = serve_once(root, devices, args, cache)
         recs = [yaml.safe_load(s.read_text()) for s in (root / "outbox").glob("*.timing.yaml")]
         bad = list((root / "outbox").glob("*.error.yaml"))
         per = collections.Counter(r.get("device_index") for r in recs)
-        kernel = np.median([r["timings_ms"]["kernel"] for r in recs]) if recs else float("nan")
-        overall = np.median([r["timings_ms"]["overall"] for r in recs]) if recs else float("nan")
-        rows.append((devices, len(recs), len(bad), took, per, kernel, overall, recs[0]["device"] if recs else "?"))
+        batch, steady, counted = throughput(recs) if recs else (float("nan"),) * 2 + (0,)
+        rows.append(
+            dict(devices=devices, ok=len(recs), bad=len(bad), wall=took, per=per, batch=batch, steady=steady,
+                 counted=counted, ph=phases(recs) if recs else {}, device=recs[0]["device"] if recs else "?")
+        )  # fmt: skip
         shutil.rmtree(root)
-    print(f"\n{args.jobs} jobs of {args.n}^3, backend {args.backend}, kernel {args.kernel}; device: {rows[0][7]}")
-    print(
-        f"{'devices':8} {'ok':>3} {'err':>3} {'wall s':>7} {'jobs/s':>7} {'speed-up':>8} {'kernel ms':>9} "
-        f"{'job ms':>8}  jobs per device"
-    )
-    for devices, ok, bad, took, per, kernel, overall, _ in rows:
-        print(
-            f"[{devices}]".ljust(8),
-            f"{ok:>3} {bad:>3} {took:7.2f} {ok / took:7.2f} {rows[0][3] / took:8.2f}x "
-            f"{kernel:9.1f} {overall:8.1f}  {dict(sorted(per.items()))}",
-        )
     shutil.rmtree(base)
+    for line in probe:
+        print(line)
+    what = f"{args.jobs} jobs of {args.n}^3, backend {args.backend}, kernel {args.kernel}"
+    print(f"\n{what}; device: {rows[0]['device']}")
+    print(
+        f"{'devices':8} {'ok':>3} {'err':>3} {'wall s':>7} {'batch j/s':>9} {'steady j/s':>10} {'(jobs)':>6} "
+        f"{'speed-up':>8}  jobs per device"
+    )
+    for r in rows:
+        print(
+            f"[{r['devices']}]".ljust(8),
+            f"{r['ok']:>3} {r['bad']:>3} {r['wall']:7.2f} {r['batch']:9.2f} {r['steady']:10.2f} {r['counted']:>6} "
+            f"{r['steady'] / rows[0]['steady']:7.2f}x  {dict(sorted(r['per'].items()))}",
+        )
+    print("\nper-job medians, ms (other = overall - read - parse - kernel - emit - write)")
+    print(f"{'devices':8} " + " ".join(f"{k:>8}" for k in (*PHASES, "other")))
+    for r in rows:
+        cells = " ".join(f"{r['ph'].get(k, float('nan')):8.1f}" for k in (*PHASES, "other"))
+        print(f"[{r['devices']}]".ljust(8), cells)
     return 0
 
 
