@@ -21,7 +21,16 @@ pytestmark = pytest.mark.gpu
 
 #: (M, K, N): C is M×N. Square sizes around the tiles' edges, one tiny, one
 #: with every dimension different and none a multiple of any tile.
-SIZES = [(1, 1, 1), (32, 32, 32), (33, 33, 33), (256, 256, 256), (1000, 1000, 1000), (37, 53, 29)]
+SIZES = [
+    (1, 1, 1),
+    (7, 7, 7),
+    (32, 32, 32),
+    (33, 33, 33),
+    (127, 127, 127),
+    (256, 256, 256),
+    (1000, 1000, 1000),
+    (37, 53, 29),
+]
 
 
 def size_id(size: tuple[int, int, int]) -> str:
@@ -46,12 +55,20 @@ def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str) -> floa
     return err
 
 
-def poisoned_product(backend, kernel: str, tile: int, memory: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C from the session's own steps, with C filled with NaN before the launch."""
+def poisoned_product(
+    backend, kernel: str | registry.KernelSpec, tile: int, memory: str, a: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """C from the session's own steps, with C filled with NaN before the launch.
+
+    A kernel name launches the build the backend would pick for the shape; a
+    spec launches exactly that build (every variant gets tested at every size).
+    """
     session = backend.session
-    spec = registry.get(kernel)
+    spec = kernel if isinstance(kernel, registry.KernelSpec) else registry.get(kernel)
     m, k = a.shape
     n = b.shape[1]
+    if not isinstance(kernel, registry.KernelSpec):
+        spec = spec.for_shape(m, n, session.limits)
     held = []
     try:
         for rows, cols in ((m, k), (k, n), (m, n)):
@@ -78,6 +95,17 @@ def test_kernel_matches_reference(cuda_backend, kernel, tile, size):
     a, b = operands(*size, seed=hash((kernel, tile, size)) % 2**32)
     c = poisoned_product(cuda_backend, kernel, tile, "device", a, b)
     assert_close(c, a, b, f"{kernel} tile {tile} {size_id(size)}")
+
+
+BUILDS = [build for name in registry.SOURCE_KERNELS for build in registry.get(name).builds() if build.variant]
+
+
+@pytest.mark.parametrize("size", [*SIZES, (4096, 1024, 2048)], ids=size_id)
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: f"{b.name}-{b.variant}")
+def test_every_variant_matches_reference_at_every_shape(cuda_backend, build, size):
+    a, b = operands(*size, seed=hash((build.variant, size)) % 2**32)
+    c = poisoned_product(cuda_backend, build, 0, "device", a, b)
+    assert_close(c, a, b, f"{build.name} {build.variant} {size_id(size)}")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=size_id)
