@@ -187,3 +187,28 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
     assert ok["status"] == "ok"
     assert [dev for dev, _ in FakeDevice.opened] == [0, 0], "opened at start, reopened after the CUDA error"
     assert FakeDevice.closed == [0, 0], "closed after the error, and at the end"
+
+
+def test_bench_devices_counts_throughput_from_the_sidecars():
+    """benchmarks/bench_devices.py: claim = finished_at - overall; steady leaves out each device's first job."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_devices.py"
+    spec = importlib.util.spec_from_file_location("bench_devices", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def rec(device: int, finished_s: float, overall_ms: float = 1000.0) -> dict:
+        at = f"2026-01-01T00:00:{finished_s:06.3f}+00:00"
+        timings = {"read": 100.0, "parse": 50.0, "kernel": 10.0, "emit": 20.0, "write": 300.0, "overall": overall_ms}
+        return {"device_index": device, "finished_at": at, "timings_ms": timings}
+
+    # two devices, a job a second each, offset by half a second; first claims at 0.0 and 0.5
+    recs = [rec(0, 1.0 + i) for i in range(4)] + [rec(1, 1.5 + i) for i in range(4)]
+    batch, steady, counted = bench.throughput(recs)
+    assert batch == pytest.approx(8 / 4.5)
+    # the last first job finishes at 1.5; 6 jobs finish after it, by 4.5
+    assert (steady, counted) == (pytest.approx(6 / 3.0), 6)
+    ph = bench.phases(recs)
+    assert ph["overall"] == 1000.0 and ph["other"] == pytest.approx(520.0)
