@@ -149,7 +149,14 @@ def names(folder: Path) -> set[str]:
 
 
 def work_files(inbox: Path) -> list[Path]:
-    return [f for d in (inbox / ".work").glob("*") for f in d.iterdir()] if (inbox / ".work").exists() else []
+    """Files in the job folders under ``inbox/.work`` (a running daemon renames them as we look)."""
+    found: list[Path] = []
+    for folder in (inbox / ".work").glob("*"):
+        try:
+            found.extend(folder.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # renamed or removed between the listing and the look inside
+    return found
 
 
 # ---------------------------------------------------------------------------
