@@ -37,15 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, jobname, sidecar
-from .atomic import write_atomic
 from .backends import open_backend, worker_devices
 from .backends.base import Backend
 from .config import Settings, host_id_of, kernel_cache_dir
 from .errors import CudaError, MmdError, OutputError, SpoolError
 from .logs import get_logger
 from .notify import Notifier, WatchdogPinger
-from .pipeline import Limits, limits_for, request_for, run_job
-from .spool import LOCK_NAME, Claim, Readiness, Spool, host_lock_name, is_job_name, shown, state_name
+from .pipeline import Limits, commit_refusal, limits_for, request_for, run_job
+from .spool import LOCK_NAME, Claim, Readiness, Spool, host_lock_name, is_job_name, pid_alive, shown, state_name
 
 #: How many finished jobs the state file lists.
 RECENT_JOBS = 20
@@ -218,7 +217,7 @@ def host_daemons(inbox: Path, own_host: str | None = None) -> list[dict[str, Any
         pid = int(parts[-1]) if parts and parts[-1].isdigit() else None
         alive = None
         if host == own_host and pid is not None:
-            alive = _alive(pid)
+            alive = pid_alive(pid)
         serving = held and alive is not False
         out.append({"host": host, "pid": pid if held else None, "serving": serving, "own": host == own_host})
     return out
@@ -352,7 +351,7 @@ def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
     ``serving`` is true when any daemon serves it.
     """
     pid = lock_holder(inbox)
-    single = pid is not None and (pid == -1 or _alive(pid))
+    single = pid is not None and (pid == -1 or pid_alive(pid))
     hosts = host_daemons(inbox, host_id)
     for entry in hosts:
         entry["state"] = read_state(inbox, entry["host"])
@@ -371,16 +370,6 @@ def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
         "state": state,
         "hosts": hosts,
     }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------
@@ -759,32 +748,22 @@ def _internal(exc: BaseException) -> MmdError:
 
 
 def write_refusal(claim: Claim, exc: MmdError, extra: dict[str, Any], durable: bool) -> Path | None:
-    """The error sidecar for a job refused before :func:`run_job` (same shape as its refusals)."""
-    from . import __version__
-
+    """The error sidecar for a job refused before :func:`run_job`; None if it could not be written."""
     try:
         size: int | None = os.lstat(claim.path).st_size
     except OSError:
         size = None
-    record: dict[str, Any] = {
-        "status": "error",
-        "job": claim.job_id,
-        "input": {"name": shown(claim.name), "bytes": size},
-        "output": {"name": claim.output.name, "written": False},
-        "error": exc.as_dict(),
-        "timings_ms": {"overall": round((time.perf_counter() - claim.started) * 1e3, 3)},
-        **extra,
-        "mmd_version": __version__,
-        "finished_at": _now_iso(),
-    }
-    path = sidecar.error_path(claim.output)
-    try:
-        write_atomic(path, [sidecar.dumps(record)], durable=durable)
-    except Exception as write_exc:  # MmdError (disk full) or a record YAML cannot hold: never fatal
-        reason = getattr(write_exc, "reason", repr(write_exc))
-        get_logger(job=claim.job_id, file=shown(claim.name)).error("cannot write error sidecar", reason=reason)
-        return None
-    return path
+    record, path = commit_refusal(
+        exc,
+        job_id=claim.job_id,
+        input_info={"name": shown(claim.name), "bytes": size},
+        output_path=claim.output,
+        timings={"overall": (time.perf_counter() - claim.started) * 1e3},
+        extra=extra,
+        durable=durable,
+        log=get_logger(job=claim.job_id, file=shown(claim.name)),
+    )
+    return None if "sidecar_failed" in record["error"] else path
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from . import __version__, sidecar, textformat
 from .atomic import write_atomic
@@ -333,27 +334,63 @@ def _refuse(
     if hasher is not None:
         input_info["sha256"] = hasher.result()
     clock.timings["overall"] = clock.since_start()
-    error_record = {
-        "status": "error",
-        "job": record["job"],
-        "input": input_info,
-        "output": {"name": output_path.name, "written": False},
-        "error": exc.as_dict(),
+    details = {
         **({"shape": shape} if shape is not None else {}),
         "backend": backend.name,
         "requested": {"kernel": request.kernel, "tile": request.tile, "memory": request.memory},
-        "timings_ms": {k: round(v, 3) for k, v in clock.timings.items()},
     }
-    _finish(error_record, extra)
-    path = sidecar.error_path(output_path)
     log.warning("job refused", status="error", kind=exc.kind, reason=exc.reason)
-    try:
-        write_atomic(path, [sidecar.dumps(error_record)], durable=durable)
-    except OutputError as write_exc:
-        # Nowhere to put the refusal: say so; the caller keeps the input.
-        log.error("cannot write error sidecar", reason=write_exc.reason)
-        error_record["error"]["sidecar_failed"] = write_exc.reason
+    error_record, path = commit_refusal(
+        exc,
+        job_id=record["job"],
+        input_info=input_info,
+        output_path=output_path,
+        timings=clock.timings,
+        details=details,
+        extra=extra,
+        durable=durable,
+        log=log,
+    )
     return JobResult(False, input_path, None, path, error_record, error=exc)
+
+
+def commit_refusal(
+    exc: MmdError,
+    *,
+    job_id: str,
+    input_info: dict[str, Any],
+    output_path: Path,
+    timings: dict[str, float],
+    details: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    durable: bool = True,
+    log: Any = None,
+) -> tuple[dict[str, Any], Path]:
+    """Write ``<stem>.error.yaml`` beside ``output_path`` and return its record and path.
+
+    The one shape of every refusal, whether the pipeline or the daemon (a bad
+    name, a link, a file it could not claim) refused the job. A sidecar that
+    cannot be written (disk full) is noted in the record and logged, never
+    raised: the caller keeps the input.
+    """
+    record: dict[str, Any] = {
+        "status": "error",
+        "job": job_id,
+        "input": input_info,
+        "output": {"name": output_path.name, "written": False},
+        "error": exc.as_dict(),
+        **(details or {}),
+        "timings_ms": {k: round(v, 3) for k, v in timings.items()},
+    }
+    _finish(record, extra)
+    path = sidecar.error_path(output_path)
+    try:
+        write_atomic(path, [sidecar.dumps(record)], durable=durable)
+    except (OutputError, yaml.YAMLError) as write_exc:
+        reason = getattr(write_exc, "reason", None) or str(write_exc)
+        (log or get_logger(job=job_id)).error("cannot write error sidecar", reason=reason)
+        record["error"]["sidecar_failed"] = reason
+    return record, path
 
 
 def _finish(record: dict[str, Any], extra: dict[str, Any] | None) -> None:

@@ -317,7 +317,8 @@ def parse_work_folder(name: str) -> tuple[str, int] | None:
     return match["job"], int(match["version"])
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal still counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -708,7 +709,7 @@ class Spool:
                 match = (_TMP_RE if folder == self.inbox else own).fullmatch(path.name)
                 if folder == self.inbox and not path.name.startswith(f".{state}."):
                     continue
-                if match and int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"])):
+                if match and int(match["pid"]) != os.getpid() and not pid_alive(int(match["pid"])):
                     with contextlib.suppress(OSError):
                         path.unlink()
                         removed.append(path)
