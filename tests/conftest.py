@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,30 @@ def _no_mmd_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
+def mmd_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The caller's environment without its MMD_* variables, mmd importable, then ``base`` and ``extra``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
+    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
+    full.update(base or {})
+    full.update(extra)
+    return full
+
+
+def wait_for(pred, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``pred`` until it is true and return its value; fail the test after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
 def run_mmd(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
     """Run ``python -m mmd ARGS`` as a real process and return the CompletedProcess."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("MMD_LOG_FORMAT", "json")
-    full_env.setdefault("MMD_BACKEND", "cpu")
-    full_env.update(env or {})
+    full_env = mmd_env({"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu"}, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "mmd", *args],
         cwd=cwd,

@@ -21,7 +21,7 @@ import yaml
 from mmd import daemon, sidecar, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import ROOT, run_mmd
+from .conftest import mmd_env, run_mmd, wait_for
 
 ENV = {
     "MMD_LOG_FORMAT": "json",
@@ -32,24 +32,8 @@ ENV = {
 }
 
 
-def wait_for(pred, timeout=30.0, what="condition"):
-    """Poll ``pred`` until it is true; fail the test after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
 def env(**extra: str) -> dict[str, str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
-    full.update(ENV)
-    full.update(extra)
-    return full
+    return mmd_env(ENV, **extra)
 
 
 class Served:

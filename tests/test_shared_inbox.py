@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ import yaml
 from mmd import config, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import ROOT
+from .conftest import mmd_env, wait_for
 
 #: Whether the daemon has the shared-inbox setting this file's contract is written for.
 SHARED = "shared_inbox" in {f.name for f in dataclasses.fields(config.Settings)}
@@ -82,23 +81,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def wait_for(pred, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def env(**extra: str) -> dict[str, str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
-    full.update(ENV)
-    full.update(extra)
-    return full
+    return mmd_env(ENV, **extra)
 
 
 def host_env(i: int) -> dict[str, str]:
