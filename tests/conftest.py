@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -53,3 +54,40 @@ def run_mmd(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         text=True,
         timeout=timeout,
     )
+
+
+#: Prints ``%6.2f`` of each float32 given as hex bits: glibc's printf, the format's definition.
+_C_PRINTF = r"""
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    unsigned int u;
+    while (scanf("%x", &u) == 1) {
+        float f; memcpy(&f, &u, 4);
+        printf("%6.2f", (double)f);
+    }
+    printf("\n");
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def c_printf(tmp_path_factory):
+    """A function: float32 values → the bytes C's ``printf("%6.2f")`` prints for them (then a newline)."""
+    import numpy as np
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("cprintf")
+    (folder / "p.c").write_text(_C_PRINTF)
+    exe = folder / "p"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(folder / "p.c")], check=True)
+
+    def run(vals) -> bytes:
+        bits = np.ascontiguousarray(vals, dtype=np.float32).view(np.uint32).ravel()
+        hexes = " ".join("%08x" % int(u) for u in bits)
+        return subprocess.run([str(exe)], input=hexes.encode(), capture_output=True, check=True).stdout
+
+    return run

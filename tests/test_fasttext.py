@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import locale
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
 from decimal import Decimal
 from pathlib import Path
 
@@ -431,38 +429,6 @@ def test_corrupted_inputs_same_outcome(m, k, n, data):
 # ---------------------------------------------------------------------------
 # emit: bytes equal format_reference, the numpy path and C printf
 
-C_PROG = textwrap.dedent(
-    r"""
-    #include <stdio.h>
-    #include <string.h>
-    int main(void) {
-        unsigned int u;
-        while (scanf("%x", &u) == 1) {
-            float f; memcpy(&f, &u, 4);
-            printf("%6.2f", (double)f);
-        }
-        printf("\n");
-        return 0;
-    }
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def c_printf(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("cprintf_fast")
-    (d / "p.c").write_text(C_PROG)
-    exe = d / "p"
-    subprocess.run([cc, "-O1", "-o", str(exe), str(d / "p.c")], check=True)
-
-    def run(vals: np.ndarray) -> bytes:
-        hexes = " ".join("%08x" % int(u) for u in _bits(vals))
-        return subprocess.run([str(exe)], input=hexes.encode(), capture_output=True, check=True).stdout
-
-    return run
 
 
 def _emit_specials() -> np.ndarray:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import textwrap
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -94,40 +90,6 @@ def test_emit_hypothesis(m, n, data):
     assert tf.emit(c) == tf.format_reference(c)
 
 
-C_PROG = textwrap.dedent(
-    r"""
-    #include <stdio.h>
-    #include <stdint.h>
-    #include <string.h>
-    int main(void) {
-        unsigned int u;
-        while (scanf("%x", &u) == 1) {
-            float f; memcpy(&f, &u, 4);
-            printf("%6.2f", (double)f);
-        }
-        printf("\n");
-        return 0;
-    }
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def c_printf(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("cprintf")
-    (d / "p.c").write_text(C_PROG)
-    exe = d / "p"
-    subprocess.run([cc, "-O1", "-o", str(exe), str(d / "p.c")], check=True)
-
-    def run(vals: np.ndarray) -> bytes:
-        hexes = " ".join("%08x" % int(u) for u in vals.astype(np.float32).view(np.uint32))
-        out = subprocess.run([str(exe)], input=hexes.encode(), capture_output=True, check=True)
-        return out.stdout
-
-    return run
 
 
 def test_emit_matches_c_printf(c_printf):
