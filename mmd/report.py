@@ -135,6 +135,17 @@ def _shape(record: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
     return shape.get("m"), shape.get("k"), shape.get("n")
 
 
+def _sidecar_row(
+    kernel: Any, backend: Any, tile: Any, shape: tuple[Any, Any, Any], memory: Any, status: str, count: int, **more: Any
+) -> dict[str, Any]:
+    """A results row for ``count`` pooled job sidecars of one case (jobs run through files, no warm-up)."""
+    m, k, n = shape
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(kernel=kernel, backend=backend, tile=tile, m=m, k=k, n=n, memory=memory, mode="files")
+    row.update(status=status, repeats=count, warmup=0, **more)
+    return row
+
+
 def read_sidecars(folder: Path) -> Results:
     """Pool a folder's timing sidecars by case; one ``refused`` row per kind of refusal."""
     timing = sorted(folder.glob("*" + TIMING_SUFFIX))
@@ -159,21 +170,7 @@ def read_sidecars(folder: Path) -> Results:
     devices: list[str] = []
     for (kernel, tile, m, k, n, memory, backend, device), recs in groups.items():
         samples = [{p: v for p, v in (r.get("timings_ms") or {}).items() if v is not None} for r in recs]
-        row = {c: None for c in COLUMNS}
-        row.update(
-            kernel=kernel,
-            backend=backend,
-            tile=tile,
-            m=m,
-            k=k,
-            n=n,
-            memory=memory,
-            mode="files",
-            status="ok",
-            repeats=len(recs),
-            warmup=0,
-            device=device,
-        )
+        row = _sidecar_row(kernel, backend, tile, (m, k, n), memory, "ok", len(recs), device=device)
         row.update(phase_stats(samples))
         if row["kernel_median_ms"] and None not in (m, k, n):
             row["gflops"] = round(2.0 * m * k * n / (row["kernel_median_ms"] * 1e6), 3)
@@ -188,22 +185,7 @@ def read_sidecars(folder: Path) -> Results:
         key = (req.get("kernel"), req.get("tile"), *_shape(rec), req.get("memory"), rec.get("backend"), reason)
         refusals.setdefault(key, []).append(rec)
     for (kernel, tile, m, k, n, memory, backend, reason), recs in refusals.items():
-        row = {c: None for c in COLUMNS}
-        row.update(
-            kernel=kernel,
-            backend=backend,
-            tile=tile,
-            m=m,
-            k=k,
-            n=n,
-            memory=memory,
-            mode="files",
-            status="refused",
-            reason=reason,
-            repeats=len(recs),
-            warmup=0,
-        )
-        rows.append(row)
+        rows.append(_sidecar_row(kernel, backend, tile, (m, k, n), memory, "refused", len(recs), reason=reason))
     env = {"device": max(set(devices), key=devices.count)} if devices else {}
     return Results([_typed(r) for r in rows], folder, env, kind="sidecars")
 
