@@ -33,7 +33,7 @@ lint: $(STAMP)
 ## gpu-test: the GPU tests (skip cleanly where there is no GPU or pycuda)
 gpu-test: $(STAMP)
 	$(BIN)/pip install -q -e '.[cuda]' || echo "pycuda not installable here: GPU tests will skip"
-	$(BIN)/pytest -q -m gpu tests/gpu
+	$(BIN)/pytest -q -m gpu tests
 
 ## bench-text: parse/emit throughput against numpy.loadtxt/savetxt
 bench-text: $(STAMP)
