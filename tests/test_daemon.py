@@ -385,14 +385,14 @@ def test_unexpected_exception_becomes_internal_refusal(tmp_path, monkeypatch):
     inbox.mkdir()
     make_input(inbox / "boom.txt", 3, 3, 3, 1)
     a, b = make_input(inbox / "fine.txt", 3, 3, 3, 2)
-    real = daemon.run_job
+    real = daemon.worker.run_job
 
     def flaky(path, *args, **kw):
         if path.name == "boom.txt":
             raise RuntimeError("simulated bug")
         return real(path, *args, **kw)
 
-    monkeypatch.setattr(daemon, "run_job", flaky)
+    monkeypatch.setattr(daemon.worker, "run_job", flaky)
     settings = config.Settings(inbox=inbox, outbox=tmp_path / "outbox", backend="cpu", quiet_seconds=0.05)
     assert daemon.Daemon(settings).serve(once=True) == 0
     rec = error_of(tmp_path / "outbox", "boom")
@@ -407,12 +407,12 @@ HELD_JOBS = """
 import os, sys, time
 from mmd import daemon
 from mmd.cli import main
-real = daemon.run_job
+real = daemon.worker.run_job
 def held(*args, **kw):
     while not os.path.exists("release"):
         time.sleep(0.01)
     return real(*args, **kw)
-daemon.run_job = held
+daemon.worker.run_job = held
 sys.exit(main(["serve"]))
 """
 

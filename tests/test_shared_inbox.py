@@ -67,12 +67,12 @@ sys.exit(main(sys.argv[1:]))
 HELD = """
 import os, sys, time
 from mmd import daemon
-real = daemon.run_job
+real = daemon.worker.run_job
 def held(*args, **kw):
     while not os.path.exists("release"):
         time.sleep(0.01)
     return real(*args, **kw)
-daemon.run_job = held
+daemon.worker.run_job = held
 if not {shared}:
     daemon.SpoolLock.acquire = lambda self: None
     daemon.SpoolLock.release = lambda self: None

@@ -77,7 +77,7 @@ def fake_devices(monkeypatch):
     def fake_open(name, device=0, kernel_cache=None):
         return FakeDevice(device, fail), None
 
-    monkeypatch.setattr(daemon, "open_backend", fake_open)
+    monkeypatch.setattr(daemon.worker, "open_backend", fake_open)
     return fail
 
 
@@ -114,7 +114,7 @@ def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
     (tmp_path / "inbox").mkdir()
     inputs = make_inputs(tmp_path / "inbox", 12)
     both_busy = threading.Barrier(2, timeout=20)
-    real = daemon.run_job
+    real = daemon.worker.run_job
     seen: list[int] = []
 
     def paired(path, *args, **kw):
@@ -124,7 +124,7 @@ def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
             both_busy.wait()
         return real(path, *args, **kw)
 
-    monkeypatch.setattr(daemon, "run_job", paired)
+    monkeypatch.setattr(daemon.worker, "run_job", paired)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
     assert d.serve(once=True) == 0
     assert len(set(seen)) == 2, "the first two jobs ran in two threads at once"
@@ -143,7 +143,7 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
     make_inputs(tmp_path / "inbox", 6)
     release = threading.Event()
     order: list[tuple[str, int]] = []
-    real = daemon.run_job
+    real = daemon.worker.run_job
 
     def held_first(path, output, request, backend, **kw):
         order.append((path.name, backend.device))
@@ -153,7 +153,7 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
             release.set()
         return real(path, output, request, backend, **kw)
 
-    monkeypatch.setattr(daemon, "run_job", held_first)
+    monkeypatch.setattr(daemon.worker, "run_job", held_first)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
     assert d.serve(once=True) == 0
     first_device = dict(order)["j00.txt"]

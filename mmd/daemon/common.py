@@ -1,0 +1,36 @@
+"""What the daemon's parts share: tunables, hint kinds, timestamps."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+#: How many finished jobs the state file lists.
+RECENT_JOBS = 20
+#: The state file is rewritten at most this often (seconds) while jobs run.
+STATE_EVERY = 0.25
+#: Idle heartbeat of the worker and the main loop (seconds).
+HEARTBEAT = 1.0
+#: A loop that has not turned for this long is stuck (the watchdog stops pinging).
+STUCK_AFTER = 30.0
+#: After an output could not be committed (disk full, outbox unwritable) no new job is
+#: taken for rescan_seconds, doubling with each failure in a row, up to this (seconds).
+MAX_PAUSE = 300.0
+#: A job whose output could not be committed this many times in a row is failed with the
+#: reason (an output too big for the space left must not block the jobs behind it).
+MAX_OUTPUT_ATTEMPTS = 3
+#: Bits the daemon always masks from the files and folders it creates: no group or
+#: world write, whatever umask it was started with (the unit sets 0027).
+UMASK_BITS = 0o022
+
+# Hint kinds (the first item of each tuple in the hint queue).
+COMPLETE, SEEN, DONE, BROKEN, STOP, RELOAD, WAKE = "complete", "seen", "done", "broken", "stop", "reload", "wake"
+RESCAN, INBOX, PAUSE = "rescan", "inbox", "pause"
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def now_iso() -> str:
+    """The wall-clock time as an ISO string (for people; durations use the monotonic clock)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")

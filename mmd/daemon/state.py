@@ -1,0 +1,162 @@
+"""The state file a daemon keeps for `mmd status`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..logs import get_logger
+from ..spool import Spool, pid_alive, state_name
+from .common import RECENT_JOBS, STATE_EVERY, now_iso
+from .lock import host_daemons, lock_holder
+
+
+class State:
+    """What `mmd status` shows; written atomically to ``inbox/.mmd-state.json``, throttled.
+
+    ``workers`` lists each worker (its device, backend and the job in hand);
+    ``current`` is the job in hand of the first busy one.
+    """
+
+    def __init__(self, path: Path, **facts: Any) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._data: dict[str, Any] = {
+            "pid": os.getpid(),
+            "started": now_iso(),
+            **facts,
+            "status": "starting",
+            "queue": 0,
+            "current": None,
+            "workers": [],
+            "done": {"ok": 0, "error": 0},
+            "recent": [],
+        }
+        self._workers: dict[int, dict[str, Any]] = {}
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
+        self._dirty = True
+        self._written = 0.0
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            self._data.update(changes)
+            self._dirty = True
+
+    def worker(self, index: int, **changes: Any) -> None:
+        """Update what worker ``index`` is doing (``current``: its job in hand, or None)."""
+        with self._lock:
+            entry = self._workers.setdefault(index, {"index": index, "current": None, "done": 0})
+            entry.update(changes)
+            self._dirty = True
+
+    def finished(self, entry: dict[str, Any], worker: int | None = None) -> None:
+        with self._lock:
+            self._recent.appendleft(entry)
+            self._data["done"]["ok" if entry["status"] == "ok" else "error"] += 1
+            self._data["current"] = None
+            if worker is not None:
+                w = self._workers.setdefault(worker, {"index": worker, "current": None, "done": 0})
+                w["current"] = None
+                w["done"] += 1
+            self._dirty = True
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            workers = [dict(self._workers[i]) for i in sorted(self._workers)]
+            busy = [w["current"] for w in workers if w.get("current")]
+            current = busy[0] if busy else self._data.get("current")
+            return {
+                **self._data,
+                "current": current,
+                "workers": workers,
+                "recent": list(self._recent),
+                "updated": now_iso(),
+            }
+
+    def due_in(self) -> float | None:
+        """Seconds until a pending write is allowed (None: nothing to write)."""
+        if not self._dirty:
+            return None
+        return max(0.0, self._written + STATE_EVERY - time.monotonic())
+
+    def write(self, force: bool = False) -> None:
+        """Write the file if something changed and the throttle allows (or ``force``)."""
+        if not force and (not self._dirty or time.monotonic() - self._written < STATE_EVERY):
+            return
+        snap = self.snapshot()
+        self._dirty = False
+        self._written = time.monotonic()
+        try:
+            _write_state(self.path, json.dumps(snap, indent=1).encode() + b"\n")
+        except OSError as exc:
+            get_logger().warning("cannot write the state file", reason=exc.strerror or str(exc))
+
+
+def _write_state(path: Path, data: bytes) -> None:
+    """Write the state file in the inbox, which users can write too.
+
+    The temporary is created with ``O_EXCL | O_NOFOLLOW``: a link planted
+    under its name is removed, never written through (write_atomic's
+    ``O_TRUNC`` open would write into the link's target).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_state(inbox: Path, host_id: str | None = None) -> dict[str, Any] | None:
+    """The last state a daemon wrote for ``inbox`` (None when there is none); ``host_id``: a shared inbox's host."""
+    try:
+        return json.loads((Path(inbox) / state_name(host_id)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
+    """Whether a daemon serves ``inbox`` (lock held and its pid alive) and its last state.
+
+    On a shared inbox every ``.mmd.<host>.lock`` is listed under ``hosts``
+    with its state file; pids are checked only for ``host_id`` (this host).
+    ``serving`` is true when any daemon serves it.
+    """
+    pid = lock_holder(inbox)
+    single = pid is not None and (pid == -1 or pid_alive(pid))
+    hosts = host_daemons(inbox, host_id)
+    for entry in hosts:
+        entry["state"] = read_state(inbox, entry["host"])
+    state = read_state(inbox)
+    if not single and hosts:
+        own = [h for h in hosts if h["own"]] or [h for h in hosts if h["serving"]] or hosts
+        state = own[0]["state"]
+        pid = own[0]["pid"]
+    serving = single or any(h["serving"] for h in hosts)
+    waiting = sum(1 for _ in Spool(inbox, inbox).scan())
+    return {
+        "inbox": str(inbox),
+        "serving": serving,
+        "pid": pid if serving else None,
+        "waiting_in_inbox": waiting,
+        "state": state,
+        "hosts": hosts,
+    }
