@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -91,3 +92,38 @@ def c_printf(tmp_path_factory):
         return subprocess.run([str(exe)], input=hexes.encode(), capture_output=True, check=True).stdout
 
     return run
+
+
+class LoggedProcess:
+    """A real process whose stdout and stderr go to a log file; ``stop`` signals, then kills if it must."""
+
+    def __init__(self, argv: list[str], cwd: Path, log_path: Path, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def logs(self) -> str:
+        return self.log_path.read_text()
+
+    def events(self) -> list[dict]:
+        """The JSON log lines so far (a line still being written is skipped)."""
+        import contextlib
+        import json
+
+        out = []
+        for line in self.logs().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()

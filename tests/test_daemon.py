@@ -21,7 +21,7 @@ import yaml
 from mmd import daemon, sidecar, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import mmd_env, run_mmd, wait_for
+from .conftest import LoggedProcess, mmd_env, run_mmd, wait_for
 
 ENV = {
     "MMD_LOG_FORMAT": "json",
@@ -36,22 +36,15 @@ def env(**extra: str) -> dict[str, str]:
     return mmd_env(ENV, **extra)
 
 
-class Served:
+class Served(LoggedProcess):
     """``python -m mmd serve`` in ``root`` (inbox/ and outbox/ inside)."""
 
     def __init__(self, root: Path, *args: str, **extra_env: str) -> None:
         self.root = root
         self.inbox = root / "inbox"
         self.outbox = root / "outbox"
-        self.log_path = root / f"daemon-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mmd", "serve", *args],
-            cwd=root,
-            env=env(**extra_env),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+        argv = [sys.executable, "-m", "mmd", "serve", *args]
+        super().__init__(argv, root, root / f"daemon-{time.monotonic_ns()}.log", env(**extra_env))
 
     def state(self) -> dict:
         return daemon.read_state(self.inbox) or {}
@@ -67,22 +60,8 @@ class Served:
         assert self.proc.poll() is None, self.logs()
         return self
 
-    def logs(self) -> str:
-        return self.log_path.read_text()
-
-    def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.logs().splitlines() if line.startswith("{")]
-
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
+        return super().stop(sig, timeout)
 
 
 @pytest.fixture

@@ -20,13 +20,10 @@ every wait polls a condition against a deadline.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import multiprocessing
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -39,7 +36,7 @@ import yaml
 from mmd import config, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import mmd_env, wait_for
+from .conftest import LoggedProcess, mmd_env, wait_for
 
 #: Whether the daemon has the shared-inbox setting this file's contract is written for.
 SHARED = "shared_inbox" in {f.name for f in dataclasses.fields(config.Settings)}
@@ -90,35 +87,14 @@ def host_env(i: int) -> dict[str, str]:
     return {"MMD_SHARED_INBOX": "true", "MMD_HOST_ID": f"node{i}"} if SHARED else {}
 
 
-class Proc:
+class Proc(LoggedProcess):
     """One daemon process in ``root`` with its own log."""
 
     def __init__(self, root: Path, argv: list[str], name: str, **extra_env: str) -> None:
-        self.log_path = root / f"{name}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, cwd=root, env=env(**extra_env), stdout=self.log, stderr=subprocess.STDOUT)
-
-    def events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):  # a line being written
-                    out.append(json.loads(line))
-        return out
+        super().__init__(argv, root, root / f"{name}.log", env(**extra_env))
 
     def serving(self) -> bool:
         return any(e.get("event") == "serving" for e in self.events())
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
 
 
 @pytest.fixture
