@@ -3,14 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LINTED := mmd tests scripts benchmarks
 
-.PHONY: demo test lint gpu-test bench-text clean install-service
+.PHONY: demo test quick lint docs gpu-test bench-text clean install-service
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
@@ -21,14 +22,22 @@ demo: $(STAMP)
 	@echo "--- outbox/:"; ls -l outbox/
 	@echo "--- outbox/sample.timing.yaml:"; cat outbox/sample.timing.yaml
 
-## test: set up, lint, run the test suite (the command CI runs)
-test: $(STAMP)
-	$(BIN)/ruff check mmd tests scripts benchmarks
+## test: set up, lint, type-check, run the whole test suite (the command CI runs)
+test: lint
 	$(BIN)/pytest -q
 
+## quick: the edit loop (under a minute on two cores): no real processes, daemons or nvcc
+quick: $(STAMP)
+	$(BIN)/pytest -q -x -m "not slow and not process" --ignore=tests/gpu
+
 lint: $(STAMP)
-	$(BIN)/ruff check mmd tests scripts benchmarks
-	$(BIN)/ruff format --check mmd tests scripts benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
+
+## docs: regenerate docs/sidecar.md and docs/sidecar.schema.json from mmd/record.py
+docs: $(STAMP)
+	$(BIN)/python -m mmd.record docs
 
 ## gpu-test: the GPU tests (skip cleanly where there is no GPU or pycuda)
 gpu-test: $(STAMP)
@@ -40,7 +49,7 @@ bench-text: $(STAMP)
 	$(BIN)/python benchmarks/bench_textformat.py --sizes 1024 4096
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
 ## install-service: (root) user, group, spool folders, config and the systemd unit; see systemd/README.md
 SERVICE_ROOT ?= /opt/mmd

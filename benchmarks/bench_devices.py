@@ -94,9 +94,7 @@ def phases(recs: list[dict]) -> dict[str, float]:
     for key in PHASES:
         vals = [r["timings_ms"].get(key) for r in recs if r["timings_ms"].get(key) is not None]
         out[key] = statistics.median(vals) if vals else float("nan")
-    others = [
-        r["timings_ms"]["overall"] - sum(r["timings_ms"].get(k) or 0.0 for k in PHASES[:-1]) for r in recs
-    ]
+    others = [r["timings_ms"]["overall"] - sum(r["timings_ms"].get(k) or 0.0 for k in PHASES[:-1]) for r in recs]
     out["other"] = statistics.median(others) if others else float("nan")
     return out
 

@@ -42,16 +42,30 @@ from pathlib import Path
 os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in true fp32 (CuPy's default; made explicit)
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+sys.path.insert(0, str(ROOT))
+
+from mmd import kernels as registry  # noqa: E402  (the kernels' geometry and variants live there)
+from mmd.resources import kernels_dir  # noqa: E402
+
+KERNELS = kernels_dir()
 ARCH = "sm_90"
 
 #: Shapes (M, K, N) that are timed. 4096x1024x2048 means M=4096, K=1024, N=2048.
 TIMED_SHAPES = [(1000, 1000, 1000), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 2048)]
 #: Awkward shapes (M, K, N) that are checked (every variant, every layout).
 CHECK_SHAPES = [
-    (1, 1, 1), (7, 7, 7), (33, 33, 33), (127, 127, 127), (1000, 1000, 1000),
-    (1, 1000, 7), (7, 33, 1000), (127, 33, 1000), (1000, 7, 33), (33, 1000, 127),
-    (129, 257, 130), (300, 17, 515),
+    (1, 1, 1),
+    (7, 7, 7),
+    (33, 33, 33),
+    (127, 127, 127),
+    (1000, 1000, 1000),
+    (1, 1000, 7),
+    (7, 33, 1000),
+    (127, 33, 1000),
+    (1000, 7, 33),
+    (33, 1000, 127),
+    (129, 257, 130),
+    (300, 17, 515),
 ]
 #: Layouts: (name, extra ld floats, base offset in floats). "odd" makes ld = cols + 1
 #: (not a multiple of 4 for most shapes) and the base misaligned: the scalar paths.
@@ -63,90 +77,75 @@ TOL_PER_SQRT_K = 1e-5
 
 @dataclass
 class Variant:
-    """One compiled kernel: a .cu file and its macro set."""
+    """One compiled kernel: a registry build (mmd/kernels.py: its macros and launch geometry) at one tile."""
 
-    kernel: str                      # file stem: kernels/<kernel>.cu, entry mmd_<kernel>
-    label: str                       # short name of the parameter set
-    macros: dict = field(default_factory=dict)
-    tunable: bool = False            # a candidate for the fast autotune
+    spec: registry.KernelSpec
+    label: str
+    tile: int = 0
+    tunable: bool = False  # a candidate for the fast autotune
     # filled in by compile():
     cubin: Path | None = None
     report: dict = field(default_factory=dict)
     function: object = None
 
     @property
+    def kernel(self) -> str:
+        return self.spec.name
+
+    @property
     def name(self) -> str:
         return f"{self.kernel}:{self.label}"
 
-    def m(self, key, default):
-        return int(self.macros.get(key, default))
+    @property
+    def macros(self) -> dict:
+        return self.spec.defines(self.tile)
 
-    # Launch geometry, as each kernel's header comment gives it.
     def block_and_tile(self) -> tuple[tuple[int, int, int], tuple[int, int]]:
-        """(block dims, (rows, cols) of C per block)."""
-        if self.kernel in ("tiled", "prefetch", "naive"):
-            t = self.m("TILE", 16)
-            return (t, t, 1), (t, t)
-        if self.kernel in ("aplus", "coarse"):
-            t = self.m("TILE", 16)
-            return (t, t, 1), (2 * t, 2 * t)
-        bm, bn, tm, tn = self.m("BM", 128), self.m("BN", 128), self.m("TM", 8), self.m("TN", 8)
-        if self.kernel in ("blocktile2d", "vectorized"):
-            return ((bm // tm) * (bn // tn), 1, 1), (bm, bn)
-        if self.kernel == "fast":
-            wtm = self.m("WTM", 4)
-            wm, wn = tm * wtm, tn * (32 // wtm)
-            return ((bm // wm) * (bn // wn) * 32, 1, 1), (bm, bn)
-        raise ValueError(self.kernel)
+        """(block dims, (rows, cols) of C per block), as the registry launches it."""
+        return self.spec.block(self.tile), self.spec.block_shape(self.tile)
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        _, (rows, cols) = self.block_and_tile()
-        return (-(-n // cols), -(-m // rows), 1)
+        return self.spec.grid(m, n, self.tile)
+
+
+#: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to its defaults.
+FAST_CANDIDATES = {
+    "warptile_1buf": {"DOUBLE_BUFFER": 0, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "128x128x8_async": {"ASYNC": 1, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "128x128x8_async3": {"ASYNC": 1, "STAGES_ASYNC": 3, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "128x128x16_async": {"ASYNC": 1, "BN": 128, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "64x128x8_async": {"ASYNC": 1, "BM": 64, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "64x64x8_t4x8_async": {"ASYNC": 1, "BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "128x128x8_reg": {"BN": 128, "BK": 8, "TN": 8, "A_PAD": 4},
+    "128x128x16_reg": {"BN": 128, "TN": 8, "A_PAD": 4},
+    "128x128x16_reg_g1": {"BN": 128, "TN": 8, "GROUP_M": 1, "A_PAD": 4},
+    "128x128x16_reg_w8": {"BN": 128, "TN": 8, "WTM": 8, "A_PAD": 4},
+    "128x256x8_reg_t8x16": {"BK": 8, "A_PAD": 4},
+    "256x128x8_reg_t16x8": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "A_PAD": 4},
+    "64x128x16_reg": {"BM": 64, "BN": 128, "TN": 8, "A_PAD": 4},
+    "64x128x8_reg": {"BM": 64, "BN": 128, "BK": 8, "TN": 8, "A_PAD": 4},
+    "64x64x16_reg": {"BM": 64, "BN": 64, "TN": 8, "A_PAD": 4},
+    "128x128x8_reg_mb2": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
+    "256x128x16_reg_t16x8_pad0": {"BM": 256, "BN": 128, "TM": 16, "TN": 8},
+    "256x128x8_reg_t16x8_w8": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "A_PAD": 4},
+}
 
 
 def variants(quick: bool) -> list[Variant]:
-    out = [
-        Variant("tiled", "T16", {"TILE": 16}), Variant("tiled", "T32", {"TILE": 32}),
-        Variant("prefetch", "T16", {"TILE": 16}), Variant("prefetch", "T32", {"TILE": 32}),
-        Variant("aplus", "T16", {"TILE": 16}), Variant("aplus", "T32", {"TILE": 32}),
-        Variant("blocktile2d", "128x128x8", {}),
-        Variant("vectorized", "128x128x8", {}),
-        Variant("fast", "warptile_1buf", {"DOUBLE_BUFFER": 0}),
-    ]
-    fast_sets = {
-        "128x128x8_async": {"ASYNC": 1},
-        "128x128x8_async3": {"ASYNC": 1, "STAGES_ASYNC": 3},
-        "128x128x16_async": {"ASYNC": 1, "BK": 16},
-        "64x128x8_async": {"ASYNC": 1, "BM": 64},
-        "64x64x8_t4x8_async": {"ASYNC": 1, "BM": 64, "BN": 64, "TM": 4},
-        "128x128x8_reg": {"MIN_BLOCKS": 1},
-        "128x128x16_reg": {"BK": 16, "MIN_BLOCKS": 1},
-        "128x128x16_reg_g1": {"BK": 16, "MIN_BLOCKS": 1, "GROUP_M": 1},
-        "128x128x16_reg_w8": {"BK": 16, "MIN_BLOCKS": 1, "WTM": 8},
-        "128x256x8_reg_t8x16": {"BN": 256, "TN": 16, "MIN_BLOCKS": 1},
-        "256x128x8_reg_t16x8": {"BM": 256, "TM": 16, "MIN_BLOCKS": 1},
-        "64x128x16_reg": {"BM": 64, "BK": 16, "MIN_BLOCKS": 1},
-        "64x128x8_reg": {"BM": 64, "MIN_BLOCKS": 1},
-        "64x64x16_reg": {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 1},
-        "64x64x16_t4x8_reg": {"BM": 64, "BN": 64, "TM": 4, "BK": 16, "MIN_BLOCKS": 1},
-        "128x128x8_reg_mb2": {"MIN_BLOCKS": 2},
-        "256x128x16_reg_t16x8_pad0": {"BM": 256, "TM": 16, "BK": 16, "A_PAD": 0, "MIN_BLOCKS": 1},
-        "128x256x16_reg_t8x16_pad0": {"BN": 256, "TN": 16, "BK": 16, "A_PAD": 0, "MIN_BLOCKS": 1},
-        "256x128x8_reg_t16x8_w8": {"BM": 256, "TM": 16, "WTM": 8, "MIN_BLOCKS": 1},
-    }
-    # Every macro spelled out, so a set means the same whatever fast.cu's defaults are.
-    base = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8, "WTM": 4, "MIN_BLOCKS": 2, "GROUP_M": 8,
-            "A_PAD": 4, "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2}
-    fast_sets = {k: {**base, **v} for k, v in fast_sets.items()}
-    out[-1].macros = {**base, **out[-1].macros}  # warptile_1buf
-    if quick:
-        fast_sets = {k: fast_sets[k] for k in ("128x128x8_async", "64x64x8_t4x8_async")}
-    for label, macros in fast_sets.items():
-        out.append(Variant("fast", label, macros, tunable=True))
+    """The course kernels at tiles 16 and 32, the fixed-block ladder, and every fast parameter set."""
+    out = [Variant(registry.get(k), f"T{t}", t) for k in ("tiled", "prefetch", "aplus") for t in (16, 32)]
+    out += [Variant(registry.get(k), "128x128x8") for k in ("blocktile2d", "vectorized")]
+    fast = registry.get("fast")
+    sets = {v.label: v for v in fast.variants}  # the registered variants first
+    if not quick:
+        sets |= {label: registry.fast_variant(label, **changes) for label, changes in FAST_CANDIDATES.items()}
+    for label, variant in sets.items():
+        out.append(Variant(fast.with_variant(variant), label, tunable=True))
     return out
 
 
 # -- compile ------------------------------------------------------------------
+
 
 def _tool(name: str) -> str | None:
     for cand in (shutil.which(name), f"/usr/local/cuda/bin/{name}"):
@@ -189,6 +188,7 @@ def compile_variant(v: Variant, build: Path) -> Variant:
 
 # -- matrices -----------------------------------------------------------------
 
+
 class Mat:
     """A rows x cols float32 matrix inside a flat buffer, at `offset` floats, row stride ld."""
 
@@ -199,8 +199,8 @@ class Mat:
             self.buf = cp.full(total, cp.nan, dtype=cp.float32)
         else:
             self.buf = cp.random.uniform(-1.0, 1.0, total, dtype=cp.float64).astype(cp.float32)
-        self.ptr_view = self.buf[offset:]                       # the kernel's pointer
-        self.view = self.buf[offset:offset + rows * ld].reshape(rows, ld)[:, :cols]
+        self.ptr_view = self.buf[offset:]  # the kernel's pointer
+        self.view = self.buf[offset : offset + rows * ld].reshape(rows, ld)[:, :cols]
 
     def padding_untouched(self, cp) -> bool:
         inside = cp.zeros(self.buf.shape, dtype=bool)
@@ -211,19 +211,33 @@ class Mat:
 
 def launch(v: Variant, a: Mat, b: Mat, c: Mat, m: int, k: int, n: int, np):
     block, _ = v.block_and_tile()
-    v.function(v.grid(m, n), block,
-               (a.ptr_view, b.ptr_view, c.ptr_view, np.int32(m), np.int32(k), np.int32(n),
-                np.int32(a.ld), np.int32(b.ld), np.int32(c.ld)))
+    v.function(
+        v.grid(m, n),
+        block,
+        (
+            a.ptr_view,
+            b.ptr_view,
+            c.ptr_view,
+            np.int32(m),
+            np.int32(k),
+            np.int32(n),
+            np.int32(a.ld),
+            np.int32(b.ld),
+            np.int32(c.ld),
+        ),
+    )
 
 
 def check(v: Variant, cp, np, shapes, layouts) -> tuple[bool, float, list[str]]:
     worst, fails = 0.0, []
-    for (m, k, n) in shapes:
-        for (lname, extra, off) in layouts:
+    for m, k, n in shapes:
+        for lname, extra, off in layouts:
+
             def ld(cols):
                 if extra is None:
                     return cols
                 return (-(-cols // 4) * 4 + extra) if extra == 4 else cols + extra
+
             a = Mat(cp, m, k, ld(k), off, "rand")
             b = Mat(cp, k, n, ld(n), off, "rand")
             c = Mat(cp, m, n, ld(n), off, "nan")
@@ -241,6 +255,7 @@ def check(v: Variant, cp, np, shapes, layouts) -> tuple[bool, float, list[str]]:
 
 
 # -- timing -------------------------------------------------------------------
+
 
 def time_fn(cp, fn, sets, reps, warmup=3) -> float:
     for i in range(warmup):
@@ -280,8 +295,10 @@ def main() -> int:
     with futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
         vs = list(pool.map(lambda v: compile_variant(v, build), vs))
     say(f"# compiled {len(vs)} variants in {time.time() - t0:.1f} s")
-    say(f"{'variant':34} {'regs':>4} {'smem':>6} {'spill st/ld':>11} {'LDG128':>6} {'LDGSTS':>6} {'LDS128':>6} "
-        f"{'STG128':>6} {'FFMA':>5} {'LDL/STL':>7}")
+    say(
+        f"{'variant':34} {'regs':>4} {'smem':>6} {'spill st/ld':>11} {'LDG128':>6} {'LDGSTS':>6} {'LDS128':>6} "
+        f"{'STG128':>6} {'FFMA':>5} {'LDL/STL':>7}"
+    )
     if not args.compile_only:
         import cupy as cp
         import numpy as np
@@ -292,9 +309,11 @@ def main() -> int:
             say(f"{v.name:34} COMPILE FAILED\n{r['log']}")
             continue
         s = r.get("sass", {})
-        say(f"{v.name:34} {r['registers']:>4} {r['smem']:>6} {r['spill_stores']:>5}/{r['spill_loads']:<5} "
+        say(
+            f"{v.name:34} {r['registers']:>4} {r['smem']:>6} {r['spill_stores']:>5}/{r['spill_loads']:<5} "
             f"{s.get('LDG.128', '-'):>6} {s.get('LDGSTS.128', '-'):>6} {s.get('LDS.128', '-'):>6} "
-            f"{s.get('STG.128', '-'):>6} {s.get('FFMA', '-'):>5} {s.get('LDL/STL', '-'):>7}")
+            f"{s.get('STG.128', '-'):>6} {s.get('FFMA', '-'):>5} {s.get('LDL/STL', '-'):>7}"
+        )
         if not args.compile_only:
             v.function = cp.RawModule(path=str(v.cubin)).get_function(f"mmd_{v.kernel}")
         good.append(v)
@@ -318,15 +337,17 @@ def main() -> int:
         shapes = CHECK_SHAPES if mine else CHECK_SHAPES[:6]
         layouts = LAYOUTS if mine else LAYOUTS[:2]
         ok, worst, fails = check(v, cp, np, shapes, layouts)
-        say(f"check {v.name:34} {'PASS' if ok else 'FAIL'} worst rel err {worst:.2e}"
-            + ("" if ok else "  " + "; ".join(fails[:6])))
+        say(
+            f"check {v.name:34} {'PASS' if ok else 'FAIL'} worst rel err {worst:.2e}"
+            + ("" if ok else "  " + "; ".join(fails[:6]))
+        )
         v.report["check_ok"], v.report["check_err"] = ok, worst
         if ok:
             checked.append(v)
 
     # 3. time
     rows = []
-    for (m, k, n) in TIMED_SHAPES:
+    for m, k, n in TIMED_SHAPES:
         flop = 2.0 * m * k * n
         set_bytes = 4 * (m * k + k * n + m * n)
         nsets = max(1, min(8, math.ceil(3 * l2 / set_bytes)))
@@ -349,22 +370,33 @@ def main() -> int:
         ms_cublas = time_fn(cp, cub, sets, reps)
         cub(*sets[0])
         e = err_of(sets[0][2])
-        cublas_row = dict(kernel="cublas", params="sgemm", shape=shape, ms=ms_cublas, tflops=flop / ms_cublas / 1e9,
-                          pct=100.0, err=e)
+        cublas_row = dict(
+            kernel="cublas", params="sgemm", shape=shape, ms=ms_cublas, tflops=flop / ms_cublas / 1e9, pct=100.0, err=e
+        )
         rows.append(cublas_row)
         say(f"time {shape:16} cublas {ms_cublas:.3f} ms  err {e:.1e}  ({nsets} sets, {reps} reps)")
         for v in checked:
-            if v.kernel in ("tiled", "prefetch", "aplus") and m * n * k > 4096 ** 3:
+            if v.kernel in ("tiled", "prefetch", "aplus") and m * n * k > 4096**3:
                 continue  # the course kernels at 8192 take seconds and teach nothing new
-            for (_, _, c) in sets:
+            for _, _, c in sets:
                 c.buf.fill(cp.nan)
             fn = lambda a, b, c, v=v: launch(v, a, b, c, m, k, n, np)  # noqa: E731
             ms = time_fn(cp, fn, sets, reps)
             e = err_of(sets[0][2])
-            row = dict(kernel=v.kernel, params=v.label, shape=shape, ms=ms, tflops=flop / ms / 1e9,
-                       pct=100.0 * ms_cublas / ms, err=e, tunable=v.tunable)
+            row = dict(
+                kernel=v.kernel,
+                params=v.label,
+                shape=shape,
+                ms=ms,
+                tflops=flop / ms / 1e9,
+                pct=100.0 * ms_cublas / ms,
+                err=e,
+                tunable=v.tunable,
+            )
             rows.append(row)
-            say(f"time {shape:16} {v.name:34} {ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s {row['pct']:6.1f}%  err {e:.1e}")
+            say(
+                f"time {shape:16} {v.name:34} {ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s {row['pct']:6.1f}%  err {e:.1e}"
+            )
         # cuBLAS again at the end of the shape: the spread between the two is the noise
         ms2 = time_fn(cp, cub, sets, reps)
         say(f"time {shape:16} cublas (again) {ms2:.3f} ms")
@@ -377,10 +409,20 @@ def main() -> int:
         tiles = -(-m // 128) * -(-n // 128)
         return "small" if tiles < sms else ("medium" if tiles < 4 * sms else "large")
 
-    spill_free = {v.label for v in vs if v.kernel == "fast" and v.tunable and v.report.get("ok")
-                  and v.report.get("spill_stores") == 0 and v.report.get("spill_loads") == 0}
+    # The tune file may only name registered variants (mmd/kernels.py); a better candidate is reported,
+    # to be registered by hand.
+    registered = {v.label for v in registry.get("fast").variants}
+    spill_free = {
+        v.label
+        for v in vs
+        if v.kernel == "fast"
+        and v.tunable
+        and v.report.get("ok")
+        and v.report.get("spill_stores") == 0
+        and v.report.get("spill_loads") == 0
+    }
     by_class: dict[str, list[str]] = {}
-    for (m, k, n) in TIMED_SHAPES:
+    for m, k, n in TIMED_SHAPES:
         shape = f"{m}x{k}x{n}"
         by_class.setdefault(shape_class(m, n), []).append(shape)
         cands = [r for r in rows if r["shape"] == shape and r.get("tunable") and r["params"] in spill_free]
@@ -396,21 +438,47 @@ def main() -> int:
                 scores[label] = math.exp(sum(math.log(p) for p in pcts) / len(pcts))
         if not scores:
             continue
-        label = max(scores, key=scores.get)
-        v = next(v for v in vs if v.kernel == "fast" and v.label == label)
-        tune[cls] = {"params": label, "macros": dict(v.macros),
-                     "block": list(v.block_and_tile()[0]), "tile": list(v.block_and_tile()[1]),
-                     "measured_pct_cublas": {s_: round(next(r["pct"] for r in rows if r["kernel"] == "fast"
-                                                            and r["params"] == label and r["shape"] == s_), 1)
-                                             for s_ in shapes}}
-    (out / "results.json").write_text(json.dumps(
-        {"gpu": gpu, "sms": sms, "l2": l2, "rows": rows,
-         "compile": {v.name: {k: val for k, val in v.report.items() if k != "log"} for v in vs},
-         "tune": tune}, indent=1, default=str))
+        best = max(scores, key=scores.get)
+        usable = {k: v for k, v in scores.items() if k in registered}
+        if not usable:
+            continue
+        label = max(usable, key=usable.get)
+        if best != label:
+            say(
+                f"# {cls}: unregistered set {best} beats {label} ({scores[best]:.1f} vs {scores[label]:.1f} %cuBLAS):"
+                " add it to fast's variants in mmd/kernels.py to use it"
+            )
+        tune[cls] = {
+            "params": label,
+            "measured_pct_cublas": {
+                s_: round(
+                    next(r["pct"] for r in rows if r["kernel"] == "fast" and r["params"] == label and r["shape"] == s_),
+                    1,
+                )
+                for s_ in shapes
+            },
+        }
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "gpu": gpu,
+                "sms": sms,
+                "l2": l2,
+                "rows": rows,
+                "compile": {v.name: {k: val for k, val in v.report.items() if k != "log"} for v in vs},
+                "tune": tune,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     try:
         import yaml
-        text = yaml.safe_dump({gpu: {"shape_classes": "tiles=ceil(M/128)*ceil(N/128); small < SMs <= medium < 4*SMs <= large",
-                                     **tune}}, sort_keys=False)
+
+        text = yaml.safe_dump(
+            {gpu: {"shape_classes": "tiles=ceil(M/128)*ceil(N/128); small < SMs <= medium < 4*SMs <= large", **tune}},
+            sort_keys=False,
+        )
     except ImportError:
         text = json.dumps({gpu: tune}, indent=1)
     (out / "fast.tune.yaml").write_text(text)
@@ -419,14 +487,24 @@ def main() -> int:
     say("")
     say(f"{'kernel':12} {'params':20} {'shape':16} {'ms':>9} {'TFLOP/s':>8} {'%cuBLAS':>8} {'max rel err':>11}")
     for r in rows:
-        if r["kernel"] in ("tiled", "prefetch", "aplus") and r["shape"] not in ("4096x4096x4096", "2048x2048x2048", "1000x1000x1000"):
+        if r["kernel"] in ("tiled", "prefetch", "aplus") and r["shape"] not in (
+            "4096x4096x4096",
+            "2048x2048x2048",
+            "1000x1000x1000",
+        ):
             continue
-        if (r["kernel"] == "fast" and r.get("tunable") and not r.get("best")
-                and r["params"] not in ("128x128x8_async", "128x128x8_reg")):
+        if (
+            r["kernel"] == "fast"
+            and r.get("tunable")
+            and not r.get("best")
+            and r["params"] not in ("128x128x8_async", "128x128x8_reg")
+        ):
             continue
         mark = " *" if r.get("best") else ""
-        say(f"{r['kernel']:12} {r['params'] + mark:20} {r['shape']:16} {r['ms']:9.3f} {r['tflops']:8.1f} "
-            f"{r['pct']:7.1f}% {r['err']:11.1e}")
+        say(
+            f"{r['kernel']:12} {r['params'] + mark:20} {r['shape']:16} {r['ms']:9.3f} {r['tflops']:8.1f} "
+            f"{r['pct']:7.1f}% {r['err']:11.1e}"
+        )
     say("(* = autotune's best spill-free fast set for the shape; full rows in results.json)")
     return 0
 

@@ -37,6 +37,7 @@ measured: ``<out>/<timestamp>/results.csv`` (one row per case) and
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as _dt
 import importlib.metadata
 import io
@@ -62,12 +63,15 @@ import yaml
 from . import __version__, textformat, verify
 from . import kernels as registry
 from .atomic import write_atomic
-from .backends.base import CUDA_PHASES, MEMORY_MODES, Backend, MultiplyRequest
+from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from .backends.cpu import CpuBackend
+from .config import MEMORY_MODES, Settings
 from .errors import MmdError
 from .generate import input_chunks, random_matrix
-from .pipeline import reference_product, run_job
-from .sidecar import TIMING_KEYS
+from .job import describe
+from .pipeline import run_job
+from .record import TIMING_KEYS, TimingRecord
+from .verify import reference_product
 
 #: The course's size sweep (at tile 32) and tile sweep (at 4096). Tile 64 is
 #: in the sweep on purpose: it must come out refused, with its reason.
@@ -374,16 +378,13 @@ def environment(backend: Backend) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    session = getattr(backend, "session", None)
-    versions = getattr(session, "versions", None)
-    if callable(versions):
-        try:
-            found = versions()
-        except Exception:  # versions are facts for the record, never a reason to stop
-            found = {}
-        env["driver_version"] = found.get("driver")
-        env["cuda_version"] = found.get("pycuda_built_for")
-        env["pycuda_version"] = env["pycuda_version"] or found.get("pycuda")
+    try:
+        found = backend.versions()
+    except Exception:  # versions are facts for the record, never a reason to stop
+        found = {}
+    env["driver_version"] = found.get("driver")
+    env["cuda_version"] = found.get("pycuda_built_for")
+    env["pycuda_version"] = env["pycuda_version"] or found.get("pycuda")
     smi = _command_output(["nvidia-smi"])
     if smi:
         if env["driver_version"] is None:
@@ -566,12 +567,17 @@ class _Runner:
             inputs.text = self.workdir / f"in-{inputs.a.shape[0]}x{inputs.a.shape[1]}x{inputs.b.shape[1]}.txt"
             write_atomic(inputs.text, input_chunks(inputs.a, inputs.b, square=True), durable=False)
         output = self.workdir / "out.txt"
-        result = run_job(inputs.text, output, request, backend)
-        row["text_path"] = result.record.get("text", {}).get("path")
+        settings = Settings().with_values(
+            {"backend": backend.name, "kernel": request.kernel, "tile": request.tile, "memory": request.memory,
+             "text_path": request.text_path},
+            "mmd bench",
+        )  # fmt: skip
+        result = run_job(describe(inputs.text, output, settings), lambda _settings: backend)
         try:
-            if not result.ok:
+            if not isinstance(result.record, TimingRecord):
                 assert result.error is not None
                 raise result.error
+            row["text_path"] = result.record.text.path
             if check:
                 assert result.product is not None
                 self._check(result.product.c, inputs, row)
@@ -584,7 +590,7 @@ class _Runner:
                 )
                 if not report.ok:
                     raise _Wrong(report.summary())
-            return {k: float(v) for k, v in result.record["timings_ms"].items() if v is not None}
+            return {k: v for k, v in dataclasses.asdict(result.record.timings_ms).items() if v is not None}
         finally:
             for path in (output, result.sidecar):
                 path.unlink(missing_ok=True)

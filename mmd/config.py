@@ -19,15 +19,24 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from . import kernels
+from .errors import ConfigError, MmdError, UsageError
 
 #: Searched in order when no --config and no MMD_CONFIG is given.
 DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
 
+#: What the ``backend`` setting may say: auto (cuda when a GPU works, else cpu), cpu, cuda.
+BACKENDS: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: Device memory modes a job may ask for.
+MEMORY_MODES: tuple[str, ...] = ("device", "pitched", "managed")
+#: Where a job's text is parsed and formatted: ``host`` (textformat on the CPU), ``gpu`` (the
+#: backend's own text path), ``auto`` (gpu when the backend offers it for the job, else host).
+TEXT_PATHS: tuple[str, ...] = ("auto", "host", "gpu")
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "backend": ("auto", "cpu", "cuda"),
-    "memory": ("device", "pitched", "managed"),
-    "text_path": ("auto", "host", "gpu"),
+    "backend": BACKENDS,
+    "memory": MEMORY_MODES,
+    "text_path": TEXT_PATHS,
     "observer": ("auto", "inotify", "polling"),
     "log_format": ("auto", "json", "console"),
     "log_level": ("debug", "info", "warning", "error"),
@@ -76,6 +85,11 @@ class Settings:
         clean = {k: v for k, v in changes.items() if v is not None}
         return _validated(dataclasses.replace(self, **clean), "override")
 
+    def with_values(self, values: Mapping[str, Any], origin: str) -> Settings:
+        """A copy with ``values`` (setting → raw value, as a file or variable gives it) coerced, applied
+        and validated; ``origin`` names where they came from in messages and in :attr:`sources`."""
+        return _apply(self, values, origin)
+
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
@@ -116,13 +130,20 @@ def host_id_of(settings: Settings) -> str:
 
 
 def kernel_cache_dir(settings: Settings, environ: Mapping[str, str] | None = None) -> Path | None:
-    """Where compiled kernels are kept (None: no disk cache)."""
+    """Where compiled kernels are kept (None: no disk cache).
+
+    ``auto``: ``$CACHE_DIRECTORY/kernels`` under systemd's ``CacheDirectory=``
+    (the first folder when it lists several), else ``$XDG_CACHE_HOME/mmd/kernels``,
+    else ``~/.cache/mmd/kernels``.
+    """
     value = settings.kernel_cache
     if value is None:
         return None
     if value != "auto":
         return Path(value).expanduser()
     environ = os.environ if environ is None else environ
+    if environ.get("CACHE_DIRECTORY"):
+        return Path(environ["CACHE_DIRECTORY"].split(":")[0]) / "kernels"
     base = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
     return Path(base) / "mmd" / "kernels"
 
@@ -170,8 +191,11 @@ def _validated(s: Settings, origin: str) -> Settings:
         value = getattr(s, name)
         if value not in allowed:
             raise ConfigError(f"{origin}: {name} must be one of {', '.join(allowed)}, got {value!r}")
-    if s.tile <= 0:
-        raise ConfigError(f"{origin}: tile must be a positive integer, got {s.tile}")
+    try:  # the registry is the one judge of kernel names and tiles
+        kernels.get(s.kernel)
+        kernels.check_tile(s.tile)
+    except MmdError as exc:
+        raise ConfigError(f"{origin}: {exc.reason}", dict(exc.details)) from None
     for name in ("rescan_seconds", "quiet_seconds", "poll_seconds"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {name} must be positive")
@@ -190,14 +214,23 @@ def _validated(s: Settings, origin: str) -> Settings:
     return s
 
 
+#: The origin of settings given as flags: their errors are usage errors.
+COMMAND_LINE = "command line"
+
+
 def _apply(base: Settings, values: Mapping[str, Any], origin: str) -> Settings:
-    changes = {}
-    for key, value in values.items():
-        if key not in _FIELDS:
-            raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(_FIELDS)})")
-        changes[key] = _coerce(key, value, origin)
-    merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin))
-    return _validated(merged, origin)
+    try:
+        changes = {}
+        for key, value in values.items():
+            if key not in _FIELDS:
+                raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(_FIELDS)})")
+            changes[key] = _coerce(key, value, origin)
+        merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin))
+        return _validated(merged, origin)
+    except ConfigError as exc:
+        if origin == COMMAND_LINE and not isinstance(exc, UsageError):
+            raise UsageError(exc.reason, dict(exc.details)) from None
+        raise
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -219,11 +252,16 @@ def read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def env_values(environ: Mapping[str, str]) -> dict[str, str]:
-    """Settings given as ``MMD_<NAME>`` variables (``MMD_CONFIG`` is the file, not a setting)."""
-    out = {}
+#: ``MMD_*`` variables that are not settings: the config file, where libcublas is, and the
+#: switch that turns the C text accelerator off (read where each is used).
+NOT_SETTINGS = frozenset({"MMD_CONFIG", "MMD_CUBLAS", "MMD_NO_FASTTEXT"})
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """Settings given as ``MMD_<NAME>`` variables (see :data:`NOT_SETTINGS` for the others)."""
+    out: dict[str, str | None] = {}
     for key, value in environ.items():
-        if key.startswith("MMD_") and key != "MMD_CONFIG":
+        if key.startswith("MMD_") and key not in NOT_SETTINGS:
             name = key[4:].lower()
             if name not in _FIELDS:
                 raise ConfigError(f"environment: unknown setting {key}")
@@ -260,7 +298,7 @@ def load(
     settings = _apply(settings, env_values(environ), "environment")
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
-        settings = _apply(settings, flags, "command line")
+        settings = _apply(settings, flags, COMMAND_LINE)
     return settings
 
 

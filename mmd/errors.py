@@ -62,9 +62,15 @@ class LimitError(MmdError):
 
 
 class ConfigError(MmdError):
-    """A configuration file, environment variable or flag is invalid."""
+    """A configuration file or environment variable is invalid."""
 
     kind = "config"
+
+
+class UsageError(ConfigError):
+    """A command-line flag is invalid (exit status 2, like argparse's own refusals)."""
+
+    kind = "usage"
 
 
 class JobNameError(MmdError):
@@ -97,12 +103,6 @@ class CudaError(MmdError):
     kind = "cuda"
 
 
-class VerificationError(MmdError):
-    """A result does not match its reference."""
-
-    kind = "verify"
-
-
 class SpoolError(MmdError):
     """A spool operation (claim, commit, archive) failed."""
 
@@ -113,3 +113,13 @@ class OutputError(MmdError):
     """The output or its sidecar could not be written (disk full, permissions)."""
 
     kind = "output"
+
+
+class InternalError(MmdError):
+    """A bug in mmd met while running a job: the job is refused with it, the daemon goes on."""
+
+    kind = "internal"
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> InternalError:
+        return cls(f"internal error in mmd: {type(exc).__name__}: {exc}", {"exception": type(exc).__name__})

@@ -1,25 +1,28 @@
 """Per-job settings in file names: ``NAME@kernel=aplus,tile=16.txt``.
 
 The part of the stem after the first ``@`` is a comma-separated list of
-``key=value`` settings that override the daemon's for that one job. The
-output keeps the whole stem (``NAME@kernel=aplus,tile=16.out``), so a
+``key=value`` settings that override the configured ones for that one job.
+The output keeps the whole stem (``NAME@kernel=aplus,tile=16.out``), so a
 student can drop the same matrix under several names and compare.
 
-Keys and values come only from fixed sets: anything else is a
-:class:`~mmd.errors.JobNameError`, refused like bad input (with an error
-sidecar). Pure functions: nothing here touches the filesystem.
+Keys come from a fixed set and values are judged where every setting is
+(the kernel registry for kernels and tiles, the settings' choices for the
+rest): anything else is a :class:`~mmd.errors.JobNameError`, refused like
+bad input (with an error sidecar). Pure functions: nothing here touches the
+filesystem.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from .backends.base import MEMORY_MODES
+from . import kernels
 from .config import CHOICES
-from .errors import JobNameError
+from .errors import JobNameError, MmdError
 
 #: What can be set in a name, in the order they are reported.
 KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory")
@@ -27,10 +30,6 @@ KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory")
 #: Separators: NAME ``@`` key ``=`` value ``,`` key ``=`` value.
 SETTINGS_MARK, ITEM_SEP, VALUE_SEP = "@", ",", "="
 
-#: The largest tile a name may ask for (the device refuses what it cannot launch).
-MAX_TILE = 1024
-
-_KERNEL_RE = re.compile(r"[a-z0-9_]+")
 _TILE_RE = re.compile(r"[0-9]+")
 
 
@@ -48,55 +47,34 @@ def stem_of(name: str) -> str:
     return PurePath(name).stem or name
 
 
-def kernel_names() -> tuple[str, ...] | None:
-    """Registered kernel names, or None where the registry is not importable."""
-    try:
-        from . import kernels
-    except ImportError:
-        return None
-    names = getattr(kernels, "NAMES", None)
-    return tuple(names) if names else None
-
-
 def _kernel(value: str) -> str:
-    names = kernel_names()
-    if names is None:
-        if not _KERNEL_RE.fullmatch(value):
-            raise JobNameError(f"kernel {value!r} is not a kernel name ([a-z0-9_]+)", {"kernel": value})
-        return value  # the backend refuses names it does not know
-    if value not in names:
-        raise JobNameError(
-            f"unknown kernel {value!r} in the file name; choose one of {', '.join(names)}",
-            {"kernel": value, "choices": list(names)},
-        )
-    return value
+    return kernels.get(value).name
 
 
 def _tile(value: str) -> int:
-    if not _TILE_RE.fullmatch(value) or not 1 <= int(value) <= MAX_TILE:
-        raise JobNameError(
-            f"tile {value!r} in the file name must be a whole number from 1 to {MAX_TILE}", {"tile": value}
-        )
-    return int(value)
+    if not _TILE_RE.fullmatch(value):
+        raise JobNameError(f"tile {value!r} must be a whole number from 1 to {kernels.MAX_TILE}", {"tile": value})
+    return kernels.check_tile(int(value))
 
 
-def _choice(key: str, allowed: tuple[str, ...]):
+def _choice(key: str) -> Callable[[str], str]:
+    allowed = CHOICES[key]
+
     def check(value: str) -> str:
         if value not in allowed:
             raise JobNameError(
-                f"{key} {value!r} in the file name must be one of {', '.join(allowed)}",
-                {key: value, "choices": list(allowed)},
+                f"{key} {value!r} must be one of {', '.join(allowed)}", {key: value, "choices": list(allowed)}
             )
         return value
 
     return check
 
 
-_VALIDATORS = {
+_VALIDATORS: dict[str, Callable[[str], Any]] = {
     "kernel": _kernel,
     "tile": _tile,
-    "backend": _choice("backend", CHOICES["backend"]),
-    "memory": _choice("memory", MEMORY_MODES),
+    "backend": _choice("backend"),
+    "memory": _choice("memory"),
 }
 
 
@@ -121,5 +99,8 @@ def parse(name: str) -> JobName:
             raise JobNameError(f"unknown setting {key!r} in the file name ({hint})", {"key": key})
         if key in overrides:
             raise JobNameError(f"setting {key!r} is given twice in the file name", {"key": key})
-        overrides[key] = _VALIDATORS[key](value)
+        try:
+            overrides[key] = _VALIDATORS[key](value)
+        except MmdError as exc:
+            raise JobNameError(f"in the file name: {exc.reason}", dict(exc.details)) from None
     return JobName(name, stem, {k: overrides[k] for k in KEYS if k in overrides})

@@ -23,14 +23,20 @@ from pathlib import Path
 import yaml
 
 from .errors import KernelError, TileError
-
-#: The folder holding the ``.cu`` files (``<repo>/kernels``).
-KERNELS_DIR: Path = Path(__file__).resolve().parent.parent / "kernels"
+from .resources import kernels_dir
 
 #: Tiles the course asks about (and the benchmark loops over). Other tiles are
 #: not refused here: :func:`check_launch` refuses what the device cannot launch
 #: (tile 64: 4096 threads per block).
 TILES: tuple[int, ...] = (4, 8, 16, 32)
+
+#: The largest tile a setting may ask for, wherever it comes from (config, name,
+#: flag): more than any GPU launches, so the device's own limit gives the
+#: reason; this bound only keeps nonsense out of launch arithmetic.
+MAX_TILE = 1024
+
+#: Files in ``kernels/`` that are not matmul kernels: the GPU text path's (mmd.cuda.text).
+TEXT_KERNEL_FILES: tuple[str, str] = ("text_parse.cu", "text_emit.cu")
 
 #: Bytes in one matrix element (float32).
 FLOAT_BYTES = 4
@@ -42,7 +48,7 @@ SOURCE, LIBRARY, HOST = "source", "library", "host"
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What a device allows one block; read from the device by :mod:`mmd.gpu`."""
+    """What a device allows one block; read from the device by :mod:`mmd.cuda.session`."""
 
     max_threads_per_block: int
     max_shared_per_block: int
@@ -54,6 +60,10 @@ class DeviceLimits:
     max_grid_y: int = 65535
     #: Streaming multiprocessors (0: unknown); picks a fixed-block kernel's variant.
     multiprocessors: int = 0
+    #: Shared memory a block may have when it opts in (static + dynamic); 0: only max_shared_per_block.
+    max_shared_optin: int = 0
+    #: How refusals word the limit: a real device's, or the common bound where no device was asked.
+    allows: str = "this GPU allows"
 
     @property
     def arch(self) -> str:
@@ -70,6 +80,7 @@ COMMON_LIMITS = DeviceLimits(
     max_shared_per_block=48 * 1024,
     max_registers_per_block=64 * 1024,
     name="any CUDA GPU",
+    allows="no CUDA GPU allows more than",
 )
 
 
@@ -132,6 +143,15 @@ class KernelSpec:
     block_tile: tuple[int, int, int, int] | None = None
     #: Their static shared memory in bytes.
     fixed_shared_bytes: int = 0
+    #: Dynamic shared memory each block is launched with (``extern __shared__``); the
+    #: launcher raises the function's limit to it (past 48 KiB needs the opt-in).
+    dynamic_shared_bytes: int = 0
+    #: nvcc's target when it is not the device's own (``sm_90a`` for Hopper-only instructions).
+    arch: str | None = None
+    #: The oldest GPU that can run it (8.0: TF32 tensor cores); older ones are refused before launch.
+    min_compute_capability: tuple[int, int] = (0, 0)
+    #: What that capability brings, for the refusal ("TF32 tensor cores").
+    requirement: str = ""
     #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
     macros: tuple[tuple[str, int], ...] = ()
     #: Parameter sets chosen per shape class (:meth:`for_shape`); empty: one build.
@@ -149,7 +169,7 @@ class KernelSpec:
         if not self.variants:
             return self
         cls = shape_class(m, n, limits.multiprocessors)
-        wanted = _tuned_label(self.name, limits.name, cls)
+        wanted = tuning(self.name).get(limits.name, {}).get(cls)
         chosen = next((v for v in self.variants if v.label == wanted), None)
         if chosen is None:
             chosen = next((v for v in self.variants if cls in v.classes), self.variants[0])
@@ -173,7 +193,11 @@ class KernelSpec:
     @property
     def source(self) -> Path | None:
         """The absolute path of the ``.cu`` file, or None."""
-        return KERNELS_DIR / self.source_file if self.source_file else None
+        return kernels_dir() / self.source_file if self.source_file else None
+
+    def defines(self, tile: int) -> dict[str, int]:
+        """The ``-D`` macros of a build at ``tile``: ``TILE`` where the tile shapes the block, and the variant's."""
+        return {**({"TILE": tile} if self.uses_tile else {}), **dict(self.macros)}
 
     @property
     def on_gpu(self) -> bool:
@@ -228,6 +252,34 @@ class KernelSpec:
         if self.block_tile is not None:
             return self.fixed_shared_bytes
         return self.shared_floats_per_tile2 * tile * tile * FLOAT_BYTES
+
+
+#: fast.cu's compile-time parameters and its defaults (a test checks them against the file's #defines).
+FAST_DEFAULTS: dict[str, int] = {
+    "BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "MIN_BLOCKS": 1, "GROUP_M": 8,
+    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 0,
+}  # fmt: skip
+
+
+def fast_variant(label: str, classes: tuple[str, ...] = (), **changes: int) -> Variant:
+    """A parameter set of ``fast.cu``: its geometry follows from the macros (the one place that says how).
+
+    Every macro is spelled out, so a set means the same whatever the file's
+    defaults; the block has (BM/TM)·(BN/TN) threads and the shared memory
+    holds STAGES slabs of A (padded) and B.
+    """
+    unknown = set(changes) - set(FAST_DEFAULTS)
+    if unknown:
+        raise KernelError(f"fast has no parameter {', '.join(sorted(unknown))}")
+    m = {**FAST_DEFAULTS, **changes}
+    stages = m["STAGES_ASYNC"] if m["ASYNC"] else (2 if m["DOUBLE_BUFFER"] else 1)
+    return Variant(
+        label=label,
+        macros=tuple(m.items()),
+        block_tile=(m["BM"], m["BN"], m["TM"], m["TN"]),
+        shared_bytes=stages * m["BK"] * (m["BM"] + m["A_PAD"] + m["BN"]) * FLOAT_BYTES,
+        classes=classes,
+    )
 
 
 _SPECS: tuple[KernelSpec, ...] = (
@@ -296,26 +348,12 @@ _SPECS: tuple[KernelSpec, ...] = (
         description="warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)",
         source_file="fast.cu",
         entry="mmd_fast",
-        # The file's defaults: BM 128, BN 256, BK 16, 8×16 outputs per thread,
-        # two shared-memory stages of BK·(BM + BN) floats.
+        # fast.cu's own defaults: its large-shape variant.
         block_tile=(128, 256, 8, 16),
         fixed_shared_bytes=2 * 16 * (128 + 256) * FLOAT_BYTES,
         variants=(
-            Variant(
-                label="128x256x16_reg_t8x16_pad0",
-                macros=(),
-                block_tile=(128, 256, 8, 16),
-                shared_bytes=2 * 16 * (128 + 256) * FLOAT_BYTES,
-                classes=("medium", "large"),
-            ),
-            Variant(
-                label="64x64x16_t4x8_reg",
-                macros=(("BM", 64), ("BN", 64), ("BK", 16), ("TM", 4), ("TN", 8), ("WTM", 4),
-                        ("MIN_BLOCKS", 1), ("A_PAD", 4)),
-                block_tile=(64, 64, 4, 8),
-                shared_bytes=2 * 16 * (64 + 4 + 64) * FLOAT_BYTES,
-                classes=("small",),
-            ),
+            fast_variant("128x256x16_reg_t8x16_pad0", ("medium", "large")),
+            fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, TM=4, TN=8, A_PAD=4),
         ),
     ),
     KernelSpec(
@@ -344,21 +382,39 @@ GPU_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.on_gpu)
 
 
 @functools.cache
-def _tuning(name: str) -> dict:
-    """``kernels/<name>.tune.yaml``: GPU name → shape class → chosen parameter set."""
-    path = KERNELS_DIR / f"{name}.tune.yaml"
+def tuning(name: str) -> dict[str, dict[str, str]]:
+    """``kernels/<name>.tune.yaml`` as GPU name → shape class → variant label (empty without a file).
+
+    The autotuner (``benchmarks/sgemm_ladder.py``) writes it. An entry whose
+    label names no variant of the kernel is a KernelError: a silent fall back
+    would hide a tuning that never applies.
+    """
+    path = kernels_dir() / f"{name}.tune.yaml"
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _tuned_label(name: str, gpu: str, cls: str) -> str | None:
-    entry = _tuning(name).get(gpu, {})
-    chosen = entry.get(cls) if isinstance(entry, dict) else None
-    return chosen.get("params") if isinstance(chosen, dict) else None
+    except (OSError, yaml.YAMLError) as exc:
+        raise KernelError(f"{path.name} cannot be read: {exc}") from None
+    spec = REGISTRY.get(name)
+    labels = {v.label for v in spec.variants} if spec is not None else set()
+    out: dict[str, dict[str, str]] = {}
+    for gpu, classes in (data or {}).items():
+        if not isinstance(classes, dict):
+            continue
+        for cls, chosen in classes.items():
+            if not isinstance(chosen, dict) or "params" not in chosen:
+                continue  # notes beside the choices (the shape-class rule, measurements)
+            label = str(chosen["params"])
+            if label not in labels:
+                raise KernelError(
+                    f"{path.name}: {gpu} {cls} names variant {label!r}, which {name} does not have "
+                    f"(its variants: {', '.join(sorted(labels)) or 'none'})",
+                    details={"kernel": name, "variant": label},
+                )
+            out.setdefault(str(gpu), {})[str(cls)] = label
+    return out
 
 
 def get(name: str) -> KernelSpec:
@@ -370,6 +426,16 @@ def get(name: str) -> KernelSpec:
             f"unknown kernel {name!r}; choose one of {', '.join(NAMES)}",
             details={"kernel": name, "choices": list(NAMES)},
         ) from None
+
+
+def check_tile(tile: object) -> int:
+    """``tile`` as a whole number from 1 to :data:`MAX_TILE`, or TileError: the one check of a tile setting.
+
+    Whether a device can launch it is :func:`check_launch`'s question.
+    """
+    if isinstance(tile, bool) or not isinstance(tile, int) or not 1 <= tile <= MAX_TILE:
+        raise TileError(f"tile {tile!r} must be a whole number from 1 to {MAX_TILE}", details={"tile": tile})
+    return tile
 
 
 def check_launch(
@@ -391,22 +457,32 @@ def check_launch(
     if not spec.compiled:
         return
     details = {"kernel": spec.name, "tile": tile}
-    if spec.uses_tile and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-        raise TileError(f"tile {tile!r} is not a positive whole number", details=details)
+    if spec.uses_tile:
+        check_tile(tile)
     what = f"tile {tile}" if spec.uses_tile else spec.name
+    have = limits.compute_capability
+    if have != (0, 0) and have < spec.min_compute_capability:
+        need = ".".join(map(str, spec.min_compute_capability))
+        raise KernelError(
+            f"{spec.name} needs a GPU of compute capability {need} or newer "
+            f"({spec.requirement}); {limits.name} is {'.'.join(map(str, have))}",
+            details={"kernel": spec.name, "compute_capability": list(have)},
+        )
 
     threads = spec.threads_per_block(tile)
     if threads > limits.max_threads_per_block:
         raise TileError(
-            f"{what} needs {threads} threads per block; this GPU allows {limits.max_threads_per_block}",
+            f"{what} needs {threads} threads per block; {limits.allows} {limits.max_threads_per_block}",
             details={**details, "threads": threads, "limit": limits.max_threads_per_block},
         )
     shared = spec.shared_bytes(tile)
-    if shared > limits.max_shared_per_block:
+    total = shared + spec.dynamic_shared_bytes
+    allowed = max(limits.max_shared_optin, limits.max_shared_per_block) if spec.dynamic_shared_bytes else 0
+    if shared > limits.max_shared_per_block or total > max(allowed, limits.max_shared_per_block):
+        limit = max(allowed, limits.max_shared_per_block)
         raise TileError(
-            f"{what} needs {shared} bytes of shared memory per block for {spec.name}; "
-            f"this GPU allows {limits.max_shared_per_block}",
-            details={**details, "shared_bytes": shared, "limit": limits.max_shared_per_block},
+            f"{what} needs {total} bytes of shared memory per block for {spec.name}; {limits.allows} {limit}",
+            details={**details, "shared_bytes": total, "limit": limit},
         )
     if registers_per_thread is not None:
         registers = registers_per_thread * threads
@@ -414,7 +490,7 @@ def check_launch(
             raise TileError(
                 f"{what} needs {registers} registers per block "
                 f"({registers_per_thread} per thread) for {spec.name}; "
-                f"this GPU allows {limits.max_registers_per_block}",
+                f"{limits.allows} {limits.max_registers_per_block}",
                 details={**details, "registers": registers, "limit": limits.max_registers_per_block},
             )
 
@@ -428,6 +504,6 @@ def check_grid(kernel: str | KernelSpec, m: int, n: int, tile: int, limits: Devi
     if gx > limits.max_grid_x or gy > limits.max_grid_y:
         raise TileError(
             f"a {m}×{n} result with {spec.name} at tile {tile} needs a {gx}×{gy} grid of blocks; "
-            f"this GPU allows {limits.max_grid_x}×{limits.max_grid_y}",
+            f"{limits.allows} {limits.max_grid_x}×{limits.max_grid_y}",
             details={"kernel": spec.name, "tile": tile, "grid": [gx, gy]},
         )

@@ -33,9 +33,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     tty = (stream or sys.stderr).isatty()
     if fmt == "auto":
         fmt = "console" if tty else "json"
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=tty)
-    )
+    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=tty)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -29,6 +29,8 @@ every refused, wrong or skipped case with its reason.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,7 +42,7 @@ import yaml
 from . import kernels as registry
 from .bench import COLUMNS, phase_stats
 from .errors import MmdError
-from .sidecar import ERROR_SUFFIX, TIMING_SUFFIX
+from .record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
 
 #: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
 PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (
@@ -130,20 +132,23 @@ def read_yaml(path: Path) -> Results:
     return Results(rows, path, data.get("environment") or {})
 
 
-def _shape(record: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    shape = record.get("shape") or {}
-    return shape.get("m"), shape.get("k"), shape.get("n")
-
-
 def _sidecar_row(
-    kernel: Any, backend: Any, tile: Any, shape: tuple[Any, Any, Any], memory: Any, status: str, count: int, **more: Any
+    kernel: Any, backend: Any, tile: Any, shape: Shape | None, memory: Any, status: str, count: int, **more: Any
 ) -> dict[str, Any]:
     """A results row for ``count`` pooled job sidecars of one case (jobs run through files, no warm-up)."""
-    m, k, n = shape
     row: dict[str, Any] = {c: None for c in COLUMNS}
-    row.update(kernel=kernel, backend=backend, tile=tile, m=m, k=k, n=n, memory=memory, mode="files")
+    if shape is not None:
+        row.update(m=shape.m, k=shape.k, n=shape.n)
+    row.update(kernel=kernel, backend=backend, tile=tile, memory=memory, mode="files")
     row.update(status=status, repeats=count, warmup=0, **more)
     return row
+
+
+def _read_record(path: Path) -> TimingRecord | ErrorRecord:
+    try:
+        return read(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
 
 
 def read_sidecars(folder: Path) -> Results:
@@ -152,40 +157,39 @@ def read_sidecars(folder: Path) -> Results:
     errors = sorted(folder.glob("*" + ERROR_SUFFIX))
     if not timing and not errors:
         raise ReportError(f"{folder} holds no results.csv, results.yaml or job sidecars (*{TIMING_SUFFIX})")
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[TimingRecord]] = {}
     for path in timing:
-        rec = _load_yaml(path)
-        if rec.get("status") != "ok":
-            continue
-        key = (
-            rec.get("kernel"),
-            rec.get("tile"),
-            *_shape(rec),
-            rec.get("memory"),
-            rec.get("backend"),
-            rec.get("device"),
-        )
-        groups.setdefault(key, []).append(rec)
+        rec = _read_record(path)
+        if isinstance(rec, TimingRecord):
+            groups.setdefault((rec.kernel, rec.tile, rec.shape, rec.memory, rec.backend, rec.device), []).append(rec)
     rows: list[dict[str, Any]] = []
     devices: list[str] = []
-    for (kernel, tile, m, k, n, memory, backend, device), recs in groups.items():
-        samples = [{p: v for p, v in (r.get("timings_ms") or {}).items() if v is not None} for r in recs]
-        row = _sidecar_row(kernel, backend, tile, (m, k, n), memory, "ok", len(recs), device=device)
+    for (kernel, tile, shape, memory, backend, device), recs in groups.items():
+        samples = [{p: v for p, v in dataclasses.asdict(r.timings_ms).items() if v is not None} for r in recs]
+        row = _sidecar_row(kernel, backend, tile, shape, memory, "ok", len(recs), device=device)
         row.update(phase_stats(samples))
-        if row["kernel_median_ms"] and None not in (m, k, n):
-            row["gflops"] = round(2.0 * m * k * n / (row["kernel_median_ms"] * 1e6), 3)
+        if row["kernel_median_ms"]:
+            row["gflops"] = round(2.0 * shape.m * shape.k * shape.n / (row["kernel_median_ms"] * 1e6), 3)
         rows.append(row)
         if device:
             devices.append(device)
-    refusals: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    refusals: dict[tuple[Any, ...], list[ErrorRecord]] = {}
     for path in errors:
-        rec = _load_yaml(path)
-        req = rec.get("requested") or {}
-        reason = (rec.get("error") or {}).get("reason", "refused")
-        key = (req.get("kernel"), req.get("tile"), *_shape(rec), req.get("memory"), rec.get("backend"), reason)
-        refusals.setdefault(key, []).append(rec)
-    for (kernel, tile, m, k, n, memory, backend, reason), recs in refusals.items():
-        rows.append(_sidecar_row(kernel, backend, tile, (m, k, n), memory, "refused", len(recs), reason=reason))
+        err = _read_record(path)
+        if not isinstance(err, ErrorRecord):
+            continue
+        req = err.requested
+        key = (
+            req.kernel if req else None,
+            req.tile if req else None,
+            err.shape,
+            req.memory if req else None,
+            err.backend,
+            err.error.reason,
+        )
+        refusals.setdefault(key, []).append(err)
+    for (kernel, tile, shape, memory, backend, reason), errs in refusals.items():
+        rows.append(_sidecar_row(kernel, backend, tile, shape, memory, "refused", len(errs), reason=reason))
     env = {"device": max(set(devices), key=devices.count)} if devices else {}
     return Results([_typed(r) for r in rows], folder, env, kind="sidecars")
 
@@ -216,6 +220,14 @@ def size_of(row: dict[str, Any]) -> int | None:
     return m if m is not None and m == k == n else None
 
 
+def sized(row: dict[str, Any]) -> int:
+    """N of a row already known to be an N×N×N case (the sweeps hold only those)."""
+    size = size_of(row)
+    if size is None:
+        raise ValueError(f"not a square case: {row.get('m')}x{row.get('k')}x{row.get('n')}")
+    return size
+
+
 def uses_tile(kernel: str) -> bool:
     """Whether the tile matters for ``kernel`` (unknown names are taken to use one)."""
     spec = registry.REGISTRY.get(kernel)
@@ -244,8 +256,7 @@ def graph_size(rows: list[dict[str, Any]], size: int | None = None) -> int | Non
     """The size graphs 1-2 show: ``size``, else the largest square size with a result or a refusal."""
     if size is not None:
         return size
-    sizes = [size_of(r) for r in rows if r["status"] in ("ok", "refused")]
-    sizes = [s for s in sizes if s is not None]
+    sizes = [s for r in rows if r["status"] in ("ok", "refused") and (s := size_of(r)) is not None]
     return max(sizes) if sizes else None
 
 
@@ -257,7 +268,7 @@ def sweep_tile(rows: list[dict[str, Any]]) -> int | None:
     tiles = [r["tile"] for r in tiled]
     if SWEEP_TILE in tiles:
         return SWEEP_TILE
-    return max(sorted(set(tiles)), key=lambda t: len({size_of(r) for r in tiled if r["tile"] == t}))
+    return max(sorted(set(tiles)), key=lambda t: len({sized(r) for r in tiled if r["tile"] == t}))
 
 
 @dataclass
@@ -292,7 +303,7 @@ def size_sweep(rows: list[dict[str, Any]], tile: int | None) -> dict[str, list[d
         if size_of(r) is None or (uses_tile(r["kernel"]) and r["tile"] != tile):
             continue
         out.setdefault(r["kernel"], []).append(r)
-    return {k: sorted(out[k], key=size_of) for k in kernel_order(out)}
+    return {k: sorted(out[k], key=sized) for k in kernel_order(out)}
 
 
 def cuda_or_kernel(row: dict[str, Any]) -> tuple[float | None, float | None, float | None, bool]:
@@ -411,7 +422,7 @@ def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak
         return fig
     colors = _colors(sweeps)
     for name, rows in sweeps.items():
-        sizes = [size_of(r) for r in rows]
+        sizes = [sized(r) for r in rows]
         ref = name == "cublas"
         style = dict(
             color="black" if ref else colors[name],
@@ -430,7 +441,7 @@ def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak
     ax_t.set_ylabel("kernel time (ms, median)")
     ax_g.set_title(f"GFLOP/s vs size ({where})")
     ax_g.set_ylabel("GFLOP/s (2·N³ / kernel time)")
-    sizes = sorted({size_of(r) for rows in sweeps.values() for r in rows})
+    sizes = sorted({sized(r) for rows in sweeps.values() for r in rows})
     for ax in (ax_t, ax_g):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(s) for s in sizes])
@@ -443,6 +454,11 @@ def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak
 
 
 # -- the summary ---------------------------------------------------------------
+
+
+def _phase_ms(row: dict[str, Any], phase: str) -> float | None:
+    value: float | None = row[f"{phase}_median_ms"]
+    return value
 
 
 def _ms(value: float | None) -> str:
@@ -492,10 +508,10 @@ def _ratio_table(
     invert: bool = False,
     fmt: str = "{:.2f}×",
 ) -> list[str]:
-    sizes = sorted({size_of(r) for rows in sweeps.values() for r in rows})
+    sizes = sorted({sized(r) for rows in sweeps.values() for r in rows})
     body = []
     for name, rows in sweeps.items():
-        by_size = {size_of(r): value(r) for r in rows}
+        by_size = {sized(r): value(r) for r in rows}
         cells = []
         for s in sizes:
             v, b = by_size.get(s), base.get(s)
@@ -566,32 +582,29 @@ def summary_markdown(
     out += _sweep_table(sweep, "cuda", fallback_kernel=True)
     where = f"tile {tile}" if tile is not None else "any tile"
     out += [f"## Graph 3: kernel time and GFLOP/s against size ({where})", "", f"![graph 3]({graphs[2]})", ""]
-    sizes = sorted({size_of(r) for rs in sweeps.values() for r in rs})
+    sizes = sorted({sized(r) for rs in sweeps.values() for r in rs})
     out += ["Kernel time (ms, median):", ""]
     out += _table(
         ["kernel", *map(str, sizes)],
-        [
-            [n, *[_ms({size_of(r): r["kernel_median_ms"] for r in rs}.get(s)) for s in sizes]]
-            for n, rs in sweeps.items()
-        ],
+        [[n, *[_ms({sized(r): r["kernel_median_ms"] for r in rs}.get(s)) for s in sizes]] for n, rs in sweeps.items()],
     )
     out += ["GFLOP/s:", ""]
     out += _table(
         ["kernel", *map(str, sizes)],
         [
-            [n, *[("" if (g := {size_of(r): r["gflops"] for r in rs}.get(s)) is None else f"{g:.1f}") for s in sizes]]
+            [n, *[("" if (g := {sized(r): r["gflops"] for r in rs}.get(s)) is None else f"{g:.1f}") for s in sizes]]
             for n, rs in sweeps.items()
         ],
     )
 
     def base(kernel: str, phase: str) -> dict[int, float]:
-        return {size_of(r): r[f"{phase}_median_ms"] for r in sweeps.get(kernel, []) if r[f"{phase}_median_ms"]}
+        return {sized(r): r[f"{phase}_median_ms"] for r in sweeps.get(kernel, []) if r[f"{phase}_median_ms"]}
 
     out += ["## Speed-up over the cpu backend", ""]
     if "cpu" in sweeps:
         for phase in ("overall", "kernel"):
             out += [f"{phase} time: cpu {phase} / kernel {phase} (higher is faster):", ""]
-            out += _ratio_table(sweeps, base("cpu", phase), lambda r, p=phase: r[f"{p}_median_ms"])
+            out += _ratio_table(sweeps, base("cpu", phase), functools.partial(_phase_ms, phase=phase))
     else:
         out += ["No cpu results to compare with.", ""]
     out += ["## Speed-up over naive", ""]
@@ -623,7 +636,7 @@ def summary_markdown(
                     r["kernel"] or "",
                     "" if r["tile"] is None else r["tile"],
                     "?" if r["m"] is None else f"{r['m']}×{r['k']}×{r['n']}",
-                    r["repeats"] or 1,
+                    str(r["repeats"] or 1),
                     r["reason"] or "",
                 ]
                 for r in refused

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .config import Settings
 from .errors import MmdError
 from .jobname import stem_of
 from .spool import entry_problem, is_job_name, names_of, output_path, resolve_output, safe_name
@@ -90,8 +91,11 @@ class ArrayOptions:
     partition: str | None = None
     account: str | None = None
     max_parallel: int | None = None  # the array's %throttle
-    #: ``mmd run`` options passed through to every task (--backend, --kernel ...), as argv.
-    run_args: tuple[str, ...] = ()
+    #: Settings every task runs with, as (setting, value): exported as ``MMD_<SETTING>`` so that
+    #: each task is the job the daemon would make of the same file, whose name settings override them.
+    settings: tuple[tuple[str, str], ...] = ()
+    #: The config file every task reads (``MMD_CONFIG``); None: the tasks' own.
+    config: Path | None = None
     #: How a compute node starts mmd; by default this very Python (a venv on the shared filesystem).
     mmd: tuple[str, ...] = (sys.executable, "-m", "mmd")
 
@@ -182,7 +186,11 @@ def _word(what: str, value: str) -> str:
 
 
 def check_options(options: ArrayOptions) -> None:
-    """Refuse option values that cannot go on an #SBATCH line as they are."""
+    """Refuse option values that cannot go on an #SBATCH line as they are, and settings mmd does not know."""
+    try:
+        Settings().with_values(dict(options.settings), "mmd submit")
+    except MmdError as exc:
+        raise SubmitError(exc.reason) from None
     _word("--job-name", options.job_name)
     for what, value in (("--gres", options.gres), ("--partition", options.partition), ("--account", options.account)):
         if value is not None:
@@ -232,12 +240,17 @@ def render_script(plan: Plan) -> str:
         lines.append(f"#SBATCH --partition={o.partition}")
     if o.account:
         lines.append(f"#SBATCH --account={o.account}")
-    run = shlex.join([*o.mmd, "run", *o.run_args])
+    run = shlex.join([*o.mmd, "run"])
+    exports = [f"export MMD_{key.upper()}={shlex.quote(value)}" for key, value in o.settings]
+    if o.config is not None:
+        exports.append(f"export MMD_CONFIG={shlex.quote(str(o.config))}")
     lines += [
         f"# Written by mmd {__version__} (mmd submit): {n} job file(s), one array task each.",
         "# Task i runs `mmd run` on line i+1 of the manifest, writing the output on line i+1 of the outputs list.",
         "# Without Slurm, run one task by hand: SLURM_ARRAY_TASK_ID=0 bash THIS_SCRIPT",
         "set -euo pipefail",
+        "# The batch's settings; a file's name settings (NAME@kernel=aplus.txt) override them, as in the daemon.",
+        *exports,
         f"manifest={shlex.quote(str(plan.manifest))}",
         f"outputs={shlex.quote(str(plan.outputs))}",
         'task=${SLURM_ARRAY_TASK_ID:?"not a Slurm array task: set SLURM_ARRAY_TASK_ID"}',

@@ -34,14 +34,14 @@ import re
 import stat
 import time
 import unicodedata
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import sidecar
+from . import record
 from .errors import SpoolError
+from .job import new_id
 from .jobname import stem_of
 
 WORK_DIR, DONE_DIR, FAILED_DIR = ".work", ".done", ".failed"
@@ -119,11 +119,6 @@ def shown(name: str) -> str:
     return "".join(ch if ch.isprintable() and ch not in _BIDI else ascii(ch)[1:-1] for ch in name)
 
 
-def new_job_id() -> str:
-    """A fresh job id: 12 hex digits (48 random bits)."""
-    return uuid.uuid4().hex[:12]
-
-
 def output_path(outbox: Path, stem: str, version: int = 0) -> Path:
     """``outbox/<stem>.out``, or ``outbox/<stem>.<version>.out`` for a later version."""
     return outbox / (f"{stem}.{version}{OUTPUT_SUFFIX}" if version else f"{stem}{OUTPUT_SUFFIX}")
@@ -131,7 +126,7 @@ def output_path(outbox: Path, stem: str, version: int = 0) -> Path:
 
 def names_of(output: Path) -> tuple[Path, Path, Path]:
     """The three names a job may commit: output, timing sidecar, error sidecar."""
-    return output, sidecar.timing_path(output), sidecar.error_path(output)
+    return output, record.timing_path(output), record.error_path(output)
 
 
 def claim_path(outbox: Path, stem: str, version: int = 0) -> Path:
@@ -410,7 +405,7 @@ class Spool:
         safe = safe_name(name)
         stem = stem_of(safe)
         guess, collided = resolve_output(self.outbox, stem)
-        job_id = new_job_id()
+        job_id = new_id()
         folder = self._job_folder(work_folder_name(job_id, guess))
         dst = folder / safe
         try:
@@ -621,17 +616,17 @@ class Spool:
         _output, timing, error = names_of(claim.output)
         for ok, path in ((True, timing), (False, error)):
             try:
-                record = sidecar.load(path)
+                found = record.load_dict(path)
             except Exception:  # missing, unreadable or not YAML: not this job's
                 continue
-            if record.get("job") == claim.job_id:
+            if found.get("job") == claim.job_id:
                 return ok, path
         return None
 
     def owned_by(self, claim: Claim, path: Path) -> bool:
         """Whether the sidecar at ``path`` was written by ``claim``'s job (it carries the job id)."""
         try:
-            return sidecar.load(path).get("job") == claim.job_id
+            return record.load_dict(path).get("job") == claim.job_id
         except Exception:  # missing, unreadable or not YAML: not this job's
             return False
 

@@ -26,12 +26,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from .errors import InputFormatError
 
+_fasttext: ModuleType | None
 try:  # optional C accelerator (setup.py builds it where a compiler is present)
     from . import _fasttext
 except ImportError:  # pragma: no cover - depends on the build
@@ -219,6 +221,17 @@ def _run_values(run: bytes) -> list[float] | str:
 def _too_big(v: float) -> bool:
     with np.errstate(over="ignore"):
         return bool(np.isinf(np.float32(v)))
+
+
+def run_values(run: bytes) -> list[float] | None:
+    """The values of one whitespace-delimited run by the exact host rule; None when the run is refused.
+
+    The GPU text path hands the runs its kernels cannot convert exactly to this.
+    """
+    vals = _run_values(run)
+    if isinstance(vals, str) or any(_too_big(v) for v in vals):
+        return None
+    return vals
 
 
 def _range_error(data: bytes | memoryview, offset: int, raw: bytes) -> InputFormatError:
@@ -657,7 +670,7 @@ def _parse_values(
     plausible = expected <= (stop - start + 1) // 2 + 1
     if out is None or not plausible:
         out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
-    if USE_FASTTEXT and as_f32 and plausible:
+    if USE_FASTTEXT and _fasttext is not None and as_f32 and plausible:
         status, _ = _fasttext.parse_values(data, start, out)
         if status == 0:
             return out
@@ -803,8 +816,8 @@ def _emit_rows(c: np.ndarray) -> bytes:
     if rows == 0 or n == 0:
         return b"\n" * rows
     exact = c.dtype in (np.float32, np.float16) or (np.issubdtype(c.dtype, np.integer) and c.dtype.itemsize <= 4)
-    x = c.astype(np.float64).reshape(-1)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # signalling NaNs and infinities take the slow path
+        x = c.astype(np.float64).reshape(-1)
         y = x * 100.0
         r = np.rint(y)
         slow = ~(np.abs(r) < _FAST_LIMIT)
@@ -859,6 +872,8 @@ def emit_chunks(c: np.ndarray, rows_per_chunk: int | None = None) -> Iterator[by
 def _emit_rows_c(c: np.ndarray) -> bytes:
     """:func:`_emit_rows` by mmd._fasttext (float32 and float16 convert exactly)."""
     block = np.ascontiguousarray(c, dtype=np.float32)
+    if _fasttext is None:  # only chosen where the accelerator is built
+        return _emit_rows(block)
     return _fasttext.format_rows(block, block.shape[0], block.shape[1])
 
 
@@ -943,11 +958,10 @@ def parse_output(data: bytes | memoryview) -> np.ndarray:
     canon = _emit_ints(a[:full], neg[:full], n)
     if full < vals.size:
         canon += _emit_ints(a[full:], neg[full:], n)
-    got = body
     want = np.frombuffer(canon, dtype=np.uint8)
-    size = min(got.size, want.size)
-    diff = np.flatnonzero(got[:size] != want[:size])
-    if diff.size == 0 and got.size == want.size and vals.size == limit:
+    size = min(body.size, want.size)
+    diff = np.flatnonzero(body[:size] != want[:size])
+    if diff.size == 0 and body.size == want.size and vals.size == limit:
         return vals.reshape(m, n)
     off = start + (int(diff[0]) if diff.size else size)
     if off >= stop:

@@ -85,3 +85,8 @@ def against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float | N
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
     """Check printed values against another output (both rounded: default 0.01 apart at most)."""
     return _report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
+
+
+def reference_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The float64 product that results are checked against."""
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))

@@ -15,6 +15,39 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def sidecar_validator():
+    """A JSON Schema validator for mmd's sidecars (docs/sidecar.schema.json, generated from mmd.record)."""
+    import jsonschema
+
+    from mmd import record
+
+    schema = record.json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(autouse=True)
+def _sidecars_follow_the_schema(request: pytest.FixtureRequest, sidecar_validator):
+    """After each test that has a tmp_path: every sidecar written under it follows the published schema."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is None:
+        return
+    import yaml
+
+    for path in list(folder.rglob("*.timing.yaml")) + list(folder.rglob("*.error.yaml")):
+        if path.is_symlink() or not path.is_file() or path.name.startswith("."):
+            continue
+        try:
+            data = yaml.safe_load(path.read_bytes())
+        except yaml.YAMLError:
+            continue  # a test's own deliberately broken file
+        if isinstance(data, dict) and data.get("mmd_version"):
+            errors = sorted(sidecar_validator.iter_errors(data), key=str)
+            assert not errors, f"{path.name} does not follow docs/sidecar.schema.json: {errors[0].message}"
+
+
 @pytest.fixture(autouse=True)
 def _no_mmd_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests see no MMD_* variables from the caller's shell."""
@@ -127,3 +160,28 @@ class LoggedProcess:
                 self.proc.kill()
                 self.proc.wait()
             self.log.close()
+
+
+def run_file(src: Path, out: Path, backend, request=None, **settings):
+    """One job through the real pipeline on ``backend``, as every driver runs one (JobResult).
+
+    ``request`` (a MultiplyRequest) and ``settings`` give the job's settings;
+    commits are not fsynced unless ``durable=True`` is given.
+    """
+    from mmd.config import Settings
+    from mmd.job import describe
+    from mmd.pipeline import run_job
+
+    values: dict = {"backend": backend.name, "durable": False}
+    if request is not None:
+        values.update(kernel=request.kernel, tile=request.tile, memory=request.memory, text_path=request.text_path)
+    values.update(settings)
+    job = describe(Path(src), Path(out), Settings().with_values(values, "test"))
+    return run_job(job, lambda _settings: backend)
+
+
+def plain(result) -> dict:
+    """A job result's record as its sidecar's plain data."""
+    from mmd.record import as_dict
+
+    return as_dict(result.record)

@@ -12,9 +12,9 @@ import yaml
 from mmd import bench
 from mmd import kernels as registry
 from mmd.backends import CpuBackend
-from mmd.backends.base import Product
 from mmd.cli import main
-from mmd.errors import CudaError
+
+from .fakes import COMPILE_MS, cuda_backend, fake_gpu_opener
 
 GPU_NAME = "NVIDIA H100 80GB HBM3 (sm_90)"
 
@@ -25,52 +25,24 @@ def quiet_logs(monkeypatch):
     monkeypatch.setattr("mmd.logs.configure", lambda *args, **kwargs: None)
 
 
-class FakeGpu:
-    """numpy behind a GPU backend's face: CUDA phases, the registry's launch check (tile 64 refused).
+def fake_gpu(wrong: str | None = None, crash: str | None = None):
+    """The CUDA backend on the fake GPU, named like an H100, kernel times ranked down the ladder.
 
     ``wrong`` names a kernel whose results are off by one in C[0, 0];
     ``crash`` names one that raises a plain exception (a bug).
     """
 
-    name = "fake"
-
-    def __init__(self, wrong: str | None = None, crash: str | None = None) -> None:
-        self.wrong, self.crash = wrong, crash
-        self.calls = 0
-        self.built: set[tuple[str, int]] = set()
-
-    def multiply(self, a, b, request):
-        self.calls += 1
-        spec = registry.get(request.kernel)
-        if not spec.on_gpu:
-            raise CudaError(f"{spec.name} does not run on the GPU")
-        registry.check_launch(spec, request.tile, registry.COMMON_LIMITS)
-        if request.kernel == self.crash:
+    def tamper(kernel: str, c: np.ndarray) -> None:
+        if kernel == crash:
             raise RuntimeError("boom")
-        c = np.matmul(a, b)
-        if request.kernel == self.wrong:
+        if kernel == wrong:
             c[0, 0] += 1.0
-        n = a.shape[0]
-        rank = registry.NAMES.index(spec.name) + 1
-        timings = {
-            "malloc": 0.1,
-            "h2d": 0.01 * n,
-            "kernel": 1e-4 * n * n / rank * (1 + 4 / request.tile),
-            "d2h": 0.01 * n,
-            "free": 0.05,
-        }
-        timings["cuda"] = sum(timings.values())
-        if spec.uses_tile and (spec.name, request.tile) not in self.built:
-            self.built.add((spec.name, request.tile))
-            timings["compile"] = 50.0  # the first use of a kernel/tile pair builds it
-        tile = request.tile if spec.uses_tile else None
-        return Product(c, spec.name, tile, request.memory, GPU_NAME, timings)
 
-    def device_name(self) -> str:
-        return GPU_NAME
+    def kernel_ms(kernel: str, tile: int | None, n: int) -> float:
+        rank = registry.NAMES.index(kernel) + 1
+        return 1e-4 * n * n / rank * (1 + 4 / (tile or 32))
 
-    def close(self) -> None:
-        pass
+    return cuda_backend(tamper=tamper, kernel_ms=kernel_ms, name=GPU_NAME)
 
 
 def read_csv(path):
@@ -140,7 +112,7 @@ def test_through_files_times_the_grader_phases(tmp_path):
 def test_wrong_result_fails_the_case_loudly(tmp_path, capsys):
     run = bench.run_plan(
         plan(kernels=("tiled", "coarse"), sizes=(16,)),
-        FakeGpu(wrong="coarse"),
+        fake_gpu(wrong="coarse")[0],
         folder=tmp_path,
         env={},
         progress=bench.Progress(io.StringIO(), tty=False),
@@ -156,21 +128,23 @@ def test_wrong_result_fails_the_case_loudly(tmp_path, capsys):
 
 
 def test_refused_tile_is_recorded_with_its_reason(tmp_path):
-    backend = FakeGpu()
+    backend, session = fake_gpu()
     run = bench.run_plan(plan(kernels=("tiled",), sizes=(16,), tiles=(32, 64)), backend, folder=tmp_path, env={})
     assert run.ok  # a refusal is the graceful failure the course asks for
     refused = [r for r in run.rows if r["status"] == "refused"]
     assert len(refused) == 1
     assert refused[0]["tile"] == 64 and "4096 threads per block" in refused[0]["reason"]
-    assert backend.calls == 3 + 1  # warmup + 2 repeats at tile 32; one refused call at 64
+    assert session.products == 3  # warmup + 2 repeats at tile 32; tile 64 never reached the device
     ok = run.rows[0]
     assert ok["status"] == "ok" and ok["cuda_median_ms"] is not None
-    assert ok["compile_median_ms"] == 50.0  # built in the warm-up, still recorded
-    assert ok["overall_max_ms"] < 50.0  # ... and not in the timed repeats
+    assert ok["compile_median_ms"] == COMPILE_MS  # built in the warm-up, still recorded
+    assert ok["overall_max_ms"] < COMPILE_MS  # ... and not in the timed repeats
 
 
 def test_unexpected_exception_is_an_error_and_the_run_goes_on(tmp_path):
-    run = bench.run_plan(plan(kernels=("naive", "tiled"), sizes=(8,)), FakeGpu(crash="naive"), folder=tmp_path, env={})
+    run = bench.run_plan(
+        plan(kernels=("naive", "tiled"), sizes=(8,)), fake_gpu(crash="naive")[0], folder=tmp_path, env={}
+    )
     assert [r["status"] for r in run.rows] == ["error", "ok"]
     assert "RuntimeError: boom" in run.rows[0]["reason"]
     assert not run.ok
@@ -182,7 +156,7 @@ def test_gpu_kernels_are_skipped_on_the_cpu_backend(tmp_path):
     assert "GPU backend" in run.rows[0]["reason"]
     assert run.ok
     assert bench.default_kernels(CpuBackend()) == ("cpu",)
-    assert bench.default_kernels(FakeGpu()) == registry.NAMES
+    assert bench.default_kernels(fake_gpu()[0]) == registry.NAMES
 
 
 def test_course_plan_cases():
@@ -230,7 +204,7 @@ def test_progress_plain_lines_and_terminal_bar(tmp_path):
     assert "\r" not in plain.getvalue()
     bench.run_plan(
         plan(kernels=("tiled",), sizes=(8,), tiles=(32, 64)),
-        FakeGpu(),
+        fake_gpu()[0],
         folder=tmp_path / "b",
         env={},
         progress=bench.Progress(tty, tty=True),
@@ -254,9 +228,17 @@ def test_cli_bench_on_the_cpu(tmp_path, capsys, quiet_logs):
 def test_cli_bench_exits_1_on_a_wrong_result(tmp_path, monkeypatch, capsys, quiet_logs):
     import mmd.cli.bench_cmd as bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "open_backend", lambda *_args, **_kw: (FakeGpu(wrong="tiled"), None))
+    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener(tamper=_wrong("tiled")))
     code = main(
         ["bench", "--kernels", "tiled", "--sizes", "8", "--tiles", "32", "--repeats", "1", "--out", str(tmp_path)]
     )
     assert code == 1
     assert "FAILED" in capsys.readouterr().err
+
+
+def _wrong(name: str):
+    def tamper(kernel: str, c: np.ndarray) -> None:
+        if kernel == name:
+            c[0, 0] += 1.0
+
+    return tamper

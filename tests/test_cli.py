@@ -66,7 +66,17 @@ def test_usage_errors_are_one_line(tmp_path):
     r = run_mmd("run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = run_mmd("run", str(tmp_path / "missing.txt"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such file" in r.stderr
+    assert list(tmp_path.iterdir()) == [], "no error sidecar for an input that does not exist"
+    r = run_mmd("run", str(tmp_path))
+    assert r.returncode == 2 and "is a folder" in r.stderr and list(tmp_path.iterdir()) == []
+    (tmp_path / "j.txt").write_text("1\n2\n3\n")
+    r = run_mmd("run", str(tmp_path / "j.txt"), "-o", str(tmp_path / "nodir" / "x.out"))
+    assert (
+        r.returncode == 2 and "does not exist" in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["j.txt"]
+    )
+    r = run_mmd("run", str(tmp_path / "j.txt"), "-o", str(tmp_path / "j.txt"))
+    assert r.returncode == 2 and "-o names the input" in r.stderr
     r = run_mmd("run", str(tmp_path / "x.txt"), "--tile", "abc")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = run_mmd("gen", "-o", str(tmp_path / "g.txt"))
@@ -79,7 +89,8 @@ def test_bad_config_is_one_line(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
     r = run_mmd("run", str(src), "--config", str(cfg))
-    assert r.returncode == 1 and "unknown setting 'tiel'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 78 and "unknown setting 'tiel'" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
 
 
 def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
@@ -92,14 +103,48 @@ def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
         assert "pycuda" in r.stderr or "CUDA" in r.stderr
 
 
-def test_auto_backend_says_when_it_falls_back(tmp_path):
+def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
-    r = run_mmd("run", str(src), env={"MMD_BACKEND": "auto"})
-    assert r.returncode == 0, r.stderr
+    r = run_mmd("run", str(src), env={"MMD_BACKEND": "auto", "MMD_LOG_LEVEL": "info"})
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.splitlines() == [
+        f"{tmp_path / 'm.out'}  " + r.stdout.split("  ", 1)[1].splitlines()[0],
+        str(tmp_path / "m.timing.yaml"),
+    ]
     rec = yaml.safe_load((tmp_path / "m.timing.yaml").read_text())
-    if rec["backend"] == "cpu":
-        assert "using the cpu backend" in r.stderr
+    if rec["backend"] == "cpu":  # falling back is normal: said at info, seen with -v
+        r = run_mmd("run", str(src), "-v", env={"MMD_BACKEND": "auto"})
+        assert r.returncode == 0 and "using the cpu backend" in r.stderr
+
+
+def test_run_refuses_a_bad_name_as_the_daemon_does(tmp_path):
+    src = tmp_path / "a@kernel=bogus.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "unknown kernel 'bogus'" in r.stderr and "choose one of naive" in r.stderr
+    err = yaml.safe_load((tmp_path / "a@kernel=bogus.error.yaml").read_text())
+    assert err["error"]["kind"] == "jobname" and not (tmp_path / "a@kernel=bogus.out").exists()
+
+
+def test_run_takes_the_backend_from_the_name_without_trying_the_gpu(tmp_path):
+    src = tmp_path / "b@backend=cpu.txt"
+    src.write_text("1\n2\n3\n")
+    # a GPU backend that cannot even be imported: the job must never ask for it
+    r = run_mmd("run", str(src), "-v", env={"MMD_BACKEND": "cuda", "MMD_CUBLAS": "/nonexistent", "PYTHONPATH": ""})
+    assert r.returncode == 0, r.stderr
+    assert "backend fallback" not in r.stderr and "pycuda" not in r.stderr
+    rec = yaml.safe_load((tmp_path / "b@backend=cpu.timing.yaml").read_text())
+    assert rec["backend"] == "cpu" and rec["name_settings"] == {"backend": "cpu"}
+
+
+def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
+    src = tmp_path / "c@tile=8.txt"
+    src.write_text("1\n2\n3\n")
+    assert run_mmd("run", str(src), "--tile", "8").returncode == 0
+    r = run_mmd("run", str(src), "--tile", "16")
+    assert r.returncode == 1 and "the file name sets tile=8 but the command line gives --tile 16" in r.stderr
 
 
 def test_python_dash_m_and_version():
@@ -107,14 +152,17 @@ def test_python_dash_m_and_version():
     assert r.returncode == 0 and r.stdout.startswith("mmd ")
 
 
-def test_job_request_and_limits_carry_every_job_setting():
+def test_job_request_and_limits_carry_every_job_setting(tmp_path):
+    from pathlib import Path
+
     from mmd import config
-    from mmd.pipeline import limits_for, request_for
+    from mmd.job import describe
+    from mmd.pipeline import limits_for
 
     s = config.Settings().replace(kernel="aplus", tile=16, memory="pitched", text_path="host", max_dim=100)
-    r = request_for(s)
+    r = describe(Path("m.txt"), Path("m.out"), s).request
     assert (r.kernel, r.tile, r.memory, r.text_path) == ("aplus", 16, "pitched", "host")
-    r = request_for(s, tile=8, backend="cpu", kernel=None)
+    r = describe(Path("m.txt"), Path("m.out"), s, flags={"tile": 8, "backend": "cpu", "kernel": None}).request
     assert (r.kernel, r.tile) == ("aplus", 8)
     limits = limits_for(s)
     assert limits.max_dim == 100 and limits.max_memory_bytes == config.physical_memory_bytes()

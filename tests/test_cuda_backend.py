@@ -1,4 +1,4 @@
-"""The CUDA backend's job logic on a CPU: a fake session stands in for mmd.gpu.
+"""The CUDA backend's job logic on a CPU: the shared fake session (tests/fakes.py) stands in for mmd.cuda.
 
 The fake computes with numpy and counts allocations and frees, so these tests
 check phase accounting, compile-once, the tile check before any allocation,
@@ -7,7 +7,6 @@ freeing on every error path and the conversion of driver errors, with no GPU.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
@@ -18,123 +17,11 @@ from mmd.backends.base import CUDA_PHASES, MultiplyRequest
 from mmd.backends.cuda import CudaBackend
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
 
-LIMITS = registry.DeviceLimits(
-    max_threads_per_block=1024,
-    max_shared_per_block=48 * 1024,
-    max_registers_per_block=64 * 1024,
-    name="Fake GPU",
-    compute_capability=(9, 0),
-    total_memory=80 * 2**30,
-    multiprocessors=132,
-)
-
-#: Milliseconds the fake timer reports for each phase.
-PHASE_MS = {"malloc": 1.0, "h2d": 2.0, "kernel": 3.0, "d2h": 4.0, "free": 5.0}
-
-
-class DriverError(Exception):
-    """Stands in for pycuda._driver.Error."""
-
-
-class FakeMatrix:
-    def __init__(self, rows: int, cols: int) -> None:
-        self.rows, self.cols, self.ld = rows, cols, cols
-        self.data = np.full((rows, cols), np.nan, np.float32)
-
-
-class FakeCompiled:
-    def __init__(self, spec: registry.KernelSpec, tile: int, registers: int) -> None:
-        self.spec, self.tile, self.registers, self.compile_ms = spec, tile, registers, 42.0
-
-
-class FakeTimer:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        yield
-        self.names.append(name)
-
-    def elapsed_ms(self) -> dict[str, float]:
-        return {name: PHASE_MS[name] for name in self.names}
-
-
-class FakeSession:
-    """numpy behind the GpuSession interface; ``fail_at`` names a step that raises."""
-
-    errors = (DriverError, MemoryError)
-
-    def __init__(self, device: int = 0, *, fail_at: str | None = None, registers: int = 32) -> None:
-        self.limits = LIMITS
-        self.fail_at = fail_at
-        self.registers = registers
-        self.allocs = 0
-        self.frees = 0
-        self.compiles = 0
-        self.built: dict = {}
-        self.closed = False
-        self.free_bytes = 10 * 2**30
-
-    def _maybe_fail(self, step: str) -> None:
-        if self.fail_at == step:
-            raise DriverError(f"cuFake failed: {step}\n(second line)")
-
-    def device_name(self) -> str:
-        return "Fake GPU (sm_90)"
-
-    def mem_info(self) -> tuple[int, int]:
-        return self.free_bytes, LIMITS.total_memory
-
-    def compile(self, spec, tile):
-        """Like GpuSession.compile: built (True) the first time, cached after."""
-        self._maybe_fail("compile")
-        key = (spec.name, tile, spec.macros)
-        built = key not in self.built
-        if built:
-            self.compiles += 1
-            self.built[key] = FakeCompiled(spec, tile, self.registers)
-        return self.built[key], built
-
-    def alloc(self, mode, rows, cols):
-        if self.fail_at == "alloc" and self.allocs == 1:  # the second allocation fails
-            raise MemoryError("cuMemAlloc failed: out of memory")
-        self.allocs += 1
-        return FakeMatrix(rows, cols)
-
-    def free(self, matrix):
-        self.frees += 1
-        self._maybe_fail("free")
-
-    def upload(self, matrix, host, slot):
-        self._maybe_fail("upload")
-        matrix.data[...] = host
-
-    def launch(self, compiled, a, b, c):
-        self._maybe_fail("launch")
-        c.data[...] = a.data @ b.data
-
-    def sgemm(self, a, b, c):
-        self._maybe_fail("sgemm")
-        c.data[...] = a.data @ b.data
-
-    def synchronize(self):
-        self._maybe_fail("synchronize")
-
-    def download(self, matrix, slot="c"):
-        self._maybe_fail("download")
-        return matrix.data.copy()
-
-    def phase_timer(self):
-        return FakeTimer()
-
-    def close(self):
-        self.closed = True
+from .fakes import COMPILE_MS, PHASE_MS, FakeSession, cuda_backend
 
 
 def backend_with(**kwargs) -> tuple[CudaBackend, FakeSession]:
-    session = FakeSession(**kwargs)
-    return CudaBackend(0, session_factory=lambda device: session), session
+    return cuda_backend(**kwargs)
 
 
 def operands(m=5, k=7, n=3):
@@ -149,11 +36,11 @@ def test_phases_sum_to_cuda_and_compile_only_first_time():
     second = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16))
     for product in (first, second):
         assert [p for p in CUDA_PHASES if p in product.timings_ms] == list(CUDA_PHASES)
-        assert product.timings_ms["cuda"] == sum(PHASE_MS.values())
+        assert product.timings_ms["cuda"] == sum(PHASE_MS[p] for p in CUDA_PHASES)
         np.testing.assert_allclose(product.c, a @ b, rtol=1e-6)
         assert (product.kernel, product.tile, product.memory) == ("tiled", 16, "device")
-        assert product.device == "Fake GPU (sm_90)"
-    assert first.timings_ms["compile"] == 42.0
+        assert product.device == "Fake GPU 0 (sm_90)"
+    assert first.timings_ms["compile"] == COMPILE_MS
     assert "compile" not in second.timings_ms
     assert session.allocs == session.frees == 6
 
@@ -308,11 +195,11 @@ def test_real_backend_without_pycuda_is_unavailable():
         pytest.skip("pycuda is installed here; the GPU tests cover the real session")
 
 
-def test_gpu_module_imports_without_pycuda():
-    import mmd.gpu
+def test_cuda_package_imports_without_pycuda():
+    from mmd.cuda import cublas, driver
 
-    assert "pycuda" in mmd.gpu._import_driver.__doc__
-    assert all(path for path in mmd.gpu.cublas_candidates())
+    assert "pycuda" in (driver.load.__doc__ or "")
+    assert all(path for path in cublas.cublas_candidates())
 
 
 def test_fixed_block_kernels_launch_the_variant_tuned_for_the_shape():

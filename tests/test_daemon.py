@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import daemon, sidecar, spool, textformat, verify
+from mmd import daemon, record, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
 from .conftest import LoggedProcess, mmd_env, run_mmd, wait_for
+
+#: Real processes and daemons: left out of `make quick`, run by `make test`.
+pytestmark = pytest.mark.process
 
 ENV = {
     "MMD_LOG_FORMAT": "json",
@@ -94,7 +97,7 @@ def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray, input_name: 
     values = textformat.parse_output(out.read_bytes())
     report = verify.against_inputs(values, a, b)
     assert report.ok, f"{stem}: {report.summary()}"
-    rec = yaml.safe_load(sidecar.timing_path(out).read_text())
+    rec = yaml.safe_load(record.timing_path(out).read_text())
     assert rec["status"] == "ok" and rec["output"]["name"] == out.name
     if input_name:
         assert rec["input"]["name"] == input_name
@@ -258,7 +261,7 @@ def test_recovery_at_each_commit_stage(tmp_path, stage):
         rec = yaml.safe_load((tmp_path / "ref.timing.yaml").read_text())
         rec["job"] = claim.job_id
         rec["output"]["name"] = claim.output.name
-        sidecar_path = sidecar.timing_path(claim.output)
+        sidecar_path = record.timing_path(claim.output)
         sidecar_path.write_text(yaml.safe_dump(rec))
         before = sidecar_path.read_bytes()
 
@@ -267,7 +270,7 @@ def test_recovery_at_each_commit_stage(tmp_path, stage):
     rec = check_ok(s.outbox, "m", a, b, input_name="m.txt")
     assert rec["job"] == claim.job_id
     if stage == "output+sidecar":
-        assert sidecar.timing_path(claim.output).read_bytes() == before  # only the archive was left
+        assert record.timing_path(claim.output).read_bytes() == before  # only the archive was left
     else:
         assert rec["resumed"] is True
     assert names(s.outbox) == {"m.out", "m.timing.yaml"}
@@ -366,10 +369,10 @@ def test_unexpected_exception_becomes_internal_refusal(tmp_path, monkeypatch):
     a, b = make_input(inbox / "fine.txt", 3, 3, 3, 2)
     real = daemon.worker.run_job
 
-    def flaky(path, *args, **kw):
-        if path.name == "boom.txt":
+    def flaky(job, backend_for):
+        if job.input.name == "boom.txt":
             raise RuntimeError("simulated bug")
-        return real(path, *args, **kw)
+        return real(job, backend_for)
 
     monkeypatch.setattr(daemon.worker, "run_job", flaky)
     settings = config.Settings(inbox=inbox, outbox=tmp_path / "outbox", backend="cpu", quiet_seconds=0.05)
@@ -397,8 +400,8 @@ sys.exit(main(["serve"]))
 
 
 def _held_daemon(tmp_path) -> subprocess.Popen:
-    log = open(tmp_path / "held.log", "w")  # noqa: SIM115 - the process owns it
-    return subprocess.Popen([sys.executable, "-c", HELD_JOBS], cwd=tmp_path, env=env(), stdout=log, stderr=log)
+    with open(tmp_path / "held.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-c", HELD_JOBS], cwd=tmp_path, env=env(), stdout=log, stderr=log)
 
 
 def _held_log(tmp_path) -> list[dict]:

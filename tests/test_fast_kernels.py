@@ -1,8 +1,8 @@
 """The SGEMM ladder kernels compile for sm_90 without spills and use 16-byte loads.
 
-CPU-only: needs nvcc (skipped without it), no GPU. Each of blocktile2d.cu,
-vectorized.cu and fast.cu (at its defaults and at every parameter set in
-kernels/fast.tune.yaml) is compiled with ``nvcc -arch=sm_90 -cubin -Xptxas -v``;
+CPU-only: needs nvcc (skipped without it), no GPU. Each build the registry
+lists of blocktile2d.cu, vectorized.cu and fast.cu (each of fast's variants)
+is compiled with ``nvcc -arch=sm_90 -cubin -Xptxas -v``;
 the ptxas report must show 0 bytes of spill stores and loads and no stack
 frame. The 16-byte accesses are checked in the SASS when cuobjdump is
 available (LDG.E.128 or cp.async's LDGSTS...128 from global memory, LDS.128
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+from mmd import kernels as registry
+from mmd.resources import kernels_dir
+
+KERNELS = kernels_dir()
 LADDER = ("blocktile2d", "vectorized", "fast")
 VECTOR_KERNELS = ("vectorized", "fast")
 
@@ -34,24 +36,12 @@ def _tool(name: str) -> str | None:
 
 NVCC = _tool("nvcc")
 CUOBJDUMP = _tool("cuobjdump")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+pytestmark = [pytest.mark.skipif(NVCC is None, reason="nvcc is not installed"), pytest.mark.process]
 
 
-def _tune_sets() -> list[tuple[str, dict]]:
-    """(label, macros) of every set in kernels/fast.tune.yaml."""
-    path = KERNELS / "fast.tune.yaml"
-    if not path.exists():
-        return []
-    yaml = pytest.importorskip("yaml")
-    sets = []
-    for gpu, classes in yaml.safe_load(path.read_text()).items():
-        for cls, entry in classes.items():
-            if isinstance(entry, dict) and "macros" in entry:
-                sets.append((f"{gpu}/{cls}/{entry['params']}", entry["macros"]))
-    return sets
-
-
-CASES = [(k, "defaults", {}) for k in LADDER] + [("fast", label, m) for label, m in _tune_sets()]
+CASES = [
+    (spec.name, spec.variant or "defaults", spec.defines(0)) for name in LADDER for spec in registry.get(name).builds()
+]
 
 
 def _build(case, tmp: Path) -> dict:
@@ -60,8 +50,12 @@ def _build(case, tmp: Path) -> dict:
     defines = [f"-D{k}={v}" for k, v in macros.items()]
     src = str(KERNELS / f"{kernel}.cu")
     cubin = tmp / f"{stem}.cubin"
-    proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", *defines, "-o", str(cubin), src],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", *defines, "-o", str(cubin), src],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     result = {"case": case, "rc": proc.returncode, "log": proc.stderr + proc.stdout, "code": ""}
     if proc.returncode != 0:
         return result
@@ -93,8 +87,11 @@ def test_compiles_without_spills(builds, case):
     assert all(f == "0" for f in re.findall(r"(\d+) bytes stack frame", r["log"])), r["log"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in VECTOR_KERNELS],
-                         ids=[f"{k}-{label}" for k, label, _ in CASES if k in VECTOR_KERNELS])
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if c[0] in VECTOR_KERNELS],
+    ids=[f"{k}-{label}" for k, label, _ in CASES if k in VECTOR_KERNELS],
+)
 def test_sixteen_byte_loads(builds, case):
     r = builds[case[:2]]
     assert r["rc"] == 0, r["log"]
@@ -111,7 +108,21 @@ def test_sixteen_byte_loads(builds, case):
 def test_every_ladder_kernel_has_the_common_entry():
     signature = re.compile(
         r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?mmd_(\w+)\s*\(\s*const float\* __restrict__ A,\s*'  # noqa: E501
-        r"const float\* __restrict__ B,\s*float\* __restrict__ C,\s*int M, int K, int N,\s*int lda, int ldb, int ldc\)")
+        r"const float\* __restrict__ B,\s*float\* __restrict__ C,\s*int M, int K, int N,\s*int lda, int ldb, int ldc\)"
+    )
     for kernel in LADDER:
         m = signature.search((KERNELS / f"{kernel}.cu").read_text())
         assert m and m.group(1) == kernel, kernel
+
+
+def test_fast_defaults_in_the_registry_are_the_files_own():
+    """The registry spells every macro of each variant; the file's #defines (its standalone build) agree."""
+    text = (KERNELS / "fast.cu").read_text()
+    found = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", text) if k in registry.FAST_DEFAULTS}
+    assert found == registry.FAST_DEFAULTS
+
+
+def test_every_tuned_variant_is_registered():
+    for gpu, classes in registry.tuning("fast").items():
+        for cls, label in classes.items():
+            assert label in {v.label for v in registry.get("fast").variants}, (gpu, cls)

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmd import pipeline, textformat
 from mmd.errors import InputFormatError, LimitError
+
+#: Thousands of generated inputs: left out of `make quick`, run by `make test`.
+pytestmark = pytest.mark.process
 
 LIMITS = pipeline.Limits(max_memory_bytes=64 << 20, max_file_bytes=1 << 20)
 #: Bytes of working memory allowed beyond the input and the promised matrices.

@@ -53,16 +53,19 @@ def test_refusals_name_the_problem(name, words):
 def test_kernel_names_come_from_the_registry():
     from mmd import kernels
 
-    assert jobname.kernel_names() == tuple(kernels.NAMES)
     for name in kernels.NAMES:
         assert jobname.parse(f"m@kernel={name}.txt").overrides == {"kernel": name}
 
 
-def test_without_registry_any_lowercase_name_passes(monkeypatch):
-    monkeypatch.setattr(jobname, "kernel_names", lambda: None)
-    assert jobname.parse("m@kernel=future_k9.txt").overrides == {"kernel": "future_k9"}
-    with pytest.raises(JobNameError):
-        jobname.parse("m@kernel=Bad-Name.txt")
+def test_the_registry_words_a_bad_kernel_or_tile_for_a_name_as_for_a_config():
+    from mmd import config
+
+    with pytest.raises(JobNameError) as by_name:
+        jobname.parse("m@kernel=bogus.txt")
+    with pytest.raises(config.ConfigError) as by_config:
+        config.load(None, environ={"MMD_KERNEL": "bogus"})
+    assert by_name.value.reason == "in the file name: " + by_config.value.reason.removeprefix("environment: ")
+    assert by_name.value.details["choices"] == by_config.value.details["choices"]
 
 
 def test_stem_of_never_raises():
@@ -75,7 +78,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mmd import config  # noqa: E402
-from mmd.backends.base import MEMORY_MODES  # noqa: E402
+from mmd.config import MEMORY_MODES  # noqa: E402
 
 
 @settings(max_examples=400, derandomize=True)
@@ -86,13 +89,14 @@ def test_any_name_parses_to_allowed_values_or_is_refused(prefix, spec):
     except JobNameError as exc:
         assert exc.reason
         return
-    names = jobname.kernel_names()
+    from mmd import kernels
+
     for key, value in got.overrides.items():
         if key == "kernel":
-            assert names is None or value in names
+            assert value in kernels.NAMES
             assert "/" not in value and "." not in value
         elif key == "tile":
-            assert isinstance(value, int) and 1 <= value <= jobname.MAX_TILE
+            assert isinstance(value, int) and 1 <= value <= kernels.MAX_TILE
         elif key == "backend":
             assert value in config.CHOICES["backend"]
         else:

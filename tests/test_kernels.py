@@ -19,7 +19,7 @@ import pytest
 
 from mmd import kernels as registry
 from mmd.errors import KernelError, TileError
-from mmd.gputext import TEXT_KERNEL_FILES
+from mmd.resources import kernels_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "kernels-ptxas.txt"
@@ -41,8 +41,8 @@ H100 = registry.DeviceLimits(
 
 
 def test_every_cu_file_is_registered_and_every_source_exists():
-    # The text kernels (GPU parse and format) are not matrix products: mmd.gputext owns them.
-    files = {p.name for p in registry.KERNELS_DIR.glob("*.cu")} - set(TEXT_KERNEL_FILES)
+    # The text kernels (GPU parse and format) are not matrix products: mmd.cuda.text runs them.
+    files = {p.name for p in kernels_dir().glob("*.cu")} - set(registry.TEXT_KERNEL_FILES)
     registered = {spec.source_file for spec in registry.REGISTRY.values() if spec.source_file}
     assert files == registered
     for spec in registry.REGISTRY.values():
@@ -118,7 +118,7 @@ def test_register_limit_refused_only_when_known():
 
 @pytest.mark.parametrize("tile", [0, -4, 2.5, "32", True])
 def test_nonsense_tiles_refused(tile):
-    with pytest.raises(TileError, match="is not a positive whole number"):
+    with pytest.raises(TileError, match="must be a whole number from 1 to 1024"):
         registry.check_launch("tiled", tile, H100)
 
 
@@ -269,9 +269,29 @@ def test_fast_picks_its_variant_by_shape_class():
     small = fast.for_shape(1000, 1000, h200)
     large = fast.for_shape(4096, 4096, h200)
     assert small.block_tile == (64, 64, 4, 8) and dict(small.macros)["BM"] == 64
-    assert large.block_tile == (128, 256, 8, 16) and large.macros == ()
+    assert large.block_tile == (128, 256, 8, 16) and dict(large.macros) == registry.FAST_DEFAULTS
     assert small.grid(1000, 1000, 0) == (16, 16, 1)
     # unknown multiprocessor count: the default (large) build
     assert fast.for_shape(1000, 1000, registry.COMMON_LIMITS).block_tile == (128, 256, 8, 16)
     # kernels without variants resolve to themselves
     assert registry.get("tiled").for_shape(7, 7, h200) is registry.get("tiled")
+
+
+def test_a_tuning_entry_that_names_no_variant_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "fast.tune.yaml").write_text("NVIDIA X:\n  large:\n    params: 999x999_bogus\n")
+    monkeypatch.setattr(registry, "kernels_dir", lambda: tmp_path)
+    registry.tuning.cache_clear()
+    try:
+        with pytest.raises(KernelError, match="names variant '999x999_bogus', which fast does not have"):
+            registry.tuning("fast")
+    finally:
+        registry.tuning.cache_clear()
+
+
+def test_fast_variants_take_their_geometry_from_their_macros():
+    small = registry.fast_variant("s", BM=64, BN=64, TM=4, TN=8, A_PAD=4)
+    assert small.block_tile == (64, 64, 4, 8) and small.shared_bytes == 2 * 16 * (64 + 4 + 64) * 4
+    async3 = registry.fast_variant("a", ASYNC=1, STAGES_ASYNC=3)
+    assert async3.shared_bytes == 3 * 16 * (128 + 256) * 4
+    with pytest.raises(KernelError, match="no parameter BX"):
+        registry.fast_variant("x", BX=1)

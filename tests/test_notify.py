@@ -76,6 +76,7 @@ def test_send_failure_is_not_an_error(tmp_path):
     n = notify.Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone.sock")})
     assert n.enabled
     assert n.ready() is False
+    n.close()
 
 
 def test_watchdog_seconds():
@@ -115,4 +116,6 @@ def test_pinger_pings_while_healthy_and_stops_when_not(fake_systemd):
 
 def test_no_pinger_without_watchdog(fake_systemd):
     env, _ = fake_systemd
-    assert notify.WatchdogPinger.start_for(notify.Notifier(env), lambda: (True, ""), env) is None
+    n = notify.Notifier(env)
+    assert notify.WatchdogPinger.start_for(n, lambda: (True, ""), env) is None
+    n.close()

@@ -8,27 +8,30 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import sidecar, textformat
+from mmd import record, textformat
 from mmd.backends import CpuBackend, MultiplyRequest
-from mmd.backends.base import Product
-from mmd.errors import TileError
-from mmd.pipeline import Limits, run_job
+from mmd.config import Settings
+from mmd.job import describe
+from mmd.pipeline import run_job
+
+from .conftest import plain, run_file
+from .fakes import cuda_backend
 
 REQ = MultiplyRequest(kernel="cpu", tile=32, memory="device")
 
 
-def job(tmp_path, text: str | bytes, name="m.txt", backend=None, **kw):
+def job(tmp_path, text: str | bytes, name="m.txt", backend=None, request=REQ, **settings):
     src = tmp_path / name
     src.write_bytes(text.encode() if isinstance(text, str) else text)
     out = tmp_path / (src.stem + ".out")
-    return run_job(src, out, kw.pop("request", REQ), backend or CpuBackend(), durable=False, **kw), src, out
+    return run_file(src, out, backend or CpuBackend(), request, **settings), src, out
 
 
 def test_square_job_bytes_and_sidecar(tmp_path):
     result, src, out = job(tmp_path, "2\n1 2\n3 4\n0.5 0\n0 -0.001\n")
     assert result.ok
     assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
-    rec = yaml.safe_load(sidecar.timing_path(out).read_text())
+    rec = yaml.safe_load(record.timing_path(out).read_text())
     assert rec["status"] == "ok"
     assert rec["input"] == {
         "name": "m.txt",
@@ -40,7 +43,7 @@ def test_square_job_bytes_and_sidecar(tmp_path):
     assert rec["shape"] == {"m": 2, "k": 2, "n": 2}
     assert rec["backend"] == "cpu" and rec["kernel"] == "cpu" and rec["tile"] is None
     t = rec["timings_ms"]
-    assert list(t) == list(sidecar.TIMING_KEYS)
+    assert list(t) == list(record.TIMING_KEYS)
     for key in ("read", "parse", "kernel", "emit", "write", "overall"):
         assert t[key] is not None and t[key] >= 0
     for key in ("malloc", "h2d", "d2h", "free", "cuda", "compile"):
@@ -79,8 +82,8 @@ def test_refusals_write_error_sidecar_and_no_output(tmp_path, text, needle, line
     result, _, out = job(tmp_path, text)
     assert not result.ok
     assert not out.exists()
-    assert not sidecar.timing_path(out).exists()
-    rec = yaml.safe_load(sidecar.error_path(out).read_text())
+    assert not record.timing_path(out).exists()
+    rec = yaml.safe_load(record.error_path(out).read_text())
     assert rec["status"] == "error"
     assert needle in rec["error"]["reason"]
     if line is not None:
@@ -97,13 +100,13 @@ def test_header_beyond_file_is_refused_before_allocating(tmp_path):
 
 def test_memory_limit_refuses_before_parsing(tmp_path):
     text = "64\n" + "1 " * (2 * 64 * 64)
-    result, _, _ = job(tmp_path, text, limits=Limits(max_memory_bytes=10_000))
+    result, _, _ = job(tmp_path, text, max_memory_bytes=10_000)
     assert not result.ok and result.error.kind == "limit"
     assert "needs about" in result.error.reason and "limit is 10000" in result.error.reason
 
 
 def test_file_size_limit(tmp_path):
-    result, _, _ = job(tmp_path, "1\n2\n3\n", limits=Limits(max_file_bytes=3))
+    result, _, _ = job(tmp_path, "1\n2\n3\n", max_file_bytes=3)
     assert not result.ok and result.error.kind == "limit"
 
 
@@ -112,52 +115,78 @@ def test_symlink_input_is_not_followed(tmp_path):
     target.write_text("1\n2\n3\n")
     link = tmp_path / "link.txt"
     link.symlink_to(target)
-    result = run_job(link, tmp_path / "link.out", REQ, CpuBackend(), durable=False)
+    result = run_file(link, tmp_path / "link.out", CpuBackend(), REQ)
     assert not result.ok and "cannot open" in result.error.reason
 
 
 def test_backend_refusal_becomes_error_sidecar(tmp_path):
-    class Refusing(CpuBackend):
-        def multiply(self, a, b, request):
-            raise TileError("tile 64 needs 4096 threads per block; this GPU allows 1024", {"tile": 64})
-
-    result, _, out = job(tmp_path, "1\n2\n3\n", backend=Refusing())
-    assert not result.ok
-    rec = yaml.safe_load(sidecar.error_path(out).read_text())
+    backend, session = cuda_backend()
+    result, _, out = job(tmp_path, "1\n2\n3\n", backend=backend, request=MultiplyRequest(kernel="tiled", tile=64))
+    assert not result.ok and session.allocs == 0
+    rec = yaml.safe_load(record.error_path(out).read_text())
     assert rec["error"]["kind"] == "tile" and rec["error"]["tile"] == 64
     assert "4096 threads" in rec["error"]["reason"]
+    assert rec["backend"] == "cuda" and rec["requested"] == {"kernel": "tiled", "tile": 64, "memory": "device"}
 
 
 def test_cuda_time_is_the_sum_of_the_five_phases(tmp_path):
-    class FakeGpu(CpuBackend):
-        name = "cuda"
-
-        def multiply(self, a, b, request):
-            phases = {"malloc": 1.0, "h2d": 2.0, "kernel": 3.0, "d2h": 4.0, "free": 5.0}
-            return Product(a @ b, "tiled", 16, "device", "fake gpu", phases)
-
-    result, _, _ = job(tmp_path, "1\n2\n3\n", backend=FakeGpu())
+    backend, _ = cuda_backend()
+    host = MultiplyRequest(kernel="tiled", tile=16, text_path="host")
+    result, _, _ = job(tmp_path, "1\n2\n3\n", backend=backend, request=host)
     assert result.ok
-    t = result.record["timings_ms"]
-    assert t["cuda"] == 15.0 and t["kernel"] == 3.0
-    assert result.record["tile"] == 16
+    rec = plain(result)
+    t = rec["timings_ms"]
+    assert t["cuda"] == 15.0 and t["kernel"] == 3.0 and t["compile"] == 42.0
+    assert rec["tile"] == 16 and rec["text"] == {"path": "host"}
 
 
-def test_extra_entries_reach_the_sidecar(tmp_path):
-    _, _, out = job(tmp_path, "1\n2\n3\n", extra={"settings_from_name": {"tile": 16}})
-    assert yaml.safe_load(sidecar.timing_path(out).read_text())["settings_from_name"] == {"tile": 16}
+def test_name_settings_reach_the_job_and_its_sidecar(tmp_path):
+    backend, _ = cuda_backend()
+    result, _, out = job(tmp_path, "1\n2\n3\n", name="m@kernel=naive,tile=8.txt", backend=backend, request=None)
+    assert result.ok and result.job.name_settings == {"kernel": "naive", "tile": 8}
+    rec = yaml.safe_load(record.timing_path(out).read_text())
+    assert rec["name_settings"] == {"kernel": "naive", "tile": 8}
+    assert (rec["kernel"], rec["tile"]) == ("naive", 8)
+
+
+def test_a_bad_name_is_refused_before_the_input_is_read(tmp_path):
+    def no_backend(_settings):
+        raise AssertionError("a refused job opens no backend")
+
+    src = tmp_path / "a@kernel=bogus.txt"
+    src.write_text("1\n2\n3\n")
+    out = tmp_path / "a@kernel=bogus.out"
+    result = run_job(describe(src, out, Settings(durable=False)), no_backend)
+    assert not result.ok and result.error.kind == "jobname" and not out.exists()
+    rec = yaml.safe_load(record.error_path(out).read_text())
+    assert "unknown kernel 'bogus'" in rec["error"]["reason"] and "choose one of naive" in rec["error"]["reason"]
+    assert rec["input"] == {"name": src.name, "bytes": src.stat().st_size}
 
 
 def test_sidecar_bytes_are_the_same_with_and_without_libyaml():
-    import yaml
-
-    record = {"status": "ok", "input": {"name": "ünï code.txt", "bytes": 3}, "timings_ms": {"parse": 1.5, "cuda": None}}
-    plain = yaml.safe_dump(record, sort_keys=False, default_flow_style=False, allow_unicode=True).encode()
-    assert sidecar.dumps(record) == plain
+    rec = record.TimingRecord(
+        job="0123456789ab",
+        input=record.FileFacts("ünï code.txt", 3, "ab"),
+        output=record.FileFacts("o.out", 1, "cd"),
+        shape=record.Shape(1, 1, 1),
+        backend="cpu",
+        kernel="cpu",
+        tile=None,
+        memory=None,
+        device="cpu",
+        requested=record.Requested("cpu", 32, "device"),
+        timings_ms=record.timings({"parse": 1.5}),
+        text=record.TextFacts("host"),
+        gflops=None,
+    )
+    data = record.as_dict(rec)
+    assert yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True).encode() == (
+        record.dumps(rec)
+    )
 
 
 def test_max_dim_refuses_before_parsing(tmp_path):
-    result, _, _ = job(tmp_path, "3 2 5\n" + "1 " * 16, limits=Limits(max_dim=4))
+    result, _, _ = job(tmp_path, "3 2 5\n" + "1 " * 16, max_dim=4)
     assert not result.ok and result.error.kind == "limit"
     assert "exceeds the largest size allowed, 4" in result.error.reason
 
@@ -165,7 +194,7 @@ def test_max_dim_refuses_before_parsing(tmp_path):
 def test_a_file_that_keeps_growing_is_not_read_without_bound(tmp_path, monkeypatch):
     import os
 
-    from mmd import pipeline
+    from mmd.pipeline import reading
 
     src = tmp_path / "grow.txt"
     src.write_bytes(b"1\n2\n3\n" + b" " * (3 << 20))
@@ -176,8 +205,8 @@ def test_a_file_that_keeps_growing_is_not_read_without_bound(tmp_path, monkeypat
         info = real_fstat(fd)
         return os.stat_result((*info[:6], 6, *info[7:]))
 
-    monkeypatch.setattr(pipeline.os, "fstat", fstat_at_open)
-    result = run_job(src, tmp_path / "grow.out", REQ, CpuBackend(), durable=False)
+    monkeypatch.setattr(reading.os, "fstat", fstat_at_open)
+    result = run_file(src, tmp_path / "grow.out", CpuBackend(), REQ)
     assert not result.ok and result.error.kind == "limit" and "grew past" in result.error.reason
 
 
@@ -188,7 +217,5 @@ def test_durable_and_max_dim_settings(tmp_path):
     cfg.write_text("durable: false\nmax_dim: 4096\n")
     s = config.load(cfg, environ={"MMD_DURABLE": "yes"})
     assert s.durable is True and s.max_dim == 4096
-    import pytest as _pytest
-
-    with _pytest.raises(config.ConfigError, match="durable must be bool"):
+    with pytest.raises(config.ConfigError, match="durable must be bool"):
         config.load(cfg, environ={"MMD_DURABLE": "maybe"})

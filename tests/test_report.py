@@ -12,11 +12,14 @@ import pytest
 from mmd import bench, report
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.cli import main
-from mmd.errors import TileError
 from mmd.generate import input_chunks, random_matrix
-from mmd.pipeline import run_job
 
-from .test_bench import FakeGpu, read_csv
+from .conftest import run_file
+from .fakes import cuda_backend
+from .test_bench import fake_gpu, read_csv
+
+#: matplotlib renders every graph: left out of `make quick`, run by `make test`.
+pytestmark = pytest.mark.process
 
 GRAPHS = ("graph1_overall", "graph2_cuda", "graph3_sizes")
 
@@ -32,7 +35,8 @@ def gpu_results(tmp_path_factory):
     """A fake-GPU run: every kernel, sizes 8/16/32 at tile 32, tiles 4..64 at 32 (64 refused)."""
     folder = tmp_path_factory.mktemp("gpu") / "run"
     plan = bench.course_plan(sizes=(8, 16, 32), tiles=(4, 8, 16, 32, 64), tiles_at_size=32, repeats=2)
-    run = bench.run_plan(plan, FakeGpu(), folder=folder, env={"device": FakeGpu().device_name()})
+    backend, _ = fake_gpu()
+    run = bench.run_plan(plan, backend, folder=folder, env={"device": backend.device_name()})
     assert run.ok
     return run
 
@@ -164,14 +168,7 @@ def _job(folder, name, n, backend, request, seed):
     src = folder / "in" / f"{name}.txt"
     src.parent.mkdir(exist_ok=True)
     src.write_bytes(b"".join(input_chunks(random_matrix(rng, n, n), random_matrix(rng, n, n), square=True)))
-    return run_job(src, folder / "out" / f"{name}.out", request, backend, durable=False)
-
-
-class RefusingBackend(CpuBackend):
-    name = "cuda"
-
-    def multiply(self, a, b, request):
-        raise TileError(f"tile {request.tile} needs {request.tile**2} threads per block; this GPU allows 1024")
+    return run_file(src, folder / "out" / f"{name}.out", backend, request)
 
 
 def test_report_from_job_sidecars(tmp_path):
@@ -179,7 +176,8 @@ def test_report_from_job_sidecars(tmp_path):
     cpu = MultiplyRequest(kernel="cpu", tile=32)
     results = [_job(tmp_path, f"a{i}", n, CpuBackend(), cpu, i) for i, n in enumerate((8, 8, 8, 16, 16))]
     assert all(r.ok for r in results)
-    refused = _job(tmp_path, "big", 16, RefusingBackend(), MultiplyRequest(kernel="tiled", tile=64), 9)
+    gpu, _ = cuda_backend()
+    refused = _job(tmp_path, "big", 16, gpu, MultiplyRequest(kernel="tiled", tile=64), 9)
     assert not refused.ok and refused.sidecar.name == "big.error.yaml"
 
     rendered = report.render(tmp_path / "out")
@@ -189,7 +187,7 @@ def test_report_from_job_sidecars(tmp_path):
     ok = {r["m"]: r for r in loaded.rows if r["status"] == "ok"}
     assert ok[8]["repeats"] == 3 and ok[16]["repeats"] == 2
     assert ok[8]["mode"] == "files" and ok[8]["kernel"] == "cpu"
-    kernels = sorted(x.record["timings_ms"]["kernel"] for x in results[:3])
+    kernels = sorted(x.record.timings_ms.kernel for x in results[:3])
     assert ok[8]["kernel_median_ms"] == kernels[1]
     assert ok[8]["parse_median_ms"] is not None and ok[8]["write_median_ms"] is not None
 

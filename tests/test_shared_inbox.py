@@ -38,6 +38,9 @@ from mmd.generate import input_chunks, random_matrix
 
 from .conftest import LoggedProcess, mmd_env, wait_for
 
+#: Real processes and daemons: left out of `make quick`, run by `make test`.
+pytestmark = pytest.mark.process
+
 #: Whether the daemon has the shared-inbox setting this file's contract is written for.
 SHARED = "shared_inbox" in {f.name for f in dataclasses.fields(config.Settings)}
 

@@ -24,6 +24,9 @@ from mmd.generate import input_chunks, random_matrix
 
 from .conftest import ROOT, run_mmd
 
+#: Real processes and daemons: left out of `make quick`, run by `make test`.
+pytestmark = pytest.mark.process
+
 #: File names a user may well have: spaces, a leading dash, shell syntax, quotes, non-ASCII.
 HOSTILE = ["-rf x.txt", "a b.txt", "$(touch PWNED).txt", "it's `x`.txt", "--help.txt", "tab\there.txt", "ünï.txt"]
 
@@ -44,7 +47,7 @@ def task_env(**extra: str) -> dict[str, str]:
 
 
 def cpu_options(**kw) -> slurm.ArrayOptions:
-    return slurm.ArrayOptions(run_args=("--backend", "cpu"), mmd=(sys.executable, "-m", "mmd"), **kw)
+    return slurm.ArrayOptions(**{"settings": (("backend", "cpu"),), "mmd": (sys.executable, "-m", "mmd"), **kw})
 
 
 # ---------------------------------------------------------------------------
@@ -116,7 +119,7 @@ def test_script_header_carries_every_option(tmp_path):
         partition="gpu",
         account="cs101",
         max_parallel=8,
-        run_args=("--backend", "cuda", "--kernel", "tiled", "--tile", "16"),
+        settings=(("backend", "cuda"), ("kernel", "tiled"), ("tile", "16")),
         mmd=("mmd",),
     )
     plan = plan_for(tmp_path, names, opts)
@@ -134,7 +137,8 @@ def test_script_header_carries_every_option(tmp_path):
     # every #SBATCH line comes before the first command (sbatch stops reading at it)
     first_command = next(i for i, ln in enumerate(text.splitlines()) if ln and not ln.startswith("#"))
     assert all(i < first_command for i, ln in enumerate(text.splitlines()) if ln.startswith("#SBATCH"))
-    assert 'exec mmd run --backend cuda --kernel tiled --tile 16 -o "$output" -- "$input"' in text
+    assert "export MMD_BACKEND=cuda\nexport MMD_KERNEL=tiled\nexport MMD_TILE=16\n" in text
+    assert 'exec mmd run -o "$output" -- "$input"' in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
@@ -172,7 +176,7 @@ def test_log_folder_that_sbatch_cannot_read_is_refused(tmp_path):
 
 
 def test_hostile_names_reach_the_manifest_verbatim_and_the_script_quotes_everything(tmp_path):
-    opts = slurm.ArrayOptions(mmd=("/opt/my python/bin/python3", "-m", "mmd"), run_args=("--kernel", "a'b"))
+    opts = slurm.ArrayOptions(mmd=("/opt/my python/bin/python3", "-m", "mmd"), config=Path("/etc/my mmd/it's.yaml"))
     plan = plan_for(tmp_path, HOSTILE, opts)
     slurm.write(plan)
     lines = plan.manifest.read_bytes().split(b"\n")
@@ -182,7 +186,8 @@ def test_hostile_names_reach_the_manifest_verbatim_and_the_script_quotes_everyth
     # the daemon's output names: controls (the tab) become "_"
     assert sorted(Path(o).name for o in outs) == sorted(n[: -len(".txt")].replace("\t", "_") + ".out" for n in HOSTILE)
     text = plan.script.read_text()
-    assert "exec '/opt/my python/bin/python3' -m mmd run --kernel 'a'\"'\"'b' -o \"$output\" -- \"$input\"" in text
+    assert 'exec \'/opt/my python/bin/python3\' -m mmd run -o "$output" -- "$input"' in text
+    assert "export MMD_CONFIG='/etc/my mmd/it'\"'\"'s.yaml'" in text
     for name in HOSTILE:
         assert name not in text, "names live in the manifest, never in the script"
     assert os.access(plan.script, os.X_OK)
@@ -225,6 +230,32 @@ def test_every_task_of_the_array_runs_its_file(tmp_path):
     assert no_slurm.returncode != 0 and "SLURM_ARRAY_TASK_ID" in no_slurm.stderr
 
 
+def test_a_task_runs_the_job_the_daemon_makes_of_the_same_file(tmp_path):
+    """A file's name settings beat the batch's, in a task as in the daemon: the same job description."""
+    from mmd import config, daemon
+
+    jobs, inbox = tmp_path / "jobs", tmp_path / "inbox"
+    jobs.mkdir()
+    inbox.mkdir()
+    name = "m@kernel=cpu,tile=8.txt"
+    for folder in (jobs, inbox):
+        make_input(folder / name, 5, 1)
+    opts = cpu_options(settings=(("backend", "cpu"), ("kernel", "tiled"), ("tile", "16")))
+    plan, _ = slurm.make_plan(jobs, tmp_path / "outbox", opts, tmp_path / "s" / "job.sbatch")
+    slurm.write(plan)
+    assert run_task(plan.script, 0, tmp_path).returncode == 0
+    served = config.Settings(
+        inbox=inbox, outbox=tmp_path / "served", backend="cpu", kernel="tiled", tile=16, quiet_seconds=0.05
+    )
+    assert daemon.Daemon(served).serve(once=True) == 0
+    task = yaml.safe_load((tmp_path / "outbox" / "m@kernel=cpu,tile=8.timing.yaml").read_text())
+    dropped = yaml.safe_load((tmp_path / "served" / "m@kernel=cpu,tile=8.timing.yaml").read_text())
+    for key in ("name_settings", "requested", "backend", "kernel", "tile", "shape"):
+        assert task[key] == dropped[key], key
+    assert task["name_settings"] == {"kernel": "cpu", "tile": 8}
+    assert task["requested"] == {"kernel": "cpu", "tile": 8, "memory": "device"}
+
+
 def test_a_refused_input_fails_its_task_with_an_error_sidecar(tmp_path):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
@@ -252,7 +283,7 @@ def test_submit_writes_the_script_and_says_how_to_submit(tmp_path):
     assert f"submit with: sbatch {scripts[0]}" in r.stdout
     assert "skipped 'l.txt'" in r.stderr
     text = scripts[0].read_text()
-    assert "#SBATCH --gres=gpu:1" in text and "run --backend cuda --tile 16 -o" in text
+    assert "#SBATCH --gres=gpu:1" in text and "export MMD_BACKEND=cuda\nexport MMD_TILE=16\n" in text
 
 
 def test_submit_without_sbatch_is_one_line(tmp_path):

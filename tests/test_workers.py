@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import ClassVar
 
 import numpy as np
 import pytest
 import yaml
 
 from mmd import backends, config, daemon
-from mmd.backends.cpu import CpuBackend
-from mmd.errors import CudaError
 from mmd.generate import input_chunks, random_matrix
+
+from .fakes import FakeSession, fake_gpu_opener
 
 
 def make_inputs(inbox, count: int, n: int = 4) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -46,38 +45,15 @@ def sidecars(outbox) -> dict[str, dict]:
     return {p.name.split(".")[0]: yaml.safe_load(p.read_text()) for p in outbox.glob("*.timing.yaml")}
 
 
-class FakeDevice(CpuBackend):
-    """A CPU backend that says which device it stands for; ``fail`` names jobs whose multiply raises CudaError."""
-
-    opened: ClassVar[list[tuple[int, int]]] = []
-    closed: ClassVar[list[int]] = []
-
-    def __init__(self, device: int, fail: set | None = None) -> None:
-        self.device = device
-        self.fail = fail if fail is not None else set()
-        FakeDevice.opened.append((device, threading.get_ident()))
-
-    def multiply(self, a, b, request):
-        if self.fail and a.shape == (5, 5):
-            raise CudaError("an illegal memory access was encountered (fake)")
-        return super().multiply(a, b, request)
-
-    def device_name(self) -> str:
-        return f"fake gpu {self.device}"
-
-    def close(self) -> None:
-        FakeDevice.closed.append(self.device)
-
-
 @pytest.fixture
 def fake_devices(monkeypatch):
-    FakeDevice.opened, FakeDevice.closed = [], []
+    """Every backend a worker opens is the CUDA backend on a fake GPU; jobs whose A is 5×5 fault in the kernel.
+
+    Returns the list of sessions made, in order (the set of faulty shapes is on each session).
+    """
+    FakeSession.made = []
     fail: set = set()
-
-    def fake_open(name, device=0, kernel_cache=None):
-        return FakeDevice(device, fail), None
-
-    monkeypatch.setattr(daemon.worker, "open_backend", fake_open)
+    monkeypatch.setattr(backends, "open_backend", fake_gpu_opener(fault=lambda a, b: bool(fail) and a.shape == (5, 5)))
     return fail
 
 
@@ -85,17 +61,17 @@ def test_worker_devices():
     assert backends.worker_devices("cpu", None) == [0]
     assert backends.worker_devices("cpu", (0, 1)) == [0, 1]
     assert backends.worker_devices("cuda", (2,)) == [2]
-    import mmd.gpu
+    from mmd.cuda import driver
 
-    real = mmd.gpu.device_count
+    real = driver.device_count
     try:
-        mmd.gpu.device_count = lambda: 3
+        driver.device_count = lambda: 3
         assert backends.worker_devices("cuda", None) == [0, 1, 2]
         assert backends.worker_devices("auto", None) == [0, 1, 2]
-        mmd.gpu.device_count = lambda: 0
+        driver.device_count = lambda: 0
         assert backends.worker_devices("auto", None) == [0]
     finally:
-        mmd.gpu.device_count = real
+        driver.device_count = real
 
 
 def test_devices_setting():
@@ -117,12 +93,12 @@ def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
     real = daemon.worker.run_job
     seen: list[int] = []
 
-    def paired(path, *args, **kw):
+    def paired(job, backend_for):
         # the first two jobs wait for each other: only two workers at once can pass
         if len(seen) < 2:
             seen.append(threading.get_ident())
             both_busy.wait()
-        return real(path, *args, **kw)
+        return real(job, backend_for)
 
     monkeypatch.setattr(daemon.worker, "run_job", paired)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
@@ -145,13 +121,13 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
     order: list[tuple[str, int]] = []
     real = daemon.worker.run_job
 
-    def held_first(path, output, request, backend, **kw):
-        order.append((path.name, backend.device))
-        if path.name == "j00.txt":
+    def held_first(job, backend_for):
+        order.append((job.input.name, job.context.device_index))
+        if job.input.name == "j00.txt":
             assert release.wait(20)
         elif len(order) >= 6:
             release.set()
-        return real(path, output, request, backend, **kw)
+        return real(job, backend_for)
 
     monkeypatch.setattr(daemon.worker, "run_job", held_first)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
@@ -161,11 +137,12 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
     assert [name for name, _ in rest] == [f"j{i:02d}.txt" for i in range(1, 6)], "arrival order kept"
     assert {dev for _, dev in rest} == {1 - first_device}, "the idle device took every later job"
     recs = sidecars(tmp_path / "outbox")
-    assert recs["j00"]["device_index"] == first_device and recs["j00"]["device"] == f"fake gpu {first_device}"
+    assert recs["j00"]["device_index"] == first_device
+    assert recs["j00"]["device"] == f"Fake GPU {first_device} (sm_90)"
     assert {recs[f"j{i:02d}"]["device_index"] for i in range(1, 6)} == {1 - first_device}
-    opened_threads = {dev: tid for dev, tid in FakeDevice.opened}
-    assert len(opened_threads) == 2 and len(set(opened_threads.values())) == 2, "one backend per worker thread"
-    assert sorted(FakeDevice.closed) == [0, 1], "each worker closed its own backend"
+    opened_threads = {s.device: s.thread for s in FakeSession.made}
+    assert len(FakeSession.made) == 2 and len(set(opened_threads.values())) == 2, "one backend per worker thread"
+    assert all(s.closed for s in FakeSession.made), "each worker closed its own backend"
 
 
 def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
@@ -185,8 +162,8 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
     assert err["error"]["kind"] == "cuda" and err["device_index"] == 0
     ok = yaml.safe_load((tmp_path / "outbox" / "b_good.timing.yaml").read_text())
     assert ok["status"] == "ok"
-    assert [dev for dev, _ in FakeDevice.opened] == [0, 0], "opened at start, reopened after the CUDA error"
-    assert FakeDevice.closed == [0, 0], "closed after the error, and at the end"
+    assert [s.device for s in FakeSession.made] == [0, 0], "opened at start, reopened after the CUDA error"
+    assert all(s.closed for s in FakeSession.made), "closed after the error, and at the end"
 
 
 def test_bench_devices_counts_throughput_from_the_sidecars():

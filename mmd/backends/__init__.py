@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from .base import CUDA_PHASES, MEMORY_MODES, Backend, MultiplyRequest, Product
+from ..config import Settings, kernel_cache_dir
+from ..errors import BackendUnavailable
+from ..logs import get_logger
+from .base import CUDA_PHASES, Backend, MultiplyRequest, Product
 from .cpu import CpuBackend
 
 __all__ = [
+    "BackendPool",
     "CUDA_PHASES",
-    "MEMORY_MODES",
     "Backend",
     "CpuBackend",
     "MultiplyRequest",
@@ -19,37 +21,25 @@ __all__ = [
     "worker_devices",
 ]
 
-_DEFAULT: Any = object()
 
-
-def open_backend(name: str, device: int = 0, kernel_cache: Path | None = _DEFAULT) -> tuple[Backend, str | None]:
+def open_backend(name: str, device: int = 0, kernel_cache: Path | None = None) -> tuple[Backend, str | None]:
     """Open backend ``name`` (auto, cpu, cuda) in the calling thread.
 
-    Returns the backend and a note when ``auto`` fell back to the CPU (the
-    reason the GPU could not be used). ``cuda`` raises BackendUnavailable
-    where there is no usable GPU. ``kernel_cache``: the folder of compiled
-    kernels (None: none; left out: the default, see :mod:`mmd.gpu`).
+    Returns the backend and, when ``auto`` fell back to the CPU, why the GPU
+    could not be used (a normal outcome on a machine without one, said at
+    info level by callers). ``cuda`` raises BackendUnavailable where there is
+    no usable GPU. ``kernel_cache``: the folder of compiled kernels (None: none).
     """
-    from ..errors import BackendUnavailable
-
     if name == "cpu":
         return CpuBackend(), None
     try:
         from .cuda import CudaBackend
 
-        if kernel_cache is _DEFAULT:
-            return CudaBackend(device=device), None
-        from ..gpu import GpuSession
-
-        return CudaBackend(device=device, session_factory=lambda d: GpuSession(d, kernel_cache=kernel_cache)), None
+        return CudaBackend(device, kernel_cache), None
     except BackendUnavailable as exc:
         if name == "cuda":
             raise
         return CpuBackend(), f"no usable GPU ({exc.reason}); using the cpu backend"
-    except ImportError as exc:  # the cuda backend module itself is missing
-        if name == "cuda":
-            raise BackendUnavailable(f"the cuda backend cannot be loaded: {exc}") from None
-        return CpuBackend(), f"no usable GPU ({exc}); using the cpu backend"
 
 
 def worker_devices(backend: str, devices: tuple[int, ...] | list[int] | None) -> list[int]:
@@ -63,6 +53,49 @@ def worker_devices(backend: str, devices: tuple[int, ...] | list[int] | None) ->
         return list(devices)
     if backend == "cpu":
         return [0]
-    from ..gpu import device_count
+    from ..cuda.driver import device_count
 
     return list(range(device_count())) or [0]
+
+
+class BackendPool:
+    """The backends one thread has opened, by setting: a job asks for one by its settings, all close together.
+
+    A backend belongs to the thread that opened it (a CUDA context), so each
+    worker thread, and `mmd run`, has its own pool.
+    """
+
+    def __init__(self, device: int | None = None) -> None:
+        #: The device every backend opens on (None: each job's ``device`` setting).
+        self.device = device
+        self._open: dict[tuple[str, int], Backend] = {}
+        #: Why ``auto`` fell back to the cpu, when it did (for status lines).
+        self.notes: list[str] = []
+
+    def get(self, settings: Settings) -> Backend:
+        """The backend ``settings`` ask for, opened on first use (BackendUnavailable when it cannot be)."""
+        device = settings.device if self.device is None else self.device
+        key = (settings.backend, device)
+        backend = self._open.get(key)
+        if backend is None:
+            backend = next((b for (_, d), b in self._open.items() if d == device and b.name == settings.backend), None)
+        if backend is None:
+            backend, note = open_backend(settings.backend, device, kernel_cache_dir(settings))
+            if note:
+                self.notes.append(note)
+                get_logger().info("backend fallback", note=note, device_index=device)
+        self._open[key] = backend
+        return backend
+
+    @property
+    def opened(self) -> list[Backend]:
+        return list(dict.fromkeys(self._open.values()))
+
+    def close(self) -> None:
+        """Close every backend; a failure to close is logged, never raised (it must not hide why we stop)."""
+        for backend in self.opened:
+            try:
+                backend.close()
+            except Exception as exc:
+                get_logger().warning("backend close failed", error=repr(exc))
+        self._open.clear()

@@ -2,36 +2,34 @@
 
 A backend object belongs to the thread that created it: the CUDA backend's
 context is bound to that thread, so the daemon creates, uses and closes its
-backend inside its one worker thread. Nothing else in mmd imports pycuda.
+backends inside its worker threads.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
+
+from ..record import TextFacts
+from ..textformat import Header
 
 #: Every phase a backend may time, in the order they happen. ``cuda`` is the
 #: course's "CUDA time": malloc + h2d + kernel + d2h + free.
 CUDA_PHASES: tuple[str, ...] = ("malloc", "h2d", "kernel", "d2h", "free")
 
-MEMORY_MODES: tuple[str, ...] = ("device", "pitched", "managed")
-
-#: Where a job's text is parsed and formatted: ``host`` (textformat on the
-#: CPU), ``gpu`` (a backend with :class:`TextBackend`), ``auto`` (gpu when the
-#: backend offers it for the job, else host).
-TEXT_PATHS: tuple[str, ...] = ("auto", "host", "gpu")
-
 
 @dataclass(frozen=True)
 class MultiplyRequest:
-    """What to run: the kernel, its tile and the device memory mode."""
+    """What to run: the kernel, its tile, the device memory mode and the text path."""
 
     kernel: str = "tiled"
     tile: int = 32
     memory: str = "device"
-    #: One of :data:`TEXT_PATHS`.
+    #: One of :data:`mmd.config.TEXT_PATHS`.
     text_path: str = "auto"
 
 
@@ -55,13 +53,44 @@ class Product:
     notes: list[str] = field(default_factory=list)
 
 
-@runtime_checkable
-class Backend(Protocol):
+@dataclass
+class TextProduct(Product):
+    """A device text path's result: the output file's bytes in ``chunks`` (header line first).
+
+    ``c`` is the product in page-locked memory, valid until the backend's next
+    job. ``timings_ms`` holds the course's phases (here ``h2d`` and ``d2h``
+    move text); ``stage_ms`` the wall-clock ``parse`` and ``emit`` stages;
+    ``text`` the GPU parts and what fell back to the host.
+    """
+
+    chunks: Sequence[Any] = ()
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    text: TextFacts = field(default_factory=lambda: TextFacts("gpu"))
+
+
+class DeviceText(ABC):
+    """A backend's own text path: parse, multiply and format on the device (the cuda backend's)."""
+
+    @abstractmethod
+    def accepts(self, header: Header, nbytes: int, request: MultiplyRequest) -> bool:
+        """Whether :meth:`multiply_text` takes this job (else the pipeline's host path does)."""
+
+    @abstractmethod
+    def multiply_text(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> TextProduct:
+        """Parse ``data`` (the whole file; ``header`` already parsed), multiply and format.
+
+        Raises InputFormatError exactly as ``textformat.parse`` would, and the
+        same errors as :meth:`Backend.multiply` otherwise.
+        """
+
+
+class Backend(ABC):
     """A place to multiply: the CPU through numpy, or a GPU through pycuda."""
 
     #: ``"cpu"`` or ``"cuda"``.
     name: str
 
+    @abstractmethod
     def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
         """Return A·B for float32 C-contiguous ``a`` (m×k) and ``b`` (k×n).
 
@@ -69,49 +98,24 @@ class Backend(Protocol):
         ``KernelError``, ``CudaError``) for anything the job should be refused
         for; device memory is freed before it returns or raises.
         """
-        ...
 
+    @abstractmethod
     def device_name(self) -> str:
         """A human name of the device ("NVIDIA H100 80GB HBM3", "cpu (numpy 2.1)")."""
-        ...
 
+    @abstractmethod
     def close(self) -> None:
         """Release the device (pop the CUDA context). Idempotent."""
-        ...
 
+    def versions(self) -> dict[str, str]:
+        """Driver and library versions, for benchmark records (none on the CPU)."""
+        return {}
 
-@dataclass
-class TextProduct(Product):
-    """A text backend's result: the output file's bytes in ``chunks`` (header line first).
+    def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
+        """Host memory for one of a job's buffers (``slot``: ``input`` for the file's bytes, ``operands``
+        for A and B): plain memory here; page-locked and reused on a GPU, so h2d needs no staging copy."""
+        return np.empty(shape, dtype)
 
-    ``c`` is the product in page-locked memory, valid until the backend's next
-    job. ``timings_ms`` holds the course's phases (here ``h2d`` and ``d2h``
-    move text); ``stage_ms`` the wall-clock ``parse``, ``multiply`` and
-    ``emit`` stages; ``text`` the GPU parts (``parse_gpu``, ``emit_gpu``) and
-    what fell back to the host.
-    """
-
-    chunks: list = field(default_factory=list)
-    stage_ms: dict[str, float] = field(default_factory=dict)
-    text: dict = field(default_factory=dict)
-
-
-@runtime_checkable
-class TextBackend(Protocol):
-    """A backend that also parses and formats the text itself (optional; the cuda backend)."""
-
-    def accepts_text(self, header: object, nbytes: int, request: MultiplyRequest) -> bool:
-        """Whether :meth:`multiply_text` takes this job (else the pipeline parses on the host)."""
-        ...
-
-    def host_bytes(self, nbytes: int) -> np.ndarray:
-        """Writable page-locked memory of ``nbytes`` for the pipeline to read the input into."""
-        ...
-
-    def multiply_text(self, data: bytes | memoryview, header: object, request: MultiplyRequest) -> TextProduct:
-        """Parse ``data`` (the whole file; ``header`` already parsed), multiply and format.
-
-        Raises InputFormatError exactly as ``textformat.parse`` would, and the
-        same errors as :meth:`Backend.multiply` otherwise.
-        """
-        ...
+    def device_text(self) -> DeviceText | None:
+        """This backend's own text path, or None (the pipeline parses and formats on the host)."""
+        return None

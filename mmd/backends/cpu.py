@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 
-from .base import MultiplyRequest, Product
+from .base import Backend, MultiplyRequest, Product
 
 #: The kernel name the CPU backend reports; CUDA kernel names asked of it are
 #: recorded as a note, since tiles and kernels mean nothing on the CPU.
 CPU_KERNEL = "cpu"
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     """Multiply with numpy in float32 on the host."""
 
     name = "cpu"

@@ -7,50 +7,100 @@ Each job runs five timed phases on one stream (CUDA events): ``malloc``,
 against the device's limits before anything is allocated, device memory is
 freed on every path, and driver failures become :class:`~mmd.errors.CudaError`.
 
-Everything that touches pycuda lives in :mod:`mmd.gpu`; this module holds the
-job's logic and is tested on CPU-only machines with a fake session. Create,
-use and close a backend in one thread.
+Everything that touches pycuda lives in :mod:`mmd.cuda`; this module holds the
+job's logic and sees the GPU only through a :class:`Session` (the real one is
+:class:`mmd.cuda.GpuSession`; tests give it a fake). Create, use and close a
+backend in one thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from .. import kernels as registry
+from ..config import MEMORY_MODES
+from ..cuda.compiler import Compiled
+from ..cuda.memory import DeviceMatrix
+from ..cuda.text import TextResult, fits
 from ..errors import CudaError, KernelError, MmdError
-from .base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest, Product, TextProduct
+from ..record import TextFacts
+from ..textformat import Header
+from .base import CUDA_PHASES, Backend, DeviceText, MultiplyRequest, Product, TextProduct
 
 _MIB = 1024 * 1024
+T = TypeVar("T")
 
 
-def _open_session(device: int) -> Any:
-    from ..gpu import GpuSession
+class Timer(Protocol):
+    def phase(self, name: str) -> AbstractContextManager[None]: ...
+    def elapsed_ms(self) -> dict[str, float]: ...
 
-    return GpuSession(device)
+
+class TextEngine(Protocol):
+    """The GPU text path of a session (:class:`mmd.cuda.text.GpuText`)."""
+
+    def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]: ...
+    def multiply_text(self, data: bytes | memoryview, header: Header, kernel: Compiled | None) -> TextResult: ...
 
 
-class CudaBackend:
-    """Multiply on GPU ``device`` with a registered kernel or cuBLAS."""
+class Session(Protocol):
+    """What the backend needs of one GPU (:class:`mmd.cuda.GpuSession`)."""
+
+    limits: registry.DeviceLimits
+    errors: tuple[type[BaseException], ...]
+
+    def device_name(self) -> str: ...
+    def versions(self) -> dict[str, str]: ...
+    def mem_info(self) -> tuple[int, int]: ...
+    def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]: ...
+    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix: ...
+    def free(self, matrix: DeviceMatrix) -> None: ...
+    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None: ...
+    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray: ...
+    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None: ...
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
+    def phase_timer(self) -> Timer: ...
+    def synchronize(self) -> None: ...
+    def text(self) -> TextEngine: ...
+    def close(self) -> None: ...
+
+
+def open_session(device: int, kernel_cache: Path | None) -> Session:
+    """The real session on ``device`` (BackendUnavailable where there is no pycuda or GPU)."""
+    from ..cuda.session import GpuSession
+
+    return GpuSession(device, kernel_cache=kernel_cache)
+
+
+SessionFactory = Callable[[int, Path | None], Session]
+
+
+class CudaBackend(Backend, DeviceText):
+    """Multiply on GPU ``device`` with a registered kernel or cuBLAS; parse and format the text there too."""
 
     name = "cuda"
 
-    def __init__(self, device: int = 0, *, session_factory: Callable[[int], Any] = _open_session) -> None:
-        self._session = session_factory(device)
+    def __init__(
+        self, device: int = 0, kernel_cache: Path | None = None, *, open_session: SessionFactory = open_session
+    ) -> None:
+        self._session = open_session(device, kernel_cache)
         self._device = device
         self._thread = threading.get_ident()
         self._closed = False
-        self._text: Any = None  # mmd.gputext.GpuText, made on the first text job
         self._warm: set[tuple[int, int, int]] = set()  # shapes cuBLAS has run here
 
     @property
-    def session(self) -> Any:
-        """The :class:`mmd.gpu.GpuSession` underneath (for scripts and tests)."""
+    def session(self) -> Session:
+        """The session underneath (for scripts and tests)."""
         return self._session
 
     @property
@@ -62,6 +112,10 @@ class CudaBackend:
         """``"NVIDIA H100 80GB HBM3 (sm_90)"``."""
         return self._session.device_name()
 
+    def versions(self) -> dict[str, str]:
+        """Driver, toolkit (as pycuda was built) and pycuda versions."""
+        return self._session.versions()
+
     def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
         """Return A·B computed on the GPU with every phase timed (ms)."""
         self._check_usable()
@@ -69,7 +123,7 @@ class CudaBackend:
         m, k = a.shape
         n = b.shape[1]
         spec, compiled, timings = self._prepare(request, m, k, n)
-        c = self._guarded(lambda: self._run(spec, compiled, a, b, request.memory, timings))
+        c = self._guarded(lambda: self._run(compiled, a, b, request.memory, timings))
         timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
         return Product(
             c=c,
@@ -81,7 +135,9 @@ class CudaBackend:
             notes=[],
         )
 
-    def _prepare(self, request: MultiplyRequest, m: int, k: int, n: int) -> tuple[Any, Any, dict[str, float]]:
+    def _prepare(
+        self, request: MultiplyRequest, m: int, k: int, n: int
+    ) -> tuple[registry.KernelSpec, Compiled | None, dict[str, float]]:
         """Check the kernel, memory mode, tile and grid; build the kernel; check free memory."""
         spec = registry.get(request.kernel)
         if not spec.on_gpu:
@@ -101,8 +157,7 @@ class CudaBackend:
         timings: dict[str, float] = {}
         compiled = None
         if spec.compiled:
-            tile = request.tile if spec.uses_tile else 0
-            compiled, built_now = self._guarded(lambda: self._session.compile(spec, tile))
+            compiled, built_now = self._guarded(lambda: self._session.compile(spec, request.tile))
             if built_now:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
@@ -123,64 +178,41 @@ class CudaBackend:
             return
         session = self._session
         start = time.perf_counter()
-        held: list[Any] = []
+        held: list[DeviceMatrix] = []
         try:
             for rows, cols in ((m, k), (k, n), (m, n)):
-                held.append(self._guarded(lambda r=rows, c=cols: session.alloc("device", r, c)))
-            self._guarded(lambda: session.sgemm(*held))
+                held.append(self._guarded(functools.partial(session.alloc, "device", rows, cols)))
+            self._guarded(lambda: session.multiply(None, *held))
             self._guarded(session.synchronize)
         finally:
             self._release(held)
         self._warm.add((m, k, n))
         timings["compile"] = timings.get("compile", 0.0) + (time.perf_counter() - start) * 1e3
 
-    # -- the text path (mmd.gputext) -----------------------------------------
+    # -- the text path (mmd.cuda.text) -----------------------------------------
 
-    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """Page-locked memory the host parser can fill (``textformat.parse(out=...)``): no staging copy in h2d."""
+    def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
+        """Page-locked memory, one buffer per slot reused from job to job: h2d copies straight from it."""
         self._check_usable()
-        return self._session.host_empty(shape, dtype, slot="parsed")
+        return self._session.host_empty(shape, dtype, slot=slot)
 
-    def host_bytes(self, nbytes: int) -> np.ndarray:
-        """Page-locked bytes the pipeline reads the input into (reused; valid until the next job)."""
-        self._check_usable()
-        return self._session.host_empty(nbytes, np.uint8, slot="text_in")
+    def device_text(self) -> DeviceText:
+        return self
 
-    def accepts_text(self, header: Any, nbytes: int, request: MultiplyRequest) -> bool:
-        """Whether :meth:`multiply_text` takes this job: device memory, and offsets within int32."""
-        from .. import gputext
+    def accepts(self, header: Header, nbytes: int, request: MultiplyRequest) -> bool:
+        """Device memory, and offsets within the text kernels' int32."""
+        return request.memory == "device" and fits(header, nbytes)
 
-        return (
-            request.memory == "device"
-            and hasattr(self._session, "compile_functions")
-            and gputext.fits(header, nbytes)
-        )
-
-    def multiply_text(self, data: bytes | memoryview, header: Any, request: MultiplyRequest) -> TextProduct:
+    def multiply_text(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> TextProduct:
         """Parse ``data`` on the GPU, multiply with the requested kernel, format the text there."""
-        from .. import gputext
-        from ..gpu import DeviceMatrix
-
         self._check_usable()
         m, k, n = header.m, header.k, header.n
         spec, compiled, timings = self._prepare(request, m, k, n)
-        if self._text is None:
-            self._text = gputext.GpuText(self._session)
-        _parse, _emit, built_ms = self._guarded(self._text.functions)
+        text = self._session.text()
+        _parse, _emit, built_ms = self._guarded(text.functions)
         if built_ms is not None:
             timings["compile"] = timings.get("compile", 0.0) + built_ms
-        session = self._session
-
-        def make(rows: int, cols: int, ptr: int) -> Any:
-            return DeviceMatrix("device", rows, cols, cols, ptr, None)
-
-        def product(da: Any, db: Any, dc: Any) -> None:
-            if compiled is None:
-                session.sgemm(da, db, dc)
-            else:
-                session.launch(compiled, da, db, dc)
-
-        result = self._guarded(lambda: self._text.multiply_text(data, header, product, make))
+        result = self._guarded(lambda: text.multiply_text(data, header, compiled))
         phases = result.phases_ms
         for phase in CUDA_PHASES:
             timings[phase] = phases.get(phase, 0.0)
@@ -195,30 +227,24 @@ class CudaBackend:
             notes=list(result.notes),
             chunks=result.chunks,
             stage_ms=dict(result.stage_ms),
-            text={
-                "path": "gpu",
-                "parse_gpu": round(phases.get("parse_gpu", 0.0), 3),
-                "emit_gpu": round(phases.get("emit_gpu", 0.0), 3),
-                "host_parse": result.host_parse,
-                "host_emit": result.host_emit,
-                "exotic_runs": result.exotic_runs,
-            },
+            text=TextFacts(
+                path="gpu",
+                parse_gpu=round(phases.get("parse_gpu", 0.0), 3),
+                emit_gpu=round(phases.get("emit_gpu", 0.0), 3),
+                host_parse=result.host_parse,
+                host_emit=result.host_emit,
+                exotic_runs=result.exotic_runs,
+            ),
         )
 
     def _run(
-        self,
-        spec: registry.KernelSpec,
-        compiled: Any,
-        a: np.ndarray,
-        b: np.ndarray,
-        memory: str,
-        timings: dict[str, float],
+        self, compiled: Compiled | None, a: np.ndarray, b: np.ndarray, memory: str, timings: dict[str, float]
     ) -> np.ndarray:
         session = self._session
         m, k = a.shape
         n = b.shape[1]
         timer = session.phase_timer()
-        held: list[Any] = []
+        held: list[DeviceMatrix] = []
         try:
             with timer.phase("malloc"):
                 for rows, cols in ((m, k), (k, n), (m, n)):
@@ -228,10 +254,7 @@ class CudaBackend:
                 session.upload(da, a, "a")
                 session.upload(db, b, "b")
             with timer.phase("kernel"):
-                if compiled is None:
-                    session.sgemm(da, db, dc)
-                else:
-                    session.launch(compiled, da, db, dc)
+                session.multiply(compiled, da, db, dc)
             with timer.phase("d2h"):
                 c = session.download(dc, "c")
             with timer.phase("free"):
@@ -242,7 +265,7 @@ class CudaBackend:
         finally:
             self._release(held)
 
-    def _release(self, held: list[Any]) -> None:
+    def _release(self, held: list[DeviceMatrix]) -> None:
         """Free whatever a failed job still holds; the first error wins."""
         while held:
             matrix = held.pop()
@@ -250,7 +273,7 @@ class CudaBackend:
             with contextlib.suppress(Exception):
                 self._session.free(matrix)
 
-    def _guarded(self, step: Callable[[], Any]) -> Any:
+    def _guarded(self, step: Callable[[], T]) -> T:
         """Run ``step``, turning stray driver errors into CudaError."""
         try:
             return step()

@@ -10,17 +10,19 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import __version__
-from ..errors import MmdError
+from ..errors import ConfigError, MmdError, UsageError
+from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status", "submit", "bench", "report")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not usage + message
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,14 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 refused/failed, 2 usage)."""
+    """Run the command line; returns the exit status (cli.common: 0 ok, 1 failed, 2 usage, 78 configuration)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"mmd {args.command}: {exc.reason}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:
+        print(f"mmd {args.command}: configuration: {exc.reason}", file=sys.stderr)
+        return EXIT_CONFIG
     except MmdError as exc:
         print(f"mmd {args.command}: {exc.reason}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"mmd {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -3,42 +3,85 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .. import kernels
-from ..errors import MmdError
+from .. import config, kernels
+from ..errors import MmdError, UsageError
+from ..resources import kernels_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("kernels", help="list kernels, valid tiles and the GPU's limits")
+    p = sub.add_parser(
+        "kernels",
+        help="list kernels, valid tiles and the GPU's limits; --build compiles them all",
+        description="List the registered kernels, the tiles each accepts on this GPU (or on any CUDA GPU where "
+        "there is none) and where their sources are. With --build, compile every build of every kernel (each "
+        "course tile, each tuned variant) and the text kernels with nvcc into the kernel cache, so that the "
+        "daemon's first jobs load them instead of compiling; no GPU is needed for that. Exit status 1 when a "
+        "source is missing or a build fails.",
+    )
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     p.add_argument("--tiles", type=int, nargs="+", default=[*kernels.TILES, 64], help="tiles to check")
+    p.add_argument("--build", action="store_true", help="compile every build into the kernel cache")
+    p.add_argument("--arch", help="target for --build, e.g. sm_90 (default: this GPU's)")
+    p.add_argument("--cache", type=Path, help="cache folder for --build (default: the kernel_cache setting)")
+    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
     p.set_defaults(func=run)
+
+
+def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
+    """Compile every build into the cache; one line per failure, a summary last."""
+    from ..cuda.builds import build_all, every_build
+    from ..cuda.compiler import KernelCache
+
+    arch = args.arch or (limits.arch if limits.compute_capability != (0, 0) else None)
+    if arch is None:
+        raise UsageError("no GPU here to take the architecture from: give --arch (sm_90 for an H100 or H200)")
+    settings = config.load(args.config)
+    folder = args.cache if args.cache is not None else config.kernel_cache_dir(settings)
+    results = build_all(KernelCache(folder), every_build(arch))
+    for r in results:
+        if r.error is not None:
+            print(f"FAILED {r.build.label} ({r.build.arch}): {r.error}")
+    compiled = sum(r.compiled for r in results)
+    failed = sum(r.error is not None for r in results)
+    cached = len(results) - compiled - failed
+    where = folder if folder is not None else "no cache (kernel_cache: null)"
+    print(f"{len(results)} builds for {arch}: {compiled} compiled, {cached} already cached, {failed} failed; {where}")
+    return 1 if failed else 0
 
 
 def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
     try:
-        from ..gpu import GpuSession
+        from ..backends.cuda import CudaBackend
 
-        session = GpuSession(device)
+        backend = CudaBackend(device)
     except MmdError as exc:
-        return kernels.COMMON_LIMITS, f"no GPU here ({exc.reason}); tiles checked against {kernels.COMMON_LIMITS.name}"
+        return kernels.COMMON_LIMITS, f"no GPU here ({exc.reason}); tiles checked against the limits of every CUDA GPU"
     try:
-        return session.limits, f"device {device}: {session.device_name()}"
+        return backend.limits, f"device {device}: {backend.device_name()}"
     finally:
-        session.close()
+        backend.close()
 
 
 def run(args: argparse.Namespace) -> int:
     limits, where = _device_limits(args.device)
+    if args.build:
+        return build(args, limits)
     print(where)
     print(
         f"limits: {limits.max_threads_per_block} threads, {limits.max_shared_per_block} bytes shared memory, "
         f"{limits.max_registers_per_block} registers per block"
     )
+    print(f"sources: {kernels_dir()}")
     width = max(len(n) for n in kernels.NAMES)
+    missing = 0
     for name in kernels.NAMES:
         spec = kernels.REGISTRY[name]
-        if spec.uses_tile:
+        if spec.source is not None and not spec.source.is_file():
+            tiles = f"MISSING SOURCE {spec.source}"
+            missing += 1
+        elif spec.uses_tile:
             ok, refused = [], []
             for tile in args.tiles:
                 try:
@@ -48,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
                     refused.append(f"{tile} ({exc.reason})")
             tiles = "tiles " + ", ".join(ok) + (f"; refused: {'; '.join(refused)}" if refused else "")
         else:
-            tiles = "no tile"
+            try:
+                kernels.check_launch(spec, 0, limits)
+                tiles = "no tile"
+            except MmdError as exc:
+                tiles = f"not on this GPU: {exc.reason}"
         print(f"{name:<{width}}  {spec.kind:<7}  {tiles}\n{'':<{width}}  {spec.description}")
-    return 0
+    return 1 if missing else 0

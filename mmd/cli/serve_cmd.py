@@ -15,7 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="watch the inbox and process every file dropped there",
         description="Serve the inbox: each complete file becomes a job whose output and sidecar go to the outbox. "
-        "SIGTERM/SIGINT finish the job in hand and exit; SIGHUP reloads the config.",
+        "The job flags set the service's defaults; a file's name settings (NAME@kernel=aplus.txt) override them. "
+        "SIGTERM/SIGINT finish the job in hand and exit; SIGHUP reloads the config. Exit status: 0 stopped, "
+        "1 failed, 2 bad usage, 78 bad configuration (docs/operations.md).",
     )
     add_job_options(p)
     p.add_argument("--inbox", type=Path, help="folder to watch (default: inbox)")

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--backend",
         choices=config.CHOICES["backend"],
         default="cuda",
-        help="backend of every task (default: %(default)s, so a node without a usable GPU fails loudly)",
+        help="backend of every task (default: %(default)s, so a node without a usable GPU fails loudly); "
+        "like --kernel, --tile and --memory it is the batch's default, which a file's name settings override",
     )
     p.add_argument("--kernel", help="kernel name (see `mmd kernels`)")
     p.add_argument("--tile", type=int, help="tile size T")
@@ -53,12 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
-    run_args: list[str] = ["--backend", args.backend]
-    for flag, value in (("--kernel", args.kernel), ("--tile", args.tile), ("--memory", args.memory)):
+    settings = [("backend", args.backend)]
+    for key in ("kernel", "tile", "memory"):
+        value = getattr(args, key)
         if value is not None:
-            run_args += [flag, str(value)]
-    if args.config is not None:
-        run_args += ["--config", str(args.config.resolve())]
+            settings.append((key, str(value)))
     extra = {}
     if args.mmd:
         extra["mmd"] = tuple(shlex.split(args.mmd))
@@ -69,7 +69,8 @@ def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
         partition=args.partition,
         account=args.account,
         max_parallel=args.max_parallel,
-        run_args=tuple(run_args),
+        settings=tuple(settings),
+        config=args.config.resolve() if args.config is not None else None,
         **extra,
     )
 

@@ -4,8 +4,8 @@ One concept per module:
 
 * :mod:`.server`: :class:`Daemon`, the main thread's schedule, signals and notify;
 * :mod:`.observer`: filesystem events become hints;
-* :mod:`.worker`: one thread per device owns its backend and runs jobs through
-  :func:`mmd.pipeline.run_job`;
+* :mod:`.worker`: one thread per device owns its backends and runs jobs through
+  :func:`mmd.pipeline.run_job`, seeing the daemon only through a narrow :class:`~.worker.Host`;
 * :mod:`.lock`: one daemon per inbox (one per host on a shared inbox);
 * :mod:`.state`: the state file behind `mmd status`;
 * :mod:`.common`: tunables and hint kinds.
@@ -15,10 +15,10 @@ The names below are the package's public face; import them from here.
 
 from .common import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STOP, STUCK_AFTER, UMASK_BITS
 from .lock import SpoolLock, host_daemons, lock_holder
-from .observer import _Hints, make_observer
+from .observer import Hints, make_observer
 from .server import Daemon
 from .state import State, read_state, status_of
-from .worker import Worker, write_refusal
+from .worker import Host, Worker
 
 __all__ = [
     "HEARTBEAT",
@@ -32,11 +32,11 @@ __all__ = [
     "SpoolLock",
     "State",
     "Worker",
-    "_Hints",
+    "Hints",
+    "Host",
     "host_daemons",
     "lock_holder",
     "make_observer",
     "read_state",
     "status_of",
-    "write_refusal",
 ]

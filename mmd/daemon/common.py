@@ -27,10 +27,6 @@ COMPLETE, SEEN, DONE, BROKEN, STOP, RELOAD, WAKE = "complete", "seen", "done", "
 RESCAN, INBOX, PAUSE = "rescan", "inbox", "pause"
 
 
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
 def now_iso() -> str:
     """The wall-clock time as an ISO string (for people; durations use the monotonic clock)."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")

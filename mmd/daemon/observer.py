@@ -1,35 +1,69 @@
-"""The observer: filesystem events become hints (events are hints, never the truth)."""
+"""The observer: filesystem events become hints (events are hints, never the truth).
+
+Built from watchdog's public API only: an observer made with
+``BaseObserver(emitter_class)`` and an inotify emitter whose
+``get_event_mask_from_filter`` asks the kernel for just what marks an
+arrival. The periodic rescan (``rescan_seconds``) finds whatever the events
+miss, an inotify queue overflow included.
+"""
 
 from __future__ import annotations
 
 import os
 import queue
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from watchdog.events import (
+    DirDeletedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers.api import BaseObserver
+
 from ..errors import SpoolError
 from ..spool import is_job_name
-from .common import COMPLETE, INBOX, RESCAN, SEEN
+from .common import COMPLETE, INBOX, SEEN
+
+#: Event kinds the handler is given (polling: created, moved, closed never comes; inotify: the arrivals mask).
+_EVENTS: list[type[FileSystemEvent]] = [FileClosedEvent, FileCreatedEvent, FileMovedEvent, DirDeletedEvent]
 
 
-def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds: float, log: Any):
+def _arrivals_observer(timeout: float) -> BaseObserver:
+    """watchdog's inotify emitter, asking the kernel only for close-after-write, moved-in and the inbox's deletion.
+
+    With a filter that admits moves, watchdog asks for IN_MOVED_FROM too and
+    holds each one that no IN_MOVED_TO pairs (every claim renames a file out
+    of the inbox) for half a second, and every later event waits behind it.
+    Without IN_MOVED_FROM, an IN_MOVED_TO arrives on its own as a "created"
+    event of a file renamed into the inbox, which is complete.
+    """
+    from watchdog.observers.inotify import InotifyEmitter
+    from watchdog.observers.inotify_c import InotifyConstants as K
+
+    class _ArrivalsEmitter(InotifyEmitter):
+        def get_event_mask_from_filter(self) -> Any:
+            return K.IN_DELETE_SELF | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
+
+    return BaseObserver(_ArrivalsEmitter, timeout=timeout)
+
+
+def make_observer(
+    kind: str, inbox: Path, hints: queue.SimpleQueue[Any], poll_seconds: float, log: Any
+) -> tuple[BaseObserver, str]:
     """Start a watchdog observer on ``inbox``; returns (observer, the kind actually used).
 
     ``auto`` uses inotify and falls back to polling where inotify cannot be set
     up (no inotify, out of instances or watches); ``inotify`` fails instead.
-    An inotify queue overflow (events lost) becomes a RESCAN hint, the inbox
-    itself deleted an INBOX hint.
+    The inbox itself deleted becomes an INBOX hint.
     """
     if kind in ("auto", "inotify"):
         try:
-            observer, created_is_move = _inotify_observer(lambda: hints.put((RESCAN, "inotify queue overflow")))
-            observer.schedule(
-                _Hints(inbox, hints, created_is_move),
-                str(inbox),
-                recursive=False,
-                event_filter=_event_types(created_is_move),
-            )
+            observer = _arrivals_observer(poll_seconds)
+            observer.schedule(Hints(inbox, hints, created_is_move=True), str(inbox), event_filter=_EVENTS)
             observer.start()
             return observer, "inotify"
         except (OSError, ImportError) as exc:
@@ -38,76 +72,31 @@ def make_observer(kind: str, inbox: Path, hints: queue.SimpleQueue, poll_seconds
             log.warning("inotify is not available; falling back to polling", reason=str(exc))
     from watchdog.observers.polling import PollingObserver
 
-    observer = PollingObserver(timeout=poll_seconds)
-    observer.schedule(_Hints(inbox, hints, False), str(inbox), recursive=False, event_filter=_event_types(False))
-    observer.start()
-    return observer, "polling"
+    polling = PollingObserver(timeout=poll_seconds)
+    polling.schedule(Hints(inbox, hints, created_is_move=False), str(inbox), event_filter=_EVENTS)
+    polling.start()
+    return polling, "polling"
 
 
-def _event_types(created_is_move: bool) -> list[type]:
-    from watchdog.events import DirDeletedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent
+class Hints(FileSystemEventHandler):
+    """Events on files directly in the inbox become hints for the main loop."""
 
-    return [FileClosedEvent, FileCreatedEvent, FileMovedEvent, DirDeletedEvent]
-
-
-def _inotify_observer(on_overflow: Callable[[], None] | None = None):
-    """watchdog's inotify observer, asking the kernel only for close-after-write and moved-in.
-
-    watchdog holds each unpaired IN_MOVED_FROM for half a second to pair it with
-    an IN_MOVED_TO, and every later event waits behind it; each claim is such a
-    rename out of the inbox. Watching IN_CLOSE_WRITE | IN_MOVED_TO only avoids
-    that, and then a "created" event can only be a file renamed into the inbox,
-    which is complete. Where this watchdog has no mask hook, the plain observer
-    is used and "created" means "watch until quiet".
-    """
-    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
-
-    observer = InotifyObserver()
-    hook = hasattr(InotifyEmitter, "get_event_mask_from_filter") and getattr(observer, "_emitter_class", None)
-    if hook is not InotifyEmitter:
-        return observer, False
-    from watchdog.observers.inotify_c import InotifyConstants as K
-
-    class _ArrivalsEmitter(InotifyEmitter):
-        def get_event_mask_from_filter(self):  # type: ignore[override]
-            return K.IN_DELETE_SELF | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
-
-        def on_thread_start(self) -> None:
-            super().on_thread_start()
-            # watchdog drops its pending events on IN_Q_OVERFLOW and only logs it; the
-            # daemon must rescan at once. Where this watchdog has no such hook, the
-            # periodic rescan still finds every file, rescan_seconds later.
-            group = getattr(self, "_inotify", None)
-            if on_overflow is not None and hasattr(group, "on_queue_overflow"):
-                inner = group.on_queue_overflow
-
-                def overflowed() -> None:
-                    inner()
-                    on_overflow()
-
-                group.on_queue_overflow = overflowed
-
-    observer._emitter_class = _ArrivalsEmitter
-    return observer, True
-
-
-class _Hints:
-    """A watchdog handler: events on files directly in the inbox become hints."""
-
-    def __init__(self, inbox: Path, hints: queue.SimpleQueue, created_is_move: bool) -> None:
+    def __init__(self, inbox: Path, hints: queue.SimpleQueue[Any], created_is_move: bool) -> None:
+        super().__init__()
         self.inbox = os.path.abspath(inbox)
         self.hints = hints
+        #: On the arrivals emitter "created" is a file renamed in: complete. Polling: watch until quiet.
         self.created_kind = COMPLETE if created_is_move else SEEN
 
-    def _put(self, kind: str, path: Any) -> None:
-        path = os.fsdecode(path)
-        if not path:
+    def _put(self, kind: str, path: bytes | str) -> None:
+        text = os.fsdecode(path)
+        if not text:
             return
-        folder, name = os.path.split(os.path.abspath(path))
+        folder, name = os.path.split(os.path.abspath(text))
         if folder == self.inbox and is_job_name(name):
             self.hints.put((kind, name))
 
-    def dispatch(self, event: Any) -> None:
+    def dispatch(self, event: FileSystemEvent) -> None:
         if event.is_directory:
             if event.event_type == "deleted" and os.path.abspath(os.fsdecode(event.src_path)) == self.inbox:
                 self.hints.put((INBOX, "deleted"))

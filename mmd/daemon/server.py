@@ -37,7 +37,6 @@ from ..config import Settings, host_id_of
 from ..errors import MmdError, SpoolError
 from ..logs import get_logger
 from ..notify import Notifier, WatchdogPinger
-from ..pipeline import Limits, limits_for
 from ..spool import Readiness, Spool, state_name
 from .common import (
     BROKEN,
@@ -102,20 +101,18 @@ class Daemon:
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
 
-    # -- derived settings --
+    # -- what workers see (worker.Host) --
     @property
-    def limits(self) -> Limits:
-        return limits_for(self.settings)
+    def worker_count(self) -> int:
+        return len(self.workers)
 
-    @property
-    def durable(self) -> bool:
-        """fsync outputs and sidecars before they count as committed."""
-        return self.settings.durable
+    def hint(self, *hint: Any) -> None:
+        self.hints.put(hint)
 
-    @property
-    def worker(self) -> Worker | None:
-        """The first worker (for callers that knew only one)."""
-        return self.workers[0] if self.workers else None
+    def pause(self, reason: str, seconds: float) -> None:
+        # Set here, not only by the hint: the next queued name must already wait.
+        self._paused_until = time.monotonic() + seconds
+        self.hints.put((PAUSE, reason, seconds))
 
     # -- outbox trouble, shared by the workers --
     def output_attempt(self, name: str) -> int:
@@ -158,7 +155,7 @@ class Daemon:
         self.hints.put((RELOAD, None))
 
     def _install_signals(self) -> dict[int, Any]:
-        old = {}
+        old: dict[int, Any] = {}
         for sig, handler in (
             (signal.SIGTERM, self._on_stop_signal),
             (signal.SIGINT, self._on_stop_signal),
@@ -353,7 +350,7 @@ class Daemon:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
             devices = worker_devices(self.settings.backend, self.settings.devices)
-            self.workers = [Worker(self, i, device) for i, device in enumerate(devices)]
+            self.workers = [Worker(self, self.jobs, i, device) for i, device in enumerate(devices)]
             for w in self.workers:
                 w.start()
             for w in self.workers:

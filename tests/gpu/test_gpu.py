@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
-from mmd.backends.base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest
+from mmd.backends.base import CUDA_PHASES, MultiplyRequest
+from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
 
 pytestmark = pytest.mark.gpu
@@ -79,7 +80,7 @@ def poisoned_product(
         session.fill(dc, float("nan"))
         if spec.compiled:
             compiled, _ = session.compile(spec, tile)
-            session.launch(compiled, da, db, dc)
+            session.multiply(compiled, da, db, dc)
         else:
             session.sgemm(da, db, dc)
         return session.download(dc, "c")

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from mmd import textformat
 from mmd.backends import CpuBackend
 from mmd.backends.base import MultiplyRequest
-from mmd.pipeline import run_job
+from mmd.record import as_dict
+
+from ..conftest import run_file
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +37,7 @@ values = st.one_of(
     st.floats(-1e4, 1e4, width=32),
     st.floats(-999999995904.0, 999999995904.0, width=32),  # +-1e12, as float32
     st.sampled_from([f32(v) for v in SPECIAL]),
-    st.integers(-10**6, 10**6).map(lambda i: f32(i / 8)),
+    st.integers(-(10**6), 10**6).map(lambda i: f32(i / 8)),
 )
 styles = st.sampled_from(["repr", "g9", "e", "f2", "int-ish"])
 
@@ -64,7 +66,7 @@ def write_input(tmp_path, a: np.ndarray, tokens: list[str], seps: list[str], nam
 def gpu_job(backend, tmp_path, name: str, request=GPU):
     src = tmp_path / name
     out = tmp_path / (name + ".out")
-    return run_job(src, out, request, backend, durable=False), out
+    return run_file(src, out, backend, request), out
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -83,7 +85,7 @@ def test_parse_and_emit_equal_the_host(cuda_backend, tmp_path, shape, data, styl
     text = write_input(tmp_path, a, tokens, seps, "p.txt", crlf)
     result, out = gpu_job(cuda_backend, tmp_path, "p.txt")
     assert result.ok, result.record.get("error")
-    assert result.record["text"]["path"] == "gpu"
+    assert as_dict(result.record)["text"]["path"] == "gpu"
     want = textformat.parse_reference(text).a  # float(token) then float32
     c = np.array(result.product.c)
     assert np.array_equal(c, want), "parsed values differ from float32(strtod)"
@@ -117,7 +119,7 @@ def test_exotic_tokens_take_the_exact_path(cuda_backend, tmp_path):
     (tmp_path / "x.txt").write_bytes(text)
     result, out = gpu_job(cuda_backend, tmp_path, "x.txt")
     assert result.ok, result.record.get("error")
-    assert result.record["text"]["exotic_runs"] >= 5
+    assert as_dict(result.record)["text"]["exotic_runs"] >= 5
     assert np.array_equal(np.array(result.product.c), textformat.parse_reference(text).a)
     assert out.read_bytes() == textformat.format_reference(np.array(result.product.c))
 
@@ -133,7 +135,7 @@ def test_long_touching_runs_and_huge_outputs(cuda_backend, tmp_path):
     (tmp_path / "h.txt").write_bytes(text)
     result, out = gpu_job(cuda_backend, tmp_path, "h.txt")
     assert result.ok, result.record.get("error")
-    assert result.record["text"]["host_emit"]
+    assert as_dict(result.record)["text"]["host_emit"]
     assert np.array_equal(np.array(result.product.c), textformat.parse_reference(text).a)
     assert out.read_bytes() == textformat.format_reference(np.array(result.product.c))
 
@@ -159,7 +161,7 @@ def test_refusals_match_the_host_path(cuda_backend, tmp_path, text):
     gpu, out = gpu_job(cuda_backend, tmp_path, "e.txt")
     host, _ = gpu_job(CpuBackend(), tmp_path, "e.txt", HOST)
     assert not gpu.ok and not host.ok and not out.exists()
-    assert gpu.record["error"] == host.record["error"]
+    assert as_dict(gpu.record)["error"] == as_dict(host.record)["error"]
 
 
 def test_whole_job_random_512(cuda_backend, tmp_path):
@@ -171,12 +173,12 @@ def test_whole_job_random_512(cuda_backend, tmp_path):
     src = tmp_path / "w.txt"
     src.write_bytes(b"".join(input_chunks(a, b, square=True)))
     result, out = gpu_job(cuda_backend, tmp_path, "w.txt")
-    assert result.ok and result.record["text"]["path"] == "gpu"
-    assert not result.record["text"]["host_parse"]
+    assert result.ok and as_dict(result.record)["text"]["path"] == "gpu"
+    assert not as_dict(result.record)["text"]["host_parse"]
     parsed = textformat.parse(src.read_bytes())
     c = np.array(result.product.c)
     ref = parsed.a.astype(np.float64) @ parsed.b.astype(np.float64)
     assert np.abs(c - ref).max() < 1e-5 * np.sqrt(512) * np.abs(ref).max()  # float32 accumulation
     assert out.read_bytes() == textformat.emit(c)
-    t = result.record["timings_ms"]
+    t = as_dict(result.record)["timings_ms"]
     assert t["cuda"] == pytest.approx(sum(t[p] for p in ("malloc", "h2d", "kernel", "d2h", "free")), abs=0.01)

@@ -1,7 +1,7 @@
 """The GPU text path: upload an input's bytes, parse, multiply and format on the device, download text.
 
-:func:`multiply_text` runs a whole job's middle on one :class:`mmd.gpu.GpuSession`
-(this module imports no pycuda; every device call goes through the session):
+:meth:`GpuText.multiply_text` runs a whole job's middle on one
+:class:`mmd.cuda.session.GpuSession` (every device call goes through the session):
 
 1. ``h2d``: the body bytes (after the header line) go to the device, padded
    with spaces to whole blocks, from page-locked memory (the pipeline reads
@@ -32,20 +32,23 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from . import textformat
-from .kernels import KERNELS_DIR
-from .textformat import Header
+from .. import textformat
+from ..kernels import TEXT_KERNEL_FILES
+from ..resources import kernels_dir
+from ..textformat import Header
+from .compiler import Compiled, Module
+from .memory import DeviceMatrix
 
-#: The text kernels' sources (not matmul kernels: not in the registry's NAMES).
-PARSE_SOURCE = KERNELS_DIR / "text_parse.cu"
-EMIT_SOURCE = KERNELS_DIR / "text_emit.cu"
-TEXT_KERNEL_FILES: tuple[str, ...] = (PARSE_SOURCE.name, EMIT_SOURCE.name)
+#: The text kernels' sources (not matmul kernels: the registry lists them apart).
+PARSE_FILE, EMIT_FILE = TEXT_KERNEL_FILES
 
 #: Threads per block in every text kernel.
 THREADS = 256
@@ -88,6 +91,11 @@ PARSE_ENTRIES = {
     "scatter_values": "PPPiPPiPi",
 }
 EMIT_ENTRIES = {"emit_lengths": "PiiiPPP", "emit_write": "PiiiPP"}
+#: Each text source with its macros and entry points.
+SOURCES: dict[str, tuple[dict[str, int], dict[str, str]]] = {
+    PARSE_FILE: (DEFINES, PARSE_ENTRIES),
+    EMIT_FILE: ({"TEXT_THREADS": THREADS}, EMIT_ENTRIES),
+}
 
 _SEP = re.compile(rb"[ \t\r\n]")
 
@@ -125,55 +133,51 @@ class TextResult:
     host_emit: bool = False
 
 
-class _Timer:
-    """Named CUDA-event phases, several of one kind summed."""
+class Timer(Protocol):
+    """Named CUDA-event phases (several of one name are summed)."""
 
-    def __init__(self, session: Any) -> None:
-        self._timer = session.phase_timer()
-        self._seen: dict[str, int] = {}
+    def phase(self, name: str) -> AbstractContextManager[None]: ...
+    def elapsed_ms(self) -> dict[str, float]: ...
 
-    def phase(self, kind: str) -> Any:
-        count = self._seen.get(kind, 0)
-        self._seen[kind] = count + 1
-        return self._timer.phase(f"{kind}#{count}")
 
-    def totals(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, ms in self._timer.elapsed_ms().items():
-            kind = name.split("#", 1)[0]
-            out[kind] = out.get(kind, 0.0) + ms
-        return out
+class TextDevice(Protocol):
+    """What the text path needs of a GPU session (:class:`mmd.cuda.session.GpuSession`)."""
+
+    def module(
+        self, source: Path, defines: Mapping[str, int], entries: Mapping[str, str], arch: str | None = None
+    ) -> tuple[Module, bool]: ...
+    def mem_alloc(self, nbytes: int) -> Any: ...
+    def mem_free(self, handle: Any) -> None: ...
+    def memset8(self, ptr: int, value: int, nbytes: int) -> None: ...
+    def copy_htod(self, ptr: int, host: np.ndarray) -> None: ...
+    def copy_dtoh(self, host: np.ndarray, ptr: int) -> None: ...
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
+    def is_pinned(self, host: np.ndarray) -> bool: ...
+    def record_event(self) -> Any: ...
+    def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None: ...
+    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None: ...
+    def phase_timer(self) -> Timer: ...
+    def synchronize(self) -> None: ...
 
 
 class GpuText:
     """The text kernels on one session, built on first use."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: TextDevice) -> None:
         self.session = session
-        self._parse: dict[str, Any] | None = None
-        self._emit: dict[str, Any] | None = None
 
     def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]:
-        """The parse and emit entry points, and the milliseconds spent building them now."""
-        built = 0.0
-        parse, ms1 = self.session.compile_functions(PARSE_SOURCE, PARSE_ENTRIES, DEFINES)
-        emit, ms2 = self.session.compile_functions(EMIT_SOURCE, EMIT_ENTRIES, {"TEXT_THREADS": THREADS})
-        for ms in (ms1, ms2):
-            if ms is not None:
-                built += ms
-        return parse, emit, (built if ms1 is not None or ms2 is not None else None)
+        """The parse and emit entry points, and the milliseconds spent loading them now (None: loaded before)."""
+        folder = kernels_dir()
+        parse, new1 = self.session.module(folder / PARSE_FILE, *SOURCES[PARSE_FILE])
+        emit, new2 = self.session.module(folder / EMIT_FILE, *SOURCES[EMIT_FILE])
+        built = [m.load_ms for m, new in ((parse, new1), (emit, new2)) if new]
+        return parse.functions, emit.functions, (sum(built) if built else None)
 
-    def multiply_text(
-        self,
-        data: bytes | memoryview,
-        header: Header,
-        product: Callable[[Any, Any, Any], None],
-        make_matrix: Callable[[int, int, int], Any],
-    ) -> TextResult:
-        """Parse ``data`` on the device, call ``product(da, db, dc)``, format C; see the module doc.
+    def multiply_text(self, data: bytes | memoryview, header: Header, kernel: Compiled | None) -> TextResult:
+        """Parse ``data`` on the device, multiply with ``kernel`` (None: cuBLAS), format C; see the module doc.
 
-        ``make_matrix(rows, cols, ptr)`` wraps device memory as the backend's
-        matrix type. Raises InputFormatError exactly as ``textformat.parse``.
+        Raises InputFormatError exactly as ``textformat.parse``.
         """
         s = self.session
         pf, ef, _ = self.functions()
@@ -184,7 +188,7 @@ class GpuText:
         nbody = len(body)
         byte_blocks = _blocks(nbody, BYTES_PER_BLOCK)
         padded = byte_blocks * BYTES_PER_BLOCK + BYTES_PER_BLOCK
-        timer = _Timer(s)
+        timer = s.phase_timer()
         held: list[Any] = []
         result_notes: list[str] = []
         stage: dict[str, float] = {}
@@ -241,8 +245,10 @@ class GpuText:
                 st = read_int(status, np.uint64, 2)
                 exotic_count = int(st[1])
                 host_parse = int(st[0]) != NO_BAD or exotic_count > EXOTIC_CAP
+            exotic_values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
             if not host_parse and exotic_count:
-                host_parse = not self._exotic(view, header, pf, exotic, exotic_count, counts, timer, alloc)
+                exotic_values = self._exotic(view, header, pf, exotic, exotic_count, counts, timer, alloc)
+                host_parse = exotic_values is None
             if not host_parse:
                 with timer.phase("parse_gpu"):
                     scan(counts, nruns, first, run_sums)
@@ -252,8 +258,8 @@ class GpuText:
                 with timer.phase("parse_gpu"):
                     s.call(pf["runs_convert"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
                            np.int32(nruns), counts, first, a, np.int32(na), b, np.int32(nb))  # fmt: skip
-                    if exotic_count:
-                        ex_runs, ex_j, ex_vals = self._exotic_values
+                    if exotic_values is not None:
+                        ex_runs, ex_j, ex_vals = exotic_values
                         ptrs = [alloc(arr.nbytes) for arr in (ex_runs, ex_j, ex_vals)]
                         for ptr, arr in zip(ptrs, (ex_runs, ex_j, ex_vals), strict=True):
                             s.copy_htod(ptr, arr)  # pageable: copied before the call returns
@@ -271,7 +277,10 @@ class GpuText:
             stage["parse"] = (t1 - t0) * 1e3
 
             with timer.phase("kernel"):
-                product(make_matrix(m, k, a), make_matrix(k, n, b), make_matrix(m, n, c))
+                s.multiply(
+                    kernel, DeviceMatrix("device", m, k, k, a), DeviceMatrix("device", k, n, n, b),
+                    DeviceMatrix("device", m, n, n, c),
+                )  # fmt: skip
             s.synchronize()
             t2 = time.perf_counter()
             stage["multiply"] = (t2 - t1) * 1e3
@@ -306,11 +315,11 @@ class GpuText:
                 result_notes.append(f"{slow} values beyond the gpu formatter: the host formatted the output")
                 chunks: list[Any] = list(textformat.emit_chunks(c_host))
             else:
-                chunks = [header_line(m, n), memoryview(text_host)]
+                chunks = [header_line(m, n), text_host.data]
             with timer.phase("free"):
                 while held:
                     s.mem_free(held.pop())
-            phases = timer.totals()
+            phases = timer.elapsed_ms()
             stage["emit"] = (time.perf_counter() - t2) * 1e3
             return TextResult(
                 chunks=chunks,
@@ -355,23 +364,27 @@ class GpuText:
         exotic: int,
         count: int,
         counts: int,
-        timer: _Timer,
+        timer: Timer,
         alloc: Callable[[int], int],
-    ) -> bool:
-        """Convert the listed runs with the host's exact rule; False when one is an error."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Convert the listed runs with the host's exact rule: (run, index in run, value) arrays to scatter
+        once the counts are scanned; None when one run is an error (the host parser then words it)."""
         s = self.session
         pairs = s.host_empty(2 * count, np.int32, slot="exotic")
         s.copy_dtoh(pairs, exotic)
         s.synchronize()
         pairs = pairs.reshape(count, 2).copy()
         body = view[header.body_offset :]
-        runs, nvals, js, values = [], [], [], []
+        runs: list[int] = []
+        nvals: list[int] = []
+        js: list[int] = []
+        values: list[float] = []
         for r, off in pairs.tolist():
             m = _SEP.search(body, off)
             end = len(body) if m is None else m.start()
-            got = textformat._run_values(bytes(body[off:end]))  # the host parser's own rule
-            if isinstance(got, str) or any(textformat._too_big(v) for v in got):
-                return False
+            got = textformat.run_values(bytes(body[off:end]))  # the host parser's own rule
+            if got is None:
+                return None
             runs.append(r)
             nvals.append(len(got))
             js.extend(range(len(got)))
@@ -385,10 +398,8 @@ class GpuText:
             s.copy_htod(ptr_cnt, cnt)
             s.call(pf["set_counts"], _blocks(count, THREADS), THREADS, ptr_runs, ptr_cnt, np.int32(count), counts)
         s.synchronize()
-        # scattered after the counts' scan, by multiply_text
-        self._exotic_values = (
+        return (
             np.repeat(run_arr, cnt).astype(np.int32),
             np.array(js, np.int32),
             np.array(values, np.float64).astype(np.float32),
         )
-        return True

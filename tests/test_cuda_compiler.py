@@ -1,4 +1,4 @@
-"""mmd's own cache of compiled kernels (mmd.gpu.KernelCache), with the compiler faked: runs without CUDA."""
+"""mmd's own cache of compiled kernels (mmd.cuda.compiler.KernelCache), with the compiler faked: runs without CUDA."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mmd import config
-from mmd.gpu import KernelCache, default_kernel_cache
+from mmd.cuda.compiler import KernelCache, macro_options
 
 CUBIN = b"\x7fELF fake cubin " + bytes(range(256)) * 64
 
@@ -114,9 +114,13 @@ def test_processes_racing_to_fill_one_key_leave_one_valid_file(tmp_path):
 
 
 def test_kernel_cache_setting(tmp_path):
-    assert config.kernel_cache_dir(config.Settings(), {"XDG_CACHE_HOME": "/x"}) == default_kernel_cache(
-        {"XDG_CACHE_HOME": "/x"}
-    )
     assert config.kernel_cache_dir(config.Settings(), {"XDG_CACHE_HOME": "/x"}).as_posix() == "/x/mmd/kernels"
+    # under systemd's CacheDirectory= (the first folder when it lists several)
+    systemd = {"CACHE_DIRECTORY": "/var/cache/mmd:/var/cache/other", "XDG_CACHE_HOME": "/x"}
+    assert config.kernel_cache_dir(config.Settings(), systemd).as_posix() == "/var/cache/mmd/kernels"
     assert config.kernel_cache_dir(config.load(None, environ={"MMD_KERNEL_CACHE": "null"})) is None
     assert config.kernel_cache_dir(config.Settings(kernel_cache=str(tmp_path))) == tmp_path
+
+
+def test_macro_options_are_sorted_so_the_key_does_not_depend_on_order():
+    assert macro_options({"TILE": 16, "BM": 64}) == ("-DBM=64", "-DTILE=16", "-O3")

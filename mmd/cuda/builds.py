@@ -1,0 +1,70 @@
+"""Every build mmd can load, and building them ahead of time into the kernel cache.
+
+The list is the registry's (each kernel at each course tile, each tuned
+variant) and the text path's sources; each build goes through the same
+:meth:`KernelCache.get` as a session's, so `mmd kernels --build` fills the
+cache a daemon then loads from (a warm first job), and compile-checks every
+source on a machine with nvcc and no GPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import kernels as registry
+from ..errors import MmdError
+from ..resources import kernels_dir
+from .compiler import KernelCache, macro_options
+from .text import SOURCES
+
+
+@dataclass(frozen=True)
+class Build:
+    """One source with one set of macros for one architecture."""
+
+    label: str
+    source: Path
+    defines: dict[str, int] = field(default_factory=dict)
+    arch: str = "sm_90"
+
+
+def every_build(arch: str, tiles: Iterable[int] = registry.TILES) -> list[Build]:
+    """Every registered kernel's builds (each tile, each variant) and the text kernels, for ``arch``."""
+    out = []
+    for name in registry.SOURCE_KERNELS:
+        for spec in registry.get(name).builds():
+            assert spec.source is not None
+            for tile in tiles if spec.uses_tile else (0,):
+                where = f"tile {tile}" if spec.uses_tile else (spec.variant or "default")
+                out.append(Build(f"{spec.name} {where}", spec.source, spec.defines(tile), spec.arch or arch))
+    for name, (defines, _entries) in SOURCES.items():
+        out.append(Build(name, kernels_dir() / name, dict(defines), arch))
+    return out
+
+
+@dataclass(frozen=True)
+class Built:
+    """A build's outcome: compiled now, found in the cache, or why it failed."""
+
+    build: Build
+    compiled: bool = False
+    error: str | None = None
+
+
+def build_all(cache: KernelCache, builds: list[Build], workers: int | None = None) -> list[Built]:
+    """Compile what the cache lacks (nvcc runs in parallel, one process per build)."""
+
+    def one(build: Build) -> Built:
+        try:
+            text = build.source.read_text(encoding="utf-8")
+            _, compiled = cache.get(text, macro_options(build.defines), build.arch, [kernels_dir()])
+        except (MmdError, OSError) as exc:
+            return Built(build, error=exc.reason if isinstance(exc, MmdError) else str(exc))
+        return Built(build, compiled=compiled)
+
+    with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        return list(pool.map(one, builds))

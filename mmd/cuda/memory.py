@@ -1,0 +1,84 @@
+"""Device matrices and the session's page-locked host buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..kernels import FLOAT_BYTES
+
+#: A cached page-locked buffer is reused for a request down to this fraction
+#: of its size; smaller requests get a fresh, smaller buffer.
+PINNED_REUSE_FRACTION = 0.25
+
+
+@dataclass
+class DeviceMatrix:
+    """A row-major float32 matrix in device memory (any of the three modes)."""
+
+    mode: str
+    rows: int
+    cols: int
+    #: Row stride in elements (cols, or the pitch / 4 for pitched memory).
+    ld: int
+    #: Device address, for kernel arguments and cuBLAS.
+    ptr: int
+    #: The pycuda object that owns the memory (DeviceAllocation, or the
+    #: managed ndarray); None for a view of memory owned elsewhere.
+    handle: Any = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this allocation holds, padding included."""
+        return self.rows * self.ld * FLOAT_BYTES
+
+
+class PinnedPool:
+    """Page-locked host buffers kept by slot name and reused from job to job.
+
+    Allocating page-locked memory costs milliseconds per hundred megabytes,
+    so a buffer stays with its slot while requests fit it; a request much
+    smaller than the buffer gets a fresh one (a huge buffer is not held
+    for small jobs). ``allocate(nbytes)`` is pycuda's ``pagelocked_empty``
+    for bytes, ``release(buffer)`` frees one now.
+    """
+
+    def __init__(self, allocate: Callable[[int], np.ndarray], release: Callable[[np.ndarray], None]) -> None:
+        self._allocate = allocate
+        self._release = release
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, slot: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A page-locked array of ``shape`` in ``slot`` (valid until the slot's next use)."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        need = max(count * dtype.itemsize, 1)
+        buf = self._buffers.get(slot)
+        if buf is None or buf.nbytes < need or need < buf.nbytes * PINNED_REUSE_FRACTION:
+            # The old buffer is dropped, not freed: views handed out earlier stay valid until they go.
+            self._buffers.pop(slot, None)
+            buf = self._allocate(need)
+            self._buffers[slot] = buf
+        view: np.ndarray = buf[: count * dtype.itemsize].view(dtype).reshape(shape)
+        return view
+
+    def holds(self, host: np.ndarray) -> bool:
+        """Whether ``host`` lies inside one of the pool's buffers (so it can be copied asynchronously)."""
+        if not isinstance(host, np.ndarray) or host.size == 0:
+            return False
+        start = host.__array_interface__["data"][0]
+        end = start + host.nbytes
+        for buf in self._buffers.values():
+            lo = buf.__array_interface__["data"][0]
+            if lo <= start and end <= lo + buf.nbytes:
+                return True
+        return False
+
+    def free_all(self) -> None:
+        """Release every buffer now (the session is closing: views handed out are invalid after this)."""
+        for buf in self._buffers.values():
+            self._release(buf)
+        self._buffers.clear()

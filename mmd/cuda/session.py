@@ -1,0 +1,481 @@
+"""One GPU in the calling thread: context, stream, compiled modules, memory, copies, launches, timers.
+
+A :class:`GpuSession` belongs to the thread that opened it: it retains the
+device's primary context and pushes it onto that thread's context stack (the
+context cuBLAS, through the runtime API, uses too), and :meth:`GpuSession.close`
+pops it again. Open, use and close a session in one thread.
+
+Driver failures become :class:`~mmd.errors.CudaError` with a one-line reason
+(:meth:`GpuSession.converting`); a missing pycuda, driver or device is
+:class:`~mmd.errors.BackendUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable, CudaError, KernelError
+from ..kernels import FLOAT_BYTES, DeviceLimits, KernelSpec
+from ..resources import kernels_dir
+from .compiler import Compiled, KernelCache, Module, macro_options
+from .cublas import Cublas
+from .driver import load, one_line
+from .memory import DeviceMatrix, PinnedPool
+from .text import GpuText
+
+_MIB = 1024 * 1024
+
+#: pycuda's argument signature of every matmul kernel: A, B, C, M, K, N, lda, ldb, ldc.
+MATMUL_SIGNATURE = "PPPiiiiii"
+
+
+class PhaseTimer:
+    """CUDA events on the session's stream around each named phase.
+
+    ``with timer.phase("h2d"): ...`` records an event before and after the
+    block; :meth:`elapsed_ms` waits for the last event and returns each
+    phase's milliseconds, several phases of one name summed. Host-synchronous
+    calls (allocation, free) inside a phase are measured too: an event
+    recorded on an idle stream is stamped when it is recorded.
+    """
+
+    def __init__(self, cuda: Any, stream: Any) -> None:
+        self._cuda = cuda
+        self._stream = stream
+        self._marks: list[tuple[str, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = self._cuda.Event()
+        start.record(self._stream)
+        yield
+        end = self._cuda.Event()
+        end.record(self._stream)
+        self._marks.append((name, start, end))
+
+    def elapsed_ms(self) -> dict[str, float]:
+        """Milliseconds per phase name (waits for the device)."""
+        if not self._marks:
+            return {}
+        self._marks[-1][2].synchronize()
+        out: dict[str, float] = {}
+        for name, start, end in self._marks:
+            out[name] = out.get(name, 0.0) + float(start.time_till(end))
+        return out
+
+
+class GpuSession:
+    """One device, in the calling thread: compile, allocate, copy, launch, time.
+
+    ``kernel_cache``: the folder of compiled kernels (None: no disk cache), or
+    a :class:`KernelCache`.
+    """
+
+    def __init__(self, device: int = 0, kernel_cache: Path | KernelCache | None = None) -> None:
+        self.kernel_cache = kernel_cache if isinstance(kernel_cache, KernelCache) else KernelCache(kernel_cache)
+        cuda = load()
+        self._cuda = cuda
+        #: Exception classes the driver raises, for callers' nets.
+        self.errors: tuple[type[BaseException], ...] = (cuda.Error, MemoryError)
+        try:
+            cuda.init()
+            count = cuda.Device.count()
+        except cuda.Error as exc:
+            raise BackendUnavailable(f"no CUDA device: {one_line(exc)}") from exc
+        if count == 0:
+            raise BackendUnavailable("no CUDA device: the driver sees no GPU")
+        if not 0 <= device < count:
+            raise BackendUnavailable(f"no CUDA device {device}: this machine has {count} (0..{count - 1})")
+        self._thread = threading.get_ident()
+        self._device = cuda.Device(device)
+        self._context = self._device.retain_primary_context()
+        self._context.push()
+        self._closed = False
+        self._modules: dict[tuple[Any, ...], Module] = {}
+        self._compiled: dict[tuple[Any, ...], Compiled] = {}
+        self._pinned = PinnedPool(lambda nbytes: cuda.pagelocked_empty(nbytes, np.uint8), _free_host)
+        self._cublas: Cublas | None = None
+        self._text: GpuText | None = None
+        try:
+            self.stream = cuda.Stream()
+            self.limits = self._read_limits()
+        except cuda.Error as exc:
+            self.close()
+            raise CudaError(f"opening CUDA device {device} failed: {one_line(exc)}") from exc
+
+    # -- facts ---------------------------------------------------------------
+
+    def _read_limits(self) -> DeviceLimits:
+        attr = self._cuda.device_attribute
+        dev = self._device
+        major, minor = dev.compute_capability()
+        return DeviceLimits(
+            max_threads_per_block=dev.get_attribute(attr.MAX_THREADS_PER_BLOCK),
+            max_shared_per_block=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK),
+            max_registers_per_block=dev.get_attribute(attr.MAX_REGISTERS_PER_BLOCK),
+            name=dev.name(),
+            compute_capability=(int(major), int(minor)),
+            total_memory=dev.total_memory(),
+            max_grid_x=dev.get_attribute(attr.MAX_GRID_DIM_X),
+            max_grid_y=dev.get_attribute(attr.MAX_GRID_DIM_Y),
+            multiprocessors=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
+            max_shared_optin=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        )
+
+    def device_name(self) -> str:
+        """``"NVIDIA H100 80GB HBM3 (sm_90)"``."""
+        return f"{self.limits.name} ({self.limits.arch})"
+
+    def versions(self) -> dict[str, str]:
+        """Driver, toolkit (as pycuda was built) and pycuda versions."""
+        import pycuda
+
+        def dotted(v: int) -> str:
+            return f"{v // 1000}.{v % 1000 // 10}"
+
+        return {
+            "driver": dotted(self._cuda.get_driver_version()),
+            "pycuda_built_for": ".".join(map(str, self._cuda.get_version())),
+            "pycuda": str(getattr(pycuda, "VERSION_TEXT", "?")),
+        }
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) device memory in bytes."""
+        with self.converting("reading free device memory"):
+            free, total = self._cuda.mem_get_info()
+        return int(free), int(total)
+
+    # -- compile: one path for every source -------------------------------------
+
+    def module(
+        self, source: Path, defines: Mapping[str, int], entries: Mapping[str, str], arch: str | None = None
+    ) -> tuple[Module, bool]:
+        """``source`` built with ``defines`` for ``arch`` (default: this device's), its ``entries`` prepared.
+
+        ``entries`` maps each entry symbol to its pycuda argument signature.
+        Returns the module and whether it was loaded just now (else it came
+        from this session's cache). mmd's disk cache (:class:`KernelCache`)
+        sits beneath; a cached cubin the driver refuses is rebuilt once.
+        """
+        self._check_thread()
+        arch = arch or self.limits.arch
+        options = macro_options(defines)
+        key = (str(source), options, arch, tuple(sorted(entries.items())))
+        cached = self._modules.get(key)
+        if cached is not None:
+            return cached, False
+        start = time.perf_counter()
+        text = source.read_text(encoding="utf-8")
+        include = [str(kernels_dir())]
+        try:
+            cubin, built = self.kernel_cache.get(text, options, arch, include)
+            try:
+                loaded = self._cuda.module_from_buffer(cubin)
+            except self._cuda.Error:
+                if built:
+                    raise
+                cubin, _ = self.kernel_cache.get(text, options, arch, include, refresh=True)
+                loaded = self._cuda.module_from_buffer(cubin)
+            functions = {}
+            for name, signature in entries.items():
+                function = loaded.get_function(name)
+                function.prepare(signature)
+                functions[name] = function
+        except KernelError as exc:
+            raise KernelError(f"{source.name} does not compile: {exc.reason}", dict(exc.details)) from exc
+        except self._cuda.Error as exc:
+            raise CudaError(f"loading {source.name} failed: {one_line(exc)}") from exc
+        module = Module(functions, (time.perf_counter() - start) * 1e3)
+        self._modules[key] = module
+        return module, True
+
+    def compile(self, spec: KernelSpec, tile: int) -> tuple[Compiled, bool]:
+        """Registry kernel ``spec`` built for ``tile`` and whether it was built just now.
+
+        Kernels with a fixed block ignore the tile: one build serves every tile.
+        """
+        if spec.source is None or spec.entry is None:
+            raise KernelError(f"kernel {spec.name} has no CUDA source to compile")
+        tile = tile if spec.uses_tile else 0
+        key = (spec.name, spec.variant, tile)
+        cached = self._compiled.get(key)
+        if cached is not None:
+            return cached, False
+        try:
+            module, _ = self.module(spec.source, spec.defines(tile), {spec.entry: MATMUL_SIGNATURE}, spec.arch)
+        except KernelError as exc:
+            raise KernelError(
+                f"kernel {spec.name} does not compile at tile {tile}: {exc.reason}",
+                details={"kernel": spec.name, "tile": tile},
+            ) from exc
+        function = module.functions[spec.entry]
+        if spec.dynamic_shared_bytes:
+            with self.converting(f"allowing {spec.name} {spec.dynamic_shared_bytes} bytes of shared memory"):
+                function.set_attribute(
+                    self._cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_shared_bytes
+                )
+        compiled = Compiled(
+            spec=spec,
+            tile=tile,
+            function=function,
+            registers=int(function.num_regs),
+            shared_bytes=int(function.shared_size_bytes),
+            local_bytes=int(function.local_size_bytes),
+            compile_ms=module.load_ms,
+        )
+        self._compiled[key] = compiled
+        return compiled, True
+
+    # -- device matrices -------------------------------------------------------
+
+    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
+        """A rows×cols float32 matrix in device, pitched or managed memory."""
+        self._check_thread()
+        nbytes = rows * cols * FLOAT_BYTES
+        with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of {mode} memory"):
+            cuda = self._cuda
+            if mode == "device":
+                handle = cuda.mem_alloc(max(nbytes, FLOAT_BYTES))
+                return DeviceMatrix(mode, rows, cols, cols, int(handle), handle)
+            if mode == "pitched":
+                handle, pitch = cuda.mem_alloc_pitch(max(cols, 1) * FLOAT_BYTES, max(rows, 1), FLOAT_BYTES)
+                return DeviceMatrix(mode, rows, cols, pitch // FLOAT_BYTES, int(handle), handle)
+            if mode == "managed":
+                array = cuda.managed_empty((max(rows, 1), max(cols, 1)), np.float32, "C", cuda.mem_attach_flags.GLOBAL)
+                ptr = int(array.base.get_device_pointer())
+                return DeviceMatrix(mode, rows, cols, max(cols, 1), ptr, array)
+        raise KernelError(f"unknown memory mode {mode!r}; choose device, pitched or managed")
+
+    def free(self, matrix: DeviceMatrix) -> None:
+        """Release a matrix's memory now (not at garbage collection)."""
+        self._check_thread()
+        with self.converting(f"freeing {matrix.mode} memory"):
+            if matrix.mode == "managed":
+                matrix.handle.base.free()
+            else:
+                matrix.handle.free()
+
+    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
+        """Copy ``host`` (rows×cols float32) into ``matrix`` on the session's stream."""
+        self._check_thread()
+        if host.size == 0:
+            return
+        with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
+            if matrix.mode == "managed":
+                self.stream.synchronize()
+                np.copyto(matrix.handle[: matrix.rows, : matrix.cols], host)
+                return
+            if self.is_pinned(host) and host.flags.c_contiguous:
+                staging = host  # already page-locked (host_empty): copy straight from it
+            else:
+                staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
+                np.copyto(staging, host)
+            if matrix.mode == "device":
+                self._cuda.memcpy_htod_async(matrix.handle, staging, self.stream)
+            else:
+                copy = self._cuda.Memcpy2D()
+                copy.set_src_host(staging)
+                copy.src_pitch = matrix.cols * FLOAT_BYTES
+                copy.set_dst_device(matrix.handle)
+                copy.dst_pitch = matrix.ld * FLOAT_BYTES
+                copy.width_in_bytes = matrix.cols * FLOAT_BYTES
+                copy.height = matrix.rows
+                copy(self.stream)
+
+    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
+        """A new host array with ``matrix``'s contents (waits for the stream)."""
+        self._check_thread()
+        out = np.empty((matrix.rows, matrix.cols), np.float32)
+        if out.size == 0:
+            return out
+        with self.converting(f"copying {out.nbytes / _MIB:.1f} MiB from the device"):
+            if matrix.mode == "managed":
+                self.stream.synchronize()
+                np.copyto(out, matrix.handle[: matrix.rows, : matrix.cols])
+                return out
+            staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
+            if matrix.mode == "device":
+                self._cuda.memcpy_dtoh_async(staging, matrix.handle, self.stream)
+            else:
+                copy = self._cuda.Memcpy2D()
+                copy.set_src_device(matrix.handle)
+                copy.src_pitch = matrix.ld * FLOAT_BYTES
+                copy.set_dst_host(staging)
+                copy.dst_pitch = matrix.cols * FLOAT_BYTES
+                copy.width_in_bytes = matrix.cols * FLOAT_BYTES
+                copy.height = matrix.rows
+                copy(self.stream)
+            self.stream.synchronize()
+            np.copyto(out, staging)
+        return out
+
+    def fill(self, matrix: DeviceMatrix, value: float) -> None:
+        """Set every element (padding included) to ``value``: poison for tests."""
+        self._check_thread()
+        with self.converting("filling device memory"):
+            word = int(np.array(value, np.float32).view(np.uint32))
+            if matrix.mode == "managed":
+                self.stream.synchronize()
+                matrix.handle.fill(value)
+            else:
+                self._cuda.memset_d32_async(matrix.ptr, word, matrix.rows * matrix.ld, self.stream)
+
+    # -- page-locked host memory and raw buffers (the text path) -------------
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
+        """A page-locked array of ``shape``, reused by ``slot`` (valid until the slot's next use).
+
+        Arrays from here go to the device without a staging copy
+        (:meth:`upload` checks :meth:`is_pinned`); the host parser can write
+        into one directly (``textformat.parse(..., out=...)``).
+        """
+        self._check_thread()
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
+            return self._pinned.get(f"host:{slot}", shape, dtype)
+
+    def is_pinned(self, host: np.ndarray) -> bool:
+        """Whether ``host`` lies inside one of this session's page-locked buffers."""
+        return self._pinned.holds(host)
+
+    def mem_alloc(self, nbytes: int) -> Any:
+        """Raw device memory (``int(handle)`` is its address); free with :meth:`mem_free`."""
+        self._check_thread()
+        with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of device memory"):
+            return self._cuda.mem_alloc(max(int(nbytes), 1))
+
+    def mem_free(self, handle: Any) -> None:
+        """Release raw device memory now."""
+        self._check_thread()
+        with self.converting("freeing device memory"):
+            handle.free()
+
+    def memset8(self, ptr: int, value: int, nbytes: int) -> None:
+        """Set ``nbytes`` bytes at ``ptr`` to ``value`` on the session's stream."""
+        if nbytes > 0:
+            with self.converting("setting device memory"):
+                self._cuda.memset_d8_async(int(ptr), int(value), int(nbytes), self.stream)
+
+    def copy_htod(self, ptr: int, host: np.ndarray) -> None:
+        """Copy ``host`` (page-locked for an asynchronous copy) to ``ptr`` on the stream."""
+        if host.nbytes:
+            with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
+                self._cuda.memcpy_htod_async(int(ptr), host, self.stream)
+
+    def copy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        """Copy ``host.nbytes`` bytes from ``ptr`` into ``host`` on the stream (page-locked: asynchronous)."""
+        if host.nbytes:
+            with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB from the device"):
+                self._cuda.memcpy_dtoh_async(host, int(ptr), self.stream)
+
+    def record_event(self) -> Any:
+        """A CUDA event recorded now on the session's stream (``.synchronize()`` waits for it)."""
+        with self.converting("recording an event"):
+            event = self._cuda.Event()
+            event.record(self.stream)
+        return event
+
+    # -- run -----------------------------------------------------------------
+
+    def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None:
+        """Launch a prepared 1-D ``function`` with ``blocks`` × ``threads`` on the session's stream."""
+        if blocks <= 0:
+            return
+        with self.converting("launching a text kernel"):
+            function.prepared_async_call((int(blocks), 1), (int(threads), 1, 1), self.stream, *args)
+
+    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None:
+        """C = A·B on the session's stream with a compiled registry kernel, or cuBLAS when ``kernel`` is None."""
+        self._check_thread()
+        if kernel is None:
+            if self._cublas is None:
+                self._cublas = Cublas(int(self.stream.handle))
+            self._cublas.sgemm(a, b, c)
+            return
+        m, k, n = a.rows, a.cols, b.cols
+        if m == 0 or n == 0:
+            return
+        spec, tile = kernel.spec, kernel.tile
+        grid, block = spec.grid(m, n, tile), spec.block(tile)
+        with self.converting(f"launching {spec.name} at tile {tile}"):
+            kernel.function.prepared_async_call(
+                grid[:2], block, self.stream, a.ptr, b.ptr, c.ptr, m, k, n, a.ld, b.ld, c.ld,
+                shared_size=spec.dynamic_shared_bytes,
+            )  # fmt: skip
+
+    def dgemm(self, m: int, k: int, n: int, a: int, b: int, c: int) -> None:
+        """C = A·B in float64 through cuBLAS, packed row-major operands at device addresses (references)."""
+        self._check_thread()
+        if self._cublas is None:
+            self._cublas = Cublas(int(self.stream.handle))
+        self._cublas.dgemm(m, k, n, a, b, c)
+
+    def text(self) -> GpuText:
+        """The GPU text path on this session, made on first use."""
+        if self._text is None:
+            self._text = GpuText(self)
+        return self._text
+
+    def phase_timer(self) -> PhaseTimer:
+        """A fresh event timer on the session's stream."""
+        return PhaseTimer(self._cuda, self.stream)
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the session's stream."""
+        with self.converting("waiting for the device"):
+            self.stream.synchronize()
+
+    # -- lifetime ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free staging buffers, drop modules and cuBLAS, pop the context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        problems: list[BaseException] = []
+        with contextlib.suppress(Exception):
+            self.stream.synchronize()
+        if self._cublas is not None:
+            try:
+                self._cublas.close()
+            except Exception as exc:
+                problems.append(exc)
+            self._cublas = None
+        with contextlib.suppress(Exception):
+            self._pinned.free_all()
+        self._modules.clear()
+        self._compiled.clear()
+        self._text = None
+        try:
+            self._context.pop()
+        except self._cuda.Error as exc:
+            problems.append(exc)
+        if problems:
+            raise CudaError(f"closing the CUDA device: {one_line(problems[0])}")
+
+    def _check_thread(self) -> None:
+        if self._closed:
+            raise CudaError("the CUDA session is closed")
+        if threading.get_ident() != self._thread:
+            raise CudaError("the CUDA session was opened in another thread; open, use and close it in one thread")
+
+    @contextlib.contextmanager
+    def converting(self, doing: str) -> Iterator[None]:
+        """Turn driver errors raised while ``doing`` into CudaError."""
+        try:
+            yield
+        except (self._cuda.Error, MemoryError) as exc:
+            raise CudaError(f"{doing} failed: {one_line(exc)}", details={"during": doing}) from exc
+
+
+def _free_host(buffer: np.ndarray) -> None:
+    """Release a page-locked buffer now (pycuda's HostAllocation behind the array)."""
+    allocation: Any = buffer.base
+    allocation.free()

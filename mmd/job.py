@@ -1,0 +1,123 @@
+"""The job: one input file, the settings it runs with, and where its results go.
+
+Every way in builds its jobs here, with :func:`describe`: `mmd run`, the
+daemon's workers, Slurm array tasks (which run `mmd run`) and the benchmark's
+``--through-files`` mode. A job's settings are layered, lowest first:
+
+    built-in defaults < config file < MMD_* environment < the file name's settings < command-line flags
+
+(:mod:`mmd.config` makes the first three; ``mmd serve``'s flags belong to
+the service and sit with them, so a file's name settings override them).
+A flag that contradicts a name setting is refused with a message naming
+both. Whatever the file name gets wrong is not raised: it becomes the job's
+:attr:`Job.refusal`, which the pipeline turns into an error sidecar like any
+other refused input, so every way in refuses a job the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import jobname
+from .backends.base import MultiplyRequest
+from .config import COMMAND_LINE, Settings
+from .errors import JobNameError, MmdError
+from .record import Context
+
+#: Settings a command line may give a single job (the rest are the service's).
+JOB_FLAGS: tuple[str, ...] = ("backend", "kernel", "tile", "memory", "device")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One validated, immutable job description."""
+
+    #: 12 hex digits, in the sidecar and every log line of the job.
+    id: str
+    #: The file to read.
+    input: Path
+    #: Where the output goes; the sidecars are its siblings.
+    output: Path
+    #: The effective settings: defaults < config < environment < name < flags.
+    settings: Settings
+    #: What the file name set (kernel, tile, backend, memory), as the sidecar records it.
+    name_settings: Mapping[str, Any] = field(default_factory=dict)
+    #: ``time.perf_counter()`` when the job began (the daemon's claim): ``overall`` counts from here.
+    started: float = field(default_factory=time.perf_counter)
+    #: How the job came in (the daemon's facts), recorded in its sidecar.
+    context: Context = field(default_factory=Context)
+    #: Why the job is refused before its input is read (a bad name, a conflicting flag, a link ...).
+    refusal: MmdError | None = None
+
+    @property
+    def request(self) -> MultiplyRequest:
+        """What the backend is asked to run."""
+        s = self.settings
+        return MultiplyRequest(kernel=s.kernel, tile=s.tile, memory=s.memory, text_path=s.text_path)
+
+
+def new_id() -> str:
+    """A fresh job id: 12 hex digits (48 random bits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def describe(
+    input: Path,
+    output: Path,
+    base: Settings,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    job_id: str | None = None,
+    started: float | None = None,
+    context: Context | None = None,
+    refusal: MmdError | None = None,
+) -> Job:
+    """The job for ``input``, its settings resolved from ``base``, the name's settings and ``flags``.
+
+    ``name`` is the file name the settings are read from (default: the
+    input's; the daemon passes the name the file was dropped under).
+    ``flags`` are command-line settings for this one job (None values: not
+    given). ``refusal``: a reason the caller already has to refuse the job.
+    Never raises for what the name says: see :attr:`Job.refusal`.
+    """
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    settings, overrides = base, {}
+    try:
+        overrides = jobname.parse(name if name is not None else input.name).overrides
+        _check_conflicts(overrides, given)
+        if overrides:
+            settings = settings.with_values(overrides, "file name")
+        if given:
+            settings = settings.with_values(given, COMMAND_LINE)
+    except MmdError as exc:
+        refusal = refusal or exc
+    context = context or Context()
+    if overrides:
+        context = dataclasses.replace(context, name_settings=dict(overrides))
+    return Job(
+        id=job_id or new_id(),
+        input=input,
+        output=output,
+        settings=settings,
+        name_settings=dict(overrides),
+        started=time.perf_counter() if started is None else started,
+        context=context,
+        refusal=refusal,
+    )
+
+
+def _check_conflicts(overrides: Mapping[str, Any], flags: Mapping[str, Any]) -> None:
+    """A flag may repeat a name setting, never contradict it."""
+    for key, value in overrides.items():
+        if key in flags and flags[key] != value:
+            raise JobNameError(
+                f"the file name sets {key}={value} but the command line gives --{key} {flags[key]}; drop one",
+                {"key": key, "name_value": value, "flag_value": flags[key]},
+            )

@@ -1,0 +1,23 @@
+"""The job pipeline: read → parse → multiply → emit → commit output and sidecar.
+
+* :mod:`.reading`: the input's bytes within limits, the header checked before any big allocation;
+* :mod:`.textpaths`: parse, multiply and format, on the host or on the device;
+* :mod:`.refusal`: a refused job's value and error sidecar;
+* :mod:`.driver`: :func:`run_job`, the one driver every way in calls.
+"""
+
+from .driver import BackendFor, JobResult, refuse, run_job
+from .reading import Limits, check_header, limits_for, read_input
+from .refusal import Refusal
+
+__all__ = [
+    "BackendFor",
+    "JobResult",
+    "Limits",
+    "Refusal",
+    "check_header",
+    "limits_for",
+    "read_input",
+    "refuse",
+    "run_job",
+]

@@ -1,0 +1,199 @@
+"""The one job driver: read → parse → multiply → emit → commit output, then sidecar.
+
+`mmd run`, the daemon's workers and the benchmark's ``--through-files`` mode
+call :func:`run_job` with a :class:`~mmd.job.Job`; none of them has its own
+copy of these steps. The job boundary is here: every :class:`MmdError`
+becomes a refusal (:mod:`.refusal`), written as ``<stem>.error.yaml`` beside
+the output path, and nothing is written to the output path itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import record, textformat
+from ..atomic import write_atomic
+from ..backends.base import CUDA_PHASES, Backend, Product
+from ..config import Settings
+from ..errors import MmdError
+from ..job import Job
+from ..logs import get_logger
+from ..record import FileFacts, Record, Requested, Shape, TimingRecord
+from .reading import check_header, limits_for, read_input
+from .refusal import Refusal, commit
+from .textpaths import choose
+
+#: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
+BackendFor = Callable[[Settings], Backend]
+
+
+@dataclass
+class JobResult:
+    """What a job did: ``record`` is exactly what its sidecar says."""
+
+    job: Job
+    record: Record
+    #: The sidecar's path (timing or error).
+    sidecar: Path
+    error: MmdError | None = None
+    #: Why the error sidecar could not be written (None: it was, or the job succeeded).
+    sidecar_failed: str | None = None
+    product: Product | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def output(self) -> Path | None:
+        return self.job.output if self.ok else None
+
+
+class _Hasher(threading.Thread):
+    """sha256 of the input in the background: hashlib drops the GIL, so it overlaps the parse."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        super().__init__(name="mmd-sha256", daemon=True)
+        self._data = data
+        self.hexdigest = ""
+
+    def run(self) -> None:
+        self.hexdigest = hashlib.sha256(self._data).hexdigest()
+
+    def result(self) -> str:
+        self.join()
+        return self.hexdigest
+
+
+def _since(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def run_job(job: Job, backend_for: BackendFor) -> JobResult:
+    """Run ``job`` end to end and commit its output and sidecar; never raises MmdError."""
+    log = get_logger(job=job.id, file=job.input.name)
+    timings: dict[str, float] = {}
+    facts = _Facts(job)
+    try:
+        if job.refusal is not None:
+            raise job.refusal
+        backend = backend_for(job.settings)
+        facts.backend = backend.name
+        return _run(job, backend, timings, facts, log)
+    except MmdError as exc:
+        return _refuse(job, exc, timings, facts, log)
+
+
+def refuse(job: Job, error: MmdError) -> JobResult:
+    """Refuse ``job`` without running it (the daemon met a bug of its own around it): its error sidecar."""
+    return _refuse(job, error, {}, _Facts(job), get_logger(job=job.id, file=job.input.name))
+
+
+class _Facts:
+    """What is known of a job so far, for its refusal."""
+
+    def __init__(self, job: Job) -> None:
+        self.input = FileFacts(job.input.name)
+        self.shape: Shape | None = None
+        self.backend: str | None = None
+        self.requested = Requested(job.settings.kernel, job.settings.tile, job.settings.memory)
+        self.hasher: _Hasher | None = None
+
+
+def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+    settings, request = job.settings, job.request
+    limits = limits_for(settings)
+    path = choose(backend, request)
+
+    t0 = time.perf_counter()
+    data = read_input(job.input, limits, into=path.input_buffer())
+    timings["read"] = _since(t0)
+    facts.input = FileFacts(job.input.name, bytes=len(data))
+    facts.hasher = hasher = _Hasher(data)
+    hasher.start()
+
+    t0 = time.perf_counter()
+    header = textformat.parse_header(data)
+    facts.shape = shape = Shape(header.m, header.k, header.n)
+    check_header(header, len(data), limits)
+    header_ms = _since(t0)
+    computed = path.compute(data, header, request)
+    del data
+    product = computed.product
+    timings.update(product.timings_ms)
+    if all(p in product.timings_ms for p in CUDA_PHASES):
+        timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
+
+    t0 = time.perf_counter()
+    written = write_atomic(job.output, computed.chunks, durable=settings.durable)
+    timings["write"] = _since(t0)
+    timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
+    timings["emit"] = computed.stage_ms.get("emit", 0.0)
+    if computed.text.path == "host":  # the host path formats while it writes: the write is the rest
+        timings["write"] -= timings["emit"]
+    facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=hasher.result())
+    kernel_ms = product.timings_ms.get("kernel")
+    m, k, n = header.m, header.k, header.n
+    timings["overall"] = _since(job.started)
+    rec = TimingRecord(
+        job=job.id,
+        input=facts.input,
+        output=FileFacts(job.output.name, bytes=written.bytes, sha256=written.sha256),
+        shape=shape,
+        backend=backend.name,
+        kernel=product.kernel,
+        tile=product.tile,
+        memory=product.memory,
+        device=product.device,
+        requested=facts.requested,
+        timings_ms=record.timings(timings),
+        text=computed.text,
+        gflops=round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None,
+        notes=list(product.notes) or None,
+        context=job.context,
+        finished_at=record.now_iso(),
+    )
+    sidecar = record.timing_path(job.output)
+    # The sidecar is committed last: its presence means the job is complete.
+    write_atomic(sidecar, [record.dumps(rec)], durable=settings.durable)
+    log.info(
+        "job done",
+        status="ok",
+        shape=f"{m}x{k}x{n}",
+        kernel=product.kernel,
+        tile=product.tile,
+        **{f"{key}_ms": round(v, 3) for key, v in timings.items()},
+    )
+    return JobResult(job, rec, sidecar, product=product)
+
+
+def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+    """Write the error sidecar for a refused job; the output path is left untouched."""
+    if facts.hasher is not None:
+        facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=facts.hasher.result())
+    elif facts.input.bytes is None:
+        with contextlib.suppress(OSError):  # a job refused before it was read still says how big its file is
+            facts.input = FileFacts(job.input.name, bytes=os.lstat(job.input).st_size)
+    timings["overall"] = _since(job.started)
+    log.warning("job refused", status="error", kind=exc.kind, reason=exc.reason)
+    refusal = Refusal(
+        exc,
+        job.id,
+        facts.input,
+        job.output,
+        timings,
+        shape=facts.shape,
+        backend=facts.backend,
+        requested=facts.requested,
+        context=job.context,
+    )
+    done = commit(refusal, durable=job.settings.durable)
+    return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

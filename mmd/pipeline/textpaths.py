@@ -1,0 +1,111 @@
+"""The two text paths: how a job's text becomes matrices, and its product becomes text again.
+
+* :class:`HostTextPath`: :mod:`mmd.textformat` parses on the CPU (the C
+  accelerator where it is built), the backend multiplies, textformat formats
+  the output chunk by chunk while it is written;
+* :class:`DeviceTextPath`: the backend's :class:`~mmd.backends.base.DeviceText`
+  does parse, multiply and format on the GPU (docs/textpath.md), and hands the
+  job to the host path when it does not take it (other memory modes, offsets
+  beyond int32).
+
+Both give the same bytes and the same refusals; :func:`choose` picks one.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import textformat
+from ..backends.base import Backend, DeviceText, MultiplyRequest, Product
+from ..record import TextFacts
+from ..textformat import Header
+
+
+@dataclass
+class Computed:
+    """A job's middle, done: the output's bytes (produced as they are written) and what made them."""
+
+    #: The output file's pieces, header line first; a lazy iterable on the host path.
+    chunks: Iterable[Any]
+    product: Product
+    text: TextFacts
+    #: Wall-clock ``parse`` and, once the chunks are consumed, ``emit`` (ms).
+    stage_ms: dict[str, float] = field(default_factory=dict)
+
+
+class TextPath(ABC):
+    """One way through parse → multiply → emit."""
+
+    def input_buffer(self) -> Callable[[int], np.ndarray] | None:
+        """Where the job's bytes are read: page-locked memory for the device path (None: plain bytes)."""
+        return None
+
+    @abstractmethod
+    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+        """Parse ``data`` (``header`` already parsed and checked), multiply, and return the output's chunks.
+
+        Raises InputFormatError as :func:`mmd.textformat.parse` does, and the
+        backend's errors.
+        """
+
+
+class HostTextPath(TextPath):
+    """Parse and format on the CPU; multiply on ``backend``."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+        t0 = time.perf_counter()
+        out = self.backend.host_array(header.m * header.k + header.k * header.n, np.float32, "operands")
+        matrices = textformat.parse(data, header, out=out)
+        stage = {"parse": (time.perf_counter() - t0) * 1e3}
+        del data  # the text is no longer needed; keep peak memory near one copy
+        product = self.backend.multiply(matrices.a, matrices.b, request)
+        del matrices
+        return Computed(_timed(textformat.emit_chunks(product.c), stage), product, TextFacts("host"), stage)
+
+
+class DeviceTextPath(TextPath):
+    """Parse, multiply and format on the backend's device; the host path takes what it does not accept."""
+
+    def __init__(self, backend: Backend, device: DeviceText) -> None:
+        self.backend = backend
+        self.device = device
+
+    def input_buffer(self) -> Callable[[int], np.ndarray] | None:
+        return lambda nbytes: self.backend.host_array(nbytes, np.uint8, "input")
+
+    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+        if not self.device.accepts(header, len(data), request):
+            return HostTextPath(self.backend).compute(data, header, request)
+        product = self.device.multiply_text(data, header, request)
+        stage = {"parse": product.stage_ms.get("parse", 0.0), "emit": product.stage_ms.get("emit", 0.0)}
+        return Computed(product.chunks, product, product.text, stage)
+
+
+def choose(backend: Backend, request: MultiplyRequest) -> TextPath:
+    """The device path when the request allows it and the backend has one, else the host path."""
+    device = backend.device_text() if request.text_path != "host" else None
+    return DeviceTextPath(backend, device) if device is not None else HostTextPath(backend)
+
+
+def _timed(chunks: Iterator[bytes], stage: dict[str, float]) -> Iterator[bytes]:
+    """Yield ``chunks`` and charge the time spent producing them to ``stage["emit"]``."""
+    spent = 0.0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            break
+        finally:
+            spent += time.perf_counter() - t0
+        yield chunk
+    stage["emit"] = spent * 1e3

@@ -1,0 +1,231 @@
+"""The one fake GPU: a session that stands in for :class:`mmd.cuda.GpuSession` with numpy.
+
+The real :class:`mmd.backends.cuda.CudaBackend` runs on it, so the tests on
+a CPU-only machine exercise the backend's own logic: phase accounting,
+compile-once, the tile check before any allocation, freeing on every error
+path, the text path and the conversion of driver errors. ``fail_at`` names a
+step that raises a driver error; ``fault`` decides, per product, whether the
+"kernel" faults (an illegal address: the backend must reopen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mmd import kernels as registry
+from mmd import textformat
+from mmd.backends.cuda import CudaBackend
+from mmd.cuda.compiler import Compiled
+from mmd.cuda.memory import DeviceMatrix
+from mmd.cuda.text import TextResult
+
+LIMITS = registry.DeviceLimits(
+    max_threads_per_block=1024,
+    max_shared_per_block=48 * 1024,
+    max_registers_per_block=64 * 1024,
+    name="Fake GPU",
+    compute_capability=(9, 0),
+    total_memory=80 * 2**30,
+    multiprocessors=132,
+    max_shared_optin=227 * 1024,
+)
+
+#: Milliseconds the fake timer reports for each phase.
+PHASE_MS = {"malloc": 1.0, "h2d": 2.0, "kernel": 3.0, "d2h": 4.0, "free": 5.0, "parse_gpu": 0.5, "emit_gpu": 0.25}
+#: What the fake compiler takes to build a kernel, and the text kernels.
+COMPILE_MS, TEXT_BUILD_MS = 42.0, 12.0
+
+
+class DriverError(Exception):
+    """Stands in for pycuda._driver.Error."""
+
+
+class FakeTimer:
+    """Phases of :data:`PHASE_MS`; the kernel phase from the session's ``kernel_ms`` when it has one."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+        self.names: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        yield
+        self.names.append(name)
+
+    def elapsed_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in self.names:
+            ms = PHASE_MS[name]
+            if name == "kernel" and self.session.kernel_ms is not None and self.session.last is not None:
+                ms = self.session.kernel_ms(*self.session.last)
+            out[name] = out.get(name, 0.0) + ms
+        return out
+
+
+class FakeText:
+    """The GPU text path done by textformat and numpy: what the real kernels must equal."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+        self.built = False
+        self.calls = 0
+
+    def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+        self.session.maybe_fail("text_build")
+        first = not self.built
+        self.built = True
+        return {}, {}, (TEXT_BUILD_MS if first else None)
+
+    def multiply_text(self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None) -> TextResult:
+        self.calls += 1
+        matrices = textformat.parse(data, header)
+        c = self.session.product(matrices.a, matrices.b, kernel)
+        return TextResult(
+            chunks=list(textformat.emit_chunks(c)),
+            c=c,
+            phases_ms={k: PHASE_MS[k] for k in ("malloc", "h2d", "parse_gpu", "kernel", "emit_gpu", "d2h", "free")},
+            stage_ms={"parse": 7.0, "multiply": 3.0, "emit": 8.0},
+        )
+
+
+class FakeSession:
+    """numpy behind the session interface the CUDA backend uses."""
+
+    errors = (DriverError, MemoryError)
+    #: Every session made, in order (per test: see the ``fake_gpu`` fixture).
+    made: ClassVar[list[FakeSession]] = []
+
+    def __init__(
+        self,
+        device: int = 0,
+        kernel_cache: Path | None = None,
+        *,
+        fail_at: str | None = None,
+        registers: int = 32,
+        fault: Callable[[np.ndarray, np.ndarray], bool] | None = None,
+        tamper: Callable[[str, np.ndarray], None] | None = None,
+        kernel_ms: Callable[[str, int | None, int], float] | None = None,
+        name: str = "Fake GPU",
+    ) -> None:
+        self.device = device
+        self.thread = threading.get_ident()
+        self.limits = LIMITS
+        self.fail_at = fail_at
+        self.registers = registers
+        self.fault = fault
+        #: Called with the kernel's name and C after each product: may change C (a wrong kernel) or raise (a bug).
+        self.tamper = tamper
+        #: The kernel phase's milliseconds from (kernel, tile, m) (default: PHASE_MS's).
+        self.kernel_ms = kernel_ms
+        self.last: tuple[str, int | None, int] | None = None
+        self.name = name
+        self.allocs = 0
+        self.frees = 0
+        self.products = 0
+        self.compiles = 0
+        self.built: dict[Any, Compiled] = {}
+        self.closed = False
+        self.free_bytes = 10 * 2**30
+        self._text = FakeText(self)
+        FakeSession.made.append(self)
+
+    def maybe_fail(self, step: str) -> None:
+        if self.fail_at == step:
+            raise DriverError(f"cuFake failed: {step}\n(second line)")
+
+    def product(self, a: np.ndarray, b: np.ndarray, kernel: Compiled | None = None) -> np.ndarray:
+        """A·B, or the fault a kernel with an illegal address raises."""
+        self.products += 1
+        if self.fault is not None and self.fault(a, b):
+            raise DriverError("an illegal memory access was encountered (fake)")
+        c = np.ascontiguousarray(a @ b, dtype=np.float32)
+        name = "cublas" if kernel is None else kernel.spec.name
+        self.last = (name, None if kernel is None or not kernel.spec.uses_tile else kernel.tile, a.shape[0])
+        if self.tamper is not None:
+            self.tamper(name, c)
+        return c
+
+    def device_name(self) -> str:
+        return f"{self.name} {self.device} (sm_90)" if self.name == "Fake GPU" else self.name
+
+    def versions(self) -> dict[str, str]:
+        return {"driver": "0.0", "pycuda_built_for": "0.0", "pycuda": "fake"}
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.free_bytes, LIMITS.total_memory
+
+    def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]:
+        """Like GpuSession.compile: built (True) the first time, cached after."""
+        self.maybe_fail("compile")
+        key = (spec.name, tile if spec.uses_tile else 0, spec.macros)
+        built = key not in self.built
+        if built:
+            self.compiles += 1
+            self.built[key] = Compiled(spec, tile, None, self.registers, 0, 0, COMPILE_MS)
+        return self.built[key], built
+
+    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
+        if self.fail_at == "alloc" and self.allocs == 1:  # the second allocation fails
+            raise MemoryError("cuMemAlloc failed: out of memory")
+        self.allocs += 1
+        return DeviceMatrix(mode, rows, cols, cols, 0, np.full((rows, cols), np.nan, np.float32))
+
+    def free(self, matrix: DeviceMatrix) -> None:
+        self.frees += 1
+        self.maybe_fail("free")
+
+    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
+        self.maybe_fail("upload")
+        matrix.handle[...] = host
+
+    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None:
+        self.maybe_fail("sgemm" if kernel is None else "launch")
+        c.handle[...] = self.product(a.handle, b.handle, kernel)
+
+    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
+        self.maybe_fail("download")
+        out: np.ndarray = matrix.handle.copy()
+        return out
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def phase_timer(self) -> FakeTimer:
+        return FakeTimer(self)
+
+    def synchronize(self) -> None:
+        self.maybe_fail("synchronize")
+
+    def text(self) -> FakeText:
+        return self._text
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def cuda_backend(device: int = 0, **session: Any) -> tuple[CudaBackend, FakeSession]:
+    """The real CUDA backend on a fake session (``session``: FakeSession's options)."""
+    made: list[FakeSession] = []
+
+    def open_session(dev: int, kernel_cache: Path | None) -> FakeSession:
+        made.append(FakeSession(dev, kernel_cache, **session))
+        return made[0]
+
+    backend = CudaBackend(device, open_session=open_session)
+    return backend, made[0]
+
+
+def fake_gpu_opener(**session: Any) -> Callable[[str, int, Path | None], tuple[CudaBackend, None]]:
+    """An ``open_backend`` replacement: every backend a CUDA backend on a fake session (to monkeypatch)."""
+
+    def open_backend(name: str, device: int = 0, kernel_cache: Path | None = None) -> tuple[CudaBackend, None]:
+        backend, _ = cuda_backend(device, **session)
+        return backend, None
+
+    return open_backend

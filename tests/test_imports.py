@@ -1,0 +1,130 @@
+"""The package's shape: no import circle, pycuda only in mmd.cuda, nobody imports another module's private names.
+
+Every import counts, at the top of a module or inside a function, and
+those under ``if TYPE_CHECKING:`` too: a circle a type checker needs is a
+circle all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mmd"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+#: Compiled modules (a C source and its type stub): modules too, though not Python files.
+EXTENSIONS = {module_name(p.with_suffix(".py")) for p in PACKAGE.rglob("*.pyi")}
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``from X import`` names (relative imports resolved)."""
+    if node.level == 0:
+        return node.module or ""
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def imports_of(module: str) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every import statement in ``module``."""
+    out = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((_resolve(module, node), [alias.name for alias in node.names]))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    """mmd module → the mmd modules it imports (``from pkg import sub`` counts as importing ``pkg.sub``)."""
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target, names in imports_of(module):
+            for name in names:
+                if f"{target}.{name}" in MODULES:
+                    edges[module].add(f"{target}.{name}")
+            if target in MODULES and not all(f"{target}.{n}" in MODULES for n in names or ["?"]):
+                edges[module].add(target)
+    for module in edges:
+        edges[module].discard(module)
+        # importing a package's module runs the package's __init__ first: not an edge of the module's own
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_pycuda_is_imported_only_in_mmd_cuda(module):
+    if module.startswith("mmd.cuda"):
+        return
+    for target, _ in imports_of(module):
+        assert not target.startswith("pycuda"), f"{module} imports {target}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_another_modules_private_names(module):
+    for target, names in imports_of(module):
+        if not target.startswith("mmd") or target == module:
+            continue
+        modules = MODULES.keys() | EXTENSIONS
+        private = [n for n in names if n.startswith("_") and not n.startswith("__") and f"{target}.{n}" not in modules]
+        assert not private, f"{module} imports {private} from {target}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_reaches_into_another_modules_private_names(module):
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    aliases = set()  # local names bound to mmd modules
+    for target, names in imports_of(module):
+        aliases |= {n for n in names if f"{target}.{n}" in MODULES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.asname and (alias.name.startswith("mmd") or isinstance(node, ast.ImportFrom)):
+                    aliases.add(alias.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            assert not (node.attr.startswith("_") and not node.attr.startswith("__")), (
+                f"{module} uses {node.value.id}.{node.attr}"
+            )

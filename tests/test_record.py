@@ -1,0 +1,109 @@
+"""The sidecar's one definition (mmd.record): written, read back, its schema and table current."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from mmd import record
+from mmd.record import ErrorRecord, FileFacts, TimingRecord
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def timing() -> TimingRecord:
+    return TimingRecord(
+        job="0123456789ab",
+        input=FileFacts("m.txt", 12, "a" * 64),
+        output=FileFacts("m.out", 20, "b" * 64),
+        shape=record.Shape(2, 3, 4),
+        backend="cuda",
+        kernel="tiled",
+        tile=16,
+        memory="device",
+        device="NVIDIA H100 80GB HBM3 (sm_90)",
+        requested=record.Requested("tiled", 16, "device"),
+        timings_ms=record.timings({"read": 0.1, "kernel": 0.5, "overall": 3.0}),
+        text=record.TextFacts("gpu", parse_gpu=0.2, emit_gpu=0.1, host_parse=False, host_emit=False, exotic_runs=0),
+        gflops=1.5,
+        context=record.Context(name_settings={"tile": 16}, device_index=1),
+        finished_at=record.now_iso(),
+    )
+
+
+def refusal() -> ErrorRecord:
+    return ErrorRecord(
+        job="0123456789ab",
+        input=FileFacts("m.txt", 12),
+        output=FileFacts("m.out", written=False),
+        error=record.ErrorFacts("input", "line 3: 'x' is not a number", {"line": 3, "value": "x"}),
+        timings_ms=record.timings({"read": 0.1, "overall": 0.4}),
+        finished_at=record.now_iso(),
+    )
+
+
+def test_the_published_schema_and_table_are_current():
+    assert json.loads((DOCS / "sidecar.schema.json").read_text()) == record.json_schema(), (
+        "docs/sidecar.schema.json is stale: run python -m mmd.record docs"
+    )
+    assert (DOCS / "sidecar.md").read_text() == record.markdown(), "docs/sidecar.md is stale: python -m mmd.record"
+
+
+@pytest.mark.parametrize("rec", [timing(), refusal()], ids=["timing", "error"])
+def test_written_records_read_back_equal_and_follow_the_schema(tmp_path, rec):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(record.dumps(rec))
+    data = yaml.safe_load(path.read_text())
+    jsonschema.validate(data, record.json_schema())
+    assert record.read(path) == rec
+    assert next(iter(data)) == "status"
+
+
+def test_context_and_error_details_sit_beside_the_records_own_keys():
+    data = record.as_dict(timing())
+    assert data["name_settings"] == {"tile": 16} and data["device_index"] == 1
+    assert "context" not in data and "resumed" not in data  # unset facts are left out
+    err = record.as_dict(refusal())["error"]
+    assert err == {"kind": "input", "reason": "line 3: 'x' is not a number", "line": 3, "value": "x"}
+    assert record.as_dict(refusal())["output"] == {"name": "m.out", "written": False}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"status": "maybe"},
+        {"shape": {"m": 2, "k": 3}},
+        {"timings_ms": {"kernel": "fast"}},
+        {"gflops": "many"},
+        {"unknown_key": 1},
+    ],
+)
+def test_the_schema_refuses_what_mmd_never_writes(change):
+    data = {**record.as_dict(timing()), **change}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, record.json_schema())
+
+
+def test_read_refuses_a_file_that_is_not_a_sidecar(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("status: pending\n")
+    with pytest.raises(ValueError, match="status must be ok or error"):
+        record.read(path)
+    path.write_text("- 1\n")
+    with pytest.raises(ValueError, match="not a sidecar mapping"):
+        record.read(path)
+
+
+def test_timing_keys_are_the_timings_fields_in_order():
+    assert record.TIMING_KEYS == ("read", "parse", "compile", "malloc", "h2d", "kernel", "d2h", "free", "cuda",
+                                  "emit", "write", "overall")  # fmt: skip
+    assert record.timings({"kernel": 1.23456, "bogus": 1.0}) == record.Timings(kernel=1.235)
+
+
+def test_paths_beside_the_output():
+    assert record.timing_path(Path("o/m.out")) == Path("o/m.timing.yaml")
+    assert record.error_path(Path("o/m.1.out")) == Path("o/m.1.error.yaml")

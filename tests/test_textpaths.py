@@ -1,0 +1,75 @@
+"""The pipeline's two text paths, with the fake GPU: which one a job takes, what it records, same refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import yaml
+
+from mmd.backends import CpuBackend, MultiplyRequest
+from mmd.pipeline import Limits, read_input
+from mmd.pipeline.textpaths import DeviceTextPath, HostTextPath, choose
+
+from .conftest import plain, run_file
+from .fakes import cuda_backend
+
+GPU = MultiplyRequest(kernel="tiled", tile=16)
+
+
+def run(tmp_path, text: bytes, backend, request=GPU):
+    src = tmp_path / "m.txt"
+    src.write_bytes(text)
+    out = tmp_path / "m.out"
+    return run_file(src, out, backend, request), out
+
+
+def test_read_input_into_a_callers_buffer(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_bytes(b"2\n1 2 3 4\n5 6 7 8\n")
+    asked = []
+
+    def into(size):
+        asked.append(size)
+        return np.zeros(size + 7, np.uint8)
+
+    data = read_input(src, Limits(), into=into)
+    assert isinstance(data, memoryview) and bytes(data) == src.read_bytes() and asked == [src.stat().st_size]
+    assert read_input(src, Limits()) == src.read_bytes()
+
+
+def test_choose_takes_the_device_path_when_the_backend_has_one():
+    backend, _ = cuda_backend()
+    assert isinstance(choose(backend, GPU), DeviceTextPath)
+    assert isinstance(choose(backend, MultiplyRequest(text_path="host")), HostTextPath)
+    assert isinstance(choose(CpuBackend(), MultiplyRequest(text_path="gpu")), HostTextPath)
+
+
+def test_device_path_runs_and_records_its_parts(tmp_path):
+    backend, session = cuda_backend()
+    result, out = run(tmp_path, b"2\r\n1 2\r\n3 4\r\n0.5 0 0 -0.001", backend)
+    assert result.ok and session.text().calls == 1
+    assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
+    rec = yaml.safe_load(result.sidecar.read_text())
+    assert rec["text"] == {
+        "path": "gpu", "parse_gpu": 0.5, "emit_gpu": 0.25, "host_parse": False, "host_emit": False, "exotic_runs": 0
+    }  # fmt: skip
+    t = rec["timings_ms"]
+    assert t["cuda"] == 15.0 and t["emit"] == 8.0 and t["parse"] >= 7.0
+    assert t["compile"] == 42.0 + 12.0  # the kernel and the text kernels, built for this first job
+    assert t["overall"] >= t["read"]
+
+
+def test_device_path_hands_other_memory_modes_to_the_host_path(tmp_path):
+    backend, session = cuda_backend()
+    result, out = run(tmp_path, b"1\n2\n3\n", backend, MultiplyRequest(kernel="tiled", tile=16, memory="pitched"))
+    assert result.ok and session.text().calls == 0 and out.read_bytes() == b"1\n  6.00\n"
+    assert plain(result)["text"] == {"path": "host"}
+    result, _ = run(tmp_path, b"1\n2\n3\n", backend, MultiplyRequest(kernel="tiled", tile=16, text_path="host"))
+    assert result.ok and session.text().calls == 0 and plain(result)["text"] == {"path": "host"}
+
+
+def test_device_path_errors_are_the_host_parsers(tmp_path):
+    backend, _ = cuda_backend()
+    gpu, out = run(tmp_path, b"2\n1 2\n3 x4\n1 2 3 4\n", backend)
+    host, _ = run(tmp_path, b"2\n1 2\n3 x4\n1 2 3 4\n", CpuBackend(), MultiplyRequest(kernel="cpu"))
+    assert not gpu.ok and not out.exists()
+    assert plain(gpu)["error"] == plain(host)["error"] and plain(gpu)["error"]["line"] == 3
