@@ -24,8 +24,12 @@ cuobjdump); it does not import mmd or pycuda. In one go it
    flag set when it drops under 90 % of the maximum or a throttle reason other
    than idle is active; reference rows are cuBLAS SGEMM (cupy.matmul, TF32
    off) and cuBLAS TF32 (the same in a second process with CUPY_TF32=1);
-4. measures the accuracy of tc1, tc3, fast, cuBLAS SGEMM and cuBLAS TF32 vs
-   float64 for M = N = 1024 and K = 32, 64, ..., 8192.
+4. measures the accuracy of tc1, tc3 (and its variants), fast, cuBLAS SGEMM
+   and cuBLAS TF32 vs float64 for M = N = 1024 and K = 32, 64, ..., 8192.
+
+After a full run (the cubins are in /tmp/tc_ladder_build), ``--profile fast,tc1``
+launches those builds once each at 4096^3, for a profiler:
+  ncu --clock-control none -k regex:'mmd_(fast|tc1)' -c 2 python3 benchmarks/tc_ladder.py --profile fast,tc1
 
 Errors: "max rel" = max|C - ref| / max|ref|, "rms rel" = ||C - ref||_F / ||ref||_F
 (ref = the float64 product of the same float32 inputs), inputs uniform in [-1, 1].
@@ -66,6 +70,8 @@ CHECK_SHAPES = [
 #: Layouts: (name, how ld is made, base offset in floats).
 LAYOUTS = [("packed", None, 0), ("pitch4", 4, 0), ("odd", 1, 1)]
 TIMED_SIZES = [4096, 8192]
+#: Columns of the accuracy table (builds that exist and whose check did not die).
+ACC_COLUMNS = ["cublas_sgemm", "cublas_tf32", "fast", "tc1", "tc3", "tc3_p2", "tc3_p4", "tc3_mma"]
 ACCURACY_KS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ACCURACY_MN = 1024
 
@@ -109,8 +115,10 @@ class Build:
         raise ValueError(self.kernel)
 
     def tile(self) -> tuple[int, int]:
-        if self.kernel in ("tc1", "tc3"):
+        if self.kernel == "tc1":
             return (self.m("BM", 128), 256)
+        if self.kernel == "tc3":
+            return (self.m("BM", 128), 128)
         return (self.m("BM", 128), self.m("BN", 256))
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
@@ -122,7 +130,7 @@ class Build:
         if self.kernel == "tc1":
             return self.m("STAGES", 3) * (self.m("BM", 128) + 256) * 32 * 4 + 1024
         if self.kernel == "tc3":
-            return self.m("STAGES", 2) * 2 * (self.m("BM", 128) + 256) * 32 * 4 + 1024
+            return self.m("STAGES", 3) * 2 * (self.m("BM", 128) + 128) * 32 * 4 + 1024
         return 0
 
 
@@ -133,12 +141,14 @@ def builds(quick: bool) -> list[Build]:
         Build("tc1", "tc1_mma", SM90),
         Build("tc3", "tc3_mma", SM90),
         Build("fast", "fast", SM90),
-        # variants: checked, timed at 4096 only
+        # variants
+        Build("tc3", "tc3_p2", SM90A, {"PROMOTE": 2}),
+        Build("tc3", "tc3_p4", SM90A, {"PROMOTE": 4}),
         Build("tc1", "tc1_s2", SM90A, {"STAGES": 2}, sizes=(4096,)),
-        Build("tc1", "tc1_g1", SM90A, {"GROUP_M": 1}, sizes=(4096,)),
-        Build("tc1", "tc1_bm64", SM90A, {"BM": 64}, sizes=(4096,)),
-        Build("tc3", "tc3_bm64", SM90A, {"BM": 64}, sizes=(4096,)),
-        Build("tc1", "tc1_mma_a", SM90A, {"USE_WGMMA": 0}, timed=False),
+        Build("tc1", "tc1_s4", SM90A, {"STAGES": 4}, sizes=(4096,)),
+        Build("tc1", "tc1_bm64", SM90A, {"BM": 64}, timed=False),
+        Build("tc3", "tc3_bm64", SM90A, {"BM": 64}, timed=False),
+        Build("tc3", "tc3_mma_a", SM90A, {"USE_WGMMA": 0}, timed=False),
     ]
     if quick:
         out = [b for b in out if b.label in ("tc1", "tc3", "tc1_mma", "tc3_mma", "fast")]
@@ -495,6 +505,24 @@ def random_pair(cp, m, k, n):
     return a, b
 
 
+def profile_launches(labels: list[str]) -> int:
+    """One 4096^3 launch of each build in labels (compiled already), for a profiler such as ncu."""
+    import cupy as cp
+    import numpy as np
+
+    cp.random.seed(5)
+    n = 4096
+    a, bmat = (Mat.wrap(x) for x in random_pair(cp, n, n, n))
+    c = Mat(cp, n, n, n, 0, "nan")
+    for label in labels:
+        b = next(x for x in builds(False) if x.label == label)
+        b.cubin = BUILD_DIR / f"{b.label}.cubin"
+        b.function = load_function(cp, b)
+        launch(b, a, bmat, c, n, n, n, np)
+        cp.cuda.runtime.deviceSynchronize()
+    return 0
+
+
 def run_tf32_worker(sizes, ks) -> dict:
     env = dict(os.environ, CUPY_TF32="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--tf32-worker",
@@ -515,9 +543,13 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench"))
     ap.add_argument("--tf32-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check-worker", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default="", help="after a full run: launch these builds (comma-separated) once "
+                    "at 4096^3, for ncu")
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ks", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.profile:
+        return profile_launches(args.profile.split(","))
     if args.check_worker:
         return check_worker(args.check_worker, args.quick, Path(args.out))
     if args.tf32_worker:
@@ -639,7 +671,7 @@ def main() -> int:
 
     # 4. accuracy vs K
     cp.random.seed(4242)  # the TF32 worker draws the same inputs
-    acc_builds = [b for b in good if b.label in ("tc1", "tc3", "fast") and status[b.label]["ok"]]
+    acc_builds = [b for b in good if b.label in ACC_COLUMNS and not status[b.label].get("died")]
     acc = {}
     for kk in ACCURACY_KS:
         a, bmat = (Mat.wrap(x) for x in random_pair(cp, ACCURACY_MN, kk, ACCURACY_MN))
@@ -673,16 +705,14 @@ def main() -> int:
     dump()
 
     # tables last
-    cols = ["cublas_sgemm", "cublas_tf32", "fast", "tc1", "tc3"]
-    say("")
-    say(f"accuracy vs float64, M = N = {ACCURACY_MN}, inputs uniform [-1, 1]: max rel | rms rel")
-    say(f"{'K':>5} " + " ".join(f"{c_:>19}" for c_ in cols))
-    for kk in sorted(acc):
-        cells = []
-        for c_ in cols:
-            e = acc[kk].get(c_)
-            cells.append(f"{e['max']:8.1e} | {e['rms']:7.1e}" if e else f"{'-':>19}")
-        say(f"{kk:>5} " + " ".join(f"{x:>19}" for x in cells))
+    cols = [c_ for c_ in ACC_COLUMNS if any(c_ in acc[kk] for kk in acc)]
+    for what in ("max", "rms"):
+        say("")
+        say(f"accuracy vs float64, M = N = {ACCURACY_MN}, inputs uniform [-1, 1]: {what} rel")
+        say(f"{'K':>5} " + " ".join(f"{c_:>12}" for c_ in cols))
+        for kk in sorted(acc):
+            cells = [f"{acc[kk][c_][what]:.1e}" if c_ in acc[kk] else "-" for c_ in cols]
+            say(f"{kk:>5} " + " ".join(f"{x:>12}" for x in cells))
     say("")
     say(f"correctness ({len(shapes)} shapes x {len(LAYOUTS)} layouts, C poisoned with NaN, every element checked): "
         + ", ".join(f"{b.label} {'PASS' if status[b.label]['ok'] else 'FAIL'}" for b in good))

@@ -63,10 +63,11 @@
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
- * ptxas (nvcc 13.0, -O3 -Xptxas -v, default macros):
- *   sm_90a (wgmma):   168 registers, 0 bytes stack frame, 0 spill stores/loads
- *   sm_90 (mma.sync): 226 registers, 0 bytes stack frame, 0 spill stores/loads
- *   sm_80 (mma.sync): 226 registers, 0 bytes stack frame, 0 spill stores/loads
+ * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
+ *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  255 registers, 0 bytes stack frame, 0 spill stores/loads
+ *   -arch=sm_90 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
+ *   -arch=sm_80 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
+ * (BM 64 spills 12 bytes on sm_90a: only the defaults are spill-free.)
  */
 #include <stdint.h>
 
@@ -383,25 +384,28 @@ mmd_tc1(const float* __restrict__ A,
 
     fetch(0);
     stash(0);
-    if (slabs > 1) fetch(BK);
     fence_async_shared();
+    if (slabs > 1) fetch(BK);
     __syncthreads();
     int s = 0, s_next = 1 % STAGES; /* stage of slab t, of slab t+1 */
     for (int t = 0; t < slabs; ++t) {
         issue(s);
-#if STAGES >= 3
-        /* Stage s_next was last read by slab t+1-STAGES <= t-2, whose wgmmas
-         * every warpgroup waited for before the last barrier. */
-        if (t + 1 < slabs) stash(s_next);
-        if (t + 2 < slabs) fetch((t + 2) * BK);
-        wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's may run on */
-#else
+#if STAGES < 3
         wgmma_wait<1>(); /* this warpgroup's slab t-1 is done ... */
         __syncthreads(); /* ... and every warpgroup's: its stage may be overwritten */
-        if (t + 1 < slabs) stash(s_next);
-        if (t + 2 < slabs) fetch((t + 2) * BK);
 #endif
+        /* With STAGES >= 3, stage s_next was last read by slab t+1-STAGES <=
+         * t-2, whose wgmmas every warpgroup waited for before the last barrier. */
+        if (t + 1 < slabs) stash(s_next);
+        /* The proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) waits
+         * for this thread's outstanding memory operations: it goes before the
+         * next slab's loads are issued, not after, or every slab would wait
+         * out a full global-memory latency here. */
         fence_async_shared();
+        if (t + 2 < slabs) fetch((t + 2) * BK);
+#if STAGES >= 3
+        wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's may run on */
+#endif
         __syncthreads();
         s = s_next;
         s_next = (s_next + 1 == STAGES) ? 0 : s_next + 1;
