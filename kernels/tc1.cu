@@ -86,6 +86,11 @@
 #ifndef GROUP_M
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
 #endif
+#ifndef ROUND_RNA
+#define ROUND_RNA 1 /* 1: round operands with cvt.rna.tf32.f32; 0 (an experiment, to measure what
+                       the rounding costs): store fp32 as it is and let the tensor cores ignore the
+                       low 13 bits (truncation, twice the representation error) */
+#endif
 #ifndef USE_WGMMA
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define USE_WGMMA 1 /* sm_90a: wgmma */
@@ -138,7 +143,11 @@ __device__ __forceinline__ float to_tf32(float x)
 
 __device__ __forceinline__ float4 to_tf32(float4 v)
 {
+#if ROUND_RNA
     return make_float4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+#else
+    return v;
+#endif
 }
 
 /* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
