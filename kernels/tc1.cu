@@ -68,6 +68,8 @@
  *   -arch=sm_90 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
  *   -arch=sm_80 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
  * (BM 64 spills 12 bytes on sm_90a: only the defaults are spill-free.)
+ * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py run 2, docs/tensorcores.md): 4096^3 in
+ * 0.940 ms (146 TFLOP/s; cuBLAS TF32 0.343 ms), max rel error vs float64 2.8e-4 (cuBLAS TF32's too).
  */
 #include <stdint.h>
 

@@ -80,6 +80,8 @@
  *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  255 registers, 0 bytes stack frame, 0 spill stores/loads
  *   -arch=sm_90 (mma.sync):                         244 registers, 0 bytes stack frame, 0 spill stores/loads
  *   -arch=sm_80 (mma.sync):                         242 registers, 0 bytes stack frame, 0 spill stores/loads
+ * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py run 2, docs/tensorcores.md): 4096^3 in
+ * 2.233 ms (61.6 TFLOP/s, 1.17x cuBLAS SGEMM), max rel error vs float64 7.3e-7 (cuBLAS SGEMM 3.3e-6).
  */
 #include <stdint.h>
 
