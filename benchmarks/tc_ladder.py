@@ -59,13 +59,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+sys.path.insert(0, str(ROOT))
+
+from mmd import kernels as registry  # noqa: E402  (the kernels' launch geometry lives there)
+
+KERNELS = registry.kernels_dir()
 
 #: Shapes (M, K, N) that are checked. 4096x1024x2048 means M=4096, K=1024, N=2048.
 CHECK_SHAPES = [
-    (1, 1, 1), (7, 7, 7), (33, 33, 33), (127, 127, 127), (1000, 1000, 1000),
-    (1, 1000, 7), (129, 257, 130), (300, 17, 515), (257, 40, 129), (64, 96, 256),
-    (128, 64, 256), (128, 32, 256), (4096, 1024, 2048),
+    (1, 1, 1),
+    (7, 7, 7),
+    (33, 33, 33),
+    (127, 127, 127),
+    (1000, 1000, 1000),
+    (1, 1000, 7),
+    (129, 257, 130),
+    (300, 17, 515),
+    (257, 40, 129),
+    (64, 96, 256),
+    (128, 64, 256),
+    (128, 32, 256),
+    (4096, 1024, 2048),
 ]
 #: Layouts: (name, how ld is made, base offset in floats).
 LAYOUTS = [("packed", None, 0), ("pitch4", 4, 0), ("odd", 1, 1)]
@@ -87,13 +101,13 @@ SM90 = "-arch=sm_90"
 class Build:
     """One compiled kernel: a .cu file, a macro set and a target."""
 
-    kernel: str                        # file stem: kernels/<kernel>.cu, entry mmd_<kernel>
-    label: str                         # short name of the build
-    arch: str = SM90A                  # nvcc target option
+    kernel: str  # file stem: kernels/<kernel>.cu, entry mmd_<kernel>
+    label: str  # short name of the build
+    arch: str = SM90A  # nvcc target option
     macros: dict = field(default_factory=dict)
-    timed: bool = True                 # time it (else check only)
+    timed: bool = True  # time it (else check only)
     sizes: tuple = tuple(TIMED_SIZES)  # sizes to time
-    rep_scale: float = 1.0             # x the kernel's representation-error bound (truncating variants: 2)
+    rep_scale: float = 1.0  # x the kernel's representation-error bound (truncating variants: 2)
     cubin: Path | None = None
     report: dict = field(default_factory=dict)
     function: object = None
@@ -102,37 +116,27 @@ class Build:
     def name(self) -> str:
         return self.label
 
-    def m(self, key, default):
-        return int(self.macros.get(key, default))
-
-    # Launch geometry, as each kernel's header comment gives it.
-    def block(self) -> tuple[int, int, int]:
-        if self.kernel in ("tc1", "tc3"):
-            return (2 * self.m("BM", 128), 1, 1)
+    @property
+    def spec(self) -> registry.KernelSpec:
+        """The registry's build for these macros: its launch geometry lives there (mmd/kernels.py)."""
+        base = registry.get(self.kernel)
+        if self.kernel in registry.TENSOR_CORE_DEFAULTS:
+            return base.with_variant(registry.tensor_core_variant(self.kernel, self.label, **self.macros))
         if self.kernel == "fast":
-            bm, bn, tm, tn, wtm = (self.m("BM", 128), self.m("BN", 256), self.m("TM", 8), self.m("TN", 16),
-                                   self.m("WTM", 4))
-            return ((bm // (tm * wtm)) * (bn // (tn * (32 // wtm))) * 32, 1, 1)
-        raise ValueError(self.kernel)
+            return base.with_variant(registry.fast_variant(self.label, **self.macros))
+        return base
+
+    def block(self) -> tuple[int, int, int]:
+        return self.spec.block(0)
 
     def tile(self) -> tuple[int, int]:
-        if self.kernel == "tc1":
-            return (self.m("BM", 128), 256)
-        if self.kernel == "tc3":
-            return (self.m("BM", 128), 128)
-        return (self.m("BM", 128), self.m("BN", 256))
+        return self.spec.block_shape(0)
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        rows, cols = self.tile()
-        return (-(-n // cols), -(-m // rows), 1)
+        return self.spec.grid(m, n, 0)
 
     def dynamic_shared(self) -> int:
-        """Dynamic shared bytes, the formula of each file's header comment."""
-        if self.kernel == "tc1":
-            return self.m("STAGES", 3) * (self.m("BM", 128) + 256) * 32 * 4 + 1024
-        if self.kernel == "tc3":
-            return self.m("STAGES", 3) * 2 * (self.m("BM", 128) + 128) * 32 * 4 + 1024
-        return 0
+        return self.spec.dynamic_shared_bytes
 
 
 def builds(quick: bool) -> list[Build]:
@@ -159,6 +163,7 @@ def builds(quick: bool) -> list[Build]:
 
 # -- compile ------------------------------------------------------------------
 
+
 def _tool(name: str) -> str | None:
     for cand in (shutil.which(name), f"/usr/local/cuda/bin/{name}"):
         if cand and Path(cand).exists():
@@ -169,8 +174,18 @@ def _tool(name: str) -> str | None:
 def compile_build(b: Build, build_dir: Path) -> Build:
     src = KERNELS / f"{b.kernel}.cu"
     b.cubin = build_dir / f"{b.label}.cubin"
-    cmd = [_tool("nvcc") or "nvcc", "-cubin", "-O3", "-Xptxas", "-v", *b.arch.split(),
-           *[f"-D{k}={v}" for k, v in b.macros.items()], "-o", str(b.cubin), str(src)]
+    cmd = [
+        _tool("nvcc") or "nvcc",
+        "-cubin",
+        "-O3",
+        "-Xptxas",
+        "-v",
+        *b.arch.split(),
+        *[f"-D{k}={v}" for k, v in b.macros.items()],
+        "-o",
+        str(b.cubin),
+        str(src),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     rep = {"cmd": " ".join(cmd), "ok": proc.returncode == 0, "log": proc.stderr + proc.stdout}
     if proc.returncode == 0:
@@ -201,6 +216,7 @@ def compile_build(b: Build, build_dir: Path) -> Build:
 
 # -- matrices -----------------------------------------------------------------
 
+
 class Mat:
     """A rows x cols float32 matrix inside a flat buffer, at `offset` floats, row stride ld."""
 
@@ -211,8 +227,8 @@ class Mat:
         # past an edge (and lets it into a product) gives NaN, and one that
         # writes past an edge of C overwrites NaN that must stay.
         self.buf = cp.full(total, cp.nan, dtype=cp.float32)
-        self.ptr_view = self.buf[offset:]                       # the kernel's pointer
-        self.view = self.buf[offset:offset + rows * ld].reshape(rows, ld)[:, :cols]
+        self.ptr_view = self.buf[offset:]  # the kernel's pointer
+        self.view = self.buf[offset : offset + rows * ld].reshape(rows, ld)[:, :cols]
         if fill != "nan":
             self.view[...] = cp.random.uniform(-1.0, 1.0, (rows, cols), dtype=cp.float64).astype(cp.float32)
 
@@ -229,8 +245,8 @@ class Mat:
 
     def padding_untouched(self, cp) -> bool:
         mask = cp.ones(self.buf.shape, dtype=bool)
-        inner = mask[self.offset:self.offset + self.rows * self.ld].reshape(self.rows, self.ld)
-        inner[:, :self.cols] = False
+        inner = mask[self.offset : self.offset + self.rows * self.ld].reshape(self.rows, self.ld)
+        inner[:, : self.cols] = False
         return bool(cp.isnan(self.buf[mask]).all())
 
 
@@ -243,10 +259,22 @@ def ld_for(cols: int, how) -> int:
 
 
 def launch(b: Build, a: Mat, bm: Mat, c: Mat, m: int, k: int, n: int, np, stream=None):
-    b.function(b.grid(m, n), b.block(),
-               (a.ptr_view, bm.ptr_view, c.ptr_view, np.int32(m), np.int32(k), np.int32(n),
-                np.int32(a.ld), np.int32(bm.ld), np.int32(c.ld)),
-               shared_mem=b.dynamic_shared())
+    b.function(
+        b.grid(m, n),
+        b.block(),
+        (
+            a.ptr_view,
+            bm.ptr_view,
+            c.ptr_view,
+            np.int32(m),
+            np.int32(k),
+            np.int32(n),
+            np.int32(a.ld),
+            np.int32(bm.ld),
+            np.int32(c.ld),
+        ),
+        shared_mem=b.dynamic_shared(),
+    )
 
 
 def errors(cp, got, ref) -> dict:
@@ -254,9 +282,11 @@ def errors(cp, got, ref) -> dict:
     if not bool(cp.isfinite(got).all()):
         return {"max": math.inf, "rms": math.inf, "finite": False}
     diff = got - ref
-    return {"max": float(cp.abs(diff).max() / max(float(cp.abs(ref).max()), 1e-300)),
-            "rms": float(cp.linalg.norm(diff) / max(float(cp.linalg.norm(ref)), 1e-300)),
-            "finite": True}
+    return {
+        "max": float(cp.abs(diff).max() / max(float(cp.abs(ref).max()), 1e-300)),
+        "rms": float(cp.linalg.norm(diff) / max(float(cp.linalg.norm(ref)), 1e-300)),
+        "finite": True,
+    }
 
 
 def bound(kernel: str, k: int, rep_scale: float = 1.0) -> float:
@@ -266,26 +296,32 @@ def bound(kernel: str, k: int, rep_scale: float = 1.0) -> float:
     big + small keeps x to 2^-22 and drops small*small (~2^-22); fp32
     accumulation of K terms adds at most about K * 2^-23 (generous: the tensor
     cores' internal accumulation is not IEEE round-to-nearest)."""
-    rep = {"tc1": 2.0 ** -10, "tc3": 2.0 ** -20, "fast": 2.0 ** -22, "cublas": 2.0 ** -22}[kernel]
+    rep = {"tc1": 2.0**-10, "tc3": 2.0**-20, "fast": 2.0**-22, "cublas": 2.0**-22}[kernel]
     return 1.05 * rep * rep_scale + k * 2.0**-23
 
 
 # -- timing -------------------------------------------------------------------
 
+
 class ClockSampler:
     """Samples the SM clock and throttle reasons with nvidia-smi in a thread while active."""
 
-    FIELDS_TRY = ("clocks.sm,clocks.max.sm,clocks_event_reasons.active",
-                  "clocks.sm,clocks.max.sm,clocks_throttle_reasons.active",
-                  "clocks.sm,clocks.max.sm")
+    FIELDS_TRY = (
+        "clocks.sm,clocks.max.sm,clocks_event_reasons.active",
+        "clocks.sm,clocks.max.sm,clocks_throttle_reasons.active",
+        "clocks.sm,clocks.max.sm",
+    )
 
     def __init__(self):
         self.smi = shutil.which("nvidia-smi")
         self.fields = None
         if self.smi:
             for f in self.FIELDS_TRY:
-                r = subprocess.run([self.smi, f"--query-gpu={f}", "--format=csv,noheader,nounits", "-i", "0"],
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    [self.smi, f"--query-gpu={f}", "--format=csv,noheader,nounits", "-i", "0"],
+                    capture_output=True,
+                    text=True,
+                )
                 if r.returncode == 0 and "not supported" not in r.stdout.lower() and "invalid" not in r.stdout.lower():
                     self.fields = f
                     break
@@ -296,8 +332,11 @@ class ClockSampler:
     def read(self):
         if not self.fields:
             return None
-        r = subprocess.run([self.smi, f"--query-gpu={self.fields}", "--format=csv,noheader,nounits", "-i", "0"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [self.smi, f"--query-gpu={self.fields}", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+        )
         parts = [p.strip() for p in r.stdout.strip().split(",")]
         try:
             sm, mx = float(parts[0]), float(parts[1])
@@ -337,9 +376,14 @@ class ClockSampler:
         for s in self.samples:
             reasons |= s[2]
         active = reasons & ~0x1
-        return {"sm_mhz": statistics.median(clocks), "sm_min_mhz": min(clocks), "sm_max_mhz": mx,
-                "throttled": bool(active) or min(clocks) < 0.9 * mx, "reasons": hex(reasons),
-                "samples": len(clocks)}
+        return {
+            "sm_mhz": statistics.median(clocks),
+            "sm_min_mhz": min(clocks),
+            "sm_max_mhz": mx,
+            "throttled": bool(active) or min(clocks) < 0.9 * mx,
+            "reasons": hex(reasons),
+            "samples": len(clocks),
+        }
 
 
 def time_launches(cp, fn, flush, warmup=3, batch=10, max_reps=60, min_reps=10, spread=0.02):
@@ -368,7 +412,6 @@ def time_launches(cp, fn, flush, warmup=3, batch=10, max_reps=60, min_reps=10, s
     return {"ms": med, "min": min(times), "iqr_rel": (q[2] - q[0]) / med, "reps": len(times)}
 
 
-
 def load_function(cp, b: Build):
     fn = cp.RawModule(path=str(b.cubin)).get_function(f"mmd_{b.kernel}")
     dyn = b.dynamic_shared()
@@ -392,8 +435,8 @@ def check_worker(label: str, quick: bool, out: Path) -> int:
     st = {"ok": True, "worst_elem": 0.0, "worst_max": 0.0, "fails": [], "rows": [], "checks": 0}
     cp.random.seed(12345)  # every worker draws the same inputs
     saved = False
-    for (m, k, n) in shapes:
-        for (lname, how, off) in LAYOUTS:
+    for m, k, n in shapes:
+        for lname, how, off in LAYOUTS:
             a = Mat(cp, m, k, ld_for(k, how), off, "rand")
             bmat = Mat(cp, k, n, ld_for(n, how), off, "rand")
             a64, b64 = a.view.astype(cp.float64), bmat.view.astype(cp.float64)
@@ -418,18 +461,38 @@ def check_worker(label: str, quick: bool, out: Path) -> int:
             st["checks"] += 1
             st["worst_elem"] = max(st["worst_elem"], elem)
             st["worst_max"] = max(st["worst_max"], e["max"])
-            st["rows"].append({"build": b.label, "shape": [m, k, n], "layout": lname, "ok": ok, "elem": elem,
-                               "bound": lim, "max": e["max"], "rms": e["rms"], "sgemm_rms": sg["rms"],
-                               "pad_ok": pad_ok, "finite": e["finite"]})
+            st["rows"].append(
+                {
+                    "build": b.label,
+                    "shape": [m, k, n],
+                    "layout": lname,
+                    "ok": ok,
+                    "elem": elem,
+                    "bound": lim,
+                    "max": e["max"],
+                    "rms": e["rms"],
+                    "sgemm_rms": sg["rms"],
+                    "pad_ok": pad_ok,
+                    "finite": e["finite"],
+                }
+            )
             if not ok:
                 st["ok"] = False
                 nan_count = int(cp.isnan(got).sum())
-                st["fails"].append(f"{m}x{k}x{n}/{lname}: elem={elem:.2e} (bound {lim:.1e}) max={e['max']:.2e} "
-                                   f"rms={e['rms']:.2e} (sgemm {sg['rms']:.1e}) nan={nan_count} pad_ok={pad_ok}")
+                st["fails"].append(
+                    f"{m}x{k}x{n}/{lname}: elem={elem:.2e} (bound {lim:.1e}) max={e['max']:.2e} "
+                    f"rms={e['rms']:.2e} (sgemm {sg['rms']:.1e}) nan={nan_count} pad_ok={pad_ok}"
+                )
                 if not saved and (m, k, n) in DIAG_SHAPES and b.label in ("tc1", "tc3", "tc1_mma", "tc3_mma"):
                     saved = True
-                    np.savez_compressed(out / f"diag_{b.label}.npz", A=cp.asnumpy(a.view), B=cp.asnumpy(bmat.view),
-                                        C=cp.asnumpy(c.view), shape=np.array([m, k, n]), layout=lname)
+                    np.savez_compressed(
+                        out / f"diag_{b.label}.npz",
+                        A=cp.asnumpy(a.view),
+                        B=cp.asnumpy(bmat.view),
+                        C=cp.asnumpy(c.view),
+                        shape=np.array([m, k, n]),
+                        layout=lname,
+                    )
             del a, bmat, a64, b64, ref, absprod, c
         cp.get_default_memory_pool().free_all_blocks()
     print("CHECKJSON " + json.dumps(st), flush=True)
@@ -443,14 +506,25 @@ def run_check_worker(label: str, quick: bool, out: Path) -> dict:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "died": True, "worst_elem": math.inf, "worst_max": math.inf,
-                "fails": ["check timed out (60 s)"]}
+        return {
+            "ok": False,
+            "died": True,
+            "worst_elem": math.inf,
+            "worst_max": math.inf,
+            "fails": ["check timed out (60 s)"],
+        }
     for line in proc.stdout.splitlines():
         if line.startswith("CHECKJSON "):
-            return json.loads(line[len("CHECKJSON "):])
+            return json.loads(line[len("CHECKJSON ") :])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-    return {"ok": False, "died": True, "worst_elem": math.inf, "worst_max": math.inf,
-            "fails": [f"check process died (rc {proc.returncode}): " + " | ".join(tail)]}
+    return {
+        "ok": False,
+        "died": True,
+        "worst_elem": math.inf,
+        "worst_max": math.inf,
+        "fails": [f"check process died (rc {proc.returncode}): " + " | ".join(tail)],
+    }
+
 
 def timed_row(cp, sampler, flush, case, label, kernel, fn, say) -> dict:
     """Time fn (which writes case["c"]), then run it once more on a poisoned C for its error."""
@@ -464,13 +538,16 @@ def timed_row(cp, sampler, flush, case, label, kernel, fn, say) -> dict:
     cp.cuda.runtime.deviceSynchronize()
     t["err"] = errors(cp, c.view.astype(cp.float64), case["ref"])
     row = {"kernel": label, "file": kernel, "size": size, "tflops": case["flop"] / t["ms"] / 1e9, **t}
-    say(f"time {size:5d}^3 {label:12} {t['ms']:8.3f} ms {row['tflops']:6.1f} TFLOP/s  "
+    say(
+        f"time {size:5d}^3 {label:12} {t['ms']:8.3f} ms {row['tflops']:6.1f} TFLOP/s  "
         f"iqr {t['iqr_rel'] * 100:4.1f}% reps {t['reps']:3d}  SM {t.get('sm_mhz')} MHz (min {t.get('sm_min_mhz')}) "
-        f"throttled={t.get('throttled')} {t.get('reasons')}  max rel {t['err']['max']:.1e}")
+        f"throttled={t.get('throttled')} {t.get('reasons')}  max rel {t['err']['max']:.1e}"
+    )
     return row
 
 
 # -- the TF32 worker (a second process: CuPy reads CUPY_TF32 at import) ---------
+
 
 def tf32_worker(args) -> int:
     import cupy as cp
@@ -530,16 +607,24 @@ def profile_launches(labels: list[str]) -> int:
 
 def run_tf32_worker(sizes, ks) -> dict:
     env = dict(os.environ, CUPY_TF32="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--tf32-worker",
-           "--sizes", ",".join(map(str, sizes)), "--ks", ",".join(map(str, ks))]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--tf32-worker",
+        "--sizes",
+        ",".join(map(str, sizes)),
+        "--ks",
+        ",".join(map(str, ks)),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     for line in proc.stdout.splitlines():
         if line.startswith("TF32JSON "):
-            return json.loads(line[len("TF32JSON "):])
+            return json.loads(line[len("TF32JSON ") :])
     return {"error": (proc.stderr or proc.stdout)[-2000:]}
 
 
 # -- main -----------------------------------------------------------------------
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -548,8 +633,9 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench"))
     ap.add_argument("--tf32-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check-worker", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--profile", default="", help="after a full run: launch these builds (comma-separated) once "
-                    "at 4096^3, for ncu")
+    ap.add_argument(
+        "--profile", default="", help="after a full run: launch these builds (comma-separated) once at 4096^3, for ncu"
+    )
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ks", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -587,22 +673,32 @@ def main() -> int:
     nvcc_v = subprocess.run([_tool("nvcc") or "nvcc", "--version"], capture_output=True, text=True).stdout
     results["env"]["nvcc"] = nvcc_v.strip().splitlines()[-1] if nvcc_v.strip() else "?"
     say(f"# compiled {len(bs)} builds in {time.time() - t_start:.1f} s ({results['env']['nvcc']})")
-    say(f"{'build':12} {'target':8} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'smem dyn':>8} "
-        f"{'HGMMA':>5} {'HMMA':>5} {'LDL/STL':>7}")
+    say(
+        f"{'build':12} {'target':8} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'smem dyn':>8} "
+        f"{'HGMMA':>5} {'HMMA':>5} {'LDL/STL':>7}"
+    )
     good = []
     for b in bs:
         r = b.report
-        results["builds"][b.label] = {"kernel": b.kernel, "arch": b.arch, "macros": b.macros,
-                                      "block": b.block(), "tile": b.tile(), "dynamic_shared": b.dynamic_shared(),
-                                      **{k: v for k, v in r.items() if k != "log"}}
+        results["builds"][b.label] = {
+            "kernel": b.kernel,
+            "arch": b.arch,
+            "macros": b.macros,
+            "block": b.block(),
+            "tile": b.tile(),
+            "dynamic_shared": b.dynamic_shared(),
+            **{k: v for k, v in r.items() if k != "log"},
+        }
         if not r["ok"]:
             say(f"{b.label:12} COMPILE FAILED\n{r['log']}")
             continue
         s = r.get("sass", {})
         tgt = "sm_90a" if "90a" in b.arch else b.arch.split("=")[-1]
-        say(f"{b.label:12} {tgt:8} {r['registers']:>4} {r['stack']:>5} {r['spill_stores']:>5}/{r['spill_loads']:<5} "
+        say(
+            f"{b.label:12} {tgt:8} {r['registers']:>4} {r['stack']:>5} {r['spill_stores']:>5}/{r['spill_loads']:<5} "
             f"{b.dynamic_shared():>8} {s.get('HGMMA', '-'):>5} {s.get('HMMA', '-'):>5} {s.get('LDL/STL', '-'):>7}"
-            + (f"  warnings: {r['warnings']}" if r.get("warnings") else ""))
+            + (f"  warnings: {r['warnings']}" if r.get("warnings") else "")
+        )
         good.append(b)
     dump()
     if args.compile_only:
@@ -620,9 +716,11 @@ def main() -> int:
     results["env"].update(gpu=gpu, sms=sms, l2=l2, cc=cc, cupy=cp.__version__)
     sampler = ClockSampler()
     idle = sampler.read()
-    say(f"# GPU {gpu} (cc {cc}), {sms} SMs, L2 {l2 >> 20} MiB, CuPy {cp.__version__}, "
+    say(
+        f"# GPU {gpu} (cc {cc}), {sms} SMs, L2 {l2 >> 20} MiB, CuPy {cp.__version__}, "
         f"SM clock idle {idle[0] if idle else '?'} / max {idle[1] if idle else '?'} MHz, "
-        f"nvidia-smi fields {sampler.fields}")
+        f"nvidia-smi fields {sampler.fields}"
+    )
 
     for b in good:
         b.function = load_function(cp, b)
@@ -637,9 +735,11 @@ def main() -> int:
     say(f"# checks: {len(shapes)} shapes x {len(LAYOUTS)} layouts per build, {time.time() - t0:.1f} s")
     for b in good:
         st = status[b.label]
-        say(f"check {b.label:12} {'PASS' if st['ok'] else 'FAIL'}  worst elementwise |C-ref|/(|A||B|) "
+        say(
+            f"check {b.label:12} {'PASS' if st['ok'] else 'FAIL'}  worst elementwise |C-ref|/(|A||B|) "
             f"{st['worst_elem']:.2e}  worst max rel {st['worst_max']:.2e}  ({st.get('checks', 0)} checks)"
-            + ("" if st["ok"] else "\n    " + "\n    ".join(st["fails"][:8])))
+            + ("" if st["ok"] else "\n    " + "\n    ".join(st["fails"][:8]))
+        )
         results["checks"] += st.pop("rows", [])
     results["check_summary"] = status
     dump()
@@ -696,11 +796,14 @@ def main() -> int:
     if "timing" in tf:
         for s, t in tf["timing"].items():
             size = int(s)
-            rows.append({"kernel": "cublas_tf32", "file": "cublas", "size": size,
-                         "tflops": 2.0 * size ** 3 / t["ms"] / 1e9, **t})
-            say(f"time {size:5d}^3 {'cublas_tf32':12} {t['ms']:8.3f} ms  "
+            rows.append(
+                {"kernel": "cublas_tf32", "file": "cublas", "size": size, "tflops": 2.0 * size**3 / t["ms"] / 1e9, **t}
+            )
+            say(
+                f"time {size:5d}^3 {'cublas_tf32':12} {t['ms']:8.3f} ms  "
                 f"iqr {t['iqr_rel'] * 100:4.1f}% reps {t['reps']} "
-                f"SM {t.get('sm_mhz')} MHz throttled={t.get('throttled')}  max rel {t['err']['max']:.1e}")
+                f"SM {t.get('sm_mhz')} MHz throttled={t.get('throttled')}  max rel {t['err']['max']:.1e}"
+            )
         for s, e in tf.get("accuracy", {}).items():
             acc.setdefault(int(s), {})["cublas_tf32"] = e
     else:
@@ -719,12 +822,16 @@ def main() -> int:
             cells = [f"{acc[kk][c_][what]:.1e}" if c_ in acc[kk] else "-" for c_ in cols]
             say(f"{kk:>5} " + " ".join(f"{x:>12}" for x in cells))
     say("")
-    say(f"correctness ({len(shapes)} shapes x {len(LAYOUTS)} layouts, C poisoned with NaN, every element checked): "
-        + ", ".join(f"{b.label} {'PASS' if status[b.label]['ok'] else 'FAIL'}" for b in good))
+    say(
+        f"correctness ({len(shapes)} shapes x {len(LAYOUTS)} layouts, C poisoned with NaN, every element checked): "
+        + ", ".join(f"{b.label} {'PASS' if status[b.label]['ok'] else 'FAIL'}" for b in good)
+    )
     say("")
     say(f"GPU {gpu}; CUDA events, L2 flushed before each launch, median of reps (IQR < 2% or capped)")
-    say(f"{'kernel':13} {'size':>6} {'ms':>8} {'TFLOP/s':>8} {'x SGEMM':>8} {'max rel':>8} {'rms rel':>8} "
-        f"{'SM MHz':>7} thr")
+    say(
+        f"{'kernel':13} {'size':>6} {'ms':>8} {'TFLOP/s':>8} {'x SGEMM':>8} {'max rel':>8} {'rms rel':>8} "
+        f"{'SM MHz':>7} thr"
+    )
     for size in sizes:
         sg = [r for r in rows if r["kernel"] == "cublas_sgemm" and r["size"] == size]
         base = statistics.mean(r["ms"] for r in sg) if sg else None  # before and after the kernels
@@ -735,8 +842,10 @@ def main() -> int:
             seen.add(r["kernel"])
             ratio = base / r["ms"] if base else float("nan")
             name = r["kernel"] + ("!" if r.get("check_ok") is False else "")
-            say(f"{name:13} {size:>6} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:8.2f} {r['err']['max']:8.1e} "
-                f"{r['err']['rms']:8.1e} {r.get('sm_mhz')!s:>7} {'Y' if r.get('throttled') else 'n'}")
+            say(
+                f"{name:13} {size:>6} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:8.2f} {r['err']['max']:8.1e} "
+                f"{r['err']['rms']:8.1e} {r.get('sm_mhz')!s:>7} {'Y' if r.get('throttled') else 'n'}"
+            )
         if len(sg) > 1:
             say(f"{'(sgemm again)':13} {size:>6} {sg[-1]['ms']:8.3f}   (x SGEMM uses the mean of both SGEMM runs)")
     say("(! = failed its correctness check; thr = throttled: SM clock under 90 % of max or a throttle reason set)")

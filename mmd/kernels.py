@@ -113,7 +113,9 @@ class Variant:
     block_tile: tuple[int, int, int, int]
     shared_bytes: int
     #: Shape classes this variant serves unless a tuning file says otherwise.
-    classes: tuple[str, ...]
+    classes: tuple[str, ...] = ()
+    #: Dynamic shared memory per block (``extern __shared__``), as in :attr:`KernelSpec.dynamic_shared_bytes`.
+    dynamic_shared_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ class KernelSpec:
     #: Dynamic shared memory each block is launched with (``extern __shared__``); the
     #: launcher raises the function's limit to it (past 48 KiB needs the opt-in).
     dynamic_shared_bytes: int = 0
-    #: nvcc's target when it is not the device's own (``sm_90a`` for Hopper-only instructions).
-    arch: str | None = None
+    #: Devices (``sm_90``) on which it is built for the architecture-specific target (``sm_90a``), whose
+    #: instructions (wgmma) only that architecture has; elsewhere it is built for the device as it is.
+    arch_specific: tuple[str, ...] = ()
     #: The oldest GPU that can run it (8.0: TF32 tensor cores); older ones are refused before launch.
     min_compute_capability: tuple[int, int] = (0, 0)
     #: What that capability brings, for the refusal ("TF32 tensor cores").
@@ -182,6 +185,7 @@ class KernelSpec:
             macros=variant.macros,
             block_tile=variant.block_tile,
             fixed_shared_bytes=variant.shared_bytes,
+            dynamic_shared_bytes=variant.dynamic_shared_bytes,
             variants=(),
             variant=variant.label,
         )
@@ -194,6 +198,10 @@ class KernelSpec:
     def source(self) -> Path | None:
         """The absolute path of the ``.cu`` file, or None."""
         return kernels_dir() / self.source_file if self.source_file else None
+
+    def arch_for(self, device_arch: str) -> str:
+        """nvcc's target for this kernel on a device of ``device_arch`` (``sm_90`` → ``sm_90a`` where asked)."""
+        return device_arch + "a" if device_arch in self.arch_specific else device_arch
 
     def defines(self, tile: int) -> dict[str, int]:
         """The ``-D`` macros of a build at ``tile``: ``TILE`` where the tile shapes the block, and the variant's."""
@@ -282,6 +290,53 @@ def fast_variant(label: str, classes: tuple[str, ...] = (), **changes: int) -> V
     )
 
 
+#: The tensor-core kernels' compile-time parameters and their defaults (a test checks them against the files).
+TENSOR_CORE_DEFAULTS: dict[str, dict[str, int]] = {
+    "tc1": {"BM": 128, "BN": 256, "BK": 32, "STAGES": 3, "GROUP_M": 8, "ROUND_RNA": 1},
+    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 3, "PROMOTE": 1, "GROUP_M": 8},
+}
+
+
+def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
+    """A parameter set of ``tc1.cu`` or ``tc3.cu`` and the geometry it implies.
+
+    Two warpgroups of 64 rows: 2·BM threads, a BM×BN tile of C; the dynamic
+    shared memory holds STAGES k-slabs of A and B (tc3 twice: big and small
+    parts) and 1 KiB to align them for the 128-byte swizzle. (BM/8)·(BN/TN)
+    with TN = BN/16 makes the registry's thread count.
+    """
+    defaults = TENSOR_CORE_DEFAULTS[kernel]
+    unknown = set(changes) - set(defaults) - {"USE_WGMMA"}
+    if unknown:
+        raise KernelError(f"{kernel} has no parameter {', '.join(sorted(unknown))}")
+    m = {**defaults, **changes}
+    parts = 2 if kernel == "tc3" else 1
+    return Variant(
+        label=label,
+        macros=tuple(m.items()),
+        block_tile=(m["BM"], m["BN"], 8, m["BN"] // 16),
+        shared_bytes=0,
+        dynamic_shared_bytes=m["STAGES"] * parts * (m["BM"] + m["BN"]) * m["BK"] * FLOAT_BYTES + 1024,
+    )
+
+
+def _tensor_core_spec(kernel: str, description: str) -> KernelSpec:
+    default = tensor_core_variant(kernel, "default")
+    return KernelSpec(
+        name=kernel,
+        kind=SOURCE,
+        description=description,
+        source_file=f"{kernel}.cu",
+        entry=f"mmd_{kernel}",
+        macros=default.macros,
+        block_tile=default.block_tile,
+        dynamic_shared_bytes=default.dynamic_shared_bytes,
+        arch_specific=("sm_90",),
+        min_compute_capability=(8, 0),
+        requirement="TF32 tensor cores",
+    )
+
+
 _SPECS: tuple[KernelSpec, ...] = (
     KernelSpec(
         name="naive",
@@ -356,6 +411,8 @@ _SPECS: tuple[KernelSpec, ...] = (
             fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, TM=4, TN=8, A_PAD=4),
         ),
     ),
+    _tensor_core_spec("tc1", "TF32 tensor cores, one pass: fast, about 3e-4 relative error (tile ignored)"),
+    _tensor_core_spec("tc3", "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)"),
     KernelSpec(
         name="cublas",
         kind=LIBRARY,

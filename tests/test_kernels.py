@@ -34,6 +34,7 @@ H100 = registry.DeviceLimits(
     max_registers_per_block=64 * 1024,
     name="NVIDIA H100 80GB HBM3",
     compute_capability=(9, 0),
+    max_shared_optin=227 * 1024,
 )
 
 
@@ -96,7 +97,32 @@ def test_tile_64_refused_with_reason(kernel):
 @pytest.mark.parametrize("kernel", registry.NAMES)
 def test_course_tiles_accepted(kernel, tile):
     registry.check_launch(kernel, tile, H100)
-    registry.check_launch(kernel, tile, registry.COMMON_LIMITS, registers_per_thread=64)
+    if not registry.get(kernel).dynamic_shared_bytes:  # what every CUDA GPU launches
+        registry.check_launch(kernel, tile, registry.COMMON_LIMITS, registers_per_thread=64)
+
+
+@pytest.mark.parametrize("kernel", ["tc1", "tc3"])
+def test_tensor_core_kernels_are_refused_before_ampere_with_the_reason(kernel):
+    turing = registry.DeviceLimits(1024, 48 * 1024, 64 * 1024, name="Tesla T4", compute_capability=(7, 5))
+    with pytest.raises(KernelError, match=rf"^{kernel} needs a GPU of compute capability 8.0 or newer \(TF32 tensor"):
+        registry.check_launch(kernel, 32, turing)
+    ampere = registry.DeviceLimits(1024, 48 * 1024, 64 * 1024, name="A100", compute_capability=(8, 0),
+                                   max_shared_optin=163 * 1024)  # fmt: skip
+    spec = registry.get(kernel)
+    assert spec.arch_for("sm_80") == "sm_80" and spec.arch_for("sm_90") == "sm_90a"
+    if spec.dynamic_shared_bytes > 163 * 1024:
+        with pytest.raises(TileError, match="bytes of shared memory per block"):
+            registry.check_launch(kernel, 32, ampere)
+    else:
+        registry.check_launch(kernel, 32, ampere)
+
+
+@pytest.mark.parametrize("kernel", ["tc1", "tc3"])
+def test_tensor_core_defaults_in_the_registry_are_the_files_own(kernel):
+    text = (kernels_dir() / f"{kernel}.cu").read_text()
+    defaults = registry.TENSOR_CORE_DEFAULTS[kernel]
+    found = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", text) if k in defaults}
+    assert found == defaults
 
 
 def test_shared_memory_limit_refused():

@@ -90,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
                 except MmdError as exc:
                     refused.append(f"{tile} ({exc.reason})")
             tiles = "tiles " + ", ".join(ok) + (f"; refused: {'; '.join(refused)}" if refused else "")
+        elif limits is kernels.COMMON_LIMITS and (spec.dynamic_shared_bytes or spec.min_compute_capability > (0, 0)):
+            need = ".".join(map(str, spec.min_compute_capability))
+            shared = spec.shared_bytes(0) + spec.dynamic_shared_bytes
+            tiles = (
+                f"no tile; needs {spec.requirement or 'a newer GPU'} (compute capability {need}+), {shared} bytes of "
+            )
+            tiles += "shared memory per block"
         else:
             try:
                 kernels.check_launch(spec, 0, limits)

@@ -40,7 +40,7 @@ def every_build(arch: str, tiles: Iterable[int] = registry.TILES) -> list[Build]
             assert spec.source is not None
             for tile in tiles if spec.uses_tile else (0,):
                 where = f"tile {tile}" if spec.uses_tile else (spec.variant or "default")
-                out.append(Build(f"{spec.name} {where}", spec.source, spec.defines(tile), spec.arch or arch))
+                out.append(Build(f"{spec.name} {where}", spec.source, spec.defines(tile), spec.arch_for(arch)))
     for name, (defines, _entries) in SOURCES.items():
         out.append(Build(name, kernels_dir() / name, dict(defines), arch))
     return out

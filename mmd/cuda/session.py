@@ -209,7 +209,9 @@ class GpuSession:
         if cached is not None:
             return cached, False
         try:
-            module, _ = self.module(spec.source, spec.defines(tile), {spec.entry: MATMUL_SIGNATURE}, spec.arch)
+            module, _ = self.module(
+                spec.source, spec.defines(tile), {spec.entry: MATMUL_SIGNATURE}, spec.arch_for(self.limits.arch)
+            )
         except KernelError as exc:
             raise KernelError(
                 f"kernel {spec.name} does not compile at tile {tile}: {exc.reason}",
