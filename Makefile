@@ -51,18 +51,6 @@ bench-text: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
-## install-service: (root) user, group, spool folders, config and the systemd unit; see systemd/README.md
-SERVICE_ROOT ?= /opt/mmd
-install-service: $(STAMP)
-	@test "$(CURDIR)" = "$(SERVICE_ROOT)" || { echo "install-service: clone mmd to $(SERVICE_ROOT) first (the unit runs $(SERVICE_ROOT)/.venv/bin/mmd)"; exit 1; }
-	@test "$$(id -u)" = 0 || { echo "install-service: run as root (sudo make install-service)"; exit 1; }
-	getent group mmd-spool >/dev/null || groupadd --system mmd-spool
-	id -u mmd >/dev/null 2>&1 || useradd --system --gid mmd-spool --home-dir /var/lib/mmd --shell /usr/sbin/nologin mmd
-	! getent group video >/dev/null || usermod -aG video mmd
-	install -d -o mmd -g mmd-spool -m 3770 /srv/mmd/inbox
-	install -d -o mmd -g mmd-spool -m 2750 /srv/mmd/outbox
-	install -d -o mmd -g mmd-spool -m 0750 /var/lib/mmd /etc/mmd
-	test -e /etc/mmd/mmd.yaml || printf 'inbox: /srv/mmd/inbox\noutbox: /srv/mmd/outbox\nbackend: auto\n' > /etc/mmd/mmd.yaml
-	systemctl link $(CURDIR)/systemd/mmd.service
-	systemctl daemon-reload
-	@echo "installed; start with: systemctl enable --now mmd"
+## install-service: (root) mmd in /opt/mmd/venv (not editable), its user, folders and unit: docs/operations.md
+install-service:
+	sh systemd/install.sh

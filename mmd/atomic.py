@@ -11,7 +11,8 @@ import concurrent.futures
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,13 +104,22 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, replace: bool = True) -> Written:
+def write_atomic(
+    path: Path,
+    chunks: Iterable[bytes],
+    *,
+    durable: bool = True,
+    replace: bool = True,
+    guard: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Written:
     """Write ``chunks`` to ``path`` atomically and return its size and sha256.
 
     With ``replace=False`` an existing ``path`` is never overwritten: the
     commit uses ``link`` + ``unlink`` so that a name taken meanwhile raises
     FileExistsError instead of being replaced. Any OSError (disk full,
     permissions) leaves no partial file behind and is raised as OutputError.
+    ``guard``: a context the rename happens in (a job's supervisor holds it to
+    stop a commit; whatever it raises leaves no file behind either).
     """
     folder = path.parent
     tmp = folder / temporary_name(path.name)
@@ -130,17 +140,21 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True, r
         finally:
             os.close(fd)
             digest = hasher.finish()
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails with FileExistsError if the name was taken
-            os.unlink(tmp)
+        with guard() if guard is not None else contextlib.nullcontext():
+            if replace:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)  # fails with FileExistsError if the name was taken
+                os.unlink(tmp)
     except FileExistsError:
         _unlink_quietly(tmp)
         raise
     except OSError as exc:
         _unlink_quietly(tmp)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}", {"path": str(path)}) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
     if durable:
         _fsync_dir(folder)
     return Written(path=path, bytes=size, sha256=digest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -21,6 +22,7 @@ import yaml
 
 from . import kernels
 from .errors import ConfigError, MmdError, UsageError
+from .hooks import HOOK_VARIABLES
 
 #: Searched in order when no --config and no MMD_CONFIG is given.
 DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
@@ -60,6 +62,7 @@ class Settings:
     # -- the spool (relative paths are taken from the working directory) --
     inbox: Path = Path("inbox")
     outbox: Path = Path("outbox")
+    create_folders: bool = False  # `mmd serve` makes a missing inbox or outbox (--create); else it refuses to start
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # None: no limit beyond memory
@@ -72,6 +75,14 @@ class Settings:
     poll_seconds: float = 1.0  # polling observer period
     shared_inbox: bool = False  # several hosts serve one inbox on a shared filesystem (docs/cluster.md)
     host_id: str | None = None  # this host's name in a shared inbox; None: the hostname
+    # -- the service (docs/operations.md) --
+    job_timeout_s: float = 3600.0  # a job running longer is stopped and failed (`timeout`); per job: NAME@timeout=600
+    max_attempts: int = 3  # a job that killed the daemon this many times is failed, not started again
+    metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
+    metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
+    on_done: tuple[str, ...] | None = None  # a command (argv list, no shell) run after each job with an output
+    on_error: tuple[str, ...] | None = None  # a command run after each refused job
+    hook_timeout_s: float = 30.0  # a hook still running after this long is killed (the job is not affected)
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
@@ -121,6 +132,18 @@ def _devices(value: Any, where: str) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _argv(value: Any, where: str) -> tuple[str, ...]:
+    """A command as an argv list: a YAML list of strings, or a string split as a shell would (never run by one)."""
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where} must be a command: a list of strings (program first), got {value!r}")
+    return tuple(value)
+
+
 def host_id_of(settings: Settings) -> str:
     """This daemon's host id: the setting, else the hostname (characters outside ``A-Za-z0-9._-`` → ``_``)."""
     if settings.host_id is not None:
@@ -154,6 +177,8 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
     where = f"{origin}: {name}"
     if name == "devices":
         return None if value is None else _devices(value, where)
+    if ftype.startswith("tuple[str"):
+        return None if value is None else _argv(value, where)
     if value is None:
         if "None" in ftype:
             return None
@@ -196,9 +221,18 @@ def _validated(s: Settings, origin: str) -> Settings:
         kernels.check_tile(s.tile)
     except MmdError as exc:
         raise ConfigError(f"{origin}: {exc.reason}", dict(exc.details)) from None
-    for name in ("rescan_seconds", "quiet_seconds", "poll_seconds"):
+    for name in (
+        "rescan_seconds",
+        "quiet_seconds",
+        "poll_seconds",
+        "job_timeout_s",
+        "metrics_seconds",
+        "hook_timeout_s",
+    ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {name} must be positive")
+    if s.max_attempts < 1:
+        raise ConfigError(f"{origin}: max_attempts must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_dim"):
         value = getattr(s, name)
         if value is not None and value <= 0:
@@ -261,7 +295,8 @@ def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
     """Settings given as ``MMD_<NAME>`` variables (see :data:`NOT_SETTINGS` for the others)."""
     out: dict[str, str | None] = {}
     for key, value in environ.items():
-        if key.startswith("MMD_") and key not in NOT_SETTINGS:
+        # A hook's own variables are not settings either, so a hook may run mmd itself.
+        if key.startswith("MMD_") and key not in NOT_SETTINGS and key not in HOOK_VARIABLES:
             name = key[4:].lower()
             if name not in _FIELDS:
                 raise ConfigError(f"environment: unknown setting {key}")

@@ -115,6 +115,18 @@ class OutputError(MmdError):
     kind = "output"
 
 
+class JobTimeout(MmdError):
+    """A job ran past its time limit (``job_timeout_s``) and was stopped."""
+
+    kind = "timeout"
+
+
+class CrashedError(MmdError):
+    """A job whose runs killed the daemon ``max_attempts`` times: it is not started again."""
+
+    kind = "crashed"
+
+
 class InternalError(MmdError):
     """A bug in mmd met while running a job: the job is refused with it, the daemon goes on."""
 

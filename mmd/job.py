@@ -91,9 +91,9 @@ def describe(
     settings, overrides = base, {}
     try:
         overrides = jobname.parse(name if name is not None else input.name).overrides
-        _check_conflicts(overrides, given)
+        _check_conflicts(jobname.settings_of(overrides), given)
         if overrides:
-            settings = settings.with_values(overrides, "file name")
+            settings = settings.with_values(jobname.settings_of(overrides), "file name")
         if given:
             settings = settings.with_values(given, COMMAND_LINE)
     except MmdError as exc:

@@ -25,12 +25,16 @@ from .config import CHOICES
 from .errors import JobNameError, MmdError
 
 #: What can be set in a name, in the order they are reported.
-KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory")
+KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory", "timeout")
+
+#: The setting each name key sets (the same name unless said here).
+SETTING_OF: dict[str, str] = {"timeout": "job_timeout_s"}
 
 #: Separators: NAME ``@`` key ``=`` value ``,`` key ``=`` value.
 SETTINGS_MARK, ITEM_SEP, VALUE_SEP = "@", ",", "="
 
 _TILE_RE = re.compile(r"[0-9]+")
+_SECONDS_RE = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ def _tile(value: str) -> int:
     return kernels.check_tile(int(value))
 
 
+def _seconds(value: str) -> float:
+    if not _SECONDS_RE.fullmatch(value) or float(value) <= 0:
+        raise JobNameError(f"timeout {value!r} must be a positive number of seconds", {"timeout": value})
+    return float(value)
+
+
 def _choice(key: str) -> Callable[[str], str]:
     allowed = CHOICES[key]
 
@@ -75,7 +85,13 @@ _VALIDATORS: dict[str, Callable[[str], Any]] = {
     "tile": _tile,
     "backend": _choice("backend"),
     "memory": _choice("memory"),
+    "timeout": _seconds,
 }
+
+
+def settings_of(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A name's settings under the names of the settings they set (``timeout`` → ``job_timeout_s``)."""
+    return {SETTING_OF.get(key, key): value for key, value in overrides.items()}
 
 
 def parse(name: str) -> JobName:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from . import record
+from .atomic import write_atomic
 from .errors import SpoolError
 from .job import new_id
 from .jobname import stem_of
@@ -52,6 +53,8 @@ STATE_NAME = ".mmd-state.json"
 OUTPUT_SUFFIX = ".out"
 #: The reservation of an output version: ``outbox/.<stem>[.<v>].claim``, created O_EXCL at the claim.
 CLAIM_SUFFIX = ".claim"
+#: How many times a claimed job was started, kept beside it in its ``.work`` folder (survives kill -9).
+ATTEMPTS_NAME = ".attempts"
 
 #: Names that are never jobs: hidden files (our own folders and temporaries
 #: included), and the usual "still being written" suffixes.
@@ -560,8 +563,25 @@ class Spool:
             folder.mkdir()
         return folder
 
+    def attempt(self, claim: Claim) -> int:
+        """Count one more start of ``claim``'s job, durably, and return the count (this start included).
+
+        The count lives in the job's ``.work`` folder, written atomically and
+        fsynced before the job runs, so a job that kills the daemon (kill -9,
+        a crash in a driver) is seen again at the restart: the daemon fails it
+        after ``max_attempts`` starts instead of dying of it for ever.
+        """
+        path = claim.path.parent / ATTEMPTS_NAME
+        try:
+            count = int(path.read_text(encoding="ascii").strip() or 0)
+        except (OSError, ValueError):
+            count = 0
+        write_atomic(path, [f"{count + 1}\n".encode()], durable=True)
+        return count + 1
+
     def _release_folder(self, folder: Path) -> None:
         """Keep an emptied job folder as the spare (replacing an empty spare), else remove it."""
+        _unlink_quietly(folder / ATTEMPTS_NAME)
         try:
             os.rename(folder, self.work / SPARE_DIR)
         except OSError:
@@ -576,8 +596,12 @@ class Spool:
             if parsed is None or not folder.is_dir():
                 continue  # not mmd's: left alone
             job_id, version = parsed
-            files = list(_entries(folder))
+            entries = list(_entries(folder))
+            # A claimed file keeps its inbox name, never hidden; hidden ones are mmd's (the attempt count).
+            files = [p for p in entries if not p.name.startswith(".")]
             if not files:  # killed between mkdir and rename, or after the archive
+                for leftover in entries:
+                    _unlink_quietly(leftover)
                 with contextlib.suppress(OSError):
                     folder.rmdir()
                 continue

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,29 @@ def test_text_path_setting():
     assert config.Settings().replace(text_path="gpu").text_path == "gpu"
     with pytest.raises(ConfigError, match="text_path must be one of auto, host, gpu"):
         config.load(None, environ={"MMD_TEXT_PATH": "cuda"})
+
+
+def test_the_shipped_config_documents_every_setting_and_ships_in_the_package():
+    import yaml
+
+    from mmd import resources
+
+    text = resources.default_config_text()
+    assert text == (Path(__file__).resolve().parent.parent / "config" / "mmd.yaml").read_text()
+    keys = set(yaml.safe_load(text))
+    fields = {f.name for f in dataclasses.fields(config.Settings)} - {"sources"}
+    assert keys == fields, f"undocumented: {sorted(fields - keys)}; unknown: {sorted(keys - fields)}"
+
+
+def test_commands_are_argv_lists_never_shell_strings():
+    s = config.load(None, environ={"MMD_ON_DONE": "notify-send 'mmd: done'"})
+    assert s.on_done == ("notify-send", "mmd: done")
+    with pytest.raises(ConfigError, match="on_error must be a command"):
+        config.Settings().with_values({"on_error": [1, 2]}, "test")
+    with pytest.raises(ConfigError, match="No closing quotation"):
+        config.load(None, environ={"MMD_ON_DONE": "say 'unclosed"})
+
+
+def test_hook_variables_are_not_settings():
+    s = config.load(None, environ={"MMD_JOB_STATUS": "ok", "MMD_JOB_TIMEOUT_S": "7"})
+    assert s.job_timeout_s == 7.0

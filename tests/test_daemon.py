@@ -29,6 +29,7 @@ pytestmark = pytest.mark.process
 ENV = {
     "MMD_LOG_FORMAT": "json",
     "MMD_BACKEND": "cpu",
+    "MMD_CREATE_FOLDERS": "yes",
     "MMD_QUIET_SECONDS": "0.3",
     "MMD_RESCAN_SECONDS": "1",
     "MMD_POLL_SECONDS": "0.1",
@@ -115,11 +116,14 @@ def names(folder: Path) -> set[str]:
 
 
 def work_files(inbox: Path) -> list[Path]:
-    """Files in the job folders under ``inbox/.work`` (a running daemon renames them as we look)."""
+    """Claimed files in the job folders under ``inbox/.work`` (a running daemon renames them as we look).
+
+    Hidden names there are mmd's own bookkeeping (a job's attempt count), not jobs.
+    """
     found: list[Path] = []
     for folder in (inbox / ".work").glob("*"):
         try:
-            found.extend(folder.iterdir())
+            found.extend(p for p in folder.iterdir() if not p.name.startswith("."))
         except (FileNotFoundError, NotADirectoryError):
             continue  # renamed or removed between the listing and the look inside
     return found
@@ -369,13 +373,15 @@ def test_unexpected_exception_becomes_internal_refusal(tmp_path, monkeypatch):
     a, b = make_input(inbox / "fine.txt", 3, 3, 3, 2)
     real = daemon.worker.run_job
 
-    def flaky(job, backend_for):
+    def flaky(job, backend_for, watch=None):
         if job.input.name == "boom.txt":
             raise RuntimeError("simulated bug")
-        return real(job, backend_for)
+        return real(job, backend_for, watch)
 
     monkeypatch.setattr(daemon.worker, "run_job", flaky)
-    settings = config.Settings(inbox=inbox, outbox=tmp_path / "outbox", backend="cpu", quiet_seconds=0.05)
+    settings = config.Settings(
+        inbox=inbox, outbox=tmp_path / "outbox", backend="cpu", quiet_seconds=0.05, create_folders=True
+    )
     assert daemon.Daemon(settings).serve(once=True) == 0
     rec = error_of(tmp_path / "outbox", "boom")
     assert rec["error"]["kind"] == "internal" and "simulated bug" in rec["error"]["reason"]

@@ -43,7 +43,7 @@ __all__ = ["served"]  # the fixture, shared with test_daemon
 
 
 def settings_for(root: Path, **kw) -> config.Settings:
-    base = dict(inbox=root / "inbox", outbox=root / "outbox", backend="cpu", quiet_seconds=0.05)
+    base = dict(inbox=root / "inbox", outbox=root / "outbox", backend="cpu", quiet_seconds=0.05, create_folders=True)
     base.update(kw)
     return config.Settings(**base)
 

@@ -47,6 +47,7 @@ SHARED = "shared_inbox" in {f.name for f in dataclasses.fields(config.Settings)}
 ENV = {
     "MMD_LOG_FORMAT": "json",
     "MMD_BACKEND": "cpu",
+    "MMD_CREATE_FOLDERS": "yes",
     "MMD_QUIET_SECONDS": "0.2",
     "MMD_RESCAN_SECONDS": "1",
     "MMD_POLL_SECONDS": "0.1",

@@ -245,7 +245,13 @@ def test_a_task_runs_the_job_the_daemon_makes_of_the_same_file(tmp_path):
     slurm.write(plan)
     assert run_task(plan.script, 0, tmp_path).returncode == 0
     served = config.Settings(
-        inbox=inbox, outbox=tmp_path / "served", backend="cpu", kernel="tiled", tile=16, quiet_seconds=0.05
+        inbox=inbox,
+        outbox=tmp_path / "served",
+        backend="cpu",
+        kernel="tiled",
+        tile=16,
+        quiet_seconds=0.05,
+        create_folders=True,
     )
     assert daemon.Daemon(served).serve(once=True) == 0
     task = yaml.safe_load((tmp_path / "outbox" / "m@kernel=cpu,tile=8.timing.yaml").read_text())

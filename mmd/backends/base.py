@@ -111,6 +111,10 @@ class Backend(ABC):
         """Driver and library versions, for benchmark records (none on the CPU)."""
         return {}
 
+    def memory_used(self) -> int | None:
+        """Bytes of device memory in use now, for the metrics (None: no device)."""
+        return None
+
     def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
         """Host memory for one of a job's buffers (``slot``: ``input`` for the file's bytes, ``operands``
         for A and B): plain memory here; page-locked and reused on a GPU, so h2d needs no staging copy."""

@@ -116,6 +116,14 @@ class CudaBackend(Backend, DeviceText):
         """Driver, toolkit (as pycuda was built) and pycuda versions."""
         return self._session.versions()
 
+    def memory_used(self) -> int | None:
+        """Bytes of the device's memory in use (by every process on it)."""
+        try:
+            free, total = self._session.mem_info()
+        except self._session.errors:
+            return None
+        return total - free
+
     def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
         """Return A·B computed on the GPU with every phase timed (ms)."""
         self._check_usable()

@@ -28,11 +28,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="how to watch: inotify, polling (network filesystems) or auto",
     )
     p.add_argument("--once", action="store_true", help="process what is in the inbox, then exit")
+    p.add_argument(
+        "--create",
+        action="store_const",
+        const=True,
+        help="make the inbox and outbox if they are missing (default: refuse to start: a typo is not a new folder)",
+    )
     p.set_defaults(func=run)
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:
-    return settings_from(args, inbox=args.inbox, outbox=args.outbox, observer=args.observer)
+    return settings_from(args, inbox=args.inbox, outbox=args.outbox, observer=args.observer, create_folders=args.create)
 
 
 def run(args: argparse.Namespace) -> int:

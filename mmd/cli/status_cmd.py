@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from .. import config
 from ..daemon import status_of
+from ..errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,11 +18,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.add_argument(
+        "--metrics", action="store_true", help="print the daemon's Prometheus metrics (the metrics_file it writes)"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = config.load(args.config, {"inbox": args.inbox})
+    if args.metrics:
+        if settings.metrics_file is None:
+            raise UsageError("no metrics_file is set: the daemon writes no metrics (docs/operations.md)")
+        try:
+            sys.stdout.write(settings.metrics_file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"cannot read {settings.metrics_file}: {exc.strerror} (is the daemon running?)") from None
+        return 0
     status = status_of(settings.inbox, config.host_id_of(settings))
     if args.json:
         print(json.dumps(status, indent=1))

@@ -18,6 +18,9 @@ MAX_PAUSE = 300.0
 #: A job whose output could not be committed this many times in a row is failed with the
 #: reason (an output too big for the space left must not block the jobs behind it).
 MAX_OUTPUT_ATTEMPTS = 3
+#: This many stopped jobs still running in their threads (a hung kernel keeps its thread) make the daemon
+#: unhealthy: the systemd watchdog then restarts it, which ends them.
+MAX_ABANDONED = 3
 #: Bits the daemon always masks from the files and folders it creates: no group or
 #: world write, whatever umask it was started with (the unit sets 0027).
 UMASK_BITS = 0o022

@@ -31,12 +31,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import atomic
+from .. import atomic, record
 from ..backends import worker_devices
 from ..config import Settings, host_id_of
-from ..errors import MmdError, SpoolError
+from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
+from ..hooks import Hooks, JobEnd
+from ..job import describe
 from ..logs import get_logger
+from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
+from ..pipeline import refuse
 from ..spool import Readiness, Spool, state_name
 from .common import (
     BROKEN,
@@ -44,6 +48,7 @@ from .common import (
     DONE,
     HEARTBEAT,
     INBOX,
+    MAX_ABANDONED,
     PAUSE,
     RELOAD,
     RESCAN,
@@ -100,6 +105,10 @@ class Daemon:
         self._observer: Any = None
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
+        #: Workers whose job ran past its limit: replaced, their threads left to end on their own.
+        self.abandoned: list[Worker] = []
+        self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
+        self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
 
     # -- what workers see (worker.Host) --
     @property
@@ -108,6 +117,14 @@ class Daemon:
 
     def hint(self, *hint: Any) -> None:
         self.hints.put(hint)
+
+    def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
+        if rec is not None:
+            self.metrics.job_ended(rec)
+        if memory_used is not None:
+            self.metrics.gpu_memory.labels(str(memory_used[0])).set(memory_used[1])
+        self.metrics.write(force=True)
+        self.hooks.ended(end)
 
     def pause(self, reason: str, seconds: float) -> None:
         # Set here, not only by the hint: the next queued name must already wait.
@@ -176,7 +193,58 @@ class Daemon:
                 return False, f"the worker of device {w.device} has not turned for {now - w.beat:.0f} s"
         if now - self._beat > STUCK_AFTER:
             return False, f"the main loop has not turned for {now - self._beat:.0f} s"
+        stuck = [w for w in self.abandoned if w.is_alive()]
+        if len(stuck) >= MAX_ABANDONED:
+            # Jobs that do not return even when stopped (a hung kernel holds its GPU): let systemd restart us.
+            return False, f"{len(stuck)} jobs stopped past their time limit are still running in their threads"
         return True, ""
+
+    # -- time limits --
+    def _check_timeouts(self) -> None:
+        """Stop every job past its time limit: refuse it, archive it, and give its device a new worker."""
+        now = time.monotonic()
+        for i, w in enumerate(self.workers):
+            watch, claim = w.watch, w.claim
+            if watch is None or claim is None or not watch.overdue(now) or not watch.stop():
+                continue
+            phase, limit = watch.phase, watch.limit_s
+            log = self.log.bind(job=claim.job_id, file=claim.name, device_index=w.device)
+            job = w.job or describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
+                                    job_id=claim.job_id, started=claim.started)  # fmt: skip
+            error = JobTimeout(
+                f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
+                {"limit_s": limit, "phase": phase},
+            )
+            if record.timing_path(job.output).exists() is False and os.path.lexists(job.output):
+                with contextlib.suppress(OSError):  # committed before it was stopped, its sidecar not: ours
+                    os.unlink(job.output)
+            result = refuse(job, error, {"overall": (time.perf_counter() - job.started) * 1e3})
+            try:
+                self.spool.archive(claim, False)
+            except MmdError as exc:
+                log.error("cannot archive", reason=exc.reason)
+            log.error("job stopped past its time limit", limit_s=limit, phase=phase)
+            w.abandoned = True
+            self.abandoned.append(w)
+            replacement = Worker(self, self.jobs, w.index, w.device)
+            self.workers[i] = replacement
+            replacement.start()
+            self.state.finished(
+                {
+                    "job": claim.job_id,
+                    "file": claim.name,
+                    "status": "error",
+                    "output": None,
+                    "sidecar": result.sidecar.name if result.sidecar_failed is None else None,
+                    "overall_ms": result.record.timings_ms.overall,
+                    "device_index": w.device,
+                    "finished": now_iso(),
+                },
+                worker=w.index,
+            )
+            end = JobEnd(claim.job_id, "error", claim.original or claim.name, None, result.sidecar, error.reason)
+            self.job_ended(end, result.record, None)
+            self.hints.put((DONE, claim.name))
 
     def paused(self) -> bool:
         """Whether new jobs wait (the outbox refused a result a moment ago)."""
@@ -334,6 +402,14 @@ class Daemon:
         old_umask = os.umask(UMASK_BITS)
         os.umask(old_umask | UMASK_BITS)
         lock = self._lock = SpoolLock(self.spool.inbox, self.host_id)
+        if not self.settings.create_folders:
+            for what, folder in (("inbox", self.spool.inbox), ("outbox", self.spool.outbox)):
+                if not folder.is_dir():
+                    os.umask(old_umask)
+                    raise ConfigError(
+                        f"the {what} {folder} does not exist; make it, fix the path, or give --create "
+                        "(create_folders: true) to have mmd make it"
+                    )
         try:
             self.spool.prepare()
             lock.acquire()
@@ -383,6 +459,7 @@ class Daemon:
                 **({"host": self.host_id} if self.host_id else {}),
             )
             notifier.ready(f"serving {self.spool.inbox}")
+            self.metrics.up.set(1)
             pinger = WatchdogPinger.start_for(notifier, self.health)
             return self._loop(once)
         finally:
@@ -402,6 +479,9 @@ class Daemon:
                 pinger.stop()
             self.state.update(status="stopped", queue=0, current=None)
             self.state.write(force=True)
+            self.hooks.close()
+            self.metrics.up.set(0)
+            self._write_metrics(force=True)
             if observer is not None:
                 with contextlib.suppress(RuntimeError):
                     observer.join(timeout=5)
@@ -413,6 +493,20 @@ class Daemon:
             notifier.close()
             self.log.info("stopped", done=self.state.snapshot()["done"])
 
+    def _write_metrics(self, force: bool = False) -> None:
+        """The periodic metrics: queue depth, what waits in the inbox and for how long (then the file)."""
+        if self.metrics.path is None or (not force and (self.metrics.due_in() or 0) > 0):
+            return
+        waiting = self.spool.scan()
+        self.metrics.queue.set(self.jobs.qsize())
+        self.metrics.waiting.set(len(waiting))
+        oldest = min((c.mtime_ns for c in waiting), default=None)
+        self.metrics.oldest.set(max(0.0, time.time() - oldest / 1e9) if oldest is not None else 0.0)
+        try:
+            self.metrics.write(force=True)
+        except OSError as exc:
+            self.log.warning("cannot write the metrics file", path=str(self.metrics.path), reason=exc.strerror)
+
     def _loop(self, once: bool) -> int:
         next_rescan = time.monotonic() + (
             min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
@@ -422,7 +516,7 @@ class Daemon:
             waits = [next_rescan - self._beat, HEARTBEAT]
             if self.paused():
                 waits.append(self._paused_until - self._beat)
-            for due in (self._readiness.due_in(), self.state.due_in()):
+            for due in (self._readiness.due_in(), self.state.due_in(), self.metrics.due_in()):
                 if due is not None:
                     waits.append(due)
             try:
@@ -463,6 +557,8 @@ class Daemon:
                 )
                 if once and not self._queued and not found:
                     return 0
+            self._check_timeouts()
             self.state.write()
+            self._write_metrics()
             if any(not w.is_alive() for w in self.workers):
                 raise SpoolError("a worker thread stopped unexpectedly")

@@ -19,10 +19,11 @@ from .. import record
 from ..backends import BackendPool
 from ..backends.base import Backend
 from ..config import Settings
-from ..errors import CudaError, InternalError, MmdError, OutputError, SpoolError
+from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputError, SpoolError
+from ..hooks import JobEnd
 from ..job import Job, describe
 from ..logs import get_logger
-from ..pipeline import JobResult, refuse, run_job
+from ..pipeline import JobResult, JobStopped, JobWatch, refuse, run_job
 from ..record import Context
 from ..spool import Claim, Spool, shown
 from .common import BROKEN, DONE, HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, now_iso
@@ -63,6 +64,9 @@ class Host(Protocol):
         """Count an output the outbox refused; returns how many in a row."""
         ...
 
+    def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
+        """A job's fate is committed: count it, run its hook; ``memory_used``: (device, bytes) in use now."""
+
 
 class Worker(threading.Thread):
     """Claims, runs and archives jobs one at a time on one device; its backends live and die in this thread.
@@ -85,6 +89,13 @@ class Worker(threading.Thread):
         self.busy_since: float | None = None
         self.beat = time.monotonic()
         self.backends = BackendPool(device)
+        #: The job in hand (claim, description, watch), for the supervisor; None between jobs.
+        self.claim: Claim | None = None
+        self.job: Job | None = None
+        self.watch: JobWatch | None = None
+        #: Set by the supervisor that stopped this worker's job and started a replacement: when its job
+        #: returns (if it ever does), the thread ends without touching the spool or the state again.
+        self.abandoned = False
 
     # -- backends (only ever touched in this thread) --
     def backend(self, settings: Settings) -> Backend:
@@ -115,7 +126,7 @@ class Worker(threading.Thread):
                     kind, item = self.jobs.get(timeout=HEARTBEAT)
                 except queue.Empty:
                     continue
-                if self.stop_event.is_set() or kind == "stop":
+                if self.stop_event.is_set() or kind == "stop" or self.abandoned:
                     break
                 if self.reopen.is_set():
                     self.reopen.clear()
@@ -126,9 +137,13 @@ class Worker(threading.Thread):
                 except Exception as exc:  # last line: the worker thread must outlive any job
                     get_logger().exception("job escaped the job boundary", error=repr(exc))
                 finally:
-                    self.busy_since = None
-                    self._state(current=None)
-                    self.host.hint(DONE, item if kind == "name" else item.name)
+                    if not self.abandoned:  # else the supervisor has done all this for the job
+                        self.busy_since = None
+                        self.claim = self.job = self.watch = None
+                        self._state(current=None)
+                        self.host.hint(DONE, item if kind == "name" else item.name)
+                if self.abandoned:
+                    break
         finally:
             self.backends.close()
 
@@ -153,6 +168,8 @@ class Worker(threading.Thread):
             if claim is None:
                 log.debug("already taken")  # claimed by someone else or removed: harmless
                 return
+            self.watch = JobWatch(self.host.settings.job_timeout_s)
+            self.claim = claim
             log = log.bind(job=claim.job_id, file=shown(claim.name))
             if self.host.worker_count > 1:
                 log = log.bind(device_index=self.device)
@@ -210,11 +227,28 @@ class Worker(threading.Thread):
                 log.warning("its output version was taken meanwhile; moved", output=settled.output.name)
             claim = settled
             log.info("resuming job left by an earlier daemon")
-        refusal = None
+        refusal: MmdError | None = None
         if claim.problem is not None or not claim.regular:
             problem = claim.problem or "is not a regular file (a link, folder or device); mmd does not follow it"
             refusal = SpoolError(f"{shown(claim.original or claim.name)} {problem}")
-        result = run_job(self._job(claim, refusal), self.backend)
+        else:
+            starts = spool.attempt(claim)
+            limit = self.host.settings.max_attempts
+            if starts > limit:
+                refusal = CrashedError(
+                    f"{shown(claim.original or claim.name)} was started {starts - 1} times and the daemon died "
+                    f"each time (max_attempts: {limit}); it is not started again",
+                    {"attempts": starts - 1, "max_attempts": limit},
+                )
+                log.error("a job that kills the daemon: failed", attempts=starts - 1)
+        job = self.job = self._job(claim, refusal)
+        watch = self.watch or JobWatch(job.settings.job_timeout_s)
+        watch.limit_s = job.settings.job_timeout_s  # the name may set its own
+        try:
+            result = run_job(job, self.backend, watch)
+        except JobStopped:
+            log.warning("stopped past its time limit; its supervisor refused it", phase=watch.phase)
+            return
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
@@ -268,6 +302,11 @@ class Worker(threading.Thread):
 
     def _record(self, claim: Claim, ok: bool, path: Path | None, rec: record.Record | None) -> None:
         overall = rec.timings_ms.overall if rec is not None else None
+        reason = rec.error.reason if isinstance(rec, record.ErrorRecord) else ""
+        kernel = rec.kernel if isinstance(rec, record.TimingRecord) else ""
+        end = JobEnd(claim.job_id, "ok" if ok else "error", claim.original or claim.name,
+                     claim.output if ok else None, path, reason, kernel)  # fmt: skip
+        self.host.job_ended(end, rec, self._memory_used())
         self.host.state.finished(
             {
                 "job": claim.job_id,
@@ -281,6 +320,14 @@ class Worker(threading.Thread):
             },
             worker=self.index,
         )
+
+    def _memory_used(self) -> tuple[int, int] | None:
+        """(device, bytes of its memory in use) where this worker has a GPU backend open."""
+        for backend in self.backends.opened:
+            used = backend.memory_used()
+            if used is not None:
+                return self.device, used
+        return None
 
 
 def _device_name(backend: Backend) -> str | None:

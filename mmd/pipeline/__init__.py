@@ -9,10 +9,13 @@
 from .driver import BackendFor, JobResult, refuse, run_job
 from .reading import Limits, check_header, limits_for, read_input
 from .refusal import Refusal
+from .watch import JobStopped, JobWatch
 
 __all__ = [
     "BackendFor",
     "JobResult",
+    "JobStopped",
+    "JobWatch",
     "Limits",
     "Refusal",
     "check_header",

@@ -10,6 +10,7 @@ the output path, and nothing is written to the output path itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import threading
@@ -30,6 +31,7 @@ from ..record import FileFacts, Record, Requested, Shape, TimingRecord
 from .reading import check_header, limits_for, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
+from .watch import JobWatch
 
 #: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
 BackendFor = Callable[[Settings], Backend]
@@ -77,24 +79,29 @@ def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def run_job(job: Job, backend_for: BackendFor) -> JobResult:
-    """Run ``job`` end to end and commit its output and sidecar; never raises MmdError."""
+def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None) -> JobResult:
+    """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
+
+    ``watch`` (the daemon's) hears each phase and may stop the job: then
+    :class:`JobStopped` is raised and nothing of the job is committed.
+    """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
     facts = _Facts(job)
+    watch = watch or JobWatch(job.settings.job_timeout_s)
     try:
         if job.refusal is not None:
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log)
+        return _run(job, backend, timings, facts, log, watch)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log)
+        return _refuse(job, exc, timings, facts, log, watch)
 
 
-def refuse(job: Job, error: MmdError) -> JobResult:
-    """Refuse ``job`` without running it (the daemon met a bug of its own around it): its error sidecar."""
-    return _refuse(job, error, {}, _Facts(job), get_logger(job=job.id, file=job.input.name))
+def refuse(job: Job, error: MmdError, timings: dict[str, float] | None = None) -> JobResult:
+    """Refuse ``job`` without running it (a bug of the daemon's around it, a time limit): its error sidecar."""
+    return _refuse(job, error, dict(timings or {}), _Facts(job), get_logger(job=job.id, file=job.input.name), None)
 
 
 class _Facts:
@@ -108,11 +115,12 @@ class _Facts:
         self.hasher: _Hasher | None = None
 
 
-def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings)
     path = choose(backend, request)
 
+    watch.enter("read")
     t0 = time.perf_counter()
     data = read_input(job.input, limits, into=path.input_buffer())
     timings["read"] = _since(t0)
@@ -120,20 +128,23 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     facts.hasher = hasher = _Hasher(data)
     hasher.start()
 
+    watch.check()
+    watch.enter("parse")
     t0 = time.perf_counter()
     header = textformat.parse_header(data)
     facts.shape = shape = Shape(header.m, header.k, header.n)
     check_header(header, len(data), limits)
     header_ms = _since(t0)
-    computed = path.compute(data, header, request)
+    computed = path.compute(data, header, request, watch.enter)
     del data
+    watch.check()
     product = computed.product
     timings.update(product.timings_ms)
     if all(p in product.timings_ms for p in CUDA_PHASES):
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    written = write_atomic(job.output, computed.chunks, durable=settings.durable)
+    written = write_atomic(job.output, computed.chunks, durable=settings.durable, guard=watch.committing)
     timings["write"] = _since(t0)
     timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
     timings["emit"] = computed.stage_ms.get("emit", 0.0)
@@ -163,7 +174,9 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     )
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
-    write_atomic(sidecar, [record.dumps(rec)], durable=settings.durable)
+    write_atomic(
+        sidecar, [record.dumps(rec)], durable=settings.durable, guard=functools.partial(watch.committing, True)
+    )
     log.info(
         "job done",
         status="ok",
@@ -175,7 +188,9 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     return JobResult(job, rec, sidecar, product=product)
 
 
-def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+def _refuse(
+    job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch | None
+) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if facts.hasher is not None:
         facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=facts.hasher.result())
@@ -195,5 +210,5 @@ def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, l
         requested=facts.requested,
         context=job.context,
     )
-    done = commit(refusal, durable=job.settings.durable)
+    done = commit(refusal, durable=job.settings.durable, guard=watch.committing if watch is not None else None)
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

@@ -8,7 +8,8 @@ the file it claimed (a link, a folder). The output path is never written.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,10 @@ class Committed:
     failed: str | None = None
 
 
-def commit(refusal: Refusal, *, durable: bool = True) -> Committed:
-    """Write ``<stem>.error.yaml`` beside the output path.
+def commit(
+    refusal: Refusal, *, durable: bool = True, guard: Callable[[], AbstractContextManager[None]] | None = None
+) -> Committed:
+    """Write ``<stem>.error.yaml`` beside the output path (``guard``: as :func:`mmd.atomic.write_atomic`'s).
 
     A sidecar that cannot be written (disk full) is logged and said in the
     result, never raised: the caller keeps the input.
@@ -70,7 +73,7 @@ def commit(refusal: Refusal, *, durable: bool = True) -> Committed:
     rec = refusal.to_record()
     path = record.error_path(refusal.output)
     try:
-        write_atomic(path, [record.dumps(rec)], durable=durable)
+        write_atomic(path, [record.dumps(rec)], durable=durable, guard=guard)
     except (OutputError, yaml.YAMLError) as exc:
         reason = exc.reason if isinstance(exc, MmdError) else str(exc)
         get_logger(job=refusal.job).error("cannot write error sidecar", reason=reason)

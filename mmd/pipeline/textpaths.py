@@ -47,10 +47,13 @@ class TextPath(ABC):
         return None
 
     @abstractmethod
-    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+    def compute(
+        self, data: bytes | memoryview, header: Header, request: MultiplyRequest, phase: Callable[[str], None]
+    ) -> Computed:
         """Parse ``data`` (``header`` already parsed and checked), multiply, and return the output's chunks.
 
-        Raises InputFormatError as :func:`mmd.textformat.parse` does, and the
+        ``phase`` hears each phase it enters (parse, multiply, emit). Raises
+        InputFormatError as :func:`mmd.textformat.parse` does, and the
         backend's errors.
         """
 
@@ -61,14 +64,18 @@ class HostTextPath(TextPath):
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+    def compute(
+        self, data: bytes | memoryview, header: Header, request: MultiplyRequest, phase: Callable[[str], None]
+    ) -> Computed:
         t0 = time.perf_counter()
         out = self.backend.host_array(header.m * header.k + header.k * header.n, np.float32, "operands")
         matrices = textformat.parse(data, header, out=out)
         stage = {"parse": (time.perf_counter() - t0) * 1e3}
         del data  # the text is no longer needed; keep peak memory near one copy
+        phase("multiply")
         product = self.backend.multiply(matrices.a, matrices.b, request)
         del matrices
+        phase("emit")
         return Computed(_timed(textformat.emit_chunks(product.c), stage), product, TextFacts("host"), stage)
 
 
@@ -82,10 +89,14 @@ class DeviceTextPath(TextPath):
     def input_buffer(self) -> Callable[[int], np.ndarray] | None:
         return lambda nbytes: self.backend.host_array(nbytes, np.uint8, "input")
 
-    def compute(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> Computed:
+    def compute(
+        self, data: bytes | memoryview, header: Header, request: MultiplyRequest, phase: Callable[[str], None]
+    ) -> Computed:
         if not self.device.accepts(header, len(data), request):
-            return HostTextPath(self.backend).compute(data, header, request)
+            return HostTextPath(self.backend).compute(data, header, request, phase)
+        phase("multiply")  # the device parses, multiplies and formats in one go
         product = self.device.multiply_text(data, header, request)
+        phase("emit")
         stage = {"parse": product.stage_ms.get("parse", 0.0), "emit": product.stage_ms.get("emit", 0.0)}
         return Computed(product.chunks, product, product.text, stage)
 

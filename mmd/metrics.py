@@ -1,0 +1,94 @@
+"""The daemon's metrics, in Prometheus' text format, for node_exporter's textfile collector.
+
+The systemd unit allows no network sockets, so nothing is served: the
+daemon rewrites ``metrics_file`` atomically (prometheus_client writes a
+temporary and renames it) every ``metrics_seconds`` and after each job, and
+node_exporter (``--collector.textfile.directory``) exports it with the
+machine's own metrics. ``mmd status --metrics`` prints the same file.
+
+Made with the ``prometheus-client`` library: the format, escaping and the
+histogram buckets' cumulative counts are its business.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, write_to_textfile
+
+from .record import TIMING_KEYS, ErrorRecord, Record, TimingRecord
+
+#: Seconds: from a 32×32 job (milliseconds) to a long 8192 job on the CPU (minutes).
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Metrics:
+    """Counters, gauges and histograms of one daemon; :meth:`write` puts them in the file (throttled)."""
+
+    def __init__(self, path: Path | None, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.every = every
+        self._clock = clock
+        self._written = float("-inf")
+        self._lock = threading.Lock()
+        r = self.registry = CollectorRegistry()
+        self.jobs = Counter("mmd_jobs", "Jobs finished, by status and kernel", ["status", "kernel"], registry=r)
+        self.errors = Counter("mmd_job_errors", "Refused jobs, by kind of refusal", ["kind"], registry=r)
+        self.duration = Histogram(
+            "mmd_job_duration_seconds", "Claim to committed output (overall)", buckets=DURATION_BUCKETS, registry=r
+        )
+        self.phases = Histogram(
+            "mmd_job_phase_seconds", "Each phase of finished jobs", ["phase"], buckets=DURATION_BUCKETS, registry=r
+        )
+        self.bytes_in = Counter("mmd_input_bytes", "Bytes of input read by finished jobs", registry=r)
+        self.bytes_out = Counter("mmd_output_bytes", "Bytes of output committed", registry=r)
+        self.queue = Gauge("mmd_queue_jobs", "Jobs queued in the daemon (claimed or about to be)", registry=r)
+        self.waiting = Gauge("mmd_inbox_jobs", "Job files waiting in the inbox at the last look", registry=r)
+        self.oldest = Gauge("mmd_oldest_waiting_seconds", "Age of the oldest job file waiting in the inbox", registry=r)
+        self.gpu_memory = Gauge("mmd_gpu_memory_used_bytes", "Device memory in use, per device", ["device"], registry=r)
+        self.started = Gauge("mmd_daemon_start_time_seconds", "When this daemon started (Unix time)", registry=r)
+        self.up = Gauge("mmd_up", "1 while the daemon serves", registry=r)
+        self.started.set_to_current_time()
+
+    def job_ended(self, rec: Record) -> None:
+        """Count a finished job by its sidecar record."""
+        if isinstance(rec, TimingRecord):
+            self.jobs.labels("ok", rec.kernel).inc()
+            self.bytes_out.inc(rec.output.bytes or 0)
+        else:
+            kernel = rec.requested.kernel if rec.requested is not None else ""
+            self.jobs.labels("error", kernel).inc()
+            self.errors.labels(rec.error.kind).inc()
+        self.bytes_in.inc(rec.input.bytes or 0)
+        if rec.timings_ms.overall is not None:
+            self.duration.observe(rec.timings_ms.overall / 1e3)
+        if isinstance(rec, ErrorRecord):
+            return
+        for phase in TIMING_KEYS:
+            ms = getattr(rec.timings_ms, phase)
+            if ms is not None and phase not in ("overall", "cuda"):
+                self.phases.labels(phase).observe(ms / 1e3)
+
+    def text(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+    def write(self, force: bool = False) -> None:
+        """Rewrite the file if one is set and ``every`` seconds have passed (or ``force``)."""
+        if self.path is None:
+            return
+        with self._lock:
+            now = self._clock()
+            if not force and now - self._written < self.every:
+                return
+            self._written = now
+            write_to_textfile(str(self.path), self.registry)
+
+    def due_in(self) -> float | None:
+        """Seconds until the next periodic write (None: no file)."""
+        if self.path is None:
+            return None
+        return max(0.0, self._written + self.every - self._clock())

@@ -1,0 +1,65 @@
+"""The daemon's metrics (mmd.metrics): counts from sidecar records, the text format, throttled atomic writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from mmd import record
+from mmd.metrics import Metrics
+
+from .test_record import refusal, timing
+
+
+def samples(text: bytes) -> dict:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
+def test_jobs_are_counted_by_status_kernel_and_kind():
+    m = Metrics(None, 5.0)
+    for _ in range(2):
+        m.job_ended(timing())
+    m.job_ended(refusal())
+    got = samples(m.text())
+    assert got[("mmd_jobs_total", (("kernel", "tiled"), ("status", "ok")))] == 2
+    assert got[("mmd_jobs_total", (("kernel", ""), ("status", "error")))] == 1
+    assert got[("mmd_job_errors_total", (("kind", "input"),))] == 1
+    assert got[("mmd_input_bytes_total", ())] == 3 * 12 and got[("mmd_output_bytes_total", ())] == 2 * 20
+    assert got[("mmd_job_duration_seconds_count", ())] == 3
+    assert got[("mmd_job_phase_seconds_count", (("phase", "kernel"),))] == 2
+    assert ("mmd_job_phase_seconds_count", (("phase", "cuda"),)) not in got  # a sum of phases, not one
+
+
+def test_the_file_is_rewritten_atomically_at_most_every_period(tmp_path):
+    now = [100.0]
+    path = tmp_path / "mmd.prom"
+    m = Metrics(path, 5.0, clock=lambda: now[0])
+    m.write()
+    first = path.read_bytes()
+    m.job_ended(timing())
+    now[0] += 1
+    m.write()
+    assert path.read_bytes() == first, "throttled"
+    assert m.due_in() == 4.0
+    now[0] += 4
+    m.write()
+    assert path.read_bytes() != first and not [p for p in tmp_path.iterdir() if p != path], "no temporary left"
+    m.write(force=True)
+    assert Metrics(None, 5.0).due_in() is None
+
+
+def test_an_error_record_without_settings_counts_with_no_kernel():
+    rec = record.ErrorRecord(
+        job="x" * 12,
+        input=record.FileFacts("a.txt"),
+        output=record.FileFacts("a.out", written=False),
+        error=record.ErrorFacts("spool", "is a link"),
+    )
+    m = Metrics(Path("/nonexistent/never-written"), 5.0)
+    m.job_ended(rec)
+    assert samples(m.text())[("mmd_job_errors_total", (("kind", "spool"),))] == 1

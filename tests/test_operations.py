@@ -1,0 +1,230 @@
+"""mmd as a lab service: time limits, poison jobs, exit statuses, journal priorities, metrics, hooks, the unit.
+
+Real processes throughout: the daemon runs as ``python -m mmd serve`` (or
+through a small launcher that plants a fault in the backend first, the way
+a real fault would come: a kernel that never returns, a driver that kills
+the process).
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mmd import textformat, verify
+from mmd.generate import input_chunks, random_matrix
+
+from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd, wait_for
+
+pytestmark = pytest.mark.process
+
+UNIT = ROOT / "systemd" / "mmd.service"
+ENV = {"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.2", "MMD_RESCAN_SECONDS": "0.5"}
+
+#: A daemon whose cpu backend hangs on 7×7 products (a kernel that never returns) and kills its own
+#: process on 6×6 ones (a driver crash): the faults mmd must survive, planted before it starts.
+FAULTY = """
+import os, signal, sys, threading
+from mmd.backends.cpu import CpuBackend
+from mmd.cli import main
+real = CpuBackend.multiply
+def faulty(self, a, b, request):
+    if a.shape == (7, 7):
+        threading.Event().wait()
+    if a.shape == (6, 6):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, a, b, request)
+CpuBackend.multiply = faulty
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def make(path: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
+    path.write_bytes(b"".join(input_chunks(a, b, square=True)))
+    return a, b
+
+
+def sidecar(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray) -> None:
+    assert sidecar(outbox / f"{stem}.timing.yaml")["status"] == "ok"
+    report = verify.against_inputs(textformat.parse_output((outbox / f"{stem}.out").read_bytes()), a, b)
+    assert report.ok, report.summary()
+
+
+def faulty_daemon(tmp_path: Path, *args: str, **env: str) -> LoggedProcess:
+    argv = [sys.executable, "-c", FAULTY, "serve", "--create", *args]
+    return LoggedProcess(argv, tmp_path, tmp_path / "daemon.log", mmd_env(ENV, **env))
+
+
+def test_a_hanging_job_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    proc = faulty_daemon(tmp_path, MMD_JOB_TIMEOUT_S="1.5")
+    try:
+        wait_for(lambda: "serving" in proc.logs(), 30, "the daemon")
+        make(inbox / "hang.txt", 7, 1)
+        wait_for(lambda: (outbox / "hang.error.yaml").exists(), 30, "the time limit")
+        a, b = make(inbox / "next.txt", 4, 2)
+        wait_for(lambda: (outbox / "next.timing.yaml").exists(), 30, "the next job, on the replacement worker")
+        err = sidecar(outbox / "hang.error.yaml")
+        assert err["error"]["kind"] == "timeout" and err["error"]["limit_s"] == 1.5
+        assert err["error"]["phase"] == "multiply" and "time limit of 1.5 s (in multiply)" in err["error"]["reason"]
+        assert (inbox / ".failed" / "hang.txt").exists() and not (outbox / "hang.out").exists()
+        check_ok(outbox, "next", a, b)
+        assert proc.proc.poll() is None, "the daemon stays up"
+        assert proc.stop() == 0
+    finally:
+        proc.stop()
+
+
+def test_a_job_that_kills_the_daemon_is_failed_after_max_attempts(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    make(inbox / "poison.txt", 6, 1)
+    os.utime(inbox / "poison.txt", ns=(10**18, 10**18))  # the oldest: it is taken first
+    good = {f"g{i}": make(inbox / f"g{i}.txt", 4, 10 + i) for i in range(3)}
+    runs = []
+    for _ in range(4):  # what systemd's Restart=on-failure does
+        proc = faulty_daemon(tmp_path, "--once", MMD_MAX_ATTEMPTS="3")
+        runs.append(proc.proc.wait(timeout=60))
+        proc.stop()
+    assert runs == [-9, -9, -9, 0], "killed three times, then the poison job is failed and the rest run"
+    err = sidecar(outbox / "poison.error.yaml")
+    assert err["error"]["kind"] == "crashed" and err["error"]["attempts"] == 3
+    assert "started 3 times and the daemon died each time" in err["error"]["reason"]
+    assert (inbox / ".failed" / "poison.txt").exists()
+    for stem, (a, b) in good.items():
+        check_ok(outbox, stem, a, b)
+    assert not list((inbox / ".work").glob("*/*")), "nothing left claimed"
+
+
+def test_a_bad_config_exits_with_the_config_status_that_the_unit_does_not_restart(tmp_path):
+    r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_TILE": "abc"})
+    assert r.returncode == 78 and r.stderr.count("\n") == 1 and "tile must be int" in r.stderr
+    (tmp_path / "c.yaml").write_text("kernel: bogus\n")
+    r = run_mmd("serve", "--once", "--create", "--config", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert r.returncode == 78 and "unknown kernel 'bogus'" in r.stderr
+    r = run_mmd("serve", "--frob", cwd=tmp_path)
+    assert r.returncode == 2
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(UNIT)
+    assert "78" in unit["Service"]["RestartPreventExitStatus"].split()
+    assert "2" in unit["Service"]["RestartPreventExitStatus"].split()
+    assert unit["Service"]["Restart"] == "on-failure"
+
+
+def test_serve_refuses_folders_that_do_not_exist_unless_asked_to_create_them(tmp_path):
+    r = run_mmd("serve", "--once", "--inbox", "nosuch", cwd=tmp_path)
+    assert r.returncode == 78 and "the inbox nosuch does not exist" in r.stderr
+    assert not (tmp_path / "nosuch").exists(), "a typo is not a new folder"
+    r = run_mmd("serve", "--once", "--inbox", "in", "--outbox", "out", "--create", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "in").is_dir() and (tmp_path / "out").is_dir()
+
+
+def test_journal_lines_carry_their_syslog_priority(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "bad.txt").write_text("2\n1 2\n3 x\n1 2 3 4\n")
+    make(inbox / "good.txt", 3, 1)
+    log = tmp_path / "journal.log"
+    with open(log, "w") as out:
+        info = os.fstat(out.fileno())
+        env = mmd_env(ENV, JOURNAL_STREAM=f"{info.st_dev}:{info.st_ino}", MMD_CREATE_FOLDERS="yes")
+        done = subprocess.run([sys.executable, "-m", "mmd", "serve", "--once"], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=out, timeout=60)  # fmt: skip
+    assert done.returncode == 0
+    lines = log.read_text().splitlines()
+    assert lines and all(re.match(r"<[2-7]>\{", line) for line in lines), lines[:3]
+    by_event = {json.loads(line[3:])["event"]: line[:3] for line in lines}
+    assert by_event["job done"] == "<6>" and by_event["job refused"] == "<4>"
+    # without JOURNAL_STREAM (or when it names another stream) the lines are plain
+    r = run_mmd("serve", "--once", cwd=tmp_path, env={"JOURNAL_STREAM": "1:1", "MMD_CREATE_FOLDERS": "yes"})
+    assert r.returncode == 0 and not r.stderr.startswith("<")
+
+
+def test_metrics_file_counts_good_and_bad_jobs(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i in range(3):
+        make(inbox / f"g{i}.txt", 4, i)
+    (inbox / "bad1.txt").write_text("2\n1 2\n3 x\n1 2 3 4\n")
+    (inbox / "bad2@kernel=bogus.txt").write_text("1\n2\n3\n")
+    metrics = tmp_path / "mmd.prom"
+    r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_METRICS_FILE": str(metrics)})
+    assert r.returncode == 0, r.stderr
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.read_text())
+        for s in family.samples
+    }
+    assert samples[("mmd_jobs_total", (("kernel", "cpu"), ("status", "ok")))] == 3
+    assert samples[("mmd_job_errors_total", (("kind", "input"),))] == 1
+    assert samples[("mmd_job_errors_total", (("kind", "jobname"),))] == 1
+    assert samples[("mmd_job_duration_seconds_count", ())] == 5
+    assert samples[("mmd_job_phase_seconds_count", (("phase", "parse"),))] == 3
+    assert samples[("mmd_input_bytes_total", ())] == sum(p.stat().st_size for p in (inbox / ".done").iterdir()) + (
+        sum(p.stat().st_size for p in (inbox / ".failed").iterdir())
+    )
+    assert samples[("mmd_output_bytes_total", ())] == sum(p.stat().st_size for p in (tmp_path / "outbox").glob("*.out"))
+    assert samples[("mmd_up", ())] == 0  # written once more as the daemon stopped
+    assert samples[("mmd_daemon_start_time_seconds", ())] > 1.7e9
+    r = run_mmd("status", "--metrics", cwd=tmp_path, env={"MMD_METRICS_FILE": str(metrics)})
+    assert r.returncode == 0 and r.stdout == metrics.read_text()
+
+
+def test_hooks_run_with_the_jobs_facts_and_no_shell(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    make(inbox / "good.txt", 3, 1)
+    (inbox / "bad.txt").write_text("2\n1 2\n3 x\n1 2 3 4\n")
+    record = tmp_path / "hooks.jsonl"
+    script = (
+        "import json, os, sys; "
+        f"open({str(record)!r}, 'a').write(json.dumps([sys.argv[1:], "
+        "{k: v for k, v in os.environ.items() if k.startswith('MMD_JOB_')}]) + '\\n')"
+    )
+    hook = json.dumps([sys.executable, "-c", script, "done;", "$(touch PWNED)"])
+    (tmp_path / "c.yaml").write_text(
+        f"on_done: {hook}\non_error: {json.dumps([sys.executable, '-c', script, 'error'])}\n"
+    )
+    r = run_mmd("serve", "--once", "--create", "--config", str(tmp_path / "c.yaml"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    by_status = {env["MMD_JOB_STATUS"]: (argv, env) for argv, env in calls}
+    argv, env = by_status["ok"]
+    assert argv == ["done;", "$(touch PWNED)"] and not (tmp_path / "PWNED").exists(), "no shell"
+    assert env["MMD_JOB_INPUT"] == "good.txt" and env["MMD_JOB_OUTPUT"].endswith("outbox/good.out")
+    assert env["MMD_JOB_SIDECAR"].endswith("good.timing.yaml") and env["MMD_JOB_KERNEL"] == "cpu"
+    argv, env = by_status["error"]
+    assert argv == ["error"] and env["MMD_JOB_INPUT"] == "bad.txt" and env["MMD_JOB_OUTPUT"] == ""
+    assert "'x' is not a number" in env["MMD_JOB_REASON"] and len(env["MMD_JOB_ID"]) == 12
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_unit_passes_systemd_analyze_verify(tmp_path):
+    """The unit with its install paths pointed at real files here: systemd's own check of every directive."""
+    text = UNIT.read_text()
+    text = text.replace("/opt/mmd/venv/bin/mmd", shutil.which("true") or "/bin/true")
+    text = re.sub(r"file:\S+", lambda m: "file:" + str(ROOT / "docs" / "operations.md"), text)
+    unit = tmp_path / "mmd.service"
+    unit.write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in done.stderr.splitlines() if "mmd.service" in ln]
+    assert done.returncode == 0 and not problems, done.stderr
