@@ -3,8 +3,9 @@
  *
  *   parse_values(data, offset, out_a, out_b) -> (status, position)
  *   format_rows(c, m, n) -> bytes
+ *   parse_output_values(data, offset, m, n, out) -> None | fault
  *
- * Both work on buffers (no numpy C API) and run with the GIL released.
+ * All work on buffers (no numpy C API) and run with the GIL released.
  *
  * parse_values reads whitespace-separated values (' ', '\t', '\r', '\n')
  * from data[offset:] with exactly the grammar of mmd.textformat:
@@ -26,6 +27,9 @@
  *
  * format_rows writes m rows of n fields, each byte-exact printf("%6.2f") of
  * a float32 (NaN/inf as Python's '%6.2f' prints them), '\n' after each row.
+ *
+ * parse_output_values checks an output's body (mmd check) and reads its
+ * values into a float64 buffer in the same pass; see its section below.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -648,6 +652,244 @@ format_rows(PyObject *Py_UNUSED(self), PyObject *args)
     return res;
 }
 
+/* ------------------------------------------------------------------------ */
+/* reading an output back (mmd check) */
+
+/*
+ * An output body is m lines of n fields, each exactly printf("%6.2f"):
+ *
+ *   field := ' '* '-'? ('0' | [1-9][0-9]*) '.' [0-9][0-9]
+ *
+ * with max(0, 6 - len(core)) spaces before the core, '\n' after each line
+ * and nothing after the last. The check and the values come from one pass
+ * over the bytes. mmd.textformat reads values only below 1e13 (at most 13
+ * digits before the point): |x|*100 then stays below 2^53, so the value is
+ * one correctly rounded division of exact operands, the double that
+ * float() gives for the same text.
+ *
+ * The fault kinds, the same in the numpy path of mmd.textformat:
+ */
+enum { OF_OK = 0, OF_FIELD = 1, OF_WIDTH = 2, OF_LARGE = 3, OF_COUNT = 4, OF_NEWLINE = 5, OF_EXTRA = 6, OF_ROWS = 7 };
+
+#define OUT_INT_DIGITS 13
+
+typedef struct {
+    int kind;
+    Py_ssize_t line;       /* 1-based */
+    Py_ssize_t line_start; /* byte offset of that line */
+    Py_ssize_t pos;        /* byte offset of the fault */
+    Py_ssize_t count;      /* fields found (COUNT), field bytes (WIDTH, LARGE), values read (ROWS) */
+} ofault_t;
+
+static inline int
+out_fault(ofault_t *f, int kind, const unsigned char *base, const unsigned char *ls, Py_ssize_t line,
+          const unsigned char *pos, Py_ssize_t count)
+{
+    f->kind = kind;
+    f->line = line;
+    f->line_start = ls - base;
+    f->pos = pos - base;
+    f->count = count;
+    return kind;
+}
+
+/*
+ * Rows row0, row0+1, ... from lo (a line start) to hi, their values stored
+ * at out + row*n (out may be NULL: check only). Reading a row at or beyond
+ * row_end is an OF_EXTRA fault. Line numbers are row + 2 (the header is
+ * line 1). On OF_OK, *rows gets the number of rows read.
+ */
+static int
+out_rows(const unsigned char *base, const unsigned char *lo, const unsigned char *hi, Py_ssize_t row0,
+         Py_ssize_t row_end, Py_ssize_t n, double *out, ofault_t *f, Py_ssize_t *rows)
+{
+    const unsigned char *p = lo;
+    Py_ssize_t row = row0;
+    while (p < hi) {
+        const unsigned char *ls = p;
+        Py_ssize_t line = row + 2;
+        if (row >= row_end)
+            return out_fault(f, OF_EXTRA, base, ls, line, ls, 0);
+        double *o = out ? out + row * n : NULL;
+        Py_ssize_t j = 0;
+        const unsigned char *extra = NULL; /* the first field beyond n */
+        while (p < hi && *p != '\n') {
+            const unsigned char *fs = p;
+            while (p < hi && *p == ' ')
+                p++;
+            const unsigned char *cs = p;
+            int neg = (p < hi && *p == '-');
+            p += neg;
+            const unsigned char *ds = p;
+            uint64_t ip = 0;
+            if (p < hi && *p == '0') {
+                p++;
+            } else if (p < hi && (unsigned)(*p - '1') < 9u) {
+                while (p < hi && IS_DIGIT(*p)) {
+                    if (p - ds < 18)
+                        ip = ip * 10 + (unsigned)(*p - '0');
+                    p++;
+                }
+            } else {
+                return out_fault(f, OF_FIELD, base, ls, line, fs, 0);
+            }
+            Py_ssize_t nd = p - ds;
+            if (hi - p < 3 || p[0] != '.' || !IS_DIGIT(p[1]) || !IS_DIGIT(p[2]))
+                return out_fault(f, OF_FIELD, base, ls, line, fs, 0);
+            unsigned fr = (unsigned)(p[1] - '0') * 10 + (unsigned)(p[2] - '0');
+            p += 3;
+            Py_ssize_t core = p - cs;
+            if (cs - fs != (core < 6 ? 6 - core : 0))
+                return out_fault(f, OF_WIDTH, base, ls, line, fs, p - fs);
+            if (nd > OUT_INT_DIGITS)
+                return out_fault(f, OF_LARGE, base, ls, line, fs, p - fs);
+            if (j < n) {
+                if (o != NULL) {
+                    double d = (double)(ip * 100 + fr) / 100.0;
+                    o[j] = neg ? -d : d;
+                }
+            } else if (j == n) {
+                extra = fs;
+            }
+            j++;
+        }
+        if (j != n)
+            return out_fault(f, OF_COUNT, base, ls, line, j > n ? extra : p, j);
+        if (p >= hi)
+            return out_fault(f, OF_NEWLINE, base, ls, line, p, 0);
+        p++;
+        row++;
+    }
+    *rows = row - row0;
+    return OF_OK;
+}
+
+/* The whole body, one thread, forwards: OF_OK or the first fault. */
+static int
+out_body(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_ssize_t m, Py_ssize_t n, double *out,
+         ofault_t *f)
+{
+    Py_ssize_t rows = 0;
+    int st = out_rows(base, base + offset, base + len, 0, m, n, out, f, &rows);
+    if (st != OF_OK)
+        return st;
+    if (rows == m)
+        return OF_OK;
+    /* the file ends early: name its last line (the header when no row came) */
+    const unsigned char *end = base + len - 1; /* the '\n' that ends it */
+    const unsigned char *ls = end;
+    while (ls > base && ls[-1] != '\n')
+        ls--;
+    return out_fault(f, OF_ROWS, base, ls, rows == 0 ? 1 : rows + 1, end, rows * n);
+}
+
+typedef struct {
+    const unsigned char *base, *lo, *hi;
+    Py_ssize_t row0, row_end, n, rows;
+    double *out;
+    ofault_t fault;
+    int status;
+} out_half_t;
+
+static void *
+out_half_main(void *arg)
+{
+    out_half_t *h = (out_half_t *)arg;
+    h->status = out_rows(h->base, h->lo, h->hi, h->row0, h->row_end, h->n, h->out, &h->fault, &h->rows);
+    return NULL;
+}
+
+/*
+ * Two threads when the body has at least min_split bytes: it is cut after
+ * the '\n' that follows its middle, the second half's rows are counted
+ * (memchr over its newlines) so its first row index is known, and each half
+ * is read forwards into its own rows. Any fault, or row counts that do not
+ * add up, and the body is read again by one thread from the start, which
+ * names the first fault in the file.
+ */
+static int
+out_body_split(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_ssize_t m, Py_ssize_t n,
+               double *out, Py_ssize_t min_split, ofault_t *f)
+{
+    const unsigned char *lo = base + offset, *hi = base + len;
+    if (len - offset < min_split || len - offset < 2 || hi[-1] != '\n')
+        return out_body(base, len, offset, m, n, out, f);
+    const unsigned char *mid = lo + (len - offset) / 2;
+    const unsigned char *nl = memchr(mid, '\n', (size_t)(hi - mid));
+    const unsigned char *split = nl == NULL ? hi : nl + 1;
+    Py_ssize_t later = 0;
+    for (const unsigned char *q = split; q < hi && later <= m; later++) {
+        const unsigned char *e = memchr(q, '\n', (size_t)(hi - q));
+        q = e + 1; /* hi[-1] is '\n': e is never NULL */
+    }
+    if (split >= hi || later >= m)
+        return out_body(base, len, offset, m, n, out, f);
+    out_half_t second = {base, split, hi, m - later, m, n, 0, out, {0, 0, 0, 0, 0}, OF_OK};
+    int threaded = 0;
+#ifdef MMD_HAVE_PTHREAD
+    pthread_t th;
+    if (pthread_create(&th, NULL, out_half_main, &second) == 0)
+        threaded = 1;
+#endif
+    if (!threaded)
+        out_half_main(&second);
+    Py_ssize_t rows = 0;
+    int st = out_rows(base, lo, split, 0, m - later, n, out, f, &rows);
+#ifdef MMD_HAVE_PTHREAD
+    if (threaded)
+        pthread_join(th, NULL);
+#endif
+    if (st == OF_OK && second.status == OF_OK && rows == m - later && second.rows == later)
+        return OF_OK;
+    return out_body(base, len, offset, m, n, NULL, f);
+}
+
+static PyObject *
+parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t offset, m, n, min_split = (Py_ssize_t)1 << 20;
+    PyObject *out_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnn|On:parse_output_values", &data, &offset, &m, &n, &out_obj, &min_split))
+        return NULL;
+    if (offset < 1 || offset > data.len || ((const unsigned char *)data.buf)[offset - 1] != '\n' || m <= 0 ||
+        n <= 0) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "offset must follow the header's newline and m, n be positive");
+        return NULL;
+    }
+    Py_buffer ob;
+    double *out = NULL;
+    if (out_obj != Py_None) {
+        if (PyObject_GetBuffer(out_obj, &ob, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&data);
+            return NULL;
+        }
+        const char *fmt = ob.format;
+        if (fmt != NULL && (*fmt == '@' || *fmt == '=' || *fmt == '<'))
+            fmt++;
+        if (ob.itemsize != 8 || fmt == NULL || fmt[0] != 'd' || fmt[1] != '\0' || n > PY_SSIZE_T_MAX / 8 / m ||
+            ob.len != m * n * 8) {
+            PyBuffer_Release(&ob);
+            PyBuffer_Release(&data);
+            PyErr_SetString(PyExc_TypeError, "out must be a float64 buffer of m*n values");
+            return NULL;
+        }
+        out = (double *)ob.buf;
+    }
+    ofault_t f = {0, 0, 0, 0, 0};
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = out_body_split((const unsigned char *)data.buf, data.len, offset, m, n, out, min_split, &f);
+    Py_END_ALLOW_THREADS
+    if (out != NULL)
+        PyBuffer_Release(&ob);
+    PyBuffer_Release(&data);
+    if (st == OF_OK)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(innnn)", f.kind, f.line, f.line_start, f.pos, f.count);
+}
+
 static PyMethodDef methods[] = {
     {"parse_values", parse_values, METH_VARARGS,
      "parse_values(data, offset, out_a, out_b=None, min_split=1<<20) -> (status, position)\n\n"
@@ -657,6 +899,11 @@ static PyMethodDef methods[] = {
     {"format_rows", format_rows, METH_VARARGS,
      "format_rows(c, m, n) -> bytes\n\n"
      "m rows of n '%6.2f' fields of the float32 buffer c, '\\n' after each row."},
+    {"parse_output_values", parse_output_values, METH_VARARGS,
+     "parse_output_values(data, offset, m, n, out=None, min_split=1<<20) -> None | (kind, line, line_start, pos, count)\n\n"
+     "Check that data[offset:] is exactly m rows of n '%6.2f' fields and store their values in the float64\n"
+     "buffer out (if given). None when it is; else the first fault: its kind (FIELD, WIDTH, LARGE, COUNT,\n"
+     "NEWLINE, EXTRA, ROWS), 1-based line, the byte offsets of that line and of the fault, and a count."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -676,7 +923,11 @@ PyInit__fasttext(void)
         return NULL;
     if (PyModule_AddIntConstant(mod, "OK", ST_OK) < 0 || PyModule_AddIntConstant(mod, "NOT_A_NUMBER", ST_NAN) < 0 ||
         PyModule_AddIntConstant(mod, "TOO_FEW", ST_FEW) < 0 || PyModule_AddIntConstant(mod, "TOO_MANY", ST_MANY) < 0 ||
-        PyModule_AddIntConstant(mod, "OUT_OF_RANGE", ST_RANGE) < 0) {
+        PyModule_AddIntConstant(mod, "OUT_OF_RANGE", ST_RANGE) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_FIELD", OF_FIELD) < 0 || PyModule_AddIntConstant(mod, "OUT_WIDTH", OF_WIDTH) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_LARGE", OF_LARGE) < 0 || PyModule_AddIntConstant(mod, "OUT_COUNT", OF_COUNT) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_NEWLINE", OF_NEWLINE) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_EXTRA", OF_EXTRA) < 0 || PyModule_AddIntConstant(mod, "OUT_ROWS", OF_ROWS) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
