@@ -3,6 +3,7 @@
  *
  *   parse_values(data, offset, out_a, out_b) -> (status, position)
  *   format_rows(c, m, n) -> bytes
+ *   format_input_rows(c, m, n) -> bytes
  *   parse_output_values(data, offset, m, n, out) -> None | fault
  *
  * All work on buffers (no numpy C API) and run with the GIL released.
@@ -27,6 +28,8 @@
  *
  * format_rows writes m rows of n fields, each byte-exact printf("%6.2f") of
  * a float32 (NaN/inf as Python's '%6.2f' prints them), '\n' after each row.
+ * format_input_rows writes the same values as Python's '%.2f' does, one
+ * space between them (the input files of mmd gen).
  *
  * parse_output_values checks an output's body (mmd check) and reads its
  * values into a float64 buffer in the same pass; see its section below.
@@ -652,6 +655,146 @@ format_rows(PyObject *Py_UNUSED(self), PyObject *args)
     return res;
 }
 
+/*
+ * One printf("%.2f") of x at o, no padding (the input files mmd gen
+ * writes); the same rounding as put_field. Returns the bytes written.
+ */
+static inline int
+put_plain(char *o, float x)
+{
+    if (isnan(x)) {
+        memcpy(o, "nan", 3);
+        return 3;
+    }
+    if (isinf(x)) {
+        if (x < 0) {
+            memcpy(o, "-inf", 4);
+            return 4;
+        }
+        memcpy(o, "inf", 3);
+        return 3;
+    }
+    int neg = signbit(x) ? 1 : 0;
+    double ay = fabs((double)x * 100.0); /* exact: 24 + 7 bits */
+    uint64_t u;
+    if (ay < 4503599627370496.0) { /* 2^52: round half to even */
+        double t = ay + 4503599627370496.0;
+        u = (uint64_t)(t - 4503599627370496.0);
+    } else if (ay < 9223372036854775808.0) { /* 2^63: already an integer */
+        u = (uint64_t)ay;
+    } else {
+        char tmp[64];
+        int L = snprintf(tmp, sizeof(tmp), "%.0f", (double)x);
+        if (L < 0 || L > MAXW - 3)
+            L = 0;
+        memcpy(o, tmp, (size_t)L);
+        memcpy(o + L, ".00", 3);
+        return L + 3;
+    }
+    uint64_t ip = u / 100;
+    unsigned fr = (unsigned)(u % 100);
+    /* the sign without a branch: random signs would mispredict half the time */
+    o[0] = '-';
+    o += neg;
+    int nd = ndigits(ip);
+    char *e = o + nd + 3;
+    e[-1] = DIG2[2 * fr + 1];
+    e[-2] = DIG2[2 * fr];
+    e[-3] = '.';
+    char *d = e - 3;
+    while (ip >= 100) {
+        unsigned r = (unsigned)(ip % 100);
+        ip /= 100;
+        d -= 2;
+        d[0] = DIG2[2 * r];
+        d[1] = DIG2[2 * r + 1];
+    }
+    if (ip >= 10) {
+        d -= 2;
+        d[0] = DIG2[2 * ip];
+        d[1] = DIG2[2 * ip + 1];
+    } else {
+        d[-1] = (char)('0' + ip);
+    }
+    return nd + 3 + neg;
+}
+
+static PyObject *
+format_input_rows(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *c_obj;
+    Py_ssize_t m, n;
+    if (!PyArg_ParseTuple(args, "Onn:format_input_rows", &c_obj, &m, &n))
+        return NULL;
+    if (m < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative shape");
+        return NULL;
+    }
+    Py_buffer c;
+    if (PyObject_GetBuffer(c_obj, &c, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (c.itemsize != 4 || !is_float32_format(c.format)) {
+        PyBuffer_Release(&c);
+        PyErr_SetString(PyExc_TypeError, "format_input_rows needs a float32 buffer");
+        return NULL;
+    }
+    /* every field plus its separator fits in MAXW + 1 bytes */
+    if (n > 0 && (m > PY_SSIZE_T_MAX / 4 / n || n > (PY_SSIZE_T_MAX - 1) / (MAXW + 1) / 4)) {
+        PyBuffer_Release(&c);
+        return PyErr_NoMemory();
+    }
+    if (c.len != m * n * 4) {
+        PyBuffer_Release(&c);
+        PyErr_SetString(PyExc_ValueError, "buffer size does not match m*n float32");
+        return NULL;
+    }
+    Py_ssize_t row_max = n * (MAXW + 1) + 1;
+    Py_ssize_t cap = m * (n * 7 + 1);
+    if (cap < row_max)
+        cap = row_max;
+    PyObject *res = PyBytes_FromStringAndSize(NULL, cap);
+    if (res == NULL) {
+        PyBuffer_Release(&c);
+        return NULL;
+    }
+    const float *x = (const float *)c.buf;
+    Py_ssize_t pos = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (cap - pos < row_max) {
+            Py_ssize_t want = cap + cap / 2;
+            if (want < pos + row_max)
+                want = pos + row_max;
+            Py_BLOCK_THREADS
+            int r = _PyBytes_Resize(&res, want);
+            Py_UNBLOCK_THREADS
+            if (r < 0) {
+                failed = 1;
+                break;
+            }
+            cap = want;
+        }
+        char *o = PyBytes_AS_STRING(res) + pos;
+        const float *row = x + i * n;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            o += put_plain(o, row[j]);
+            *o++ = ' ';
+        }
+        if (n > 0)
+            o--; /* the last separator becomes the newline */
+        *o++ = '\n';
+        pos = o - PyBytes_AS_STRING(res);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&c);
+    if (failed)
+        return NULL;
+    if (_PyBytes_Resize(&res, pos) < 0)
+        return NULL;
+    return res;
+}
+
 /* ------------------------------------------------------------------------ */
 /* reading an output back (mmd check) */
 
@@ -899,6 +1042,9 @@ static PyMethodDef methods[] = {
     {"format_rows", format_rows, METH_VARARGS,
      "format_rows(c, m, n) -> bytes\n\n"
      "m rows of n '%6.2f' fields of the float32 buffer c, '\\n' after each row."},
+    {"format_input_rows", format_input_rows, METH_VARARGS,
+     "format_input_rows(c, m, n) -> bytes\n\n"
+     "m rows of n '%.2f' values of the float32 buffer c, one space between them, '\\n' after each row."},
     {"parse_output_values", parse_output_values, METH_VARARGS,
      "parse_output_values(data, offset, m, n, out=None, min_split=1<<20) -> None | (kind, line, line_start, pos, count)\n\n"
      "Check that data[offset:] is exactly m rows of n '%6.2f' fields and store their values in the float64\n"

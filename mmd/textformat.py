@@ -21,6 +21,7 @@ See docs/textformat.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -47,6 +48,7 @@ __all__ = [
     "parse",
     "emit",
     "emit_chunks",
+    "emit_input_chunks",
     "parse_output",
     "OutputFault",
     "format_reference",
@@ -866,6 +868,41 @@ def _emit_rows_c(c: np.ndarray) -> bytes:
 def emit(c: np.ndarray) -> bytes:
     """The full output file for matrix ``c``: header line, then ``%6.2f`` rows."""
     return b"".join(emit_chunks(c))
+
+
+# ---------------------------------------------------------------------------
+# input files (mmd gen)
+
+
+def emit_input_chunks(a: np.ndarray, b: np.ndarray, square: bool, rows_per_chunk: int | None = None) -> Iterator[bytes]:
+    """An input file for ``a`` and ``b`` in pieces: header, then A's rows, then B's rows.
+
+    The header is ``N`` when ``square`` (A and B are N×N), else ``M K N``;
+    each value is ``'%.2f' % float(x)``, one space between values, one
+    matrix row per line. float32 (and float16) go through mmd._fasttext
+    where it is built; anything else, or MMD_NO_FASTTEXT=1, through Python's
+    own ``%`` formatting, which gives the same bytes.
+    """
+    a, b = _check_2d(a), _check_2d(b)
+    m, k = a.shape
+    if b.shape[0] != k or (square and not m == k == b.shape[1]):
+        raise ValueError(f"A is {m}x{k} and B is {b.shape[0]}x{b.shape[1]}: not an input{' of N×N' if square else ''}")
+    yield (b"%d\n" % m) if square else (b"%d %d %d\n" % (m, k, b.shape[1]))
+    for mat in (a, b):
+        blocks = _row_blocks(mat.shape[0], mat.shape[1], rows_per_chunk)
+        fast = USE_FASTTEXT and mat.dtype.kind == "f" and mat.dtype.itemsize <= 4
+        yield from _ordered_map(functools.partial(_input_block, mat, fast), blocks)
+
+
+def _input_block(mat: np.ndarray, fast: bool, bounds: tuple[int, int]) -> bytes:
+    block = mat[bounds[0] : bounds[1]]
+    if fast:
+        block = np.ascontiguousarray(block, dtype=np.float32)
+        return _fasttext.format_input_rows(block, block.shape[0], block.shape[1])
+    fmt = " ".join(["%.2f"] * block.shape[1]) + "\n"
+    with np.errstate(invalid="ignore"):  # a signalling NaN converts to a quiet one, as printf shows it
+        rows = block.astype(np.float64).tolist()
+    return "".join(fmt % tuple(row) for row in rows).encode()
 
 
 # ---------------------------------------------------------------------------

@@ -433,3 +433,58 @@ def test_parse_output_largest_values(accelerator):
     assert np.signbit(got[0, 2])
     c = np.array([[3e12, -0.004, 123456.78]], dtype=np.float32)
     np.testing.assert_array_equal(tf.parse_output(tf.emit(c)), [[float("%.2f" % float(v)) for v in c[0]]])
+
+
+# ---------------------------------------------------------------------------
+# input files (mmd gen): the bytes of the generator before the C emitter
+
+
+def _old_input_chunks(a: np.ndarray, b: np.ndarray, square: bool):
+    """mmd.generate.input_chunks as it was written before emit_input_chunks (the bytes to keep)."""
+    m, k = a.shape
+    n = b.shape[1]
+    yield (f"{m}\n" if square else f"{m} {k} {n}\n").encode()
+    for mat in (a, b):
+        fmt = " ".join(["%.2f"] * mat.shape[1]) + "\n"
+        for start in range(0, mat.shape[0], 256):
+            with np.errstate(invalid="ignore"):  # signalling NaN bits
+                block = mat[start : start + 256].astype(np.float64)
+            yield "".join(fmt % tuple(row) for row in block).encode()
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**32 - 1), st.integers(1, 9))
+def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, rows):
+    from mmd.generate import input_chunks, random_matrix
+
+    if accelerated and tf._fasttext is None:
+        pytest.skip("mmd._fasttext is not built")
+    old_flag = tf.USE_FASTTEXT
+    tf.USE_FASTTEXT = accelerated
+    try:
+        rng = np.random.default_rng(seed)
+        a, b = random_matrix(rng, m, k, -1000, 1000), random_matrix(rng, k, n, -1000, 1000)
+        want = b"".join(_old_input_chunks(a, b, square=False))
+        assert b"".join(tf.emit_input_chunks(a, b, square=False, rows_per_chunk=rows)) == want
+        assert b"".join(input_chunks(a, b, square=False)) == want
+        sq = random_matrix(rng, m, m)
+        assert b"".join(input_chunks(sq, sq, square=True)) == b"".join(_old_input_chunks(sq, sq, square=True))
+    finally:
+        tf.USE_FASTTEXT = old_flag
+
+
+def test_emit_input_any_float32(accelerator):
+    # every float32 (ties, -0.0, huge, tiny, nan and inf) as Python's '%.2f' writes it
+    vals = np.array(
+        [0.125, 0.375, -0.001, -0.0, 0.0, 2.675, 1e20, -3e38, 1e-30, np.nan, np.inf, -np.inf, 2.0**53, 5e15],
+        dtype=np.float32,
+    )
+    bits = np.random.default_rng(3).integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    a = np.concatenate([vals, bits]).reshape(-1, 2)
+    b = np.ones((2, 1), np.float32)
+    assert b"".join(tf.emit_input_chunks(a, b, square=False)) == b"".join(_old_input_chunks(a, b, square=False))
+    with pytest.raises(ValueError):
+        list(tf.emit_input_chunks(a, np.ones((3, 1), np.float32), square=False))
+    with pytest.raises(ValueError):
+        list(tf.emit_input_chunks(a, b, square=True))
