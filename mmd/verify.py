@@ -120,11 +120,11 @@ def against_inputs(
     ``tol`` (absolute, beyond print rounding) replaces the fp32 error model;
     ``gemm`` computes the reference product (see :func:`reference`).
     """
-    a64 = np.asarray(a, dtype=np.float64)
-    b64 = np.asarray(b, dtype=np.float64)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions, one per core
+        a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
     ref = reference(a64, b64, gemm)
     if tol is not None:
-        return _report(out, ref, PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}")
+        return _uniform_report(out, ref, PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}")
     desc = "0.005 + 4·sqrt(K)·eps·|A||B|"
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, 0.0, desc)
@@ -133,7 +133,67 @@ def against_inputs(
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
     """Check printed values against another output (both rounded: default 0.01 apart at most)."""
-    return _report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
+    return _uniform_report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
+
+
+@dataclass
+class _UniformBlock:
+    max_err: float
+    ssq_err: float
+    ssq_ref: float
+    bad: int
+    worst: int  # flat index of the largest excess in the block (the first NaN, if any)
+    worst_excess: float
+    nan: bool
+
+
+def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance: str) -> CheckReport:
+    """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
+    if out.shape != ref.shape or out.size == 0:
+        return _report(out, ref, allowed, tolerance)
+    m, n = out.shape
+
+    def block(rows: tuple[int, int]) -> _UniformBlock:
+        o, rf = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
+        err = np.abs(o - rf)
+        excess = err - allowed
+        i = int(np.argmax(excess))  # as over the whole matrix: the first NaN, else the first largest
+        bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
+        return _UniformBlock(
+            max_err=float(err.max()),
+            ssq_err=float(np.einsum("i,i->", err, err)),
+            ssq_ref=float(np.einsum("i,i->", rf, rf)),
+            bad=bad,
+            worst=i + rows[0] * n,
+            worst_excess=float(excess[i]),
+            nan=bool(np.isnan(excess[i])),
+        )
+
+    step = max(1, _BLOCK_ELEMS // n)
+    bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
+    if len(bounds) > 1:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            parts = list(pool.map(block, bounds))
+    else:
+        parts = [block(bounds[0])]
+    mismatches = sum(p.bad for p in parts)
+    nans = [p for p in parts if p.nan]
+    # the earliest block wins ties, as np.argmax's first occurrence does
+    top = nans[0] if nans else max(parts, key=lambda p: (p.worst_excess, -p.worst))
+    maxes = [p.max_err for p in parts]
+    max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes)
+    ssq_err, ssq_ref = sum(p.ssq_err for p in parts), sum(p.ssq_ref for p in parts)
+    denom = math.sqrt(ssq_ref)
+    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
+    return CheckReport(
+        ok=mismatches == 0,
+        shape=(m, n),
+        mismatches=mismatches,
+        max_abs_error=max_err,
+        worst=None if mismatches == 0 else (top.worst // n, top.worst % n),
+        rel_error=rel,
+        tolerance=tolerance,
+    )
 
 
 @dataclass(frozen=True)

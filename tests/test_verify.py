@@ -254,3 +254,23 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
     assert not r.ok and r.nonfinite == 1 and r.worst == ("row", 2) and "1 values are not finite" in r.summary()
     r = verify.quick(np.zeros((6, 4)), a, b)
     assert not r.ok and r.shape == (6, 4)
+
+
+@pytest.mark.parametrize("block", [7, 1 << 20])
+@pytest.mark.parametrize("seed", range(6))
+def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
+    # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
+    monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
+    rng = np.random.default_rng(seed)
+    ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
+    out = ref + rng.choice([0.0, 0.0, 0.0, 0.004, -0.011, 0.02], size=ref.shape)
+    if seed % 3 == 1:
+        out[rng.integers(23), rng.integers(19)] = np.nan
+        out[rng.integers(23), rng.integers(19)] = np.inf
+    if seed % 3 == 2:
+        out = ref.copy()
+        out[[3, 12, 20], [5, 5, 5]] += 0.5  # a tie: the first one is the worst
+    _same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
+    b = ref.astype(np.float32)  # A = I: the product is B
+    want = verify._report(out, b.astype(np.float64), verify.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
+    _same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
