@@ -53,6 +53,10 @@
 static locale_t c_locale = (locale_t)0;
 #endif
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
 #define MMD_HAVE_PTHREAD 1
@@ -305,71 +309,50 @@ parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *ds
     return ST_OK;
 }
 
-/* Values of [lo, hi) stored backwards from index total-1 (runs found from the end). */
-static int
-parse_backward(const unsigned char *lo, const unsigned char *hi, const dest_t *dst, Py_ssize_t *count,
-               const unsigned char **where)
+/*
+ * A scratch buffer of big pages where the kernel offers them (as numpy asks
+ * for its large arrays): first touches of 4 KiB pages cost a fault each,
+ * about 0.07 s for the 67 MB of a 4096 input's second half.
+ */
+static float *
+scratch_alloc(size_t size)
 {
-    const unsigned char *p = hi;
-    Py_ssize_t k = 0, total = dst->total;
-    for (;;) {
-        while (p > lo && IS_WS(p[-1]))
-            p--;
-        if (p == lo)
-            break;
-        const unsigned char *re = p;
-        while (p > lo && !IS_WS(p[-1]))
-            p--;
-        const unsigned char *rs = p, *next = rs;
-        double d;
-        *where = rs;
-        int got = one_number(rs, re, &next, &d);
-        if (got > 0) {
-            float f = (float)d;
-            if (isinf(f))
-                return ST_RANGE;
-            if (k >= total)
-                return ST_MANY;
-            put(dst, total - 1 - k, f);
-            k++;
-            continue;
-        }
-        if (got < 0)
-            return ST_NOMEM;
-        Py_ssize_t cnt = fields_count(rs, re);
-        if (cnt < 0)
-            return ST_NAN;
-        if (cnt > total - k)
-            return ST_MANY;
-        int st = fields_store(rs, re, dst, total - k - cnt, where);
-        if (st)
-            return st;
-        k += cnt;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    void *p = NULL;
+    const size_t huge = (size_t)1 << 21;
+    if (size >= huge && posix_memalign(&p, huge, size) == 0) {
+        madvise(p, size, MADV_HUGEPAGE); /* advice only: failure is harmless */
+        return (float *)p;
     }
-    *count = k;
-    return ST_OK;
+#endif
+    return (float *)malloc(size);
 }
 
 typedef struct {
     const unsigned char *lo, *hi;
-    const dest_t *dst;
+    dest_t dst; /* a scratch buffer: the index this half starts at is not known yet */
     Py_ssize_t count;
     const unsigned char *where;
     int status;
 } half_t;
 
 static void *
-backward_main(void *arg)
+second_half_main(void *arg)
 {
     half_t *h = (half_t *)arg;
-    h->status = parse_backward(h->lo, h->hi, h->dst, &h->count, &h->where);
+    h->status = parse_forward(h->lo, h->hi, &h->dst, &h->count, &h->where);
     return NULL;
 }
 
 /*
- * The whole body: one thread forwards over the first half (values from index
- * 0 up), one backwards over the second half (values from the last index down);
- * the counts must add up to the total.
+ * The whole body. At min_split bytes and above, a second thread reads the
+ * half after the whitespace that follows the middle, forwards, into a
+ * scratch buffer (the count of values before it is known only at the end);
+ * the calling thread reads the first half into place, and the second half's
+ * values are copied after them once both are done. (A second thread that
+ * read its half backwards, straight into place, would need no scratch, but
+ * finding each run's start by stepping back byte by byte made it about twice
+ * as slow as the forward one.) The counts must add up to the total.
  */
 static int
 parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const dest_t *dst, Py_ssize_t min_split,
@@ -377,20 +360,27 @@ parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const d
 {
     const unsigned char *lo = data + offset, *hi = data + len;
     const unsigned char *split = hi;
+    float *scratch = NULL;
+    /* every value takes a byte and a separator, every touching field four bytes */
+    Py_ssize_t bound = 0;
     if (len - offset >= min_split && len - offset >= 2) {
         split = lo + (len - offset) / 2;
         while (split < hi && !IS_WS(*split))
             split++;
+        bound = (hi - split) / 2 + 1;
+        scratch = split < hi ? scratch_alloc((size_t)bound * sizeof(float)) : NULL;
+        if (scratch == NULL)
+            split = hi; /* one thread */
     }
-    half_t back = {split, hi, dst, 0, hi, ST_OK};
+    half_t second = {split, hi, {scratch, NULL, bound, bound}, 0, hi, ST_OK};
     int threaded = 0;
 #ifdef MMD_HAVE_PTHREAD
     pthread_t th;
-    if (split < hi && pthread_create(&th, NULL, backward_main, &back) == 0)
+    if (split < hi && pthread_create(&th, NULL, second_half_main, &second) == 0)
         threaded = 1;
 #endif
     if (!threaded && split < hi)
-        backward_main(&back);
+        second_half_main(&second);
     Py_ssize_t c1 = 0;
     const unsigned char *w1 = hi;
     int st = parse_forward(lo, split, dst, &c1, &w1);
@@ -398,20 +388,31 @@ parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const d
     if (threaded)
         pthread_join(th, NULL);
 #endif
+    Py_ssize_t c2 = second.count;
     if (st) {
         *pos = w1 - data;
-        return st;
+    } else if (second.status) {
+        *pos = second.where - data;
+        st = second.status;
+    } else {
+        *pos = len;
+        if (c1 + c2 < dst->total)
+            st = ST_FEW;
+        else if (c1 + c2 > dst->total)
+            st = ST_MANY;
     }
-    if (back.status) {
-        *pos = back.where - data;
-        return back.status;
+    if (st == ST_OK && c2 > 0) {
+        /* values c1 .. c1+c2-1: the end of A, then B */
+        Py_ssize_t in_a = c1 < dst->na ? dst->na - c1 : 0;
+        if (in_a > c2)
+            in_a = c2;
+        if (in_a > 0)
+            memcpy(dst->a + c1, scratch, (size_t)in_a * sizeof(float));
+        if (c2 > in_a)
+            memcpy(dst->b + (c1 + in_a - dst->na), scratch + in_a, (size_t)(c2 - in_a) * sizeof(float));
     }
-    *pos = len;
-    if (c1 + back.count < dst->total)
-        return ST_FEW;
-    if (c1 + back.count > dst->total)
-        return ST_MANY;
-    return ST_OK;
+    free(scratch);
+    return st;
 }
 
 static int
