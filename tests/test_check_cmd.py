@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from mmd import textformat
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import run_mmd
+from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd
 
 
 def _pair(folder: Path, name: str, m: int, k: int, n: int, seed: int) -> tuple[Path, Path]:
@@ -136,3 +139,51 @@ def test_a_folder(tmp_path):
     r = run_mmd("check", str(outbox), "--inputs", str(tmp_path / "nosuch"))
     assert r.returncode == 2 and _one_line(r.stderr).startswith("mmd check: cannot read")
     assert "nosuch: No such file or directory" in r.stderr
+
+
+def _grade_script() -> str:
+    """The grading script of docs/grading.md, as it is printed there."""
+    text = (ROOT / "docs" / "grading.md").read_text()
+    start = text.index("```bash\n#!/usr/bin/env bash\n# grade.sh") + len("```bash\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_grading_script_of_the_docs(tmp_path):
+    tests, inbox, outbox = tmp_path / "tests", tmp_path / "inbox", tmp_path / "outbox"
+    for d in (tests, inbox, outbox):
+        d.mkdir()
+    for i, shape in enumerate([(5, 5, 5), (8, 3, 6), (1, 4, 1)]):
+        _pair(tests, f"t{i}", *shape, seed=10 + i)
+        (tests / f"t{i}.out").unlink()
+    (tests / "t3.txt").write_text("2\n1 2\n3 x\n1 0\n0 1\n")
+    script = tmp_path / "grade.sh"
+    script.write_text(_grade_script())
+    env = mmd_env({"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.3"})
+    daemon = LoggedProcess(
+        [sys.executable, "-m", "mmd", "serve", "--inbox", str(inbox), "--outbox", str(outbox)],
+        cwd=tmp_path,
+        log_path=tmp_path / "daemon.log",
+        env=env,
+    )
+    try:
+        grade = dict(env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", GRADE_TIMEOUT="90")
+
+        def run() -> subprocess.CompletedProcess:
+            args = ["bash", str(script), "tests", "inbox", "outbox", "report"]
+            return subprocess.run(args, cwd=tmp_path, env=grade, capture_output=True, text=True, timeout=150)
+
+        r = run()
+        assert r.returncode == 1, r.stdout + r.stderr + daemon.logs()
+        assert [ln.split()[2] for ln in r.stdout.splitlines()[1:5]] == ["ok", "ok", "ok", "refused"]
+        suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
+        assert (suite.get("tests"), suite.get("failures")) == ("4", "1")
+        assert json.loads((tmp_path / "report.json").read_text())["counts"]["ok"] == 3
+        # again, without the bad input: the first run's results are cleared, the names used again
+        (tests / "t3.txt").unlink()
+        (outbox / "t3.error.yaml").unlink()
+        r = run()
+        assert r.returncode == 0, r.stdout + r.stderr + daemon.logs()
+        assert "3 jobs checked against the inputs in tests: 3 ok;" in r.stdout
+        assert not list(outbox.glob("*.1.*"))
+    finally:
+        assert daemon.stop() == 0
