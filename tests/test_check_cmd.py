@@ -86,6 +86,7 @@ def test_one_output(tmp_path):
         (["m.out", "m.out", "--quick"], "mmd check: --quick checks against inputs: give --input"),
         (["m.out", "--input", "."], "mmd check: m.out is a file: give a file to check it against"),
         ([".", "--input", "m.txt"], "mmd check: . is a folder: give a folder to check it against"),
+        (["nosuch", "--inputs", "."], "mmd check: cannot read nosuch: No such file or directory"),
         (["m.out", "--input", "m.txt", "--jobs", "0"], "mmd check: --jobs must be at least 1"),
         (["m.out", "--input", "m.txt", "--json", "nodir/r.json"], "mmd check: "),
     ],

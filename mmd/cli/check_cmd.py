@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed)
     folder = args.output.is_dir()
     try:
-        if folder != reference.is_dir() and reference.exists():
+        if folder != reference.is_dir() and reference.exists() and args.output.exists():
             what = "a folder" if folder else "a file"
             return _usage(f"{args.output} is {what}: give {what} to check it against")
         if folder:
