@@ -9,7 +9,21 @@ anything else that escapes is a bug in mmd, not in the input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
+
+
+class ExitStatus(IntEnum):
+    """What a command's exit status means (docs/operations.md): systemd and scripts act on these."""
+
+    #: The job ran, the check passed, the daemon stopped when asked.
+    OK = 0
+    #: The job was refused (its error sidecar says why), or the check found a fault.
+    FAILED = 1
+    #: The command was misused, or a file it names cannot be read: fix the command line.
+    USAGE = 2
+    #: The configuration is invalid (sysexits' EX_CONFIG): restarting cannot help, the unit does not.
+    CONFIG = 78
 
 
 @dataclass(eq=False)
@@ -71,6 +85,12 @@ class UsageError(ConfigError):
     """A command-line flag is invalid (exit status 2, like argparse's own refusals)."""
 
     kind = "usage"
+
+
+class UnreadableError(UsageError):
+    """A file a command was given cannot be read, or is not what it should be (an input, an expected output)."""
+
+    kind = "unreadable"
 
 
 class JobNameError(MmdError):

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from . import textformat
+
 
 def random_matrix(rng: np.random.Generator, rows: int, cols: int, lo: float = -10.0, hi: float = 10.0) -> np.ndarray:
     """A float32 matrix of values in [lo, hi] with two decimals and no zeros."""
@@ -17,16 +19,16 @@ def random_matrix(rng: np.random.Generator, rows: int, cols: int, lo: float = -1
     if zero.any():
         # Replace zeros by the nearest non-zero value inside the range.
         h[zero] = 1 if hi_h >= 1 else -1
-    return (h / 100.0).astype(np.float32)
+    # h / 100 in float64, rounded to float32 on the way out: no float64 temporary
+    out = np.empty((rows, cols), dtype=np.float32)
+    np.divide(h, 100.0, out=out, casting="same_kind")
+    return out
 
 
 def input_chunks(a: np.ndarray, b: np.ndarray, square: bool) -> Iterator[bytes]:
-    """The input file for ``a`` and ``b``: header, A's rows, B's rows, values as ``%.2f``."""
-    m, k = a.shape
-    n = b.shape[1]
-    yield (f"{m}\n" if square else f"{m} {k} {n}\n").encode()
-    for mat in (a, b):
-        fmt = " ".join(["%.2f"] * mat.shape[1]) + "\n"
-        for start in range(0, mat.shape[0], 256):
-            block = mat[start : start + 256].astype(np.float64)
-            yield "".join(fmt % tuple(row) for row in block).encode()
+    """The input file for ``a`` and ``b``: header, A's rows, B's rows, values as ``%.2f``.
+
+    The bytes are Python's ``'%.2f' % float(x)``, written by mmd._fasttext
+    where it is built (:func:`mmd.textformat.emit_input_chunks`).
+    """
+    return textformat.emit_input_chunks(a, b, square)

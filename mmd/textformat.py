@@ -21,6 +21,7 @@ See docs/textformat.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -49,7 +50,9 @@ __all__ = [
     "parse",
     "emit",
     "emit_chunks",
+    "emit_input_chunks",
     "parse_output",
+    "OutputFault",
     "format_reference",
     "parse_reference",
 ]
@@ -883,108 +886,243 @@ def emit(c: np.ndarray) -> bytes:
 
 
 # ---------------------------------------------------------------------------
+# input files (mmd gen)
+
+
+def emit_input_chunks(a: np.ndarray, b: np.ndarray, square: bool, rows_per_chunk: int | None = None) -> Iterator[bytes]:
+    """An input file for ``a`` and ``b`` in pieces: header, then A's rows, then B's rows.
+
+    The header is ``N`` when ``square`` (A and B are N×N), else ``M K N``;
+    each value is ``'%.2f' % float(x)``, one space between values, one
+    matrix row per line. float32 (and float16) go through mmd._fasttext
+    where it is built; anything else, or MMD_NO_FASTTEXT=1, through Python's
+    own ``%`` formatting, which gives the same bytes.
+    """
+    a, b = _check_2d(a), _check_2d(b)
+    m, k = a.shape
+    if b.shape[0] != k or (square and not m == k == b.shape[1]):
+        raise ValueError(f"A is {m}x{k} and B is {b.shape[0]}x{b.shape[1]}: not an input{' of N×N' if square else ''}")
+    yield (b"%d\n" % m) if square else (b"%d %d %d\n" % (m, k, b.shape[1]))
+    for mat in (a, b):
+        blocks = _row_blocks(mat.shape[0], mat.shape[1], rows_per_chunk)
+        fast = USE_FASTTEXT and mat.dtype.kind == "f" and mat.dtype.itemsize <= 4
+        yield from _ordered_map(functools.partial(_input_block, mat, fast), blocks)
+
+
+def _input_block(mat: np.ndarray, fast: bool, bounds: tuple[int, int]) -> bytes:
+    block = mat[bounds[0] : bounds[1]]
+    if fast and _fasttext is not None:
+        block = np.ascontiguousarray(block, dtype=np.float32)
+        return _fasttext.format_input_rows(block, block.shape[0], block.shape[1])
+    fmt = " ".join(["%.2f"] * block.shape[1]) + "\n"
+    with np.errstate(invalid="ignore"):  # a signalling NaN converts to a quiet one, as printf shows it
+        rows = block.astype(np.float64).tolist()
+    return "".join(fmt % tuple(row) for row in rows).encode()
+
+
+# ---------------------------------------------------------------------------
 # reading an output file back (mmd check)
+#
+# Both paths, mmd._fasttext's one pass and the numpy one below, accept the
+# same files, give the same float64 values (the double nearest each printed
+# decimal) and name the same first fault: its line, its column and one of
+# these kinds, worded by _fault_error.
 
 _OUT_HEADER_RE = re.compile(rb"([1-9][0-9]*)(?: ([1-9][0-9]*))?\n")
 _OUT_FIELD_RE = re.compile(rb"( *)(-?(?:0|[1-9][0-9]*)\.[0-9][0-9])")
+_NL_RE = re.compile(rb"\n")
+#: Digits before the point that mmd check reads: |x|*100 stays below 1e15 < 2^53, exact in float64.
+OUTPUT_INT_DIGITS = 13
+
+#: Fault kinds, numbered as mmd._fasttext numbers them (0 is "no fault").
+OUTPUT_FAULTS: tuple[str, ...] = ("", "field", "width", "large", "count", "newline", "extra", "rows")
 
 
-def _out_error(line: int, reason: str, value: bytes | None = None) -> InputFormatError:
+@dataclass(frozen=True)
+class OutputFault:
+    """The first place where an output file is not what mmd writes."""
+
+    kind: str  # one of OUTPUT_FAULTS
+    line: int  # 1-based
+    line_start: int  # byte offset of that line
+    pos: int  # byte offset of the fault
+    count: int  # fields found (count), field bytes (width, large), values read (rows)
+
+
+def _line_bytes(data: bytes | memoryview, start: int) -> bytes:
+    """The bytes from ``start`` to the end of its line (without the newline)."""
+    nl = _NL_RE.search(data, start)
+    return bytes(data[start : len(data) if nl is None else nl.start()])
+
+
+def _fault_error(data: bytes | memoryview, f: OutputFault, m: int, n: int) -> InputFormatError:
+    """The one-line error for fault ``f``: ``line L, column C: reason``."""
+    raw = bytes(data[f.pos : f.pos + 64])
+    value: bytes | None = None
+    if f.kind == "field":
+        value = _line_bytes(data, f.pos)[:12]
+        reason = f"field '{_shorten(value)}' is not in %6.2f format"
+    elif f.kind == "width":
+        value = raw[: f.count]
+        reason = f"field '{_shorten(value)}' is not in %6.2f format (width)"
+    elif f.kind == "large":
+        value = raw[: f.count]
+        limit = f"at most {OUTPUT_INT_DIGITS} digits before the point"
+        reason = f"value '{_shorten(value)}' too large for an mmd output ({limit})"
+    elif f.kind == "count":
+        reason = f"expected {n} fields, found {f.count}"
+    elif f.kind == "newline":
+        reason = "missing final newline"
+    elif f.kind == "extra":
+        value = _line_bytes(data, f.line_start)[:40]
+        reason = f"unexpected content after the last of {m} rows"
+    elif f.kind == "rows":
+        reason = f"expected {m} rows of {n} fields, found {f.count} values"
+    else:  # pragma: no cover - a kind without words is a bug
+        raise AssertionError(f"unknown output fault {f.kind!r}")
+    column = f.pos - f.line_start + 1
     shown = None if value is None else _shorten(value)
-    return InputFormatError(f"line {line}: {reason}", line=line, value=shown)
+    return InputFormatError(f"line {f.line}, column {column}: {reason}", {"column": column}, line=f.line, value=shown)
 
 
-def _diagnose_line(raw: bytes, lineno: int, n: int, has_nl: bool) -> InputFormatError | None:
-    """Why one output row is not exact, or None if it looks right."""
-    pos = 0
-    count = 0
-    while pos < len(raw):
-        m = _OUT_FIELD_RE.match(raw, pos)
-        if m is None:
-            bad = raw[pos : pos + 12]
-            return _out_error(lineno, f"field '{_shorten(bad)}' is not in %6.2f format", bad)
-        spaces, core = m.group(1), m.group(2)
-        if len(spaces) != max(0, 6 - len(core)):
-            bad = m.group(0)
-            return _out_error(lineno, f"field '{_shorten(bad)}' is not in %6.2f format (width)", bad)
-        count += 1
-        pos = m.end()
-    if count != n:
-        return _out_error(lineno, f"expected {n} fields, found {count}")
-    if not has_nl:
-        return _out_error(lineno, "missing final newline")
-    return None
-
-
-def parse_output(data: bytes | memoryview) -> np.ndarray:
-    """Read an mmd output file strictly; returns float64 m×n.
-
-    Any deviation from the exact bytes :func:`emit` would write (for some
-    values) raises :class:`InputFormatError` naming the line.
-    """
+def _output_header(data: bytes | memoryview) -> tuple[int, int, int]:
+    """(m, n, offset of the first row) of an output; raises naming line 1."""
     head = bytes(data[:64])
     hm = _OUT_HEADER_RE.match(head)
     if hm is None or (hm.group(2) is not None and hm.group(1) == hm.group(2)):
         nl = head.find(b"\n")
         got = head if nl < 0 else head[:nl]
-        raise _out_error(1, f"header must be 'N' or 'M N' (as mmd writes it), got '{_shorten(got)}'", got)
-    if hm.group(2) is None:
-        m = n = int(hm.group(1))
-    else:
-        m, n = int(hm.group(1)), int(hm.group(2))
-    start = hm.end()
-    body = _as_u8(data)[start:]
-    stop = len(data)
-    # values, as the input parser reads them (touching fields split after '.dd')
+        raise InputFormatError(
+            f"line 1, column 1: header must be 'N' or 'M N' (as mmd writes it), got '{_shorten(got)}'",
+            {"column": 1},
+            line=1,
+            value=_shorten(got),
+        )
+    m = int(hm.group(1))
+    n = m if hm.group(2) is None else int(hm.group(2))
+    return m, n, hm.end()
+
+
+def parse_output(data: bytes | memoryview) -> np.ndarray:
+    """Read an mmd output file strictly; returns float64 m×n.
+
+    Anything but the exact bytes :func:`emit` would write (for some values
+    below 1e13) raises :class:`InputFormatError` naming the first fault's line
+    and column (``details["column"]``).
+    """
+    m, n, start = _output_header(data)
+    if USE_FASTTEXT and _fasttext is not None:
+        # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
+        plausible = (len(data) - start) // m >= 6 * n + 1
+        out = np.empty((m, n), dtype=np.float64) if plausible else None
+        got = _fasttext.parse_output_values(data, start, m, n, out)
+        if got is None and out is not None:
+            return out
+        if got is None:  # pragma: no cover - a body that passes is never short
+            raise AssertionError("an implausibly short output passed")
+        kind, line, line_start, pos, count = got
+        raise _fault_error(data, OutputFault(OUTPUT_FAULTS[kind], line, line_start, pos, count), m, n)
+    vals, fault = _numpy_output(data, start, m, n)
+    if fault is not None:
+        raise _fault_error(data, fault, m, n)
+    assert vals is not None
+    return vals
+
+
+def _numpy_output(data: bytes | memoryview, start: int, m: int, n: int) -> tuple[np.ndarray | None, OutputFault | None]:
+    try:
+        return _canonical_output(data, start, len(data), m, n)
+    except InputFormatError as exc:
+        # A token the value parser refuses sits on exc.line; a fault in the
+        # lines before it comes first, and those lines hold none it refuses.
+        bad_line = exc.line if exc.line is not None else 2
+    ls = _line_offset(data, bad_line)
+    _, fault = _canonical_output(data, start, ls, m, n)
+    if fault is not None and fault.kind != "rows":  # rows: only the cut's doing
+        return None, fault
+    return None, (_line_fault(data, ls, bad_line, m, n) or OutputFault("field", bad_line, ls, ls, 0))
+
+
+def _line_offset(data: bytes | memoryview, line: int) -> int:
+    """Byte offset where 1-based ``line`` starts."""
+    nls = np.flatnonzero(_as_u8(data) == 10)
+    return 0 if line <= 1 else int(nls[line - 2]) + 1
+
+
+def _canonical_output(
+    data: bytes | memoryview, start: int, stop: int, m: int, n: int
+) -> tuple[np.ndarray | None, OutputFault | None]:
+    """Values and first fault of data[:stop] as an output: read its values, re-emit them, compare bytes."""
+    limit = m * n
+    if start >= stop:
+        return None, OutputFault("rows", 1, 0, start - 1, 0)
     parts = []
     count = 0
-    limit = m * n
-    bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
-    for vals in _ordered_map(lambda bd: _parse_chunk(data, bd[0], bd[1], as_f32=False), bounds):
+    for vals in _ordered_map(
+        lambda bd: _parse_chunk(data, bd[0], bd[1], as_f32=False), _chunk_bounds(data, start, stop, PARSE_CHUNK)
+    ):
         parts.append(vals)
         count += vals.size
         if count > limit + n:
             break
     vals = np.concatenate(parts) if parts else np.empty(0, np.float64)
-    # re-emit canonically and compare byte for byte
     with np.errstate(invalid="ignore", over="ignore"):
         a = np.rint(np.abs(vals) * 100.0)
-    if vals.size and not (a < _FAST_LIMIT).all():
-        i = int(np.flatnonzero(~(a < _FAST_LIMIT))[0])
-        raise _out_error(_line_at(data, int(_value_offsets_all(data, start)[i])), "value too large for an mmd output")
+    # values too large to print exactly: a placeholder makes their field differ
+    big = ~(a < 1e15)
+    a[big] = 0
     a = a.astype(np.int64)
     neg = np.signbit(vals)
     full = (vals.size // n) * n
     canon = _emit_ints(a[:full], neg[:full], n)
     if full < vals.size:
         canon += _emit_ints(a[full:], neg[full:], n)
+    got = _as_u8(data)[start:stop]
     want = np.frombuffer(canon, dtype=np.uint8)
-    size = min(body.size, want.size)
-    diff = np.flatnonzero(body[:size] != want[:size])
-    if diff.size == 0 and body.size == want.size and vals.size == limit:
-        return vals.reshape(m, n)
+    size = min(got.size, want.size)
+    diff = np.flatnonzero(got[:size] != want[:size])
+    if diff.size == 0 and got.size == want.size and vals.size == limit:
+        return vals.reshape(m, n), None
     off = start + (int(diff[0]) if diff.size else size)
-    if off >= stop:
-        off = max(start, stop - 1)
+    off = min(off, stop - 1)
     lineno = _line_at(data, off)
-    # diagnose that line
-    nls = np.flatnonzero(_as_u8(data)[:off] == 10)
-    ls = int(nls[-1]) + 1 if nls.size else 0
-    le_m = re.compile(rb"\n").search(data, ls)
-    le = stop if le_m is None else le_m.start()
-    raw = bytes(data[ls:le])
     if lineno > m + 1:
-        raise _out_error(lineno, f"unexpected content after the last of {m} rows", raw[:40])
-    err = _diagnose_line(raw, lineno, n, le_m is not None)
-    if err is not None:
-        raise err
-    if vals.size != limit:
-        last = _last_line(data)
-        raise _out_error(last, f"expected {m} rows of {n} fields, found {vals.size} values")
-    raise _out_error(lineno, "does not match the exact %6.2f output format", raw[:40])
+        ls = _line_offset(data, m + 2)
+        return None, OutputFault("extra", m + 2, ls, ls, 0)
+    ls = _line_offset(data, lineno)
+    fault = _line_fault(data[:stop], ls, lineno, m, n)
+    if fault is not None:
+        return None, fault
+    # every line read is right: the file ends early
+    last = _last_line(data[:stop])
+    ls = _line_offset(data, last)
+    return None, OutputFault("rows", last, ls, stop - 1, vals.size)
 
 
-def _value_offsets_all(data: bytes | memoryview, start: int) -> np.ndarray:
-    return np.concatenate(
-        [_value_offsets(data, lo, hi) for lo, hi in _chunk_bounds(data, start, len(data), PARSE_CHUNK)]
-    )
+def _line_fault(data: bytes | memoryview, ls: int, lineno: int, m: int, n: int) -> OutputFault | None:
+    """The first fault of the line at byte ``ls`` (the field rules of mmd._fasttext), or None."""
+    if lineno > m + 1:
+        return OutputFault("extra", lineno, ls, ls, 0)
+    raw = _line_bytes(data, ls)
+    has_nl = ls + len(raw) < len(data)
+    pos = 0
+    count = 0
+    extra = None
+    while pos < len(raw):
+        mt = _OUT_FIELD_RE.match(raw, pos)
+        if mt is None:
+            return OutputFault("field", lineno, ls, ls + pos, 0)
+        spaces, core = mt.group(1), mt.group(2)
+        if len(spaces) != max(0, 6 - len(core)):
+            return OutputFault("width", lineno, ls, ls + pos, mt.end() - pos)
+        if len(core.lstrip(b"-").split(b".")[0]) > OUTPUT_INT_DIGITS:
+            return OutputFault("large", lineno, ls, ls + pos, mt.end() - pos)
+        if count == n:
+            extra = pos
+        count += 1
+        pos = mt.end()
+    if count != n:
+        return OutputFault("count", lineno, ls, ls + (len(raw) if extra is None else extra), count)
+    if not has_nl:
+        return OutputFault("newline", lineno, ls, ls + len(raw), 0)
+    return None

@@ -4,17 +4,46 @@ Printed values carry ``%6.2f`` rounding (half a hundredth) on top of fp32
 arithmetic error, which grows about as sqrt(K)·eps·(|A|·|B|) for a dot product
 of length K. The default tolerance follows that model, so a correct fp32
 result passes and a wrong one (a missing term, a swapped index) does not.
+
+Three checks:
+
+* :func:`against_inputs`, the full check: every element against the float64
+  product :func:`reference` (numpy's BLAS, or a ``gemm`` provider such as a
+  float64 GEMM on a GPU). The tolerance needs |A|·|B| only where cheap
+  bounds on it cannot decide an element, so a correct result costs one
+  float64 product, not two.
+* :func:`quick`, Freivalds' check in its Gaussian form (Ji, Mascagni and Li,
+  2017): C and A·B projected onto a few random Gaussian vectors, from both
+  sides, in O(n²). It refuses, with a false-alarm chance of at most
+  ``false_alarm``, anything that moves a projection beyond a bound derived
+  from the same tolerance; it cannot see one element off by a little.
+* :func:`against_output`: one output against another, elementwise.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 #: Half a unit in the last printed place of ``%6.2f``, plus a hair for binary rounding.
 PRINT_HALF_UNIT = 0.005 * (1 + 1e-9)
 _EPS32 = float(np.finfo(np.float32).eps)
+_U64 = 2.0**-53  # unit roundoff of float64
+
+#: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
+Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+#: Columns of A (rows of B) summed for the cheap lower bound of |A|·|B|.
+_LOWER_TERMS = 64
+#: Multiply-adds below which S at scattered elements is one GEMM over their rows and columns.
+_SMALL_GEMM = 1 << 26
+#: Elements per block of the elementwise passes (8 MB of float64 per temporary).
+_BLOCK_ELEMS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,9 +71,23 @@ class CheckReport:
 
 def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
     """Elementwise fp32 error allowance: factor·sqrt(K)·eps·(|A|·|B|)."""
-    k = a.shape[1]
-    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
-    return factor * np.sqrt(max(k, 1)) * _EPS32 * scale
+    return _fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+
+
+def _fp32_factor(k: int, factor: float = 4.0) -> float:
+    return factor * math.sqrt(max(k, 1)) * _EPS32
+
+
+def reference(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> np.ndarray:
+    """A·B in float64: numpy's BLAS on the CPU, or ``gemm`` (a float64 GEMM elsewhere) when given."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
+        raise ValueError(f"cannot multiply {a64.shape} by {b64.shape}")
+    ref = np.matmul(a64, b64) if gemm is None else np.asarray(gemm(a64, b64), dtype=np.float64)
+    if ref.shape != (a64.shape[0], b64.shape[1]):
+        raise ValueError(f"the GEMM gave shape {ref.shape} for {a64.shape} by {b64.shape}")
+    return ref
 
 
 def _report(out: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, tolerance: str) -> CheckReport:
@@ -54,11 +97,12 @@ def _report(out: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, toler
     excess = err - allowed
     bad = excess > 0
     bad |= ~np.isfinite(out)
-    worst = np.unravel_index(int(np.argmax(excess)), excess.shape) if excess.size else None
+    ok = not bool(bad.any())
+    worst = np.unravel_index(int(np.argmax(excess)), excess.shape) if excess.size and not ok else None
     denom = float(np.linalg.norm(ref))
     rel = float(np.linalg.norm(out - ref)) / denom if denom else float(np.linalg.norm(out - ref))
     return CheckReport(
-        ok=not bool(bad.any()),
+        ok=ok,
         shape=(int(out.shape[0]), int(out.shape[1])),
         mismatches=int(bad.sum()),
         max_abs_error=float(err.max()) if err.size else 0.0,
@@ -68,25 +112,455 @@ def _report(out: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, toler
     )
 
 
-def against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float | None = None) -> CheckReport:
+def against_inputs(
+    out: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float | None = None, gemm: Gemm | None = None
+) -> CheckReport:
     """Check printed values ``out`` against the float64 product of ``a`` and ``b``.
 
-    ``tol`` (absolute, beyond print rounding) replaces the fp32 error model.
+    ``tol`` (absolute, beyond print rounding) replaces the fp32 error model;
+    ``gemm`` computes the reference product (see :func:`reference`).
     """
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    if tol is None:
-        allowed: np.ndarray | float = PRINT_HALF_UNIT + fp32_tolerance(a, b)
-        desc = "0.005 + 4·sqrt(K)·eps·|A||B|"
-    else:
-        allowed, desc = PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}"
-    return _report(out, ref, allowed, desc)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions, one per core
+        a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
+    ref = reference(a64, b64, gemm)
+    if tol is not None:
+        return _uniform_report(out, ref, PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}")
+    desc = "0.005 + 4·sqrt(K)·eps·|A||B|"
+    if out.shape != ref.shape or out.size == 0:
+        return _report(out, ref, 0.0, desc)
+    return _ModelCheck(np.asarray(out, dtype=np.float64), ref, a64, b64).report(desc)
 
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
     """Check printed values against another output (both rounded: default 0.01 apart at most)."""
-    return _report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
+    return _uniform_report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
 
 
-def reference_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The float64 product that results are checked against."""
-    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+@dataclass
+class _UniformBlock:
+    max_err: float
+    ssq_err: float
+    ssq_ref: float
+    bad: int
+    worst: int  # flat index of the largest excess in the block (the first NaN, if any)
+    worst_excess: float
+    nan: bool
+
+
+def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance: str) -> CheckReport:
+    """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
+    if out.shape != ref.shape or out.size == 0:
+        return _report(out, ref, allowed, tolerance)
+    m, n = out.shape
+
+    def block(rows: tuple[int, int]) -> _UniformBlock:
+        o, rf = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
+        err = np.abs(o - rf)
+        excess = err - allowed
+        i = int(np.argmax(excess))  # as over the whole matrix: the first NaN, else the first largest
+        bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
+        return _UniformBlock(
+            max_err=float(err.max()),
+            ssq_err=float(np.einsum("i,i->", err, err)),
+            ssq_ref=float(np.einsum("i,i->", rf, rf)),
+            bad=bad,
+            worst=i + rows[0] * n,
+            worst_excess=float(excess[i]),
+            nan=bool(np.isnan(excess[i])),
+        )
+
+    step = max(1, _BLOCK_ELEMS // n)
+    bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
+    if len(bounds) > 1:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            parts = list(pool.map(block, bounds))
+    else:
+        parts = [block(bounds[0])]
+    mismatches = sum(p.bad for p in parts)
+    nans = [p for p in parts if p.nan]
+    # the earliest block wins ties, as np.argmax's first occurrence does
+    top = nans[0] if nans else max(parts, key=lambda p: (p.worst_excess, -p.worst))
+    maxes = [p.max_err for p in parts]
+    max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes)
+    ssq_err, ssq_ref = sum(p.ssq_err for p in parts), sum(p.ssq_ref for p in parts)
+    denom = math.sqrt(ssq_ref)
+    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
+    return CheckReport(
+        ok=mismatches == 0,
+        shape=(m, n),
+        mismatches=mismatches,
+        max_abs_error=max_err,
+        worst=None if mismatches == 0 else (top.worst // n, top.worst % n),
+        rel_error=rel,
+        tolerance=tolerance,
+    )
+
+
+@dataclass(frozen=True)
+class QuickReport:
+    """The outcome of :func:`quick`."""
+
+    ok: bool
+    shape: tuple[int, int]
+    seed: int
+    vectors: int  # random vectors on each side
+    z: float  # standard deviations a projection may stray before it is refused
+    false_alarm: float  # at most this chance of refusing a result the full check passes
+    bound: float  # the largest bound a projection was held to
+    worst_ratio: float  # max over projections of |residual| / its bound (> 1: refused)
+    worst: tuple[str, int] | None  # ("row", i) or ("column", j), 0-based, where that ratio was reached
+    nonfinite: int  # NaN or infinite values in the output (refused at once)
+    tolerance: str
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        m, n = self.shape
+        head = "ok" if self.ok else "MISMATCH"
+        if self.nonfinite:
+            what = f"{self.nonfinite} values are not finite"
+        else:
+            what = f"largest projection {self.worst_ratio:.3g} of its bound"
+            if self.worst is not None and not self.ok:
+                what += f", at {self.worst[0]} {self.worst[1] + 1}"
+        return (
+            f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
+            f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
+            f"false alarm < {self.false_alarm:.0e}"
+        )
+
+
+def _z_for(tail: float) -> float:
+    """The z with P(|N(0,1)| > z) = tail (bisection on erfc; tail in (0, 1))."""
+    lo, hi = 0.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2)) > tail:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def quick(
+    out: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    seed: int = 0,
+    vectors: int = 4,
+    false_alarm: float = 1e-9,
+    tol: float | None = None,
+) -> QuickReport:
+    """Freivalds' check, Gaussian variant: O(n²) work for an m×n output.
+
+    With E = out − A·B, for Gaussian vectors x (n) and y (m) each component
+    of E·x and yᵀ·E is exactly normal with variance Σ_j E_ij² (a row) or
+    Σ_i E_ij² (a column). If the full check would pass, |E_ij| ≤ h + c·S_ij
+    (h the print rounding, c·S the fp32 model, S = |A|·|B|), so a row's
+    variance is at most Σ_j (h + c·S_ij)², which is bounded in O(n²) by
+    n·h² + 2hc·Σ_j S_ij + c²·max_j S_ij·Σ_j S_ij with Σ_j S_ij = |a_i|·(|B|·1)
+    and max_j S_ij ≤ |a_i|·(row maxima of |B|); columns alike. Each of the
+    (m + n)·vectors projections is held to z such standard deviations, z
+    chosen so that all of them together refuse a passing result with a
+    chance of at most ``false_alarm``, plus a margin for float64 rounding.
+    ``tol`` replaces c·S by a constant, as in :func:`against_inputs`.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
+    out64 = np.asarray(out, dtype=np.float64)
+    finite = np.isfinite(out64)
+    nonfinite = int(out64.size - np.count_nonzero(finite))
+    tests = (m + n) * vectors
+    z = _z_for(false_alarm / max(tests, 1))
+    if out64.shape != (m, n) or nonfinite:
+        worst_where = int(np.flatnonzero(~finite)[0]) if nonfinite else None
+        return QuickReport(
+            ok=False,
+            shape=(int(out64.shape[0]), int(out64.shape[1])) if out64.ndim == 2 else (0, 0),
+            seed=seed,
+            vectors=vectors,
+            z=z,
+            false_alarm=false_alarm,
+            bound=0.0,
+            worst_ratio=float("inf"),
+            worst=None if worst_where is None else ("row", worst_where // max(out64.shape[-1], 1)),
+            nonfinite=nonfinite,
+            tolerance=tolerance,
+        )
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, vectors))
+    y = rng.standard_normal((m, vectors))
+    # Three passes over A and B and one over the output, in blocks of rows
+    # converted to float64 on the way: O(n²) work, no n×n temporary.
+    bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
+    bx = np.concatenate([q.bx for q in bp])
+    b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
+    b_col_ssq = np.sum([q.col_ssq for q in bp], axis=0)
+
+    def a_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickA:
+        abs_blk = np.abs(blk)
+        return _QuickA(
+            abx=blk @ bx,
+            ya=y[r0:r1].T @ blk,
+            row_sum=abs_blk @ b_sum,
+            row_max=abs_blk @ b_max,
+            col_sum=abs_blk.sum(axis=0),
+            col_max=abs_blk.max(axis=0),
+            row_ssq=np.einsum("ik,ik->i", blk, blk),
+        )
+
+    ap = _pass_rows(a, a_rows)
+    abx = np.concatenate([q.abx for q in ap])
+    ya = np.sum([q.ya for q in ap], axis=0)
+    row_sum, row_max = np.concatenate([q.row_sum for q in ap]), np.concatenate([q.row_max for q in ap])
+    a_col_sum, a_col_max = np.sum([q.col_sum for q in ap], axis=0), np.max([q.col_max for q in ap], axis=0)
+    a_row_ssq = np.concatenate([q.row_ssq for q in ap])
+
+    def b_again(blk: np.ndarray, r0: int, r1: int) -> _QuickB2:
+        abs_blk = np.abs(blk)
+        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=a_col_sum[r0:r1] @ abs_blk, col_max=a_col_max[r0:r1] @ abs_blk)
+
+    bp2 = _pass_rows(b, b_again)
+    yab = np.sum([q.yab for q in bp2], axis=0)
+    col_sum, col_max = np.sum([q.col_sum for q in bp2], axis=0), np.sum([q.col_max for q in bp2], axis=0)
+
+    def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
+        return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))
+
+    op = _pass_rows(out64, c_rows)
+    res_rows = np.concatenate([q.cx for q in op]) - abx  # (C - AB)·x, m×v
+    res_cols = np.sum([q.yc for q in op], axis=0) - yab  # yᵀ(C - AB), v×n
+    c_row_ssq = np.concatenate([q.row_ssq for q in op])
+    c_col_ssq = np.sum([q.col_ssq for q in op], axis=0)
+    h = PRINT_HALF_UNIT
+    if tol is None:
+        # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
+        c = _fp32_factor(k)
+        var_rows = n * h * h + 2 * h * c * row_sum + c * c * row_max * row_sum
+        var_cols = m * h * h + 2 * h * c * col_sum + c * c * col_max * col_sum
+    else:
+        var_rows = np.full(m, n * (h + tol) ** 2)
+        var_cols = np.full(n, m * (h + tol) ** 2)
+    # float64 rounding of the projections: at most about (k + m + n)·u of the
+    # sums of |terms|, themselves at most these norms (Cauchy–Schwarz)
+    gamma = 2 * (k + m + n + 4) * _U64
+    xn = float(np.max(np.linalg.norm(x, axis=0)))
+    yn = float(np.max(np.linalg.norm(y, axis=0)))
+    norm_a, norm_b = math.sqrt(float(a_row_ssq.sum())), math.sqrt(float(b_col_ssq.sum()))
+    round_rows = gamma * xn * (np.sqrt(c_row_ssq) + np.sqrt(a_row_ssq) * norm_b)
+    round_cols = gamma * yn * (np.sqrt(c_col_ssq) + norm_a * np.sqrt(b_col_ssq))
+    bound_rows = z * np.sqrt(var_rows) + round_rows
+    bound_cols = z * np.sqrt(var_cols) + round_cols
+    ratio_rows = np.max(np.abs(res_rows), axis=1) / bound_rows
+    ratio_cols = np.max(np.abs(res_cols), axis=0) / bound_cols
+    i, j = int(np.argmax(ratio_rows)), int(np.argmax(ratio_cols))
+    if ratio_rows[i] >= ratio_cols[j]:
+        worst_ratio, worst = float(ratio_rows[i]), ("row", i)
+    else:
+        worst_ratio, worst = float(ratio_cols[j]), ("column", j)
+    return QuickReport(
+        ok=bool(worst_ratio <= 1.0),
+        shape=(m, n),
+        seed=seed,
+        vectors=vectors,
+        z=z,
+        false_alarm=false_alarm,
+        bound=float(max(bound_rows.max(), bound_cols.max())),
+        worst_ratio=worst_ratio,
+        worst=worst,
+        nonfinite=0,
+        tolerance=tolerance,
+    )
+
+
+@dataclass
+class _QuickB:
+    bx: np.ndarray
+    abs_sum: np.ndarray
+    abs_max: np.ndarray
+    col_ssq: np.ndarray
+
+
+@dataclass
+class _QuickA:
+    abx: np.ndarray
+    ya: np.ndarray
+    row_sum: np.ndarray
+    row_max: np.ndarray
+    col_sum: np.ndarray
+    col_max: np.ndarray
+    row_ssq: np.ndarray
+
+
+@dataclass
+class _QuickB2:
+    yab: np.ndarray
+    col_sum: np.ndarray
+    col_max: np.ndarray
+
+
+@dataclass
+class _QuickC:
+    cx: np.ndarray
+    yc: np.ndarray
+    row_ssq: np.ndarray
+    col_ssq: np.ndarray
+
+
+def _abs_sum_max(blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    abs_blk = np.abs(blk)
+    return abs_blk.sum(axis=1), abs_blk.max(axis=1, initial=0.0)
+
+
+_T = TypeVar("_T")
+
+
+def _pass_rows(mat: np.ndarray, fn: Callable[[np.ndarray, int, int], _T]) -> list[_T]:
+    """``fn(block as float64, r0, r1)`` over blocks of rows of ``mat``, on two threads (numpy releases the GIL)."""
+    rows, cols = mat.shape
+    step = max(1, _BLOCK_ELEMS // max(cols, 1))
+    bounds = [(r, min(rows, r + step)) for r in range(0, rows, step)] or [(0, 0)]
+
+    def one(bd: tuple[int, int]) -> _T:
+        return fn(np.asarray(mat[bd[0] : bd[1]], dtype=np.float64), bd[0], bd[1])
+
+    if len(bounds) == 1:
+        return [one(bounds[0])]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(one, bounds))
+
+
+@dataclass
+class _Block:
+    """What one block of rows of the elementwise pass found."""
+
+    max_err: float
+    ssq_err: float
+    ssq_ref: float
+    nonfinite: np.ndarray  # flat indices of NaN and infinite values in the output
+    left: np.ndarray  # flat indices of finite elements that |ref| ≤ S does not pass
+    err: np.ndarray  # their |error|
+
+
+class _ModelCheck:
+    """The rule |out − ref| ≤ 0.005 + c·S, S = |A|·|B|, without computing all of S.
+
+    S is bounded below by |ref| (free) and by the sum of its first 64 terms,
+    above by ‖a_i‖·‖b_j‖ (Cauchy–Schwarz), with margins for float64 rounding
+    wide enough that any order of summation of S agrees with them. An
+    element within the lower bound's allowance passes, one beyond the upper
+    bound's fails; S itself is computed only for the rest, and for the
+    failures that could be the worst one. When most elements are left
+    undecided (a result wrong everywhere), S is one more GEMM, as it always
+    was before these bounds.
+    """
+
+    def __init__(self, out: np.ndarray, ref: np.ndarray, a64: np.ndarray, b64: np.ndarray) -> None:
+        self.out, self.ref, self.a64, self.b64 = out, ref, a64, b64
+        m, k = a64.shape
+        n = b64.shape[1]
+        self.m, self.n, self.k = m, n, k
+        self.c = _fp32_factor(k)
+        gamma = (k + 4) * _U64
+        self.lo_scale = 1 - 2 * gamma
+        self.hi_scale = 1 + 4 * gamma
+
+    def _block(self, rows: tuple[int, int]) -> _Block:
+        r0, r1 = rows
+        o, rf = self.out[r0:r1].ravel(), self.ref[r0:r1].ravel()
+        err = np.abs(o - rf)
+        allowed = np.abs(rf)
+        allowed *= self.c * self.lo_scale
+        allowed += PRINT_HALF_UNIT
+        finite = np.isfinite(o)
+        left = np.flatnonzero(~(err <= allowed) & finite)
+        base = r0 * self.n
+        return _Block(
+            max_err=float(err.max()) if err.size else 0.0,
+            ssq_err=float(np.einsum("i,i->", err, err)),
+            ssq_ref=float(np.einsum("i,i->", rf, rf)),
+            nonfinite=np.flatnonzero(~finite) + base,
+            left=left + base,
+            err=err[left],
+        )
+
+    def _exact_s(self, flat: np.ndarray) -> np.ndarray:
+        """S = |A|·|B| at the row-major flat indices ``flat``, by the cheaper of two ways."""
+        n, k = self.n, self.k
+        rows, ri = np.unique(flat // n, return_inverse=True)
+        cols, ci = np.unique(flat % n, return_inverse=True)
+        if rows.size * cols.size <= 4 * flat.size or rows.size * cols.size * k <= _SMALL_GEMM:
+            # few rows or few columns (a wrong row, column or tile): one small GEMM
+            sub = np.abs(self.a64[rows]) @ np.abs(self.b64[:, cols])
+            return np.asarray(sub[ri, ci])
+        # scattered: one dot product each, over columns of B gathered once
+        abs_bt = np.abs(self.b64[:, cols]).T.copy()
+        got = np.empty(flat.size)
+        step = max(1, (1 << 20) // max(k, 1))
+        for s in range(0, flat.size, step):
+            f = flat[s : s + step]
+            got[s : s + step] = np.einsum("ek,ek->e", np.abs(self.a64[f // n]), abs_bt[ci[s : s + step]])
+        return got
+
+    def report(self, tolerance: str) -> CheckReport:
+        m, n, k = self.m, self.n, self.k
+        step = max(1, _BLOCK_ELEMS // max(n, 1))
+        bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
+        if len(bounds) > 1:
+            # numpy releases the GIL in these loops: two threads use both cores
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                parts = list(pool.map(self._block, bounds))
+        else:
+            parts = [self._block(bd) for bd in bounds]
+        maxes = [p.max_err for p in parts]
+        max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes, default=0.0)
+        ssq_err = sum(p.ssq_err for p in parts)
+        ssq_ref = sum(p.ssq_ref for p in parts)
+        nonfinite = np.concatenate([p.nonfinite for p in parts])
+        flat = np.concatenate([p.left for p in parts])
+        err = np.concatenate([p.err for p in parts])
+        if flat.size > m * n // 8:
+            # wrong nearly everywhere: S in full, one more GEMM
+            allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64) @ np.abs(self.b64))
+            return _report(self.out, self.ref, allowed, tolerance)
+        # the sum of S's first p terms, a second lower bound
+        p = min(k, _LOWER_TERMS)
+        i, j = flat // n, flat % n
+        s_lo = np.einsum("ek,ek->e", np.abs(self.a64[i, :p]), np.abs(self.b64[:p, :].T[j]))
+        s_lo = np.maximum(s_lo, np.abs(self.ref.ravel()[flat])) * self.lo_scale
+        norm_a = np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64))
+        norm_b = np.sqrt(np.einsum("kj,kj->j", self.b64, self.b64))
+        allowed_lo = PRINT_HALF_UNIT + self.c * s_lo
+        allowed_hi = PRINT_HALF_UNIT + self.c * norm_a[i] * norm_b[j] * self.hi_scale
+        sure_bad = err > allowed_hi
+        # an element's excess (err - allowance) lies in [err - allowed_hi, err - allowed_lo]: S is
+        # needed where the bounds disagree, and for the failures that could be the worst one
+        need = (err > allowed_lo) & ~sure_bad
+        if sure_bad.any():
+            need |= sure_bad & (err - allowed_lo >= np.max((err - allowed_hi)[sure_bad]))
+        excess = err - allowed_hi
+        excess[err <= allowed_lo] = -1.0  # passes: its excess is never looked at
+        idx = np.flatnonzero(need)
+        if idx.size:
+            excess[idx] = err[idx] - (PRINT_HALF_UNIT + self.c * self._exact_s(flat[idx]))
+        bad = sure_bad | (excess > 0)
+        mismatches = int(nonfinite.size) + int(np.count_nonzero(bad))
+        worst: int | None = None
+        if nonfinite.size:
+            # as np.argmax over every excess would: the first NaN, else the first infinite value
+            nan = np.flatnonzero(np.isnan(self.out.ravel()[nonfinite]))
+            worst = int(nonfinite[nan[0]] if nan.size else nonfinite[0])
+        elif bad.any():
+            cand = np.flatnonzero(bad)
+            worst = int(flat[cand[np.argmax(excess[cand])]])
+        denom = math.sqrt(ssq_ref)
+        rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
+        return CheckReport(
+            ok=mismatches == 0,
+            shape=(m, n),
+            mismatches=mismatches,
+            max_abs_error=max_err,
+            worst=None if worst is None else (worst // n, worst % n),
+            rel_error=rel,
+            tolerance=tolerance,
+        )

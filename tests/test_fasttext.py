@@ -568,3 +568,172 @@ def test_env_var_forces_numpy_path():
     env["MMD_NO_FASTTEXT"] = ""
     out = subprocess.run([sys.executable, "-c", code], **run)
     assert out.stdout.strip() == "True"
+
+
+# ---------------------------------------------------------------------------
+# parse_output: the one-pass check of an output, against the numpy path
+
+
+class _OutSplit:
+    """mmd._fasttext with the output check's two-thread split on every output (min_split=0)."""
+
+    @staticmethod
+    def parse_output_values(data, offset, m, n, out=None):
+        return ft.parse_output_values(data, offset, m, n, out, 0)
+
+
+def _output_outcome(data: bytes):
+    """('ok', value bits, signs) or ('error', message, line, value, column)."""
+    try:
+        got = tf.parse_output(data)
+    except InputFormatError as e:
+        return ("error", str(e), e.line, e.value, e.details.get("column"))
+    assert got.dtype == np.float64 and got.flags.c_contiguous
+    return ("ok", got.shape, got.view(np.uint64).tobytes())
+
+
+def _output_three_ways(data: bytes):
+    fast = _output_outcome(data)
+    assert _numpy_path(_output_outcome, data) == fast
+    old = tf._fasttext
+    tf._fasttext = _OutSplit
+    try:
+        assert _output_outcome(data) == fast
+    finally:
+        tf._fasttext = old
+    return fast
+
+
+def test_parse_output_values_faults():
+    good = b"2 3\n  1.00  2.00  3.00\n  4.00 -5.00-60.00\n"
+    out = np.zeros(6)
+    assert ft.parse_output_values(good, 4, 2, 3, out) is None
+    np.testing.assert_array_equal(out, [1, 2, 3, 4, -5, -60])
+    assert ft.parse_output_values(good, 4, 2, 3) is None
+    cases = [
+        # body, (kind, line, line_start, pos, count)
+        (b"  1.00  2.00\n  4.00  5.00  6.00\n", (ft.OUT_COUNT, 2, 4, 16, 2)),
+        (b"  1.00  2.00  3.00  4.00\n", (ft.OUT_COUNT, 2, 4, 22, 4)),
+        (b"  1.00  2.00  3.00\n  4.00 5.00  6.00\n", (ft.OUT_WIDTH, 3, 23, 29, 5)),
+        (b"  1.00  2.00  3.00\n  4.00  5.00  6.00", (ft.OUT_NEWLINE, 3, 23, 41, 0)),
+        (b"  1.00  2.00  3.00\n", (ft.OUT_ROWS, 2, 4, 22, 3)),
+        (b"", (ft.OUT_ROWS, 1, 0, 3, 0)),
+        (b"  1.00  2.00  3.00\n  4.00  5.00  6.00\n\n", (ft.OUT_EXTRA, 4, 42, 42, 0)),
+        (b"  1.00  2.00  x.00\n", (ft.OUT_FIELD, 2, 4, 16, 0)),
+        (b"  1.00 +2.00  3.00\n", (ft.OUT_FIELD, 2, 4, 10, 0)),
+        (b"  1.00  2.0   3.00\n", (ft.OUT_FIELD, 2, 4, 10, 0)),
+        (b"  1.00 02.00  3.00\n", (ft.OUT_FIELD, 2, 4, 10, 0)),
+        (b"  1.00\t2.00  3.00\n", (ft.OUT_FIELD, 2, 4, 10, 0)),
+        (b"  1.00  2.00  3.00\r\n", (ft.OUT_FIELD, 2, 4, 22, 0)),
+        (b"  1.00  2.00  3.00  \n", (ft.OUT_FIELD, 2, 4, 22, 0)),
+        (b"  1.0012345678901234.00  3.00\n", (ft.OUT_LARGE, 2, 4, 10, 17)),
+        (b"  1.00  -0.00  3.00\n", (ft.OUT_WIDTH, 2, 4, 10, 7)),
+    ]
+    for body, want in cases:
+        data = b"2 3\n" + body
+        assert ft.parse_output_values(data, 4, 2, 3, np.zeros(6)) == want, body
+        assert ft.parse_output_values(data, 4, 2, 3, None, 0) == want, body
+    assert ft.parse_output_values(b"1\n9999999999999.99\n", 2, 1, 1, out[:1]) is None
+    assert out[0] == 9999999999999.99
+    assert ft.parse_output_values(b"1\n -0.00\n", 2, 1, 1, out[:1]) is None
+    assert np.signbit(out[0])
+
+
+def test_parse_output_values_bad_arguments():
+    with pytest.raises(ValueError):
+        ft.parse_output_values(b"1\n  1.00\n", 1, 1, 1)  # not after the header's newline
+    with pytest.raises(ValueError):
+        ft.parse_output_values(b"1\n  1.00\n", 2, 0, 1)
+    with pytest.raises(TypeError):
+        ft.parse_output_values(b"1\n  1.00\n", 2, 1, 1, np.zeros(1, np.float32))
+    with pytest.raises(TypeError):
+        ft.parse_output_values(b"1\n  1.00\n", 2, 1, 1, np.zeros(2))
+
+
+_out_value = st.one_of(
+    st.floats(-1e4, 1e4, width=32),
+    st.floats(-(2.0**39), 2.0**39, width=32),
+    st.sampled_from([0.0, -0.0, -0.004, 0.005, -0.005, 0.125, -99.995, 999.995, 9999999.0, -1e11]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.data())
+def test_output_values_three_ways(m, n, data):
+    vals = data.draw(st.lists(_out_value, min_size=m * n, max_size=m * n))
+    c = np.array(vals, dtype=np.float32).reshape(m, n)
+    raw = tf.emit(c)
+    got = _output_three_ways(raw)
+    assert got[0] == "ok"
+    want = np.array([[float("%.2f" % float(v)) for v in row] for row in c])
+    np.testing.assert_array_equal(tf.parse_output(raw).view(np.uint64), want.view(np.uint64))
+
+
+_out_junk = st.sampled_from([" ", "  ", "-", "0", "7", ".", "\n", "\t", "\r", "x", "+", "e", "\x00", "1.00", "-0.00"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.data())
+def test_corrupted_outputs_same_outcome(m, n, data):
+    vals = data.draw(st.lists(_out_value, min_size=m * n, max_size=m * n))
+    raw = bytearray(tf.emit(np.array(vals, dtype=np.float32).reshape(m, n)))
+    head = raw.index(b"\n") + 1
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(head, len(raw)))
+        what = data.draw(st.sampled_from(["insert", "delete", "replace", "cut"]))
+        junk = data.draw(_out_junk).encode()
+        if what == "insert":
+            raw[i:i] = junk
+        elif what == "delete" and i < len(raw):
+            del raw[i]
+        elif what == "replace" and i < len(raw):
+            raw[i : i + 1] = junk
+        elif what == "cut":
+            del raw[i:]
+    _output_three_ways(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"2 3\n",
+        b"1\n",
+        b"1\n  1.00",
+        b"1\n  1.00\n  2.00\n  3.00\n",
+        b"2\n  1.00  2.00\n  3.00  4.00\n  5.00  6.00\n  7.00  8.00\n",
+        b"2\n  1.00  2.00\n  3.00x  4.00\n",
+        b"2\n  1.00 2.00\n  3.00  x.00\n",
+        b"2\n  1.00  2.00\n  3.00  4.00\n1e5\n",
+        b"1 2\n10000000000000.00  1.00\n",
+        b"1 2\n  1.00 1e400\n",
+        b"1 2\n  1.00   nan\n",
+        b"1 2\n  1.00  -inf\n",
+        b"1 2\n  1.00123456789012345678901234567890.00\n",
+        b"1 1\n  1.00\n",
+        b"3 3\n  1.00  1.00  1.00\n",
+        b"100000 100000\n  1.00\n",
+        b"\xef\xbb\xbf1\n  1.00\n",
+        b"1\n\xff\n",
+    ],
+)
+def test_output_refusals_same_message(raw):
+    got = _output_three_ways(raw)
+    assert got[0] == "error" and got[1].startswith(f"line {got[2]}, column {got[4]}: ")
+
+
+def test_output_big_fault_late_in_the_file():
+    # big enough for the two-thread split; a fault in the second half, then one in the first
+    rng = np.random.default_rng(8)
+    c = (rng.standard_normal((300, 200)) * 3000).astype(np.float32)
+    raw = bytearray(tf.emit(c))
+    assert _output_three_ways(bytes(raw))[0] == "ok"
+    late = len(raw) - 1000
+    raw[late] = ord("x")
+    got = _output_three_ways(bytes(raw))
+    assert got[0] == "error" and got[2] > 250
+    early = raw.index(b"\n") + 2
+    raw[early] = ord("\t")
+    got2 = _output_three_ways(bytes(raw))
+    assert got2[2] == 2 and "is not in %6.2f format" in got2[1]
+    del raw[-1]  # and the last newline
+    assert _output_three_ways(bytes(raw))[2] == 2

@@ -438,3 +438,119 @@ def test_references_agree_small():
     r = tf.parse_reference(data)
     np.testing.assert_array_equal(a.a, r.a)
     np.testing.assert_array_equal(a.b, r.b)
+
+
+# ---------------------------------------------------------------------------
+# parse_output: the first fault's line, column and words (both paths)
+
+
+@pytest.fixture(params=["c", "numpy"])
+def accelerator(request, monkeypatch):
+    """Through mmd._fasttext, then through the numpy path."""
+    if request.param == "c" and tf._fasttext is None:
+        pytest.skip("mmd._fasttext is not built")
+    monkeypatch.setattr(tf, "USE_FASTTEXT", request.param == "c")
+    return request.param
+
+
+@pytest.mark.parametrize(
+    ("raw", "message", "value"),
+    [
+        (b"2 3\n  1.00  2.00\n  4.00  5.00  6.00\n", "line 2, column 13: expected 3 fields, found 2", None),
+        (b"2 3\n  1.00  2.00  3.00  9.00\n  4.00  5.00  6.00\n", "line 2, column 19: expected 3 fields, found 4", None),
+        (b"1 2\n  1.00  2.00", "line 2, column 13: missing final newline", None),
+        (b"1 2\n  1.00 2.00\n", "line 2, column 7: field ' 2.00' is not in %6.2f format (width)", " 2.00"),
+        (b"1 2\n  1.00   2.00\n", "line 2, column 7: field '   2.00' is not in %6.2f format (width)", "   2.00"),
+        (b"1 2\n  1.00  x.00\n", "line 2, column 7: field '  x.00' is not in %6.2f format", "  x.00"),
+        (b"1 2\n  1.00  2.0\n", "line 2, column 7: field '  2.0' is not in %6.2f format", "  2.0"),
+        (b"1 2\n  1.00  1e+00\n", "line 2, column 7: field '  1e+00' is not in %6.2f format", "  1e+00"),
+        (b"1 2\n  1.00  2.00\r\n", "line 2, column 13: field '\\r' is not in %6.2f format", "\\r"),
+        (b"2 1\n  1.00\n", "line 2, column 7: expected 2 rows of 1 fields, found 1 values", None),
+        (b"2 1\n", "line 1, column 4: expected 2 rows of 1 fields, found 0 values", None),
+        (b"1 1\n  1.00\n", "line 1, column 1: header must be 'N' or 'M N' (as mmd writes it), got '1 1'", "1 1"),
+        (b"1\n  1.00\n  2.00\n", "line 3, column 1: unexpected content after the last of 1 rows", "  2.00"),
+        (b"1\n  1.00\n\n", "line 3, column 1: unexpected content after the last of 1 rows", ""),
+        (
+            b"1 2\n  1.0010000000000000.00\n",
+            "line 2, column 7: value '10000000000000.00' too large for an mmd output"
+            " (at most 13 digits before the point)",
+            "10000000000000.00",
+        ),
+    ],
+)
+def test_parse_output_first_fault_words(accelerator, raw, message, value):
+    e = _out_err(raw)
+    assert str(e) == message
+    assert e.value == value
+    assert e.details["column"] == int(message.split("column ")[1].split(":")[0])
+
+
+def test_parse_output_first_fault_wins(accelerator):
+    # a width fault on line 2 comes before junk on line 3 and a count fault on line 4
+    raw = b"3 2\n  1.00 2.00\n  1.00  x.00\n  1.00\n"
+    assert str(_out_err(raw)) == "line 2, column 7: field ' 2.00' is not in %6.2f format (width)"
+    raw = b"3 2\n  1.00  2.00\n  1.00  2.00\n  1.00  2.00  \n  x\n"
+    assert str(_out_err(raw)) == "line 4, column 13: field '  ' is not in %6.2f format"
+
+
+def test_parse_output_largest_values(accelerator):
+    got = tf.parse_output(b"1 3\n9999999999999.99-9999999999999.99 -0.00\n")
+    assert got.tolist() == [[9999999999999.99, -9999999999999.99, -0.0]]
+    assert np.signbit(got[0, 2])
+    c = np.array([[3e12, -0.004, 123456.78]], dtype=np.float32)
+    np.testing.assert_array_equal(tf.parse_output(tf.emit(c)), [[float("%.2f" % float(v)) for v in c[0]]])
+
+
+# ---------------------------------------------------------------------------
+# input files (mmd gen): the bytes of the generator before the C emitter
+
+
+def _old_input_chunks(a: np.ndarray, b: np.ndarray, square: bool):
+    """mmd.generate.input_chunks as it was written before emit_input_chunks (the bytes to keep)."""
+    m, k = a.shape
+    n = b.shape[1]
+    yield (f"{m}\n" if square else f"{m} {k} {n}\n").encode()
+    for mat in (a, b):
+        fmt = " ".join(["%.2f"] * mat.shape[1]) + "\n"
+        for start in range(0, mat.shape[0], 256):
+            with np.errstate(invalid="ignore"):  # signalling NaN bits
+                block = mat[start : start + 256].astype(np.float64)
+            yield "".join(fmt % tuple(row) for row in block).encode()
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**32 - 1), st.integers(1, 9))
+def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, rows):
+    from mmd.generate import input_chunks, random_matrix
+
+    if accelerated and tf._fasttext is None:
+        pytest.skip("mmd._fasttext is not built")
+    old_flag = tf.USE_FASTTEXT
+    tf.USE_FASTTEXT = accelerated
+    try:
+        rng = np.random.default_rng(seed)
+        a, b = random_matrix(rng, m, k, -1000, 1000), random_matrix(rng, k, n, -1000, 1000)
+        want = b"".join(_old_input_chunks(a, b, square=False))
+        assert b"".join(tf.emit_input_chunks(a, b, square=False, rows_per_chunk=rows)) == want
+        assert b"".join(input_chunks(a, b, square=False)) == want
+        sq = random_matrix(rng, m, m)
+        assert b"".join(input_chunks(sq, sq, square=True)) == b"".join(_old_input_chunks(sq, sq, square=True))
+    finally:
+        tf.USE_FASTTEXT = old_flag
+
+
+def test_emit_input_any_float32(accelerator):
+    # every float32 (ties, -0.0, huge, tiny, nan and inf) as Python's '%.2f' writes it
+    vals = np.array(
+        [0.125, 0.375, -0.001, -0.0, 0.0, 2.675, 1e20, -3e38, 1e-30, np.nan, np.inf, -np.inf, 2.0**53, 5e15],
+        dtype=np.float32,
+    )
+    bits = np.random.default_rng(3).integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    a = np.concatenate([vals, bits]).reshape(-1, 2)
+    b = np.ones((2, 1), np.float32)
+    assert b"".join(tf.emit_input_chunks(a, b, square=False)) == b"".join(_old_input_chunks(a, b, square=False))
+    with pytest.raises(ValueError):
+        list(tf.emit_input_chunks(a, np.ones((3, 1), np.float32), square=False))
+    with pytest.raises(ValueError):
+        list(tf.emit_input_chunks(a, b, square=True))

@@ -1,4 +1,4 @@
-"""``mmd check OUTPUT (EXPECTED | --input INPUT)``: exact format, then values."""
+"""``mmd check``: an output (or a folder of them) against inputs or expected outputs."""
 
 from __future__ import annotations
 
@@ -6,48 +6,105 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import textformat, verify
-from ..errors import MmdError
-from ..pipeline import Limits, read_input
+from .. import grading
+from ..errors import ExitStatus, MmdError
+
+EPILOG = """\
+one output:
+  mmd check m.out --input m.txt        exact format, then values against a float64 product
+  mmd check m.out expected.out         exact format, then values against another output (0.01)
+a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
+  mmd check outbox --inputs tests/ --junit report.xml --json report.json
+
+--quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
+whole wrong rows, columns, tiles and transposes, but not one value off by a
+little; the full check sees every value. See docs/grading.md.
+
+exit status:
+  0  every check passed (extra outputs in a folder are listed, not failed)
+  1  a check failed: wrong values or format, a missing output, a refused job
+  2  usage, or a file that cannot be read (an output, input or expected
+     output; an input or expected output that is not valid)
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
-        help="check an output's format and values",
-        description="Check OUTPUT's exact format, then its values against EXPECTED or a float64 product of INPUT.",
+        help="check outputs' format and values, one file or a folder",
+        description=(
+            "Check OUTPUT's exact format, then its values against EXPECTED or a float64 product of "
+            "INPUT; or every output in the folder OUTPUT against a folder of inputs or expected outputs."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("output", type=Path)
+    p.add_argument("output", type=Path, help="an output file, or a folder of them (an outbox)")
     p.add_argument("expected", type=Path, nargs="?", help="an expected output file")
-    p.add_argument("--input", type=Path, help="the input file: compare with its float64 product")
-    p.add_argument("--tol", type=float, help="absolute tolerance beyond print rounding")
+    p.add_argument(
+        "--input", "--inputs", dest="input", type=Path, help="the input file, or a folder of inputs (x.txt for x.out)"
+    )
+    p.add_argument(
+        "--expected",
+        dest="expected_opt",
+        type=Path,
+        metavar="EXPECTED",
+        help="an expected output, or a folder of them (x.out for x.out)",
+    )
+    p.add_argument("--tol", type=float, help="absolute tolerance beyond print rounding (default: the fp32 model)")
+    p.add_argument("--quick", action="store_true", help="randomized O(n²) product check (against inputs only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --quick's random vectors (default 0)")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
     p.set_defaults(func=run)
 
 
-def _load(path: Path, what: str):
-    try:
-        return read_input(path, Limits())
-    except MmdError as exc:
-        raise MmdError(f"{what} {path}: {exc.reason}") from None
+def _usage(message: str) -> int:
+    print(f"mmd check: {message} (see mmd check --help)", file=sys.stderr)
+    return ExitStatus.USAGE
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.expected is None) == (args.input is None):
-        print("mmd check: give either EXPECTED or --input INPUT", file=sys.stderr)
-        return 2
+    refs = [r for r in (args.expected, args.expected_opt, args.input) if r is not None]
+    if len(refs) != 1:
+        return _usage("give one of EXPECTED, --expected or --input")
+    reference: Path = refs[0]
+    against = "inputs" if args.input is not None else "expected"
+    if args.quick and against != "inputs":
+        return _usage("--quick checks against inputs: give --input")
+    if args.jobs is not None and args.jobs < 1:
+        return _usage("--jobs must be at least 1")
+    options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed)
+    folder = args.output.is_dir()
     try:
-        out = textformat.parse_output(_load(args.output, "output"))
-    except MmdError as exc:
-        print(f"FORMAT: {args.output}: {exc.reason}")
-        return 1
-    if args.input is not None:
-        mats = textformat.parse(_load(args.input, "input"))
-        report = verify.against_inputs(out, mats.a, mats.b, args.tol)
+        if folder != reference.is_dir() and reference.exists() and args.output.exists():
+            what = "a folder" if folder else "a file"
+            return _usage(f"{args.output} is {what}: give {what} to check it against")
+        if folder:
+            result = grading.check_folder(args.output, reference, options, args.jobs)
+            print(grading.table(result.results))
+            print(result.summary())
+        else:
+            result = grading.check_file(args.output, reference, options)
+            _print_one(result.results[0])
+        if args.junit is not None:
+            grading.write_junit(result, args.junit)
+        if args.json is not None:
+            grading.write_json(result, args.json)
+    except MmdError as exc:  # a folder or a report that cannot be read or written
+        print(f"mmd check: {exc.reason}", file=sys.stderr)
+        return ExitStatus.USAGE
+    return result.exit_status
+
+
+def _print_one(r: grading.Result) -> None:
+    """One output: the line mmd check has always printed, or one line on stderr when it cannot check."""
+    if r.status is grading.Status.ERROR:
+        print(f"mmd check: {r.reason}", file=sys.stderr)
+    elif r.status is grading.Status.FORMAT:
+        print(f"FORMAT: {r.output}: {r.reason}")
+    elif r.detail:
+        print(f"{r.output}: format ok; {r.detail}")
     else:
-        try:
-            expected = textformat.parse_output(_load(args.expected, "expected"))
-        except MmdError as exc:
-            raise MmdError(f"expected output {args.expected}: {exc.reason}") from None
-        report = verify.against_output(out, expected, 0.01 if args.tol is None else args.tol)
-    print(f"{args.output}: format ok; {report.summary()}")
-    return 0 if report.ok else 1
+        print(f"{r.output}: format ok; MISMATCH: {r.reason}")

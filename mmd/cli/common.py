@@ -8,12 +8,11 @@ from typing import Any
 
 from .. import config, logs
 from ..config import BACKENDS, MEMORY_MODES
+from ..errors import ExitStatus
 from ..job import JOB_FLAGS
 
-#: Exit statuses (docs/operations.md): the job or check succeeded; it failed; the command was
-#: misused or a file it names cannot be read; the configuration is invalid (sysexits' EX_CONFIG,
-#: which the systemd unit lists in RestartPreventExitStatus= so a bad config stops the unit).
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 78
+#: The exit statuses, by their meaning (mmd.errors.ExitStatus).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = ExitStatus.OK, ExitStatus.FAILED, ExitStatus.USAGE, ExitStatus.CONFIG
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,213 @@
+"""Benchmark ``mmd check`` against the targets of issue 14 (run on purpose, never as a test).
+
+Usage: python benchmarks/bench_check.py [--size 4096] [--folder 50 512] [--repeat 5] [--workdir DIR]
+
+In one run, with every case repeated and the repetitions interleaved (so a
+busy neighbour slows every case alike), medians of --repeat runs:
+
+* the float64 numpy product at --size (``a64 @ b64`` alone, in this process);
+* ``python -m mmd check OUT --input IN`` at --size, as a process;
+* the same with ``--quick``;
+* ``python -m mmd check OUT OUT2``: two outputs of --size;
+* ``python -m mmd check OUTBOX --inputs DIR``: a folder of 50 outputs of 512;
+
+and, to show where the time goes, ``python -m mmd check --help`` (the start-up
+every command pays) and the library calls behind each case in this process.
+The inputs come from ``mmd gen``'s generator, the 4096 output from
+``mmd run --backend cpu``, the folder's outputs from numpy's float32 product
+and ``textformat.emit`` (the bytes the cpu backend writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mmd import grading, textformat, verify  # noqa: E402
+from mmd.atomic import write_atomic  # noqa: E402
+from mmd.generate import input_chunks, random_matrix  # noqa: E402
+
+
+@dataclass
+class Case:
+    name: str
+    run: Callable[[], object]
+    target: str = ""
+    limit: Callable[[dict[str, float]], float] | None = None  # seconds allowed, from the other medians
+    times: list[float] | None = None
+
+
+def mmd_process(*args: str) -> Callable[[], None]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+
+    def run() -> None:
+        r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            raise SystemExit(f"mmd {' '.join(args)} exited {r.returncode}: {r.stdout[-300:]} {r.stderr[-300:]}")
+
+    return run
+
+
+#: The first float64 product in a fresh process, as mmd check meets it (OpenBLAS's threads and
+#: buffers and the result's pages are new there): its own time, printed by the child.
+COLD_PRODUCT = (
+    "import sys, time, numpy as np\n"
+    "a, b = (np.load(p).astype(np.float64) for p in sys.argv[1:3])\n"
+    "t = time.perf_counter(); a @ b; print(time.perf_counter() - t)\n"
+)
+
+
+def cold_product(a_path: Path, b_path: Path) -> Callable[[], float]:
+    def run() -> float:
+        r = subprocess.run(
+            [sys.executable, "-c", COLD_PRODUCT, str(a_path), str(b_path)], capture_output=True, text=True, check=True
+        )
+        return float(r.stdout)
+
+    return run
+
+
+def make_pair(folder: Path, name: str, n: int, seed: int) -> tuple[Path, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
+    path = folder / f"{name}.txt"
+    write_atomic(path, input_chunks(a, b, square=True), durable=False)
+    return path, a, b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--folder", type=int, nargs=2, default=(50, 512), metavar=("COUNT", "N"))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workdir", type=Path, help="keep the files here (default: a temporary folder)")
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_check."))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        run(args, work)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    n = args.size
+    count, small = args.folder
+    print(f"setting up in {work} ...", flush=True)
+    src, a, b = make_pair(work, "m", n, 1)
+    out = work / "m.out"
+    if not out.exists():
+        mmd_process("run", str(src), "-o", str(out), "--backend", "cpu")()
+    out2 = work / "m2.out"
+    shutil.copy(out, out2)
+    tests, outbox = work / "tests", work / "outbox"
+    for d in (tests, outbox):
+        d.mkdir(exist_ok=True)
+    for i in range(count):
+        _, sa, sb = make_pair(tests, f"t{i:02d}", small, 100 + i)
+        write_atomic(outbox / f"t{i:02d}.out", [textformat.emit(sa @ sb)], durable=False)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    np.save(work / "a.npy", a)
+    np.save(work / "b.npy", b)
+    values = textformat.parse_output(out.read_bytes())
+    opts = grading.Options()
+    cases = [
+        Case(f"float64 numpy product, {n}", lambda: a64 @ b64),
+        Case(f"  the same, first in a fresh process, {n}", cold_product(work / "a.npy", work / "b.npy")),
+        Case("start-up: mmd check --help", mmd_process("check", "--help")),
+        Case(
+            f"mmd check OUT --input IN, {n}",
+            mmd_process("check", str(out), "--input", str(src)),
+            "<= product + 0.5 s",
+            lambda med: med[f"float64 numpy product, {n}"] + 0.5,
+        ),
+        Case(
+            f"  the same, against the fresh product, {n}",
+            lambda: None,
+            "<= fresh product + 0.5",
+            lambda med: med[f"  the same, first in a fresh process, {n}"] + 0.5,
+        ),
+        Case(
+            f"mmd check --quick, {n}",
+            mmd_process("check", str(out), "--input", str(src), "--quick"),
+            "< 0.5 s",
+            lambda med: 0.5,
+        ),
+        Case(f"mmd check OUT OUT2, {n}", mmd_process("check", str(out), str(out2)), "< 0.5 s", lambda med: 0.5),
+        Case(
+            f"mmd check folder, {count} x {small}",
+            mmd_process("check", str(outbox), "--inputs", str(tests)),
+            "< 3 s",
+            lambda med: 3.0,
+        ),
+        Case(f"  in-process: check vs input, {n}", lambda: grading.check_file(out, src, opts)),
+        Case(
+            f"  in-process: --quick, {n}",
+            lambda: grading.check_file(out, src, grading.Options(quick=True)),
+        ),
+        Case(
+            f"  in-process: two outputs, {n}",
+            lambda: grading.check_file(out, out2, grading.Options(against="expected")),
+        ),
+        Case(f"  in-process: folder, {count} x {small}", lambda: grading.check_folder(outbox, tests, opts)),
+        Case(f"  in-process: parse_output, {n}", lambda: textformat.parse_output(memoryview(grading.read_bytes(out)))),
+        Case(f"  in-process: parse input, {n}", lambda: textformat.parse(memoryview(grading.read_bytes(src)))),
+        Case(f"  in-process: rule beyond the product, {n}", lambda: verify.against_inputs(values, a, b)),
+    ]
+    load0 = os.getloadavg()
+    for i in range(args.repeat):
+        print(f"round {i + 1} of {args.repeat} ...", flush=True)
+        for c in cases:
+            t = time.perf_counter()
+            own = c.run()
+            took = time.perf_counter() - t
+            c.times = [*(c.times or []), own if isinstance(own, float) else took]
+    load1 = os.getloadavg()
+    med = {c.name: statistics.median(c.times or [0.0]) for c in cases}
+    check = f"mmd check OUT --input IN, {n}"
+    against_fresh = f"  the same, against the fresh product, {n}"
+    med[against_fresh] = med[check]
+    # the full rule in-process includes its own product: show what lies beyond it
+    rule = f"  in-process: rule beyond the product, {n}"
+    med[rule] -= med[f"float64 numpy product, {n}"]
+    mins = {c.name: min(c.times or [0.0]) for c in cases}
+    mins[rule] = float("nan")
+    mins[against_fresh] = float("nan")
+    print()
+    print(f"python benchmarks/bench_check.py --size {n} --folder {count} {small} --repeat {args.repeat}")
+    cpu = platform.processor() or platform.machine()
+    print(
+        f"machine: {os.cpu_count()} cores (nproc {len(os.sched_getaffinity(0))}), {cpu}, "
+        f"Python {platform.python_version()}, numpy {np.__version__}, "
+        f"C accelerator {'on' if textformat.USE_FASTTEXT else 'off'}"
+    )
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    width = max(len(c.name) for c in cases)
+    print(f"{'case':<{width}}  {'median s':>9}  {'min s':>7}  {'target':<20} result")
+    for c in cases:
+        verdict = ""
+        if c.limit is not None:
+            verdict = "PASS" if med[c.name] <= c.limit(med) else f"FAIL (limit {c.limit(med):.2f} s)"
+        low = "" if mins[c.name] != mins[c.name] else f"{mins[c.name]:7.3f}"
+        print(f"{c.name:<{width}}  {med[c.name]:9.3f}  {low:>7}  {c.target:<20} {verdict}".rstrip())
+
+
+if __name__ == "__main__":
+    main()

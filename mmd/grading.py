@@ -1,0 +1,483 @@
+"""Grading: check outputs against their inputs or expected outputs, one file or a whole folder.
+
+A job ``x`` pairs an input ``x.txt`` (or an expected output ``x.out``) in
+the reference folder with the output ``x.out`` in the outbox. Every pair is
+checked (exact format, then values); an input without an output is
+*missing*, or *refused* where the daemon left ``x.error.yaml`` instead (its
+reason is shown); an output or error sidecar without an input is *extra*
+(listed, never a failure). A folder is checked on a thread pool: the C
+parsers and numpy's BLAS and ufuncs release the GIL, so threads use every
+core without the start-up (about half a second here) and the pickling of
+matrices that worker processes would cost.
+
+The results make a table, a one-line summary, JUnit XML (for grading and CI
+systems) and JSON, and an exit status: 0 every check passed, 1 a check
+failed, 2 a file could not be read (or a reference is not valid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import mmap
+import os
+import socket
+import stat
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from . import record, textformat, verify
+from .atomic import write_atomic
+from .errors import ExitStatus, InputFormatError, UnreadableError
+
+INPUT_SUFFIX = ".txt"
+OUTPUT_SUFFIX = ".out"
+
+#: Exit statuses of ``mmd check``.
+
+#: Files at least this big are mapped rather than read (no copy of the bytes).
+_MAP_BYTES = 1 << 20
+
+
+class Status(str, Enum):
+    """What became of one job."""
+
+    OK = "ok"
+    MISMATCH = "mismatch"  # values outside the tolerance
+    FORMAT = "format"  # the output is not in the exact format
+    MISSING = "missing"  # no output and no error sidecar
+    REFUSED = "refused"  # an error sidecar instead of an output
+    EXTRA = "extra"  # an output or error sidecar with no input or expected output
+    ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
+
+
+#: Statuses that fail a check (exit status 1).
+FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED})
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to check: against inputs (a float64 product) or expected outputs."""
+
+    against: str = "inputs"  # "inputs" or "expected"
+    tol: float | None = None
+    quick: bool = False
+    seed: int = 0
+    gemm: verify.Gemm | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One pairing of an output with its reference, as found in the folders."""
+
+    name: str
+    output: Path | None  # None: no output
+    reference: Path | None  # the input or expected output; None: an extra
+    refusal: Path | None = None  # the error sidecar, where there is one
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one job."""
+
+    name: str
+    status: Status
+    output: Path | None
+    reference: Path | None
+    shape: tuple[int, int] | None = None
+    max_error: float | None = None
+    reason: str = ""  # one line, empty when ok
+    detail: str = ""  # the value check's own summary line
+    line: int | None = None  # where the output's format fails
+    column: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def file(self) -> str:
+        """The output's file name (what it would be, for a missing one)."""
+        return self.output.name if self.output is not None else self.name + OUTPUT_SUFFIX
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (non-finite errors become null)."""
+        err = self.max_error if self.max_error is not None and math.isfinite(self.max_error) else None
+        return {
+            "name": self.name,
+            "file": self.file,
+            "status": self.status.value,
+            "output": None if self.output is None else str(self.output),
+            "reference": None if self.reference is None else str(self.reference),
+            "shape": None if self.shape is None else list(self.shape),
+            "max_error": err,
+            "reason": self.reason,
+            "detail": self.detail,
+            "line": self.line,
+            "column": self.column,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(frozen=True)
+class Run:
+    """Every result of one ``mmd check``."""
+
+    outbox: Path
+    reference: Path  # the folder (or file) checked against
+    options: Options
+    results: tuple[Result, ...]
+    seconds: float
+    started_at: str
+    counts: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        counts = {s.value: 0 for s in Status}
+        for r in self.results:
+            counts[r.status.value] += 1
+        object.__setattr__(self, "counts", counts)
+
+    @property
+    def exit_status(self) -> int:
+        """2 if anything could not be checked, else 1 if anything failed, else 0."""
+        if self.counts[Status.ERROR.value]:
+            return ExitStatus.USAGE
+        return ExitStatus.FAILED if any(self.counts[s.value] for s in FAILED) else ExitStatus.OK
+
+    def summary(self) -> str:
+        """One line: how many of each, and how long it took."""
+        c = self.counts
+        checked = len(self.results) - c["extra"]
+        against = "expected outputs" if self.options.against == "expected" else "inputs"
+        quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
+        parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
+        return (
+            f"{checked} jobs checked against the {against} in {self.reference}{quick}: {', '.join(parts) or 'none'}; "
+            f"{c['extra']} extra; {c['error']} could not be checked ({self.seconds:.2f} s)"
+        )
+
+
+_ORDER = list(Status)
+
+
+# ---------------------------------------------------------------------------
+# reading
+
+
+def read_bytes(path: Path) -> bytes | mmap.mmap:
+    """The bytes of a regular file; big ones mapped. Raises :class:`UnreadableError`.
+
+    A mapped file must not shrink while it is read (that would end the
+    process with SIGBUS); mmd writes its outputs by rename, never in place.
+    """
+    try:
+        # O_NONBLOCK: a FIFO named like an output must not hang the check
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableError(f"cannot read {path}: not a regular file")
+        if info.st_size >= _MAP_BYTES:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[memoryview]:
+    data = read_bytes(path)
+    view = memoryview(data)
+    try:
+        yield view
+    finally:
+        # an exception's traceback may still hold an array over the bytes: then the collector frees them
+        with contextlib.suppress(BufferError):
+            view.release()
+            if isinstance(data, mmap.mmap):
+                data.close()
+
+
+def _output_values(path: Path) -> np.ndarray:
+    with _opened(path) as data:
+        return textformat.parse_output(data)
+
+
+def _reference_values(path: Path, against: str) -> tuple[np.ndarray, ...]:
+    with _opened(path) as data:
+        try:
+            if against == "expected":
+                return (textformat.parse_output(data),)
+            mats = textformat.parse(data)
+            return (mats.a, mats.b)
+        except InputFormatError as exc:
+            what = "expected output" if against == "expected" else "input"
+            raise UnreadableError(f"{what} {path}: {exc.reason}") from None
+
+
+# ---------------------------------------------------------------------------
+# checking
+
+
+def check_job(job: Job, options: Options) -> Result:
+    """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file)."""
+    start = time.perf_counter()
+    result = _check(job, options)
+    return _with_seconds(result, time.perf_counter() - start)
+
+
+def _with_seconds(r: Result, seconds: float) -> Result:
+    return dataclasses.replace(r, seconds=seconds)
+
+
+def _result(job: Job, status: Status, **fields: Any) -> Result:
+    return Result(name=job.name, status=status, output=job.output, reference=job.reference, **fields)
+
+
+def _check(job: Job, options: Options) -> Result:
+    if job.reference is None:
+        what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
+        return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
+    if job.output is None:
+        if job.refusal is not None:
+            return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
+        return _result(job, Status.MISSING, reason="no output and no error sidecar")
+    try:
+        out = _output_values(job.output)
+    except UnreadableError as exc:
+        return _result(job, Status.ERROR, reason=exc.reason)
+    except InputFormatError as exc:
+        col = exc.details.get("column")
+        return _result(job, Status.FORMAT, reason=exc.reason, line=exc.line, column=col)
+    shape = (int(out.shape[0]), int(out.shape[1]))
+    try:
+        ref = _reference_values(job.reference, options.against)
+    except UnreadableError as exc:
+        return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
+    want = ref[0].shape if options.against == "expected" else (ref[0].shape[0], ref[1].shape[1])
+    if shape != want:
+        return _result(
+            job, Status.MISMATCH, shape=shape, reason=f"shape {shape[0]}x{shape[1]}, expected {want[0]}x{want[1]}"
+        )
+    if options.against == "expected":
+        report = verify.against_output(out, ref[0], 0.01 if options.tol is None else options.tol)
+        return _values_result(job, shape, report)
+    a, b = ref
+    if options.quick:
+        quick = verify.quick(out, a, b, seed=options.seed, tol=options.tol)
+        reason = ""
+        if not quick.ok:
+            where = f" at {quick.worst[0]} {quick.worst[1] + 1}" if quick.worst else ""
+            reason = (
+                f"{quick.nonfinite} values are not finite"
+                if quick.nonfinite
+                else f"a projection {quick.worst_ratio:.3g} times its bound{where}"
+            )
+        status = Status.OK if quick.ok else Status.MISMATCH
+        return _result(job, status, shape=shape, reason=reason, detail=quick.summary())
+    return _values_result(job, shape, verify.against_inputs(out, a, b, options.tol, options.gemm))
+
+
+def _values_result(job: Job, shape: tuple[int, int], report: verify.CheckReport) -> Result:
+    reason = ""
+    if not report.ok:
+        m, n = report.shape
+        where = f", worst at row {report.worst[0] + 1} col {report.worst[1] + 1}" if report.worst else ""
+        reason = f"{report.mismatches} of {m * n} values outside tolerance{where}"
+    status = Status.OK if report.ok else Status.MISMATCH
+    err = report.max_abs_error
+    return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary())
+
+
+def _ref_suffix(options: Options) -> str:
+    return OUTPUT_SUFFIX if options.against == "expected" else INPUT_SUFFIX
+
+
+def _refusal_reason(path: Path) -> str:
+    try:
+        refusal = record.read(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        return f"refused ({path.name} cannot be read: {type(exc).__name__})"
+    reason = refusal.error.reason if isinstance(refusal, record.ErrorRecord) else None
+    return f"refused: {reason} ({path.name})" if reason else f"refused ({path.name})"
+
+
+# ---------------------------------------------------------------------------
+# pairing a folder
+
+
+def pair_folder(outbox: Path, reference: Path, against: str) -> list[Job]:
+    """The jobs of ``outbox`` against the folder ``reference``, sorted by name. Raises UnreadableError."""
+    ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
+    refs = dict(_names(reference, ref_suffix))
+    outs = dict(_names(outbox, OUTPUT_SUFFIX))
+    refusals = dict(_names(outbox, record.ERROR_SUFFIX))
+    jobs = []
+    for stem in sorted(set(refs) | set(outs) | set(refusals)):
+        jobs.append(Job(stem, outs.get(stem), refs.get(stem), refusals.get(stem)))
+    return jobs
+
+
+def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
+    for e in entries:
+        if e.name.startswith(".") or not e.name.endswith(suffix) or len(e.name) == len(suffix):
+            continue  # hidden files: the daemon's claims and temporaries
+        yield e.name[: -len(suffix)], Path(folder) / e.name
+
+
+def check_jobs(
+    jobs: Sequence[Job], options: Options, workers: int | None = None, on_result: Callable[[Result], None] | None = None
+) -> list[Result]:
+    """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order."""
+    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    if workers == 1:
+        results = []
+        for job in jobs:
+            results.append(check_job(job, options))
+            if on_result is not None:
+                on_result(results[-1])
+        return results
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(check_job, job, options) for job in jobs]
+        results = []
+        for fut in futures:
+            results.append(fut.result())
+            if on_result is not None:
+                on_result(results[-1])
+        return results
+
+
+def check_folder(outbox: Path, reference: Path, options: Options, workers: int | None = None) -> Run:
+    """Pair and check a whole outbox against a folder of inputs or expected outputs."""
+    started = _now()
+    start = time.perf_counter()
+    jobs = pair_folder(outbox, reference, options.against)
+    results = check_jobs(jobs, options, workers)
+    return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
+
+
+def check_file(output: Path, reference: Path, options: Options) -> Run:
+    """Check one output against one input or expected output."""
+    started = _now()
+    start = time.perf_counter()
+    name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
+    result = check_job(Job(name or output.name, output, reference), options)
+    return Run(output, reference, options, (result,), time.perf_counter() - start, started)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------
+# reports
+
+
+def table(results: Sequence[Result]) -> str:
+    """The results as a plain-text table: file, shape, status, max error, reason."""
+    rows = [("file", "shape", "status", "max error", "reason")]
+    for r in results:
+        shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
+        err = "-" if r.max_error is None else f"{r.max_error:.4g}"
+        rows.append((r.file, shape, r.status.value, err, r.reason))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]), row[3].rjust(widths[3])]
+        lines.append("  ".join([*cells, row[4]]).rstrip())
+    return "\n".join(lines)
+
+
+def junit_xml(run: Run) -> ET.Element:
+    """The run as JUnit XML: one testcase per job; failures, errors, and extras as skipped."""
+    c = run.counts
+    failures = sum(c[s.value] for s in FAILED)
+    totals = {
+        "tests": str(len(run.results)),
+        "failures": str(failures),
+        "errors": str(c["error"]),
+        "skipped": str(c["extra"]),
+        "time": f"{run.seconds:.3f}",
+    }
+    root = ET.Element("testsuites", {"name": "mmd check", **totals})
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        {"name": f"mmd check {run.outbox}", **totals, "timestamp": run.started_at, "hostname": socket.gethostname()},
+    )
+    props = ET.SubElement(suite, "properties")
+    o = run.options
+    for key, value in (
+        ("outbox", str(run.outbox)),
+        ("against", o.against),
+        ("reference", str(run.reference)),
+        ("quick", "true" if o.quick else "false"),
+        ("seed", str(o.seed)),
+        ("tol", "model" if o.tol is None else f"{o.tol:g}"),
+    ):
+        ET.SubElement(props, "property", {"name": key, "value": value})
+    for r in run.results:
+        attrs = {"classname": "mmd.check", "name": r.name, "time": f"{r.seconds:.3f}"}
+        if r.output is not None:
+            attrs["file"] = str(r.output)
+        case = ET.SubElement(suite, "testcase", attrs)
+        if r.status in FAILED:
+            node = ET.SubElement(case, "failure", {"type": r.status.value, "message": r.reason})
+            node.text = r.detail or r.reason
+        elif r.status is Status.ERROR:
+            ET.SubElement(case, "error", {"type": r.status.value, "message": r.reason})
+        elif r.status is Status.EXTRA:
+            ET.SubElement(case, "skipped", {"type": r.status.value, "message": r.reason})
+        if r.detail:
+            ET.SubElement(case, "system-out").text = r.detail
+    ET.indent(root)
+    return root
+
+
+def write_junit(run: Run, path: Path) -> None:
+    """Write :func:`junit_xml` to ``path`` (atomically)."""
+    body = ET.tostring(junit_xml(run), encoding="unicode")
+    write_atomic(path, [b"<?xml version='1.0' encoding='utf-8'?>\n", body.encode("utf-8"), b"\n"], durable=False)
+
+
+def run_dict(run: Run) -> dict[str, Any]:
+    """The run as plain data (what ``--json`` writes)."""
+    o = run.options
+    return {
+        "outbox": str(run.outbox),
+        "against": o.against,
+        "reference": str(run.reference),
+        "quick": o.quick,
+        "seed": o.seed,
+        "tol": o.tol,
+        "started_at": run.started_at,
+        "seconds": round(run.seconds, 6),
+        "exit_status": run.exit_status,
+        "counts": dict(run.counts),
+        "results": [r.as_dict() for r in run.results],
+    }
+
+
+def write_json(run: Run, path: Path) -> None:
+    """Write :func:`run_dict` to ``path`` as JSON (atomically)."""
+    text = json.dumps(run_dict(run), indent=2, allow_nan=False) + "\n"
+    write_atomic(path, [text.encode("utf-8")], durable=False)

@@ -1,0 +1,190 @@
+"""``mmd check`` as a user meets it: real processes, real files, exit statuses 0, 1 and 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmd import textformat
+from mmd.generate import input_chunks, random_matrix
+
+from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd
+
+
+def _pair(folder: Path, name: str, m: int, k: int, n: int, seed: int) -> tuple[Path, Path]:
+    """``name.txt`` and the right ``name.out`` (what the cpu backend writes) in ``folder``."""
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    src, out = folder / f"{name}.txt", folder / f"{name}.out"
+    src.write_bytes(b"".join(input_chunks(a, b, square=m == k == n)))
+    out.write_bytes(textformat.emit(a @ b))
+    return src, out
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_help_names_the_exit_statuses():
+    r = run_mmd("check", "--help")
+    assert r.returncode == 0
+    assert "exit status:\n  0  every check passed" in r.stdout
+    assert "  1  a check failed: wrong values or format, a missing output, a refused job" in r.stdout
+    assert "  2  usage, or a file that cannot be read" in r.stdout
+    assert "--quick" in r.stdout and "--junit FILE" in r.stdout and "--inputs" in r.stdout
+
+
+def test_one_output(tmp_path):
+    src, out = _pair(tmp_path, "m", 6, 5, 4, 1)
+    r = run_mmd("check", str(out), "--input", str(src))
+    assert r.returncode == 0 and r.stderr == ""
+    assert re.fullmatch(rf"{re.escape(str(out))}: format ok; ok: 6x4 values, 0 outside tolerance \(.*\n", r.stdout)
+    wrong = tmp_path / "wrong.out"
+    body = bytearray(out.read_bytes())
+    body[body.index(b"\n") + 1 : body.index(b"\n") + 7] = b" 99.99"
+    wrong.write_bytes(bytes(body))
+    r = run_mmd("check", str(wrong), "--input", str(src))
+    assert r.returncode == 1 and "MISMATCH: 6x4 values, 1 outside tolerance" in r.stdout
+    assert "worst at row 1 col 1" in r.stdout
+    good, bad = tmp_path / "good.out", tmp_path / "bad.out"
+    good.write_bytes(b"2\n  1.00  2.00\n  3.00  4.00\n")
+    bad.write_bytes(b"2\n  1.00  2.00\n  3.00 4.00\n")
+    r = run_mmd("check", str(bad), str(good))
+    assert r.returncode == 1
+    assert r.stdout == f"FORMAT: {bad}: line 3, column 7: field ' 4.00' is not in %6.2f format (width)\n"
+    r = run_mmd("check", str(out), str(out))
+    assert r.returncode == 0 and "format ok; ok: 6x4 values" in r.stdout
+    r = run_mmd("check", str(out), "--input", str(src), "--quick", "--seed", "5")
+    assert r.returncode == 0 and "format ok; ok (quick): 6x4" in r.stdout and "seed 5" in r.stdout
+    r = run_mmd("check", str(wrong), "--input", str(src), "--quick")
+    assert r.returncode == 1 and "MISMATCH (quick)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["nosuch.out", "--input", "m.txt"], "mmd check: cannot read nosuch.out: No such file or directory"),
+        (["m.out", "--input", "nosuch.txt"], "mmd check: cannot read nosuch.txt: No such file or directory"),
+        (["m.out", "nosuch.out"], "mmd check: cannot read nosuch.out: No such file or directory"),
+        (["m.out", "--input", "bad.txt"], "mmd check: input bad.txt: line 2: 'x' is not a number"),
+        (
+            ["m.out", "bad.txt"],
+            "mmd check: expected output bad.txt: line 2, column 1: field 'x 1' is not in %6.2f format",
+        ),
+        (["nosuch.out"], "mmd check: give one of EXPECTED, --expected or --input (see mmd check --help)"),
+        (["m.out", "m.out", "--input", "m.txt"], "mmd check: give one of EXPECTED, --expected or --input"),
+        (["m.out", "m.out", "--quick"], "mmd check: --quick checks against inputs: give --input"),
+        (["m.out", "--input", "."], "mmd check: m.out is a file: give a file to check it against"),
+        ([".", "--input", "m.txt"], "mmd check: . is a folder: give a folder to check it against"),
+        (["nosuch", "--inputs", "."], "mmd check: cannot read nosuch: No such file or directory"),
+        (["m.out", "--input", "m.txt", "--jobs", "0"], "mmd check: --jobs must be at least 1"),
+        (["m.out", "--input", "m.txt", "--json", "nodir/r.json"], "mmd check: "),
+    ],
+)
+def test_exit_2_with_one_line(tmp_path, args, line):
+    _pair(tmp_path, "m", 3, 3, 3, 2)
+    (tmp_path / "bad.txt").write_text("1\nx 1\n")
+    r = run_mmd("check", *args, cwd=tmp_path)
+    assert r.returncode == 2, r
+    assert _one_line(r.stderr).startswith(line)
+    assert "Traceback" not in r.stderr
+
+
+def test_a_folder(tmp_path):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    for i, shape in enumerate([(4, 4, 4), (3, 5, 2), (7, 1, 7)]):
+        _pair(tests, f"t{i}", *shape, seed=i)
+        (tests / f"t{i}.out").rename(outbox / f"t{i}.out")
+    (tests / "t3.txt").write_text("2\n1 2\n3 x\n1 0\n0 1\n")
+    r = run_mmd("run", str(tests / "t3.txt"), "-o", str(outbox / "t3.out"))  # a real refusal
+    assert r.returncode == 1 and (outbox / "t3.error.yaml").exists()
+    junit, report = tmp_path / "report.xml", tmp_path / "report.json"
+    r = run_mmd("check", str(outbox), "--inputs", str(tests), "--junit", str(junit), "--json", str(report))
+    assert r.returncode == 1 and r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["file", "shape", "status", "max", "error", "reason"]
+    assert [ln.split()[:3] for ln in lines[1:5]] == [
+        ["t0.out", "4x4", "ok"],
+        ["t1.out", "3x2", "ok"],
+        ["t2.out", "7x7", "ok"],
+        ["t3.out", "-", "refused"],
+    ]
+    assert lines[4].endswith("refused: line 3: 'x' is not a number (t3.error.yaml)")
+    assert lines[5].startswith(f"4 jobs checked against the inputs in {tests}: 3 ok, 1 refused; 0 extra;")
+    assert len(lines) == 6
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "1", "0")
+    assert json.loads(report.read_text())["counts"]["refused"] == 1
+    # every job right: 0; a reference that cannot be read: 2
+    (tests / "t3.txt").unlink()
+    (outbox / "t3.error.yaml").unlink()
+    r = run_mmd("check", str(outbox), "--inputs", str(tests), "--jobs", "1")
+    assert r.returncode == 0 and "3 jobs checked against the inputs" in r.stdout
+    r = run_mmd("check", str(outbox), "--inputs", str(tests), "--quick", "--seed", "7")
+    assert r.returncode == 0 and "(quick, seed 7)" in r.stdout
+    (tests / "t1.txt").write_text("3 5 2\n")
+    r = run_mmd("check", str(outbox), "--inputs", str(tests))
+    assert r.returncode == 2 and "t1.out" in r.stdout and " error " in r.stdout
+    r = run_mmd("check", str(outbox), "--inputs", str(tmp_path / "nosuch"))
+    assert r.returncode == 2 and _one_line(r.stderr).startswith("mmd check: cannot read")
+    assert "nosuch: No such file or directory" in r.stderr
+
+
+def _grade_script() -> str:
+    """The grading script of docs/grading.md, as it is printed there."""
+    text = (ROOT / "docs" / "grading.md").read_text()
+    start = text.index("```bash\n#!/usr/bin/env bash\n# grade.sh") + len("```bash\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_grading_script_of_the_docs(tmp_path):
+    tests, inbox, outbox = tmp_path / "tests", tmp_path / "inbox", tmp_path / "outbox"
+    for d in (tests, inbox, outbox):
+        d.mkdir()
+    for i, shape in enumerate([(5, 5, 5), (8, 3, 6), (1, 4, 1)]):
+        _pair(tests, f"t{i}", *shape, seed=10 + i)
+        (tests / f"t{i}.out").unlink()
+    (tests / "t3.txt").write_text("2\n1 2\n3 x\n1 0\n0 1\n")
+    script = tmp_path / "grade.sh"
+    script.write_text(_grade_script())
+    env = mmd_env({"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.3"})
+    daemon = LoggedProcess(
+        [sys.executable, "-m", "mmd", "serve", "--inbox", str(inbox), "--outbox", str(outbox)],
+        cwd=tmp_path,
+        log_path=tmp_path / "daemon.log",
+        env=env,
+    )
+    try:
+        grade = dict(env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", GRADE_TIMEOUT="90")
+
+        def run() -> subprocess.CompletedProcess:
+            args = ["bash", str(script), "tests", "inbox", "outbox", "report"]
+            return subprocess.run(args, cwd=tmp_path, env=grade, capture_output=True, text=True, timeout=150)
+
+        r = run()
+        assert r.returncode == 1, r.stdout + r.stderr + daemon.logs()
+        assert [ln.split()[2] for ln in r.stdout.splitlines()[1:5]] == ["ok", "ok", "ok", "refused"]
+        suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
+        assert (suite.get("tests"), suite.get("failures")) == ("4", "1")
+        assert json.loads((tmp_path / "report.json").read_text())["counts"]["ok"] == 3
+        # again, without the bad input: the first run's results are cleared, the names used again
+        (tests / "t3.txt").unlink()
+        (outbox / "t3.error.yaml").unlink()
+        r = run()
+        assert r.returncode == 0, r.stdout + r.stderr + daemon.logs()
+        assert "3 jobs checked against the inputs in tests: 3 ok;" in r.stdout
+        assert not list(outbox.glob("*.1.*"))
+    finally:
+        assert daemon.stop() == 0

@@ -1,0 +1,279 @@
+"""Tests for mmd.grading: a real outbox, made by the daemon, checked as a whole folder."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmd import grading, textformat
+from mmd.errors import ExitStatus, UnreadableError
+from mmd.generate import input_chunks, random_matrix
+from mmd.grading import Job, Options, Status
+
+from .conftest import run_mmd
+
+#: name -> (m, k, n): the test inputs of the folder
+SHAPES = {
+    "a_square": (16, 16, 16),
+    "b_rect": (9, 13, 7),
+    "c_one": (1, 1, 1),
+    "d_wrong": (12, 12, 12),
+    "e_missing": (5, 6, 7),
+    "f_format": (8, 3, 4),
+    "g_tall": (40, 2, 3),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """tests/ (inputs, one of them bad) and outbox/ as `mmd serve --once` left them."""
+    root = tmp_path_factory.mktemp("graded")
+    tests, inbox, outbox = root / "tests", root / "inbox", root / "outbox"
+    for d in (tests, inbox, outbox):
+        d.mkdir()
+    for i, (name, (m, k, n)) in enumerate(SHAPES.items()):
+        rng = np.random.default_rng(i)
+        a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+        (tests / f"{name}.txt").write_bytes(b"".join(input_chunks(a, b, square=m == k == n)))
+    (tests / "h_refused.txt").write_text("2\n1 2\n3 x\n1 0\n0 1\n")
+    (tests / "README.md").write_text("not a test\n")
+    for f in tests.glob("*.txt"):
+        shutil.copy(f, inbox / f.name)
+    r = run_mmd("serve", "--once", "--inbox", str(inbox), "--outbox", str(outbox), cwd=root)
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+@pytest.fixture
+def folder(served, tmp_path) -> Path:
+    """A copy of the served folder, spoiled: one missing, one wrong, one not in format, one extra."""
+    root = tmp_path / "g"
+    shutil.copytree(served / "tests", root / "tests")
+    shutil.copytree(served / "outbox", root / "outbox")
+    out = root / "outbox"
+    (out / "e_missing.out").unlink()
+    (out / "e_missing.timing.yaml").unlink()
+    wrong = bytearray((out / "d_wrong.out").read_bytes())
+    row3 = wrong.index(b"\n", wrong.index(b"\n", wrong.index(b"\n") + 1) + 1) + 1
+    wrong[row3 : row3 + 6] = b"999.99"  # row 3, column 1 (the field is 6 wide where it was)
+    (out / "d_wrong.out").write_bytes(bytes(wrong))
+    head, body = (out / "f_format.out").read_bytes().split(b"\n", 1)
+    (out / "f_format.out").write_bytes(head + b"\n" + body.replace(b"\n", b"\r\n", 1))  # line 2 ends in CR LF
+    shutil.copy(out / "c_one.out", out / "z_extra.out")
+    return root
+
+
+def test_served_folder_is_all_right(served):
+    run = grading.check_folder(served / "outbox", served / "tests", Options())
+    assert [(r.name, r.status) for r in run.results] == [
+        *[(name, Status.OK) for name in SHAPES],
+        ("h_refused", Status.REFUSED),
+    ]
+    assert run.results[-1].reason == "refused: line 3: 'x' is not a number (h_refused.error.yaml)"
+    assert run.exit_status == 1
+    assert [r.shape for r in run.results[:-1]] == [(m, n) for m, _, n in SHAPES.values()]
+    assert all(r.max_error is not None and r.max_error <= 0.0051 for r in run.results[:-1])
+
+
+def test_folder_statuses_table_and_summary(folder):
+    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    got = {r.name: (r.status, r.reason) for r in run.results}
+    assert got == {
+        "a_square": (Status.OK, ""),
+        "b_rect": (Status.OK, ""),
+        "c_one": (Status.OK, ""),
+        "d_wrong": (Status.MISMATCH, "1 of 144 values outside tolerance, worst at row 3 col 1"),
+        "e_missing": (Status.MISSING, "no output and no error sidecar"),
+        "f_format": (Status.FORMAT, "line 2, column 25: field '\\r' is not in %6.2f format"),
+        "g_tall": (Status.OK, ""),
+        "h_refused": (Status.REFUSED, "refused: line 3: 'x' is not a number (h_refused.error.yaml)"),
+        "z_extra": (Status.EXTRA, "z_extra.out: no z_extra.txt to check it against"),
+    }
+    assert run.exit_status == ExitStatus.FAILED
+    assert run.counts == {"ok": 4, "mismatch": 1, "format": 1, "missing": 1, "refused": 1, "extra": 1, "error": 0}
+    e = {r.name: "%.4g" % r.max_error for r in run.results if r.max_error is not None}
+    assert grading.table(run.results) == "\n".join(
+        [
+            "file           shape  status    max error  reason",
+            f"a_square.out   16x16  ok        {e['a_square']:>9}",
+            f"b_rect.out     9x7    ok        {e['b_rect']:>9}",
+            f"c_one.out      1x1    ok        {e['c_one']:>9}",
+            f"d_wrong.out    12x12  mismatch  {e['d_wrong']:>9}  1 of 144 values outside tolerance,"
+            " worst at row 3 col 1",
+            "e_missing.out  -      missing           -  no output and no error sidecar",
+            "f_format.out   -      format            -  line 2, column 25: field '\\r' is not in %6.2f format",
+            f"g_tall.out     40x3   ok        {e['g_tall']:>9}",
+            "h_refused.out  -      refused           -  refused: line 3: 'x' is not a number (h_refused.error.yaml)",
+            "z_extra.out    -      extra             -  z_extra.out: no z_extra.txt to check it against",
+        ]
+    )
+    assert re.fullmatch(
+        r"8 jobs checked against the inputs in \S+/tests: 4 ok, 1 mismatch, 1 format, 1 missing, "
+        r"1 refused; 1 extra; 0 could not be checked \(\d+\.\d\d s\)",
+        run.summary(),
+    ), run.summary()
+    fmt = next(r for r in run.results if r.name == "f_format")
+    assert (fmt.line, fmt.column) == (2, 25)
+
+
+def test_folder_junit(folder, tmp_path):
+    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    path = tmp_path / "report.xml"
+    grading.write_junit(run, path)
+    assert path.read_bytes().startswith(b"<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"mmd check\"")
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    assert {k: root.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
+        "tests": "9",
+        "failures": "4",
+        "errors": "0",
+        "skipped": "1",
+    }
+    (suite,) = root.findall("testsuite")
+    assert suite.get("failures") == "4" and suite.get("timestamp") == run.started_at
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["against"] == "inputs" and props["quick"] == "false" and props["tol"] == "model"
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert list(cases) == sorted(cases) and len(cases) == 9
+    assert all(c.get("classname") == "mmd.check" for c in cases.values())
+    assert cases["a_square"].find("failure") is None and "ok: 16x16 values" in cases["a_square"].find("system-out").text
+    for name, kind in (
+        ("d_wrong", "mismatch"),
+        ("e_missing", "missing"),
+        ("f_format", "format"),
+        ("h_refused", "refused"),
+    ):
+        fail = cases[name].find("failure")
+        assert fail is not None and fail.get("type") == kind and fail.get("message"), name
+    assert cases["d_wrong"].find("failure").text.startswith("MISMATCH: 12x12 values, 1 outside tolerance")
+    assert cases["z_extra"].find("skipped").get("type") == "extra"
+    assert cases["a_square"].get("file") == str(folder / "outbox" / "a_square.out")
+
+
+def test_folder_json(folder, tmp_path):
+    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    path = tmp_path / "report.json"
+    grading.write_json(run, path)
+    data = json.loads(path.read_text())
+    assert data["exit_status"] == 1 and data["against"] == "inputs" and data["quick"] is False
+    assert data["counts"] == run.counts
+    rows = {r["name"]: r for r in data["results"]}
+    assert rows["d_wrong"]["status"] == "mismatch" and rows["d_wrong"]["shape"] == [12, 12]
+    assert rows["d_wrong"]["max_error"] == pytest.approx(run.results[3].max_error)
+    assert rows["e_missing"] == {
+        "name": "e_missing",
+        "file": "e_missing.out",
+        "status": "missing",
+        "output": None,
+        "reference": str(folder / "tests" / "e_missing.txt"),
+        "shape": None,
+        "max_error": None,
+        "reason": "no output and no error sidecar",
+        "detail": "",
+        "line": None,
+        "column": None,
+        "seconds": rows["e_missing"]["seconds"],
+    }
+    assert rows["f_format"]["line"] == 2 and rows["f_format"]["column"] == 25
+
+
+def test_folder_quick(folder):
+    run = grading.check_folder(folder / "outbox", folder / "tests", Options(quick=True, seed=3))
+    got = {r.name: r.status for r in run.results}
+    assert got["a_square"] is Status.OK and got["g_tall"] is Status.OK
+    # 999.99 where about 10 was: far beyond the quick bound
+    d = next(r for r in run.results if r.name == "d_wrong")
+    assert d.status is Status.MISMATCH and d.reason.startswith("a projection") and "seed 3" in d.detail
+    assert "quick, seed 3" in run.summary()
+
+
+def test_folder_against_expected(served, tmp_path):
+    expected = tmp_path / "expected"
+    expected.mkdir()
+    for name in ("a_square", "b_rect", "c_one"):
+        shutil.copy(served / "outbox" / f"{name}.out", expected / f"{name}.out")
+    # one expected output from a different product: a mismatch
+    rng = np.random.default_rng(0)
+    (expected / "c_one.out").write_bytes(textformat.emit(random_matrix(rng, 1, 1, 50, 60)))
+    run = grading.check_folder(served / "outbox", expected, Options(against="expected"))
+    got = {r.name: r.status for r in run.results}
+    assert got["a_square"] is Status.OK and got["b_rect"] is Status.OK and got["c_one"] is Status.MISMATCH
+    assert got["d_wrong"] is Status.EXTRA and got["h_refused"] is Status.EXTRA
+    assert next(r for r in run.results if r.name == "d_wrong").reason == (
+        "d_wrong.out: no d_wrong.out to check it against"
+    )
+
+
+def test_unreadable_references_and_outputs(folder):
+    tests, out = folder / "tests", folder / "outbox"
+    (tests / "a_square.txt").write_text("3\n1 2\n")  # not a valid input
+    (out / "b_rect.out").unlink()
+    (out / "b_rect.out").mkdir()  # an output that is not a file
+    run = grading.check_folder(out, tests, Options())
+    got = {r.name: (r.status, r.reason) for r in run.results}
+    assert got["a_square"][0] is Status.ERROR
+    assert (
+        got["a_square"][1] == f"input {tests / 'a_square.txt'}: line 2: expected 18 values (9 for A, 9 for B), found 2"
+    )
+    assert got["b_rect"] == (Status.ERROR, f"cannot read {out / 'b_rect.out'}: not a regular file")
+    assert run.exit_status == ExitStatus.USAGE
+    with pytest.raises(UnreadableError, match=r"cannot read .*nosuch"):
+        grading.check_folder(folder / "nosuch", tests, Options())
+
+
+def test_shape_mismatch_and_broken_sidecar(folder):
+    out, tests = folder / "outbox", folder / "tests"
+    shutil.copy(out / "b_rect.out", out / "a_square.out")
+    (out / "e_missing.error.yaml").write_text("status: [error\n")
+    run = grading.check_folder(out, tests, Options())
+    got = {r.name: (r.status, r.reason) for r in run.results}
+    assert got["a_square"] == (Status.MISMATCH, "shape 9x7, expected 16x16")
+    assert got["e_missing"] == (Status.REFUSED, "refused (e_missing.error.yaml cannot be read: ParserError)")
+
+
+def test_threads_give_the_same_results(folder):
+    jobs = grading.pair_folder(folder / "outbox", folder / "tests", "inputs")
+    assert [j.name for j in jobs] == sorted(j.name for j in jobs)
+    one = grading.check_jobs(jobs, Options(), workers=1)
+    many = grading.check_jobs(jobs, Options(), workers=4)
+    strip = [(r.name, r.status, r.shape, r.max_error, r.reason, r.detail) for r in one]
+    assert strip == [(r.name, r.status, r.shape, r.max_error, r.reason, r.detail) for r in many]
+
+
+def test_pairing_ignores_hidden_files_and_other_suffixes(tmp_path):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    out.mkdir()
+    ref.mkdir()
+    for name in ("x.out", ".x.claim", ".tmp.y.out", "x.timing.yaml", "w.error.yaml", ".out"):
+        (out / name).write_text("")
+    for name in ("x.txt", "y.txt", "notes.md", ".hidden.txt"):
+        (ref / name).write_text("")
+    jobs = grading.pair_folder(out, ref, "inputs")
+    assert jobs == [
+        Job("w", None, None, out / "w.error.yaml"),
+        Job("x", out / "x.out", ref / "x.txt", None),
+        Job("y", None, ref / "y.txt", None),
+    ]
+    assert grading.check_job(jobs[0], Options()).reason == "w.error.yaml: no w.txt to check it against"
+
+
+def test_big_files_are_mapped_and_read_alike(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    a, b = random_matrix(rng, 300, 200), random_matrix(rng, 200, 250)
+    src, out = tmp_path / "m.txt", tmp_path / "m.out"
+    src.write_bytes(b"".join(input_chunks(a, b, square=False)))
+    out.write_bytes(textformat.emit(a @ b))
+    assert src.stat().st_size > 1 << 19
+    results = []
+    for size in (1 << 40, 1 << 10):  # read, then mapped
+        monkeypatch.setattr(grading, "_MAP_BYTES", size)
+        data = grading.read_bytes(src)
+        assert isinstance(data, bytes) == (size > 1 << 20)
+        results.append(grading.check_file(out, src, Options()).results[0])
+    assert results[0].status is Status.OK and results[0].detail == results[1].detail

@@ -1,0 +1,276 @@
+"""Tests for mmd.verify: the full check keeps its rule, the quick check its promise, faults are caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmd import textformat as tf
+from mmd import verify
+from mmd.generate import random_matrix
+
+
+def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> verify.CheckReport:
+    """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    return verify._report(out, ref, allowed, "0.005 + 4·sqrt(K)·eps·|A||B|")
+
+
+def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The values a correct mmd output holds: the float32 product, printed %6.2f and read back."""
+    return tf.parse_output(tf.emit(a @ b))
+
+
+def _same_report(got: verify.CheckReport, want: verify.CheckReport) -> None:
+    assert (got.ok, got.shape, got.mismatches, got.worst, got.tolerance) == (
+        want.ok,
+        want.shape,
+        want.mismatches,
+        want.worst,
+        want.tolerance,
+    )
+    np.testing.assert_equal(got.max_abs_error, want.max_abs_error)
+    np.testing.assert_allclose(got.rel_error, want.rel_error, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# the full check: the same decisions as computing |A|·|B| everywhere
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 150),
+    st.integers(1, 12),
+    st.integers(0, 2**32 - 1),
+    st.lists(st.sampled_from([0.3, 0.97, 1.03, 3.0, 1e4]), max_size=6),
+)
+def test_full_check_same_as_the_old_rule(m, k, n, seed, factors):
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    out = _printed(a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    for f in factors:  # errors around the allowance, either sign
+        i, j = rng.integers(m), rng.integers(n)
+        out[i, j] = ref[i, j] + rng.choice([-1, 1]) * f * allowed[i, j]
+    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "scattered",  # many elements near their allowance: S by one GEMM over their rows and columns
+        "scattered, dots",  # the same, S one dot product each
+        "row",  # one row near it: one small GEMM
+        "everywhere",  # most elements: S in full
+        "nonfinite",
+    ],
+)
+def test_full_check_every_way_of_computing_s(plant, monkeypatch):
+    if plant == "scattered, dots":
+        monkeypatch.setattr(verify, "_SMALL_GEMM", 0)
+    rng = np.random.default_rng(3)
+    m, k, n = 90, 300, 80
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    out = _printed(a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    sign = rng.choice([-1.0, 1.0], size=out.shape)
+    if plant.startswith("scattered"):
+        pick = rng.random(out.shape) < 0.05
+        out[pick] = (ref + sign * allowed * rng.choice([0.9, 1.1], size=out.shape))[pick]
+    elif plant == "row":
+        out[7] = ref[7] + sign[7] * allowed[7] * np.where(np.arange(n) % 2, 0.95, 1.05)
+    elif plant == "everywhere":
+        out = ref + sign * allowed * rng.choice([0.9, 1.1], size=out.shape)
+    else:
+        out[3, 4], out[5, 6], out[1, 2] = np.inf, np.nan, -np.inf
+    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+
+
+def test_full_check_reports():
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    b = np.eye(2, dtype=np.float32)
+    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.0]]), a, b)
+    assert r.ok and r.mismatches == 0 and r.worst is None and r.max_abs_error == 0.0
+    assert r.summary().startswith("ok: 2x2 values, 0 outside tolerance")
+    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b)
+    assert not r.ok and r.worst == (1, 1) and r.mismatches == 1
+    assert "worst at row 2 col 2" in r.summary()
+    r = verify.against_inputs(np.zeros((2, 3)), a, b)
+    assert not r.ok and r.shape == (2, 3)
+    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b, tol=0.6)
+    assert r.ok and r.tolerance == "0.005 + 0.6"
+
+
+def test_reference_takes_a_gemm():
+    rng = np.random.default_rng(1)
+    a, b = random_matrix(rng, 5, 7), random_matrix(rng, 7, 3)
+    calls = []
+
+    def gemm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        calls.append((x.dtype, y.dtype, x.shape, y.shape))
+        return x @ y
+
+    got = verify.reference(a, b, gemm)
+    assert calls == [(np.float64, np.float64, (5, 7), (7, 3))]
+    np.testing.assert_array_equal(got, a.astype(np.float64) @ b.astype(np.float64))
+    assert verify.against_inputs(_printed(a, b), a, b, gemm=gemm).ok and len(calls) == 2
+    with pytest.raises(ValueError, match="gave shape"):
+        verify.reference(a, b, lambda x, y: np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="cannot multiply"):
+        verify.reference(a, a)
+
+
+# ---------------------------------------------------------------------------
+# planted faults: what the full check and the quick check catch
+
+
+def _faults(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """Each kind of wrong output, from a right one (square, 256)."""
+    wrong = {}
+    c = out.copy()
+    c[10, 20] += 1.0  # a hundred hundredths off: well beyond the per-element tolerance (~0.05)
+    wrong["element, small"] = c
+    c = out.copy()
+    c[10, 20] += 1000.0
+    wrong["element, large"] = c
+    c = out.copy()
+    c[30] = out[31]  # an index off by one: the next row's values
+    wrong["row"] = c
+    c = out.copy()
+    c[:, 40] = out[:, 41]
+    wrong["column"] = c
+    c = out.copy()
+    c[32:48, 64:80] = out[48:64, 64:80]  # a 16x16 tile written from its neighbour
+    wrong["tile"] = c
+    wrong["transposed"] = out.T.copy()
+    wrong["operands swapped"] = _printed(b, a)
+    wrong["zeros"] = np.zeros_like(out)
+    c = out.copy()
+    c[100, 200] = np.nan
+    wrong["NaN"] = c
+    return wrong
+
+
+def test_planted_faults_full_and_quick():
+    rng = np.random.default_rng(11)
+    a, b = random_matrix(rng, 256, 256), random_matrix(rng, 256, 256)
+    out = _printed(a, b)
+    assert verify.against_inputs(out, a, b).ok
+    assert verify.quick(out, a, b, seed=0).ok
+    caught = {}
+    for kind, bad in _faults(out, a, b).items():
+        full = verify.against_inputs(bad, a, b)
+        assert full.ok == _old_against_inputs(bad, a, b).ok
+        caught[kind] = (not full.ok, not verify.quick(bad, a, b, seed=0).ok)
+    assert caught == {
+        "element, small": (True, False),  # only the full check sees one element off by a little
+        "element, large": (True, True),
+        "row": (True, True),
+        "column": (True, True),
+        "tile": (True, True),
+        "transposed": (True, True),
+        "operands swapped": (True, True),
+        "zeros": (True, True),
+        "NaN": (True, True),
+    }
+
+
+def test_planted_faults_rectangular():
+    rng = np.random.default_rng(12)
+    a, b = random_matrix(rng, 120, 300, -3, 3), random_matrix(rng, 300, 90, -3, 3)
+    out = _printed(a, b)
+    assert verify.against_inputs(out, a, b).ok and verify.quick(out, a, b, seed=5).ok
+    for where in (np.s_[17], np.s_[:, 33], np.s_[64:80, 16:32]):
+        bad = out.copy()
+        bad[where] *= -1
+        assert not verify.against_inputs(bad, a, b).ok
+        assert not verify.quick(bad, a, b, seed=5).ok
+    assert not verify.quick(out[:, :89], a, b).ok
+
+
+# ---------------------------------------------------------------------------
+# the quick check: no false alarm where the full check passes
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (64, 64, 64), (40, 500, 70), (256, 8, 256)])
+def test_quick_passes_every_right_output(m, k, n):
+    rng = np.random.default_rng(m * 1000 + n)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    out = _printed(a, b)
+    for seed in range(25):
+        r = verify.quick(out, a, b, seed=seed)
+        assert r.ok, r.summary()
+        assert r.worst_ratio < 0.5
+
+
+def test_quick_passes_outputs_at_the_edge_of_the_tolerance():
+    # every element as far off as the full check allows: the bound must still hold
+    rng = np.random.default_rng(2)
+    a, b = random_matrix(rng, 100, 400), random_matrix(rng, 400, 120)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    for signs in (np.ones(ref.shape), rng.choice([-1.0, 1.0], size=ref.shape)):
+        out = ref + 0.999 * signs * allowed
+        assert verify.against_inputs(out, a, b).ok
+        for seed in range(20):
+            r = verify.quick(out, a, b, seed=seed)
+            assert r.ok, r.summary()
+
+
+def test_quick_is_seeded_and_reports_its_bound():
+    rng = np.random.default_rng(4)
+    a, b = random_matrix(rng, 50, 60), random_matrix(rng, 60, 70)
+    out = _printed(a, b)
+    r1, r2, r3 = verify.quick(out, a, b, seed=9), verify.quick(out, a, b, seed=9), verify.quick(out, a, b, seed=10)
+    assert r1 == r2 and r1.worst_ratio != r3.worst_ratio
+    assert r1.seed == 9 and r1.vectors == 4 and r1.false_alarm == 1e-9
+    # z: all (50 + 70) * 4 projections together refuse a passing result with chance at most 1e-9
+    assert r1.z == pytest.approx(verify._z_for(1e-9 / 480))
+    assert 6.5 < r1.z < 7.5 and r1.bound > 0
+    s = r1.summary()
+    assert s.startswith("ok (quick): 50x70, largest projection") and "seed 9" in s and "sigma" in s
+    bad = out.copy()
+    bad[7] += 50
+    r = verify.quick(bad, a, b, seed=9)
+    assert not r.ok and r.worst == ("row", 7) and "at row 8" in r.summary()
+    r = verify.quick(out, a, b, seed=9, tol=0.5)
+    assert r.ok and r.tolerance == "0.005 + 0.5"
+    r = verify.quick(bad, a, b, vectors=1, false_alarm=1e-3)
+    assert r.vectors == 1 and r.z < r1.z
+
+
+def test_quick_refuses_nonfinite_and_wrong_shapes():
+    rng = np.random.default_rng(6)
+    a, b = random_matrix(rng, 4, 5), random_matrix(rng, 5, 6)
+    out = _printed(a, b)
+    out[2, 3] = np.inf
+    r = verify.quick(out, a, b)
+    assert not r.ok and r.nonfinite == 1 and r.worst == ("row", 2) and "1 values are not finite" in r.summary()
+    r = verify.quick(np.zeros((6, 4)), a, b)
+    assert not r.ok and r.shape == (6, 4)
+
+
+@pytest.mark.parametrize("block", [7, 1 << 20])
+@pytest.mark.parametrize("seed", range(6))
+def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
+    # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
+    monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
+    rng = np.random.default_rng(seed)
+    ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
+    out = ref + rng.choice([0.0, 0.0, 0.0, 0.004, -0.011, 0.02], size=ref.shape)
+    if seed % 3 == 1:
+        out[rng.integers(23), rng.integers(19)] = np.nan
+        out[rng.integers(23), rng.integers(19)] = np.inf
+    if seed % 3 == 2:
+        out = ref.copy()
+        out[[3, 12, 20], [5, 5, 5]] += 0.5  # a tie: the first one is the worst
+    _same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
+    b = ref.astype(np.float32)  # A = I: the product is B
+    want = verify._report(out, b.astype(np.float64), verify.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
+    _same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
