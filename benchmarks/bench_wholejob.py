@@ -1,169 +1,415 @@
-"""Whole-job benchmark: file in to file out, for numpy.loadtxt/savetxt, the CPU path and the GPU text path.
+#!/usr/bin/env python3
+"""The whole job against the machine's floor: every phase of a job, and what the hardware needs for it.
 
-    python benchmarks/bench_wholejob.py [--sizes 1024 4096] [--repeat 3] [--dir /tmp/mmd-wholejob]
+    python benchmarks/bench_wholejob.py [--tree NAME=PATH ...] [--sizes 1024 2048 4096] [--repeat 5]
+        [--small 2000] [--backend cuda] [--kernel fast] [--out DIR]
 
-For each size, one random pair (``%.2f`` values, as ``mmd gen`` writes them)
-is written once; then, page cache warm:
+It drives mmd only through its command line and its sidecars (``mmd run``,
+``mmd serve``), so it measures any checkout the same way: ``--tree
+before=PATH`` puts an older tree in the same run, side by side (these
+machines are noisy: compare versions in one run). For each tree:
 
-* ``numpy``: ``open().read()``, ``numpy.loadtxt``, ``numpy.matmul``,
-  ``numpy.savetxt(fmt="%6.2f", delimiter="")`` into memory, the write.
-* ``cpu``: :func:`mmd.pipeline.run_job` on the cpu backend (textformat).
-* ``gpu-host``: run_job on the cuda backend with ``text_path: host``.
-* ``gpu``: run_job on the cuda backend with ``text_path: gpu`` (kernels built
-  by a warm-up job first), the ``tiled`` kernel at tile 32.
+* **one-shot**: ``mmd run`` of an N×N file as a process, ``--repeat`` times
+  after a warm-up (kernel cache filled): the process's wall time and the
+  sidecar's phases (medians);
+* **daemon**: one ``mmd serve`` (durable commits, as shipped); each file is
+  renamed into the inbox (a complete drop) and is done when its
+  ``.timing.yaml`` appears: drop→sidecar latency and the sidecar's phases;
+* **small jobs**: 32×32 drops one at a time (p50, p95 of drop→sidecar), then
+  ``--small`` files renamed in at once (jobs per second, first rename to last
+  sidecar).
 
-Each phase is the median of ``--repeat`` runs (ms, from the sidecars), with
-parse and emit throughput in GB/s of text; a compact table is printed last.
+And once, the **floors** on this machine: a bare Python and one that
+imports numpy, pycuda's driver init and context; reading the input from the
+page cache into page-locked memory; a host memcpy; sha256 alone and two at
+once; writing the output with and without fsync; loading a cached cubin;
+H2D and D2H of the input and the output through page-locked memory. The
+table printed last puts each phase beside its floor.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import hashlib
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mmd.backends import CpuBackend
-from mmd.backends.base import MultiplyRequest
-from mmd.generate import input_chunks
-from mmd.pipeline import run_job
-
-PHASES = ("read", "parse", "kernel", "cuda", "emit", "write", "overall")
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("read", "parse", "compile", "malloc", "h2d", "kernel", "d2h", "free", "cuda", "emit", "write", "overall")
 
 
-def make_input(folder: Path, n: int) -> Path:
-    path = folder / f"in-{n}.txt"
+# -- inputs ----------------------------------------------------------------------
+
+
+def make_input(path: Path, n: int, seed: int) -> Path:
+    """An N×N pair as `mmd gen` writes it (values with two decimals, never zero)."""
     if not path.exists():
-        rng = np.random.default_rng(n)
-        a = rng.uniform(-10, 10, (n, n)).astype(np.float32)
-        b = rng.uniform(-10, 10, (n, n)).astype(np.float32)
-        with open(path, "wb") as fh:
-            for chunk in input_chunks(a, b, square=True):
-                fh.write(chunk)
-    path.read_bytes()  # page cache warm
+        rng = np.random.default_rng(seed)
+        a = (rng.integers(1, 2001, size=(n, n)) * rng.choice([-1, 1], size=(n, n)) / 100).astype(np.float32)
+        b = (rng.integers(1, 2001, size=(n, n)) * rng.choice([-1, 1], size=(n, n)) / 100).astype(np.float32)
+        with open(path, "w") as fh:
+            fh.write(f"{n}\n")
+            for mat in (a, b):
+                np.savetxt(fh, mat, fmt="%.2f", delimiter=" ")
     return path
 
 
-def numpy_job(path: Path, out: Path) -> dict[str, float]:
-    t = {}
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+# -- one tree, through its command line ----------------------------------------
+
+
+@dataclass
+class Tree:
+    name: str
+    path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "mmd", *args]
+
+    def run(self, *args: str, cwd: Path, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess]:
+        t0 = time.perf_counter()
+        done = subprocess.run(self.argv(*args), cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return time.perf_counter() - t0, done
+
+
+def tree_env(tree: Path, work: Path, name: str, backend: str, kernel: str, extra_path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(tree), extra_path) if p),
+        MMD_BACKEND=backend,
+        MMD_KERNEL=kernel,
+        MMD_LOG_FORMAT="json",
+        MMD_LOG_LEVEL="warning",
+        MMD_QUIET_SECONDS="0.05",
+        MMD_RESCAN_SECONDS="1",
+        XDG_CACHE_HOME=str(work / f"cache-{name}"),  # each tree fills its own kernel cache
+    )
+    return env
+
+
+def sidecar_timings(path: Path) -> dict[str, float]:
+    import yaml
+
+    rec = yaml.safe_load(path.read_text())
+    if rec.get("status") != "ok":
+        raise SystemExit(f"{path}: {rec.get('error')}")
+    return {k: float(v) for k, v in rec["timings_ms"].items() if v is not None}
+
+
+def one_shot(tree: Tree, work: Path, src: Path, repeat: int) -> dict[str, Any]:
+    """`mmd run` as a process: wall time and sidecar phases (medians of ``repeat`` after a warm-up)."""
+    out = work / f"oneshot-{tree.name}.out"
+    walls, phases = [], []
+    for i in range(repeat + 1):
+        wall, done = tree.run("run", str(src), "-o", str(out), cwd=work)
+        if done.returncode != 0:
+            raise SystemExit(f"{tree.name}: mmd run failed: {done.stderr.strip()[-500:]}")
+        if i:
+            walls.append(wall * 1e3)
+            phases.append(sidecar_timings(out.with_name(out.stem + ".timing.yaml")))
+    return {"process_ms": med(walls), **{k: med([p[k] for p in phases if k in p]) for k in PHASES}}
+
+
+class Served:
+    """One `mmd serve` of a tree on a fresh spool."""
+
+    def __init__(self, tree: Tree, work: Path) -> None:
+        self.root = work / f"spool-{tree.name}"
+        shutil.rmtree(self.root, ignore_errors=True)
+        (self.root / "inbox").mkdir(parents=True)
+        (self.root / "outbox").mkdir()
+        (self.root / "src").mkdir()
+        self.log = open(self.root / "daemon.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(tree.argv("serve"), cwd=self.root, env=tree.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        self.count = 0
+
+    def drop(self, data: bytes, stem: str | None = None) -> tuple[float, Path]:
+        """Rename one complete file into the inbox; returns (time of the rename, its timing sidecar)."""
+        self.count += 1
+        stem = stem or f"j{self.count:06d}"
+        src = self.root / "src" / f"{stem}.txt"
+        src.write_bytes(data)
+        t0 = time.perf_counter()
+        os.rename(src, self.root / "inbox" / f"{stem}.txt")
+        return t0, self.root / "outbox" / f"{stem}.timing.yaml"
+
+    @staticmethod
+    def wait(sidecar: Path, timeout: float = 300) -> float:
+        end = time.perf_counter() + timeout
+        while not sidecar.exists():
+            if time.perf_counter() > end:
+                raise SystemExit(f"no {sidecar.name} after {timeout} s")
+            time.sleep(0.0002)
+        return time.perf_counter()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def daemon_jobs(served: Served, src: Path, repeat: int) -> dict[str, Any]:
+    """Drop→sidecar of one big file at a time on a warm daemon, and the sidecar's phases."""
+    lat, phases = [], []
+    data = src.read_bytes()
+    for i in range(repeat + 1):
+        t0, sidecar = served.drop(data, f"{src.stem}-{i}")
+        done = served.wait(sidecar)
+        if i:
+            lat.append((done - t0) * 1e3)
+            phases.append(sidecar_timings(sidecar))
+        for p in served.root.glob("outbox/*.out"):
+            p.unlink()
+    return {"drop_to_sidecar_ms": med(lat), **{k: med([p[k] for p in phases if k in p]) for k in PHASES}}
+
+
+def small_jobs(served: Served, drops: int, burst: int) -> dict[str, float]:
+    """32×32 jobs: latency one at a time, then a burst renamed in at once."""
+    rng = np.random.default_rng(7)
+    data = b"32\n" + b"\n".join(b" ".join(b"%.2f" % v for v in row) for row in rng.integers(1, 999, (64, 32)) / 100)
+    lat = []
+    for _ in range(drops):
+        t0, sc = served.drop(data)
+        lat.append((served.wait(sc) - t0) * 1e3)
+    names = []
+    for i in range(burst):
+        src = served.root / "src" / f"s{i:06d}.txt"
+        src.write_bytes(data)
+        names.append(src)
     t0 = time.perf_counter()
-    data = path.read_bytes()
-    t1 = time.perf_counter()
-    n = int(data.split(b"\n", 1)[0])
-    vals = np.loadtxt(io.BytesIO(data), skiprows=1, dtype=np.float32, ndmin=2).reshape(-1)
-    a = vals[: n * n].reshape(n, n)
-    b = vals[n * n :].reshape(n, n)
-    t2 = time.perf_counter()
-    c = a @ b
-    t3 = time.perf_counter()
-    buf = io.BytesIO()
-    buf.write(b"%d\n" % n)
-    np.savetxt(buf, c, fmt="%6.2f", delimiter="")
-    text = buf.getvalue()
-    t4 = time.perf_counter()
-    out.write_bytes(text)
-    t5 = time.perf_counter()
-    t.update(read=t1 - t0, parse=t2 - t1, kernel=t3 - t2, emit=t4 - t3, write=t5 - t4, overall=t5 - t0)
-    t = {k: v * 1e3 for k, v in t.items()}
-    t["in_bytes"], t["out_bytes"] = len(data), len(text)
-    return t
+    for src in names:
+        os.rename(src, served.root / "inbox" / src.name)
+    served.wait(served.root / "outbox" / f"s{burst - 1:06d}.timing.yaml", 600)
+    for i in range(burst):
+        served.wait(served.root / "outbox" / f"s{i:06d}.timing.yaml", 600)
+    seconds = time.perf_counter() - t0
+    return {"p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "jobs_per_s": burst / seconds}
 
 
-def mmd_job(backend, request, path: Path, out: Path) -> dict[str, float]:
-    result = run_job(path, out, request, backend, durable=False)
-    if not result.ok:
-        raise SystemExit(f"job failed: {result.record['error']}")
-    t = {k: v for k, v in result.record["timings_ms"].items() if v is not None}
-    t["in_bytes"] = result.record["input"]["bytes"]
-    t["out_bytes"] = result.record["output"]["bytes"]
-    text = result.record.get("text", {})
-    for key in ("parse_gpu", "emit_gpu"):
-        if key in text:
-            t[key] = text[key]
-    return t
+# -- the floors ------------------------------------------------------------------------
 
 
-def median(runs: list[dict[str, float]]) -> dict[str, float]:
-    keys = set().union(*runs)
-    return {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+def timed(fn: Any, repeat: int = 5) -> float:
+    """Median milliseconds of ``fn()`` (one call first, untimed)."""
+    fn()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return med(out)
 
 
-def fmt(row: dict[str, float], key: str) -> str:
-    v = row.get(key)
-    return f"{v:9.1f}" if v is not None else f"{'-':>9}"
+def floors(src: Path, out_bytes: int, work: Path, kernel_cu: Path | None) -> dict[str, float]:
+    f: dict[str, float] = {}
+    py = sys.executable
+    f["python_start"] = timed(lambda: subprocess.run([py, "-c", "pass"], check=True))
+    f["python_numpy"] = timed(lambda: subprocess.run([py, "-c", "import numpy"], check=True))
+    size = src.stat().st_size
+    data = src.read_bytes()
+    out_data = np.frombuffer(os.urandom(out_bytes), np.uint8)
+    f["read_bytes"] = timed(src.read_bytes)
+    f["memcpy_in"] = timed(lambda: np.frombuffer(data, np.uint8).copy())
+    f["memcpy_out"] = timed(lambda: out_data.copy())
+    f["sha256_in"] = timed(lambda: hashlib.sha256(data).digest())
+    f["sha256_out"] = timed(lambda: hashlib.sha256(out_data).digest())
 
+    def two_hashes() -> None:
+        t = threading.Thread(target=lambda: hashlib.sha256(data).digest())
+        t.start()
+        hashlib.sha256(out_data).digest()
+        t.join()
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dir", type=Path, default=None)
-    ap.add_argument("--no-numpy-4096", action="store_true", help="skip numpy.loadtxt/savetxt above 2048")
-    args = ap.parse_args()
-    folder = args.dir or Path(tempfile.mkdtemp(prefix="mmd-wholejob-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "out.txt"
+    f["sha256_both_parallel"] = timed(two_hashes)
+    target = work / "floor.out"
 
-    paths: dict[str, object] = {"numpy": None, "cpu": CpuBackend()}
-    cuda = None
+    def write(sync: bool) -> None:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, out_data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    f["write_out_fsync"] = timed(lambda: write(True))
+    f["write_out"] = timed(lambda: write(False))
+    target.unlink()
     try:
-        from mmd.backends.cuda import CudaBackend
+        import pycuda.driver as cuda
+    except ImportError:
+        return f
+    f["pycuda_init_context"] = timed(
+        lambda: subprocess.run(
+            [py, "-c", "import pycuda.driver as c; c.init(); x=c.Device(0).retain_primary_context(); x.push()"],
+            check=True,
+        ),
+        3,
+    )
+    cuda.init()
+    ctx = cuda.Device(0).retain_primary_context()
+    ctx.push()
+    try:
+        pinned = cuda.pagelocked_empty(size, np.uint8)
 
-        cuda = CudaBackend(0)
-        print("device:", cuda.device_name(), flush=True)
-    except Exception as exc:  # no GPU here: the CPU columns only
-        print(f"no GPU ({exc}); cpu rows only", flush=True)
-    tiled = dict(kernel="tiled", tile=32, memory="device")
-    rows = []
-    for n in args.sizes:
-        path = make_input(folder, n)
-        size_mb = path.stat().st_size / 1e6
-        print(f"\n== {n}x{n}: input {size_mb:.1f} MB", flush=True)
-        plans = []
-        if not (args.no_numpy_4096 and n > 2048):
-            plans.append(("numpy", lambda p=path: numpy_job(p, out)))
-        plans.append(("cpu", lambda p=path: mmd_job(paths["cpu"], MultiplyRequest(kernel="cpu"), p, out)))
-        if cuda is not None:
-            host_req = MultiplyRequest(**tiled, text_path="host")
-            gpu_req = MultiplyRequest(**tiled, text_path="gpu")
-            mmd_job(cuda, host_req, path, out)  # warm-up: kernels built, buffers allocated
-            mmd_job(cuda, gpu_req, path, out)
-            plans.append(("gpu-host", lambda p=path, r=host_req: mmd_job(cuda, r, p, out)))
-            plans.append(("gpu", lambda p=path, r=gpu_req: mmd_job(cuda, r, p, out)))
-        for name, fn in plans:
-            reps = 1 if name == "numpy" and n > 2048 else args.repeat
-            runs = [fn() for _ in range(reps)]
-            row = median(runs)
-            row["size"], row["path"] = n, name
-            row["parse_gbs"] = row["in_bytes"] / row["parse"] / 1e6
-            row["emit_gbs"] = row["out_bytes"] / row["emit"] / 1e6 if row.get("emit") else float("nan")
-            rows.append(row)
-            print(f"{name:9s} " + " ".join(f"{k}={row[k]:.1f}" for k in PHASES if k in row)
-                  + f" parse {row['parse_gbs']:.2f} GB/s emit {row['emit_gbs']:.2f} GB/s"
-                  + (f" parse_gpu={row['parse_gpu']:.2f} emit_gpu={row['emit_gpu']:.2f}" if "parse_gpu" in row else ""),
-                  flush=True)  # fmt: skip
-    if cuda is not None:
-        cuda.close()
-    os.environ.get("MMD_KEEP") or [p.unlink() for p in folder.glob("*.txt")]
+        def read_pinned() -> None:
+            with open(src, "rb", buffering=0) as fh:
+                fh.readinto(memoryview(pinned))
 
-    print("\nsize  path        read     parse    kernel      cuda      emit     write   overall  parse GB/s  emit GB/s"
-          "  vs numpy")  # fmt: skip
-    base = {r["size"]: r for r in rows if r["path"] == "numpy"}
-    for r in rows:
-        ref = base.get(r["size"])
-        speed = f"{ref['overall'] / r['overall']:7.1f}x" if ref else "       -"
-        print(f"{r['size']:4d}  {r['path']:8s} " + " ".join(fmt(r, k) for k in PHASES)
-              + f"  {r['parse_gbs']:9.2f}  {r['emit_gbs']:9.2f}  {speed}")  # fmt: skip
-    print("(ms, median; GB/s = text bytes / wall time of the phase; on the gpu path parse includes h2d)")
+        f["read_to_pinned"] = timed(read_pinned)
+        dev_in = cuda.mem_alloc(size)
+        dev_out = cuda.mem_alloc(out_bytes)
+        host_out = cuda.pagelocked_empty(out_bytes, np.uint8)
+        stream = cuda.Stream()
+
+        def copy(fn: Any) -> float:
+            times = []
+            for _ in range(6):
+                a, b = cuda.Event(), cuda.Event()
+                a.record(stream)
+                fn()
+                b.record(stream)
+                b.synchronize()
+                times.append(a.time_till(b))
+            return med(times[1:])
+
+        f["h2d_in"] = copy(lambda: cuda.memcpy_htod_async(dev_in, pinned, stream))
+        f["d2h_out"] = copy(lambda: cuda.memcpy_dtoh_async(host_out, dev_out, stream))
+        if kernel_cu is not None and shutil.which("nvcc"):
+            major, minor = cuda.Device(0).compute_capability()
+            cubin = work / "floor.cubin"
+            subprocess.run(["nvcc", "--cubin", f"-arch=sm_{major}{minor}", "-O3", "-o", str(cubin), str(kernel_cu)],
+                           check=True)  # fmt: skip
+            blob = cubin.read_bytes()
+            f["module_load"] = timed(lambda: cuda.module_from_buffer(blob), 10)
+        dev_in.free()
+        dev_out.free()
+    finally:
+        ctx.pop()
+    return f
+
+
+# -- the report ------------------------------------------------------------------------
+
+#: Each phase's floor: what the machine needs at least for it (None: no floor of its own).
+PHASE_FLOORS = {
+    "read": ("read_to_pinned", "read_bytes"),
+    "compile": ("module_load",),
+    "h2d": ("h2d_in",),
+    "d2h": ("d2h_out",),
+    "write": ("write_out_fsync",),
+}
+
+
+def floor_of(phase: str, fl: dict[str, float]) -> float | None:
+    for key in PHASE_FLOORS.get(phase, ()):
+        if key in fl:
+            return fl[key]
+    return None
+
+
+def table(results: dict[str, Any], floors_by_size: dict[int, dict[str, float]], sizes: list[int]) -> list[str]:
+    trees = list(results)
+    lines = []
+    for n in sizes:
+        fl = floors_by_size[n]
+        lines.append(f"\n{n}x{n}  (ms, medians)")
+        head = f"{'':24}" + "".join(f"{t:>14}" for t in trees) + f"{'floor':>10}{'ratio':>8}"
+        lines.append(head)
+        for part in ("oneshot", "daemon"):
+            keys = ["process_ms"] if part == "oneshot" else ["drop_to_sidecar_ms"]
+            for key in keys + list(PHASES):
+                vals = [results[t][part].get(n, {}).get(key) for t in trees]
+                if all(v is None or (isinstance(v, float) and np.isnan(v)) for v in vals):
+                    continue
+                floor = floor_of(key, fl)
+                last = vals[-1]
+                ratio = f"{last / floor:8.2f}" if floor and last is not None else f"{'':8}"
+                fl_text = f"{floor:10.2f}" if floor else f"{'':10}"
+                row = f"{part + ' ' + key:24}" + "".join(
+                    f"{v:14.2f}" if v is not None and not np.isnan(v) else f"{'-':>14}" for v in vals
+                )
+                lines.append(row + fl_text + ratio)
+    lines.append("\nsmall 32x32 jobs, daemon")
+    lines.append(f"{'':24}" + "".join(f"{t:>14}" for t in trees))
+    for key in ("p50_ms", "p95_ms", "jobs_per_s"):
+        lines.append(f"{key:24}" + "".join(f"{results[t]['small'].get(key, float('nan')):14.2f}" for t in trees))
+    for n in sizes:
+        lines.append(f"\nfloors at {n} (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in floors_by_size[n].items()))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--small", type=int, default=2000, help="32x32 files renamed in at once")
+    ap.add_argument("--drops", type=int, default=200, help="32x32 drops one at a time")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--kernel", default="fast")
+    ap.add_argument("--site", default="", help="extra PYTHONPATH entry (the device machine's wheels)")
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="mmd-wholejob-"))
+    work.mkdir(parents=True, exist_ok=True)
+    trees = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1]).resolve()) for spec in args.tree]
+    trees.append(("now", ROOT))
+    inputs = {n: make_input(work / f"in-{n}.txt", n, n) for n in args.sizes}
+    results: dict[str, Any] = {}
+    for name, path in trees:
+        tree = Tree(name, path, tree_env(path, work, name, args.backend, args.kernel, args.site))
+        res: dict[str, Any] = {"oneshot": {}, "daemon": {}, "small": {}}
+        for n, src in inputs.items():
+            res["oneshot"][n] = one_shot(tree, work, src, args.repeat)
+            print(f"{name} one-shot {n}: {json.dumps(res['oneshot'][n])}", flush=True)
+        served = Served(tree, work)
+        try:
+            served.wait(served.drop(inputs[min(inputs)].read_bytes(), "warm")[1])  # kernels built, buffers made
+            for n, src in inputs.items():
+                res["daemon"][n] = daemon_jobs(served, src, args.repeat)
+                print(f"{name} daemon {n}: {json.dumps(res['daemon'][n])}", flush=True)
+            res["small"] = small_jobs(served, args.drops, args.small)
+            print(f"{name} small: {json.dumps(res['small'])}", flush=True)
+        finally:
+            served.stop()
+        results[name] = res
+    kernel_cu = ROOT / "kernels" / "fast.cu"
+    fl = {
+        n: floors(src, n * (6 * n + 1) + len(f"{n}\n"), work, kernel_cu if kernel_cu.exists() else None)
+        for n, src in inputs.items()
+    }
+    lines = table(results, fl, args.sizes)
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "wholejob.json").write_text(json.dumps({"results": results, "floors": fl}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,10 +7,11 @@ whole file, never a part. The temporary name starts with ``.`` and ends with
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,38 +57,46 @@ class Written:
     sha256: str
 
 
-class _OverlappedHash:
-    """sha256 of the chunks, computed beside the writes.
+class StreamHash:
+    """sha256 of a stream of buffers, computed on a thread of its own while the caller goes on.
 
-    hashlib and os.write both drop the GIL on large buffers, so hashing a big
-    chunk in a helper thread while the next one is written halves the commit
-    time of a large output. Small chunks are hashed inline: a thread handoff
-    would cost more than it saves.
+    hashlib drops the GIL on large buffers, so the hash of a big input runs
+    beside its read, its parse and the GPU's work, and the hash of an output
+    beside its write: :meth:`update` never waits (the buffers must stay
+    unchanged until :meth:`hexdigest`). Small buffers are hashed inline: a
+    thread handoff would cost more than it saves.
     """
 
     _INLINE_BYTES = 1 << 20
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
-        self._pending: concurrent.futures.Future[None] | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue[memoryview | None] | None = None
+        self._thread: threading.Thread | None = None
 
-    def update(self, view: memoryview) -> None:
-        if self._pending is not None:
-            self._pending.result()  # keep the digest in chunk order
-            self._pending = None
-        if view.nbytes < self._INLINE_BYTES:
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if self._thread is None and view.nbytes < self._INLINE_BYTES:
             self._digest.update(view)
             return
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mmd-sha256")
-        self._pending = self._pool.submit(self._digest.update, view)
+        if self._thread is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name="mmd-sha256", daemon=True)
+            self._thread.start()
+        assert self._queue is not None
+        self._queue.put(view)
 
-    def finish(self) -> str:
-        if self._pending is not None:
-            self._pending.result()
-        if self._pool is not None:
-            self._pool.shutdown()
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (view := self._queue.get()) is not None:
+            self._digest.update(view)
+
+    def hexdigest(self) -> str:
+        """The digest of everything given (waits for the thread)."""
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         return self._digest.hexdigest()
 
 
@@ -111,6 +120,7 @@ def write_atomic(
     durable: bool = True,
     replace: bool = True,
     guard: Callable[[], AbstractContextManager[None]] | None = None,
+    sync_folder: bool = True,
 ) -> Written:
     """Write ``chunks`` to ``path`` atomically and return its size and sha256.
 
@@ -120,10 +130,15 @@ def write_atomic(
     permissions) leaves no partial file behind and is raised as OutputError.
     ``guard``: a context the rename happens in (a job's supervisor holds it to
     stop a commit; whatever it raises leaves no file behind either).
+    ``sync_folder=False`` leaves the folder's fsync to a later commit in the
+    same folder (a job's sidecar after its output): journaling filesystems
+    commit renames in order, so one fsync of the folder after the last makes
+    both durable, and a crash before it loses the sidecar, which the daemon
+    then redoes.
     """
     folder = path.parent
     tmp = folder / temporary_name(path.name)
-    hasher = _OverlappedHash()
+    hasher = StreamHash()
     size = 0
     try:
         fd = _create_exclusive(tmp)
@@ -139,7 +154,7 @@ def write_atomic(
                 os.fsync(fd)
         finally:
             os.close(fd)
-            digest = hasher.finish()
+            digest = hasher.hexdigest()
         with guard() if guard is not None else contextlib.nullcontext():
             if replace:
                 os.replace(tmp, path)
@@ -155,7 +170,7 @@ def write_atomic(
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    if durable:
+    if durable and sync_folder:
         _fsync_dir(folder)
     return Written(path=path, bytes=size, sha256=digest)
 

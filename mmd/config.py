@@ -27,6 +27,8 @@ from .hooks import HOOK_VARIABLES
 #: Searched in order when no --config and no MMD_CONFIG is given.
 DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
 
+#: Settings a command line may give a single job (`mmd run`'s flags); the rest are the service's.
+JOB_FLAGS: tuple[str, ...] = ("backend", "kernel", "tile", "memory", "device")
 #: What the ``backend`` setting may say: auto (cuda when a GPU works, else cpu), cpu, cuda.
 BACKENDS: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: Device memory modes a job may ask for.

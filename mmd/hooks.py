@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .logs import get_logger
-
 #: The variables a hook is told the job's facts in (``mmd.config`` never reads them as settings).
 HOOK_VARIABLES: tuple[str, ...] = (
     "MMD_JOB_ID",
@@ -68,6 +66,8 @@ class HookResult:
 
 def run_hook(argv: Sequence[str], end: JobEnd, timeout: float, environ: Mapping[str, str] | None = None) -> HookResult:
     """Run ``argv`` for ``end`` (no shell) and wait at most ``timeout`` seconds; never raises."""
+    from .logs import get_logger  # structlog, once a hook runs: config imports this module for its names
+
     env = {**(os.environ if environ is None else environ), **end.environ()}
     log = get_logger(job=end.job, hook=argv[0])
     try:

@@ -30,9 +30,6 @@ from .config import COMMAND_LINE, Settings
 from .errors import JobNameError, MmdError
 from .record import Context
 
-#: Settings a command line may give a single job (the rest are the service's).
-JOB_FLAGS: tuple[str, ...] = ("backend", "kernel", "tile", "memory", "device")
-
 
 @dataclass(frozen=True)
 class Job:

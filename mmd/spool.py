@@ -566,16 +566,20 @@ class Spool:
     def attempt(self, claim: Claim) -> int:
         """Count one more start of ``claim``'s job, durably, and return the count (this start included).
 
-        The count lives in the job's ``.work`` folder, written atomically and
-        fsynced before the job runs, so a job that kills the daemon (kill -9,
-        a crash in a driver) is seen again at the restart: the daemon fails it
-        after ``max_attempts`` starts instead of dying of it for ever.
+        The claim itself records the first start, so a fresh claim writes
+        nothing (small jobs pay no fsync for it); a resumed one (the daemon
+        died while it ran) writes its count into the job's ``.work`` folder,
+        atomically and fsynced before the job runs again, so a job that kills
+        the daemon (kill -9, a crash in a driver) is failed after
+        ``max_attempts`` starts instead of killing it for ever.
         """
+        if not claim.resumed:
+            return 1
         path = claim.path.parent / ATTEMPTS_NAME
         try:
-            count = int(path.read_text(encoding="ascii").strip() or 0)
+            count = int(path.read_text(encoding="ascii").strip() or 1)
         except (OSError, ValueError):
-            count = 0
+            count = 1  # never counted: it was started once, at its claim
         write_atomic(path, [f"{count + 1}\n".encode()], durable=True)
         return count + 1
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import grading
 from ..errors import ExitStatus, MmdError
+
+if TYPE_CHECKING:
+    from ..grading import Result
 
 EPILOG = """\
 one output:
@@ -66,6 +69,8 @@ def _usage(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import grading  # only for this command
+
     refs = [r for r in (args.expected, args.expected_opt, args.input) if r is not None]
     if len(refs) != 1:
         return _usage("give one of EXPECTED, --expected or --input")
@@ -98,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
-def _print_one(r: grading.Result) -> None:
+def _print_one(r: Result) -> None:
+    from .. import grading
+
     """One output: the line mmd check has always printed, or one line on stderr when it cannot check."""
     if r.status is grading.Status.ERROR:
         print(f"mmd check: {r.reason}", file=sys.stderr)

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import config, logs
-from ..config import BACKENDS, MEMORY_MODES
+from .. import config
+from ..config import BACKENDS, JOB_FLAGS, MEMORY_MODES
 from ..errors import ExitStatus
-from ..job import JOB_FLAGS
 
 #: The exit statuses, by their meaning (mmd.errors.ExitStatus).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = ExitStatus.OK, ExitStatus.FAILED, ExitStatus.USAGE, ExitStatus.CONFIG
@@ -47,4 +46,6 @@ def settings_from(args: argparse.Namespace, quiet: bool = False, **extra: Any) -
 
 
 def configure_logs(settings: config.Settings, quiet: bool) -> None:
+    from .. import logs  # structlog: once a command runs
+
     logs.configure(settings.log_format, "error" if quiet else settings.log_level)

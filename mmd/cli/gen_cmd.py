@@ -5,11 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
-from ..atomic import write_atomic
-from ..generate import input_chunks, random_matrix
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gen", help="write a random input file", description="Write a valid random input file.")
@@ -22,6 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np  # only for this command
+
+    from ..atomic import write_atomic
+    from ..generate import input_chunks, random_matrix
+
     if (args.n is None) == (args.shape is None):
         raise SystemExit("mmd gen: give either N or --shape M K N")
     m, k, n = (args.n, args.n, args.n) if args.shape is None else args.shape

@@ -8,12 +8,8 @@ import sys
 from pathlib import Path
 
 from .. import config
-from ..backends import BackendPool
 from ..config import COMMAND_LINE
 from ..errors import UsageError
-from ..job import describe
-from ..pipeline import run_job
-from ..record import TimingRecord
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags
 
 
@@ -48,6 +44,11 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backends import BackendPool  # numpy and the pipeline: only for this command
+    from ..job import describe
+    from ..pipeline import run_job
+    from ..record import TimingRecord
+
     base = config.load(args.config)
     flags = job_flags(args)
     base.with_values({k: v for k, v in flags.items() if v is not None}, COMMAND_LINE)  # a bad flag: usage

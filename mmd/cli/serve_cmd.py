@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from .. import config
-from ..daemon import Daemon
 from .common import add_job_options, settings_from
 
 
@@ -42,4 +41,6 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..daemon import Daemon  # the watchdog, metrics and workers: only for this command
+
     return Daemon(_settings(args), reload=lambda: _settings(args)).serve(once=args.once)

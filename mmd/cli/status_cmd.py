@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..daemon import status_of
 from ..errors import UsageError
 
 
@@ -34,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {settings.metrics_file}: {exc.strerror} (is the daemon running?)") from None
         return 0
+    from ..daemon import status_of  # only for this command
+
     status = status_of(settings.inbox, config.host_id_of(settings))
     if args.json:
         print(json.dumps(status, indent=1))

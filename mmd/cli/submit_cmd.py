@@ -6,8 +6,12 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import config, slurm
+from .. import config
+
+if TYPE_CHECKING:
+    from .. import slurm
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
+    from .. import slurm  # only for this command
+
     settings = [("backend", args.backend)]
     for key in ("kernel", "tile", "memory"):
         value = getattr(args, key)
@@ -76,6 +82,8 @@ def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import slurm  # only for this command
+
     plan, listing = slurm.make_plan(args.slurm, args.outbox, _options(args), args.script_out)
     for name, why in listing.skipped.items():
         print(f"mmd submit: skipped {name!r}: {why}", file=sys.stderr)

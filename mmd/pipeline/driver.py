@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import record, textformat
-from ..atomic import write_atomic
+from ..atomic import StreamHash, write_atomic
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings
 from ..errors import MmdError
@@ -57,22 +55,6 @@ class JobResult:
     @property
     def output(self) -> Path | None:
         return self.job.output if self.ok else None
-
-
-class _Hasher(threading.Thread):
-    """sha256 of the input in the background: hashlib drops the GIL, so it overlaps the parse."""
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        super().__init__(name="mmd-sha256", daemon=True)
-        self._data = data
-        self.hexdigest = ""
-
-    def run(self) -> None:
-        self.hexdigest = hashlib.sha256(self._data).hexdigest()
-
-    def result(self) -> str:
-        self.join()
-        return self.hexdigest
 
 
 def _since(start: float) -> float:
@@ -112,7 +94,7 @@ class _Facts:
         self.shape: Shape | None = None
         self.backend: str | None = None
         self.requested = Requested(job.settings.kernel, job.settings.tile, job.settings.memory)
-        self.hasher: _Hasher | None = None
+        self.hasher: StreamHash | None = None
 
 
 def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch) -> JobResult:
@@ -122,11 +104,10 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
 
     watch.enter("read")
     t0 = time.perf_counter()
-    data = read_input(job.input, limits, into=path.input_buffer())
+    facts.hasher = hasher = StreamHash()
+    data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher)
     timings["read"] = _since(t0)
     facts.input = FileFacts(job.input.name, bytes=len(data))
-    facts.hasher = hasher = _Hasher(data)
-    hasher.start()
 
     watch.check()
     watch.enter("parse")
@@ -144,13 +125,16 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    written = write_atomic(job.output, computed.chunks, durable=settings.durable, guard=watch.committing)
+    # The folder's fsync waits for the sidecar's: one for both renames.
+    written = write_atomic(
+        job.output, computed.chunks, durable=settings.durable, guard=watch.committing, sync_folder=False
+    )
     timings["write"] = _since(t0)
     timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
     timings["emit"] = computed.stage_ms.get("emit", 0.0)
     if computed.text.path == "host":  # the host path formats while it writes: the write is the rest
         timings["write"] -= timings["emit"]
-    facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=hasher.result())
+    facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=hasher.hexdigest())
     kernel_ms = product.timings_ms.get("kernel")
     m, k, n = header.m, header.k, header.n
     timings["overall"] = _since(job.started)
@@ -193,7 +177,7 @@ def _refuse(
 ) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if facts.hasher is not None:
-        facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=facts.hasher.result())
+        facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=facts.hasher.hexdigest())
     elif facts.input.bytes is None:
         with contextlib.suppress(OSError):  # a job refused before it was read still says how big its file is
             facts.input = FileFacts(job.input.name, bytes=os.lstat(job.input).st_size)

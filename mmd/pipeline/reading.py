@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import StreamHash
 from ..config import Settings, physical_memory_bytes
 from ..errors import InputFormatError, LimitError
 from ..textformat import Header
@@ -43,12 +44,22 @@ def limits_for(settings: Settings) -> Limits:
     return Limits(max_memory_bytes=memory, max_file_bytes=settings.max_file_bytes, max_dim=settings.max_dim)
 
 
-def read_input(path: Path, limits: Limits, into: Callable[[int], np.ndarray] | None = None) -> bytes | memoryview:
+#: Bytes per read into the caller's buffer: each piece goes to the hash as soon as it is in.
+READ_CHUNK = 8 << 20
+
+
+def read_input(
+    path: Path,
+    limits: Limits,
+    into: Callable[[int], np.ndarray] | None = None,
+    hasher: StreamHash | None = None,
+) -> bytes | memoryview:
     """Read a job's bytes without following a symlink; refuse non-files and oversize files.
 
     With ``into``, a function giving a writable uint8 array of at least the
     size asked for (a backend's page-locked memory), the file is read into
-    that and a memoryview of it returned.
+    that and a memoryview of it returned. ``hasher`` is given the bytes as
+    they come (its sha256 runs beside the read and what follows).
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
@@ -67,7 +78,12 @@ def read_input(path: Path, limits: Limits, into: Callable[[int], np.ndarray] | N
         # A file still growing must not make mmd read without bound.
         cap = limits.max_file_bytes if limits.max_file_bytes is not None else info.st_size + GROWTH_SLACK
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = _read_into(fh, info.st_size, into, cap) if into is not None and info.st_size else fh.read(cap + 1)
+            if into is not None and info.st_size:
+                data = _read_into(fh, info.st_size, into, cap, hasher)
+            else:
+                data = fh.read(cap + 1)
+                if hasher is not None and len(data) <= cap:
+                    hasher.update(data)
     finally:
         os.close(fd)
     if len(data) > cap:
@@ -78,15 +94,22 @@ def read_input(path: Path, limits: Limits, into: Callable[[int], np.ndarray] | N
     return data
 
 
-def _read_into(fh: BufferedReader, size: int, into: Callable[[int], np.ndarray], cap: int) -> bytes | memoryview:
-    """``size`` bytes read straight into ``into(size)``; a file that grew meanwhile is read up to ``cap + 1``."""
+def _read_into(
+    fh: BufferedReader, size: int, into: Callable[[int], np.ndarray], cap: int, hasher: StreamHash | None
+) -> bytes | memoryview:
+    """``size`` bytes read straight into ``into(size)``, piece by piece to ``hasher``; a file that grew
+    meanwhile is read up to ``cap + 1`` (and its hash left to the caller: the job is refused)."""
     view = memoryview(into(size).data).cast("B")[:size]
     got = 0
     while got < size:
-        done = fh.readinto(view[got:])
+        done = fh.readinto(view[got : min(got + READ_CHUNK, size)])
         if not done:
-            return view[:got]
+            break
+        if hasher is not None:
+            hasher.update(view[got : got + done])
         got += done
+    if got < size:
+        return view[:got]
     rest = fh.read(max(cap + 1 - size, 0))
     return bytes(view) + rest if rest else view
 
