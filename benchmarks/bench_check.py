@@ -52,14 +52,17 @@ class Case:
     times: list[float] | None = None
 
 
-def mmd_process(*args: str) -> Callable[[], None]:
+def mmd_process(*args: str) -> Callable[[], float | None]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
 
-    def run() -> None:
+    def run() -> float | None:
         r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode == 2 and "--reference gpu:" in r.stderr:
+            return float("nan")  # no GPU here: the case is not measured
         if r.returncode != 0:
             raise SystemExit(f"mmd {' '.join(args)} exited {r.returncode}: {r.stdout[-300:]} {r.stderr[-300:]}")
+        return None
 
     return run
 
@@ -149,6 +152,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
             mmd_process("check", str(out), "--input", str(src), "--quick"),
             "< 0.5 s",
             lambda med: 0.5,
+        ),
+        Case(
+            f"mmd check OUT --input IN --reference gpu, {n}",
+            mmd_process("check", str(out), "--input", str(src), "--reference", "gpu"),
+            "< 1 s (GPU machine)",
+            lambda med: 1.0,
         ),
         Case(f"mmd check OUT OUT2, {n}", mmd_process("check", str(out), str(out2)), "< 0.5 s", lambda med: 0.5),
         Case(

@@ -103,10 +103,11 @@ def gil_probe(source: Path, args: argparse.Namespace, cache: Path, count: int, b
     """Run ``count`` jobs here on device 0 while a sleeper thread measures how long the GIL is held."""
     from mmd.backends import open_backend
     from mmd.config import Settings
-    from mmd.pipeline import Limits, request_for, run_job
+    from mmd.job import describe
+    from mmd.pipeline import run_job
 
     backend, _ = open_backend(args.backend, 0, kernel_cache=cache)
-    request = request_for(Settings(kernel=args.kernel))
+    settings = Settings(kernel=args.kernel, durable=False)
     lines = []
     try:
         for i in range(count + 1):  # the first one loads the kernels: not shown
@@ -122,16 +123,16 @@ def gil_probe(source: Path, args: argparse.Namespace, cache: Path, count: int, b
             t = threading.Thread(target=sleeper)
             t.start()
             time.sleep(0.01)
-            res = run_job(source, base / "probe.out", request, backend, limits=Limits(), durable=False)
+            res = run_job(describe(source, base / "probe.out", settings), lambda _s: backend)
             stop.set()
             t.join()
-            if not res.ok:
-                sys.exit(f"probe job failed: {res.record.get('error')}")
+            if res.error is not None:
+                sys.exit(f"probe job failed: {res.error.reason}")
             if i == 0:
                 continue
             held = sum(x for x in late if x > 0.0005)
             lines.append(
-                f"probe job {i}: overall {res.record['timings_ms']['overall']:7.1f} ms, GIL held ~{held * 1e3:6.1f} ms "
+                f"probe job {i}: overall {res.record.timings_ms.overall or 0:7.1f} ms, GIL held ~{held * 1e3:6.1f} ms "
                 f"(longest {max(late, default=0) * 1e3:5.1f} ms)"
             )
             for p in base.glob("probe.*"):

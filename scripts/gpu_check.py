@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mmd import kernels as registry  # noqa: E402
-from mmd.backends.base import CUDA_PHASES, MEMORY_MODES, MultiplyRequest  # noqa: E402
+from mmd.backends.base import CUDA_PHASES, MultiplyRequest  # noqa: E402
 from mmd.backends.cuda import CudaBackend  # noqa: E402
+from mmd.config import MEMORY_MODES  # noqa: E402
 
 
 def sh(*cmd: str) -> str:
@@ -93,7 +94,7 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
             if not spec.compiled:
 
                 def step() -> None:
-                    session.sgemm(da, db, dc)
+                    session.multiply(None, da, db, dc)
 
                 regs = None
             else:
@@ -101,7 +102,7 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
                 regs = compiled.registers
 
                 def step(compiled=compiled) -> None:
-                    session.launch(compiled, da, db, dc)
+                    session.multiply(compiled, da, db, dc)
 
             session.fill(dc, float("nan"))
             step()  # warm-up

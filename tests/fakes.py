@@ -205,6 +205,16 @@ class FakeSession:
     def text(self) -> FakeText:
         return self._text
 
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        self.maybe_fail("reference")
+        self._check_thread()
+        out: np.ndarray = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+        return out
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self.thread:
+            raise DriverError("used from another thread than the one that opened it")
+
     def close(self) -> None:
         self.closed = True
 

@@ -210,3 +210,33 @@ def test_fixed_block_kernels_launch_the_variant_tuned_for_the_shape():
     assert set(built) == {"64x64x16_t4x8_reg", "128x256x16_reg_t8x16_pad0"}
     assert dict(built["64x64x16_t4x8_reg"].macros)["BM"] == 64
     assert small.kernel == large.kernel == "fast"
+
+
+def test_the_device_reference_serves_every_thread_from_its_own():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mmd.backends.cuda import DeviceReference
+
+    made: list[FakeSession] = []
+
+    def open_session(device, kernel_cache):
+        made.append(FakeSession(device, kernel_cache))
+        return made[-1]
+
+    a, b = operands(6, 5, 4)
+    with DeviceReference(open_session=open_session) as gemm, ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: gemm(a, b), range(8)))
+    for c in results:
+        assert c.dtype == np.float64
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64))
+    assert len(made) == 1 and made[0].closed
+
+
+def test_the_device_reference_says_why_there_is_none():
+    from mmd.backends.cuda import DeviceReference
+
+    def no_gpu(device, kernel_cache):
+        raise BackendUnavailable("no CUDA device: the driver sees no GPU")
+
+    with pytest.raises(BackendUnavailable, match="driver sees no GPU"):
+        DeviceReference(open_session=no_gpu)

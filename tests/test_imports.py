@@ -128,3 +128,17 @@ def test_no_module_reaches_into_another_modules_private_names(module):
             assert not (node.attr.startswith("_") and not node.attr.startswith("__")), (
                 f"{module} uses {node.value.id}.{node.attr}"
             )
+
+
+SCRIPTS = sorted([*(PACKAGE.parent / "benchmarks").glob("*.py"), *(PACKAGE.parent / "scripts").glob("*.py")])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_and_script_starts(script):
+    """They run on purpose, rarely, often on another machine: at least they must import and take --help."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ExitStatus, MmdError
+from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
     from ..grading import Result
@@ -60,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
+    p.add_argument(
+        "--reference",
+        choices=("auto", "cpu", "gpu"),
+        default="cpu",
+        help="where the float64 product is made: numpy's BLAS (cpu), cuBLAS DGEMM (gpu), or the GPU when one is "
+        "usable (auto); default: %(default)s (a GPU's start-up, about half a second, pays off from about 2048)",
+    )
     p.set_defaults(func=run)
 
 
@@ -80,7 +89,30 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--quick checks against inputs: give --input")
     if args.jobs is not None and args.jobs < 1:
         return _usage("--jobs must be at least 1")
-    options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed)
+    with contextlib.ExitStack() as stack:
+        gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
+        options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
+        return _check(args, reference, options)
+
+
+def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any, Any], Any] | None:
+    """The GPU's float64 GEMM when asked for (and usable, for auto), else None: numpy's."""
+    if where == "cpu":
+        return None
+    from ..backends.cuda import DeviceReference
+    from ..errors import BackendUnavailable
+
+    try:
+        return stack.enter_context(DeviceReference())
+    except BackendUnavailable as exc:
+        if where == "gpu":
+            raise UsageError(f"--reference gpu: {exc.reason}") from None
+        return None
+
+
+def _check(args: argparse.Namespace, reference: Path, options: Any) -> int:
+    from .. import grading
+
     folder = args.output.is_dir()
     try:
         if folder != reference.is_dir() and reference.exists() and args.output.exists():

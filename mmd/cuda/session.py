@@ -412,12 +412,27 @@ class GpuSession:
                 shared_size=spec.dynamic_shared_bytes,
             )  # fmt: skip
 
-    def dgemm(self, m: int, k: int, n: int, a: int, b: int, c: int) -> None:
-        """C = A·B in float64 through cuBLAS, packed row-major operands at device addresses (references)."""
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A·B in float64 through cuBLAS DGEMM (the reference results are checked against)."""
         self._check_thread()
-        if self._cublas is None:
-            self._cublas = Cublas(int(self.stream.handle))
-        self._cublas.dgemm(m, k, n, a, b, c)
+        a = np.ascontiguousarray(a, dtype=np.float64)
+        b = np.ascontiguousarray(b, dtype=np.float64)
+        (m, k), n = a.shape, b.shape[1]
+        c = np.empty((m, n), np.float64)
+        held = [self.mem_alloc(x.nbytes) for x in (a, b, c)]
+        try:
+            with self.converting("a float64 reference product"):
+                self._cuda.memcpy_htod(held[0], a)
+                self._cuda.memcpy_htod(held[1], b)
+                if self._cublas is None:
+                    self._cublas = Cublas(int(self.stream.handle))
+                self._cublas.dgemm(m, k, n, int(held[0]), int(held[1]), int(held[2]))
+                self.stream.synchronize()
+                self._cuda.memcpy_dtoh(c, held[2])
+        finally:
+            for handle in held:
+                self.mem_free(handle)
+        return c
 
     def text(self) -> GpuText:
         """The GPU text path on this session, made on first use."""

@@ -14,11 +14,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def cuda_backend():
     """A CudaBackend on device 0, or a skip saying why there is none."""
     pytest.importorskip("pycuda", reason="pycuda is not installed")
+    from mmd import config
     from mmd.backends.cuda import CudaBackend
     from mmd.errors import BackendUnavailable
 
-    try:
-        backend = CudaBackend(device=0)
+    try:  # the kernel cache `mmd kernels --build` fills: no test waits for nvcc
+        backend = CudaBackend(device=0, kernel_cache=config.kernel_cache_dir(config.Settings()))
     except BackendUnavailable as exc:
         pytest.skip(f"no usable GPU: {exc}")
     yield backend
