@@ -155,6 +155,9 @@ class KernelSpec:
     min_compute_capability: tuple[int, int] = (0, 0)
     #: What that capability brings, for the refusal ("TF32 tensor cores").
     requirement: str = ""
+    #: The arithmetic its products carry: ``fp32`` (fp32-class error), or ``tf32`` (operands rounded to
+    #: TF32's 10-bit mantissa: relative error near 3e-4, which `mmd check`'s fp32 tolerance refuses).
+    precision: str = "fp32"
     #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
     macros: tuple[tuple[str, int], ...] = ()
     #: Parameter sets chosen per shape class (:meth:`for_shape`); empty: one build.
@@ -320,7 +323,7 @@ def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
     )
 
 
-def _tensor_core_spec(kernel: str, description: str) -> KernelSpec:
+def _tensor_core_spec(kernel: str, description: str, precision: str) -> KernelSpec:
     default = tensor_core_variant(kernel, "default")
     return KernelSpec(
         name=kernel,
@@ -334,6 +337,7 @@ def _tensor_core_spec(kernel: str, description: str) -> KernelSpec:
         arch_specific=("sm_90",),
         min_compute_capability=(8, 0),
         requirement="TF32 tensor cores",
+        precision=precision,
     )
 
 
@@ -411,8 +415,8 @@ _SPECS: tuple[KernelSpec, ...] = (
             fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, TM=4, TN=8, A_PAD=4),
         ),
     ),
-    _tensor_core_spec("tc1", "TF32 tensor cores, one pass: fast, about 3e-4 relative error (tile ignored)"),
-    _tensor_core_spec("tc3", "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)"),
+    _tensor_core_spec("tc1", "TF32 tensor cores, one pass: fast, about 3e-4 relative error (tile ignored)", "tf32"),
+    _tensor_core_spec("tc3", "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)", "fp32"),
     KernelSpec(
         name="cublas",
         kind=LIBRARY,

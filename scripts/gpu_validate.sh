@@ -49,7 +49,8 @@ stage_cli() {
     kernels=$(python3 -c "from mmd import kernels as k; print(' '.join(k.GPU_KERNELS))")
     printf '%-12s %-5s %-16s %-8s %s\n' kernel tile input result "kernel ms / reason"
     for k in $kernels; do
-        local tiles="32"
+        local tiles="32" precision
+        precision=$(python3 -c "from mmd import kernels as k; print(k.get('$k').precision)")
         python3 -c "from mmd import kernels as k; import sys; sys.exit(0 if k.get('$k').uses_tile else 1)" \
             && tiles="4 8 16 32 64"
         for t in $tiles; do
@@ -58,7 +59,10 @@ stage_cli() {
                 base=$(basename "$f" .txt)
                 o="$d/${base}_${k}_${t}.out"
                 if "${MMD[@]}" run "$f" -o "$o" --backend cuda --kernel "$k" --tile "$t" >/dev/null 2>"$o.err"; then
-                    if "${MMD[@]}" check "$o" --input "$f" >"$o.check"; then r=ok; else r=WRONG; status=1; fi
+                    if "${MMD[@]}" check "$o" --input "$f" >"$o.check"; then r=ok
+                    elif [ "$precision" = tf32 ] && python3 -c "import re,sys; e=float(re.search(r'relative error ([0-9.e+-]+)', open(sys.argv[1]).read()).group(1)); sys.exit(0 if e < 2e-3 else 1)" "$o.check"; then
+                        r=ok-tf32  # visibly less accurate by design: within TF32's bound, not fp32's
+                    else r=WRONG; status=1; fi
                     ms=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['timings_ms']['kernel'])" "${o%.out}.timing.yaml")
                     printf '%-12s %-5s %-16s %-8s %s\n' "$k" "$t" "$base" "$r" "$ms"
                 else
@@ -69,8 +73,8 @@ stage_cli() {
                 fi
             done
         done
-    done 2>&1 | tee "$OUT/cli-table.txt" | awk '$4 != "ok" || $3 == "s1000x1000x1000"'
-    echo "cli: $(grep -c ' ok ' "$OUT/cli-table.txt") ok, $(grep -c -E 'WRONG|FAILED' "$OUT/cli-table.txt") wrong or failed"
+    done 2>&1 | tee "$OUT/cli-table.txt" | awk '$4 !~ /^ok/ || $3 == "s1000x1000x1000"'
+    echo "cli: $(grep -c -E ' ok(-tf32)? ' "$OUT/cli-table.txt") ok, $(grep -c -E 'WRONG|FAILED' "$OUT/cli-table.txt") wrong or failed"
     # the daemon on the GPU: name settings, the text path, a refusal
     local s="$WORK/serve"
     rm -rf "$s" && mkdir -p "$s/inbox" "$s/outbox"
