@@ -42,7 +42,8 @@ stage_tests() {
 stage_cli() {
     local d="$WORK/cli"
     rm -rf "$d" && mkdir -p "$d"
-    for shape in "1 1 1" "7 7 7" "33 33 33" "127 127 127" "37 53 29" "300 17 515" "1000 1000 1000"; do
+    # every kernel at every tile and shape runs in the GPU tests; here each runs as a whole job through files
+    for shape in "7 7 7" "37 53 29" "1000 1000 1000"; do
         "${MMD[@]}" gen --shape $shape --seed 3 -o "$d/s${shape// /x}.txt" >/dev/null
     done
     local kernels
@@ -52,10 +53,11 @@ stage_cli() {
         local tiles="32" precision
         precision=$(python3 -c "from mmd import kernels as k; print(k.get('$k').precision)")
         python3 -c "from mmd import kernels as k; import sys; sys.exit(0 if k.get('$k').uses_tile else 1)" \
-            && tiles="4 8 16 32 64"
+            && tiles="32 64"
         for t in $tiles; do
             for f in "$d"/s*.txt; do
                 local base o
+                [ "$t" = 64 ] && [[ "$f" != *s1000x1000x1000.txt ]] && continue
                 base=$(basename "$f" .txt)
                 o="$d/${base}_${k}_${t}.out"
                 if "${MMD[@]}" run "$f" -o "$o" --backend cuda --kernel "$k" --tile "$t" >/dev/null 2>"$o.err"; then
@@ -68,7 +70,6 @@ stage_cli() {
                 else
                     reason=$(head -c 160 "$o.err")
                     if [ "$t" = 64 ] && [[ "$reason" == *"threads per block"* ]]; then r=refused; else r=FAILED; status=1; fi
-                    [ "$r" = refused ] && [ "$base" != "s1000x1000x1000" ] && continue
                     printf '%-12s %-5s %-16s %-8s %s\n' "$k" "$t" "$base" "$r" "$reason"
                 fi
             done
@@ -96,7 +97,7 @@ stage_wholejob() {
 }
 
 stage_check() {
-    python3 benchmarks/bench_check.py --size 4096 --folder 50 512 --repeat 5 2>&1 | tail -n 25
+    python3 benchmarks/bench_check.py --size 4096 --folder 50 512 --repeat 3 2>&1 | tail -n 25
 }
 
 stage_ladder() {
