@@ -10,14 +10,17 @@ before=PATH`` puts an older tree in the same run, side by side (these
 machines are noisy: compare versions in one run). For each tree:
 
 * **one-shot**: ``mmd run`` of an N×N file as a process, ``--repeat`` times
-  after a warm-up (kernel cache filled): the process's wall time and the
+  after a warm-up (kernel cache filled), the trees taking turns: the process's wall time and the
   sidecar's phases (medians);
 * **daemon**: one ``mmd serve`` (durable commits, as shipped); each file is
   renamed into the inbox (a complete drop) and is done when its
   ``.timing.yaml`` appears: drop→sidecar latency and the sidecar's phases;
 * **small jobs**: 32×32 drops one at a time (p50, p95 of drop→sidecar), then
-  ``--small`` files renamed in at once (jobs per second, first rename to last
-  sidecar).
+  ``--small`` files renamed in at once, three times (jobs per second, first
+  rename to last sidecar; median).
+
+Every measurement goes round the trees in turn, and the daemons of all the
+trees stay up side by side (an idle one costs nothing).
 
 And once, the **floors** on this machine: a bare Python and one that
 imports numpy, pycuda's driver init and context; reading the input from the
@@ -116,24 +119,28 @@ def sidecar_timings(path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in rec["timings_ms"].items() if v is not None}
 
 
-def one_shot(tree: Tree, work: Path, src: Path, repeat: int) -> dict[str, Any]:
-    """`mmd run` as a process: wall time and sidecar phases (medians of ``repeat`` after a warm-up)."""
+def one_shot(tree: Tree, work: Path, src: Path) -> tuple[float, dict[str, float]]:
+    """`mmd run` of ``src`` as a process: its wall time (ms) and its sidecar's phases."""
     out = work / f"oneshot-{tree.name}.out"
-    walls, phases = [], []
-    for i in range(repeat + 1):
-        wall, done = tree.run("run", str(src), "-o", str(out), cwd=work)
-        if done.returncode != 0:
-            raise SystemExit(f"{tree.name}: mmd run failed: {done.stderr.strip()[-500:]}")
-        if i:
-            walls.append(wall * 1e3)
-            phases.append(sidecar_timings(out.with_name(out.stem + ".timing.yaml")))
-    return {"process_ms": med(walls), **{k: med([p[k] for p in phases if k in p]) for k in PHASES}}
+    wall, done = tree.run("run", str(src), "-o", str(out), cwd=work)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree.name}: mmd run failed: {done.stderr.strip()[-500:]}")
+    return wall * 1e3, sidecar_timings(out.with_name(out.stem + ".timing.yaml"))
+
+
+def summary(key: str, samples: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Medians of (latency, phases) samples: ``key`` for the latency, then each phase."""
+    return {
+        key: med([s[0] for s in samples]),
+        **{k: med([s[1][k] for s in samples if k in s[1]]) for k in PHASES},
+    }
 
 
 class Served:
     """One `mmd serve` of a tree on a fresh spool."""
 
     def __init__(self, tree: Tree, work: Path) -> None:
+        self.name = tree.name
         self.root = work / f"spool-{tree.name}"
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "inbox").mkdir(parents=True)
@@ -172,42 +179,41 @@ class Served:
         self.log.close()
 
 
-def daemon_jobs(served: Served, src: Path, repeat: int) -> dict[str, Any]:
-    """Drop→sidecar of one big file at a time on a warm daemon, and the sidecar's phases."""
-    lat, phases = [], []
-    data = src.read_bytes()
-    for i in range(repeat + 1):
-        t0, sidecar = served.drop(data, f"{src.stem}-{i}")
-        done = served.wait(sidecar)
-        if i:
-            lat.append((done - t0) * 1e3)
-            phases.append(sidecar_timings(sidecar))
-        for p in served.root.glob("outbox/*.out"):
-            p.unlink()
-    return {"drop_to_sidecar_ms": med(lat), **{k: med([p[k] for p in phases if k in p]) for k in PHASES}}
+def daemon_job(served: Served, data: bytes, stem: str) -> tuple[float, dict[str, float]]:
+    """Drop→sidecar (ms) of one file on a warm daemon, and the sidecar's phases."""
+    t0, sidecar = served.drop(data, stem)
+    done = served.wait(sidecar)
+    timings = sidecar_timings(sidecar)
+    for p in served.root.glob("outbox/*.out"):
+        p.unlink()
+    return (done - t0) * 1e3, timings
 
 
-def small_jobs(served: Served, drops: int, burst: int) -> dict[str, float]:
-    """32×32 jobs: latency one at a time, then a burst renamed in at once."""
-    rng = np.random.default_rng(7)
-    data = b"32\n" + b"\n".join(b" ".join(b"%.2f" % v for v in row) for row in rng.integers(1, 999, (64, 32)) / 100)
-    lat = []
-    for _ in range(drops):
-        t0, sc = served.drop(data)
-        lat.append((served.wait(sc) - t0) * 1e3)
+#: 32×32 pair, as small jobs use it.
+SMALL = b"32\n" + b"\n".join(
+    b" ".join(b"%.2f" % v for v in row) for row in np.random.default_rng(7).integers(1, 999, (64, 32)) / 100
+)
+
+
+def small_drop(served: Served) -> float:
+    """One 32×32 job dropped on an idle daemon: drop→sidecar, ms."""
+    t0, sc = served.drop(SMALL)
+    return (served.wait(sc) - t0) * 1e3
+
+
+def small_burst(served: Served, burst: int, round_: int) -> float:
+    """``burst`` 32×32 files renamed in at once: jobs per second, first rename to last sidecar."""
     names = []
     for i in range(burst):
-        src = served.root / "src" / f"s{i:06d}.txt"
-        src.write_bytes(data)
+        src = served.root / "src" / f"b{round_}-{i:06d}.txt"
+        src.write_bytes(SMALL)
         names.append(src)
     t0 = time.perf_counter()
     for src in names:
         os.rename(src, served.root / "inbox" / src.name)
-    served.wait(served.root / "outbox" / f"s{burst - 1:06d}.timing.yaml", 600)
-    for i in range(burst):
-        served.wait(served.root / "outbox" / f"s{i:06d}.timing.yaml", 600)
-    seconds = time.perf_counter() - t0
-    return {"p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "jobs_per_s": burst / seconds}
+    for src in names:
+        served.wait(served.root / "outbox" / f"{src.stem}.timing.yaml", 600)
+    return burst / (time.perf_counter() - t0)
 
 
 # -- the floors ------------------------------------------------------------------------
@@ -263,13 +269,8 @@ def floors(src: Path, out_bytes: int, work: Path, kernel_cu: Path | None) -> dic
         import pycuda.driver as cuda
     except ImportError:
         return f
-    f["pycuda_init_context"] = timed(
-        lambda: subprocess.run(
-            [py, "-c", "import pycuda.driver as c; c.init(); x=c.Device(0).retain_primary_context(); x.push()"],
-            check=True,
-        ),
-        3,
-    )
+    init = "import pycuda.driver as c; c.init(); x = c.Device(0).retain_primary_context(); x.push(); x.pop()"
+    f["pycuda_init_context"] = timed(lambda: subprocess.run([py, "-c", init], check=True), 3)
     cuda.init()
     ctx = cuda.Device(0).retain_primary_context()
     ctx.push()
@@ -381,24 +382,51 @@ def main() -> int:
     trees = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1]).resolve()) for spec in args.tree]
     trees.append(("now", ROOT))
     inputs = {n: make_input(work / f"in-{n}.txt", n, n) for n in args.sizes}
-    results: dict[str, Any] = {}
-    for name, path in trees:
-        tree = Tree(name, path, tree_env(path, work, name, args.backend, args.kernel, args.site))
-        res: dict[str, Any] = {"oneshot": {}, "daemon": {}, "small": {}}
+    # Every measurement goes round the trees in turn, so that a slow spell of
+    # the machine (writeback, a neighbour) falls on all of them alike.
+    built = [Tree(name, path, tree_env(path, work, name, args.backend, args.kernel, args.site)) for name, path in trees]
+    results: dict[str, Any] = {t.name: {"oneshot": {}, "daemon": {}, "small": {}} for t in built}
+    for n, src in inputs.items():
+        samples: dict[str, list[tuple[float, dict[str, float]]]] = {t.name: [] for t in built}
+        for i in range(args.repeat + 1):
+            for t in built:
+                sample = one_shot(t, work, src)
+                if i:  # the first round fills each tree's kernel cache
+                    samples[t.name].append(sample)
+        for t in built:
+            results[t.name]["oneshot"][n] = summary("process_ms", samples[t.name])
+            print(f"{t.name} one-shot {n}: {json.dumps(results[t.name]['oneshot'][n])}", flush=True)
+    served = [Served(t, work) for t in built]
+    try:
+        for s in served:
+            s.wait(s.drop(inputs[min(inputs)].read_bytes(), "warm")[1])  # kernels built, buffers made
         for n, src in inputs.items():
-            res["oneshot"][n] = one_shot(tree, work, src, args.repeat)
-            print(f"{name} one-shot {n}: {json.dumps(res['oneshot'][n])}", flush=True)
-        served = Served(tree, work)
-        try:
-            served.wait(served.drop(inputs[min(inputs)].read_bytes(), "warm")[1])  # kernels built, buffers made
-            for n, src in inputs.items():
-                res["daemon"][n] = daemon_jobs(served, src, args.repeat)
-                print(f"{name} daemon {n}: {json.dumps(res['daemon'][n])}", flush=True)
-            res["small"] = small_jobs(served, args.drops, args.small)
-            print(f"{name} small: {json.dumps(res['small'])}", flush=True)
-        finally:
-            served.stop()
-        results[name] = res
+            data = src.read_bytes()
+            samples = {s.name: [] for s in served}
+            for i in range(args.repeat):
+                for s in served:
+                    samples[s.name].append(daemon_job(s, data, f"{src.stem}-{i}"))
+            for s in served:
+                results[s.name]["daemon"][n] = summary("drop_to_sidecar_ms", samples[s.name])
+                print(f"{s.name} daemon {n}: {json.dumps(results[s.name]['daemon'][n])}", flush=True)
+        lat: dict[str, list[float]] = {s.name: [] for s in served}
+        for _ in range(0, args.drops, 10):
+            for s in served:
+                lat[s.name] += [small_drop(s) for _ in range(10)]
+        rates: dict[str, list[float]] = {s.name: [] for s in served}
+        for r in range(3):
+            for s in served:
+                rates[s.name].append(small_burst(s, args.small, r))
+        for s in served:
+            results[s.name]["small"] = {
+                "p50_ms": pct(lat[s.name], 50),
+                "p95_ms": pct(lat[s.name], 95),
+                "jobs_per_s": med(rates[s.name]),
+            }
+            print(f"{s.name} small: {json.dumps(results[s.name]['small'])}", flush=True)
+    finally:
+        for s in served:
+            s.stop()
     kernel_cu = ROOT / "kernels" / "fast.cu"
     fl = {
         n: floors(src, n * (6 * n + 1) + len(f"{n}\n"), work, kernel_cu if kernel_cu.exists() else None)

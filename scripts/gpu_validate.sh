@@ -81,7 +81,7 @@ stage_cli() {
     rm -rf "$s" && mkdir -p "$s/inbox" "$s/outbox"
     cp "$d/s1000x1000x1000.txt" "$s/inbox/a@kernel=tc3.txt"
     cp "$d/s1000x1000x1000.txt" "$s/inbox/b@kernel=fast.txt"
-    cp "$d/s127x127x127.txt" "$s/inbox/c@kernel=tiled,tile=64.txt"
+    cp "$d/s37x53x29.txt" "$s/inbox/c@kernel=tiled,tile=64.txt"
     (cd "$s" && MMD_BACKEND=cuda "${MMD[@]}" serve --once) || status=1
     for x in a@kernel=tc3 b@kernel=fast; do
         "${MMD[@]}" check "$s/outbox/$x.out" --input "$s/inbox/.done/$x.txt" || status=1

@@ -657,6 +657,7 @@ def test_gpu_out_of_memory_mid_job_then_the_next_job_runs(tmp_path, served):
     finally:
         hog.stdin.close()
         hog.wait(timeout=30)
+        hog.stdout.close()
     nxt = make_input(tmp_path / "next.src", 512, 512, 512, 2)
     os.rename(tmp_path / "next.src", inbox / "next.txt")
     wait_for(lambda: (d.outbox / "next.timing.yaml").exists(), 120, "the next job")
