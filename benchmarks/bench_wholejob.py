@@ -2,7 +2,7 @@
 """The whole job against the machine's floor: every phase of a job, and what the hardware needs for it.
 
     python benchmarks/bench_wholejob.py [--tree NAME=PATH ...] [--sizes 1024 2048 4096] [--repeat 5]
-        [--small 2000] [--backend cuda] [--kernel fast] [--out DIR]
+        [--small 1000 3000] [--backend cuda] [--kernel fast] [--out DIR]
 
 It drives mmd only through its command line and its sidecars (``mmd run``,
 ``mmd serve``), so it measures any checkout the same way: ``--tree
@@ -16,8 +16,9 @@ machines are noisy: compare versions in one run). For each tree:
   renamed into the inbox (a complete drop) and is done when its
   ``.timing.yaml`` appears: drop→sidecar latency and the sidecar's phases;
 * **small jobs**: 32×32 drops one at a time (p50, p95 of drop→sidecar), then
-  ``--small`` files renamed in at once, three times (jobs per second, first
-  rename to last sidecar; median).
+  bursts of ``--small`` files (default 1000 and 3000) renamed in at once,
+  ``--bursts`` times each (jobs per second, first rename to last sidecar;
+  median): a scan of the inbox costs more the more files wait in it.
 
 Every measurement goes round the trees in turn, and the daemons of all the
 trees stay up side by side (an idle one costs nothing).
@@ -25,7 +26,8 @@ trees stay up side by side (an idle one costs nothing).
 And once, the **floors** on this machine: a bare Python and one that
 imports numpy, pycuda's driver init and context; reading the input from the
 page cache into page-locked memory; a host memcpy; sha256 alone and two at
-once; writing the output with and without fsync; loading a cached cubin;
+once; writing the output with and without fsync; a small file's
+commit (write, fsync, rename) and a folder's fsync; loading a cached cubin;
 H2D and D2H of the input and the output through page-locked memory. The
 table printed last puts each phase beside its floor.
 """
@@ -265,6 +267,29 @@ def floors(src: Path, out_bytes: int, work: Path, kernel_cu: Path | None) -> dic
     f["write_out_fsync"] = timed(lambda: write(True))
     f["write_out"] = timed(lambda: write(False))
     target.unlink()
+    # A small job's fixed costs: each commit (output, sidecar) writes a few KB and
+    # fsyncs it, and one fsync of the outbox makes both renames durable.
+    small = work / "floor.small"
+    small_data = b"x" * (32 * 7 * 32)
+
+    def commit_small() -> None:
+        fd = os.open(small, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, small_data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(small, work / "floor.small.done")
+
+    def fsync_folder() -> None:
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    f["small_commit_fsync"] = timed(commit_small, 20)
+    f["folder_fsync"] = timed(fsync_folder, 20)
     try:
         import pycuda.driver as cuda
     except ImportError:
@@ -357,7 +382,7 @@ def table(results: dict[str, Any], floors_by_size: dict[int, dict[str, float]], 
                 lines.append(row + fl_text + ratio)
     lines.append("\nsmall 32x32 jobs, daemon")
     lines.append(f"{'':24}" + "".join(f"{t:>14}" for t in trees))
-    for key in ("p50_ms", "p95_ms", "jobs_per_s"):
+    for key in results[trees[-1]]["small"]:
         lines.append(f"{key:24}" + "".join(f"{results[t]['small'].get(key, float('nan')):14.2f}" for t in trees))
     for n in sizes:
         lines.append(f"\nfloors at {n} (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in floors_by_size[n].items()))
@@ -369,7 +394,8 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--small", type=int, default=2000, help="32x32 files renamed in at once")
+    ap.add_argument("--small", type=int, nargs="+", default=[1000, 3000], help="32x32 files renamed in at once")
+    ap.add_argument("--bursts", type=int, default=2, help="rounds of each --small burst (median)")
     ap.add_argument("--drops", type=int, default=200, help="32x32 drops one at a time")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--kernel", default="fast")
@@ -413,15 +439,16 @@ def main() -> int:
         for _ in range(0, args.drops, 10):
             for s in served:
                 lat[s.name] += [small_drop(s) for _ in range(10)]
-        rates: dict[str, list[float]] = {s.name: [] for s in served}
-        for r in range(3):
-            for s in served:
-                rates[s.name].append(small_burst(s, args.small, r))
+        rates: dict[str, dict[int, list[float]]] = {s.name: {b: [] for b in args.small} for s in served}
+        for r in range(args.bursts):
+            for burst in args.small:
+                for s in served:
+                    rates[s.name][burst].append(small_burst(s, burst, r))
         for s in served:
             results[s.name]["small"] = {
                 "p50_ms": pct(lat[s.name], 50),
                 "p95_ms": pct(lat[s.name], 95),
-                "jobs_per_s": med(rates[s.name]),
+                **{f"jobs_per_s_{b}": med(rates[s.name][b]) for b in args.small},
             }
             print(f"{s.name} small: {json.dumps(results[s.name]['small'])}", flush=True)
     finally:

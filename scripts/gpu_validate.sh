@@ -93,7 +93,7 @@ stage_wholejob() {
     local trees=()
     [ -d .wholejob/before ] && trees=(--tree before=.wholejob/before)
     python3 benchmarks/bench_wholejob.py "${trees[@]}" --site /tmp/site --sizes 1024 2048 4096 --repeat 5 \
-        --small 2000 --drops 200 --out "$OUT" --work "$WORK/wholejob" 2>&1 | tail -n 70
+        --small 1000 3000 --drops 200 --out "$OUT" --work "$WORK/wholejob" 2>&1 | tail -n 70
 }
 
 stage_check() {
