@@ -130,7 +130,7 @@ def test_a_bad_config_exits_with_the_config_status_that_the_unit_does_not_restar
 
 def test_serve_refuses_folders_that_do_not_exist_unless_asked_to_create_them(tmp_path):
     r = run_mmd("serve", "--once", "--inbox", "nosuch", cwd=tmp_path)
-    assert r.returncode == 78 and "the inbox nosuch does not exist" in r.stderr
+    assert r.returncode == 78 and "the inbox folder 'nosuch' does not exist" in r.stderr
     assert not (tmp_path / "nosuch").exists(), "a typo is not a new folder"
     r = run_mmd("serve", "--once", "--inbox", "in", "--outbox", "out", "--create", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "in").is_dir() and (tmp_path / "out").is_dir()

@@ -407,7 +407,7 @@ class Daemon:
                 if not folder.is_dir():
                     os.umask(old_umask)
                     raise ConfigError(
-                        f"the {what} {folder} does not exist; make it, fix the path, or give --create "
+                        f"the {what} folder {str(folder)!r} does not exist; make it, fix the path, or give --create "
                         "(create_folders: true) to have mmd make it"
                     )
         try:
