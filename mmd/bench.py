@@ -11,7 +11,8 @@ built the kernel). A case ends in one of these statuses:
 ``ok``
     checked and timed.
 ``wrong``
-    the result is outside the fp32 tolerance; not timed, and the run fails
+    the result is outside its tolerance (fp32's, or TF32's for the kernels the
+    registry marks ``tf32``); not timed, and the run fails
     (``BenchRun.ok`` is False, ``mmd bench`` exits 1).
 ``refused``
     the backend refused it with a reason (a :class:`~mmd.errors.MmdError`:
@@ -212,9 +213,9 @@ class Plan:
 
 
 def course_plan(**changes: Any) -> Plan:
-    """The course's plan: sizes 32..4096 at tile 32, tiles 4..64 at 4096, every registered kernel."""
+    """The course's plan: sizes 32..4096 at tile 32, tiles 4..64 at 4096, the course's kernels."""
     values: dict[str, Any] = dict(
-        kernels=registry.NAMES,
+        kernels=registry.COURSE_KERNELS,
         sizes=COURSE_SIZES,
         tiles=COURSE_TILES,
         sizes_at_tile=COURSE_SIZES_AT_TILE,
@@ -225,10 +226,10 @@ def course_plan(**changes: Any) -> Plan:
 
 
 def default_kernels(backend: Backend) -> tuple[str, ...]:
-    """Every registered kernel on a GPU backend; on the cpu backend only ``cpu``."""
+    """The course's kernels on a GPU backend (:data:`mmd.kernels.COURSE_KERNELS`); on the cpu backend only ``cpu``."""
     if backend.name == "cpu":
         return tuple(s.name for s in registry.REGISTRY.values() if s.kind == registry.HOST)
-    return registry.NAMES
+    return registry.COURSE_KERNELS
 
 
 # -- progress ----------------------------------------------------------------
@@ -411,8 +412,17 @@ class _Inputs:
     a: np.ndarray
     b: np.ndarray
     ref: np.ndarray
-    allowed: np.ndarray
+    allowed: np.ndarray  # fp32's tolerance
     text: Path | None = None  # the input file (files mode), written on first use
+    _tf32: np.ndarray | None = None
+
+    def allowed_for(self, precision: str) -> np.ndarray:
+        """The elementwise tolerance for a kernel of ``precision`` (TF32's made on first use)."""
+        if precision != "tf32":
+            return self.allowed
+        if self._tf32 is None:
+            self._tf32 = verify.tf32_tolerance(self.allowed, self.a.shape[1])
+        return self._tf32
 
 
 def make_inputs(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -470,8 +480,6 @@ def _with_cuda(timings: dict[str, float]) -> dict[str, float]:
 
 class _Runner:
     """Runs cases on a backend (and the host backend for ``cpu``) in one mode."""
-
-    TOLERANCE = "4·sqrt(K)·eps·|A||B|"
 
     def __init__(self, plan: Plan, backend: Backend, host: Backend, workdir: Path | None) -> None:
         self.plan = plan
@@ -585,8 +593,12 @@ class _Runner:
                     printed = textformat.parse_output(output.read_bytes())
                 except MmdError as exc:
                     raise _Wrong(f"the output file is malformed: {exc.reason}") from None
+                precision = registry.get(request.kernel).precision
                 report = check_product(
-                    printed, inputs.ref, verify.PRINT_HALF_UNIT + inputs.allowed, "0.005 + " + self.TOLERANCE
+                    printed,
+                    inputs.ref,
+                    verify.PRINT_HALF_UNIT + inputs.allowed_for(precision),
+                    "0.005 + " + verify.TOLERANCES[precision],
                 )
                 if not report.ok:
                     raise _Wrong(report.summary())
@@ -596,7 +608,8 @@ class _Runner:
                 path.unlink(missing_ok=True)
 
     def _check(self, c: np.ndarray, inputs: _Inputs, row: dict[str, Any]) -> None:
-        report = check_product(c, inputs.ref, inputs.allowed, self.TOLERANCE)
+        precision = registry.get(row["kernel"]).precision
+        report = check_product(c, inputs.ref, inputs.allowed_for(precision), verify.TOLERANCES[precision])
         row["max_abs_error"] = float(f"{report.max_abs_error:.6g}")
         row["rel_error"] = float(f"{report.rel_error:.6g}")
         if not report.ok:

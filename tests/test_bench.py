@@ -156,7 +156,8 @@ def test_gpu_kernels_are_skipped_on_the_cpu_backend(tmp_path):
     assert "GPU backend" in run.rows[0]["reason"]
     assert run.ok
     assert bench.default_kernels(CpuBackend()) == ("cpu",)
-    assert bench.default_kernels(fake_gpu()[0]) == registry.NAMES
+    assert bench.default_kernels(fake_gpu()[0]) == registry.COURSE_KERNELS
+    assert set(registry.COURSE_KERNELS) == set(registry.NAMES) - {"tc1", "tc3", "cublas_tf32"}
 
 
 def test_course_plan_cases():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
+from mmd import verify
 from mmd.backends.base import CUDA_PHASES, MultiplyRequest
 from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
@@ -45,13 +46,14 @@ def operands(m: int, k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return a, b
 
 
-def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str) -> float:
-    """Relative error against float64, under 1e-5·sqrt(K); NaN (unwritten) never passes."""
+def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str, precision: str = "fp32") -> float:
+    """Relative error against float64, under 1e-5·sqrt(K) (TF32: plus its operands' rounding, 2^-9);
+    NaN (unwritten) never passes."""
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert c.shape == ref.shape, what
     assert np.isfinite(c).all(), f"{what}: {np.count_nonzero(~np.isfinite(c))} elements unwritten (NaN)"
     err = float(np.linalg.norm(c - ref) / max(np.linalg.norm(ref), 1e-30))
-    bound = 1e-5 * math.sqrt(a.shape[1])
+    bound = 1e-5 * math.sqrt(a.shape[1]) + (verify.TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
     assert err < bound, f"{what}: relative error {err:.2e} >= {bound:.2e}"
     return err
 
@@ -81,8 +83,8 @@ def poisoned_product(
         if spec.compiled:
             compiled, _ = session.compile(spec, tile)
             session.multiply(compiled, da, db, dc)
-        else:
-            session.sgemm(da, db, dc)
+        else:  # cuBLAS, in its TF32 mode for cublas_tf32
+            session.multiply(None, da, db, dc, tf32=spec.precision == "tf32")
         return session.download(dc, "c")
     finally:
         for matrix in held:
@@ -95,7 +97,7 @@ def poisoned_product(
 def test_kernel_matches_reference(cuda_backend, kernel, tile, size):
     a, b = operands(*size, seed=hash((kernel, tile, size)) % 2**32)
     c = poisoned_product(cuda_backend, kernel, tile, "device", a, b)
-    assert_close(c, a, b, f"{kernel} tile {tile} {size_id(size)}")
+    assert_close(c, a, b, f"{kernel} tile {tile} {size_id(size)}", registry.get(kernel).precision)
 
 
 BUILDS = [build for name in registry.SOURCE_KERNELS for build in registry.get(name).builds() if build.variant]
@@ -106,7 +108,7 @@ BUILDS = [build for name in registry.SOURCE_KERNELS for build in registry.get(na
 def test_every_variant_matches_reference_at_every_shape(cuda_backend, build, size):
     a, b = operands(*size, seed=hash((build.variant, size)) % 2**32)
     c = poisoned_product(cuda_backend, build, 0, "device", a, b)
-    assert_close(c, a, b, f"{build.name} {build.variant} {size_id(size)}")
+    assert_close(c, a, b, f"{build.name} {build.variant} {size_id(size)}", build.precision)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=size_id)
@@ -116,15 +118,36 @@ def test_cublas_matches_reference(cuda_backend, size):
     assert_close(c, a, b, f"cublas {size_id(size)}")
 
 
+def test_cublas_tf32_mode_is_tf32_and_sgemm_stays_fp32_after_it(cuda_backend):
+    if cuda_backend.limits.compute_capability < (8, 0):
+        pytest.skip("no TF32 tensor cores")
+    a, b = operands(1000, 1000, 1000, seed=8)
+    tf32 = assert_close(poisoned_product(cuda_backend, "cublas_tf32", 0, "device", a, b), a, b, "cublas_tf32", "tf32")
+    sgemm = assert_close(poisoned_product(cuda_backend, "cublas", 0, "device", a, b), a, b, "cublas after tf32")
+    assert tf32 > 3e-5, f"cublas_tf32's error {tf32:.2e} is fp32's: TF32 mode not in effect"
+    assert sgemm < 3e-6, f"cublas's error {sgemm:.2e} after cublas_tf32: the math mode was not reset"
+
+
+def test_l2_flush_between_h2d_and_kernel(cuda_backend):
+    session = cuda_backend.session
+    assert session.limits.l2_cache_bytes > 0
+    session.flush_l2()
+    session.flush_l2()  # the scratch buffer is made once and reused
+    a, b = operands(300, 200, 100, seed=12)
+    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel="fast", flush_l2=True))
+    assert_close(product.c, a, b, "fast after an L2 flush")
+
+
 @pytest.mark.parametrize("memory", MEMORY_MODES)
 @pytest.mark.parametrize("kernel", registry.GPU_KERNELS)
 def test_memory_modes(cuda_backend, kernel, memory):
     for size in [(37, 53, 29), (33, 33, 33)]:
         a, b = operands(*size, seed=11)
+        precision = registry.get(kernel).precision
         c = poisoned_product(cuda_backend, kernel, 16, memory, a, b)
-        assert_close(c, a, b, f"{kernel} {memory} {size_id(size)} (poisoned)")
+        assert_close(c, a, b, f"{kernel} {memory} {size_id(size)} (poisoned)", precision)
         product = cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=8, memory=memory))
-        assert_close(product.c, a, b, f"{kernel} {memory} {size_id(size)} (backend)")
+        assert_close(product.c, a, b, f"{kernel} {memory} {size_id(size)} (backend)", precision)
 
 
 def test_phases_and_compile_once(cuda_backend):
@@ -159,7 +182,7 @@ def test_fixed_block_kernels_ignore_tile_64(cuda_backend, kernel):
     a, b = operands(130, 70, 260, seed=6)
     product = cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
     assert product.tile is None
-    assert_close(product.c, a, b, f"{kernel} at tile 64")
+    assert_close(product.c, a, b, f"{kernel} at tile 64", registry.get(kernel).precision)
 
 
 #: The driver's own reservations (local memory for the largest stack frame
