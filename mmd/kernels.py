@@ -72,6 +72,8 @@ class DeviceLimits:
     allows: str = "this GPU allows"
     #: Bytes of L2 cache (0: unknown); the bench's L2 flush writes twice this.
     l2_cache_bytes: int = 0
+    #: The PCI bus id (``0000:65:00.0``; empty: unknown): how the bench finds the GPU in nvidia-smi.
+    pci_bus_id: str = ""
 
     @property
     def arch(self) -> str:

@@ -58,7 +58,13 @@ PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (
 SWEEP_TILE = 32
 
 _INT_COLUMNS = {"tile", "m", "k", "n", "repeats", "warmup"}
-_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith("_ms")} | {"gflops", "max_abs_error", "rel_error"}
+_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith(("_ms", "_noise"))} | {
+    "gflops",
+    "max_abs_error",
+    "rel_error",
+    "sm_clock_mhz",
+}
+_BOOL_COLUMNS = {"converged", "throttled"}
 
 
 class ReportError(MmdError):
@@ -90,6 +96,8 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
             out[col] = int(value)
         elif col in _FLOAT_COLUMNS:
             out[col] = float(value)
+        elif col in _BOOL_COLUMNS:
+            out[col] = value if isinstance(value, bool) else str(value).lower() == "true"
         else:
             out[col] = str(value)
     return out

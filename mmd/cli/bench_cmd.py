@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import bench, config, logs
 from .. import kernels as registry
 from ..backends import open_backend
+from ..backends.cuda import CudaBackend
 from .common import settings_from
 
 
@@ -48,7 +49,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the size every tile runs at (default: 4096 for the course's sizes, else the largest size)",
     )
     p.add_argument("--grid", action="store_true", help="run every size at every tile instead")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per case (default: %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        metavar="N",
+        help="timed calls per case: at least N in memory, exactly N through files (default: %(default)s)",
+    )
+    p.add_argument(
+        "--noise",
+        type=_percent,
+        default=bench.NOISE,
+        metavar="PCT",
+        help="in memory, repeat until the kernel median's noise (half its 95%% confidence interval) is under "
+        "PCT percent (default: 2)",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=int,
+        default=bench.MAX_REPEATS,
+        metavar="N",
+        help="in memory, at most N timed calls per case (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-flush-l2",
+        dest="flush_l2",
+        action="store_false",
+        help="do not evict the L2 cache before each kernel (in memory; default: flush, as nvbench does)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default: %(default)s)")
     p.add_argument("--memory", choices=config.CHOICES["memory"], help="device memory mode (default: from config)")
     p.add_argument(
@@ -67,6 +95,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("bench"), help="results root (default: %(default)s)")
     p.add_argument("--report", action="store_true", help="render the report into <results>/report afterwards")
     p.set_defaults(func=run)
+
+
+def _percent(text: str) -> float:
+    """``2`` or ``2%`` → 0.02."""
+    try:
+        value = float(text.strip().removesuffix("%")) / 100.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a percentage must be at least 0, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,11 +136,17 @@ def run(args: argparse.Namespace) -> int:
                 grid=args.grid,
                 cpu_max_size=args.cpu_max_size or None,
                 seed=args.seed,
+                noise=args.noise,
+                max_repeats=args.max_repeats,
+                flush_l2=args.flush_l2,
             )
         except ValueError as exc:
             print(f"mmd bench: {exc}", file=sys.stderr)
             return 2
-        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr))
+        clock = None
+        if isinstance(backend, CudaBackend):
+            clock = bench.NvidiaSmi.find(settings.device, backend.limits.pci_bus_id)
+        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr), clock=clock)
     finally:
         backend.close()
     print(result.csv_path)

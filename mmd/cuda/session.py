@@ -131,6 +131,7 @@ class GpuSession:
             multiprocessors=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
             max_shared_optin=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             l2_cache_bytes=dev.get_attribute(attr.L2_CACHE_SIZE),
+            pci_bus_id=str(dev.pci_bus_id()),
         )
 
     def device_name(self) -> str:
