@@ -94,6 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("bench"), help="results root (default: %(default)s)")
     p.add_argument("--report", action="store_true", help="render the report into <results>/report afterwards")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="run nothing: print each case's B/A ratios of two runs' medians (results folders, results.csv "
+        "or results.yaml) with their noise, and whether B is faster, slower or within noise",
+    )
     p.set_defaults(func=run)
 
 
@@ -109,6 +117,11 @@ def _percent(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        from .. import report
+
+        print(report.compare(*args.compare).text(), end="")
+        return 0
     settings = settings_from(args)
     if settings.log_level == "info":  # one "job done" line per call would bury the progress display
         logs.configure(settings.log_format, "warning")
