@@ -253,24 +253,52 @@ class Plan:
         return cases
 
 
-def course_plan(**changes: Any) -> Plan:
-    """The course's plan: sizes 32..4096 at tile 32, tiles 4..64 at 4096, the course's kernels."""
-    values: dict[str, Any] = dict(
+#: The ladder's plan (``mmd bench --plan ladder``): the top of the fp32 road (``fast``), the tensor-core
+#: rung (``tc1``, ``tc3``) and cuBLAS in both its modes, at the sizes where they differ. None takes a tile.
+LADDER_KERNELS: tuple[str, ...] = ("fast", "tc1", "tc3", "cublas", "cublas_tf32")
+LADDER_SIZES: tuple[int, ...] = (1024, 2048, 4096, 8192)
+
+#: The named plans' kernels, sizes and tiles; any of them may be changed (``--kernels``, ``--sizes`` ...).
+PLANS: dict[str, dict[str, Any]] = {
+    "course": dict(
         kernels=registry.COURSE_KERNELS,
         sizes=COURSE_SIZES,
         tiles=COURSE_TILES,
         sizes_at_tile=COURSE_SIZES_AT_TILE,
         tiles_at_size=COURSE_TILES_AT_SIZE,
-    )
-    values.update(changes)
-    return Plan(**values)
+    ),
+    "ladder": dict(
+        kernels=LADDER_KERNELS,
+        sizes=LADDER_SIZES,
+        tiles=(COURSE_SIZES_AT_TILE,),
+        sizes_at_tile=COURSE_SIZES_AT_TILE,
+        tiles_at_size=None,
+    ),
+}
 
 
-def default_kernels(backend: Backend) -> tuple[str, ...]:
-    """The course's kernels on a GPU backend (:data:`mmd.kernels.COURSE_KERNELS`); on the cpu backend only ``cpu``."""
+def named_plan(name: str, **changes: Any) -> Plan:
+    """Plan ``name`` of :data:`PLANS` with ``changes`` (any :class:`Plan` field)."""
+    return Plan(**{**PLANS[name], **changes})
+
+
+def course_plan(**changes: Any) -> Plan:
+    """The course's plan: sizes 32..4096 at tile 32, tiles 4..64 at 4096, the course's kernels."""
+    return named_plan("course", **changes)
+
+
+def ladder_plan(**changes: Any) -> Plan:
+    """The ladder's plan: fast, tc1, tc3, cublas and cublas_tf32 at 1024, 2048, 4096 and 8192."""
+    return named_plan("ladder", **changes)
+
+
+def default_kernels(backend: Backend, plan: str = "course") -> tuple[str, ...]:
+    """Plan ``plan``'s kernels on a GPU backend (the course's: :data:`mmd.kernels.COURSE_KERNELS`);
+    on the cpu backend only ``cpu``, whatever the plan."""
     if backend.name == "cpu":
         return tuple(s.name for s in registry.REGISTRY.values() if s.kind == registry.HOST)
-    return registry.COURSE_KERNELS
+    kernels: tuple[str, ...] = PLANS[plan]["kernels"]
+    return kernels
 
 
 # -- progress ----------------------------------------------------------------

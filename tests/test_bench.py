@@ -415,3 +415,32 @@ def test_cli_noise_options(tmp_path, monkeypatch, quiet_logs):
     assert doc["rows"][0]["repeats"] == 3
     with pytest.raises(SystemExit):
         main([*args, "--noise", "lots"])
+
+
+# -- the ladder's plan -------------------------------------------------------------------------------
+
+
+def test_ladder_plan_cases():
+    cases = bench.ladder_plan().cases()
+    assert [(c.kernel, c.m) for c in cases] == [
+        (k, s) for s in (1024, 2048, 4096, 8192) for k in ("fast", "tc1", "tc3", "cublas", "cublas_tf32")
+    ]
+    assert all(c.tile is None and c.skip is None and c.m == c.k == c.n for c in cases)
+    assert bench.default_kernels(fake_gpu()[0], "ladder") == bench.LADDER_KERNELS
+    assert bench.default_kernels(CpuBackend(), "ladder") == ("cpu",)
+    # The course's plan is unchanged by the ladder's kernels: none of them there but fast and cublas.
+    assert not {c.kernel for c in bench.course_plan().cases()} & {"tc1", "tc3", "cublas_tf32"}
+
+
+def test_cli_bench_ladder_on_the_fake_gpu(tmp_path, monkeypatch, quiet_logs):
+    import mmd.cli.bench_cmd as bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener())
+    out = tmp_path / "r"
+    assert main(["bench", "--plan", "ladder", "--sizes", "16", "40", "--repeats", "2", "--out", str(out)]) == 0
+    (folder,) = out.iterdir()
+    _, rows = read_csv(folder / "results.csv")
+    assert [(r["kernel"], r["m"], r["status"]) for r in rows] == [
+        (k, s, "ok") for s in ("16", "40") for k in ("fast", "tc1", "tc3", "cublas", "cublas_tf32")
+    ]
+    assert yaml.safe_load((folder / "results.yaml").read_text())["plan"]["kernels"] == list(bench.LADDER_KERNELS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import bench, config, logs
 from .. import kernels as registry
@@ -18,10 +19,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="time kernels over sizes and tiles",
         description=(
-            "Run the benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
-            "every registered kernel). Each case is checked once against a float64 product, then timed. "
+            "Run a benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
+            "the course's kernels); --plan ladder: fast, tc1, tc3, cublas and cublas_tf32 at 1024..8192. "
+            "Each case is checked once against a float64 product, then timed. "
             "Writes OUT/<timestamp>/results.csv and results.yaml; exits 1 if any result is wrong."
         ),
+    )
+    p.add_argument(
+        "--plan",
+        choices=tuple(bench.PLANS),
+        default="course",
+        help="the plan whose kernels, sizes and tiles the options below change (default: %(default)s)",
     )
     p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
     p.add_argument("--backend", choices=config.CHOICES["backend"], help="where GPU kernels run (default: auto)")
@@ -31,10 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=registry.NAMES,
         metavar="KERNEL",
-        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: all; only cpu on the cpu backend)",
+        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: the plan's; only cpu on the cpu backend)",
     )
-    p.add_argument("--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: 32 256 ... 4096)")
-    p.add_argument("--tiles", nargs="+", type=int, metavar="T", help="tiles (default: 4 8 16 32 64)")
+    p.add_argument(
+        "--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: the plan's: course 32 256 ... 4096)"
+    )
+    p.add_argument("--tiles", nargs="+", type=int, metavar="T", help="tiles (default: the plan's: course 4 8 16 32 64)")
     p.add_argument(
         "--sizes-at-tile",
         type=int,
@@ -129,23 +139,23 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"mmd bench: {note}", file=sys.stderr)
     try:
-        kernels = tuple(args.kernels) if args.kernels else bench.default_kernels(backend)
-        sizes = tuple(args.sizes) if args.sizes else bench.COURSE_SIZES
-        tiles_at_size = args.tiles_at_size
-        if tiles_at_size is None and args.sizes is None:
-            tiles_at_size = bench.COURSE_TILES_AT_SIZE
+        changes: dict[str, Any] = {"kernels": tuple(args.kernels or bench.default_kernels(backend, args.plan))}
+        if args.sizes:
+            changes.update(sizes=tuple(args.sizes), tiles_at_size=args.tiles_at_size)  # None: the largest size
+        elif args.tiles_at_size is not None:
+            changes["tiles_at_size"] = args.tiles_at_size
+        if args.tiles:
+            changes["tiles"] = tuple(args.tiles)
         try:
-            plan = bench.Plan(
-                kernels=kernels,
-                sizes=sizes,
-                tiles=tuple(args.tiles) if args.tiles else bench.COURSE_TILES,
+            plan = bench.named_plan(
+                args.plan,
+                **changes,
                 repeats=args.repeats,
                 warmup=args.warmup,
                 memory=args.memory or settings.memory,
                 text_path=settings.text_path,
                 through_files=args.through_files,
                 sizes_at_tile=args.sizes_at_tile,
-                tiles_at_size=tiles_at_size,
                 grid=args.grid,
                 cpu_max_size=args.cpu_max_size or None,
                 seed=args.seed,
