@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,6 +138,28 @@ MAX_REPEATS = 100
 #: Confidence of the interval behind :func:`median_noise`.
 NOISE_CONFIDENCE = 0.95
 
+#: The accuracy sweep (``--accuracy``): M = N = ACCURACY_MN, K = 32, 64, ..., 8192.
+ACCURACY_KS: tuple[int, ...] = tuple(32 * 2**i for i in range(9))
+ACCURACY_MN = 1024
+#: Kernels the sweep measures beside the chosen ones on a GPU backend: cuBLAS in both modes.
+ACCURACY_REFERENCES: tuple[str, ...] = ("cublas", "cublas_tf32")
+#: Columns of accuracy.csv, in order.
+ACCURACY_COLUMNS: tuple[str, ...] = (
+    "kernel",
+    "backend",
+    "tile",
+    "m",
+    "k",
+    "n",
+    "status",
+    "reason",
+    "max_rel_error",
+    "rms_rel_error",
+    "max_abs_error",
+    "within_fp32_tolerance",
+    "device",
+)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -192,6 +214,10 @@ class Plan:
     max_repeats: int = MAX_REPEATS
     #: In memory: evict the L2 cache before each call's kernel phase (:attr:`MultiplyRequest.flush_l2`).
     flush_l2: bool = True
+    #: After the timed cases, measure each kernel's error against float64 over K (:func:`run_accuracy`).
+    accuracy: bool = False
+    accuracy_mn: int = ACCURACY_MN
+    accuracy_ks: tuple[int, ...] = ACCURACY_KS
 
     def __post_init__(self) -> None:
         for name in self.kernels:
@@ -206,6 +232,8 @@ class Plan:
             raise ValueError("repeats must be at least 1 and warmup at least 0")
         if self.max_repeats < 1 or not self.noise >= 0:
             raise ValueError("max_repeats must be at least 1 and noise at least 0")
+        if self.accuracy_mn < 1 or not self.accuracy_ks or min(self.accuracy_ks) < 1:
+            raise ValueError("the accuracy sweep's M = N and its K values must be positive")
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"memory must be one of {', '.join(MEMORY_MODES)}, got {self.memory!r}")
 
@@ -310,6 +338,7 @@ class ProgressSink(Protocol):
     def start(self, total: int, folder: Path) -> None: ...
     def begin(self, index: int, case: Case) -> None: ...
     def done(self, index: int, case: Case, row: dict[str, Any]) -> None: ...
+    def accuracy(self, row: dict[str, Any]) -> None: ...
     def finish(self, run: BenchRun) -> None: ...
 
 
@@ -323,6 +352,9 @@ class NullProgress:
         pass
 
     def done(self, index: int, case: Case, row: dict[str, Any]) -> None:
+        pass
+
+    def accuracy(self, row: dict[str, Any]) -> None:
         pass
 
     def finish(self, run: BenchRun) -> None:
@@ -353,6 +385,16 @@ def describe_row(row: dict[str, Any]) -> str:
         return line + (f"  THROTTLED ({row['throttle_reasons']})" if row.get("throttled") else "")
     label = "WRONG" if status == "wrong" else status
     return f"{head}  {label:<8} {row.get('reason') or ''}"
+
+
+def describe_accuracy(row: dict[str, Any]) -> str:
+    """One line for an accuracy measurement."""
+    width = max(map(len, registry.NAMES))
+    head = f"accuracy {row['kernel']:<{width}} {row['m']}x{row['k']}x{row['n']:<6}"
+    if row["status"] != "ok":
+        return f"{head} {row['status']} {row.get('reason') or ''}"
+    fp32 = "within" if row["within_fp32_tolerance"] else "outside"
+    return f"{head} max rel {row['max_rel_error']:.2e}, rms rel {row['rms_rel_error']:.2e} ({fp32} fp32's tolerance)"
 
 
 class Progress:
@@ -399,6 +441,11 @@ class Progress:
             self._write("\r\x1b[K" + line + "\n" + self._bar(""))
         else:
             self._write(self._bar(describe_row(row)))
+
+    def accuracy(self, row: dict[str, Any]) -> None:
+        if self.tty:
+            self._write("\r\x1b[K")
+        self._write(describe_accuracy(row) + "\n")
 
     def finish(self, run: BenchRun) -> None:
         if self.tty:
@@ -954,6 +1001,8 @@ class BenchRun:
     environment: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = False
+    #: The accuracy sweep's rows (``plan.accuracy``), in :data:`ACCURACY_COLUMNS`.
+    accuracy: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def csv_path(self) -> Path:
@@ -962,6 +1011,14 @@ class BenchRun:
     @property
     def yaml_path(self) -> Path:
         return self.folder / "results.yaml"
+
+    @property
+    def accuracy_csv_path(self) -> Path:
+        return self.folder / "accuracy.csv"
+
+    @property
+    def accuracy_yaml_path(self) -> Path:
+        return self.folder / "accuracy.yaml"
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for r in self.rows if r["status"] == s) for s in STATUSES}
@@ -976,28 +1033,34 @@ class BenchRun:
         return self.complete and not self.failures
 
 
-def rows_to_csv(rows: Iterable[dict[str, Any]]) -> str:
-    """The rows as CSV text with :data:`COLUMNS` (None as an empty field)."""
+def rows_to_csv(rows: Iterable[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """The rows as CSV text with ``columns`` (:data:`COLUMNS`; None as an empty field)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in COLUMNS})
+        writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in columns})
     return buf.getvalue()
 
 
-def write_results(run: BenchRun) -> None:
-    """(Re)write results.csv and results.yaml atomically."""
-    write_atomic(run.csv_path, [rows_to_csv(run.rows).encode()], durable=False)
+def _write_table(run: BenchRun, csv_path: Path, yaml_path: Path, columns: Sequence[str], rows: list[Any]) -> None:
+    write_atomic(csv_path, [rows_to_csv(rows, columns).encode()], durable=False)
     document = {
         "complete": run.complete,
         "environment": run.environment,
         "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(run.plan).items()},
-        "columns": list(COLUMNS),
-        "rows": [{k: row.get(k) for k in COLUMNS} for row in run.rows],
+        "columns": list(columns),
+        "rows": [{k: row.get(k) for k in columns} for row in rows],
     }
     text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    write_atomic(run.yaml_path, [text.encode()], durable=False)
+    write_atomic(yaml_path, [text.encode()], durable=False)
+
+
+def write_results(run: BenchRun) -> None:
+    """(Re)write results.csv and results.yaml atomically, and accuracy.csv/yaml once the sweep has rows."""
+    _write_table(run, run.csv_path, run.yaml_path, COLUMNS, run.rows)
+    if run.accuracy:
+        _write_table(run, run.accuracy_csv_path, run.accuracy_yaml_path, ACCURACY_COLUMNS, run.accuracy)
 
 
 def new_folder(root: Path, now: _dt.datetime | None = None) -> Path:
@@ -1050,7 +1113,101 @@ def run_plan(
             progress.done(index, case, row)
             if on_case is not None:
                 on_case(row)
+        if plan.accuracy:
+            for accuracy_row in run_accuracy(plan, backend, host, progress=progress):
+                run.accuracy.append(accuracy_row)
+                write_results(run)
     run.complete = True
     write_results(run)
     progress.finish(run)
     return run
+
+
+# -- the accuracy sweep ------------------------------------------------------------
+
+
+def accuracy_inputs(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep's A and B: uniform in [−1, 1] (the usual GEMM accuracy test), seeded by the shape."""
+    rng = np.random.default_rng([seed, m, k, n, 1])  # 1: not the timed cases' stream
+    return (
+        rng.uniform(-1.0, 1.0, (m, k)).astype(np.float32),
+        rng.uniform(-1.0, 1.0, (k, n)).astype(np.float32),
+    )
+
+
+def accuracy_kernels(plan: Plan, backend: Backend) -> tuple[str, ...]:
+    """The plan's kernels and, on a GPU backend, :data:`ACCURACY_REFERENCES`, in registry order."""
+    names = set(plan.kernels) | (set(ACCURACY_REFERENCES) if backend.name != "cpu" else set())
+    return tuple(n for n in registry.NAMES if n in names)
+
+
+def error_stats(c: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """``max_rel_error`` = max|C − ref| / max|ref|, ``rms_rel_error`` = ‖C − ref‖ / ‖ref‖, ``max_abs_error``.
+
+    Both relative errors are normalised by the whole product, not element by
+    element: an element near zero would otherwise stand for the kernel.
+    """
+    diff = c.astype(np.float64) - ref
+    top, norm = float(np.abs(ref).max()), float(np.linalg.norm(ref))
+    worst = float(np.abs(diff).max())
+    return {
+        "max_rel_error": float(f"{worst / top if top else worst:.4g}"),
+        "rms_rel_error": float(f"{float(np.linalg.norm(diff)) / norm if norm else 0.0:.4g}"),
+        "max_abs_error": float(f"{worst:.4g}"),
+    }
+
+
+def run_accuracy(
+    plan: Plan, backend: Backend, host: Backend, progress: ProgressSink | None = None
+) -> Iterator[dict[str, Any]]:
+    """Each kernel's error against float64 at M = N = ``plan.accuracy_mn`` for every K of ``plan.accuracy_ks``.
+
+    Yields one row per kernel and K (:data:`ACCURACY_COLUMNS`). A kernel's
+    first call at a shape compiles or warms it up; the product is a product
+    all the same, so one call is enough. ``within_fp32_tolerance``: every
+    element within fp32's tolerance (:func:`mmd.verify.fp32_tolerance`), the
+    bar a fp32-class kernel is held to; TF32 kernels are expected to miss it.
+    """
+    runner = _Runner(plan, backend, host, None)
+    kernels = accuracy_kernels(plan, backend)
+    mn = plan.accuracy_mn
+    for k in plan.accuracy_ks:
+        a, b = accuracy_inputs(mn, k, mn, plan.seed)
+        ref = reference(a, b)
+        allowed = verify.fp32_tolerance(a, b)
+        for name in kernels:
+            spec = registry.get(name)
+            case = Case(name, mn, k, mn, plan.sizes_at_tile if spec.uses_tile else None)
+            use = runner.backend_for(case)
+            row: dict[str, Any] = {c: None for c in ACCURACY_COLUMNS}
+            row.update(kernel=name, backend=use.name, tile=case.tile, m=mn, k=k, n=mn, status="ok")
+            row["device"] = use.device_name()
+            if spec.on_gpu and use.name == "cpu":
+                row.update(status="skipped", reason=f"{name} needs a GPU backend; this run has the cpu backend")
+            else:
+                request = MultiplyRequest(kernel=name, tile=case.tile or plan.sizes_at_tile, memory=plan.memory)
+                _measure_accuracy(row, use, request, a, b, ref, allowed)
+            if progress is not None:
+                progress.accuracy(row)
+            yield row
+
+
+def _measure_accuracy(
+    row: dict[str, Any],
+    backend: Backend,
+    request: MultiplyRequest,
+    a: np.ndarray,
+    b: np.ndarray,
+    ref: np.ndarray,
+    allowed: np.ndarray,
+) -> None:
+    try:
+        c = backend.multiply(a, b, request).c
+    except MmdError as exc:
+        row.update(status="refused", reason=exc.reason)
+    except Exception as exc:  # a bug must not cost the rest of the sweep
+        row.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+        traceback.print_exc(file=sys.stderr)
+    else:
+        row.update(error_stats(c, ref))
+        row["within_fp32_tolerance"] = check_product(c, ref, allowed, "").ok

@@ -103,6 +103,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("bench"), help="results root (default: %(default)s)")
+    p.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="afterwards, measure each kernel's max and RMS relative error against float64 over K "
+        "(and cuBLAS's in both modes): accuracy.csv and accuracy.yaml in the results folder",
+    )
+    p.add_argument(
+        "--accuracy-mn",
+        type=int,
+        default=bench.ACCURACY_MN,
+        metavar="N",
+        help="the accuracy sweep's M = N (default: %(default)s)",
+    )
+    p.add_argument(
+        "--accuracy-ks",
+        nargs="+",
+        type=int,
+        default=bench.ACCURACY_KS,
+        metavar="K",
+        help="the accuracy sweep's K values (default: 32 64 ... 8192)",
+    )
     p.add_argument("--report", action="store_true", help="render the report into <results>/report afterwards")
     p.add_argument(
         "--compare",
@@ -162,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
                 noise=args.noise,
                 max_repeats=args.max_repeats,
                 flush_l2=args.flush_l2,
+                accuracy=args.accuracy,
+                accuracy_mn=args.accuracy_mn,
+                accuracy_ks=tuple(args.accuracy_ks),
             )
         except ValueError as exc:
             print(f"mmd bench: {exc}", file=sys.stderr)
@@ -174,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
     print(result.csv_path)
     print(result.yaml_path)
+    if result.accuracy:
+        print(result.accuracy_csv_path)
+        print(result.accuracy_yaml_path)
     for row in result.failures:
         print(f"mmd bench: FAILED {bench.describe_row(row)}", file=sys.stderr)
     if args.report:
