@@ -378,7 +378,10 @@ def describe_row(row: dict[str, Any]) -> str:
         parts.append(f"overall {row['overall_median_ms']:.3f} ms")
         if row.get("gflops") is not None:
             parts.append(f"{row['gflops']:.1f} GFLOP/s")
-        parts.append(f"{row['repeats']} calls")
+        parts.append(
+            f"{row['repeats']} calls"
+            + (" (the cap: noise still over --noise)" if row.get("converged") is False else "")
+        )
         if row.get("sm_clock_mhz") is not None:
             parts.append(f"SM {row['sm_clock_mhz']:.0f} MHz")
         line = f"{head}  ok       " + ", ".join(parts)
