@@ -892,7 +892,7 @@ class _Runner:
             tile=case.tile or plan.sizes_at_tile,
             memory=plan.memory,
             text_path=plan.text_path,
-            flush_l2=plan.flush_l2 and plan.adaptive,  # warm-ups too: they run as the timed calls do
+            flush_l2=plan.flush_l2 and not plan.through_files,  # warm-ups too: they run as the timed calls do
         )
         inputs = self.inputs(case)
         samples: list[dict[str, float]] = []
@@ -927,7 +927,7 @@ class _Runner:
         noise = {phase: _noise_of(samples, phase) for phase in ("kernel", "overall")}
         row.update(kernel_noise=noise["kernel"], overall_noise=noise["overall"])
         if plan.adaptive and noise["kernel"] is not None:
-            row["converged"] = noise["kernel"] < plan.noise
+            row["converged"] = _settled(samples, plan.noise)  # the loop's own test, not the rounded figure
         row.update(watch.summary())
         return row
 

@@ -93,7 +93,7 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
             if not spec.compiled:
 
                 def step() -> None:
-                    session.sgemm(da, db, dc)
+                    session.multiply(None, da, db, dc)  # cuBLAS SGEMM (GpuSession has no sgemm since 3ddf565)
 
                 regs = None
             else:
