@@ -45,6 +45,12 @@ FLOAT_BYTES = 4
 #: call (cuBLAS) on the GPU, or the host (numpy) backend.
 SOURCE, LIBRARY, HOST = "source", "library", "host"
 
+#: The arithmetic a kernel's product has: ``fp32`` (fp32 operands, fp32 sums, or better: tc3's
+#: 3xTF32) or ``tf32`` (operands rounded to TF32's 10 mantissa bits on the tensor cores).
+#: The bench checks each against its own tolerance; a ``tf32`` LIBRARY entry is cuBLAS in its
+#: TF32 tensor-core math mode.
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32")
+
 
 @dataclass(frozen=True)
 class DeviceLimits:
@@ -64,6 +70,10 @@ class DeviceLimits:
     max_shared_optin: int = 0
     #: How refusals word the limit: a real device's, or the common bound where no device was asked.
     allows: str = "this GPU allows"
+    #: Bytes of L2 cache (0: unknown); the bench's L2 flush writes twice this.
+    l2_cache_bytes: int = 0
+    #: The PCI bus id (``0000:65:00.0``; empty: unknown): how the bench finds the GPU in nvidia-smi.
+    pci_bus_id: str = ""
 
     @property
     def arch(self) -> str:
@@ -155,8 +165,9 @@ class KernelSpec:
     min_compute_capability: tuple[int, int] = (0, 0)
     #: What that capability brings, for the refusal ("TF32 tensor cores").
     requirement: str = ""
-    #: The arithmetic its products carry: ``fp32`` (fp32-class error), or ``tf32`` (operands rounded to
-    #: TF32's 10-bit mantissa: relative error near 3e-4, which `mmd check`'s fp32 tolerance refuses).
+    #: The arithmetic its products carry (one of :data:`PRECISIONS`): ``fp32`` (fp32-class error), or
+    #: ``tf32`` (operands rounded to TF32's 10-bit mantissa: relative error near 3e-4, which `mmd
+    #: check`'s fp32 tolerance refuses).
     precision: str = "fp32"
     #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
     macros: tuple[tuple[str, int], ...] = ()
@@ -164,6 +175,10 @@ class KernelSpec:
     variants: tuple[Variant, ...] = ()
     #: The label of the variant this spec was resolved to, if any.
     variant: str | None = None
+    #: Whether the course's benchmark plan runs it by default; the tensor-core rung and cuBLAS's
+    #: TF32 mode are the ladder plan's (``mmd bench --plan ladder``), so the course's graphs keep
+    #: the kernels the course teaches.
+    course: bool = True
 
     def for_shape(self, m: int, n: int, limits: DeviceLimits) -> KernelSpec:
         """The spec to launch for an m×n C on this device: the variant its shape class calls for.
@@ -338,6 +353,7 @@ def _tensor_core_spec(kernel: str, description: str, precision: str) -> KernelSp
         min_compute_capability=(8, 0),
         requirement="TF32 tensor cores",
         precision=precision,
+        course=False,
     )
 
 
@@ -423,6 +439,15 @@ _SPECS: tuple[KernelSpec, ...] = (
         description="cuBLAS SGEMM (the vendor library, for reference)",
     ),
     KernelSpec(
+        name="cublas_tf32",
+        kind=LIBRARY,
+        description="cuBLAS with TF32 tensor cores (its speed ceiling, its accuracy)",
+        min_compute_capability=(8, 0),
+        requirement="TF32 tensor cores",
+        precision="tf32",
+        course=False,
+    ),
+    KernelSpec(
         name="cpu",
         kind=HOST,
         description="numpy float32 matmul on the host",
@@ -438,8 +463,11 @@ NAMES: tuple[str, ...] = tuple(REGISTRY)
 #: Names of the compiled kernels (those with a ``.cu`` file).
 SOURCE_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.kind == SOURCE)
 
-#: Names the CUDA backend accepts (compiled kernels and cublas).
+#: Names the CUDA backend accepts (compiled kernels, cublas and cublas_tf32).
 GPU_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.on_gpu)
+
+#: Names the course's benchmark plan runs by default (:attr:`KernelSpec.course`).
+COURSE_KERNELS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.course)
 
 
 @functools.cache
@@ -508,27 +536,28 @@ def check_launch(
 ) -> None:
     """Raise TileError when ``kernel`` at ``tile`` cannot be launched under ``limits``.
 
-    Checks, in order: the tile is a positive integer (where the kernel uses
-    it); threads per block; static shared memory per block; registers per
-    block when ``registers_per_thread`` is known (after compiling). cublas and
-    cpu pass any tile; kernels with a fixed block are checked whatever the
-    tile. Pure: reads nothing but its arguments.
+    Checks, in order: the device's compute capability (every kind: TF32
+    needs 8.0); the tile is a positive integer (where the kernel uses it);
+    threads per block; static shared memory per block; registers per block
+    when ``registers_per_thread`` is known (after compiling). cublas and cpu
+    pass any tile; kernels with a fixed block are checked whatever the tile.
+    Pure: reads nothing but its arguments.
     """
     spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
-    if not spec.compiled:
-        return
-    details = {"kernel": spec.name, "tile": tile}
-    if spec.uses_tile:
-        check_tile(tile)
-    what = f"tile {tile}" if spec.uses_tile else spec.name
     have = limits.compute_capability
-    if have != (0, 0) and have < spec.min_compute_capability:
+    if have != (0, 0) and have < spec.min_compute_capability:  # cuBLAS's TF32 mode too, not only sources
         need = ".".join(map(str, spec.min_compute_capability))
         raise KernelError(
             f"{spec.name} needs a GPU of compute capability {need} or newer "
             f"({spec.requirement}); {limits.name} is {'.'.join(map(str, have))}",
             details={"kernel": spec.name, "compute_capability": list(have)},
         )
+    if not spec.compiled:
+        return
+    details = {"kernel": spec.name, "tile": tile}
+    if spec.uses_tile:
+        check_tile(tile)
+    what = f"tile {tile}" if spec.uses_tile else spec.name
 
     threads = spec.threads_per_block(tile)
     if threads > limits.max_threads_per_block:

@@ -20,10 +20,16 @@ Output, in PNG and SVG (matplotlib, Agg):
    time, and its label says so.
 3. ``graph3_sizes``: kernel time and GFLOP/s against size at tile 32, with
    cuBLAS and the GPU's fp32 peak as references.
+4. ``graph4_accuracy`` (where the run has an accuracy sweep, ``mmd bench
+   --accuracy``): each kernel's max (dashed) and RMS (solid) relative error
+   against float64 over K, log-log.
 
-and ``summary.md``: the tables behind the graphs, speed-up over the cpu
-backend and over naive, efficiency against cuBLAS and the fp32 peak, and
-every refused, wrong or skipped case with its reason.
+and ``summary.md``: the tables behind the graphs, every kernel by size (time
+and its noise, TFLOP/s, ratio to cuBLAS SGEMM, error, SM clock), speed-up
+over the cpu backend and over naive, efficiency against cuBLAS and the fp32
+peak, and every refused, wrong or skipped case with its reason.
+
+:func:`compare` sets two runs side by side for ``mmd bench --compare``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,7 +47,7 @@ from typing import Any
 import yaml
 
 from . import kernels as registry
-from .bench import COLUMNS, phase_stats
+from .bench import ACCURACY_COLUMNS, COLUMNS, phase_stats
 from .errors import MmdError
 from .record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
 
@@ -58,7 +65,15 @@ PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (
 SWEEP_TILE = 32
 
 _INT_COLUMNS = {"tile", "m", "k", "n", "repeats", "warmup"}
-_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith("_ms")} | {"gflops", "max_abs_error", "rel_error"}
+_FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith(("_ms", "_noise"))} | {
+    "gflops",
+    "max_abs_error",
+    "rel_error",
+    "sm_clock_mhz",
+    "max_rel_error",
+    "rms_rel_error",
+}
+_BOOL_COLUMNS = {"converged", "throttled", "within_fp32_tolerance"}
 
 
 class ReportError(MmdError):
@@ -78,11 +93,13 @@ class Results:
     source: Path
     environment: dict[str, Any] = field(default_factory=dict)
     kind: str = "bench"  # bench | sidecars
+    #: The accuracy sweep's rows (accuracy.yaml or accuracy.csv beside the results), in ACCURACY_COLUMNS form.
+    accuracy: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _typed(row: dict[str, Any]) -> dict[str, Any]:
+def _typed(row: dict[str, Any], columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for col in COLUMNS:
+    for col in columns:
         value = row.get(col)
         if value == "" or value is None:
             out[col] = None
@@ -90,6 +107,8 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
             out[col] = int(value)
         elif col in _FLOAT_COLUMNS:
             out[col] = float(value)
+        elif col in _BOOL_COLUMNS:
+            out[col] = value if isinstance(value, bool) else str(value).lower() == "true"
         else:
             out[col] = str(value)
     return out
@@ -195,20 +214,42 @@ def read_sidecars(folder: Path) -> Results:
 
 
 def load(source: Path) -> Results:
-    """Results from a results.csv/yaml, the folder holding one, or a folder of sidecars."""
+    """Results from a results.csv/yaml, the folder holding one, or a folder of sidecars (with the accuracy
+    sweep's rows where an accuracy.yaml or accuracy.csv lies beside the results)."""
     source = Path(source)
     if source.is_dir():
         for name, reader in (("results.yaml", read_yaml), ("results.csv", read_csv)):
             if (source / name).is_file():
-                return reader(source / name)
+                return _with_accuracy(reader(source / name))
         return read_sidecars(source)
     if not source.exists():
         raise ReportError(f"{source} does not exist")
     if source.suffix == ".csv":
-        return read_csv(source)
+        return _with_accuracy(read_csv(source))
     if source.suffix in (".yaml", ".yml"):
-        return read_yaml(source)
+        return _with_accuracy(read_yaml(source))
     raise ReportError(f"{source}: give a results.csv, a results.yaml or a folder")
+
+
+def read_accuracy(folder: Path) -> list[dict[str, Any]]:
+    """The rows of the accuracy.yaml (else accuracy.csv) in ``folder``; none without either."""
+    try:
+        if (folder / "accuracy.yaml").is_file():
+            rows = _load_yaml(folder / "accuracy.yaml").get("rows")
+            if not isinstance(rows, list):
+                raise ReportError(f"{folder / 'accuracy.yaml'} has no rows: not an accuracy.yaml from mmd bench")
+            return [_typed(r, ACCURACY_COLUMNS) for r in rows]
+        if (folder / "accuracy.csv").is_file():
+            with open(folder / "accuracy.csv", newline="", encoding="utf-8") as fh:
+                return [_typed(r, ACCURACY_COLUMNS) for r in csv.DictReader(fh)]
+    except (OSError, TypeError, ValueError, AttributeError) as exc:
+        raise ReportError(f"cannot read the accuracy sweep in {folder}: {exc}") from None
+    return []
+
+
+def _with_accuracy(results: Results) -> Results:
+    results.accuracy = read_accuracy(results.source.parent)
+    return results
 
 
 # -- reading the rows ----------------------------------------------------------
@@ -311,6 +352,161 @@ def cuda_or_kernel(row: dict[str, Any]) -> tuple[float | None, float | None, flo
     if row.get("cuda_median_ms") is not None:
         return row["cuda_median_ms"], row["cuda_min_ms"], row["cuda_max_ms"], False
     return row.get("kernel_median_ms"), row.get("kernel_min_ms"), row.get("kernel_max_ms"), True
+
+
+# -- comparing two runs (mmd bench --compare) ------------------------------------
+
+#: What makes two rows the same case.
+CASE_KEY: tuple[str, ...] = ("kernel", "tile", "m", "k", "n", "memory", "mode")
+VERDICTS: tuple[str, ...] = ("faster", "slower", "within noise")
+
+
+def row_noise(row: dict[str, Any], phase: str) -> tuple[float | None, bool]:
+    """(the noise of ``phase``'s median in ``row``, whether it is measured).
+
+    Runs from before the noise columns have none: half their min–max range
+    over the median stands in (what :func:`mmd.bench.median_noise` gives for
+    five samples or fewer), marked as not measured.
+    """
+    noise = row.get(f"{phase}_noise")
+    if noise is not None:
+        return float(noise), True
+    med, lo, hi = (row.get(f"{phase}_{s}_ms") for s in ("median", "min", "max"))
+    if med and lo is not None and hi is not None:
+        return (hi - lo) / (2.0 * med), False
+    return None, False
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """B's median over A's for one phase, with the two runs' noise combined (a fraction, 0.02 = 2 %)."""
+
+    a_ms: float
+    b_ms: float
+    noise: float
+    measured: bool  # both noises measured (else a min–max range stood in)
+
+    @property
+    def value(self) -> float:
+        return self.b_ms / self.a_ms
+
+    @property
+    def verdict(self) -> str:
+        """``faster`` (B takes less time), ``slower``, or ``within noise``."""
+        if self.value < 1.0 - self.noise:
+            return "faster"
+        if self.value > 1.0 + self.noise:
+            return "slower"
+        return "within noise"
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any], phase: str) -> Ratio | None:
+    a_ms, b_ms = a.get(f"{phase}_median_ms"), b.get(f"{phase}_median_ms")
+    (na, ma), (nb, mb) = row_noise(a, phase), row_noise(b, phase)
+    if not a_ms or not b_ms or na is None or nb is None:
+        return None
+    # Each noise is a relative half-width; for a ratio of independent medians they add in quadrature.
+    return Ratio(a_ms, b_ms, math.hypot(na, nb), ma and mb)
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    """One case in two runs: the kernel and overall ratios B/A, and the verdict on the kernel's."""
+
+    key: tuple[Any, ...]
+    a: dict[str, Any] | None
+    b: dict[str, Any] | None
+    kernel: Ratio | None
+    overall: Ratio | None
+
+    @property
+    def verdict(self) -> str:
+        """One of :data:`VERDICTS` (on kernel time), else why the case cannot be compared."""
+        if self.a is None or self.b is None:
+            return "only in A" if self.b is None else "only in B"
+        if self.a["status"] != "ok" or self.b["status"] != "ok":
+            return f"not compared (A {self.a['status']}, B {self.b['status']})"
+        if self.kernel is None:
+            return "not compared (no kernel time)"
+        return self.kernel.verdict
+
+    @property
+    def throttled(self) -> str:
+        """Which run was throttled during the case: ``""``, ``"A"``, ``"B"`` or ``"A and B"``."""
+        runs = [name for name, row in (("A", self.a), ("B", self.b)) if row is not None and row.get("throttled")]
+        return " and ".join(runs)
+
+
+@dataclass
+class Comparison:
+    """Two runs, case by case."""
+
+    a: Results
+    b: Results
+    cases: list[CaseComparison]
+
+    def counts(self) -> dict[str, int]:
+        """Cases per verdict (the three of :data:`VERDICTS`, then the others)."""
+        found = [c.verdict for c in self.cases]
+        keys = list(VERDICTS) + sorted({v for v in found if v not in VERDICTS})
+        return {v: found.count(v) for v in keys}
+
+    def text(self) -> str:
+        """What ``mmd bench --compare`` prints."""
+
+        def source(name: str, r: Results) -> str:
+            facts = [str(r.environment[k]) for k in ("device", "date") if r.environment.get(k)]
+            return f"{name} = {r.source}" + (f" ({', '.join(facts)})" if facts else "")
+
+        lines = [source("A", self.a), source("B", self.b)]
+        lines.append("B/A of the medians (under 1: B takes less time) ± the two runs' noise combined (95 %)")
+        # the mode and memory columns only where a case was not run in memory, in device memory
+        show_where = any(c.key[6] != "memory" or c.key[5] not in (None, "device") for c in self.cases)
+        body = []
+        for c in self.cases:
+            kernel, tile, m, k, n, memory, mode = c.key
+            cells = [str(kernel), "-" if tile is None else str(tile), f"{m}x{k}x{n}"]
+            if show_where:
+                cells.append(f"{mode}/{memory or '-'}")
+            ms = "" if c.kernel is None else f"{c.kernel.a_ms:.3f} → {c.kernel.b_ms:.3f}"
+            cells += [ms, _ratio_text(c.kernel), _ratio_text(c.overall)]
+            verdict = c.verdict + (f" (throttled in {c.throttled})" if c.throttled else "")
+            body.append([*cells, verdict])
+        header = ["kernel", "tile", "shape", *(["mode/memory"] if show_where else []), "kernel ms A → B"]
+        header += ["kernel B/A", "overall B/A", "verdict"]
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        for row in [header, *body]:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        counts = ", ".join(f"{n} {v}" for v, n in self.counts().items() if n)
+        lines.append(f"{len(self.cases)} cases: {counts or 'none'}")
+        if any(r is not None and not r.measured for c in self.cases for r in (c.kernel, c.overall)):
+            lines.append("~: a run without noise columns (before mmd bench measured it): half its min–max range")
+        return "\n".join(lines) + "\n"
+
+
+def _ratio_text(ratio: Ratio | None) -> str:
+    if ratio is None:
+        return ""
+    return f"{ratio.value:.3f} ±{ratio.noise:.1%}" + ("" if ratio.measured else "~")
+
+
+def compare(a: Path | Results, b: Path | Results) -> Comparison:
+    """Run A against run B (each a results folder, results.csv or results.yaml), case by case."""
+    ra = a if isinstance(a, Results) else load(Path(a))
+    rb = b if isinstance(b, Results) else load(Path(b))
+
+    def keyed(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {tuple(r[c] for c in CASE_KEY): r for r in rows}
+
+    in_a, in_b = keyed(ra.rows), keyed(rb.rows)
+    cases = []
+    for key in [*in_a, *(k for k in in_b if k not in in_a)]:
+        row_a, row_b = in_a.get(key), in_b.get(key)
+        kernel = overall = None
+        if row_a is not None and row_b is not None:
+            kernel, overall = _ratio(row_a, row_b, "kernel"), _ratio(row_a, row_b, "overall")
+        cases.append(CaseComparison(key, row_a, row_b, kernel, overall))
+    return Comparison(ra, rb, cases)
 
 
 # -- drawing -------------------------------------------------------------------
@@ -453,6 +649,51 @@ def _size_figure(sweeps: dict[str, list[dict[str, Any]]], tile: int | None, peak
     return fig
 
 
+def accuracy_sweep(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """kernel → its ok accuracy rows by ascending K, kernels in registry order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in _ok(rows):
+        out.setdefault(r["kernel"], []).append(r)
+    return {k: sorted(out[k], key=lambda r: r["k"]) for k in kernel_order(out)}
+
+
+def _positive(values: Iterable[float | None]) -> list[float]:
+    """NaN for what a log axis cannot show (an exact product's 0): a gap, not a warning."""
+    return [v if v is not None and v > 0 else math.nan for v in values]
+
+
+def _accuracy_figure(sweep: dict[str, list[dict[str, Any]]], where: str) -> Any:
+    from matplotlib.lines import Line2D
+
+    fig = _figure()
+    ax = fig.subplots()
+    if not sweep:
+        _no_data(ax, "no accuracy results")
+        return fig
+    colors = _colors(sweep)
+    for name, rows in sweep.items():
+        ks = [r["k"] for r in rows]
+        color = "black" if name == "cublas" else colors[name]  # cuBLAS SGEMM: the reference, as in graph 3
+        ax.plot(ks, _positive(r["rms_rel_error"] for r in rows), color=color, linestyle="-", marker="o", label=name)
+        ax.plot(ks, _positive(r["max_rel_error"] for r in rows), color=color, linestyle="--", marker=".")
+    ks = sorted({r["k"] for rows in sweep.values() for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+    ax.set_xlabel("K (inner dimension)")
+    ax.set_ylabel("relative error against float64")
+    ax.set_title(f"Graph 4: error against float64 vs K ({where})")
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [
+        Line2D([], [], color="gray", linestyle="-", label="RMS: ‖C − ref‖ / ‖ref‖"),
+        Line2D([], [], color="gray", linestyle="--", label="max: max|C − ref| / max|ref|"),
+    ]
+    ax.legend(handles=handles, fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
 # -- the summary ---------------------------------------------------------------
 
 
@@ -530,7 +771,9 @@ def summary_markdown(
     sweeps: dict[str, list[dict[str, Any]]],
     peak: tuple[float, str] | None,
     graphs: list[str],
+    accuracy: str | None = None,
 ) -> str:
+    """summary.md; ``accuracy``: graph 4's file name, when the results have an accuracy sweep."""
     rows = results.rows
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "refused", "wrong", "skipped", "error")}
     out = ["# mmd benchmark report", ""]
@@ -600,6 +843,8 @@ def summary_markdown(
     def base(kernel: str, phase: str) -> dict[int, float]:
         return {sized(r): r[f"{phase}_median_ms"] for r in sweeps.get(kernel, []) if r[f"{phase}_median_ms"]}
 
+    out += _kernel_table(sweeps, base("cublas", "kernel"))
+
     out += ["## Speed-up over the cpu backend", ""]
     if "cpu" in sweeps:
         for phase in ("overall", "kernel"):
@@ -626,6 +871,8 @@ def summary_markdown(
         out += _ratio_table(sweeps, peak_gflops, lambda r: r["gflops"], invert=True, fmt="{:.1%}")
     else:
         out += ["The GPU's fp32 peak is not known for this device (give --peak-tflops).", ""]
+    if accuracy:
+        out += _accuracy_section(results.accuracy, accuracy)
     refused = [r for r in rows if r["status"] == "refused"]
     out += ["## Refused cases", ""]
     if refused:
@@ -657,6 +904,68 @@ def summary_markdown(
     return "\n".join(out).rstrip() + "\n"
 
 
+def _kernel_table(sweeps: dict[str, list[dict[str, Any]]], cublas: dict[int, float]) -> list[str]:
+    """Every kernel at every size: median ± noise, TFLOP/s, cuBLAS SGEMM's time over its own, error, SM clock."""
+    out = ["## Every kernel by size", ""]
+    out += [
+        "Kernel time (median ± its noise: half the 95 % interval of the median), TFLOP/s, "
+        "× cuBLAS = cuBLAS SGEMM's kernel time / the kernel's (above 1: faster), "
+        "error = ‖C − ref‖ / ‖ref‖ against float64 on the case's inputs, the SM clock during the timed calls.",
+        "",
+    ]
+    body = []
+    for name, rs in sweeps.items():
+        for r in rs:
+            ms, size = r["kernel_median_ms"], sized(r)
+            noise = "–" if r.get("kernel_noise") is None else f"±{r['kernel_noise']:.1%}"
+            ratio = f"{cublas[size] / ms:.2f}×" if ms and size in cublas else ""
+            tflops = "" if r["gflops"] is None else f"{r['gflops'] / 1000:.2f}"
+            error = "" if r["rel_error"] is None else f"{r['rel_error']:.1e}"
+            clock = "" if r.get("sm_clock_mhz") is None else f"{r['sm_clock_mhz']:.0f}"
+            if r.get("throttled"):
+                clock += f" THROTTLED ({r.get('throttle_reasons') or '?'})"
+            body.append([name, str(size), _ms(ms), noise, str(r["repeats"]), tflops, ratio, error, clock])
+    header = ["kernel", "size", "kernel ms", "noise", "calls", "TFLOP/s", "× cuBLAS", "error vs float64", "SM MHz"]
+    return out + _table(header, body)
+
+
+def _accuracy_section(rows: list[dict[str, Any]], graph: str) -> list[str]:
+    sweep = accuracy_sweep(rows)
+    ks = sorted({r["k"] for rs in sweep.values() for r in rs})
+    mn = sorted({(r["m"], r["n"]) for rs in sweep.values() for r in rs})
+    where = ", ".join(f"M = {m}, N = {n}" for m, n in mn) or "no results"
+    out = [f"## Graph 4: accuracy against float64 ({where}, inputs uniform in [−1, 1])", ""]
+    out += [f"![graph 4]({graph})", ""]
+    out += [
+        "max = max|C − ref| / max|ref|, RMS = ‖C − ref‖ / ‖ref‖ (Frobenius), ref the float64 product. "
+        "fp32's tolerance: every element within 4·sqrt(K)·eps·(|A|·|B|), the bar mmd checks fp32 kernels "
+        "against (TF32 kernels are checked against their own).",
+        "",
+    ]
+    for label, column in (("Max relative error", "max_rel_error"), ("RMS relative error", "rms_rel_error")):
+        out += [f"{label}:", ""]
+        out += _table(
+            ["kernel", *map(str, ks)],
+            [
+                [n, *[("" if (v := {r["k"]: r[column] for r in rs}.get(k)) is None else f"{v:.1e}") for k in ks]]
+                for n, rs in sweep.items()
+            ],
+        )
+    body = []
+    for name, rs in sweep.items():
+        outside = [str(r["k"]) for r in rs if r["within_fp32_tolerance"] is False]
+        body.append([name, f"outside at K = {', '.join(outside)}" if outside else "within at every K"])
+    out += ["Within fp32's tolerance:", ""]
+    out += _table(["kernel", "fp32's tolerance"], body)
+    others = [r for r in rows if r["status"] != "ok"]
+    if others:
+        out += _table(
+            ["kernel", "K", "status", "reason"],
+            [[r["kernel"], str(r["k"]), r["status"], r["reason"] or ""] for r in others],
+        )
+    return out
+
+
 # -- rendering -----------------------------------------------------------------
 
 
@@ -679,7 +988,7 @@ def render(
     size: int | None = None,
     peak_tflops: float | None = None,
 ) -> Rendered:
-    """Render graphs 1-3 (PNG and SVG) and summary.md from ``source`` into ``out``.
+    """Render graphs 1-3 (and 4 where there is an accuracy sweep; PNG and SVG) and summary.md from ``source``.
 
     ``out`` defaults to ``report/`` beside the results (inside a sidecar folder).
     """
@@ -719,9 +1028,14 @@ def render(
     files += _save(fig, out, "graph2_cuda")
     fig = _size_figure(sweeps, tile, peak)
     files += _save(fig, out, "graph3_sizes")
+    accuracy = None
+    if results.accuracy:
+        mn = sorted({f"M = {r['m']}, N = {r['n']}" for r in results.accuracy})
+        files += _save(_accuracy_figure(accuracy_sweep(results.accuracy), "; ".join(mn)), out, "graph4_accuracy")
+        accuracy = "graph4_accuracy.png"
     summary = out / "summary.md"
     text = summary_markdown(
-        results, sweep, tile, sweeps, peak, ["graph1_overall.png", "graph2_cuda.png", "graph3_sizes.png"]
+        results, sweep, tile, sweeps, peak, ["graph1_overall.png", "graph2_cuda.png", "graph3_sizes.png"], accuracy
     )
     summary.write_text(text, encoding="utf-8")
     files.append(summary)

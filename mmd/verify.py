@@ -78,6 +78,26 @@ def _fp32_factor(k: int, factor: float = 4.0) -> float:
     return factor * math.sqrt(max(k, 1)) * _EPS32
 
 
+#: What TF32 operands add to a product's error, relative to |A|·|B|: each operand is off by less
+#: than one TF32 unit, 2^-10 of it (truncation, the worst a TF32 path does; rounding halves it),
+#: so each term a·b by less than 2·2^-10 + 2^-20 of |a·b|. A worst case, not a statistical one:
+#: TF32's error is the operands' rounding, which no fp32 model of the sums covers (measured: a
+#: product of TF32-rounded operands in numpy exceeds the fp32 tolerance by 2.3× at N = 2048, 51× at 64).
+TF32_OPERAND_ERROR = 2.0**-9 + 2.0**-20
+
+#: The tolerance each precision (:data:`mmd.kernels.PRECISIONS`) is checked against, in words.
+TOLERANCES: dict[str, str] = {"fp32": "4·sqrt(K)·eps·|A||B|", "tf32": "(2^-9 + 4·sqrt(K)·eps)·|A||B|"}
+
+
+def tf32_tolerance(fp32_allowed: np.ndarray, k: int) -> np.ndarray:
+    """:func:`fp32_tolerance`'s allowance (for inner dimension ``k``) widened for TF32 operands.
+
+    Scaled from the fp32 allowance rather than recomputed, so |A|·|B| costs one product.
+    """
+    scaled: np.ndarray = fp32_allowed * (1.0 + TF32_OPERAND_ERROR / _fp32_factor(k))
+    return scaled
+
+
 def reference(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> np.ndarray:
     """A·B in float64: numpy's BLAS on the CPU, or ``gemm`` (a float64 GEMM elsewhere) when given."""
     a64 = np.asarray(a, dtype=np.float64)

@@ -93,8 +93,8 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
             spec = registry.get(kernel)
             if not spec.compiled:
 
-                def step() -> None:
-                    session.multiply(None, da, db, dc)
+                def step(tf32: bool = spec.precision == "tf32") -> None:
+                    session.multiply(None, da, db, dc, tf32=tf32)
 
                 regs = None
             else:

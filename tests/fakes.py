@@ -5,7 +5,9 @@ a CPU-only machine exercise the backend's own logic: phase accounting,
 compile-once, the tile check before any allocation, freeing on every error
 path, the text path and the conversion of driver errors. ``fail_at`` names a
 step that raises a driver error; ``fault`` decides, per product, whether the
-"kernel" faults (an illegal address: the backend must reopen).
+"kernel" faults (an illegal address: the backend must reopen). cuBLAS's TF32
+mode rounds the operands to TF32 (:func:`tf32_round`), so its error is TF32's;
+``flush_l2`` is counted and logged in ``events`` beside the products.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ LIMITS = registry.DeviceLimits(
     total_memory=80 * 2**30,
     multiprocessors=132,
     max_shared_optin=227 * 1024,
+    l2_cache_bytes=50 * 2**20,
 )
 
 #: Milliseconds the fake timer reports for each phase.
@@ -44,6 +47,17 @@ COMPILE_MS, TEXT_BUILD_MS = 42.0, 12.0
 
 class DriverError(Exception):
     """Stands in for pycuda._driver.Error."""
+
+
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to TF32 (10 stored mantissa bits, ties away from zero, as ``cvt.rna.tf32.f32``), as float32.
+
+    Adding half of the 13 dropped bits' weight to the bit pattern carries into
+    the kept bits exactly when the dropped part is at least half a unit.
+    """
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded: np.ndarray = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return rounded
 
 
 class FakeTimer:
@@ -82,10 +96,12 @@ class FakeText:
         self.built = True
         return {}, {}, (TEXT_BUILD_MS if first else None)
 
-    def multiply_text(self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None) -> TextResult:
+    def multiply_text(
+        self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None, *, tf32: bool = False
+    ) -> TextResult:
         self.calls += 1
         matrices = textformat.parse(data, header)
-        c = self.session.product(matrices.a, matrices.b, kernel)
+        c = self.session.product(matrices.a, matrices.b, kernel, tf32)
         return TextResult(
             chunks=list(textformat.emit_chunks(c)),
             c=c,
@@ -129,6 +145,9 @@ class FakeSession:
         self.frees = 0
         self.products = 0
         self.compiles = 0
+        self.flushes = 0
+        #: "product" and "flush_l2", in the order they happened.
+        self.events: list[str] = []
         self.built: dict[Any, Compiled] = {}
         self.closed = False
         self.free_bytes = 10 * 2**30
@@ -139,13 +158,16 @@ class FakeSession:
         if self.fail_at == step:
             raise DriverError(f"cuFake failed: {step}\n(second line)")
 
-    def product(self, a: np.ndarray, b: np.ndarray, kernel: Compiled | None = None) -> np.ndarray:
-        """A·B, or the fault a kernel with an illegal address raises."""
+    def product(self, a: np.ndarray, b: np.ndarray, kernel: Compiled | None = None, tf32: bool = False) -> np.ndarray:
+        """A·B (``tf32``: of the operands rounded to TF32), or the fault a kernel with an illegal address raises."""
         self.products += 1
+        self.events.append("product")
         if self.fault is not None and self.fault(a, b):
             raise DriverError("an illegal memory access was encountered (fake)")
+        if tf32:
+            a, b = tf32_round(a), tf32_round(b)
         c = np.ascontiguousarray(a @ b, dtype=np.float32)
-        name = "cublas" if kernel is None else kernel.spec.name
+        name = ("cublas_tf32" if tf32 else "cublas") if kernel is None else kernel.spec.name
         self.last = (name, None if kernel is None or not kernel.spec.uses_tile else kernel.tile, a.shape[0])
         if self.tamper is not None:
             self.tamper(name, c)
@@ -184,9 +206,16 @@ class FakeSession:
         self.maybe_fail("upload")
         matrix.handle[...] = host
 
-    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None:
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None:
         self.maybe_fail("sgemm" if kernel is None else "launch")
-        c.handle[...] = self.product(a.handle, b.handle, kernel)
+        c.handle[...] = self.product(a.handle, b.handle, kernel, tf32)
+
+    def flush_l2(self) -> None:
+        self.maybe_fail("flush_l2")
+        self.flushes += 1
+        self.events.append("flush_l2")
 
     def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
         self.maybe_fail("download")

@@ -240,3 +240,19 @@ def test_the_device_reference_says_why_there_is_none():
 
     with pytest.raises(BackendUnavailable, match="driver sees no GPU"):
         DeviceReference(open_session=no_gpu)
+
+
+def test_l2_flush_comes_between_the_copies_and_the_kernel_untimed():
+    backend, session = backend_with()
+    a, b = operands()
+    plain = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16))
+    assert session.flushes == 0 and session.events == ["product"]
+    flushed = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16, flush_l2=True))
+    assert session.flushes == 1 and session.events == ["product", "flush_l2", "product"]
+    # in no phase: the course's CUDA time is unchanged (the first call also built the kernel)
+    assert flushed.timings_ms == {k: v for k, v in plain.timings_ms.items() if k != "compile"}
+    np.testing.assert_array_equal(flushed.c, plain.c)
+    cublas = backend.multiply(a, b, MultiplyRequest(kernel="cublas", flush_l2=True))
+    # cuBLAS's warm-up product (untimed, first use of the shape) is not flushed before; the timed one is.
+    assert session.events[-3:] == ["product", "flush_l2", "product"] and cublas.kernel == "cublas"
+    assert session.limits.l2_cache_bytes == 50 * 2**20

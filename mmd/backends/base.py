@@ -24,13 +24,17 @@ CUDA_PHASES: tuple[str, ...] = ("malloc", "h2d", "kernel", "d2h", "free")
 
 @dataclass(frozen=True)
 class MultiplyRequest:
-    """What to run: the kernel, its tile, the device memory mode and the text path."""
+    """What to run: the kernel, its tile, the device memory mode, the text path, and the bench's L2 flush."""
 
     kernel: str = "tiled"
     tile: int = 32
     memory: str = "device"
     #: One of :data:`mmd.config.TEXT_PATHS`.
     text_path: str = "auto"
+    #: Evict the GPU's L2 cache between h2d and the kernel phase, untimed, so the kernel starts
+    #: cold, as nvbench times it (``mmd bench`` in memory). Backends without one ignore it, and so
+    #: does the device text path (jobs through files time what a job costs, caches and all).
+    flush_l2: bool = False
 
 
 @dataclass

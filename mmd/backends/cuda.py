@@ -51,7 +51,9 @@ class TextEngine(Protocol):
     """The GPU text path of a session (:class:`mmd.cuda.text.GpuText`)."""
 
     def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]: ...
-    def multiply_text(self, data: bytes | memoryview, header: Header, kernel: Compiled | None) -> TextResult: ...
+    def multiply_text(
+        self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
+    ) -> TextResult: ...
 
 
 class Session(Protocol):
@@ -68,7 +70,10 @@ class Session(Protocol):
     def free(self, matrix: DeviceMatrix) -> None: ...
     def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None: ...
     def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray: ...
-    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None: ...
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None: ...
+    def flush_l2(self) -> None: ...
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
@@ -99,7 +104,7 @@ class CudaBackend(Backend, DeviceText):
         self._device = device
         self._thread = threading.get_ident()
         self._closed = False
-        self._warm: set[tuple[int, int, int]] = set()  # shapes cuBLAS has run here
+        self._warm: set[tuple[int, int, int, bool]] = set()  # shapes (and math modes) cuBLAS has run here
 
     @property
     def session(self) -> Session:
@@ -139,7 +144,7 @@ class CudaBackend(Backend, DeviceText):
         m, k = a.shape
         n = b.shape[1]
         spec, compiled, timings = self._prepare(request, m, k, n)
-        c = self._guarded(lambda: self._run(compiled, a, b, request.memory, timings))
+        c = self._guarded(lambda: self._run(compiled, spec, a, b, request, timings))
         timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
         return Product(
             c=c,
@@ -179,10 +184,10 @@ class CudaBackend(Backend, DeviceText):
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
         self._check_memory(request.memory, m * k + k * n + m * n)
         if spec.kind == registry.LIBRARY:
-            self._warm_library(m, k, n, timings)
+            self._warm_library(m, k, n, _tf32(spec), timings)
         return spec, compiled, timings
 
-    def _warm_library(self, m: int, k: int, n: int, timings: dict[str, float]) -> None:
+    def _warm_library(self, m: int, k: int, n: int, tf32: bool, timings: dict[str, float]) -> None:
         """Run cuBLAS once on scratch buffers the first time a shape comes, outside the timed phases.
 
         Its first call creates the handle and loads the kernel it picks for the
@@ -190,7 +195,7 @@ class CudaBackend(Backend, DeviceText):
         set-up, not the product: it is recorded as ``compile``, like a kernel
         built for its first job.
         """
-        if (m, k, n) in self._warm:
+        if (m, k, n, tf32) in self._warm:
             return
         session = self._session
         start = time.perf_counter()
@@ -198,11 +203,11 @@ class CudaBackend(Backend, DeviceText):
         try:
             for rows, cols in ((m, k), (k, n), (m, n)):
                 held.append(self._guarded(functools.partial(session.alloc, "device", rows, cols)))
-            self._guarded(lambda: session.multiply(None, *held))
+            self._guarded(lambda: session.multiply(None, *held, tf32=tf32))
             self._guarded(session.synchronize)
         finally:
             self._release(held)
-        self._warm.add((m, k, n))
+        self._warm.add((m, k, n, tf32))
         timings["compile"] = timings.get("compile", 0.0) + (time.perf_counter() - start) * 1e3
 
     # -- the text path (mmd.cuda.text) -----------------------------------------
@@ -228,7 +233,7 @@ class CudaBackend(Backend, DeviceText):
         _parse, _emit, built_ms = self._guarded(text.functions)
         if built_ms is not None:
             timings["compile"] = timings.get("compile", 0.0) + built_ms
-        result = self._guarded(lambda: text.multiply_text(data, header, compiled))
+        result = self._guarded(lambda: text.multiply_text(data, header, compiled, tf32=_tf32(spec)))
         phases = result.phases_ms
         for phase in CUDA_PHASES:
             timings[phase] = phases.get(phase, 0.0)
@@ -254,7 +259,13 @@ class CudaBackend(Backend, DeviceText):
         )
 
     def _run(
-        self, compiled: Compiled | None, a: np.ndarray, b: np.ndarray, memory: str, timings: dict[str, float]
+        self,
+        compiled: Compiled | None,
+        spec: registry.KernelSpec,
+        a: np.ndarray,
+        b: np.ndarray,
+        request: MultiplyRequest,
+        timings: dict[str, float],
     ) -> np.ndarray:
         session = self._session
         m, k = a.shape
@@ -264,13 +275,15 @@ class CudaBackend(Backend, DeviceText):
         try:
             with timer.phase("malloc"):
                 for rows, cols in ((m, k), (k, n), (m, n)):
-                    held.append(session.alloc(memory, rows, cols))
+                    held.append(session.alloc(request.memory, rows, cols))
             da, db, dc = held
             with timer.phase("h2d"):
                 session.upload(da, a, "a")
                 session.upload(db, b, "b")
+            if request.flush_l2:  # between the phases: the copies just left A and B in the L2
+                session.flush_l2()
             with timer.phase("kernel"):
-                session.multiply(compiled, da, db, dc)
+                session.multiply(compiled, da, db, dc, tf32=_tf32(spec))
             with timer.phase("d2h"):
                 c = session.download(dc, "c")
             with timer.phase("free"):
@@ -332,6 +345,11 @@ class CudaBackend(Backend, DeviceText):
             return
         self._closed = True
         self._session.close()
+
+
+def _tf32(spec: registry.KernelSpec) -> bool:
+    """Whether ``spec`` is cuBLAS in its TF32 tensor-core mode (the session's ``tf32`` flag)."""
+    return spec.kind == registry.LIBRARY and spec.precision == "tf32"
 
 
 class DeviceReference:

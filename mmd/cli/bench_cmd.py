@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import bench, config, logs
 from .. import kernels as registry
 from ..backends import open_backend
+from ..backends.cuda import CudaBackend
 from .common import settings_from
 
 
@@ -17,10 +19,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="time kernels over sizes and tiles",
         description=(
-            "Run the benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
-            "every registered kernel). Each case is checked once against a float64 product, then timed. "
+            "Run a benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
+            "the course's kernels); --plan ladder: fast, tc1, tc3, cublas and cublas_tf32 at 1024..8192. "
+            "Each case is checked once against a float64 product, then timed. "
             "Writes OUT/<timestamp>/results.csv and results.yaml; exits 1 if any result is wrong."
         ),
+    )
+    p.add_argument(
+        "--plan",
+        choices=tuple(bench.PLANS),
+        default="course",
+        help="the plan whose kernels, sizes and tiles the options below change (default: %(default)s)",
     )
     p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
     p.add_argument("--backend", choices=config.CHOICES["backend"], help="where GPU kernels run (default: auto)")
@@ -30,10 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=registry.NAMES,
         metavar="KERNEL",
-        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: all; only cpu on the cpu backend)",
+        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: the plan's; only cpu on the cpu backend)",
     )
-    p.add_argument("--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: 32 256 ... 4096)")
-    p.add_argument("--tiles", nargs="+", type=int, metavar="T", help="tiles (default: 4 8 16 32 64)")
+    p.add_argument(
+        "--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: the plan's: course 32 256 ... 4096)"
+    )
+    p.add_argument("--tiles", nargs="+", type=int, metavar="T", help="tiles (default: the plan's: course 4 8 16 32 64)")
     p.add_argument(
         "--sizes-at-tile",
         type=int,
@@ -48,7 +59,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the size every tile runs at (default: 4096 for the course's sizes, else the largest size)",
     )
     p.add_argument("--grid", action="store_true", help="run every size at every tile instead")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per case (default: %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        metavar="N",
+        help="timed calls per case: at least N in memory, exactly N through files (default: %(default)s)",
+    )
+    p.add_argument(
+        "--noise",
+        type=_percent,
+        default=bench.NOISE,
+        metavar="PCT",
+        help="in memory, repeat until the kernel median's noise (half its 95%% confidence interval) is under "
+        "PCT percent (default: 2)",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=int,
+        default=bench.MAX_REPEATS,
+        metavar="N",
+        help="in memory, at most N timed calls per case (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-flush-l2",
+        dest="flush_l2",
+        action="store_false",
+        help="do not evict the L2 cache before each kernel (in memory; default: flush, as nvbench does)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default: %(default)s)")
     p.add_argument("--memory", choices=config.CHOICES["memory"], help="device memory mode (default: from config)")
     p.add_argument(
@@ -65,11 +103,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("bench"), help="results root (default: %(default)s)")
+    p.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="afterwards, measure each kernel's max and RMS relative error against float64 over K "
+        "(and cuBLAS's in both modes): accuracy.csv and accuracy.yaml in the results folder",
+    )
+    p.add_argument(
+        "--accuracy-mn",
+        type=int,
+        default=bench.ACCURACY_MN,
+        metavar="N",
+        help="the accuracy sweep's M = N (default: %(default)s)",
+    )
+    p.add_argument(
+        "--accuracy-ks",
+        nargs="+",
+        type=int,
+        default=bench.ACCURACY_KS,
+        metavar="K",
+        help="the accuracy sweep's K values (default: 32 64 ... 8192)",
+    )
     p.add_argument("--report", action="store_true", help="render the report into <results>/report afterwards")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="run nothing: print each case's B/A ratios of two runs' medians (results folders, results.csv "
+        "or results.yaml) with their noise, and whether B is faster, slower or within noise",
+    )
     p.set_defaults(func=run)
 
 
+def _percent(text: str) -> float:
+    """``2`` or ``2%`` → 0.02."""
+    try:
+        value = float(text.strip().removesuffix("%")) / 100.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a percentage must be at least 0, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        from .. import report
+
+        print(report.compare(*args.compare).text(), end="")
+        return 0
     settings = settings_from(args)
     if settings.log_level == "info":  # one "job done" line per call would bury the progress display
         logs.configure(settings.log_format, "warning")
@@ -77,35 +160,47 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"mmd bench: {note}", file=sys.stderr)
     try:
-        kernels = tuple(args.kernels) if args.kernels else bench.default_kernels(backend)
-        sizes = tuple(args.sizes) if args.sizes else bench.COURSE_SIZES
-        tiles_at_size = args.tiles_at_size
-        if tiles_at_size is None and args.sizes is None:
-            tiles_at_size = bench.COURSE_TILES_AT_SIZE
+        changes: dict[str, Any] = {"kernels": tuple(args.kernels or bench.default_kernels(backend, args.plan))}
+        if args.sizes:
+            changes.update(sizes=tuple(args.sizes), tiles_at_size=args.tiles_at_size)  # None: the largest size
+        elif args.tiles_at_size is not None:
+            changes["tiles_at_size"] = args.tiles_at_size
+        if args.tiles:
+            changes["tiles"] = tuple(args.tiles)
         try:
-            plan = bench.Plan(
-                kernels=kernels,
-                sizes=sizes,
-                tiles=tuple(args.tiles) if args.tiles else bench.COURSE_TILES,
+            plan = bench.named_plan(
+                args.plan,
+                **changes,
                 repeats=args.repeats,
                 warmup=args.warmup,
                 memory=args.memory or settings.memory,
                 text_path=settings.text_path,
                 through_files=args.through_files,
                 sizes_at_tile=args.sizes_at_tile,
-                tiles_at_size=tiles_at_size,
                 grid=args.grid,
                 cpu_max_size=args.cpu_max_size or None,
                 seed=args.seed,
+                noise=args.noise,
+                max_repeats=args.max_repeats,
+                flush_l2=args.flush_l2,
+                accuracy=args.accuracy,
+                accuracy_mn=args.accuracy_mn,
+                accuracy_ks=tuple(args.accuracy_ks),
             )
         except ValueError as exc:
             print(f"mmd bench: {exc}", file=sys.stderr)
             return 2
-        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr))
+        clock = None
+        if isinstance(backend, CudaBackend):
+            clock = bench.NvidiaSmi.find(settings.device, backend.limits.pci_bus_id)
+        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr), clock=clock)
     finally:
         backend.close()
     print(result.csv_path)
     print(result.yaml_path)
+    if result.accuracy:
+        print(result.accuracy_csv_path)
+        print(result.accuracy_yaml_path)
     for row in result.failures:
         print(f"mmd bench: FAILED {bench.describe_row(row)}", file=sys.stderr)
     if args.report:

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="graphs and summary from bench results or sidecars",
         description=(
             "Render graph 1 (overall time by tile), graph 2 (CUDA time by tile), graph 3 (kernel time and "
-            "GFLOP/s by size) as PNG and SVG, and summary.md, from RESULTS: a results.csv or results.yaml "
+            "GFLOP/s by size), graph 4 (error against float64 by K, where `mmd bench --accuracy` measured it) "
+            "as PNG and SVG, and summary.md, from RESULTS: a results.csv or results.yaml "
             "from `mmd bench`, the folder holding one, or a folder of job sidecars (*.timing.yaml, *.error.yaml)."
         ),
     )

@@ -1,4 +1,7 @@
-"""cuBLAS through ctypes: SGEMM (the ``cublas`` kernel) and DGEMM (float64 references) on a session's stream.
+"""cuBLAS through ctypes: SGEMM (the ``cublas`` and ``cublas_tf32`` kernels) and DGEMM (float64 references).
+
+Every call runs on the session's stream. ``cublas_tf32`` is the same SGEMM
+with the handle's math mode set to TF32 tensor-core math for the call.
 
 pycuda does not wrap cuBLAS; ctypes does the job with no build step, and
 the library is found where CUDA, the nvidia-cublas wheel or ``MMD_CUBLAS``
@@ -51,12 +54,17 @@ class Cublas:
 
     #: cublasOperation_t CUBLAS_OP_N.
     OP_N = 0
+    #: cublasMath_t: CUBLAS_DEFAULT_MATH (SGEMM on the fp32 FMA units; what cuBLAS does unless told).
+    DEFAULT_MATH = 0
+    #: cublasMath_t: CUBLAS_TF32_TENSOR_OP_MATH (single-precision routines may round to TF32 on tensor cores).
+    TF32_TENSOR_OP_MATH = 3
 
     def __init__(self, stream_handle: int) -> None:
         self.lib, self.path = self._load()
         self._handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
         self._check(self.lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream_handle)), "cublasSetStream")
+        self._math = self.DEFAULT_MATH  # a new handle's mode
 
     @staticmethod
     def _load() -> tuple[ctypes.CDLL, str]:
@@ -70,7 +78,7 @@ class Cublas:
                             ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
                             break
                 lib = ctypes.CDLL(candidate)
-                lib.cublasSgemm_v2.restype = lib.cublasDgemm_v2.restype = ctypes.c_int
+                lib.cublasSgemm_v2.restype = lib.cublasDgemm_v2.restype = lib.cublasSetMathMode.restype = ctypes.c_int
                 return lib, candidate
             except (OSError, AttributeError) as exc:
                 tried.append(f"{candidate}: {one_line(exc)}")
@@ -85,15 +93,23 @@ class Cublas:
         if status != 0:
             raise CudaError(f"{what} failed with cuBLAS status {status}", details={"status": status})
 
-    def sgemm(self, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None:
-        """C = A·B for row-major float32 A (m×k), B (k×n), C (m×n)."""
+    def sgemm(self, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False) -> None:
+        """C = A·B for row-major float32 A (m×k), B (k×n), C (m×n); ``tf32``: on the TF32 tensor cores."""
+        self._set_math(self.TF32_TENSOR_OP_MATH if tf32 else self.DEFAULT_MATH)
         self._gemm(
             self.lib.cublasSgemm_v2, ctypes.c_float, a.rows, a.cols, b.cols, (a.ptr, a.ld), (b.ptr, b.ld), (c.ptr, c.ld)
         )
 
     def dgemm(self, m: int, k: int, n: int, a: int, b: int, c: int) -> None:
         """C = A·B for packed row-major float64 matrices at device addresses ``a``, ``b``, ``c``."""
+        self._set_math(self.DEFAULT_MATH)  # TF32 mode leaves DGEMM alone, but a reference must not depend on it
         self._gemm(self.lib.cublasDgemm_v2, ctypes.c_double, m, k, n, (a, k), (b, n), (c, n))
+
+    def _set_math(self, mode: int) -> None:
+        """The handle's math mode for the next calls (a host-side setting: set only when it changes)."""
+        if mode != self._math:
+            self._check(self.lib.cublasSetMathMode(self._handle, ctypes.c_int(mode)), "cublasSetMathMode")
+            self._math = mode
 
     def _gemm(
         self,

@@ -31,6 +31,8 @@ from .memory import DeviceMatrix, PinnedPool
 from .text import GpuText
 
 _MIB = 1024 * 1024
+#: flush_l2 writes at least this much, should a device report no L2 size.
+_MIN_FLUSH_BYTES = 64 * _MIB
 
 #: pycuda's argument signature of every matmul kernel: A, B, C, M, K, N, lda, ldb, ldc.
 MATMUL_SIGNATURE = "PPPiiiiii"
@@ -103,6 +105,7 @@ class GpuSession:
         self._pinned = PinnedPool(lambda nbytes: cuda.pagelocked_empty(nbytes, np.uint8), _free_host)
         self._cublas: Cublas | None = None
         self._text: GpuText | None = None
+        self._flush: Any = None  # flush_l2's scratch buffer
         try:
             self.stream = cuda.Stream()
             self.limits = self._read_limits()
@@ -127,6 +130,8 @@ class GpuSession:
             max_grid_y=dev.get_attribute(attr.MAX_GRID_DIM_Y),
             multiprocessors=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
             max_shared_optin=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            l2_cache_bytes=dev.get_attribute(attr.L2_CACHE_SIZE),
+            pci_bus_id=str(dev.pci_bus_id()),
         )
 
     def device_name(self) -> str:
@@ -393,13 +398,16 @@ class GpuSession:
         with self.converting("launching a text kernel"):
             function.prepared_async_call((int(blocks), 1), (int(threads), 1, 1), self.stream, *args)
 
-    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None:
-        """C = A·B on the session's stream with a compiled registry kernel, or cuBLAS when ``kernel`` is None."""
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None:
+        """C = A·B on the session's stream with a compiled registry kernel, or cuBLAS when ``kernel`` is None.
+
+        ``tf32`` (cuBLAS only): in its TF32 tensor-core math mode (``cublas_tf32``).
+        """
         self._check_thread()
         if kernel is None:
-            if self._cublas is None:
-                self._cublas = Cublas(int(self.stream.handle))
-            self._cublas.sgemm(a, b, c)
+            self._blas().sgemm(a, b, c, tf32=tf32)
             return
         m, k, n = a.rows, a.cols, b.cols
         if m == 0 or n == 0:
@@ -411,6 +419,26 @@ class GpuSession:
                 grid[:2], block, self.stream, a.ptr, b.ptr, c.ptr, m, k, n, a.ld, b.ld, c.ld,
                 shared_size=spec.dynamic_shared_bytes,
             )  # fmt: skip
+
+    def _blas(self) -> Cublas:
+        """cuBLAS on the session's stream, made on first use."""
+        if self._cublas is None:
+            self._cublas = Cublas(int(self.stream.handle))
+        return self._cublas
+
+    def flush_l2(self) -> None:
+        """Evict the L2 cache, as nvbench does before each timed launch: write a scratch buffer twice its size.
+
+        Twice, because the L2 is not a strict LRU: writing only its size can leave
+        lines of the operands behind. The buffer is made on first use and kept;
+        the memset is queued on the session's stream, so it lands between the
+        phases around it without being timed by them.
+        """
+        self._check_thread()
+        nbytes = max(2 * self.limits.l2_cache_bytes, _MIN_FLUSH_BYTES)
+        if self._flush is None:
+            self._flush = self.mem_alloc(nbytes)
+        self.memset8(int(self._flush), 0, nbytes)
 
     def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """A·B in float64 through cuBLAS DGEMM (the reference results are checked against)."""
@@ -424,9 +452,7 @@ class GpuSession:
             with self.converting("a float64 reference product"):
                 self._cuda.memcpy_htod(held[0], a)
                 self._cuda.memcpy_htod(held[1], b)
-                if self._cublas is None:
-                    self._cublas = Cublas(int(self.stream.handle))
-                self._cublas.dgemm(m, k, n, int(held[0]), int(held[1]), int(held[2]))
+                self._blas().dgemm(m, k, n, int(held[0]), int(held[1]), int(held[2]))
                 self.stream.synchronize()
                 self._cuda.memcpy_dtoh(c, held[2])
         finally:
@@ -467,6 +493,10 @@ class GpuSession:
             self._cublas = None
         with contextlib.suppress(Exception):
             self._pinned.free_all()
+        if self._flush is not None:
+            with contextlib.suppress(Exception):
+                self._flush.free()
+            self._flush = None
         self._modules.clear()
         self._compiled.clear()
         self._text = None

@@ -155,7 +155,9 @@ class TextDevice(Protocol):
     def is_pinned(self, host: np.ndarray) -> bool: ...
     def record_event(self) -> Any: ...
     def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None: ...
-    def multiply(self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix) -> None: ...
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
 
@@ -174,8 +176,11 @@ class GpuText:
         built = [m.load_ms for m, new in ((parse, new1), (emit, new2)) if new]
         return parse.functions, emit.functions, (sum(built) if built else None)
 
-    def multiply_text(self, data: bytes | memoryview, header: Header, kernel: Compiled | None) -> TextResult:
-        """Parse ``data`` on the device, multiply with ``kernel`` (None: cuBLAS), format C; see the module doc.
+    def multiply_text(
+        self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
+    ) -> TextResult:
+        """Parse ``data`` on the device, multiply with ``kernel`` (None: cuBLAS, ``tf32``: in its TF32 mode),
+        format C; see the module doc.
 
         Raises InputFormatError exactly as ``textformat.parse``.
         """
@@ -279,7 +284,7 @@ class GpuText:
             with timer.phase("kernel"):
                 s.multiply(
                     kernel, DeviceMatrix("device", m, k, k, a), DeviceMatrix("device", k, n, n, b),
-                    DeviceMatrix("device", m, n, n, c),
+                    DeviceMatrix("device", m, n, n, c), tf32=tf32,
                 )  # fmt: skip
             s.synchronize()
             t2 = time.perf_counter()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
+from mmd import verify
 from mmd.backends.base import CUDA_PHASES, MultiplyRequest
 from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
@@ -45,18 +46,14 @@ def operands(m: int, k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return a, b
 
 
-#: Relative (Frobenius) error bounds by a kernel's precision: fp32's grows with sqrt(K); TF32's is its
-#: operands' rounding (2^-11 each), a few units of 2^-11 whatever K.
-BOUNDS = {"fp32": lambda k: 1e-5 * math.sqrt(k), "tf32": lambda k: 4 * 2.0**-11}
-
-
 def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str, precision: str = "fp32") -> float:
-    """Relative error against float64 under the kernel precision's bound; NaN (unwritten) never passes."""
+    """Relative error against float64, under 1e-5·sqrt(K) (TF32: plus its operands' rounding, 2^-9);
+    NaN (unwritten) never passes."""
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert c.shape == ref.shape, what
     assert np.isfinite(c).all(), f"{what}: {np.count_nonzero(~np.isfinite(c))} elements unwritten (NaN)"
     err = float(np.linalg.norm(c - ref) / max(np.linalg.norm(ref), 1e-30))
-    bound = BOUNDS[precision](a.shape[1])
+    bound = 1e-5 * math.sqrt(a.shape[1]) + (verify.TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
     assert err < bound, f"{what}: relative error {err:.2e} >= {bound:.2e}"
     return err
 
@@ -86,8 +83,8 @@ def poisoned_product(
         if spec.compiled:
             compiled, _ = session.compile(spec, tile)
             session.multiply(compiled, da, db, dc)
-        else:
-            session.multiply(None, da, db, dc)
+        else:  # cuBLAS, in its TF32 mode for cublas_tf32
+            session.multiply(None, da, db, dc, tf32=spec.precision == "tf32")
         return session.download(dc, "c")
     finally:
         for matrix in held:
@@ -119,6 +116,26 @@ def test_cublas_matches_reference(cuda_backend, size):
     a, b = operands(*size, seed=7)
     c = poisoned_product(cuda_backend, "cublas", 0, "device", a, b)
     assert_close(c, a, b, f"cublas {size_id(size)}")
+
+
+def test_cublas_tf32_mode_is_tf32_and_sgemm_stays_fp32_after_it(cuda_backend):
+    if cuda_backend.limits.compute_capability < (8, 0):
+        pytest.skip("no TF32 tensor cores")
+    a, b = operands(1000, 1000, 1000, seed=8)
+    tf32 = assert_close(poisoned_product(cuda_backend, "cublas_tf32", 0, "device", a, b), a, b, "cublas_tf32", "tf32")
+    sgemm = assert_close(poisoned_product(cuda_backend, "cublas", 0, "device", a, b), a, b, "cublas after tf32")
+    assert tf32 > 3e-5, f"cublas_tf32's error {tf32:.2e} is fp32's: TF32 mode not in effect"
+    assert sgemm < 3e-6, f"cublas's error {sgemm:.2e} after cublas_tf32: the math mode was not reset"
+
+
+def test_l2_flush_between_h2d_and_kernel(cuda_backend):
+    session = cuda_backend.session
+    assert session.limits.l2_cache_bytes > 0
+    session.flush_l2()
+    session.flush_l2()  # the scratch buffer is made once and reused
+    a, b = operands(300, 200, 100, seed=12)
+    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel="fast", flush_l2=True))
+    assert_close(product.c, a, b, "fast after an L2 flush")
 
 
 @pytest.mark.parametrize("memory", MEMORY_MODES)
