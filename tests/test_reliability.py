@@ -404,18 +404,22 @@ def test_bad_inputs_are_refused_with_reasons_and_nothing_is_lost(tmp_path):
     }
     for stem, data in bad.items():
         (inbox / f"{stem}.txt").write_bytes(data)
-    # A whitespace "bomb" that is still valid: 16 MB of blanks between 8 values.
-    pad = b" " * (2 << 20)
-    (inbox / "sparse.txt").write_bytes(b"2\n" + pad.join(b"1 2 3 4 5 6 7 8".split()) + b"\n")
+    # Whitespace "bombs": 16 MB of blanks between 8 values is more than 8 values can take (64 bytes each
+    # and 1 MiB: max_bytes_per_value), refused unread; just under a MiB of blanks is valid and served.
+    values = b"1 2 3 4 5 6 7 8".split()
+    (inbox / "sparse.txt").write_bytes(b"2\n" + (b" " * (2 << 20)).join(values) + b"\n")
+    (inbox / "padded.txt").write_bytes(b"2\n" + (b" \t\r\n" * (32 << 10)).join(values) + b"\n")
     t0 = time.monotonic()
     assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
     assert time.monotonic() - t0 < 120
     for stem in bad:
         rec = error_of(tmp_path / "outbox", stem)
         assert rec["error"]["kind"] in ("input", "limit") and rec["error"]["reason"], stem
-    assert names(inbox / ".failed") == {f"{s}.txt" for s in bad}
-    assert names(inbox / ".done") == {"sparse.txt"}
-    assert (tmp_path / "outbox" / "sparse.out").read_text() == "2\n 19.00 22.00\n 43.00 50.00\n"
+    rec = error_of(tmp_path / "outbox", "sparse")
+    assert rec["error"]["kind"] == "limit" and "max_bytes_per_value" in rec["error"]["reason"]
+    assert names(inbox / ".failed") == {f"{s}.txt" for s in bad} | {"sparse.txt"}
+    assert names(inbox / ".done") == {"padded.txt"}
+    assert (tmp_path / "outbox" / "padded.out").read_text() == "2\n 19.00 22.00\n 43.00 50.00\n"
 
 
 def test_limits_refuse_with_clear_reasons(tmp_path):

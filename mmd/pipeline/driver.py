@@ -27,7 +27,7 @@ from ..errors import MmdError
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
-from .reading import check_header, limits_for, read_input
+from .reading import check_header, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
 
@@ -114,6 +114,10 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     path = choose(backend, request)
 
     t0 = time.perf_counter()
+    # The header from the file's first bytes: a bad one, or a size it cannot match, is refused unread.
+    first, size = read_header(job.input, limits)
+    facts.shape = Shape(first.m, first.k, first.n)
+    check_header(first, size, limits)
     data = read_input(job.input, limits, into=path.input_buffer())
     timings["read"] = _since(t0)
     facts.input = FileFacts(job.input.name, bytes=len(data))
