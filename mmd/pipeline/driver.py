@@ -24,6 +24,7 @@ from ..atomic import write_atomic
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings
 from ..errors import MmdError
+from ..fileops import OPS, FileOps
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
@@ -77,8 +78,11 @@ def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def run_job(job: Job, backend_for: BackendFor) -> JobResult:
-    """Run ``job`` end to end and commit its output and sidecar; never raises MmdError."""
+def run_job(job: Job, backend_for: BackendFor, *, ops: FileOps = OPS) -> JobResult:
+    """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
+
+    ``ops`` does the commits' file operations (the daemon passes its spool's).
+    """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
     facts = _Facts(job)
@@ -87,14 +91,14 @@ def run_job(job: Job, backend_for: BackendFor) -> JobResult:
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log)
+        return _run(job, backend, timings, facts, log, ops)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log)
+        return _refuse(job, exc, timings, facts, log, ops)
 
 
-def refuse(job: Job, error: MmdError) -> JobResult:
+def refuse(job: Job, error: MmdError, *, ops: FileOps = OPS) -> JobResult:
     """Refuse ``job`` without running it (the daemon met a bug of its own around it): its error sidecar."""
-    return _refuse(job, error, {}, _Facts(job), get_logger(job=job.id, file=job.input.name))
+    return _refuse(job, error, {}, _Facts(job), get_logger(job=job.id, file=job.input.name), ops)
 
 
 class _Facts:
@@ -108,7 +112,7 @@ class _Facts:
         self.hasher: _Hasher | None = None
 
 
-def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, ops: FileOps) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings)
     path = choose(backend, request)
@@ -137,7 +141,7 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    written = write_atomic(job.output, computed.chunks, durable=settings.durable)
+    written = write_atomic(job.output, computed.chunks, durable=settings.durable, ops=ops)
     timings["write"] = _since(t0)
     timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
     timings["emit"] = computed.stage_ms.get("emit", 0.0)
@@ -167,7 +171,7 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     )
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
-    write_atomic(sidecar, [record.dumps(rec)], durable=settings.durable)
+    write_atomic(sidecar, [record.dumps(rec)], durable=settings.durable, ops=ops)
     log.info(
         "job done",
         status="ok",
@@ -179,7 +183,7 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     return JobResult(job, rec, sidecar, product=product)
 
 
-def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any) -> JobResult:
+def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any, ops: FileOps) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if facts.hasher is not None:
         facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=facts.hasher.result())
@@ -199,5 +203,5 @@ def _refuse(job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, l
         requested=facts.requested,
         context=job.context,
     )
-    done = commit(refusal, durable=job.settings.durable)
+    done = commit(refusal, durable=job.settings.durable, ops=ops)
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)
