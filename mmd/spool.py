@@ -982,12 +982,15 @@ class Spool:
     def discard_outputs(self, claim: Claim) -> list[str]:
         """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be.
 
-        Its output (the version it holds the reservation of) and those of
-        its sidecars that carry its job id: nothing half done stays visible.
+        Its output, when it holds that version's reservation (else the
+        output may be another job's by now), and those of its sidecars that
+        carry its job id: nothing half done stays visible.
         """
+        held = read_reservation(claim.reservation) if claim.reservation is not None else None
+        ours = held is not None and held[0] == claim.job_id
         stuck = []
         for path in names_of(claim.output):
-            if path != claim.output and not self.owned_by(claim, path):
+            if not (ours and path == claim.output) and not self.owned_by(claim, path):
                 continue
             try:
                 self.ops.unlink(path)

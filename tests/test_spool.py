@@ -481,3 +481,22 @@ def test_the_attempt_count_survives_kill_9(tmp_path):
         )
         assert r.returncode == -9 and r.stdout.strip() == str(expected), r.stderr
     assert Spool(s.inbox, s.outbox).attempts(c).unfinished == 3
+
+
+def test_a_job_without_its_reservation_never_removes_that_versions_output(tmp_path):
+    """Held before it could reserve (the outbox refused): m.out may be another job's by now, never removed."""
+    import dataclasses
+
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    os.unlink(c.reservation)
+    unreserved = dataclasses.replace(c, reservation=None, unreserved="cannot reserve .m.claim: No space left on device")
+    (s.outbox / "m.out").write_text("another job's")
+    _sidecar(s.outbox / "m.timing.yaml", "ffffffffffff")
+    assert s.discard_outputs(unreserved) == []
+    assert (s.outbox / "m.out").read_text() == "another job's" and (s.outbox / "m.timing.yaml").exists()
+    _sidecar(s.outbox / "m.error.yaml", c.job_id)  # its own sidecar (it carries its job id) does go
+    s.discard_outputs(unreserved)
+    assert not (s.outbox / "m.error.yaml").exists() and (s.outbox / "m.out").exists()
