@@ -15,12 +15,9 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-## demo: set up, drop a sample job into inbox/, process the inbox once, show the results
+## demo: set up, drop a sample job into inbox/, process the inbox once, show the job it just ran
 demo: $(STAMP)
-	@test -e inbox/sample.txt || $(BIN)/mmd gen 64 --seed 1 -o inbox/sample.txt
-	$(BIN)/mmd serve --once
-	@echo "--- outbox/:"; ls -l outbox/
-	@echo "--- outbox/sample.timing.yaml:"; cat outbox/sample.timing.yaml
+	@MMD=$(BIN)/mmd sh scripts/demo.sh
 
 ## test: set up, lint, type-check, run the whole test suite (the command CI runs)
 test: lint

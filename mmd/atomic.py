@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OutputError
+from .fileops import OPS, FileOps
 
 #: The host id that commit temporaries carry (``.<name>.<host>.<pid>.tmp``); set by a
 #: daemon on a shared inbox, so that each host sweeps only its own. None: ``.<name>.<pid>.tmp``.
@@ -121,6 +122,7 @@ def write_atomic(
     replace: bool = True,
     guard: Callable[[], AbstractContextManager[None]] | None = None,
     sync_folder: bool = True,
+    ops: FileOps = OPS,
 ) -> Written:
     """Write ``chunks`` to ``path`` atomically and return its size and sha256.
 
@@ -134,61 +136,61 @@ def write_atomic(
     same folder (a job's sidecar after its output): journaling filesystems
     commit renames in order, so one fsync of the folder after the last makes
     both durable, and a crash before it loses the sidecar, which the daemon
-    then redoes.
+    then redoes. ``ops`` does the file operations (the tests inject faults
+    through it).
     """
     folder = path.parent
     tmp = folder / temporary_name(path.name)
     hasher = StreamHash()
     size = 0
     try:
-        fd = _create_exclusive(tmp)
+        fd = _create_exclusive(tmp, ops)
         try:
             for chunk in chunks:
                 view = memoryview(chunk)
                 hasher.update(view)
                 while view:
-                    done = os.write(fd, view)
+                    done = ops.write(fd, view)
                     view = view[done:]
                 size += len(chunk)
             if durable:
-                os.fsync(fd)
+                ops.fsync(fd)
         finally:
-            os.close(fd)
+            ops.close(fd)
             digest = hasher.hexdigest()
         with guard() if guard is not None else contextlib.nullcontext():
             if replace:
-                os.replace(tmp, path)
+                ops.replace(tmp, path)
             else:
-                os.link(tmp, path)  # fails with FileExistsError if the name was taken
-                os.unlink(tmp)
+                ops.link(tmp, path)  # fails with FileExistsError if the name was taken
+                ops.unlink(tmp)
     except FileExistsError:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, ops)
         raise
     except OSError as exc:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, ops)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}", {"path": str(path)}) from None
     except BaseException:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, ops)
         raise
     if durable and sync_folder:
         _fsync_dir(folder)
     return Written(path=path, bytes=size, sha256=digest)
 
 
-def _create_exclusive(tmp: Path) -> int:
+def _create_exclusive(tmp: Path, ops: FileOps) -> int:
     """Open a new temporary file, never through a link planted at its name.
 
     A leftover of the same name (a crashed process with our pid) is removed
     once and the open retried; a second collision is an error.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        return os.open(tmp, flags, 0o644)
+        return ops.open_exclusive(tmp)
     except FileExistsError:
-        os.unlink(tmp)  # removes a planted link itself, never its target
-        return os.open(tmp, flags, 0o644)
+        ops.unlink(tmp)  # removes a planted link itself, never its target
+        return ops.open_exclusive(tmp)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path, ops: FileOps = OPS) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(path)
+        ops.unlink(path)

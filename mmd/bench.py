@@ -276,7 +276,7 @@ class Plan:
                 seen.add(key)
                 skip = None
                 if spec.kind == registry.HOST and self.cpu_max_size is not None and size > self.cpu_max_size:
-                    skip = f"cpu above size {self.cpu_max_size} (raise cpu_max_size to run it)"
+                    skip = f"cpu above size {self.cpu_max_size} (raise --cpu-max-size to run it)"
                 cases.append(Case(name, size, size, size, case_tile, skip))
         return cases
 

@@ -67,7 +67,10 @@ class Settings:
     create_folders: bool = False  # `mmd serve` makes a missing inbox or outbox (--create); else it refuses to start
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
-    max_file_bytes: int | None = None  # None: no limit beyond memory
+    max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)
+    #: an input may take at most this many bytes per value its header promises (a number and the blanks
+    #: around it, on average) plus 1 MiB; larger is refused unread. None: no such bound
+    max_bytes_per_value: int | None = 64
     max_dim: int | None = None  # largest M, K or N a job may have; None: no limit
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
     # -- the daemon --
@@ -235,7 +238,7 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {name} must be positive")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: max_attempts must be at least 1")
-    for name in ("max_memory_bytes", "max_file_bytes", "max_dim"):
+    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim"):
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {name} must be positive or null")

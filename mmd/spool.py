@@ -1,18 +1,19 @@
-"""The spool protocol: which inbox names are jobs, claim, output names, archive, recovery.
+"""The spool protocol: which inbox names are jobs, claim, output names, archive, holds, recovery.
 
 Layout (the dot folders are created on demand)::
 
     inbox/m.txt                       a job waiting
     inbox/.work/<job>.<v>/m.txt       claimed: job id and output version in the folder name
+    inbox/.work/<job>.<v>/.mmd-attempts.json  its starts and holds (see :meth:`Spool.attempt`, :meth:`Spool.hold`)
     inbox/.work/<host>/<job>.<v>/m.txt  the same on a shared inbox: each host claims into its own folder
     inbox/.done/m.txt                 finished with an output
     inbox/.failed/m.txt               refused (the error sidecar says why)
     inbox/.mmd.lock, .mmd-state.json  the daemon's lock and state (see mmd.daemon)
-    outbox/.m.claim                   the output version reserved at the claim (holds the job id)
+    outbox/.m.claim                   the output version reserved at the claim (``<job> <host> <pid>``)
     outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
     outbox/m.error.yaml               a refusal
 
-A claim is one ``os.rename`` into ``.work``: of two claimers exactly one wins,
+A claim is one ``rename`` into ``.work``: of two claimers exactly one wins,
 the other gets FileNotFoundError, which is harmless. The claimed file keeps its
 name (the sidecar and logs say ``m.txt``) inside a folder named for the job.
 The output name is chosen before the claim and recorded in that folder's name
@@ -20,28 +21,41 @@ The output name is chosen before the claim and recorded in that folder's name
 the job resumes into the same output name, and a sidecar carrying the job id
 proves that the job finished and only its archive is left to do.
 
-Everything here but :class:`Spool`'s methods is pure; :class:`Readiness` and
-:func:`scan` take their clock and ``scandir`` as parameters.
+A job's fate is one of three, whatever fails: its output and sidecar
+(archived to ``.done``); its error sidecar (archived to ``.failed``); or it
+is kept: in the inbox when it could not be claimed, else claimed in
+``.work`` (*held* when the outbox refused what it had to write, or left when
+its archive failed) and taken back by the daemon after a pause
+(:meth:`Spool.take_back`). Nothing is ever put back into the inbox.
+
+Every file operation that moves a job goes through a :class:`~mmd.fileops.FileOps`
+(the daemon's is ``os`` itself; the tests inject faults). Everything here
+but :class:`Spool`'s methods is pure; :class:`Readiness` and :func:`scan`
+take their clock and ``scandir`` as parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
+import json
 import os
 import re
 import stat
+import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import record
-from .atomic import write_atomic
+from .atomic import temporary_name
 from .errors import SpoolError
+from .fileops import OPS, FileOps, write_all
 from .job import new_id
 from .jobname import stem_of
 
@@ -51,10 +65,17 @@ SPARE_DIR = ".spare"
 LOCK_NAME = ".mmd.lock"
 STATE_NAME = ".mmd-state.json"
 OUTPUT_SUFFIX = ".out"
-#: The reservation of an output version: ``outbox/.<stem>[.<v>].claim``, created O_EXCL at the claim.
+#: The reservation of an output version: ``outbox/.<stem>[.<v>].claim``, made at the claim.
 CLAIM_SUFFIX = ".claim"
-#: How many times a claimed job was started, kept beside it in its ``.work`` folder (survives kill -9).
-ATTEMPTS_NAME = ".attempts"
+#: A claimed job's record of its starts and holds, in its ``.work`` folder (a dot name: never a job's).
+ATTEMPTS_NAME = ".mmd-attempts.json"
+#: mmd writes a reservation in full before it takes its name, so an empty one is only what an older mmd
+#: (or a filesystem without hard links) leaves when killed between creating and writing it. Such a
+#: reservation that no job of this host maps to is stale once it is this old (seconds): its content
+#: cannot say whose it is, and a live writer fills it within microseconds.
+EMPTY_RESERVATION_GRACE_S = 60.0
+#: What ``link`` says on a filesystem without hard links (the reservation is then created in place).
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
 
 #: Names that are never jobs: hidden files (our own folders and temporaries
 #: included), and the usual "still being written" suffixes.
@@ -274,6 +295,10 @@ class Claim:
     problem: str | None = None
     #: ``outbox/.<stem>[.<v>].claim``: the output version this job holds until its sidecar is committed.
     reservation: Path | None = None
+    #: Why no reservation could be made (the outbox refused it): the job is held, not run. None: not refused.
+    unreserved: str | None = None
+    #: Taken back by the daemon that left it in ``.work`` (held, or its archive failed), not resumed at a start.
+    again: bool = False
 
     @property
     def stem(self) -> str:
@@ -284,6 +309,53 @@ class Claim:
         if not self.version:
             return None
         return {"wanted": f"{self.stem}{OUTPUT_SUFFIX}", "existing": list(self.collided), "used": self.output.name}
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """A claimed job's starts and holds, kept beside it in ``.work`` (:data:`ATTEMPTS_NAME`).
+
+    Written atomically and fsynced at each change, so the counts survive a
+    kill -9 and a power loss; the file lives in the job's folder, so it moves
+    with the job (a resumed or re-versioned job keeps it) and goes with its
+    archive.
+    """
+
+    #: :meth:`Spool.attempt` calls: how often the job was started (or resumed).
+    starts: int = 0
+    #: Of those starts, how many ended cleanly in a hold (not in a crash).
+    settled: int = 0
+    #: How often the job was held (the outbox refused what it had to write).
+    holds: int = 0
+    #: Of the holds, those where the job's own output could not be committed.
+    output_failures: int = 0
+    #: The last hold's reason.
+    reason: str | None = None
+    #: When it was first held (ISO time).
+    held_since: str | None = None
+
+    @property
+    def unfinished(self) -> int:
+        """Starts that did not end in a hold: the job crashed the process that ran it (or is running now)."""
+        return self.starts - self.settled
+
+
+@dataclass(frozen=True)
+class HeldJob:
+    """A job kept in ``.work`` because the outbox refused it, as `mmd status` shows it."""
+
+    job: str
+    file: str
+    #: The host whose ``.work`` holds it (a shared inbox), else None.
+    host: str | None
+    reason: str
+    since: str | None
+    holds: int
+    output_failures: int
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 def entry_problem(info: os.stat_result) -> str | None:
@@ -327,33 +399,49 @@ def pid_alive(pid: int) -> bool:
 
 
 class Spool:
-    """An inbox and an outbox, and the moves between them."""
+    """An inbox and an outbox, and the moves between them.
 
-    def __init__(self, inbox: Path, outbox: Path, host_id: str | None = None) -> None:
+    ``ops`` does every file operation that moves a job (the tests inject
+    faults through it). A Spool is shared by the daemon's threads: it keeps
+    which jobs this process has in hand and which it left in ``.work`` to take
+    back, under a lock.
+    """
+
+    def __init__(self, inbox: Path, outbox: Path, host_id: str | None = None, ops: FileOps = OPS) -> None:
         self.inbox = Path(inbox)
         self.outbox = Path(outbox)
         #: Set on a shared inbox: this host claims into and resumes from ``.work/<host_id>`` only.
         self.host_id = host_id
+        self.ops = ops
         self.work_root = self.inbox / WORK_DIR
         self.work = self.work_root / host_id if host_id else self.work_root
         self.done = self.inbox / DONE_DIR
         self.failed = self.inbox / FAILED_DIR
         self._made: set[Path] = set()
+        self._lock = threading.Lock()
+        #: Job ids this process has in hand (claimed, resumed or taken back, and not yet archived or left).
+        self._live: set[str] = set()
+        #: Jobs this process left in .work (held, or their archive failed), for :meth:`take_back`.
+        self._left: dict[str, Claim] = {}
 
     # -- folders --
     def _folder(self, path: Path) -> Path:
         if path not in self._made:
             if path == self.work and path != self.work_root:  # .work/<host>: never makes the inbox either
                 self._folder(self.work_root)
-                path.mkdir(exist_ok=True)
+                self._mkdir(path)
                 _check_own_folder(path)
             elif path.parent == self.inbox:
-                path.mkdir(exist_ok=True)  # never the inbox itself: if it was deleted, it stays so
+                self._mkdir(path)  # never the inbox itself: if it was deleted, it stays so
                 _check_own_folder(path)
             else:
                 path.mkdir(parents=True, exist_ok=True)
             self._made.add(path)
         return path
+
+    def _mkdir(self, path: Path) -> None:
+        with contextlib.suppress(FileExistsError):  # made earlier; _check_own_folder says whether it is ours
+            self.ops.mkdir(path)
 
     def forget_folders(self) -> None:
         """Make and check every folder again at next use (the inbox was deleted and recreated)."""
@@ -404,58 +492,88 @@ class Spool:
         The output version is chosen first and recorded in the claimed name.
         The rename moves a symbolic link itself, never its target; the claim
         says whether the file is a regular one (others are refused unopened).
+
+        Raises SpoolError when the claim fails: the file is then still in the
+        inbox, or, when it was claimed but cannot be looked at, in ``.work``
+        and left for :meth:`take_back`. A reservation the outbox refuses does
+        not fail the claim: the claim says why (``unreserved``) and the job is
+        held.
         """
         safe = safe_name(name)
         stem = stem_of(safe)
         guess, collided = resolve_output(self.outbox, stem)
         job_id = new_id()
-        folder = self._job_folder(work_folder_name(job_id, guess))
+        with self._lock:  # in hand before its reservation can exist: a sweep never takes it for stale
+            self._live.add(job_id)
+        try:
+            folder = self._job_folder(work_folder_name(job_id, guess))
+        except (OSError, SpoolError) as exc:
+            self._forget(job_id)
+            why = exc.reason if isinstance(exc, SpoolError) else _reason(exc)
+            raise SpoolError(f"cannot claim {shown(name)}: cannot make its folder in {WORK_DIR}: {why}") from None
         dst = folder / safe
         try:
-            os.rename(self.inbox / name, dst)
+            self.ops.rename(self.inbox / name, dst)
         except FileNotFoundError:
             self._release_folder(folder)
+            self._forget(job_id)
             return None  # someone else has it, or it was removed: harmless
+        except OSError as exc:
+            self._release_folder(folder)
+            self._forget(job_id)
+            raise SpoolError(f"cannot claim {shown(name)}: {_reason(exc)}") from None
         except BaseException:
             self._release_folder(folder)
+            self._forget(job_id)
             raise
         started = time.perf_counter()
+        # From here the file is in .work: whatever fails now keeps it there.
         # Only the claimer that won the rename reserves (a loser must not push the winner to m.1.out).
-        version, reservation = guess, None
-        with contextlib.suppress(SpoolError):  # the outbox cannot be written: the job runs, its commit says why
+        version, reservation, unreserved = guess, None, None
+        try:
             version, collided, reservation = self.reserve(stem, job_id)
+        except SpoolError as exc:
+            unreserved = exc.reason
         if version != guess:
             moved = self.work / work_folder_name(job_id, version)
             try:
-                os.rename(folder, moved)
+                self.ops.rename(folder, moved)
                 folder, dst = moved, moved / safe
-            except OSError:
-                _unlink_quietly(reservation)  # type: ignore[arg-type]
+            except OSError as exc:
+                self._unlink_quietly(reservation)
                 version, reservation = guess, None
-        info = os.lstat(dst)
-        return Claim(
+                unreserved = f"cannot rename its folder in {WORK_DIR}: {_reason(exc)}"
+        claim = Claim(
             job_id,
             safe,
             version,
             dst,
             output_path(self.outbox, stem, version),
             started,
-            regular=stat.S_ISREG(info.st_mode),
             collided=collided,
             original=name if safe != name else None,
-            problem=entry_problem(info),
             reservation=reservation,
+            unreserved=unreserved,
         )
+        try:
+            info = self.ops.lstat(dst)
+        except OSError as exc:
+            self.leave(claim)
+            raise SpoolError(
+                f"claimed {shown(name)} but cannot look at it: {_reason(exc)}; it stays in {WORK_DIR} and is "
+                f"tried again after a pause"
+            ) from None
+        return dataclasses.replace(claim, regular=stat.S_ISREG(info.st_mode), problem=entry_problem(info))
 
     def reserve(self, stem: str, job_id: str) -> tuple[int, list[str], Path]:
         """Reserve the first free output version of ``stem``: (version, names in the way, reservation).
 
-        The reservation ``outbox/.<stem>[.<v>].claim`` is created with
-        ``O_CREAT | O_EXCL`` (atomic on local filesystems and NFSv3+) and
-        holds ``<job> <host> <pid>``; when another job made it first, the
-        next version is tried. After creating it the version's own names are
-        looked at again: a job that held it a moment ago commits its output
-        before it drops its reservation.
+        The reservation ``outbox/.<stem>[.<v>].claim`` holds ``<job> <host>
+        <pid>``; it is taken atomically (see :meth:`_create_reservation`), and
+        when another job made it first, the next version is tried. After
+        taking it the version's own names are looked at again: a job that held
+        it a moment ago commits its output before it drops its reservation.
+        Raises SpoolError when the outbox refuses it.
         """
         start, collided = 0, []
         while True:
@@ -469,54 +587,141 @@ class Spool:
             late = [p.name for p in names_of(output_path(self.outbox, stem, version)) if os.path.lexists(p)]
             if not late:
                 return version, collided, path
-            _unlink_quietly(path)
+            self._unlink_quietly(path)
             collided.extend(late)
             start = version + 1
 
+    def _reservation_text(self, job_id: str) -> bytes:
+        return f"{job_id} {self.host_id or '-'} {os.getpid()}\n".encode()
+
     def _create_reservation(self, path: Path, job_id: str) -> bool:
-        """Create reservation ``path`` holding ``<job> <host> <pid>``; False when it exists already."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        """Take reservation ``path`` for ``job_id``; False when another job holds it.
+
+        The reservation is written in full under a temporary name and then
+        linked to its own name (``link`` fails when the name exists, as
+        ``O_EXCL`` does), so no one ever sees it empty: a kill between
+        creating and writing it leaves only a temporary, which the start-up
+        sweep removes. Where the filesystem has no hard links it is created
+        ``O_EXCL`` in place and written. A missing outbox is made again.
+        """
+        text = self._reservation_text(job_id)
+        tmp = path.with_name(temporary_name(path.name))
         try:
-            fd = os.open(path, flags, 0o644)
+            try:
+                self._write_new(tmp, text)
+            except FileNotFoundError:  # the outbox was deleted under us: make it again
+                self.outbox.mkdir(parents=True, exist_ok=True)
+                self._write_new(tmp, text)
+        except OSError as exc:
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+        try:
+            self.ops.link(tmp, path)
         except FileExistsError:
             return False
         except OSError as exc:
-            raise SpoolError(f"cannot reserve {path.name} in the outbox: {exc.strerror or exc}") from None
-        try:
-            os.write(fd, f"{job_id} {self.host_id or '-'} {os.getpid()}\n".encode())
+            if exc.errno not in _NO_LINKS:
+                raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+            return self._create_in_place(path, text)
         finally:
-            os.close(fd)
+            self._unlink_quietly(tmp)
         return True
 
+    def _create_in_place(self, path: Path, text: bytes) -> bool:
+        """The reservation created ``O_EXCL`` and written (no hard links here); False when it exists."""
+        try:
+            fd = self.ops.open_exclusive(path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+        try:
+            write_all(self.ops, fd, text)
+        except OSError as exc:
+            self._close_quietly(fd)
+            self._unlink_quietly(path)
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+        self._close_quietly(fd)
+        return True
+
+    def _write_new(self, path: Path, data: bytes, durable: bool = False) -> None:
+        """A new file ``path`` holding ``data`` (a leftover of ours of that name is replaced); OSError on failure."""
+        try:
+            fd = self.ops.open_exclusive(path)
+        except FileExistsError:  # a temporary of a killed process with our pid: never through a link
+            self.ops.unlink(path)
+            fd = self.ops.open_exclusive(path)
+        try:
+            write_all(self.ops, fd, data)
+            if durable:
+                self.ops.fsync(fd)
+        except BaseException:
+            self._close_quietly(fd)
+            self._unlink_quietly(path)
+            raise
+        try:
+            self.ops.close(fd)
+        except OSError:
+            self._unlink_quietly(path)
+            raise
+
+    def _take_empty(self, path: Path, job_id: str) -> bool:
+        """Take reservation ``path`` for ``job_id`` if it is empty (a kill between its creation and its write)."""
+        try:
+            info = self.ops.lstat(path)
+        except FileNotFoundError:
+            return self._create_reservation(path, job_id)
+        except OSError as exc:
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+        if not stat.S_ISREG(info.st_mode) or info.st_size:
+            return False  # another job's, or not mmd's
+        tmp = path.with_name(temporary_name(path.name))
+        try:
+            self._write_new(tmp, self._reservation_text(job_id))
+            self.ops.replace(tmp, path)
+        except OSError as exc:
+            self._unlink_quietly(tmp)
+            raise SpoolError(f"cannot reserve {path.name} in the outbox: {_reason(exc)}") from None
+        held = read_reservation(path)
+        return held is not None and held[0] == job_id
+
     def settle(self, claim: Claim) -> Claim:
-        """A resumed job holding its output version again; moved to the next free version if another job has it.
+        """A job from ``.work`` holding its output version again; moved to the next free version if another job has it.
 
         A kill between the claim's rename and its reservation leaves a job
-        without one; another daemon may then have reserved (or even
-        finished) that version. The job takes its reservation again when it
-        is free and no other job's sidecar sits there, else it reserves the
-        next free version and its ``.work`` folder is renamed to match.
+        without one, and a kill between creating the reservation and writing
+        it leaves an empty one, which is this job's to take over; another
+        daemon may meanwhile have reserved (or even finished) that version.
+        The job takes its reservation again when it is free and no other job's
+        sidecar sits there, else it reserves the next free version and its
+        ``.work`` folder is renamed to match. When the outbox refuses, the
+        claim comes back without a reservation and says why (``unreserved``).
         """
         path = claim_path(self.outbox, claim.stem, claim.version)
         held = read_reservation(path)
         if held is not None and held[0] == claim.job_id:
-            return dataclasses.replace(claim, reservation=path)
+            return dataclasses.replace(claim, reservation=path, unreserved=None)
         try:
-            if held is None and self._create_reservation(path, claim.job_id):
-                _out, timing, error = names_of(claim.output)
-                others = [p for p in (timing, error) if os.path.lexists(p) and not self.owned_by(claim, p)]
-                if not others:
-                    return dataclasses.replace(claim, reservation=path)
-                _unlink_quietly(path)
+            if held is None:
+                with self._lock:  # two jobs of this process that map to one empty reservation: one takes it
+                    taken = self._take_empty(path, claim.job_id)
+                if taken:
+                    _out, timing, error = names_of(claim.output)
+                    others = [p for p in (timing, error) if os.path.lexists(p) and not self.owned_by(claim, p)]
+                    if not others:
+                        return dataclasses.replace(claim, reservation=path, unreserved=None)
+                    self._unlink_quietly(path)
             version, collided, reservation = self.reserve(claim.stem, claim.job_id)
-        except SpoolError:
-            return claim  # the outbox cannot be written: the job runs and its commit says why
+        except SpoolError as exc:
+            return dataclasses.replace(claim, reservation=None, unreserved=exc.reason)
+        if version == claim.version:
+            return dataclasses.replace(claim, reservation=reservation, unreserved=None)
         moved = self.work / work_folder_name(claim.job_id, version)
         try:
-            os.rename(claim.path.parent, moved)
-        except OSError:
-            _unlink_quietly(reservation)
-            return claim
+            self.ops.rename(claim.path.parent, moved)
+        except OSError as exc:
+            self._unlink_quietly(reservation)
+            why = f"cannot rename its folder in {WORK_DIR}: {_reason(exc)}"
+            return dataclasses.replace(claim, reservation=None, unreserved=why)
         return dataclasses.replace(
             claim,
             version=version,
@@ -524,90 +729,122 @@ class Spool:
             output=output_path(self.outbox, claim.stem, version),
             collided=collided,
             reservation=reservation,
+            unreserved=None,
         )
 
     def release(self, claim: Claim) -> None:
-        """Drop ``claim``'s output reservation (its sidecar is committed, or it gave the job back)."""
+        """Drop ``claim``'s output reservation (its sidecar is committed); one that cannot be removed is swept later."""
         path = claim.reservation
         if path is None:
             return
         held = read_reservation(path)
         if held is not None and held[0] == claim.job_id:
-            _unlink_quietly(path)
+            self._unlink_quietly(path)
 
-    def sweep_reservations(self, keep: set[str]) -> list[Path]:
-        """Remove reservations this host made for jobs that are no longer in its ``.work`` (``keep``: job ids).
+    def sweep_reservations(self, claims: Iterable[Claim] | None = None) -> list[Path]:
+        """Remove reservations left by dead daemons of this host; returns those removed.
 
-        On a shared inbox only this host's (other hosts hold theirs while their jobs run).
+        Staleness is judged by the owner, not by age (Postfix's rule for its
+        queue files): a reservation names ``<job> <host> <pid>``, and it is
+        stale when ``<host>`` is this host and its job is not in hand here nor
+        in this host's ``.work`` (``claims``: those jobs; by default ``.work``
+        is listed), unless ``<pid>`` is another process alive on this host
+        (another daemon sharing the outbox). An empty reservation that a job
+        in ``.work`` maps to is that job's to take over (:meth:`settle`); one
+        no job maps to is stale after :data:`EMPTY_RESERVATION_GRACE_S`, and
+        only without a shared inbox (there it could be any host's). Other
+        hosts' reservations are theirs.
         """
+        work = list(claims) if claims is not None else self._scan_work(tidy=False)
+        in_work = {c.job_id for c in work}
+        mapped = {claim_path(self.outbox, c.stem, c.version) for c in work}
+        me, pid = self.host_id or "-", os.getpid()
         removed = []
         for path in _entries(self.outbox):
             if not path.name.startswith(".") or not path.name.endswith(CLAIM_SUFFIX):
                 continue
             held = read_reservation(path)
             if held is None:
-                continue  # not mmd's, or being written right now: left alone
-            job, host, _pid = held
-            if job in keep or (self.host_id is not None and host != self.host_id):
-                continue
-            _unlink_quietly(path)
+                if not self._stale_empty(path, mapped):
+                    continue
+            else:
+                job, host, owner = held
+                if host != me or job in in_work or (owner != pid and pid_alive(owner)):
+                    continue
+                with self._lock:  # decided under the lock: a job claimed meanwhile is in hand before it reserves
+                    if job in self._live or job in self._left:
+                        continue
+            try:
+                self.ops.unlink(path)
+            except OSError:
+                continue  # gone meanwhile, or the outbox refuses: tried again at the next sweep
             removed.append(path)
         return removed
+
+    def _stale_empty(self, path: Path, mapped: set[Path]) -> bool:
+        if self.host_id is not None or path in mapped:
+            return False
+        try:
+            info = self.ops.lstat(path)
+        except OSError:
+            return False
+        old = time.time() - info.st_mtime > EMPTY_RESERVATION_GRACE_S
+        return stat.S_ISREG(info.st_mode) and info.st_size == 0 and info.st_uid == os.geteuid() and old
 
     def _job_folder(self, name: str) -> Path:
         """An empty ``.work/<name>``: the spare folder renamed (a mkdir costs more on ext4)."""
         folder = self._folder(self.work) / name
         try:
-            os.rename(self.work / SPARE_DIR, folder)
+            self.ops.rename(self.work / SPARE_DIR, folder)
         except FileNotFoundError:
-            folder.mkdir()
+            self.ops.mkdir(folder)
         return folder
 
-    def attempt(self, claim: Claim) -> int:
-        """Count one more start of ``claim``'s job, durably, and return the count (this start included).
-
-        The claim itself records the first start, so a fresh claim writes
-        nothing (small jobs pay no fsync for it); a resumed one (the daemon
-        died while it ran) writes its count into the job's ``.work`` folder,
-        atomically and fsynced before the job runs again, so a job that kills
-        the daemon (kill -9, a crash in a driver) is failed after
-        ``max_attempts`` starts instead of killing it for ever.
-        """
-        if not claim.resumed:
-            return 1
-        path = claim.path.parent / ATTEMPTS_NAME
-        try:
-            count = int(path.read_text(encoding="ascii").strip() or 1)
-        except (OSError, ValueError):
-            count = 1  # never counted: it was started once, at its claim
-        write_atomic(path, [f"{count + 1}\n".encode()], durable=True)
-        return count + 1
-
     def _release_folder(self, folder: Path) -> None:
-        """Keep an emptied job folder as the spare (replacing an empty spare), else remove it."""
-        _unlink_quietly(folder / ATTEMPTS_NAME)
+        """Keep an emptied job folder as the spare (replacing an empty spare), else remove it.
+
+        mmd's own dot files in it (the attempts record, a killed write's
+        temporary) are removed first; a folder that still holds anything else
+        is left for the next start's recovery, never made the spare.
+        """
         try:
-            os.rename(folder, self.work / SPARE_DIR)
+            with os.scandir(folder) as it:
+                entries = [e.name for e in it]
+        except OSError:
+            return
+        for name in entries:
+            if not name.startswith("."):
+                return
+            self._unlink_quietly(folder / name)
+        try:
+            self.ops.rename(folder, self.work / SPARE_DIR)
         except OSError:
             with contextlib.suppress(OSError):
-                folder.rmdir()
+                self.ops.rmdir(folder)
 
+    # -- jobs in .work --
     def resumable(self) -> list[Claim]:
-        """Jobs left in ``.work`` by an earlier daemon, oldest first; empty job folders are removed."""
+        """Jobs left in ``.work`` by an earlier daemon, oldest first, now in hand; empty job folders are removed.
+
+        Only for a daemon starting up with the inbox's lock: every job in its
+        ``.work`` is then its own.
+        """
+        claims = self._scan_work(tidy=True)
+        with self._lock:
+            self._live.update(c.job_id for c in claims)
+        return claims
+
+    def _scan_work(self, tidy: bool) -> list[Claim]:
         claims = []
         for folder in _entries(self.work):
             parsed = parse_work_folder(folder.name)
             if parsed is None or not folder.is_dir():
                 continue  # not mmd's: left alone
             job_id, version = parsed
-            entries = list(_entries(folder))
-            # A claimed file keeps its inbox name, never hidden; hidden ones are mmd's (the attempt count).
-            files = [p for p in entries if not p.name.startswith(".")]
+            files = [p for p in _entries(folder) if not p.name.startswith(".")]
             if not files:  # killed between mkdir and rename, or after the archive
-                for leftover in entries:
-                    _unlink_quietly(leftover)
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+                if tidy:
+                    self._release_folder(folder)
                 continue
             for path in files:
                 try:
@@ -635,6 +872,141 @@ class Spool:
         claims.sort(key=lambda c: (c[0], c[1]))
         return [c for _, _, c in claims]
 
+    def leave(self, claim: Claim) -> None:
+        """Leave ``claim`` in ``.work`` (held, or its archive failed) for :meth:`take_back`; its reservation stays."""
+        with self._lock:
+            self._live.discard(claim.job_id)
+            self._left[claim.job_id] = dataclasses.replace(claim, again=True)
+
+    def take_back(self) -> list[Claim]:
+        """The jobs this process left in ``.work``, in hand again, to run (or archive) once more.
+
+        A job whose file is gone from ``.work`` (removed by hand) is dropped
+        with its reservation; one that cannot be looked at now is kept for
+        the next call. Only what this process left is taken: a job in
+        ``.work`` that another daemon has in hand is never touched.
+        """
+        with self._lock:
+            left = list(self._left.values())
+            self._left.clear()
+        back = []
+        for claim in left:
+            try:
+                info = self.ops.lstat(claim.path)
+            except FileNotFoundError:
+                self.release(claim)
+                continue
+            except OSError:
+                with self._lock:
+                    self._left[claim.job_id] = claim
+                continue
+            with self._lock:
+                self._live.add(claim.job_id)
+            back.append(
+                dataclasses.replace(
+                    claim,
+                    started=time.perf_counter(),
+                    regular=stat.S_ISREG(info.st_mode),
+                    problem=entry_problem(info),
+                )
+            )
+        return back
+
+    @property
+    def left(self) -> int:
+        """How many jobs this process left in ``.work`` to take back."""
+        with self._lock:
+            return len(self._left)
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._live.discard(job_id)
+            self._left.pop(job_id, None)
+
+    # -- attempts and holds --
+    def attempts(self, claim: Claim) -> Attempts:
+        """``claim``'s record of starts and holds (all zero before the first)."""
+        return read_attempts(claim.path.parent / ATTEMPTS_NAME) or Attempts()
+
+    def attempt(self, claim: Claim) -> int:
+        """Record one more start of ``claim``'s job, durably, before it runs; returns its unfinished starts.
+
+        The count returned is how many of the job's starts did not end
+        cleanly, this one included: 1 on a first start, and one more for
+        each process that died while running it (a start that ended in a
+        hold is not counted again). A fresh claim's first start writes
+        nothing (the claim records it); every later start is kept in the
+        job's ``.work`` folder (:class:`Attempts`), written atomically and
+        fsynced before this returns, so it survives kill -9 and goes with the
+        job when it is resumed. Raises SpoolError when it cannot be written.
+        """
+        now = self.attempts(claim)
+        if now.starts == 0:
+            if not claim.resumed:
+                return 1  # the claim itself is the first start: small jobs pay no fsync for a record
+            now = dataclasses.replace(now, starts=1)  # that first start, never written
+        new = dataclasses.replace(now, starts=now.starts + 1)
+        self._write_attempts(claim, new)
+        return new.unfinished
+
+    def hold(self, claim: Claim, reason: str, *, output_failed: bool = False) -> Attempts:
+        """Keep ``claim`` in ``.work``, its reservation kept, to be taken back after a pause; record why.
+
+        ``output_failed``: the job's own output could not be committed (what
+        the daemon's limit on output attempts counts), as opposed to its
+        reservation or a sidecar. The record (:class:`Attempts`) is written
+        durably; the hold stands even when it cannot be (SpoolError is then
+        raised after the hold is in place).
+        """
+        now = self.attempts(claim)
+        starts = max(now.starts, 1)  # a first start is not written (see attempt)
+        new = dataclasses.replace(
+            now,
+            starts=starts,
+            settled=starts,
+            holds=now.holds + 1,
+            output_failures=now.output_failures + (1 if output_failed else 0),
+            reason=reason,
+            held_since=now.held_since or record.now_iso(),
+        )
+        self.leave(claim)
+        self._write_attempts(claim, new)
+        return new
+
+    def _write_attempts(self, claim: Claim, attempts: Attempts) -> None:
+        folder = claim.path.parent
+        path = folder / ATTEMPTS_NAME
+        tmp = folder / f"{ATTEMPTS_NAME}.{os.getpid()}.tmp"
+        try:
+            self._write_new(tmp, json.dumps(dataclasses.asdict(attempts)).encode(), durable=True)
+            self.ops.replace(tmp, path)
+        except OSError as exc:
+            self._unlink_quietly(tmp)
+            why = _reason(exc)
+            raise SpoolError(f"cannot record the attempts of {shown(claim.name)} in {WORK_DIR}: {why}") from None
+        _fsync_folder(folder)
+
+    def discard_outputs(self, claim: Claim) -> list[str]:
+        """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be.
+
+        Its output, when it holds that version's reservation (else the
+        output may be another job's by now), and those of its sidecars that
+        carry its job id: nothing half done stays visible.
+        """
+        held = read_reservation(claim.reservation) if claim.reservation is not None else None
+        ours = held is not None and held[0] == claim.job_id
+        stuck = []
+        for path in names_of(claim.output):
+            if not (ours and path == claim.output) and not self.owned_by(claim, path):
+                continue
+            try:
+                self.ops.unlink(path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                stuck.append(path.name)
+        return stuck
+
     def finished(self, claim: Claim) -> tuple[bool, Path] | None:
         """(ok, sidecar) when this job's own sidecar is already committed, else None.
 
@@ -660,11 +1032,16 @@ class Spool:
 
     # -- archive --
     def archive(self, claim: Claim, ok: bool) -> Path:
-        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one."""
+        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one.
+
+        Raises SpoolError when it cannot: the file is then still in
+        ``.work`` (the caller leaves it there for :meth:`take_back`).
+        """
         try:
             folder = self._folder(self.done if ok else self.failed)
-        except OSError as exc:
-            raise SpoolError(f"cannot archive {shown(claim.name)}: {exc.strerror or exc}") from None
+        except (OSError, SpoolError) as exc:
+            why = exc.reason if isinstance(exc, SpoolError) else _reason(exc)
+            raise SpoolError(f"cannot archive {shown(claim.name)}: {why}") from None
         stem, dot, suffix = safe_name(claim.name).rpartition(".")
         other = f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{safe_name(claim.name)}.{claim.job_id}"
         names = [other] if len(os.fsencode(claim.name)) > MAX_NAME_BYTES else [claim.name, other]
@@ -672,48 +1049,36 @@ class Spool:
         for name in names:
             # link + unlink: a name another daemon archived meanwhile is never replaced
             try:
-                os.link(claim.path, folder / name, follow_symlinks=False)
+                self.ops.link(claim.path, folder / name)
             except FileExistsError:
-                continue
-            except OSError:  # no hard links here (a folder, or a filesystem without them): rename
+                if not _same_file(claim.path, folder / name):
+                    continue
+                # This job's own link from an archive whose unlink failed: finish that one.
+            except OSError:
+                # No hard links here, or refused (another user's file under fs.protected_hardlinks): rename.
                 if os.path.lexists(folder / name):
                     continue
                 try:
-                    os.rename(claim.path, folder / name)
+                    self.ops.rename(claim.path, folder / name)
                 except OSError as exc:
-                    raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {exc.strerror or exc}") from None
+                    raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {_reason(exc)}") from None
                 target = folder / name
                 break
-            _unlink_quietly(claim.path)
+            try:
+                self.ops.unlink(claim.path)
+            except OSError as exc:
+                # Two names now: drop the archived one, so that the job is archived once, later (where
+                # that fails too, the next archive finds its own link and finishes it).
+                self._unlink_quietly(folder / name)
+                raise SpoolError(f"cannot archive {shown(claim.name)}: {_reason(exc)}") from None
             target = folder / name
             break
         if target is None:
             raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: its names are taken")
         self.release(claim)
+        self._forget(claim.job_id)
         self._release_folder(claim.path.parent)
         return target
-
-    def give_back(self, claim: Claim) -> Path:
-        """Put a claimed file back into the inbox (a job to retry later); never over a newer drop.
-
-        The name is linked first and the claimed one removed, so a file
-        dropped meanwhile under the same name is never replaced; then the
-        file goes back as ``<stem>.<job id>.<suffix>``. Raises SpoolError when
-        it cannot (it then stays in ``.work`` and is resumed at the next start).
-        """
-        stem, dot, suffix = claim.name.rpartition(".")
-        for name in (claim.name, f"{stem}.{claim.job_id}.{suffix}" if dot and stem else f"{claim.name}.{claim.job_id}"):
-            try:
-                os.link(claim.path, self.inbox / name, follow_symlinks=False)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: {exc.strerror or exc}") from None
-            os.unlink(claim.path)
-            self.release(claim)
-            self._release_folder(claim.path.parent)
-            return self.inbox / name
-        raise SpoolError(f"cannot put {shown(claim.name)} back into the inbox: its names are taken")
 
     # -- housekeeping --
     def sweep_temporaries(self) -> list[Path]:
@@ -738,6 +1103,85 @@ class Spool:
                         removed.append(path)
         return removed
 
+    def _unlink_quietly(self, path: Path | None) -> None:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                self.ops.unlink(path)
+
+    def _close_quietly(self, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            self.ops.close(fd)
+
+
+def read_attempts(path: Path) -> Attempts | None:
+    """The :class:`Attempts` record at ``path``; None when there is none (or it is not mmd's)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    known = {f.name for f in dataclasses.fields(Attempts)}
+    try:
+        return Attempts(**{k: v for k, v in data.items() if k in known})
+    except TypeError:
+        return None
+
+
+def held_jobs(inbox: Path) -> list[HeldJob]:
+    """Jobs held in ``inbox/.work`` (every host's on a shared inbox), oldest hold first, for `mmd status`."""
+    work = Path(inbox) / WORK_DIR
+    folders: list[tuple[Path, str | None]] = []
+    for entry in _entries(work):
+        if parse_work_folder(entry.name) is not None:
+            folders.append((entry, None))
+        elif entry.name != SPARE_DIR and entry.is_dir() and not entry.is_symlink():
+            folders.extend((sub, entry.name) for sub in _entries(entry) if parse_work_folder(sub.name) is not None)
+    found = []
+    for folder, host in folders:
+        attempts = read_attempts(folder / ATTEMPTS_NAME)
+        if attempts is None or not attempts.holds:
+            continue
+        files = [p.name for p in _entries(folder) if not p.name.startswith(".")]
+        parsed = parse_work_folder(folder.name)
+        if not files or parsed is None:
+            continue
+        found.append(
+            HeldJob(
+                parsed[0],
+                shown(files[0]),
+                host,
+                attempts.reason or "",
+                attempts.held_since,
+                attempts.holds,
+                attempts.output_failures,
+            )
+        )
+    found.sort(key=lambda h: (h.since or "", h.file))
+    return found
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are two names of one file."""
+    try:
+        return os.path.samestat(os.lstat(a), os.lstat(b))
+    except OSError:
+        return False
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (some filesystems refuse to fsync a folder: then it is not)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 def _check_own_folder(path: Path) -> None:
     """Refuse a spool folder that is a link or that another user owns (planted in the inbox)."""
@@ -746,11 +1190,6 @@ def _check_own_folder(path: Path) -> None:
         raise SpoolError(f"{path} is not a folder (a link or a file); remove it so that mmd can make its own")
     if info.st_uid != os.geteuid():
         raise SpoolError(f"{path} belongs to uid {info.st_uid}, not to mmd (uid {os.geteuid()}); remove it")
-
-
-def _unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def _entries(folder: Path) -> Iterator[Path]:

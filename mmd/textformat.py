@@ -4,7 +4,7 @@ Pure functions over bytes: no file I/O, no printing.
 
 Input::
 
-    [UTF-8 BOM] N | M K N            (line 1, positive integers)
+    [UTF-8 BOM] [blank lines] N | M K N   (the header line, positive integers)
     M*K values of A, then K*N of B   (any spaces, tabs, CR, LF between)
 
 Output::
@@ -78,7 +78,7 @@ class Header:
     n: int
     square: bool  # header was a single N
     body_offset: int  # byte offset in data where the values start (after header line)
-    line: int  # 1-based line number of the header line (always 1)
+    line: int  # 1-based line number of the header line (after any blank lines before it)
 
 
 @dataclass(frozen=True)
@@ -157,40 +157,59 @@ def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int | 
 # header
 
 _HEADER_RE = re.compile(rb"[ \t]*([0-9]+)(?:[ \t]+([0-9]+)[ \t]+([0-9]+))?[ \t]*\r?")
-_HEADER_MAX = 4096
+#: Blank lines and whitespace before the header are skipped, as ``fscanf`` skips them, but the
+#: header line must end within this many bytes (after a BOM): the pipeline reads only the file's
+#: first bytes to check the header before it reads the rest (docs/textformat.md).
+HEADER_WINDOW = 1 << 16
+_BLANKS = b" \t\r\n"
 
 
-def _header_error(got: bytes) -> InputFormatError:
+def _header_error(got: bytes, line: int) -> InputFormatError:
     shown = _shorten(got.rstrip(b"\r"))
     return InputFormatError(
-        f"line 1: header must be 'N' or 'M K N' with positive integers, got '{shown}'",
-        line=1,
+        f"line {line}: header must be 'N' or 'M K N' with positive integers, got '{shown}'",
+        line=line,
         value=shown,
     )
 
 
-_BLANK_RE = re.compile(rb"[ \t\r\n]*")
+def parse_header(data: bytes | memoryview, size: int | None = None) -> Header:
+    """Parse the header line; raises :class:`InputFormatError` naming its line.
 
-
-def parse_header(data: bytes | memoryview) -> Header:
-    """Parse line 1 (after an optional UTF-8 BOM); raises :class:`InputFormatError`."""
+    An optional UTF-8 BOM, then any blank lines and whitespace (skipped, as
+    ``fscanf`` skips them), then the header line, which must end within
+    :data:`HEADER_WINDOW` bytes. ``data`` may be only the file's first bytes
+    (at least ``HEADER_WINDOW + 3`` of them, or all of it): ``size`` is then
+    the whole file's size. ``body_offset`` and ``line`` count from the start
+    of the file.
+    """
+    total = len(data) if size is None else size
     start = 3 if bytes(data[:3]) == BOM else 0
-    head = bytes(data[start : start + _HEADER_MAX])
-    nl = head.find(b"\n")
+    head = bytes(data[start : start + HEADER_WINDOW])
+    whole = total - start <= len(head)  # the header window holds the rest of the file
+    lead = len(head) - len(head.lstrip(_BLANKS))
+    line_no = head.count(b"\n", 0, lead) + 1
+    if lead == len(head):
+        if whole:
+            what = "empty" if total == start else "whitespace only"
+            raise InputFormatError(f"line 1: the file is {what}; expected a header 'N' or 'M K N'", line=1)
+        raise InputFormatError(
+            f"line {line_no}: no header in the first {HEADER_WINDOW} bytes (blank lines before the header are "
+            f"skipped, up to that many)",
+            line=line_no,
+        )
+    nl = head.find(b"\n", lead)
     if nl < 0:
-        if len(data) - start > _HEADER_MAX:
-            raise _header_error(head[:60])
-        line = head
-        body = len(data)
+        if not whole:  # the line goes on past the window: never a header
+            raise _header_error(head[lead : lead + 60], line_no)
+        line = head[lead:]
+        body = start + len(head)
     else:
-        line = head[:nl]
+        line = head[lead:nl]
         body = start + nl + 1
     match = _HEADER_RE.fullmatch(line)
     if not match:
-        if _BLANK_RE.fullmatch(data, start):
-            what = "empty" if len(data) == start else "whitespace only"
-            raise InputFormatError(f"line 1: the file is {what}; expected a header 'N' or 'M K N'", line=1)
-        raise _header_error(line)
+        raise _header_error(line, line_no)
     if match.group(2) is None:
         n = int(match.group(1))
         m = k = n
@@ -199,8 +218,8 @@ def parse_header(data: bytes | memoryview) -> Header:
         m, k, n = (int(g) for g in match.groups())
         square = False
     if m <= 0 or k <= 0 or n <= 0:
-        raise _header_error(line)
-    return Header(m=m, k=k, n=n, square=square, body_offset=body, line=1)
+        raise _header_error(line, line_no)
+    return Header(m=m, k=k, n=n, square=square, body_offset=body, line=line_no)
 
 
 # ---------------------------------------------------------------------------

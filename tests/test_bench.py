@@ -179,6 +179,7 @@ def test_course_plan_cases():
     assert sorted(c.m for c in untiled if c.kernel == "cublas") == [32, 256, 512, 1024, 2048, 4096]
     cpu = {c.m: c.skip for c in cases if c.kernel == "cpu"}
     assert cpu[2048] is None and cpu[4096] is not None
+    assert "--cpu-max-size" in cpu[4096], "the skip names the flag that lifts it (there is no such setting)"
     assert [c.m for c in cases] == sorted(c.m for c in cases)  # grouped by size
     assert all(c.skip is None for c in bench.course_plan(cpu_max_size=None).cases())
 

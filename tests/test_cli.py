@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
+import pytest
 import yaml
 
 from mmd import textformat
 
-from .conftest import run_mmd
+from .conftest import ROOT, mmd_env, run_mmd
 
 
 def test_gen_run_check_round_trip(tmp_path):
@@ -166,3 +169,31 @@ def test_job_request_and_limits_carry_every_job_setting(tmp_path):
     assert (r.kernel, r.tile) == ("aplus", 8)
     limits = limits_for(s)
     assert limits.max_dim == 100 and limits.max_memory_bytes == config.physical_memory_bytes()
+
+
+def test_an_unknown_flag_is_reported_by_its_sub_command(tmp_path):
+    r = run_mmd("serve", "--frob", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("mmd serve: unrecognized arguments: --frob")
+    assert r.stderr.count("\n") == 1 and "mmd serve --help" in r.stderr
+    r = run_mmd("--frob", "run", "x.txt", cwd=tmp_path)  # before the sub-command: the top parser's own
+    assert r.returncode == 2 and r.stderr.startswith("mmd: ")
+
+
+@pytest.mark.process
+def test_make_demo_twice_shows_the_job_it_just_ran(tmp_path):
+    """Issue 15: run twice, the demo showed the first run's sidecar (the new job went to sample.1.*)."""
+    import shutil
+    import sys
+
+    shutil.copy(ROOT / "scripts" / "demo.sh", tmp_path / "demo.sh")
+    env = mmd_env(MMD=f"{sys.executable} -m mmd", MMD_BACKEND="cpu")
+    runs = [
+        subprocess.run(["sh", "demo.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        for _ in range(2)
+    ]
+    for r in runs:
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "outbox/sample.timing.yaml" in runs[0].stdout
+    assert "outbox/sample.1.timing.yaml" in runs[1].stdout and "outbox/sample.1.out" in runs[1].stdout
+    shown = yaml.safe_load(runs[1].stdout.split("outbox/sample.1.timing.yaml:\n", 1)[1])
+    assert shown == yaml.safe_load((tmp_path / "outbox" / "sample.1.timing.yaml").read_text())

@@ -373,10 +373,10 @@ def test_unexpected_exception_becomes_internal_refusal(tmp_path, monkeypatch):
     a, b = make_input(inbox / "fine.txt", 3, 3, 3, 2)
     real = daemon.worker.run_job
 
-    def flaky(job, backend_for, watch=None):
+    def flaky(job, backend_for, *args, **kw):
         if job.input.name == "boom.txt":
             raise RuntimeError("simulated bug")
-        return real(job, backend_for, watch)
+        return real(job, backend_for, *args, **kw)
 
     monkeypatch.setattr(daemon.worker, "run_job", flaky)
     settings = config.Settings(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -283,16 +284,27 @@ def test_entry_replaced_between_event_and_claim(tmp_path):
     assert s.claim("gone.txt") is None
 
 
-def test_give_back_never_replaces_a_newer_drop(tmp_path):
+def test_holding_keeps_the_job_and_its_reservation_and_take_back_returns_it(tmp_path):
+    """Nothing is put back into the inbox any more (a hard link there is refused for another user's file under
+    fs.protected_hardlinks): a job the outbox refuses stays claimed in .work, held, and is taken back."""
     s = Spool(tmp_path / "in", tmp_path / "out")
     s.prepare()
     _drop(s.inbox, "m.txt", "old")
     c = s.claim("m.txt")
     _drop(s.inbox, "m.txt", "new")
-    back = s.give_back(c)
-    assert back.name == f"m.{c.job_id}.txt" and back.read_text() == "old"
-    assert (s.inbox / "m.txt").read_text() == "new"
-    assert jobs_in(s.work) == []
+    held = s.hold(c, "cannot write out/m.out: No space left on device", output_failed=True)
+    assert (held.holds, held.output_failures, held.reason) == (1, 1, "cannot write out/m.out: No space left on device")
+    assert c.path.read_text() == "old" and (s.inbox / "m.txt").read_text() == "new"
+    assert spool.read_reservation(c.reservation)[0] == c.job_id, "the held job keeps its output name"
+    assert s.sweep_reservations() == []
+    [job] = spool.held_jobs(s.inbox)
+    assert (job.job, job.file, job.holds, job.host) == (c.job_id, "m.txt", 1, None)
+    [back] = s.take_back()
+    assert back.again and not back.resumed and back.path == c.path
+    assert s.take_back() == []
+    assert s.archive(back, True) == s.done / "m.txt"
+    assert jobs_in(s.work) == [] and spool.held_jobs(s.inbox) == []
+    assert not c.reservation.exists() and list((s.work / spool.SPARE_DIR).iterdir()) == []
 
 
 def test_prepare_refuses_planted_links_and_world_writable_outbox(tmp_path):
@@ -306,3 +318,188 @@ def test_prepare_refuses_planted_links_and_world_writable_outbox(tmp_path):
     os.chmod(s.outbox, 0o777)
     with pytest.raises(SpoolError, match="world-writable"):
         s.prepare()
+
+
+# ---------------------------------------------------------------------------
+# stale reservations (issue 15: an empty .x.claim blocked x.out for good)
+
+DEAD_PID = 2**22 + 12345  # above pid_max's default: never alive
+
+
+def _reservation(outbox, stem, text, age_s=0.0):
+    path = outbox / f".{stem}.claim"
+    path.write_text(text)
+    if age_s:
+        old = os.stat(path).st_mtime - age_s
+        os.utime(path, (old, old))
+    return path
+
+
+def test_an_empty_reservation_left_by_a_kill_is_taken_over_by_its_job(tmp_path):
+    """Killed between creating ``.m.claim`` and writing it: the resumed job takes it and keeps ``m.out``."""
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    c.reservation.write_bytes(b"")  # what a kill -9 between O_CREAT and write leaves
+    later = Spool(s.inbox, s.outbox)
+    [resumed] = later.resumable()
+    assert later.sweep_reservations(later.resumable()) == [], "an empty reservation its job maps to is kept"
+    settled = later.settle(resumed)
+    assert (settled.version, settled.output.name) == (0, "m.out")
+    assert spool.read_reservation(s.outbox / ".m.claim")[0] == c.job_id
+    assert not (s.outbox / ".m.1.claim").exists()
+
+
+def test_a_reservation_is_never_seen_half_written(tmp_path, monkeypatch):
+    """The reservation is written in full under a temporary name and linked into place: a kill between
+    its creation and its write cannot leave an empty ``.m.claim``."""
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    seen = []
+    real_write = os.write
+
+    def write(fd, data):
+        seen.extend(p.name for p in s.outbox.iterdir() if p.name.endswith(".claim"))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    monkeypatch.undo()
+    assert seen == [] and spool.read_reservation(c.reservation)[0] == c.job_id
+
+
+def test_stale_reservations_are_recognised_by_their_owner(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    for name in ("c.txt", "h.txt"):
+        _drop(s.inbox, name)
+    c, h = s.claim("c.txt"), s.claim("h.txt")
+    h.reservation.write_bytes(b"")  # its job is in .work: the job's own, left for it to take over
+    gone = _reservation(s.outbox, "a", f"aaaaaaaaaaaa - {DEAD_PID}\n")  # its daemon is dead, its job gone
+    ours = _reservation(s.outbox, "b", f"bbbbbbbbbbbb - {os.getpid()}\n")  # this process's, its job gone
+    other_host = _reservation(s.outbox, "d", f"dddddddddddd node9 {DEAD_PID}\n")  # another host's: never ours
+    other_live = _reservation(s.outbox, "e", "eeeeeeeeeeee - 1\n")  # a live process (another daemon) holds it
+    empty_old = _reservation(s.outbox, "f", "", age_s=3600)  # killed between create and write, long ago
+    empty_new = _reservation(s.outbox, "g", "")  # perhaps being written this instant
+    removed = Spool(s.inbox, s.outbox).sweep_reservations()
+    assert sorted(p.name for p in removed) == sorted(p.name for p in (gone, ours, empty_old))
+    for kept in (c.reservation, h.reservation, other_host, other_live, empty_new):
+        assert kept.exists(), kept.name
+
+
+def test_on_a_shared_inbox_only_this_hosts_reservations_are_swept(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out", "node0")
+    s.prepare()
+    mine = _reservation(s.outbox, "a", f"aaaaaaaaaaaa node0 {DEAD_PID}\n")
+    theirs = _reservation(s.outbox, "b", f"bbbbbbbbbbbb node1 {DEAD_PID}\n")
+    unowned = _reservation(s.outbox, "c", f"cccccccccccc - {DEAD_PID}\n")
+    empty_old = _reservation(s.outbox, "f", "", age_s=3600)  # whose? another host's, perhaps: left alone
+    assert s.sweep_reservations() == [mine]
+    assert theirs.exists() and unowned.exists() and empty_old.exists()
+
+
+# ---------------------------------------------------------------------------
+# the attempt counter (what the daemon's limit on crashing jobs counts)
+
+
+def test_attempt_counts_starts_and_a_hold_ends_one_cleanly(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    assert s.attempts(c) == spool.Attempts()
+    assert s.attempt(c) == 1  # the first start
+    record = c.path.parent / spool.ATTEMPTS_NAME
+    assert not record.exists(), "a fresh claim's first start writes nothing: small jobs pay no fsync for it"
+    later = Spool(s.inbox, s.outbox)  # the process running it died
+    [c] = later.resumable()
+    assert later.attempt(c) == 2  # started again
+    later.hold(c, "disk full", output_failed=True)  # this start ended cleanly: not a crash
+    assert later.attempt(c) == 1  # taken back after the pause
+    a = later.attempts(c)
+    assert (a.starts, a.settled, a.holds, a.output_failures, a.unfinished) == (3, 2, 1, 1, 1)
+    assert json.loads(record.read_text())["starts"] == 3
+    assert [p.name for p in c.path.parent.iterdir()] == ["m.txt", spool.ATTEMPTS_NAME], "no temporary left"
+    assert [r.name for r in Spool(s.inbox, s.outbox).resumable()] == ["m.txt"], "the record is not a job"
+
+
+def test_attempts_go_with_the_job_when_its_folder_is_renamed(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    s.attempt(c)
+    os.unlink(c.reservation)  # a kill before the reservation; another job then took m.out's version
+    _sidecar(s.outbox / "m.timing.yaml", "ffffffffffff")
+    later = Spool(s.inbox, s.outbox)
+    [resumed] = later.resumable()
+    moved = later.settle(resumed)
+    assert moved.version == 1 and moved.path.parent != c.path.parent
+    assert later.attempt(moved) == 2
+
+
+def test_an_archived_job_leaves_no_record_for_the_next_one(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    s.attempt(c)
+    s.archive(c, True)
+    _drop(s.inbox, "n.txt")
+    n = s.claim("n.txt")  # in the spare folder m.txt's job left
+    assert n.path.parent.name.startswith(n.job_id) and s.attempts(n) == spool.Attempts()
+
+
+ATTEMPT_THEN_KILL = """
+import os, signal, sys
+from pathlib import Path
+from mmd.spool import Spool
+s = Spool(Path(sys.argv[1]), Path(sys.argv[2]))
+[claim] = s.resumable()
+print(s.attempt(claim), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_attempt_count_survives_kill_9(tmp_path):
+    """Each start is on disk before attempt() returns: a process killed at once leaves it counted."""
+    import subprocess
+    import sys
+
+    from .conftest import mmd_env
+
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")  # the claim is the first start (it writes nothing); each resumed start is written
+    for expected in (2, 3, 4):
+        r = subprocess.run(
+            [sys.executable, "-c", ATTEMPT_THEN_KILL, str(s.inbox), str(s.outbox)],
+            env=mmd_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == -9 and r.stdout.strip() == str(expected), r.stderr
+    assert Spool(s.inbox, s.outbox).attempts(c).unfinished == 4
+
+
+def test_a_job_without_its_reservation_never_removes_that_versions_output(tmp_path):
+    """Held before it could reserve (the outbox refused): m.out may be another job's by now, never removed."""
+    import dataclasses
+
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    os.unlink(c.reservation)
+    unreserved = dataclasses.replace(c, reservation=None, unreserved="cannot reserve .m.claim: No space left on device")
+    (s.outbox / "m.out").write_text("another job's")
+    _sidecar(s.outbox / "m.timing.yaml", "ffffffffffff")
+    assert s.discard_outputs(unreserved) == []
+    assert (s.outbox / "m.out").read_text() == "another job's" and (s.outbox / "m.timing.yaml").exists()
+    _sidecar(s.outbox / "m.error.yaml", c.job_id)  # its own sidecar (it carries its job id) does go
+    s.discard_outputs(unreserved)
+    assert not (s.outbox / "m.error.yaml").exists() and (s.outbox / "m.out").exists()

@@ -281,7 +281,7 @@ def test_parse_too_many_after_touching_fields():
 
 @pytest.mark.parametrize(
     "head",
-    ["0", "-3", "3.0", "1e3", "2 3", "1 2 3 4", "abc", "", "   ", "+3", "3 0 3", "0x10", "３"],
+    ["0", "-3", "3.0", "1e3", "2 3", "1 2 3 4", "abc", "+3", "3 0 3", "0x10", "３"],
 )
 def test_header_refusals(head):
     with pytest.raises(InputFormatError) as info:
@@ -292,15 +292,63 @@ def test_header_refusals(head):
     assert e.value == head.strip() or e.value == head
 
 
+@pytest.mark.parametrize("head", ["", "   "])
+def test_a_blank_first_line_is_skipped_and_the_next_one_judged(head):
+    with pytest.raises(InputFormatError) as info:
+        tf.parse_header(head.encode() + b"\n1 2\n")
+    assert info.value.line == 2 and info.value.value == "1 2"
+    assert str(info.value).startswith("line 2: header must be 'N' or 'M K N' with positive integers, got '1 2'")
+
+
 def test_header_examples():
     assert tf.parse_header(b"4\n") == tf.Header(4, 4, 4, True, 2, 1)
     assert tf.parse_header(b"2 3 4\r\n") == tf.Header(2, 3, 4, False, 7, 1)
     assert tf.parse_header(b"\xef\xbb\xbf 2\t3 4 \n1") == tf.Header(2, 3, 4, False, 11, 1)
     assert tf.parse_header(b"5").body_offset == 1
     with pytest.raises(InputFormatError):
-        tf.parse_header(b"\n3\n")  # header must be line 1
-    with pytest.raises(InputFormatError):
         tf.parse_header(b"")
+
+
+@pytest.mark.parametrize(
+    ("data", "header"),
+    [
+        (b"\n3\n1", tf.Header(3, 3, 3, True, 3, 2)),
+        (b"\r\n\r\n  \t\n2 3 4\r\n1", tf.Header(2, 3, 4, False, 15, 4)),
+        (b"\xef\xbb\xbf\n\n 5 \n", tf.Header(5, 5, 5, True, 9, 3)),
+        (b"   \t 7", tf.Header(7, 7, 7, True, 6, 1)),
+    ],
+)
+def test_blank_lines_and_whitespace_before_the_header_are_skipped(data, header):
+    """As fscanf skips them (issue 15: a blank first line was refused though the README allows it)."""
+    assert tf.parse_header(data) == header
+
+
+def test_errors_after_leading_blank_lines_name_the_right_line():
+    with pytest.raises(InputFormatError) as info:
+        tf.parse_header(b"\n\n3.0\n1 2\n")
+    assert info.value.line == 3 and str(info.value).startswith("line 3: header must be")
+    data = b"\n\n2\n1 2\n3 x\n1 0 0 1\n"
+    with pytest.raises(InputFormatError) as info:
+        tf.parse(data, tf.parse_header(data))
+    assert info.value.line == 5 and "'x'" in str(info.value)
+    with pytest.raises(InputFormatError, match="whitespace only"):
+        tf.parse_header(b"\n \n\t\r\n")
+
+
+def test_the_header_must_lie_in_the_first_bytes():
+    """Leading blank space is bounded: the header line must end within HEADER_WINDOW bytes (docs/textformat.md)."""
+    padded = b"\n" * (tf.HEADER_WINDOW - 3) + b"2\n"
+    assert tf.parse_header(padded).line == tf.HEADER_WINDOW - 2
+    with pytest.raises(InputFormatError, match="first 65536 bytes"):
+        tf.parse_header(b"\n" * tf.HEADER_WINDOW + b"2\n1 2 3 4 5 6 7 8\n")
+
+
+def test_a_header_read_from_the_first_bytes_of_a_bigger_file():
+    """``size``: the whole file's size when ``data`` is only its first bytes (the pipeline reads those first)."""
+    assert tf.parse_header(b"4 5 6\n1 2", size=10**9) == tf.Header(4, 5, 6, False, 6, 1)
+    assert tf.parse_header(b"12", size=2) == tf.Header(12, 12, 12, True, 2, 1)
+    with pytest.raises(InputFormatError, match="header must be"):
+        tf.parse_header(b"12", size=10**9)  # the line goes on past what was read: never a header
 
 
 def test_parse_accepts_given_header():

@@ -98,12 +98,12 @@ def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
     real = daemon.worker.run_job
     seen: list[int] = []
 
-    def paired(job, backend_for, watch=None):
+    def paired(job, backend_for, *args, **kw):
         # the first two jobs wait for each other: only two workers at once can pass
         if len(seen) < 2:
             seen.append(threading.get_ident())
             both_busy.wait()
-        return real(job, backend_for, watch)
+        return real(job, backend_for, *args, **kw)
 
     monkeypatch.setattr(daemon.worker, "run_job", paired)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
@@ -126,13 +126,13 @@ def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch
     order: list[tuple[str, int]] = []
     real = daemon.worker.run_job
 
-    def held_first(job, backend_for, watch=None):
+    def held_first(job, backend_for, *args, **kw):
         order.append((job.input.name, job.context.device_index))
         if job.input.name == "j00.txt":
             assert release.wait(20)
         elif len(order) >= 6:
             release.set()
-        return real(job, backend_for, watch)
+        return real(job, backend_for, *args, **kw)
 
     monkeypatch.setattr(daemon.worker, "run_job", held_first)
     d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from .. import __version__
@@ -21,6 +21,9 @@ COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status"
 
 
 class _Parser(argparse.ArgumentParser):
+    #: The sub-commands' parsers by name (on the top parser).
+    commands: Mapping[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:  # one line, not usage + message
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
@@ -31,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    parser.commands = sub.choices
     for name in COMMANDS:
         try:
             module = importlib.import_module(f".{name}_cmd", __name__)
@@ -45,7 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (cli.common: 0 ok, 1 failed, 2 usage, 78 configuration)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a sub-command's unknown flags from the top parser ("mmd: ..."): name the
+        # command when they came after it.
+        words = list(sys.argv[1:] if argv is None else argv)
+        where = words.index(extra[0]) if extra[0] in words else len(words)  # not a word itself: -xyz's part
+        after = args.command in words and where > words.index(args.command)
+        owner = getattr(parser, "commands", {}).get(args.command, parser) if after else parser
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:

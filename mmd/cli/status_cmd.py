@@ -62,6 +62,16 @@ def render(status: dict[str, Any]) -> str:
     paused = state.get("paused") if status["serving"] else None
     if paused:
         lines.append(f"paused since {paused.get('since')} for {paused.get('seconds')} s: {paused.get('reason')}")
+    held = status.get("held") or []
+    if held:
+        again = "tried again after each pause" if status["serving"] else "tried again when a daemon serves the inbox"
+        lines.append(f"held in .work: {len(held)} (the outbox refused what they had to write; {again})")
+        for job in held:
+            host = f" on {job['host']}" if job.get("host") else ""
+            lines.append(
+                f"  {job['file']} (job {job['job']}{host}, held since {job['since']}, {job['holds']} times): "
+                f"{job['reason']}"
+            )
     if status["serving"] and state.get("backlog"):
         lines.append("queue full: more files wait in the inbox for the next rescan")
     workers = state.get("workers") or [] if status["serving"] else []

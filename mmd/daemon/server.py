@@ -35,6 +35,7 @@ from .. import atomic, record
 from ..backends import worker_devices
 from ..config import Settings, host_id_of
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
+from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
 from ..job import describe
 from ..logs import get_logger
@@ -42,6 +43,7 @@ from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
 from ..spool import Readiness, Spool, state_name
+from . import common
 from .common import (
     BROKEN,
     COMPLETE,
@@ -68,12 +70,13 @@ from .worker import Worker
 class Daemon:
     """Serve one inbox: ``Daemon(settings).serve()``; ``serve(once=True)`` drains it and returns."""
 
-    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None, *, ops: FileOps = OPS) -> None:
         self.settings = settings
         self._reload = reload
         #: This host's id on a shared inbox (None: the daemon has the inbox to itself).
         self.host_id = host_id_of(settings) if settings.shared_inbox else None
-        self.spool = Spool(settings.inbox, settings.outbox, self.host_id)
+        #: ``ops``: the spool's file operations (the tests inject faults through them).
+        self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops)
         self.hints: queue.SimpleQueue = queue.SimpleQueue()
         self.state = State(
             self.spool.inbox / state_name(self.host_id),
@@ -87,10 +90,9 @@ class Daemon:
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.workers: list[Worker] = []
         self._outputs_lock = threading.Lock()
-        #: Outputs that could not be committed in a row (the pause doubles with each).
+        #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
         self._output_failures = 0
-        #: Inbox name → attempts whose output could not be committed (given back to retry).
-        self._attempts: dict[str, int] = {}
+        self._swept = 0.0  # monotonic: the last full sweep of the outbox's reservations
         self._queued: set[str] = set()  # names handed to the worker and not yet done
         self._again: set[str] = set()  # completed again while queued: look once more when done
         self._readiness = Readiness(settings.quiet_seconds)
@@ -132,23 +134,12 @@ class Daemon:
         self.hints.put((PAUSE, reason, seconds))
 
     # -- outbox trouble, shared by the workers --
-    def output_attempt(self, name: str) -> int:
-        """This try's number for inbox file ``name`` (1 unless it was given back after outbox trouble)."""
-        with self._outputs_lock:
-            return self._attempts.pop(name, 0) + 1
-
-    def remember_attempts(self, name: str, tries: int) -> None:
-        with self._outputs_lock:
-            if len(self._attempts) > 10_000:  # names given back and then removed by hand
-                self._attempts.clear()
-            self._attempts[name] = tries
-
     def output_committed(self) -> None:
         with self._outputs_lock:
             self._output_failures = 0
 
     def output_failed(self) -> int:
-        """Count an output the outbox refused; returns how many in a row."""
+        """Count a step the spool refused (the outbox, or an archive); returns how many in a row."""
         with self._outputs_lock:
             self._output_failures += 1
             return self._output_failures
@@ -325,6 +316,18 @@ class Daemon:
             self.state.update(paused={"reason": reason, "seconds": seconds, "since": now_iso()})
             self._once_failed = reason
 
+    def _tend(self, now: float) -> None:
+        """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
+        name), and sweep stale reservations (the full listing of the outbox at most every
+        RESERVATION_SWEEP_SECONDS)."""
+        for claim in self.spool.take_back():
+            self._queued.add(claim.name)
+            self.jobs.put(("resume", claim))
+        if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
+            self._swept = now
+            for path in self.spool.sweep_reservations():
+                self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
+
     def _check_inbox(self) -> None:
         """Follow the inbox being deleted (wait) and recreated (serve the new folder)."""
         try:
@@ -435,8 +438,9 @@ class Daemon:
                 if w.failed is not None:
                     raise w.failed
             resumed = self.spool.resumable()
-            for path in self.spool.sweep_reservations({c.job_id for c in resumed}):
-                self.log.info("removed an output reservation left by a killed process", path=str(path))
+            for path in self.spool.sweep_reservations(resumed):
+                self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
+            self._swept = time.monotonic()
             for claim in resumed:
                 self._queued.add(claim.name)
                 self.jobs.put(("resume", claim))
@@ -551,6 +555,8 @@ class Daemon:
                 self.state.update(backlog=False)
                 if not once:
                     self._broken.clear()
+                if not self.paused():
+                    self._tend(now)
                 found = self._rescan()
                 next_rescan = now + (
                     min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import get_logger
-from ..spool import Spool, pid_alive, state_name
+from ..spool import Spool, held_jobs, pid_alive, state_name
 from .common import RECENT_JOBS, STATE_EVERY, now_iso
 from .lock import host_daemons, lock_holder
 
@@ -134,9 +135,11 @@ def read_state(inbox: Path, host_id: str | None = None) -> dict[str, Any] | None
 
 
 def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
-    """Whether a daemon serves ``inbox`` (lock held and its pid alive) and its last state.
+    """Whether a daemon serves ``inbox`` (lock held and its pid alive), its last state, and the held jobs.
 
-    On a shared inbox every ``.mmd.<host>.lock`` is listed under ``hosts``
+    ``held``: the jobs kept in ``.work`` because the outbox refused them
+    (:class:`mmd.spool.HeldJob`: file, job, reason, since, holds), every
+    host's on a shared inbox. On a shared inbox every ``.mmd.<host>.lock`` is listed under ``hosts``
     with its state file; pids are checked only for ``host_id`` (this host).
     ``serving`` is true when any daemon serves it.
     """
@@ -157,6 +160,8 @@ def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
         "serving": serving,
         "pid": pid if serving else None,
         "waiting_in_inbox": waiting,
+        # Read from .work itself, not from the daemon: held jobs are there whether a daemon runs or not.
+        "held": [dataclasses.asdict(job) for job in held_jobs(inbox)],
         "state": state,
         "hosts": hosts,
     }

@@ -3,12 +3,17 @@
 A worker sees the daemon only through :class:`Host`, the few things it needs
 (settings, the spool, the state file, hints back to the main loop, and the
 shared bookkeeping of outbox trouble); it imports nothing of the server.
+
+A job's fate is one of three, whatever fails: its output and sidecar
+(archived to ``.done``), its error sidecar (archived to ``.failed``), or kept:
+in the inbox when it cannot be claimed, else in ``.work``, *held* when the
+outbox refuses what the job has to write (its reservation, output or
+sidecar) or left when its archive fails, and taken back by the daemon after
+a pause that doubles with each failure in a row (docs/reliability.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import threading
 import time
@@ -25,7 +30,7 @@ from ..job import Job, describe
 from ..logs import get_logger
 from ..pipeline import JobResult, JobStopped, JobWatch, refuse, run_job
 from ..record import Context
-from ..spool import Claim, Spool, shown
+from ..spool import Attempts, Claim, Spool, shown
 from .common import BROKEN, DONE, HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, now_iso
 from .state import State
 
@@ -52,16 +57,11 @@ class Host(Protocol):
         ...
 
     def pause(self, reason: str, seconds: float) -> None:
-        """Take no new job for ``seconds``."""
+        """Take no new job for ``seconds`` (jobs left in ``.work`` are taken back when it ends)."""
 
-    def output_attempt(self, name: str) -> int:
-        """This try's number for inbox file ``name`` (1 unless it was given back after outbox trouble)."""
-        ...
-
-    def remember_attempts(self, name: str, tries: int) -> None: ...
     def output_committed(self) -> None: ...
     def output_failed(self) -> int:
-        """Count an output the outbox refused; returns how many in a row."""
+        """Count a step the spool refused (the outbox, or an archive); returns how many in a row."""
         ...
 
     def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
@@ -152,19 +152,28 @@ class Worker(threading.Thread):
         self.jobs.put((kind, item))
 
     def process(self, kind: str, item: Any) -> None:
-        """One job, start to archive; nothing it raises escapes."""
+        """One job, start to archive (or hold); nothing it raises escapes.
+
+        ``kind``: ``"name"`` (an inbox name to claim) or ``"resume"`` (a
+        :class:`Claim` from ``.work``: resumed at start, or taken back).
+        """
         spool = self.host.spool
         log = get_logger(file=shown(item if kind == "name" else item.name))
         claim: Claim | None = None
         if kind == "name" and self.host.paused():
             return  # outbox trouble: the file stays in the inbox until the pause ends
         try:
-            try:
-                if not os.path.isdir(spool.outbox):  # deleted under us: make it again
-                    spool.outbox.mkdir(parents=True, exist_ok=True)
-                claim = spool.claim(item) if kind == "name" else item
-            except OSError as exc:
-                raise SpoolError(f"cannot claim {item}: {exc.strerror or exc}") from None
+            if kind == "name":
+                try:
+                    claim = spool.claim(item)
+                except SpoolError as exc:
+                    # Still in the inbox, tried again at a later rescan (or, claimed but not
+                    # examinable, left in .work and taken back after the pause).
+                    log.error("cannot claim", reason=exc.reason)
+                    self.host.hint(BROKEN, item)
+                    return
+            else:
+                claim = item
             if claim is None:
                 log.debug("already taken")  # claimed by someone else or removed: harmless
                 return
@@ -176,17 +185,16 @@ class Worker(threading.Thread):
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
             self._state(current={"job": claim.job_id, "file": shown(claim.name), "since": now_iso()})
-            self._run(claim, log, item if kind == "name" else claim.name)
-        except SpoolError as exc:
-            if claim is None:  # the file stays in the inbox; it is tried again at a later rescan
-                log.error("cannot claim", reason=exc.reason)
-                self.host.hint(BROKEN, item)
-            else:
-                log.error("spool error", reason=exc.reason)
+            self._run(claim, log)
         except Exception as exc:  # the job boundary: a job never kills the daemon
             log.exception("internal error in job", error=repr(exc))
             if claim is not None:
-                self._finish(claim, refuse(self._job(claim), InternalError.from_exception(exc)), log)
+                try:
+                    refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=spool.ops)
+                    self._conclude(claim, refused, log)
+                except Exception as again:  # its refusal failed too: keep the job in .work for later
+                    log.exception("cannot refuse the job; it stays in .work", error=repr(again))
+                    spool.leave(claim)
 
     def _context(self, claim: Claim) -> Context:
         collision = claim.collision()
@@ -210,23 +218,28 @@ class Worker(threading.Thread):
             refusal=refusal,
         )
 
-    def _run(self, claim: Claim, log: Any, inbox_name: str) -> None:
+    def _run(self, claim: Claim, log: Any) -> None:
         spool = self.host.spool
-        if claim.resumed:
+        if claim.resumed or claim.again:
             finished = spool.finished(claim)
             if finished is not None:
                 ok, path = finished
-                spool.archive(claim, ok)
-                log.info(
-                    "resumed job was already finished; archived", sidecar=path.name, status="ok" if ok else "error"
-                )
-                self._record(claim, ok, path, None)
+                if self._archive(claim, ok, log):
+                    log.info("job was already finished; archived", sidecar=path.name, status="ok" if ok else "error")
+                    self._record(claim, ok, path, None)
                 return
             settled = spool.settle(claim)
             if settled.output != claim.output:
                 log.warning("its output version was taken meanwhile; moved", output=settled.output.name)
             claim = settled
-            log.info("resuming job left by an earlier daemon")
+            if claim.again:
+                log.info("taking a held job back", **_hold_facts(spool.attempts(claim)))
+            else:
+                log.info("resuming job left by an earlier daemon")
+        if claim.reservation is None:
+            # The outbox refused even the reservation: nothing the job writes could be committed. Held unrun.
+            self._hold(claim, claim.unreserved or "cannot reserve its output name", log, output_failed=False)
+            return
         refusal: MmdError | None = None
         if claim.problem is not None or not claim.regular:
             problem = claim.problem or "is not a regular file (a link, folder or device); mmd does not follow it"
@@ -245,7 +258,7 @@ class Worker(threading.Thread):
         watch = self.watch or JobWatch(job.settings.job_timeout_s)
         watch.limit_s = job.settings.job_timeout_s  # the name may set its own
         try:
-            result = run_job(job, self.backend, watch)
+            result = run_job(job, self.backend, watch, ops=spool.ops)
         except JobStopped:
             log.warning("stopped past its time limit; its supervisor refused it", phase=watch.phase)
             return
@@ -254,51 +267,74 @@ class Worker(threading.Thread):
             # drop this worker's backends; the next job opens a fresh context.
             log.warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
             self.backends.close()
-        tries = self.host.output_attempt(inbox_name)
-        if isinstance(result.error, OutputError):
-            if tries < MAX_OUTPUT_ATTEMPTS:
-                self._retry_later(claim, result.error, log, tries)
+        self._conclude(claim, result, log)
+
+    def _conclude(self, claim: Claim, result: JobResult, log: Any) -> None:
+        """Archive the job by its fate, or hold it when the outbox refused what it had to write.
+
+        An output the outbox refuses is the outbox's fault, not the input's:
+        the job is held. Only when the same job's output has failed
+        :data:`MAX_OUTPUT_ATTEMPTS` times while the outbox still took its
+        error sidecar (an output too big for the space left, say) is it
+        failed with the reason, so that it does not block the jobs behind it.
+        A job whose error sidecar cannot be written is never failed without
+        one: it is held until the outbox takes it.
+        """
+        output_failed = isinstance(result.error, OutputError)
+        if output_failed or result.sidecar_failed is not None:
+            # Held for what the outbox refused: the output, else the error sidecar (not the refusal's reason).
+            reason = result.error.reason if output_failed and result.error is not None else str(result.sidecar_failed)
+            tries = self.host.spool.attempts(claim).output_failures + (1 if output_failed else 0)
+            if not (output_failed and result.sidecar_failed is None and tries >= MAX_OUTPUT_ATTEMPTS):
+                self._hold(claim, reason, log, output_failed=output_failed)
                 return
-            log.error("output not committed after %d attempts; job failed" % tries, reason=result.error.reason)
-        else:
-            self.host.output_committed()
-        self._finish(claim, result, log)
+            log.error("output not committed after %d attempts; job failed" % tries, reason=reason)
+        self.host.output_committed()  # the outbox took this job's sidecar: whatever refused before has passed
+        if self._archive(claim, result.ok, log):
+            self._record(claim, result.ok, result.sidecar, result.record)
 
-    def _finish(self, claim: Claim, result: JobResult, log: Any) -> None:
-        """Archive the input by the job's fate and record it."""
-        if result.sidecar_failed is not None:
-            log.error("no error sidecar could be written; the input is kept in .failed")
-        try:
-            self.host.spool.archive(claim, result.ok)
-        except MmdError as exc:
-            log.error("cannot archive", reason=exc.reason)
-        path = None if result.sidecar_failed is not None else result.sidecar
-        self._record(claim, result.ok, path, result.record)
+    def _hold(self, claim: Claim, reason: str, log: Any, output_failed: bool) -> None:
+        """Keep the job claimed in ``.work`` (its reservation kept) and pause; the daemon takes it back after.
 
-    def _retry_later(self, claim: Claim, exc: OutputError, log: Any, tries: int) -> None:
-        """The outbox refused the result (disk full, quota, permissions): not the input's fault.
-
-        This job's own output and error sidecar are removed (nothing
-        half-done stays visible), the input goes back into the inbox, and the
-        daemon takes no new job for a pause that doubles with each failure
-        in a row; the next rescan after it tries again.
+        What the job committed (its output, its own error sidecar) is removed
+        first: nothing half done stays visible. The daemon takes no new job
+        for ``rescan_seconds``, doubling with each failure in a row up to
+        :data:`MAX_PAUSE`; then it takes the held jobs back before new ones.
         """
         spool = self.host.spool
-        for path in (claim.output, record.error_path(claim.output), record.timing_path(claim.output)):
-            if path == claim.output or spool.owned_by(claim, path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+        stuck = spool.discard_outputs(claim)
+        if stuck:
+            log.warning("cannot remove what the held job committed; it is replaced when it runs again", names=stuck)
+        facts: dict[str, Any] = {}
+        try:
+            facts = _hold_facts(spool.hold(claim, reason, output_failed=output_failed))
+        except SpoolError as err:  # the hold stands; only its count is lost
+            log.warning("cannot record the hold in .work", reason=err.reason)
+        pause = self._pause_for(reason)
+        log.error(
+            "the outbox refused the job; held in .work, tried again after the pause",
+            reason=reason,
+            pause_s=pause,
+            **facts,
+        )
+
+    def _archive(self, claim: Claim, ok: bool, log: Any) -> bool:
+        """Archive the job; when that fails it is left in ``.work``, archived when taken back after a pause."""
+        try:
+            self.host.spool.archive(claim, ok)
+        except SpoolError as exc:
+            self.host.spool.leave(claim)
+            pause = self._pause_for(exc.reason)
+            log.error("cannot archive; the job stays in .work and is archived later", reason=exc.reason, pause_s=pause)
+            return False
+        return True
+
+    def _pause_for(self, reason: str) -> float:
+        """Pause new jobs for ``rescan_seconds``, doubled for each spool failure in a row (up to MAX_PAUSE)."""
         failures = self.host.output_failed()
         pause = min(self.host.settings.rescan_seconds * 2 ** (failures - 1), MAX_PAUSE)
-        try:
-            back = spool.give_back(claim)
-            where = f"back in the inbox as {shown(back.name)}"
-            self.host.remember_attempts(back.name, tries)
-        except SpoolError as err:
-            log.error("cannot give the job back; it stays in .work until the next start", reason=err.reason)
-            where = "kept in .work"
-        log.error("output not committed; retrying later", reason=exc.reason, input=where, pause_s=pause, attempt=tries)
-        self.host.pause(exc.reason, pause)
+        self.host.pause(reason, pause)
+        return pause
 
     def _record(self, claim: Claim, ok: bool, path: Path | None, rec: record.Record | None) -> None:
         overall = rec.timings_ms.overall if rec is not None else None
@@ -328,6 +364,11 @@ class Worker(threading.Thread):
             if used is not None:
                 return self.device, used
         return None
+
+
+def _hold_facts(attempts: Attempts) -> dict[str, Any]:
+    """What a log line says of a job's holds."""
+    return {"holds": attempts.holds, "output_failures": attempts.output_failures, "held_since": attempts.held_since}
 
 
 def _device_name(backend: Backend) -> str | None:

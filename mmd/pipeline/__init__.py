@@ -7,7 +7,7 @@
 """
 
 from .driver import BackendFor, JobResult, refuse, run_job
-from .reading import Limits, check_header, limits_for, read_input
+from .reading import Limits, check_header, limits_for, read_header, read_input
 from .refusal import Refusal
 from .watch import JobStopped, JobWatch
 
@@ -20,6 +20,7 @@ __all__ = [
     "Refusal",
     "check_header",
     "limits_for",
+    "read_header",
     "read_input",
     "refuse",
     "run_job",

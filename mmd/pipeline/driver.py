@@ -23,10 +23,11 @@ from ..atomic import StreamHash, write_atomic
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings
 from ..errors import MmdError
+from ..fileops import OPS, FileOps
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
-from .reading import check_header, limits_for, read_input
+from .reading import check_header, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
 from .watch import JobWatch
@@ -61,11 +62,12 @@ def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None) -> JobResult:
+def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None, *, ops: FileOps = OPS) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
     ``watch`` (the daemon's) hears each phase and may stop the job: then
     :class:`JobStopped` is raised and nothing of the job is committed.
+    ``ops`` does the commits' file operations (the daemon passes its spool's).
     """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
@@ -76,14 +78,15 @@ def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None) ->
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, watch)
+        return _run(job, backend, timings, facts, log, watch, ops)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log, watch)
+        return _refuse(job, exc, timings, facts, log, watch, ops)
 
 
-def refuse(job: Job, error: MmdError, timings: dict[str, float] | None = None) -> JobResult:
+def refuse(job: Job, error: MmdError, timings: dict[str, float] | None = None, *, ops: FileOps = OPS) -> JobResult:
     """Refuse ``job`` without running it (a bug of the daemon's around it, a time limit): its error sidecar."""
-    return _refuse(job, error, dict(timings or {}), _Facts(job), get_logger(job=job.id, file=job.input.name), None)
+    log = get_logger(job=job.id, file=job.input.name)
+    return _refuse(job, error, dict(timings or {}), _Facts(job), log, None, ops)
 
 
 class _Facts:
@@ -97,13 +100,19 @@ class _Facts:
         self.hasher: StreamHash | None = None
 
 
-def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch) -> JobResult:
+def _run(
+    job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch, ops: FileOps
+) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings)
     path = choose(backend, request)
 
     watch.enter("read")
     t0 = time.perf_counter()
+    # The header from the file's first bytes: a bad one, or a size it cannot match, is refused unread.
+    first, size = read_header(job.input, limits)
+    facts.shape = Shape(first.m, first.k, first.n)
+    check_header(first, size, limits)
     facts.hasher = hasher = StreamHash()
     data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher)
     timings["read"] = _since(t0)
@@ -127,7 +136,7 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     t0 = time.perf_counter()
     # The folder's fsync waits for the sidecar's: one for both renames.
     written = write_atomic(
-        job.output, computed.chunks, durable=settings.durable, guard=watch.committing, sync_folder=False
+        job.output, computed.chunks, durable=settings.durable, guard=watch.committing, sync_folder=False, ops=ops
     )
     timings["write"] = _since(t0)
     timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
@@ -159,7 +168,11 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
     write_atomic(
-        sidecar, [record.dumps(rec)], durable=settings.durable, guard=functools.partial(watch.committing, True)
+        sidecar,
+        [record.dumps(rec)],
+        durable=settings.durable,
+        guard=functools.partial(watch.committing, True),
+        ops=ops,
     )
     log.info(
         "job done",
@@ -173,7 +186,13 @@ def _run(job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, l
 
 
 def _refuse(
-    job: Job, exc: MmdError, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch | None
+    job: Job,
+    exc: MmdError,
+    timings: dict[str, float],
+    facts: _Facts,
+    log: Any,
+    watch: JobWatch | None,
+    ops: FileOps,
 ) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if facts.hasher is not None:
@@ -194,5 +213,5 @@ def _refuse(
         requested=facts.requested,
         context=job.context,
     )
-    done = commit(refusal, durable=job.settings.durable, guard=watch.committing if watch is not None else None)
+    done = commit(refusal, durable=job.settings.durable, guard=watch.committing if watch is not None else None, ops=ops)
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

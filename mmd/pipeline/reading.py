@@ -1,4 +1,13 @@
-"""Reading a job's input: the file's bytes, within limits, checked against its header before any big allocation."""
+"""Reading a job's input: its header from the first bytes, checked against the file's size and the
+limits, then the file's bytes in bounded reads.
+
+A job is refused before its file is read when its header is bad, when its
+size cannot match its header (too small to hold the values it promises, or
+larger than they could take: see :func:`check_header`), or when it is over
+the size limit (``max_file_bytes``, by default the memory limit: an input is
+read whole). So a huge file (a 2 GB sparse one, say) costs one ``pread`` of
+its first bytes to refuse.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import textformat
 from ..atomic import StreamHash
 from ..config import Settings, physical_memory_bytes
 from ..errors import InputFormatError, LimitError
@@ -21,12 +31,20 @@ from ..textformat import Header
 TEXT_BYTES_PER_OUTPUT = 8
 
 #: How far past its size at open a file may grow while read, when no
-#: max_file_bytes is set; beyond that the writer is still at work.
+#: max_file_bytes is set; beyond that the writer is still at work. Growth is
+#: read in pieces of this size.
 GROWTH_SLACK = 1 << 20
+
+#: Bytes per read into the caller's buffer: each piece goes to the hash as soon as it is in.
+READ_CHUNK = 8 << 20
 
 #: Headers promising more values than the file can hold are refused before
 #: parsing once their matrices would take more than this many bytes.
 EARLY_REFUSAL_BYTES = 1 << 20
+
+#: What a file may hold beyond ``max_bytes_per_value`` per value: room for a
+#: small file's blank lines, a BOM, CRLFs and the like.
+SIZE_SLACK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -34,18 +52,77 @@ class Limits:
     """Refuse jobs beyond these before allocating anything (None: no limit)."""
 
     max_memory_bytes: int | None = None
+    #: The largest file; None: ``max_memory_bytes``.
     max_file_bytes: int | None = None
     max_dim: int | None = None
+    #: A file may take this many bytes per value its header promises, plus :data:`SIZE_SLACK`.
+    max_bytes_per_value: int | None = None
 
 
 def limits_for(settings: Settings) -> Limits:
     """Job limits from ``settings``; memory defaults to what the machine holds."""
     memory = settings.max_memory_bytes if settings.max_memory_bytes is not None else physical_memory_bytes()
-    return Limits(max_memory_bytes=memory, max_file_bytes=settings.max_file_bytes, max_dim=settings.max_dim)
+    return Limits(
+        max_memory_bytes=memory,
+        max_file_bytes=settings.max_file_bytes,
+        max_dim=settings.max_dim,
+        max_bytes_per_value=settings.max_bytes_per_value,
+    )
 
 
-#: Bytes per read into the caller's buffer: each piece goes to the hash as soon as it is in.
-READ_CHUNK = 8 << 20
+def _open(path: Path) -> int:
+    """``path`` opened for reading, never through a symbolic link."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise InputFormatError(f"cannot open {path.name}: {exc.strerror}") from None
+
+
+def _checked_size(fd: int, path: Path, limits: Limits, derived: bool = True) -> int:
+    """The size of the open file; refused when it is not a regular file or over the size limit.
+
+    ``derived``: also the memory limit where ``max_file_bytes`` is unset
+    (:func:`check_header` checks that one last, after the reasons that say
+    more).
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputFormatError(f"{path.name} is not a regular file")
+    _check_size(info.st_size, limits, explicit=True)
+    if derived:
+        _check_size(info.st_size, limits, explicit=False)
+    return info.st_size
+
+
+def _check_size(size: int, limits: Limits, explicit: bool) -> None:
+    """``max_file_bytes`` (``explicit``), or where it is unset the memory limit (an input is read whole)."""
+    if explicit:
+        most, which = limits.max_file_bytes, "max_file_bytes"
+    else:
+        most, which = limits.max_memory_bytes, "max_file_bytes unset: the memory limit"
+        if limits.max_file_bytes is not None:
+            return
+    if most is not None and size > most:
+        details = {"bytes": size, "max_file_bytes": most}
+        raise LimitError(f"file is {size} bytes; the limit is {most} ({which})", details)
+
+
+def read_header(path: Path, limits: Limits) -> tuple[Header, int]:
+    """The header of the file at ``path`` from its first bytes, and the file's size.
+
+    Nothing else of the file is read. A file that is not a regular one or
+    is over ``max_file_bytes`` is refused here; :func:`check_header` with
+    the size then refuses one whose size cannot match its header or that
+    the memory limit cannot take, still unread (the job's error sidecar can
+    then say its shape).
+    """
+    fd = _open(path)
+    try:
+        size = _checked_size(fd, path, limits, derived=False)
+        head = os.pread(fd, textformat.HEADER_WINDOW + len(textformat.BOM), 0)
+    finally:
+        os.close(fd)
+    return textformat.parse_header(head, size=size), size
 
 
 def read_input(
@@ -56,42 +133,49 @@ def read_input(
 ) -> bytes | memoryview:
     """Read a job's bytes without following a symlink; refuse non-files and oversize files.
 
-    With ``into``, a function giving a writable uint8 array of at least the
-    size asked for (a backend's page-locked memory), the file is read into
-    that and a memoryview of it returned. ``hasher`` is given the bytes as
-    they come (its sha256 runs beside the read and what follows).
+    The file is read as big as ``fstat`` says it is (a size the limits
+    allowed), then whatever it grew by meanwhile in pieces of
+    :data:`GROWTH_SLACK`, up to ``max_file_bytes`` (or that slack). With
+    ``into``, a function giving a writable uint8 array of at least the size
+    asked for (a backend's page-locked memory), the file is read into that
+    and a memoryview of it returned. ``hasher`` is given the bytes as they
+    come (its sha256 runs beside the read and what follows).
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    fd = _open(path)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise InputFormatError(f"cannot open {path.name}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputFormatError(f"{path.name} is not a regular file")
-        if limits.max_file_bytes is not None and info.st_size > limits.max_file_bytes:
-            raise LimitError(
-                f"file is {info.st_size} bytes; the limit is {limits.max_file_bytes}",
-                {"bytes": info.st_size, "max_file_bytes": limits.max_file_bytes},
-            )
+        size = _checked_size(fd, path, limits)
         # A file still growing must not make mmd read without bound.
-        cap = limits.max_file_bytes if limits.max_file_bytes is not None else info.st_size + GROWTH_SLACK
+        cap = limits.max_file_bytes if limits.max_file_bytes is not None else size + GROWTH_SLACK
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            if into is not None and info.st_size:
-                data = _read_into(fh, info.st_size, into, cap, hasher)
+            if into is not None and size:
+                data = _read_into(fh, size, into, cap, hasher)
             else:
-                data = fh.read(cap + 1)
+                first = fh.read(size)
+                rest = _read_growth(fh, cap - len(first))
+                data = first + rest if rest else first
                 if hasher is not None and len(data) <= cap:
                     hasher.update(data)
     finally:
         os.close(fd)
     if len(data) > cap:
         raise LimitError(
-            f"{path.name} grew past {cap} bytes while being read (it was {info.st_size} bytes when opened)",
-            {"bytes_at_open": info.st_size},
+            f"{path.name} grew past {cap} bytes while being read (it was {size} bytes when opened)",
+            {"bytes_at_open": size},
         )
     return data
+
+
+def _read_growth(fh: BufferedReader, room: int) -> bytes:
+    """What a file grew by since its size was taken: up to ``room + 1`` bytes, read in bounded pieces."""
+    parts: list[bytes] = []
+    got = 0
+    while got <= room:
+        piece = fh.read(min(GROWTH_SLACK, room + 1 - got))
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
 
 
 def _read_into(
@@ -110,12 +194,14 @@ def _read_into(
         got += done
     if got < size:
         return view[:got]
-    rest = fh.read(max(cap + 1 - size, 0))
+    rest = _read_growth(fh, cap - size)
     return bytes(view) + rest if rest else view
 
 
 def check_header(header: Header, data_len: int, limits: Limits) -> None:
-    """Refuse a header the file cannot hold or the memory limit cannot take, before allocating."""
+    """Refuse, before anything is read or allocated: a product over ``max_dim``; a header the file cannot
+    hold; a file far bigger than its header's values can take; a product the memory limit cannot take;
+    a file bigger than the memory limit where ``max_file_bytes`` is unset."""
     m, k, n = header.m, header.k, header.n
     if limits.max_dim is not None and max(m, k, n) > limits.max_dim:
         raise LimitError(
@@ -133,6 +219,18 @@ def check_header(header: Header, data_len: int, limits: Limits) -> None:
             f"but the file's {data_len} bytes can hold at most {room}",
             line=header.line,
         )
+    # The grammar lets a value and the blanks around it be any length, so no size is too big for it;
+    # a generous average per value (a setting) is the bound, so that a file far beyond what its
+    # header promises (a runaway writer, a sparse file) is refused before it is read.
+    per = limits.max_bytes_per_value
+    if per is not None and data_len > header.body_offset + values * per + SIZE_SLACK:
+        most = header.body_offset + values * per + SIZE_SLACK
+        raise LimitError(
+            f"line {header.line}: the header promises {values} values (a {m}x{k}x{n} product) but the file has "
+            f"{data_len} bytes, more than {most} ({per} bytes per value, blanks included, and 1 MiB more; "
+            f"setting max_bytes_per_value)",
+            {"line": header.line, "bytes": data_len, "max_bytes": most, "max_bytes_per_value": per},
+        )
     need = 4 * (m * k + k * n + m * n) + TEXT_BYTES_PER_OUTPUT * m * n
     if limits.max_memory_bytes is not None and need > limits.max_memory_bytes:
         raise LimitError(
@@ -140,3 +238,4 @@ def check_header(header: Header, data_len: int, limits: Limits) -> None:
             f"the limit is {limits.max_memory_bytes}",
             {"line": header.line, "need_bytes": need, "max_memory_bytes": limits.max_memory_bytes},
         )
+    _check_size(data_len, limits, explicit=False)  # last: the reasons above say more

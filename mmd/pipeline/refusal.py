@@ -19,6 +19,7 @@ import yaml
 from .. import record
 from ..atomic import write_atomic
 from ..errors import MmdError, OutputError
+from ..fileops import OPS, FileOps
 from ..logs import get_logger
 from ..record import Context, ErrorFacts, ErrorRecord, FileFacts, Requested, Shape
 
@@ -63,17 +64,22 @@ class Committed:
 
 
 def commit(
-    refusal: Refusal, *, durable: bool = True, guard: Callable[[], AbstractContextManager[None]] | None = None
+    refusal: Refusal,
+    *,
+    durable: bool = True,
+    guard: Callable[[], AbstractContextManager[None]] | None = None,
+    ops: FileOps = OPS,
 ) -> Committed:
-    """Write ``<stem>.error.yaml`` beside the output path (``guard``: as :func:`mmd.atomic.write_atomic`'s).
+    """Write ``<stem>.error.yaml`` beside the output path (``guard``, ``ops``: as :func:`mmd.atomic.write_atomic`'s).
 
     A sidecar that cannot be written (disk full) is logged and said in the
-    result, never raised: the caller keeps the input.
+    result, never raised: the caller keeps the input (the daemon holds the
+    job until the outbox takes it).
     """
     rec = refusal.to_record()
     path = record.error_path(refusal.output)
     try:
-        write_atomic(path, [record.dumps(rec)], durable=durable, guard=guard)
+        write_atomic(path, [record.dumps(rec)], durable=durable, guard=guard, ops=ops)
     except (OutputError, yaml.YAMLError) as exc:
         reason = exc.reason if isinstance(exc, MmdError) else str(exc)
         get_logger(job=refusal.job).error("cannot write error sidecar", reason=reason)

@@ -1,0 +1,86 @@
+"""The file operations of the spool and of the commits, as one injectable object.
+
+:class:`mmd.spool.Spool` and :func:`mmd.atomic.write_atomic` do every
+rename, link, unlink, mkdir, exclusive open, write and fsync that moves a job
+through :class:`FileOps`, the way watchdog's polling snapshot takes its
+``stat`` and ``listdir``: the daemon uses :data:`OPS` (the ``os`` functions
+themselves), and the tests pass a subclass that fails chosen operations with
+chosen errnos (``tests/test_spool_faults.py``), so that every step's handling
+of EROFS, ENOSPC, EACCES, EPERM and EIO is tested without a broken disk.
+
+Each method looks its ``os`` function up when it is called, so a test that
+patches ``os.write`` still sees its patch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Flags of a new file that must not exist yet and is never opened through a link planted at its name.
+EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+
+class FileOps:
+    """The operations, as ``os`` does them; override some to inject faults."""
+
+    def open_exclusive(self, path: Path, mode: int = 0o644) -> int:
+        """A new file at ``path`` opened for writing (FileExistsError when the name is taken)."""
+        return os.open(path, EXCLUSIVE, mode)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        os.rename(src, dst)
+
+    def replace(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        """A second name ``dst`` for ``src`` (a symbolic link at ``src`` is linked itself, never followed)."""
+        os.link(src, dst, follow_symlinks=False)
+
+    def unlink(self, path: Path) -> None:
+        os.unlink(path)
+
+    def mkdir(self, path: Path) -> None:
+        os.mkdir(path)
+
+    def rmdir(self, path: Path) -> None:
+        os.rmdir(path)
+
+    def lstat(self, path: Path) -> os.stat_result:
+        return os.lstat(path)
+
+
+#: The names of :class:`FileOps`' operations (what a fault can be injected into).
+OPERATIONS: tuple[str, ...] = (
+    "open_exclusive",
+    "write",
+    "fsync",
+    "close",
+    "rename",
+    "replace",
+    "link",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "lstat",
+)
+
+#: The operations of the real filesystem.
+OPS = FileOps()
+
+
+def write_all(ops: FileOps, fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[ops.write(fd, view) :]
