@@ -197,3 +197,12 @@ def test_make_demo_twice_shows_the_job_it_just_ran(tmp_path):
     assert "outbox/sample.1.timing.yaml" in runs[1].stdout and "outbox/sample.1.out" in runs[1].stdout
     shown = yaml.safe_load(runs[1].stdout.split("outbox/sample.1.timing.yaml:\n", 1)[1])
     assert shown == yaml.safe_load((tmp_path / "outbox" / "sample.1.timing.yaml").read_text())
+
+
+def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
+    """Issue 15: with no GPU `mmd kernels` said "this GPU allows 1024"; the limits are every CUDA GPU's then."""
+    r = run_mmd("kernels", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
+    assert r.returncode == 0 and r.stderr == ""
+    if "no GPU here" not in r.stdout:
+        pytest.skip("a GPU is here: its own limits are shown")
+    assert "this GPU allows" not in r.stdout and "no CUDA GPU allows more than 1024" in r.stdout
