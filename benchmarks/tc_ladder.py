@@ -155,9 +155,10 @@ def builds(quick: bool) -> list[Build]:
         Build("fast", "fast", SM90),
         # variants
         Build("tc1", "tc1_round", SM90A, {"ROUND_A": 1}),  # A rounded in shared memory: what it costs
-        Build("tc1", "tc1_s3", SM90A, {"STAGES": 3}, sizes=(4096,)),
+        Build("tc1", "tc1_pf", SM90A, {"PREFETCH_A": 1}),  # L2 prefetch-size hint on A's copies
+        Build("tc1", "tc1_g4", SM90A, {"GROUP_M": 4}, sizes=(4096,)),
+        Build("tc1", "tc1_g16", SM90A, {"GROUP_M": 16}, sizes=(4096,)),
         Build("tc3", "tc3_p2", SM90A, {"PROMOTE": 2}),
-        Build("tc3", "tc3_s3", SM90A, {"STAGES": 3}, sizes=(4096,)),
         Build("tc1", "tc1_mma_a", SM90A, {"USE_WGMMA": 0}, timed=False),
         Build("tc3", "tc3_mma_a", SM90A, {"USE_WGMMA": 0}, timed=False),
         Build("tc3", "tc3_mma_p2", SM90, {"PROMOTE": 2}, timed=False),

@@ -108,6 +108,9 @@
 #ifndef ROUND_A
 #define ROUND_A 0 /* 1: round A to TF32 in shared memory (cvt.rna); 0: the tensor cores truncate it */
 #endif
+#ifndef PREFETCH_A
+#define PREFETCH_A 0 /* 1: A's copies ask L2 for 256-byte lines (.L2::256B: the next slab's half comes along) */
+#endif
 #ifndef USE_WGMMA
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define USE_WGMMA 1 /* sm_90a: wgmma */
@@ -173,6 +176,16 @@ __device__ __forceinline__ uint32_t a_bits(float x)
 __device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, int bytes)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+/* 16 bytes global -> shared, all read (the fast path); PREFETCH_A: with an L2 prefetch-size hint. */
+__device__ __forceinline__ void cp_async16_a(uint32_t dst, const float* src)
+{
+#if PREFETCH_A
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
 }
 
 /* One float global -> shared; ok = 0 lands a zero and reads nothing. */
@@ -376,7 +389,7 @@ mmd_tc1(const float* __restrict__ A,
         if (inner && k0 + BK <= K) {
 #pragma unroll
             for (int l = 0; l < A_CHUNKS; ++l)
-                cp_async16(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0, 16);
+                cp_async16_a(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0);
 #pragma unroll
             for (int l = 0; l < B_CHUNKS; ++l)
                 cp_async16(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4,

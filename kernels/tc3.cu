@@ -165,11 +165,17 @@ __device__ __forceinline__ float to_tf32(float x)
 /* 3xTF32 split: x = big + small + (x - big - small), big = tf32(x),
  * small = tf32(x - big); the remainder is below 2^-22 |x|. An infinite big
  * (x infinite, or within half a TF32 step of FLT_MAX) gets small = 0, not
- * inf - inf = NaN, so that infinities propagate as they would in fp32. */
+ * inf - inf = NaN, so that infinities propagate as they would in fp32.
+ * small is rounded the cheap way: x - big is exact, and half a TF32 step
+ * (bit 12) is added to its bit pattern; the tensor cores read a TF32 operand
+ * by dropping the low 13 bits, so what they see is x - big rounded to
+ * nearest, ties away from zero: cvt.rna's result, for one integer add instead
+ * of cvt.rna's four instructions (sm_80+ has no native cvt to TF32). */
 __device__ __forceinline__ void split_tf32(float x, float& big, float& small)
 {
     big = to_tf32(x);
-    small = isinf(big) ? 0.0f : to_tf32(x - big);
+    const float rest = isinf(big) ? 0.0f : x - big;
+    small = __uint_as_float(__float_as_uint(rest) + 0x1000u);
 }
 
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small)

@@ -292,7 +292,7 @@ def fast_variant(label: str, classes: tuple[str, ...] = (), **changes: int) -> V
 
 #: The tensor-core kernels' compile-time parameters and their defaults (a test checks them against the files).
 TENSOR_CORE_DEFAULTS: dict[str, dict[str, int]] = {
-    "tc1": {"BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0},
+    "tc1": {"BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0},
     "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8},
 }
 
