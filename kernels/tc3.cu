@@ -83,8 +83,13 @@
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
- * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros): see
- * docs/tensorcores.md (round 3) for the figures per target.
+ * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
+ *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  212 registers, 0 bytes stack frame, 0 spill stores/loads
+ *                                                   (PROMOTE=2: 241 registers, no spills)
+ *   -arch=sm_90 (mma.sync):                         208 registers, 0 bytes stack frame, 0 spill stores/loads
+ *   -arch=sm_80 (mma.sync):                         196 registers, 0 bytes stack frame, 0 spill stores/loads
+ * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py round 3, docs/tensorcores.md): 4096^3 in
+ * 1.440 ms (95.4 TFLOP/s, 1.82x cuBLAS SGEMM), max rel error vs float64 7.3e-7 (cuBLAS SGEMM 3.3e-6).
  */
 #include <stdint.h>
 
