@@ -3,58 +3,80 @@
  *
  * Idea: the tensor cores multiply TF32 numbers (fp32's 8-bit exponent, 10 of
  * its 23 mantissa bits) about eight times faster than the FMA units multiply
- * fp32. Each operand is rounded to TF32 (cvt.rna.tf32.f32: to nearest, ties
- * away from zero) on its way into shared memory; the products are exact and
- * summed in fp32. The result carries TF32's input rounding, a relative error
- * near 2^-11 per operand (max error vs float64 ~1e-3 of max|C|), instead of
- * fp32's 2^-24. tc3.cu recovers fp32 accuracy with three such products.
+ * fp32. The products are exact and summed in fp32; the result carries TF32's
+ * input rounding, a relative error near 2^-11 per operand, instead of fp32's
+ * 2^-24. tc3.cu recovers fp32 accuracy with three such products.
  *
- * Data path, one BK = 32 deep k-slab at a time:
- *   1. Global -> registers: each thread loads its share of A's BM x 32 slab
- *      (4 float4 along k) and of B's 32 x BN slab (two 4 x 4 blocks: 4 float4
- *      along n from 4 consecutive k rows) with 16-byte loads; a float4 that is
- *      misaligned (base or ld not a multiple of 4 floats) or crosses the
- *      matrix edge is read one float at a time with bounds checks, and
- *      everything outside the matrix reads as 0. The loads for slab t+2 are
- *      issued while slab t is being multiplied.
- *   2. Registers -> shared: rounded to TF32, stored K-major (each row of the
- *      tile, an m of A or an n of B, holds its 32 k values = 128 bytes),
- *      with the 128-byte swizzle of the Hopper tensor cores: 16-byte chunk c
- *      of row r lives at chunk c ^ (r % 8). B is transposed on the way (the
- *      4 x 4 block is written as 4 float4 along k), because TF32 wgmma takes
- *      both operands K-major only. The lanes of each 8-lane store phase hit 8
- *      different chunks, so the 16-byte stores are free of bank conflicts.
+ * The product is computed transposed, C^T = B^T A^T, because TF32 wgmma reads
+ * a shared-memory operand only K-major (k contiguous): A (row-major, k along a
+ * row) is K-major as it lies in memory and feeds the tensor cores straight from
+ * shared memory; B (row-major, n along a row) is not, so it is the operand
+ * taken from registers, where any layout can be loaded. Nothing is transposed
+ * on the way in, so the tiles can travel global -> shared with cp.async (no
+ * registers, no conversion, several slabs in flight).
+ *
+ * Data path, one BK = 32 deep k-slab at a time, STAGES slabs in shared memory:
+ *   1. Global -> shared: cp.async, 16 bytes at a time (cp.async.cg), issued
+ *      STAGES - 2 slabs ahead of the multiply. A's BM x 32 slab lands K-major
+ *      with the 128-byte swizzle of the Hopper tensor cores (row r = 128 bytes,
+ *      16-byte chunk c at chunk c ^ (r % 8)); B's 32 x BN slab lands as it is
+ *      (a row per k), rows padded to BN + 8 floats so that the fragment loads
+ *      of step 3 are free of bank conflicts. A chunk that crosses an edge of
+ *      the matrix is copied with a shorter source size (cp.async zero-fills the
+ *      rest); where A or B is not 16-byte aligned (base or ld not a multiple
+ *      of 4 floats), each float is copied alone (cp.async.ca, 4 bytes). What
+ *      lies outside the matrix is never read and lands as 0: any M, K, N works.
+ *   2. One barrier per slab: every thread waits for its own copies of slab t
+ *      (cp.async.wait_group), then __syncthreads publishes them and tells
+ *      everyone that slab t-2 is no longer read (its stage may be refilled).
  *   3. Multiply, one of two paths chosen at compile time:
- *      - USE_WGMMA = 1 (default where the target is sm_90a): warpgroup w
- *        (threads 128w .. 128w+127) owns rows 64w .. 64w+63 of the block's C
- *        tile and issues per slab 4 x wgmma.mma_async.m64n256k8.f32.tf32.tf32,
- *        both operands read by the tensor cores straight from the swizzled
- *        shared memory through matrix descriptors; 128 fp32 accumulators per
- *        thread. The wgmmas run asynchronously while the same threads store
- *        the next slab and issue the loads of the one after (STAGES >= 3:
- *        one barrier per slab; STAGES = 2: two).
+ *      - USE_WGMMA = 1 (default where the target is sm_90a): warpgroup w owns
+ *        columns 64w .. 64w+63 of the block's C tile (the M = 64 rows of the
+ *        transposed product) and all BM = 256 of its rows (wgmma N = 256). Per
+ *        slab it loads its 64 x 32 part of B^T from shared memory into
+ *        registers (8 x 64-bit loads per thread), rounds it to TF32
+ *        (cvt.rna: to nearest, ties away from zero) and issues 4 x
+ *        wgmma.mma_async.m64n256k8.f32.tf32.tf32 with A^T read by the tensor
+ *        cores from shared memory through a matrix descriptor; 128 fp32
+ *        accumulators per thread. One slab's wgmmas run while the next slab's
+ *        are issued (wgmma.wait_group 1), so the tensor cores always have a
+ *        queued slab; the fragment registers are double-buffered for that.
  *      - USE_WGMMA = 0 (sm_80, sm_90 without the a-suffix, or forced): warp
- *        (wm, wn) = (warp / 4, warp % 4) owns a 64 x 64 tile of C and issues
+ *        (wm, wn) = (warp % 4, warp / 4) owns a 64 x 64 tile of C and issues
  *        per 8-deep k step 4 x 8 mma.sync.m16n8k8 (tf32) on fragments read
- *        with 32-bit shared loads from the same swizzled layout (the XOR
- *        makes those reads conflict-free too); 128 accumulators per thread.
+ *        from the same shared-memory layout (conflict-free), both operands
+ *        rounded in registers.
  *   4. Epilogue: each thread writes its accumulators as float2 (two adjacent
- *      columns), guarded at the edges, scalar where C or ldc is not 8-byte
+ *      columns of C), guarded at the edges, scalar where C or ldc is not 8-byte
  *      aligned.
+ * Rounding A (ROUND_A): on the wgmma path A reaches the tensor cores from
+ * shared memory as it was loaded, and the tensor cores read an fp32 bit
+ * pattern as TF32 by dropping its low 13 bits (truncation: twice the rounding
+ * error). ROUND_A = 1 rounds A in place in shared memory (each thread its own
+ * chunks, after they land, then a proxy fence so the tensor cores see the
+ * stores); ROUND_A = 0 leaves it truncated. B is always rounded (in registers).
+ *
+ * The fragment trick: the rows of the transposed product (= columns n of C)
+ * may be permuted freely, as long as the epilogue undoes it. Logical rows g
+ * and g + 8 of a warp's 16 (g = lane / 4) are taken to be columns 2g and 2g+1,
+ * so a thread's two B values for one k are adjacent in shared memory (one
+ * 64-bit load) and its two results for one row of C are adjacent in C (one
+ * float2 store).
+ *
  * Blocks walk GROUP_M block-rows before moving one block-column right, as in
  * fast.cu, so that resident blocks share panels of A and B in L2.
  *
  * Launch geometry (the same for both paths; mmd/kernels.py owns it):
- *   block = (THREADS, 1, 1)        THREADS = 2 * BM  (256 at the defaults)
+ *   block = (256, 1, 1)            two warpgroups
  *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   registry block_tile = (BM, BN, TM, TN) = (128, 256, 8, 16): (128/8)*(256/16)
- *     = 256 threads; each thread owns 128 = 8 * 16 outputs (not a contiguous
- *     8 x 16 patch: see the fragment layouts above).
+ *   registry block_tile = (BM, BN, TM, TN) = (256, 128, 16, 8): (256/16) *
+ *     (128/8) = 256 threads; each owns 128 = 16 * 8 outputs (not a contiguous
+ *     patch: see the fragment layouts).
  *   static shared memory  = 0
- *   dynamic shared memory = STAGES * (BM + BN) * BK * 4 + 1024 bytes
+ *   dynamic shared memory = STAGES * (BM * BK + BK * (BN + 8)) * 4 + 1024 bytes
  *     (the 1024 let the kernel align its tiles to 1024 bytes, as the 128-byte
- *     swizzle requires) = 148480 bytes at the defaults (STAGES 3, BM 128,
- *     BN 256, BK 32): the launcher must raise
+ *     swizzle requires) = 201728 bytes at the defaults (STAGES 4, BM 256,
+ *     BN 128, BK 32): the launcher must raise
  *     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it and pass it.
  *   arch: compile with -gencode=arch=compute_90a,code=sm_90a for the wgmma
  *     path (Hopper only); -arch=sm_80 / sm_86 / sm_89 / sm_90 build the
@@ -64,34 +86,36 @@
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
- *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  255 registers, 0 bytes stack frame, 0 spill stores/loads
- *   -arch=sm_90 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
- *   -arch=sm_80 (mma.sync):                         255 registers, 0 bytes stack frame, 0 spill stores/loads
- * (BM 64 spills 12 bytes on sm_90a: only the defaults are spill-free.)
- * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py run 2, docs/tensorcores.md): 4096^3 in
- * 0.940 ms (146 TFLOP/s; cuBLAS TF32 0.343 ms), max rel error vs float64 2.8e-4 (cuBLAS TF32's too).
+ *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  194 registers, 0 bytes stack frame, 0 spill stores/loads
+ *                                                   (ROUND_A=1: 207 registers, no spills)
+ *   -arch=sm_90 (mma.sync):                         243 registers, 0 bytes stack frame, 0 spill stores/loads
+ *   -arch=sm_80 (mma.sync):                         240 registers, 0 bytes stack frame, 0 spill stores/loads
+ * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py round 3, docs/tensorcores.md): 4096^3 in
+ * 0.457 ms (301 TFLOP/s; cuBLAS TF32 0.344 ms, 400 TFLOP/s), max rel error vs float64 4.5e-4
+ * (cuBLAS TF32 2.8e-4; ROUND_A=1: 2.8e-4 in 0.681 ms).
  */
 #include <stdint.h>
 
 #ifndef BM
-#define BM 128 /* rows of C per block: 64 per warpgroup */
+#define BM 256 /* rows of C per block: the N of one wgmma (A^T's columns) */
 #endif
 #ifndef BN
-#define BN 256 /* columns of C per block: the N of one wgmma */
+#define BN 128 /* columns of C per block: 64 per warpgroup (the M of one wgmma) */
 #endif
 #ifndef BK
-#define BK 32 /* depth of one k-slab: 32 tf32 = one 128-byte swizzled row */
+#define BK 32 /* depth of one k-slab: 32 tf32 = one 128-byte swizzled row of A */
 #endif
 #ifndef STAGES
-#define STAGES 3 /* shared-memory stages (>= 2) */
+#define STAGES 4 /* shared-memory stages (>= 3): loads run STAGES - 2 slabs ahead */
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
 #endif
-#ifndef ROUND_RNA
-#define ROUND_RNA 1 /* 1: round operands with cvt.rna.tf32.f32; 0 (an experiment, to measure what
-                       the rounding costs): store fp32 as it is and let the tensor cores ignore the
-                       low 13 bits (truncation, twice the representation error) */
+#ifndef ROUND_A
+#define ROUND_A 0 /* 1: round A to TF32 in shared memory (cvt.rna); 0: the tensor cores truncate it */
+#endif
+#ifndef PREFETCH_A
+#define PREFETCH_A 0 /* 1: A's copies ask L2 for 256-byte lines (.L2::256B: the next slab's half comes along) */
 #endif
 #ifndef USE_WGMMA
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -102,73 +126,106 @@
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "tc1 needs TF32 tensor cores: compute capability 8.0 or newer (-arch=sm_80 and up)"
+#error "tc1 needs TF32 tensor cores and cp.async: compute capability 8.0 or newer (-arch=sm_80 and up)"
 #endif
 #if USE_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "USE_WGMMA=1 needs the sm_90a target: -gencode=arch=compute_90a,code=sm_90a"
 #endif
 
 #define WARP 32
-#define VEC 4                                        /* floats in one 16-byte access */
-#define THREADS (2 * BM)                             /* BM / 64 warpgroups of 128 threads */
+#define THREADS 256                                  /* two warpgroups */
 #define WARPS (THREADS / WARP)
-#define ROW_BYTES (BK * 4)                           /* one K-major tile row: 128 bytes */
-#define A_TILE_FLOATS (BM * BK)
-#define B_TILE_FLOATS (BN * BK)
-#define STAGE_FLOATS (A_TILE_FLOATS + B_TILE_FLOATS)
-#define STAGE_BYTES (STAGE_FLOATS * 4)
+#define LOOKAHEAD (STAGES - 2)                       /* slabs in flight ahead of the one multiplied */
+#define B_LD (BN + 8)                                /* floats per row of B's slab in shared memory */
+#define A_TILE_BYTES (BM * BK * 4)
+#define B_TILE_BYTES (BK * B_LD * 4)
+#define STAGE_BYTES (A_TILE_BYTES + B_TILE_BYTES)
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)     /* the dynamic shared memory to launch with */
-#define A_ROW_STEP (THREADS / (BK / VEC))            /* A rows between one thread's loads */
-#define A_LOADS (BM / A_ROW_STEP)                    /* float4 of A per thread per slab */
-#define B_BLOCKS ((BK / 4) * (BN / 4) / THREADS)     /* 4 x 4 blocks of B per thread per slab */
+#define A_CHUNKS ((BM * BK / 4) / THREADS)           /* 16-byte chunks of A per thread per slab */
+#define B_CHUNKS ((BK * BN / 4) / THREADS)           /* 16-byte chunks of B per thread per slab */
+#define A_ROW_STEP (THREADS / (BK / 4))              /* rows of A between one thread's chunks */
+#define B_ROW_STEP (THREADS / (BN / 4))              /* rows (k) of B between one thread's chunks */
 
-static_assert(BK == 32, "BK must be 32: a slab row of 32 tf32 values is exactly one 128-byte swizzled row");
-static_assert(BN == 256, "BN must be 256: a warpgroup issues wgmma m64n256k8, and the mma.sync path gives each of 4 warps 64 columns");
-static_assert(BM == 64 || BM == 128,
-              "BM must be 64 or 128: one or two warpgroups of 64 rows (three would need more registers than an SM has)");
-static_assert(STAGES >= 2, "the pipeline needs at least 2 shared-memory stages");
+static_assert(BK == 32, "BK must be 32: a slab row of A (32 tf32) is exactly one 128-byte swizzled row");
+static_assert(BM == 256, "BM must be 256: the N of wgmma m64n256k8, and 4 warps x 64 rows on the mma.sync path");
+static_assert(BN == 128, "BN must be 128: two warpgroups of 64 columns");
+static_assert(STAGES >= 3, "the pipeline needs at least 3 shared-memory stages (one barrier per slab)");
 static_assert(SMEM_BYTES <= 227 * 1024, "the stages must fit in the 227 KiB of shared memory a block may use");
-static_assert(A_LOADS * A_ROW_STEP == BM, "A's BM x BK slab must split into whole float4s per thread");
-static_assert(B_BLOCKS * THREADS * 16 == BK * BN && (B_BLOCKS * WARPS) % 16 == 0,
-              "B's slab must split into whole 4 x 4 blocks, whole 16-block warp tiles per warp");
+static_assert(STAGE_BYTES % 1024 == 0, "each stage's A tile must start on a 1024-byte boundary (128-byte swizzle)");
+static_assert(A_CHUNKS * THREADS * 4 == BM * BK && B_CHUNKS * THREADS * 4 == BK * BN,
+              "A's and B's slabs must split into whole 16-byte chunks per thread");
+static_assert((B_LD % 32) == 8, "B's padded rows must shift the banks by 8 per k row (conflict-free 64-bit loads)");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
 
 /* ---- small helpers ------------------------------------------------------ */
 
 /* x rounded to TF32 (to nearest, ties away from zero), as an fp32 bit pattern. */
-__device__ __forceinline__ float to_tf32(float x)
+__device__ __forceinline__ uint32_t tf32_bits(float x)
 {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
+    return r;
 }
 
-__device__ __forceinline__ float4 to_tf32(float4 v)
+__device__ __forceinline__ uint32_t a_bits(float x)
 {
-#if ROUND_RNA
-    return make_float4(to_tf32(v.x), to_tf32(v.y), to_tf32(v.z), to_tf32(v.w));
+#if ROUND_A
+    return tf32_bits(x);
 #else
-    return v;
+    return __float_as_uint(x); /* the tensor cores drop the low 13 bits */
 #endif
 }
 
-/* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
-__device__ __forceinline__ bool vector_ok(const float* P, int ld)
+/* 16 bytes global -> shared, of which the first `bytes` are read and the rest
+ * zero-filled (bytes = 0: nothing is read, 16 zero bytes land). dst and src
+ * must be 16-byte aligned. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, int bytes)
 {
-    return ((reinterpret_cast<uintptr_t>(P) % (VEC * sizeof(float))) == 0) && (ld % VEC == 0);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-/* P[row][col .. col+3] (row-major, stride ld) as a float4; elements at or past
- * column `cols` read as 0. vec: the float4 may be loaded in one piece. */
-__device__ __forceinline__ float4 load4(const float* __restrict__ p, int col, int cols, bool vec)
+/* 16 bytes global -> shared, all read (the fast path); PREFETCH_A: with an L2 prefetch-size hint. */
+__device__ __forceinline__ void cp_async16_a(uint32_t dst, const float* src)
 {
-    if (vec && col + VEC <= cols) return __ldg(reinterpret_cast<const float4*>(p));
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (col + 0 < cols) v.x = __ldg(p + 0);
-    if (col + 1 < cols) v.y = __ldg(p + 1);
-    if (col + 2 < cols) v.z = __ldg(p + 2);
-    if (col + 3 < cols) v.w = __ldg(p + 3);
-    return v;
+#if PREFETCH_A
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
+/* One float global -> shared; ok = 0 lands a zero and reads nothing. */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/* Wait until at most N of this thread's cp.async groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Whether 16-byte accesses at multiples of 4 columns of P are aligned. */
+__device__ __forceinline__ bool vector_ok(const float* P, int ld)
+{
+    return ((reinterpret_cast<uintptr_t>(P) % 16) == 0) && (ld % 4 == 0);
+}
+
+/* Four floats p[0..3] (columns col .. col+3 of a row with `cols` columns) ->
+ * shared memory at dst; columns at or past `cols`, or all four where !row_ok,
+ * land as 0. vec: p is 16-byte aligned. */
+__device__ __forceinline__ void copy4(uint32_t dst, const float* p, const float* any, int col, int cols,
+                                      bool row_ok, bool vec)
+{
+    const int left = row_ok ? cols - col : 0; /* floats of the chunk inside the matrix */
+    if (vec) {
+        const int bytes = left >= 4 ? 16 : (left > 0 ? 4 * left : 0);
+        cp_async16(dst, bytes ? p : any, bytes);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cp_async4(dst + 4 * e, e < left ? p + e : any, e < left);
+    }
 }
 
 /* C[row][col], C[row][col+1] = x, y where inside rows x cols. */
@@ -185,12 +242,9 @@ __device__ __forceinline__ void store2(float* __restrict__ C, int ldc, int row, 
     }
 }
 
-/* Float offset of element (r, k) in a K-major tile with the 128-byte swizzle:
- * row r is 32 floats; its 16-byte chunk k/4 sits at chunk (k/4) ^ (r%8). */
-__device__ __forceinline__ int swz(int r, int k)
-{
-    return r * BK + ((((k >> 2) ^ (r & 7))) << 2) + (k & 3);
-}
+/* Byte offset of the 16-byte chunk c (k = 4c .. 4c+3) of row r in a K-major
+ * tile with the 128-byte swizzle: rows of 128 bytes, chunk c at c ^ (r % 8). */
+__device__ __forceinline__ uint32_t swz_chunk(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 /* The first row and column of this block's C tile. Blocks walk GROUP_M
  * block-rows before moving one block-column right. The block index is read
@@ -238,11 +292,28 @@ __device__ __forceinline__ void fence_acc(float (&d)[128])
     for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* Pin the fragment registers and descriptors: their definitions stay before this point. */
+__device__ __forceinline__ void pin(uint32_t (&f)[BK / 8][4], uint64_t (&desc)[BK / 8])
+{
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {
+        asm volatile("" : "+r"(f[kk][0]), "+r"(f[kk][1]), "+r"(f[kk][2]), "+r"(f[kk][3]), "+l"(desc[kk])::"memory");
+    }
+}
+
+/* Keep fragment registers live up to this point. */
+__device__ __forceinline__ void hold(uint32_t (&f)[BK / 8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk)
+        asm volatile("" : "+r"(f[kk][0]), "+r"(f[kk][1]), "+r"(f[kk][2]), "+r"(f[kk][3])::"memory");
+}
+
 #define WG_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
-/* d(64 x 256, this warpgroup) += A(64 x 8) * B(8 x 256), both from shared memory. */
-__device__ __forceinline__ void wgmma_m64n256k8(float (&d)[128], uint64_t desc_a, uint64_t desc_b)
+/* d(64 x 256, this warpgroup) += a(64 x 8, registers) * b(8 x 256, shared memory). */
+__device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b)
 {
     asm volatile(
         "{\n"
@@ -255,11 +326,11 @@ __device__ __forceinline__ void wgmma_m64n256k8(float (&d)[128], uint64_t desc_a
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, 1, 1, 1;\n"
+        "{%128, %129, %130, %131}, %132, 1, 1, 1;\n"
         "}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56),
           WG_ACC8(64), WG_ACC8(72), WG_ACC8(80), WG_ACC8(88), WG_ACC8(96), WG_ACC8(104), WG_ACC8(112), WG_ACC8(120)
-        : "l"(desc_a), "l"(desc_b));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 #else
 /* d(16 x 8) += a(16 x 8, row) * b(8 x 8, col), TF32 operands, fp32 accumulators. */
@@ -282,165 +353,179 @@ mmd_tc1(const float* __restrict__ A,
         int lda, int ldb, int ldc)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* Stage s: A's tile (BM rows x 32 k), then B's (BN rows x 32 k), both
-     * K-major and swizzled, starting on a 1024-byte boundary. */
+    /* Stage s: A's tile (BM rows x 32 k, K-major, swizzled), then B's (32 rows
+     * of k x BN, padded to B_LD), starting on a 1024-byte boundary. */
     const uint32_t raw_saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-    float* const smem = reinterpret_cast<float*>(smem_raw + (((raw_saddr + 1023u) & ~1023u) - raw_saddr));
-    auto a_tile = [&](int s) { return smem + s * STAGE_FLOATS; };
-    auto b_tile = [&](int s) { return smem + s * STAGE_FLOATS + A_TILE_FLOATS; };
+    const uint32_t tiles = (raw_saddr + 1023u) & ~1023u; /* shared address of stage 0 */
+    const unsigned char* const smem = smem_raw + (tiles - raw_saddr);
+    auto a_tile = [&](int s) { return tiles + s * STAGE_BYTES; };
+    auto b_tile = [&](int s) { return tiles + s * STAGE_BYTES + A_TILE_BYTES; };
+    auto b_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_TILE_BYTES); };
 
     int row0, col0;
     block_origin(row0, col0);
     const int tid = threadIdx.x;
     const int warp = tid / WARP, lane = tid % WARP;
+    const int g = lane / 4, q = lane % 4;
 
     const bool vec_a = vector_ok(A, lda);
     const bool vec_b = vector_ok(B, ldb);
     const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
 
-    /* Who loads what. A: thread t reads rows a_row + l*A_ROW_STEP, k columns
-     * 4*a_kc .. +3 of the slab; 8 lanes cover one 128-byte row. B: 4 x 4
-     * blocks (k block kb: rows 4kb..4kb+3 of the slab; n block nb: columns
-     * 4nb..4nb+3). A warp takes a 4 (kb) x 8 (nb) warp tile per round: lane
-     * bits 1-2 pick kb, bit 0 and bits 3-4 pick nb, so the lanes reading one
-     * k row read 8 consecutive float4 (128 bytes) and each 8-lane store phase
-     * writes 8 different swizzle chunks. Warp tile u (0..15) covers kb
-     * 4*(u/8) .. +3 and nb 8*(u%8) .. +7. */
-    const int a_row = tid / (BK / VEC), a_kc = tid % (BK / VEC);
-    const unsigned b_kl = (lane >> 1) & 3, b_nl = 2 * (lane >> 3) + (lane & 1);
-    int b_kb[B_BLOCKS], b_nb[B_BLOCKS];
+    /* Who copies what. A: thread t copies chunk a_c = t % 8 (k 4a_c .. +3) of
+     * rows a_r + l * A_ROW_STEP: 8 lanes cover one 128-byte row, each 8-lane
+     * phase writes 8 different swizzle chunks. B: chunk b_c = t % 32 (columns
+     * 4b_c .. +3) of k rows b_r + l * B_ROW_STEP: a warp copies one 512-byte row. */
+    const int a_r = tid / (BK / 4), a_c = tid % (BK / 4);
+    const int b_r = tid / (BN / 4), b_c = tid % (BN / 4);
+    unsigned a_rows_in = 0; /* bit l: row a_r + l * A_ROW_STEP of the tile is inside A */
 #pragma unroll
-    for (int b = 0; b < B_BLOCKS; ++b) {
-        const unsigned u = warp + b * WARPS;
-        b_kb[b] = 4 * (u >> 3) + b_kl;
-        b_nb[b] = 8 * (u & 7) + b_nl;
-    }
+    for (int l = 0; l < A_CHUNKS; ++l) a_rows_in |= (row0 + a_r + l * A_ROW_STEP < M) ? (1u << l) : 0u;
+    const float* const a_src = A + (size_t)(row0 + a_r) * lda + a_c * 4;
+    const float* const b_src = B + (size_t)b_r * ldb + col0 + b_c * 4;
+    const uint32_t a_dst = swz_chunk(a_r, a_c); /* + l * A_ROW_STEP * 128: a_r % 8 does not change with l */
+    const uint32_t b_dst = (b_r * B_LD + b_c * 4) * 4;
 
-    /* Each thread's load pointers, moved along K by one slab per fetch; the
-     * bounds tests that do not depend on k are made once. */
-    const float* a_src = A + (size_t)(row0 + a_row) * lda + a_kc * VEC;
-    const size_t a_step = (size_t)A_ROW_STEP * lda;
-    unsigned a_rows_in = 0; /* bit l: row a_row + l*A_ROW_STEP of the tile is inside A */
-#pragma unroll
-    for (int l = 0; l < A_LOADS; ++l) a_rows_in |= (row0 + a_row + l * A_ROW_STEP < M) ? (1u << l) : 0u;
-    const float* b_src[B_BLOCKS];
-#pragma unroll
-    for (int b = 0; b < B_BLOCKS; ++b) b_src[b] = B + (size_t)(b_kb[b] * 4) * ldb + col0 + b_nb[b] * 4;
+    /* Blocks whose tile lies wholly inside A, B and C (and whose operands are
+     * 16-byte aligned) copy every slab but a ragged last one without tests. */
+    const bool inner = vec_a && vec_b && row0 + BM <= M && col0 + BN <= N;
 
-    float4 a_next[A_LOADS], b_next[B_BLOCKS][4]; /* the next slab, on its way from global memory */
-
-    /* Global -> registers for the slab at k0 (the next one: pointers advance). */
-    auto fetch = [&](int k0) {
-        const int k = k0 + a_kc * VEC;
+    /* Global -> shared stage s for the slab at k0 (cp.async; one commit group per slab). */
+    auto load_slab = [&](int k0, int s) {
+        if (inner && k0 + BK <= K) {
 #pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            a_next[l] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (a_rows_in & (1u << l)) a_next[l] = load4(a_src + l * a_step, k, K, vec_a);
+            for (int l = 0; l < A_CHUNKS; ++l)
+                cp_async16_a(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0);
+#pragma unroll
+            for (int l = 0; l < B_CHUNKS; ++l)
+                cp_async16(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4,
+                           b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, 16);
+            return;
         }
-        a_src += BK;
 #pragma unroll
-        for (int b = 0; b < B_BLOCKS; ++b) {
-            const int n = col0 + b_nb[b] * 4;
-            const int kr = k0 + b_kb[b] * 4;
+        for (int l = 0; l < A_CHUNKS; ++l)
+            copy4(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0, A,
+                  k0 + a_c * 4, K, (a_rows_in >> l) & 1u, vec_a);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                b_next[b][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (kr + j < K) b_next[b][j] = load4(b_src[b] + j * (size_t)ldb, n, N, vec_b);
-            }
-            b_src[b] += (size_t)BK * ldb;
+        for (int l = 0; l < B_CHUNKS; ++l) {
+            const int k = k0 + b_r + l * B_ROW_STEP;
+            copy4(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4, b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, B,
+                  col0 + b_c * 4, N, k < K, vec_b);
         }
     };
-    /* Registers -> shared stage s, rounded to TF32; B transposed to K-major. */
-    auto stash = [&](int s) {
-        float* as = a_tile(s);
-        float* bs = b_tile(s);
+
+#if USE_WGMMA && ROUND_A
+    /* This thread's A chunks of stage s (landed: the caller waited for them), rounded in place. */
+    auto round_own_a = [&](int s) {
 #pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            const int r = a_row + l * A_ROW_STEP;
-            *reinterpret_cast<float4*>(as + swz(r, a_kc * VEC)) = to_tf32(a_next[l]);
+        for (int l = 0; l < A_CHUNKS; ++l) {
+            float4* p = reinterpret_cast<float4*>(const_cast<unsigned char*>(smem) + s * STAGE_BYTES + a_dst +
+                                                  l * A_ROW_STEP * 128);
+            const float4 v = *p;
+            *p = make_float4(__uint_as_float(tf32_bits(v.x)), __uint_as_float(tf32_bits(v.y)),
+                             __uint_as_float(tf32_bits(v.z)), __uint_as_float(tf32_bits(v.w)));
         }
-#pragma unroll
-        for (int b = 0; b < B_BLOCKS; ++b) {
-            const float4* v = b_next[b];
-            const int n = b_nb[b] * 4, k = b_kb[b] * 4;
-            *reinterpret_cast<float4*>(bs + swz(n + 0, k)) = to_tf32(make_float4(v[0].x, v[1].x, v[2].x, v[3].x));
-            *reinterpret_cast<float4*>(bs + swz(n + 1, k)) = to_tf32(make_float4(v[0].y, v[1].y, v[2].y, v[3].y));
-            *reinterpret_cast<float4*>(bs + swz(n + 2, k)) = to_tf32(make_float4(v[0].z, v[1].z, v[2].z, v[3].z));
-            *reinterpret_cast<float4*>(bs + swz(n + 3, k)) = to_tf32(make_float4(v[0].w, v[1].w, v[2].w, v[3].w));
-        }
+        fence_async_shared();
     };
+#endif
 
     const int slabs = (K + BK - 1) / BK;
 
+    /* Prologue: the first LOOKAHEAD slabs in flight. Every slab, issued or
+     * not, commits one group, so that "slab t has landed" is always
+     * cp.async.wait_group LOOKAHEAD - 1 at the top of iteration t. */
+#pragma unroll
+    for (int p = 0; p < LOOKAHEAD; ++p) {
+        if (p < slabs) load_slab(p * BK, p);
+        cp_async_commit();
+    }
+
 #if USE_WGMMA
-    /* ---- wgmma path: warpgroup wg owns rows 64*wg .. +63 of the C tile ---- */
+    /* ---- wgmma path: warpgroup wg owns columns 64*wg .. +63 of the C tile ---- */
     const int wg = warp / 4;
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.0f;
 
-    /* Descriptors of stage 0; stage s is s * STAGE_BYTES further (>> 4 in the address field). */
-    const uint32_t tiles_saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint64_t desc_a0 = smem_desc(tiles_saddr + wg * 64 * ROW_BYTES);
-    const uint64_t desc_b0 = smem_desc(tiles_saddr + A_TILE_FLOATS * 4);
-    /* All four k8 steps of stage s, queued on the tensor cores as one group. */
-    auto issue = [&](int s) {
-        const uint64_t da = desc_a0 + s * (STAGE_BYTES >> 4), db = desc_b0 + s * (STAGE_BYTES >> 4);
-        wgmma_fence();
+    /* Warp w4 = warp % 4 of the warpgroup supplies rows 16*w4 .. +15 of the
+     * transposed product: logical rows g, g+8 = columns 2g, 2g+1 (see the
+     * header). A thread's B^T fragment for k step kk: a0 = (row g, k 8kk+q),
+     * a1 = (row g+8, k 8kk+q), a2, a3 = the same at k + 4. */
+    const int frag_col = 64 * wg + 16 * (warp % 4) + 2 * g;
+    auto load_frags = [&](int s, uint32_t (&f)[BK / 8][4]) {
+        const float* bs = b_ptr(s) + frag_col;
 #pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) /* k8 step kk starts 32 bytes further into each row */
-            wgmma_m64n256k8(d, da + 2 * kk, db + 2 * kk);
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            const float2 lo = *reinterpret_cast<const float2*>(bs + (8 * kk + q) * B_LD);
+            const float2 hi = *reinterpret_cast<const float2*>(bs + (8 * kk + q + 4) * B_LD);
+            f[kk][0] = tf32_bits(lo.x);
+            f[kk][1] = tf32_bits(lo.y);
+            f[kk][2] = tf32_bits(hi.x);
+            f[kk][3] = tf32_bits(hi.y);
+        }
+    };
+    /* All four k8 steps of stage s, queued on the tensor cores as one group. */
+    auto issue = [&](int s, uint32_t (&f)[BK / 8][4]) {
+        uint64_t desc[BK / 8]; /* k8 step kk starts 32 bytes further into each row */
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) desc[kk] = smem_desc(a_tile(s) + 32 * kk);
+        /* Every input of the wgmmas is defined before the fence: otherwise
+         * ptxas serializes them (C7513). */
+        pin(f, desc);
+        wgmma_fence(); /* orders the fragment registers' writes before the wgmmas' reads */
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) wgmma_m64n256k8_rs(d, f[kk], desc[kk]);
         wgmma_commit();
     };
-
-    fetch(0);
-    stash(0);
-    fence_async_shared();
-    if (slabs > 1) fetch(BK);
-    __syncthreads();
-    int s = 0, s_next = 1 % STAGES; /* stage of slab t, of slab t+1 */
-    for (int t = 0; t < slabs; ++t) {
-        issue(s);
-#if STAGES < 3
-        wgmma_wait<1>(); /* this warpgroup's slab t-1 is done ... */
-        __syncthreads(); /* ... and every warpgroup's: its stage may be overwritten */
+    /* One slab. f: its fragment registers (two sets, alternating, because the
+     * previous slab's wgmmas still read theirs while this one's are loaded). */
+    auto step = [&](int t, uint32_t (&f)[BK / 8][4], uint32_t (&f_prev)[BK / 8][4]) {
+        const int s = t % STAGES;
+        cp_async_wait<LOOKAHEAD - 1>(); /* this thread's copies of slab t have landed */
+#if ROUND_A
+        round_own_a(s);
 #endif
-        /* With STAGES >= 3, stage s_next was last read by slab t+1-STAGES <=
-         * t-2, whose wgmmas every warpgroup waited for before the last barrier. */
-        if (t + 1 < slabs) stash(s_next);
-        /* The proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) waits
-         * for this thread's outstanding memory operations: it goes before the
-         * next slab's loads are issued, not after, or every slab would wait
-         * out a full global-memory latency here. */
-        fence_async_shared();
-        if (t + 2 < slabs) fetch((t + 2) * BK);
-#if STAGES >= 3
-        wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's may run on */
-#endif
-        __syncthreads();
-        s = s_next;
-        s_next = (s_next + 1 == STAGES) ? 0 : s_next + 1;
+        __syncthreads(); /* everyone's have; and every warpgroup is done with slab t-2 */
+        /* The stage of slab t + LOOKAHEAD = t - 2 (mod STAGES) is free. */
+        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
+        cp_async_commit();
+        load_frags(s, f);
+        issue(s, f);
+        wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's run on */
+        /* Slab t-1's fragments were read by the tensor cores until now: keep
+         * them live to here, so that slab t's are not given their registers. */
+        hold(f_prev);
+    };
+    /* Two slabs per trip, so that the fragment sets alternate at compile-time
+     * indices, and no conditional step inside the loop: where the number of
+     * wgmma groups in flight differs between paths, ptxas cannot prove the
+     * registers safe and serializes every wgmma (info C7513). */
+    uint32_t f0[BK / 8][4], f1[BK / 8][4];
+    int t = 0;
+    for (; t + 1 < slabs; t += 2) {
+        step(t, f0, f1);
+        step(t + 1, f1, f0);
     }
+    if (t < slabs) step(t, f0, f1);
     wgmma_wait<0>();
     fence_acc(d);
 
-    /* Accumulator layout of m64nNk8 (f32): warp w4 = warp % 4 of the
-     * warpgroup holds rows 16*w4 + g and 16*w4 + g + 8 (g = lane / 4);
-     * d[4j + e] is column 8j + 2*(lane % 4) + (e % 2), row + 8 for e >= 2. */
+    /* Accumulator layout of m64nNk8 (f32): d[4j + e] is logical row
+     * 16*(warp%4) + g + 8*(e/2) (= column frag_col + e/2 of C) and column
+     * 8j + 2q + e%2 (= row of C). */
     {
         block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int r = row0 + wg * 64 + (warp % 4) * 16 + lane / 4;
-        const int c = col0 + 2 * (lane % 4);
+        const int n = col0 + frag_col;
+        const int m = row0 + 2 * q;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            store2(C, ldc, r, c + 8 * j, M, N, vec_c, d[4 * j + 0], d[4 * j + 1]);
-            store2(C, ldc, r + 8, c + 8 * j, M, N, vec_c, d[4 * j + 2], d[4 * j + 3]);
+        for (int j = 0; j < BM / 8; ++j) {
+            store2(C, ldc, m + 8 * j, n, M, N, vec_c, d[4 * j + 0], d[4 * j + 2]);
+            store2(C, ldc, m + 8 * j + 1, n, M, N, vec_c, d[4 * j + 1], d[4 * j + 3]);
         }
     }
 #else
-    /* ---- mma.sync path: warp (wm, wn) owns a 64 x 64 tile of C ---- */
-    const int wm = warp / 4, wn = warp % 4;
-    const int g = lane / 4, q = lane % 4;
+    /* ---- mma.sync path: warp (wm, wn) owns rows 64*wm .. +63, columns 64*wn .. +63 ---- */
+    const int wm = warp % 4, wn = warp / 4;
     float d[4][8][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -449,29 +534,33 @@ mmd_tc1(const float* __restrict__ A,
 #pragma unroll
             for (int e = 0; e < 4; ++e) d[i][j][e] = 0.0f;
 
-    /* Fragments of m16n8k8 (tf32), g = lane / 4, q = lane % 4:
-     *   A (16 x 8): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4)
-     *   B (8 x 8):  b0 (k q, n g), b1 (k q+4, n g)
-     *   C (16 x 8): c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1)
-     * Rows g and g+8 of a tile starting at a multiple of 8 share r % 8 = g. */
+    /* m16n8k8 (tf32) of the transposed product, g = lane / 4, q = lane % 4:
+     *   "A" = B^T (16 x 8 per tile i: columns of C, permuted as in the header):
+     *        a0 (row g, k q), a1 (row g+8, k q), a2 / a3 the same at k + 4;
+     *   "B" = A^T (8 x 8 per tile j: rows of C): b0 (k q, row g of A), b1 (k q+4);
+     *   accumulators c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1). */
     auto multiply = [&](int s) {
-        const float* as = a_tile(s) + (wm * 64 + g) * BK + q;
-        const float* bs = b_tile(s) + (wn * 64 + g) * BK + q;
+        const float* bs = b_ptr(s) + 64 * wn + 2 * g;
+        const float* as = reinterpret_cast<const float*>(smem + s * STAGE_BYTES);
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
-            const int lo = ((2 * kk) ^ g) << 2, hi = ((2 * kk + 1) ^ g) << 2;
             uint32_t af[4][4], bf[8][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                af[i][0] = __float_as_uint(as[(16 * i) * BK + lo]);
-                af[i][1] = __float_as_uint(as[(16 * i + 8) * BK + lo]);
-                af[i][2] = __float_as_uint(as[(16 * i) * BK + hi]);
-                af[i][3] = __float_as_uint(as[(16 * i + 8) * BK + hi]);
+                const float2 lo = *reinterpret_cast<const float2*>(bs + 16 * i + (8 * kk + q) * B_LD);
+                const float2 hi = *reinterpret_cast<const float2*>(bs + 16 * i + (8 * kk + q + 4) * B_LD);
+                af[i][0] = tf32_bits(lo.x);
+                af[i][1] = tf32_bits(lo.y);
+                af[i][2] = tf32_bits(hi.x);
+                af[i][3] = tf32_bits(hi.y);
             }
+            /* Rows 64wm + 8j + g of A all have r % 8 = g: chunk (2kk) ^ g holds k 8kk .. +3. */
+            const int lo = (((2 * kk) ^ g) << 2) + q, hi = (((2 * kk + 1) ^ g) << 2) + q;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                bf[j][0] = __float_as_uint(bs[(8 * j) * BK + lo]);
-                bf[j][1] = __float_as_uint(bs[(8 * j) * BK + hi]);
+                const float* ar = as + (64 * wm + 8 * j + g) * BK;
+                bf[j][0] = a_bits(ar[lo]);
+                bf[j][1] = a_bits(ar[hi]);
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i)
@@ -480,31 +569,25 @@ mmd_tc1(const float* __restrict__ A,
         }
     };
 
-    fetch(0);
-    stash(0);
-    if (slabs > 1) fetch(BK);
-    __syncthreads();
-    int s = 0, s_next = 1 % STAGES; /* stage of slab t, of slab t+1 */
     for (int t = 0; t < slabs; ++t) {
-        /* Stage s_next was last read by slab t+1-STAGES <= t-1, before the last barrier. */
-        if (t + 1 < slabs) stash(s_next);
-        if (t + 2 < slabs) fetch((t + 2) * BK); /* in flight during the multiply */
+        const int s = t % STAGES;
+        cp_async_wait<LOOKAHEAD - 1>(); /* this thread's copies of slab t have landed */
+        __syncthreads();                /* everyone's have; and every warp is done with slab t-1 */
+        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
+        cp_async_commit();
         multiply(s);
-        __syncthreads();
-        s = s_next;
-        s_next = (s_next + 1 == STAGES) ? 0 : s_next + 1;
     }
 
     {
         block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int r = row0 + wm * 64 + g;
-        const int c = col0 + wn * 64 + 2 * q;
+        const int n = col0 + 64 * wn + 2 * g;
+        const int m = row0 + 64 * wm + 2 * q;
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                store2(C, ldc, r + 16 * i, c + 8 * j, M, N, vec_c, d[i][j][0], d[i][j][1]);
-                store2(C, ldc, r + 16 * i + 8, c + 8 * j, M, N, vec_c, d[i][j][2], d[i][j][3]);
+                store2(C, ldc, m + 8 * j, n + 16 * i, M, N, vec_c, d[i][j][0], d[i][j][2]);
+                store2(C, ldc, m + 8 * j + 1, n + 16 * i, M, N, vec_c, d[i][j][1], d[i][j][3]);
             }
     }
 #endif

@@ -14,61 +14,68 @@
  * Promotion. That alone is not enough: the tensor cores add into their fp32
  * accumulators with truncation, not round-to-nearest, and the bias grows
  * with the number of additions. Measured on an H100 with one accumulator over
- * all of K (128 x 256 tiles, the first version of this file), the error vs
- * float64 grew linearly with K: rms 1.9e-6 at K = 257, 2.9e-5 at 4096 (cuBLAS
- * SGEMM: 1.5e-7, 1.1e-6); an emulation of round-toward-zero accumulation in
- * numpy reproduced the size. So each PROMOTE-slab chunk of K (32 * PROMOTE
- * deep) is multiplied into a fresh tensor-core accumulator, and the chunk's
- * sum is then added into a second set of fp32 accumulators with FADD (round
- * to nearest): the truncation bias now grows with the chunk, not with K. Two
+ * all of K (the first version of this file), the error vs float64 grew
+ * linearly with K: rms 1.9e-6 at K = 257, 2.9e-5 at 4096 (cuBLAS SGEMM:
+ * 1.5e-7, 1.1e-6); an emulation of round-toward-zero accumulation in numpy
+ * reproduced the size. So each PROMOTE-slab chunk of K (32 * PROMOTE deep) is
+ * multiplied into a fresh tensor-core accumulator, and the chunk's sum is
+ * then added into a second set of fp32 accumulators with FADD (round to
+ * nearest): the truncation bias now grows with the chunk, not with K. Two
  * accumulator sets need twice the registers, hence 128 x 128 tiles here
- * (64 + 64 accumulators per thread) where tc1 has 128 x 256.
+ * (64 + 64 accumulators per thread) where tc1 has 256 x 128.
  *
- * Data path, one BK = 32 deep k-slab at a time:
- *   1. Global -> registers: each thread loads its share of A's BM x 32 slab
- *      (4 float4 along k) and of B's 32 x BN slab (one 4 x 4 block: 4 float4
- *      along n from 4 consecutive k rows) with 16-byte loads; a float4 that
- *      is misaligned (base or ld not a multiple of 4 floats) or crosses the
- *      matrix edge is read one float at a time with bounds checks, and
- *      everything outside the matrix reads as 0. The loads for slab t+2 are
- *      issued while slab t is being multiplied.
- *   2. Registers -> shared: split into big and small (cvt.rna, fsub,
- *      cvt.rna), each part stored in its own K-major tile with the 128-byte
- *      swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)); B is
- *      transposed on the way (TF32 wgmma takes K-major operands only). A
- *      stage holds A big, A small, B big, B small. Each 8-lane store phase
- *      writes 8 different chunks: no bank conflicts.
- *   3. Multiply:
- *      - USE_WGMMA = 1 (default on sm_90a): warpgroup w owns rows 64w ..
- *        64w+63 of the C tile; per slab and per 8-deep k step it issues
- *        wgmma.mma_async.m64n128k8.f32.tf32.tf32 three times (A small x B
- *        big, A big x B small, A big x B big), operands from shared memory,
- *        into 64 chunk accumulators per thread (the first wgmma of a chunk
- *        with scale-d = 0, which discards what they held). The wgmmas run
- *        while the threads split and store the next slab; at a chunk's end
- *        the thread waits for them and adds the chunk into its 64 fp32
- *        accumulators (with PROMOTE >= 2 the two warpgroups' chunks are
- *        offset by half a chunk, so that one computes while the other adds).
- *      - USE_WGMMA = 0 (sm_80, plain sm_90, or forced): warp (warp / 4,
- *        warp % 4) owns a 64 x 32 tile of C; per k step 3 x 4 x 4
+ * The product is computed transposed, C^T = B^T A^T, as in tc1.cu: A is
+ * K-major as it lies in memory and feeds the tensor cores from shared memory,
+ * B^T is loaded into registers, where it is split for free. A is split in
+ * shared memory: it arrives raw (cp.async), each thread splits the chunks it
+ * copied, writing big in place and small into a second tile, and a proxy
+ * fence makes those stores visible to the tensor cores.
+ *
+ * Data path, one BK = 32 deep k-slab at a time, STAGES slabs in shared memory:
+ *   1. Global -> shared: cp.async, 16 bytes at a time, LOOKAHEAD slabs ahead
+ *      (STAGES - 1 with PROMOTE 1, else STAGES - 2). A's BM x 32 slab lands
+ *      K-major with the 128-byte swizzle (row r = 128 bytes, 16-byte chunk c
+ *      at chunk c ^ (r % 8)); B's 32 x BN slab lands as it is, rows padded to
+ *      BN + 8 floats (conflict-free fragment loads). Chunks that cross an edge
+ *      are copied with a shorter source size (the rest zero-filled); where A
+ *      or B is not 16-byte aligned each float is copied alone. What lies
+ *      outside the matrix is never read and lands as 0: any M, K, N works.
+ *   2. Multiply, one of two paths chosen at compile time:
+ *      - USE_WGMMA = 1 (default on sm_90a): warpgroup w owns columns 64w ..
+ *        64w+63 of the C tile and all BM = 128 rows. Per slab it loads its
+ *        64 x 32 part of B^T into registers (8 x 64-bit loads per thread),
+ *        splits it, and issues per 8-deep k step 3 x
+ *        wgmma.mma_async.m64n128k8.f32.tf32.tf32 (B^T small x A big, B^T big
+ *        x A small, B^T big x A big; A's tiles read from shared memory through
+ *        matrix descriptors) into 64 chunk accumulators per thread (the first
+ *        wgmma of a chunk with scale-d = 0, which discards what they held).
+ *        While they run, the threads wait for their copies of the next slab,
+ *        split them, and issue the loads of a later one; at a chunk's end
+ *        they wait for the wgmmas and add the chunk into their 64 fp32
+ *        accumulators. One barrier per slab.
+ *      - USE_WGMMA = 0 (sm_80, plain sm_90, or forced): warp (wm, wn) =
+ *        (warp % 4, warp / 4) owns a 32 x 64 tile of C; per k step 3 x 4 x 4
  *        mma.sync.m16n8k8 (tf32) on fragments read from the same layout,
  *        into chunk accumulators promoted the same way.
- *   4. Epilogue: float2 stores, guarded at the edges, scalar where C or ldc
+ *   3. Epilogue: float2 stores, guarded at the edges, scalar where C or ldc
  *      is not 8-byte aligned.
- * Blocks walk GROUP_M block-rows before moving one block-column right.
+ * The fragment trick of tc1.cu (logical rows g and g+8 of the transposed
+ * product are columns 2g and 2g+1 of C) gives 64-bit fragment loads and
+ * float2 stores here too. Blocks walk GROUP_M block-rows before moving one
+ * block-column right.
  *
  * Launch geometry (the same for both paths; mmd/kernels.py owns it):
- *   block = (THREADS, 1, 1)        THREADS = 2 * BM  (256 at the defaults)
+ *   block = (256, 1, 1)            two warpgroups
  *   grid  = (ceil(N / BN), ceil(M / BM), 1)
  *   registry block_tile = (BM, BN, TM, TN) = (128, 128, 8, 8): (128/8)*(128/8)
- *     = 256 threads; each thread owns 64 = 8 * 8 outputs (not a contiguous
- *     8 x 8 patch: see the fragment layouts).
+ *     = 256 threads; each owns 64 = 8 * 8 outputs (not a contiguous patch).
  *   static shared memory  = 0
- *   dynamic shared memory = STAGES * 2 * (BM + BN) * BK * 4 + 1024 bytes
- *     (big and small tiles of A and B per stage; the 1024 let the kernel
- *     align its tiles to 1024 bytes for the 128-byte swizzle) = 197632 bytes
- *     at the defaults (STAGES 3, BM 128, BN 128, BK 32): the launcher must
- *     raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it and pass it.
+ *   dynamic shared memory = STAGES * (2 * BM * BK + BK * (BN + 8)) * 4 + 1024
+ *     bytes (A's big and small tiles and B's raw slab per stage; the 1024 let
+ *     the kernel align its tiles to 1024 bytes for the 128-byte swizzle) =
+ *     201728 bytes at the defaults (STAGES 4, BM 128, BN 128, BK 32): the
+ *     launcher must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to
+ *     it and pass it.
  *   arch: -gencode=arch=compute_90a,code=sm_90a for the wgmma path (Hopper);
  *     -arch=sm_80 .. sm_90 build the mma.sync path (same launch). Minimum
  *     compute capability 8.0.
@@ -77,28 +84,29 @@
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
- *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  255 registers, 0 bytes stack frame, 0 spill stores/loads
- *   -arch=sm_90 (mma.sync):                         244 registers, 0 bytes stack frame, 0 spill stores/loads
- *   -arch=sm_80 (mma.sync):                         242 registers, 0 bytes stack frame, 0 spill stores/loads
- * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py run 2, docs/tensorcores.md): 4096^3 in
- * 2.233 ms (61.6 TFLOP/s, 1.17x cuBLAS SGEMM), max rel error vs float64 7.3e-7 (cuBLAS SGEMM 3.3e-6).
+ *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  212 registers, 0 bytes stack frame, 0 spill stores/loads
+ *                                                   (PROMOTE=2: 241 registers, no spills)
+ *   -arch=sm_90 (mma.sync):                         208 registers, 0 bytes stack frame, 0 spill stores/loads
+ *   -arch=sm_80 (mma.sync):                         196 registers, 0 bytes stack frame, 0 spill stores/loads
+ * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py round 3, docs/tensorcores.md): 4096^3 in
+ * 1.440 ms (95.4 TFLOP/s, 1.82x cuBLAS SGEMM), max rel error vs float64 7.3e-7 (cuBLAS SGEMM 3.3e-6).
  */
 #include <stdint.h>
 
 #ifndef BM
-#define BM 128 /* rows of C per block: 64 per warpgroup */
+#define BM 128 /* rows of C per block: the N of one wgmma (A^T's columns) */
 #endif
 #ifndef BN
-#define BN 128 /* columns of C per block: the N of one wgmma */
+#define BN 128 /* columns of C per block: 64 per warpgroup (the M of one wgmma) */
 #endif
 #ifndef BK
-#define BK 32 /* depth of one k-slab: 32 tf32 = one 128-byte swizzled row */
+#define BK 32 /* depth of one k-slab: 32 tf32 = one 128-byte swizzled row of A */
 #endif
 #ifndef STAGES
-#define STAGES 3 /* shared-memory stages (>= 3) */
+#define STAGES 4 /* shared-memory stages (>= 3) */
 #endif
 #ifndef PROMOTE
-#define PROMOTE 1 /* slabs per tensor-core chunk before it is added into the fp32 accumulators */
+#define PROMOTE 1 /* slabs per tensor-core chunk before it is added into the fp32 accumulators: 1 or 2 */
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
@@ -112,45 +120,46 @@
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "tc3 needs TF32 tensor cores: compute capability 8.0 or newer (-arch=sm_80 and up)"
+#error "tc3 needs TF32 tensor cores and cp.async: compute capability 8.0 or newer (-arch=sm_80 and up)"
 #endif
 #if USE_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "USE_WGMMA=1 needs the sm_90a target: -gencode=arch=compute_90a,code=sm_90a"
 #endif
 
 #define WARP 32
-#define VEC 4                                        /* floats in one 16-byte access */
-#define THREADS (2 * BM)                             /* BM / 64 warpgroups of 128 threads */
+#define THREADS 256                                  /* two warpgroups */
 #define WARPS (THREADS / WARP)
-#define ROW_BYTES (BK * 4)                           /* one K-major tile row: 128 bytes */
-#define A_TILE_FLOATS (BM * BK)                      /* one part (big or small) of A's tile */
-#define B_TILE_FLOATS (BN * BK)
-#define STAGE_FLOATS (2 * (A_TILE_FLOATS + B_TILE_FLOATS)) /* A big, A small, B big, B small */
-#define STAGE_BYTES (STAGE_FLOATS * 4)
+/* Slabs in flight ahead of the one multiplied. A stage may be refilled once
+ * every warp is done with it: with PROMOTE 1 every slab's products are waited
+ * for before the barrier that ends it, otherwise one slab may still run. */
+#define LOOKAHEAD (PROMOTE == 1 ? STAGES - 1 : STAGES - 2)
+#define B_LD (BN + 8)                                /* floats per row of B's slab in shared memory */
+#define A_TILE_BYTES (BM * BK * 4)                   /* one part (big or small) of A's slab */
+#define B_TILE_BYTES (BK * B_LD * 4)
+#define STAGE_BYTES (2 * A_TILE_BYTES + B_TILE_BYTES) /* A big (raw until split), A small, B raw */
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)     /* the dynamic shared memory to launch with */
-#define A_ROW_STEP (THREADS / (BK / VEC))            /* A rows between one thread's loads */
-#define A_LOADS (BM / A_ROW_STEP)                    /* float4 of A per thread per slab */
-#define NB_GROUPS (BN / 32)                          /* warp tiles of B along n (8 blocks of 4 columns) */
-#define B_WARP_TILES (NB_GROUPS * (BK / 16))         /* 4 (kb) x 8 (nb) blocks each */
-#define B_BLOCKS (B_WARP_TILES / WARPS)              /* 4 x 4 blocks of B per thread per slab */
-#define WN (BN / 4)                                  /* columns of C per warp on the mma.sync path */
+#define A_CHUNKS ((BM * BK / 4) / THREADS)           /* 16-byte chunks of A per thread per slab */
+#define B_CHUNKS ((BK * BN / 4) / THREADS)           /* 16-byte chunks of B per thread per slab */
+#define A_ROW_STEP (THREADS / (BK / 4))              /* rows of A between one thread's chunks */
+#define B_ROW_STEP (THREADS / (BN / 4))              /* rows (k) of B between one thread's chunks */
 
-static_assert(BK == 32, "BK must be 32: a slab row of 32 tf32 values is exactly one 128-byte swizzled row");
-static_assert(BN == 128, "BN must be 128: a warpgroup issues wgmma m64n128k8 (two accumulator sets of 64 registers)");
-static_assert(BM == 64 || BM == 128,
-              "BM must be 64 or 128: one or two warpgroups of 64 rows (three would need more registers than an SM has)");
-static_assert(STAGES >= 3, "the pipeline needs at least 3 shared-memory stages (one barrier per slab)");
-static_assert(PROMOTE >= 1, "PROMOTE must be at least 1 slab");
+static_assert(BK == 32, "BK must be 32: a slab row of A (32 tf32) is exactly one 128-byte swizzled row");
+static_assert(BM == 128, "BM must be 128: the N of wgmma m64n128k8 (two accumulator sets of 64 registers)");
+static_assert(BN == 128, "BN must be 128: two warpgroups of 64 columns");
+static_assert(STAGES >= 3, "the pipeline needs at least 3 shared-memory stages");
+static_assert(PROMOTE == 1 || PROMOTE == 2, "PROMOTE must be 1 or 2 slabs");
+static_assert(LOOKAHEAD >= 2, "at least two slabs must be in flight (the wgmma path readies slab t+1 during slab t)");
 static_assert(SMEM_BYTES <= 227 * 1024, "the stages must fit in the 227 KiB of shared memory a block may use");
-static_assert(A_LOADS * A_ROW_STEP == BM, "A's BM x BK slab must split into whole float4s per thread");
-static_assert(B_BLOCKS >= 1 && B_BLOCKS * WARPS == B_WARP_TILES,
-              "B's slab must split into whole 4 x 8-block warp tiles, the same number per warp");
-static_assert(WN % 8 == 0, "each warp's columns must be whole n8 tiles on the mma.sync path");
+static_assert(STAGE_BYTES % 1024 == 0 && A_TILE_BYTES % 1024 == 0,
+              "A's tiles must start on 1024-byte boundaries (128-byte swizzle)");
+static_assert(A_CHUNKS * THREADS * 4 == BM * BK && B_CHUNKS * THREADS * 4 == BK * BN,
+              "A's and B's slabs must split into whole 16-byte chunks per thread");
+static_assert((B_LD % 32) == 8, "B's padded rows must shift the banks by 8 per k row (conflict-free 64-bit loads)");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
 
 /* ---- small helpers ------------------------------------------------------ */
 
-/* x rounded to TF32 (to nearest, ties away from zero), as an fp32 bit pattern. */
+/* x rounded to TF32 (to nearest, ties away from zero), as an fp32 value. */
 __device__ __forceinline__ float to_tf32(float x)
 {
     uint32_t r;
@@ -161,42 +170,67 @@ __device__ __forceinline__ float to_tf32(float x)
 /* 3xTF32 split: x = big + small + (x - big - small), big = tf32(x),
  * small = tf32(x - big); the remainder is below 2^-22 |x|. An infinite big
  * (x infinite, or within half a TF32 step of FLT_MAX) gets small = 0, not
- * inf - inf = NaN, so that infinities propagate as they would in fp32. */
+ * inf - inf = NaN, so that infinities propagate as they would in fp32.
+ * small is rounded the cheap way: x - big is exact, and half a TF32 step
+ * (bit 12) is added to its bit pattern; the tensor cores read a TF32 operand
+ * by dropping the low 13 bits, so what they see is x - big rounded to
+ * nearest, ties away from zero: cvt.rna's result, for one integer add instead
+ * of cvt.rna's four instructions (sm_80+ has no native cvt to TF32). */
 __device__ __forceinline__ void split_tf32(float x, float& big, float& small)
 {
     big = to_tf32(x);
-    small = isinf(big) ? 0.0f : to_tf32(x - big);
+    const float rest = isinf(big) ? 0.0f : x - big;
+    small = __uint_as_float(__float_as_uint(rest) + 0x1000u);
 }
 
-/* Split v; store its big part at big_dst, its small part at small_dst. */
-__device__ __forceinline__ void split_store(float* big_dst, float* small_dst, float4 v)
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small)
 {
-    float4 b, s;
-    split_tf32(v.x, b.x, s.x);
-    split_tf32(v.y, b.y, s.y);
-    split_tf32(v.z, b.z, s.z);
-    split_tf32(v.w, b.w, s.w);
-    *reinterpret_cast<float4*>(big_dst) = b;
-    *reinterpret_cast<float4*>(small_dst) = s;
+    float b, s;
+    split_tf32(x, b, s);
+    big = __float_as_uint(b);
+    small = __float_as_uint(s);
 }
 
-/* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
+/* 16 bytes global -> shared, of which the first `bytes` are read and the rest
+ * zero-filled (bytes = 0: nothing is read, 16 zero bytes land). dst and src
+ * must be 16-byte aligned. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+/* One float global -> shared; ok = 0 lands a zero and reads nothing. */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/* Wait until at most N of this thread's cp.async groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Whether 16-byte accesses at multiples of 4 columns of P are aligned. */
 __device__ __forceinline__ bool vector_ok(const float* P, int ld)
 {
-    return ((reinterpret_cast<uintptr_t>(P) % (VEC * sizeof(float))) == 0) && (ld % VEC == 0);
+    return ((reinterpret_cast<uintptr_t>(P) % 16) == 0) && (ld % 4 == 0);
 }
 
-/* P[row][col .. col+3] (row-major, stride ld) as a float4; elements at or past
- * column `cols` read as 0. vec: the float4 may be loaded in one piece. */
-__device__ __forceinline__ float4 load4(const float* __restrict__ p, int col, int cols, bool vec)
+/* Four floats p[0..3] (columns col .. col+3 of a row with `cols` columns) ->
+ * shared memory at dst; columns at or past `cols`, or all four where !row_ok,
+ * land as 0. vec: p is 16-byte aligned. */
+__device__ __forceinline__ void copy4(uint32_t dst, const float* p, const float* any, int col, int cols,
+                                      bool row_ok, bool vec)
 {
-    if (vec && col + VEC <= cols) return __ldg(reinterpret_cast<const float4*>(p));
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (col + 0 < cols) v.x = __ldg(p + 0);
-    if (col + 1 < cols) v.y = __ldg(p + 1);
-    if (col + 2 < cols) v.z = __ldg(p + 2);
-    if (col + 3 < cols) v.w = __ldg(p + 3);
-    return v;
+    const int left = row_ok ? cols - col : 0; /* floats of the chunk inside the matrix */
+    if (vec) {
+        const int bytes = left >= 4 ? 16 : (left > 0 ? 4 * left : 0);
+        cp_async16(dst, bytes ? p : any, bytes);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cp_async4(dst + 4 * e, e < left ? p + e : any, e < left);
+    }
 }
 
 /* C[row][col], C[row][col+1] = x, y where inside rows x cols. */
@@ -213,12 +247,9 @@ __device__ __forceinline__ void store2(float* __restrict__ C, int ldc, int row, 
     }
 }
 
-/* Float offset of element (r, k) in a K-major tile with the 128-byte swizzle:
- * row r is 32 floats; its 16-byte chunk k/4 sits at chunk (k/4) ^ (r%8). */
-__device__ __forceinline__ int swz(int r, int k)
-{
-    return r * BK + ((((k >> 2) ^ (r & 7))) << 2) + (k & 3);
-}
+/* Byte offset of the 16-byte chunk c (k = 4c .. 4c+3) of row r in a K-major
+ * tile with the 128-byte swizzle: rows of 128 bytes, chunk c at c ^ (r % 8). */
+__device__ __forceinline__ uint32_t swz_chunk(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 /* The first row and column of this block's C tile. Blocks walk GROUP_M
  * block-rows before moving one block-column right. The block index is read
@@ -266,27 +297,56 @@ __device__ __forceinline__ void fence_acc(float (&d)[64])
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* A slab's B^T fragments, big and small parts: [k8 step][a0..a3]. */
+struct Frags {
+    uint32_t big[BK / 8][4], small[BK / 8][4];
+};
+
+/* Pin the fragment registers and descriptors: their definitions stay before
+ * this point (defined inside a wgmma pipeline stage, ptxas would serialize
+ * the wgmmas: C7513). */
+__device__ __forceinline__ void pin(Frags& f, uint64_t (&desc)[BK / 8][2])
+{
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {
+        asm volatile("" : "+r"(f.big[kk][0]), "+r"(f.big[kk][1]), "+r"(f.big[kk][2]), "+r"(f.big[kk][3])::"memory");
+        asm volatile("" : "+r"(f.small[kk][0]), "+r"(f.small[kk][1]), "+r"(f.small[kk][2]),
+                     "+r"(f.small[kk][3]), "+l"(desc[kk][0]), "+l"(desc[kk][1])::"memory");
+    }
+}
+
+/* Keep fragment registers live up to this point. */
+__device__ __forceinline__ void hold(Frags& f)
+{
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {
+        asm volatile("" : "+r"(f.big[kk][0]), "+r"(f.big[kk][1]), "+r"(f.big[kk][2]), "+r"(f.big[kk][3])::"memory");
+        asm volatile("" : "+r"(f.small[kk][0]), "+r"(f.small[kk][1]), "+r"(f.small[kk][2]),
+                     "+r"(f.small[kk][3])::"memory");
+    }
+}
 
 #define WG_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
-/* d(64 x 128, this warpgroup) = A(64 x 8) * B(8 x 128) + (accumulate ? d : 0),
- * both operands from shared memory. */
-__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
+/* d(64 x 128, this warpgroup) = a(64 x 8, registers) * b(8 x 128, shared
+ * memory) + (accumulate ? d : 0). */
+__device__ __forceinline__ void wgmma_m64n128k8_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int accumulate)
 {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
+        "setp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1;\n"
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
         "}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 #else
 /* d(16 x 8) += a(16 x 8, row) * b(8 x 8, col), TF32 operands, fp32 accumulators. */
@@ -309,267 +369,287 @@ mmd_tc3(const float* __restrict__ A,
         int lda, int ldb, int ldc)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* Stage s: A's big tile (BM rows x 32 k), A's small tile, then B's big
-     * (BN rows x 32 k) and small tiles, all K-major and swizzled, starting
-     * on a 1024-byte boundary. */
+    /* Stage s: A's big tile (BM rows x 32 k, K-major, swizzled; raw until
+     * split), A's small tile (same layout), then B's raw slab (32 rows of k x
+     * BN, padded to B_LD), starting on a 1024-byte boundary. */
     const uint32_t raw_saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-    float* const smem = reinterpret_cast<float*>(smem_raw + (((raw_saddr + 1023u) & ~1023u) - raw_saddr));
-    auto a_tile = [&](int s) { return smem + s * STAGE_FLOATS; };                     /* big; small follows */
-    auto b_tile = [&](int s) { return smem + s * STAGE_FLOATS + 2 * A_TILE_FLOATS; }; /* big; small follows */
+    const uint32_t tiles = (raw_saddr + 1023u) & ~1023u; /* shared address of stage 0 */
+    unsigned char* const smem = smem_raw + (tiles - raw_saddr);
+    auto a_tile = [&](int s) { return tiles + s * STAGE_BYTES; }; /* big; small follows */
+    auto b_tile = [&](int s) { return tiles + s * STAGE_BYTES + 2 * A_TILE_BYTES; };
+    auto b_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + s * STAGE_BYTES + 2 * A_TILE_BYTES); };
 
     int row0, col0;
     block_origin(row0, col0);
     const int tid = threadIdx.x;
     const int warp = tid / WARP, lane = tid % WARP;
+    const int g = lane / 4, q = lane % 4;
 
     const bool vec_a = vector_ok(A, lda);
     const bool vec_b = vector_ok(B, ldb);
     const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
 
-    /* Who loads what. A: thread t reads rows a_row + l*A_ROW_STEP, k columns
-     * 4*a_kc .. +3 of the slab; 8 lanes cover one 128-byte row. B: 4 x 4
-     * blocks (k block kb: rows 4kb..4kb+3 of the slab; n block nb: columns
-     * 4nb..4nb+3). A warp takes a 4 (kb) x 8 (nb) warp tile: lane bits 1-2
-     * pick kb, bit 0 and bits 3-4 pick nb, so the lanes reading one k row
-     * read 8 consecutive float4 (128 bytes) and each 8-lane store phase
-     * writes 8 different swizzle chunks. Warp tile u covers kb
-     * 4*(u / NB_GROUPS) .. +3 and nb 8*(u % NB_GROUPS) .. +7. */
-    const int a_row = tid / (BK / VEC), a_kc = tid % (BK / VEC);
-    const unsigned b_kl = (lane >> 1) & 3, b_nl = 2 * (lane >> 3) + (lane & 1);
-    int b_kb[B_BLOCKS], b_nb[B_BLOCKS];
+    /* Who copies what. A: thread t copies chunk a_c = t % 8 (k 4a_c .. +3) of
+     * rows a_r + l * A_ROW_STEP: 8 lanes cover one 128-byte row, each 8-lane
+     * phase writes 8 different swizzle chunks. B: chunk b_c = t % 32 (columns
+     * 4b_c .. +3) of k rows b_r + l * B_ROW_STEP: a warp copies one 512-byte row. */
+    const int a_r = tid / (BK / 4), a_c = tid % (BK / 4);
+    const int b_r = tid / (BN / 4), b_c = tid % (BN / 4);
+    unsigned a_rows_in = 0; /* bit l: row a_r + l * A_ROW_STEP of the tile is inside A */
 #pragma unroll
-    for (int b = 0; b < B_BLOCKS; ++b) {
-        const unsigned u = warp + b * WARPS;
-        b_kb[b] = 4 * (u / NB_GROUPS) + b_kl;
-        b_nb[b] = 8 * (u % NB_GROUPS) + b_nl;
-    }
+    for (int l = 0; l < A_CHUNKS; ++l) a_rows_in |= (row0 + a_r + l * A_ROW_STEP < M) ? (1u << l) : 0u;
+    const float* const a_src = A + (size_t)(row0 + a_r) * lda + a_c * 4;
+    const float* const b_src = B + (size_t)b_r * ldb + col0 + b_c * 4;
+    const uint32_t a_dst = swz_chunk(a_r, a_c); /* + l * A_ROW_STEP * 128: a_r % 8 does not change with l */
+    const uint32_t b_dst = (b_r * B_LD + b_c * 4) * 4;
+    /* Blocks whose tile lies wholly inside A, B and C (and whose operands are
+     * 16-byte aligned) copy every slab but a ragged last one without tests. */
+    const bool inner = vec_a && vec_b && row0 + BM <= M && col0 + BN <= N;
 
-    /* Each thread's load pointers, moved along K by one slab per fetch; the
-     * bounds tests that do not depend on k are made once. */
-    const float* a_src = A + (size_t)(row0 + a_row) * lda + a_kc * VEC;
-    const size_t a_step = (size_t)A_ROW_STEP * lda;
-    unsigned a_rows_in = 0; /* bit l: row a_row + l*A_ROW_STEP of the tile is inside A */
+    /* Global -> shared stage s for the slab at k0 (cp.async; the caller commits). */
+    auto load_slab = [&](int k0, int s) {
+        if (inner && k0 + BK <= K) {
 #pragma unroll
-    for (int l = 0; l < A_LOADS; ++l) a_rows_in |= (row0 + a_row + l * A_ROW_STEP < M) ? (1u << l) : 0u;
-    const float* b_src[B_BLOCKS];
+            for (int l = 0; l < A_CHUNKS; ++l)
+                cp_async16(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0, 16);
 #pragma unroll
-    for (int b = 0; b < B_BLOCKS; ++b) b_src[b] = B + (size_t)(b_kb[b] * 4) * ldb + col0 + b_nb[b] * 4;
-
-    float4 a_next[A_LOADS], b_next[B_BLOCKS][4]; /* the next slab, on its way from global memory */
-
-    /* Global -> registers for the slab at k0 (the next one: pointers advance). */
-    auto fetch = [&](int k0) {
-        const int k = k0 + a_kc * VEC;
-#pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            a_next[l] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (a_rows_in & (1u << l)) a_next[l] = load4(a_src + l * a_step, k, K, vec_a);
+            for (int l = 0; l < B_CHUNKS; ++l)
+                cp_async16(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4,
+                           b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, 16);
+            return;
         }
-        a_src += BK;
 #pragma unroll
-        for (int b = 0; b < B_BLOCKS; ++b) {
-            const int n = col0 + b_nb[b] * 4;
-            const int kr = k0 + b_kb[b] * 4;
+        for (int l = 0; l < A_CHUNKS; ++l)
+            copy4(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0, A,
+                  k0 + a_c * 4, K, (a_rows_in >> l) & 1u, vec_a);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                b_next[b][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (kr + j < K) b_next[b][j] = load4(b_src[b] + j * (size_t)ldb, n, N, vec_b);
-            }
-            b_src[b] += (size_t)BK * ldb;
+        for (int l = 0; l < B_CHUNKS; ++l) {
+            const int k = k0 + b_r + l * B_ROW_STEP;
+            copy4(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4, b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, B,
+                  col0 + b_c * 4, N, k < K, vec_b);
         }
     };
-    /* Registers -> shared stage s, split into big and small TF32 parts; B
-     * transposed to K-major (row n + e of the tile gets column e of a block). */
-    auto stash = [&](int s) {
-        float* as = a_tile(s);
-        float* bs = b_tile(s);
+    /* This thread's A chunks of stage s (landed: the caller waited for them),
+     * split: big in place, small into the small tile. */
+    auto split_own_a = [&](int s) {
 #pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            const int o = swz(a_row + l * A_ROW_STEP, a_kc * VEC);
-            split_store(as + o, as + A_TILE_FLOATS + o, a_next[l]);
-        }
-#pragma unroll
-        for (int b = 0; b < B_BLOCKS; ++b) {
-            const float4* v = b_next[b];
-            const int n = b_nb[b] * 4, k = b_kb[b] * 4;
-            int o = swz(n + 0, k);
-            split_store(bs + o, bs + B_TILE_FLOATS + o, make_float4(v[0].x, v[1].x, v[2].x, v[3].x));
-            o = swz(n + 1, k);
-            split_store(bs + o, bs + B_TILE_FLOATS + o, make_float4(v[0].y, v[1].y, v[2].y, v[3].y));
-            o = swz(n + 2, k);
-            split_store(bs + o, bs + B_TILE_FLOATS + o, make_float4(v[0].z, v[1].z, v[2].z, v[3].z));
-            o = swz(n + 3, k);
-            split_store(bs + o, bs + B_TILE_FLOATS + o, make_float4(v[0].w, v[1].w, v[2].w, v[3].w));
+        for (int l = 0; l < A_CHUNKS; ++l) {
+            float4* p = reinterpret_cast<float4*>(smem + s * STAGE_BYTES + a_dst + l * A_ROW_STEP * 128);
+            const float4 v = *p;
+            float4 big, small;
+            split_tf32(v.x, big.x, small.x);
+            split_tf32(v.y, big.y, small.y);
+            split_tf32(v.z, big.z, small.z);
+            split_tf32(v.w, big.w, small.w);
+            p[0] = big;
+            p[A_TILE_BYTES / 16] = small;
         }
     };
 
     const int slabs = (K + BK - 1) / BK;
 
+    /* Prologue: the first LOOKAHEAD slabs in flight, one commit group per
+     * slab whether issued or not (so that the wait_group counts hold). */
+#pragma unroll
+    for (int p = 0; p < LOOKAHEAD; ++p) {
+        if (p < slabs) load_slab(p * BK, p);
+        cp_async_commit();
+    }
+
 #if USE_WGMMA
-    /* ---- wgmma path: warpgroup wg owns rows 64*wg .. +63 of the C tile ---- */
+    /* ---- wgmma path: warpgroup wg owns columns 64*wg .. +63 of the C tile ---- */
     const int wg = warp / 4;
     float d[64];  /* fp32 accumulators (FADD, round to nearest) */
     float dc[64]; /* the tensor cores' accumulators of the current chunk */
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = dc[i] = 0.0f;
 
-    /* Descriptors of stage 0's big tiles; stage s is s * STAGE_BYTES further,
-     * each small tile one tile further (>> 4 in the address field). */
-    const uint32_t tiles_saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint64_t desc_a0 = smem_desc(tiles_saddr + wg * 64 * ROW_BYTES);
-    const uint64_t desc_b0 = smem_desc(tiles_saddr + 2 * A_TILE_FLOATS * 4);
-    constexpr uint64_t A_SMALL = (A_TILE_FLOATS * 4) >> 4, B_SMALL = (B_TILE_FLOATS * 4) >> 4;
-    /* All 3 x 4 products of stage s, queued on the tensor cores as one group:
-     * per k8 step the two small terms first, then big x big. fresh: the
-     * slab starts a chunk, and its first product overwrites dc. */
-    auto issue = [&](int s, bool fresh) {
-        const uint64_t da = desc_a0 + s * (STAGE_BYTES >> 4), db = desc_b0 + s * (STAGE_BYTES >> 4);
-        wgmma_fence();
+    /* B^T fragment of k step kk (as in tc1.cu): a0 = (row g, k 8kk+q),
+     * a1 = (row g+8, k 8kk+q), a2, a3 = the same at k + 4, with logical rows
+     * g, g+8 = columns 2g, 2g+1 of the warp's 16. */
+    const int frag_col = 64 * wg + 16 * (warp % 4) + 2 * g;
+    auto load_frags = [&](int s, Frags& f) {
+        const float* bs = b_ptr(s) + frag_col;
 #pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) { /* k8 step kk starts 32 bytes further into each row */
-            wgmma_m64n128k8(dc, da + A_SMALL + 2 * kk, db + 2 * kk, kk > 0 || !fresh); /* A small x B big */
-            wgmma_m64n128k8(dc, da + 2 * kk, db + B_SMALL + 2 * kk, 1);                /* A big x B small */
-            wgmma_m64n128k8(dc, da + 2 * kk, db + 2 * kk, 1);                          /* A big x B big */
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            const float2 lo = *reinterpret_cast<const float2*>(bs + (8 * kk + q) * B_LD);
+            const float2 hi = *reinterpret_cast<const float2*>(bs + (8 * kk + q + 4) * B_LD);
+            split_tf32(lo.x, f.big[kk][0], f.small[kk][0]);
+            split_tf32(lo.y, f.big[kk][1], f.small[kk][1]);
+            split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
+            split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
+        }
+    };
+    /* All 3 x 4 products of stage s, queued on the tensor cores as one group:
+     * per k8 step the two small terms first, then big x big. fresh: the slab
+     * starts a chunk, and its first product overwrites dc. */
+    auto issue = [&](int s, Frags& f, bool fresh) {
+        uint64_t desc[BK / 8][2]; /* [kk][big, small]: k8 step kk starts 32 bytes further into each row */
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            desc[kk][0] = smem_desc(a_tile(s) + 32 * kk);
+            desc[kk][1] = smem_desc(a_tile(s) + A_TILE_BYTES + 32 * kk);
+        }
+        pin(f, desc);
+        wgmma_fence(); /* orders the fragment registers' writes before the wgmmas' reads */
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0 || !fresh); /* A big x B small */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);                  /* A small x B big */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);                  /* A big x B big */
         }
         wgmma_commit();
     };
-
-    fetch(0);
-    stash(0);
-    fence_async_shared();
-    if (slabs > 1) fetch(BK);
-    __syncthreads();
-    /* Chunk boundaries of warpgroup 1 are offset by half a chunk (PROMOTE >=
-     * 2), so that while one warpgroup waits for its chunk and adds it in, the
-     * other's products keep the tensor cores busy. */
-    const int phase = (wg * PROMOTE) / 2;
-    int s = 0, s_next = 1 % STAGES; /* stage of slab t, of slab t+1 */
-    for (int t = 0; t < slabs; ++t) {
-        issue(s, (t + phase) % PROMOTE == 0);
-        /* Stage s_next was last read by slab t+1-STAGES <= t-2, whose wgmmas
-         * every warpgroup waited for before the last barrier. */
-        if (t + 1 < slabs) stash(s_next);
-        /* The proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) waits
-         * for this thread's outstanding memory operations: before the next
-         * slab's loads are issued, not after. */
-        fence_async_shared();
-        if (t + 2 < slabs) fetch((t + 2) * BK);
-        if ((t + 1 + phase) % PROMOTE == 0 || t + 1 == slabs) {
+    /* One slab. Its stage was split and published by the barrier that ended
+     * the previous slab. While its products run, this thread readies slab
+     * t+1 (waits for its own copies, splits them) and issues the loads of
+     * slab t + LOOKAHEAD; at a chunk's end (promote) it waits for the
+     * products and adds the chunk in. f / f_prev: this slab's fragments and
+     * the previous slab's (read by the tensor cores until the wait). */
+    auto step = [&](int t, Frags& f, Frags& f_prev, bool fresh, bool promote) {
+        load_frags(t % STAGES, f);
+        issue(t % STAGES, f, fresh);
+        if (t + 1 < slabs) {
+            /* committed: slabs up to t + LOOKAHEAD - 1; slab t+1 has landed when
+             * at most LOOKAHEAD - 2 of them are still in flight */
+            cp_async_wait<LOOKAHEAD - 2>();
+            split_own_a((t + 1) % STAGES);
+            fence_async_shared();
+        }
+        /* The stage of slab t + LOOKAHEAD last held slab t + LOOKAHEAD - STAGES,
+         * which every warpgroup finished before the last barrier. */
+        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
+        cp_async_commit();
+        if (promote) {
             wgmma_wait<0>(); /* the chunk is done: add it in, round to nearest */
             fence_acc(dc);
 #pragma unroll
             for (int i = 0; i < 64; ++i) d[i] += dc[i];
         } else {
-            wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's may run on */
+            wgmma_wait<1>(); /* the previous slab's products are done; this one's run on */
         }
-        __syncthreads();
-        s = s_next;
-        s_next = (s_next + 1 == STAGES) ? 0 : s_next + 1;
-    }
+        hold(f_prev);
+        __syncthreads(); /* slab t+1 is split everywhere; slab t (PROMOTE 1) or t-1 is done everywhere */
+    };
 
-    /* Accumulator layout of m64nNk8 (f32): warp w4 = warp % 4 of the
-     * warpgroup holds rows 16*w4 + g and 16*w4 + g + 8 (g = lane / 4);
-     * d[4j + e] is column 8j + 2*(lane % 4) + (e % 2), row + 8 for e >= 2. */
+    cp_async_wait<LOOKAHEAD - 1>(); /* slab 0 has landed */
+    split_own_a(0);
+    fence_async_shared();
+    __syncthreads();
+#if PROMOTE == 1
+    /* Every slab is waited for before the next one's fragments are loaded:
+     * one set of fragment registers does. */
+    Frags f;
+    for (int t = 0; t < slabs; ++t) step(t, f, f, true, true);
+#else
+    /* Slab t runs on while slab t+1's fragments are loaded: two sets, alternating. */
+    Frags f0, f1;
+    int t = 0;
+    for (; t + 1 < slabs; t += 2) { /* a chunk per trip */
+        step(t, f0, f1, true, false);
+        step(t + 1, f1, f0, false, true);
+    }
+    if (t < slabs) step(t, f0, f1, true, true);
+#endif
+
+    /* Accumulator layout of m64nNk8 (f32): d[4j + e] is logical row
+     * 16*(warp%4) + g + 8*(e/2) (= column frag_col + e/2 of C) and column
+     * 8j + 2q + e%2 (= row of C). */
     {
         block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int r = row0 + wg * 64 + (warp % 4) * 16 + lane / 4;
-        const int c = col0 + 2 * (lane % 4);
+        const int n = col0 + frag_col;
+        const int m = row0 + 2 * q;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            store2(C, ldc, r, c + 8 * j, M, N, vec_c, d[4 * j + 0], d[4 * j + 1]);
-            store2(C, ldc, r + 8, c + 8 * j, M, N, vec_c, d[4 * j + 2], d[4 * j + 3]);
+        for (int j = 0; j < BM / 8; ++j) {
+            store2(C, ldc, m + 8 * j, n, M, N, vec_c, d[4 * j + 0], d[4 * j + 2]);
+            store2(C, ldc, m + 8 * j + 1, n, M, N, vec_c, d[4 * j + 1], d[4 * j + 3]);
         }
     }
 #else
-    /* ---- mma.sync path: warp (wm, wn) owns a 64 x WN tile of C ---- */
-    const int wm = warp / 4, wn = warp % 4;
-    const int g = lane / 4, q = lane % 4;
-    constexpr int NJ = WN / 8; /* n8 tiles per warp */
-    float d[4][NJ][4];  /* fp32 accumulators (FADD, round to nearest) */
-    float dc[4][NJ][4]; /* the tensor cores' accumulators of the current chunk */
+    /* ---- mma.sync path: warp (wm, wn) owns rows 32*wm .. +31, columns 64*wn .. +63 ---- */
+    const int wm = warp % 4, wn = warp / 4;
+    float d[4][4][4];  /* fp32 accumulators (FADD, round to nearest) */
+    float dc[4][4][4]; /* the tensor cores' accumulators of the current chunk */
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < NJ; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) d[i][j][e] = dc[i][j][e] = 0.0f;
 
-    /* Fragments of m16n8k8 (tf32), g = lane / 4, q = lane % 4:
-     *   A (16 x 8): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4)
-     *   B (8 x 8):  b0 (k q, n g), b1 (k q+4, n g)
-     *   C (16 x 8): c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1)
-     * Rows g and g+8 of a tile starting at a multiple of 8 share r % 8 = g. */
+    /* m16n8k8 (tf32) of the transposed product, g = lane / 4, q = lane % 4:
+     *   "A" = B^T (16 x 8 per tile i: columns of C, permuted as in tc1.cu):
+     *        a0 (row g, k q), a1 (row g+8, k q), a2 / a3 the same at k + 4;
+     *   "B" = A^T (8 x 8 per tile j: rows of C): b0 (k q, row g of A), b1 (k q+4);
+     *   accumulators c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1). */
     auto multiply = [&](int s) {
-        const float* as = a_tile(s) + (wm * 64 + g) * BK + q;
-        const float* bs = b_tile(s) + (wn * WN + g) * BK + q;
+        const float* bs = b_ptr(s) + 64 * wn + 2 * g;
+        const float* as = reinterpret_cast<const float*>(smem + s * STAGE_BYTES);
 #pragma unroll 1
         for (int kk = 0; kk < BK / 8; ++kk) {
-            const int lo = ((2 * kk) ^ g) << 2, hi = ((2 * kk + 1) ^ g) << 2;
-            /* One 16-row tile of A at a time (big and small fragments); B's
-             * fragments are read again for each. Per output and k step: the
-             * small terms first, big x big last. */
+            uint32_t tb[4][4], ts[4][4], ab[4][2], as_[4][2]; /* B^T big, small; A^T big, small */
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                uint32_t ab[4], asm_[4];
-                const float* pa = as + (16 * i) * BK;
-                ab[0] = __float_as_uint(pa[lo]);
-                ab[1] = __float_as_uint(pa[8 * BK + lo]);
-                ab[2] = __float_as_uint(pa[hi]);
-                ab[3] = __float_as_uint(pa[8 * BK + hi]);
-                asm_[0] = __float_as_uint(pa[A_TILE_FLOATS + lo]);
-                asm_[1] = __float_as_uint(pa[A_TILE_FLOATS + 8 * BK + lo]);
-                asm_[2] = __float_as_uint(pa[A_TILE_FLOATS + hi]);
-                asm_[3] = __float_as_uint(pa[A_TILE_FLOATS + 8 * BK + hi]);
-#pragma unroll
-                for (int j = 0; j < NJ; ++j) {
-                    const float* pb = bs + (8 * j) * BK;
-                    const uint32_t bb[2] = {__float_as_uint(pb[lo]), __float_as_uint(pb[hi])};
-                    const uint32_t bsm[2] = {__float_as_uint(pb[B_TILE_FLOATS + lo]),
-                                             __float_as_uint(pb[B_TILE_FLOATS + hi])};
-                    mma_m16n8k8(dc[i][j], asm_, bb); /* A small x B big */
-                    mma_m16n8k8(dc[i][j], ab, bsm);  /* A big x B small */
-                    mma_m16n8k8(dc[i][j], ab, bb);   /* A big x B big */
-                }
+                const float2 lo = *reinterpret_cast<const float2*>(bs + 16 * i + (8 * kk + q) * B_LD);
+                const float2 hi = *reinterpret_cast<const float2*>(bs + 16 * i + (8 * kk + q + 4) * B_LD);
+                split_tf32(lo.x, tb[i][0], ts[i][0]);
+                split_tf32(lo.y, tb[i][1], ts[i][1]);
+                split_tf32(hi.x, tb[i][2], ts[i][2]);
+                split_tf32(hi.y, tb[i][3], ts[i][3]);
             }
+            /* Rows 32wm + 8j + g of A all have r % 8 = g: chunk (2kk) ^ g holds k 8kk .. +3. */
+            const int lo = (((2 * kk) ^ g) << 2) + q, hi = (((2 * kk + 1) ^ g) << 2) + q;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float* ar = as + (32 * wm + 8 * j + g) * BK;
+                ab[j][0] = __float_as_uint(ar[lo]);
+                ab[j][1] = __float_as_uint(ar[hi]);
+                as_[j][0] = __float_as_uint(ar[A_TILE_BYTES / 4 + lo]);
+                as_[j][1] = __float_as_uint(ar[A_TILE_BYTES / 4 + hi]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    mma_m16n8k8(dc[i][j], ts[i], ab[j]);  /* A big x B small */
+                    mma_m16n8k8(dc[i][j], tb[i], as_[j]); /* A small x B big */
+                    mma_m16n8k8(dc[i][j], tb[i], ab[j]);  /* A big x B big */
+                }
         }
     };
 
-    fetch(0);
-    stash(0);
-    if (slabs > 1) fetch(BK);
-    __syncthreads();
-    int s = 0, s_next = 1 % STAGES; /* stage of slab t, of slab t+1 */
     for (int t = 0; t < slabs; ++t) {
-        /* Stage s_next was last read by slab t+1-STAGES <= t-1, before the last barrier. */
-        if (t + 1 < slabs) stash(s_next);
-        if (t + 2 < slabs) fetch((t + 2) * BK); /* in flight during the multiply */
+        const int s = t % STAGES;
+        cp_async_wait<LOOKAHEAD - 1>(); /* this thread's copies of slab t have landed */
+        split_own_a(s);
+        __syncthreads(); /* everyone's are split; every warp is done with slab t-1 */
+        /* The stage of slab t + LOOKAHEAD last held slab t + LOOKAHEAD - STAGES <= t - 1. */
+        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
+        cp_async_commit();
         multiply(s);
         if ((t + 1) % PROMOTE == 0 || t + 1 == slabs) { /* the chunk is done: add it in */
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < NJ; ++j)
+                for (int j = 0; j < 4; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         d[i][j][e] += dc[i][j][e];
                         dc[i][j][e] = 0.0f;
                     }
         }
-        __syncthreads();
-        s = s_next;
-        s_next = (s_next + 1 == STAGES) ? 0 : s_next + 1;
     }
 
     {
         block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int r = row0 + wm * 64 + g;
-        const int c = col0 + wn * WN + 2 * q;
+        const int n = col0 + 64 * wn + 2 * g;
+        const int m = row0 + 32 * wm + 2 * q;
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-                store2(C, ldc, r + 16 * i, c + 8 * j, M, N, vec_c, d[i][j][0], d[i][j][1]);
-                store2(C, ldc, r + 16 * i + 8, c + 8 * j, M, N, vec_c, d[i][j][2], d[i][j][3]);
+            for (int j = 0; j < 4; ++j) {
+                store2(C, ldc, m + 8 * j, n + 16 * i, M, N, vec_c, d[i][j][0], d[i][j][2]);
+                store2(C, ldc, m + 8 * j + 1, n + 16 * i, M, N, vec_c, d[i][j][1], d[i][j][3]);
             }
     }
 #endif
