@@ -101,7 +101,8 @@ class StreamHash:
         return self._digest.hexdigest()
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (some filesystems refuse to fsync a folder: then they are not)."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -174,7 +175,7 @@ def write_atomic(
         _unlink_quietly(tmp, ops)
         raise
     if durable and sync_folder:
-        _fsync_dir(folder)
+        fsync_folder(folder)
     return Written(path=path, bytes=size, sha256=digest)
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from . import record
-from .atomic import temporary_name
+from .atomic import fsync_folder, temporary_name
 from .errors import SpoolError
 from .fileops import OPS, FileOps, write_all
 from .job import new_id
@@ -984,7 +984,7 @@ class Spool:
             self._unlink_quietly(tmp)
             why = _reason(exc)
             raise SpoolError(f"cannot record the attempts of {shown(claim.name)} in {WORK_DIR}: {why}") from None
-        _fsync_folder(folder)
+        fsync_folder(folder)
 
     def discard_outputs(self, claim: Claim) -> list[str]:
         """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be.
@@ -1167,20 +1167,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samestat(os.lstat(a), os.lstat(b))
     except OSError:
         return False
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (some filesystems refuse to fsync a folder: then it is not)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _check_own_folder(path: Path) -> None:

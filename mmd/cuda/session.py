@@ -106,8 +106,10 @@ class GpuSession:
         self._cublas: Cublas | None = None
         self._text: GpuText | None = None
         self._flush: Any = None  # flush_l2's scratch buffer
+        #: The session's one stream; dropped in close() while the context is current, as pycuda needs.
+        self._stream: Any = None
         try:
-            self.stream = cuda.Stream()
+            self._stream = cuda.Stream()
             self.limits = self._read_limits()
         except cuda.Error as exc:
             self.close()
@@ -276,7 +278,7 @@ class GpuSession:
             return
         with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
             if matrix.mode == "managed":
-                self.stream.synchronize()
+                self._stream.synchronize()
                 np.copyto(matrix.handle[: matrix.rows, : matrix.cols], host)
                 return
             if self.is_pinned(host) and host.flags.c_contiguous:
@@ -285,7 +287,7 @@ class GpuSession:
                 staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
                 np.copyto(staging, host)
             if matrix.mode == "device":
-                self._cuda.memcpy_htod_async(matrix.handle, staging, self.stream)
+                self._cuda.memcpy_htod_async(matrix.handle, staging, self._stream)
             else:
                 copy = self._cuda.Memcpy2D()
                 copy.set_src_host(staging)
@@ -294,7 +296,7 @@ class GpuSession:
                 copy.dst_pitch = matrix.ld * FLOAT_BYTES
                 copy.width_in_bytes = matrix.cols * FLOAT_BYTES
                 copy.height = matrix.rows
-                copy(self.stream)
+                copy(self._stream)
 
     def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
         """A new host array with ``matrix``'s contents (waits for the stream)."""
@@ -304,12 +306,12 @@ class GpuSession:
             return out
         with self.converting(f"copying {out.nbytes / _MIB:.1f} MiB from the device"):
             if matrix.mode == "managed":
-                self.stream.synchronize()
+                self._stream.synchronize()
                 np.copyto(out, matrix.handle[: matrix.rows, : matrix.cols])
                 return out
             staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
             if matrix.mode == "device":
-                self._cuda.memcpy_dtoh_async(staging, matrix.handle, self.stream)
+                self._cuda.memcpy_dtoh_async(staging, matrix.handle, self._stream)
             else:
                 copy = self._cuda.Memcpy2D()
                 copy.set_src_device(matrix.handle)
@@ -318,8 +320,8 @@ class GpuSession:
                 copy.dst_pitch = matrix.cols * FLOAT_BYTES
                 copy.width_in_bytes = matrix.cols * FLOAT_BYTES
                 copy.height = matrix.rows
-                copy(self.stream)
-            self.stream.synchronize()
+                copy(self._stream)
+            self._stream.synchronize()
             np.copyto(out, staging)
         return out
 
@@ -329,10 +331,10 @@ class GpuSession:
         with self.converting("filling device memory"):
             word = int(np.array(value, np.float32).view(np.uint32))
             if matrix.mode == "managed":
-                self.stream.synchronize()
+                self._stream.synchronize()
                 matrix.handle.fill(value)
             else:
-                self._cuda.memset_d32_async(matrix.ptr, word, matrix.rows * matrix.ld, self.stream)
+                self._cuda.memset_d32_async(matrix.ptr, word, matrix.rows * matrix.ld, self._stream)
 
     # -- page-locked host memory and raw buffers (the text path) -------------
 
@@ -368,25 +370,25 @@ class GpuSession:
         """Set ``nbytes`` bytes at ``ptr`` to ``value`` on the session's stream."""
         if nbytes > 0:
             with self.converting("setting device memory"):
-                self._cuda.memset_d8_async(int(ptr), int(value), int(nbytes), self.stream)
+                self._cuda.memset_d8_async(int(ptr), int(value), int(nbytes), self._stream)
 
     def copy_htod(self, ptr: int, host: np.ndarray) -> None:
         """Copy ``host`` (page-locked for an asynchronous copy) to ``ptr`` on the stream."""
         if host.nbytes:
             with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
-                self._cuda.memcpy_htod_async(int(ptr), host, self.stream)
+                self._cuda.memcpy_htod_async(int(ptr), host, self._stream)
 
     def copy_dtoh(self, host: np.ndarray, ptr: int) -> None:
         """Copy ``host.nbytes`` bytes from ``ptr`` into ``host`` on the stream (page-locked: asynchronous)."""
         if host.nbytes:
             with self.converting(f"copying {host.nbytes / _MIB:.1f} MiB from the device"):
-                self._cuda.memcpy_dtoh_async(host, int(ptr), self.stream)
+                self._cuda.memcpy_dtoh_async(host, int(ptr), self._stream)
 
     def record_event(self) -> Any:
         """A CUDA event recorded now on the session's stream (``.synchronize()`` waits for it)."""
         with self.converting("recording an event"):
             event = self._cuda.Event()
-            event.record(self.stream)
+            event.record(self._stream)
         return event
 
     # -- run -----------------------------------------------------------------
@@ -396,7 +398,7 @@ class GpuSession:
         if blocks <= 0:
             return
         with self.converting("launching a text kernel"):
-            function.prepared_async_call((int(blocks), 1), (int(threads), 1, 1), self.stream, *args)
+            function.prepared_async_call((int(blocks), 1), (int(threads), 1, 1), self._stream, *args)
 
     def multiply(
         self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
@@ -416,14 +418,14 @@ class GpuSession:
         grid, block = spec.grid(m, n, tile), spec.block(tile)
         with self.converting(f"launching {spec.name} at tile {tile}"):
             kernel.function.prepared_async_call(
-                grid[:2], block, self.stream, a.ptr, b.ptr, c.ptr, m, k, n, a.ld, b.ld, c.ld,
+                grid[:2], block, self._stream, a.ptr, b.ptr, c.ptr, m, k, n, a.ld, b.ld, c.ld,
                 shared_size=spec.dynamic_shared_bytes,
             )  # fmt: skip
 
     def _blas(self) -> Cublas:
         """cuBLAS on the session's stream, made on first use."""
         if self._cublas is None:
-            self._cublas = Cublas(int(self.stream.handle))
+            self._cublas = Cublas(int(self._stream.handle))
         return self._cublas
 
     def flush_l2(self) -> None:
@@ -453,7 +455,7 @@ class GpuSession:
                 self._cuda.memcpy_htod(held[0], a)
                 self._cuda.memcpy_htod(held[1], b)
                 self._blas().dgemm(m, k, n, int(held[0]), int(held[1]), int(held[2]))
-                self.stream.synchronize()
+                self._stream.synchronize()
                 self._cuda.memcpy_dtoh(c, held[2])
         finally:
             for handle in held:
@@ -468,12 +470,12 @@ class GpuSession:
 
     def phase_timer(self) -> PhaseTimer:
         """A fresh event timer on the session's stream."""
-        return PhaseTimer(self._cuda, self.stream)
+        return PhaseTimer(self._cuda, self._stream)
 
     def synchronize(self) -> None:
         """Wait for everything queued on the session's stream."""
         with self.converting("waiting for the device"):
-            self.stream.synchronize()
+            self._stream.synchronize()
 
     # -- lifetime ------------------------------------------------------------
 
@@ -484,7 +486,8 @@ class GpuSession:
         self._closed = True
         problems: list[BaseException] = []
         with contextlib.suppress(Exception):
-            self.stream.synchronize()
+            if self._stream is not None:
+                self._stream.synchronize()
         if self._cublas is not None:
             try:
                 self._cublas.close()
@@ -500,6 +503,9 @@ class GpuSession:
         self._modules.clear()
         self._compiled.clear()
         self._text = None
+        # Freed here, in the context's thread: left to the garbage collector it would be freed at exit in
+        # another thread, out of its context ("stream in out-of-thread context could not be cleaned up").
+        self._stream = None
         try:
             self._context.pop()
         except self._cuda.Error as exc:
