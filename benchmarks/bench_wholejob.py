@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -197,10 +198,10 @@ SMALL = b"32\n" + b"\n".join(
 )
 
 
-def small_drop(served: Served) -> float:
-    """One 32×32 job dropped on an idle daemon: drop→sidecar, ms."""
+def small_drop(served: Served) -> tuple[float, dict[str, float]]:
+    """One 32×32 job dropped on an idle daemon: drop→sidecar (ms) and its sidecar's phases."""
     t0, sc = served.drop(SMALL)
-    return (served.wait(sc) - t0) * 1e3
+    return (served.wait(sc) - t0) * 1e3, sidecar_timings(sc)
 
 
 def small_burst(served: Served, burst: int, round_: int) -> float:
@@ -435,20 +436,24 @@ def main() -> int:
             for s in served:
                 results[s.name]["daemon"][n] = summary("drop_to_sidecar_ms", samples[s.name])
                 print(f"{s.name} daemon {n}: {json.dumps(results[s.name]['daemon'][n])}", flush=True)
-        lat: dict[str, list[float]] = {s.name: [] for s in served}
+        drops: dict[str, list[tuple[float, dict[str, float]]]] = {s.name: [] for s in served}
         for _ in range(0, args.drops, 10):
             for s in served:
-                lat[s.name] += [small_drop(s) for _ in range(10)]
+                drops[s.name] += [small_drop(s) for _ in range(10)]
         rates: dict[str, dict[int, list[float]]] = {s.name: {b: [] for b in args.small} for s in served}
         for r in range(args.bursts):
             for burst in args.small:
                 for s in served:
                     rates[s.name][burst].append(small_burst(s, burst, r))
         for s in served:
+            lat = [d[0] for d in drops[s.name]]
+            # where a small job's time goes: the sidecar's phases (medians), beside drop→sidecar
+            phases = {f"{k}_ms": v for k, v in summary("", drops[s.name]).items() if k and not math.isnan(v)}
             results[s.name]["small"] = {
-                "p50_ms": pct(lat[s.name], 50),
-                "p95_ms": pct(lat[s.name], 95),
+                "p50_ms": pct(lat, 50),
+                "p95_ms": pct(lat, 95),
                 **{f"jobs_per_s_{b}": med(rates[s.name][b]) for b in args.small},
+                **phases,
             }
             print(f"{s.name} small: {json.dumps(results[s.name]['small'])}", flush=True)
     finally:
