@@ -25,19 +25,16 @@ The table printed last is the result; full logs and JSON go to the out folder.
 
 from __future__ import annotations
 
-import argparse
-import concurrent.futures as futures
 import json
 import math
 import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import ladder_common as common  # beside this script: its folder is first on sys.path
 
 os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in true fp32 (CuPy's default; made explicit)
 
@@ -54,12 +51,7 @@ ARCH = "sm_90"
 TIMED_SHAPES = [(1000, 1000, 1000), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 2048)]
 #: Awkward shapes (M, K, N) that are checked (every variant, every layout).
 CHECK_SHAPES = [
-    (1, 1, 1),
-    (7, 7, 7),
-    (33, 33, 33),
-    (127, 127, 127),
-    (1000, 1000, 1000),
-    (1, 1000, 7),
+    *common.EDGE_SHAPES,
     (7, 33, 1000),
     (127, 33, 1000),
     (1000, 7, 33),
@@ -67,10 +59,6 @@ CHECK_SHAPES = [
     (129, 257, 130),
     (300, 17, 515),
 ]
-#: Layouts: (name, extra ld floats, base offset in floats). "odd" makes ld = cols + 1
-#: (not a multiple of 4 for most shapes) and the base misaligned: the scalar paths.
-LAYOUTS = [("packed", None, 0), ("pitch4", 4, 0), ("odd", 1, 1)]
-
 #: Relative error bound: max|C - ref| / max|ref| < TOL_PER_SQRT_K * sqrt(K).
 TOL_PER_SQRT_K = 1e-5
 
@@ -146,42 +134,20 @@ def variants(quick: bool) -> list[Variant]:
 
 # -- compile ------------------------------------------------------------------
 
-
-def _tool(name: str) -> str | None:
-    for cand in (shutil.which(name), f"/usr/local/cuda/bin/{name}"):
-        if cand and Path(cand).exists():
-            return cand
-    return None
+#: SASS instructions counted in each build (ladder_common.SASS_PATTERNS).
+SASS_COUNTS = ("LDG.128", "LDGSTS.128", "LDS.128", "STG.128", "FFMA", "LDL/STL")
 
 
 def compile_variant(v: Variant, build: Path) -> Variant:
     src = KERNELS / f"{v.kernel}.cu"
     v.cubin = build / f"{v.kernel}_{v.label}.cubin"
-    cmd = [_tool("nvcc") or "nvcc", f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", "-o", str(v.cubin), str(src)]
+    cmd = [common.tool("nvcc") or "nvcc", f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", "-o", str(v.cubin), str(src)]
     cmd[1:1] = [f"-D{k}={val}" for k, val in v.macros.items()]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    rep = {"cmd": " ".join(cmd), "ok": proc.returncode == 0, "log": proc.stderr + proc.stdout}
-    if proc.returncode == 0:
-        m = re.search(r"Used (\d+) registers", rep["log"])
-        rep["registers"] = int(m.group(1)) if m else None
-        m = re.search(r"(\d+) bytes smem", rep["log"])
-        rep["smem"] = int(m.group(1)) if m else 0
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep["log"])
-        rep["spill_stores"], rep["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
-        m = re.search(r"(\d+) bytes stack frame", rep["log"])
-        rep["stack"] = int(m.group(1)) if m else None
-        objdump = _tool("cuobjdump")
-        if objdump:
-            sass = subprocess.run([objdump, "--dump-sass", str(v.cubin)], capture_output=True, text=True).stdout
-            (build / f"{v.kernel}_{v.label}.sass").write_text(sass)
-            rep["sass"] = {
-                "LDG.128": len(re.findall(r"LDG\.E\.128", sass)),
-                "LDGSTS.128": len(re.findall(r"LDGSTS\.E[.A-Z]*\.128", sass)),
-                "LDS.128": len(re.findall(r"LDS\.128", sass)),
-                "STG.128": len(re.findall(r"STG\.E\.128", sass)),
-                "FFMA": len(re.findall(r"\bFFMA\b", sass)),
-                "LDL/STL": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-            }
+    rep = common.compile_report(cmd, "smem")
+    if rep["ok"]:
+        counts = common.sass_counts(v.cubin, build / f"{v.kernel}_{v.label}.sass", SASS_COUNTS)
+        if counts is not None:
+            rep["sass"] = counts
     v.report = rep
     return v
 
@@ -211,36 +177,16 @@ class Mat:
 
 def launch(v: Variant, a: Mat, b: Mat, c: Mat, m: int, k: int, n: int, np):
     block, _ = v.block_and_tile()
-    v.function(
-        v.grid(m, n),
-        block,
-        (
-            a.ptr_view,
-            b.ptr_view,
-            c.ptr_view,
-            np.int32(m),
-            np.int32(k),
-            np.int32(n),
-            np.int32(a.ld),
-            np.int32(b.ld),
-            np.int32(c.ld),
-        ),
-    )
+    v.function(v.grid(m, n), block, common.kernel_args(a, b, c, m, k, n, np))
 
 
 def check(v: Variant, cp, np, shapes, layouts) -> tuple[bool, float, list[str]]:
     worst, fails = 0.0, []
     for m, k, n in shapes:
-        for lname, extra, off in layouts:
-
-            def ld(cols):
-                if extra is None:
-                    return cols
-                return (-(-cols // 4) * 4 + extra) if extra == 4 else cols + extra
-
-            a = Mat(cp, m, k, ld(k), off, "rand")
-            b = Mat(cp, k, n, ld(n), off, "rand")
-            c = Mat(cp, m, n, ld(n), off, "nan")
+        for lname, how, off in layouts:
+            a = Mat(cp, m, k, common.ld_for(k, how), off, "rand")
+            b = Mat(cp, k, n, common.ld_for(n, how), off, "rand")
+            c = Mat(cp, m, n, common.ld_for(n, how), off, "nan")
             launch(v, a, b, c, m, k, n, np)
             cp.cuda.runtime.deviceSynchronize()
             ref = a.view.astype(cp.float64) @ b.view.astype(cp.float64)
@@ -272,28 +218,17 @@ def time_fn(cp, fn, sets, reps, warmup=3) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--compile-only", action="store_true", help="compile and report; no GPU needed")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench"))
-    args = ap.parse_args()
+    args = common.parser(__doc__).parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     build = Path("/tmp/sgemm_ladder_build")
     build.mkdir(parents=True, exist_ok=True)
-    log = open(out / "ladder.log", "w")
-
-    def say(*parts):
-        line = " ".join(str(p) for p in parts)
-        print(line, flush=True)
-        log.write(line + "\n")
-        log.flush()
+    say = common.logger(out / "ladder.log")
 
     # 1. compile
     vs = variants(args.quick)
     t0 = time.time()
-    with futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
-        vs = list(pool.map(lambda v: compile_variant(v, build), vs))
+    vs = common.in_parallel(lambda v: compile_variant(v, build), vs)
     say(f"# compiled {len(vs)} variants in {time.time() - t0:.1f} s")
     say(
         f"{'variant':34} {'regs':>4} {'smem':>6} {'spill st/ld':>11} {'LDG128':>6} {'LDGSTS':>6} {'LDS128':>6} "
@@ -322,11 +257,7 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    l2 = dev.attributes["L2CacheSize"]
-    sms = dev.attributes["MultiProcessorCount"]
+    gpu, l2, sms, _ = common.gpu_facts(cp)
     say(f"# GPU {gpu}, {sms} SMs, L2 {l2 >> 20} MiB, CuPy {cp.__version__}, CUPY_TF32={os.environ['CUPY_TF32']}")
 
     # 2. check
@@ -335,7 +266,7 @@ def main() -> int:
     for v in good:
         mine = v.kernel in ("blocktile2d", "vectorized", "fast")
         shapes = CHECK_SHAPES if mine else CHECK_SHAPES[:6]
-        layouts = LAYOUTS if mine else LAYOUTS[:2]
+        layouts = common.LAYOUTS if mine else common.LAYOUTS[:2]
         ok, worst, fails = check(v, cp, np, shapes, layouts)
         say(
             f"check {v.name:34} {'PASS' if ok else 'FAIL'} worst rel err {worst:.2e}"

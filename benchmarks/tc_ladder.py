@@ -43,12 +43,10 @@ in the out folder has every number.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import functools
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -57,6 +55,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import ladder_common as common  # beside this script: its folder is first on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,12 +67,7 @@ KERNELS = registry.kernels_dir()
 
 #: Shapes (M, K, N) that are checked. 4096x1024x2048 means M=4096, K=1024, N=2048.
 CHECK_SHAPES = [
-    (1, 1, 1),
-    (7, 7, 7),
-    (33, 33, 33),
-    (127, 127, 127),
-    (1000, 1000, 1000),
-    (1, 1000, 7),
+    *common.EDGE_SHAPES,
     (129, 257, 130),
     (300, 17, 515),
     (257, 40, 129),
@@ -81,8 +76,6 @@ CHECK_SHAPES = [
     (128, 32, 256),
     (4096, 1024, 2048),
 ]
-#: Layouts: (name, how ld is made, base offset in floats).
-LAYOUTS = [("packed", None, 0), ("pitch4", 4, 0), ("odd", 1, 1)]
 TIMED_SIZES = [4096, 8192]
 #: Columns of the accuracy table (builds that exist and whose check did not die).
 ACC_COLUMNS = ["cublas_sgemm", "cublas_tf32", "fast", "tc1", "tc1_round", "tc3", "tc3_p2", "tc3_mma"]
@@ -170,19 +163,15 @@ def builds(quick: bool) -> list[Build]:
 
 # -- compile ------------------------------------------------------------------
 
-
-def _tool(name: str) -> str | None:
-    for cand in (shutil.which(name), f"/usr/local/cuda/bin/{name}"):
-        if cand and Path(cand).exists():
-            return cand
-    return None
+#: SASS instructions counted in each build (ladder_common.SASS_PATTERNS).
+SASS_COUNTS = ("HGMMA", "HMMA", "LDG.128", "STS.128", "LDL/STL")
 
 
 def compile_build(b: Build, build_dir: Path) -> Build:
     src = KERNELS / f"{b.kernel}.cu"
     b.cubin = build_dir / f"{b.label}.cubin"
     cmd = [
-        _tool("nvcc") or "nvcc",
+        common.tool("nvcc") or "nvcc",
         "-cubin",
         "-O3",
         "-Xptxas",
@@ -193,30 +182,12 @@ def compile_build(b: Build, build_dir: Path) -> Build:
         str(b.cubin),
         str(src),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    rep = {"cmd": " ".join(cmd), "ok": proc.returncode == 0, "log": proc.stderr + proc.stdout}
-    if proc.returncode == 0:
-        log = rep["log"]
-        m = re.search(r"Used (\d+) registers", log)
-        rep["registers"] = int(m.group(1)) if m else None
-        m = re.search(r"(\d+) bytes smem", log)
-        rep["static_smem"] = int(m.group(1)) if m else 0
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        rep["spill_stores"], rep["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
-        m = re.search(r"(\d+) bytes stack frame", log)
-        rep["stack"] = int(m.group(1)) if m else None
-        rep["warnings"] = [ln for ln in log.splitlines() if "warning" in ln.lower()]
-        objdump = _tool("cuobjdump")
-        if objdump:
-            sass = subprocess.run([objdump, "--dump-sass", str(b.cubin)], capture_output=True, text=True).stdout
-            (build_dir / f"{b.label}.sass").write_text(sass)
-            rep["sass"] = {
-                "HGMMA": len(re.findall(r"\bHGMMA\.", sass)),
-                "HMMA": len(re.findall(r"\bHMMA\.", sass)),
-                "LDG.128": len(re.findall(r"LDG\.E\.128", sass)),
-                "STS.128": len(re.findall(r"STS\.128", sass)),
-                "LDL/STL": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-            }
+    rep = common.compile_report(cmd, "static_smem")
+    if rep["ok"]:
+        rep["warnings"] = [ln for ln in rep["log"].splitlines() if "warning" in ln.lower()]
+        counts = common.sass_counts(b.cubin, build_dir / f"{b.label}.sass", SASS_COUNTS)
+        if counts is not None:
+            rep["sass"] = counts
     b.report = rep
     return b
 
@@ -257,31 +228,8 @@ class Mat:
         return bool(cp.isnan(self.buf[mask]).all())
 
 
-def ld_for(cols: int, how) -> int:
-    if how is None:
-        return cols
-    if how == 4:
-        return -(-cols // 4) * 4 + 4
-    return cols + how
-
-
 def launch(b: Build, a: Mat, bm: Mat, c: Mat, m: int, k: int, n: int, np, stream=None):
-    b.function(
-        b.grid(m, n),
-        b.block(),
-        (
-            a.ptr_view,
-            bm.ptr_view,
-            c.ptr_view,
-            np.int32(m),
-            np.int32(k),
-            np.int32(n),
-            np.int32(a.ld),
-            np.int32(bm.ld),
-            np.int32(c.ld),
-        ),
-        shared_mem=b.dynamic_shared(),
-    )
+    b.function(b.grid(m, n), b.block(), common.kernel_args(a, bm, c, m, k, n, np), shared_mem=b.dynamic_shared())
 
 
 def errors(cp, got, ref) -> dict:
@@ -443,14 +391,14 @@ def check_worker(label: str, quick: bool, out: Path) -> int:
     cp.random.seed(12345)  # every worker draws the same inputs
     saved = False
     for m, k, n in shapes:
-        for lname, how, off in LAYOUTS:
-            a = Mat(cp, m, k, ld_for(k, how), off, "rand")
-            bmat = Mat(cp, k, n, ld_for(n, how), off, "rand")
+        for lname, how, off in common.LAYOUTS:
+            a = Mat(cp, m, k, common.ld_for(k, how), off, "rand")
+            bmat = Mat(cp, k, n, common.ld_for(n, how), off, "rand")
             a64, b64 = a.view.astype(cp.float64), bmat.view.astype(cp.float64)
             ref = a64 @ b64
             absprod = cp.abs(a64) @ cp.abs(b64)
             sg = errors(cp, cp.matmul(a.view, bmat.view).astype(cp.float64), ref)  # cuBLAS SGEMM, same data
-            c = Mat(cp, m, n, ld_for(n, how), off, "nan")
+            c = Mat(cp, m, n, common.ld_for(n, how), off, "nan")
             launch(b, a, bmat, c, m, k, n, np)
             cp.cuda.runtime.deviceSynchronize()
             got = c.view.astype(cp.float64)
@@ -634,10 +582,7 @@ def run_tf32_worker(sizes, ks) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--compile-only", action="store_true", help="compile and report; no GPU needed")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench"))
+    ap = common.parser(__doc__)
     ap.add_argument("--tf32-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check-worker", default="", help=argparse.SUPPRESS)
     ap.add_argument(
@@ -660,14 +605,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     build_dir = BUILD_DIR
     build_dir.mkdir(parents=True, exist_ok=True)
-    log = open(out / "tc_ladder.log", "w")  # noqa: SIM115 (open for the whole run)
+    say = common.logger(out / "tc_ladder.log")
     results: dict = {"builds": {}, "checks": [], "timing": [], "accuracy": {}, "env": {}}
-
-    def say(*parts):
-        line = " ".join(str(p) for p in parts)
-        print(line, flush=True)
-        log.write(line + "\n")
-        log.flush()
 
     def dump():
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -675,9 +614,8 @@ def main() -> int:
     t_start = time.time()
     # 1. compile
     bs = builds(args.quick)
-    with futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
-        bs = list(pool.map(lambda b: compile_build(b, build_dir), bs))
-    nvcc_v = subprocess.run([_tool("nvcc") or "nvcc", "--version"], capture_output=True, text=True).stdout
+    bs = common.in_parallel(lambda b: compile_build(b, build_dir), bs)
+    nvcc_v = subprocess.run([common.tool("nvcc") or "nvcc", "--version"], capture_output=True, text=True).stdout
     results["env"]["nvcc"] = nvcc_v.strip().splitlines()[-1] if nvcc_v.strip() else "?"
     say(f"# compiled {len(bs)} builds in {time.time() - t_start:.1f} s ({results['env']['nvcc']})")
     say(
@@ -714,11 +652,7 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    l2 = dev.attributes["L2CacheSize"]
-    sms = dev.attributes["MultiProcessorCount"]
+    gpu, l2, sms, props = common.gpu_facts(cp)
     cc = f"{props['major']}.{props['minor']}"
     results["env"].update(gpu=gpu, sms=sms, l2=l2, cc=cc, cupy=cp.__version__)
     sampler = ClockSampler()
@@ -739,7 +673,7 @@ def main() -> int:
     status = {}
     for b in good:
         status[b.label] = run_check_worker(b.label, args.quick, out)
-    say(f"# checks: {len(shapes)} shapes x {len(LAYOUTS)} layouts per build, {time.time() - t0:.1f} s")
+    say(f"# checks: {len(shapes)} shapes x {len(common.LAYOUTS)} layouts per build, {time.time() - t0:.1f} s")
     for b in good:
         st = status[b.label]
         say(
@@ -830,8 +764,8 @@ def main() -> int:
             say(f"{kk:>5} " + " ".join(f"{x:>12}" for x in cells))
     say("")
     say(
-        f"correctness ({len(shapes)} shapes x {len(LAYOUTS)} layouts, C poisoned with NaN, every element checked): "
-        + ", ".join(f"{b.label} {'PASS' if status[b.label]['ok'] else 'FAIL'}" for b in good)
+        f"correctness ({len(shapes)} shapes x {len(common.LAYOUTS)} layouts, C poisoned with NaN, "
+        "every element checked): " + ", ".join(f"{b.label} {'PASS' if status[b.label]['ok'] else 'FAIL'}" for b in good)
     )
     say("")
     say(f"GPU {gpu}; CUDA events, L2 flushed before each launch, median of reps (IQR < 2% or capped)")

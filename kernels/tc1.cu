@@ -117,55 +117,15 @@
 #ifndef PREFETCH_A
 #define PREFETCH_A 0 /* 1: A's copies ask L2 for 256-byte lines (.L2::256B: the next slab's half comes along) */
 #endif
-#ifndef USE_WGMMA
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define USE_WGMMA 1 /* sm_90a: wgmma */
-#else
-#define USE_WGMMA 0 /* anything else: mma.sync */
-#endif
-#endif
+#define A_PARTS 1 /* copies of A's slab per stage: as loaded (ROUND_A rounds it in place) */
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "tc1 needs TF32 tensor cores and cp.async: compute capability 8.0 or newer (-arch=sm_80 and up)"
-#endif
-#if USE_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "USE_WGMMA=1 needs the sm_90a target: -gencode=arch=compute_90a,code=sm_90a"
-#endif
+#include "tc_common.cuh"
 
-#define WARP 32
-#define THREADS 256                                  /* two warpgroups */
-#define WARPS (THREADS / WARP)
-#define LOOKAHEAD (STAGES - 2)                       /* slabs in flight ahead of the one multiplied */
-#define B_LD (BN + 8)                                /* floats per row of B's slab in shared memory */
-#define A_TILE_BYTES (BM * BK * 4)
-#define B_TILE_BYTES (BK * B_LD * 4)
-#define STAGE_BYTES (A_TILE_BYTES + B_TILE_BYTES)
-#define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)     /* the dynamic shared memory to launch with */
-#define A_CHUNKS ((BM * BK / 4) / THREADS)           /* 16-byte chunks of A per thread per slab */
-#define B_CHUNKS ((BK * BN / 4) / THREADS)           /* 16-byte chunks of B per thread per slab */
-#define A_ROW_STEP (THREADS / (BK / 4))              /* rows of A between one thread's chunks */
-#define B_ROW_STEP (THREADS / (BN / 4))              /* rows (k) of B between one thread's chunks */
+#define LOOKAHEAD (STAGES - 2) /* slabs in flight ahead of the one multiplied */
 
-static_assert(BK == 32, "BK must be 32: a slab row of A (32 tf32) is exactly one 128-byte swizzled row");
 static_assert(BM == 256, "BM must be 256: the N of wgmma m64n256k8, and 4 warps x 64 rows on the mma.sync path");
-static_assert(BN == 128, "BN must be 128: two warpgroups of 64 columns");
-static_assert(STAGES >= 3, "the pipeline needs at least 3 shared-memory stages (one barrier per slab)");
-static_assert(SMEM_BYTES <= 227 * 1024, "the stages must fit in the 227 KiB of shared memory a block may use");
-static_assert(STAGE_BYTES % 1024 == 0, "each stage's A tile must start on a 1024-byte boundary (128-byte swizzle)");
-static_assert(A_CHUNKS * THREADS * 4 == BM * BK && B_CHUNKS * THREADS * 4 == BK * BN,
-              "A's and B's slabs must split into whole 16-byte chunks per thread");
-static_assert((B_LD % 32) == 8, "B's padded rows must shift the banks by 8 per k row (conflict-free 64-bit loads)");
-static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
 
 /* ---- small helpers ------------------------------------------------------ */
-
-/* x rounded to TF32 (to nearest, ties away from zero), as an fp32 bit pattern. */
-__device__ __forceinline__ uint32_t tf32_bits(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
 
 __device__ __forceinline__ uint32_t a_bits(float x)
 {
@@ -176,122 +136,7 @@ __device__ __forceinline__ uint32_t a_bits(float x)
 #endif
 }
 
-/* 16 bytes global -> shared, of which the first `bytes` are read and the rest
- * zero-filled (bytes = 0: nothing is read, 16 zero bytes land). dst and src
- * must be 16-byte aligned. */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-/* 16 bytes global -> shared, all read (the fast path); PREFETCH_A: with an L2 prefetch-size hint. */
-__device__ __forceinline__ void cp_async16_a(uint32_t dst, const float* src)
-{
-#if PREFETCH_A
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-
-/* One float global -> shared; ok = 0 lands a zero and reads nothing. */
-__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool ok)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-/* Wait until at most N of this thread's cp.async groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/* Whether 16-byte accesses at multiples of 4 columns of P are aligned. */
-__device__ __forceinline__ bool vector_ok(const float* P, int ld)
-{
-    return ((reinterpret_cast<uintptr_t>(P) % 16) == 0) && (ld % 4 == 0);
-}
-
-/* Four floats p[0..3] (columns col .. col+3 of a row with `cols` columns) ->
- * shared memory at dst; columns at or past `cols`, or all four where !row_ok,
- * land as 0. vec: p is 16-byte aligned. */
-__device__ __forceinline__ void copy4(uint32_t dst, const float* p, const float* any, int col, int cols,
-                                      bool row_ok, bool vec)
-{
-    const int left = row_ok ? cols - col : 0; /* floats of the chunk inside the matrix */
-    if (vec) {
-        const int bytes = left >= 4 ? 16 : (left > 0 ? 4 * left : 0);
-        cp_async16(dst, bytes ? p : any, bytes);
-    } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cp_async4(dst + 4 * e, e < left ? p + e : any, e < left);
-    }
-}
-
-/* C[row][col], C[row][col+1] = x, y where inside rows x cols. */
-__device__ __forceinline__ void store2(float* __restrict__ C, int ldc, int row, int col, int rows, int cols,
-                                       bool vec, float x, float y)
-{
-    if (row >= rows) return;
-    float* p = C + (size_t)row * ldc + col;
-    if (vec && col + 2 <= cols) {
-        *reinterpret_cast<float2*>(p) = make_float2(x, y);
-    } else {
-        if (col + 0 < cols) p[0] = x;
-        if (col + 1 < cols) p[1] = y;
-    }
-}
-
-/* Byte offset of the 16-byte chunk c (k = 4c .. 4c+3) of row r in a K-major
- * tile with the 128-byte swizzle: rows of 128 bytes, chunk c at c ^ (r % 8). */
-__device__ __forceinline__ uint32_t swz_chunk(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-/* The first row and column of this block's C tile. Blocks walk GROUP_M
- * block-rows before moving one block-column right. The block index is read
- * through volatile asm, so that the epilogue can call this again instead of
- * keeping the results in registers through the main loop. */
-__device__ __forceinline__ void block_origin(int& row0, int& col0)
-{
-    unsigned bx, by, gx, gy;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
-    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(gx));
-    asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(gy));
-    const int pid = by * gx + bx;
-    const int per_group = GROUP_M * gx;
-    const int first_m = (pid / per_group) * GROUP_M;
-    const int group_rows = min((int)gy - first_m, GROUP_M);
-    row0 = (first_m + (pid % per_group) % group_rows) * BM;
-    col0 = ((pid % per_group) / group_rows) * BN;
-}
-
 #if USE_WGMMA
-/* Shared-memory matrix descriptor for wgmma: a K-major tile with the 128-byte
- * swizzle, rows of 128 bytes, groups of 8 rows 1024 bytes apart. Fields:
- * start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29; unused
- * for swizzled K-major, 1 by convention), stride byte offset >> 4 (32-45:
- * 1024 bytes between 8-row groups), base offset 0 (49-51: tiles are
- * 1024-aligned), swizzle mode 1 = 128 bytes (62-63). */
-__device__ __forceinline__ uint64_t smem_desc(uint32_t saddr)
-{
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory"); }
-/* Generic-proxy shared stores -> visible to the tensor cores (async proxy). */
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* Pin the accumulators: no read or write of them moves across this point. */
-__device__ __forceinline__ void fence_acc(float (&d)[128])
-{
-#pragma unroll
-    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* Pin the fragment registers and descriptors: their definitions stay before this point. */
 __device__ __forceinline__ void pin(uint32_t (&f)[BK / 8][4], uint64_t (&desc)[BK / 8])
 {
@@ -308,9 +153,6 @@ __device__ __forceinline__ void hold(uint32_t (&f)[BK / 8][4])
     for (int kk = 0; kk < BK / 8; ++kk)
         asm volatile("" : "+r"(f[kk][0]), "+r"(f[kk][1]), "+r"(f[kk][2]), "+r"(f[kk][3])::"memory");
 }
-
-#define WG_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                   "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
 /* d(64 x 256, this warpgroup) += a(64 x 8, registers) * b(8 x 256, shared memory). */
 __device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b)
@@ -332,15 +174,6 @@ __device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32
           WG_ACC8(64), WG_ACC8(72), WG_ACC8(80), WG_ACC8(88), WG_ACC8(96), WG_ACC8(104), WG_ACC8(112), WG_ACC8(120)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
-#else
-/* d(16 x 8) += a(16 x 8, row) * b(8 x 8, col), TF32 operands, fp32 accumulators. */
-__device__ __forceinline__ void mma_m16n8k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 #endif
 
 /* ---- the kernel ------------------------------------------------------- */
@@ -353,14 +186,7 @@ mmd_tc1(const float* __restrict__ A,
         int lda, int ldb, int ldc)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* Stage s: A's tile (BM rows x 32 k, K-major, swizzled), then B's (32 rows
-     * of k x BN, padded to B_LD), starting on a 1024-byte boundary. */
-    const uint32_t raw_saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-    const uint32_t tiles = (raw_saddr + 1023u) & ~1023u; /* shared address of stage 0 */
-    const unsigned char* const smem = smem_raw + (tiles - raw_saddr);
-    auto a_tile = [&](int s) { return tiles + s * STAGE_BYTES; };
-    auto b_tile = [&](int s) { return tiles + s * STAGE_BYTES + A_TILE_BYTES; };
-    auto b_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + s * STAGE_BYTES + A_TILE_BYTES); };
+    const Stages st(smem_raw);
 
     int row0, col0;
     block_origin(row0, col0);
@@ -371,56 +197,15 @@ mmd_tc1(const float* __restrict__ A,
     const bool vec_a = vector_ok(A, lda);
     const bool vec_b = vector_ok(B, ldb);
     const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
-
-    /* Who copies what. A: thread t copies chunk a_c = t % 8 (k 4a_c .. +3) of
-     * rows a_r + l * A_ROW_STEP: 8 lanes cover one 128-byte row, each 8-lane
-     * phase writes 8 different swizzle chunks. B: chunk b_c = t % 32 (columns
-     * 4b_c .. +3) of k rows b_r + l * B_ROW_STEP: a warp copies one 512-byte row. */
-    const int a_r = tid / (BK / 4), a_c = tid % (BK / 4);
-    const int b_r = tid / (BN / 4), b_c = tid % (BN / 4);
-    unsigned a_rows_in = 0; /* bit l: row a_r + l * A_ROW_STEP of the tile is inside A */
-#pragma unroll
-    for (int l = 0; l < A_CHUNKS; ++l) a_rows_in |= (row0 + a_r + l * A_ROW_STEP < M) ? (1u << l) : 0u;
-    const float* const a_src = A + (size_t)(row0 + a_r) * lda + a_c * 4;
-    const float* const b_src = B + (size_t)b_r * ldb + col0 + b_c * 4;
-    const uint32_t a_dst = swz_chunk(a_r, a_c); /* + l * A_ROW_STEP * 128: a_r % 8 does not change with l */
-    const uint32_t b_dst = (b_r * B_LD + b_c * 4) * 4;
-
-    /* Blocks whose tile lies wholly inside A, B and C (and whose operands are
-     * 16-byte aligned) copy every slab but a ragged last one without tests. */
-    const bool inner = vec_a && vec_b && row0 + BM <= M && col0 + BN <= N;
-
-    /* Global -> shared stage s for the slab at k0 (cp.async; one commit group per slab). */
-    auto load_slab = [&](int k0, int s) {
-        if (inner && k0 + BK <= K) {
-#pragma unroll
-            for (int l = 0; l < A_CHUNKS; ++l)
-                cp_async16_a(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0);
-#pragma unroll
-            for (int l = 0; l < B_CHUNKS; ++l)
-                cp_async16(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4,
-                           b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, 16);
-            return;
-        }
-#pragma unroll
-        for (int l = 0; l < A_CHUNKS; ++l)
-            copy4(a_tile(s) + a_dst + l * A_ROW_STEP * 128, a_src + (size_t)l * A_ROW_STEP * lda + k0, A,
-                  k0 + a_c * 4, K, (a_rows_in >> l) & 1u, vec_a);
-#pragma unroll
-        for (int l = 0; l < B_CHUNKS; ++l) {
-            const int k = k0 + b_r + l * B_ROW_STEP;
-            copy4(b_tile(s) + b_dst + l * B_ROW_STEP * B_LD * 4, b_src + (size_t)(k0 + l * B_ROW_STEP) * ldb, B,
-                  col0 + b_c * 4, N, k < K, vec_b);
-        }
-    };
+    const SlabCopy copy(A, B, M, K, N, lda, ldb, row0, col0, tid, vec_a, vec_b);
+    const bool inner = vec_a && vec_b && row0 + BM <= M && col0 + BN <= N; /* see SlabCopy::load */
 
 #if USE_WGMMA && ROUND_A
     /* This thread's A chunks of stage s (landed: the caller waited for them), rounded in place. */
     auto round_own_a = [&](int s) {
 #pragma unroll
         for (int l = 0; l < A_CHUNKS; ++l) {
-            float4* p = reinterpret_cast<float4*>(const_cast<unsigned char*>(smem) + s * STAGE_BYTES + a_dst +
-                                                  l * A_ROW_STEP * 128);
+            float4* p = reinterpret_cast<float4*>(st.smem + s * STAGE_BYTES + copy.a_dst + l * A_ROW_STEP * 128);
             const float4 v = *p;
             *p = make_float4(__uint_as_float(tf32_bits(v.x)), __uint_as_float(tf32_bits(v.y)),
                              __uint_as_float(tf32_bits(v.z)), __uint_as_float(tf32_bits(v.w)));
@@ -431,14 +216,10 @@ mmd_tc1(const float* __restrict__ A,
 
     const int slabs = (K + BK - 1) / BK;
 
-    /* Prologue: the first LOOKAHEAD slabs in flight. Every slab, issued or
-     * not, commits one group, so that "slab t has landed" is always
-     * cp.async.wait_group LOOKAHEAD - 1 at the top of iteration t. */
+    /* Prologue: the first LOOKAHEAD slabs in flight, so that "slab t has
+     * landed" is cp.async.wait_group LOOKAHEAD - 1 at the top of iteration t. */
 #pragma unroll
-    for (int p = 0; p < LOOKAHEAD; ++p) {
-        if (p < slabs) load_slab(p * BK, p);
-        cp_async_commit();
-    }
+    for (int p = 0; p < LOOKAHEAD; ++p) copy.issue<0>(st, p, slabs, inner);
 
 #if USE_WGMMA
     /* ---- wgmma path: warpgroup wg owns columns 64*wg .. +63 of the C tile ---- */
@@ -453,7 +234,7 @@ mmd_tc1(const float* __restrict__ A,
      * a1 = (row g+8, k 8kk+q), a2, a3 = the same at k + 4. */
     const int frag_col = 64 * wg + 16 * (warp % 4) + 2 * g;
     auto load_frags = [&](int s, uint32_t (&f)[BK / 8][4]) {
-        const float* bs = b_ptr(s) + frag_col;
+        const float* bs = st.b_ptr(s) + frag_col;
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
             const float2 lo = *reinterpret_cast<const float2*>(bs + (8 * kk + q) * B_LD);
@@ -468,7 +249,7 @@ mmd_tc1(const float* __restrict__ A,
     auto issue = [&](int s, uint32_t (&f)[BK / 8][4]) {
         uint64_t desc[BK / 8]; /* k8 step kk starts 32 bytes further into each row */
 #pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) desc[kk] = smem_desc(a_tile(s) + 32 * kk);
+        for (int kk = 0; kk < BK / 8; ++kk) desc[kk] = smem_desc(st.a_tile(s) + 32 * kk);
         /* Every input of the wgmmas is defined before the fence: otherwise
          * ptxas serializes them (C7513). */
         pin(f, desc);
@@ -487,8 +268,7 @@ mmd_tc1(const float* __restrict__ A,
 #endif
         __syncthreads(); /* everyone's have; and every warpgroup is done with slab t-2 */
         /* The stage of slab t + LOOKAHEAD = t - 2 (mod STAGES) is free. */
-        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
-        cp_async_commit();
+        copy.issue<LOOKAHEAD>(st, t, slabs, inner);
         load_frags(s, f);
         issue(s, f);
         wgmma_wait<1>(); /* slab t-1's wgmmas are done; slab t's run on */
@@ -510,19 +290,7 @@ mmd_tc1(const float* __restrict__ A,
     wgmma_wait<0>();
     fence_acc(d);
 
-    /* Accumulator layout of m64nNk8 (f32): d[4j + e] is logical row
-     * 16*(warp%4) + g + 8*(e/2) (= column frag_col + e/2 of C) and column
-     * 8j + 2q + e%2 (= row of C). */
-    {
-        block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int n = col0 + frag_col;
-        const int m = row0 + 2 * q;
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-            store2(C, ldc, m + 8 * j, n, M, N, vec_c, d[4 * j + 0], d[4 * j + 2]);
-            store2(C, ldc, m + 8 * j + 1, n, M, N, vec_c, d[4 * j + 1], d[4 * j + 3]);
-        }
-    }
+    store_wgmma_acc(C, ldc, M, N, vec_c, frag_col, q, d);
 #else
     /* ---- mma.sync path: warp (wm, wn) owns rows 64*wm .. +63, columns 64*wn .. +63 ---- */
     const int wm = warp % 4, wn = warp / 4;
@@ -540,8 +308,8 @@ mmd_tc1(const float* __restrict__ A,
      *   "B" = A^T (8 x 8 per tile j: rows of C): b0 (k q, row g of A), b1 (k q+4);
      *   accumulators c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1). */
     auto multiply = [&](int s) {
-        const float* bs = b_ptr(s) + 64 * wn + 2 * g;
-        const float* as = reinterpret_cast<const float*>(smem + s * STAGE_BYTES);
+        const float* bs = st.b_ptr(s) + 64 * wn + 2 * g;
+        const float* as = st.a_ptr(s);
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
             uint32_t af[4][4], bf[8][2];
@@ -573,22 +341,10 @@ mmd_tc1(const float* __restrict__ A,
         const int s = t % STAGES;
         cp_async_wait<LOOKAHEAD - 1>(); /* this thread's copies of slab t have landed */
         __syncthreads();                /* everyone's have; and every warp is done with slab t-1 */
-        if (t + LOOKAHEAD < slabs) load_slab((t + LOOKAHEAD) * BK, (t + LOOKAHEAD) % STAGES);
-        cp_async_commit();
+        copy.issue<LOOKAHEAD>(st, t, slabs, inner);
         multiply(s);
     }
 
-    {
-        block_origin(row0, col0); /* again: cheaper than holding it through the loop */
-        const int n = col0 + 64 * wn + 2 * g;
-        const int m = row0 + 64 * wm + 2 * q;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                store2(C, ldc, m + 8 * j, n + 16 * i, M, N, vec_c, d[i][j][0], d[i][j][2]);
-                store2(C, ldc, m + 8 * j + 1, n + 16 * i, M, N, vec_c, d[i][j][1], d[i][j][3]);
-            }
-    }
+    store_mma_acc(C, ldc, M, N, vec_c, wm, wn, g, q, d);
 #endif
 }

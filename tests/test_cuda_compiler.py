@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from mmd import config
+from mmd.cuda.builds import build_all, every_build
 from mmd.cuda.compiler import KernelCache, macro_options
+from mmd.resources import kernels_dir
 
 CUBIN = b"\x7fELF fake cubin " + bytes(range(256)) * 64
 
@@ -51,6 +56,38 @@ def test_key_covers_source_options_arch_version_and_headers(tmp_path):
     (headers / "common.cuh").write_text("#define X 2\n")
     assert c.key("src", ["-O3"], "sm_90", [headers]) != base
     assert c.key("src", ["-O3"], "sm_90", [headers]) == c.key("src", ["-O3"], "sm_90", [headers])
+
+
+def test_editing_a_header_a_kernel_includes_changes_its_key(tmp_path):
+    """tc1.cu and tc3.cu share kernels/tc_common.cuh: a stale cubin must not survive an edit of it."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(kernels_dir(), kernels)
+    c = cache(tmp_path / "k")
+    included = set()
+    for source in sorted(kernels.glob("*.cu")):
+        text = source.read_text(encoding="utf-8")
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.MULTILINE):
+            header = kernels / name
+            # the key hashes the headers in the include folder itself, not below it
+            assert header.is_file() and header.parent == kernels, f"{source.name} includes {name}: not beside it"
+            before = c.key(text, ["-O3"], "sm_90", [kernels])
+            header.write_text(header.read_text(encoding="utf-8") + "\n/* edited */\n", encoding="utf-8")
+            assert c.key(text, ["-O3"], "sm_90", [kernels]) != before, f"{source.name}'s key ignores {name}"
+            included.add(name)
+    assert "tc_common.cuh" in included
+
+
+def test_every_build_is_keyed_on_the_kernel_headers():
+    seen: list = []
+
+    class Spy(KernelCache):
+        def get(self, source, options, arch, include_dirs=(), refresh=False):
+            seen.append([Path(d) for d in include_dirs])
+            return b"", True
+
+    builds = [b for b in every_build("sm_90") if b.source.name in ("tc1.cu", "tc3.cu")]
+    assert builds and all(r.error is None for r in build_all(Spy(None), builds, workers=1))
+    assert len(seen) == len(builds) and all(kernels_dir() in dirs for dirs in seen)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "garbage"])
