@@ -98,10 +98,9 @@ def test_without_accuracy_no_files(tmp_path):
 
 
 def test_cli_accuracy(tmp_path, monkeypatch, capsys):
-    import mmd.cli.bench_cmd as bench_cmd
-
     monkeypatch.setattr("mmd.logs.configure", lambda *args, **kwargs: None)
-    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener())
+    # mmd bench imports open_backend when it runs
+    monkeypatch.setattr("mmd.backends.open_backend", fake_gpu_opener())
     out = tmp_path / "r"
     argv = ["bench", "--plan", "ladder", "--sizes", "16", "--repeats", "2", "--out", str(out)]
     assert main([*argv, "--accuracy", "--accuracy-mn", "12", "--accuracy-ks", "8", "64"]) == 0

@@ -230,9 +230,9 @@ def test_cli_bench_on_the_cpu(tmp_path, capsys, quiet_logs):
 
 
 def test_cli_bench_exits_1_on_a_wrong_result(tmp_path, monkeypatch, capsys, quiet_logs):
-    import mmd.cli.bench_cmd as bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener(tamper=_wrong("tiled")))
+    # mmd bench imports open_backend when it runs
+    monkeypatch.setattr("mmd.backends.open_backend", fake_gpu_opener(tamper=_wrong("tiled")))
     code = main(
         ["bench", "--kernels", "tiled", "--sizes", "8", "--tiles", "32", "--repeats", "1", "--out", str(tmp_path)]
     )
@@ -404,9 +404,9 @@ def test_nvidia_smi_reader_parses_and_falls_back_to_the_old_field_name():
 
 
 def test_cli_noise_options(tmp_path, monkeypatch, quiet_logs):
-    import mmd.cli.bench_cmd as bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener())
+    # mmd bench imports open_backend when it runs
+    monkeypatch.setattr("mmd.backends.open_backend", fake_gpu_opener())
     out = tmp_path / "r"
     args = ["bench", "--kernels", "tiled", "--sizes", "8", "--tiles", "32", "--out", str(out)]
     assert main([*args, "--repeats", "3", "--max-repeats", "4", "--noise", "1.5%", "--no-flush-l2"]) == 0
@@ -434,9 +434,9 @@ def test_ladder_plan_cases():
 
 
 def test_cli_bench_ladder_on_the_fake_gpu(tmp_path, monkeypatch, quiet_logs):
-    import mmd.cli.bench_cmd as bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "open_backend", fake_gpu_opener())
+    # mmd bench imports open_backend when it runs
+    monkeypatch.setattr("mmd.backends.open_backend", fake_gpu_opener())
     out = tmp_path / "r"
     assert main(["bench", "--plan", "ladder", "--sizes", "16", "40", "--repeats", "2", "--out", str(out)]) == 0
     (folder,) = out.iterdir()

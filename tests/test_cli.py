@@ -206,3 +206,16 @@ def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
     if "no GPU here" not in r.stdout:
         pytest.skip("a GPU is here: its own limits are shown")
     assert "this GPU allows" not in r.stdout and "no CUDA GPU allows more than 1024" in r.stdout
+
+
+def test_a_sub_command_s_options_are_added_when_it_is_parsed_or_shown():
+    from mmd import bench, kernels
+    from mmd.cli import build_parser
+
+    shown = build_parser().commands["bench"]  # type: ignore[attr-defined]
+    assert "--accuracy-ks" in shown.format_help() and "--plan" in shown.format_usage()
+    args = build_parser().parse_args(["bench", "--plan", "ladder", "--sizes", "64"])
+    assert args.plan == "ladder" and args.sizes == [64] and args.max_repeats == bench.MAX_REPEATS
+    assert build_parser().parse_args(["kernels"]).tiles == [*kernels.TILES, 64]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--plan", "nope"])

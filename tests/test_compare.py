@@ -107,12 +107,11 @@ def test_the_printed_table(runs):
 
 
 def test_cli_compare_exits_0_and_runs_nothing(runs, capsys, monkeypatch):
-    import mmd.cli.bench_cmd as bench_cmd
-
     def no_backend(*args, **kwargs):
         raise AssertionError("--compare must not open a backend")
 
-    monkeypatch.setattr(bench_cmd, "open_backend", no_backend)
+    # mmd bench imports open_backend when it runs
+    monkeypatch.setattr("mmd.backends.open_backend", no_backend)
     a, b = runs
     assert main(["bench", "--compare", str(a), str(b / "results.csv")]) == 0
     out = capsys.readouterr().out

@@ -1,7 +1,8 @@
 """The ``mmd`` command line: parses options, builds objects, calls the library.
 
 No job logic lives here. Each sub-command is a module with ``register(sub)``
-that adds its parser and sets ``func(args) -> int``.
+that adds its parser and sets ``func(args) -> int``; what a sub-command runs
+is imported when it runs (cli.common says why).
 """
 
 from __future__ import annotations
@@ -9,30 +10,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Mapping, Sequence
-from typing import NoReturn
+from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import ConfigError, MmdError, UsageError
-from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE
+from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status", "submit", "bench", "report")
 
 
-class _Parser(argparse.ArgumentParser):
-    #: The sub-commands' parsers by name (on the top parser).
-    commands: Mapping[str, argparse.ArgumentParser] = {}
-
-    def error(self, message: str) -> NoReturn:  # one line, not usage + message
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full parser with every available sub-command."""
-    parser = _Parser(prog="mmd", description="Matrix-multiply batch processor for GPU lab machines.")
+    parser = Parser(prog="mmd", description="Matrix-multiply batch processor for GPU lab machines.")
     parser.add_argument("--version", action="version", version=f"mmd {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     parser.commands = sub.choices
     for name in COMMANDS:

@@ -7,11 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import bench, config, logs
-from .. import kernels as registry
-from ..backends import open_backend
-from ..backends.cuda import CudaBackend
-from .common import settings_from
+from .common import options_later, settings_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Writes OUT/<timestamp>/results.csv and results.yaml; exits 1 if any result is wrong."
         ),
     )
+    options_later(p, _options)
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    from .. import bench, config  # the plans' defaults: only for this command (or its help)
+    from .. import kernels as registry
+
     p.add_argument(
         "--plan",
         choices=tuple(bench.PLANS),
@@ -133,7 +137,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run nothing: print each case's B/A ratios of two runs' medians (results folders, results.csv "
         "or results.yaml) with their noise, and whether B is faster, slower or within noise",
     )
-    p.set_defaults(func=run)
 
 
 def _percent(text: str) -> float:
@@ -148,6 +151,10 @@ def _percent(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import bench, config, logs
+    from ..backends import open_backend
+    from ..backends.cuda import CudaBackend
+
     if args.compare:
         from .. import report
 

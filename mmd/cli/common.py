@@ -1,21 +1,82 @@
-"""Options shared by several sub-commands, turning them into settings, and the exit statuses."""
+"""The parsers' class, options shared by several sub-commands, turning them into settings, and the exit statuses.
+
+Every ``mmd`` command builds every sub-command's parser before it runs one,
+so nothing here, and no sub-command's module, imports more than argparse
+and mmd.errors when it is imported: a sub-command whose options need the
+config, the kernel registry or the benchmark adds them through
+:func:`options_later`, and its module imports what it runs in ``run``
+(tests/test_imports.py checks what ``mmd check --help`` imports).
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import config
-from ..config import BACKENDS, JOB_FLAGS, MEMORY_MODES
 from ..errors import ExitStatus
+
+if TYPE_CHECKING:
+    from .. import config
 
 #: The exit statuses, by their meaning (mmd.errors.ExitStatus).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIG = ExitStatus.OK, ExitStatus.FAILED, ExitStatus.USAGE, ExitStatus.CONFIG
 
+#: Adds a parser's options.
+AddOptions = Callable[[argparse.ArgumentParser], None]
+
+
+class Parser(argparse.ArgumentParser):
+    """mmd's parsers: errors in one line, options added when the parser is first used (:func:`options_later`)."""
+
+    #: The sub-commands' parsers by name (on the top parser).
+    commands: Mapping[str, argparse.ArgumentParser] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.later: list[AddOptions] = []
+
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def add_later_options(self) -> None:
+        """Add the options :func:`options_later` put off (once)."""
+        while self.later:
+            self.later.pop(0)(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self.add_later_options()  # a sub-command's parser is parsed with this call too
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.add_later_options()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.add_later_options()
+        return super().format_help()
+
+
+def options_later(parser: argparse.ArgumentParser, add: AddOptions) -> None:
+    """Have ``add(parser)`` add ``parser``'s options when it first parses or shows its usage or help.
+
+    For options whose choices or defaults come from heavy modules (the config
+    and its kernel registry, the benchmark): ``add`` imports them, and only
+    the command that is run pays for them. A plain ArgumentParser gets them now.
+    """
+    if isinstance(parser, Parser):
+        parser.later.append(add)
+    else:
+        add(parser)
+
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
     """--config, --backend, --kernel, --tile, --memory, --device, -v."""
+    from ..config import BACKENDS, MEMORY_MODES
+
     parser.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
     parser.add_argument("--backend", choices=BACKENDS, help="where to multiply (default: auto)")
     parser.add_argument("--kernel", help="kernel name (see `mmd kernels`)")
@@ -31,6 +92,8 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
 
 def job_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The job settings given as flags (None: not given)."""
+    from ..config import JOB_FLAGS
+
     return {name: getattr(args, name, None) for name in JOB_FLAGS}
 
 
@@ -40,6 +103,8 @@ def settings_from(args: argparse.Namespace, quiet: bool = False, **extra: Any) -
     One-shot commands (``quiet``) log errors only unless ``-v`` is given:
     their result, or their one-line refusal, is what they print, not a log.
     """
+    from .. import config
+
     settings = config.load(getattr(args, "config", None), {**job_flags(args), **extra})
     configure_logs(settings, quiet and not getattr(args, "verbose", False))
     return settings

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import config, kernels
 from ..errors import MmdError, UsageError
-from ..resources import kernels_dir
+from .common import options_later
+
+if TYPE_CHECKING:
+    from .. import kernels
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,17 +23,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "daemon's first jobs load them instead of compiling; no GPU is needed for that. Exit status 1 when a "
         "source is missing or a build fails.",
     )
+    options_later(p, _options)
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    from .. import kernels
+
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     p.add_argument("--tiles", type=int, nargs="+", default=[*kernels.TILES, 64], help="tiles to check")
     p.add_argument("--build", action="store_true", help="compile every build into the kernel cache")
     p.add_argument("--arch", help="target for --build, e.g. sm_90 (default: this GPU's)")
     p.add_argument("--cache", type=Path, help="cache folder for --build (default: the kernel_cache setting)")
     p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
-    p.set_defaults(func=run)
 
 
 def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
     """Compile every build into the cache; one line per failure, a summary last."""
+    from .. import config
     from ..cuda.builds import build_all, every_build
     from ..cuda.compiler import KernelCache
 
@@ -52,6 +62,8 @@ def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
 
 
 def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
+    from .. import kernels
+
     try:
         from ..backends.cuda import CudaBackend
 
@@ -65,6 +77,9 @@ def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import kernels  # the registry: only for this command
+    from ..resources import kernels_dir
+
     limits, where = _device_limits(args.device)
     if args.build:
         return build(args, limits)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import report
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import report  # matplotlib's: only for this command
+
     rendered = report.render(args.results, args.out, log=args.log, size=args.size, peak_tflops=args.peak_tflops)
     for path in rendered.files:
         print(path)

@@ -7,10 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from .. import config
-from ..config import COMMAND_LINE
 from ..errors import UsageError
-from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags
+from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,10 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "apply as they do in the daemon; a flag may repeat them, never contradict them. Exit status: 0 done, "
         "1 the job was refused (its error sidecar says why), 2 bad usage or an input that cannot be read.",
     )
+    options_later(p, _options)
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="matrix text file")
     p.add_argument("-o", "--output", type=Path, help="output path (default: <stem>.out beside INPUT)")
     add_job_options(p)
-    p.set_defaults(func=run)
 
 
 def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -44,7 +46,9 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import config
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
+    from ..config import COMMAND_LINE
     from ..job import describe
     from ..pipeline import run_job
     from ..record import TimingRecord

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import config
-from .common import add_job_options, settings_from
+from .common import add_job_options, options_later, settings_from
+
+if TYPE_CHECKING:
+    from .. import config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "SIGTERM/SIGINT finish the job in hand and exit; SIGHUP reloads the config. Exit status: 0 stopped, "
         "1 failed, 2 bad usage, 78 bad configuration (docs/operations.md).",
     )
+    options_later(p, _options)
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    from .. import config
+
     add_job_options(p)
     p.add_argument("--inbox", type=Path, help="folder to watch (default: inbox)")
     p.add_argument("--outbox", type=Path, help="folder for outputs and sidecars (default: outbox)")
@@ -33,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         const=True,
         help="make the inbox and outbox if they are missing (default: refuse to start: a typo is not a new folder)",
     )
-    p.set_defaults(func=run)
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:

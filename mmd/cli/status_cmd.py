@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import config
 from ..errors import UsageError
 
 
@@ -24,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import config  # only for this command
+
     settings = config.load(args.config, {"inbox": args.inbox})
     if args.metrics:
         if settings.metrics_file is None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import config
+from .common import options_later
 
 if TYPE_CHECKING:
     from .. import slurm
@@ -24,6 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
             "OUTBOX/<stem>.out and its sidecar. With --submit, run sbatch and print the job id."
         ),
     )
+    options_later(p, _add_options)
+    p.set_defaults(func=run)
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    from .. import config
+
     p.add_argument("--slurm", type=Path, required=True, metavar="DIR", help="the folder of job files")
     p.add_argument("--outbox", type=Path, default=Path("outbox"), help="where results go (default: %(default)s)")
     p.add_argument("--config", type=Path, help="config file every task reads (default: the tasks' own)")
@@ -54,7 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: OUTBOX/slurm/<timestamp>/job.sbatch)",
     )
     p.add_argument("--submit", action="store_true", help="run sbatch on the script and print the job id")
-    p.set_defaults(func=run)
 
 
 def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
