@@ -1,6 +1,7 @@
 """Benchmark ``mmd check`` against the targets of issue 14 (run on purpose, never as a test).
 
 Usage: python benchmarks/bench_check.py [--size 4096] [--folder 50 512] [--repeat 5] [--workdir DIR]
+                                        [--tree LABEL=PATH ...]
 
 In one run, with every case repeated and the repetitions interleaved (so a
 busy neighbour slows every case alike), medians of --repeat runs:
@@ -11,7 +12,10 @@ busy neighbour slows every case alike), medians of --repeat runs:
 * ``python -m mmd check OUT OUT2``: two outputs of --size;
 * ``python -m mmd check OUTBOX --inputs DIR``: a folder of 50 outputs of 512;
 
-and, to show where the time goes, ``python -m mmd check --help`` (the start-up
+(each of these also for every ``--tree LABEL=PATH``, another checkout of mmd
+with its accelerator built, e.g. ``git worktree add /tmp/check-before main``:
+its rows, marked ``[LABEL]``, run in the same rounds, so old and new are
+compared side by side) and, to show where the time goes, ``python -m mmd check --help`` (the start-up
 every command pays) and the library calls behind each case in this process.
 The inputs come from ``mmd gen``'s generator, the 4096 output from
 ``mmd run --backend cpu``, the folder's outputs from numpy's float32 product
@@ -42,22 +46,26 @@ from mmd import grading, textformat, verify  # noqa: E402
 from mmd.atomic import write_atomic  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
+#: Seconds a case is allowed, from the medians of the others.
+Limit = Callable[[dict[str, float]], float]
+
 
 @dataclass
 class Case:
     name: str
     run: Callable[[], object]
     target: str = ""
-    limit: Callable[[dict[str, float]], float] | None = None  # seconds allowed, from the other medians
+    limit: Limit | None = None
     times: list[float] | None = None
 
 
-def mmd_process(*args: str) -> Callable[[], float | None]:
+def mmd_process(*args: str, tree: Path = ROOT) -> Callable[[], float | None]:
+    """``python -m mmd ARGS`` as a process, with the mmd of ``tree`` first on its path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
 
     def run() -> float | None:
-        r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=tree)
         if r.returncode == 2 and "--reference gpu:" in r.stderr:
             return float("nan")  # no GPU here: the case is not measured
         if r.returncode != 0:
@@ -94,12 +102,27 @@ def make_pair(folder: Path, name: str, n: int, seed: int) -> tuple[Path, np.ndar
     return path, a, b
 
 
+def _tree(text: str) -> tuple[str, Path]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not (Path(path) / "mmd" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"give LABEL=PATH, PATH a checkout of mmd: {text!r}")
+    return label, Path(path).resolve()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--folder", type=int, nargs=2, default=(50, 512), metavar=("COUNT", "N"))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", type=Path, help="keep the files here (default: a temporary folder)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        type=_tree,
+        metavar="LABEL=PATH",
+        help="also run the process cases with the mmd of this checkout (its accelerator built), in the same rounds",
+    )
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_check."))
     work.mkdir(parents=True, exist_ok=True)
@@ -131,15 +154,25 @@ def run(args: argparse.Namespace, work: Path) -> None:
     np.save(work / "b.npy", b)
     values = textformat.parse_output(out.read_bytes())
     opts = grading.Options()
+    trees: list[tuple[str, Path]] = [("", ROOT), *args.tree]
+
+    def processes(name: str, argv: tuple[str, ...], target: str = "", limit: Limit | None = None) -> list[Case]:
+        """One case per tree, the same command."""
+        return [
+            Case(f"{name} [{label}]" if label else name, mmd_process(*argv, tree=tree), target, limit)
+            for label, tree in trees
+        ]
+
+    product_limit: Limit = lambda med: med[f"float64 numpy product, {n}"] + 0.5  # noqa: E731
     cases = [
         Case(f"float64 numpy product, {n}", lambda: a64 @ b64),
         Case(f"  the same, first in a fresh process, {n}", cold_product(work / "a.npy", work / "b.npy")),
-        Case("start-up: mmd check --help", mmd_process("check", "--help")),
-        Case(
+        *processes("start-up: mmd check --help", ("check", "--help")),
+        *processes(
             f"mmd check OUT --input IN, {n}",
-            mmd_process("check", str(out), "--input", str(src)),
+            ("check", str(out), "--input", str(src)),
             "<= product + 0.5 s",
-            lambda med: med[f"float64 numpy product, {n}"] + 0.5,
+            product_limit,
         ),
         Case(
             f"  the same, against the fresh product, {n}",
@@ -147,22 +180,19 @@ def run(args: argparse.Namespace, work: Path) -> None:
             "<= fresh product + 0.5",
             lambda med: med[f"  the same, first in a fresh process, {n}"] + 0.5,
         ),
-        Case(
-            f"mmd check --quick, {n}",
-            mmd_process("check", str(out), "--input", str(src), "--quick"),
-            "< 0.5 s",
-            lambda med: 0.5,
+        *processes(
+            f"mmd check --quick, {n}", ("check", str(out), "--input", str(src), "--quick"), "< 0.5 s", lambda med: 0.5
         ),
-        Case(
+        *processes(
             f"mmd check OUT --input IN --reference gpu, {n}",
-            mmd_process("check", str(out), "--input", str(src), "--reference", "gpu"),
+            ("check", str(out), "--input", str(src), "--reference", "gpu"),
             "< 1 s (GPU machine)",
             lambda med: 1.0,
         ),
-        Case(f"mmd check OUT OUT2, {n}", mmd_process("check", str(out), str(out2)), "< 0.5 s", lambda med: 0.5),
-        Case(
+        *processes(f"mmd check OUT OUT2, {n}", ("check", str(out), str(out2)), "< 0.5 s", lambda med: 0.5),
+        *processes(
             f"mmd check folder, {count} x {small}",
-            mmd_process("check", str(outbox), "--inputs", str(tests)),
+            ("check", str(outbox), "--inputs", str(tests)),
             "< 3 s",
             lambda med: 3.0,
         ),

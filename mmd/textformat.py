@@ -52,6 +52,7 @@ __all__ = [
     "emit_chunks",
     "emit_input_chunks",
     "parse_output",
+    "output_shape",
     "OutputFault",
     "format_reference",
     "parse_reference",
@@ -1020,6 +1021,13 @@ def _output_header(data: bytes | memoryview) -> tuple[int, int, int]:
     m = int(hm.group(1))
     n = m if hm.group(2) is None else int(hm.group(2))
     return m, n, hm.end()
+
+
+def output_shape(data: bytes | memoryview) -> tuple[int, int]:
+    """(m, n) from an output's header line, its rows unread; raises :class:`InputFormatError` as
+    :func:`parse_output` would for that line."""
+    m, n, _ = _output_header(data)
+    return m, n
 
 
 def parse_output(data: bytes | memoryview) -> np.ndarray:

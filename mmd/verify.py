@@ -140,15 +140,35 @@ def against_inputs(
     ``tol`` (absolute, beyond print rounding) replaces the fp32 error model;
     ``gemm`` computes the reference product (see :func:`reference`).
     """
+    return against_product(out, product(a, b, gemm), tol)
+
+
+@dataclass(frozen=True)
+class Product:
+    """A and B in float64 and their product: what the full check needs of the inputs."""
+
+    a64: np.ndarray
+    b64: np.ndarray
+    ref: np.ndarray
+
+
+def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
+    """:class:`Product` of ``a`` and ``b`` (:func:`reference`), made apart from the check so that a
+    caller may make it while it reads the output (mmd.grading does)."""
     with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions, one per core
         a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
-    ref = reference(a64, b64, gemm)
+    return Product(a64, b64, reference(a64, b64, gemm))
+
+
+def against_product(out: np.ndarray, prod: Product, tol: float | None = None) -> CheckReport:
+    """:func:`against_inputs` with the product already made."""
+    ref = prod.ref
     if tol is not None:
         return _uniform_report(out, ref, PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}")
     desc = "0.005 + 4·sqrt(K)·eps·|A||B|"
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, 0.0, desc)
-    return _ModelCheck(np.asarray(out, dtype=np.float64), ref, a64, b64).report(desc)
+    return _ModelCheck(np.asarray(out, dtype=np.float64), ref, prod.a64, prod.b64).report(desc)
 
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
@@ -284,8 +304,84 @@ def quick(
     chance of at most ``false_alarm``, plus a margin for float64 rounding.
     ``tol`` replaces c·S by a constant, as in :func:`against_inputs`.
     """
+    return quick_against(out, project(a, b, seed, vectors), false_alarm, tol)
+
+
+@dataclass(frozen=True)
+class Projections:
+    """What :func:`quick` needs of A (m×k) and B (k×n): O(m + n) numbers, made in O(n²) before the output is read."""
+
+    shape: tuple[int, int, int]  # m, k, n
+    seed: int
+    x: np.ndarray  # n × vectors
+    y: np.ndarray  # m × vectors
+    abx: np.ndarray  # A·(B·x), m × vectors
+    yab: np.ndarray  # (yᵀ·A)·B, vectors × n
+    row_sum: np.ndarray  # Σ_j S_ij, S = |A|·|B|
+    row_max: np.ndarray  # ≥ max_j S_ij
+    col_sum: np.ndarray  # Σ_i S_ij
+    col_max: np.ndarray  # ≥ max_i S_ij
+    a_row_ssq: np.ndarray  # Σ_k A_ik²
+    b_col_ssq: np.ndarray  # Σ_k B_kj²
+
+
+def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Projections:
+    """A and B's side of :func:`quick`: three passes over them in blocks of rows, converted to float64
+    on the way (no n×n temporary)."""
     m, k = a.shape
     n = b.shape[1]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, vectors))
+    y = rng.standard_normal((m, vectors))
+    bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
+    bx = np.concatenate([q.bx for q in bp])
+    b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
+    b_col_ssq = np.sum([q.col_ssq for q in bp], axis=0)
+
+    def a_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickA:
+        abs_blk = np.abs(blk)
+        return _QuickA(
+            abx=blk @ bx,
+            ya=y[r0:r1].T @ blk,
+            row_sum=abs_blk @ b_sum,
+            row_max=abs_blk @ b_max,
+            col_sum=abs_blk.sum(axis=0),
+            col_max=abs_blk.max(axis=0),
+            row_ssq=np.einsum("ik,ik->i", blk, blk),
+        )
+
+    ap = _pass_rows(a, a_rows)
+    ya = np.sum([q.ya for q in ap], axis=0)
+    a_col_sum, a_col_max = np.sum([q.col_sum for q in ap], axis=0), np.max([q.col_max for q in ap], axis=0)
+
+    def b_again(blk: np.ndarray, r0: int, r1: int) -> _QuickB2:
+        abs_blk = np.abs(blk)
+        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=a_col_sum[r0:r1] @ abs_blk, col_max=a_col_max[r0:r1] @ abs_blk)
+
+    bp2 = _pass_rows(b, b_again)
+    return Projections(
+        shape=(m, k, n),
+        seed=seed,
+        x=x,
+        y=y,
+        abx=np.concatenate([q.abx for q in ap]),
+        yab=np.sum([q.yab for q in bp2], axis=0),
+        row_sum=np.concatenate([q.row_sum for q in ap]),
+        row_max=np.concatenate([q.row_max for q in ap]),
+        col_sum=np.sum([q.col_sum for q in bp2], axis=0),
+        col_max=np.sum([q.col_max for q in bp2], axis=0),
+        a_row_ssq=np.concatenate([q.row_ssq for q in ap]),
+        b_col_ssq=b_col_ssq,
+    )
+
+
+def quick_against(
+    out: np.ndarray, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None
+) -> QuickReport:
+    """:func:`quick` with A and B's side made (:func:`project`): one pass over the output."""
+    m, k, n = proj.shape
+    vectors = proj.x.shape[1]
+    seed = proj.seed
     tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
     out64 = np.asarray(out, dtype=np.float64)
     finite = np.isfinite(out64)
@@ -307,57 +403,22 @@ def quick(
             nonfinite=nonfinite,
             tolerance=tolerance,
         )
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, vectors))
-    y = rng.standard_normal((m, vectors))
-    # Three passes over A and B and one over the output, in blocks of rows
-    # converted to float64 on the way: O(n²) work, no n×n temporary.
-    bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
-    bx = np.concatenate([q.bx for q in bp])
-    b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
-    b_col_ssq = np.sum([q.col_ssq for q in bp], axis=0)
-
-    def a_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickA:
-        abs_blk = np.abs(blk)
-        return _QuickA(
-            abx=blk @ bx,
-            ya=y[r0:r1].T @ blk,
-            row_sum=abs_blk @ b_sum,
-            row_max=abs_blk @ b_max,
-            col_sum=abs_blk.sum(axis=0),
-            col_max=abs_blk.max(axis=0),
-            row_ssq=np.einsum("ik,ik->i", blk, blk),
-        )
-
-    ap = _pass_rows(a, a_rows)
-    abx = np.concatenate([q.abx for q in ap])
-    ya = np.sum([q.ya for q in ap], axis=0)
-    row_sum, row_max = np.concatenate([q.row_sum for q in ap]), np.concatenate([q.row_max for q in ap])
-    a_col_sum, a_col_max = np.sum([q.col_sum for q in ap], axis=0), np.max([q.col_max for q in ap], axis=0)
-    a_row_ssq = np.concatenate([q.row_ssq for q in ap])
-
-    def b_again(blk: np.ndarray, r0: int, r1: int) -> _QuickB2:
-        abs_blk = np.abs(blk)
-        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=a_col_sum[r0:r1] @ abs_blk, col_max=a_col_max[r0:r1] @ abs_blk)
-
-    bp2 = _pass_rows(b, b_again)
-    yab = np.sum([q.yab for q in bp2], axis=0)
-    col_sum, col_max = np.sum([q.col_sum for q in bp2], axis=0), np.sum([q.col_max for q in bp2], axis=0)
+    x, y = proj.x, proj.y
 
     def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
         return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))
 
     op = _pass_rows(out64, c_rows)
-    res_rows = np.concatenate([q.cx for q in op]) - abx  # (C - AB)·x, m×v
-    res_cols = np.sum([q.yc for q in op], axis=0) - yab  # yᵀ(C - AB), v×n
+    res_rows = np.concatenate([q.cx for q in op]) - proj.abx  # (C - AB)·x, m×v
+    res_cols = np.sum([q.yc for q in op], axis=0) - proj.yab  # yᵀ(C - AB), v×n
     c_row_ssq = np.concatenate([q.row_ssq for q in op])
     c_col_ssq = np.sum([q.col_ssq for q in op], axis=0)
     h = PRINT_HALF_UNIT
     if tol is None:
         # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
         c = _fp32_factor(k)
-        var_rows = n * h * h + 2 * h * c * row_sum + c * c * row_max * row_sum
-        var_cols = m * h * h + 2 * h * c * col_sum + c * c * col_max * col_sum
+        var_rows = n * h * h + 2 * h * c * proj.row_sum + c * c * proj.row_max * proj.row_sum
+        var_cols = m * h * h + 2 * h * c * proj.col_sum + c * c * proj.col_max * proj.col_sum
     else:
         var_rows = np.full(m, n * (h + tol) ** 2)
         var_cols = np.full(n, m * (h + tol) ** 2)
@@ -366,6 +427,7 @@ def quick(
     gamma = 2 * (k + m + n + 4) * _U64
     xn = float(np.max(np.linalg.norm(x, axis=0)))
     yn = float(np.max(np.linalg.norm(y, axis=0)))
+    a_row_ssq, b_col_ssq = proj.a_row_ssq, proj.b_col_ssq
     norm_a, norm_b = math.sqrt(float(a_row_ssq.sum())), math.sqrt(float(b_col_ssq.sum()))
     round_rows = gamma * xn * (np.sqrt(c_row_ssq) + np.sqrt(a_row_ssq) * norm_b)
     round_cols = gamma * yn * (np.sqrt(c_col_ssq) + norm_a * np.sqrt(b_col_ssq))
