@@ -42,8 +42,12 @@ Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
 _LOWER_TERMS = 64
 #: Multiply-adds below which S at scattered elements is one GEMM over their rows and columns.
 _SMALL_GEMM = 1 << 26
-#: Elements per block of the elementwise passes (8 MB of float64 per temporary).
+#: Elements per block of rows handed to a thread in the elementwise passes.
 _BLOCK_ELEMS = 1 << 20
+#: Elements per chunk a thread's pass takes at a time: a chunk's float64 temporaries (256 KiB each)
+#: stay in a core's L2 cache, where numpy's several passes over them run at cache speed rather than
+#: at memory speed, and are reused from chunk to chunk (no allocation).
+_CHUNK_ELEMS = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,11 @@ def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> 
     return _uniform_report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
 
 
+def _nan_max(x: float, y: float) -> float:
+    """max that keeps a NaN, as numpy's max over both would."""
+    return math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
+
+
 @dataclass
 class _UniformBlock:
     max_err: float
@@ -194,20 +203,30 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
     m, n = out.shape
 
     def block(rows: tuple[int, int]) -> _UniformBlock:
-        o, rf = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
-        err = np.abs(o - rf)
-        excess = err - allowed
-        i = int(np.argmax(excess))  # as over the whole matrix: the first NaN, else the first largest
-        bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
-        return _UniformBlock(
-            max_err=float(err.max()),
-            ssq_err=float(np.einsum("i,i->", err, err)),
-            ssq_ref=float(np.einsum("i,i->", rf, rf)),
-            bad=bad,
-            worst=i + rows[0] * n,
-            worst_excess=float(excess[i]),
-            nan=bool(np.isnan(excess[i])),
-        )
+        o_all, rf_all = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
+        err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
+        excess_buf = np.empty_like(err_buf)
+        part = _UniformBlock(0.0, 0.0, 0.0, 0, rows[0] * n, -math.inf, False)
+        for s in range(0, o_all.size, _CHUNK_ELEMS):
+            o, rf = o_all[s : s + _CHUNK_ELEMS], rf_all[s : s + _CHUNK_ELEMS]
+            err, excess = err_buf[: o.size], excess_buf[: o.size]
+            np.subtract(o, rf, out=err)
+            np.abs(err, out=err)
+            np.subtract(err, allowed, out=excess)
+            i = int(np.argmax(excess))  # as over the whole matrix: the first NaN, else the first largest
+            top = float(err.max())
+            if math.isnan(top):  # a NaN error: count as the whole-matrix rule does
+                bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
+            else:  # no NaN error, so every non-finite output has an infinite error, > 0 excess
+                bad = int(np.count_nonzero(excess > 0))
+            part.bad += bad
+            part.max_err = _nan_max(part.max_err, top)
+            part.ssq_err += float(np.einsum("i,i->", err, err))
+            part.ssq_ref += float(np.einsum("i,i->", rf, rf))
+            here = float(excess[i])
+            if not part.nan and (math.isnan(here) or here > part.worst_excess):  # the earliest wins ties
+                part.worst, part.worst_excess, part.nan = i + s + rows[0] * n, here, math.isnan(here)
+        return part
 
     step = max(1, _BLOCK_ELEMS // n)
     bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
@@ -336,27 +355,31 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Pr
     bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
     bx = np.concatenate([q.bx for q in bp])
     b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
-    b_col_ssq = np.sum([q.col_ssq for q in bp], axis=0)
+    b_col_ssq = _total([q.col_ssq for q in bp])
+    # both bounds in one product of two columns (a matrix times a vector would be a GEMV, which
+    # OpenBLAS splits over its threads from 9216 elements on: see _pass_rows)
+    b_sum_max = np.stack([b_sum, b_max], axis=1)
 
     def a_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickA:
         abs_blk = np.abs(blk)
+        sum_max = abs_blk @ b_sum_max
         return _QuickA(
             abx=blk @ bx,
             ya=y[r0:r1].T @ blk,
-            row_sum=abs_blk @ b_sum,
-            row_max=abs_blk @ b_max,
+            row_sum=sum_max[:, 0],
+            row_max=sum_max[:, 1],
             col_sum=abs_blk.sum(axis=0),
             col_max=abs_blk.max(axis=0),
             row_ssq=np.einsum("ik,ik->i", blk, blk),
         )
 
     ap = _pass_rows(a, a_rows)
-    ya = np.sum([q.ya for q in ap], axis=0)
-    a_col_sum, a_col_max = np.sum([q.col_sum for q in ap], axis=0), np.max([q.col_max for q in ap], axis=0)
+    ya = _total([q.ya for q in ap])
+    a_col_sum_max = np.stack([_total([q.col_sum for q in ap]), _total([q.col_max for q in ap], np.maximum)])
 
     def b_again(blk: np.ndarray, r0: int, r1: int) -> _QuickB2:
-        abs_blk = np.abs(blk)
-        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=a_col_sum[r0:r1] @ abs_blk, col_max=a_col_max[r0:r1] @ abs_blk)
+        sum_max = a_col_sum_max[:, r0:r1] @ np.abs(blk)
+        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=sum_max[0], col_max=sum_max[1])
 
     bp2 = _pass_rows(b, b_again)
     return Projections(
@@ -365,11 +388,11 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Pr
         x=x,
         y=y,
         abx=np.concatenate([q.abx for q in ap]),
-        yab=np.sum([q.yab for q in bp2], axis=0),
+        yab=_total([q.yab for q in bp2]),
         row_sum=np.concatenate([q.row_sum for q in ap]),
         row_max=np.concatenate([q.row_max for q in ap]),
-        col_sum=np.sum([q.col_sum for q in bp2], axis=0),
-        col_max=np.sum([q.col_max for q in bp2], axis=0),
+        col_sum=_total([q.col_sum for q in bp2]),
+        col_max=_total([q.col_max for q in bp2]),
         a_row_ssq=np.concatenate([q.row_ssq for q in ap]),
         b_col_ssq=b_col_ssq,
     )
@@ -410,9 +433,9 @@ def quick_against(
 
     op = _pass_rows(out64, c_rows)
     res_rows = np.concatenate([q.cx for q in op]) - proj.abx  # (C - AB)·x, m×v
-    res_cols = np.sum([q.yc for q in op], axis=0) - proj.yab  # yᵀ(C - AB), v×n
+    res_cols = _total([q.yc for q in op]) - proj.yab  # yᵀ(C - AB), v×n
     c_row_ssq = np.concatenate([q.row_ssq for q in op])
-    c_col_ssq = np.sum([q.col_ssq for q in op], axis=0)
+    c_col_ssq = _total([q.col_ssq for q in op])
     h = PRINT_HALF_UNIT
     if tol is None:
         # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
@@ -498,18 +521,38 @@ _T = TypeVar("_T")
 
 
 def _pass_rows(mat: np.ndarray, fn: Callable[[np.ndarray, int, int], _T]) -> list[_T]:
-    """``fn(block as float64, r0, r1)`` over blocks of rows of ``mat``, on two threads (numpy releases the GIL)."""
+    """``fn(rows r0:r1 as float64, r0, r1)`` over chunks of at most :data:`_CHUNK_ELEMS` elements of
+    ``mat``, results in order, on two threads (numpy releases the GIL).
+
+    Chunks that small keep their float64 copy in cache through ``fn``'s several passes, and keep
+    each product in ``fn`` below 2^19 multiply-adds, which OpenBLAS makes on the calling thread: a
+    bigger one it splits over its own threads, which beside these two fight over the cores (on a
+    busy 2-core machine that made --quick's passes ten times slower).
+    """
     rows, cols = mat.shape
-    step = max(1, _BLOCK_ELEMS // max(cols, 1))
-    bounds = [(r, min(rows, r + step)) for r in range(0, rows, step)] or [(0, 0)]
+    step = max(1, _CHUNK_ELEMS // max(cols, 1))
+    chunks = [(r, min(rows, r + step)) for r in range(0, rows, step)] or [(0, 0)]
+    per_task = max(1, _BLOCK_ELEMS // (step * max(cols, 1)))  # chunks a thread takes at a time
 
-    def one(bd: tuple[int, int]) -> _T:
-        return fn(np.asarray(mat[bd[0] : bd[1]], dtype=np.float64), bd[0], bd[1])
+    def run(first: int) -> list[_T]:
+        got = []
+        for r0, r1 in chunks[first : first + per_task]:
+            got.append(fn(np.asarray(mat[r0:r1], dtype=np.float64), r0, r1))
+        return got
 
-    if len(bounds) == 1:
-        return [one(bounds[0])]
+    starts = range(0, len(chunks), per_task)
+    if len(starts) == 1:
+        return run(0)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(one, bounds))
+        return [r for task in pool.map(run, starts) for r in task]
+
+
+def _total(parts: list[np.ndarray], op: Callable[..., np.ndarray] = np.add) -> np.ndarray:
+    """``op`` (np.add: the sum, np.maximum: the maximum) of equal-shaped arrays, in order, in place."""
+    total = np.array(parts[0], dtype=np.float64)
+    for part in parts[1:]:
+        op(total, part, out=total)
+    return total
 
 
 @dataclass
@@ -549,21 +592,42 @@ class _ModelCheck:
 
     def _block(self, rows: tuple[int, int]) -> _Block:
         r0, r1 = rows
-        o, rf = self.out[r0:r1].ravel(), self.ref[r0:r1].ravel()
-        err = np.abs(o - rf)
-        allowed = np.abs(rf)
-        allowed *= self.c * self.lo_scale
-        allowed += PRINT_HALF_UNIT
-        finite = np.isfinite(o)
-        left = np.flatnonzero(~(err <= allowed) & finite)
+        o_all, rf_all = self.out[r0:r1].ravel(), self.ref[r0:r1].ravel()
+        err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
+        allowed_buf = np.empty_like(err_buf)
+        passed_buf = np.empty(err_buf.shape, dtype=bool)
+        scale = self.c * self.lo_scale
+        max_err, ssq_err, ssq_ref = 0.0, 0.0, 0.0
+        lefts, errs = [], []
+        for s in range(0, o_all.size, _CHUNK_ELEMS):
+            o, rf = o_all[s : s + _CHUNK_ELEMS], rf_all[s : s + _CHUNK_ELEMS]
+            err, allowed, passed = err_buf[: o.size], allowed_buf[: o.size], passed_buf[: o.size]
+            np.subtract(o, rf, out=err)
+            np.abs(err, out=err)
+            np.abs(rf, out=allowed)
+            allowed *= scale
+            allowed += PRINT_HALF_UNIT
+            np.less_equal(err, allowed, out=passed)
+            np.logical_not(passed, out=passed)  # not passed: a NaN or infinite value's too
+            left = np.flatnonzero(passed)
+            if left.size:
+                lefts.append(left + s)
+                errs.append(err[left])
+            top = float(err.max())
+            max_err = _nan_max(max_err, top)
+            ssq_err += float(np.einsum("i,i->", err, err))
+            ssq_ref += float(np.einsum("i,i->", rf, rf))
+        left = np.concatenate(lefts) if lefts else np.empty(0, dtype=np.intp)
+        err_left = np.concatenate(errs) if errs else np.empty(0)
+        finite = np.isfinite(o_all[left])  # every non-finite value is among those left
         base = r0 * self.n
         return _Block(
-            max_err=float(err.max()) if err.size else 0.0,
-            ssq_err=float(np.einsum("i,i->", err, err)),
-            ssq_ref=float(np.einsum("i,i->", rf, rf)),
-            nonfinite=np.flatnonzero(~finite) + base,
-            left=left + base,
-            err=err[left],
+            max_err=max_err,
+            ssq_err=ssq_err,
+            ssq_ref=ssq_ref,
+            nonfinite=left[~finite] + base,
+            left=left[finite] + base,
+            err=err_left[finite],
         )
 
     def _exact_s(self, flat: np.ndarray) -> np.ndarray:
