@@ -277,3 +277,70 @@ def test_big_files_are_mapped_and_read_alike(tmp_path, monkeypatch):
         assert isinstance(data, bytes) == (size > 1 << 20)
         results.append(grading.check_file(out, src, Options()).results[0])
     assert results[0].status is Status.OK and results[0].detail == results[1].detail
+
+
+# ---------------------------------------------------------------------------
+# one output: its rows read beside the reference, its faults first
+
+
+def _pair(tmp_path: Path, m: int = 6, k: int = 5, n: int = 4) -> tuple[Path, Path]:
+    rng = np.random.default_rng(9)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    src, out = tmp_path / "m.txt", tmp_path / "m.out"
+    src.write_bytes(b"".join(input_chunks(a, b, square=False)))
+    out.write_bytes(textformat.emit(a @ b))
+    return out, src
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_output_s_bad_rows_come_before_the_reference_s_faults(tmp_path, quick):
+    out, src = _pair(tmp_path)
+    text = out.read_bytes()
+    out.write_bytes(text[: text.index(b"\n") + 1] + b" x" + text[text.index(b"\n") + 3 :])  # row 1 spoiled
+    bad_input = tmp_path / "bad.txt"
+    bad_input.write_text("3\n1 2\n")
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"".join(input_chunks(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), square=True)))
+    for reference in (src, bad_input, other):  # right, not valid, another shape: the format fault in each
+        r = grading.check_file(out, reference, Options(quick=quick)).results[0]
+        assert (r.status, r.line) == (Status.FORMAT, 2), reference
+    good = tmp_path / "good.out"
+    good.write_bytes(text)
+    r = grading.check_file(good, bad_input, Options(quick=quick)).results[0]
+    assert (r.status, r.shape) == (Status.ERROR, (6, 4)) and r.reason.startswith("input ")
+    r = grading.check_file(good, other, Options(quick=quick)).results[0]
+    assert (r.status, r.reason) == (Status.MISMATCH, "shape 6x4, expected 2x2")
+
+
+def test_an_expected_output_with_the_output_s_bytes_is_not_parsed_again(tmp_path, monkeypatch):
+    out, _ = _pair(tmp_path, 30, 20, 25)
+    same, near = tmp_path / "same.out", tmp_path / "near.out"
+    shutil.copy(out, same)
+    text = out.read_bytes()
+    last = int(text[-2:-1])
+    near.write_bytes(text[:-2] + b"%d\n" % (last + 1 if last < 9 else last - 1))  # the last value off by 0.01
+    calls = []
+    parse_output = textformat.parse_output
+    monkeypatch.setattr(textformat, "parse_output", lambda data: calls.append(len(data)) or parse_output(data))
+    r = grading.check_file(out, same, Options(against="expected")).results[0]
+    assert r.status is Status.OK and r.max_error == 0.0 and len(calls) == 1
+    calls.clear()
+    r = grading.check_file(out, near, Options(against="expected")).results[0]
+    assert r.status is Status.OK and 0 < r.max_error <= 0.02 and len(calls) == 2
+    spoiled = tmp_path / "spoiled.out"
+    spoiled.write_bytes(text.replace(b".", b",", 1))
+    shutil.copy(spoiled, tmp_path / "spoiled2.out")  # the same bad bytes: the output's fault is reported
+    r = grading.check_file(spoiled, tmp_path / "spoiled2.out", Options(against="expected")).results[0]
+    assert r.status is Status.FORMAT
+
+
+def test_same_bytes(monkeypatch):
+    monkeypatch.setattr(grading, "_COMPARE_BYTES", 64)  # many blocks
+    base = bytes(range(256)) * 9 + b"tail"
+    assert grading.same_bytes(memoryview(base), memoryview(bytearray(base)))
+    for i in (0, 100, len(base) - 1, len(base) - 6):
+        other = bytearray(base)
+        other[i] ^= 1
+        assert not grading.same_bytes(memoryview(base), memoryview(other)), i
+    assert not grading.same_bytes(memoryview(base), memoryview(base[:-1]))
+    assert grading.same_bytes(memoryview(b""), memoryview(b""))

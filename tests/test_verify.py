@@ -274,3 +274,48 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
     b = ref.astype(np.float32)  # A = I: the product is B
     want = verify._report(out, b.astype(np.float64), verify.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
     _same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
+
+
+@pytest.mark.parametrize(("block", "chunk"), [(40, 7), (100, 13), (1 << 20, 5)])
+@pytest.mark.parametrize("seed", range(4))
+def test_chunked_passes_report_as_one_pass(block, chunk, seed, monkeypatch):
+    """The elementwise passes, in blocks for threads and chunks within them, report as whole-matrix code."""
+    monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
+    monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
+    rng = np.random.default_rng(seed)
+    m, k, n = 23, 40, 17
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    out = _printed(a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    pick = rng.random(out.shape) < 0.1
+    out[pick] = (ref + rng.choice([-1.2, -0.9, 0.9, 1.2, 50.0], size=out.shape) * allowed)[pick]
+    if seed % 2:
+        out[rng.integers(m), rng.integers(n)] = np.nan
+        out[rng.integers(m), rng.integers(n)] = -np.inf
+    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    finite = np.where(np.isfinite(out), out, 0.0)  # no inf - inf below (numpy warns)
+    expected = np.round(finite + rng.choice([0.0, 0.0, 0.01, -0.03], size=out.shape), 2)
+    if seed % 2:
+        expected[rng.integers(m), rng.integers(n)] = np.nan  # an expected NaN beside a finite output: not counted
+        expected[[2, 9], [3, 3]] += 7.0  # a tie between two chunks: the first is the worst
+    whole = verify._report(out, expected, 0.01 * (1 + 1e-9), "0.01")
+    _same_report(verify.against_output(out, expected), whole)
+
+
+def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
+    """--quick's passes in any chunks: the same decision and, up to rounding, the same numbers."""
+    rng = np.random.default_rng(4)
+    a, b = random_matrix(rng, 70, 90), random_matrix(rng, 90, 50)
+    right = _printed(a, b)
+    wrong = right.copy()
+    wrong[12] = right[13]
+    reports = []
+    for chunk in (1 << 15, 200, 90):
+        monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
+        monkeypatch.setattr(verify, "_BLOCK_ELEMS", 4 * chunk)
+        reports.append((verify.quick(right, a, b, seed=3), verify.quick(wrong, a, b, seed=3)))
+    for ok, bad in reports:
+        assert ok.ok and not bad.ok and bad.worst == reports[0][1].worst
+        np.testing.assert_allclose([ok.worst_ratio, ok.bound], [reports[0][0].worst_ratio, reports[0][0].bound], 1e-9)
+        np.testing.assert_allclose(bad.worst_ratio, reports[0][1].worst_ratio, rtol=1e-9)
