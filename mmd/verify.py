@@ -176,8 +176,17 @@ def against_product(out: np.ndarray, prod: Product, tol: float | None = None) ->
 
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
-    """Check printed values against another output (both rounded: default 0.01 apart at most)."""
-    return _uniform_report(out, expected, tol * (1 + 1e-9), f"{tol:g}")
+    """Check printed values against another output (both rounded: default 0.01 apart at most).
+
+    ``expected`` may be ``out`` itself (mmd.grading passes it for an expected output with the
+    output's very bytes): finite values are then all right, with no pass over them but one
+    that finds any NaN or infinity.
+    """
+    allowed = tol * (1 + 1e-9)
+    if expected is out and allowed >= 0 and out.size and bool(np.isfinite(out).all()):
+        m, n = out.shape
+        return CheckReport(True, (int(m), int(n)), 0, 0.0, None, 0.0, f"{tol:g}")
+    return _uniform_report(out, expected, allowed, f"{tol:g}")
 
 
 def _nan_max(x: float, y: float) -> float:

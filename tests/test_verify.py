@@ -319,3 +319,20 @@ def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
         assert ok.ok and not bad.ok and bad.worst == reports[0][1].worst
         np.testing.assert_allclose([ok.worst_ratio, ok.bound], [reports[0][0].worst_ratio, reports[0][0].bound], 1e-9)
         np.testing.assert_allclose(bad.worst_ratio, reports[0][1].worst_ratio, rtol=1e-9)
+
+
+@pytest.mark.parametrize("plant", ["none", "nan", "inf", "negative tol", "empty"])
+def test_an_output_against_itself_reports_as_against_a_copy(plant):
+    rng = np.random.default_rng(2)
+    out = np.round(rng.uniform(-99, 99, (9, 7)), 2)
+    tol = -0.5 if plant == "negative tol" else 0.01
+    if plant == "nan":
+        out[3, 4] = np.nan
+    if plant == "inf":
+        out[1, 1] = np.inf
+    if plant == "empty":
+        out = np.empty((0, 7))
+    with np.errstate(invalid="ignore"):  # inf - inf, where an infinity is checked against itself
+        want = verify.against_output(out, out.copy(), tol)
+        got = verify.against_output(out, out, tol)
+    _same_report(got, want)
