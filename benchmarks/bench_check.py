@@ -9,7 +9,9 @@ busy neighbour slows every case alike), medians of --repeat runs:
 * the float64 numpy product at --size (``a64 @ b64`` alone, in this process);
 * ``python -m mmd check OUT --input IN`` at --size, as a process;
 * the same with ``--quick``;
-* ``python -m mmd check OUT OUT2``: two outputs of --size;
+* ``python -m mmd check OUT OUT2``: two outputs of --size, the same bytes
+  (OUT2 a copy: mmd check then parses one), and ``OUT OUT3``, OUT3 with its
+  last value 0.01 off (both parsed);
 * ``python -m mmd check OUTBOX --inputs DIR``: a folder of 50 outputs of 512;
 
 (each of these also for every ``--tree LABEL=PATH``, another checkout of mmd
@@ -141,8 +143,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
     out = work / "m.out"
     if not out.exists():
         mmd_process("run", str(src), "-o", str(out), "--backend", "cpu")()
-    out2 = work / "m2.out"
+    out2, out3 = work / "m2.out", work / "m3.out"
     shutil.copy(out, out2)
+    text = out.read_bytes()
+    last = int(text[-2:-1])
+    out3.write_bytes(text[:-2] + b"%d\n" % (last + 1 if last < 9 else last - 1))
     tests, outbox = work / "tests", work / "outbox"
     for d in (tests, outbox):
         d.mkdir(exist_ok=True)
@@ -190,6 +195,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             lambda med: 1.0,
         ),
         *processes(f"mmd check OUT OUT2, {n}", ("check", str(out), str(out2)), "< 0.5 s", lambda med: 0.5),
+        *processes(f"mmd check OUT OUT3, {n}", ("check", str(out), str(out3)), "< 0.5 s", lambda med: 0.5),
         *processes(
             f"mmd check folder, {count} x {small}",
             ("check", str(outbox), "--inputs", str(tests)),
