@@ -60,7 +60,7 @@ class Settings:
     #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
     devices: tuple[int, ...] | None = None
     kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
-    text_path: str = "auto"  # auto: parse/format on the GPU when the backend can (docs/textpath.md) | host | gpu
+    text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
     # -- the spool (relative paths are taken from the working directory) --
     inbox: Path = Path("inbox")
     outbox: Path = Path("outbox")

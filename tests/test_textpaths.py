@@ -7,12 +7,12 @@ import yaml
 
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.pipeline import Limits, read_input
-from mmd.pipeline.textpaths import DeviceTextPath, HostTextPath, choose
+from mmd.pipeline.textpaths import GPU_TEXT_MIN_BYTES, DeviceTextPath, HostTextPath, choose
 
 from .conftest import plain, run_file
 from .fakes import cuda_backend
 
-GPU = MultiplyRequest(kernel="tiled", tile=16)
+GPU = MultiplyRequest(kernel="tiled", tile=16, text_path="gpu")
 
 
 def run(tmp_path, text: bytes, backend, request=GPU):
@@ -73,3 +73,17 @@ def test_device_path_errors_are_the_host_parsers(tmp_path):
     host, _ = run(tmp_path, b"2\n1 2\n3 x4\n1 2 3 4\n", CpuBackend(), MultiplyRequest(kernel="cpu"))
     assert not gpu.ok and not out.exists()
     assert plain(gpu)["error"] == plain(host)["error"] and plain(gpu)["error"]["line"] == 3
+
+
+def test_auto_leaves_a_small_input_to_the_host_and_takes_a_big_one_to_the_device(tmp_path):
+    backend, session = cuda_backend()
+    auto = MultiplyRequest(kernel="tiled", tile=16)
+    small, out = run(tmp_path, b"2\n1 2\n3 4\n0.5 0 0 -0.001", backend, auto)
+    assert small.ok and session.text().calls == 0 and plain(small)["text"] == {"path": "host"}
+    assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
+    n = 160  # 2·160² values of "-d.dd " and more: over GPU_TEXT_MIN_BYTES
+    values = np.random.default_rng(3).integers(-999, 999, 2 * n * n) / 100
+    text = f"{n}\n".encode() + " ".join(f"{v:.2f}" for v in values).encode()
+    assert len(text) >= GPU_TEXT_MIN_BYTES
+    big, _ = run(tmp_path, text, backend, auto)
+    assert big.ok and session.text().calls == 1 and plain(big)["text"]["path"] == "gpu"
