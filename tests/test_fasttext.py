@@ -693,6 +693,43 @@ def test_corrupted_outputs_same_outcome(m, n, data):
     _output_three_ways(bytes(raw))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.integers(8, 40), st.data())
+def test_corrupted_wide_outputs_same_outcome(m, n, data):
+    """Rows long enough for the C path's 64-byte windows, corrupted anywhere (a fault found in a
+    window must be named as the byte loop names it)."""
+    vals = data.draw(st.lists(_out_value, min_size=m * n, max_size=m * n))
+    raw = bytearray(tf.emit(np.array(vals, dtype=np.float32).reshape(m, n)))
+    head = raw.index(b"\n") + 1
+    i = data.draw(st.integers(head, len(raw) - 1))
+    what = data.draw(st.sampled_from(["insert", "delete", "replace"]))
+    junk = data.draw(_out_junk).encode()
+    if what == "insert":
+        raw[i:i] = junk
+    elif what == "delete":
+        del raw[i]
+    else:
+        raw[i : i + 1] = junk
+    _output_three_ways(bytes(raw))
+
+
+def test_wide_output_values_exact():
+    """Every width the 64-byte windows read (1 to 13 digits, signs, zeros), against float()."""
+    rng = np.random.default_rng(3)
+    digits = rng.integers(0, 14, 4000)
+    vals = np.array([rng.integers(0, 10**d) / 100 if d else 0.0 for d in digits]) * rng.choice([-1, 1], 4000)
+    c = vals.reshape(40, 100)
+    raw = b"40 100\n" + b"".join(b"".join(b"%6.2f" % v for v in row) + b"\n" for row in c)
+    fields = [b"%6.2f" % v for v in c[0]]
+    fields[3] = b"12345678901234.00"  # 14 digits: a fault the windows must leave to the byte loop
+    big = raw.replace(b"".join(b"%6.2f" % v for v in c[0]), b"".join(fields), 1)
+    assert _output_three_ways(big)[0] == "error"
+    got = _output_three_ways(raw)
+    assert got[0] == "ok"
+    want = np.array([[float(b"%.2f" % v) for v in row] for row in c])
+    np.testing.assert_array_equal(tf.parse_output(raw).view(np.uint64), want.view(np.uint64))
+
+
 @pytest.mark.parametrize(
     "raw",
     [
