@@ -18,7 +18,8 @@ busy neighbour slows every case alike), medians of --repeat runs:
 with its accelerator built, e.g. ``git worktree add /tmp/check-before main``:
 its rows, marked ``[LABEL]``, run in the same rounds, so old and new are
 compared side by side) and, to show where the time goes, ``python -m mmd check --help`` (the start-up
-every command pays) and the library calls behind each case in this process.
+every command pays) and the library calls behind each case in this process. Each tree's
+modules are compiled to bytecode first, as an installed mmd's are.
 The inputs come from ``mmd gen``'s generator, the 4096 output from
 ``mmd run --backend cpu``, the folder's outputs from numpy's float32 product
 and ``textformat.emit`` (the bytes the cpu backend writes).
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
     values = textformat.parse_output(out.read_bytes())
     opts = grading.Options()
     trees: list[tuple[str, Path]] = [("", ROOT), *args.tree]
+    for _, tree in trees:  # bytecode, as pip leaves an installed mmd: no process compiles its modules
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mmd")], check=True)
 
     def processes(name: str, argv: tuple[str, ...], target: str = "", limit: Limit | None = None) -> list[Case]:
         """One case per tree, the same command."""

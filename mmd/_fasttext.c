@@ -1,12 +1,14 @@
 /*
  * mmd._fasttext: a small C accelerator for mmd.textformat.
  *
- *   parse_values(data, offset, out_a, out_b) -> (status, position)
+ *   parse_values(data, offset, out_a, out_b, min_split, threads) -> (status, position)
  *   format_rows(c, m, n) -> bytes
  *   format_input_rows(c, m, n) -> bytes
- *   parse_output_values(data, offset, m, n, out) -> None | fault
+ *   parse_output_values(data, offset, m, n, out, min_split, threads) -> None | fault
  *
- * All work on buffers (no numpy C API) and run with the GIL released.
+ * All work on buffers (no numpy C API) and run with the GIL released. The
+ * parsers read a body in up to `threads` parts at once (default 2), none
+ * shorter than min_split bytes (default 1 MiB; 0: no minimum).
  *
  * parse_values reads whitespace-separated values (' ', '\t', '\r', '\n')
  * from data[offset:] with exactly the grammar of mmd.textformat:
@@ -403,88 +405,130 @@ scratch_alloc(size_t size)
 
 typedef struct {
     const unsigned char *lo, *hi;
-    dest_t dst; /* a scratch buffer: the index this half starts at is not known yet */
+    dest_t dst; /* a scratch buffer for every part but the first: where its values go is known at the end */
     Py_ssize_t count;
     const unsigned char *where;
     int status;
-} half_t;
+} part_t;
 
 static void *
-second_half_main(void *arg)
+part_main(void *arg)
 {
-    half_t *h = (half_t *)arg;
+    part_t *h = (part_t *)arg;
     h->status = parse_forward(h->lo, h->hi, &h->dst, &h->count, &h->where);
     return NULL;
 }
 
+#define MAX_PARTS 16
+
 /*
- * The whole body. At min_split bytes and above, a second thread reads the
- * half after the whitespace that follows the middle, forwards, into a
- * scratch buffer (the count of values before it is known only at the end);
- * the calling thread reads the first half into place, and the second half's
- * values are copied after them once both are done. (A second thread that
- * read its half backwards, straight into place, would need no scratch, but
- * finding each run's start by stepping back byte by byte made it about twice
- * as slow as the forward one.) The counts must add up to the total.
+ * How many parts to cut `body` bytes into: `threads` (at most MAX_PARTS),
+ * fewer where a part would have fewer than min_split bytes (0: no minimum).
+ */
+static int
+parts_for(Py_ssize_t body, Py_ssize_t min_split, int threads)
+{
+    Py_ssize_t parts = threads < 1 ? 1 : threads > MAX_PARTS ? MAX_PARTS : threads;
+    if (min_split > 0 && body / min_split < parts)
+        parts = body / min_split;
+    return parts < 1 ? 1 : (int)parts;
+}
+
+/* Run parts 1.. on threads of their own (inline where none can be made) and part 0 here. */
+static void
+run_parts(void *parts, size_t size, int count, void *(*fn)(void *))
+{
+#ifdef MMD_HAVE_PTHREAD
+    pthread_t th[MAX_PARTS];
+    int started[MAX_PARTS] = {0};
+    for (int i = 1; i < count; i++)
+        started[i] = pthread_create(&th[i], NULL, fn, (char *)parts + size * (size_t)i) == 0;
+    for (int i = 1; i < count; i++)
+        if (!started[i])
+            fn((char *)parts + size * (size_t)i);
+    fn(parts);
+    for (int i = 1; i < count; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+#else
+    for (int i = 0; i < count; i++)
+        fn((char *)parts + size * (size_t)i);
+#endif
+}
+
+/*
+ * The whole body, in up to `threads` parts read at once. The body is cut
+ * after the whitespace that follows each 1/parts of it; the first part is
+ * read into place, every other one forwards into a scratch buffer (the count
+ * of values before it is known only at the end), and their values are copied
+ * after the first part's once all are done. (A part read backwards, straight
+ * into place, would need no scratch, but finding each run's start by
+ * stepping back byte by byte made it about twice as slow.) The counts must
+ * add up to the total; the first part with a problem names it.
  */
 static int
 parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const dest_t *dst, Py_ssize_t min_split,
-           Py_ssize_t *pos)
+           int threads, Py_ssize_t *pos)
 {
     const unsigned char *lo = data + offset, *hi = data + len;
-    const unsigned char *split = hi;
-    float *scratch = NULL;
-    /* every value takes a byte and a separator, every touching field four bytes */
-    Py_ssize_t bound = 0;
-    if (len - offset >= min_split && len - offset >= 2) {
-        split = lo + (len - offset) / 2;
-        while (split < hi && !IS_WS(*split))
-            split++;
-        bound = (hi - split) / 2 + 1;
-        scratch = split < hi ? scratch_alloc((size_t)bound * sizeof(float)) : NULL;
-        if (scratch == NULL)
-            split = hi; /* one thread */
+    int parts = len - offset >= 2 ? parts_for(len - offset, min_split, threads) : 1;
+    part_t part[MAX_PARTS];
+    const unsigned char *cut = lo;
+    int st = ST_OK;
+    for (int i = 0; i < parts; i++) {
+        const unsigned char *end = hi;
+        if (i + 1 < parts) {
+            end = lo + (len - offset) / parts * (i + 1);
+            if (end < cut)
+                end = cut;
+            while (end < hi && !IS_WS(*end))
+                end++;
+        }
+        dest_t d = *dst;
+        if (i > 0) {
+            /* every value takes a byte and a separator, every touching field four bytes */
+            Py_ssize_t bound = (end - cut) / 2 + 1;
+            d.a = scratch_alloc((size_t)bound * sizeof(float));
+            d.b = NULL;
+            d.na = d.total = bound;
+            if (d.a == NULL) {
+                parts = i; /* fewer parts: the last one reads to the end */
+                part[i - 1].hi = hi;
+                break;
+            }
+        }
+        part[i] = (part_t){cut, end, d, 0, hi, ST_OK};
+        cut = end;
     }
-    half_t second = {split, hi, {scratch, NULL, bound, bound}, 0, hi, ST_OK};
-    int threaded = 0;
-#ifdef MMD_HAVE_PTHREAD
-    pthread_t th;
-    if (split < hi && pthread_create(&th, NULL, second_half_main, &second) == 0)
-        threaded = 1;
-#endif
-    if (!threaded && split < hi)
-        second_half_main(&second);
-    Py_ssize_t c1 = 0;
-    const unsigned char *w1 = hi;
-    int st = parse_forward(lo, split, dst, &c1, &w1);
-#ifdef MMD_HAVE_PTHREAD
-    if (threaded)
-        pthread_join(th, NULL);
-#endif
-    Py_ssize_t c2 = second.count;
-    if (st) {
-        *pos = w1 - data;
-    } else if (second.status) {
-        *pos = second.where - data;
-        st = second.status;
-    } else {
-        *pos = len;
-        if (c1 + c2 < dst->total)
-            st = ST_FEW;
-        else if (c1 + c2 > dst->total)
-            st = ST_MANY;
+    run_parts(part, sizeof(part_t), parts, part_main);
+    Py_ssize_t total = 0;
+    *pos = len;
+    for (int i = 0; i < parts; i++) {
+        if (part[i].status) {
+            st = part[i].status;
+            *pos = part[i].where - data;
+            break;
+        }
+        total += part[i].count;
     }
-    if (st == ST_OK && c2 > 0) {
-        /* values c1 .. c1+c2-1: the end of A, then B */
-        Py_ssize_t in_a = c1 < dst->na ? dst->na - c1 : 0;
-        if (in_a > c2)
-            in_a = c2;
-        if (in_a > 0)
-            memcpy(dst->a + c1, scratch, (size_t)in_a * sizeof(float));
-        if (c2 > in_a)
-            memcpy(dst->b + (c1 + in_a - dst->na), scratch + in_a, (size_t)(c2 - in_a) * sizeof(float));
+    if (st == ST_OK && total != dst->total)
+        st = total < dst->total ? ST_FEW : ST_MANY;
+    Py_ssize_t g = part[0].count;
+    for (int i = 1; i < parts; i++) {
+        Py_ssize_t c = part[i].count;
+        if (st == ST_OK && c > 0) {
+            /* values g .. g+c-1: the end of A, then B */
+            Py_ssize_t in_a = g < dst->na ? dst->na - g : 0;
+            if (in_a > c)
+                in_a = c;
+            if (in_a > 0)
+                memcpy(dst->a + g, part[i].dst.a, (size_t)in_a * sizeof(float));
+            if (c > in_a)
+                memcpy(dst->b + (g + in_a - dst->na), part[i].dst.a + in_a, (size_t)(c - in_a) * sizeof(float));
+        }
+        g += c;
+        free(part[i].dst.a);
     }
-    free(scratch);
     return st;
 }
 
@@ -516,8 +560,9 @@ parse_values(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data, oa, ob;
     Py_ssize_t offset, min_split = (Py_ssize_t)1 << 20;
+    int threads = 2;
     PyObject *a_obj, *b_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nO|On:parse_values", &data, &offset, &a_obj, &b_obj, &min_split))
+    if (!PyArg_ParseTuple(args, "y*nO|Oni:parse_values", &data, &offset, &a_obj, &b_obj, &min_split, &threads))
         return NULL;
     if (offset < 0 || offset > data.len) {
         PyBuffer_Release(&data);
@@ -542,7 +587,7 @@ parse_values(PyObject *Py_UNUSED(self), PyObject *args)
     Py_ssize_t where = 0;
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = parse_body((const unsigned char *)data.buf, data.len, offset, &dst, min_split, &where);
+    st = parse_body((const unsigned char *)data.buf, data.len, offset, &dst, min_split, threads, &where);
     Py_END_ALLOW_THREADS
     if (have_b)
         PyBuffer_Release(&ob);
@@ -1056,59 +1101,60 @@ typedef struct {
     double *out;
     ofault_t fault;
     int status;
-} out_half_t;
+} out_part_t;
 
 static void *
-out_half_main(void *arg)
+out_part_main(void *arg)
 {
-    out_half_t *h = (out_half_t *)arg;
+    out_part_t *h = (out_part_t *)arg;
     h->status = out_rows(h->base, h->lo, h->hi, h->row0, h->row_end, h->n, h->out, &h->fault, &h->rows);
     return NULL;
 }
 
 /*
- * Two threads when the body has at least min_split bytes: it is cut after
- * the '\n' that follows its middle, the second half's rows are counted
- * (memchr over its newlines) so its first row index is known, and each half
- * is read forwards into its own rows. Any fault, or row counts that do not
- * add up, and the body is read again by one thread from the start, which
- * names the first fault in the file.
+ * Up to `threads` parts read at once (parts_for): the body is cut after the
+ * '\n' that follows each 1/parts of it, each part's rows are counted
+ * (memchr over its newlines) so that its first row index is known, and each
+ * part is read forwards into its own rows. Any fault, or row counts that do
+ * not add up, and the body is read again by one thread from the start,
+ * which names the first fault in the file.
  */
 static int
 out_body_split(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_ssize_t m, Py_ssize_t n,
-               double *out, Py_ssize_t min_split, ofault_t *f)
+               double *out, Py_ssize_t min_split, int threads, ofault_t *f)
 {
     const unsigned char *lo = base + offset, *hi = base + len;
-    if (len - offset < min_split || len - offset < 2 || hi[-1] != '\n')
+    int parts = len - offset >= 2 && hi[-1] == '\n' ? parts_for(len - offset, min_split, threads) : 1;
+    if (parts < 2)
         return out_body(base, len, offset, m, n, out, f);
-    const unsigned char *mid = lo + (len - offset) / 2;
-    const unsigned char *nl = memchr(mid, '\n', (size_t)(hi - mid));
-    const unsigned char *split = nl == NULL ? hi : nl + 1;
-    Py_ssize_t later = 0;
-    for (const unsigned char *q = split; q < hi && later <= m; later++) {
-        const unsigned char *e = memchr(q, '\n', (size_t)(hi - q));
-        q = e + 1; /* hi[-1] is '\n': e is never NULL */
+    out_part_t part[MAX_PARTS];
+    const unsigned char *cut = lo;
+    Py_ssize_t row = 0;
+    for (int i = 0; i < parts; i++) {
+        const unsigned char *end = hi;
+        if (i + 1 < parts) {
+            end = lo + (len - offset) / parts * (i + 1);
+            if (end < cut)
+                end = cut;
+            const unsigned char *nl = memchr(end, '\n', (size_t)(hi - end));
+            end = nl == NULL ? hi : nl + 1;
+        }
+        Py_ssize_t rows = 0;
+        for (const unsigned char *q = cut; q < end && row + rows <= m; rows++)
+            q = (const unsigned char *)memchr(q, '\n', (size_t)(end - q)) + 1; /* end[-1] is '\n' */
+        if (row + rows > m)
+            return out_body(base, len, offset, m, n, NULL, f);
+        part[i] = (out_part_t){base, cut, end, row, row + rows, n, 0, out, {0, 0, 0, 0, 0}, OF_OK};
+        row += rows;
+        cut = end;
     }
-    if (split >= hi || later >= m)
-        return out_body(base, len, offset, m, n, out, f);
-    out_half_t second = {base, split, hi, m - later, m, n, 0, out, {0, 0, 0, 0, 0}, OF_OK};
-    int threaded = 0;
-#ifdef MMD_HAVE_PTHREAD
-    pthread_t th;
-    if (pthread_create(&th, NULL, out_half_main, &second) == 0)
-        threaded = 1;
-#endif
-    if (!threaded)
-        out_half_main(&second);
-    Py_ssize_t rows = 0;
-    int st = out_rows(base, lo, split, 0, m - later, n, out, f, &rows);
-#ifdef MMD_HAVE_PTHREAD
-    if (threaded)
-        pthread_join(th, NULL);
-#endif
-    if (st == OF_OK && second.status == OF_OK && rows == m - later && second.rows == later)
-        return OF_OK;
-    return out_body(base, len, offset, m, n, NULL, f);
+    if (row != m)
+        return out_body(base, len, offset, m, n, NULL, f);
+    run_parts(part, sizeof(out_part_t), parts, out_part_main);
+    for (int i = 0; i < parts; i++)
+        if (part[i].status != OF_OK || part[i].rows != part[i].row_end - part[i].row0)
+            return out_body(base, len, offset, m, n, NULL, f);
+    return OF_OK;
 }
 
 static PyObject *
@@ -1116,8 +1162,10 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
     Py_ssize_t offset, m, n, min_split = (Py_ssize_t)1 << 20;
+    int threads = 2;
     PyObject *out_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nnn|On:parse_output_values", &data, &offset, &m, &n, &out_obj, &min_split))
+    if (!PyArg_ParseTuple(args, "y*nnn|Oni:parse_output_values", &data, &offset, &m, &n, &out_obj, &min_split,
+                          &threads))
         return NULL;
     if (offset < 1 || offset > data.len || ((const unsigned char *)data.buf)[offset - 1] != '\n' || m <= 0 ||
         n <= 0) {
@@ -1147,7 +1195,7 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
     ofault_t f = {0, 0, 0, 0, 0};
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = out_body_split((const unsigned char *)data.buf, data.len, offset, m, n, out, min_split, &f);
+    st = out_body_split((const unsigned char *)data.buf, data.len, offset, m, n, out, min_split, threads, &f);
     Py_END_ALLOW_THREADS
     if (out != NULL)
         PyBuffer_Release(&ob);

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import textformat, verify
+from .cpus import usable_cores
 from .errors import ExitStatus, InputFormatError, UnreadableError
 
 if TYPE_CHECKING:
@@ -412,7 +413,7 @@ def check_jobs(
     jobs: Sequence[Job], options: Options, workers: int | None = None, on_result: Callable[[Result], None] | None = None
 ) -> list[Result]:
     """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order."""
-    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    workers = max(1, min(len(jobs), workers or usable_cores()))
     if workers == 1:
         results = []
         for job in jobs:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .cpus import usable_cores
 from .errors import InputFormatError
 
 _fasttext: ModuleType | None
@@ -62,10 +63,13 @@ BOM = b"\xef\xbb\xbf"
 
 #: Bytes per parse chunk (cut at the next whitespace byte).
 PARSE_CHUNK = 1 << 18
+#: The fewest bytes the C parsers give a thread of its own.
+_C_MIN_SPLIT = 1 << 20
 #: Elements per emit chunk (rows are never split).
 EMIT_CHUNK_ELEMS = 1 << 16
-#: Worker threads for the chunked loops.
-WORKERS = max(1, min(4, os.cpu_count() or 1))
+#: Threads a parse or an emit uses (the C parsers' parts, the numpy path's pool): the usable
+#: cores, at most 8.
+WORKERS = min(8, usable_cores())
 
 _MAX_SHOWN = 40
 
@@ -694,7 +698,7 @@ def _parse_values(
     if out is None or not plausible:
         out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
     if USE_FASTTEXT and _fasttext is not None and as_f32 and plausible:
-        status, _ = _fasttext.parse_values(data, start, out)
+        status, _ = _fasttext.parse_values(data, start, out, None, _C_MIN_SPLIT, WORKERS)
         if status == 0:
             return out
         # any problem: the numpy path below finds it again and words the error
@@ -1042,7 +1046,7 @@ def parse_output(data: bytes | memoryview) -> np.ndarray:
         # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
         plausible = (len(data) - start) // m >= 6 * n + 1
         out = np.empty((m, n), dtype=np.float64) if plausible else None
-        got = _fasttext.parse_output_values(data, start, m, n, out)
+        got = _fasttext.parse_output_values(data, start, m, n, out, _C_MIN_SPLIT, WORKERS)
         if got is None and out is not None:
             return out
         if got is None:  # pragma: no cover - a body that passes is never short

@@ -55,13 +55,13 @@ def _outcome(data: bytes):
 
 
 class _Split:
-    """mmd._fasttext with its two-thread split on every input (min_split=0)."""
+    """mmd._fasttext reading every input in three parts at once, however short (min_split=0)."""
 
     format_rows = staticmethod(ft.format_rows) if ft is not None else None
 
     @staticmethod
-    def parse_values(data, offset, out_a, out_b=None):
-        return ft.parse_values(data, offset, out_a, out_b, 0)
+    def parse_values(data, offset, out_a, out_b=None, min_split=0, threads=2):
+        return ft.parse_values(data, offset, out_a, out_b, 0, 3)
 
 
 def _split_path(fn, *args):
@@ -575,11 +575,11 @@ def test_env_var_forces_numpy_path():
 
 
 class _OutSplit:
-    """mmd._fasttext with the output check's two-thread split on every output (min_split=0)."""
+    """mmd._fasttext reading every output in three parts at once, however short (min_split=0)."""
 
     @staticmethod
-    def parse_output_values(data, offset, m, n, out=None):
-        return ft.parse_output_values(data, offset, m, n, out, 0)
+    def parse_output_values(data, offset, m, n, out=None, min_split=0, threads=2):
+        return ft.parse_output_values(data, offset, m, n, out, 0, 3)
 
 
 def _output_outcome(data: bytes):
@@ -711,6 +711,34 @@ def test_corrupted_wide_outputs_same_outcome(m, n, data):
     else:
         raw[i : i + 1] = junk
     _output_three_ways(bytes(raw))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5, 16, 40])
+def test_parts_read_alike(threads):
+    """Any number of parts (more than there are rows, more than MAX_PARTS) reads the same values,
+    and a fault in any part is found (an output's named exactly as one thread names it)."""
+    rng = np.random.default_rng(threads)
+    a, b = rng.uniform(-10, 10, (37, 23)).astype(np.float32), rng.uniform(-10, 10, (23, 41)).astype(np.float32)
+    data = b"".join(tf.emit_input_chunks(a, b, square=False))
+    off = tf.parse_header(data).body_offset
+    got_a, got_b = np.empty_like(a), np.empty_like(b)
+    assert ft.parse_values(data, off, got_a, got_b, 0, threads) == (0, len(data))
+    np.testing.assert_array_equal(got_a, tf.parse(data).a)
+    np.testing.assert_array_equal(got_b, tf.parse(data).b)
+    out = tf.emit(a @ b)
+    o_off = out.index(b"\n") + 1
+    want = np.empty((37, 41))
+    assert ft.parse_output_values(out, o_off, 37, 41, want, 0, 1) is None
+    got = np.empty((37, 41))
+    assert ft.parse_output_values(out, o_off, 37, 41, got, 0, threads) is None
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    for at in (o_off + 3, len(out) // 3, len(out) // 2 + 5, len(out) - 4):
+        bad = out[:at] + b"x" + out[at + 1 :]
+        assert ft.parse_output_values(bad, o_off, 37, 41, got, 0, threads) == ft.parse_output_values(
+            bad, o_off, 37, 41, None, 0, 1
+        )
+        bad_in = data[: -at // 2] + b"x" + data[-at // 2 + 1 :]
+        assert ft.parse_values(bad_in, off, got_a, got_b, 0, threads)[0] != 0
 
 
 def test_wide_output_values_exact():

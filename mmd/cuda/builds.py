@@ -10,12 +10,12 @@ source on a machine with nvcc and no GPU.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import kernels as registry
+from ..cpus import usable_cores
 from ..errors import MmdError
 from ..resources import kernels_dir
 from .compiler import KernelCache, macro_options
@@ -66,5 +66,5 @@ def build_all(cache: KernelCache, builds: list[Build], workers: int | None = Non
             return Built(build, error=exc.reason if isinstance(exc, MmdError) else str(exc))
         return Built(build, compiled=compiled)
 
-    with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers or usable_cores()) as pool:
         return list(pool.map(one, builds))
