@@ -3,13 +3,15 @@
 #
 #   scripts/gpu_validate.sh STAGE...
 #
-# setup     install the carried wheels (.device-wheels/), build the C text accelerator (here and in
-#           .wholejob/before when it is there), `mmd kernels`, `mmd kernels --build` (fills the kernel cache)
+# setup     install the carried wheels (.device-wheels/), build the C text accelerator (here and in every
+#           earlier tree under .wholejob/), `mmd kernels`, `mmd kernels --build` (fills the kernel cache)
 # tests     pytest -m gpu tests (every kernel x tile x shape against float64, memory modes, leaks, GPU text path)
 # cli       `mmd run --backend cuda` for every GPU kernel x tile on awkward shapes and 1000x1000, each output
 #           checked by `mmd check --input`; tile 64 must be refused; the daemon serves a few name-set jobs
 # wholejob  benchmarks/bench_wholejob.py: this tree (and .wholejob/before) beside the machine's floors
 # check     benchmarks/bench_check.py at 4096, with the float64 product on the CPU and on the GPU
+#           (beside .wholejob/prev when it is there)
+# small     benchmarks/bench_wholejob.py, 32x32 jobs only, beside .wholejob/prev when it is there
 # ladder    `mmd bench --plan ladder --accuracy --report` (fast, tc1, tc3, cuBLAS SGEMM and TF32, 1024..8192)
 #
 # Each stage prints a compact summary last; full logs go to $OUT/<stage>.log.
@@ -28,9 +30,9 @@ stage_setup() {
         .device-wheels/*.whl  # a warm machine keeps them
     python3 setup.py -q build_ext --inplace >/dev/null 2>&1 && echo "C text accelerator built" \
         || echo "C text accelerator not built: numpy path"
-    if [ -d .wholejob/before ]; then
-        (cd .wholejob/before && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) && echo "before: built"
-    fi
+    for t in .wholejob/*/; do  # earlier trees the benchmarks compare with (git archives, git-ignored)
+        (cd "$t" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) && echo "$t: built"
+    done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
     "${MMD[@]}" kernels
     time "${MMD[@]}" kernels --build || status=1
@@ -98,7 +100,17 @@ stage_wholejob() {
 }
 
 stage_check() {
-    python3 benchmarks/bench_check.py --size 4096 --folder 50 512 --repeat 3 2>&1 | tail -n 25
+    local trees=()
+    [ -d .wholejob/prev ] && trees=(--tree prev=.wholejob/prev)
+    python3 benchmarks/bench_check.py "${trees[@]}" --size 4096 --folder 50 512 --repeat 5 2>&1 | tail -n 40
+}
+
+stage_small() {
+    # 32x32 jobs through the daemon, this tree beside .wholejob/prev (an earlier one), same rounds
+    local trees=()
+    [ -d .wholejob/prev ] && trees=(--tree prev=.wholejob/prev)
+    python3 benchmarks/bench_wholejob.py "${trees[@]}" --site /tmp/site --sizes 256 --repeat 2 \
+        --small 1000 --bursts 3 --drops 200 --out "$OUT/small" --work "$WORK/small" 2>&1 | tail -n 40
 }
 
 stage_ladder() {
