@@ -480,6 +480,17 @@ parts_for(Py_ssize_t body, Py_ssize_t min_split, int threads)
     return parts < 1 ? 1 : (int)parts;
 }
 
+/* Where part i of [lo, hi) in `parts` would end (hi for the last), not before `cut`: the caller
+   moves it on to a boundary. */
+static inline const unsigned char *
+share_end(const unsigned char *lo, const unsigned char *hi, int parts, int i, const unsigned char *cut)
+{
+    if (i + 1 >= parts)
+        return hi;
+    const unsigned char *end = lo + (hi - lo) / parts * (i + 1);
+    return end < cut ? cut : end;
+}
+
 /* Run parts 1.. on threads of their own (inline where none can be made) and part 0 here. */
 static void
 run_parts(void *parts, size_t size, int count, void *(*fn)(void *))
@@ -522,14 +533,9 @@ parse_body(const unsigned char *data, Py_ssize_t len, Py_ssize_t offset, const d
     const unsigned char *cut = lo;
     int st = ST_OK;
     for (int i = 0; i < parts; i++) {
-        const unsigned char *end = hi;
-        if (i + 1 < parts) {
-            end = lo + (len - offset) / parts * (i + 1);
-            if (end < cut)
-                end = cut;
-            while (end < hi && !IS_WS(*end))
-                end++;
-        }
+        const unsigned char *end = share_end(lo, hi, parts, i, cut);
+        while (end < hi && !IS_WS(*end))
+            end++;
         dest_t d = *dst;
         if (i > 0) {
             /* every value takes a byte and a separator, every touching field four bytes */
@@ -1172,14 +1178,9 @@ out_body_split(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_
     const unsigned char *cut = lo;
     Py_ssize_t row = 0;
     for (int i = 0; i < parts; i++) {
-        const unsigned char *end = hi;
-        if (i + 1 < parts) {
-            end = lo + (len - offset) / parts * (i + 1);
-            if (end < cut)
-                end = cut;
-            const unsigned char *nl = memchr(end, '\n', (size_t)(hi - end));
-            end = nl == NULL ? hi : nl + 1;
-        }
+        const unsigned char *end = share_end(lo, hi, parts, i, cut);
+        const unsigned char *nl = end < hi ? memchr(end, '\n', (size_t)(hi - end)) : NULL;
+        end = nl == NULL ? hi : nl + 1;
         Py_ssize_t rows = 0;
         for (const unsigned char *q = cut; q < end && row + rows <= m; rows++)
             q = (const unsigned char *)memchr(q, '\n', (size_t)(end - q)) + 1; /* end[-1] is '\n' */
