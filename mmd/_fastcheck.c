@@ -33,6 +33,8 @@
  *   model    the elements that |out - ref| <= 0.005 + c*|ref| does not pass,
  *            in order, with their |error| (the caller bounds those); the NaN
  *            and infinite values counted apart, with the first of each
+ *   sumsq    the sums of squares of a matrix's rows and of its columns (the
+ *            norms of A's rows and B's columns that bound |A|.|B| above)
  *
  * Each element's arithmetic in the rules is the numpy path's, operation for
  * operation (two roundings for a*b + c: built with -ffp-contract=off), so
@@ -42,6 +44,11 @@
  * Matrices are float32 or float64 (the inputs A and B are float32 as read,
  * so no float64 copy of them is made); everything else is float64, C order.
  * Buffers are checked here; the layouts are mmd.verify's business.
+ *
+ * Measured at 4096 on a shared 2-core AMD EPYC (AVX2): project + the output's
+ * pass 0.05 s against 0.37 s for the numpy passes, the two rules 0.01 s and
+ * 0.03 s (the model rule's rest is numpy's, on the few elements left) against
+ * 0.07-0.11 s and 0.10-0.13 s.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -455,6 +462,39 @@ typedef struct {
             c_pass_##SUF##_v(jb, jb->v);                                                                        \
     }
 
+/*
+ * sumsq over any matrix: rowsT = sum_j M_ij^2 per row, acc = sum_i M_ij^2 per
+ * column (the norms that bound |A|.|B| in the model rule: rows of A, columns
+ * of B; each call wants one of the two, and the other costs little beside
+ * the read).
+ */
+#define DEF_SUMSQ(SUF, T, LD, VD, VI, VF, ATTR)                                                                   \
+    ATTR static void sumsq_##SUF(rowjob_t *jb)                                                                  \
+    {                                                                                                           \
+        typedef VD vd_t;                                                                                        \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
+        const T *const mat = (const T *)jb->mat;                                                                \
+        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                  \
+        const Py_ssize_t n = jb->cols, n4 = n - n % LANES;                                                      \
+        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                          \
+            const T *row = mat + r * n;                                                                         \
+            vd_t ss = splat(0.0);                                                                               \
+            Py_ssize_t j = 0;                                                                                   \
+            for (; j < n4; j += LANES) {                                                                        \
+                vd_t x = LD(row + j), x2 = x * x;                                                               \
+                ss += x2;                                                                                       \
+                st_f64(acc + j, ld_f64(acc + j) + x2);                                                          \
+            }                                                                                                   \
+            double sss = hsum(ss);                                                                              \
+            for (; j < n; j++) {                                                                                \
+                double x = (double)row[j];                                                                      \
+                sss += x * x;                                                                                   \
+                acc[j] += x * x;                                                                                \
+            }                                                                                                   \
+            rowsT[r] = sss;                                                                                     \
+        }                                                                                                       \
+    }
+
 #define DEF_ROW_PASSES(W, VD, VI, VF, ATTR)                                                                      \
     DEF_B_ROWS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
     DEF_B_ROWS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
@@ -463,7 +503,9 @@ typedef struct {
     DEF_B_COLS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
     DEF_B_COLS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
     DEF_C_PASS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
-    DEF_C_PASS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)
+    DEF_C_PASS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
+    DEF_SUMSQ(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                         \
+    DEF_SUMSQ(f64_##W, double, ld_f64, VD, VI, VF, ATTR)
 
 DEF_ROW_PASSES(narrow, v2d, v2i, v2f, )
 #ifdef MMD_HAVE_WIDE
@@ -614,7 +656,7 @@ release_all(Py_buffer *views, int count)
  * where P, W and rowsT are None for a pass that has none; the sizes each
  * needs follow from rows, cols and v.
  */
-enum { PASS_B_ROWS, PASS_A_ROWS, PASS_B_COLS, PASS_C };
+enum { PASS_B_ROWS, PASS_A_ROWS, PASS_B_COLS, PASS_C, PASS_SUMSQ };
 
 static PyObject *
 row_pass(PyObject *args, int which, const char *fmt)
@@ -644,6 +686,10 @@ row_pass(PyObject *args, int which, const char *fmt)
     case PASS_B_COLS:
         acc_rows = sum_rows = v + 2, w_len = (v + 2) * rows;
         k32 = PICK(b_cols_f32), k64 = PICK(b_cols_f64);
+        break;
+    case PASS_SUMSQ:
+        acc_rows = sum_rows = 1, r_len = rows;
+        k32 = PICK(sumsq_f32), k64 = PICK(sumsq_f64);
         break;
     default:
         p_rows = v, acc_rows = sum_rows = v + 1, w_len = rows * v, r_len = (v + 1) * rows;
@@ -718,6 +764,12 @@ static PyObject *
 c_pass(PyObject *Py_UNUSED(self), PyObject *args)
 {
     return row_pass(args, PASS_C, "OnniOOOO|n:c_pass");
+}
+
+static PyObject *
+sumsq(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    return row_pass(args, PASS_SUMSQ, "OnniOOOO|n:sumsq");
 }
 
 /* ------------------------------------------------------------------------
@@ -1081,6 +1133,9 @@ static PyMethodDef methods[] = {
      "c_pass(c, m, n, v, xT, y, rowsT, acc, min_split=1<<16) -> (nonfinite, first_nonfinite)\n\n"
      "rowsT ((v+1) x m) = [C.x transposed, sum_j C_ij^2]; acc ((v+1) x n) = [y^T.C, sum_i C_ij^2];\n"
      "the count of NaN and infinite values and the flat index of the first (-1: none)."},
+    {"sumsq", sumsq, METH_VARARGS,
+     "sumsq(mat, m, n, 1, None, None, rows, cols, min_split=1<<16) -> None\n\n"
+     "rows (m) = the sums of squares of mat's rows, cols (n) those of its columns."},
     {"uniform", uniform, METH_VARARGS,
      "uniform(out, ref, m, n, allowed, min_split=1<<16) -> (bad, max_err, ssq_err, ssq_ref, worst)\n\n"
      "bad: elements with |out - ref| - allowed > 0 or out not finite; worst: the flat index of the first\n"

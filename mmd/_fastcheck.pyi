@@ -13,6 +13,9 @@ def b_cols(
 def c_pass(
     c: Any, m: int, n: int, v: int, xt: Any, y: Any, rows_t: Any, acc: Any, min_split: int = ..., /
 ) -> tuple[int, int]: ...
+def sumsq(
+    mat: Any, m: int, n: int, v: int, p: None, w: None, rows: Any, cols: Any, min_split: int = ..., /
+) -> None: ...
 def uniform(
     out: Any, ref: Any, m: int, n: int, allowed: float, min_split: int = ..., /
 ) -> tuple[int, float, float, float, int]: ...

@@ -833,6 +833,18 @@ class _ModelCheck:
             err=np.frombuffer(err, dtype=np.float64),
         )
 
+    def _norms(self, fc: ModuleType | None) -> tuple[np.ndarray, np.ndarray]:
+        """‖a_i‖ for every row of A and ‖b_j‖ for every column of B."""
+        (m, k), n = self.a64.shape, self.n
+        if fc is None or not k:
+            return np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64)), np.sqrt(
+                np.einsum("kj,kj->j", self.b64, self.b64)
+            )
+        a_rows, a_cols, b_rows, b_cols = np.empty(m), np.empty(k), np.empty(k), np.empty(n)
+        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, _SPLIT_ELEMS)
+        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, _SPLIT_ELEMS)
+        return np.sqrt(a_rows), np.sqrt(b_cols)
+
     def report(self, tolerance: str) -> CheckReport:
         m, n, k = self.m, self.n, self.k
         fc = _c_passes()
@@ -848,8 +860,7 @@ class _ModelCheck:
         i, j = flat // n, flat % n
         s_lo = np.einsum("ek,ek->e", np.abs(self.a64[i, :p]), np.abs(self.b64[:p, :].T[j]))
         s_lo = np.maximum(s_lo, np.abs(self.ref.ravel()[flat])) * self.lo_scale
-        norm_a = np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64))
-        norm_b = np.sqrt(np.einsum("kj,kj->j", self.b64, self.b64))
+        norm_a, norm_b = self._norms(fc)
         allowed_lo = PRINT_HALF_UNIT + self.c * s_lo
         allowed_hi = PRINT_HALF_UNIT + self.c * norm_a[i] * norm_b[j] * self.hi_scale
         sure_bad = err > allowed_hi

@@ -228,3 +228,26 @@ def test_no_fasttext_switches_the_c_passes_off():
     env["MMD_NO_FASTTEXT"] = ""
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == str(tf._fasttext is not None)
+
+
+def test_an_empty_inner_dimension_same_both_ways():
+    a, b = np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)
+    out = np.zeros((3, 4))
+    out[1, 2] = 0.5
+    c, split, numpy_ = _three_ways(lambda: verify.against_inputs(out, a, b))
+    _same_report(c, numpy_)
+    _same_report(split, numpy_)
+    assert not c.ok and c.worst == (1, 2)
+    c, split, numpy_ = _three_ways(lambda: verify.quick(out, a, b))
+    _same_quick(c, numpy_)
+
+
+def test_sumsq_rows_and_columns():
+    rng = np.random.default_rng(2)
+    for mat in (rng.standard_normal((7, 13)), rng.standard_normal((13, 7)).astype(np.float32)):
+        rows, cols = np.empty(mat.shape[0]), np.empty(mat.shape[1])
+        for split in (0, 1 << 30):
+            fc.sumsq(mat, *mat.shape, 1, None, None, rows, cols, split)
+            m64 = mat.astype(np.float64)
+            np.testing.assert_allclose(rows, (m64 * m64).sum(axis=1), rtol=1e-12)
+            np.testing.assert_allclose(cols, (m64 * m64).sum(axis=0), rtol=1e-12)
