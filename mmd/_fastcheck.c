@@ -91,56 +91,56 @@ typedef float v4f __attribute__((vector_size(16)));
 /* Macros, not functions, take and make the vectors: GCC warns of an ABI change for 32-byte vector
  * parameters and results without AVX, even for functions that are always inlined. */
 #define LANES ((Py_ssize_t)(sizeof(vd_t) / sizeof(double)))
-#define ld_f64(p)                                                                                                \
-    __extension__({                                                                                              \
-        vd_t ld_x_;                                                                                              \
-        memcpy(&ld_x_, (p), sizeof ld_x_);                                                                       \
-        ld_x_;                                                                                                   \
+#define ld_f64(p)                                                                                                     \
+    __extension__({                                                                                                   \
+        vd_t ld_x_;                                                                                                   \
+        memcpy(&ld_x_, (p), sizeof ld_x_);                                                                            \
+        ld_x_;                                                                                                        \
     })
-#define ld_f32(p)                                                                                                \
-    __extension__({                                                                                              \
-        vf_t ld_x_;                                                                                              \
-        memcpy(&ld_x_, (p), sizeof ld_x_);                                                                       \
-        __builtin_convertvector(ld_x_, vd_t);                                                                    \
+#define ld_f32(p)                                                                                                     \
+    __extension__({                                                                                                   \
+        vf_t ld_x_;                                                                                                   \
+        memcpy(&ld_x_, (p), sizeof ld_x_);                                                                            \
+        __builtin_convertvector(ld_x_, vd_t);                                                                         \
     })
-#define st_f64(p, x)                                                                                             \
-    do {                                                                                                         \
-        vd_t st_x_ = (x);                                                                                        \
-        memcpy((p), &st_x_, sizeof st_x_);                                                                       \
+#define st_f64(p, x)                                                                                                  \
+    do {                                                                                                              \
+        vd_t st_x_ = (x);                                                                                             \
+        memcpy((p), &st_x_, sizeof st_x_);                                                                            \
     } while (0)
 /* a broadcast: -0.0 is the exact identity of + (a -0.0 stays -0.0) */
 #define splat(s) (-(vd_t){0} + (double)(s))
 #define vabs(x) ((vd_t)((vi_t)(x) & ((vi_t){0} + 0x7fffffffffffffffLL)))
 /* max that keeps a NaN, as numpy's max does */
-#define vmax_nan(m, x)                                                                                           \
-    __extension__({                                                                                              \
-        vd_t vm_m_ = (m), vm_x_ = (x);                                                                           \
-        vi_t vm_take_ = (vm_x_ > vm_m_) | (vm_x_ != vm_x_);                                                      \
-        (vd_t)(((vi_t)vm_x_ & vm_take_) | ((vi_t)vm_m_ & ~vm_take_));                                            \
+#define vmax_nan(m, x)                                                                                                \
+    __extension__({                                                                                                   \
+        vd_t vm_m_ = (m), vm_x_ = (x);                                                                                \
+        vi_t vm_take_ = (vm_x_ > vm_m_) | (vm_x_ != vm_x_);                                                           \
+        (vd_t)(((vi_t)vm_x_ & vm_take_) | ((vi_t)vm_m_ & ~vm_take_));                                                 \
     })
-#define hsum(x)                                                                                                  \
-    __extension__({                                                                                              \
-        vd_t hs_x_ = (x);                                                                                        \
-        double hs_s_ = hs_x_[0];                                                                                 \
-        for (int hs_l_ = 1; hs_l_ < (int)LANES; hs_l_++)                                                         \
-            hs_s_ += hs_x_[hs_l_];                                                                               \
-        hs_s_;                                                                                                   \
+#define hsum(x)                                                                                                       \
+    __extension__({                                                                                                   \
+        vd_t hs_x_ = (x);                                                                                             \
+        double hs_s_ = hs_x_[0];                                                                                      \
+        for (int hs_l_ = 1; hs_l_ < (int)LANES; hs_l_++)                                                              \
+            hs_s_ += hs_x_[hs_l_];                                                                                    \
+        hs_s_;                                                                                                        \
     })
-#define hmax_nan(x)                                                                                              \
-    __extension__({                                                                                              \
-        vd_t hm_x_ = (x);                                                                                        \
-        double hm_m_ = hm_x_[0];                                                                                 \
-        for (int hm_l_ = 1; hm_l_ < (int)LANES; hm_l_++)                                                         \
-            hm_m_ = max_nan(hm_m_, hm_x_[hm_l_]);                                                                \
-        hm_m_;                                                                                                   \
+#define hmax_nan(x)                                                                                                   \
+    __extension__({                                                                                                   \
+        vd_t hm_x_ = (x);                                                                                             \
+        double hm_m_ = hm_x_[0];                                                                                      \
+        for (int hm_l_ = 1; hm_l_ < (int)LANES; hm_l_++)                                                              \
+            hm_m_ = max_nan(hm_m_, hm_x_[hm_l_]);                                                                     \
+        hm_m_;                                                                                                        \
     })
-#define any(mask)                                                                                                \
-    __extension__({                                                                                              \
-        vi_t an_m_ = (mask);                                                                                     \
-        long long an_a_ = 0;                                                                                     \
-        for (int an_l_ = 0; an_l_ < (int)LANES; an_l_++)                                                         \
-            an_a_ |= an_m_[an_l_];                                                                               \
-        an_a_ != 0;                                                                                              \
+#define any(mask)                                                                                                     \
+    __extension__({                                                                                                   \
+        vi_t an_m_ = (mask);                                                                                          \
+        long long an_a_ = 0;                                                                                          \
+        for (int an_l_ = 0; an_l_ < (int)LANES; an_l_++)                                                              \
+            an_a_ |= an_m_[an_l_];                                                                                    \
+        an_a_ != 0;                                                                                                   \
     })
 
 static inline double
@@ -197,66 +197,63 @@ typedef struct {
     Py_ssize_t nonfinite, first_nonfinite;
 } rowjob_t;
 
-#define MAT_ROW_F32(j, i) ((const float *)(j)->mat + (i) * (j)->cols)
-#define MAT_ROW_F64(j, i) ((const double *)(j)->mat + (i) * (j)->cols)
-
 /*
  * b_rows over B (k x n): rowsT = [B.x (v rows), sum|B| , max|B|] over the k
  * rows; acc = sum_r B_rj^2.
  */
-#define DEF_B_ROWS(SUF, T, LD, VD, VI, VF, ATTR)                                                                                    \
-    static inline __attribute__((always_inline)) ATTR void b_rows_##SUF##_v(rowjob_t *jb, const int v)                                                     \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */ \
-        const T *const mat = (const T *)jb->mat;                                                                \
-        const double *const P = jb->P;                                                                          \
-        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                  \
-        const Py_ssize_t ps = jb->stride;                                                                       \
-        const Py_ssize_t n = jb->cols, k = jb->rows;                                                            \
-        const Py_ssize_t n4 = n - n % LANES;                                                               \
-        double *ssq = acc;                                                                                  \
-        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                          \
-            const T *row = mat + r * n;                                                          \
-            vd_t d[MAX_VECTORS];                                                                                 \
-            for (int t = 0; t < v; t++)                                                                         \
-                d[t] = splat(0.0);                                                                              \
-            vd_t s = splat(0.0), mx = splat(0.0);                                                                \
-            Py_ssize_t j = 0;                                                                                   \
-            for (; j < n4; j += LANES) {                                                                            \
-                vd_t x = LD(row + j), ax = vabs(x);                                                              \
-                for (int t = 0; t < v; t++)                                                                     \
-                    d[t] += x * ld_f64(P + t * ps + j);                                                      \
-                s += ax;                                                                                        \
-                mx = vmax_nan(mx, ax);                                                                          \
-                st_f64(ssq + j, ld_f64(ssq + j) + x * x);                                                          \
-            }                                                                                                   \
-            double dt[MAX_VECTORS];                                                                             \
-            for (int t = 0; t < v; t++)                                                                         \
-                dt[t] = hsum(d[t]);                                                                             \
-            double ss = hsum(s), mm = hmax_nan(mx);                                                             \
-            for (; j < n; j++) {                                                                                \
-                double x = (double)row[j], ax = fabs(x);                                                        \
-                for (int t = 0; t < v; t++)                                                                     \
-                    dt[t] += x * P[t * ps + j];                                                              \
-                ss += ax;                                                                                       \
-                mm = max_nan(mm, ax);                                                                           \
-                ssq[j] += x * x;                                                                                \
-            }                                                                                                   \
-            for (int t = 0; t < v; t++)                                                                         \
-                rowsT[t * k + r] = dt[t];                                                                   \
-            rowsT[v * k + r] = ss;                                                                          \
-            rowsT[(v + 1) * k + r] = mm;                                                                    \
-        }                                                                                                       \
-    }                                                                                                           \
-    ATTR static void b_rows_##SUF(rowjob_t *jb)                                                                  \
-    {                                                                                                           \
-        if (jb->v == 4)                                                                                         \
-            b_rows_##SUF##_v(jb, 4);                                                                            \
-        else                                                                                                    \
-            b_rows_##SUF##_v(jb, jb->v);                                                                        \
+#define DEF_B_ROWS(SUF, T, LD, VD, VI, VF, ATTR)                                                                      \
+    static inline __attribute__((always_inline)) ATTR void b_rows_##SUF##_v(rowjob_t *jb, const int v)                \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
+        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
+        const T *const mat = (const T *)jb->mat;                                                                      \
+        const double *const P = jb->P;                                                                                \
+        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
+        const Py_ssize_t ps = jb->stride;                                                                             \
+        const Py_ssize_t n = jb->cols, k = jb->rows;                                                                  \
+        const Py_ssize_t n4 = n - n % LANES;                                                                          \
+        double *ssq = acc;                                                                                            \
+        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                                \
+            const T *row = mat + r * n;                                                                               \
+            vd_t d[MAX_VECTORS];                                                                                      \
+            for (int t = 0; t < v; t++)                                                                               \
+                d[t] = splat(0.0);                                                                                    \
+            vd_t s = splat(0.0), mx = splat(0.0);                                                                     \
+            Py_ssize_t j = 0;                                                                                         \
+            for (; j < n4; j += LANES) {                                                                              \
+                vd_t x = LD(row + j), ax = vabs(x);                                                                   \
+                for (int t = 0; t < v; t++)                                                                           \
+                    d[t] += x * ld_f64(P + t * ps + j);                                                               \
+                s += ax;                                                                                              \
+                mx = vmax_nan(mx, ax);                                                                                \
+                st_f64(ssq + j, ld_f64(ssq + j) + x * x);                                                             \
+            }                                                                                                         \
+            double dt[MAX_VECTORS];                                                                                   \
+            for (int t = 0; t < v; t++)                                                                               \
+                dt[t] = hsum(d[t]);                                                                                   \
+            double ss = hsum(s), mm = hmax_nan(mx);                                                                   \
+            for (; j < n; j++) {                                                                                      \
+                double x = (double)row[j], ax = fabs(x);                                                              \
+                for (int t = 0; t < v; t++)                                                                           \
+                    dt[t] += x * P[t * ps + j];                                                                       \
+                ss += ax;                                                                                             \
+                mm = max_nan(mm, ax);                                                                                 \
+                ssq[j] += x * x;                                                                                      \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++)                                                                               \
+                rowsT[t * k + r] = dt[t];                                                                             \
+            rowsT[v * k + r] = ss;                                                                                    \
+            rowsT[(v + 1) * k + r] = mm;                                                                              \
+        }                                                                                                             \
+    }                                                                                                                 \
+    ATTR static void b_rows_##SUF(rowjob_t *jb)                                                                       \
+    {                                                                                                                 \
+        if (jb->v == 4)                                                                                               \
+            b_rows_##SUF##_v(jb, 4);                                                                                  \
+        else                                                                                                          \
+            b_rows_##SUF##_v(jb, jb->v);                                                                              \
     }
 
 /*
@@ -264,125 +261,174 @@ typedef struct {
  * k, W = y (m x v): rowsT = [A.(B.x) (v rows), |A|.sum|B|, |A|.max|B|,
  * sum A_ik^2] over m; acc = [y^T.A (v rows), sum_i |A_ik|, max_i |A_ik|].
  */
-#define DEF_A_ROWS(SUF, T, LD, VD, VI, VF, ATTR)                                                                                    \
-    static inline __attribute__((always_inline)) ATTR void a_rows_##SUF##_v(rowjob_t *jb, const int v)                                                     \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */ \
-        const T *const mat = (const T *)jb->mat;                                                                \
-        const double *const P = jb->P, *const W = jb->W;                                                        \
-        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                  \
-        const Py_ssize_t ps = jb->stride;                                                                       \
-        const Py_ssize_t k = jb->cols, m = jb->rows;                                                            \
-        const Py_ssize_t k4 = k - k % LANES;                                                               \
-        const double *bsum = P + v * ps, *bmax = P + (v + 1) * ps;                                        \
-        double *csum = acc + v * ps, *cmax = acc + (v + 1) * ps;                                          \
-        for (Py_ssize_t i = jb->r0; i < jb->r1; i++) {                                                          \
-            const T *row = mat + i * k;                                                          \
-            const double *yi = W + i * v;                                                                   \
-            vd_t d[MAX_VECTORS], yv[MAX_VECTORS];                                                                \
-            for (int t = 0; t < v; t++) {                                                                       \
-                d[t] = splat(0.0);                                                                              \
-                yv[t] = splat(yi[t]);                                                                           \
-            }                                                                                                   \
-            vd_t rs = splat(0.0), rm = splat(0.0), ss = splat(0.0);                                              \
-            Py_ssize_t j = 0;                                                                                   \
-            for (; j < k4; j += LANES) {                                                                            \
-                vd_t x = LD(row + j), ax = vabs(x);                                                              \
-                for (int t = 0; t < v; t++) {                                                                   \
-                    d[t] += x * ld_f64(P + t * ps + j);                                                      \
-                    double *ya = acc + t * ps + j;                                                           \
-                    st_f64(ya, ld_f64(ya) + yv[t] * x);                                                            \
-                }                                                                                               \
-                rs += ax * ld_f64(bsum + j);                                                                    \
-                rm += ax * ld_f64(bmax + j);                                                                    \
-                ss += x * x;                                                                                    \
-                st_f64(csum + j, ld_f64(csum + j) + ax);                                                           \
-                st_f64(cmax + j, vmax_nan(ld_f64(cmax + j), ax));                                                  \
-            }                                                                                                   \
-            double dt[MAX_VECTORS];                                                                             \
-            for (int t = 0; t < v; t++)                                                                         \
-                dt[t] = hsum(d[t]);                                                                             \
-            double rss = hsum(rs), rmm = hsum(rm), sss = hsum(ss);                                              \
-            for (; j < k; j++) {                                                                                \
-                double x = (double)row[j], ax = fabs(x);                                                        \
-                for (int t = 0; t < v; t++) {                                                                   \
-                    dt[t] += x * P[t * ps + j];                                                              \
-                    acc[t * ps + j] += yi[t] * x;                                                            \
-                }                                                                                               \
-                rss += ax * bsum[j];                                                                            \
-                rmm += ax * bmax[j];                                                                            \
-                sss += x * x;                                                                                   \
-                csum[j] += ax;                                                                                  \
-                cmax[j] = max_nan(cmax[j], ax);                                                                 \
-            }                                                                                                   \
-            for (int t = 0; t < v; t++)                                                                         \
-                rowsT[t * m + i] = dt[t];                                                                   \
-            rowsT[v * m + i] = rss;                                                                         \
-            rowsT[(v + 1) * m + i] = rmm;                                                                   \
-            rowsT[(v + 2) * m + i] = sss;                                                                   \
-        }                                                                                                       \
-    }                                                                                                           \
-    ATTR static void a_rows_##SUF(rowjob_t *jb)                                                                  \
-    {                                                                                                           \
-        if (jb->v == 4)                                                                                         \
-            a_rows_##SUF##_v(jb, 4);                                                                            \
-        else                                                                                                    \
-            a_rows_##SUF##_v(jb, jb->v);                                                                        \
+#define DEF_A_ROWS(SUF, T, LD, VD, VI, VF, ATTR)                                                                      \
+    /* R rows from i at once (R a constant: 2, or 1 for the last): each column accumulator is loaded and              \
+       stored once for R rows, in the same order of additions as row by row */                                        \
+    static inline __attribute__((always_inline)) ATTR void a_rows_##SUF##_r(rowjob_t *jb, const int v,                \
+                                                                           Py_ssize_t i, const int R)                 \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
+        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
+        const T *const mat = (const T *)jb->mat;                                                                      \
+        const double *const P = jb->P, *const W = jb->W;                                                              \
+        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
+        const Py_ssize_t ps = jb->stride;                                                                             \
+        const Py_ssize_t k = jb->cols, m = jb->rows;                                                                  \
+        const Py_ssize_t k4 = k - k % LANES;                                                                          \
+        const double *bsum = P + v * ps, *bmax = P + (v + 1) * ps;                                                    \
+        double *csum = acc + v * ps, *cmax = acc + (v + 1) * ps;                                                      \
+        const T *row[2];                                                                                              \
+        const double *yi[2];                                                                                          \
+        vd_t d[2][MAX_VECTORS], rs[2], rm[2], ss[2];                                                                  \
+        for (int q = 0; q < R; q++) {                                                                                 \
+            row[q] = mat + (i + q) * k;                                                                               \
+            yi[q] = W + (i + q) * v;                                                                                  \
+            for (int t = 0; t < v; t++)                                                                               \
+                d[q][t] = splat(0.0);                                                                                 \
+            rs[q] = rm[q] = ss[q] = splat(0.0);                                                                       \
+        }                                                                                                             \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j < k4; j += LANES) {                                                                                  \
+            vd_t x[2], ax[2];                                                                                         \
+            for (int q = 0; q < R; q++) {                                                                             \
+                x[q] = LD(row[q] + j);                                                                                \
+                ax[q] = vabs(x[q]);                                                                                   \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++) {                                                                             \
+                vd_t pt = ld_f64(P + t * ps + j);                                                                     \
+                double *ya = acc + t * ps + j;                                                                        \
+                vd_t yat = ld_f64(ya);                                                                                \
+                for (int q = 0; q < R; q++) {                                                                         \
+                    d[q][t] += x[q] * pt;                                                                             \
+                    yat += splat(yi[q][t]) * x[q];                                                                    \
+                }                                                                                                     \
+                st_f64(ya, yat);                                                                                      \
+            }                                                                                                         \
+            vd_t bs = ld_f64(bsum + j), bm = ld_f64(bmax + j), cs = ld_f64(csum + j), cm = ld_f64(cmax + j);          \
+            for (int q = 0; q < R; q++) {                                                                             \
+                rs[q] += ax[q] * bs;                                                                                  \
+                rm[q] += ax[q] * bm;                                                                                  \
+                ss[q] += x[q] * x[q];                                                                                 \
+                cs += ax[q];                                                                                          \
+                cm = vmax_nan(cm, ax[q]);                                                                             \
+            }                                                                                                         \
+            st_f64(csum + j, cs);                                                                                     \
+            st_f64(cmax + j, cm);                                                                                     \
+        }                                                                                                             \
+        for (int q = 0; q < R; q++) {                                                                                 \
+            double dt[MAX_VECTORS];                                                                                   \
+            for (int t = 0; t < v; t++)                                                                               \
+                dt[t] = hsum(d[q][t]);                                                                                \
+            double rss = hsum(rs[q]), rmm = hsum(rm[q]), sss = hsum(ss[q]);                                           \
+            for (Py_ssize_t jj = j; jj < k; jj++) {                                                                   \
+                double xs = (double)row[q][jj], axs = fabs(xs);                                                       \
+                for (int t = 0; t < v; t++) {                                                                         \
+                    dt[t] += xs * P[t * ps + jj];                                                                     \
+                    acc[t * ps + jj] += yi[q][t] * xs;                                                                \
+                }                                                                                                     \
+                rss += axs * bsum[jj];                                                                                \
+                rmm += axs * bmax[jj];                                                                                \
+                sss += xs * xs;                                                                                       \
+                csum[jj] += axs;                                                                                      \
+                cmax[jj] = max_nan(cmax[jj], axs);                                                                    \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++)                                                                               \
+                rowsT[t * m + i + q] = dt[t];                                                                         \
+            rowsT[v * m + i + q] = rss;                                                                               \
+            rowsT[(v + 1) * m + i + q] = rmm;                                                                         \
+            rowsT[(v + 2) * m + i + q] = sss;                                                                         \
+        }                                                                                                             \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) ATTR void a_rows_##SUF##_v(rowjob_t *jb, const int v)                \
+    {                                                                                                                 \
+        Py_ssize_t i = jb->r0;                                                                                        \
+        for (; i + 1 < jb->r1; i += 2)                                                                                \
+            a_rows_##SUF##_r(jb, v, i, 2);                                                                            \
+        if (i < jb->r1)                                                                                               \
+            a_rows_##SUF##_r(jb, v, i, 1);                                                                            \
+    }                                                                                                                 \
+    ATTR static void a_rows_##SUF(rowjob_t *jb)                                                                       \
+    {                                                                                                                 \
+        if (jb->v == 4)                                                                                               \
+            a_rows_##SUF##_v(jb, 4);                                                                                  \
+        else                                                                                                          \
+            a_rows_##SUF##_v(jb, jb->v);                                                                              \
     }
 
 /*
  * b_cols over B (k x n), W = [y^T.A (v rows), sum|A|, max|A|] over k:
  * acc = [(y^T.A).B (v rows), (sum|A|)^T.|B|, (max|A|)^T.|B|] over n.
  */
-#define DEF_B_COLS(SUF, T, LD, VD, VI, VF, ATTR)                                                                                    \
-    static inline __attribute__((always_inline)) ATTR void b_cols_##SUF##_v(rowjob_t *jb, const int v)                                                     \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */ \
-        const T *const mat = (const T *)jb->mat;                                                                \
-        const double *const W = jb->W;                                                                          \
-        double *const acc = jb->acc;                                                                            \
-        const Py_ssize_t ps = jb->stride;                                                                       \
-        const Py_ssize_t n = jb->cols, k = jb->rows;                                                            \
-        const Py_ssize_t n4 = n - n % LANES;                                                               \
-        double *csum = acc + v * ps, *cmax = acc + (v + 1) * ps;                                          \
-        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                          \
-            const T *row = mat + r * n;                                                          \
-            double wt[MAX_VECTORS];                                                                             \
-            for (int t = 0; t < v; t++)                                                                         \
-                wt[t] = W[t * k + r];                                                                       \
-            const double ws = W[v * k + r], wm = W[(v + 1) * k + r];                                    \
-            const vd_t wsv = splat(ws), wmv = splat(wm);                                                         \
-            Py_ssize_t j = 0;                                                                                   \
-            for (; j < n4; j += LANES) {                                                                            \
-                vd_t x = LD(row + j), ax = vabs(x);                                                              \
-                for (int t = 0; t < v; t++) {                                                                   \
-                    double *p = acc + t * ps + j;                                                            \
-                    st_f64(p, ld_f64(p) + splat(wt[t]) * x);                                                            \
-                }                                                                                               \
-                st_f64(csum + j, ld_f64(csum + j) + wsv * ax);                                                     \
-                st_f64(cmax + j, ld_f64(cmax + j) + wmv * ax);                                                     \
-            }                                                                                                   \
-            for (; j < n; j++) {                                                                                \
-                double x = (double)row[j], ax = fabs(x);                                                        \
-                for (int t = 0; t < v; t++)                                                                     \
-                    acc[t * ps + j] += wt[t] * x;                                                            \
-                csum[j] += ws * ax;                                                                             \
-                cmax[j] += wm * ax;                                                                             \
-            }                                                                                                   \
-        }                                                                                                       \
-    }                                                                                                           \
-    ATTR static void b_cols_##SUF(rowjob_t *jb)                                                                  \
-    {                                                                                                           \
-        if (jb->v == 4)                                                                                         \
-            b_cols_##SUF##_v(jb, 4);                                                                            \
-        else                                                                                                    \
-            b_cols_##SUF##_v(jb, jb->v);                                                                        \
+#define DEF_B_COLS(SUF, T, LD, VD, VI, VF, ATTR)                                                                      \
+    /* R rows from r at once, as a_rows */                                                                            \
+    static inline __attribute__((always_inline)) ATTR void b_cols_##SUF##_r(rowjob_t *jb, const int v,                \
+                                                                           Py_ssize_t r, const int R)                 \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
+        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
+        const T *const mat = (const T *)jb->mat;                                                                      \
+        const double *const W = jb->W;                                                                                \
+        double *const acc = jb->acc;                                                                                  \
+        const Py_ssize_t ps = jb->stride;                                                                             \
+        const Py_ssize_t n = jb->cols, k = jb->rows;                                                                  \
+        const Py_ssize_t n4 = n - n % LANES;                                                                          \
+        double *csum = acc + v * ps, *cmax = acc + (v + 1) * ps;                                                      \
+        const T *row[2];                                                                                              \
+        double wt[2][MAX_VECTORS + 2]; /* the row's weights: v, then sum|A|, max|A| */                                \
+        for (int q = 0; q < R; q++) {                                                                                 \
+            row[q] = mat + (r + q) * n;                                                                               \
+            for (int t = 0; t < v + 2; t++)                                                                           \
+                wt[q][t] = W[t * k + r + q];                                                                          \
+        }                                                                                                             \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j < n4; j += LANES) {                                                                                  \
+            vd_t x[2], ax[2];                                                                                         \
+            for (int q = 0; q < R; q++) {                                                                             \
+                x[q] = LD(row[q] + j);                                                                                \
+                ax[q] = vabs(x[q]);                                                                                   \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++) {                                                                             \
+                double *p = acc + t * ps + j;                                                                         \
+                vd_t at = ld_f64(p);                                                                                  \
+                for (int q = 0; q < R; q++)                                                                           \
+                    at += splat(wt[q][t]) * x[q];                                                                     \
+                st_f64(p, at);                                                                                        \
+            }                                                                                                         \
+            vd_t cs = ld_f64(csum + j), cm = ld_f64(cmax + j);                                                        \
+            for (int q = 0; q < R; q++) {                                                                             \
+                cs += splat(wt[q][v]) * ax[q];                                                                        \
+                cm += splat(wt[q][v + 1]) * ax[q];                                                                    \
+            }                                                                                                         \
+            st_f64(csum + j, cs);                                                                                     \
+            st_f64(cmax + j, cm);                                                                                     \
+        }                                                                                                             \
+        for (int q = 0; q < R; q++)                                                                                   \
+            for (Py_ssize_t jj = j; jj < n; jj++) {                                                                   \
+                double xs = (double)row[q][jj], axs = fabs(xs);                                                       \
+                for (int t = 0; t < v; t++)                                                                           \
+                    acc[t * ps + jj] += wt[q][t] * xs;                                                                \
+                csum[jj] += wt[q][v] * axs;                                                                           \
+                cmax[jj] += wt[q][v + 1] * axs;                                                                       \
+            }                                                                                                         \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) ATTR void b_cols_##SUF##_v(rowjob_t *jb, const int v)                \
+    {                                                                                                                 \
+        Py_ssize_t r = jb->r0;                                                                                        \
+        for (; r + 1 < jb->r1; r += 2)                                                                                \
+            b_cols_##SUF##_r(jb, v, r, 2);                                                                            \
+        if (r < jb->r1)                                                                                               \
+            b_cols_##SUF##_r(jb, v, r, 1);                                                                            \
+    }                                                                                                                 \
+    ATTR static void b_cols_##SUF(rowjob_t *jb)                                                                       \
+    {                                                                                                                 \
+        if (jb->v == 4)                                                                                               \
+            b_cols_##SUF##_v(jb, 4);                                                                                  \
+        else                                                                                                          \
+            b_cols_##SUF##_v(jb, jb->v);                                                                              \
     }
 
 /*
@@ -390,76 +436,101 @@ typedef struct {
  * rowsT = [C.x (v rows), sum C_ij^2] over m; acc = [y^T.C (v rows),
  * sum_i C_ij^2] over n; NaN and infinities counted, the first one's place kept.
  */
-#define DEF_C_PASS(SUF, T, LD, VD, VI, VF, ATTR)                                                                                    \
-    static inline __attribute__((always_inline)) ATTR void c_pass_##SUF##_v(rowjob_t *jb, const int v)                                                     \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */ \
-        const T *const mat = (const T *)jb->mat;                                                                \
-        const double *const P = jb->P, *const W = jb->W;                                                        \
-        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                  \
-        const Py_ssize_t ps = jb->stride;                                                                       \
-        const Py_ssize_t n = jb->cols, m = jb->rows;                                                            \
-        const Py_ssize_t n4 = n - n % LANES;                                                               \
-        double *cssq = acc + v * ps;                                                                         \
-        const vd_t inf = splat(INFINITY);                                                                        \
-        for (Py_ssize_t i = jb->r0; i < jb->r1; i++) {                                                          \
-            const T *row = mat + i * n;                                                          \
-            const double *yi = W + i * v;                                                                   \
-            vd_t d[MAX_VECTORS], yv[MAX_VECTORS];                                                                \
-            for (int t = 0; t < v; t++) {                                                                       \
-                d[t] = splat(0.0);                                                                              \
-                yv[t] = splat(yi[t]);                                                                           \
-            }                                                                                                   \
-            vd_t ss = splat(0.0);                                                                                \
-            vi_t bad = {0};                                                                             \
-            Py_ssize_t j = 0;                                                                                   \
-            for (; j < n4; j += LANES) {                                                                            \
-                vd_t x = LD(row + j);                                                                            \
-                bad |= ~(vabs(x) < inf); /* NaN or infinite */                                                  \
-                for (int t = 0; t < v; t++) {                                                                   \
-                    d[t] += x * ld_f64(P + t * ps + j);                                                      \
-                    double *p = acc + t * ps + j;                                                            \
-                    st_f64(p, ld_f64(p) + yv[t] * x);                                                              \
-                }                                                                                               \
-                vd_t x2 = x * x;                                                                                 \
-                ss += x2;                                                                                       \
-                st_f64(cssq + j, ld_f64(cssq + j) + x2);                                                           \
-            }                                                                                                   \
-            double dt[MAX_VECTORS];                                                                             \
-            for (int t = 0; t < v; t++)                                                                         \
-                dt[t] = hsum(d[t]);                                                                             \
-            double sss = hsum(ss);                                                                              \
-            for (; j < n; j++) {                                                                                \
-                double x = (double)row[j];                                                                      \
-                for (int t = 0; t < v; t++) {                                                                   \
-                    dt[t] += x * P[t * ps + j];                                                              \
-                    acc[t * ps + j] += yi[t] * x;                                                            \
-                }                                                                                               \
-                sss += x * x;                                                                                   \
-                cssq[j] += x * x;                                                                               \
-            }                                                                                                   \
-            if (any(bad) || !isfinite(sss)) {                                        \
-                /* rare: count this row's NaN and infinities one by one */                                      \
-                for (Py_ssize_t q = 0; q < n; q++)                                                              \
-                    if (!isfinite((double)row[q])) {                                                            \
-                        if (jb->nonfinite++ == 0)                                                               \
-                            jb->first_nonfinite = i * n + q;                                                    \
-                    }                                                                                           \
-            }                                                                                                   \
-            for (int t = 0; t < v; t++)                                                                         \
-                rowsT[t * m + i] = dt[t];                                                                   \
-            rowsT[v * m + i] = sss;                                                                         \
-        }                                                                                                       \
-    }                                                                                                           \
-    ATTR static void c_pass_##SUF(rowjob_t *jb)                                                                  \
-    {                                                                                                           \
-        if (jb->v == 4)                                                                                         \
-            c_pass_##SUF##_v(jb, 4);                                                                            \
-        else                                                                                                    \
-            c_pass_##SUF##_v(jb, jb->v);                                                                        \
+#define DEF_C_PASS(SUF, T, LD, VD, VI, VF, ATTR)                                                                      \
+    /* R rows from i at once, as a_rows */                                                                            \
+    static inline __attribute__((always_inline)) ATTR void c_pass_##SUF##_r(rowjob_t *jb, const int v,                \
+                                                                           Py_ssize_t i, const int R)                 \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
+        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
+        const T *const mat = (const T *)jb->mat;                                                                      \
+        const double *const P = jb->P, *const W = jb->W;                                                              \
+        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
+        const Py_ssize_t ps = jb->stride;                                                                             \
+        const Py_ssize_t n = jb->cols, m = jb->rows;                                                                  \
+        const Py_ssize_t n4 = n - n % LANES;                                                                          \
+        double *cssq = acc + v * ps;                                                                                  \
+        const vd_t inf = splat(INFINITY);                                                                             \
+        const T *row[2];                                                                                              \
+        const double *yi[2];                                                                                          \
+        vd_t d[2][MAX_VECTORS], ss[2];                                                                                \
+        vi_t bad = {0};                                                                                               \
+        for (int q = 0; q < R; q++) {                                                                                 \
+            row[q] = mat + (i + q) * n;                                                                               \
+            yi[q] = W + (i + q) * v;                                                                                  \
+            for (int t = 0; t < v; t++)                                                                               \
+                d[q][t] = splat(0.0);                                                                                 \
+            ss[q] = splat(0.0);                                                                                       \
+        }                                                                                                             \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j < n4; j += LANES) {                                                                                  \
+            vd_t x[2];                                                                                                \
+            for (int q = 0; q < R; q++) {                                                                             \
+                x[q] = LD(row[q] + j);                                                                                \
+                bad |= ~(vabs(x[q]) < inf); /* NaN or infinite */                                                     \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++) {                                                                             \
+                vd_t pt = ld_f64(P + t * ps + j);                                                                     \
+                double *p = acc + t * ps + j;                                                                         \
+                vd_t yct = ld_f64(p);                                                                                 \
+                for (int q = 0; q < R; q++) {                                                                         \
+                    d[q][t] += x[q] * pt;                                                                             \
+                    yct += splat(yi[q][t]) * x[q];                                                                    \
+                }                                                                                                     \
+                st_f64(p, yct);                                                                                       \
+            }                                                                                                         \
+            vd_t cs = ld_f64(cssq + j);                                                                               \
+            for (int q = 0; q < R; q++) {                                                                             \
+                vd_t x2 = x[q] * x[q];                                                                                \
+                ss[q] += x2;                                                                                          \
+                cs += x2;                                                                                             \
+            }                                                                                                         \
+            st_f64(cssq + j, cs);                                                                                     \
+        }                                                                                                             \
+        int any_bad = any(bad);                                                                                       \
+        for (int q = 0; q < R; q++) {                                                                                 \
+            double dt[MAX_VECTORS];                                                                                   \
+            for (int t = 0; t < v; t++)                                                                               \
+                dt[t] = hsum(d[q][t]);                                                                                \
+            double sss = hsum(ss[q]);                                                                                 \
+            for (Py_ssize_t jj = j; jj < n; jj++) {                                                                   \
+                double xs = (double)row[q][jj];                                                                       \
+                for (int t = 0; t < v; t++) {                                                                         \
+                    dt[t] += xs * P[t * ps + jj];                                                                     \
+                    acc[t * ps + jj] += yi[q][t] * xs;                                                                \
+                }                                                                                                     \
+                sss += xs * xs;                                                                                       \
+                cssq[jj] += xs * xs;                                                                                  \
+            }                                                                                                         \
+            if (any_bad || !isfinite(sss)) {                                                                          \
+                /* rare: count this row's NaN and infinities one by one */                                            \
+                for (Py_ssize_t c = 0; c < n; c++)                                                                    \
+                    if (!isfinite((double)row[q][c])) {                                                               \
+                        if (jb->nonfinite++ == 0)                                                                     \
+                            jb->first_nonfinite = (i + q) * n + c;                                                    \
+                    }                                                                                                 \
+            }                                                                                                         \
+            for (int t = 0; t < v; t++)                                                                               \
+                rowsT[t * m + i + q] = dt[t];                                                                         \
+            rowsT[v * m + i + q] = sss;                                                                               \
+        }                                                                                                             \
+    }                                                                                                                 \
+    static inline __attribute__((always_inline)) ATTR void c_pass_##SUF##_v(rowjob_t *jb, const int v)                \
+    {                                                                                                                 \
+        Py_ssize_t i = jb->r0;                                                                                        \
+        for (; i + 1 < jb->r1; i += 2)                                                                                \
+            c_pass_##SUF##_r(jb, v, i, 2);                                                                            \
+        if (i < jb->r1)                                                                                               \
+            c_pass_##SUF##_r(jb, v, i, 1);                                                                            \
+    }                                                                                                                 \
+    ATTR static void c_pass_##SUF(rowjob_t *jb)                                                                       \
+    {                                                                                                                 \
+        if (jb->v == 4)                                                                                               \
+            c_pass_##SUF##_v(jb, 4);                                                                                  \
+        else                                                                                                          \
+            c_pass_##SUF##_v(jb, jb->v);                                                                              \
     }
 
 /*
@@ -468,43 +539,43 @@ typedef struct {
  * of B; each call wants one of the two, and the other costs little beside
  * the read).
  */
-#define DEF_SUMSQ(SUF, T, LD, VD, VI, VF, ATTR)                                                                   \
-    ATTR static void sumsq_##SUF(rowjob_t *jb)                                                                  \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                             \
-        const T *const mat = (const T *)jb->mat;                                                                \
-        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                  \
-        const Py_ssize_t n = jb->cols, n4 = n - n % LANES;                                                      \
-        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                          \
-            const T *row = mat + r * n;                                                                         \
-            vd_t ss = splat(0.0);                                                                               \
-            Py_ssize_t j = 0;                                                                                   \
-            for (; j < n4; j += LANES) {                                                                        \
-                vd_t x = LD(row + j), x2 = x * x;                                                               \
-                ss += x2;                                                                                       \
-                st_f64(acc + j, ld_f64(acc + j) + x2);                                                          \
-            }                                                                                                   \
-            double sss = hsum(ss);                                                                              \
-            for (; j < n; j++) {                                                                                \
-                double x = (double)row[j];                                                                      \
-                sss += x * x;                                                                                   \
-                acc[j] += x * x;                                                                                \
-            }                                                                                                   \
-            rowsT[r] = sss;                                                                                     \
-        }                                                                                                       \
+#define DEF_SUMSQ(SUF, T, LD, VD, VI, VF, ATTR)                                                                       \
+    ATTR static void sumsq_##SUF(rowjob_t *jb)                                                                        \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
+        const T *const mat = (const T *)jb->mat;                                                                      \
+        double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
+        const Py_ssize_t n = jb->cols, n4 = n - n % LANES;                                                            \
+        for (Py_ssize_t r = jb->r0; r < jb->r1; r++) {                                                                \
+            const T *row = mat + r * n;                                                                               \
+            vd_t ss = splat(0.0);                                                                                     \
+            Py_ssize_t j = 0;                                                                                         \
+            for (; j < n4; j += LANES) {                                                                              \
+                vd_t x = LD(row + j), x2 = x * x;                                                                     \
+                ss += x2;                                                                                             \
+                st_f64(acc + j, ld_f64(acc + j) + x2);                                                                \
+            }                                                                                                         \
+            double sss = hsum(ss);                                                                                    \
+            for (; j < n; j++) {                                                                                      \
+                double x = (double)row[j];                                                                            \
+                sss += x * x;                                                                                         \
+                acc[j] += x * x;                                                                                      \
+            }                                                                                                         \
+            rowsT[r] = sss;                                                                                           \
+        }                                                                                                             \
     }
 
-#define DEF_ROW_PASSES(W, VD, VI, VF, ATTR)                                                                      \
-    DEF_B_ROWS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
-    DEF_B_ROWS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
-    DEF_A_ROWS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
-    DEF_A_ROWS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
-    DEF_B_COLS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
-    DEF_B_COLS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
-    DEF_C_PASS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                        \
-    DEF_C_PASS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                       \
-    DEF_SUMSQ(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                         \
+#define DEF_ROW_PASSES(W, VD, VI, VF, ATTR)                                                                           \
+    DEF_B_ROWS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                              \
+    DEF_B_ROWS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                             \
+    DEF_A_ROWS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                              \
+    DEF_A_ROWS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                             \
+    DEF_B_COLS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                              \
+    DEF_B_COLS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                             \
+    DEF_C_PASS(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                              \
+    DEF_C_PASS(f64_##W, double, ld_f64, VD, VI, VF, ATTR)                                                             \
+    DEF_SUMSQ(f32_##W, float, ld_f32, VD, VI, VF, ATTR)                                                               \
     DEF_SUMSQ(f64_##W, double, ld_f64, VD, VI, VF, ATTR)
 
 DEF_ROW_PASSES(narrow, v2d, v2i, v2f, )
@@ -812,68 +883,68 @@ uniform_rescan(uniform_t *u, Py_ssize_t s, Py_ssize_t e, int has_nan, double top
     }
 }
 
-#define DEF_UNIFORM_RUN(W, VD, VI, ATTR)                                                                         \
-    ATTR static void uniform_run_##W(uniform_t *u)                                                              \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        const double *o = u->o, *r = u->r;                                                                      \
-        const vd_t al = splat(u->allowed), inf = splat(INFINITY), zero = splat(0.0);                            \
-        vd_t me = zero, se = zero, sr = zero;                                                                   \
-        vi_t cnt = {0};                                                                                         \
-        Py_ssize_t q = u->lo;                                                                                   \
-        while (u->hi - q >= LANES) {                                                                            \
-            Py_ssize_t e = q + WORST_BLOCK;                                                                     \
-            if (e > u->hi)                                                                                      \
-                e = u->hi;                                                                                      \
-            e -= (e - q) % LANES;                                                                               \
-            vd_t top = splat(-INFINITY);                                                                        \
-            vi_t nans = {0};                                                                                    \
-            for (Py_ssize_t j = q; j < e; j += LANES) {                                                         \
-                vd_t ov = ld_f64(o + j), rv = ld_f64(r + j);                                                    \
-                vd_t err = vabs(ov - rv), ex = err - al;                                                        \
-                cnt -= (ex > zero) | ~(vabs(ov) < inf); /* a mask is -1 */                                      \
-                me = vmax_nan(me, err);                                                                         \
-                se += err * err;                                                                                \
-                sr += rv * rv;                                                                                  \
-                nans |= ex != ex;                                                                               \
-                vi_t gt = ex > top;                                                                             \
-                top = (vd_t)(((vi_t)ex & gt) | ((vi_t)top & ~gt));                                              \
-            }                                                                                                   \
-            /* the block's worst only where it beats the worst so far: a rare second look, in L1 */             \
-            if (!u->nan) {                                                                                      \
-                if (any(nans)) {                                                                                \
-                    uniform_rescan(u, q, e, 1, 0.0);                                                            \
-                } else {                                                                                        \
-                    double t = top[0];                                                                          \
-                    for (int l = 1; l < (int)LANES; l++)                                                        \
-                        t = top[l] > t ? top[l] : t;                                                            \
-                    if (t > u->worst_ex)                                                                        \
-                        uniform_rescan(u, q, e, 0, t);                                                          \
-                }                                                                                               \
-            }                                                                                                   \
-            q = e;                                                                                              \
-        }                                                                                                       \
-        double mes = hmax_nan(me), ses = hsum(se), srs = hsum(sr);                                              \
-        Py_ssize_t bad = 0;                                                                                     \
-        for (int l = 0; l < (int)LANES; l++)                                                                    \
-            bad += cnt[l];                                                                                      \
-        for (; q < u->hi; q++) {                                                                                \
-            double err = fabs(o[q] - r[q]), ex = err - u->allowed;                                              \
-            bad += (ex > 0) || !isfinite(o[q]);                                                                 \
-            mes = max_nan(mes, err);                                                                            \
-            ses += err * err;                                                                                   \
-            srs += r[q] * r[q];                                                                                 \
-            if (!u->nan && (ex != ex || ex > u->worst_ex)) {                                                    \
-                u->worst = q;                                                                                   \
-                u->worst_ex = ex;                                                                               \
-                u->nan = ex != ex;                                                                              \
-            }                                                                                                   \
-        }                                                                                                       \
-        u->bad = bad;                                                                                           \
-        u->max_err = mes;                                                                                       \
-        u->ssq_err = ses;                                                                                       \
-        u->ssq_ref = srs;                                                                                       \
+#define DEF_UNIFORM_RUN(W, VD, VI, ATTR)                                                                              \
+    ATTR static void uniform_run_##W(uniform_t *u)                                                                    \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        const double *o = u->o, *r = u->r;                                                                            \
+        const vd_t al = splat(u->allowed), inf = splat(INFINITY), zero = splat(0.0);                                  \
+        vd_t me = zero, se = zero, sr = zero;                                                                         \
+        vi_t cnt = {0};                                                                                               \
+        Py_ssize_t q = u->lo;                                                                                         \
+        while (u->hi - q >= LANES) {                                                                                  \
+            Py_ssize_t e = q + WORST_BLOCK;                                                                           \
+            if (e > u->hi)                                                                                            \
+                e = u->hi;                                                                                            \
+            e -= (e - q) % LANES;                                                                                     \
+            vd_t top = splat(-INFINITY);                                                                              \
+            vi_t nans = {0};                                                                                          \
+            for (Py_ssize_t j = q; j < e; j += LANES) {                                                               \
+                vd_t ov = ld_f64(o + j), rv = ld_f64(r + j);                                                          \
+                vd_t err = vabs(ov - rv), ex = err - al;                                                              \
+                cnt -= (ex > zero) | ~(vabs(ov) < inf); /* a mask is -1 */                                            \
+                me = vmax_nan(me, err);                                                                               \
+                se += err * err;                                                                                      \
+                sr += rv * rv;                                                                                        \
+                nans |= ex != ex;                                                                                     \
+                vi_t gt = ex > top;                                                                                   \
+                top = (vd_t)(((vi_t)ex & gt) | ((vi_t)top & ~gt));                                                    \
+            }                                                                                                         \
+            /* the block's worst only where it beats the worst so far: a rare second look, in L1 */                   \
+            if (!u->nan) {                                                                                            \
+                if (any(nans)) {                                                                                      \
+                    uniform_rescan(u, q, e, 1, 0.0);                                                                  \
+                } else {                                                                                              \
+                    double t = top[0];                                                                                \
+                    for (int l = 1; l < (int)LANES; l++)                                                              \
+                        t = top[l] > t ? top[l] : t;                                                                  \
+                    if (t > u->worst_ex)                                                                              \
+                        uniform_rescan(u, q, e, 0, t);                                                                \
+                }                                                                                                     \
+            }                                                                                                         \
+            q = e;                                                                                                    \
+        }                                                                                                             \
+        double mes = hmax_nan(me), ses = hsum(se), srs = hsum(sr);                                                    \
+        Py_ssize_t bad = 0;                                                                                           \
+        for (int l = 0; l < (int)LANES; l++)                                                                          \
+            bad += cnt[l];                                                                                            \
+        for (; q < u->hi; q++) {                                                                                      \
+            double err = fabs(o[q] - r[q]), ex = err - u->allowed;                                                    \
+            bad += (ex > 0) || !isfinite(o[q]);                                                                       \
+            mes = max_nan(mes, err);                                                                                  \
+            ses += err * err;                                                                                         \
+            srs += r[q] * r[q];                                                                                       \
+            if (!u->nan && (ex != ex || ex > u->worst_ex)) {                                                          \
+                u->worst = q;                                                                                         \
+                u->worst_ex = ex;                                                                                     \
+                u->nan = ex != ex;                                                                                    \
+            }                                                                                                         \
+        }                                                                                                             \
+        u->bad = bad;                                                                                                 \
+        u->max_err = mes;                                                                                             \
+        u->ssq_err = ses;                                                                                             \
+        u->ssq_ref = srs;                                                                                             \
     }
 
 DEF_UNIFORM_RUN(narrow, v2d, v2i, )
@@ -989,41 +1060,41 @@ model_left(model_t *h, Py_ssize_t q, double err)
         h->first_nan = q;
 }
 
-#define DEF_MODEL_RUN(W, VD, VI, ATTR)                                                                           \
-    ATTR static void model_run_##W(model_t *h)                                                                  \
-    {                                                                                                           \
-        typedef VD vd_t;                                                                                        \
-        typedef VI vi_t;                                                                                        \
-        const double *o = h->o, *r = h->r;                                                                      \
-        const vd_t sc = splat(h->scale), hf = splat(h->half), zero = splat(0.0);                                \
-        vd_t me = zero, se = zero, sr = zero;                                                                   \
-        Py_ssize_t q = h->lo;                                                                                   \
-        for (; h->hi - q >= LANES; q += LANES) {                                                                \
-            vd_t ov = ld_f64(o + q), rv = ld_f64(r + q);                                                        \
-            vd_t err = vabs(ov - rv);                                                                           \
-            vd_t allowed = vabs(rv) * sc + hf;                                                                  \
-            vi_t left = ~(err <= allowed); /* a NaN error is never passed */                                    \
-            me = vmax_nan(me, err);                                                                             \
-            se += err * err;                                                                                    \
-            sr += rv * rv;                                                                                      \
-            if (any(left))                                                                                      \
-                for (int l = 0; l < (int)LANES; l++)                                                            \
-                    if (left[l])                                                                                \
-                        model_left(h, q + l, err[l]);                                                           \
-        }                                                                                                       \
-        double mes = hmax_nan(me), ses = hsum(se), srs = hsum(sr);                                              \
-        for (; q < h->hi; q++) {                                                                                \
-            double err = fabs(o[q] - r[q]);                                                                     \
-            double allowed = fabs(r[q]) * h->scale + h->half;                                                   \
-            mes = max_nan(mes, err);                                                                            \
-            ses += err * err;                                                                                   \
-            srs += r[q] * r[q];                                                                                 \
-            if (!(err <= allowed))                                                                              \
-                model_left(h, q, err);                                                                          \
-        }                                                                                                       \
-        h->max_err = mes;                                                                                       \
-        h->ssq_err = ses;                                                                                       \
-        h->ssq_ref = srs;                                                                                       \
+#define DEF_MODEL_RUN(W, VD, VI, ATTR)                                                                                \
+    ATTR static void model_run_##W(model_t *h)                                                                        \
+    {                                                                                                                 \
+        typedef VD vd_t;                                                                                              \
+        typedef VI vi_t;                                                                                              \
+        const double *o = h->o, *r = h->r;                                                                            \
+        const vd_t sc = splat(h->scale), hf = splat(h->half), zero = splat(0.0);                                      \
+        vd_t me = zero, se = zero, sr = zero;                                                                         \
+        Py_ssize_t q = h->lo;                                                                                         \
+        for (; h->hi - q >= LANES; q += LANES) {                                                                      \
+            vd_t ov = ld_f64(o + q), rv = ld_f64(r + q);                                                              \
+            vd_t err = vabs(ov - rv);                                                                                 \
+            vd_t allowed = vabs(rv) * sc + hf;                                                                        \
+            vi_t left = ~(err <= allowed); /* a NaN error is never passed */                                          \
+            me = vmax_nan(me, err);                                                                                   \
+            se += err * err;                                                                                          \
+            sr += rv * rv;                                                                                            \
+            if (any(left))                                                                                            \
+                for (int l = 0; l < (int)LANES; l++)                                                                  \
+                    if (left[l])                                                                                      \
+                        model_left(h, q + l, err[l]);                                                                 \
+        }                                                                                                             \
+        double mes = hmax_nan(me), ses = hsum(se), srs = hsum(sr);                                                    \
+        for (; q < h->hi; q++) {                                                                                      \
+            double err = fabs(o[q] - r[q]);                                                                           \
+            double allowed = fabs(r[q]) * h->scale + h->half;                                                         \
+            mes = max_nan(mes, err);                                                                                  \
+            ses += err * err;                                                                                         \
+            srs += r[q] * r[q];                                                                                       \
+            if (!(err <= allowed))                                                                                    \
+                model_left(h, q, err);                                                                                \
+        }                                                                                                             \
+        h->max_err = mes;                                                                                             \
+        h->ssq_err = ses;                                                                                             \
+        h->ssq_ref = srs;                                                                                             \
     }
 
 DEF_MODEL_RUN(narrow, v2d, v2i, )
@@ -1118,7 +1189,26 @@ done:
     return res;
 }
 
+/* For tests: the kernels of the other width, where there are two. */
+static PyObject *
+set_wide(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+#ifdef MMD_HAVE_WIDE
+    int old = use_wide;
+    use_wide = want && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(old);
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"set_wide", set_wide, METH_O,
+     "set_wide(flag) -> bool\n\n"
+     "Use the AVX2 kernels (where the CPU has AVX2) or the two-double ones; returns the previous choice."},
     {"b_rows", b_rows, METH_VARARGS,
      "b_rows(b, k, n, v, xT, None, rowsT, acc, min_split=1<<16) -> None\n\n"
      "rowsT ((v+2) x k) = [B.x transposed, sum_j |B_rj|, max_j |B_rj|]; acc (n) = sum_r B_rj^2."},

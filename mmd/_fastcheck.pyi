@@ -3,6 +3,7 @@ from typing import Any
 
 MAX_VECTORS: int
 
+def set_wide(flag: bool, /) -> bool: ...
 def b_rows(
     b: Any, k: int, n: int, v: int, xt: Any, w: None, rows_t: Any, acc: Any, min_split: int = ..., /
 ) -> None: ...

@@ -1,9 +1,10 @@
 """Tests for mmd._fastcheck, the C passes of mmd.verify.
 
-Every check is made three ways on the same inputs: through the C passes,
-through the C passes split over two threads on every size (``_SPLIT_ELEMS``
-0), and through the numpy passes (the flag ``textformat.USE_FASTTEXT``
-switched off). The reports must agree exactly in their decisions, counts,
+Every check is made five ways on the same inputs: through the C passes
+(their AVX2 kernels where the CPU has AVX2, and their two-double kernels),
+each as mmd.verify calls them and split over two threads on every size
+(``_SPLIT_ELEMS`` 0), and through the numpy passes (the flag
+``textformat.USE_FASTTEXT`` switched off). The reports must agree exactly in their decisions, counts,
 positions and largest error; the sums (relative error, the quick check's
 projections) are summed in another order and agree to rounding.
 """
@@ -29,18 +30,24 @@ fc = verify._fastcheck
 pytestmark = pytest.mark.skipif(fc is None, reason="mmd._fastcheck is not built (no C compiler at install time)")
 
 
-def _three_ways(fn: Callable[[], Any]) -> tuple[Any, Any, Any]:
-    """fn() through the C passes, the C passes always split in two, and the numpy passes."""
+def _ways(fn: Callable[[], Any]) -> tuple[list[Any], Any]:
+    """fn() through the C passes four ways (AVX2 kernels where the CPU has them, and the two-double ones; each
+    whole and always split over two threads), and through the numpy passes."""
     old_flag, old_split = tf.USE_FASTTEXT, verify._SPLIT_ELEMS
+    old_wide = fc.set_wide(True)
+    c = []
     try:
         tf.USE_FASTTEXT = True
-        c = fn()
-        verify._SPLIT_ELEMS = 0
-        split = fn()
+        for wide in (True, False):
+            fc.set_wide(wide)
+            for split in (old_split, 0):
+                verify._SPLIT_ELEMS = split
+                c.append(fn())
         tf.USE_FASTTEXT = False
-        return c, split, fn()
+        return c, fn()
     finally:
         tf.USE_FASTTEXT, verify._SPLIT_ELEMS = old_flag, old_split
+        fc.set_wide(old_wide)
 
 
 def _same_report(got: verify.CheckReport, want: verify.CheckReport) -> None:
@@ -114,12 +121,12 @@ def test_full_check_same_both_ways(shape, seed, plant):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    c, split, numpy_ = _three_ways(lambda: verify.against_inputs(out, a, b))
-    _same_report(c, numpy_)
-    _same_report(split, numpy_)
-    c, split, numpy_ = _three_ways(lambda: verify.against_inputs(out, a, b, tol=0.02))
-    _same_report(c, numpy_)
-    _same_report(split, numpy_)
+    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    for c in cs:
+        _same_report(c, numpy_)
+    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b, tol=0.02))
+    for c in cs:
+        _same_report(c, numpy_)
 
 
 @settings(max_examples=80, deadline=None)
@@ -147,9 +154,9 @@ def test_against_output_same_both_ways(m, n, seed, plant, tol):
     else:
         out = _planted(out, np.eye(m, dtype=np.float32), expected.astype(np.float32), plant, rng)
     with np.errstate(invalid="ignore"):  # the numpy path's inf - inf
-        c, split, numpy_ = _three_ways(lambda: verify.against_output(out, expected, tol))
-    _same_report(c, numpy_)
-    _same_report(split, numpy_)
+        cs, numpy_ = _ways(lambda: verify.against_output(out, expected, tol))
+    for c in cs:
+        _same_report(c, numpy_)
 
 
 @settings(max_examples=80, deadline=None)
@@ -159,9 +166,9 @@ def test_quick_same_both_ways(shape, seed, plant, vectors, tol):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    c, split, numpy_ = _three_ways(lambda: verify.quick(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
-    _same_quick(c, numpy_)
-    _same_quick(split, numpy_)
+    cs, numpy_ = _ways(lambda: verify.quick(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
+    for c in cs:
+        _same_quick(c, numpy_)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
@@ -176,8 +183,8 @@ def test_projections_of_any_matrix_same_both_ways(dtype, layout):
         a, b = np.asfortranarray(a), np.asfortranarray(b)
     elif layout == "strided":
         a, b = np.repeat(a, 2, axis=1)[:, ::2], np.repeat(b, 2, axis=1)[:, ::2]
-    c, split, numpy_ = _three_ways(lambda: verify.project(a, b, seed=3))
-    for got in (c, split):
+    cs, numpy_ = _ways(lambda: verify.project(a, b, seed=3))
+    for got in cs:
         for name in ("x", "y", "abx", "yab", "row_sum", "row_max", "col_sum", "col_max", "a_row_ssq", "b_col_ssq"):
             np.testing.assert_allclose(getattr(got, name), getattr(numpy_, name), rtol=1e-12, atol=1e-9, err_msg=name)
         assert (got.shape, got.seed) == (numpy_.shape, numpy_.seed)
@@ -187,8 +194,8 @@ def test_more_vectors_than_the_c_passes_take_go_through_numpy():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 6, 7), random_matrix(rng, 7, 5)
     out = _printed(a, b)
-    c, _, numpy_ = _three_ways(lambda: verify.quick(out, a, b, vectors=fc.MAX_VECTORS + 1))
-    assert c == numpy_
+    cs, numpy_ = _ways(lambda: verify.quick(out, a, b, vectors=fc.MAX_VECTORS + 1))
+    assert all(c == numpy_ for c in cs)
 
 
 def test_big_enough_to_split_by_default_same_both_ways():
@@ -196,12 +203,15 @@ def test_big_enough_to_split_by_default_same_both_ways():
     a, b = random_matrix(rng, 300, 64), random_matrix(rng, 64, 301)  # 90300 elements: two threads
     out = _planted(_printed(a, b), a, b, "near", rng)
     assert out.size >= verify._SPLIT_ELEMS
-    c, _, numpy_ = _three_ways(lambda: verify.against_inputs(out, a, b))
-    _same_report(c, numpy_)
-    c, _, numpy_ = _three_ways(lambda: verify.against_output(out, np.round(out, 1)))
-    _same_report(c, numpy_)
-    c, _, numpy_ = _three_ways(lambda: verify.quick(out, a, b))
-    _same_quick(c, numpy_)
+    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    for c in cs:
+        _same_report(c, numpy_)
+    cs, numpy_ = _ways(lambda: verify.against_output(out, np.round(out, 1)))
+    for c in cs:
+        _same_report(c, numpy_)
+    cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
+    for c in cs:
+        _same_quick(c, numpy_)
 
 
 def test_the_c_passes_refuse_wrong_buffers():
@@ -234,20 +244,27 @@ def test_an_empty_inner_dimension_same_both_ways():
     a, b = np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)
     out = np.zeros((3, 4))
     out[1, 2] = 0.5
-    c, split, numpy_ = _three_ways(lambda: verify.against_inputs(out, a, b))
-    _same_report(c, numpy_)
-    _same_report(split, numpy_)
-    assert not c.ok and c.worst == (1, 2)
-    c, split, numpy_ = _three_ways(lambda: verify.quick(out, a, b))
-    _same_quick(c, numpy_)
+    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    for c in cs:
+        _same_report(c, numpy_)
+    assert not numpy_.ok and numpy_.worst == (1, 2)
+    cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
+    for c in cs:
+        _same_quick(c, numpy_)
 
 
-def test_sumsq_rows_and_columns():
+@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sumsq_rows_and_columns(wide, dtype):
     rng = np.random.default_rng(2)
-    for mat in (rng.standard_normal((7, 13)), rng.standard_normal((13, 7)).astype(np.float32)):
-        rows, cols = np.empty(mat.shape[0]), np.empty(mat.shape[1])
-        for split in (0, 1 << 30):
-            fc.sumsq(mat, *mat.shape, 1, None, None, rows, cols, split)
+    old = fc.set_wide(wide)
+    try:
+        for mat in (rng.standard_normal((7, 13)).astype(dtype), rng.standard_normal((13, 7)).astype(dtype)):
+            rows, cols = np.empty(mat.shape[0]), np.empty(mat.shape[1])
             m64 = mat.astype(np.float64)
-            np.testing.assert_allclose(rows, (m64 * m64).sum(axis=1), rtol=1e-12)
-            np.testing.assert_allclose(cols, (m64 * m64).sum(axis=0), rtol=1e-12)
+            for split in (0, 1 << 30):
+                fc.sumsq(mat, *mat.shape, 1, None, None, rows, cols, split)
+                np.testing.assert_allclose(rows, (m64 * m64).sum(axis=1), rtol=1e-12)
+                np.testing.assert_allclose(cols, (m64 * m64).sum(axis=0), rtol=1e-12)
+    finally:
+        fc.set_wide(old)
