@@ -63,7 +63,8 @@ _SPLIT_ELEMS = 1 << 16
 
 def _c_passes() -> ModuleType | None:
     """mmd._fastcheck where it is built, unless MMD_NO_FASTTEXT=1 (:data:`mmd.textformat.USE_FASTTEXT`,
-    the one switch for mmd's C accelerators) asks for the numpy passes.
+    the one switch for mmd's C accelerators, off also where mmd._fasttext was not built: one build makes
+    both) asks for the numpy passes.
 
     Read at each call, so that switching the flag switches both paths.
     """
@@ -405,7 +406,7 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Pr
     x = rng.standard_normal((n, vectors))
     y = rng.standard_normal((m, vectors))
     fc = _c_passes()
-    if fc is not None and a.size and b.size and vectors <= fc.MAX_VECTORS:
+    if fc is not None and a.size and b.size and 1 <= vectors <= fc.MAX_VECTORS:
         return _project_c(fc, a, b, seed, x, y)
     return _project_numpy(a, b, seed, x, y)
 
@@ -517,7 +518,7 @@ def quick_against(
         )
 
     fc = _c_passes()
-    if fc is not None and out.shape == (m, n) and out.size and vectors <= fc.MAX_VECTORS:
+    if fc is not None and out.shape == (m, n) and out.size and 1 <= vectors <= fc.MAX_VECTORS:
         sums_rows, sums_cols = np.empty((vectors + 1, m)), np.empty((vectors + 1, n))
         nonfinite, first = fc.c_pass(
             _c_matrix(out),
