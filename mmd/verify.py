@@ -26,9 +26,18 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TypeVar
 
 import numpy as np
+
+from . import textformat
+
+_fastcheck: ModuleType | None
+try:
+    from . import _fastcheck
+except ImportError:  # built without a C compiler: the numpy passes below
+    _fastcheck = None
 
 #: Half a unit in the last printed place of ``%6.2f``, plus a hair for binary rounding.
 PRINT_HALF_UNIT = 0.005 * (1 + 1e-9)
@@ -48,6 +57,25 @@ _BLOCK_ELEMS = 1 << 20
 #: stay in a core's L2 cache, where numpy's several passes over them run at cache speed rather than
 #: at memory speed, and are reused from chunk to chunk (no allocation).
 _CHUNK_ELEMS = 1 << 15
+#: Elements from which mmd._fastcheck's passes split their rows over two threads.
+_SPLIT_ELEMS = 1 << 16
+
+
+def _c_passes() -> ModuleType | None:
+    """mmd._fastcheck where it is built, unless MMD_NO_FASTTEXT=1 (:data:`mmd.textformat.USE_FASTTEXT`,
+    the one switch for mmd's C accelerators, off also where mmd._fasttext was not built: one build makes
+    both) asks for the numpy passes.
+
+    Read at each call, so that switching the flag switches both paths.
+    """
+    return _fastcheck if textformat.USE_FASTTEXT else None
+
+
+def _c_matrix(mat: np.ndarray) -> np.ndarray:
+    """``mat`` as the C passes read it: float32 or float64 (native order) as it is, anything else in float64."""
+    if mat.dtype == np.float32 or mat.dtype == np.float64:
+        return np.ascontiguousarray(mat)
+    return np.ascontiguousarray(mat, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -210,6 +238,34 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, allowed, tolerance)
     m, n = out.shape
+    fc = _c_passes()
+    if fc is not None:
+        mismatches, max_err, ssq_err, ssq_ref, worst = fc.uniform(
+            np.ascontiguousarray(out, dtype=np.float64),
+            np.ascontiguousarray(ref, dtype=np.float64),
+            m,
+            n,
+            float(allowed),
+            _SPLIT_ELEMS,
+        )
+    else:
+        mismatches, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
+    denom = math.sqrt(ssq_ref)
+    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
+    return CheckReport(
+        ok=mismatches == 0,
+        shape=(m, n),
+        mismatches=mismatches,
+        max_abs_error=max_err,
+        worst=None if mismatches == 0 else (worst // n, worst % n),
+        rel_error=rel,
+        tolerance=tolerance,
+    )
+
+
+def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[int, float, float, float, int]:
+    """:func:`_uniform_report`'s pass in numpy: (mismatches, max |error|, Σ error², Σ ref², the worst's flat index)."""
+    m, n = out.shape
 
     def block(rows: tuple[int, int]) -> _UniformBlock:
         o_all, rf_all = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
@@ -244,24 +300,13 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
             parts = list(pool.map(block, bounds))
     else:
         parts = [block(bounds[0])]
-    mismatches = sum(p.bad for p in parts)
     nans = [p for p in parts if p.nan]
     # the earliest block wins ties, as np.argmax's first occurrence does
     top = nans[0] if nans else max(parts, key=lambda p: (p.worst_excess, -p.worst))
     maxes = [p.max_err for p in parts]
     max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes)
     ssq_err, ssq_ref = sum(p.ssq_err for p in parts), sum(p.ssq_ref for p in parts)
-    denom = math.sqrt(ssq_ref)
-    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
-    return CheckReport(
-        ok=mismatches == 0,
-        shape=(m, n),
-        mismatches=mismatches,
-        max_abs_error=max_err,
-        worst=None if mismatches == 0 else (top.worst // n, top.worst % n),
-        rel_error=rel,
-        tolerance=tolerance,
-    )
+    return sum(p.bad for p in parts), max_err, ssq_err, ssq_ref, top.worst
 
 
 @dataclass(frozen=True)
@@ -354,13 +399,52 @@ class Projections:
 
 
 def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Projections:
-    """A and B's side of :func:`quick`: three passes over them in blocks of rows, converted to float64
+    """A and B's side of :func:`quick`: three passes over them (B, A, B again), converted to float64
     on the way (no n×n temporary)."""
-    m, k = a.shape
-    n = b.shape[1]
+    m, n = a.shape[0], b.shape[1]
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, vectors))
     y = rng.standard_normal((m, vectors))
+    fc = _c_passes()
+    if fc is not None and a.size and b.size and 1 <= vectors <= fc.MAX_VECTORS:
+        return _project_c(fc, a, b, seed, x, y)
+    return _project_numpy(a, b, seed, x, y)
+
+
+def _project_c(fc: ModuleType, a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np.ndarray) -> Projections:
+    """:func:`project` by mmd._fastcheck: each pass one read of its matrix, every sum of it at once."""
+    m, k = a.shape
+    n = b.shape[1]
+    v = x.shape[1]
+    a, b = _c_matrix(a), _c_matrix(b)
+    b_rows = np.empty((v + 2, k))  # (B·x)ᵀ, Σ_j |B_rj|, max_j |B_rj|
+    b_col_ssq = np.empty(n)
+    fc.b_rows(b, k, n, v, np.ascontiguousarray(x.T), None, b_rows, b_col_ssq, _SPLIT_ELEMS)
+    a_rows = np.empty((v + 3, m))  # (A·B·x)ᵀ, |A|·Σ|B|, |A|·max|B|, Σ_k A_ik²
+    a_cols = np.empty((v + 2, k))  # yᵀ·A, Σ_i |A_ik|, max_i |A_ik|
+    fc.a_rows(a, m, k, v, b_rows, y, a_rows, a_cols, _SPLIT_ELEMS)
+    b_cols = np.empty((v + 2, n))  # yᵀ·A·B, (Σ|A|)ᵀ·|B|, (max|A|)ᵀ·|B|
+    fc.b_cols(b, k, n, v, None, a_cols, None, b_cols, _SPLIT_ELEMS)
+    return Projections(
+        shape=(m, k, n),
+        seed=seed,
+        x=x,
+        y=y,
+        abx=np.ascontiguousarray(a_rows[:v].T),
+        yab=b_cols[:v],
+        row_sum=a_rows[v],
+        row_max=a_rows[v + 1],
+        col_sum=b_cols[v],
+        col_max=b_cols[v + 1],
+        a_row_ssq=a_rows[v + 2],
+        b_col_ssq=b_col_ssq,
+    )
+
+
+def _project_numpy(a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np.ndarray) -> Projections:
+    """:func:`project` in numpy, in blocks of rows."""
+    m, k = a.shape
+    n = b.shape[1]
     bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
     bx = np.concatenate([q.bx for q in bp])
     b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
@@ -415,36 +499,52 @@ def quick_against(
     vectors = proj.x.shape[1]
     seed = proj.seed
     tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
-    out64 = np.asarray(out, dtype=np.float64)
-    finite = np.isfinite(out64)
-    nonfinite = int(out64.size - np.count_nonzero(finite))
     tests = (m + n) * vectors
     z = _z_for(false_alarm / max(tests, 1))
-    if out64.shape != (m, n) or nonfinite:
-        worst_where = int(np.flatnonzero(~finite)[0]) if nonfinite else None
+
+    def refused(shape: tuple[int, int], nonfinite: int, first: int | None) -> QuickReport:
         return QuickReport(
             ok=False,
-            shape=(int(out64.shape[0]), int(out64.shape[1])) if out64.ndim == 2 else (0, 0),
+            shape=shape,
             seed=seed,
             vectors=vectors,
             z=z,
             false_alarm=false_alarm,
             bound=0.0,
             worst_ratio=float("inf"),
-            worst=None if worst_where is None else ("row", worst_where // max(out64.shape[-1], 1)),
+            worst=None if first is None else ("row", first // max(shape[1], 1)),
             nonfinite=nonfinite,
             tolerance=tolerance,
         )
-    x, y = proj.x, proj.y
 
-    def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
-        return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))
-
-    op = _pass_rows(out64, c_rows)
-    res_rows = np.concatenate([q.cx for q in op]) - proj.abx  # (C - AB)·x, m×v
-    res_cols = _total([q.yc for q in op]) - proj.yab  # yᵀ(C - AB), v×n
-    c_row_ssq = np.concatenate([q.row_ssq for q in op])
-    c_col_ssq = _total([q.col_ssq for q in op])
+    fc = _c_passes()
+    if fc is not None and out.shape == (m, n) and out.size and 1 <= vectors <= fc.MAX_VECTORS:
+        sums_rows, sums_cols = np.empty((vectors + 1, m)), np.empty((vectors + 1, n))
+        nonfinite, first = fc.c_pass(
+            _c_matrix(out),
+            m,
+            n,
+            vectors,
+            np.ascontiguousarray(proj.x.T),
+            np.ascontiguousarray(proj.y),
+            sums_rows,
+            sums_cols,
+            _SPLIT_ELEMS,
+        )
+        if nonfinite:
+            return refused((m, n), nonfinite, first)
+        cx, yc = sums_rows[:vectors].T, sums_cols[:vectors]  # C·x, yᵀ·C
+        c_row_ssq, c_col_ssq = sums_rows[vectors], sums_cols[vectors]
+    else:
+        out64 = np.asarray(out, dtype=np.float64)
+        finite = np.isfinite(out64)
+        nonfinite = int(out64.size - np.count_nonzero(finite))
+        if out64.shape != (m, n) or nonfinite:
+            shape = (int(out64.shape[0]), int(out64.shape[1])) if out64.ndim == 2 else (0, 0)
+            return refused(shape, nonfinite, int(np.flatnonzero(~finite)[0]) if nonfinite else None)
+        cx, yc, c_row_ssq, c_col_ssq = _quick_numpy(out64, proj)
+    res_rows = cx - proj.abx  # (C - AB)·x, m×v
+    res_cols = yc - proj.yab  # yᵀ(C - AB), v×n
     h = PRINT_HALF_UNIT
     if tol is None:
         # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
@@ -457,8 +557,8 @@ def quick_against(
     # float64 rounding of the projections: at most about (k + m + n)·u of the
     # sums of |terms|, themselves at most these norms (Cauchy–Schwarz)
     gamma = 2 * (k + m + n + 4) * _U64
-    xn = float(np.max(np.linalg.norm(x, axis=0)))
-    yn = float(np.max(np.linalg.norm(y, axis=0)))
+    xn = float(np.max(np.linalg.norm(proj.x, axis=0)))
+    yn = float(np.max(np.linalg.norm(proj.y, axis=0)))
     a_row_ssq, b_col_ssq = proj.a_row_ssq, proj.b_col_ssq
     norm_a, norm_b = math.sqrt(float(a_row_ssq.sum())), math.sqrt(float(b_col_ssq.sum()))
     round_rows = gamma * xn * (np.sqrt(c_row_ssq) + np.sqrt(a_row_ssq) * norm_b)
@@ -484,6 +584,23 @@ def quick_against(
         worst=worst,
         nonfinite=0,
         tolerance=tolerance,
+    )
+
+
+def _quick_numpy(out64: np.ndarray, proj: Projections) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`quick_against`'s pass over the output in numpy: C·x, yᵀ·C, and the sums of squares of C's rows and
+    columns."""
+    x, y = proj.x, proj.y
+
+    def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
+        return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))
+
+    op = _pass_rows(out64, c_rows)
+    return (
+        np.concatenate([q.cx for q in op]),
+        _total([q.yc for q in op]),
+        np.concatenate([q.row_ssq for q in op]),
+        _total([q.col_ssq for q in op]),
     )
 
 
@@ -576,6 +693,20 @@ class _Block:
     err: np.ndarray  # their |error|
 
 
+@dataclass
+class _Sieve:
+    """What the first pass of :class:`_ModelCheck` found: the elements |ref| ≤ S does not pass."""
+
+    max_err: float
+    ssq_err: float
+    ssq_ref: float
+    nonfinite: int  # NaN and infinite values in the output
+    worst_nonfinite: int | None  # flat index of the first NaN among them, else of the first
+    left: int  # finite elements left; flat and err list them, unless there are more than m·n/8
+    flat: np.ndarray
+    err: np.ndarray  # their |error|
+
+
 class _ModelCheck:
     """The rule |out − ref| ≤ 0.005 + c·S, S = |A|·|B|, without computing all of S.
 
@@ -657,8 +788,8 @@ class _ModelCheck:
             got[s : s + step] = np.einsum("ek,ek->e", np.abs(self.a64[f // n]), abs_bt[ci[s : s + step]])
         return got
 
-    def report(self, tolerance: str) -> CheckReport:
-        m, n, k = self.m, self.n, self.k
+    def _sieve_numpy(self) -> _Sieve:
+        m, n = self.m, self.n
         step = max(1, _BLOCK_ELEMS // max(n, 1))
         bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
         if len(bounds) > 1:
@@ -668,13 +799,60 @@ class _ModelCheck:
         else:
             parts = [self._block(bd) for bd in bounds]
         maxes = [p.max_err for p in parts]
-        max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes, default=0.0)
-        ssq_err = sum(p.ssq_err for p in parts)
-        ssq_ref = sum(p.ssq_ref for p in parts)
         nonfinite = np.concatenate([p.nonfinite for p in parts])
+        worst: int | None = None
+        if nonfinite.size:
+            # as np.argmax over every excess would: the first NaN, else the first infinite value
+            nan = np.flatnonzero(np.isnan(self.out.ravel()[nonfinite]))
+            worst = int(nonfinite[nan[0]] if nan.size else nonfinite[0])
         flat = np.concatenate([p.left for p in parts])
-        err = np.concatenate([p.err for p in parts])
-        if flat.size > m * n // 8:
+        return _Sieve(
+            max_err=float("nan") if any(math.isnan(x) for x in maxes) else max(maxes, default=0.0),
+            ssq_err=sum(p.ssq_err for p in parts),
+            ssq_ref=sum(p.ssq_ref for p in parts),
+            nonfinite=int(nonfinite.size),
+            worst_nonfinite=worst,
+            left=int(flat.size),
+            flat=flat,
+            err=np.concatenate([p.err for p in parts]),
+        )
+
+    def _sieve_c(self, fc: ModuleType) -> _Sieve:
+        m, n = self.m, self.n
+        limit = m * n // 8  # beyond it, no list: S is computed in full
+        out, ref = np.ascontiguousarray(self.out), np.ascontiguousarray(self.ref)
+        got = fc.model(out, ref, m, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, _SPLIT_ELEMS)
+        max_err, ssq_err, ssq_ref, nonfinite, first_nan, first_nonfinite, left, flat, err = got
+        return _Sieve(
+            max_err=max_err,
+            ssq_err=ssq_err,
+            ssq_ref=ssq_ref,
+            nonfinite=nonfinite,
+            worst_nonfinite=None if not nonfinite else first_nan if first_nan >= 0 else first_nonfinite,
+            left=left,
+            flat=np.frombuffer(flat, dtype=np.int64).astype(np.intp, copy=False),
+            err=np.frombuffer(err, dtype=np.float64),
+        )
+
+    def _norms(self, fc: ModuleType | None) -> tuple[np.ndarray, np.ndarray]:
+        """‖a_i‖ for every row of A and ‖b_j‖ for every column of B."""
+        (m, k), n = self.a64.shape, self.n
+        if fc is None or not k:
+            return np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64)), np.sqrt(
+                np.einsum("kj,kj->j", self.b64, self.b64)
+            )
+        a_rows, a_cols, b_rows, b_cols = np.empty(m), np.empty(k), np.empty(k), np.empty(n)
+        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, _SPLIT_ELEMS)
+        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, _SPLIT_ELEMS)
+        return np.sqrt(a_rows), np.sqrt(b_cols)
+
+    def report(self, tolerance: str) -> CheckReport:
+        m, n, k = self.m, self.n, self.k
+        fc = _c_passes()
+        sieve = self._sieve_c(fc) if fc is not None else self._sieve_numpy()
+        max_err, ssq_err, ssq_ref = sieve.max_err, sieve.ssq_err, sieve.ssq_ref
+        flat, err = sieve.flat, sieve.err
+        if sieve.left > m * n // 8:
             # wrong nearly everywhere: S in full, one more GEMM
             allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64) @ np.abs(self.b64))
             return _report(self.out, self.ref, allowed, tolerance)
@@ -683,8 +861,7 @@ class _ModelCheck:
         i, j = flat // n, flat % n
         s_lo = np.einsum("ek,ek->e", np.abs(self.a64[i, :p]), np.abs(self.b64[:p, :].T[j]))
         s_lo = np.maximum(s_lo, np.abs(self.ref.ravel()[flat])) * self.lo_scale
-        norm_a = np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64))
-        norm_b = np.sqrt(np.einsum("kj,kj->j", self.b64, self.b64))
+        norm_a, norm_b = self._norms(fc)
         allowed_lo = PRINT_HALF_UNIT + self.c * s_lo
         allowed_hi = PRINT_HALF_UNIT + self.c * norm_a[i] * norm_b[j] * self.hi_scale
         sure_bad = err > allowed_hi
@@ -699,13 +876,9 @@ class _ModelCheck:
         if idx.size:
             excess[idx] = err[idx] - (PRINT_HALF_UNIT + self.c * self._exact_s(flat[idx]))
         bad = sure_bad | (excess > 0)
-        mismatches = int(nonfinite.size) + int(np.count_nonzero(bad))
-        worst: int | None = None
-        if nonfinite.size:
-            # as np.argmax over every excess would: the first NaN, else the first infinite value
-            nan = np.flatnonzero(np.isnan(self.out.ravel()[nonfinite]))
-            worst = int(nonfinite[nan[0]] if nan.size else nonfinite[0])
-        elif bad.any():
+        mismatches = sieve.nonfinite + int(np.count_nonzero(bad))
+        worst = sieve.worst_nonfinite
+        if worst is None and bad.any():
             cand = np.flatnonzero(bad)
             worst = int(flat[cand[np.argmax(excess[cand])]])
         denom = math.sqrt(ssq_ref)

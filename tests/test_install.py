@@ -75,6 +75,24 @@ def test_the_wheel_carries_kernels_config_and_runs_a_job_from_elsewhere(installe
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_the_wheel_carries_the_c_accelerators_and_their_stubs(installed: Path, tmp_path: Path) -> None:
+    from mmd import textformat, verify
+
+    for name, built in (("_fasttext", textformat._fasttext), ("_fastcheck", verify._fastcheck)):
+        assert (installed / "mmd" / f"{name}.pyi").is_file()
+        if built is None:  # no compiler here: the wheel has none either
+            continue
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import mmd.{name} as m; print(m.__file__)"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(installed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert Path(probe.stdout.strip()).is_relative_to(installed)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_installed_kernels_compile(installed: Path, tmp_path: Path) -> None:
     built = run(installed, tmp_path, "kernels", "--build", "--arch", "sm_90", "--cache", str(tmp_path / "k"))

@@ -12,6 +12,18 @@ from mmd import verify
 from mmd.generate import random_matrix
 
 
+@pytest.fixture(autouse=True, scope="module", params=["c", "numpy"])
+def passes(request):
+    """Every test through mmd._fastcheck's passes, then through the numpy ones (module-scoped: hypothesis
+    refuses function-scoped fixtures)."""
+    if request.param == "c" and verify._fastcheck is None:
+        pytest.skip("mmd._fastcheck is not built")
+    old = tf.USE_FASTTEXT
+    tf.USE_FASTTEXT = request.param == "c"
+    yield request.param
+    tf.USE_FASTTEXT = old
+
+
 def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> verify.CheckReport:
     """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
     ref = a.astype(np.float64) @ b.astype(np.float64)
