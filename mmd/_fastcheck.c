@@ -198,6 +198,31 @@ typedef struct {
 } rowjob_t;
 
 /*
+ * NAME_SUF(jb): the pass for jb->v vectors, with the common v = 4 a constant
+ * that the compiler unrolls; NAME_SUF_v(jb, v) is the pass itself.
+ */
+#define DEF_V_DISPATCH(NAME, SUF, ATTR)                                                                               \
+    ATTR static void NAME##_##SUF(rowjob_t *jb)                                                                       \
+    {                                                                                                                 \
+        if (jb->v == 4)                                                                                               \
+            NAME##_##SUF##_v(jb, 4);                                                                                  \
+        else                                                                                                          \
+            NAME##_##SUF##_v(jb, jb->v);                                                                              \
+    }
+
+/* ... and NAME_SUF_v over jb's rows two at a time (NAME_SUF_r(jb, v, r, R), R = 2, then 1 for an odd last). */
+#define DEF_PAIRED_RUN(NAME, SUF, ATTR)                                                                               \
+    static inline __attribute__((always_inline)) ATTR void NAME##_##SUF##_v(rowjob_t *jb, const int v)                \
+    {                                                                                                                 \
+        Py_ssize_t r = jb->r0;                                                                                        \
+        for (; r + 1 < jb->r1; r += 2)                                                                                \
+            NAME##_##SUF##_r(jb, v, r, 2);                                                                            \
+        if (r < jb->r1)                                                                                               \
+            NAME##_##SUF##_r(jb, v, r, 1);                                                                            \
+    }                                                                                                                 \
+    DEF_V_DISPATCH(NAME, SUF, ATTR)
+
+/*
  * b_rows over B (k x n): rowsT = [B.x (v rows), sum|B| , max|B|] over the k
  * rows; acc = sum_r B_rj^2.
  */
@@ -248,13 +273,7 @@ typedef struct {
             rowsT[(v + 1) * k + r] = mm;                                                                              \
         }                                                                                                             \
     }                                                                                                                 \
-    ATTR static void b_rows_##SUF(rowjob_t *jb)                                                                       \
-    {                                                                                                                 \
-        if (jb->v == 4)                                                                                               \
-            b_rows_##SUF##_v(jb, 4);                                                                                  \
-        else                                                                                                          \
-            b_rows_##SUF##_v(jb, jb->v);                                                                              \
-    }
+    DEF_V_DISPATCH(b_rows, SUF, ATTR)
 
 /*
  * a_rows over A (m x k), P = [B.x transposed (v rows), sum|B|, max|B|] over
@@ -341,21 +360,7 @@ typedef struct {
             rowsT[(v + 2) * m + i + q] = sss;                                                                         \
         }                                                                                                             \
     }                                                                                                                 \
-    static inline __attribute__((always_inline)) ATTR void a_rows_##SUF##_v(rowjob_t *jb, const int v)                \
-    {                                                                                                                 \
-        Py_ssize_t i = jb->r0;                                                                                        \
-        for (; i + 1 < jb->r1; i += 2)                                                                                \
-            a_rows_##SUF##_r(jb, v, i, 2);                                                                            \
-        if (i < jb->r1)                                                                                               \
-            a_rows_##SUF##_r(jb, v, i, 1);                                                                            \
-    }                                                                                                                 \
-    ATTR static void a_rows_##SUF(rowjob_t *jb)                                                                       \
-    {                                                                                                                 \
-        if (jb->v == 4)                                                                                               \
-            a_rows_##SUF##_v(jb, 4);                                                                                  \
-        else                                                                                                          \
-            a_rows_##SUF##_v(jb, jb->v);                                                                              \
-    }
+    DEF_PAIRED_RUN(a_rows, SUF, ATTR)
 
 /*
  * b_cols over B (k x n), W = [y^T.A (v rows), sum|A|, max|A|] over k:
@@ -415,21 +420,7 @@ typedef struct {
                 cmax[jj] += wt[q][v + 1] * axs;                                                                       \
             }                                                                                                         \
     }                                                                                                                 \
-    static inline __attribute__((always_inline)) ATTR void b_cols_##SUF##_v(rowjob_t *jb, const int v)                \
-    {                                                                                                                 \
-        Py_ssize_t r = jb->r0;                                                                                        \
-        for (; r + 1 < jb->r1; r += 2)                                                                                \
-            b_cols_##SUF##_r(jb, v, r, 2);                                                                            \
-        if (r < jb->r1)                                                                                               \
-            b_cols_##SUF##_r(jb, v, r, 1);                                                                            \
-    }                                                                                                                 \
-    ATTR static void b_cols_##SUF(rowjob_t *jb)                                                                       \
-    {                                                                                                                 \
-        if (jb->v == 4)                                                                                               \
-            b_cols_##SUF##_v(jb, 4);                                                                                  \
-        else                                                                                                          \
-            b_cols_##SUF##_v(jb, jb->v);                                                                              \
-    }
+    DEF_PAIRED_RUN(b_cols, SUF, ATTR)
 
 /*
  * c_pass over C (m x n), P = x transposed (v rows over n), W = y (m x v):
@@ -517,21 +508,7 @@ typedef struct {
             rowsT[v * m + i + q] = sss;                                                                               \
         }                                                                                                             \
     }                                                                                                                 \
-    static inline __attribute__((always_inline)) ATTR void c_pass_##SUF##_v(rowjob_t *jb, const int v)                \
-    {                                                                                                                 \
-        Py_ssize_t i = jb->r0;                                                                                        \
-        for (; i + 1 < jb->r1; i += 2)                                                                                \
-            c_pass_##SUF##_r(jb, v, i, 2);                                                                            \
-        if (i < jb->r1)                                                                                               \
-            c_pass_##SUF##_r(jb, v, i, 1);                                                                            \
-    }                                                                                                                 \
-    ATTR static void c_pass_##SUF(rowjob_t *jb)                                                                       \
-    {                                                                                                                 \
-        if (jb->v == 4)                                                                                               \
-            c_pass_##SUF##_v(jb, 4);                                                                                  \
-        else                                                                                                          \
-            c_pass_##SUF##_v(jb, jb->v);                                                                              \
-    }
+    DEF_PAIRED_RUN(c_pass, SUF, ATTR)
 
 /*
  * sumsq over any matrix: rowsT = sum_j M_ij^2 per row, acc = sum_i M_ij^2 per
@@ -952,6 +929,31 @@ DEF_UNIFORM_RUN(narrow, v2d, v2i, )
 DEF_UNIFORM_RUN(wide, v4d, v4i, WIDE_TARGET)
 #endif
 
+/* The output and the reference of the rules, m x n float64 in C order, as views[0] and views[1];
+   -1 with an exception set. */
+static int
+get_out_ref(PyObject *o_o, PyObject *r_o, Py_ssize_t m, Py_ssize_t n, Py_buffer views[2])
+{
+    if (m < 1 || n < 1 || n > PY_SSIZE_T_MAX / 8 / m) {
+        PyErr_SetString(PyExc_ValueError, "need a non-empty matrix");
+        return -1;
+    }
+    if (get_f64(o_o, &views[0], m * n, 0, "out") < 0)
+        return -1;
+    if (get_f64(r_o, &views[1], m * n, 0, "ref") < 0) {
+        release_all(views, 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where the second thread's half of `total` elements starts (total: no second thread). */
+static inline Py_ssize_t
+half_of(Py_ssize_t total, Py_ssize_t min_split)
+{
+    return total >= min_split && total >= 2 ? total / 2 : total;
+}
+
 static void *
 uniform_main(void *arg)
 {
@@ -967,18 +969,10 @@ uniform(PyObject *Py_UNUSED(self), PyObject *args)
     double allowed;
     if (!PyArg_ParseTuple(args, "OOnnd|n:uniform", &o_o, &r_o, &m, &n, &allowed, &min_split))
         return NULL;
-    if (m < 1 || n < 1 || n > PY_SSIZE_T_MAX / 8 / m) {
-        PyErr_SetString(PyExc_ValueError, "need a non-empty matrix");
-        return NULL;
-    }
     Py_buffer views[2];
-    if (get_f64(o_o, &views[0], m * n, 0, "out") < 0)
+    if (get_out_ref(o_o, r_o, m, n, views) < 0)
         return NULL;
-    if (get_f64(r_o, &views[1], m * n, 0, "ref") < 0) {
-        release_all(views, 1);
-        return NULL;
-    }
-    Py_ssize_t total = m * n, mid = total >= min_split && total >= 2 ? total / 2 : total;
+    Py_ssize_t total = m * n, mid = half_of(total, min_split);
     uniform_t h0 = {views[0].buf, views[1].buf, 0, mid, allowed, 0, 0.0, 0.0, 0.0, 0, -INFINITY, 0};
     uniform_t h1 = h0;
     h1.lo = h1.worst = mid;
@@ -1117,18 +1111,14 @@ model(PyObject *Py_UNUSED(self), PyObject *args)
     double scale, half;
     if (!PyArg_ParseTuple(args, "OOnnddn|n:model", &o_o, &r_o, &m, &n, &scale, &half, &limit, &min_split))
         return NULL;
-    if (m < 1 || n < 1 || n > PY_SSIZE_T_MAX / 8 / m || limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "need a non-empty matrix and limit >= 0");
+    if (limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "limit must be >= 0");
         return NULL;
     }
     Py_buffer views[2];
-    if (get_f64(o_o, &views[0], m * n, 0, "out") < 0)
+    if (get_out_ref(o_o, r_o, m, n, views) < 0)
         return NULL;
-    if (get_f64(r_o, &views[1], m * n, 0, "ref") < 0) {
-        release_all(views, 1);
-        return NULL;
-    }
-    Py_ssize_t total = m * n, mid = total >= min_split && total >= 2 ? total / 2 : total;
+    Py_ssize_t total = m * n, mid = half_of(total, min_split);
     model_t h0;
     memset(&h0, 0, sizeof h0);
     h0.o = views[0].buf;

@@ -222,6 +222,31 @@ def _nan_max(x: float, y: float) -> float:
     return math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
 
 
+def _summed_report(
+    shape: tuple[int, int],
+    mismatches: int,
+    max_err: float,
+    ssq_err: float,
+    ssq_ref: float,
+    worst: int | None,
+    tolerance: str,
+) -> CheckReport:
+    """A report from a pass's totals: ``worst`` a flat index (None: no mismatch), the relative
+    error from the sums of squares of the error and of the reference."""
+    denom = math.sqrt(ssq_ref)
+    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
+    n = shape[1]
+    return CheckReport(
+        ok=mismatches == 0,
+        shape=shape,
+        mismatches=mismatches,
+        max_abs_error=max_err,
+        worst=None if worst is None else (worst // n, worst % n),
+        rel_error=rel,
+        tolerance=tolerance,
+    )
+
+
 @dataclass
 class _UniformBlock:
     max_err: float
@@ -250,17 +275,7 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
         )
     else:
         mismatches, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
-    denom = math.sqrt(ssq_ref)
-    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
-    return CheckReport(
-        ok=mismatches == 0,
-        shape=(m, n),
-        mismatches=mismatches,
-        max_abs_error=max_err,
-        worst=None if mismatches == 0 else (worst // n, worst % n),
-        rel_error=rel,
-        tolerance=tolerance,
-    )
+    return _summed_report((m, n), mismatches, max_err, ssq_err, ssq_ref, None if mismatches == 0 else worst, tolerance)
 
 
 def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[int, float, float, float, int]:
@@ -881,14 +896,4 @@ class _ModelCheck:
         if worst is None and bad.any():
             cand = np.flatnonzero(bad)
             worst = int(flat[cand[np.argmax(excess[cand])]])
-        denom = math.sqrt(ssq_ref)
-        rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
-        return CheckReport(
-            ok=mismatches == 0,
-            shape=(m, n),
-            mismatches=mismatches,
-            max_abs_error=max_err,
-            worst=None if worst is None else (worst // n, worst % n),
-            rel_error=rel,
-            tolerance=tolerance,
-        )
+        return _summed_report((m, n), mismatches, max_err, ssq_err, ssq_ref, worst, tolerance)

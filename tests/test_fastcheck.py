@@ -26,6 +26,8 @@ from mmd import textformat as tf
 from mmd import verify
 from mmd.generate import random_matrix
 
+from .test_verify import same_report
+
 fc = verify._fastcheck
 pytestmark = pytest.mark.skipif(fc is None, reason="mmd._fastcheck is not built (no C compiler at install time)")
 
@@ -48,18 +50,6 @@ def _ways(fn: Callable[[], Any]) -> tuple[list[Any], Any]:
     finally:
         tf.USE_FASTTEXT, verify._SPLIT_ELEMS = old_flag, old_split
         fc.set_wide(old_wide)
-
-
-def _same_report(got: verify.CheckReport, want: verify.CheckReport) -> None:
-    assert (got.ok, got.shape, got.mismatches, got.worst, got.tolerance) == (
-        want.ok,
-        want.shape,
-        want.mismatches,
-        want.worst,
-        want.tolerance,
-    )
-    np.testing.assert_equal(got.max_abs_error, want.max_abs_error)
-    np.testing.assert_allclose(got.rel_error, want.rel_error, rtol=1e-12)
 
 
 def _same_quick(got: verify.QuickReport, want: verify.QuickReport) -> None:
@@ -123,10 +113,10 @@ def test_full_check_same_both_ways(shape, seed, plant):
     out = _planted(_printed(a, b), a, b, plant, rng)
     cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
     cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b, tol=0.02))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
 
 
 @settings(max_examples=80, deadline=None)
@@ -156,7 +146,7 @@ def test_against_output_same_both_ways(m, n, seed, plant, tol):
     with np.errstate(invalid="ignore"):  # the numpy path's inf - inf
         cs, numpy_ = _ways(lambda: verify.against_output(out, expected, tol))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
 
 
 @settings(max_examples=80, deadline=None)
@@ -205,10 +195,10 @@ def test_big_enough_to_split_by_default_same_both_ways():
     assert out.size >= verify._SPLIT_ELEMS
     cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
     cs, numpy_ = _ways(lambda: verify.against_output(out, np.round(out, 1)))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
     cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
@@ -246,7 +236,7 @@ def test_an_empty_inner_dimension_same_both_ways():
     out[1, 2] = 0.5
     cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
     for c in cs:
-        _same_report(c, numpy_)
+        same_report(c, numpy_, rtol=1e-12)
     assert not numpy_.ok and numpy_.worst == (1, 2)
     cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
     for c in cs:

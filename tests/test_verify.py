@@ -36,7 +36,9 @@ def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return tf.parse_output(tf.emit(a @ b))
 
 
-def _same_report(got: verify.CheckReport, want: verify.CheckReport) -> None:
+def same_report(got: verify.CheckReport, want: verify.CheckReport, rtol: float = 1e-9) -> None:
+    """The same verdict, count, worst place and largest error; the relative error to ``rtol`` (its
+    sums may be made in another order)."""
     assert (got.ok, got.shape, got.mismatches, got.worst, got.tolerance) == (
         want.ok,
         want.shape,
@@ -45,7 +47,7 @@ def _same_report(got: verify.CheckReport, want: verify.CheckReport) -> None:
         want.tolerance,
     )
     np.testing.assert_equal(got.max_abs_error, want.max_abs_error)
-    np.testing.assert_allclose(got.rel_error, want.rel_error, rtol=1e-9)
+    np.testing.assert_allclose(got.rel_error, want.rel_error, rtol=rtol)
 
 
 # ---------------------------------------------------------------------------
@@ -69,7 +71,7 @@ def test_full_check_same_as_the_old_rule(m, k, n, seed, factors):
     for f in factors:  # errors around the allowance, either sign
         i, j = rng.integers(m), rng.integers(n)
         out[i, j] = ref[i, j] + rng.choice([-1, 1]) * f * allowed[i, j]
-    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
 
 
 @pytest.mark.parametrize(
@@ -101,7 +103,7 @@ def test_full_check_every_way_of_computing_s(plant, monkeypatch):
         out = ref + sign * allowed * rng.choice([0.9, 1.1], size=out.shape)
     else:
         out[3, 4], out[5, 6], out[1, 2] = np.inf, np.nan, -np.inf
-    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
 
 
 def test_full_check_reports():
@@ -282,10 +284,10 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
     if seed % 3 == 2:
         out = ref.copy()
         out[[3, 12, 20], [5, 5, 5]] += 0.5  # a tie: the first one is the worst
-    _same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
+    same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
     b = ref.astype(np.float32)  # A = I: the product is B
     want = verify._report(out, b.astype(np.float64), verify.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
-    _same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
+    same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
 
 
 @pytest.mark.parametrize(("block", "chunk"), [(40, 7), (100, 13), (1 << 20, 5)])
@@ -305,14 +307,14 @@ def test_chunked_passes_report_as_one_pass(block, chunk, seed, monkeypatch):
     if seed % 2:
         out[rng.integers(m), rng.integers(n)] = np.nan
         out[rng.integers(m), rng.integers(n)] = -np.inf
-    _same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
     finite = np.where(np.isfinite(out), out, 0.0)  # no inf - inf below (numpy warns)
     expected = np.round(finite + rng.choice([0.0, 0.0, 0.01, -0.03], size=out.shape), 2)
     if seed % 2:
         expected[rng.integers(m), rng.integers(n)] = np.nan  # an expected NaN beside a finite output: not counted
         expected[[2, 9], [3, 3]] += 7.0  # a tie between two chunks: the first is the worst
     whole = verify._report(out, expected, 0.01 * (1 + 1e-9), "0.01")
-    _same_report(verify.against_output(out, expected), whole)
+    same_report(verify.against_output(out, expected), whole)
 
 
 def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
@@ -347,4 +349,4 @@ def test_an_output_against_itself_reports_as_against_a_copy(plant):
     with np.errstate(invalid="ignore"):  # inf - inf, where an infinity is checked against itself
         want = verify.against_output(out, out.copy(), tol)
         got = verify.against_output(out, out, tol)
-    _same_report(got, want)
+    same_report(got, want)
