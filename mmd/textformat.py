@@ -12,8 +12,10 @@ Output::
     N | M N
     m lines of n fields, each printf("%6.2f"), nothing between them, '\\n' after each
 
-The fast paths work on ``np.frombuffer(data, uint8)`` in chunks of about a
-megabyte (split at whitespace), run on two threads (numpy releases the GIL).
+The C accelerator (``mmd._fasttext``) reads a body in up to :data:`WORKERS`
+parts at once. Without it, the numpy paths work on ``np.frombuffer(data, uint8)``
+in chunks (split at whitespace) on a pool of :data:`WORKERS` threads (numpy
+releases the GIL).
 Anything the vectorized code cannot convert exactly goes to a slow path that
 uses Python's ``float()`` / ``'%6.2f' %``, so results are always exact.
 See docs/textformat.md.
