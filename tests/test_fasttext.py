@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
+from .test_textformat import BAD_TOKENS, VALUE_FORMS
+
 ft = tf._fasttext
 pytestmark = pytest.mark.skipif(ft is None, reason="mmd._fasttext is not built (no C compiler at install time)")
 
@@ -236,23 +238,7 @@ def test_parse_touching_fields_three_ways(m, k, data):
 
 def test_parse_fixed_cases_three_ways():
     toks = [
-        "3",
-        "-2.50",
-        ".5",
-        "5.",
-        "1.5e-3",
-        "2E+4",
-        "-0",
-        "+7",
-        "-.25",
-        "0.1",
-        "1e-45",
-        "1e-50",
-        "3.4028235e38",
-        "-3.4028234e38",
-        "12345678901234567890",
-        "0.30000000000000004441",
-        "1234567.891",
+        *VALUE_FORMS,
         "9007199254740993",
         "9007199254740992.5",
         "1e22",
@@ -333,27 +319,7 @@ def test_numpy_path_long_fraction():
 # parse refusals: identical messages with and without the accelerator
 
 BAD = [
-    "x",
-    "0x1p3",
-    "nan",
-    "NaN",
-    "inf",
-    "-Infinity",
-    "infinity",
-    "1_000",
-    "3,5",
-    "1e",
-    "--1",
-    "1.2.3",
-    "+",
-    ".",
-    "1e39",
-    "3.5e38",
-    "-1e39",
-    "1.2345.6",
-    "1.23-4",
-    "é",
-    "1e5x",
+    *BAD_TOKENS,
     "1e+",
     "1e-",
     "e5",

@@ -162,26 +162,30 @@ def test_parse_1x1_bom_crlf_blank_lines():
     assert got.header.body_offset == 6
 
 
+#: Values in every form the grammar allows (tests/test_fasttext.py checks these and more on both paths).
+VALUE_FORMS = [
+    "3",
+    "-2.50",
+    ".5",
+    "5.",
+    "1.5e-3",
+    "2E+4",
+    "-0",
+    "+7",
+    "-.25",
+    "0.1",
+    "1e-45",
+    "1e-50",
+    "3.4028235e38",
+    "-3.4028234e38",
+    "12345678901234567890",
+    "0.30000000000000004441",
+    "1234567.891",
+]
+
+
 def test_parse_value_forms():
-    toks = [
-        "3",
-        "-2.50",
-        ".5",
-        "5.",
-        "1.5e-3",
-        "2E+4",
-        "-0",
-        "+7",
-        "-.25",
-        "0.1",
-        "1e-45",
-        "1e-50",
-        "3.4028235e38",
-        "-3.4028234e38",
-        "12345678901234567890",
-        "0.30000000000000004441",
-        "1234567.891",
-    ]
+    toks = list(VALUE_FORMS)
     k = len(toks)
     data = _doc(1, k, 1, toks, ["1"] * k)
     got = tf.parse(data)
@@ -214,32 +218,33 @@ def _err(data: bytes) -> InputFormatError:
     return info.value
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "x",
-        "0x1p3",
-        "nan",
-        "NaN",
-        "inf",
-        "-Infinity",
-        "infinity",
-        "1_000",
-        "3,5",
-        "1e",
-        "--1",
-        "1.2.3",
-        "+",
-        ".",
-        "1e39",
-        "3.5e38",
-        "-1e39",
-        "1.2345.6",
-        "1.23-4",
-        "é",
-        "1e5x",
-    ],
-)
+#: Tokens that are not values (tests/test_fasttext.py checks these and more on both paths).
+BAD_TOKENS = [
+    "x",
+    "0x1p3",
+    "nan",
+    "NaN",
+    "inf",
+    "-Infinity",
+    "infinity",
+    "1_000",
+    "3,5",
+    "1e",
+    "--1",
+    "1.2.3",
+    "+",
+    ".",
+    "1e39",
+    "3.5e38",
+    "-1e39",
+    "1.2345.6",
+    "1.23-4",
+    "é",
+    "1e5x",
+]
+
+
+@pytest.mark.parametrize("bad", BAD_TOKENS)
 def test_parse_refuses_value(bad):
     data = b"2\n1 2\n3 4\n5 6\n7 " + bad.encode() + b"\n"
     e = _err(data)
