@@ -4,7 +4,8 @@ Usage: python benchmarks/bench_check.py [--size 4096] [--folder 50 512] [--repea
                                         [--tree LABEL=PATH ...]
 
 In one run, with every case repeated and the repetitions interleaved (so a
-busy neighbour slows every case alike), medians of --repeat runs:
+busy neighbour slows every case alike; every other round in reverse order),
+medians of --repeat runs:
 
 * the float64 numpy product at --size (``a64 @ b64`` alone, in this process);
 * ``python -m mmd check OUT --input IN`` at --size, as a process;
@@ -222,7 +223,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
     load0 = os.getloadavg()
     for i in range(args.repeat):
         print(f"round {i + 1} of {args.repeat} ...", flush=True)
-        for c in cases:
+        # every other round backwards: a case and its other trees' twin take turns at going first, and
+        # no case always follows the same one (what a process finds depends on what ran before it: on
+        # the 2-core VM, memory left free for a few seconds goes back to the host, free page reporting,
+        # and the next process to touch it pays for page faults in system time)
+        for c in cases if i % 2 == 0 else cases[::-1]:
             t = time.perf_counter()
             own = c.run()
             took = time.perf_counter() - t

@@ -691,15 +691,21 @@ def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
 
 
 def _parse_values(
-    data: bytes | memoryview, start: int, expected: int, what: str, as_f32: bool = True, out: np.ndarray | None = None
+    data: bytes | memoryview,
+    start: int,
+    expected: int,
+    what: str,
+    out: np.ndarray | None = None,
+    dtype: Any = np.float32,
 ) -> np.ndarray:
-    """Parse exactly ``expected`` values from data[start:]; raise naming lines otherwise."""
+    """Parse exactly ``expected`` float32 values from data[start:] (into ``out``, else a new array of
+    ``dtype``: float32, or float64 holding the float32 values); raise naming lines otherwise."""
     stop = len(data)
     bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
     plausible = expected <= (stop - start + 1) // 2 + 1
     if out is None or not plausible:
-        out = np.empty(expected if plausible else 0, dtype=np.float32 if as_f32 else np.float64)
-    if USE_FASTTEXT and _fasttext is not None and as_f32 and plausible:
+        out = np.empty(expected if plausible else 0, dtype=dtype if out is None else out.dtype)
+    if USE_FASTTEXT and _fasttext is not None and plausible:
         status, _ = _fasttext.parse_values(data, start, out, None, _C_MIN_SPLIT, WORKERS)
         if status == 0:
             return out
@@ -707,7 +713,7 @@ def _parse_values(
     count = 0
 
     def work(bd):
-        return _parse_chunk(data, bd[0], bd[1], as_f32)
+        return _parse_chunk(data, bd[0], bd[1])
 
     for bd, vals in zip(bounds, _ordered_map(work, bounds), strict=True):
         nv = vals.size
@@ -731,20 +737,29 @@ def _parse_values(
     return out
 
 
-def parse(data: bytes | memoryview, header: Header | None = None, out: np.ndarray | None = None) -> Matrices:
+def parse(
+    data: bytes | memoryview, header: Header | None = None, out: np.ndarray | None = None, dtype: Any = np.float32
+) -> Matrices:
     """Parse a whole input file into float32 A and B; raises :class:`InputFormatError`.
 
     ``out``, a C-contiguous float32 array of m*k + k*n elements (a backend's
     page-locked memory, say), receives the values; A and B are views of it.
+    ``dtype=np.float64`` gives A and B as float64 arrays of the same float32
+    values: what a float64 reference product reads, with no conversion pass
+    and no float32 copy (mmd check).
     """
     if header is None:
         header = parse_header(data)
     m, k, n = header.m, header.k, header.n
     na, nb = m * k, k * n
     what = f"{na + nb} values ({na} for A, {nb} for B)"
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, not {np.dtype(dtype)}")
     if out is not None and (out.dtype != np.float32 or out.size != na + nb or not out.flags.c_contiguous):
         raise ValueError(f"out must be a C-contiguous float32 array of {na + nb} elements")
-    vals = _parse_values(data, header.body_offset, na + nb, what, out=None if out is None else out.reshape(-1))
+    vals = _parse_values(
+        data, header.body_offset, na + nb, what, out=None if out is None else out.reshape(-1), dtype=dtype
+    )
     a = vals[:na].reshape(m, k)
     b = vals[na:].reshape(k, n)
     return Matrices(header=header, a=a, b=b)

@@ -22,8 +22,9 @@ Three checks:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
@@ -59,6 +60,8 @@ _BLOCK_ELEMS = 1 << 20
 _CHUNK_ELEMS = 1 << 15
 #: Elements from which mmd._fastcheck's passes split their rows over two threads.
 _SPLIT_ELEMS = 1 << 16
+#: Elements of A·B the full check makes at a time on the CPU (a block of rows; 8 MiB): see :meth:`Product.blocks`.
+_REF_BLOCK_ELEMS = 1 << 20
 
 
 def _c_passes() -> ModuleType | None:
@@ -142,9 +145,13 @@ def reference(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> np.ndar
     return ref
 
 
+def _wrong_shape(out: np.ndarray, tolerance: str) -> CheckReport:
+    return CheckReport(False, tuple(out.shape), out.size, float("inf"), None, float("inf"), tolerance)
+
+
 def _report(out: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, tolerance: str) -> CheckReport:
     if out.shape != ref.shape:
-        return CheckReport(False, tuple(out.shape), out.size, float("inf"), None, float("inf"), tolerance)
+        return _wrong_shape(out, tolerance)
     err = np.abs(out - ref)
     excess = err - allowed
     bad = excess > 0
@@ -177,30 +184,63 @@ def against_inputs(
 
 @dataclass(frozen=True)
 class Product:
-    """A and B in float64 and their product: what the full check needs of the inputs."""
+    """A and B in float64, and their product A·B: whole where a GEMM elsewhere made it (``ref``,
+    a GPU's, say), else made by numpy's BLAS a block of rows at a time as the check reads it
+    (:meth:`blocks`)."""
 
     a64: np.ndarray
     b64: np.ndarray
-    ref: np.ndarray
+    ref: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.a64.shape[0]), int(self.b64.shape[1])
+
+    def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(r0, rows r0.. of A·B) for consecutive blocks of rows, in order.
+
+        Made here, every block lands in one buffer of :data:`_REF_BLOCK_ELEMS` elements (used again
+        for the next block): the product never exists whole, so its m×n float64 array's fresh pages
+        are never paid for, and each block is checked while it is still in cache. numpy's BLAS
+        makes blocks of 256 rows of a 4096 product as fast as the whole (benchmarks/bench_check.py).
+        """
+        m, n = self.shape
+        step = max(1, _REF_BLOCK_ELEMS // max(n, 1))
+        if self.ref is not None:
+            for r0 in range(0, m, step):
+                yield r0, self.ref[r0 : r0 + step]
+            return
+        buf = np.empty((min(step, m), n))
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            yield r0, np.matmul(self.a64[r0:r1], self.b64, out=buf[: r1 - r0])
 
 
 def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
-    """:class:`Product` of ``a`` and ``b`` (:func:`reference`), made apart from the check so that a
-    caller may make it while it reads the output (mmd.grading does)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions, one per core
+    """:class:`Product` of ``a`` and ``b``: ``gemm``'s whole product (:func:`reference`) when one is
+    given, else one made in blocks as the check reads it. Arrays already float64 are not copied
+    (mmd.grading parses inputs so)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions where needed, one per core
         a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
-    return Product(a64, b64, reference(a64, b64, gemm))
+    if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
+        raise ValueError(f"cannot multiply {a64.shape} by {b64.shape}")
+    return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
 
 
 def against_product(out: np.ndarray, prod: Product, tol: float | None = None) -> CheckReport:
-    """:func:`against_inputs` with the product already made."""
-    ref = prod.ref
-    if tol is not None:
-        return _uniform_report(out, ref, PRINT_HALF_UNIT + tol, f"0.005 + {tol:g}")
-    desc = "0.005 + 4·sqrt(K)·eps·|A||B|"
-    if out.shape != ref.shape or out.size == 0:
-        return _report(out, ref, 0.0, desc)
-    return _ModelCheck(np.asarray(out, dtype=np.float64), ref, prod.a64, prod.b64).report(desc)
+    """:func:`against_inputs` with the product's inputs at hand."""
+    tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
+    if out.shape != prod.shape:
+        return _wrong_shape(out, tolerance)
+    if out.size == 0:
+        return _report(out, np.zeros(prod.shape), 0.0, tolerance)
+    out64 = np.ascontiguousarray(out, dtype=np.float64)
+    if tol is None:
+        return _ModelCheck(out64, prod).report(tolerance)
+    tally = _Tally()
+    for r0, ref in prod.blocks():
+        tally.add_uniform(out64[r0 : r0 + ref.shape[0]], ref, PRINT_HALF_UNIT + tol, r0 * prod.shape[1])
+    return tally.report(prod.shape, tolerance)
 
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
@@ -262,20 +302,51 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
     """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, allowed, tolerance)
-    m, n = out.shape
-    fc = _c_passes()
-    if fc is not None:
-        mismatches, max_err, ssq_err, ssq_ref, worst = fc.uniform(
-            np.ascontiguousarray(out, dtype=np.float64),
-            np.ascontiguousarray(ref, dtype=np.float64),
-            m,
-            n,
-            float(allowed),
-            _SPLIT_ELEMS,
-        )
-    else:
-        mismatches, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
-    return _summed_report((m, n), mismatches, max_err, ssq_err, ssq_ref, None if mismatches == 0 else worst, tolerance)
+    tally = _Tally()
+    tally.add_uniform(np.ascontiguousarray(out, dtype=np.float64), ref, allowed, 0)
+    return tally.report((int(out.shape[0]), int(out.shape[1])), tolerance)
+
+
+@dataclass
+class _Tally:
+    """An elementwise rule's totals over blocks of rows, combined as one pass over the whole gives them."""
+
+    mismatches: int = 0
+    max_err: float = 0.0
+    ssq_err: float = 0.0
+    ssq_ref: float = 0.0
+    worst: int | None = None  # flat index: the first NaN excess, else the first largest excess
+    worst_excess: float = -math.inf
+
+    def add(
+        self, mismatches: int, max_err: float, ssq_err: float, ssq_ref: float, worst: int | None, excess: float
+    ) -> None:
+        """A block's totals; ``worst`` the flat index of its worst element (None: no mismatch in
+        it), ``excess`` that element's excess."""
+        self.mismatches += mismatches
+        self.max_err = _nan_max(self.max_err, max_err)
+        self.ssq_err += ssq_err
+        self.ssq_ref += ssq_ref
+        earlier_nan = self.worst is not None and math.isnan(self.worst_excess)
+        if worst is not None and not earlier_nan and (math.isnan(excess) or excess > self.worst_excess):
+            self.worst, self.worst_excess = worst, excess
+
+    def add_uniform(self, out: np.ndarray, ref: np.ndarray, allowed: float, base: int) -> None:
+        """Rows of a float64 output against the same rows of the reference, one allowance everywhere;
+        ``base`` the flat index of their first element."""
+        m, n = out.shape
+        fc = _c_passes()
+        if fc is not None:
+            ref = np.ascontiguousarray(ref, dtype=np.float64)
+            bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, m, n, float(allowed), _SPLIT_ELEMS)
+        else:
+            bad, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
+        excess = float(abs(out.flat[worst] - ref.flat[worst]) - allowed) if bad else 0.0
+        self.add(bad, max_err, ssq_err, ssq_ref, base + worst if bad else None, excess)
+
+    def report(self, shape: tuple[int, int], tolerance: str) -> CheckReport:
+        worst = self.worst if self.mismatches else None
+        return _summed_report(shape, self.mismatches, self.max_err, self.ssq_err, self.ssq_ref, worst, tolerance)
 
 
 def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[int, float, float, float, int]:
@@ -697,29 +768,48 @@ def _total(parts: list[np.ndarray], op: Callable[..., np.ndarray] = np.add) -> n
 
 
 @dataclass
-class _Block:
-    """What one block of rows of the elementwise pass found."""
-
-    max_err: float
-    ssq_err: float
-    ssq_ref: float
-    nonfinite: np.ndarray  # flat indices of NaN and infinite values in the output
-    left: np.ndarray  # flat indices of finite elements that |ref| ≤ S does not pass
-    err: np.ndarray  # their |error|
-
-
-@dataclass
 class _Sieve:
     """What the first pass of :class:`_ModelCheck` found: the elements |ref| ≤ S does not pass."""
 
-    max_err: float
-    ssq_err: float
-    ssq_ref: float
-    nonfinite: int  # NaN and infinite values in the output
-    worst_nonfinite: int | None  # flat index of the first NaN among them, else of the first
-    left: int  # finite elements left; flat and err list them, unless there are more than m·n/8
-    flat: np.ndarray
-    err: np.ndarray  # their |error|
+    max_err: float = 0.0
+    ssq_err: float = 0.0
+    ssq_ref: float = 0.0
+    nonfinite: int = 0  # NaN and infinite values in the output
+    first_nan: int | None = None  # flat index of the first NaN in the output
+    first_nonfinite: int | None = None  # and of its first NaN or infinite value
+    left: int = 0  # finite elements left; the lists below hold them, unless there are more than m·n/8
+    flats: list[np.ndarray] = dataclasses.field(default_factory=list)
+    errs: list[np.ndarray] = dataclasses.field(default_factory=list)  # their |error|
+    refs: list[np.ndarray] = dataclasses.field(default_factory=list)  # and the reference there
+
+    def add(
+        self,
+        sums: tuple[float, float, float],
+        nonfinite: int,
+        first_nonfinite: int | None,
+        first_nan: int | None,
+        left: int,
+        found: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        """A block's findings (max |error|, Σ error², Σ ref²; the NaN and infinite values; the finite
+        elements left, then their flat indices, |error| and reference), indices the whole output's."""
+        self.max_err = _nan_max(self.max_err, sums[0])
+        self.ssq_err += sums[1]
+        self.ssq_ref += sums[2]
+        self.nonfinite += nonfinite
+        if self.first_nonfinite is None:
+            self.first_nonfinite = first_nonfinite
+        if self.first_nan is None:
+            self.first_nan = first_nan
+        self.left += left
+        self.flats.append(found[0])
+        self.errs.append(found[1])
+        self.refs.append(found[2])
+
+    @property
+    def worst_nonfinite(self) -> int | None:
+        """As np.argmax over every excess would pick: the first NaN, else the first infinite value."""
+        return self.first_nan if self.first_nan is not None else self.first_nonfinite
 
 
 class _ModelCheck:
@@ -731,23 +821,27 @@ class _ModelCheck:
     element within the lower bound's allowance passes, one beyond the upper
     bound's fails; S itself is computed only for the rest, and for the
     failures that could be the worst one. When most elements are left
-    undecided (a result wrong everywhere), S is one more GEMM, as it always
-    was before these bounds.
+    undecided (a result wrong everywhere), S is made in full too, a block of
+    rows at a time beside the product's, as it always was before these bounds.
+    The reference comes a block of rows at a time (:meth:`Product.blocks`),
+    each block sieved as it comes.
     """
 
-    def __init__(self, out: np.ndarray, ref: np.ndarray, a64: np.ndarray, b64: np.ndarray) -> None:
-        self.out, self.ref, self.a64, self.b64 = out, ref, a64, b64
-        m, k = a64.shape
-        n = b64.shape[1]
+    def __init__(self, out: np.ndarray, prod: Product) -> None:
+        self.out, self.prod, self.a64, self.b64 = out, prod, prod.a64, prod.b64
+        m, k = self.a64.shape
+        n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
         self.c = _fp32_factor(k)
         gamma = (k + 4) * _U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma
 
-    def _block(self, rows: tuple[int, int]) -> _Block:
-        r0, r1 = rows
-        o_all, rf_all = self.out[r0:r1].ravel(), self.ref[r0:r1].ravel()
+    def _block_numpy(
+        self, o_all: np.ndarray, rf_all: np.ndarray
+    ) -> tuple[tuple[float, float, float], np.ndarray, np.ndarray, np.ndarray]:
+        """Sums (max |error|, Σ error², Σ ref²), then the flat indices of the elements left (NaN and
+        infinite values among them), their |error| and the reference there, in one block's terms."""
         err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
         allowed_buf = np.empty_like(err_buf)
         passed_buf = np.empty(err_buf.shape, dtype=bool)
@@ -768,22 +862,71 @@ class _ModelCheck:
             if left.size:
                 lefts.append(left + s)
                 errs.append(err[left])
-            top = float(err.max())
-            max_err = _nan_max(max_err, top)
+            max_err = _nan_max(max_err, float(err.max()))
             ssq_err += float(np.einsum("i,i->", err, err))
             ssq_ref += float(np.einsum("i,i->", rf, rf))
         left = np.concatenate(lefts) if lefts else np.empty(0, dtype=np.intp)
         err_left = np.concatenate(errs) if errs else np.empty(0)
-        finite = np.isfinite(o_all[left])  # every non-finite value is among those left
-        base = r0 * self.n
-        return _Block(
-            max_err=max_err,
-            ssq_err=ssq_err,
-            ssq_ref=ssq_ref,
-            nonfinite=left[~finite] + base,
-            left=left[finite] + base,
-            err=err_left[finite],
+        return (max_err, ssq_err, ssq_ref), left, err_left, rf_all[left]
+
+    def _sieve_numpy(self, sieve: _Sieve, out: np.ndarray, ref: np.ndarray, base: int) -> None:
+        """Rows of the output against the same rows of the reference, in blocks on two threads
+        (numpy releases the GIL in these loops)."""
+        rows, n = out.shape
+        step = max(1, _BLOCK_ELEMS // max(n, 1))
+        bounds = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+        def block(rb: tuple[int, int]) -> tuple[tuple[float, float, float], np.ndarray, np.ndarray, np.ndarray]:
+            return self._block_numpy(out[rb[0] : rb[1]].ravel(), ref[rb[0] : rb[1]].ravel())
+
+        if len(bounds) > 1:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                parts = list(pool.map(block, bounds))
+        else:
+            parts = [block(bd) for bd in bounds]
+        for (r0, _), (sums, left, err, rf) in zip(bounds, parts, strict=True):
+            o = out[r0:].ravel()[left]
+            finite = np.isfinite(o)  # every non-finite value is among those left
+            nonfinite, nan = np.flatnonzero(~finite), np.flatnonzero(np.isnan(o))
+            at = base + r0 * n
+            sieve.add(
+                sums,
+                int(nonfinite.size),
+                int(left[nonfinite[0]]) + at if nonfinite.size else None,
+                int(left[nan[0]]) + at if nan.size else None,
+                int(np.count_nonzero(finite)),
+                (left[finite] + at, err[finite], rf[finite]),
+            )
+
+    def _sieve_c(self, fc: ModuleType, sieve: _Sieve, out: np.ndarray, ref: np.ndarray, base: int, limit: int) -> None:
+        rows, n = out.shape
+        ref = np.ascontiguousarray(ref)
+        got = fc.model(out, ref, rows, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, _SPLIT_ELEMS)
+        max_err, ssq_err, ssq_ref, nonfinite, first_nan, first_nonfinite, left, flat, err = got
+        at = np.frombuffer(flat, dtype=np.int64).astype(np.intp, copy=False)  # empty beyond the limit
+        sieve.add(
+            (max_err, ssq_err, ssq_ref),
+            nonfinite,
+            first_nonfinite + base if nonfinite else None,
+            first_nan + base if first_nan >= 0 else None,
+            left,
+            (at + base, np.frombuffer(err, dtype=np.float64), ref.ravel()[at]),
         )
+
+    def _sieve(self, fc: ModuleType | None) -> _Sieve | None:
+        """Every block of the reference as it comes; None once more than m·n/8 elements are left
+        (S is then made in full: the rest of the sieve would not be used)."""
+        sieve = _Sieve()
+        limit = self.m * self.n // 8
+        for r0, ref in self.prod.blocks():
+            out = self.out[r0 : r0 + ref.shape[0]]
+            if fc is not None:
+                self._sieve_c(fc, sieve, out, ref, r0 * self.n, limit - sieve.left)
+            else:
+                self._sieve_numpy(sieve, out, ref, r0 * self.n)
+            if sieve.left > limit:
+                return None
+        return sieve
 
     def _exact_s(self, flat: np.ndarray) -> np.ndarray:
         """S = |A|·|B| at the row-major flat indices ``flat``, by the cheaper of two ways."""
@@ -803,52 +946,6 @@ class _ModelCheck:
             got[s : s + step] = np.einsum("ek,ek->e", np.abs(self.a64[f // n]), abs_bt[ci[s : s + step]])
         return got
 
-    def _sieve_numpy(self) -> _Sieve:
-        m, n = self.m, self.n
-        step = max(1, _BLOCK_ELEMS // max(n, 1))
-        bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
-        if len(bounds) > 1:
-            # numpy releases the GIL in these loops: two threads use both cores
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                parts = list(pool.map(self._block, bounds))
-        else:
-            parts = [self._block(bd) for bd in bounds]
-        maxes = [p.max_err for p in parts]
-        nonfinite = np.concatenate([p.nonfinite for p in parts])
-        worst: int | None = None
-        if nonfinite.size:
-            # as np.argmax over every excess would: the first NaN, else the first infinite value
-            nan = np.flatnonzero(np.isnan(self.out.ravel()[nonfinite]))
-            worst = int(nonfinite[nan[0]] if nan.size else nonfinite[0])
-        flat = np.concatenate([p.left for p in parts])
-        return _Sieve(
-            max_err=float("nan") if any(math.isnan(x) for x in maxes) else max(maxes, default=0.0),
-            ssq_err=sum(p.ssq_err for p in parts),
-            ssq_ref=sum(p.ssq_ref for p in parts),
-            nonfinite=int(nonfinite.size),
-            worst_nonfinite=worst,
-            left=int(flat.size),
-            flat=flat,
-            err=np.concatenate([p.err for p in parts]),
-        )
-
-    def _sieve_c(self, fc: ModuleType) -> _Sieve:
-        m, n = self.m, self.n
-        limit = m * n // 8  # beyond it, no list: S is computed in full
-        out, ref = np.ascontiguousarray(self.out), np.ascontiguousarray(self.ref)
-        got = fc.model(out, ref, m, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, _SPLIT_ELEMS)
-        max_err, ssq_err, ssq_ref, nonfinite, first_nan, first_nonfinite, left, flat, err = got
-        return _Sieve(
-            max_err=max_err,
-            ssq_err=ssq_err,
-            ssq_ref=ssq_ref,
-            nonfinite=nonfinite,
-            worst_nonfinite=None if not nonfinite else first_nan if first_nan >= 0 else first_nonfinite,
-            left=left,
-            flat=np.frombuffer(flat, dtype=np.int64).astype(np.intp, copy=False),
-            err=np.frombuffer(err, dtype=np.float64),
-        )
-
     def _norms(self, fc: ModuleType | None) -> tuple[np.ndarray, np.ndarray]:
         """‖a_i‖ for every row of A and ‖b_j‖ for every column of B."""
         (m, k), n = self.a64.shape, self.n
@@ -861,21 +958,41 @@ class _ModelCheck:
         fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, _SPLIT_ELEMS)
         return np.sqrt(a_rows), np.sqrt(b_cols)
 
+    def _in_full(self, tolerance: str) -> CheckReport:
+        """The rule with S made in full, a block of rows at a time beside the reference's."""
+        abs_b = np.abs(self.b64)
+        tally = _Tally()
+        for r0, ref in self.prod.blocks():
+            rows = ref.shape[0]
+            out = self.out[r0 : r0 + rows]
+            allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64[r0 : r0 + rows]) @ abs_b)
+            err = np.abs(out - ref)
+            excess = err - allowed
+            bad = (excess > 0) | ~np.isfinite(out)
+            worst = int(np.argmax(excess))
+            tally.add(
+                int(np.count_nonzero(bad)),
+                float(err.max()),
+                float(np.einsum("ij,ij->", err, err)),
+                float(np.einsum("ij,ij->", ref, ref)),
+                r0 * self.n + worst if bad.any() else None,
+                float(excess.flat[worst]),
+            )
+        return tally.report((self.m, self.n), tolerance)
+
     def report(self, tolerance: str) -> CheckReport:
-        m, n, k = self.m, self.n, self.k
+        m, n = self.m, self.n
         fc = _c_passes()
-        sieve = self._sieve_c(fc) if fc is not None else self._sieve_numpy()
-        max_err, ssq_err, ssq_ref = sieve.max_err, sieve.ssq_err, sieve.ssq_ref
-        flat, err = sieve.flat, sieve.err
-        if sieve.left > m * n // 8:
-            # wrong nearly everywhere: S in full, one more GEMM
-            allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64) @ np.abs(self.b64))
-            return _report(self.out, self.ref, allowed, tolerance)
+        sieve = self._sieve(fc)
+        if sieve is None:  # wrong nearly everywhere
+            return self._in_full(tolerance)
+        flat = np.concatenate(sieve.flats).astype(np.intp, copy=False)
+        err, ref_left = np.concatenate(sieve.errs), np.concatenate(sieve.refs)
         # the sum of S's first p terms, a second lower bound
-        p = min(k, _LOWER_TERMS)
+        p = min(self.k, _LOWER_TERMS)
         i, j = flat // n, flat % n
         s_lo = np.einsum("ek,ek->e", np.abs(self.a64[i, :p]), np.abs(self.b64[:p, :].T[j]))
-        s_lo = np.maximum(s_lo, np.abs(self.ref.ravel()[flat])) * self.lo_scale
+        s_lo = np.maximum(s_lo, np.abs(ref_left)) * self.lo_scale
         norm_a, norm_b = self._norms(fc)
         allowed_lo = PRINT_HALF_UNIT + self.c * s_lo
         allowed_hi = PRINT_HALF_UNIT + self.c * norm_a[i] * norm_b[j] * self.hi_scale
@@ -896,4 +1013,4 @@ class _ModelCheck:
         if worst is None and bad.any():
             cand = np.flatnonzero(bad)
             worst = int(flat[cand[np.argmax(excess[cand])]])
-        return _summed_report((m, n), mismatches, max_err, ssq_err, ssq_ref, worst, tolerance)
+        return _summed_report((m, n), mismatches, sieve.max_err, sieve.ssq_err, sieve.ssq_ref, worst, tolerance)

@@ -132,9 +132,34 @@ def test_parse_values_two_threads():
         assert ft.parse_values(body, 0, a, b)[0] == want[0]
 
 
+def test_parse_values_float64_buffers_get_the_float32_values():
+    """float64 destinations (mmd check's A and B, read for a float64 product) hold exactly the
+    float32 values, whichever way the body is read: one thread, parts in place, parts through
+    scratch (touching fields), and report the same statuses."""
+    for body in (
+        b"0.1 2.5 -3.33 1e-7 16777217",
+        b"1.002.00 3.00-4.005.00",
+        b"0.1 0.2 0.3 0.4 0.5 0.6",
+        b"0.1 0.2 x 0.4 0.5",
+        b"1 2 3 1e39 5",
+    ):
+        for split, threads in ((1 << 20, 1), (0, 2), (0, 3)):
+            a32, b32 = np.zeros(2, np.float32), np.zeros(3, np.float32)
+            a64, b64 = np.zeros(2), np.zeros(3)
+            want = ft.parse_values(body, 0, a32, b32, split, threads)
+            assert ft.parse_values(body, 0, a64, b64, split, threads) == want, body
+            if want[0] == ft.OK:
+                np.testing.assert_array_equal(a64, a32.astype(np.float64))
+                np.testing.assert_array_equal(b64, b32.astype(np.float64))
+
+
 def test_parse_values_bad_arguments():
     with pytest.raises(TypeError):
-        ft.parse_values(b"1", 0, np.zeros(1, np.float64))
+        ft.parse_values(b"1", 0, np.zeros(1, np.int32))
+    with pytest.raises(TypeError):
+        ft.parse_values(b"1", 0, np.zeros(1, np.float16))
+    with pytest.raises(TypeError):  # A and B alike or not at all
+        ft.parse_values(b"1 2", 0, np.zeros(1, np.float32), np.zeros(1, np.float64))
     with pytest.raises((TypeError, BufferError)):
         ft.parse_values(b"1", 0, b"\0\0\0\0")  # read-only
     with pytest.raises(ValueError):
@@ -691,6 +716,10 @@ def test_parts_read_alike(threads):
     assert ft.parse_values(data, off, got_a, got_b, 0, threads) == (0, len(data))
     np.testing.assert_array_equal(got_a, tf.parse(data).a)
     np.testing.assert_array_equal(got_b, tf.parse(data).b)
+    wide_a, wide_b = np.empty(a.shape), np.empty(b.shape)
+    assert ft.parse_values(data, off, wide_a, wide_b, 0, threads) == (0, len(data))
+    np.testing.assert_array_equal(wide_a, got_a.astype(np.float64))
+    np.testing.assert_array_equal(wide_b, got_b.astype(np.float64))
     out = tf.emit(a @ b)
     o_off = out.index(b"\n") + 1
     want = np.empty((37, 41))

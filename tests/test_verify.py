@@ -24,9 +24,16 @@ def passes(request):
     tf.USE_FASTTEXT = old
 
 
+def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`verify.Product.blocks`),
+    whose GEMMs may round unlike one GEMM of the whole (test_product_blocks_round_as_a_gemm bounds by how much)."""
+    blocks = [blk.copy() for _, blk in verify.product(a, b).blocks()]
+    return np.concatenate(blocks) if blocks else np.zeros((a.shape[0], b.shape[1]))
+
+
 def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> verify.CheckReport:
     """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ref = _reference(a, b)
     allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     return verify._report(out, ref, allowed, "0.005 + 4·sqrt(K)·eps·|A||B|")
 
@@ -61,17 +68,43 @@ def same_report(got: verify.CheckReport, want: verify.CheckReport, rtol: float =
     st.integers(1, 12),
     st.integers(0, 2**32 - 1),
     st.lists(st.sampled_from([0.3, 0.97, 1.03, 3.0, 1e4]), max_size=6),
+    st.sampled_from([1, 30, 1 << 20]),
 )
-def test_full_check_same_as_the_old_rule(m, k, n, seed, factors):
+def test_full_check_same_as_the_old_rule(m, k, n, seed, factors, ref_block):
+    """Whatever blocks of rows the product comes in (``ref_block`` elements: one row, a few, all)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+        _full_check_same_as_the_old_rule(m, k, n, seed, factors)
+
+
+def _full_check_same_as_the_old_rule(m, k, n, seed, factors):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ref = _reference(a, b)
     allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     for f in factors:  # errors around the allowance, either sign
         i, j = rng.integers(m), rng.integers(n)
         out[i, j] = ref[i, j] + rng.choice([-1, 1]) * f * allowed[i, j]
     same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+
+
+@pytest.mark.parametrize("ref_block", [1, 5, 64, 1 << 20])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (37, 300, 19), (64, 8, 64), (3, 1000, 200)])
+def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
+    """The product's blocks of rows, in order, cover A·B once and are within float64's GEMM error
+    bound (k·u·|A|·|B|) of one GEMM of the whole; a given product is handed out as it is."""
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+    rng = np.random.default_rng(m + k + n)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    whole = a.astype(np.float64) @ b.astype(np.float64)
+    starts, blocks = zip(*[(r0, blk.copy()) for r0, blk in verify.product(a, b).blocks()], strict=True)
+    assert list(starts) == list(np.cumsum([0] + [len(x) for x in blocks[:-1]]))
+    got = np.concatenate(blocks)
+    bound = 2 * k * 2.0**-53 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert got.shape == whole.shape and np.all(np.abs(got - whole) <= bound)
+    given = verify.product(a, b, gemm=lambda x, y: x @ y)
+    np.testing.assert_array_equal(np.concatenate([blk for _, blk in given.blocks()]), given.ref)
 
 
 @pytest.mark.parametrize(
@@ -84,14 +117,16 @@ def test_full_check_same_as_the_old_rule(m, k, n, seed, factors):
         "nonfinite",
     ],
 )
-def test_full_check_every_way_of_computing_s(plant, monkeypatch):
+@pytest.mark.parametrize("ref_block", [1, 7 * 80 + 3, 1 << 20])  # the product a row, 7 rows, all at a time
+def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
     if plant == "scattered, dots":
         monkeypatch.setattr(verify, "_SMALL_GEMM", 0)
     rng = np.random.default_rng(3)
     m, k, n = 90, 300, 80
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ref = _reference(a, b)
     allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     sign = rng.choice([-1.0, 1.0], size=out.shape)
     if plant.startswith("scattered"):
@@ -227,7 +262,7 @@ def test_quick_passes_outputs_at_the_edge_of_the_tolerance():
     # every element as far off as the full check allows: the bound must still hold
     rng = np.random.default_rng(2)
     a, b = random_matrix(rng, 100, 400), random_matrix(rng, 400, 120)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ref = _reference(a, b)
     allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     for signs in (np.ones(ref.shape), rng.choice([-1.0, 1.0], size=ref.shape)):
         out = ref + 0.999 * signs * allowed
@@ -270,10 +305,11 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
     assert not r.ok and r.shape == (6, 4)
 
 
-@pytest.mark.parametrize("block", [7, 1 << 20])
+@pytest.mark.parametrize(("block", "ref_block"), [(7, 19), (7, 1), (1 << 20, 1 << 20)])
 @pytest.mark.parametrize("seed", range(6))
-def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
+def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monkeypatch):
     # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     rng = np.random.default_rng(seed)
     ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
@@ -290,17 +326,19 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, seed, monkeypatch):
     same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
 
 
-@pytest.mark.parametrize(("block", "chunk"), [(40, 7), (100, 13), (1 << 20, 5)])
+@pytest.mark.parametrize(("block", "chunk", "ref_block"), [(40, 7, 17), (100, 13, 1), (1 << 20, 5, 1 << 20)])
 @pytest.mark.parametrize("seed", range(4))
-def test_chunked_passes_report_as_one_pass(block, chunk, seed, monkeypatch):
-    """The elementwise passes, in blocks for threads and chunks within them, report as whole-matrix code."""
+def test_chunked_passes_report_as_one_pass(block, chunk, ref_block, seed, monkeypatch):
+    """The elementwise passes, in blocks of the product, blocks for threads and chunks within them,
+    report as whole-matrix code."""
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
     rng = np.random.default_rng(seed)
     m, k, n = 23, 40, 17
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ref = _reference(a, b)
     allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     pick = rng.random(out.shape) < 0.1
     out[pick] = (ref + rng.choice([-1.2, -0.9, 0.9, 1.2, 50.0], size=out.shape) * allowed)[pick]
