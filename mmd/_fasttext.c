@@ -353,8 +353,16 @@ put_all(const dest_t *d, Py_ssize_t g, const float *src, Py_ssize_t c)
             memcpy((float *)d->b + (g + in_a - d->na), src + in_a, (size_t)(c - in_a) * sizeof(float));
         return;
     }
-    for (Py_ssize_t i = 0; i < c; i++)
-        put(d, g + i, src[i]);
+    if (in_a > 0) {
+        double *a = (double *)d->a + g;
+        for (Py_ssize_t i = 0; i < in_a; i++)
+            a[i] = src[i];
+    }
+    if (c > in_a) {
+        double *b = (double *)d->b + (g + in_a - d->na);
+        for (Py_ssize_t i = in_a; i < c; i++)
+            b[i - in_a] = src[i];
+    }
 }
 
 /* Touching %6.2f fields: the run [rs, re) is [+-]?DIGITS.dd repeated. Count or -1. */
@@ -421,6 +429,73 @@ fields_store(const unsigned char *rs, const unsigned char *re, const dest_t *dst
     return ST_OK;
 }
 
+#ifdef MMD_SIMD
+/*
+ * Course values a 64-byte window at a time, from p (a run's start or
+ * whitespace): the runs of the window that end in it (whitespace after them)
+ * must all have the shape course_value takes, [+-]?d.dd or [+-]?dd.dd, which
+ * the window's byte masks check for all of them at once: each run's last four
+ * bytes digit '.' digit digit, and before them at most a tens digit and a sign
+ * at the run's start. Their values are then stored at g, g+1, ..., each from
+ * its own bytes, so no value's work waits on the last one's (the byte loop
+ * follows each run to find the next: about 20 cycles a value). A window
+ * holding any other run stops the windows, leaving *pp at the window's first
+ * run for the byte loop. Returns the values stored; the caller leaves room
+ * for 32 (a window holds at most 32 runs).
+ */
+static Py_ssize_t
+course_windows(const unsigned char **pp, const unsigned char *hi, const dest_t *dst, Py_ssize_t g)
+{
+    const unsigned char *p = *pp;
+    Py_ssize_t g0 = g;
+    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), tab = _mm_set1_epi8('\t'),
+                  cr = _mm_set1_epi8('\r');
+    while (hi - p >= 64 && dst->total - g >= 32) {
+        win64_t w = win_load(p);
+        __m128i m[4];
+        for (int i = 0; i < 4; i++)
+            m[i] = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(w.v[i], sp), _mm_cmpeq_epi8(w.v[i], nl)),
+                                _mm_or_si128(_mm_cmpeq_epi8(w.v[i], tab), _mm_cmpeq_epi8(w.v[i], cr)));
+        uint64_t ws = win_mask(m);
+        uint64_t ends = ~ws & (ws >> 1); /* a run's last byte, whitespace after it in the window */
+        if (ends == 0)
+            break;
+        unsigned last = 63u - (unsigned)__builtin_clzll(ends); /* < 63 */
+        uint64_t runs = ~ws & ((UINT64_C(2) << last) - 1);    /* the bytes of the runs that end here */
+        uint64_t starts = runs & ((ws << 1) | 1u);
+        uint64_t digits = win_digits(&w), minus = win_eq(&w, '-');
+        uint64_t signs = minus | win_eq(&w, '+');
+        uint64_t need = ends | ends >> 1 | ends >> 3;
+        uint64_t point = ends >> 2;
+        uint64_t rest = runs & ~(need | point); /* what comes before a run's d.dd */
+        uint64_t tens = rest & (ends >> 4) & digits;
+        uint64_t sign = rest & ~tens; /* the rest: a sign at its run's start, or not the course's shape */
+        /* (a run ending in bytes 0-2 is too short, and its four bytes would begin before the window) */
+        if ((ends & 7u) != 0 || (digits & need) != need || (win_eq(&w, '.') & point) != point ||
+            (sign & ~(signs & starts)) != 0)
+            break;
+        uint64_t neg = (minus & sign) << 2; /* bit e - 2 - t: the sign of the run ending at e */
+        float vals[32];
+        Py_ssize_t count = 0;
+        for (uint64_t e_left = ends; e_left; e_left &= e_left - 1) {
+            unsigned e = (unsigned)__builtin_ctzll(e_left);
+            unsigned t = (unsigned)(((tens << 1) >> (e - 3)) & 1u); /* a tens digit at e - 4 */
+            unsigned ip = t * (unsigned)(p[e - 3 - t] - '0') * 10u + (unsigned)(p[e - 3] - '0');
+            float f = HUNDREDTHS[ip * 100u + (unsigned)(p[e - 1] - '0') * 10u + (unsigned)(p[e] - '0')];
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            bits |= (uint32_t)((neg >> (e - 2 - t)) & 1u) << 31; /* -0.00 stays -0.0 */
+            memcpy(&vals[count++], &bits, 4);
+        }
+        put_all(dst, g, vals, count);
+        g += count;
+        p += last + 1;
+    }
+    *pp = p;
+    return g - g0;
+}
+#endif
+
 /* Values of [lo, hi) stored forwards from index 0; *count gets how many. */
 static int
 parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *dst, Py_ssize_t *count,
@@ -428,11 +503,23 @@ parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *ds
 {
     const unsigned char *p = lo;
     Py_ssize_t g = 0, total = dst->total;
+    int skip = 0; /* runs left before the windows are tried again, after one that did not fit */
     for (;;) {
         while (p < hi && IS_WS(*p))
             p++;
         if (p >= hi)
             break;
+#ifdef MMD_SIMD
+        if (skip > 0) {
+            skip--;
+        } else if (hi - p >= 64 && total - g >= 32) {
+            Py_ssize_t got = course_windows(&p, hi, dst, g);
+            g += got;
+            if (got == 0) /* a run of another shape at p: the byte loop reads the next ones */
+                skip = 64;
+            continue;
+        }
+#endif
         const unsigned char *next = p;
         float f;
         if (course_value(p, hi, &next, &f)) {

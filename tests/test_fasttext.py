@@ -249,6 +249,66 @@ def test_parse_hypothesis_three_ways(m, k, n, data):
     _check_values(raw, toks)
 
 
+# the course's shape, which the C parser reads 64 bytes at a time, and runs that come close to it
+_course = st.tuples(st.sampled_from(["", "-", "+"]), st.integers(0, 99), st.integers(0, 99), st.booleans()).map(
+    lambda t: "%s%s%d.%02d" % (t[0], "0" if t[3] and t[1] < 10 else "", t[1], t[2])
+)
+_near = st.sampled_from(
+    [
+        ".00",
+        "1.0",
+        "1.",
+        "123.45",
+        "-123.45",
+        "1.000",
+        "--1.00",
+        "+-1.00",
+        "1-2.00",
+        "1e5",
+        "1.0e1",
+        "-0.00",
+        "+0.00",
+        "00.00",
+        "9.99",
+        "-99.99",
+        "1.002.00",
+        "12.3",
+        "0",
+        "-5",
+    ]
+)
+
+
+def _is_float(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 12), st.integers(2, 12), st.integers(2, 12), st.data())
+def test_parse_course_windows(m, k, n, data):
+    """Inputs of the course's shape, with other runs among them and whitespace of every kind, at every
+    offset of the 64-byte windows: the same values three ways, in float32 and in float64."""
+    count = m * k + k * n
+    toks = data.draw(st.lists(_course, min_size=count, max_size=count))
+    for i in data.draw(st.lists(st.integers(0, count - 1), max_size=3)):  # a few other runs among them
+        toks[i] = data.draw(_near)
+    seps = data.draw(st.lists(st.sampled_from([" ", " ", "\n", "\t", "\r\n", "  "]), min_size=count, max_size=count))
+    lead = data.draw(st.sampled_from(["", " ", "\n", "   "]))
+    raw = f"{m} {k} {n}\n{lead}".encode() + "".join(t + s for t, s in zip(toks, seps, strict=True)).encode()
+    if not all(_is_float(t) for t in toks):  # a bad run, or touching fields: the same outcome every way
+        _same_both_ways(raw)
+        return
+    _check_values(raw, toks)
+    wide = tf.parse(raw, dtype=np.float64)
+    narrow = tf.parse(raw)
+    np.testing.assert_array_equal(wide.a, narrow.a.astype(np.float64))
+    np.testing.assert_array_equal(wide.b, narrow.b.astype(np.float64))
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 5), st.data())
 def test_parse_touching_fields_three_ways(m, k, data):
