@@ -310,12 +310,12 @@ def _against(job: Job, options: Options, data: memoryview, shape: tuple[int, int
     """The output (its rows read on a second thread) against its reference.
 
     Against an expected output both are parsed at once. Against an input, the input is parsed
-    first, alone (the product needs all of it), then the output's rows beside the product (or
-    --quick's projections): on a quiet 2-core machine the parse then all but vanishes (a 4096
-    product and output parse took 2.1 s together, 2.5 s one after the other), on a busy one it
-    costs about what it costs alone (docs/grading.md). The output's faults come first, as if it
+    first, alone (the product needs all of it), then the output's rows beside --quick's
+    projections or a product another device makes (``options.gemm``); numpy's product is made a
+    block of rows at a time as the check reads the output's values (:meth:`verify.Product.blocks`),
+    so there the output is read first, on every core. The output's faults come first, as if it
     had been read first: ``rows.result()`` raises its InputFormatError before any fault of the
-    reference or of the shapes is reported (a malformed output found beside the product costs
+    reference or of the shapes is reported (a malformed output found beside a product costs
     that product).
     """
     assert job.reference is not None
@@ -350,7 +350,7 @@ def _against(job: Job, options: Options, data: memoryview, shape: tuple[int, int
             )
         status = Status.OK if quick.ok else Status.MISMATCH
         return _result(job, status, shape=shape, reason=reason, detail=quick.summary())
-    product = verify.product(a, b, options.gemm)  # while the output's rows are read
+    product = verify.product(a, b, options.gemm)  # another device's product while the output's rows are read
     return _values_result(job, shape, verify.against_product(rows.result(), product, options.tol))
 
 
