@@ -1279,6 +1279,136 @@ out_row_fast(const unsigned char **pp, const unsigned char *hi, Py_ssize_t n, do
 }
 #endif
 
+#if defined(MMD_SIMD) && defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define MMD_AVX2 1
+#define AVX2_TARGET __attribute__((target("avx2")))
+static int use_avx2 = 0; /* set at import where the CPU has AVX2; set_wide() switches it */
+
+#define OUT_BATCH 64
+
+/*
+ * Values of up to OUT_BATCH fields of at most five digits before the '.',
+ * four at a time: each field's eight bytes that end at its last one (up to
+ * five digits, the '.', two digits: at[i] points at them), the bytes before
+ * its nd digits made '0', the '.' squeezed out, and the eight digits summed
+ * by multiply-adds of pairs ([10, 1], then [100, 1], then the two halves,
+ * [10000, 1]). Each value is then one exact conversion (it is below 2^27)
+ * and one correctly rounded division by 100, as the byte loop makes it.
+ */
+AVX2_TARGET static void
+out_batch_avx2(const unsigned char *const *at, const unsigned char *nd, const unsigned char *neg, Py_ssize_t count,
+               double *o)
+{
+    const __m256i low5 = _mm256_set1_epi64x(INT64_C(0xFFFFFFFFFF)), top2 = _mm256_set1_epi64x(-INT64_C(0x1000000000000));
+    const __m256i zeros = _mm256_set1_epi8('0'), all = _mm256_set1_epi64x(-1), eight = _mm256_set1_epi64x(8);
+    const __m256i six = _mm256_set1_epi64x(6), pairs = _mm256_set1_epi16(0x010A), quads = _mm256_set1_epi32(0x00010064);
+    const __m256i e4 = _mm256_set1_epi64x(10000), magic = _mm256_set1_epi64x(INT64_C(0x4330000000000000));
+    const __m256d two52 = _mm256_set1_pd(4503599627370496.0), hundred = _mm256_set1_pd(100.0);
+    Py_ssize_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        uint64_t w[4];
+        for (int k = 0; k < 4; k++)
+            memcpy(&w[k], at[i + k], 8);
+        __m256i v = _mm256_loadu_si256((const __m256i *)w);
+        v = _mm256_or_si256(_mm256_slli_epi64(_mm256_and_si256(v, low5), 8), _mm256_and_si256(v, top2));
+        __m256i n = _mm256_set_epi64x(nd[i + 3], nd[i + 2], nd[i + 1], nd[i]);
+        __m256i keep = _mm256_sllv_epi64(all, _mm256_mul_epu32(_mm256_sub_epi64(six, n), eight));
+        v = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, keep), _mm256_andnot_si256(keep, zeros)), zeros);
+        v = _mm256_madd_epi16(_mm256_maddubs_epi16(v, pairs), quads);
+        v = _mm256_add_epi64(_mm256_mul_epu32(v, e4), _mm256_srli_epi64(v, 32));
+        __m256d d = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(v, magic)), two52);
+        __m256i sign = _mm256_slli_epi64(_mm256_set_epi64x(neg[i + 3], neg[i + 2], neg[i + 1], neg[i]), 63);
+        d = _mm256_div_pd(_mm256_castsi256_pd(_mm256_or_si256(_mm256_castpd_si256(d), sign)), hundred);
+        _mm256_storeu_pd(o + i, d);
+    }
+    for (; i < count; i++)
+        o[i] = with_sign((double)short_hundredths(at[i], nd[i]) / 100.0, neg[i]);
+}
+
+/*
+ * out_row_fast with the grammar of every field of a window checked at once
+ * on its byte masks (only the width and the digit count a field at a time),
+ * and the values made by out_batch_avx2, OUT_BATCH fields at a time: on one
+ * core of the 2-core VM a 4096 output was read in 0.123 s, against 0.194 s
+ * by out_row_fast (min of 4, side by side in one process, values the same
+ * to the bit).
+ */
+AVX2_TARGET static int
+out_row_avx2(const unsigned char **pp, const unsigned char *hi, Py_ssize_t n, double *o)
+{
+    const unsigned char *p = *pp;
+    const unsigned char *at[OUT_BATCH];
+    unsigned char nds[OUT_BATCH], negs_at[OUT_BATCH];
+    Py_ssize_t j = 0, queued = 0; /* fields read; of them, waiting in the batch (they end at j) */
+    while (j < n) {
+        if (hi - p < 64)
+            return 0;
+        win64_t w = win_load(p);
+        uint64_t nl = win_eq(&w, '\n');
+        uint64_t before_nl = nl ? (nl & (0 - nl)) - 1 : ~UINT64_C(0);
+        uint64_t dots = win_eq(&w, '.') & (before_nl >> 2); /* the window's fields, ".dd" and all */
+        if (dots == 0 || __builtin_popcountll(dots) > n - j)
+            return 0;
+        unsigned end = 63u - (unsigned)__builtin_clzll(dots) + 2u; /* the last field's last byte */
+        uint64_t region = end == 63 ? ~UINT64_C(0) : (UINT64_C(2) << end) - 1;
+        uint64_t frac = dots << 1 | dots << 2;
+        uint64_t ints = region & ~(dots | frac); /* what comes before each '.' */
+        uint64_t digits = win_digits(&w);
+        uint64_t sp = win_eq(&w, ' ') & ints, mi = win_eq(&w, '-') & ints, dg = digits & ints;
+        uint64_t starts = dots << 3 | 1u; /* after each field's last byte */
+        uint64_t first = dg & ~(dg << 1); /* each field's first digit */
+        /* spaces only first, a '-' only first or after them and before a digit, digits then up to the
+           '.', no leading zero: every field of the window at once */
+        if ((digits & frac) != frac || (ints & ~(sp | mi | dg)) != 0 || (sp & ~starts & ~(sp << 1)) != 0 ||
+            (mi & ~(starts | sp << 1)) != 0 || ((mi << 1) & ~dg) != 0 || ((dots >> 1) & ~dg) != 0 ||
+            (first & (dg >> 1) & win_eq(&w, '0')) != 0)
+            return 0;
+        starts &= region;
+        uint64_t negs = mi << 1; /* bit i: a '-' before byte i */
+        if (queued + 32 > OUT_BATCH) {
+            if (o != NULL)
+                out_batch_avx2(at, nds, negs_at, queued, o + (j - queued));
+            queued = 0;
+        }
+        do {
+            unsigned d = (unsigned)__builtin_ctzll(dots), s = (unsigned)__builtin_ctzll(starts);
+            unsigned ds = (unsigned)__builtin_ctzll(first);
+            dots &= dots - 1;
+            starts &= starts - 1;
+            first &= first - 1;
+            unsigned len = d + 3 - s, nd = d - ds, neg = (unsigned)((negs >> ds) & 1u);
+            /* the width rule: leading spaces only to make 6 bytes */
+            if (len < 6 || (((sp >> s) & 1u) && len != 6) || nd > OUT_INT_DIGITS)
+                return 0;
+            if (nd <= 5) {
+                at[queued] = p + d - 5; /* len >= 6: at most 2 bytes before p */
+                nds[queued] = (unsigned char)nd;
+                negs_at[queued++] = (unsigned char)neg;
+            } else {
+                if (o != NULL) {
+                    out_batch_avx2(at, nds, negs_at, queued, o + (j - queued));
+                    uint64_t ip = 0;
+                    for (unsigned k = ds; k < d; k++)
+                        ip = ip * 10 + (unsigned)(p[k] - '0');
+                    ip = ip * 100 + (unsigned)(p[d + 1] - '0') * 10 + (unsigned)(p[d + 2] - '0');
+                    o[j] = with_sign((double)ip / 100.0, (int)neg);
+                }
+                queued = 0;
+            }
+            j++;
+        } while (dots != 0);
+        p += end + 1;
+    }
+    if (p >= hi || *p != '\n')
+        return 0;
+    if (o != NULL)
+        out_batch_avx2(at, nds, negs_at, queued, o + (j - queued));
+    *pp = p + 1;
+    return 1;
+}
+#endif
+
 /*
  * Rows row0, row0+1, ... from lo (a line start) to hi, their values stored
  * at out + row*n (out may be NULL: check only). Reading a row at or beyond
@@ -1297,7 +1427,12 @@ out_rows(const unsigned char *base, const unsigned char *lo, const unsigned char
         if (row >= row_end)
             return out_fault(f, OF_EXTRA, base, ls, line, ls, 0);
         double *o = out ? out + row * n : NULL;
-#ifdef MMD_SIMD
+#ifdef MMD_AVX2
+        if (use_avx2 ? out_row_avx2(&p, hi, n, o) : out_row_fast(&p, hi, n, o)) {
+            row++;
+            continue;
+        }
+#elif defined(MMD_SIMD)
         if (out_row_fast(&p, hi, n, o)) {
             row++;
             continue;
@@ -1480,7 +1615,25 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
     return Py_BuildValue("(innnn)", f.kind, f.line, f.line_start, f.pos, f.count);
 }
 
+static PyObject *
+set_wide(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+#ifdef MMD_AVX2
+    int was = use_avx2;
+    use_avx2 = want && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(was);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"set_wide", set_wide, METH_O,
+     "set_wide(flag) -> bool\n\n"
+     "Read outputs with the AVX2 path (where the CPU has AVX2) or the SSE2 one; returns the previous choice."},
     {"parse_values", parse_values, METH_VARARGS,
      "parse_values(data, offset, out_a, out_b=None, min_split=1<<20) -> (status, position)\n\n"
      "Fill buffers out_a then out_b (both float32, or both float64 given the float32 values)\n"
@@ -1510,6 +1663,9 @@ PyInit__fasttext(void)
 {
     for (int i = 0; i < 10000; i++)
         HUNDREDTHS[i] = (float)((double)i / 100.0);
+#ifdef MMD_AVX2
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
 #ifdef MMD_HAVE_STRTOD_L
     if (c_locale == (locale_t)0)
         c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);

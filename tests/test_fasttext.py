@@ -644,7 +644,14 @@ def _output_outcome(data: bytes):
 
 
 def _output_three_ways(data: bytes):
+    """The C path (its AVX2 rows where the CPU has AVX2, then its SSE2 ones), the numpy path and the C
+    path in three parts give the same outcome."""
     fast = _output_outcome(data)
+    was = ft.set_wide(False)
+    try:
+        assert _output_outcome(data) == fast
+    finally:
+        ft.set_wide(was)
     assert _numpy_path(_output_outcome, data) == fast
     old = tf._fasttext
     tf._fasttext = _OutSplit
@@ -764,8 +771,52 @@ def test_corrupted_wide_outputs_same_outcome(m, n, data):
     _output_three_ways(bytes(raw))
 
 
+# fields that break the output grammar one rule at a time (a leading zero, a sign, the width, ...)
+_BAD_FIELDS = [
+    b" 01.00",
+    b"-01.00",
+    b" 00.50",
+    b"+1.00",
+    b"  +1.00",
+    b" 1.0 0",
+    b" 1 .00",
+    b"  1.000",
+    b"-  1.00",
+    b" - 1.00",
+    b"  1.00 ",
+    b"   1.0",
+    b"1.00",
+    b"  -1.00",
+    b" 12345678901234.00",
+    b"  1.-0",
+    b"  1..00",
+]
+
+
+@pytest.mark.parametrize("bad", _BAD_FIELDS)
+def test_bad_fields_in_long_rows(bad):
+    """A field that breaks one rule, at every place in rows long enough for the windows: the same
+    outcome every way (the AVX2 rows check every field of a window at once)."""
+    rng = np.random.default_rng(len(bad))
+    vals = np.round(rng.uniform(-999, 999, (3, 23)), 2).astype(np.float32)
+    rows = [b"".join(b"%6.2f" % v for v in row) + b"\n" for row in vals]
+    for col in range(0, 23, 3):
+        fields = [b"%6.2f" % v for v in vals[1]]
+        fields[col] = bad
+        got = b"3 23\n" + rows[0] + b"".join(fields) + b"\n" + rows[2]
+        assert _output_three_ways(got)[0] == "error", (bad, col)
+
+
+@pytest.fixture(params=[True, False], ids=["avx2", "sse2"])
+def wide(request):
+    """Outputs read by the AVX2 rows (where the CPU has them: else this is the SSE2 case again), then the SSE2 ones."""
+    was = ft.set_wide(request.param)
+    yield request.param
+    ft.set_wide(was)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 5, 16, 40])
-def test_parts_read_alike(threads):
+def test_parts_read_alike(threads, wide):
     """Any number of parts (more than there are rows, more than MAX_PARTS) reads the same values,
     and a fault in any part is found (an output's named exactly as one thread names it)."""
     rng = np.random.default_rng(threads)
@@ -796,7 +847,7 @@ def test_parts_read_alike(threads):
         assert ft.parse_values(bad_in, off, got_a, got_b, 0, threads)[0] != 0
 
 
-def test_wide_output_values_exact():
+def test_wide_output_values_exact(wide):
     """Every width the 64-byte windows read (1 to 13 digits, signs, zeros), against float()."""
     rng = np.random.default_rng(3)
     digits = rng.integers(0, 14, 4000)
