@@ -130,6 +130,19 @@ win_digits(const win64_t *w)
     return win_mask(m);
 }
 
+/* The whitespace of the window (' ', '\n', '\t', '\r': IS_WS). */
+static inline uint64_t
+win_ws(const win64_t *w)
+{
+    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), tab = _mm_set1_epi8('\t'),
+                  cr = _mm_set1_epi8('\r');
+    __m128i m[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(w->v[i], sp), _mm_cmpeq_epi8(w->v[i], nl)),
+                            _mm_or_si128(_mm_cmpeq_epi8(w->v[i], tab), _mm_cmpeq_epi8(w->v[i], cr)));
+    return win_mask(m);
+}
+
 /* Bits lo .. hi-1 (0 <= lo <= hi <= 63). */
 static inline uint64_t
 bits_between(unsigned lo, unsigned hi)
@@ -448,15 +461,9 @@ course_windows(const unsigned char **pp, const unsigned char *hi, const dest_t *
 {
     const unsigned char *p = *pp;
     Py_ssize_t g0 = g;
-    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), tab = _mm_set1_epi8('\t'),
-                  cr = _mm_set1_epi8('\r');
     while (hi - p >= 64 && dst->total - g >= 32) {
         win64_t w = win_load(p);
-        __m128i m[4];
-        for (int i = 0; i < 4; i++)
-            m[i] = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(w.v[i], sp), _mm_cmpeq_epi8(w.v[i], nl)),
-                                _mm_or_si128(_mm_cmpeq_epi8(w.v[i], tab), _mm_cmpeq_epi8(w.v[i], cr)));
-        uint64_t ws = win_mask(m);
+        uint64_t ws = win_ws(&w);
         uint64_t ends = ~ws & (ws >> 1); /* a run's last byte, whitespace after it in the window */
         if (ends == 0)
             break;
@@ -660,15 +667,9 @@ count_runs(const unsigned char *lo, const unsigned char *hi)
     uint64_t prev_ws = 1; /* the byte before lo counts as whitespace */
     const unsigned char *p = lo;
 #ifdef MMD_SIMD
-    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), tab = _mm_set1_epi8('\t'),
-                  cr = _mm_set1_epi8('\r');
     for (; hi - p >= 64; p += 64) {
         win64_t w = win_load(p);
-        __m128i m[4];
-        for (int i = 0; i < 4; i++)
-            m[i] = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(w.v[i], sp), _mm_cmpeq_epi8(w.v[i], nl)),
-                                _mm_or_si128(_mm_cmpeq_epi8(w.v[i], tab), _mm_cmpeq_epi8(w.v[i], cr)));
-        uint64_t ws = win_mask(m);
+        uint64_t ws = win_ws(&w);
         runs += __builtin_popcountll(~ws & ((ws << 1) | prev_ws));
         prev_ws = ws >> 63;
     }
