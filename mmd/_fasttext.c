@@ -5,6 +5,7 @@
  *   format_rows(c, m, n) -> bytes
  *   format_input_rows(c, m, n) -> bytes
  *   parse_output_values(data, offset, m, n, out, min_split, threads) -> None | fault
+ *   parse_output_rows(data, offset, rows, n, out, min_split, threads) -> next offset | -1
  *
  * All work on buffers (no numpy C API) and run with the GIL released. The
  * parsers read a body in up to `threads` parts at once (default 2), none
@@ -1528,6 +1529,21 @@ out_part_main(void *arg)
 }
 
 /*
+ * The start of the row after the one at q, its '\n' found before end (end[-1]
+ * is a '\n'). A row of n fields holds 6n bytes at least, so the search for its
+ * '\n' starts past them: it reads about a sixth of the bytes a plain memchr
+ * would. A shorter row (a fault) may be counted with the next one; the
+ * counts then do not add up, or a part finds the fault, and the body is read
+ * again by the one thread that names it.
+ */
+static inline const unsigned char *
+next_row(const unsigned char *q, const unsigned char *end, Py_ssize_t n)
+{
+    const unsigned char *from = end - q > 6 * n ? q + 6 * n : q;
+    return (const unsigned char *)memchr(from, '\n', (size_t)(end - from)) + 1;
+}
+
+/*
  * Up to `threads` parts read at once (parts_for): the body is cut after the
  * '\n' that follows each 1/parts of it, each part's rows are counted
  * (memchr over its newlines) so that its first row index is known, and each
@@ -1552,7 +1568,7 @@ out_body_split(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_
         end = nl == NULL ? hi : nl + 1;
         Py_ssize_t rows = 0;
         for (const unsigned char *q = cut; q < end && row + rows <= m; rows++)
-            q = (const unsigned char *)memchr(q, '\n', (size_t)(end - q)) + 1; /* end[-1] is '\n' */
+            q = next_row(q, end, n);
         if (row + rows > m)
             return out_body(base, len, offset, m, n, NULL, f);
         part[i] = (out_part_t){base, cut, end, row, row + rows, n, 0, out, {0, 0, 0, 0, 0}, OF_OK};
@@ -1616,6 +1632,60 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
     return Py_BuildValue("(innnn)", f.kind, f.line, f.line_start, f.pos, f.count);
 }
 
+/*
+ * parse_output_rows: the next `rows` rows of an output from `offset` (a line
+ * start), their values into the float64 buffer out (rows*n), as
+ * parse_output_values reads a body; the offset after them, or -1 on any
+ * fault (the caller reads the whole body again to name the first one). So an
+ * output can be read a block of rows at a time into one small buffer.
+ */
+static PyObject *
+parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data, ob;
+    Py_ssize_t offset, rows, n, min_split = (Py_ssize_t)1 << 20;
+    int threads = 2;
+    PyObject *out_obj;
+    if (!PyArg_ParseTuple(args, "y*nnnO|ni:parse_output_rows", &data, &offset, &rows, &n, &out_obj, &min_split,
+                          &threads))
+        return NULL;
+    if (offset < 1 || offset > data.len || ((const unsigned char *)data.buf)[offset - 1] != '\n' || rows <= 0 ||
+        n <= 0) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "offset must follow a newline and rows, n be positive");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &ob, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (ob.itemsize != 8 || !is_float_format(ob.format, 'd') || n > PY_SSIZE_T_MAX / 8 / rows ||
+        ob.len != rows * n * 8) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_TypeError, "out must be a float64 buffer of rows*n values");
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)data.buf, *hi = base + data.len;
+    Py_ssize_t next = -1;
+    Py_BEGIN_ALLOW_THREADS
+    const unsigned char *q = base + offset;
+    Py_ssize_t found = 0;
+    /* the block's end: past `rows` rows (next_row needs a '\n' at hi[-1]; without one, the last
+       row has none and is a fault that the parse finds) */
+    if (hi[-1] == '\n')
+        for (; found < rows && q < hi; found++)
+            q = next_row(q, hi, n);
+    ofault_t f = {0, 0, 0, 0, 0};
+    if (found == rows &&
+        out_body_split(base, q - base, offset, rows, n, (double *)ob.buf, min_split, threads, &f) == OF_OK)
+        next = q - base;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&data);
+    return PyLong_FromSsize_t(next);
+}
+
 static PyObject *
 set_wide(PyObject *Py_UNUSED(self), PyObject *arg)
 {
@@ -1647,6 +1717,10 @@ static PyMethodDef methods[] = {
     {"format_input_rows", format_input_rows, METH_VARARGS,
      "format_input_rows(c, m, n) -> bytes\n\n"
      "m rows of n '%.2f' values of the float32 buffer c, one space between them, '\\n' after each row."},
+    {"parse_output_rows", parse_output_rows, METH_VARARGS,
+     "parse_output_rows(data, offset, rows, n, out, min_split=1<<20) -> int\n\n"
+     "Read the next rows rows of n '%6.2f' fields from data[offset:] (a line start) into the float64\n"
+     "buffer out, as parse_output_values reads a body; the offset after them, or -1 on any fault."},
     {"parse_output_values", parse_output_values, METH_VARARGS,
      "parse_output_values(data, offset, m, n, out=None, min_split=1<<20) -> None | (kind, line, line_start, pos, count)\n\n"
      "Check that data[offset:] is exactly m rows of n '%6.2f' fields and store their values in the float64\n"

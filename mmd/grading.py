@@ -215,21 +215,51 @@ def _opened(path: Path) -> Iterator[memoryview]:
                 data.close()
 
 
-def _reference_values(path: Path, options: Options, output: memoryview, rows: _Rows) -> tuple[np.ndarray, ...]:
-    """A and B of an input, or an expected output's values: those of ``rows``, the output's, when
-    its bytes are the output's (they mean the same values, and a grader comparing a run with an
-    earlier one meets them often: one parse, not two). A and B come in float64 for the full check
-    (its product reads them so: no conversion, no float32 copy), in float32 for --quick."""
-    against = options.against
+def _input_values(path: Path, options: Options) -> tuple[np.ndarray, np.ndarray]:
+    """A and B of an input: in float64 for the full check (its product reads them so: no
+    conversion, no float32 copy), in float32 for --quick."""
     with _opened(path) as data:
         try:
-            if against == "expected":
-                return (rows.result() if same_bytes(data, output) else textformat.parse_output(data),)
             mats = textformat.parse(data, dtype=np.float32 if options.quick else np.float64)
-            return (mats.a, mats.b)
         except InputFormatError as exc:
-            what = "expected output" if against == "expected" else "input"
-            raise UnreadableError(f"{what} {path}: {exc.reason}") from None
+            raise UnreadableError(f"input {path}: {exc.reason}") from None
+        return mats.a, mats.b
+
+
+class _ExpectedFault(Exception):
+    """A fault of the expected output, met while both outputs are read a block at a time."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _paired_blocks(
+    output: memoryview, expected: memoryview, path: Path, rows: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first row, output rows, expected rows), ``rows`` at a time; an expected output's fault is
+    raised as :class:`_ExpectedFault` (the output's as its InputFormatError), each once reached."""
+    theirs = textformat.output_blocks(expected, rows)
+
+    def next_expected() -> tuple[int, np.ndarray] | None:
+        try:
+            return next(theirs, None)
+        except InputFormatError as exc:
+            raise _ExpectedFault(f"expected output {path}: {exc.reason}") from None
+
+    mine = textformat.output_blocks(output, rows)
+    # each block of the expected output is read on a second thread while the output's is read here
+    # (the C parser releases the GIL), so the two share the cores as two whole reads did; past the
+    # last block, the same calls read each file's end (a fault after its last row)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        while True:
+            pending = pool.submit(next_expected)
+            step = next(mine, None)
+            got = pending.result()
+            if step is None:
+                return
+            assert got is not None  # the shapes were compared first
+            yield step[0], step[1], got[1]
 
 
 #: Bytes compared at a time by :func:`same_bytes` (as 8-byte words: numpy compares those fastest).
@@ -279,8 +309,10 @@ def _check(job: Job, options: Options) -> Result:
     try:
         with _opened(job.output) as data:
             shape = textformat.output_shape(data)  # a bad header fails now, the reference unread
+            if options.against == "expected":
+                return _against_expected(job, options, data, shape)
             with ThreadPoolExecutor(max_workers=1) as pool:
-                return _against(job, options, data, shape, _Rows(pool, data))
+                return _against_input(job, options, data, shape, _Rows(pool, data))
     except UnreadableError as exc:  # the output's: the reference's are results of _against
         return _result(job, Status.ERROR, reason=exc.reason)
     except InputFormatError as exc:
@@ -306,36 +338,64 @@ class _Rows:
         return self.future.result()
 
 
-def _against(job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
-    """The output (its rows read on a second thread) against its reference.
+def _shape_mismatch(job: Job, shape: tuple[int, int], want: tuple[int, int]) -> Result:
+    reason = f"shape {shape[0]}x{shape[1]}, expected {want[0]}x{want[1]}"
+    return _result(job, Status.MISMATCH, shape=shape, reason=reason)
 
-    Against an expected output both are parsed at once. Against an input, the input is parsed
-    first, alone (the product needs all of it), then the output's rows beside --quick's
-    projections or a product another device makes (``options.gemm``); numpy's product is made a
-    block of rows at a time as the check reads the output's values (:meth:`verify.Product.blocks`),
-    so there the output is read first, on every core. The output's faults come first, as if it
-    had been read first: ``rows.result()`` raises its InputFormatError before any fault of the
-    reference or of the shapes is reported (a malformed output found beside a product costs
-    that product).
+
+def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple[int, int]) -> Result:
+    """The output against an expected output, both read a block of rows at a time
+    (:func:`verify.block_rows`) and compared as they come: neither is held whole.
+
+    The output's faults come first, as if it had been read first: before any fault of the
+    expected output or of the shapes is reported, the rest of the output is checked
+    (:func:`textformat.check_output`, which raises its InputFormatError). An expected output with
+    the output's very bytes means the same values, all finite (the format has no NaN): right
+    everywhere at any tolerance of 0 or more, with no values read (a grader comparing a run with
+    an earlier one meets them often).
     """
     assert job.reference is not None
-    if options.against == "expected":
-        rows.start()
+    tol = 0.01 if options.tol is None else options.tol
     try:
-        ref = _reference_values(job.reference, options, data, rows)
+        with _opened(job.reference) as expected:
+            try:
+                want = textformat.output_shape(expected)
+            except InputFormatError as exc:
+                raise _ExpectedFault(f"expected output {job.reference}: {exc.reason}") from None
+            if shape != want:
+                textformat.check_output(data)
+                return _shape_mismatch(job, shape, want)
+            if tol >= 0 and same_bytes(data, expected):
+                textformat.check_output(data)
+                return _values_result(job, shape, verify.same_values(shape, tol))
+            blocks = _paired_blocks(data, expected, job.reference, verify.block_rows(shape[1]))
+            return _values_result(job, shape, verify.against_output_blocks(blocks, shape, tol))
+    except (UnreadableError, _ExpectedFault) as exc:
+        textformat.check_output(data)
+        return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
+
+
+def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
+    """The output (its rows read on a second thread) against its input.
+
+    The input is parsed first, alone (the product needs all of it), then the output's rows beside
+    --quick's projections or a product another device makes (``options.gemm``); numpy's product is
+    made a block of rows at a time as the check reads the output's values
+    (:meth:`verify.Product.blocks`), so there the output is read first, on every core. The
+    output's faults come first, as if it had been read first: ``rows.result()`` raises its
+    InputFormatError before any fault of the input or of the shapes is reported (a malformed
+    output found beside a product costs that product).
+    """
+    assert job.reference is not None
+    try:
+        a, b = _input_values(job.reference, options)
     except UnreadableError as exc:
         rows.result()
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
-    want = ref[0].shape if options.against == "expected" else (ref[0].shape[0], ref[1].shape[1])
+    want = (a.shape[0], b.shape[1])
     if shape != want:
         rows.result()
-        return _result(
-            job, Status.MISMATCH, shape=shape, reason=f"shape {shape[0]}x{shape[1]}, expected {want[0]}x{want[1]}"
-        )
-    if options.against == "expected":
-        report = verify.against_output(rows.result(), ref[0], 0.01 if options.tol is None else options.tol)
-        return _values_result(job, shape, report)
-    a, b = ref
+        return _shape_mismatch(job, shape, want)
     rows.start()
     if options.quick:
         projections = verify.project(a, b, options.seed)  # while the output's rows are read

@@ -55,6 +55,8 @@ __all__ = [
     "emit_chunks",
     "emit_input_chunks",
     "parse_output",
+    "check_output",
+    "output_blocks",
     "output_shape",
     "OutputFault",
     "format_reference",
@@ -1058,13 +1060,26 @@ def parse_output(data: bytes | memoryview) -> np.ndarray:
     below 1e13) raises :class:`InputFormatError` naming the first fault's line
     and column (``details["column"]``).
     """
+    vals = _read_output(data, values=True)
+    assert vals is not None
+    return vals
+
+
+def check_output(data: bytes | memoryview) -> tuple[int, int]:
+    """:func:`parse_output`'s check alone: (m, n) of a well-formed output, its values not kept (the C
+    path then allocates nothing); raises as :func:`parse_output` does."""
+    _read_output(data, values=False)
+    return output_shape(data)
+
+
+def _read_output(data: bytes | memoryview, values: bool) -> np.ndarray | None:
     m, n, start = _output_header(data)
     if USE_FASTTEXT and _fasttext is not None:
         # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
         plausible = (len(data) - start) // m >= 6 * n + 1
-        out = np.empty((m, n), dtype=np.float64) if plausible else None
+        out = np.empty((m, n), dtype=np.float64) if plausible and values else None
         got = _fasttext.parse_output_values(data, start, m, n, out, _C_MIN_SPLIT, WORKERS)
-        if got is None and out is not None:
+        if got is None and (out is not None or not values):
             return out
         if got is None:  # pragma: no cover - a body that passes is never short
             raise AssertionError("an implausibly short output passed")
@@ -1073,8 +1088,37 @@ def parse_output(data: bytes | memoryview) -> np.ndarray:
     vals, fault = _numpy_output(data, start, m, n)
     if fault is not None:
         raise _fault_error(data, fault, m, n)
-    assert vals is not None
     return vals
+
+
+def output_blocks(data: bytes | memoryview, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """An output's values ``rows`` rows at a time: (first row, those rows' float64 values), in order.
+
+    Every block lands in one buffer that the next one reuses (copy what must outlive a step), so
+    a 4096 output is never held whole: its 134 MB of fresh pages cost more than reading it into
+    16 MB again and again. Any fault raises as :func:`parse_output` does, naming the file's first
+    fault, once the block that holds it is reached (one past the last row: after the last block).
+    Without the C accelerator, or with ``rows`` >= m, the output is read whole and handed out in
+    blocks.
+    """
+    m, n, start = _output_header(data)
+    step = max(1, rows)
+    if not (USE_FASTTEXT and _fasttext is not None) or step >= m:
+        whole = parse_output(data)
+        for r0 in range(0, m, step):
+            yield r0, whole[r0 : r0 + step]
+        return
+    buf = np.empty((step, n), dtype=np.float64)
+    off = start
+    for r0 in range(0, m, step):
+        count = min(step, m - r0)
+        off = _fasttext.parse_output_rows(data, off, count, n, buf[:count], _C_MIN_SPLIT, WORKERS)
+        if off < 0:
+            break
+        yield r0, buf[:count]
+    if off != len(data):  # a fault in a block, or bytes after the last row: the whole file names it
+        check_output(data)
+        raise AssertionError("an output a block refused passed whole")  # pragma: no cover
 
 
 def _numpy_output(data: bytes | memoryview, start: int, m: int, n: int) -> tuple[np.ndarray | None, OutputFault | None]:

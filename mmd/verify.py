@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
@@ -211,7 +211,7 @@ class Product:
         (medians of 5, side by side), with 0.3 s less system time.
         """
         m, n = self.shape
-        step = max(1, _REF_BLOCK_ELEMS // max(n, 1))
+        step = block_rows(n)
         if self.ref is not None:
             for r0 in range(0, m, step):
                 yield r0, self.ref[r0 : r0 + step]
@@ -220,6 +220,12 @@ class Product:
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             yield r0, np.matmul(self.a64[r0:r1], self.b64, out=buf[: r1 - r0])
+
+
+def block_rows(n: int) -> int:
+    """Rows of an n-column matrix that the checks take at a time (:data:`_REF_BLOCK_ELEMS` elements):
+    the product's blocks, and the outputs' that mmd.grading reads beside them."""
+    return max(1, _REF_BLOCK_ELEMS // max(n, 1))
 
 
 def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
@@ -259,8 +265,24 @@ def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> 
     allowed = tol * (1 + 1e-9)
     if expected is out and allowed >= 0 and out.size and bool(np.isfinite(out).all()):
         m, n = out.shape
-        return CheckReport(True, (int(m), int(n)), 0, 0.0, None, 0.0, f"{tol:g}")
+        return same_values((int(m), int(n)), tol)
     return _uniform_report(out, expected, allowed, f"{tol:g}")
+
+
+def same_values(shape: tuple[int, int], tol: float = 0.01) -> CheckReport:
+    """The report of two outputs that hold the same finite values (``tol`` >= 0): no error anywhere."""
+    return CheckReport(True, shape, 0, 0.0, None, 0.0, f"{tol:g}")
+
+
+def against_output_blocks(
+    blocks: Iterable[tuple[int, np.ndarray, np.ndarray]], shape: tuple[int, int], tol: float = 0.01
+) -> CheckReport:
+    """:func:`against_output` over blocks of rows (first row, output rows, expected rows), the same
+    report: two outputs read a block at a time are never held whole."""
+    tally = _Tally()
+    for r0, out, expected in blocks:
+        tally.add_uniform(np.ascontiguousarray(out, dtype=np.float64), expected, tol * (1 + 1e-9), r0 * shape[1])
+    return tally.report(shape, f"{tol:g}")
 
 
 def _nan_max(x: float, y: float) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import grading, textformat
+from mmd import grading, textformat, verify
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
@@ -313,25 +313,80 @@ def test_the_output_s_bad_rows_come_before_the_reference_s_faults(tmp_path, quic
 
 
 def test_an_expected_output_with_the_output_s_bytes_is_not_parsed_again(tmp_path, monkeypatch):
+    """The same bytes: the output is checked once and no values are read; other bytes: each once."""
     out, _ = _pair(tmp_path, 30, 20, 25)
     same, near = tmp_path / "same.out", tmp_path / "near.out"
     shutil.copy(out, same)
     text = out.read_bytes()
     last = int(text[-2:-1])
     near.write_bytes(text[:-2] + b"%d\n" % (last + 1 if last < 9 else last - 1))  # the last value off by 0.01
-    calls = []
-    parse_output = textformat.parse_output
-    monkeypatch.setattr(textformat, "parse_output", lambda data: calls.append(len(data)) or parse_output(data))
+    calls: list[str] = []
+    for name in ("parse_output", "check_output"):
+        real = getattr(textformat, name)
+        monkeypatch.setattr(textformat, name, lambda data, real=real, name=name: calls.append(name) or real(data))
     r = grading.check_file(out, same, Options(against="expected")).results[0]
-    assert r.status is Status.OK and r.max_error == 0.0 and len(calls) == 1
+    assert r.status is Status.OK and r.max_error == 0.0 and calls == ["check_output"]
     calls.clear()
     r = grading.check_file(out, near, Options(against="expected")).results[0]
-    assert r.status is Status.OK and 0 < r.max_error <= 0.02 and len(calls) == 2
+    assert r.status is Status.OK and 0 < r.max_error <= 0.02 and calls == ["parse_output", "parse_output"]
     spoiled = tmp_path / "spoiled.out"
     spoiled.write_bytes(text.replace(b".", b",", 1))
     shutil.copy(spoiled, tmp_path / "spoiled2.out")  # the same bad bytes: the output's fault is reported
     r = grading.check_file(spoiled, tmp_path / "spoiled2.out", Options(against="expected")).results[0]
     assert r.status is Status.FORMAT
+    r = grading.check_file(out, same, Options(against="expected", tol=-1.0)).results[0]  # no value passes
+    assert r.status is Status.MISMATCH
+
+
+def _spoil(text: bytes, row: int, what: bytes = b" x") -> bytes:
+    """``text`` with row ``row`` (0-based) starting with ``what`` in place of its first bytes."""
+    lines = text.split(b"\n")
+    lines[row + 1] = what + lines[row + 1][len(what) :]
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize("block", [1, 7 * 25, 1 << 20])  # elements: a row, 7 rows, the whole output at a time
+def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
+    """Outputs compared a block of rows at a time: every outcome (values, the output's faults
+    before the expected output's wherever each lies, faults past the last row) as one read would
+    give it."""
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", block)
+    out, _ = _pair(tmp_path, 30, 20, 25)
+    text = out.read_bytes()
+    vals = textformat.parse_output(text)
+    rng = np.random.default_rng(1)
+    cases = {
+        "near": (text, textformat.emit((vals + rng.choice([0, 0, 0.01, -0.01], vals.shape)).astype(np.float32))),
+        "far": (text, textformat.emit((vals + rng.choice([0, 0, 0.3], vals.shape)).astype(np.float32))),
+        "expected bad late": (text, _spoil(text, 26)),
+        "expected bad early, output bad late": (_spoil(text, 25), _spoil(text, 2)),
+        "expected bad late, output bad early": (_spoil(text, 3), _spoil(text, 22)),
+        "output has a row too many": (text + text[text.index(b"\n") + 1 :][:176], text),
+        "expected has bytes after its last row": (text, text + b"  1.00\n"),
+        "expected cut short": (text, text[: len(text) // 2]),
+    }
+    got = {}
+    for name, (mine, theirs) in cases.items():
+        a, b = tmp_path / "a.out", tmp_path / "b.out"
+        a.write_bytes(mine)
+        b.write_bytes(theirs)
+        r = grading.check_file(a, b, Options(against="expected")).results[0]
+        got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
+    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", 1 << 40)
+    for name, (mine, theirs) in cases.items():
+        a, b = tmp_path / "a.out", tmp_path / "b.out"
+        a.write_bytes(mine)
+        b.write_bytes(theirs)
+        r = grading.check_file(a, b, Options(against="expected")).results[0]
+        assert got[name] == {k: v for k, v in r.as_dict().items() if k != "seconds"}, name
+    assert got["near"]["status"] == "ok" and got["far"]["status"] == "mismatch"
+    assert got["expected bad late"]["status"] == "error"
+    assert got["expected bad early, output bad late"]["status"] == "format"
+    assert got["expected bad early, output bad late"]["line"] == 27
+    assert got["expected bad late, output bad early"]["line"] == 5
+    assert got["output has a row too many"]["status"] == "format"
+    assert got["expected has bytes after its last row"]["status"] == "error"
+    assert got["expected cut short"]["status"] == "error"
 
 
 def test_same_bytes(monkeypatch):
