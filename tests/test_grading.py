@@ -389,6 +389,41 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
     assert got["expected cut short"]["status"] == "error"
 
 
+@pytest.mark.parametrize("block", [1, 7 * 25, 1 << 20])  # elements: a row, 7 rows, the whole output at a time
+@pytest.mark.parametrize("tol", [None, 0.05])
+def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch, block, tol):
+    """The product made a block of rows at a time: every outcome (right, a few values wrong, wrong
+    everywhere so that S is made in full, faults anywhere in the output) as one product of the
+    whole gives it."""
+    out, src = _pair(tmp_path, 30, 20, 25)
+    text = out.read_bytes()
+    vals = textformat.parse_output(text)
+    few = vals.copy()
+    few[[3, 17, 29], [0, 11, 24]] += [0.5, -2.0, 40.0]
+    cases = {
+        "right": text,
+        "a few wrong": textformat.emit(few.astype(np.float32)),
+        "wrong everywhere": textformat.emit((vals * 1.01 + 0.3).astype(np.float32)),
+        "a fault late": _spoil(text, 27),
+        "a fault early": _spoil(text, 1),
+        "a row too many": text + text[text.index(b"\n") + 1 :][:176],
+    }
+
+    def outcomes(elems: int) -> dict[str, dict[str, object]]:
+        monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", elems)
+        got = {}
+        for name, body in cases.items():
+            out.write_bytes(body)
+            r = grading.check_file(out, src, Options(tol=tol)).results[0]
+            got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
+        return got
+
+    blocks, whole = outcomes(block), outcomes(1 << 40)
+    assert blocks == whole
+    assert [blocks[k]["status"] for k in cases] == ["ok", "mismatch", "mismatch", "format", "format", "format"]
+    assert blocks["a fault late"]["line"] == 29
+
+
 def test_same_bytes(monkeypatch):
     monkeypatch.setattr(grading, "_COMPARE_BYTES", 64)  # many blocks
     base = bytes(range(256)) * 9 + b"tail"
