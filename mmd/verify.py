@@ -62,10 +62,10 @@ _CHUNK_ELEMS = 1 << 15
 #: Elements from which mmd._fastcheck's passes split their rows over two threads.
 _SPLIT_ELEMS = 1 << 16
 #: Elements of A·B the full check makes at a time on the CPU (a block of rows), 2^20 per usable core:
-#: 512 rows of a 4096 product on 2 cores, all of it on 16. numpy's BLAS packs B again for every
-#: block, which more cores do not speed up as they do the multiply-adds: on the GPU machine's 16
-#: cores, blocks of 512 rows made mmd check OUT --input IN at 4096 take 0.95 s against 0.83 s whole
-#: (benchmarks/bench_check.py, side by side). See :meth:`Product.blocks`.
+#: 512 rows of a 4096 product on 2 cores, all of it on 16: on the GPU machine's 16 cores, blocks of
+#: 512 rows made mmd check OUT --input IN at 4096 take 0.95 s against 0.83 s whole
+#: (benchmarks/bench_check.py, side by side; likely the BLAS packing B again for every block, a cost
+#: that more cores do not shrink as they shrink the multiply-adds). See :meth:`Product.blocks`.
 _REF_BLOCK_ELEMS = (1 << 20) * usable_cores()
 
 
