@@ -1584,6 +1584,32 @@ out_body_split(const unsigned char *base, Py_ssize_t len, Py_ssize_t offset, Py_
     return OF_OK;
 }
 
+/* 1 (ValueError set) unless offset is a line start of data, past its first line, and rows, n > 0. */
+static int
+bad_rows_args(const Py_buffer *data, Py_ssize_t offset, Py_ssize_t rows, Py_ssize_t n)
+{
+    if (offset >= 1 && offset <= data->len && ((const unsigned char *)data->buf)[offset - 1] == '\n' && rows > 0 &&
+        n > 0)
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "offset must follow a newline, and rows and fields be positive");
+    return 1;
+}
+
+/* A writable float64 buffer of rows*n values (an output's rows). */
+static int
+get_rows_out(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t n)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->itemsize != 8 || !is_float_format(view->format, 'd') || n > PY_SSIZE_T_MAX / 8 / rows ||
+        view->len != rows * n * 8) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "out must be a float64 buffer of rows*n values");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -1594,27 +1620,15 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnn|Oni:parse_output_values", &data, &offset, &m, &n, &out_obj, &min_split,
                           &threads))
         return NULL;
-    if (offset < 1 || offset > data.len || ((const unsigned char *)data.buf)[offset - 1] != '\n' || m <= 0 ||
-        n <= 0) {
+    if (bad_rows_args(&data, offset, m, n)) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "offset must follow the header's newline and m, n be positive");
         return NULL;
     }
     Py_buffer ob;
     double *out = NULL;
     if (out_obj != Py_None) {
-        if (PyObject_GetBuffer(out_obj, &ob, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        if (get_rows_out(out_obj, &ob, m, n) < 0) {
             PyBuffer_Release(&data);
-            return NULL;
-        }
-        const char *fmt = ob.format;
-        if (fmt != NULL && (*fmt == '@' || *fmt == '=' || *fmt == '<'))
-            fmt++;
-        if (ob.itemsize != 8 || fmt == NULL || fmt[0] != 'd' || fmt[1] != '\0' || n > PY_SSIZE_T_MAX / 8 / m ||
-            ob.len != m * n * 8) {
-            PyBuffer_Release(&ob);
-            PyBuffer_Release(&data);
-            PyErr_SetString(PyExc_TypeError, "out must be a float64 buffer of m*n values");
             return NULL;
         }
         out = (double *)ob.buf;
@@ -1649,21 +1663,12 @@ parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnO|ni:parse_output_rows", &data, &offset, &rows, &n, &out_obj, &min_split,
                           &threads))
         return NULL;
-    if (offset < 1 || offset > data.len || ((const unsigned char *)data.buf)[offset - 1] != '\n' || rows <= 0 ||
-        n <= 0) {
-        PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "offset must follow a newline and rows, n be positive");
-        return NULL;
-    }
-    if (PyObject_GetBuffer(out_obj, &ob, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+    if (bad_rows_args(&data, offset, rows, n)) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    if (ob.itemsize != 8 || !is_float_format(ob.format, 'd') || n > PY_SSIZE_T_MAX / 8 / rows ||
-        ob.len != rows * n * 8) {
-        PyBuffer_Release(&ob);
+    if (get_rows_out(out_obj, &ob, rows, n) < 0) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_TypeError, "out must be a float64 buffer of rows*n values");
         return NULL;
     }
     const unsigned char *base = (const unsigned char *)data.buf, *hi = base + data.len;

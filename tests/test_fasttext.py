@@ -708,6 +708,31 @@ def test_parse_output_values_bad_arguments():
         ft.parse_output_values(b"1\n  1.00\n", 2, 1, 1, np.zeros(2))
 
 
+def test_parse_output_rows():
+    """An output read a few rows at a time: the next offset, the rows' values, -1 on any fault
+    (a bad field, a row cut short, a file ending early, a last row with no newline)."""
+    body = b"  1.00  2.00  3.00\n  4.00 -5.00-60.00\n  7.00  8.00  9.00\n"
+    data = b"3 3\n" + body
+    out = np.zeros((2, 3))
+    assert ft.parse_output_rows(data, 4, 2, 3, out) == 4 + 38
+    np.testing.assert_array_equal(out, [[1, 2, 3], [4, -5, -60]])
+    one = np.zeros((1, 3))
+    assert ft.parse_output_rows(data, 42, 1, 3, one) == len(data)
+    np.testing.assert_array_equal(one, [[7, 8, 9]])
+    assert ft.parse_output_rows(data.replace(b"2.00", b"2.0x"), 4, 2, 3, out) == -1
+    assert ft.parse_output_rows(data.replace(b"  2.00", b""), 4, 2, 3, out) == -1
+    assert ft.parse_output_rows(data[:30], 4, 2, 3, out) == -1
+    assert ft.parse_output_rows(data[:-1], 42, 1, 3, one) == -1
+    with pytest.raises(ValueError):
+        ft.parse_output_rows(data, 3, 1, 3, one)  # not a line start
+    with pytest.raises(ValueError):
+        ft.parse_output_rows(data, 4, 0, 3, one)
+    with pytest.raises(TypeError):
+        ft.parse_output_rows(data, 4, 1, 3, np.zeros((1, 3), np.float32))
+    with pytest.raises(TypeError):
+        ft.parse_output_rows(data, 4, 2, 3, one)  # room for one row, not two
+
+
 _out_value = st.one_of(
     st.floats(-1e4, 1e4, width=32),
     st.floats(-(2.0**39), 2.0**39, width=32),
