@@ -315,17 +315,6 @@ def _summed_report(
     )
 
 
-@dataclass
-class _UniformBlock:
-    max_err: float
-    ssq_err: float
-    ssq_ref: float
-    bad: int
-    worst: int  # flat index of the largest excess in the block (the first NaN, if any)
-    worst_excess: float
-    nan: bool
-
-
 def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance: str) -> CheckReport:
     """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
     if out.shape != ref.shape or out.size == 0:
@@ -343,14 +332,15 @@ class _Tally:
     max_err: float = 0.0
     ssq_err: float = 0.0
     ssq_ref: float = 0.0
-    worst: int | None = None  # flat index: the first NaN excess, else the first largest excess
+    worst: int | None = None  # flat index: the first NaN excess, else the first largest (a mismatch or not)
     worst_excess: float = -math.inf
 
     def add(
         self, mismatches: int, max_err: float, ssq_err: float, ssq_ref: float, worst: int | None, excess: float
     ) -> None:
-        """A block's totals; ``worst`` the flat index of its worst element (None: no mismatch in
-        it), ``excess`` that element's excess."""
+        """A block's totals; ``worst`` the flat index of its worst element, the first NaN excess
+        else the first largest (a mismatch or not: the report names it only where there are
+        mismatches, as np.argmax over every excess would), ``excess`` that element's excess."""
         self.mismatches += mismatches
         self.max_err = _nan_max(self.max_err, max_err)
         self.ssq_err += ssq_err
@@ -369,8 +359,7 @@ class _Tally:
             bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, m, n, float(allowed), _SPLIT_ELEMS)
         else:
             bad, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
-        excess = float(abs(out.flat[worst] - ref.flat[worst]) - allowed) if bad else 0.0
-        self.add(bad, max_err, ssq_err, ssq_ref, base + worst if bad else None, excess)
+        self.add(bad, max_err, ssq_err, ssq_ref, base + worst, float(abs(out.flat[worst] - ref.flat[worst]) - allowed))
 
     def report(self, shape: tuple[int, int], tolerance: str) -> CheckReport:
         worst = self.worst if self.mismatches else None
@@ -381,11 +370,11 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
     """:func:`_uniform_report`'s pass in numpy: (mismatches, max |error|, Σ error², Σ ref², the worst's flat index)."""
     m, n = out.shape
 
-    def block(rows: tuple[int, int]) -> _UniformBlock:
+    def block(rows: tuple[int, int]) -> _Tally:
         o_all, rf_all = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
         err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
         excess_buf = np.empty_like(err_buf)
-        part = _UniformBlock(0.0, 0.0, 0.0, 0, rows[0] * n, -math.inf, False)
+        part = _Tally()
         for s in range(0, o_all.size, _CHUNK_ELEMS):
             o, rf = o_all[s : s + _CHUNK_ELEMS], rf_all[s : s + _CHUNK_ELEMS]
             err, excess = err_buf[: o.size], excess_buf[: o.size]
@@ -398,13 +387,8 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
                 bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
             else:  # no NaN error, so every non-finite output has an infinite error, > 0 excess
                 bad = int(np.count_nonzero(excess > 0))
-            part.bad += bad
-            part.max_err = _nan_max(part.max_err, top)
-            part.ssq_err += float(np.einsum("i,i->", err, err))
-            part.ssq_ref += float(np.einsum("i,i->", rf, rf))
-            here = float(excess[i])
-            if not part.nan and (math.isnan(here) or here > part.worst_excess):  # the earliest wins ties
-                part.worst, part.worst_excess, part.nan = i + s + rows[0] * n, here, math.isnan(here)
+            ssq_err, ssq_ref = float(np.einsum("i,i->", err, err)), float(np.einsum("i,i->", rf, rf))
+            part.add(bad, top, ssq_err, ssq_ref, i + s + rows[0] * n, float(excess[i]))
         return part
 
     step = max(1, _BLOCK_ELEMS // n)
@@ -414,13 +398,11 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
             parts = list(pool.map(block, bounds))
     else:
         parts = [block(bounds[0])]
-    nans = [p for p in parts if p.nan]
-    # the earliest block wins ties, as np.argmax's first occurrence does
-    top = nans[0] if nans else max(parts, key=lambda p: (p.worst_excess, -p.worst))
-    maxes = [p.max_err for p in parts]
-    max_err = float("nan") if any(math.isnan(x) for x in maxes) else max(maxes)
-    ssq_err, ssq_ref = sum(p.ssq_err for p in parts), sum(p.ssq_ref for p in parts)
-    return sum(p.bad for p in parts), max_err, ssq_err, ssq_ref, top.worst
+    total = _Tally()
+    for p in parts:  # in order: the earliest wins ties, as np.argmax's first occurrence does
+        total.add(p.mismatches, p.max_err, p.ssq_err, p.ssq_ref, p.worst, p.worst_excess)
+    assert total.worst is not None  # out is not empty
+    return total.mismatches, total.max_err, total.ssq_err, total.ssq_ref, total.worst
 
 
 @dataclass(frozen=True)
@@ -1003,7 +985,7 @@ class _ModelCheck:
                 float(err.max()),
                 float(np.einsum("ij,ij->", err, err)),
                 float(np.einsum("ij,ij->", ref, ref)),
-                r0 * self.n + worst if bad.any() else None,
+                r0 * self.n + worst,
                 float(excess.flat[worst]),
             )
         return tally.report((self.m, self.n), tolerance)

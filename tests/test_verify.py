@@ -388,3 +388,16 @@ def test_an_output_against_itself_reports_as_against_a_copy(plant):
         want = verify.against_output(out, out.copy(), tol)
         got = verify.against_output(out, out, tol)
     same_report(got, want)
+
+
+def test_output_blocks_keep_the_first_nan_excess_as_the_worst():
+    """As the whole-matrix rule picks it: an expected NaN (a NaN excess, not itself a mismatch) in an
+    early block is the worst place once any block has a mismatch."""
+    expected = np.round(np.random.default_rng(5).uniform(-9, 9, (6, 4)), 2)
+    out = expected.copy()
+    expected[1, 2] = np.nan
+    out[4, 3] += 1.0
+    whole = verify.against_output(out, expected)
+    blocks = verify.against_output_blocks(((r, out[r : r + 2], expected[r : r + 2]) for r in range(0, 6, 2)), (6, 4))
+    same_report(blocks, whole)
+    assert whole.worst == (1, 2)
