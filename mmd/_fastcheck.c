@@ -222,6 +222,15 @@ typedef struct {
     }                                                                                                                 \
     DEF_V_DISPATCH(NAME, SUF, ATTR)
 
+/* What each row kernel below starts with: its vector types, and the matrix as a local. The kernels
+ * keep every field of jb they use in a local, not jb->: their stores could alias jb's fields, which
+ * would then be read again each time. */
+#define ROWJOB_VIEW(T, VD, VI, VF)                                                                                    \
+    typedef VD vd_t;                                                                                                  \
+    typedef VI vi_t;                                                                                                  \
+    typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                         \
+    const T *const mat = (const T *)jb->mat
+
 /*
  * b_rows over B (k x n): rowsT = [B.x (v rows), sum|B| , max|B|] over the k
  * rows; acc = sum_r B_rj^2.
@@ -229,11 +238,7 @@ typedef struct {
 #define DEF_B_ROWS(SUF, T, LD, VD, VI, VF, ATTR)                                                                      \
     static inline __attribute__((always_inline)) ATTR void b_rows_##SUF##_v(rowjob_t *jb, const int v)                \
     {                                                                                                                 \
-        typedef VD vd_t;                                                                                              \
-        typedef VI vi_t;                                                                                              \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
-        const T *const mat = (const T *)jb->mat;                                                                      \
+        ROWJOB_VIEW(T, VD, VI, VF);                                                                                   \
         const double *const P = jb->P;                                                                                \
         double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
         const Py_ssize_t ps = jb->stride;                                                                             \
@@ -286,11 +291,7 @@ typedef struct {
     static inline __attribute__((always_inline)) ATTR void a_rows_##SUF##_r(rowjob_t *jb, const int v,                \
                                                                            Py_ssize_t i, const int R)                 \
     {                                                                                                                 \
-        typedef VD vd_t;                                                                                              \
-        typedef VI vi_t;                                                                                              \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
-        const T *const mat = (const T *)jb->mat;                                                                      \
+        ROWJOB_VIEW(T, VD, VI, VF);                                                                                   \
         const double *const P = jb->P, *const W = jb->W;                                                              \
         double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
         const Py_ssize_t ps = jb->stride;                                                                             \
@@ -371,11 +372,7 @@ typedef struct {
     static inline __attribute__((always_inline)) ATTR void b_cols_##SUF##_r(rowjob_t *jb, const int v,                \
                                                                            Py_ssize_t r, const int R)                 \
     {                                                                                                                 \
-        typedef VD vd_t;                                                                                              \
-        typedef VI vi_t;                                                                                              \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
-        const T *const mat = (const T *)jb->mat;                                                                      \
+        ROWJOB_VIEW(T, VD, VI, VF);                                                                                   \
         const double *const W = jb->W;                                                                                \
         double *const acc = jb->acc;                                                                                  \
         const Py_ssize_t ps = jb->stride;                                                                             \
@@ -432,11 +429,7 @@ typedef struct {
     static inline __attribute__((always_inline)) ATTR void c_pass_##SUF##_r(rowjob_t *jb, const int v,                \
                                                                            Py_ssize_t i, const int R)                 \
     {                                                                                                                 \
-        typedef VD vd_t;                                                                                              \
-        typedef VI vi_t;                                                                                              \
-        typedef VF vf_t __attribute__((unused)); /* for ld_f32 */                                                     \
-        /* locals, not jb->: the stores below could alias jb's fields, which would be read again each time */         \
-        const T *const mat = (const T *)jb->mat;                                                                      \
+        ROWJOB_VIEW(T, VD, VI, VF);                                                                                   \
         const double *const P = jb->P, *const W = jb->W;                                                              \
         double *const acc = jb->acc, *const rowsT = jb->rowsT;                                                        \
         const Py_ssize_t ps = jb->stride;                                                                             \

@@ -226,6 +226,10 @@ def _input_values(path: Path, options: Options) -> tuple[np.ndarray, np.ndarray]
         return mats.a, mats.b
 
 
+def _expected_reason(path: Path, exc: InputFormatError) -> str:
+    return f"expected output {path}: {exc.reason}"
+
+
 class _ExpectedFault(Exception):
     """A fault of the expected output, met while both outputs are read a block at a time."""
 
@@ -245,7 +249,7 @@ def _paired_blocks(
         try:
             return next(theirs, None)
         except InputFormatError as exc:
-            raise _ExpectedFault(f"expected output {path}: {exc.reason}") from None
+            raise _ExpectedFault(_expected_reason(path, exc)) from None
 
     mine = textformat.output_blocks(output, rows)
     # each block of the expected output is read on a second thread while the output's is read here
@@ -361,13 +365,13 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
             try:
                 want = textformat.output_shape(expected)
             except InputFormatError as exc:
-                raise _ExpectedFault(f"expected output {job.reference}: {exc.reason}") from None
+                raise _ExpectedFault(_expected_reason(job.reference, exc)) from None
             if shape != want:  # the output's faults, then the expected output's, then the shapes
                 textformat.check_output(data)
                 try:
                     textformat.check_output(expected)
                 except InputFormatError as exc:
-                    raise _ExpectedFault(f"expected output {job.reference}: {exc.reason}") from None
+                    return _result(job, Status.ERROR, shape=shape, reason=_expected_reason(job.reference, exc))
                 return _shape_mismatch(job, shape, want)
             if tol >= 0 and same_bytes(data, expected):
                 textformat.check_output(data)
