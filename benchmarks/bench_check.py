@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmd import grading, textformat, verify  # noqa: E402
+from mmd import grading, textcore, textformat, verify  # noqa: E402
 from mmd.atomic import write_atomic  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
@@ -216,8 +216,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
             lambda: grading.check_file(out, out2, grading.Options(against="expected")),
         ),
         Case(f"  in-process: folder, {count} x {small}", lambda: grading.check_folder(outbox, tests, opts)),
-        Case(f"  in-process: parse_output, {n}", lambda: textformat.parse_output(memoryview(grading.read_bytes(out)))),
-        Case(f"  in-process: parse input, {n}", lambda: textformat.parse(memoryview(grading.read_bytes(src)))),
+        Case(f"  in-process: parse_output, {n}", lambda: textformat.parse_output(memoryview(textcore.read_bytes(out)))),
+        Case(f"  in-process: parse input, {n}", lambda: textformat.parse(memoryview(textcore.read_bytes(src)))),
         Case(f"  in-process: rule beyond the product, {n}", lambda: verify.against_inputs(values, a, b)),
     ]
     load0 = os.getloadavg()

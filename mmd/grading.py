@@ -22,7 +22,6 @@ import dataclasses
 import math
 import mmap
 import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import textformat, verify
+from . import textcore, textformat, verify
 from .cpus import usable_cores
 from .errors import ExitStatus, InputFormatError, UnreadableError
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
+
+    from .readahead import ReadAhead
 
 # yaml and mmd.record (a folder's refusals), xml, json and mmd.atomic (the reports) are imported
 # where they are used: one output's check does without them and starts sooner (docs/grading.md).
@@ -48,9 +49,6 @@ INPUT_SUFFIX = ".txt"
 OUTPUT_SUFFIX = ".out"
 
 #: Exit statuses of ``mmd check``.
-
-#: Files at least this big are mapped rather than read (no copy of the bytes).
-_MAP_BYTES = 1 << 20
 
 
 class Status(str, Enum):
@@ -175,35 +173,12 @@ _ORDER = list(Status)
 # reading
 
 
-def read_bytes(path: Path) -> bytes | mmap.mmap:
-    """The bytes of a regular file; big ones mapped. Raises :class:`UnreadableError`.
-
-    A mapped file must not shrink while it is read (that would end the
-    process with SIGBUS); mmd writes its outputs by rename, never in place.
-    """
-    try:
-        # O_NONBLOCK: a FIFO named like an output must not hang the check
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnreadableError(f"cannot read {path}: not a regular file")
-        if info.st_size >= _MAP_BYTES:
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
-def _opened(path: Path) -> Iterator[memoryview]:
-    data = read_bytes(path)
+def _opened(path: Path, ahead: ReadAhead | None) -> Iterator[memoryview]:
+    """The bytes of ``path``: as ``ahead`` mapped them, where it did (it unmaps them), else mapped
+    or read here."""
+    mapped = None if ahead is None else ahead.mapped(path)
+    data = textcore.read_bytes(path) if mapped is None else mapped
     view = memoryview(data)
     try:
         yield view
@@ -211,14 +186,19 @@ def _opened(path: Path) -> Iterator[memoryview]:
         # an exception's traceback may still hold an array over the bytes: then the collector frees them
         with contextlib.suppress(BufferError):
             view.release()
-            if isinstance(data, mmap.mmap):
+            if mapped is None and isinstance(data, mmap.mmap):
                 data.close()
 
 
-def _input_values(path: Path, options: Options) -> tuple[np.ndarray, np.ndarray]:
+def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> tuple[np.ndarray, np.ndarray]:
     """A and B of an input: in float64 for the full check (its product reads them so: no
-    conversion, no float32 copy), in float32 for --quick."""
-    with _opened(path) as data:
+    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could."""
+    got = None if ahead is None else ahead.input_values(path, wide=not options.quick)
+    if got is not None:
+        m, k, n = got.shape
+        vals = np.frombuffer(got.buffer, np.float64 if got.wide else np.float32)
+        return vals[: m * k].reshape(m, k), vals[m * k :].reshape(k, n)
+    with _opened(path, ahead) as data:
         try:
             mats = textformat.parse(data, dtype=np.float32 if options.quick else np.float64)
         except InputFormatError as exc:
@@ -266,31 +246,15 @@ def _paired_blocks(
             yield step[0], step[1], got[1]
 
 
-#: Bytes compared at a time by :func:`same_bytes` (as 8-byte words: numpy compares those fastest).
-_COMPARE_BYTES = 1 << 20
-
-
-def same_bytes(x: memoryview, y: memoryview) -> bool:
-    """Whether two buffers hold the same bytes (stops at the first block that differs)."""
-    if len(x) != len(y):
-        return False
-    words = len(x) // 8
-    wx, wy = np.frombuffer(x, np.uint64, count=words), np.frombuffer(y, np.uint64, count=words)
-    step = _COMPARE_BYTES // 8
-    for i in range(0, words, step):
-        if not np.array_equal(wx[i : i + step], wy[i : i + step]):
-            return False
-    return bytes(x[words * 8 :]) == bytes(y[words * 8 :])
-
-
 # ---------------------------------------------------------------------------
 # checking
 
 
-def check_job(job: Job, options: Options) -> Result:
-    """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file)."""
+def check_job(job: Job, options: Options, ahead: ReadAhead | None = None) -> Result:
+    """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file). ``ahead``:
+    reads of its files already started (:mod:`mmd.readahead`), used where they succeeded."""
     start = time.perf_counter()
-    result = _check(job, options)
+    result = _check(job, options, ahead)
     return _with_seconds(result, time.perf_counter() - start)
 
 
@@ -302,7 +266,7 @@ def _result(job: Job, status: Status, **fields: Any) -> Result:
     return Result(name=job.name, status=status, output=job.output, reference=job.reference, **fields)
 
 
-def _check(job: Job, options: Options) -> Result:
+def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
     if job.reference is None:
         what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
         return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
@@ -311,12 +275,14 @@ def _check(job: Job, options: Options) -> Result:
             return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
         return _result(job, Status.MISSING, reason="no output and no error sidecar")
     try:
-        with _opened(job.output) as data:
+        with _opened(job.output, ahead) as data:
             shape = textformat.output_shape(data)  # a bad header fails now, the reference unread
             if options.against == "expected":
-                return _against_expected(job, options, data, shape)
+                return _against_expected(job, options, data, shape, ahead)
+            ready = None if ahead is None else ahead.output_values(job.output)
+            rows = None if ready is None else np.frombuffer(ready.buffer, np.float64).reshape(ready.shape)
             with ThreadPoolExecutor(max_workers=1) as pool:
-                return _against_input(job, options, data, shape, _Rows(pool, data))
+                return _against_input(job, options, data, shape, _Rows(pool, data, rows), ahead)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
         return _result(job, Status.ERROR, reason=exc.reason)
     except InputFormatError as exc:
@@ -325,18 +291,21 @@ def _check(job: Job, options: Options) -> Result:
 
 
 class _Rows:
-    """The output's rows, read on a second thread once :meth:`start` is called (the C parser releases the GIL)."""
+    """The output's rows, read on a second thread once :meth:`start` is called (the C parser releases the
+    GIL), unless they are ``ready`` (read ahead)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, data: memoryview) -> None:
-        self.pool, self.data = pool, data
+    def __init__(self, pool: ThreadPoolExecutor, data: memoryview, ready: np.ndarray | None = None) -> None:
+        self.pool, self.data, self.ready = pool, data, ready
         self.future: Future[np.ndarray] | None = None
 
     def start(self) -> None:
-        if self.future is None:
+        if self.future is None and self.ready is None:
             self.future = self.pool.submit(textformat.parse_output, self.data)
 
     def result(self) -> np.ndarray:
         """The values; raises the output's InputFormatError."""
+        if self.ready is not None:
+            return self.ready
         self.start()
         assert self.future is not None
         return self.future.result()
@@ -347,7 +316,9 @@ def _shape_mismatch(job: Job, shape: tuple[int, int], want: tuple[int, int]) -> 
     return _result(job, Status.MISMATCH, shape=shape, reason=reason)
 
 
-def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple[int, int]) -> Result:
+def _against_expected(
+    job: Job, options: Options, data: memoryview, shape: tuple[int, int], ahead: ReadAhead | None
+) -> Result:
     """The output against an expected output, both read a block of rows at a time
     (:func:`verify.block_rows`) and compared as they come: neither is held whole.
 
@@ -358,10 +329,10 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
     everywhere at any tolerance of 0 or more, with no values read (a grader comparing a run with
     an earlier one meets them often).
     """
-    assert job.reference is not None
+    assert job.output is not None and job.reference is not None
     tol = 0.01 if options.tol is None else options.tol
     try:
-        with _opened(job.reference) as expected:
+        with _opened(job.reference, ahead) as expected:
             try:
                 want = textformat.output_shape(expected)
             except InputFormatError as exc:
@@ -373,7 +344,9 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
                 except InputFormatError as exc:
                     return _result(job, Status.ERROR, shape=shape, reason=_expected_reason(job.reference, exc))
                 return _shape_mismatch(job, shape, want)
-            if tol >= 0 and same_bytes(data, expected):
+            if tol >= 0 and ahead is not None and ahead.same_output(job.output, job.reference):
+                return _values_result(job, shape, verify.same_values(shape, tol))  # checked while read ahead
+            if tol >= 0 and textcore.same_bytes(data, expected):
                 textformat.check_output(data)
                 return _values_result(job, shape, verify.same_values(shape, tol))
             blocks = _paired_blocks(data, expected, job.reference, verify.block_rows(shape[1]))
@@ -383,7 +356,9 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
 
 
-def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
+def _against_input(
+    job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows, ahead: ReadAhead | None
+) -> Result:
     """The output (its rows read on a second thread) against its input.
 
     The input is parsed first, alone (the product needs all of it), then the output's rows, whole,
@@ -398,7 +373,7 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
     """
     assert job.reference is not None
     try:
-        a, b = _input_values(job.reference, options)
+        a, b = _input_values(job.reference, options, ahead)
     except UnreadableError as exc:
         rows.result()
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
@@ -512,12 +487,12 @@ def check_folder(outbox: Path, reference: Path, options: Options, workers: int |
     return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
 
 
-def check_file(output: Path, reference: Path, options: Options) -> Run:
-    """Check one output against one input or expected output."""
+def check_file(output: Path, reference: Path, options: Options, ahead: ReadAhead | None = None) -> Run:
+    """Check one output against one input or expected output (``ahead``: reads of them already started)."""
     started = _now()
     start = time.perf_counter()
     name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
-    result = check_job(Job(name or output.name, output, reference), options)
+    result = check_job(Job(name or output.name, output, reference), options, ahead)
     return Run(output, reference, options, (result,), time.perf_counter() - start, started)
 
 

@@ -24,7 +24,6 @@ See docs/textformat.md.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,17 +33,23 @@ from typing import Any
 
 import numpy as np
 
-from .cpus import usable_cores
+from . import textcore
 from .errors import InputFormatError
+from .textcore import (
+    C_MIN_SPLIT,
+    WORKERS,
+    Header,
+    input_plausible,
+    output_header,
+    output_plausible,
+    parse_header,
+    shorten,
+)
 
-_fasttext: ModuleType | None
-try:  # optional C accelerator (setup.py builds it where a compiler is present)
-    from . import _fasttext
-except ImportError:  # pragma: no cover - depends on the build
-    _fasttext = None
-
-#: Use mmd._fasttext where it applies; MMD_NO_FASTTEXT=1 forces the numpy path.
-USE_FASTTEXT = _fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
+#: The C accelerator, where it is built (tests put a wrapper in its place).
+_fasttext: ModuleType | None = textcore.fasttext
+#: Use mmd._fasttext where it applies; MMD_NO_FASTTEXT=1 forces the numpy path (tests switch it).
+USE_FASTTEXT = textcore.FASTTEXT_ON
 
 __all__ = [
     "Header",
@@ -63,31 +68,10 @@ __all__ = [
     "parse_reference",
 ]
 
-BOM = b"\xef\xbb\xbf"
-
 #: Bytes per parse chunk (cut at the next whitespace byte).
 PARSE_CHUNK = 1 << 18
-#: The fewest bytes the C parsers give a thread of its own.
-_C_MIN_SPLIT = 1 << 20
 #: Elements per emit chunk (rows are never split).
 EMIT_CHUNK_ELEMS = 1 << 16
-#: Threads a parse or an emit uses (the C parsers' parts, the numpy path's pool): the usable
-#: cores, at most 8.
-WORKERS = min(8, usable_cores())
-
-_MAX_SHOWN = 40
-
-
-@dataclass(frozen=True)
-class Header:
-    """The parsed first line of an input file."""
-
-    m: int
-    k: int
-    n: int
-    square: bool  # header was a single N
-    body_offset: int  # byte offset in data where the values start (after header line)
-    line: int  # 1-based line number of the header line (after any blank lines before it)
 
 
 @dataclass(frozen=True)
@@ -101,18 +85,6 @@ class Matrices:
 
 # ---------------------------------------------------------------------------
 # helpers
-
-
-def _shorten(raw: bytes | str, limit: int = _MAX_SHOWN) -> str:
-    """A printable, shortened form of an offending value."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        text = bytes(raw).decode("utf-8", errors="backslashreplace")
-    else:
-        text = raw
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
 
 
 def _as_u8(data: bytes | bytearray | memoryview) -> np.ndarray:
@@ -165,72 +137,6 @@ def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int | 
 # ---------------------------------------------------------------------------
 # header
 
-_HEADER_RE = re.compile(rb"[ \t]*([0-9]+)(?:[ \t]+([0-9]+)[ \t]+([0-9]+))?[ \t]*\r?")
-#: Blank lines and whitespace before the header are skipped, as ``fscanf`` skips them, but the
-#: header line must end within this many bytes (after a BOM): the pipeline reads only the file's
-#: first bytes to check the header before it reads the rest (docs/textformat.md).
-HEADER_WINDOW = 1 << 16
-_BLANKS = b" \t\r\n"
-
-
-def _header_error(got: bytes, line: int) -> InputFormatError:
-    shown = _shorten(got.rstrip(b"\r"))
-    return InputFormatError(
-        f"line {line}: header must be 'N' or 'M K N' with positive integers, got '{shown}'",
-        line=line,
-        value=shown,
-    )
-
-
-def parse_header(data: bytes | memoryview, size: int | None = None) -> Header:
-    """Parse the header line; raises :class:`InputFormatError` naming its line.
-
-    An optional UTF-8 BOM, then any blank lines and whitespace (skipped, as
-    ``fscanf`` skips them), then the header line, which must end within
-    :data:`HEADER_WINDOW` bytes. ``data`` may be only the file's first bytes
-    (at least ``HEADER_WINDOW + 3`` of them, or all of it): ``size`` is then
-    the whole file's size. ``body_offset`` and ``line`` count from the start
-    of the file.
-    """
-    total = len(data) if size is None else size
-    start = 3 if bytes(data[:3]) == BOM else 0
-    head = bytes(data[start : start + HEADER_WINDOW])
-    whole = total - start <= len(head)  # the header window holds the rest of the file
-    lead = len(head) - len(head.lstrip(_BLANKS))
-    line_no = head.count(b"\n", 0, lead) + 1
-    if lead == len(head):
-        if whole:
-            what = "empty" if total == start else "whitespace only"
-            raise InputFormatError(f"line 1: the file is {what}; expected a header 'N' or 'M K N'", line=1)
-        raise InputFormatError(
-            f"line {line_no}: no header in the first {HEADER_WINDOW} bytes (blank lines before the header are "
-            f"skipped, up to that many)",
-            line=line_no,
-        )
-    nl = head.find(b"\n", lead)
-    if nl < 0:
-        if not whole:  # the line goes on past the window: never a header
-            raise _header_error(head[lead : lead + 60], line_no)
-        line = head[lead:]
-        body = start + len(head)
-    else:
-        line = head[lead:nl]
-        body = start + nl + 1
-    match = _HEADER_RE.fullmatch(line)
-    if not match:
-        raise _header_error(line, line_no)
-    if match.group(2) is None:
-        n = int(match.group(1))
-        m = k = n
-        square = True
-    else:
-        m, k, n = (int(g) for g in match.groups())
-        square = False
-    if m <= 0 or k <= 0 or n <= 0:
-        raise _header_error(line, line_no)
-    return Header(m=m, k=k, n=n, square=square, body_offset=body, line=line_no)
-
-
 # ---------------------------------------------------------------------------
 # value parsing: slow exact path
 
@@ -267,7 +173,7 @@ def run_values(run: bytes) -> list[float] | None:
 
 def _range_error(data: bytes | memoryview, offset: int, raw: bytes) -> InputFormatError:
     line = _line_at(data, offset)
-    shown = _shorten(raw)
+    shown = shorten(raw)
     return InputFormatError(f"line {line}: '{shown}' is outside float32 range", line=line, value=shown)
 
 
@@ -275,7 +181,7 @@ def _slow_run(data: bytes | memoryview, offset: int, run: bytes) -> list[float]:
     vals = _run_values(run)
     if isinstance(vals, str):
         line = _line_at(data, offset)
-        shown = _shorten(run)
+        shown = shorten(run)
         raise InputFormatError(f"line {line}: '{shown}' {vals}", line=line, value=shown)
     for v in vals:
         if _too_big(v):
@@ -704,11 +610,11 @@ def _parse_values(
     ``dtype``: float32, or float64 holding the float32 values); raise naming lines otherwise."""
     stop = len(data)
     bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
-    plausible = expected <= (stop - start + 1) // 2 + 1
+    plausible = input_plausible(stop, start, expected)
     if out is None or not plausible:
         out = np.empty(expected if plausible else 0, dtype=dtype if out is None else out.dtype)
     if USE_FASTTEXT and _fasttext is not None and plausible:
-        status, _ = _fasttext.parse_values(data, start, out, None, _C_MIN_SPLIT, WORKERS)
+        status, _ = _fasttext.parse_values(data, start, out, None, C_MIN_SPLIT, WORKERS)
         if status == 0:
             return out
         # any problem: the numpy path below finds it again and words the error
@@ -724,7 +630,7 @@ def _parse_values(
             off = int(_value_offsets(data, bd[0], bd[1])[extra])
             line = _line_at(data, off)
             m = _WS_RE.search(data, off)
-            shown = _shorten(bytes(data[off : (stop if m is None else m.start())]))
+            shown = shorten(bytes(data[off : (stop if m is None else m.start())]))
             raise InputFormatError(
                 f"too many values: expected {what}, found more; the first extra value '{shown}' is on line {line}",
                 line=line,
@@ -792,7 +698,7 @@ def parse_reference(data: bytes) -> Matrices:
     for run in runs:
         got = _run_values(run)
         if isinstance(got, str):
-            raise InputFormatError(f"'{_shorten(run)}' {got}", value=_shorten(run))
+            raise InputFormatError(f"'{shorten(run)}' {got}", value=shorten(run))
         vals.extend(got)
     m, k, n = header.m, header.k, header.n
     if len(vals) != m * k + k * n:
@@ -808,10 +714,18 @@ def parse_reference(data: bytes) -> Matrices:
 # ---------------------------------------------------------------------------
 # emit
 
-# "d.ff" for a % 1000 ; right-aligned digit groups for higher digits
-_T4 = np.frombuffer(b"".join(b"%d.%02d" % (v // 100, v % 100) for v in range(1000)), dtype=np.uint32)
-_TP = np.frombuffer(b"    " + b"".join(b"%4d" % v for v in range(1, 10000)), dtype=np.uint32)
-_TZ = np.frombuffer(b"".join(b"%04d" % v for v in range(10000)), dtype=np.uint32)
+
+@functools.cache
+def _digit_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The digit tables: "d.ff" for a % 1000; right-aligned, then zero-padded, groups of four higher digits. Made on
+    first use: the C accelerator emits without them, and every process that imports this module
+    (mmd check, say) would otherwise pay about 10 ms for them."""
+    t4 = np.frombuffer(b"".join(b"%d.%02d" % (v // 100, v % 100) for v in range(1000)), dtype=np.uint32)
+    tp = np.frombuffer(b"    " + b"".join(b"%4d" % v for v in range(1, 10000)), dtype=np.uint32)
+    tz = np.frombuffer(b"".join(b"%04d" % v for v in range(10000)), dtype=np.uint32)
+    return t4, tp, tz
+
+
 # a >= _THRESH[i]  <=>  the integer part has more than i+1 digits
 _THRESH = np.array([10 ** (i + 3) for i in range(16)], dtype=np.int64)
 _FAST_LIMIT = 1e15  # |x*100| below this: int64 path
@@ -833,7 +747,8 @@ def _emit_ints(a: np.ndarray, neg: np.ndarray, n: int) -> bytes:
     nblk = W // 4
     slots = np.empty((cnt, W), dtype=np.uint8)
     s32 = slots.view(np.uint32)
-    s32[:, nblk - 1] = _T4.take(a % 1000)
+    t4, tp, tz = _digit_tables()
+    s32[:, nblk - 1] = t4.take(a % 1000)
     q = a // 1000
     for k in range(1, nblk):
         if k > 1:
@@ -841,9 +756,9 @@ def _emit_ints(a: np.ndarray, neg: np.ndarray, n: int) -> bytes:
         digits = q % 10000
         hi = q >= 10000
         if hi.any():
-            s32[:, nblk - 1 - k] = np.where(hi, _TZ.take(digits), _TP.take(digits))
+            s32[:, nblk - 1 - k] = np.where(hi, tz.take(digits), tp.take(digits))
         else:
-            s32[:, nblk - 1 - k] = _TP.take(digits)
+            s32[:, nblk - 1 - k] = tp.take(digits)
     flat = slots.reshape(-1)
     base = np.arange(0, cnt * W, W, dtype=np.int64)
     if neg.any():
@@ -971,7 +886,6 @@ def _input_block(mat: np.ndarray, fast: bool, bounds: tuple[int, int]) -> bytes:
 # decimal) and name the same first fault: its line, its column and one of
 # these kinds, worded by _fault_error.
 
-_OUT_HEADER_RE = re.compile(rb"([1-9][0-9]*)(?: ([1-9][0-9]*))?\n")
 _OUT_FIELD_RE = re.compile(rb"( *)(-?(?:0|[1-9][0-9]*)\.[0-9][0-9])")
 _NL_RE = re.compile(rb"\n")
 #: Digits before the point that mmd check reads: |x|*100 stays below 1e15 < 2^53, exact in float64.
@@ -1004,14 +918,14 @@ def _fault_error(data: bytes | memoryview, f: OutputFault, m: int, n: int) -> In
     value: bytes | None = None
     if f.kind == "field":
         value = _line_bytes(data, f.pos)[:12]
-        reason = f"field '{_shorten(value)}' is not in %6.2f format"
+        reason = f"field '{shorten(value)}' is not in %6.2f format"
     elif f.kind == "width":
         value = raw[: f.count]
-        reason = f"field '{_shorten(value)}' is not in %6.2f format (width)"
+        reason = f"field '{shorten(value)}' is not in %6.2f format (width)"
     elif f.kind == "large":
         value = raw[: f.count]
         limit = f"at most {OUTPUT_INT_DIGITS} digits before the point"
-        reason = f"value '{_shorten(value)}' too large for an mmd output ({limit})"
+        reason = f"value '{shorten(value)}' too large for an mmd output ({limit})"
     elif f.kind == "count":
         reason = f"expected {n} fields, found {f.count}"
     elif f.kind == "newline":
@@ -1024,32 +938,14 @@ def _fault_error(data: bytes | memoryview, f: OutputFault, m: int, n: int) -> In
     else:  # pragma: no cover - a kind without words is a bug
         raise AssertionError(f"unknown output fault {f.kind!r}")
     column = f.pos - f.line_start + 1
-    shown = None if value is None else _shorten(value)
+    shown = None if value is None else shorten(value)
     return InputFormatError(f"line {f.line}, column {column}: {reason}", {"column": column}, line=f.line, value=shown)
-
-
-def _output_header(data: bytes | memoryview) -> tuple[int, int, int]:
-    """(m, n, offset of the first row) of an output; raises naming line 1."""
-    head = bytes(data[:64])
-    hm = _OUT_HEADER_RE.match(head)
-    if hm is None or (hm.group(2) is not None and hm.group(1) == hm.group(2)):
-        nl = head.find(b"\n")
-        got = head if nl < 0 else head[:nl]
-        raise InputFormatError(
-            f"line 1, column 1: header must be 'N' or 'M N' (as mmd writes it), got '{_shorten(got)}'",
-            {"column": 1},
-            line=1,
-            value=_shorten(got),
-        )
-    m = int(hm.group(1))
-    n = m if hm.group(2) is None else int(hm.group(2))
-    return m, n, hm.end()
 
 
 def output_shape(data: bytes | memoryview) -> tuple[int, int]:
     """(m, n) from an output's header line, its rows unread; raises :class:`InputFormatError` as
     :func:`parse_output` would for that line."""
-    m, n, _ = _output_header(data)
+    m, n, _ = output_header(data)
     return m, n
 
 
@@ -1073,12 +969,12 @@ def check_output(data: bytes | memoryview) -> tuple[int, int]:
 
 
 def _read_output(data: bytes | memoryview, values: bool) -> np.ndarray | None:
-    m, n, start = _output_header(data)
+    m, n, start = output_header(data)
     if USE_FASTTEXT and _fasttext is not None:
         # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
-        plausible = (len(data) - start) // m >= 6 * n + 1
+        plausible = output_plausible(len(data), start, m, n)
         out = np.empty((m, n), dtype=np.float64) if plausible and values else None
-        got = _fasttext.parse_output_values(data, start, m, n, out, _C_MIN_SPLIT, WORKERS)
+        got = _fasttext.parse_output_values(data, start, m, n, out, C_MIN_SPLIT, WORKERS)
         if got is None and (out is not None or not values):
             return out
         if got is None:  # pragma: no cover - a body that passes is never short
@@ -1101,7 +997,7 @@ def output_blocks(data: bytes | memoryview, rows: int) -> Iterator[tuple[int, np
     Without the C accelerator, or with ``rows`` >= m, the output is read whole and handed out in
     blocks.
     """
-    m, n, start = _output_header(data)
+    m, n, start = output_header(data)
     step = max(1, rows)
     if not (USE_FASTTEXT and _fasttext is not None) or step >= m:
         whole = parse_output(data)
@@ -1112,7 +1008,7 @@ def output_blocks(data: bytes | memoryview, rows: int) -> Iterator[tuple[int, np
     off = start
     for r0 in range(0, m, step):
         count = min(step, m - r0)
-        off = _fasttext.parse_output_rows(data, off, count, n, buf[:count], _C_MIN_SPLIT, WORKERS)
+        off = _fasttext.parse_output_rows(data, off, count, n, buf[:count], C_MIN_SPLIT, WORKERS)
         if off < 0:
             break
         yield r0, buf[:count]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import grading, textformat, verify
+from mmd import grading, textcore, textformat, verify
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
@@ -272,8 +272,8 @@ def test_big_files_are_mapped_and_read_alike(tmp_path, monkeypatch):
     assert src.stat().st_size > 1 << 19
     results = []
     for size in (1 << 40, 1 << 10):  # read, then mapped
-        monkeypatch.setattr(grading, "_MAP_BYTES", size)
-        data = grading.read_bytes(src)
+        monkeypatch.setattr(textcore, "MAP_BYTES", size)
+        data = textcore.read_bytes(src)
         assert isinstance(data, bytes) == (size > 1 << 20)
         results.append(grading.check_file(out, src, Options()).results[0])
     assert results[0].status is Status.OK and results[0].detail == results[1].detail
@@ -424,13 +424,18 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
     assert blocks["a fault late"]["line"] == 29
 
 
-def test_same_bytes(monkeypatch):
-    monkeypatch.setattr(grading, "_COMPARE_BYTES", 64)  # many blocks
+@pytest.mark.parametrize("accelerated", [True, False], ids=["c", "python"])
+def test_same_bytes(monkeypatch, accelerated):
+    if accelerated and textcore.fasttext is None:
+        pytest.skip("mmd._fasttext is not built")
+    if not accelerated:
+        monkeypatch.setattr(textcore, "fasttext", None)
+    monkeypatch.setattr(textcore, "COMPARE_BYTES", 64)  # many blocks
     base = bytes(range(256)) * 9 + b"tail"
-    assert grading.same_bytes(memoryview(base), memoryview(bytearray(base)))
-    for i in (0, 100, len(base) - 1, len(base) - 6):
+    assert textcore.same_bytes(memoryview(base), memoryview(bytearray(base)))
+    for i in (0, 63, 64, 100, len(base) - 1, len(base) - 6):
         other = bytearray(base)
         other[i] ^= 1
-        assert not grading.same_bytes(memoryview(base), memoryview(other)), i
-    assert not grading.same_bytes(memoryview(base), memoryview(base[:-1]))
-    assert grading.same_bytes(memoryview(b""), memoryview(b""))
+        assert not textcore.same_bytes(memoryview(base), memoryview(other)), i
+    assert not textcore.same_bytes(memoryview(base), memoryview(base[:-1]))
+    assert textcore.same_bytes(memoryview(b""), memoryview(b""))

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmd import textcore
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
@@ -342,10 +343,10 @@ def test_errors_after_leading_blank_lines_name_the_right_line():
 
 def test_the_header_must_lie_in_the_first_bytes():
     """Leading blank space is bounded: the header line must end within HEADER_WINDOW bytes (docs/textformat.md)."""
-    padded = b"\n" * (tf.HEADER_WINDOW - 3) + b"2\n"
-    assert tf.parse_header(padded).line == tf.HEADER_WINDOW - 2
+    padded = b"\n" * (textcore.HEADER_WINDOW - 3) + b"2\n"
+    assert tf.parse_header(padded).line == textcore.HEADER_WINDOW - 2
     with pytest.raises(InputFormatError, match="first 65536 bytes"):
-        tf.parse_header(b"\n" * tf.HEADER_WINDOW + b"2\n1 2 3 4 5 6 7 8\n")
+        tf.parse_header(b"\n" * textcore.HEADER_WINDOW + b"2\n1 2 3 4 5 6 7 8\n")
 
 
 def test_a_header_read_from_the_first_bytes_of_a_bigger_file():

@@ -13,6 +13,7 @@ from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
     from ..grading import Result
+    from ..readahead import ReadAhead
 
 EPILOG = """\
 one output:
@@ -78,8 +79,6 @@ def _usage(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import grading  # only for this command
-
     refs = [r for r in (args.expected, args.expected_opt, args.input) if r is not None]
     if len(refs) != 1:
         return _usage("give one of EXPECTED, --expected or --input")
@@ -90,9 +89,23 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         return _usage("--jobs must be at least 1")
     with contextlib.ExitStack() as stack:
+        ahead = _read_ahead(args, reference, against, stack)  # before numpy is imported
+        from .. import grading  # only for this command
+
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
         options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
-        return _check(args, reference, options)
+        return _check(args, reference, options, ahead)
+
+
+def _read_ahead(
+    args: argparse.Namespace, reference: Path, against: str, stack: contextlib.ExitStack
+) -> ReadAhead | None:
+    """One output's check: its files' reads, started while this process imports numpy (mmd.readahead)."""
+    from .. import readahead
+
+    if not (readahead.useful() and args.output.is_file() and reference.is_file()):
+        return None
+    return stack.enter_context(readahead.start(args.output, reference, against, wide=not args.quick))
 
 
 def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any, Any], Any] | None:
@@ -110,7 +123,7 @@ def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any,
         return None
 
 
-def _check(args: argparse.Namespace, reference: Path, options: Any) -> int:
+def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadAhead | None) -> int:
     from .. import grading
 
     folder = args.output.is_dir()
@@ -123,7 +136,7 @@ def _check(args: argparse.Namespace, reference: Path, options: Any) -> int:
             print(grading.table(result.results))
             print(result.summary())
         else:
-            result = grading.check_file(args.output, reference, options)
+            result = grading.check_file(args.output, reference, options, ahead)
             _print_one(result.results[0])
         if args.junit is not None:
             grading.write_junit(result, args.junit)

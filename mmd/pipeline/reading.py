@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import textformat
+from .. import textcore, textformat
 from ..atomic import StreamHash
 from ..config import Settings, physical_memory_bytes
 from ..errors import InputFormatError, LimitError
@@ -119,7 +119,7 @@ def read_header(path: Path, limits: Limits) -> tuple[Header, int]:
     fd = _open(path)
     try:
         size = _checked_size(fd, path, limits, derived=False)
-        head = os.pread(fd, textformat.HEADER_WINDOW + len(textformat.BOM), 0)
+        head = os.pread(fd, textcore.HEADER_WINDOW + len(textcore.BOM), 0)
     finally:
         os.close(fd)
     return textformat.parse_header(head, size=size), size

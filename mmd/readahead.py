@@ -1,0 +1,190 @@
+"""Reading ``mmd check``'s files while Python imports numpy.
+
+``mmd check`` on one output spends its first 0.2 s (0.3-0.4 s on the GPU
+machine's Python) importing numpy and mmd's checking modules, on one core.
+mmd's C parsers need no numpy: they fill plain buffers. So the command starts
+the reads its check will need (:func:`start`) on threads of their own, before
+it imports anything else, and :mod:`mmd.grading` then takes the values as
+arrays over those buffers (no copy).
+
+Only a read that succeeds is used. Where a file cannot be read, is not
+plausible, or holds a fault, the value here is None, and grading reads the
+file itself and words its fault as always: the first fault, in the order
+grading reports them, whatever was read ahead. A file is mapped once, here,
+and grading checks the very bytes the values came from.
+
+The reads are the calls :mod:`mmd.textformat` makes (the same parser, the same
+settings from :mod:`mmd.textcore`), so the values are the same bits
+(``tests/test_readahead.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from . import textcore
+from .errors import MmdError
+
+
+@dataclass(frozen=True)
+class Values:
+    """Values a C parser put in a plain buffer: an output's float64 (``shape`` (m, n)), or an input's A
+    then B (``shape`` (m, k, n)), float64 where ``wide`` (the float32 values), else float32."""
+
+    buffer: mmap.mmap
+    shape: tuple[int, ...]
+    wide: bool
+
+
+class _Read:
+    """One read of ``paths`` on its own thread; :meth:`result` waits for it (None: it did not succeed)."""
+
+    def __init__(self, fn: Callable[[], Values | bool | None], *paths: Path) -> None:
+        self.paths = paths
+        self._result: Values | bool | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="mmd-readahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Values | bool | None]) -> None:
+        # anything that goes wrong here is grading's to find and word again: never raised from here
+        with contextlib.suppress(MmdError, OSError, ValueError, MemoryError, BufferError):
+            self._result = fn()
+
+    def result(self) -> Values | bool | None:
+        self._thread.join()
+        return self._result
+
+
+class ReadAhead:
+    """The reads :func:`start` began for one output and its reference; a context manager that waits
+    for them and unmaps what they mapped."""
+
+    def __init__(self, output: Path, reference: Path, against: str, wide: bool) -> None:
+        self.output, self.reference, self.against, self.wide = output, reference, against, wide
+        self._maps: dict[Path, bytes | mmap.mmap] = {}
+        self._lock = threading.Lock()
+        self._reads: dict[str, _Read] = {}
+
+    def begin(self) -> None:
+        """Start the reads, each on a thread of its own."""
+        if self.against == "inputs":
+            self._reads["output"] = _Read(self._output_values, self.output)
+            self._reads["input"] = _Read(self._input_values, self.reference)
+        else:
+            self._reads["same"] = _Read(self._same_output, self.output, self.reference)
+
+    def _map(self, path: Path) -> bytes | mmap.mmap:
+        with self._lock:
+            if path not in self._maps:
+                self._maps[path] = textcore.read_bytes(path)
+            return self._maps[path]
+
+    def _output_values(self) -> Values | None:
+        with memoryview(self._map(self.output)) as data:
+            return self._output_from(data)
+
+    def _output_from(self, data: memoryview) -> Values | None:
+        m, n, start = textcore.output_header(data)
+        fasttext = textcore.fasttext
+        if fasttext is None or not textcore.output_plausible(len(data), start, m, n):
+            return None
+        buf = mmap.mmap(-1, 8 * m * n)  # fresh pages, touched once by the parser
+        view = memoryview(buf).cast("d")
+        try:
+            fault = fasttext.parse_output_values(data, start, m, n, view, textcore.C_MIN_SPLIT, textcore.WORKERS)
+        finally:
+            view.release()
+        return Values(buf, (m, n), True) if fault is None else None
+
+    def _input_values(self) -> Values | None:
+        with memoryview(self._map(self.reference)) as data:
+            return self._input_from(data)
+
+    def _input_from(self, data: memoryview) -> Values | None:
+        h = textcore.parse_header(data)
+        count = h.m * h.k + h.k * h.n
+        fasttext = textcore.fasttext
+        if fasttext is None or not textcore.input_plausible(len(data), h.body_offset, count):
+            return None
+        buf = mmap.mmap(-1, (8 if self.wide else 4) * count)
+        view = memoryview(buf).cast("d" if self.wide else "f")
+        try:
+            status, _ = fasttext.parse_values(data, h.body_offset, view, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
+        finally:
+            view.release()
+        return Values(buf, (h.m, h.k, h.n), self.wide) if status == 0 else None
+
+    def _same_output(self) -> bool:
+        """Whether the output has the expected output's very bytes, and is well formed."""
+        fasttext = textcore.fasttext
+        with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
+            if fasttext is None or not textcore.same_bytes(data, expected):
+                return False
+            m, n, start = textcore.output_header(data)
+            fault = fasttext.parse_output_values(data, start, m, n, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
+            return fault is None
+
+    def _wait(self, key: str) -> Values | bool | None:
+        read = self._reads.get(key)
+        return None if read is None else read.result()
+
+    def mapped(self, path: Path) -> bytes | mmap.mmap | None:
+        """The bytes of ``path`` as the reads mapped them (None: not mapped here), once the reads of it are done."""
+        for read in self._reads.values():
+            if path in read.paths:
+                read.result()
+        with self._lock:
+            return self._maps.get(path)
+
+    def output_values(self, path: Path) -> Values | None:
+        """The output's values, where ``path`` is the output read ahead and its read succeeded."""
+        got = self._wait("output") if path == self.output else None
+        return got if isinstance(got, Values) else None
+
+    def input_values(self, path: Path, wide: bool) -> Values | None:
+        """The input's A and B (float64 where ``wide``), where ``path`` is the input read ahead so."""
+        got = self._wait("input") if path == self.reference and wide == self.wide else None
+        return got if isinstance(got, Values) else None
+
+    def same_output(self, output: Path, expected: Path) -> bool:
+        """Whether ``output`` is the output read ahead, well formed, and has the bytes of ``expected``."""
+        return (output, expected) == (self.output, self.reference) and self._wait("same") is True
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the reads, then unmap the files (an array over a mapping still in use keeps it)."""
+        for read in self._reads.values():
+            read.result()
+        for data in self._maps.values():
+            if isinstance(data, mmap.mmap):
+                with contextlib.suppress(BufferError):
+                    data.close()
+        self._maps.clear()
+
+
+def useful() -> bool:
+    """Whether reading ahead can help: the C parsers are built and switched on."""
+    return textcore.FASTTEXT_ON
+
+
+def start(output: Path, reference: Path, against: str, wide: bool) -> ReadAhead:
+    """Start reading what checking ``output`` against ``reference`` will need: against an input
+    (``against`` "inputs"), the output's values and the input's (float64 where ``wide``, the full
+    check's; float32 for --quick), each on its own thread; against an expected output, whether the
+    two have the same bytes, and then whether the output is well formed."""
+    ahead = ReadAhead(output, reference, against, wide)
+    ahead.begin()
+    return ahead

@@ -1,0 +1,218 @@
+"""The matrix text format's numpy-free core: a file's bytes, the header lines, and the C parsers' settings.
+
+:mod:`mmd.textformat` builds on it. It imports no numpy so that ``mmd check``
+can start reading its files while the interpreter is still importing numpy
+(:mod:`mmd.readahead`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from .cpus import usable_cores
+from .errors import InputFormatError, UnreadableError
+
+fasttext: ModuleType | None
+try:  # optional C accelerator (setup.py builds it where a compiler is present)
+    from . import _fasttext as fasttext
+except ImportError:  # pragma: no cover - depends on the build
+    fasttext = None
+
+#: mmd._fasttext is built and not switched off (MMD_NO_FASTTEXT=1 forces the numpy paths).
+FASTTEXT_ON = fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
+
+BOM = b"\xef\xbb\xbf"
+
+#: The fewest bytes the C parsers give a thread of its own.
+C_MIN_SPLIT = 1 << 20
+#: Threads a parse or an emit uses (the C parsers' parts, the numpy path's pool): the usable
+#: cores, at most 8.
+WORKERS = min(8, usable_cores())
+
+#: Characters of an offending value shown in an error.
+MAX_SHOWN = 40
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed first line of an input file."""
+
+    m: int
+    k: int
+    n: int
+    square: bool  # header was a single N
+    body_offset: int  # byte offset in data where the values start (after header line)
+    line: int  # 1-based line number of the header line (after any blank lines before it)
+
+
+def shorten(raw: bytes | str, limit: int = MAX_SHOWN) -> str:
+    """A printable, shortened form of an offending value."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        text = bytes(raw).decode("utf-8", errors="backslashreplace")
+    else:
+        text = raw
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+# ---------------------------------------------------------------------------
+# an input's header
+
+_HEADER_RE = re.compile(rb"[ \t]*([0-9]+)(?:[ \t]+([0-9]+)[ \t]+([0-9]+))?[ \t]*\r?")
+#: Blank lines and whitespace before the header are skipped, as ``fscanf`` skips them, but the
+#: header line must end within this many bytes (after a BOM): the pipeline reads only the file's
+#: first bytes to check the header before it reads the rest (docs/textformat.md).
+HEADER_WINDOW = 1 << 16
+_BLANKS = b" \t\r\n"
+
+
+def _header_error(got: bytes, line: int) -> InputFormatError:
+    shown = shorten(got.rstrip(b"\r"))
+    return InputFormatError(
+        f"line {line}: header must be 'N' or 'M K N' with positive integers, got '{shown}'",
+        line=line,
+        value=shown,
+    )
+
+
+def parse_header(data: bytes | memoryview, size: int | None = None) -> Header:
+    """Parse the header line; raises :class:`InputFormatError` naming its line.
+
+    An optional UTF-8 BOM, then any blank lines and whitespace (skipped, as
+    ``fscanf`` skips them), then the header line, which must end within
+    :data:`HEADER_WINDOW` bytes. ``data`` may be only the file's first bytes
+    (at least ``HEADER_WINDOW + 3`` of them, or all of it): ``size`` is then
+    the whole file's size. ``body_offset`` and ``line`` count from the start
+    of the file.
+    """
+    total = len(data) if size is None else size
+    start = 3 if bytes(data[:3]) == BOM else 0
+    head = bytes(data[start : start + HEADER_WINDOW])
+    whole = total - start <= len(head)  # the header window holds the rest of the file
+    lead = len(head) - len(head.lstrip(_BLANKS))
+    line_no = head.count(b"\n", 0, lead) + 1
+    if lead == len(head):
+        if whole:
+            what = "empty" if total == start else "whitespace only"
+            raise InputFormatError(f"line 1: the file is {what}; expected a header 'N' or 'M K N'", line=1)
+        raise InputFormatError(
+            f"line {line_no}: no header in the first {HEADER_WINDOW} bytes (blank lines before the header are "
+            f"skipped, up to that many)",
+            line=line_no,
+        )
+    nl = head.find(b"\n", lead)
+    if nl < 0:
+        if not whole:  # the line goes on past the window: never a header
+            raise _header_error(head[lead : lead + 60], line_no)
+        line = head[lead:]
+        body = start + len(head)
+    else:
+        line = head[lead:nl]
+        body = start + nl + 1
+    match = _HEADER_RE.fullmatch(line)
+    if not match:
+        raise _header_error(line, line_no)
+    if match.group(2) is None:
+        n = int(match.group(1))
+        m = k = n
+        square = True
+    else:
+        m, k, n = (int(g) for g in match.groups())
+        square = False
+    if m <= 0 or k <= 0 or n <= 0:
+        raise _header_error(line, line_no)
+    return Header(m=m, k=k, n=n, square=square, body_offset=body, line=line_no)
+
+
+# ---------------------------------------------------------------------------
+# an output's header
+
+_OUT_HEADER_RE = re.compile(rb"([1-9][0-9]*)(?: ([1-9][0-9]*))?\n")
+
+
+def output_header(data: bytes | memoryview) -> tuple[int, int, int]:
+    """(m, n, offset of the first row) of an output; raises naming line 1."""
+    head = bytes(data[:64])
+    hm = _OUT_HEADER_RE.match(head)
+    if hm is None or (hm.group(2) is not None and hm.group(1) == hm.group(2)):
+        nl = head.find(b"\n")
+        got = head if nl < 0 else head[:nl]
+        raise InputFormatError(
+            f"line 1, column 1: header must be 'N' or 'M N' (as mmd writes it), got '{shorten(got)}'",
+            {"column": 1},
+            line=1,
+            value=shorten(got),
+        )
+    m = int(hm.group(1))
+    n = m if hm.group(2) is None else int(hm.group(2))
+    return m, n, hm.end()
+
+
+# ---------------------------------------------------------------------------
+# what the C parsers are given
+
+
+def input_plausible(size: int, start: int, count: int) -> bool:
+    """Whether a body of ``size - start`` bytes can hold ``count`` values (each takes two bytes at
+    least, its separator included): one that cannot is refused before any buffer is made for it."""
+    return count <= (size - start + 1) // 2 + 1
+
+
+def output_plausible(size: int, start: int, m: int, n: int) -> bool:
+    """Whether an output body of ``size - start`` bytes can hold m rows of n 6-byte fields."""
+    return (size - start) // m >= 6 * n + 1
+
+
+# ---------------------------------------------------------------------------
+# a file's bytes
+
+#: Files at least this big are mapped rather than read (no copy of the bytes).
+MAP_BYTES = 1 << 20
+
+
+def read_bytes(path: Path) -> bytes | mmap.mmap:
+    """The bytes of a regular file; big ones mapped. Raises :class:`UnreadableError`.
+
+    A mapped file must not shrink while it is read (that would end the
+    process with SIGBUS); mmd writes its outputs by rename, never in place.
+    """
+    try:
+        # O_NONBLOCK: a FIFO named like an output must not hang the check
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableError(f"cannot read {path}: not a regular file")
+        if info.st_size >= MAP_BYTES:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+#: Bytes compared at a time where mmd._fasttext is not built.
+COMPARE_BYTES = 1 << 20
+
+
+def same_bytes(x: memoryview, y: memoryview) -> bool:
+    """Whether two buffers hold the same bytes (one memcmp, without the GIL, where mmd._fasttext is built;
+    else a block at a time, stopping at the first that differs)."""
+    if len(x) != len(y):
+        return False
+    if fasttext is not None:
+        return fasttext.same_bytes(x, y)
+    return all(x[i : i + COMPARE_BYTES] == y[i : i + COMPARE_BYTES] for i in range(0, len(x), COMPARE_BYTES))

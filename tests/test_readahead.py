@@ -1,0 +1,174 @@
+"""mmd.readahead: the reads ``mmd check`` starts before it imports numpy give the very results of a check
+without them, faults and their order included, and are used where they succeed."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmd import grading, readahead, textcore, textformat
+from mmd.generate import input_chunks, random_matrix
+from mmd.grading import Options, Result, Status
+
+pytestmark = pytest.mark.skipif(not readahead.useful(), reason="mmd._fasttext is not built or switched off")
+
+
+def _files(tmp_path: Path, m: int = 40, k: int = 30, n: int = 50) -> dict[str, Path]:
+    """Inputs, outputs and expected outputs, right and spoiled in every way grading tells apart."""
+    rng = np.random.default_rng(5)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    files = {
+        "in": b"".join(input_chunks(a, b, square=False)),
+        "in_bad": b"3\n1 2\n",
+        "in_other": b"".join(input_chunks(a[:, :4], b[:4, :7], square=False)),
+        "in_nan": b"".join(input_chunks(a, b, square=False)).replace(b" ", b" nan ", 1),
+        "out": textformat.emit(a @ b),
+    }
+    text = files["out"]
+    lines = text.split(b"\n")
+    wrong = (a @ b).astype(np.float32)
+    wrong[4, 0] = 999.99
+    files["out_wrong"] = textformat.emit(wrong)
+    files["out_format"] = text.replace(b"\n", b"\r\n", 2)  # line 2 ends in CR LF
+    files["out_short"] = text[: text.index(b"\n") + 1] + lines[1] + b"\n"  # a header that promises more rows
+    files["out_header"] = b"x\n" + text
+    files["out_copy"] = text
+    files["out_near"] = text[:-2] + (b"1\n" if text[-2:-1] != b"1" else b"2\n")
+    files["out_format_copy"] = files["out_format"]
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / (name + (".txt" if name.startswith("in") else ".out"))
+        paths[name].write_bytes(data)
+    return paths
+
+
+OK, MISMATCH, FORMAT, ERROR = Status.OK, Status.MISMATCH, Status.FORMAT, Status.ERROR
+EXPECTED = Options(against="expected")
+#: (output, reference, options, status): every case below runs with reads ahead and without
+CASES = [
+    ("out", "in", Options(), OK),
+    ("out", "in", Options(quick=True), OK),
+    ("out", "in", Options(tol=0.0), MISMATCH),
+    ("out_wrong", "in", Options(), MISMATCH),
+    ("out_wrong", "in", Options(quick=True), MISMATCH),
+    ("out_format", "in", Options(), FORMAT),
+    ("out_format", "in_bad", Options(quick=True), FORMAT),
+    ("out_short", "in", Options(), FORMAT),
+    ("out_header", "in", Options(), FORMAT),
+    ("out", "in_bad", Options(), ERROR),
+    ("out", "in_nan", Options(), ERROR),
+    ("out", "in_other", Options(), MISMATCH),
+    ("out", "in_other", Options(quick=True), MISMATCH),
+    ("out", "out_copy", EXPECTED, OK),
+    ("out", "out_copy", Options(against="expected", tol=-1.0), MISMATCH),
+    ("out", "out_near", EXPECTED, OK),
+    ("out", "out_wrong", EXPECTED, MISMATCH),
+    ("out_format", "out_format_copy", EXPECTED, FORMAT),
+    ("out", "out_format", EXPECTED, ERROR),
+    ("out", "missing", Options(), ERROR),
+    ("out", "missing", EXPECTED, ERROR),
+]
+
+
+def _plain(r: Result) -> Result:
+    return dataclasses.replace(r, seconds=0.0)
+
+
+def _ahead(out: Path, ref: Path, options: Options) -> readahead.ReadAhead:
+    return readahead.start(out, ref, options.against, wide=not options.quick)
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
+@pytest.mark.parametrize(("out", "ref", "options", "status"), CASES)
+def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, options, status, mapped):
+    if mapped:
+        monkeypatch.setattr(textcore, "MAP_BYTES", 1)
+    paths = _files(tmp_path)
+    paths["missing"] = tmp_path / "missing.txt"
+    output, reference = paths[out], paths[ref]
+    want = grading.check_file(output, reference, options).results[0]
+    with _ahead(output, reference, options) as ahead:
+        got = grading.check_file(output, reference, options, ahead).results[0]
+    assert _plain(got) == _plain(want)
+    assert want.status is status, want.reason
+
+
+def test_values_read_ahead_are_textformat_s_bits(tmp_path):
+    paths = _files(tmp_path, 70, 90, 60)
+    for wide, dtype in ((True, np.float64), (False, np.float32)):
+        with readahead.start(paths["out"], paths["in"], "inputs", wide) as ahead:
+            got_out = ahead.output_values(paths["out"])
+            got_in = ahead.input_values(paths["in"], wide)
+            assert got_out is not None and got_in is not None
+            assert ahead.input_values(paths["in"], not wide) is None  # another type: read again
+            assert ahead.output_values(paths["in"]) is None and ahead.input_values(paths["out"], wide) is None
+            assert (got_out.shape, got_in.shape) == ((70, 60), (70, 90, 60))
+            out = np.frombuffer(got_out.buffer, np.float64).reshape(70, 60)
+            want_out = textformat.parse_output(paths["out"].read_bytes())
+            assert out.tobytes() == want_out.tobytes()
+            mats = textformat.parse(paths["in"].read_bytes(), dtype=dtype)
+            vals = np.frombuffer(got_in.buffer, dtype)
+            assert vals.tobytes() == mats.a.tobytes() + mats.b.tobytes()
+            del out, vals
+
+
+def test_a_check_uses_what_was_read_ahead(tmp_path, monkeypatch):
+    """Where the reads succeed, grading parses nothing again (and checks no output again)."""
+    paths = _files(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read again")
+
+    for name in ("parse", "parse_output", "check_output", "output_blocks"):
+        monkeypatch.setattr(textformat, name, refuse)
+    for options in (Options(), Options(quick=True)):
+        with _ahead(paths["out"], paths["in"], options) as ahead:
+            assert grading.check_file(paths["out"], paths["in"], options, ahead).results[0].status is Status.OK
+    options = Options(against="expected")
+    with _ahead(paths["out"], paths["out_copy"], options) as ahead:
+        r = grading.check_file(paths["out"], paths["out_copy"], options, ahead).results[0]
+    assert (r.status, r.max_error) == (Status.OK, 0.0)
+
+
+class _Failing:
+    """mmd._fasttext whose parsers fail as a machine might (no memory for their threads)."""
+
+    @staticmethod
+    def parse_output_values(*args):
+        raise MemoryError
+
+    parse_values = parse_output_values
+
+    @staticmethod
+    def same_bytes(x, y):
+        return bytes(x) == bytes(y)
+
+
+@pytest.mark.parametrize(("out", "ref", "options", "status"), [c for c in CASES if c[1] != "missing"])
+def test_failed_reads_leave_the_check_to_grading(tmp_path, monkeypatch, out, ref, options, status):
+    paths = _files(tmp_path)
+    output, reference = paths[out], paths[ref]
+    want = grading.check_file(output, reference, options).results[0]
+    monkeypatch.setattr(textcore, "fasttext", _Failing)  # the reads' parser; grading's is textformat's
+    with _ahead(output, reference, options) as ahead:
+        assert ahead.output_values(output) is None and ahead.input_values(reference, not options.quick) is None
+        assert not ahead.same_output(output, reference)
+        got = grading.check_file(output, reference, options, ahead).results[0]
+    assert _plain(got) == _plain(want) and want.status is status
+
+
+def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path):
+    """The check reads the bytes the values came from: mmd writes outputs by rename, so a mapping keeps them."""
+    paths = _files(tmp_path)
+    options = Options()
+    with _ahead(paths["out"], paths["in"], options) as ahead:
+        assert ahead.mapped(paths["out"]) is not None
+        shutil.copy(paths["out_format"], tmp_path / "new.out")
+        (tmp_path / "new.out").replace(paths["out"])
+        r = grading.check_file(paths["out"], paths["in"], options, ahead).results[0]
+    assert r.status is Status.OK
+    assert grading.check_file(paths["out"], paths["in"], options).results[0].status is Status.FORMAT
