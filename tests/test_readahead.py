@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from mmd import grading, readahead, textcore, textformat
+from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Options, Result, Status
 
-pytestmark = pytest.mark.skipif(not readahead.useful(), reason="mmd._fasttext is not built or switched off")
+pytestmark = pytest.mark.skipif(not textcore.FASTTEXT_ON, reason="mmd._fasttext is not built or switched off")
 
 
 def _files(tmp_path: Path, m: int = 40, k: int = 30, n: int = 50) -> dict[str, Path]:
@@ -172,3 +173,29 @@ def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path):
         r = grading.check_file(paths["out"], paths["in"], options, ahead).results[0]
     assert r.status is Status.OK
     assert grading.check_file(paths["out"], paths["in"], options).results[0].status is Status.FORMAT
+
+
+def test_read_ahead_where_cores_are_left_beside_the_import(monkeypatch):
+    monkeypatch.setattr(textcore, "WORKERS", 2)
+    for cores, useful in ((2, False), (3, True), (16, True)):
+        monkeypatch.setattr(readahead, "usable_cores", lambda cores=cores: cores)
+        assert readahead.useful() is useful, cores
+
+
+@pytest.mark.parametrize(("out", "ref", "options", "status"), [c for c in CASES if c[1] != "missing"])
+def test_mmd_check_prints_the_same_with_reads_ahead(tmp_path, monkeypatch, capsys, out, ref, options, status):
+    """The command, in this process, with and without its reads ahead (``readahead.useful`` decides)."""
+    paths = _files(tmp_path)
+    argv = ["check", str(paths[out])]
+    argv += ["--input", str(paths[ref])] if options.against == "inputs" else ["--expected", str(paths[ref])]
+    argv += ["--quick"] * options.quick + ([f"--tol={options.tol}"] if options.tol is not None else [])
+    printed, started, real = [], [], readahead.start
+    monkeypatch.setattr(readahead, "start", lambda *a, **k: started.append(a) or real(*a, **k))
+    for useful in (False, True):
+        monkeypatch.setattr(readahead, "useful", lambda useful=useful: useful)
+        started.clear()
+        code = main(argv)
+        assert len(started) == useful
+        printed.append((code, capsys.readouterr()))
+    assert printed[0] == printed[1]
+    assert printed[0][0] == {OK: 0, MISMATCH: 1, FORMAT: 1, ERROR: 2}[status]
