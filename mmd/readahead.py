@@ -141,15 +141,19 @@ class ReadAhead:
             view.release()
         return Values(buf, (h.m, h.k, h.n), self.wide) if status == 0 else None
 
-    def _same_output(self) -> bool:
-        """Whether the output has the expected output's very bytes, and is well formed."""
+    def _same_output(self) -> bool | None:
+        """False where the output's bytes differ from the expected output's; True where they are the
+        same and the output is well formed; None where they are the same and it is not (the check then
+        reads it again, to word its fault)."""
         fasttext = textcore.fasttext
+        if fasttext is None:
+            return None
         with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
-            if fasttext is None or not textcore.same_bytes(data, expected):
+            if not textcore.same_bytes(data, expected):
                 return False
             m, n, start = textcore.output_header(data)
             fault = fasttext.parse_output_values(data, start, m, n, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
-            return fault is None
+            return True if fault is None else None
 
     def _wait(self, key: str) -> _Result:
         for read in self._reads:
@@ -175,9 +179,13 @@ class ReadAhead:
         got = self._wait("input") if path == self.reference and wide == self.wide else None
         return got if isinstance(got, Values) else None
 
-    def same_output(self, output: Path, expected: Path) -> bool:
-        """Whether ``output`` is the output read ahead, well formed, and has the bytes of ``expected``."""
-        return (output, expected) == (self.output, self.reference) and self._wait("same") is True
+    def same_output(self, output: Path, expected: Path) -> bool | None:
+        """Where ``output`` and ``expected`` are the pair read ahead: True if they have the same bytes
+        and the output is well formed, False if their bytes differ; else None (not known here)."""
+        if (output, expected) != (self.output, self.reference):
+            return None
+        got = self._wait("same")
+        return got if isinstance(got, bool) else None
 
     def __enter__(self) -> ReadAhead:
         return self
