@@ -494,13 +494,17 @@ class Projections:
     b_col_ssq: np.ndarray  # Σ_k B_kj²
 
 
+def random_vectors(m: int, n: int, seed: int = 0, vectors: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quick`'s Gaussian vectors for an m×n product: x (n × vectors), then y (m × vectors),
+    from numpy's generator seeded with ``seed`` (both sides make them here, so they agree)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, vectors)), rng.standard_normal((m, vectors))
+
+
 def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Projections:
     """A and B's side of :func:`quick`: three passes over them (B, A, B again), converted to float64
     on the way (no n×n temporary)."""
-    m, n = a.shape[0], b.shape[1]
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, vectors))
-    y = rng.standard_normal((m, vectors))
+    x, y = random_vectors(a.shape[0], b.shape[1], seed, vectors)
     fc = _c_passes()
     if fc is not None and a.size and b.size and 1 <= vectors <= fc.MAX_VECTORS:
         return _project_c(fc, a, b, seed, x, y)
@@ -587,60 +591,101 @@ def _project_numpy(a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np
     )
 
 
+@dataclass(frozen=True)
+class OutputSums:
+    """What :func:`quick` needs of the output C (m×n): O(m + n) numbers, made in one pass over it, a
+    block of rows at a time (:func:`output_sums`)."""
+
+    shape: tuple[int, int]
+    seed: int
+    vectors: int
+    cx: np.ndarray  # C·x, m × vectors
+    yc: np.ndarray  # yᵀ·C, vectors × n
+    row_ssq: np.ndarray  # Σ_j C_ij²
+    col_ssq: np.ndarray  # Σ_i C_ij²
+    nonfinite: int  # NaN and infinite values
+    first_nonfinite: int | None  # the flat index of the first
+
+
+def output_sums(
+    blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = 4
+) -> OutputSums:
+    """:class:`OutputSums` of an m×n output given as consecutive blocks of rows (first row, rows), with
+    :func:`random_vectors` of ``seed``: no block is needed once it has been summed, so an output read
+    a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole."""
+    m, n = shape
+    x, y = random_vectors(m, n, seed, vectors)
+    cx, yc = np.empty((m, vectors)), np.zeros((vectors, n))
+    row_ssq, col_ssq = np.empty(m), np.zeros(n)
+    nonfinite, first = 0, None
+    fc = _c_passes()
+    xt = np.ascontiguousarray(x.T)
+    for r0, blk in blocks:
+        r1 = r0 + blk.shape[0]
+        if not blk.size:
+            continue
+        if fc is not None and 1 <= vectors <= fc.MAX_VECTORS:
+            rows_t, acc = np.empty((vectors + 1, r1 - r0)), np.empty((vectors + 1, n))
+            bad, at = fc.c_pass(_c_matrix(blk), r1 - r0, n, vectors, xt, y[r0:r1], rows_t, acc, _SPLIT_ELEMS)
+            cx[r0:r1], row_ssq[r0:r1] = rows_t[:vectors].T, rows_t[vectors]
+            yc += acc[:vectors]
+            col_ssq += acc[vectors]
+        else:
+            blk64 = np.asarray(blk, dtype=np.float64)
+            finite = np.isfinite(blk64)
+            bad = int(blk64.size - np.count_nonzero(finite))
+            at = int(np.flatnonzero(~finite)[0]) if bad else -1
+            if not bad:
+                cx[r0:r1], yc_blk, row_ssq[r0:r1], col_blk = _quick_numpy(blk64, x, y[r0:r1])
+                yc += yc_blk
+                col_ssq += col_blk
+        nonfinite += bad
+        if bad and first is None:
+            first = r0 * n + at
+    return OutputSums((m, n), seed, vectors, cx, yc, row_ssq, col_ssq, nonfinite, first)
+
+
 def quick_against(
     out: np.ndarray, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None
 ) -> QuickReport:
     """:func:`quick` with A and B's side made (:func:`project`): one pass over the output."""
+    shape = (int(out.shape[0]), int(out.shape[1])) if out.ndim == 2 else (0, 0)
+    sums = output_sums([(0, out)] if out.ndim == 2 else [], shape, proj.seed, proj.x.shape[1])
+    return quick_from_sums(sums, proj, false_alarm, tol)
+
+
+def quick_from_sums(
+    sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None
+) -> QuickReport:
+    """:func:`quick`'s verdict from the output's sums (:func:`output_sums`) and A and B's
+    (:func:`project`), made with the same seed and vectors."""
     m, k, n = proj.shape
     vectors = proj.x.shape[1]
     seed = proj.seed
+    if (sums.seed, sums.vectors) != (seed, vectors):
+        raise ValueError(
+            f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {vectors}"
+        )
     tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
     tests = (m + n) * vectors
     z = _z_for(false_alarm / max(tests, 1))
-
-    def refused(shape: tuple[int, int], nonfinite: int, first: int | None) -> QuickReport:
+    if sums.shape != (m, n) or sums.nonfinite:
+        first = sums.first_nonfinite
         return QuickReport(
             ok=False,
-            shape=shape,
+            shape=sums.shape,
             seed=seed,
             vectors=vectors,
             z=z,
             false_alarm=false_alarm,
             bound=0.0,
             worst_ratio=float("inf"),
-            worst=None if first is None else ("row", first // max(shape[1], 1)),
-            nonfinite=nonfinite,
+            worst=None if first is None else ("row", first // max(sums.shape[1], 1)),
+            nonfinite=sums.nonfinite,
             tolerance=tolerance,
         )
-
-    fc = _c_passes()
-    if fc is not None and out.shape == (m, n) and out.size and 1 <= vectors <= fc.MAX_VECTORS:
-        sums_rows, sums_cols = np.empty((vectors + 1, m)), np.empty((vectors + 1, n))
-        nonfinite, first = fc.c_pass(
-            _c_matrix(out),
-            m,
-            n,
-            vectors,
-            np.ascontiguousarray(proj.x.T),
-            np.ascontiguousarray(proj.y),
-            sums_rows,
-            sums_cols,
-            _SPLIT_ELEMS,
-        )
-        if nonfinite:
-            return refused((m, n), nonfinite, first)
-        cx, yc = sums_rows[:vectors].T, sums_cols[:vectors]  # C·x, yᵀ·C
-        c_row_ssq, c_col_ssq = sums_rows[vectors], sums_cols[vectors]
-    else:
-        out64 = np.asarray(out, dtype=np.float64)
-        finite = np.isfinite(out64)
-        nonfinite = int(out64.size - np.count_nonzero(finite))
-        if out64.shape != (m, n) or nonfinite:
-            shape = (int(out64.shape[0]), int(out64.shape[1])) if out64.ndim == 2 else (0, 0)
-            return refused(shape, nonfinite, int(np.flatnonzero(~finite)[0]) if nonfinite else None)
-        cx, yc, c_row_ssq, c_col_ssq = _quick_numpy(out64, proj)
-    res_rows = cx - proj.abx  # (C - AB)·x, m×v
-    res_cols = yc - proj.yab  # yᵀ(C - AB), v×n
+    res_rows = sums.cx - proj.abx  # (C - AB)·x, m×v
+    res_cols = sums.yc - proj.yab  # yᵀ(C - AB), v×n
     h = PRINT_HALF_UNIT
     if tol is None:
         # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
@@ -657,8 +702,8 @@ def quick_against(
     yn = float(np.max(np.linalg.norm(proj.y, axis=0)))
     a_row_ssq, b_col_ssq = proj.a_row_ssq, proj.b_col_ssq
     norm_a, norm_b = math.sqrt(float(a_row_ssq.sum())), math.sqrt(float(b_col_ssq.sum()))
-    round_rows = gamma * xn * (np.sqrt(c_row_ssq) + np.sqrt(a_row_ssq) * norm_b)
-    round_cols = gamma * yn * (np.sqrt(c_col_ssq) + norm_a * np.sqrt(b_col_ssq))
+    round_rows = gamma * xn * (np.sqrt(sums.row_ssq) + np.sqrt(a_row_ssq) * norm_b)
+    round_cols = gamma * yn * (np.sqrt(sums.col_ssq) + norm_a * np.sqrt(b_col_ssq))
     bound_rows = z * np.sqrt(var_rows) + round_rows
     bound_cols = z * np.sqrt(var_cols) + round_cols
     ratio_rows = np.max(np.abs(res_rows), axis=1) / bound_rows
@@ -683,10 +728,11 @@ def quick_against(
     )
 
 
-def _quick_numpy(out64: np.ndarray, proj: Projections) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`quick_against`'s pass over the output in numpy: C·x, yᵀ·C, and the sums of squares of C's rows and
-    columns."""
-    x, y = proj.x, proj.y
+def _quick_numpy(
+    out64: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`output_sums`' pass over rows of the output in numpy (``y``: those rows' part): C·x, yᵀ·C,
+    and the sums of squares of C's rows and columns."""
 
     def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
         return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))

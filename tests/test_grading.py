@@ -391,10 +391,11 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
 
 @pytest.mark.parametrize("block", [1, 7 * 25, 1 << 20])  # elements: a row, 7 rows, the whole output at a time
 @pytest.mark.parametrize("tol", [None, 0.05])
-def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch, block, tol):
-    """The product made a block of rows at a time: every outcome (right, a few values wrong, wrong
-    everywhere so that S is made in full, faults anywhere in the output) as one product of the
-    whole gives it."""
+@pytest.mark.parametrize("quick", [False, True])
+def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch, block, tol, quick):
+    """The product made a block of rows at a time, or --quick's output sums: every outcome (right, a
+    few values wrong, wrong everywhere so that S is made in full, faults anywhere in the output) as
+    one block of the whole gives it."""
     out, src = _pair(tmp_path, 30, 20, 25)
     text = out.read_bytes()
     vals = textformat.parse_output(text)
@@ -414,7 +415,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            r = grading.check_file(out, src, Options(tol=tol)).results[0]
+            r = grading.check_file(out, src, Options(tol=tol, quick=quick)).results[0]
             got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
         return got
 
