@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import textcore, textformat, verify
-from .cpus import usable_cores
+from .cpus import block_rows, usable_cores
 from .errors import ExitStatus, InputFormatError, UnreadableError
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
 
-    from .readahead import ReadAhead
+    from .readahead import ReadAhead, Values
 
 # yaml and mmd.record (a folder's refusals), xml, json and mmd.atomic (the reports) are imported
 # where they are used: one output's check does without them and starts sooner (docs/grading.md).
@@ -190,6 +190,11 @@ def _opened(path: Path, ahead: ReadAhead | None) -> Iterator[memoryview]:
                 data.close()
 
 
+def _output_array(values: Values) -> np.ndarray:
+    """An output's values read ahead (:mod:`mmd.readahead`), as an m×n float64 array over its buffer."""
+    return np.frombuffer(values.buffer, np.float64).reshape(values.shape)
+
+
 def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> tuple[np.ndarray, np.ndarray]:
     """A and B of an input: in float64 for the full check (its product reads them so: no
     conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could."""
@@ -280,7 +285,7 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
             if options.against == "expected":
                 return _against_expected(job, options, data, shape, ahead)
             ready = None if ahead is None else ahead.output_values(job.output)
-            rows = None if ready is None else np.frombuffer(ready.buffer, np.float64).reshape(ready.shape)
+            rows = None if ready is None else _output_array(ready)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 return _against_input(job, options, data, shape, _Rows(pool, data, rows), ahead)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
@@ -324,7 +329,7 @@ class _Rows:
         if self.ready is not None:
             blocks: Iterable[tuple[int, np.ndarray]] = [(0, self.ready)]
         else:
-            blocks = textformat.output_blocks(self.data, verify.block_rows(shape[1]))
+            blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
         return self.pool.submit(verify.output_sums, blocks, shape, seed)
 
 
@@ -337,7 +342,7 @@ def _against_expected(
     job: Job, options: Options, data: memoryview, shape: tuple[int, int], ahead: ReadAhead | None
 ) -> Result:
     """The output against an expected output, both read a block of rows at a time
-    (:func:`verify.block_rows`) and compared as they come: neither is held whole.
+    (:func:`mmd.cpus.block_rows`) and compared as they come: neither is held whole.
 
     The output's faults come first, as if it had been read first: before any fault of the
     expected output or of the shapes is reported, the rest of the output is checked
@@ -367,7 +372,11 @@ def _against_expected(
             if tol >= 0 and same is None and textcore.same_bytes(data, expected):
                 textformat.check_output(data)
                 return _values_result(job, shape, verify.same_values(shape, tol))
-            blocks = _paired_blocks(data, expected, job.reference, verify.block_rows(shape[1]))
+            pair = None if ahead is None else ahead.expected_values(job.output, job.reference)
+            if pair is not None:  # both read whole while numpy was imported: one block
+                one = [(0, _output_array(pair[0]), _output_array(pair[1]))]
+                return _values_result(job, shape, verify.against_output_blocks(one, shape, tol))
+            blocks = _paired_blocks(data, expected, job.reference, block_rows(shape[1]))
             return _values_result(job, shape, verify.against_output_blocks(blocks, shape, tol))
     except (UnreadableError, _ExpectedFault) as exc:
         textformat.check_output(data)

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 
 from . import textcore
-from .cpus import usable_cores
+from .cpus import block_rows, usable_cores
 from .errors import MmdError
 
 
@@ -88,11 +88,17 @@ class ReadAhead:
         self._maps: dict[Path, bytes | mmap.mmap] = {}
         self._lock = threading.Lock()
         self._reads: list[_Read] = []
+        self._differ = False  # the pair's bytes differ (set by the read that compares them)
 
     def begin(self) -> None:
         """Start the reads, each on a thread of its own."""
         if self.against != "inputs":
-            self._reads.append(_Read([("same", self._same_output)], self.output, self.reference))
+            steps = [
+                ("same", self._same_output),
+                ("output", lambda: self._values_if_different(self.output)),
+                ("expected", lambda: self._values_if_different(self.reference)),
+            ]
+            self._reads.append(_Read(steps, self.output, self.reference))
         elif usable_cores() >= 2 * textcore.WORKERS:  # cores for both parsers' threads at once
             self._reads.append(_Read([("input", self._input_values)], self.reference))
             self._reads.append(_Read([("output", self._output_values)], self.output))
@@ -150,10 +156,20 @@ class ReadAhead:
             return None
         with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
             if not textcore.same_bytes(data, expected):
+                self._differ = True
                 return False
             m, n, start = textcore.output_header(data)
             fault = fasttext.parse_output_values(data, start, m, n, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
             return True if fault is None else None
+
+    def _values_if_different(self, path: Path) -> Values | None:
+        """An output's values where the pair's bytes differ and the check would read each output
+        whole anyway (:func:`mmd.cpus.block_rows`: all its rows at once), else None."""
+        if not self._differ:
+            return None
+        with memoryview(self._map(path)) as data:
+            m, n, _ = textcore.output_header(data)
+            return self._output_from(data) if block_rows(n) >= m else None
 
     def _wait(self, key: str) -> _Result:
         for read in self._reads:
@@ -187,6 +203,14 @@ class ReadAhead:
         got = self._wait("same")
         return got if isinstance(got, bool) else None
 
+    def expected_values(self, output: Path, expected: Path) -> tuple[Values, Values] | None:
+        """Where ``output`` and ``expected`` are the pair read ahead, their bytes differ, and both were
+        read whole and well formed: the two outputs' values."""
+        if (output, expected) != (self.output, self.reference):
+            return None
+        got = self._wait("output"), self._wait("expected")
+        return (got[0], got[1]) if isinstance(got[0], Values) and isinstance(got[1], Values) else None
+
     def __enter__(self) -> ReadAhead:
         return self
 
@@ -218,7 +242,8 @@ def start(output: Path, reference: Path, against: str, wide: bool) -> ReadAhead:
     """Start reading what checking ``output`` against ``reference`` will need: against an input
     (``against`` "inputs"), the output's values and the input's (float64 where ``wide``, the full
     check's; float32 for --quick), each on its own thread; against an expected output, whether the
-    two have the same bytes, and then whether the output is well formed."""
+    two have the same bytes, then whether the output is well formed where they do, or else both
+    outputs' values where the check would read them whole."""
     ahead = ReadAhead(output, reference, against, wide)
     ahead.begin()
     return ahead

@@ -33,7 +33,7 @@ from typing import TypeVar
 import numpy as np
 
 from . import textformat
-from .cpus import usable_cores
+from .cpus import block_rows
 
 _fastcheck: ModuleType | None
 try:
@@ -61,12 +61,6 @@ _BLOCK_ELEMS = 1 << 20
 _CHUNK_ELEMS = 1 << 15
 #: Elements from which mmd._fastcheck's passes split their rows over two threads.
 _SPLIT_ELEMS = 1 << 16
-#: Elements of A·B the full check makes at a time on the CPU (a block of rows), 2^20 per usable core:
-#: 512 rows of a 4096 product on 2 cores, all of it on 16: on the GPU machine's 16 cores, blocks of
-#: 512 rows made mmd check OUT --input IN at 4096 take 0.95 s against 0.83 s whole
-#: (benchmarks/bench_check.py, side by side; likely the BLAS packing B again for every block, a cost
-#: that more cores do not shrink as they shrink the multiply-adds). See :meth:`Product.blocks`.
-_REF_BLOCK_ELEMS = (1 << 20) * usable_cores()
 
 
 def _c_passes() -> ModuleType | None:
@@ -204,7 +198,7 @@ class Product:
     def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         """(r0, rows r0.. of A·B) for consecutive blocks of rows, in order.
 
-        Made here, every block lands in one buffer of :data:`_REF_BLOCK_ELEMS` elements (used again
+        Made here, every block lands in one buffer of :data:`mmd.cpus.BLOCK_ELEMS` elements (used again
         for the next block): the product never exists whole, so its m×n float64 array's fresh pages
         are never paid for, and each block is checked right after it is made. On the 2-core VM the
         product and rule of a 4096 check took 1.75 s in blocks of 512 rows against 1.83 s whole
@@ -220,12 +214,6 @@ class Product:
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             yield r0, np.matmul(self.a64[r0:r1], self.b64, out=buf[: r1 - r0])
-
-
-def block_rows(n: int) -> int:
-    """Rows of an n-column matrix that the checks take at a time (:data:`_REF_BLOCK_ELEMS` elements):
-    the product's blocks, and the outputs' that mmd.grading reads beside them."""
-    return max(1, _REF_BLOCK_ELEMS // max(n, 1))
 
 
 def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:

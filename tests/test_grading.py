@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import grading, textcore, textformat, verify
+from mmd import cpus, grading, textcore, textformat
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
@@ -350,7 +350,7 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
     """Outputs compared a block of rows at a time: every outcome (values, the output's faults
     before the expected output's wherever each lies, faults past the last row) as one read would
     give it."""
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", block)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", block)
     out, _ = _pair(tmp_path, 30, 20, 25)
     text = out.read_bytes()
     vals = textformat.parse_output(text)
@@ -372,7 +372,7 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
         b.write_bytes(theirs)
         r = grading.check_file(a, b, Options(against="expected")).results[0]
         got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", 1 << 40)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", 1 << 40)
     for name, (mine, theirs) in cases.items():
         a, b = tmp_path / "a.out", tmp_path / "b.out"
         a.write_bytes(mine)
@@ -411,7 +411,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
     }
 
     def outcomes(elems: int) -> dict[str, dict[str, object]]:
-        monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", elems)
+        monkeypatch.setattr(cpus, "BLOCK_ELEMS", elems)
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)

@@ -10,12 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import grading, readahead, textcore, textformat
+from mmd import cpus, grading, readahead, textcore, textformat
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Options, Result, Status
 
 pytestmark = pytest.mark.skipif(not textcore.FASTTEXT_ON, reason="mmd._fasttext is not built or switched off")
+
+
+def _in_body(text: bytes, old: bytes, new: bytes, skip: int = 0) -> bytes:
+    """``text`` with the first ``old`` past its header line (and ``skip`` more bytes) made ``new``."""
+    at = text.index(old, text.index(b"\n") + 1 + skip)
+    return text[:at] + new + text[at + len(old) :]
 
 
 def _files(tmp_path: Path, m: int = 40, k: int = 30, n: int = 50) -> dict[str, Path]:
@@ -26,7 +32,7 @@ def _files(tmp_path: Path, m: int = 40, k: int = 30, n: int = 50) -> dict[str, P
         "in": b"".join(input_chunks(a, b, square=False)),
         "in_bad": b"3\n1 2\n",
         "in_other": b"".join(input_chunks(a[:, :4], b[:4, :7], square=False)),
-        "in_nan": b"".join(input_chunks(a, b, square=False)).replace(b" ", b" nan ", 1),
+        "in_nan": _in_body(b"".join(input_chunks(a, b, square=False)), b" ", b" nan "),
         "out": textformat.emit(a @ b),
     }
     text = files["out"]
@@ -34,7 +40,9 @@ def _files(tmp_path: Path, m: int = 40, k: int = 30, n: int = 50) -> dict[str, P
     wrong = (a @ b).astype(np.float32)
     wrong[4, 0] = 999.99
     files["out_wrong"] = textformat.emit(wrong)
-    files["out_format"] = text.replace(b"\n", b"\r\n", 2)  # line 2 ends in CR LF
+    files["out_format"] = text.replace(b"\n", b"\r\n", 1)  # line 1 ends in CR LF
+    files["out_body"] = _in_body(text, b".", b",", 40)  # a field of row 1 in another format
+    files["out_tail"] = text + b"  1.00\n"  # bytes after the last row
     files["out_short"] = text[: text.index(b"\n") + 1] + lines[1] + b"\n"  # a header that promises more rows
     files["out_header"] = b"x\n" + text
     files["out_copy"] = text
@@ -58,6 +66,13 @@ CASES = [
     ("out_wrong", "in", Options(quick=True), MISMATCH),
     ("out_format", "in", Options(), FORMAT),
     ("out_format", "in_bad", Options(quick=True), FORMAT),
+    ("out_body", "in", Options(), FORMAT),
+    ("out_body", "in", Options(quick=True), FORMAT),
+    ("out_tail", "in", Options(), FORMAT),
+    ("out", "out_body", EXPECTED, ERROR),
+    ("out_body", "out", EXPECTED, FORMAT),
+    ("out_tail", "out", EXPECTED, FORMAT),
+    ("out", "out_tail", EXPECTED, ERROR),
     ("out_short", "in", Options(), FORMAT),
     ("out_header", "in", Options(), FORMAT),
     ("out", "in_bad", Options(), ERROR),
@@ -83,11 +98,16 @@ def _ahead(out: Path, ref: Path, options: Options) -> readahead.ReadAhead:
     return readahead.start(out, ref, options.against, wide=not options.quick)
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["whole", "rows"])
 @pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
 @pytest.mark.parametrize(("out", "ref", "options", "status"), CASES)
-def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, options, status, mapped):
+def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, options, status, mapped, blocks):
+    """Every case with the files read or mapped, and with the checks' blocks whole or a row each (then
+    two outputs that differ are not read ahead, as the check would not hold them whole)."""
     if mapped:
         monkeypatch.setattr(textcore, "MAP_BYTES", 1)
+    if blocks:
+        monkeypatch.setattr(cpus, "BLOCK_ELEMS", 1)
     paths = _files(tmp_path)
     paths["missing"] = tmp_path / "missing.txt"
     output, reference = paths[out], paths[ref]
@@ -133,6 +153,10 @@ def test_a_check_uses_what_was_read_ahead(tmp_path, monkeypatch):
     with _ahead(paths["out"], paths["out_copy"], options) as ahead:
         r = grading.check_file(paths["out"], paths["out_copy"], options, ahead).results[0]
     assert (r.status, r.max_error) == (Status.OK, 0.0)
+    with _ahead(paths["out"], paths["out_near"], options) as ahead:  # both read whole, values and all
+        assert ahead.expected_values(paths["out"], paths["out_near"]) is not None
+        r = grading.check_file(paths["out"], paths["out_near"], options, ahead).results[0]
+    assert r.status is Status.OK and 0 < r.max_error <= 0.02
 
 
 class _Failing:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmd import cpus, verify
 from mmd import textformat as tf
-from mmd import verify
 from mmd.generate import random_matrix
 
 
@@ -73,7 +73,7 @@ def same_report(got: verify.CheckReport, want: verify.CheckReport, rtol: float =
 def test_full_check_same_as_the_old_rule(m, k, n, seed, factors, ref_block):
     """Whatever blocks of rows the product comes in (``ref_block`` elements: one row, a few, all)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+        mp.setattr(cpus, "BLOCK_ELEMS", ref_block)
         _full_check_same_as_the_old_rule(m, k, n, seed, factors)
 
 
@@ -94,7 +94,7 @@ def _full_check_same_as_the_old_rule(m, k, n, seed, factors):
 def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
     """The product's blocks of rows, in order, cover A·B once and are within float64's GEMM error
     bound (k·u·|A|·|B|) of one GEMM of the whole; a given product is handed out as it is."""
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
     rng = np.random.default_rng(m + k + n)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     whole = a.astype(np.float64) @ b.astype(np.float64)
@@ -119,7 +119,7 @@ def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
 )
 @pytest.mark.parametrize("ref_block", [1, 7 * 80 + 3, 1 << 20])  # the product a row, 7 rows, all at a time
 def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
     if plant == "scattered, dots":
         monkeypatch.setattr(verify, "_SMALL_GEMM", 0)
     rng = np.random.default_rng(3)
@@ -309,7 +309,7 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
 @pytest.mark.parametrize("seed", range(6))
 def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monkeypatch):
     # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     rng = np.random.default_rng(seed)
     ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
@@ -331,7 +331,7 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monke
 def test_chunked_passes_report_as_one_pass(block, chunk, ref_block, seed, monkeypatch):
     """The elementwise passes, in blocks of the product, blocks for threads and chunks within them,
     report as whole-matrix code."""
-    monkeypatch.setattr(verify, "_REF_BLOCK_ELEMS", ref_block)
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
     rng = np.random.default_rng(seed)
