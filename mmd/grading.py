@@ -199,7 +199,7 @@ def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> tupl
     """A and B of an input: in float64 for the full check (its product reads them so: no
     conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could."""
     got = None if ahead is None else ahead.input_values(path, wide=not options.quick)
-    if got is not None:
+    if got is not None:  # as arrays over the buffer the reads filled
         m, k, n = got.shape
         vals = np.frombuffer(got.buffer, np.float64 if got.wide else np.float32)
         return vals[: m * k].reshape(m, k), vals[m * k :].reshape(k, n)
@@ -366,12 +366,14 @@ def _against_expected(
                 except InputFormatError as exc:
                     return _result(job, Status.ERROR, shape=shape, reason=_expected_reason(job.reference, exc))
                 return _shape_mismatch(job, shape, want)
-            same = None if ahead is None else ahead.same_output(job.output, job.reference)
-            if tol >= 0 and same is True:  # and the output was checked while it was read ahead
-                return _values_result(job, shape, verify.same_values(shape, tol))
-            if tol >= 0 and same is None and textcore.same_bytes(data, expected):
-                textformat.check_output(data)
-                return _values_result(job, shape, verify.same_values(shape, tol))
+            if tol >= 0:
+                # read ahead, the bytes were compared and (where the same) the output checked
+                same = None if ahead is None else ahead.same_output(job.output, job.reference)
+                if same is None and textcore.same_bytes(data, expected):
+                    textformat.check_output(data)
+                    same = True
+                if same:
+                    return _values_result(job, shape, verify.same_values(shape, tol))
             pair = None if ahead is None else ahead.expected_values(job.output, job.reference)
             if pair is not None:  # both read whole while numpy was imported: one block
                 one = [(0, _output_array(pair[0]), _output_array(pair[1]))]
@@ -390,9 +392,9 @@ def _against_input(
 
     The input is parsed first, alone (the product needs all of it), then the output's rows: a block
     at a time into --quick's sums beside its projections; whole beside a product another device
-    makes (``options.gemm``); numpy's
-    product is made a block of rows at a time as the check reads the output's values
-    (:meth:`verify.Product.blocks`), so there the output is read first, on every core. (Read a
+    makes (``options.gemm``). Numpy's product is made a block of rows at a time as the check reads
+    the output's values (:meth:`verify.Product.blocks`), so there the output is read first, on
+    every core. (Read a
     block at a time between the product's blocks, it took 0.2-0.4 s longer at 4096 on 2 cores:
     OpenBLAS's second thread spins for a while after each product block, and the parser's
     threads then share the cores with it.) The output's faults come first, as if it had been read

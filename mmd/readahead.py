@@ -59,24 +59,26 @@ _Result = Values | bool | None
 
 
 class _Read:
-    """Reads of ``paths`` one after another on a thread of their own, each a (key, function) step;
-    :meth:`result` waits for them (None: that step did not succeed)."""
+    """Reads of ``paths`` one after another on a thread of their own, each a (key, function) step whose
+    result lands in ``results`` under its key (none: the step did not succeed); :meth:`join` waits
+    for them."""
 
-    def __init__(self, steps: Sequence[tuple[str, Callable[[], _Result]]], *paths: Path) -> None:
+    def __init__(
+        self, steps: Sequence[tuple[str, Callable[[], _Result]]], results: dict[str, _Result], *paths: Path
+    ) -> None:
         self.keys, self.paths = [key for key, _ in steps], paths
-        self._results: dict[str, _Result] = {}
-        self._thread = threading.Thread(target=self._run, args=(steps,), name="mmd-readahead", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(steps, results), name="mmd-readahead", daemon=True)
         self._thread.start()
 
-    def _run(self, steps: Sequence[tuple[str, Callable[[], _Result]]]) -> None:
+    @staticmethod
+    def _run(steps: Sequence[tuple[str, Callable[[], _Result]]], results: dict[str, _Result]) -> None:
         for key, fn in steps:
             # anything that goes wrong here is grading's to find and word again: never raised from here
             with contextlib.suppress(MmdError, OSError, ValueError, MemoryError, BufferError):
-                self._results[key] = fn()
+                results[key] = fn()
 
-    def result(self, key: str) -> _Result:
+    def join(self) -> None:
         self._thread.join()
-        return self._results.get(key)
 
 
 class ReadAhead:
@@ -88,7 +90,7 @@ class ReadAhead:
         self._maps: dict[Path, bytes | mmap.mmap] = {}
         self._lock = threading.Lock()
         self._reads: list[_Read] = []
-        self._differ = False  # the pair's bytes differ (set by the read that compares them)
+        self._results: dict[str, _Result] = {}  # each step's, by key, as the reads finish them
 
     def begin(self) -> None:
         """Start the reads, each on a thread of its own."""
@@ -98,13 +100,13 @@ class ReadAhead:
                 ("output", lambda: self._values_if_different(self.output)),
                 ("expected", lambda: self._values_if_different(self.reference)),
             ]
-            self._reads.append(_Read(steps, self.output, self.reference))
+            self._reads.append(_Read(steps, self._results, self.output, self.reference))
         elif usable_cores() >= 2 * textcore.WORKERS:  # cores for both parsers' threads at once
-            self._reads.append(_Read([("input", self._input_values)], self.reference))
-            self._reads.append(_Read([("output", self._output_values)], self.output))
+            self._reads.append(_Read([("input", self._input_values)], self._results, self.reference))
+            self._reads.append(_Read([("output", self._output_values)], self._results, self.output))
         else:  # the input first, as grading needs them
             steps = [("input", self._input_values), ("output", self._output_values)]
-            self._reads.append(_Read(steps, self.reference, self.output))
+            self._reads.append(_Read(steps, self._results, self.reference, self.output))
 
     def _map(self, path: Path) -> bytes | mmap.mmap:
         with self._lock:
@@ -122,29 +124,22 @@ class ReadAhead:
         if fasttext is None or not textcore.output_plausible(len(data), start, m, n):
             return None
         buf = _buffer(8 * m * n)
-        view = memoryview(buf).cast("d")
-        try:
+        with memoryview(buf).cast("d") as view:
             fault = fasttext.parse_output_values(data, start, m, n, view, textcore.C_MIN_SPLIT, textcore.WORKERS)
-        finally:
-            view.release()
         return Values(buf, (m, n), True) if fault is None else None
 
     def _input_values(self) -> Values | None:
-        with memoryview(self._map(self.reference)) as data:
-            return self._input_from(data)
-
-    def _input_from(self, data: memoryview) -> Values | None:
-        h = textcore.parse_header(data)
-        count = h.m * h.k + h.k * h.n
         fasttext = textcore.fasttext
-        if fasttext is None or not textcore.input_plausible(len(data), h.body_offset, count):
-            return None
-        buf = _buffer((8 if self.wide else 4) * count)
-        view = memoryview(buf).cast("d" if self.wide else "f")
-        try:
-            status, _ = fasttext.parse_values(data, h.body_offset, view, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
-        finally:
-            view.release()
+        with memoryview(self._map(self.reference)) as data:
+            h = textcore.parse_header(data)
+            count = h.m * h.k + h.k * h.n
+            if fasttext is None or not textcore.input_plausible(len(data), h.body_offset, count):
+                return None
+            buf = _buffer((8 if self.wide else 4) * count)
+            with memoryview(buf).cast("d" if self.wide else "f") as view:
+                status, _ = fasttext.parse_values(
+                    data, h.body_offset, view, None, textcore.C_MIN_SPLIT, textcore.WORKERS
+                )
         return Values(buf, (h.m, h.k, h.n), self.wide) if status == 0 else None
 
     def _same_output(self) -> bool | None:
@@ -156,7 +151,6 @@ class ReadAhead:
             return None
         with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
             if not textcore.same_bytes(data, expected):
-                self._differ = True
                 return False
             m, n, start = textcore.output_header(data)
             fault = fasttext.parse_output_values(data, start, m, n, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
@@ -165,7 +159,7 @@ class ReadAhead:
     def _values_if_different(self, path: Path) -> Values | None:
         """An output's values where the pair's bytes differ and the check would read each output
         whole anyway (:func:`mmd.cpus.block_rows`: all its rows at once), else None."""
-        if not self._differ:
+        if self._results.get("same") is not False:  # the step before this one, on this thread
             return None
         with memoryview(self._map(path)) as data:
             m, n, _ = textcore.output_header(data)
@@ -174,14 +168,14 @@ class ReadAhead:
     def _wait(self, key: str) -> _Result:
         for read in self._reads:
             if key in read.keys:
-                return read.result(key)
-        return None
+                read.join()
+        return self._results.get(key)
 
     def mapped(self, path: Path) -> bytes | mmap.mmap | None:
         """The bytes of ``path`` as the reads mapped them (None: not mapped here), once the reads of it are done."""
         for read in self._reads:
             if path in read.paths:
-                read.result(read.keys[0])
+                read.join()
         with self._lock:
             return self._maps.get(path)
 
@@ -222,7 +216,7 @@ class ReadAhead:
     def close(self) -> None:
         """Wait for the reads, then unmap the files (an array over a mapping still in use keeps it)."""
         for read in self._reads:
-            read.result(read.keys[0])
+            read.join()
         for data in self._maps.values():
             if isinstance(data, mmap.mmap):
                 with contextlib.suppress(BufferError):

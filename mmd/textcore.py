@@ -215,4 +215,6 @@ def same_bytes(x: memoryview, y: memoryview) -> bool:
         return False
     if fasttext is not None:
         return fasttext.same_bytes(x, y)
-    return all(x[i : i + COMPARE_BYTES] == y[i : i + COMPARE_BYTES] for i in range(0, len(x), COMPARE_BYTES))
+    # as bytes, a block at a time: memoryviews compare item by item (0.5 s for two 4096 outputs, 0.2 s so)
+    step = COMPARE_BYTES
+    return all(x[i : i + step].tobytes() == y[i : i + step].tobytes() for i in range(0, len(x), step))

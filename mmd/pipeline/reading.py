@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import textcore, textformat
+from .. import textcore
 from ..atomic import StreamHash
 from ..config import Settings, physical_memory_bytes
 from ..errors import InputFormatError, LimitError
-from ..textformat import Header
+from ..textcore import Header
 
 #: Bytes of working memory a job needs per element of C beyond the float32
 #: matrices: the output text (``%6.2f`` and a little) while it is emitted.
@@ -122,7 +122,7 @@ def read_header(path: Path, limits: Limits) -> tuple[Header, int]:
         head = os.pread(fd, textcore.HEADER_WINDOW + len(textcore.BOM), 0)
     finally:
         os.close(fd)
-    return textformat.parse_header(head, size=size), size
+    return textcore.parse_header(head, size=size), size
 
 
 def read_input(
