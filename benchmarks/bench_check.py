@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print(
         f"machine: {os.cpu_count()} cores (nproc {len(os.sched_getaffinity(0))}), {cpu}, "
         f"Python {platform.python_version()}, numpy {np.__version__}, "
-        f"C accelerator {'on' if textformat.USE_FASTTEXT else 'off'}"
+        f"C accelerator {'on' if textcore.USE_FASTTEXT else 'off'}"
     )
     print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
     width = max(len(c.name) for c in cases)

@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mmd import textcore  # noqa: E402
 from mmd import textformat as tf  # noqa: E402
 
 
@@ -55,9 +56,9 @@ def timed(fn, repeat: int) -> float:
 CHILD = r"""
 import io, resource, sys, numpy as np
 sys.path.insert(0, {root!r})
-from mmd import textformat as tf
+from mmd import textcore, textformat as tf
 case, path = sys.argv[1], sys.argv[2]
-tf.USE_FASTTEXT = case.endswith(' (C)')
+textcore.USE_FASTTEXT = case.endswith(' (C)')
 case = case.replace(' (C)', '')
 data = open(path, 'rb').read()
 c = np.load(path + '.npy') if case in ('emit', 'savetxt') else None
@@ -118,16 +119,16 @@ def main() -> None:
             t_save = timed(lambda c=c: np.savetxt(io.BytesIO(), c, fmt="%6.2f", delimiter=""), args.repeat)
             fast = tf._fasttext is not None
             try:
-                tf.USE_FASTTEXT = False
+                textcore.USE_FASTTEXT = False
                 t_parse = timed(lambda data=data: tf.parse(data), args.repeat)
                 t_emit = timed(lambda c=c: tf.emit(c), args.repeat)
                 if fast:
-                    tf.USE_FASTTEXT = True
+                    textcore.USE_FASTTEXT = True
                     assert tf.emit(c) == out
                     t_parse_c = timed(lambda data=data: tf.parse(data), args.repeat)
                     t_emit_c = timed(lambda c=c: tf.emit(c), args.repeat)
             finally:
-                tf.USE_FASTTEXT = fast
+                textcore.USE_FASTTEXT = fast
             rss = {}
             if args.rss:
                 path = Path(tmp) / f"in{n}.txt"

@@ -578,8 +578,10 @@ rowhalf_main(void *arg)
  * the column accumulators (acc_rows rows of cols) made, in copies whose rows
  * are padded apart: rows of 4096 doubles lie 32 KiB apart, all in the same
  * L1 sets, and a dozen such streams per element would evict each other.
- * acc gets the accumulators of both halves: the first sum_rows rows summed,
- * the rest max-merged. Returns -1 on out of memory (nothing is valid then).
+ * The accumulators of both halves are added to acc (its first sum_rows rows)
+ * or max-merged into it (the rest), so a matrix given a block of rows at a
+ * time accumulates in one acc, which the caller zeroes first (the maxima are
+ * of absolute values). Returns -1 on out of memory (nothing is valid then).
  */
 static int
 run_rows(row_kernel fn, rowjob_t *job, const double *p, Py_ssize_t p_rows, double *acc, Py_ssize_t acc_rows,
@@ -614,14 +616,12 @@ run_rows(row_kernel fn, rowjob_t *job, const double *p, Py_ssize_t p_rows, doubl
     for (Py_ssize_t t = 0; t < acc_rows; t++) {
         double *dst = acc + t * cols;
         const double *s0 = a0 + t * stride, *s1 = split ? a1 + t * stride : NULL;
-        if (s1 == NULL)
-            memcpy(dst, s0, (size_t)cols * sizeof(double));
-        else if (t < sum_rows)
+        if (t < sum_rows)
             for (Py_ssize_t j = 0; j < cols; j++)
-                dst[j] = s0[j] + s1[j];
+                dst[j] += s1 == NULL ? s0[j] : s0[j] + s1[j];
         else
             for (Py_ssize_t j = 0; j < cols; j++)
-                dst[j] = max_nan(s0[j], s1[j]);
+                dst[j] = max_nan(dst[j], s1 == NULL ? s0[j] : max_nan(s0[j], s1[j]));
     }
     job->nonfinite = h0.job.nonfinite;
     job->first_nonfinite = h0.job.first_nonfinite;
@@ -695,7 +695,9 @@ release_all(Py_buffer *views, int count)
  * The four row passes share one calling convention,
  *   name(mat, rows, cols, v, P, W, rowsT, acc, min_split=1<<16)
  * where P, W and rowsT are None for a pass that has none; the sizes each
- * needs follow from rows, cols and v.
+ * needs follow from rows, cols and v. rowsT is written; acc is added to
+ * (maxima: merged), so it must start at zeros, and a matrix passed a block
+ * of rows at a time sums in one acc.
  */
 enum { PASS_B_ROWS, PASS_A_ROWS, PASS_B_COLS, PASS_C, PASS_SUMSQ };
 

@@ -70,7 +70,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 import yaml
 
-from . import __version__, textformat, verify
+from . import __version__, textformat, tolerance, verify
 from . import kernels as registry
 from .atomic import write_atomic
 from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
@@ -973,7 +973,7 @@ class _Runner:
                 report = check_product(
                     printed,
                     inputs.ref,
-                    verify.PRINT_HALF_UNIT + inputs.allowed_for(precision),
+                    tolerance.PRINT_HALF_UNIT + inputs.allowed_for(precision),
                     "0.005 + " + verify.TOLERANCES[precision],
                 )
                 if not report.ok:

@@ -29,21 +29,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
-
-from . import textcore, textformat, verify
+from . import freivalds, textcore
 from .cpus import block_rows, usable_cores
 from .errors import ExitStatus, InputFormatError, UnreadableError
+from .textcore import Values
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
 
-    from .readahead import ReadAhead, Values
+    import numpy as np
 
-# yaml and mmd.record (a folder's refusals), xml, json and mmd.atomic (the reports) are imported
-# where they are used: one output's check does without them and starts sooner (docs/grading.md).
+    from . import verify
+    from .readahead import ReadAhead
+
+# numpy and the modules built on it (mmd.textformat, mmd.verify) are imported where a check needs
+# them: --quick by the C accelerators does without, and one output's quick check then starts without
+# numpy's 0.2-0.5 s (docs/grading.md). So are yaml and mmd.record (a folder's refusals), and xml,
+# json and mmd.atomic (the reports).
 
 INPUT_SUFFIX = ".txt"
 OUTPUT_SUFFIX = ".out"
@@ -191,24 +195,61 @@ def _opened(path: Path, ahead: ReadAhead | None) -> Iterator[memoryview]:
 
 
 def _output_array(values: Values) -> np.ndarray:
-    """An output's values read ahead (:mod:`mmd.readahead`), as an m×n float64 array over its buffer."""
+    """An output's values read by the C parser (:func:`mmd.textcore.output_values`), as an m×n
+    float64 array over their buffer."""
+    import numpy as np
+
     return np.frombuffer(values.buffer, np.float64).reshape(values.shape)
 
 
-def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class _Input:
+    """An input's A (m×k) and B (k×n): flat views of their values in C order, float64 where ``wide``,
+    else float32."""
+
+    a: memoryview[float]
+    b: memoryview[float]
+    shape: tuple[int, int, int]
+    wide: bool
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """A and B as arrays over the buffers."""
+        import numpy as np
+
+        m, k, n = self.shape
+        dtype = np.float64 if self.wide else np.float32
+        return np.frombuffer(self.a.cast("B"), dtype).reshape(m, k), np.frombuffer(self.b.cast("B"), dtype).reshape(
+            k, n
+        )
+
+
+def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> _Input:
     """A and B of an input: in float64 for the full check (its product reads them so: no
-    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could."""
-    got = None if ahead is None else ahead.input_values(path, wide=not options.quick)
-    if got is not None:  # as arrays over the buffer the reads filled
-        m, k, n = got.shape
-        vals = np.frombuffer(got.buffer, np.float64 if got.wide else np.float32)
-        return vals[: m * k].reshape(m, k), vals[m * k :].reshape(k, n)
-    with _opened(path, ahead) as data:
-        try:
-            mats = textformat.parse(data, dtype=np.float32 if options.quick else np.float64)
-        except InputFormatError as exc:
-            raise UnreadableError(f"input {path}: {exc.reason}") from None
-        return mats.a, mats.b
+    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could,
+    else by the C parser (no numpy), else by mmd.textformat, which words a fault."""
+    wide = not options.quick
+    got = None if ahead is None else ahead.input_values(path, wide)
+    if got is None:
+        with _opened(path, ahead) as data:
+            with contextlib.suppress(InputFormatError):  # worded below
+                got = textcore.input_values(data, wide)
+            if got is None:
+                import numpy as np
+
+                from . import textformat
+
+                try:
+                    mats = textformat.parse(data, dtype=np.float64 if wide else np.float32)
+                except InputFormatError as exc:
+                    raise UnreadableError(f"input {path}: {exc.reason}") from None
+                a, b = np.ascontiguousarray(mats.a), np.ascontiguousarray(mats.b)
+                flat_a, flat_b = a.data.cast("B"), b.data.cast("B")
+                if wide:
+                    return _Input(flat_a.cast("d"), flat_b.cast("d"), (*a.shape, b.shape[1]), wide)
+                return _Input(flat_a.cast("f"), flat_b.cast("f"), (*a.shape, b.shape[1]), wide)
+    m, k, n = got.shape
+    flat = got.view()
+    return _Input(flat[: m * k], flat[m * k :], (m, k, n), wide)
 
 
 def _expected_reason(path: Path, exc: InputFormatError) -> str:
@@ -228,6 +269,8 @@ def _paired_blocks(
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(first row, output rows, expected rows), ``rows`` at a time; an expected output's fault is
     raised as :class:`_ExpectedFault` (the output's as its InputFormatError), each once reached."""
+    from . import textformat
+
     theirs = textformat.output_blocks(expected, rows)
 
     def next_expected() -> tuple[int, np.ndarray] | None:
@@ -281,13 +324,13 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
         return _result(job, Status.MISSING, reason="no output and no error sidecar")
     try:
         with _opened(job.output, ahead) as data:
-            shape = textformat.output_shape(data)  # a bad header fails now, the reference unread
+            m, n, _ = textcore.output_header(data)  # a bad header fails now, the reference unread
+            shape = (m, n)
             if options.against == "expected":
                 return _against_expected(job, options, data, shape, ahead)
             ready = None if ahead is None else ahead.output_values(job.output)
-            rows = None if ready is None else _output_array(ready)
             with ThreadPoolExecutor(max_workers=1) as pool:
-                return _against_input(job, options, data, shape, _Rows(pool, data, rows), ahead)
+                return _against_input(job, options, data, shape, _Rows(pool, data, ready), ahead)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
         return _result(job, Status.ERROR, reason=exc.reason)
     except InputFormatError as exc:
@@ -299,18 +342,20 @@ class _Rows:
     """The output's rows, read on a second thread once :meth:`start` is called (the C parser releases the
     GIL), unless they are ``ready`` (read ahead)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, data: memoryview, ready: np.ndarray | None = None) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, data: memoryview, ready: Values | None = None) -> None:
         self.pool, self.data, self.ready = pool, data, ready
         self.future: Future[np.ndarray] | None = None
 
     def start(self) -> None:
         if self.future is None and self.ready is None:
+            from . import textformat
+
             self.future = self.pool.submit(textformat.parse_output, self.data)
 
     def result(self) -> np.ndarray:
         """The values; raises the output's InputFormatError."""
         if self.ready is not None:
-            return self.ready
+            return _output_array(self.ready)
         self.start()
         assert self.future is not None
         return self.future.result()
@@ -320,17 +365,37 @@ class _Rows:
         if self.future is not None:
             self.future.result()
         elif self.ready is None:
+            from . import textformat
+
             textformat.check_output(self.data)
 
-    def sums(self, shape: tuple[int, int], seed: int) -> Future[verify.OutputSums]:
-        """--quick's sums of the output (:func:`verify.output_sums`), made on the second thread as its
-        rows are read a block of rows at a time: the output is never held whole (its 134 MB of fresh
-        pages at 4096 cost the 2-core VM 0.3-0.9 s of system time in four runs of six, side by side)."""
+    def _fault(self) -> NoReturn:
+        self.check()
+        raise AssertionError("an output a block refused passed whole")  # pragma: no cover
+
+    def sums(self, shape: tuple[int, int], seed: int) -> Future[freivalds.OutputSums]:
+        """--quick's sums of the output, made on the second thread as its rows are read a block of rows
+        at a time: the output is never held whole (its 134 MB of fresh pages at 4096 cost the 2-core
+        VM 0.3-0.9 s of system time in four runs of six, side by side). By the C parser and passes
+        where they are on (no numpy), else by :func:`mmd.verify.output_sums`."""
+        if freivalds.c_usable(freivalds.VECTORS) and textcore.c_text() is not None:
+            return self.pool.submit(self._c_sums, shape, seed)
+        from . import textformat, verify
+
         if self.ready is not None:
-            blocks: Iterable[tuple[int, np.ndarray]] = [(0, self.ready)]
+            blocks: Iterable[tuple[int, np.ndarray]] = [(0, _output_array(self.ready))]
         else:
             blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
         return self.pool.submit(verify.output_sums, blocks, shape, seed)
+
+    def _c_sums(self, shape: tuple[int, int], seed: int) -> freivalds.OutputSums:
+        sums = freivalds.OutputSums.start(shape, seed)
+        if self.ready is not None:
+            sums.add(0, self.ready.view(), shape[0])
+            return sums
+        for r0, block, rows in textcore.output_rows(self.data, block_rows(shape[1]), self._fault):
+            sums.add(r0, block, rows)
+        return sums
 
 
 def _shape_mismatch(job: Job, shape: tuple[int, int], want: tuple[int, int]) -> Result:
@@ -351,6 +416,8 @@ def _against_expected(
     everywhere at any tolerance of 0 or more, with no values read (a grader comparing a run with
     an earlier one meets them often).
     """
+    from . import textformat, verify
+
     assert job.output is not None and job.reference is not None
     tol = 0.01 if options.tol is None else options.tol
     try:
@@ -403,31 +470,35 @@ def _against_input(
     """
     assert job.reference is not None
     try:
-        a, b = _input_values(job.reference, options, ahead)
+        inputs = _input_values(job.reference, options, ahead)
     except UnreadableError as exc:
         rows.check()
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
-    want = (a.shape[0], b.shape[1])
-    if shape != want:
+    m, _, n = inputs.shape
+    if shape != (m, n):
         rows.check()
-        return _shape_mismatch(job, shape, want)
+        return _shape_mismatch(job, shape, (m, n))
     if options.quick:
         sums = rows.sums(shape, options.seed)
-        projections = verify.project(a, b, options.seed)  # while the output's sums are made
-        quick = verify.quick_from_sums(sums.result(), projections, tol=options.tol)
-        reason = ""
-        if not quick.ok:
-            where = f" at {quick.worst[0]} {quick.worst[1] + 1}" if quick.worst else ""
-            reason = (
-                f"{quick.nonfinite} values are not finite"
-                if quick.nonfinite
-                else f"a projection {quick.worst_ratio:.3g} times its bound{where}"
-            )
+        projections = _projections(inputs, options.seed)  # while the output's sums are made
+        quick = freivalds.verdict(sums.result(), projections, tol=options.tol)
         status = Status.OK if quick.ok else Status.MISMATCH
-        return _result(job, status, shape=shape, reason=reason, detail=quick.summary())
+        return _result(job, status, shape=shape, reason=quick.reason(), detail=quick.summary())
+    from . import verify
+
+    a, b = inputs.arrays()
     rows.start()
     product = verify.product(a, b, options.gemm)  # another device's product while the output's rows are read
     return _values_result(job, shape, verify.against_product(rows.result(), product, options.tol))
+
+
+def _projections(inputs: _Input, seed: int) -> freivalds.Projections:
+    """--quick's side of A and B: by the C passes where they are on (no numpy), else by numpy's."""
+    if freivalds.c_usable(freivalds.VECTORS):
+        return freivalds.project(inputs.a, inputs.b, inputs.shape, seed)
+    from . import verify
+
+    return verify.project(*inputs.arrays(), seed)
 
 
 def _values_result(job: Job, shape: tuple[int, int], report: verify.CheckReport) -> Result:

@@ -26,34 +26,13 @@ import contextlib
 import mmap
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from . import textcore
 from .cpus import block_rows, usable_cores
 from .errors import MmdError
-
-
-@dataclass(frozen=True)
-class Values:
-    """Values a C parser put in a plain buffer: an output's float64 (``shape`` (m, n)), or an input's A
-    then B (``shape`` (m, k, n)), float64 where ``wide`` (the float32 values), else float32."""
-
-    buffer: mmap.mmap
-    shape: tuple[int, ...]
-    wide: bool
-
-
-def _buffer(size: int) -> mmap.mmap:
-    """``size`` bytes of fresh memory, in big pages where the kernel has them (as numpy asks for its
-    big arrays): with a page fault every 4 KiB, a 4096 output's parse took about 10 % longer on the
-    2-core VM."""
-    buf = mmap.mmap(-1, max(size, 1))
-    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE here: small pages
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return buf
-
+from .textcore import Values
 
 _Result = Values | bool | None
 
@@ -116,37 +95,17 @@ class ReadAhead:
 
     def _output_values(self) -> Values | None:
         with memoryview(self._map(self.output)) as data:
-            return self._output_from(data)
-
-    def _output_from(self, data: memoryview) -> Values | None:
-        m, n, start = textcore.output_header(data)
-        fasttext = textcore.fasttext
-        if fasttext is None or not textcore.output_plausible(len(data), start, m, n):
-            return None
-        buf = _buffer(8 * m * n)
-        with memoryview(buf).cast("d") as view:
-            fault = fasttext.parse_output_values(data, start, m, n, view, textcore.C_MIN_SPLIT, textcore.WORKERS)
-        return Values(buf, (m, n), True) if fault is None else None
+            return textcore.output_values(data)
 
     def _input_values(self) -> Values | None:
-        fasttext = textcore.fasttext
         with memoryview(self._map(self.reference)) as data:
-            h = textcore.parse_header(data)
-            count = h.m * h.k + h.k * h.n
-            if fasttext is None or not textcore.input_plausible(len(data), h.body_offset, count):
-                return None
-            buf = _buffer((8 if self.wide else 4) * count)
-            with memoryview(buf).cast("d" if self.wide else "f") as view:
-                status, _ = fasttext.parse_values(
-                    data, h.body_offset, view, None, textcore.C_MIN_SPLIT, textcore.WORKERS
-                )
-        return Values(buf, (h.m, h.k, h.n), self.wide) if status == 0 else None
+            return textcore.input_values(data, self.wide)
 
     def _same_output(self) -> bool | None:
         """False where the output's bytes differ from the expected output's; True where they are the
         same and the output is well formed; None where they are the same and it is not (the check then
         reads it again, to word its fault)."""
-        fasttext = textcore.fasttext
+        fasttext = textcore.c_text()
         if fasttext is None:
             return None
         with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
@@ -163,7 +122,7 @@ class ReadAhead:
             return None
         with memoryview(self._map(path)) as data:
             m, n, _ = textcore.output_header(data)
-            return self._output_from(data) if block_rows(n) >= m else None
+            return textcore.output_values(data) if block_rows(n) >= m else None
 
     def _wait(self, key: str) -> _Result:
         for read in self._reads:
@@ -229,7 +188,7 @@ def useful() -> bool:
     their threads beside the one importing numpy. With fewer (2 cores: 2 parser threads and the
     import), ``mmd check --quick`` at 4096 took 0.736 s with reads ahead against 0.547 s without
     (medians of 7 alternating rounds on the 2-core VM)."""
-    return textcore.FASTTEXT_ON and usable_cores() > textcore.WORKERS
+    return textcore.USE_FASTTEXT and usable_cores() > textcore.WORKERS
 
 
 def start(output: Path, reference: Path, against: str, wide: bool) -> ReadAhead:

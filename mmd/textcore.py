@@ -1,4 +1,5 @@
-"""The matrix text format's numpy-free core: a file's bytes, the header lines, and the C parsers' settings.
+"""The matrix text format's numpy-free core: a file's bytes, the header lines, and mmd's C accelerators
+and their settings.
 
 :mod:`mmd.textformat` builds on it. It imports no numpy so that ``mmd check``
 can start reading its files while the interpreter is still importing numpy
@@ -7,25 +8,45 @@ can start reading its files while the interpreter is still importing numpy
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 from .cpus import usable_cores
 from .errors import InputFormatError, UnreadableError
 
+# mmd's optional C accelerators (setup.py builds both where a compiler is present): the text
+# format's parsers and emitters, and the checks' fused passes (mmd.verify, mmd.freivalds)
 fasttext: ModuleType | None
-try:  # optional C accelerator (setup.py builds it where a compiler is present)
+fastcheck: ModuleType | None
+try:
     from . import _fasttext as fasttext
 except ImportError:  # pragma: no cover - depends on the build
     fasttext = None
+try:
+    from . import _fastcheck as fastcheck
+except ImportError:  # pragma: no cover - depends on the build
+    fastcheck = None
 
-#: mmd._fasttext is built and not switched off (MMD_NO_FASTTEXT=1 forces the numpy paths).
-FASTTEXT_ON = fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
+#: The one switch for both accelerators: on where mmd._fasttext is built, unless MMD_NO_FASTTEXT=1
+#: asks for the numpy paths. Read at each use, so that tests switch every path at once.
+USE_FASTTEXT = fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
+
+#: Elements from which mmd._fastcheck's passes split their rows over two threads.
+C_SPLIT_ELEMS = 1 << 16
+
+
+def c_passes() -> ModuleType | None:
+    """mmd._fastcheck, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy passes)."""
+    return fastcheck if USE_FASTTEXT else None
+
 
 BOM = b"\xef\xbb\xbf"
 
@@ -169,6 +190,91 @@ def input_plausible(size: int, start: int, count: int) -> bool:
 def output_plausible(size: int, start: int, m: int, n: int) -> bool:
     """Whether an output body of ``size - start`` bytes can hold m rows of n 6-byte fields."""
     return (size - start) // m >= 6 * n + 1
+
+
+# ---------------------------------------------------------------------------
+# values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.grading)
+
+
+def buffer(size: int) -> mmap.mmap:
+    """``size`` bytes of fresh memory, in big pages where the kernel has them (as numpy asks for its
+    big arrays): with a page fault every 4 KiB, a 4096 output's parse took about 10 % longer on the
+    2-core VM."""
+    buf = mmap.mmap(-1, max(size, 1))
+    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE here: small pages
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf
+
+
+@dataclass(frozen=True)
+class Values:
+    """Values a C parser put in a plain buffer: an output's float64 (``shape`` (m, n)), or an input's A
+    then B (``shape`` (m, k, n)), float64 where ``wide`` (the float32 values), else float32."""
+
+    buffer: mmap.mmap
+    shape: tuple[int, ...]
+    wide: bool
+
+    def view(self) -> memoryview[float]:
+        """The values as a flat memoryview of float64 (``wide``) or float32."""
+        return memoryview(self.buffer).cast("d" if self.wide else "f")
+
+
+def c_text() -> ModuleType | None:
+    """mmd._fasttext, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy paths)."""
+    return fasttext if USE_FASTTEXT else None
+
+
+def output_values(data: memoryview) -> Values | None:
+    """A well-formed output's values by the C parser; None where it is off, the body cannot hold its
+    rows, or the output has a fault (mmd.textformat words it)."""
+    ft = c_text()
+    m, n, start = output_header(data)
+    if ft is None or not output_plausible(len(data), start, m, n):
+        return None
+    buf = buffer(8 * m * n)
+    with memoryview(buf).cast("d") as view:
+        fault = ft.parse_output_values(data, start, m, n, view, C_MIN_SPLIT, WORKERS)
+    return Values(buf, (m, n), True) if fault is None else None
+
+
+def input_values(data: memoryview, wide: bool) -> Values | None:
+    """A valid input's A and B by the C parser (float64 where ``wide``, else float32); None where it
+    is off, the body cannot hold the values, or the input is not valid (mmd.textformat words it)."""
+    ft = c_text()
+    h = parse_header(data)
+    count = h.m * h.k + h.k * h.n
+    if ft is None or not input_plausible(len(data), h.body_offset, count):
+        return None
+    buf = buffer((8 if wide else 4) * count)
+    with memoryview(buf).cast("d" if wide else "f") as view:
+        status, _ = ft.parse_values(data, h.body_offset, view, None, C_MIN_SPLIT, WORKERS)
+    return Values(buf, (h.m, h.k, h.n), wide) if status == 0 else None
+
+
+def output_rows(
+    data: memoryview, rows: int, on_fault: Callable[[], NoReturn]
+) -> Iterator[tuple[int, memoryview[float], int]]:
+    """An output's float64 values ``rows`` rows at a time by the C parser (on, see :func:`c_text`):
+    (first row, a flat view of the block's values, its rows). Every block lands in one buffer that
+    the next one reuses (copy what must outlive a step), so a 4096 output is never held whole: its
+    134 MB of fresh pages cost more than reading it into 16 MB again and again. A fault (in a block,
+    or bytes after the last row) calls ``on_fault``, which raises the fault's error, once the block
+    that holds it is reached (one past the last row: after the last block)."""
+    ft = c_text()
+    assert ft is not None, "the C parser is off: see c_text"
+    m, n, off = output_header(data)
+    step = max(1, min(rows, m))
+    whole = memoryview(buffer(8 * step * n)).cast("d")  # not released: a caller's array may still use it
+    for r0 in range(0, m, step):
+        count = min(step, m - r0)
+        block = whole[: count * n]
+        off = ft.parse_output_rows(data, off, count, n, block, C_MIN_SPLIT, WORKERS)
+        if off < 0:
+            break
+        yield r0, block, count
+    if off != len(data):
+        on_fault()
 
 
 # ---------------------------------------------------------------------------

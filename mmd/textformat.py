@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -47,9 +47,7 @@ from .textcore import (
 )
 
 #: The C accelerator, where it is built (tests put a wrapper in its place).
-_fasttext: ModuleType | None = textcore.fasttext
-#: Use mmd._fasttext where it applies; MMD_NO_FASTTEXT=1 forces the numpy path (tests switch it).
-USE_FASTTEXT = textcore.FASTTEXT_ON
+_fasttext: ModuleType | None = textcore.fasttext  # tests replace it (parsers split on every size)
 
 __all__ = [
     "Header",
@@ -610,7 +608,7 @@ def _parse_values(
     plausible = input_plausible(stop, start, expected)
     if out is None or not plausible:
         out = np.empty(expected if plausible else 0, dtype=dtype if out is None else out.dtype)
-    if USE_FASTTEXT and _fasttext is not None and plausible:
+    if textcore.USE_FASTTEXT and _fasttext is not None and plausible:
         status, _ = _fasttext.parse_values(data, start, out, None, C_MIN_SPLIT, WORKERS)
         if status == 0:
             return out
@@ -822,7 +820,7 @@ def emit_chunks(c: np.ndarray, rows_per_chunk: int | None = None) -> Iterator[by
     yield _header_line(m, n)
     blocks = _row_blocks(m, n, rows_per_chunk)
     rows = _emit_rows
-    if USE_FASTTEXT and c.dtype.kind == "f" and c.dtype.itemsize <= 4:
+    if textcore.USE_FASTTEXT and c.dtype.kind == "f" and c.dtype.itemsize <= 4:
         rows = _emit_rows_c
     yield from _ordered_map(lambda bd: rows(c[bd[0] : bd[1]]), blocks)
 
@@ -860,7 +858,7 @@ def emit_input_chunks(a: np.ndarray, b: np.ndarray, square: bool, rows_per_chunk
     yield (b"%d\n" % m) if square else (b"%d %d %d\n" % (m, k, b.shape[1]))
     for mat in (a, b):
         blocks = _row_blocks(mat.shape[0], mat.shape[1], rows_per_chunk)
-        fast = USE_FASTTEXT and mat.dtype.kind == "f" and mat.dtype.itemsize <= 4
+        fast = textcore.USE_FASTTEXT and mat.dtype.kind == "f" and mat.dtype.itemsize <= 4
         yield from _ordered_map(functools.partial(_input_block, mat, fast), blocks)
 
 
@@ -967,7 +965,7 @@ def check_output(data: bytes | memoryview) -> tuple[int, int]:
 
 def _read_output(data: bytes | memoryview, values: bool) -> np.ndarray | None:
     m, n, start = output_header(data)
-    if USE_FASTTEXT and _fasttext is not None:
+    if textcore.USE_FASTTEXT and _fasttext is not None:
         # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
         plausible = output_plausible(len(data), start, m, n)
         out = np.empty((m, n), dtype=np.float64) if plausible and values else None
@@ -987,31 +985,27 @@ def _read_output(data: bytes | memoryview, values: bool) -> np.ndarray | None:
 def output_blocks(data: bytes | memoryview, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """An output's values ``rows`` rows at a time: (first row, those rows' float64 values), in order.
 
-    Every block lands in one buffer that the next one reuses (copy what must outlive a step), so
-    a 4096 output is never held whole: its 134 MB of fresh pages cost more than reading it into
-    16 MB again and again. Any fault raises as :func:`parse_output` does, naming the file's first
-    fault, once the block that holds it is reached (one past the last row: after the last block).
-    Without the C accelerator, or with ``rows`` >= m, the output is read whole and handed out in
-    blocks.
+    By the C parser, a block at a time into one buffer that the next block reuses
+    (:func:`mmd.textcore.output_rows`: copy what must outlive a step); any fault raises as
+    :func:`parse_output` does, naming the file's first fault, once the block that holds it is
+    reached. Without the C accelerator, or with ``rows`` >= m, the output is read whole and handed
+    out in blocks.
     """
-    m, n, start = output_header(data)
+    m, n, _ = output_header(data)
     step = max(1, rows)
-    if not (USE_FASTTEXT and _fasttext is not None) or step >= m:
+    if not (textcore.USE_FASTTEXT and _fasttext is not None) or step >= m:
         whole = parse_output(data)
         for r0 in range(0, m, step):
             yield r0, whole[r0 : r0 + step]
         return
-    buf = np.empty((step, n), dtype=np.float64)
-    off = start
-    for r0 in range(0, m, step):
-        count = min(step, m - r0)
-        off = _fasttext.parse_output_rows(data, off, count, n, buf[:count], C_MIN_SPLIT, WORKERS)
-        if off < 0:
-            break
-        yield r0, buf[:count]
-    if off != len(data):  # a fault in a block, or bytes after the last row: the whole file names it
-        check_output(data)
-        raise AssertionError("an output a block refused passed whole")  # pragma: no cover
+    for r0, block, count in textcore.output_rows(memoryview(data), step, lambda: _raise_fault(data)):
+        yield r0, np.frombuffer(block.cast("B"), np.float64).reshape(count, n)
+
+
+def _raise_fault(data: bytes | memoryview) -> NoReturn:
+    """Raise the first fault of an output a block refused."""
+    check_output(data)
+    raise AssertionError("an output a block refused passed whole")  # pragma: no cover
 
 
 def _numpy_output(data: bytes | memoryview, start: int, m: int, n: int) -> tuple[np.ndarray | None, OutputFault | None]:

@@ -1,9 +1,8 @@
 """Checking results: an output's values against a float64 product, or against another output.
 
-Printed values carry ``%6.2f`` rounding (half a hundredth) on top of fp32
-arithmetic error, which grows about as sqrt(K)·eps·(|A|·|B|) for a dot product
-of length K. The default tolerance follows that model, so a correct fp32
-result passes and a wrong one (a missing term, a swapped index) does not.
+The default tolerance follows :mod:`mmd.tolerance`'s model of printed fp32
+results, so a correct fp32 result passes and a wrong one (a missing term, a
+swapped index) does not.
 
 Three checks:
 
@@ -12,11 +11,13 @@ Three checks:
   float64 GEMM on a GPU). The tolerance needs |A|·|B| only where cheap
   bounds on it cannot decide an element, so a correct result costs one
   float64 product, not two.
-* :func:`quick`, Freivalds' check in its Gaussian form (Ji, Mascagni and Li,
-  2017): C and A·B projected onto a few random Gaussian vectors, from both
-  sides, in O(n²). It refuses, with a false-alarm chance of at most
-  ``false_alarm``, anything that moves a projection beyond a bound derived
-  from the same tolerance; it cannot see one element off by a little.
+* :func:`quick`, Freivalds' check in its Gaussian form (:mod:`mmd.freivalds`,
+  which holds the method and its verdict; here are its numpy entry points and
+  its passes where the C ones are not built): C and A·B projected onto a few
+  random Gaussian vectors, from both sides, in O(n²). It refuses, with a
+  false-alarm chance of at most ``false_alarm``, anything that moves a
+  projection beyond a bound derived from the same tolerance; it cannot see
+  one element off by a little.
 * :func:`against_output`: one output against another, elementwise.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,19 +34,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from . import textformat
+from . import freivalds, textcore
 from .cpus import block_rows
-
-_fastcheck: ModuleType | None
-try:
-    from . import _fastcheck
-except ImportError:  # built without a C compiler: the numpy passes below
-    _fastcheck = None
-
-#: Half a unit in the last printed place of ``%6.2f``, plus a hair for binary rounding.
-PRINT_HALF_UNIT = 0.005 * (1 + 1e-9)
-_EPS32 = float(np.finfo(np.float32).eps)
-_U64 = 2.0**-53  # unit roundoff of float64
+from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -59,18 +51,6 @@ _BLOCK_ELEMS = 1 << 20
 #: stay in a core's L2 cache, where numpy's several passes over them run at cache speed rather than
 #: at memory speed, and are reused from chunk to chunk (no allocation).
 _CHUNK_ELEMS = 1 << 15
-#: Elements from which mmd._fastcheck's passes split their rows over two threads.
-_SPLIT_ELEMS = 1 << 16
-
-
-def _c_passes() -> ModuleType | None:
-    """mmd._fastcheck where it is built, unless MMD_NO_FASTTEXT=1 (:data:`mmd.textformat.USE_FASTTEXT`,
-    the one switch for mmd's C accelerators, off also where mmd._fasttext was not built: one build makes
-    both) asks for the numpy passes.
-
-    Read at each call, so that switching the flag switches both paths.
-    """
-    return _fastcheck if textformat.USE_FASTTEXT else None
 
 
 def _c_matrix(mat: np.ndarray) -> np.ndarray:
@@ -105,11 +85,7 @@ class CheckReport:
 
 def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
     """Elementwise fp32 error allowance: factor·sqrt(K)·eps·(|A|·|B|)."""
-    return _fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
-
-
-def _fp32_factor(k: int, factor: float = 4.0) -> float:
-    return factor * math.sqrt(max(k, 1)) * _EPS32
+    return fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
 
 
 #: What TF32 operands add to a product's error, relative to |A|·|B|: each operand is off by less
@@ -120,7 +96,7 @@ def _fp32_factor(k: int, factor: float = 4.0) -> float:
 TF32_OPERAND_ERROR = 2.0**-9 + 2.0**-20
 
 #: The tolerance each precision (:data:`mmd.kernels.PRECISIONS`) is checked against, in words.
-TOLERANCES: dict[str, str] = {"fp32": "4·sqrt(K)·eps·|A||B|", "tf32": "(2^-9 + 4·sqrt(K)·eps)·|A||B|"}
+TOLERANCES: dict[str, str] = {"fp32": FP32_MODEL, "tf32": "(2^-9 + 4·sqrt(K)·eps)·|A||B|"}
 
 
 def tf32_tolerance(fp32_allowed: np.ndarray, k: int) -> np.ndarray:
@@ -128,7 +104,7 @@ def tf32_tolerance(fp32_allowed: np.ndarray, k: int) -> np.ndarray:
 
     Scaled from the fp32 allowance rather than recomputed, so |A|·|B| costs one product.
     """
-    scaled: np.ndarray = fp32_allowed * (1.0 + TF32_OPERAND_ERROR / _fp32_factor(k))
+    scaled: np.ndarray = fp32_allowed * (1.0 + TF32_OPERAND_ERROR / fp32_factor(k))
     return scaled
 
 
@@ -229,7 +205,7 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
 
 def against_product(out: np.ndarray, prod: Product, tol: float | None = None) -> CheckReport:
     """:func:`against_inputs` with the product's inputs at hand."""
-    tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
+    tolerance = described(tol)
     if out.shape != prod.shape:
         return _wrong_shape(out, tolerance)
     if out.size == 0:
@@ -341,10 +317,10 @@ class _Tally:
         """Rows of a float64 output against the same rows of the reference, one allowance everywhere;
         ``base`` the flat index of their first element."""
         m, n = out.shape
-        fc = _c_passes()
+        fc = textcore.c_passes()
         if fc is not None:
             ref = np.ascontiguousarray(ref, dtype=np.float64)
-            bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, m, n, float(allowed), _SPLIT_ELEMS)
+            bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, m, n, float(allowed), textcore.C_SPLIT_ELEMS)
         else:
             bad, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
         self.add(bad, max_err, ssq_err, ssq_ref, base + worst, float(abs(out.flat[worst] - ref.flat[worst]) - allowed))
@@ -393,146 +369,35 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
     return total.mismatches, total.max_err, total.ssq_err, total.ssq_ref, total.worst
 
 
-@dataclass(frozen=True)
-class QuickReport:
-    """The outcome of :func:`quick`."""
-
-    ok: bool
-    shape: tuple[int, int]
-    seed: int
-    vectors: int  # random vectors on each side
-    z: float  # standard deviations a projection may stray before it is refused
-    false_alarm: float  # at most this chance of refusing a result the full check passes
-    bound: float  # the largest bound a projection was held to
-    worst_ratio: float  # max over projections of |residual| / its bound (> 1: refused)
-    worst: tuple[str, int] | None  # ("row", i) or ("column", j), 0-based, where that ratio was reached
-    nonfinite: int  # NaN or infinite values in the output (refused at once)
-    tolerance: str
-
-    def summary(self) -> str:
-        """One line for the terminal."""
-        m, n = self.shape
-        head = "ok" if self.ok else "MISMATCH"
-        if self.nonfinite:
-            what = f"{self.nonfinite} values are not finite"
-        else:
-            what = f"largest projection {self.worst_ratio:.3g} of its bound"
-            if self.worst is not None and not self.ok:
-                what += f", at {self.worst[0]} {self.worst[1] + 1}"
-        return (
-            f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
-            f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
-            f"false alarm < {self.false_alarm:.0e}"
-        )
-
-
-def _z_for(tail: float) -> float:
-    """The z with P(|N(0,1)| > z) = tail (bisection on erfc; tail in (0, 1))."""
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if math.erfc(mid / math.sqrt(2)) > tail:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 def quick(
     out: np.ndarray,
     a: np.ndarray,
     b: np.ndarray,
     seed: int = 0,
-    vectors: int = 4,
+    vectors: int = freivalds.VECTORS,
     false_alarm: float = 1e-9,
     tol: float | None = None,
-) -> QuickReport:
-    """Freivalds' check, Gaussian variant: O(n²) work for an m×n output.
-
-    With E = out − A·B, for Gaussian vectors x (n) and y (m) each component
-    of E·x and yᵀ·E is exactly normal with variance Σ_j E_ij² (a row) or
-    Σ_i E_ij² (a column). If the full check would pass, |E_ij| ≤ h + c·S_ij
-    (h the print rounding, c·S the fp32 model, S = |A|·|B|), so a row's
-    variance is at most Σ_j (h + c·S_ij)², which is bounded in O(n²) by
-    n·h² + 2hc·Σ_j S_ij + c²·max_j S_ij·Σ_j S_ij with Σ_j S_ij = |a_i|·(|B|·1)
-    and max_j S_ij ≤ |a_i|·(row maxima of |B|); columns alike. Each of the
-    (m + n)·vectors projections is held to z such standard deviations, z
-    chosen so that all of them together refuse a passing result with a
-    chance of at most ``false_alarm``, plus a margin for float64 rounding.
-    ``tol`` replaces c·S by a constant, as in :func:`against_inputs`.
-    """
+) -> freivalds.QuickReport:
+    """The quick check (:mod:`mmd.freivalds`) of an output held whole: O(n²) work for an m×n output."""
     return quick_against(out, project(a, b, seed, vectors), false_alarm, tol)
 
 
-@dataclass(frozen=True)
-class Projections:
-    """What :func:`quick` needs of A (m×k) and B (k×n): O(m + n) numbers, made in O(n²) before the output is read."""
-
-    shape: tuple[int, int, int]  # m, k, n
-    seed: int
-    x: np.ndarray  # n × vectors
-    y: np.ndarray  # m × vectors
-    abx: np.ndarray  # A·(B·x), m × vectors
-    yab: np.ndarray  # (yᵀ·A)·B, vectors × n
-    row_sum: np.ndarray  # Σ_j S_ij, S = |A|·|B|
-    row_max: np.ndarray  # ≥ max_j S_ij
-    col_sum: np.ndarray  # Σ_i S_ij
-    col_max: np.ndarray  # ≥ max_i S_ij
-    a_row_ssq: np.ndarray  # Σ_k A_ik²
-    b_col_ssq: np.ndarray  # Σ_k B_kj²
+def _series(x: np.ndarray) -> array[float]:
+    """``x`` as :mod:`mmd.freivalds` keeps its series: a flat float64 array in C order."""
+    return array("d", np.ascontiguousarray(x, dtype=np.float64).tobytes())
 
 
-def random_vectors(m: int, n: int, seed: int = 0, vectors: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`quick`'s Gaussian vectors for an m×n product: x (n × vectors), then y (m × vectors),
-    from numpy's generator seeded with ``seed`` (both sides make them here, so they agree)."""
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, vectors)), rng.standard_normal((m, vectors))
-
-
-def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = 4) -> Projections:
-    """A and B's side of :func:`quick`: three passes over them (B, A, B again), converted to float64
-    on the way (no n×n temporary)."""
-    x, y = random_vectors(a.shape[0], b.shape[1], seed, vectors)
-    fc = _c_passes()
-    if fc is not None and a.size and b.size and 1 <= vectors <= fc.MAX_VECTORS:
-        return _project_c(fc, a, b, seed, x, y)
-    return _project_numpy(a, b, seed, x, y)
-
-
-def _project_c(fc: ModuleType, a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np.ndarray) -> Projections:
-    """:func:`project` by mmd._fastcheck: each pass one read of its matrix, every sum of it at once."""
+def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivalds.VECTORS) -> freivalds.Projections:
+    """A and B's side of the quick check (:func:`mmd.freivalds.project` where the C passes are
+    usable, else three passes of numpy in blocks of rows, converted to float64 on the way: no n×n
+    temporary)."""
     m, k = a.shape
     n = b.shape[1]
-    v = x.shape[1]
-    a, b = _c_matrix(a), _c_matrix(b)
-    b_rows = np.empty((v + 2, k))  # (B·x)ᵀ, Σ_j |B_rj|, max_j |B_rj|
-    b_col_ssq = np.empty(n)
-    fc.b_rows(b, k, n, v, np.ascontiguousarray(x.T), None, b_rows, b_col_ssq, _SPLIT_ELEMS)
-    a_rows = np.empty((v + 3, m))  # (A·B·x)ᵀ, |A|·Σ|B|, |A|·max|B|, Σ_k A_ik²
-    a_cols = np.empty((v + 2, k))  # yᵀ·A, Σ_i |A_ik|, max_i |A_ik|
-    fc.a_rows(a, m, k, v, b_rows, y, a_rows, a_cols, _SPLIT_ELEMS)
-    b_cols = np.empty((v + 2, n))  # yᵀ·A·B, (Σ|A|)ᵀ·|B|, (max|A|)ᵀ·|B|
-    fc.b_cols(b, k, n, v, None, a_cols, None, b_cols, _SPLIT_ELEMS)
-    return Projections(
-        shape=(m, k, n),
-        seed=seed,
-        x=x,
-        y=y,
-        abx=np.ascontiguousarray(a_rows[:v].T),
-        yab=b_cols[:v],
-        row_sum=a_rows[v],
-        row_max=a_rows[v + 1],
-        col_sum=b_cols[v],
-        col_max=b_cols[v + 1],
-        a_row_ssq=a_rows[v + 2],
-        b_col_ssq=b_col_ssq,
-    )
-
-
-def _project_numpy(a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np.ndarray) -> Projections:
-    """:func:`project` in numpy, in blocks of rows."""
-    m, k = a.shape
-    n = b.shape[1]
+    if freivalds.c_usable(vectors) and a.size and b.size:
+        return freivalds.project(_c_matrix(a), _c_matrix(b), (m, k, n), seed, vectors)
+    x_t, y_flat = freivalds.random_vectors(m, n, seed, vectors)
+    x = np.frombuffer(x_t).reshape(vectors, n).T
+    y = np.frombuffer(y_flat).reshape(m, vectors)
     bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
     bx = np.concatenate([q.bx for q in bp])
     b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
@@ -563,157 +428,69 @@ def _project_numpy(a: np.ndarray, b: np.ndarray, seed: int, x: np.ndarray, y: np
         return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=sum_max[0], col_max=sum_max[1])
 
     bp2 = _pass_rows(b, b_again)
-    return Projections(
+    return freivalds.Projections(
         shape=(m, k, n),
         seed=seed,
-        x=x,
-        y=y,
-        abx=np.concatenate([q.abx for q in ap]),
-        yab=_total([q.yab for q in bp2]),
-        row_sum=np.concatenate([q.row_sum for q in ap]),
-        row_max=np.concatenate([q.row_max for q in ap]),
-        col_sum=_total([q.col_sum for q in bp2]),
-        col_max=_total([q.col_max for q in bp2]),
-        a_row_ssq=np.concatenate([q.row_ssq for q in ap]),
-        b_col_ssq=b_col_ssq,
+        vectors=vectors,
+        x_t=x_t,
+        y=y_flat,
+        abx_t=_series(np.concatenate([q.abx for q in ap]).T),
+        yab=_series(_total([q.yab for q in bp2])),
+        row_sum=_series(np.concatenate([q.row_sum for q in ap])),
+        row_max=_series(np.concatenate([q.row_max for q in ap])),
+        col_sum=_series(_total([q.col_sum for q in bp2])),
+        col_max=_series(_total([q.col_max for q in bp2])),
+        a_row_ssq=_series(np.concatenate([q.row_ssq for q in ap])),
+        b_col_ssq=_series(b_col_ssq),
     )
 
 
-@dataclass(frozen=True)
-class OutputSums:
-    """What :func:`quick` needs of the output C (m×n): O(m + n) numbers, made in one pass over it, a
-    block of rows at a time (:func:`output_sums`)."""
-
-    shape: tuple[int, int]
-    seed: int
-    vectors: int
-    cx: np.ndarray  # C·x, m × vectors
-    yc: np.ndarray  # yᵀ·C, vectors × n
-    row_ssq: np.ndarray  # Σ_j C_ij²
-    col_ssq: np.ndarray  # Σ_i C_ij²
-    nonfinite: int  # NaN and infinite values
-    first_nonfinite: int | None  # the flat index of the first
-
-
 def output_sums(
-    blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = 4
-) -> OutputSums:
-    """:class:`OutputSums` of an m×n output given as consecutive blocks of rows (first row, rows), with
-    :func:`random_vectors` of ``seed``: no block is needed once it has been summed, so an output read
-    a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole."""
+    blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = freivalds.VECTORS
+) -> freivalds.OutputSums:
+    """The output's side of the quick check (:class:`mmd.freivalds.OutputSums`) from consecutive
+    blocks of rows (first row, rows): no block is needed once it has been summed, so an output read
+    a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole. By mmd._fastcheck
+    where it is usable, else numpy's passes."""
     m, n = shape
-    x, y = random_vectors(m, n, seed, vectors)
-    cx, yc = np.empty((m, vectors)), np.zeros((vectors, n))
-    row_ssq, col_ssq = np.empty(m), np.zeros(n)
-    nonfinite, first = 0, None
-    fc = _c_passes()
-    xt = np.ascontiguousarray(x.T)
+    sums = freivalds.OutputSums.start(shape, seed, vectors)
+    c = freivalds.c_usable(vectors)
+    x_t, y_flat = freivalds.random_vectors(m, n, seed, vectors)
+    x = np.frombuffer(x_t).reshape(vectors, n).T
+    y = np.frombuffer(y_flat).reshape(m, vectors)
+    cx, yc = np.zeros((m, vectors)), np.zeros((vectors, n))
+    row_ssq, col_ssq = np.zeros(m), np.zeros(n)
     for r0, blk in blocks:
         r1 = r0 + blk.shape[0]
         if not blk.size:
             continue
-        if fc is not None and 1 <= vectors <= fc.MAX_VECTORS:
-            rows_t, acc = np.empty((vectors + 1, r1 - r0)), np.empty((vectors + 1, n))
-            bad, at = fc.c_pass(_c_matrix(blk), r1 - r0, n, vectors, xt, y[r0:r1], rows_t, acc, _SPLIT_ELEMS)
-            cx[r0:r1], row_ssq[r0:r1] = rows_t[:vectors].T, rows_t[vectors]
-            yc += acc[:vectors]
-            col_ssq += acc[vectors]
-        else:
-            blk64 = np.asarray(blk, dtype=np.float64)
-            finite = np.isfinite(blk64)
-            bad = int(blk64.size - np.count_nonzero(finite))
-            at = int(np.flatnonzero(~finite)[0]) if bad else -1
-            if not bad:
-                cx[r0:r1], yc_blk, row_ssq[r0:r1], col_blk = _quick_numpy(blk64, x, y[r0:r1])
-                yc += yc_blk
-                col_ssq += col_blk
-        nonfinite += bad
-        if bad and first is None:
-            first = r0 * n + at
-    return OutputSums((m, n), seed, vectors, cx, yc, row_ssq, col_ssq, nonfinite, first)
+        if c:
+            sums.add(r0, _c_matrix(blk), r1 - r0)
+            continue
+        blk64 = np.asarray(blk, dtype=np.float64)
+        finite = np.isfinite(blk64)
+        bad = int(blk64.size - np.count_nonzero(finite))
+        if bad:
+            if sums.first_nonfinite is None:
+                sums.first_nonfinite = r0 * n + int(np.flatnonzero(~finite)[0])
+            sums.nonfinite += bad
+            continue
+        cx[r0:r1], yc_blk, row_ssq[r0:r1], col_blk = _quick_numpy(blk64, x, y[r0:r1])
+        yc += yc_blk
+        col_ssq += col_blk
+    if not c:
+        sums.cx_t[:], sums.row_ssq[:] = _series(cx.T), _series(row_ssq)
+        sums.columns[:] = _series(np.concatenate([yc.ravel(), col_ssq]))
+    return sums
 
 
 def quick_against(
-    out: np.ndarray, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None
-) -> QuickReport:
+    out: np.ndarray, proj: freivalds.Projections, false_alarm: float = 1e-9, tol: float | None = None
+) -> freivalds.QuickReport:
     """:func:`quick` with A and B's side made (:func:`project`): one pass over the output."""
     shape = (int(out.shape[0]), int(out.shape[1])) if out.ndim == 2 else (0, 0)
-    sums = output_sums([(0, out)] if out.ndim == 2 else [], shape, proj.seed, proj.x.shape[1])
-    return quick_from_sums(sums, proj, false_alarm, tol)
-
-
-def quick_from_sums(
-    sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None
-) -> QuickReport:
-    """:func:`quick`'s verdict from the output's sums (:func:`output_sums`) and A and B's
-    (:func:`project`), made with the same seed and vectors."""
-    m, k, n = proj.shape
-    vectors = proj.x.shape[1]
-    seed = proj.seed
-    if (sums.seed, sums.vectors) != (seed, vectors):
-        raise ValueError(
-            f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {vectors}"
-        )
-    tolerance = "0.005 + 4·sqrt(K)·eps·|A||B|" if tol is None else f"0.005 + {tol:g}"
-    tests = (m + n) * vectors
-    z = _z_for(false_alarm / max(tests, 1))
-    if sums.shape != (m, n) or sums.nonfinite:
-        first = sums.first_nonfinite
-        return QuickReport(
-            ok=False,
-            shape=sums.shape,
-            seed=seed,
-            vectors=vectors,
-            z=z,
-            false_alarm=false_alarm,
-            bound=0.0,
-            worst_ratio=float("inf"),
-            worst=None if first is None else ("row", first // max(sums.shape[1], 1)),
-            nonfinite=sums.nonfinite,
-            tolerance=tolerance,
-        )
-    res_rows = sums.cx - proj.abx  # (C - AB)·x, m×v
-    res_cols = sums.yc - proj.yab  # yᵀ(C - AB), v×n
-    h = PRINT_HALF_UNIT
-    if tol is None:
-        # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
-        c = _fp32_factor(k)
-        var_rows = n * h * h + 2 * h * c * proj.row_sum + c * c * proj.row_max * proj.row_sum
-        var_cols = m * h * h + 2 * h * c * proj.col_sum + c * c * proj.col_max * proj.col_sum
-    else:
-        var_rows = np.full(m, n * (h + tol) ** 2)
-        var_cols = np.full(n, m * (h + tol) ** 2)
-    # float64 rounding of the projections: at most about (k + m + n)·u of the
-    # sums of |terms|, themselves at most these norms (Cauchy–Schwarz)
-    gamma = 2 * (k + m + n + 4) * _U64
-    xn = float(np.max(np.linalg.norm(proj.x, axis=0)))
-    yn = float(np.max(np.linalg.norm(proj.y, axis=0)))
-    a_row_ssq, b_col_ssq = proj.a_row_ssq, proj.b_col_ssq
-    norm_a, norm_b = math.sqrt(float(a_row_ssq.sum())), math.sqrt(float(b_col_ssq.sum()))
-    round_rows = gamma * xn * (np.sqrt(sums.row_ssq) + np.sqrt(a_row_ssq) * norm_b)
-    round_cols = gamma * yn * (np.sqrt(sums.col_ssq) + norm_a * np.sqrt(b_col_ssq))
-    bound_rows = z * np.sqrt(var_rows) + round_rows
-    bound_cols = z * np.sqrt(var_cols) + round_cols
-    ratio_rows = np.max(np.abs(res_rows), axis=1) / bound_rows
-    ratio_cols = np.max(np.abs(res_cols), axis=0) / bound_cols
-    i, j = int(np.argmax(ratio_rows)), int(np.argmax(ratio_cols))
-    if ratio_rows[i] >= ratio_cols[j]:
-        worst_ratio, worst = float(ratio_rows[i]), ("row", i)
-    else:
-        worst_ratio, worst = float(ratio_cols[j]), ("column", j)
-    return QuickReport(
-        ok=bool(worst_ratio <= 1.0),
-        shape=(m, n),
-        seed=seed,
-        vectors=vectors,
-        z=z,
-        false_alarm=false_alarm,
-        bound=float(max(bound_rows.max(), bound_cols.max())),
-        worst_ratio=worst_ratio,
-        worst=worst,
-        nonfinite=0,
-        tolerance=tolerance,
-    )
+    sums = output_sums([(0, out)] if out.ndim == 2 else [], shape, proj.seed, proj.vectors)
+    return freivalds.verdict(sums, proj, false_alarm, tol)
 
 
 def _quick_numpy(
@@ -876,8 +653,8 @@ class _ModelCheck:
         m, k = self.a64.shape
         n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
-        self.c = _fp32_factor(k)
-        gamma = (k + 4) * _U64
+        self.c = fp32_factor(k)
+        gamma = (k + 4) * U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma
 
@@ -945,7 +722,7 @@ class _ModelCheck:
     def _sieve_c(self, fc: ModuleType, sieve: _Sieve, out: np.ndarray, ref: np.ndarray, base: int, limit: int) -> None:
         rows, n = out.shape
         ref = np.ascontiguousarray(ref)
-        got = fc.model(out, ref, rows, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, _SPLIT_ELEMS)
+        got = fc.model(out, ref, rows, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, textcore.C_SPLIT_ELEMS)
         max_err, ssq_err, ssq_ref, nonfinite, first_nan, first_nonfinite, left, flat, err = got
         at = np.frombuffer(flat, dtype=np.int64).astype(np.intp, copy=False)  # empty beyond the limit
         sieve.add(
@@ -997,9 +774,10 @@ class _ModelCheck:
             return np.sqrt(np.einsum("ik,ik->i", self.a64, self.a64)), np.sqrt(
                 np.einsum("kj,kj->j", self.b64, self.b64)
             )
-        a_rows, a_cols, b_rows, b_cols = np.empty(m), np.empty(k), np.empty(k), np.empty(n)
-        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, _SPLIT_ELEMS)
-        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, _SPLIT_ELEMS)
+        a_rows, b_rows = np.empty(m), np.empty(k)
+        a_cols, b_cols = np.zeros(k), np.zeros(n)  # the passes add to their column sums
+        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, textcore.C_SPLIT_ELEMS)
+        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, textcore.C_SPLIT_ELEMS)
         return np.sqrt(a_rows), np.sqrt(b_cols)
 
     def _in_full(self, tolerance: str) -> CheckReport:
@@ -1026,7 +804,7 @@ class _ModelCheck:
 
     def report(self, tolerance: str) -> CheckReport:
         m, n = self.m, self.n
-        fc = _c_passes()
+        fc = textcore.c_passes()
         sieve = self._sieve(fc)
         if sieve is None:  # wrong nearly everywhere
             return self._in_full(tolerance)

@@ -188,3 +188,20 @@ def test_the_grading_script_of_the_docs(tmp_path):
         assert not list(outbox.glob("*.1.*"))
     finally:
         assert daemon.stop() == 0
+
+
+def test_one_quick_check_imports_no_numpy(tmp_path):
+    """`mmd check --quick` of one output with the C accelerators runs without numpy (its start-up is
+    most of the check's time: docs/grading.md); where they are not built, it imports numpy."""
+    from mmd import textcore
+
+    src, out = tmp_path / "m.txt", tmp_path / "m.out"
+    assert run_mmd("gen", "40", "--seed", "2", "-o", str(src)).returncode == 0
+    assert run_mmd("run", str(src), "-o", str(out)).returncode == 0
+    code = (
+        "import sys; from mmd.cli import main; status = main(['check', sys.argv[1], '--input', sys.argv[2], "
+        "'--quick']); print('numpy' in sys.modules, status)"
+    )
+    got = subprocess.run([sys.executable, "-c", code, str(out), str(src)], capture_output=True, text=True, check=True)
+    assert got.stdout.splitlines()[-1] == f"{textcore.c_passes() is None} 0"
+    assert "format ok; ok (quick): 40x40" in got.stdout

@@ -4,7 +4,7 @@ Every check is made five ways on the same inputs: through the C passes
 (their AVX2 kernels where the CPU has AVX2, and their two-double kernels),
 each as mmd.verify calls them and split over two threads on every size
 (``_SPLIT_ELEMS`` 0), and through the numpy passes (the flag
-``textformat.USE_FASTTEXT`` switched off). The reports must agree exactly in their decisions, counts,
+``textcore.USE_FASTTEXT`` switched off). The reports must agree exactly in their decisions, counts,
 positions and largest error; the sums (relative error, the quick check's
 projections) are summed in another order and agree to rounding.
 """
@@ -22,37 +22,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmd import freivalds, textcore, tolerance, verify
 from mmd import textformat as tf
-from mmd import verify
 from mmd.generate import random_matrix
 
 from .test_verify import same_report
 
-fc = verify._fastcheck
+fc = textcore.fastcheck
 pytestmark = pytest.mark.skipif(fc is None, reason="mmd._fastcheck is not built (no C compiler at install time)")
 
 
 def _ways(fn: Callable[[], Any]) -> tuple[list[Any], Any]:
     """fn() through the C passes four ways (AVX2 kernels where the CPU has them, and the two-double ones; each
     whole and always split over two threads), and through the numpy passes."""
-    old_flag, old_split = tf.USE_FASTTEXT, verify._SPLIT_ELEMS
+    old_flag, old_split = textcore.USE_FASTTEXT, textcore.C_SPLIT_ELEMS
     old_wide = fc.set_wide(True)
     c = []
     try:
-        tf.USE_FASTTEXT = True
+        textcore.USE_FASTTEXT = True
         for wide in (True, False):
             fc.set_wide(wide)
             for split in (old_split, 0):
-                verify._SPLIT_ELEMS = split
+                textcore.C_SPLIT_ELEMS = split
                 c.append(fn())
-        tf.USE_FASTTEXT = False
+        textcore.USE_FASTTEXT = False
         return c, fn()
     finally:
-        tf.USE_FASTTEXT, verify._SPLIT_ELEMS = old_flag, old_split
+        textcore.USE_FASTTEXT, textcore.C_SPLIT_ELEMS = old_flag, old_split
         fc.set_wide(old_wide)
 
 
-def _same_quick(got: verify.QuickReport, want: verify.QuickReport) -> None:
+def _same_quick(got: freivalds.QuickReport, want: freivalds.QuickReport) -> None:
     assert (got.ok, got.shape, got.seed, got.vectors, got.z, got.nonfinite, got.tolerance) == (
         want.ok,
         want.shape,
@@ -82,7 +82,7 @@ def _planted(out: np.ndarray, a: np.ndarray, b: np.ndarray, plant: str, rng: np.
     i, j = int(rng.integers(m)), int(rng.integers(n))
     if plant == "near":  # errors either side of their allowance
         ref = a.astype(np.float64) @ b.astype(np.float64)
-        allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+        allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
         pick = rng.random(out.shape) < 0.2
         out[pick] = (ref + rng.choice([-1.1, -0.9, 0.9, 1.1, 50.0], size=out.shape) * allowed)[pick]
     elif plant == "nan":
@@ -175,9 +175,9 @@ def test_projections_of_any_matrix_same_both_ways(dtype, layout):
         a, b = np.repeat(a, 2, axis=1)[:, ::2], np.repeat(b, 2, axis=1)[:, ::2]
     cs, numpy_ = _ways(lambda: verify.project(a, b, seed=3))
     for got in cs:
-        for name in ("x", "y", "abx", "yab", "row_sum", "row_max", "col_sum", "col_max", "a_row_ssq", "b_col_ssq"):
+        for name in ("x_t", "y", "abx_t", "yab", "row_sum", "row_max", "col_sum", "col_max", "a_row_ssq", "b_col_ssq"):
             np.testing.assert_allclose(getattr(got, name), getattr(numpy_, name), rtol=1e-12, atol=1e-9, err_msg=name)
-        assert (got.shape, got.seed) == (numpy_.shape, numpy_.seed)
+        assert (got.shape, got.seed, got.vectors) == (numpy_.shape, numpy_.seed, numpy_.vectors)
 
 
 def test_more_vectors_than_the_c_passes_take_go_through_numpy():
@@ -192,7 +192,7 @@ def test_big_enough_to_split_by_default_same_both_ways():
     rng = np.random.default_rng(5)
     a, b = random_matrix(rng, 300, 64), random_matrix(rng, 64, 301)  # 90300 elements: two threads
     out = _planted(_printed(a, b), a, b, "near", rng)
-    assert out.size >= verify._SPLIT_ELEMS
+    assert out.size >= textcore.C_SPLIT_ELEMS
     cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
@@ -221,13 +221,14 @@ def test_the_c_passes_refuse_wrong_buffers():
 
 
 def test_no_fasttext_switches_the_c_passes_off():
-    code = "import mmd.verify as v; print(v._c_passes() is not None)"
+    code = "import mmd.textcore as tc; print(tc.c_passes() is not None, tc.c_text() is not None)"
     env = dict(os.environ, MMD_NO_FASTTEXT="1")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert got.stdout.strip() == "False"
+    assert got.stdout.strip() == "False False"
     env["MMD_NO_FASTTEXT"] = ""
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert got.stdout.strip() == str(tf._fasttext is not None)
+    built = textcore.fasttext is not None
+    assert got.stdout.strip() == f"{built} {built}"
 
 
 def test_an_empty_inner_dimension_same_both_ways():
@@ -250,11 +251,15 @@ def test_sumsq_rows_and_columns(wide, dtype):
     old = fc.set_wide(wide)
     try:
         for mat in (rng.standard_normal((7, 13)).astype(dtype), rng.standard_normal((13, 7)).astype(dtype)):
-            rows, cols = np.empty(mat.shape[0]), np.empty(mat.shape[1])
+            rows = np.empty(mat.shape[0])
             m64 = mat.astype(np.float64)
             for split in (0, 1 << 30):
+                cols = np.zeros(mat.shape[1])
                 fc.sumsq(mat, *mat.shape, 1, None, None, rows, cols, split)
                 np.testing.assert_allclose(rows, (m64 * m64).sum(axis=1), rtol=1e-12)
                 np.testing.assert_allclose(cols, (m64 * m64).sum(axis=0), rtol=1e-12)
+                # the column sums are added to what acc holds: rows given in blocks sum in one acc
+                fc.sumsq(mat[:3].copy(), 3, mat.shape[1], 1, None, None, rows[:3].copy(), cols, split)
+                np.testing.assert_allclose(cols, (m64 * m64).sum(axis=0) + (m64[:3] ** 2).sum(axis=0), rtol=1e-12)
     finally:
         fc.set_wide(old)

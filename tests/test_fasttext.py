@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmd import textcore
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
@@ -31,16 +32,16 @@ pytestmark = pytest.mark.skipif(ft is None, reason="mmd._fasttext is not built (
 @pytest.fixture(autouse=True)
 def _accelerated(monkeypatch):
     """Each test starts with the accelerator on (even under MMD_NO_FASTTEXT=1)."""
-    monkeypatch.setattr(tf, "USE_FASTTEXT", ft is not None)
+    monkeypatch.setattr(textcore, "USE_FASTTEXT", ft is not None)
 
 
 def _numpy_path(fn, *args):
-    old = tf.USE_FASTTEXT
-    tf.USE_FASTTEXT = False
+    old = textcore.USE_FASTTEXT
+    textcore.USE_FASTTEXT = False
     try:
         return fn(*args)
     finally:
-        tf.USE_FASTTEXT = old
+        textcore.USE_FASTTEXT = old
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -610,7 +611,7 @@ def test_locale_does_not_change_bytes():
 
 
 def test_env_var_forces_numpy_path():
-    code = "import mmd.textformat as tf; print(tf.USE_FASTTEXT)"
+    code = "import mmd.textcore as tc; print(tc.USE_FASTTEXT)"
     root = Path(tf.__file__).resolve().parents[1]
     env = dict(os.environ, MMD_NO_FASTTEXT="1")
     run = dict(env=env, cwd=root, capture_output=True, text=True, check=True)

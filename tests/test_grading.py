@@ -440,3 +440,56 @@ def test_same_bytes(monkeypatch, accelerated):
         assert not textcore.same_bytes(memoryview(base), memoryview(other)), i
     assert not textcore.same_bytes(memoryview(base), memoryview(base[:-1]))
     assert textcore.same_bytes(memoryview(b""), memoryview(b""))
+
+
+@pytest.mark.parametrize("block", [1, 7 * 25, 1 << 20])
+def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
+    """--quick with the C accelerators reads and sums without numpy (mmd.freivalds, mmd.textcore);
+    with them switched off, numpy's parsers and passes make the same sums. Every outcome (right,
+    a value, a row, a column wrong, faults anywhere, another shape) is the same both ways, to the
+    rounding of the sums in the ratio."""
+    if textcore.c_passes() is None:
+        pytest.skip("the C accelerators are not built")
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", block)
+    out, src = _pair(tmp_path, 30, 20, 25)
+    text = out.read_bytes()
+    vals = textformat.parse_output(text)
+    spoilt = {"a value": (3, 11, 40.0), "a row": (17, slice(None), 2.0), "a column": (slice(None), 24, -2.0)}
+    cases = {"right": text, "a fault late": _spoil(text, 27), "a row too many": text + text[-176:]}
+    for name, (i, j, delta) in spoilt.items():
+        wrong = vals.copy()
+        wrong[i, j] += delta
+        cases[name] = textformat.emit(wrong.astype(np.float32))
+    other = tmp_path / "other.txt"
+    rng = np.random.default_rng(3)
+    other.write_bytes(b"".join(input_chunks(random_matrix(rng, 30, 20), random_matrix(rng, 20, 24), square=False)))
+
+    def outcomes(accelerated: bool) -> dict[str, dict[str, object]]:
+        monkeypatch.setattr(textcore, "USE_FASTTEXT", accelerated)
+        got = {}
+        for name, body in cases.items():
+            out.write_bytes(body)
+            got[name] = grading.check_file(out, src, Options(quick=True)).results[0].as_dict()
+        out.write_bytes(text)
+        got["another shape"] = grading.check_file(out, other, Options(quick=True)).results[0].as_dict()
+        return got
+
+    c, numpy_ = outcomes(True), outcomes(False)
+    ratio = re.compile(r"[0-9.e+-]+ (of|times) its bound")
+    for name in c:
+        for key in ("status", "reason", "detail", "line", "column", "shape"):
+            mine, theirs = c[name][key], numpy_[name][key]
+            if isinstance(mine, str):
+                mine, theirs = ratio.sub("R", mine), ratio.sub("R", theirs)
+            assert mine == theirs, (name, key)
+    statuses = {name: r["status"] for name, r in c.items()}
+    assert statuses == {
+        "right": "ok",
+        "a fault late": "format",
+        "a row too many": "format",
+        "a value": "mismatch",
+        "a row": "mismatch",
+        "a column": "mismatch",
+        "another shape": "mismatch",
+    }
+    assert "at row 18" in c["a row"]["reason"] and "at column 25" in c["a column"]["reason"]

@@ -15,7 +15,7 @@ from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Options, Result, Status
 
-pytestmark = pytest.mark.skipif(not textcore.FASTTEXT_ON, reason="mmd._fasttext is not built or switched off")
+pytestmark = pytest.mark.skipif(not textcore.USE_FASTTEXT, reason="mmd._fasttext is not built or switched off")
 
 
 def _in_body(text: bytes, old: bytes, new: bytes, skip: int = 0) -> bytes:
@@ -178,11 +178,12 @@ def test_failed_reads_leave_the_check_to_grading(tmp_path, monkeypatch, out, ref
     paths = _files(tmp_path)
     output, reference = paths[out], paths[ref]
     want = grading.check_file(output, reference, options).results[0]
-    monkeypatch.setattr(textcore, "fasttext", _Failing)  # the reads' parser; grading's is textformat's
+    monkeypatch.setattr(textcore, "fasttext", _Failing)  # while the reads run
     with _ahead(output, reference, options) as ahead:
         assert ahead.output_values(output) is None and ahead.input_values(reference, not options.quick) is None
         differ = options.against == "expected" and output.read_bytes() != reference.read_bytes()
         assert ahead.same_output(output, reference) is (False if differ else None)  # memcmp needs no parser
+        monkeypatch.undo()  # the reads are done: grading's own parse as ever
         got = grading.check_file(output, reference, options, ahead).results[0]
     assert _plain(got) == _plain(want) and want.status is status
 

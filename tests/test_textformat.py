@@ -503,7 +503,7 @@ def accelerator(request, monkeypatch):
     """Through mmd._fasttext, then through the numpy path."""
     if request.param == "c" and tf._fasttext is None:
         pytest.skip("mmd._fasttext is not built")
-    monkeypatch.setattr(tf, "USE_FASTTEXT", request.param == "c")
+    monkeypatch.setattr(textcore, "USE_FASTTEXT", request.param == "c")
     return request.param
 
 
@@ -580,8 +580,8 @@ def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, 
 
     if accelerated and tf._fasttext is None:
         pytest.skip("mmd._fasttext is not built")
-    old_flag = tf.USE_FASTTEXT
-    tf.USE_FASTTEXT = accelerated
+    old_flag = textcore.USE_FASTTEXT
+    textcore.USE_FASTTEXT = accelerated
     try:
         rng = np.random.default_rng(seed)
         a, b = random_matrix(rng, m, k, -1000, 1000), random_matrix(rng, k, n, -1000, 1000)
@@ -591,7 +591,7 @@ def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, 
         sq = random_matrix(rng, m, m)
         assert b"".join(input_chunks(sq, sq, square=True)) == b"".join(_old_input_chunks(sq, sq, square=True))
     finally:
-        tf.USE_FASTTEXT = old_flag
+        textcore.USE_FASTTEXT = old_flag
 
 
 def test_emit_input_any_float32(accelerator):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import cpus, verify
+from mmd import cpus, freivalds, textcore, tolerance, verify
 from mmd import textformat as tf
 from mmd.generate import random_matrix
 
@@ -16,12 +16,12 @@ from mmd.generate import random_matrix
 def passes(request):
     """Every test through mmd._fastcheck's passes, then through the numpy ones (module-scoped: hypothesis
     refuses function-scoped fixtures)."""
-    if request.param == "c" and verify._fastcheck is None:
+    if request.param == "c" and textcore.fastcheck is None:
         pytest.skip("mmd._fastcheck is not built")
-    old = tf.USE_FASTTEXT
-    tf.USE_FASTTEXT = request.param == "c"
+    old = textcore.USE_FASTTEXT
+    textcore.USE_FASTTEXT = request.param == "c"
     yield request.param
-    tf.USE_FASTTEXT = old
+    textcore.USE_FASTTEXT = old
 
 
 def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -34,7 +34,7 @@ def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> verify.CheckReport:
     """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
     ref = _reference(a, b)
-    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     return verify._report(out, ref, allowed, "0.005 + 4·sqrt(K)·eps·|A||B|")
 
 
@@ -82,7 +82,7 @@ def _full_check_same_as_the_old_rule(m, k, n, seed, factors):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     for f in factors:  # errors around the allowance, either sign
         i, j = rng.integers(m), rng.integers(n)
         out[i, j] = ref[i, j] + rng.choice([-1, 1]) * f * allowed[i, j]
@@ -127,7 +127,7 @@ def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     sign = rng.choice([-1.0, 1.0], size=out.shape)
     if plant.startswith("scattered"):
         pick = rng.random(out.shape) < 0.05
@@ -263,7 +263,7 @@ def test_quick_passes_outputs_at_the_edge_of_the_tolerance():
     rng = np.random.default_rng(2)
     a, b = random_matrix(rng, 100, 400), random_matrix(rng, 400, 120)
     ref = _reference(a, b)
-    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     for signs in (np.ones(ref.shape), rng.choice([-1.0, 1.0], size=ref.shape)):
         out = ref + 0.999 * signs * allowed
         assert verify.against_inputs(out, a, b).ok
@@ -280,7 +280,7 @@ def test_quick_is_seeded_and_reports_its_bound():
     assert r1 == r2 and r1.worst_ratio != r3.worst_ratio
     assert r1.seed == 9 and r1.vectors == 4 and r1.false_alarm == 1e-9
     # z: all (50 + 70) * 4 projections together refuse a passing result with chance at most 1e-9
-    assert r1.z == pytest.approx(verify._z_for(1e-9 / 480))
+    assert r1.z == pytest.approx(freivalds.z_for(1e-9 / 480))
     assert 6.5 < r1.z < 7.5 and r1.bound > 0
     s = r1.summary()
     assert s.startswith("ok (quick): 50x70, largest projection") and "seed 9" in s and "sigma" in s
@@ -322,7 +322,7 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monke
         out[[3, 12, 20], [5, 5, 5]] += 0.5  # a tie: the first one is the worst
     same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
     b = ref.astype(np.float32)  # A = I: the product is B
-    want = verify._report(out, b.astype(np.float64), verify.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
+    want = verify._report(out, b.astype(np.float64), tolerance.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
     same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
 
 
@@ -339,7 +339,7 @@ def test_chunked_passes_report_as_one_pass(block, chunk, ref_block, seed, monkey
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = verify.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
     pick = rng.random(out.shape) < 0.1
     out[pick] = (ref + rng.choice([-1.2, -0.9, 0.9, 1.2, 50.0], size=out.shape) * allowed)[pick]
     if seed % 2:
@@ -420,14 +420,14 @@ def test_output_sums_in_blocks_same_as_whole(rows, plant):
     blocks = verify.output_sums(((r, out[r : r + rows]) for r in range(0, 37, rows)), out.shape, seed=4)
     assert (blocks.nonfinite, blocks.first_nonfinite) == (whole.nonfinite, whole.first_nonfinite)
     if plant != "nan":
-        np.testing.assert_allclose(blocks.cx, whole.cx, rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(blocks.cx_t, whole.cx_t, rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(blocks.row_ssq, whole.row_ssq, rtol=1e-12)
         np.testing.assert_allclose(blocks.yc, whole.yc, rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(blocks.col_ssq, whole.col_ssq, rtol=1e-12)
     proj = verify.project(a, b, seed=4)
-    got, want = verify.quick_from_sums(blocks, proj), verify.quick_from_sums(whole, proj)
+    got, want = freivalds.verdict(blocks, proj), freivalds.verdict(whole, proj)
     assert (got.ok, got.worst, got.nonfinite) == (want.ok, want.worst, want.nonfinite)
     assert got.worst_ratio == pytest.approx(want.worst_ratio, rel=1e-9)
     assert got.ok == (plant == "none") and want == verify.quick(out, a, b, seed=4)
     with pytest.raises(ValueError, match="seed"):
-        verify.quick_from_sums(verify.output_sums([(0, out)], out.shape, seed=5), proj)
+        freivalds.verdict(verify.output_sums([(0, out)], out.shape, seed=5), proj)

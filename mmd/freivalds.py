@@ -1,0 +1,336 @@
+"""The quick check: Freivalds' method in its Gaussian form (Ji, Mascagni and Li, 2017), without numpy.
+
+With E = C − A·B for an output C (m×n) of A (m×k) and B (k×n), and Gaussian
+vectors x (n) and y (m), each component of E·x and yᵀ·E is exactly normal,
+with variance Σ_j E_ij² (a row) or Σ_i E_ij² (a column). If the full check
+would pass, |E_ij| ≤ h + c·S_ij (h the print rounding, c·S the fp32 model,
+S = |A|·|B|; :mod:`mmd.tolerance`), so a row's variance is at most
+Σ_j (h + c·S_ij)², which is bounded in O(n²) by n·h² + 2hc·Σ_j S_ij +
+c²·max_j S_ij·Σ_j S_ij with Σ_j S_ij = |a_i|·(|B|·1) and max_j S_ij ≤
+|a_i|·(row maxima of |B|); columns alike. Each of the (m + n)·vectors
+projections is held to z such standard deviations, z chosen so that all of
+them together refuse a passing result with a chance of at most
+``false_alarm``, plus a margin for float64 rounding. A ``tol`` replaces c·S
+by a constant, as in the full check.
+
+It refuses anything that moves a projection beyond its bound (a wrong row,
+column, tile or transpose; any error large against the bound); it cannot see
+one element off by a little, which only the full check does.
+
+The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
+reads plain buffers: :func:`project` (A and B's side) and :class:`OutputSums`
+(C's, a block of rows at a time), and then :func:`verdict`, O(m + n) in
+Python. None of it needs numpy, so ``mmd check --quick`` of one output runs
+without importing it (about 0.2 s of start-up on the 2-core VM, 0.3-0.5 s
+on the GPU machine). :mod:`mmd.verify` makes the same sums in numpy where
+the C passes are not built; both feed :func:`verdict`.
+
+Every series here is a flat ``array('d')`` in C order: ``x_t`` is vectors×n
+(xᵀ), ``y`` m×vectors, the projections of rows (``abx_t``, ``cx_t``)
+vectors×m, those of columns (``yab``, ``yc``) vectors×n.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import textcore
+from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
+
+#: Random vectors on each side unless a caller asks for another count (``mmd check`` does not).
+VECTORS = 4
+#: The most vectors on each side the C passes take (mmd._fastcheck's MAX_VECTORS).
+C_MAX_VECTORS = 16
+
+
+def zeros(count: int) -> array[float]:
+    """``count`` float64 zeros."""
+    return array("d", bytes(8 * count))
+
+
+@functools.lru_cache(maxsize=4)
+def _vectors(m: int, n: int, seed: int, vectors: int) -> tuple[bytes, bytes]:
+    rng = random.Random(seed)
+    count = (n + m) * vectors
+    out = zeros(count + 1)
+    # Box-Muller on Python's Mersenne Twister: random() is the one stream Python keeps the same
+    # for a seed from version to version (its gauss() may change), and numpy is not imported here
+    two_pi = 2.0 * math.pi
+    for i in range(0, count, 2):
+        r = math.sqrt(-2.0 * math.log(1.0 - rng.random()))  # 1 - u is in (0, 1]
+        t = two_pi * rng.random()
+        out[i], out[i + 1] = r * math.cos(t), r * math.sin(t)
+    split = 8 * n * vectors
+    raw = out.tobytes()
+    return raw[:split], raw[split : 8 * count]
+
+
+def random_vectors(m: int, n: int, seed: int = 0, vectors: int = VECTORS) -> tuple[array[float], array[float]]:
+    """The quick check's Gaussian vectors for an m×n product: x_t (vectors×n), then y (m×vectors),
+    from ``seed`` (both sides make them here, so they agree)."""
+    x_t, y = _vectors(m, n, seed, vectors)
+    return array("d", x_t), array("d", y)
+
+
+@dataclass(frozen=True)
+class Projections:
+    """A (m×k) and B (k×n)'s side of the quick check: O(m + n) numbers, made before the output is read."""
+
+    shape: tuple[int, int, int]  # m, k, n
+    seed: int
+    vectors: int
+    x_t: array[float]  # vectors × n
+    y: array[float]  # m × vectors
+    abx_t: array[float]  # (A·(B·x))ᵀ, vectors × m
+    yab: array[float]  # (yᵀ·A)·B, vectors × n
+    row_sum: array[float]  # Σ_j S_ij, S = |A|·|B|
+    row_max: array[float]  # ≥ max_j S_ij
+    col_sum: array[float]  # Σ_i S_ij
+    col_max: array[float]  # ≥ max_i S_ij
+    a_row_ssq: array[float]  # Σ_k A_ik²
+    b_col_ssq: array[float]  # Σ_k B_kj²
+
+
+def c_usable(vectors: int) -> bool:
+    """Whether the C passes are on (:func:`mmd.textcore.c_passes`) and take this many vectors."""
+    return textcore.c_passes() is not None and 1 <= vectors <= C_MAX_VECTORS
+
+
+def project(a: Any, b: Any, shape: tuple[int, int, int], seed: int = 0, vectors: int = VECTORS) -> Projections:
+    """A and B's side by mmd._fastcheck (:func:`c_usable`): three passes (B, A, B again), each one
+    read of its matrix with every sum of it at once. ``a`` and ``b``: C-ordered float32 or float64
+    buffers of m×k and k×n values (k may be 0)."""
+    fc = textcore.c_passes()
+    assert fc is not None and 1 <= vectors <= C_MAX_VECTORS, "the C passes are not usable: see c_usable"
+    m, k, n = shape
+    v = vectors
+    x_t, y = random_vectors(m, n, seed, v)
+    split = textcore.C_SPLIT_ELEMS
+    b_rows = zeros((v + 2) * k)  # (B·x)ᵀ, Σ_j |B_rj|, max_j |B_rj|
+    b_col_ssq = zeros(n)
+    a_rows = zeros((v + 3) * m)  # (A·B·x)ᵀ, |A|·Σ|B|, |A|·max|B|, Σ_k A_ik²
+    a_cols = zeros((v + 2) * k)  # yᵀ·A, Σ_i |A_ik|, max_i |A_ik|
+    b_cols = zeros((v + 2) * n)  # yᵀ·A·B, (Σ|A|)ᵀ·|B|, (max|A|)ᵀ·|B|
+    if k:
+        fc.b_rows(b, k, n, v, x_t, None, b_rows, b_col_ssq, split)
+        fc.a_rows(a, m, k, v, b_rows, y, a_rows, a_cols, split)
+        fc.b_cols(b, k, n, v, None, a_cols, None, b_cols, split)
+    return Projections(
+        shape=shape,
+        seed=seed,
+        vectors=v,
+        x_t=x_t,
+        y=y,
+        abx_t=a_rows[: v * m],
+        yab=b_cols[: v * n],
+        row_sum=a_rows[v * m : (v + 1) * m],
+        row_max=a_rows[(v + 1) * m : (v + 2) * m],
+        col_sum=b_cols[v * n : (v + 1) * n],
+        col_max=b_cols[(v + 1) * n :],
+        a_row_ssq=a_rows[(v + 2) * m :],
+        b_col_ssq=b_col_ssq,
+    )
+
+
+@dataclass
+class OutputSums:
+    """The output C (m×n)'s side of the quick check: O(m + n) numbers. By mmd._fastcheck they are
+    summed a block of rows at a time (:meth:`start`, then :meth:`add`), so an output read a block at
+    a time is never held whole."""
+
+    shape: tuple[int, int]
+    seed: int
+    vectors: int
+    cx_t: array[float]  # (C·x)ᵀ, vectors × m
+    row_ssq: array[float]  # Σ_j C_ij²
+    columns: array[float]  # yᵀ·C (vectors × n), then Σ_i C_ij² (n)
+    nonfinite: int = 0  # NaN and infinite values
+    first_nonfinite: int | None = None  # the flat index of the first
+
+    @property
+    def yc(self) -> array[float]:
+        return self.columns[: self.vectors * self.shape[1]]
+
+    @property
+    def col_ssq(self) -> array[float]:
+        return self.columns[self.vectors * self.shape[1] :]
+
+    @classmethod
+    def start(cls, shape: tuple[int, int], seed: int = 0, vectors: int = VECTORS) -> OutputSums:
+        """Sums of no rows yet, for :meth:`add`."""
+        m, n = shape
+        return cls(shape, seed, vectors, zeros(vectors * m), zeros(m), zeros((vectors + 1) * n))
+
+    def add(self, r0: int, block: Any, rows: int) -> None:
+        """Add rows r0 .. r0 + rows (``block``: their float32 or float64 values, C order) by
+        mmd._fastcheck's pass (:func:`c_usable`), which adds its columns' sums to ours."""
+        fc = textcore.c_passes()
+        assert fc is not None and 1 <= self.vectors <= C_MAX_VECTORS, "the C passes are not usable: see c_usable"
+        m, n = self.shape
+        v = self.vectors
+        if not rows or not n:
+            return
+        x_t, y = random_vectors(m, n, self.seed, v)
+        rows_t = zeros((v + 1) * rows)
+        w = y[r0 * v : (r0 + rows) * v]
+        bad, at = fc.c_pass(block, rows, n, v, x_t, w, rows_t, self.columns, textcore.C_SPLIT_ELEMS)
+        for t in range(v):
+            self.cx_t[t * m + r0 : t * m + r0 + rows] = rows_t[t * rows : (t + 1) * rows]
+        self.row_ssq[r0 : r0 + rows] = rows_t[v * rows :]
+        if bad and self.first_nonfinite is None:
+            self.first_nonfinite = r0 * n + at
+        self.nonfinite += bad
+
+
+@dataclass(frozen=True)
+class QuickReport:
+    """The outcome of the quick check."""
+
+    ok: bool
+    shape: tuple[int, int]
+    seed: int
+    vectors: int  # random vectors on each side
+    z: float  # standard deviations a projection may stray before it is refused
+    false_alarm: float  # at most this chance of refusing a result the full check passes
+    bound: float  # the largest bound a projection was held to
+    worst_ratio: float  # max over projections of |residual| / its bound (> 1: refused)
+    worst: tuple[str, int] | None  # ("row", i) or ("column", j), 0-based, where that ratio was reached
+    nonfinite: int  # NaN or infinite values in the output (refused at once)
+    tolerance: str
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        m, n = self.shape
+        head = "ok" if self.ok else "MISMATCH"
+        if self.nonfinite:
+            what = f"{self.nonfinite} values are not finite"
+        else:
+            what = f"largest projection {self.worst_ratio:.3g} of its bound"
+            if self.worst is not None and not self.ok:
+                what += f", at {self.worst[0]} {self.worst[1] + 1}"
+        return (
+            f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
+            f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
+            f"false alarm < {self.false_alarm:.0e}"
+        )
+
+    def reason(self) -> str:
+        """Why it was refused, in a few words (empty when ok)."""
+        if self.ok:
+            return ""
+        if self.nonfinite:
+            return f"{self.nonfinite} values are not finite"
+        where = f" at {self.worst[0]} {self.worst[1] + 1}" if self.worst else ""
+        return f"a projection {self.worst_ratio:.3g} times its bound{where}"
+
+
+def z_for(tail: float) -> float:
+    """The z with P(|N(0,1)| > z) = tail (bisection on erfc; tail in (0, 1))."""
+    lo, hi = 0.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2)) > tail:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _norm_max(series: Iterable[Sequence[float]]) -> float:
+    """The largest 2-norm of the series."""
+    return max((math.sqrt(math.fsum(q * q for q in part)) for part in series), default=0.0)
+
+
+def _ratios(residuals: Sequence[Sequence[float]], bounds: Sequence[float]) -> list[float]:
+    """For each row (or column): the largest |residual| of its vectors' over its bound. A NaN
+    (an input so large that its products overflow) counts as infinitely far out."""
+    worst = [max(map(abs, r)) for r in zip(*residuals, strict=True)] if residuals else [0.0] * len(bounds)
+    ratios = [r / b for r, b in zip(worst, bounds, strict=True)]
+    return [math.inf if r != r else r for r in ratios]
+
+
+def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None) -> QuickReport:
+    """The quick check's verdict from the output's sums and A and B's, made with the same seed and vectors."""
+    m, k, n = proj.shape
+    v, seed = proj.vectors, proj.seed
+    if (sums.seed, sums.vectors) != (seed, v):
+        raise ValueError(f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {v}")
+    tolerance = described(tol)
+    z = z_for(false_alarm / max((m + n) * v, 1))
+    if sums.shape != (m, n) or sums.nonfinite:
+        first = sums.first_nonfinite
+        return QuickReport(
+            ok=False,
+            shape=sums.shape,
+            seed=seed,
+            vectors=v,
+            z=z,
+            false_alarm=false_alarm,
+            bound=0.0,
+            worst_ratio=math.inf,
+            worst=None if first is None else ("row", first // max(sums.shape[1], 1)),
+            nonfinite=sums.nonfinite,
+            tolerance=tolerance,
+        )
+    h = PRINT_HALF_UNIT
+    if tol is None:  # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
+        c = fp32_factor(k)
+        var_rows = [
+            n * h * h + 2 * h * c * s + c * c * mx * s for s, mx in zip(proj.row_sum, proj.row_max, strict=True)
+        ]
+        var_cols = [
+            m * h * h + 2 * h * c * s + c * c * mx * s for s, mx in zip(proj.col_sum, proj.col_max, strict=True)
+        ]
+    else:
+        var_rows, var_cols = [n * (h + tol) ** 2] * m, [m * (h + tol) ** 2] * n
+    # float64 rounding of the projections: at most about (k + m + n)·u of the sums of |terms|,
+    # themselves at most these norms (Cauchy–Schwarz)
+    gamma = 2 * (k + m + n + 4) * U64
+    xn = _norm_max(proj.x_t[t * n : (t + 1) * n] for t in range(v))
+    yn = _norm_max(proj.y[t::v] for t in range(v))
+    norm_a, norm_b = math.sqrt(math.fsum(proj.a_row_ssq)), math.sqrt(math.fsum(proj.b_col_ssq))
+    bound_rows = [
+        z * math.sqrt(var) + gamma * xn * (math.sqrt(c_ssq) + math.sqrt(a_ssq) * norm_b)
+        for var, c_ssq, a_ssq in zip(var_rows, sums.row_ssq, proj.a_row_ssq, strict=True)
+    ]
+    bound_cols = [
+        z * math.sqrt(var) + gamma * yn * (math.sqrt(c_ssq) + norm_a * math.sqrt(b_ssq))
+        for var, c_ssq, b_ssq in zip(var_cols, sums.col_ssq, proj.b_col_ssq, strict=True)
+    ]
+    yc = sums.yc
+    ratio_rows = _ratios(
+        [list(map(float.__sub__, sums.cx_t[t * m : (t + 1) * m], proj.abx_t[t * m : (t + 1) * m])) for t in range(v)],
+        bound_rows,
+    )
+    ratio_cols = _ratios(
+        [list(map(float.__sub__, yc[t * n : (t + 1) * n], proj.yab[t * n : (t + 1) * n])) for t in range(v)],
+        bound_cols,
+    )
+    # the first largest of each, as numpy's argmax
+    i = max(range(m), key=ratio_rows.__getitem__, default=0)
+    j = max(range(n), key=ratio_cols.__getitem__, default=0)
+    row_ratio = ratio_rows[i] if m else 0.0
+    col_ratio = ratio_cols[j] if n else 0.0
+    if row_ratio >= col_ratio:
+        worst_ratio, worst = row_ratio, ("row", i)
+    else:
+        worst_ratio, worst = col_ratio, ("column", j)
+    return QuickReport(
+        ok=worst_ratio <= 1.0,
+        shape=(m, n),
+        seed=seed,
+        vectors=v,
+        z=z,
+        false_alarm=false_alarm,
+        bound=max(bound_rows + bound_cols, default=0.0),
+        worst_ratio=worst_ratio,
+        worst=worst,
+        nonfinite=0,
+        tolerance=tolerance,
+    )
