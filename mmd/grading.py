@@ -378,7 +378,7 @@ class _Rows:
         at a time: the output is never held whole (its 134 MB of fresh pages at 4096 cost the 2-core
         VM 0.3-0.9 s of system time in four runs of six, side by side). By the C parser and passes
         where they are on (no numpy), else by :func:`mmd.verify.output_sums`."""
-        if freivalds.c_usable(freivalds.VECTORS) and textcore.c_text() is not None:
+        if _quick_by_c():
             return self.pool.submit(self._c_sums, shape, seed)
         from . import textformat, verify
 
@@ -492,9 +492,22 @@ def _against_input(
     return _values_result(job, shape, verify.against_product(rows.result(), product, options.tol))
 
 
+def _quick_by_c() -> bool:
+    """Whether --quick reads and sums by the C accelerators, without numpy."""
+    return freivalds.c_usable(freivalds.VECTORS) and textcore.c_text() is not None
+
+
+def prepare(quick: bool) -> None:
+    """Import what checks need (numpy and mmd's modules built on it), unless they are --quick by the C
+    accelerators, which need none of it. ``mmd check`` calls this while its reads run ahead
+    (:mod:`mmd.readahead`), so that the import overlaps them rather than following them."""
+    if not (quick and _quick_by_c()):
+        from . import textformat, verify  # noqa: F401
+
+
 def _projections(inputs: _Input, seed: int) -> freivalds.Projections:
     """--quick's side of A and B: by the C passes where they are on (no numpy), else by numpy's."""
-    if freivalds.c_usable(freivalds.VECTORS):
+    if _quick_by_c():
         return freivalds.project(inputs.a, inputs.b, inputs.shape, seed)
     from . import verify
 

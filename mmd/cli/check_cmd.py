@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         ahead = _read_ahead(args, reference, against, stack)  # before numpy is imported
         from .. import grading  # only for this command
 
+        grading.prepare(args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
         options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
         return _check(args, reference, options, ahead)
