@@ -198,7 +198,7 @@ def output_plausible(size: int, start: int, m: int, n: int) -> bool:
 
 #: Buffers from this size on are mapped (as malloc maps them anyway) and asked for big pages; smaller
 #: ones come from the heap, which reuses the memory that earlier ones freed.
-MAP_BUFFER_BYTES = 1 << 25
+MAP_BUFFER_BYTES = 1 << 23
 
 
 def buffer(size: int) -> mmap.mmap | bytearray:
