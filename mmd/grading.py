@@ -225,14 +225,16 @@ class _Input:
 
 def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> _Input:
     """A and B of an input: in float64 for the full check (its product reads them so: no
-    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could,
-    else by the C parser (no numpy), else by mmd.textformat, which words a fault."""
+    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could;
+    else, for --quick by the C accelerators, by the C parser into a plain buffer (no numpy); else
+    by mmd.textformat into numpy's arrays (whose memory a folder's jobs reuse), which words a fault."""
     wide = not options.quick
     got = None if ahead is None else ahead.input_values(path, wide)
     if got is None:
         with _opened(path, ahead) as data:
-            with contextlib.suppress(InputFormatError):  # worded below
-                got = textcore.input_values(data, wide)
+            if options.quick and _quick_by_c():
+                with contextlib.suppress(InputFormatError):  # worded below
+                    got = textcore.input_values(data, wide)
             if got is None:
                 import numpy as np
 
