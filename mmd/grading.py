@@ -218,9 +218,19 @@ class _Input:
 
         m, k, n = self.shape
         dtype = np.float64 if self.wide else np.float32
-        return np.frombuffer(self.a.cast("B"), dtype).reshape(m, k), np.frombuffer(self.b.cast("B"), dtype).reshape(
-            k, n
-        )
+        a = np.frombuffer(self.a.cast("B"), dtype).reshape(m, k)
+        return a, np.frombuffer(self.b.cast("B"), dtype).reshape(k, n)
+
+    @classmethod
+    def of_arrays(cls, a: np.ndarray, b: np.ndarray, wide: bool) -> _Input:
+        """Views of numpy's A and B (made C-ordered)."""
+        import numpy as np
+
+        def flat(x: np.ndarray) -> memoryview[float]:
+            raw = np.ascontiguousarray(x).data.cast("B")
+            return raw.cast("d") if wide else raw.cast("f")
+
+        return cls(flat(a), flat(b), (a.shape[0], a.shape[1], b.shape[1]), wide)
 
 
 def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> _Input:
@@ -244,11 +254,7 @@ def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> _Inp
                     mats = textformat.parse(data, dtype=np.float64 if wide else np.float32)
                 except InputFormatError as exc:
                     raise UnreadableError(f"input {path}: {exc.reason}") from None
-                a, b = np.ascontiguousarray(mats.a), np.ascontiguousarray(mats.b)
-                flat_a, flat_b = a.data.cast("B"), b.data.cast("B")
-                if wide:
-                    return _Input(flat_a.cast("d"), flat_b.cast("d"), (*a.shape, b.shape[1]), wide)
-                return _Input(flat_a.cast("f"), flat_b.cast("f"), (*a.shape, b.shape[1]), wide)
+                return _Input.of_arrays(mats.a, mats.b, wide)
     m, k, n = got.shape
     flat = got.view()
     return _Input(flat[: m * k], flat[m * k :], (m, k, n), wide)
