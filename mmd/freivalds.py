@@ -21,8 +21,8 @@ The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
 reads plain buffers: :func:`project` (A and B's side) and :class:`OutputSums`
 (C's, a block of rows at a time), and then :func:`verdict`, O(m + n) in
 Python. None of it needs numpy, so ``mmd check --quick`` of one output runs
-without importing it (about 0.2 s of start-up on the 2-core VM, 0.3-0.5 s
-on the GPU machine). :mod:`mmd.verify` makes the same sums in numpy where
+without importing it (numpy's import took 0.15-0.2 s on the 2-core VM,
+0.3-0.5 s on the GPU machine). :mod:`mmd.verify` makes the same sums in numpy where
 the C passes are not built; both feed :func:`verdict`.
 
 Every series here is a flat ``array('d')`` in C order: ``x_t`` is vectors×n

@@ -43,6 +43,11 @@ USE_FASTTEXT = fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in
 C_SPLIT_ELEMS = 1 << 16
 
 
+def c_text() -> ModuleType | None:
+    """mmd._fasttext, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy paths)."""
+    return fasttext if USE_FASTTEXT else None
+
+
 def c_passes() -> ModuleType | None:
     """mmd._fastcheck, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy passes)."""
     return fastcheck if USE_FASTTEXT else None
@@ -196,8 +201,8 @@ def output_plausible(size: int, start: int, m: int, n: int) -> bool:
 # values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.grading)
 
 
-#: Buffers from this size on are mapped (as malloc maps them anyway) and asked for big pages; smaller
-#: ones come from the heap, which reuses the memory that earlier ones freed.
+#: Buffers from this size on are mapped and asked for big pages; smaller ones come from the heap,
+#: which reuses the memory that earlier ones freed.
 MAP_BUFFER_BYTES = 1 << 23
 
 
@@ -227,11 +232,6 @@ class Values:
     def view(self) -> memoryview[float]:
         """The values as a flat memoryview of float64 (``wide``) or float32."""
         return memoryview(self.buffer).cast("d" if self.wide else "f")
-
-
-def c_text() -> ModuleType | None:
-    """mmd._fasttext, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy paths)."""
-    return fasttext if USE_FASTTEXT else None
 
 
 def output_values(data: memoryview) -> Values | None:
