@@ -378,8 +378,9 @@ class _Rows:
             textformat.check_output(self.data)
 
     def _fault(self) -> NoReturn:
-        self.check()
-        raise AssertionError("an output a block refused passed whole")  # pragma: no cover
+        from . import textformat
+
+        textformat.raise_output_fault(self.data)
 
     def sums(self, shape: tuple[int, int], seed: int) -> Future[freivalds.OutputSums]:
         """--quick's sums of the output, made on the second thread as its rows are read a block of rows

@@ -46,8 +46,8 @@ from .textcore import (
     shorten,
 )
 
-#: The C accelerator, where it is built (tests put a wrapper in its place).
-_fasttext: ModuleType | None = textcore.fasttext  # tests replace it (parsers split on every size)
+#: The C accelerator, where it is built (tests put a wrapper in its place that splits every parse).
+_fasttext: ModuleType | None = textcore.fasttext
 
 __all__ = [
     "Header",
@@ -60,6 +60,7 @@ __all__ = [
     "parse_output",
     "check_output",
     "output_blocks",
+    "raise_output_fault",
     "output_shape",
     "OutputFault",
     "format_reference",
@@ -998,12 +999,12 @@ def output_blocks(data: bytes | memoryview, rows: int) -> Iterator[tuple[int, np
         for r0 in range(0, m, step):
             yield r0, whole[r0 : r0 + step]
         return
-    for r0, block, count in textcore.output_rows(memoryview(data), step, lambda: _raise_fault(data)):
+    for r0, block, count in textcore.output_rows(memoryview(data), step, lambda: raise_output_fault(data)):
         yield r0, np.frombuffer(block.cast("B"), np.float64).reshape(count, n)
 
 
-def _raise_fault(data: bytes | memoryview) -> NoReturn:
-    """Raise the first fault of an output a block refused."""
+def raise_output_fault(data: bytes | memoryview) -> NoReturn:
+    """Raise the first fault of an output that a read a block at a time refused (as :func:`check_output`)."""
     check_output(data)
     raise AssertionError("an output a block refused passed whole")  # pragma: no cover
 

@@ -387,6 +387,12 @@ def _series(x: np.ndarray) -> array[float]:
     return array("d", np.ascontiguousarray(x, dtype=np.float64).tobytes())
 
 
+def _numpy_vectors(m: int, n: int, seed: int, vectors: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`mmd.freivalds.random_vectors` as numpy's passes take them: x (n × vectors), y (m × vectors)."""
+    x_t, y = freivalds.random_vectors(m, n, seed, vectors)
+    return np.frombuffer(x_t).reshape(vectors, n).T, np.frombuffer(y).reshape(m, vectors)
+
+
 def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivalds.VECTORS) -> freivalds.Projections:
     """A and B's side of the quick check (:func:`mmd.freivalds.project` where the C passes are
     usable, else three passes of numpy in blocks of rows, converted to float64 on the way: no n×n
@@ -395,9 +401,7 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivald
     n = b.shape[1]
     if freivalds.c_usable(vectors) and a.size and b.size:
         return freivalds.project(_c_matrix(a), _c_matrix(b), (m, k, n), seed, vectors)
-    x_t, y_flat = freivalds.random_vectors(m, n, seed, vectors)
-    x = np.frombuffer(x_t).reshape(vectors, n).T
-    y = np.frombuffer(y_flat).reshape(m, vectors)
+    x, y = _numpy_vectors(m, n, seed, vectors)
     bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
     bx = np.concatenate([q.bx for q in bp])
     b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
@@ -432,8 +436,8 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivald
         shape=(m, k, n),
         seed=seed,
         vectors=vectors,
-        x_t=x_t,
-        y=y_flat,
+        x_t=_series(x.T),
+        y=_series(y),
         abx_t=_series(np.concatenate([q.abx for q in ap]).T),
         yab=_series(_total([q.yab for q in bp2])),
         row_sum=_series(np.concatenate([q.row_sum for q in ap])),
@@ -454,18 +458,17 @@ def output_sums(
     where it is usable, else numpy's passes."""
     m, n = shape
     sums = freivalds.OutputSums.start(shape, seed, vectors)
-    c = freivalds.c_usable(vectors)
-    x_t, y_flat = freivalds.random_vectors(m, n, seed, vectors)
-    x = np.frombuffer(x_t).reshape(vectors, n).T
-    y = np.frombuffer(y_flat).reshape(m, vectors)
+    if freivalds.c_usable(vectors):
+        for r0, blk in blocks:
+            if blk.size:
+                sums.add(r0, _c_matrix(blk), blk.shape[0])
+        return sums
+    x, y = _numpy_vectors(m, n, seed, vectors)
     cx, yc = np.zeros((m, vectors)), np.zeros((vectors, n))
     row_ssq, col_ssq = np.zeros(m), np.zeros(n)
     for r0, blk in blocks:
         r1 = r0 + blk.shape[0]
         if not blk.size:
-            continue
-        if c:
-            sums.add(r0, _c_matrix(blk), r1 - r0)
             continue
         blk64 = np.asarray(blk, dtype=np.float64)
         finite = np.isfinite(blk64)
@@ -478,9 +481,8 @@ def output_sums(
         cx[r0:r1], yc_blk, row_ssq[r0:r1], col_blk = _quick_numpy(blk64, x, y[r0:r1])
         yc += yc_blk
         col_ssq += col_blk
-    if not c:
-        sums.cx_t[:], sums.row_ssq[:] = _series(cx.T), _series(row_ssq)
-        sums.columns[:] = _series(np.concatenate([yc.ravel(), col_ssq]))
+    sums.cx_t[:], sums.row_ssq[:] = _series(cx.T), _series(row_ssq)
+    sums.columns[:] = _series(np.concatenate([yc.ravel(), col_ssq]))
     return sums
 
 
