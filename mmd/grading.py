@@ -506,11 +506,16 @@ def _quick_by_c() -> bool:
     return freivalds.c_usable(freivalds.VECTORS) and textcore.c_text() is not None
 
 
+def imports_numpy(quick: bool) -> bool:
+    """Whether checks import numpy: all but --quick by the C accelerators."""
+    return not (quick and _quick_by_c())
+
+
 def prepare(quick: bool) -> None:
-    """Import what checks need (numpy and mmd's modules built on it), unless they are --quick by the C
-    accelerators, which need none of it. ``mmd check`` calls this while its reads run ahead
-    (:mod:`mmd.readahead`), so that the import overlaps them rather than following them."""
-    if not (quick and _quick_by_c()):
+    """Import what checks need (numpy and mmd's modules built on it, :func:`imports_numpy`). ``mmd check``
+    calls this while its reads run ahead (:mod:`mmd.readahead`), so that the import overlaps them
+    rather than following them."""
+    if imports_numpy(quick):
         from . import textformat, verify  # noqa: F401
 
 

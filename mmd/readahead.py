@@ -5,9 +5,9 @@ machine's Python) importing numpy and mmd's checking modules, on one core.
 mmd's C parsers need no numpy: they fill plain buffers. So the command starts
 the reads its check will need (:func:`start`) on threads of their own, before
 it imports anything else, and :mod:`mmd.grading` then takes the values as
-arrays over those buffers (no copy). It does so only where the cores can run
-the parsers' threads beside the import (:func:`useful`): on 2 cores there is
-no idle core to win.
+arrays over those buffers (no copy). It does so where the check imports numpy
+(one core for a while, beside which the parsers' threads run), and where the
+cores can run both files' parsers at once (:func:`useful`).
 
 Only a read that succeeds is used. Where a file cannot be read, is not
 plausible, or holds a fault, the value here is None, and grading reads the
@@ -183,12 +183,14 @@ class ReadAhead:
         self._maps.clear()
 
 
-def useful() -> bool:
-    """Whether reading ahead can help: the C parsers are built and switched on, and the cores can run
-    their threads beside the one importing numpy. With fewer (2 cores: 2 parser threads and the
-    import), ``mmd check --quick`` at 4096 took 0.736 s with reads ahead against 0.547 s without
-    (medians of 7 alternating rounds on the 2-core VM)."""
-    return textcore.USE_FASTTEXT and usable_cores() > textcore.WORKERS
+def useful(imports_numpy: bool) -> bool:
+    """Whether reading ahead can help: the C parsers are built and switched on, and either the check
+    imports numpy (``imports_numpy``: one core, 0.15-0.2 s on the 2-core VM, which the parsers' threads
+    share the cores with) or the cores can run both files' parsers at once. Without numpy's import
+    and with fewer cores (2: 2 parser threads) there is nothing to overlap: ``mmd check --quick`` at
+    4096 took 0.736 s with reads ahead against 0.547 s without (medians of 7 alternating rounds on
+    the 2-core VM)."""
+    return textcore.USE_FASTTEXT and (imports_numpy or usable_cores() > textcore.WORKERS)
 
 
 def start(output: Path, reference: Path, against: str, wide: bool) -> ReadAhead:

@@ -8,7 +8,6 @@ can start reading its files while the interpreter is still importing numpy
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import re
@@ -201,23 +200,27 @@ def output_plausible(size: int, start: int, m: int, n: int) -> bool:
 # values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.grading)
 
 
-#: Buffers from this size on are mapped and asked for big pages; smaller ones come from the heap,
-#: which reuses the memory that earlier ones freed.
+#: Buffers from this size on are mapped; smaller ones come from the heap, which reuses the memory that
+#: earlier ones freed.
 MAP_BUFFER_BYTES = 1 << 23
 
 
 def buffer(size: int) -> mmap.mmap | bytearray:
-    """``size`` bytes for values (zeros). A big one is fresh memory, in big pages where the kernel has
-    them (as numpy asks for its big arrays): with a page fault every 4 KiB, a 4096 output's parse
-    took about 10 % longer on the 2-core VM. A smaller one is heap memory: a folder of 512s mapped
-    fresh pages for every job, and took 0.95 s where 0.69 s with numpy's arrays (2-core VM,
+    """``size`` bytes for values (zeros): mmd's big arrays of values, numpy's too
+    (:mod:`mmd.textformat`), come from here.
+
+    A big one is a fresh private mapping in small pages, asked for no huge pages: the kernel's
+    answer to that advice is a gamble. In fresh processes on the 2-core VM (transparent huge pages
+    on "madvise", defrag "madvise"), 268 MB took 0.03-0.08 s where another process had just freed
+    huge pages, and 0.7-1.0 s where the kernel compacted memory to make them; in small pages,
+    0.16-0.19 s every time (numpy asks for huge pages for its big arrays: a 4096 check against its
+    input took 3.39 s with numpy's arrays, 2.76 s with them in small pages, medians of 6). A shared
+    mapping (mmap's default) is shmem: 0.23-0.30 s. A smaller one is heap memory: a folder of
+    512s mapped fresh pages for every job, and took 0.95 s where 0.69 s with heap memory (2-core VM,
     in-process)."""
     if size < MAP_BUFFER_BYTES:
         return bytearray(size)
-    buf = mmap.mmap(-1, size)
-    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE here: small pages
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return buf
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 @dataclass(frozen=True)

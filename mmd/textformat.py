@@ -594,6 +594,13 @@ def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def values_array(count: int, dtype: Any) -> np.ndarray:
+    """An array of ``count`` zeros over :func:`mmd.textcore.buffer`'s memory, for big arrays of values
+    (a file's, a product's block): numpy's own would ask the kernel for huge pages (see there)."""
+    dt = np.dtype(dtype)
+    return np.frombuffer(textcore.buffer(count * dt.itemsize), dt)
+
+
 def _parse_values(
     data: bytes | memoryview,
     start: int,
@@ -608,7 +615,7 @@ def _parse_values(
     bounds = _chunk_bounds(data, start, stop, PARSE_CHUNK)
     plausible = input_plausible(stop, start, expected)
     if out is None or not plausible:
-        out = np.empty(expected if plausible else 0, dtype=dtype if out is None else out.dtype)
+        out = values_array(expected if plausible else 0, dtype if out is None else out.dtype)
     if textcore.USE_FASTTEXT and _fasttext is not None and plausible:
         status, _ = _fasttext.parse_values(data, start, out, None, C_MIN_SPLIT, WORKERS)
         if status == 0:
@@ -969,7 +976,7 @@ def _read_output(data: bytes | memoryview, values: bool) -> np.ndarray | None:
     if textcore.USE_FASTTEXT and _fasttext is not None:
         # A body shorter than m rows of n 6-byte fields cannot pass: no array for it.
         plausible = output_plausible(len(data), start, m, n)
-        out = np.empty((m, n), dtype=np.float64) if plausible and values else None
+        out = values_array(m * n, np.float64).reshape(m, n) if plausible and values else None
         got = _fasttext.parse_output_values(data, start, m, n, out, C_MIN_SPLIT, WORKERS)
         if got is None and (out is not None or not values):
             return out

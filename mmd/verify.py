@@ -36,6 +36,7 @@ import numpy as np
 
 from . import freivalds, textcore
 from .cpus import block_rows
+from .textformat import values_array
 from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
@@ -186,7 +187,7 @@ class Product:
             for r0 in range(0, m, step):
                 yield r0, self.ref[r0 : r0 + step]
             return
-        buf = np.empty((min(step, m), n))
+        buf = values_array(min(step, m) * n, np.float64).reshape(-1, n)
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             yield r0, np.matmul(self.a64[r0:r1], self.b64, out=buf[: r1 - r0])

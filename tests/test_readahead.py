@@ -201,11 +201,13 @@ def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path):
     assert grading.check_file(paths["out"], paths["in"], options).results[0].status is Status.FORMAT
 
 
-def test_read_ahead_where_cores_are_left_beside_the_import(monkeypatch):
+def test_read_ahead_beside_numpy_s_import_or_where_cores_are_left(monkeypatch):
     monkeypatch.setattr(textcore, "WORKERS", 2)
-    for cores, useful in ((2, False), (3, True), (16, True)):
+    for cores, imports_numpy, useful in ((2, True, True), (2, False, False), (3, False, True), (16, True, True)):
         monkeypatch.setattr(readahead, "usable_cores", lambda cores=cores: cores)
-        assert readahead.useful() is useful, cores
+        assert readahead.useful(imports_numpy) is useful, (cores, imports_numpy)
+    monkeypatch.setattr(textcore, "USE_FASTTEXT", False)
+    assert not readahead.useful(True)
 
 
 @pytest.mark.parametrize(("out", "ref", "options", "status"), [c for c in CASES if c[1] != "missing"])
@@ -218,7 +220,7 @@ def test_mmd_check_prints_the_same_with_reads_ahead(tmp_path, monkeypatch, capsy
     printed, started, real = [], [], readahead.start
     monkeypatch.setattr(readahead, "start", lambda *a, **k: started.append(a) or real(*a, **k))
     for useful in (False, True):
-        monkeypatch.setattr(readahead, "useful", lambda useful=useful: useful)
+        monkeypatch.setattr(readahead, "useful", lambda imports_numpy, useful=useful: useful)
         started.clear()
         code = main(argv)
         assert len(started) == useful

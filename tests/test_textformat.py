@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -608,3 +612,29 @@ def test_emit_input_any_float32(accelerator):
         list(tf.emit_input_chunks(a, np.ones((3, 1), np.float32), square=False))
     with pytest.raises(ValueError):
         list(tf.emit_input_chunks(a, b, square=True))
+
+
+def _mapping_flags(buf: object) -> str | None:
+    """The permissions /proc/self/maps shows for the mapping that holds ``buf`` (Linux), else None."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return None
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    for line in maps.read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line.split()[1]
+    return None
+
+
+def test_value_buffers_are_zeroed_private_memory():
+    """Big buffers are private mappings (a shared one is shmem, slower to fault in: textcore.buffer),
+    small ones heap memory; both start at zeros, and numpy's arrays for values use them."""
+    for size in (16, textcore.MAP_BUFFER_BYTES):
+        buf = textcore.buffer(size)
+        assert len(buf) == size and not any(memoryview(buf)[:: max(1, size // 64)])
+    flags = _mapping_flags(buf)
+    assert isinstance(buf, mmap.mmap) and (flags is None or flags == "rw-p"), flags
+    big = tf.values_array(textcore.MAP_BUFFER_BYTES // 8, np.float64)
+    assert isinstance(big.base, memoryview) and isinstance(big.base.obj, mmap.mmap)
+    assert big.flags.writeable and not big.any()

@@ -88,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--quick checks against inputs: give --input")
     if args.jobs is not None and args.jobs < 1:
         return _usage("--jobs must be at least 1")
-    with contextlib.ExitStack() as stack:
-        ahead = _read_ahead(args, reference, against, stack)  # before numpy is imported
-        from .. import grading  # only for this command
+    from .. import grading  # only for this command (it imports numpy where a check needs it: prepare)
 
+    with contextlib.ExitStack() as stack:
+        ahead = _read_ahead(args, reference, against, grading.imports_numpy(args.quick), stack)
         grading.prepare(args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
         options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
@@ -99,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_ahead(
-    args: argparse.Namespace, reference: Path, against: str, stack: contextlib.ExitStack
+    args: argparse.Namespace, reference: Path, against: str, imports_numpy: bool, stack: contextlib.ExitStack
 ) -> ReadAhead | None:
     """One output's check: its files' reads, started while this process imports numpy (mmd.readahead)."""
     from .. import readahead
 
-    if not (readahead.useful() and args.output.is_file() and reference.is_file()):
+    if not (readahead.useful(imports_numpy) and args.output.is_file() and reference.is_file()):
         return None
     return stack.enter_context(readahead.start(args.output, reference, against, wide=not args.quick))
 
