@@ -70,7 +70,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 import yaml
 
-from . import __version__, textformat, tolerance, verify
+from . import __version__, tally, textformat, tolerance, verify
 from . import kernels as registry
 from .atomic import write_atomic
 from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
@@ -734,10 +734,10 @@ def make_inputs(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.n
     return random_matrix(rng, m, k), random_matrix(rng, k, n)
 
 
-def check_product(c: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, tolerance: str) -> verify.CheckReport:
+def check_product(c: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, tolerance: str) -> tally.CheckReport:
     """Compare ``c`` elementwise with the float64 ``ref`` under ``allowed``."""
     if c.shape != ref.shape:
-        return verify.CheckReport(False, tuple(c.shape), c.size, float("inf"), None, float("inf"), tolerance)
+        return tally.CheckReport(False, tuple(c.shape), c.size, float("inf"), None, float("inf"), tolerance)
     diff = c.astype(np.float64) - ref
     err = np.abs(diff)
     excess = err - allowed
@@ -745,7 +745,7 @@ def check_product(c: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, t
     worst = np.unravel_index(int(np.argmax(np.where(np.isfinite(excess), excess, np.inf))), excess.shape)
     norm = float(np.linalg.norm(ref))
     rel = float(np.linalg.norm(diff)) / norm if norm else float(np.linalg.norm(diff))
-    return verify.CheckReport(
+    return tally.CheckReport(
         ok=not bool(bad.any()),
         shape=(int(c.shape[0]), int(c.shape[1])),
         mismatches=int(bad.sum()),

@@ -31,7 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import freivalds, textcore
+from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores
 from .errors import ExitStatus, InputFormatError, UnreadableError
 from .textcore import Values
@@ -272,22 +272,59 @@ class _ExpectedFault(Exception):
         self.reason = reason
 
 
-def _paired_blocks(
-    output: memoryview, expected: memoryview, path: Path, rows: int
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first row, output rows, expected rows), ``rows`` at a time; an expected output's fault is
-    raised as :class:`_ExpectedFault` (the output's as its InputFormatError), each once reached."""
+def _output_fault(data: memoryview) -> NoReturn:
+    """Raise an output's first fault, worded (by mmd.textformat: this imports numpy)."""
     from . import textformat
 
-    theirs = textformat.output_blocks(expected, rows)
+    textformat.raise_output_fault(data)
 
-    def next_expected() -> tuple[int, np.ndarray] | None:
+
+def _check_output(data: memoryview) -> None:
+    """Raise the output's InputFormatError, if it has one: by the C parser where it is on (no numpy,
+    nothing kept), the fault worded by mmd.textformat."""
+    if textcore.c_text() is None or not textcore.output_ok(data):
+        from . import textformat
+
+        textformat.check_output(data)
+
+
+def _output_blocks(data: memoryview, rows: int) -> Iterator[tuple[int, Any, int]]:
+    """An output's values ``rows`` rows at a time: (first row, the rows' flat float64 values, rows),
+    each block in a buffer that the next one reuses. By the C parser where it is on (no numpy), else
+    by mmd.textformat; a fault raises the output's InputFormatError once its block is reached."""
+    if textcore.c_text() is not None:
+        yield from textcore.output_rows(data, rows, lambda: _output_fault(data))
+        return
+    from . import textformat
+
+    for r0, block in textformat.output_blocks(data, rows):
+        yield r0, block.reshape(-1), block.shape[0]
+
+
+def _uniform_pass() -> tally.UniformPass:
+    """The uniform rule's pass: mmd._fastcheck's over plain buffers where it is on (no numpy), else numpy's."""
+    if textcore.c_passes() is not None:
+        return tally.c_uniform
+    from . import verify
+
+    return verify.uniform_pass
+
+
+def _paired_blocks(
+    output: memoryview, expected: memoryview, path: Path, rows: int
+) -> Iterator[tuple[int, Any, Any, int]]:
+    """(first row, output rows, expected rows, rows), ``rows`` at a time (:func:`_output_blocks`); an
+    expected output's fault is raised as :class:`_ExpectedFault` (the output's as its
+    InputFormatError), each once reached."""
+    theirs = _output_blocks(expected, rows)
+
+    def next_expected() -> tuple[int, Any, int] | None:
         try:
             return next(theirs, None)
         except InputFormatError as exc:
             raise _ExpectedFault(_expected_reason(path, exc)) from None
 
-    mine = textformat.output_blocks(output, rows)
+    mine = _output_blocks(output, rows)
     # each block of the expected output is read on a second thread while the output's is read here
     # (the C parser releases the GIL), so the two share the cores as two whole reads did; past the
     # last block, the same calls read each file's end (a fault after its last row)
@@ -299,7 +336,7 @@ def _paired_blocks(
             if step is None:
                 return
             assert got is not None  # the shapes were compared first
-            yield step[0], step[1], got[1]
+            yield step[0], step[1], got[1], step[2]
 
 
 # ---------------------------------------------------------------------------
@@ -377,11 +414,6 @@ class _Rows:
 
             textformat.check_output(self.data)
 
-    def _fault(self) -> NoReturn:
-        from . import textformat
-
-        textformat.raise_output_fault(self.data)
-
     def sums(self, shape: tuple[int, int], seed: int) -> Future[freivalds.OutputSums]:
         """--quick's sums of the output, made on the second thread as its rows are read a block of rows
         at a time: the output is never held whole (its 134 MB of fresh pages at 4096 cost the 2-core
@@ -402,7 +434,7 @@ class _Rows:
         if self.ready is not None:
             sums.add(0, self.ready.view(), shape[0])
             return sums
-        for r0, block, rows in textcore.output_rows(self.data, block_rows(shape[1]), self._fault):
+        for r0, block, rows in textcore.output_rows(self.data, block_rows(shape[1]), lambda: _output_fault(self.data)):
             sums.add(r0, block, rows)
         return sums
 
@@ -425,20 +457,18 @@ def _against_expected(
     everywhere at any tolerance of 0 or more, with no values read (a grader comparing a run with
     an earlier one meets them often).
     """
-    from . import textformat, verify
-
     assert job.output is not None and job.reference is not None
     tol = 0.01 if options.tol is None else options.tol
     try:
         with _opened(job.reference, ahead) as expected:
             try:
-                want = textformat.output_shape(expected)
+                want = textcore.output_header(expected)[:2]
             except InputFormatError as exc:
                 raise _ExpectedFault(_expected_reason(job.reference, exc)) from None
             if shape != want:  # the output's faults, then the expected output's, then the shapes
-                textformat.check_output(data)
+                _check_output(data)
                 try:
-                    textformat.check_output(expected)
+                    _check_output(expected)
                 except InputFormatError as exc:
                     return _result(job, Status.ERROR, shape=shape, reason=_expected_reason(job.reference, exc))
                 return _shape_mismatch(job, shape, want)
@@ -446,18 +476,18 @@ def _against_expected(
                 # read ahead, the bytes were compared and (where the same) the output checked
                 same = None if ahead is None else ahead.same_output(job.output, job.reference)
                 if same is None and textcore.same_bytes(data, expected):
-                    textformat.check_output(data)
+                    _check_output(data)
                     same = True
                 if same:
-                    return _values_result(job, shape, verify.same_values(shape, tol))
+                    return _values_result(job, shape, tally.same_values(shape, tol))
             pair = None if ahead is None else ahead.expected_values(job.output, job.reference)
             if pair is not None:  # both read whole while numpy was imported: one block
-                one = [(0, _output_array(pair[0]), _output_array(pair[1]))]
-                return _values_result(job, shape, verify.against_output_blocks(one, shape, tol))
+                one = [(0, pair[0].view(), pair[1].view(), shape[0])]
+                return _values_result(job, shape, tally.against_output_blocks(one, shape, tol, _uniform_pass()))
             blocks = _paired_blocks(data, expected, job.reference, block_rows(shape[1]))
-            return _values_result(job, shape, verify.against_output_blocks(blocks, shape, tol))
+            return _values_result(job, shape, tally.against_output_blocks(blocks, shape, tol, _uniform_pass()))
     except (UnreadableError, _ExpectedFault) as exc:
-        textformat.check_output(data)
+        _check_output(data)
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
 
 
@@ -506,16 +536,19 @@ def _quick_by_c() -> bool:
     return freivalds.c_usable(freivalds.VECTORS) and textcore.c_text() is not None
 
 
-def imports_numpy(quick: bool) -> bool:
-    """Whether checks import numpy: all but --quick by the C accelerators."""
+def imports_numpy(against: str, quick: bool) -> bool:
+    """Whether checks import numpy: all but those by the C accelerators alone, --quick and against
+    expected outputs (which need numpy's module only to word a fault)."""
+    if against == "expected":
+        return textcore.c_text() is None or textcore.c_passes() is None
     return not (quick and _quick_by_c())
 
 
-def prepare(quick: bool) -> None:
+def prepare(against: str, quick: bool) -> None:
     """Import what checks need (numpy and mmd's modules built on it, :func:`imports_numpy`). ``mmd check``
     calls this while its reads run ahead (:mod:`mmd.readahead`), so that the import overlaps them
     rather than following them."""
-    if imports_numpy(quick):
+    if imports_numpy(against, quick):
         from . import textformat, verify  # noqa: F401
 
 
@@ -528,7 +561,7 @@ def _projections(inputs: _Input, seed: int) -> freivalds.Projections:
     return verify.project(*inputs.arrays(), seed)
 
 
-def _values_result(job: Job, shape: tuple[int, int], report: verify.CheckReport) -> Result:
+def _values_result(job: Job, shape: tuple[int, int], report: tally.CheckReport) -> Result:
     reason = ""
     if not report.ok:
         m, n = report.shape

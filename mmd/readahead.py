@@ -105,15 +105,12 @@ class ReadAhead:
         """False where the output's bytes differ from the expected output's; True where they are the
         same and the output is well formed; None where they are the same and it is not (the check then
         reads it again, to word its fault)."""
-        fasttext = textcore.c_text()
-        if fasttext is None:
+        if textcore.c_text() is None:
             return None
         with memoryview(self._map(self.output)) as data, memoryview(self._map(self.reference)) as expected:
             if not textcore.same_bytes(data, expected):
                 return False
-            m, n, start = textcore.output_header(data)
-            fault = fasttext.parse_output_values(data, start, m, n, None, textcore.C_MIN_SPLIT, textcore.WORKERS)
-            return True if fault is None else None
+            return True if textcore.output_ok(data) else None
 
     def _values_if_different(self, path: Path) -> Values | None:
         """An output's values where the pair's bytes differ and the check would read each output

@@ -250,6 +250,17 @@ def output_values(data: memoryview) -> Values | None:
     return Values(buf, (m, n), True) if fault is None else None
 
 
+def output_ok(data: memoryview) -> bool:
+    """Whether an output is well formed, by the C parser (on, see :func:`c_text`), its values not
+    kept; False where its body cannot hold its rows, or it has a fault (mmd.textformat words it)."""
+    ft = c_text()
+    assert ft is not None, "the C parser is off: see c_text"
+    m, n, start = output_header(data)
+    if not output_plausible(len(data), start, m, n):
+        return False
+    return ft.parse_output_values(data, start, m, n, None, C_MIN_SPLIT, WORKERS) is None
+
+
 def input_values(data: memoryview, wide: bool) -> Values | None:
     """A valid input's A and B by the C parser (float64 where ``wide``, else float32); None where it
     is off, the body cannot hold the values, or the input is not valid (mmd.textformat words it)."""

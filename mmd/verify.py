@@ -34,8 +34,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from . import freivalds, textcore
+from . import freivalds, tally, textcore
 from .cpus import block_rows
+from .tally import CheckReport, Tally, nan_max, same_values, summed_report
 from .textformat import values_array
 from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 
@@ -59,29 +60,6 @@ def _c_matrix(mat: np.ndarray) -> np.ndarray:
     if mat.dtype == np.float32 or mat.dtype == np.float64:
         return np.ascontiguousarray(mat)
     return np.ascontiguousarray(mat, dtype=np.float64)
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """The outcome of a value check."""
-
-    ok: bool
-    shape: tuple[int, int]
-    mismatches: int
-    max_abs_error: float
-    worst: tuple[int, int] | None  # 0-based (row, col) of the largest excess over tolerance
-    rel_error: float  # ‖out − ref‖ / ‖ref‖ (Frobenius)
-    tolerance: str
-
-    def summary(self) -> str:
-        """One line for the terminal."""
-        m, n = self.shape
-        head = "ok" if self.ok else "MISMATCH"
-        where = f", worst at row {self.worst[0] + 1} col {self.worst[1] + 1}" if self.worst and not self.ok else ""
-        return (
-            f"{head}: {m}x{n} values, {self.mismatches} outside tolerance ({self.tolerance}), "
-            f"max |error| {self.max_abs_error:.4g}, relative error {self.rel_error:.3g}{where}"
-        )
 
 
 def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
@@ -214,10 +192,14 @@ def against_product(out: np.ndarray, prod: Product, tol: float | None = None) ->
     out64 = np.ascontiguousarray(out, dtype=np.float64)
     if tol is None:
         return _ModelCheck(out64, prod).report(tolerance)
-    tally = _Tally()
+    totals = Tally()
+    n = prod.shape[1]
     for r0, ref in prod.blocks():
-        tally.add_uniform(out64[r0 : r0 + ref.shape[0]], ref, PRINT_HALF_UNIT + tol, r0 * prod.shape[1])
-    return tally.report(prod.shape, tolerance)
+        rows = ref.shape[0]
+        totals.add_uniform(
+            out64[r0 : r0 + rows].reshape(-1), ref.reshape(-1), rows, n, PRINT_HALF_UNIT + tol, r0 * n, uniform_pass
+        )
+    return totals.report(prod.shape, tolerance)
 
 
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
@@ -234,112 +216,46 @@ def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> 
     return _uniform_report(out, expected, allowed, f"{tol:g}")
 
 
-def same_values(shape: tuple[int, int], tol: float = 0.01) -> CheckReport:
-    """The report of two outputs that hold the same finite values (``tol`` >= 0): no error anywhere."""
-    return CheckReport(True, shape, 0, 0.0, None, 0.0, f"{tol:g}")
-
-
 def against_output_blocks(
     blocks: Iterable[tuple[int, np.ndarray, np.ndarray]], shape: tuple[int, int], tol: float = 0.01
 ) -> CheckReport:
     """:func:`against_output` over blocks of rows (first row, output rows, expected rows), the same
-    report: two outputs read a block at a time are never held whole."""
-    tally = _Tally()
-    for r0, out, expected in blocks:
-        tally.add_uniform(np.ascontiguousarray(out, dtype=np.float64), expected, tol * (1 + 1e-9), r0 * shape[1])
-    return tally.report(shape, f"{tol:g}")
-
-
-def _nan_max(x: float, y: float) -> float:
-    """max that keeps a NaN, as numpy's max over both would."""
-    return math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
-
-
-def _summed_report(
-    shape: tuple[int, int],
-    mismatches: int,
-    max_err: float,
-    ssq_err: float,
-    ssq_ref: float,
-    worst: int | None,
-    tolerance: str,
-) -> CheckReport:
-    """A report from a pass's totals: ``worst`` a flat index (None: no mismatch), the relative
-    error from the sums of squares of the error and of the reference."""
-    denom = math.sqrt(ssq_ref)
-    rel = math.sqrt(ssq_err) / denom if denom else math.sqrt(ssq_err)
-    n = shape[1]
-    return CheckReport(
-        ok=mismatches == 0,
-        shape=shape,
-        mismatches=mismatches,
-        max_abs_error=max_err,
-        worst=None if worst is None else (worst // n, worst % n),
-        rel_error=rel,
-        tolerance=tolerance,
-    )
+    report: two outputs read a block at a time are never held whole (:func:`mmd.tally.against_output_blocks`
+    with this module's pass, for numpy's arrays)."""
+    flat = ((r0, out.reshape(-1), expected.reshape(-1), out.shape[0]) for r0, out, expected in blocks)
+    return tally.against_output_blocks(flat, shape, tol, uniform_pass)
 
 
 def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance: str) -> CheckReport:
     """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, allowed, tolerance)
-    tally = _Tally()
-    tally.add_uniform(np.ascontiguousarray(out, dtype=np.float64), ref, allowed, 0)
-    return tally.report((int(out.shape[0]), int(out.shape[1])), tolerance)
+    m, n = (int(x) for x in out.shape)
+    totals = Tally()
+    totals.add_uniform(out.reshape(-1), ref.reshape(-1), m, n, allowed, 0, uniform_pass)
+    return totals.report((m, n), tolerance)
 
 
-@dataclass
-class _Tally:
-    """An elementwise rule's totals over blocks of rows, combined as one pass over the whole gives them."""
-
-    mismatches: int = 0
-    max_err: float = 0.0
-    ssq_err: float = 0.0
-    ssq_ref: float = 0.0
-    worst: int | None = None  # flat index: the first NaN excess, else the first largest (a mismatch or not)
-    worst_excess: float = -math.inf
-
-    def add(
-        self, mismatches: int, max_err: float, ssq_err: float, ssq_ref: float, worst: int | None, excess: float
-    ) -> None:
-        """A block's totals; ``worst`` the flat index of its worst element, the first NaN excess
-        else the first largest (a mismatch or not: the report names it only where there are
-        mismatches, as np.argmax over every excess would), ``excess`` that element's excess."""
-        self.mismatches += mismatches
-        self.max_err = _nan_max(self.max_err, max_err)
-        self.ssq_err += ssq_err
-        self.ssq_ref += ssq_ref
-        earlier_nan = self.worst is not None and math.isnan(self.worst_excess)
-        if worst is not None and not earlier_nan and (math.isnan(excess) or excess > self.worst_excess):
-            self.worst, self.worst_excess = worst, excess
-
-    def add_uniform(self, out: np.ndarray, ref: np.ndarray, allowed: float, base: int) -> None:
-        """Rows of a float64 output against the same rows of the reference, one allowance everywhere;
-        ``base`` the flat index of their first element."""
-        m, n = out.shape
-        fc = textcore.c_passes()
-        if fc is not None:
-            ref = np.ascontiguousarray(ref, dtype=np.float64)
-            bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, m, n, float(allowed), textcore.C_SPLIT_ELEMS)
-        else:
-            bad, max_err, ssq_err, ssq_ref, worst = _uniform_numpy(out, ref, allowed)
-        self.add(bad, max_err, ssq_err, ssq_ref, base + worst, float(abs(out.flat[worst] - ref.flat[worst]) - allowed))
-
-    def report(self, shape: tuple[int, int], tolerance: str) -> CheckReport:
-        worst = self.worst if self.mismatches else None
-        return _summed_report(shape, self.mismatches, self.max_err, self.ssq_err, self.ssq_ref, worst, tolerance)
+def uniform_pass(
+    out: np.ndarray, ref: np.ndarray, rows: int, n: int, allowed: float
+) -> tuple[int, float, float, float, int]:
+    """The :data:`mmd.tally.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
+    where it is on, else :func:`_uniform_numpy`."""
+    out64, ref64 = np.ascontiguousarray(out, dtype=np.float64), np.ascontiguousarray(ref, dtype=np.float64)
+    if textcore.c_passes() is not None:
+        return tally.c_uniform(out64, ref64, rows, n, allowed)
+    return _uniform_numpy(out64.reshape(rows, n), ref64.reshape(rows, n), allowed)
 
 
 def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[int, float, float, float, int]:
     """:func:`_uniform_report`'s pass in numpy: (mismatches, max |error|, Σ error², Σ ref², the worst's flat index)."""
     m, n = out.shape
 
-    def block(rows: tuple[int, int]) -> _Tally:
+    def block(rows: tuple[int, int]) -> Tally:
         o_all, rf_all = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
         err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
         excess_buf = np.empty_like(err_buf)
-        part = _Tally()
+        part = Tally()
         for s in range(0, o_all.size, _CHUNK_ELEMS):
             o, rf = o_all[s : s + _CHUNK_ELEMS], rf_all[s : s + _CHUNK_ELEMS]
             err, excess = err_buf[: o.size], excess_buf[: o.size]
@@ -363,7 +279,7 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
             parts = list(pool.map(block, bounds))
     else:
         parts = [block(bounds[0])]
-    total = _Tally()
+    total = Tally()
     for p in parts:  # in order: the earliest wins ties, as np.argmax's first occurrence does
         total.add(p.mismatches, p.max_err, p.ssq_err, p.ssq_ref, p.worst, p.worst_excess)
     assert total.worst is not None  # out is not empty
@@ -617,7 +533,7 @@ class _Sieve:
     ) -> None:
         """A block's findings (max |error|, Σ error², Σ ref²; the NaN and infinite values; the finite
         elements left, then their flat indices, |error| and reference), indices the whole output's."""
-        self.max_err = _nan_max(self.max_err, sums[0])
+        self.max_err = nan_max(self.max_err, sums[0])
         self.ssq_err += sums[1]
         self.ssq_ref += sums[2]
         self.nonfinite += nonfinite
@@ -686,7 +602,7 @@ class _ModelCheck:
             if left.size:
                 lefts.append(left + s)
                 errs.append(err[left])
-            max_err = _nan_max(max_err, float(err.max()))
+            max_err = nan_max(max_err, float(err.max()))
             ssq_err += float(np.einsum("i,i->", err, err))
             ssq_ref += float(np.einsum("i,i->", rf, rf))
         left = np.concatenate(lefts) if lefts else np.empty(0, dtype=np.intp)
@@ -786,7 +702,7 @@ class _ModelCheck:
     def _in_full(self, tolerance: str) -> CheckReport:
         """The rule with S made in full, a block of rows at a time beside the reference's."""
         abs_b = np.abs(self.b64)
-        tally = _Tally()
+        tally = Tally()
         for r0, ref in self.prod.blocks():
             rows = ref.shape[0]
             out = self.out[r0 : r0 + rows]
@@ -838,4 +754,4 @@ class _ModelCheck:
         if worst is None and bad.any():
             cand = np.flatnonzero(bad)
             worst = int(flat[cand[np.argmax(excess[cand])]])
-        return _summed_report((m, n), mismatches, sieve.max_err, sieve.ssq_err, sieve.ssq_ref, worst, tolerance)
+        return summed_report((m, n), mismatches, sieve.max_err, sieve.ssq_err, sieve.ssq_ref, worst, tolerance)

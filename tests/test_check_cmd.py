@@ -193,15 +193,35 @@ def test_the_grading_script_of_the_docs(tmp_path):
 def test_one_quick_check_imports_no_numpy(tmp_path):
     """`mmd check --quick` of one output with the C accelerators runs without numpy (its start-up is
     most of the check's time: docs/grading.md); where they are not built, it imports numpy."""
-    from mmd import textcore
 
     src, out = tmp_path / "m.txt", tmp_path / "m.out"
     assert run_mmd("gen", "40", "--seed", "2", "-o", str(src)).returncode == 0
     assert run_mmd("run", str(src), "-o", str(out)).returncode == 0
     code = (
-        "import sys; from mmd.cli import main; status = main(['check', sys.argv[1], '--input', sys.argv[2], "
-        "'--quick']); print('numpy' in sys.modules, status)"
+        "import sys; from mmd.cli import main; from mmd import textcore; status = main(['check', sys.argv[1], "
+        "'--input', sys.argv[2], '--quick']); print('numpy' in sys.modules, textcore.c_passes() is None, status)"
     )
     got = subprocess.run([sys.executable, "-c", code, str(out), str(src)], capture_output=True, text=True, check=True)
-    assert got.stdout.splitlines()[-1] == f"{textcore.c_passes() is None} 0"
+    numpy_, c_off, status = got.stdout.splitlines()[-1].split()  # the child's route: the environment decides
+    assert (numpy_, status) == (c_off, "0")
     assert "format ok; ok (quick): 40x40" in got.stdout
+
+
+@pytest.mark.parametrize(("change", "status"), [(None, 0), (("  3.00", "  3.01"), 0), (("  3.00", "  4.00"), 1)])
+def test_a_check_against_an_expected_output_imports_no_numpy(tmp_path, change, status):
+    """`mmd check OUT EXPECTED` with the C accelerators reads, compares and reports without numpy,
+    whether the two have the same bytes, values close enough, or one too far."""
+    rows = [("  1.00" * 6) + "\n", ("  2.00" * 5) + "  3.00\n", ("  5.00" * 6) + "\n"]
+    out, expected = tmp_path / "m.out", tmp_path / "want.out"
+    out.write_text("3 6\n" + "".join(rows))
+    text = "3 6\n" + "".join(rows)
+    expected.write_text(text if change is None else text.replace(*change))
+    code = (
+        "import sys; from mmd.cli import main; from mmd import textcore; status = main(['check', sys.argv[1], "
+        "sys.argv[2]]); print('numpy' in sys.modules, textcore.c_passes() is None or textcore.c_text() is None, "
+        "status)"
+    )
+    got = subprocess.run([sys.executable, "-c", code, str(out), str(expected)], capture_output=True, text=True)
+    numpy_, c_off, got_status = got.stdout.splitlines()[-1].split()  # the child's route: the environment decides
+    assert (numpy_, got_status) == (c_off, str(status)), got.stdout + got.stderr
+    assert ("MISMATCH" in got.stdout) == bool(status)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import cpus, freivalds, textcore, tolerance, verify
+from mmd import cpus, freivalds, tally, textcore, tolerance, verify
 from mmd import textformat as tf
 from mmd.generate import random_matrix
 
@@ -31,7 +31,7 @@ def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.concatenate(blocks) if blocks else np.zeros((a.shape[0], b.shape[1]))
 
 
-def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> verify.CheckReport:
+def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> tally.CheckReport:
     """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
     ref = _reference(a, b)
     allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
@@ -43,7 +43,7 @@ def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return tf.parse_output(tf.emit(a @ b))
 
 
-def same_report(got: verify.CheckReport, want: verify.CheckReport, rtol: float = 1e-9) -> None:
+def same_report(got: tally.CheckReport, want: tally.CheckReport, rtol: float = 1e-9) -> None:
     """The same verdict, count, worst place and largest error; the relative error to ``rtol`` (its
     sums may be made in another order)."""
     assert (got.ok, got.shape, got.mismatches, got.worst, got.tolerance) == (

@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import grading  # only for this command (it imports numpy where a check needs it: prepare)
 
     with contextlib.ExitStack() as stack:
-        ahead = _read_ahead(args, reference, against, grading.imports_numpy(args.quick), stack)
-        grading.prepare(args.quick)  # numpy, where the check needs it, while the reads run
+        ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
+        grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
         options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
         return _check(args, reference, options, ahead)
