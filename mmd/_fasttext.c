@@ -57,10 +57,6 @@
 static locale_t c_locale = (locale_t)0;
 #endif
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
 #define MMD_HAVE_PTHREAD 1
@@ -573,21 +569,13 @@ parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *ds
 }
 
 /*
- * A scratch buffer of big pages where the kernel offers them (as numpy asks
- * for its large arrays): first touches of 4 KiB pages cost a fault each,
- * about 0.07 s for the 67 MB of a 4096 input's second half.
+ * A scratch buffer, plain malloc: no huge-page advice, which on the 2-core VM
+ * cost 0.7-1.0 s per 268 MB where the kernel had to compact memory to follow
+ * it (mmd.textcore.buffer says more).
  */
 static float *
 scratch_alloc(size_t size)
 {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    void *p = NULL;
-    const size_t huge = (size_t)1 << 21;
-    if (size >= huge && posix_memalign(&p, huge, size) == 0) {
-        madvise(p, size, MADV_HUGEPAGE); /* advice only: failure is harmless */
-        return (float *)p;
-    }
-#endif
     return (float *)malloc(size);
 }
 
