@@ -410,9 +410,7 @@ class _Rows:
         if self.future is not None:
             self.future.result()
         elif self.ready is None:
-            from . import textformat
-
-            textformat.check_output(self.data)
+            _check_output(self.data)
 
     def sums(self, shape: tuple[int, int], seed: int) -> Future[freivalds.OutputSums]:
         """--quick's sums of the output, made on the second thread as its rows are read a block of rows

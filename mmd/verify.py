@@ -216,16 +216,6 @@ def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> 
     return _uniform_report(out, expected, allowed, f"{tol:g}")
 
 
-def against_output_blocks(
-    blocks: Iterable[tuple[int, np.ndarray, np.ndarray]], shape: tuple[int, int], tol: float = 0.01
-) -> CheckReport:
-    """:func:`against_output` over blocks of rows (first row, output rows, expected rows), the same
-    report: two outputs read a block at a time are never held whole (:func:`mmd.tally.against_output_blocks`
-    with this module's pass, for numpy's arrays)."""
-    flat = ((r0, out.reshape(-1), expected.reshape(-1), out.shape[0]) for r0, out, expected in blocks)
-    return tally.against_output_blocks(flat, shape, tol, uniform_pass)
-
-
 def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance: str) -> CheckReport:
     """:func:`_report` for one allowance everywhere, in blocks of rows on two threads (the same report)."""
     if out.shape != ref.shape or out.size == 0:
