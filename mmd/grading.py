@@ -440,7 +440,7 @@ class _Rows:
         if self.ready is not None:
             sums.add(0, self.ready.view(), shape[0])
             return sums
-        for r0, block, rows in textcore.output_rows(self.data, block_rows(shape[1]), lambda: _output_fault(self.data)):
+        for r0, block, rows in _output_blocks(self.data, block_rows(shape[1])):
             sums.add(r0, block, rows)
         return sums
 

@@ -692,7 +692,7 @@ class _ModelCheck:
     def _in_full(self, tolerance: str) -> CheckReport:
         """The rule with S made in full, a block of rows at a time beside the reference's."""
         abs_b = np.abs(self.b64)
-        tally = Tally()
+        totals = Tally()
         for r0, ref in self.prod.blocks():
             rows = ref.shape[0]
             out = self.out[r0 : r0 + rows]
@@ -701,7 +701,7 @@ class _ModelCheck:
             excess = err - allowed
             bad = (excess > 0) | ~np.isfinite(out)
             worst = int(np.argmax(excess))
-            tally.add(
+            totals.add(
                 int(np.count_nonzero(bad)),
                 float(err.max()),
                 float(np.einsum("ij,ij->", err, err)),
@@ -709,7 +709,7 @@ class _ModelCheck:
                 r0 * self.n + worst,
                 float(excess.flat[worst]),
             )
-        return tally.report((self.m, self.n), tolerance)
+        return totals.report((self.m, self.n), tolerance)
 
     def report(self, tolerance: str) -> CheckReport:
         m, n = self.m, self.n
