@@ -6,6 +6,7 @@
  *   format_input_rows(c, m, n) -> bytes
  *   parse_output_values(data, offset, m, n, out, min_split, threads) -> None | fault
  *   parse_output_rows(data, offset, rows, n, out, min_split, threads) -> next offset | -1
+ *   row_blocks(data, offset, m, n, step) -> [offset of each block of step rows, end] | None
  *
  * All work on buffers (no numpy C API) and run with the GIL released. The
  * parsers read a body in up to `threads` parts at once (default 2), none
@@ -1683,6 +1684,61 @@ parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
     return PyLong_FromSsize_t(next);
 }
 
+/*
+ * row_blocks: where each block of `step` rows of an output's m rows begins, from `offset` (a line
+ * start), and where the last row ends: a list of ceil(m/step)+1 offsets, found as parse_output_rows
+ * finds a block's end (next_row), or None where the rows run out first. So that the blocks of one
+ * output can be read at once on several threads, each from its own offset.
+ */
+static PyObject *
+row_blocks(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t offset, m, n, step;
+    if (!PyArg_ParseTuple(args, "y*nnnn:row_blocks", &data, &offset, &m, &n, &step))
+        return NULL;
+    if (bad_rows_args(&data, offset, m, n) || step < 1) {
+        if (step < 1 && !PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "step must be positive");
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)data.buf, *hi = base + data.len;
+    Py_ssize_t blocks = (m + step - 1) / step;
+    Py_ssize_t *at = PyMem_RawMalloc((size_t)(blocks + 1) * sizeof(Py_ssize_t));
+    if (at == NULL) {
+        PyBuffer_Release(&data);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t row = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const unsigned char *q = base + offset;
+    /* next_row needs a '\n' at hi[-1]: without one the last row has none, a fault */
+    if (hi[-1] == '\n')
+        for (; row < m && q < hi; row++) {
+            if (row % step == 0)
+                at[row / step] = q - base;
+            q = next_row(q, hi, n);
+        }
+    at[blocks] = q - base;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyObject *list = NULL;
+    if (row == m && (list = PyList_New(blocks + 1)) != NULL)
+        for (Py_ssize_t i = 0; i <= blocks; i++) {
+            PyObject *v = PyLong_FromSsize_t(at[i]);
+            if (v == NULL) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, i, v);
+        }
+    PyMem_RawFree(at);
+    if (row != m && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return list;
+}
+
 static PyObject *
 set_wide(PyObject *Py_UNUSED(self), PyObject *arg)
 {
@@ -1738,6 +1794,10 @@ static PyMethodDef methods[] = {
      "parse_output_rows(data, offset, rows, n, out, min_split=1<<20) -> int\n\n"
      "Read the next rows rows of n '%6.2f' fields from data[offset:] (a line start) into the float64\n"
      "buffer out, as parse_output_values reads a body; the offset after them, or -1 on any fault."},
+    {"row_blocks", row_blocks, METH_VARARGS,
+     "row_blocks(data, offset, m, n, step) -> list | None\n\n"
+     "The offsets at which each block of step rows of an output's m rows of n fields begins, from\n"
+     "data[offset:] (a line start), then the offset after the last row; None where the rows run out."},
     {"parse_output_values", parse_output_values, METH_VARARGS,
      "parse_output_values(data, offset, m, n, out=None, min_split=1<<20) -> None | (kind, line, line_start, pos, count)\n\n"
      "Check that data[offset:] is exactly m rows of n '%6.2f' fields and store their values in the float64\n"

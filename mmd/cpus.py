@@ -15,15 +15,24 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-#: Elements the checks take at a time, 2^20 per usable core: a block of rows of the float64 product
-#: (mmd.verify.Product.blocks) and of the outputs mmd.grading reads beside it; 512 rows of a 4096
-#: matrix on 2 cores, all of it on 16. On the GPU machine's 16 cores, blocks of 512 rows made
-#: ``mmd check OUT --input IN`` at 4096 take 0.95 s against 0.83 s whole (benchmarks/bench_check.py,
-#: side by side; likely the BLAS packing B again for every block, a cost that more cores do not
-#: shrink as they shrink the multiply-adds). Here, with no numpy, so that mmd.readahead can read it.
+#: Elements the checks take at a time on one thread, 2^20 per usable core: a block of rows of a
+#: product made elsewhere (a GPU's, as mmd.verify.Product.pairs hands it out), and of the outputs
+#: mmd.grading reads a block at a time (two outputs compared, --quick's sums); 512 rows of a 4096
+#: matrix on 2 cores, all of it on 16. Here, with no numpy, so that mmd.readahead can read it.
 BLOCK_ELEMS = (1 << 20) * usable_cores()
+
+#: Elements of a block of rows that one of mmd.verify's workers takes at a time (its float64 product
+#: block and the output's rows beside it: 8 MiB each, a buffer per worker used again block to block).
+WORKER_BLOCK_ELEMS = 1 << 20
 
 
 def block_rows(n: int) -> int:
     """Rows of an n-column matrix that the checks take at a time (:data:`BLOCK_ELEMS` elements)."""
     return max(1, BLOCK_ELEMS // max(n, 1))
+
+
+def worker_rows(m: int, n: int) -> int:
+    """Rows of an m×n product that one of mmd.verify's workers takes at a time: at most
+    :data:`WORKER_BLOCK_ELEMS` elements, and few enough that every usable core has a block."""
+    per_core = -(-m // usable_cores())
+    return max(1, min(WORKER_BLOCK_ELEMS // max(n, 1), per_core))

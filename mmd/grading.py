@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import freivalds, tally, textcore
-from .cpus import block_rows, usable_cores
+from .cpus import block_rows, usable_cores, worker_rows
 from .errors import ExitStatus, InputFormatError, UnreadableError
 from .textcore import Values
 
@@ -505,13 +505,11 @@ def _against_input(
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
     and then its projections (on the 2-core VM, in-process, 0.355 s against 0.379 s with the sums
     started after the input, medians of 8 alternating runs). Otherwise the input is parsed first,
-    alone (the product needs all of it), then the output's rows, whole beside a product another
-    device makes (``options.gemm``). Numpy's product is made a block of rows at a time as the check reads
-    the output's values (:meth:`verify.Product.blocks`), so there the output is read first, on
-    every core. (Read a
-    block at a time between the product's blocks, it took 0.2-0.4 s longer at 4096 on 2 cores:
-    OpenBLAS's second thread spins for a while after each product block, and the parser's
-    threads then share the cores with it.) The output's faults come first, as if it had been read
+    alone (the product needs all of it). Numpy's product is made a block of rows at a time, each
+    block beside the same rows of the output, read then by the C parser (:meth:`verify.Product.pairs`,
+    :class:`_RowBlocks`): the output is never held whole. Beside a product another device makes
+    (``options.gemm``), or without the C parser, the output is read whole on a second thread while
+    the product is made. The output's faults come first, as if it had been read
     first: ``rows.check()`` raises its InputFormatError before any fault of the input or of the
     shapes is reported (a malformed output found beside a product costs that product).
     """
@@ -536,9 +534,25 @@ def _against_input(
     from . import verify
 
     a, b = inputs.arrays()
-    rows.start()
+    in_blocks = options.gemm is None and rows.ready is None and textcore.c_text() is not None and m * n > 0
+    if not in_blocks:
+        rows.start()
     product = verify.product(a, b, options.gemm)  # another device's product while the output's rows are read
-    return _values_result(job, shape, verify.against_product(rows.result(), product, options.tol))
+    source = _RowBlocks(data, shape) if in_blocks else verify.WholeRows(rows.result())
+    return _values_result(job, shape, verify.against_product(source, product, options.tol))
+
+
+class _RowBlocks:
+    """The output's rows a block at a time by the C parser, beside the product's blocks
+    (:class:`mmd.verify.Rows`; the blocks' size is :func:`mmd.cpus.worker_rows`)."""
+
+    def __init__(self, data: memoryview, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        self._blocks = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
+
+    def read(self, r0: int, into: np.ndarray) -> np.ndarray:
+        self._blocks.read(r0, into.reshape(-1).data)
+        return into
 
 
 def _quick_by_c() -> bool:

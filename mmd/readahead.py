@@ -80,6 +80,8 @@ class ReadAhead:
                 ("expected", lambda: self._values_if_different(self.reference)),
             ]
             self._reads.append(_Read(steps, self._results, self.output, self.reference))
+        elif self.wide:  # the full check reads the output a block at a time beside the product's blocks
+            self._reads.append(_Read([("input", self._input_values)], self._results, self.reference))
         elif usable_cores() >= 2 * textcore.WORKERS:  # cores for both parsers' threads at once
             self._reads.append(_Read([("input", self._input_values)], self._results, self.reference))
             self._reads.append(_Read([("output", self._output_values)], self._results, self.output))

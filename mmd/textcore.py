@@ -300,6 +300,33 @@ def output_rows(
         on_fault()
 
 
+class RowBlocks:
+    """An output's rows in blocks of ``step``, any block read on any thread into a buffer of its own
+    by the C parser (on, see :func:`c_text`), one thread a block: mmd.verify's workers read each
+    block beside its own rows of the product, and the output is never held whole. Where every block
+    begins is found first (one newline search a row); a fault found then (rows missing, bytes after
+    the last row) or in a block (:meth:`read`) calls ``on_fault``, which raises the fault's error."""
+
+    def __init__(self, data: memoryview, step: int, on_fault: Callable[[], NoReturn]) -> None:
+        ft = c_text()
+        assert ft is not None, "the C parser is off: see c_text"
+        m, n, off = output_header(data)
+        assert m > 0 and n > 0 and step > 0, "an output with rows and columns, in blocks of rows"
+        self.shape, self.step, self.data, self.on_fault, self._ft = (m, n), step, data, on_fault, ft
+        starts = ft.row_blocks(data, off, m, n, step)
+        if starts is None or starts[-1] != len(data):
+            on_fault()
+        self.starts = starts
+
+    def read(self, r0: int, into: memoryview) -> None:
+        """Rows r0.. (r0 a block's first row), as many as ``into`` (float64) holds, into ``into``."""
+        m, n = self.shape
+        i, rows = r0 // self.step, into.nbytes // (8 * n)
+        assert r0 % self.step == 0 and rows == min(self.step, m - r0), "one whole block"
+        if self._ft.parse_output_rows(self.data, self.starts[i], rows, n, into, C_MIN_SPLIT, 1) < 0:
+            self.on_fault()
+
+
 # ---------------------------------------------------------------------------
 # a file's bytes
 

@@ -23,19 +23,23 @@ Three checks:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import threading
 from array import array
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from . import freivalds, tally, textcore
-from .cpus import block_rows
+from .cpus import block_rows, usable_cores, worker_rows
 from .tally import CheckReport, Tally, nan_max, same_values, summed_report
 from .textformat import values_array
 from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
@@ -99,13 +103,13 @@ def reference(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> np.ndar
     return ref
 
 
-def _wrong_shape(out: np.ndarray, tolerance: str) -> CheckReport:
-    return CheckReport(False, tuple(out.shape), out.size, float("inf"), None, float("inf"), tolerance)
+def _wrong_shape(shape: tuple[int, int], tolerance: str) -> CheckReport:
+    return CheckReport(False, shape, math.prod(shape), float("inf"), None, float("inf"), tolerance)
 
 
 def _report(out: np.ndarray, ref: np.ndarray, allowed: np.ndarray | float, tolerance: str) -> CheckReport:
     if out.shape != ref.shape:
-        return _wrong_shape(out, tolerance)
+        return _wrong_shape(out.shape, tolerance)
     err = np.abs(out - ref)
     excess = err - allowed
     bad = excess > 0
@@ -133,14 +137,76 @@ def against_inputs(
     ``tol`` (absolute, beyond print rounding) replaces the fp32 error model;
     ``gemm`` computes the reference product (see :func:`reference`).
     """
-    return against_product(out, product(a, b, gemm), tol)
+    return against_product(WholeRows.of(out), product(a, b, gemm), tol)
+
+
+class Rows(Protocol):
+    """An output's values (float64), a block of rows at a time, as :meth:`Product.pairs` reads them:
+    from several threads at once, each block into a buffer of its own."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def read(self, r0: int, into: np.ndarray) -> np.ndarray:
+        """Rows r0.. of the output, as many as ``into`` (a C-contiguous float64 block) has: in ``into``,
+        or a view of them held elsewhere. Raises the output's InputFormatError."""
+        ...
+
+
+@dataclass(frozen=True)
+class WholeRows:
+    """An output's values already held whole (read ahead, or beside a product made elsewhere)."""
+
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, out: np.ndarray) -> WholeRows:
+        return cls(np.ascontiguousarray(out, dtype=np.float64))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.values.shape[0]), int(self.values.shape[1])
+
+    def read(self, r0: int, into: np.ndarray) -> np.ndarray:
+        return self.values[r0 : r0 + into.shape[0]]
+
+
+class _OneBlasThread:
+    """numpy's BLAS on one thread while any :meth:`Product.pairs` runs (several at once in a folder's
+    checks): its workers run a product block each, one per core. A BLAS of several threads beside
+    them would spin its idle threads after every call and stall its busy ones behind the workers'
+    reads (on the 2-core VM, an output read between multi-threaded product blocks cost 0.2-0.4 s
+    at 4096). threadpoolctl finds numpy's BLAS library and sets its threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limit: contextlib.AbstractContextManager[object] | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._limit = ThreadpoolController().limit(limits=1, user_api="blas")
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0 and self._limit is not None:
+                    self._limit.__exit__(None, None, None)
+                    self._limit = None
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
 
 
 @dataclass(frozen=True)
 class Product:
     """A and B in float64, and their product A·B: whole where a GEMM elsewhere made it (``ref``,
-    a GPU's, say), else made by numpy's BLAS a block of rows at a time as the check reads it
-    (:meth:`blocks`)."""
+    a GPU's, say), else made by numpy's BLAS a block of rows at a time beside the output's rows
+    (:meth:`pairs`)."""
 
     a64: np.ndarray
     b64: np.ndarray
@@ -150,25 +216,52 @@ class Product:
     def shape(self) -> tuple[int, int]:
         return int(self.a64.shape[0]), int(self.b64.shape[1])
 
-    def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """(r0, rows r0.. of A·B) for consecutive blocks of rows, in order.
+    def pairs(self, rows: Rows) -> Generator[tuple[int, np.ndarray, np.ndarray]]:
+        """(r0, the output's rows r0.., the same rows of A·B) for consecutive blocks of rows, in order.
+        A block's arrays are used again for a later block once the next one is asked for: copy what
+        must outlive a step.
 
-        Made here, every block lands in one buffer of :data:`mmd.cpus.BLOCK_ELEMS` elements (used again
-        for the next block): the product never exists whole, so its m×n float64 array's fresh pages
-        are never paid for, and each block is checked right after it is made. On the 2-core VM the
-        product and rule of a 4096 check took 1.75 s in blocks of 512 rows against 1.83 s whole
-        (medians of 5, side by side), with 0.3 s less system time.
+        Made here, the product never exists whole, and neither does the output where ``rows`` reads
+        it a block at a time: each of :func:`mmd.cpus.usable_cores` workers reads a block of the
+        output's rows and makes the same rows of the product (BLAS on one thread,
+        :class:`_OneBlasThread`), into buffers of its own used again block to block, while the
+        caller checks the blocks before. At 4096 the output's 134 MB of fresh pages are never
+        touched: they cost the 2-core VM 0.1-0.5 s of system time, in a process that maps them.
         """
         m, n = self.shape
-        step = block_rows(n)
         if self.ref is not None:
+            step = block_rows(n)
+            into = values_array(min(step, m) * n, np.float64).reshape(-1, n)
             for r0 in range(0, m, step):
-                yield r0, self.ref[r0 : r0 + step]
+                r1 = min(m, r0 + step)
+                yield r0, rows.read(r0, into[: r1 - r0]), self.ref[r0:r1]
             return
-        buf = values_array(min(step, m) * n, np.float64).reshape(-1, n)
-        for r0 in range(0, m, step):
+        step = worker_rows(m, n)
+        starts = range(0, m, step)
+        workers = min(len(starts), usable_cores())
+
+        def buffer() -> np.ndarray:
+            return values_array(min(step, m) * n, np.float64).reshape(-1, n)
+
+        # a pair per worker (the output's rows, the product's): block i takes pair i % workers, which
+        # block i - workers left once it was checked
+        buffers = [(buffer(), buffer()) for _ in range(workers)]
+
+        def block(i: int) -> tuple[int, np.ndarray, np.ndarray]:
+            r0 = starts[i]
             r1 = min(m, r0 + step)
-            yield r0, np.matmul(self.a64[r0:r1], self.b64, out=buf[: r1 - r0])
+            out_buf, ref_buf = buffers[i % workers]
+            got = rows.read(r0, out_buf[: r1 - r0])
+            return r0, got, np.matmul(self.a64[r0:r1], self.b64, out=ref_buf[: r1 - r0])
+
+        with _ONE_BLAS_THREAD.held(), ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: deque[Future[tuple[int, np.ndarray, np.ndarray]]] = deque(
+                pool.submit(block, i) for i in range(workers)
+            )
+            for i in range(len(starts)):
+                yield pending.popleft().result()
+                if i + workers < len(starts):  # block i is checked: its buffers are free
+                    pending.append(pool.submit(block, i + workers))
 
 
 def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
@@ -182,23 +275,20 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
 
 
-def against_product(out: np.ndarray, prod: Product, tol: float | None = None) -> CheckReport:
-    """:func:`against_inputs` with the product's inputs at hand."""
+def against_product(out: Rows, prod: Product, tol: float | None = None) -> CheckReport:
+    """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``."""
     tolerance = described(tol)
     if out.shape != prod.shape:
-        return _wrong_shape(out, tolerance)
-    if out.size == 0:
-        return _report(out, np.zeros(prod.shape), 0.0, tolerance)
-    out64 = np.ascontiguousarray(out, dtype=np.float64)
+        return _wrong_shape(out.shape, tolerance)
+    if not prod.shape[0] * prod.shape[1]:
+        return _report(np.zeros(prod.shape), np.zeros(prod.shape), 0.0, tolerance)
     if tol is None:
-        return _ModelCheck(out64, prod).report(tolerance)
+        return _ModelCheck(out, prod).report(tolerance)
     totals = Tally()
     n = prod.shape[1]
-    for r0, ref in prod.blocks():
+    for r0, got, ref in prod.pairs(out):
         rows = ref.shape[0]
-        totals.add_uniform(
-            out64[r0 : r0 + rows].reshape(-1), ref.reshape(-1), rows, n, PRINT_HALF_UNIT + tol, r0 * n, uniform_pass
-        )
+        totals.add_uniform(got.reshape(-1), ref.reshape(-1), rows, n, PRINT_HALF_UNIT + tol, r0 * n, uniform_pass)
     return totals.report(prod.shape, tolerance)
 
 
@@ -553,11 +643,11 @@ class _ModelCheck:
     failures that could be the worst one. When most elements are left
     undecided (a result wrong everywhere), S is made in full too, a block of
     rows at a time beside the product's, as it always was before these bounds.
-    The reference comes a block of rows at a time (:meth:`Product.blocks`),
-    each block sieved as it comes.
+    The reference comes a block of rows at a time beside the output's
+    (:meth:`Product.pairs`), each block sieved as it comes.
     """
 
-    def __init__(self, out: np.ndarray, prod: Product) -> None:
+    def __init__(self, out: Rows, prod: Product) -> None:
         self.out, self.prod, self.a64, self.b64 = out, prod, prod.a64, prod.b64
         m, k = self.a64.shape
         n = self.b64.shape[1]
@@ -648,14 +738,14 @@ class _ModelCheck:
         (S is then made in full: the rest of the sieve would not be used)."""
         sieve = _Sieve()
         limit = self.m * self.n // 8
-        for r0, ref in self.prod.blocks():
-            out = self.out[r0 : r0 + ref.shape[0]]
-            if fc is not None:
-                self._sieve_c(fc, sieve, out, ref, r0 * self.n, limit - sieve.left)
-            else:
-                self._sieve_numpy(sieve, out, ref, r0 * self.n)
-            if sieve.left > limit:
-                return None
+        with contextlib.closing(self.prod.pairs(self.out)) as pairs:  # stopped early: its workers stop
+            for r0, out, ref in pairs:
+                if fc is not None:
+                    self._sieve_c(fc, sieve, out, ref, r0 * self.n, limit - sieve.left)
+                else:
+                    self._sieve_numpy(sieve, out, ref, r0 * self.n)
+                if sieve.left > limit:
+                    return None
         return sieve
 
     def _exact_s(self, flat: np.ndarray) -> np.ndarray:
@@ -693,9 +783,8 @@ class _ModelCheck:
         """The rule with S made in full, a block of rows at a time beside the reference's."""
         abs_b = np.abs(self.b64)
         totals = Tally()
-        for r0, ref in self.prod.blocks():
+        for r0, out, ref in self.prod.pairs(self.out):
             rows = ref.shape[0]
-            out = self.out[r0 : r0 + rows]
             allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64[r0 : r0 + rows]) @ abs_b)
             err = np.abs(out - ref)
             excess = err - allowed

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mmd import cpus
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -185,3 +187,10 @@ def plain(result) -> dict:
     from mmd.record import as_dict
 
     return as_dict(result.record)
+
+
+def blocks_of(monkeypatch: pytest.MonkeyPatch, elems: int) -> None:
+    """The checks' blocks of rows at most ``elems`` elements: a thread's (mmd.cpus.BLOCK_ELEMS) and each of
+    mmd.verify's workers' (mmd.cpus.WORKER_BLOCK_ELEMS)."""
+    monkeypatch.setattr(cpus, "BLOCK_ELEMS", elems)
+    monkeypatch.setattr(cpus, "WORKER_BLOCK_ELEMS", elems)

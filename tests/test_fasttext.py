@@ -734,6 +734,65 @@ def test_parse_output_rows():
         ft.parse_output_rows(data, 4, 2, 3, one)  # room for one row, not two
 
 
+def test_row_blocks():
+    """Where each block of rows begins, then the end of the last row, as parse_output_rows finds a
+    block's end; None where the rows run out (a row missing, the last newline missing)."""
+    rows = [b"  1.00  2.00  3.00\n", b"  4.00 -5.00-60.00\n", b"  7.00  8.00  9.00\n", b" 10.00 11.00 12.00\n"]
+    data = b"4 3\n" + b"".join(rows)
+    at = [4 + sum(map(len, rows[:i])) for i in range(5)]
+    assert ft.row_blocks(data, 4, 4, 3, 1) == at
+    assert ft.row_blocks(data, 4, 4, 3, 3) == [at[0], at[3], at[4]]
+    assert ft.row_blocks(data, 4, 4, 3, 4) == [at[0], at[4]]
+    assert ft.row_blocks(data, 4, 4, 3, 9) == [at[0], at[4]]
+    assert ft.row_blocks(data + b"  1.00\n", 4, 4, 3, 2) == [at[0], at[2], at[4]]  # the caller sees what follows
+    assert ft.row_blocks(data[: at[3]], 4, 4, 3, 2) is None
+    assert ft.row_blocks(data[:-1], 4, 4, 3, 2) is None
+    with pytest.raises(ValueError):
+        ft.row_blocks(data, 3, 4, 3, 1)  # not a line start
+    with pytest.raises(ValueError):
+        ft.row_blocks(data, 4, 4, 3, 0)
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 50])
+def test_row_blocks_read_on_threads_in_any_order(step):
+    """textcore.RowBlocks: every block read on its own thread, in reverse order, gives parse_output's
+    values; a fault calls on_fault where it is found: missing rows and bytes after the last row at
+    once, a bad field when its block is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(step)
+    vals = (rng.standard_normal((41, 13)) * 300).astype(np.float32)
+    text = tf.emit(vals)
+    want = tf.parse_output(text)
+
+    class Fault(Exception):
+        pass
+
+    def fault():
+        raise Fault
+
+    blocks = textcore.RowBlocks(memoryview(text), step, fault)
+    got = np.full((41, 13), np.nan)
+    starts = list(range(0, 41, step))[::-1]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda r0: blocks.read(r0, got[r0 : r0 + step].reshape(-1).data), starts))
+    assert got.tobytes() == want.tobytes()
+    lines = text.split(b"\n")
+    for bad in (text + b"  1.00\n", text[:-1], b"\n".join([*lines[:-3], b""])):
+        with pytest.raises(Fault):
+            textcore.RowBlocks(memoryview(bad), step, fault)
+    lines[40] = b" x" + lines[40][2:]
+    spoilt = textcore.RowBlocks(memoryview(b"\n".join(lines)), step, fault)
+    last = (39 // step) * step  # the block that holds row 39 (line 40)
+    for r0 in range(0, 41, step):
+        into = np.zeros((min(step, 41 - r0), 13))
+        if r0 == last:
+            with pytest.raises(Fault):
+                spoilt.read(r0, into.reshape(-1).data)
+        else:
+            spoilt.read(r0, into.reshape(-1).data)
+
+
 _out_value = st.one_of(
     st.floats(-1e4, 1e4, width=32),
     st.floats(-(2.0**39), 2.0**39, width=32),

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import cpus, grading, readahead, textcore, textformat
+from mmd import grading, readahead, textcore, textformat
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Options, Result, Status
+
+from .conftest import blocks_of
 
 pytestmark = pytest.mark.skipif(not textcore.USE_FASTTEXT, reason="mmd._fasttext is not built or switched off")
 
@@ -107,7 +109,7 @@ def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, opti
     if mapped:
         monkeypatch.setattr(textcore, "MAP_BYTES", 1)
     if blocks:
-        monkeypatch.setattr(cpus, "BLOCK_ELEMS", 1)
+        blocks_of(monkeypatch, 1)
     paths = _files(tmp_path)
     paths["missing"] = tmp_path / "missing.txt"
     output, reference = paths[out], paths[ref]
@@ -124,17 +126,22 @@ def test_values_read_ahead_are_textformat_s_bits(tmp_path):
         with readahead.start(paths["out"], paths["in"], "inputs", wide) as ahead:
             got_out = ahead.output_values(paths["out"])
             got_in = ahead.input_values(paths["in"], wide)
-            assert got_out is not None and got_in is not None
+            assert got_in is not None
             assert ahead.input_values(paths["in"], not wide) is None  # another type: read again
             assert ahead.output_values(paths["in"]) is None and ahead.input_values(paths["out"], wide) is None
-            assert (got_out.shape, got_in.shape) == ((70, 60), (70, 90, 60))
-            out = np.frombuffer(got_out.buffer, np.float64).reshape(70, 60)
-            want_out = textformat.parse_output(paths["out"].read_bytes())
-            assert out.tobytes() == want_out.tobytes()
+            assert got_in.shape == (70, 90, 60)
             mats = textformat.parse(paths["in"].read_bytes(), dtype=dtype)
             vals = np.frombuffer(got_in.buffer, dtype)
             assert vals.tobytes() == mats.a.tobytes() + mats.b.tobytes()
-            del out, vals
+            del vals
+            # the full check reads the output a block at a time beside the product's, not ahead
+            assert (got_out is None) == wide
+            if got_out is not None:
+                assert got_out.shape == (70, 60)
+                out = np.frombuffer(got_out.buffer, np.float64).reshape(70, 60)
+                want_out = textformat.parse_output(paths["out"].read_bytes())
+                assert out.tobytes() == want_out.tobytes()
+                del out
 
 
 def test_a_check_uses_what_was_read_ahead(tmp_path, monkeypatch):
@@ -188,17 +195,22 @@ def test_failed_reads_leave_the_check_to_grading(tmp_path, monkeypatch, out, ref
     assert _plain(got) == _plain(want) and want.status is status
 
 
-def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path):
-    """The check reads the bytes the values came from: mmd writes outputs by rename, so a mapping keeps them."""
+@pytest.mark.parametrize(
+    ("options", "replaced", "by", "status"),
+    [(Options(quick=True), "out", "out_format", Status.FORMAT), (Options(), "in", "in_bad", Status.ERROR)],
+    ids=["output", "input"],
+)
+def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path, options, replaced, by, status):
+    """The check reads the bytes the values came from: mmd writes outputs by rename, so a mapping keeps
+    them (the full check reads its output a block at a time beside the product's, not ahead)."""
     paths = _files(tmp_path)
-    options = Options()
     with _ahead(paths["out"], paths["in"], options) as ahead:
-        assert ahead.mapped(paths["out"]) is not None
-        shutil.copy(paths["out_format"], tmp_path / "new.out")
-        (tmp_path / "new.out").replace(paths["out"])
+        assert ahead.mapped(paths[replaced]) is not None
+        shutil.copy(paths[by], tmp_path / "new")
+        (tmp_path / "new").replace(paths[replaced])
         r = grading.check_file(paths["out"], paths["in"], options, ahead).results[0]
     assert r.status is Status.OK
-    assert grading.check_file(paths["out"], paths["in"], options).results[0].status is Status.FORMAT
+    assert grading.check_file(paths["out"], paths["in"], options).results[0].status is status
 
 
 def test_read_ahead_beside_numpy_s_import_or_where_cores_are_left(monkeypatch):

@@ -7,9 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import cpus, freivalds, tally, textcore, tolerance, verify
+from mmd import freivalds, tally, textcore, tolerance, verify
 from mmd import textformat as tf
+from mmd.errors import InputFormatError
 from mmd.generate import random_matrix
+
+from .conftest import blocks_of
 
 
 @pytest.fixture(autouse=True, scope="module", params=["c", "numpy"])
@@ -24,10 +27,17 @@ def passes(request):
     textcore.USE_FASTTEXT = old
 
 
+def _blocks(prod: verify.Product) -> list[tuple[int, np.ndarray]]:
+    """(r0, a copy of rows r0.. of A·B) for the product's blocks of rows, as :meth:`verify.Product.pairs`
+    hands them out beside an output's (here zeros)."""
+    rows = verify.WholeRows(np.zeros(prod.shape))
+    return [(r0, ref.copy()) for r0, _, ref in prod.pairs(rows)]
+
+
 def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`verify.Product.blocks`),
+    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`verify.Product.pairs`),
     whose GEMMs may round unlike one GEMM of the whole (test_product_blocks_round_as_a_gemm bounds by how much)."""
-    blocks = [blk.copy() for _, blk in verify.product(a, b).blocks()]
+    blocks = [blk for _, blk in _blocks(verify.product(a, b))]
     return np.concatenate(blocks) if blocks else np.zeros((a.shape[0], b.shape[1]))
 
 
@@ -73,7 +83,7 @@ def same_report(got: tally.CheckReport, want: tally.CheckReport, rtol: float = 1
 def test_full_check_same_as_the_old_rule(m, k, n, seed, factors, ref_block):
     """Whatever blocks of rows the product comes in (``ref_block`` elements: one row, a few, all)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpus, "BLOCK_ELEMS", ref_block)
+        blocks_of(mp, ref_block)
         _full_check_same_as_the_old_rule(m, k, n, seed, factors)
 
 
@@ -94,17 +104,57 @@ def _full_check_same_as_the_old_rule(m, k, n, seed, factors):
 def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
     """The product's blocks of rows, in order, cover A·B once and are within float64's GEMM error
     bound (k·u·|A|·|B|) of one GEMM of the whole; a given product is handed out as it is."""
-    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
+    blocks_of(monkeypatch, ref_block)
     rng = np.random.default_rng(m + k + n)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     whole = a.astype(np.float64) @ b.astype(np.float64)
-    starts, blocks = zip(*[(r0, blk.copy()) for r0, blk in verify.product(a, b).blocks()], strict=True)
+    starts, blocks = zip(*_blocks(verify.product(a, b)), strict=True)
     assert list(starts) == list(np.cumsum([0] + [len(x) for x in blocks[:-1]]))
     got = np.concatenate(blocks)
     bound = 2 * k * 2.0**-53 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
     assert got.shape == whole.shape and np.all(np.abs(got - whole) <= bound)
     given = verify.product(a, b, gemm=lambda x, y: x @ y)
-    np.testing.assert_array_equal(np.concatenate([blk for _, blk in given.blocks()]), given.ref)
+    np.testing.assert_array_equal(np.concatenate([blk for _, blk in _blocks(given)]), given.ref)
+
+
+def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
+    """While any :meth:`verify.Product.pairs` runs (two at once here, as a folder's checks run them), numpy's
+    BLAS has one thread, its workers one product block each; the last one done, or failed, gives the
+    threads back."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    before = blas_threads()
+    blocks_of(monkeypatch, 1)  # a block a row
+    rng = np.random.default_rng(3)
+    a, b = random_matrix(rng, 6, 5), random_matrix(rng, 5, 4)
+    seen: list[set[int]] = []
+
+    class Rows:
+        shape = (6, 4)
+
+        def __init__(self, fail_at: int | None = None) -> None:
+            self.fail_at = fail_at
+
+        def read(self, r0: int, into: np.ndarray) -> np.ndarray:
+            seen.append(blas_threads())
+            if r0 == self.fail_at:
+                raise InputFormatError("a fault", line=r0 + 2)
+            into[:] = 0.0
+            return into
+
+    first = verify.product(a, b).pairs(Rows())
+    next(first)
+    assert blas_threads() == {1}
+    second = verify.product(a, b).pairs(Rows(fail_at=3))
+    with pytest.raises(InputFormatError):
+        list(second)
+    assert blas_threads() == {1}  # the first still runs
+    rest = list(first)
+    assert [r0 for r0, _, _ in rest] == [1, 2, 3, 4, 5]
+    assert blas_threads() == before and seen and all(t == {1} for t in seen)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +169,7 @@ def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
 )
 @pytest.mark.parametrize("ref_block", [1, 7 * 80 + 3, 1 << 20])  # the product a row, 7 rows, all at a time
 def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
-    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
+    blocks_of(monkeypatch, ref_block)
     if plant == "scattered, dots":
         monkeypatch.setattr(verify, "_SMALL_GEMM", 0)
     rng = np.random.default_rng(3)
@@ -309,7 +359,7 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
 @pytest.mark.parametrize("seed", range(6))
 def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monkeypatch):
     # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
-    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
+    blocks_of(monkeypatch, ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     rng = np.random.default_rng(seed)
     ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
@@ -331,7 +381,7 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monke
 def test_chunked_passes_report_as_one_pass(block, chunk, ref_block, seed, monkeypatch):
     """The elementwise passes, in blocks of the product, blocks for threads and chunks within them,
     report as whole-matrix code."""
-    monkeypatch.setattr(cpus, "BLOCK_ELEMS", ref_block)
+    blocks_of(monkeypatch, ref_block)
     monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
     monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
     rng = np.random.default_rng(seed)
