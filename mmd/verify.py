@@ -176,27 +176,35 @@ class _OneBlasThread:
     checks): its workers run a product block each, one per core. A BLAS of several threads beside
     them would spin its idle threads after every call and stall its busy ones behind the workers'
     reads (on the 2-core VM, an output read between multi-threaded product blocks cost 0.2-0.4 s
-    at 4096). threadpoolctl finds numpy's BLAS library and sets its threads."""
+    at 4096). threadpoolctl finds numpy's BLAS library and sets its threads; OpenBLAS's pool is the
+    process's, and threadpoolctl lets one thread at a time set it (another's calls do nothing), so
+    every limit here is set and lifted on one thread of this class's own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._users = 0
-        self._limit: contextlib.AbstractContextManager[object] | None = None
+        self._limits = contextlib.ExitStack()
+        self._controller: ThreadpoolController | None = None
+        self._setter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmd-blas-threads")
+
+    def _limit(self) -> None:
+        if self._controller is None:  # the libraries numpy has loaded by now
+            self._controller = ThreadpoolController()
+        self._limits.enter_context(self._controller.limit(limits=1, user_api="blas"))
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         with self._lock:
             if self._users == 0:
-                self._limit = ThreadpoolController().limit(limits=1, user_api="blas")
+                self._setter.submit(self._limit).result()
             self._users += 1
         try:
             yield
         finally:
             with self._lock:
                 self._users -= 1
-                if self._users == 0 and self._limit is not None:
-                    self._limit.__exit__(None, None, None)
-                    self._limit = None
+                if self._users == 0:
+                    self._setter.submit(self._limits.close).result()
 
 
 _ONE_BLAS_THREAD = _OneBlasThread()

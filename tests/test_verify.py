@@ -118,9 +118,11 @@ def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
 
 
 def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
-    """While any :meth:`verify.Product.pairs` runs (two at once here, as a folder's checks run them), numpy's
-    BLAS has one thread, its workers one product block each; the last one done, or failed, gives the
-    threads back."""
+    """While any :meth:`verify.Product.pairs` runs (two at once here, on two threads that outlive them, as
+    a folder's checks run them), numpy's BLAS has one thread, its workers one product block each; the
+    last one done, or failed, on whichever thread, gives the threads back."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from threadpoolctl import threadpool_info
 
     def blas_threads() -> set[int]:
@@ -145,14 +147,15 @@ def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
             into[:] = 0.0
             return into
 
-    first = verify.product(a, b).pairs(Rows())
-    next(first)
-    assert blas_threads() == {1}
-    second = verify.product(a, b).pairs(Rows(fail_at=3))
-    with pytest.raises(InputFormatError):
-        list(second)
-    assert blas_threads() == {1}  # the first still runs
-    rest = list(first)
+    with ThreadPoolExecutor(1) as one, ThreadPoolExecutor(1) as other:
+        first = verify.product(a, b).pairs(Rows())
+        one.submit(next, first).result()
+        assert blas_threads() == {1}
+        second = verify.product(a, b).pairs(Rows(fail_at=3))
+        with pytest.raises(InputFormatError):
+            other.submit(list, second).result()
+        assert blas_threads() == {1}  # the first still runs
+        rest = other.submit(list, first).result()  # ends on another thread than it began
     assert [r0 for r0, _, _ in rest] == [1, 2, 3, 4, 5]
     assert blas_threads() == before and seen and all(t == {1} for t in seen)
 
