@@ -64,8 +64,8 @@ class ReadAhead:
     """The reads :func:`start` began for one output and its reference; a context manager that waits
     for them and unmaps what they mapped."""
 
-    def __init__(self, output: Path, reference: Path, against: str, wide: bool) -> None:
-        self.output, self.reference, self.against, self.wide = output, reference, against, wide
+    def __init__(self, output: Path, reference: Path, against: str, wide: bool, device: bool = False) -> None:
+        self.output, self.reference, self.against, self.wide, self.device = output, reference, against, wide, device
         self._maps: dict[Path, bytes | mmap.mmap] = {}
         self._lock = threading.Lock()
         self._reads: list[_Read] = []
@@ -80,7 +80,7 @@ class ReadAhead:
                 ("expected", lambda: self._values_if_different(self.reference)),
             ]
             self._reads.append(_Read(steps, self._results, self.output, self.reference))
-        elif self.wide:  # the full check reads the output a block at a time beside the product's blocks
+        elif self.wide and not self.device:  # the output read a block at a time beside numpy's product's blocks
             self._reads.append(_Read([("input", self._input_values)], self._results, self.reference))
         elif usable_cores() >= 2 * textcore.WORKERS:  # cores for both parsers' threads at once
             self._reads.append(_Read([("input", self._input_values)], self._results, self.reference))
@@ -192,12 +192,14 @@ def useful(imports_numpy: bool) -> bool:
     return textcore.USE_FASTTEXT and (imports_numpy or usable_cores() > textcore.WORKERS)
 
 
-def start(output: Path, reference: Path, against: str, wide: bool) -> ReadAhead:
+def start(output: Path, reference: Path, against: str, wide: bool, device: bool = False) -> ReadAhead:
     """Start reading what checking ``output`` against ``reference`` will need: against an input
-    (``against`` "inputs"), the output's values and the input's (float64 where ``wide``, the full
-    check's; float32 for --quick), each on its own thread; against an expected output, whether the
+    (``against`` "inputs"), the input's values (float64 where ``wide``, the full check's; float32
+    for --quick) and, each on its own thread, the output's, unless the full check reads them a
+    block at a time beside numpy's product (where no other ``device`` may make it, as
+    ``--reference gpu`` or ``auto`` asks); against an expected output, whether the
     two have the same bytes, then whether the output is well formed where they do, or else both
     outputs' values where the check would read them whole."""
-    ahead = ReadAhead(output, reference, against, wide)
+    ahead = ReadAhead(output, reference, against, wide, device)
     ahead.begin()
     return ahead

@@ -122,8 +122,8 @@ def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, opti
 
 def test_values_read_ahead_are_textformat_s_bits(tmp_path):
     paths = _files(tmp_path, 70, 90, 60)
-    for wide, dtype in ((True, np.float64), (False, np.float32)):
-        with readahead.start(paths["out"], paths["in"], "inputs", wide) as ahead:
+    for wide, device, dtype in ((True, False, np.float64), (True, True, np.float64), (False, False, np.float32)):
+        with readahead.start(paths["out"], paths["in"], "inputs", wide, device) as ahead:
             got_out = ahead.output_values(paths["out"])
             got_in = ahead.input_values(paths["in"], wide)
             assert got_in is not None
@@ -134,8 +134,9 @@ def test_values_read_ahead_are_textformat_s_bits(tmp_path):
             vals = np.frombuffer(got_in.buffer, dtype)
             assert vals.tobytes() == mats.a.tobytes() + mats.b.tobytes()
             del vals
-            # the full check reads the output a block at a time beside the product's, not ahead
-            assert (got_out is None) == wide
+            # the full check reads the output a block at a time beside numpy's product, not ahead;
+            # beside another device's product, whole
+            assert (got_out is None) == (wide and not device)
             if got_out is not None:
                 assert got_out.shape == (70, 60)
                 out = np.frombuffer(got_out.buffer, np.float64).reshape(70, 60)

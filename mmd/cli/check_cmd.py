@@ -106,7 +106,8 @@ def _read_ahead(
 
     if not (readahead.useful(imports_numpy) and args.output.is_file() and reference.is_file()):
         return None
-    return stack.enter_context(readahead.start(args.output, reference, against, wide=not args.quick))
+    device = args.reference != "cpu"  # a product elsewhere: the output read whole beside it
+    return stack.enter_context(readahead.start(args.output, reference, against, not args.quick, device))
 
 
 def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any, Any], Any] | None:
