@@ -239,7 +239,7 @@ class Product:
         m, n = self.shape
         if self.ref is not None:
             step = block_rows(n)
-            into = values_array(min(step, m) * n, np.float64).reshape(-1, n)
+            into = values_array(min(step, m) * n, np.float64).reshape(min(step, m), n)
             for r0 in range(0, m, step):
                 r1 = min(m, r0 + step)
                 yield r0, rows.read(r0, into[: r1 - r0]), self.ref[r0:r1]
@@ -247,9 +247,11 @@ class Product:
         step = worker_rows(m, n)
         starts = range(0, m, step)
         workers = min(len(starts), usable_cores())
+        if not workers:  # no rows
+            return
 
         def buffer() -> np.ndarray:
-            return values_array(min(step, m) * n, np.float64).reshape(-1, n)
+            return values_array(min(step, m) * n, np.float64).reshape(min(step, m), n)
 
         # a pair per worker (the output's rows, the product's): block i takes pair i % workers, which
         # block i - workers left once it was checked

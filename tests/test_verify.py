@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mmd import freivalds, tally, textcore, tolerance, verify
 from mmd import textformat as tf
+from mmd.cpus import worker_rows
 from mmd.errors import InputFormatError
 from mmd.generate import random_matrix
 
@@ -115,6 +116,14 @@ def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
     assert got.shape == whole.shape and np.all(np.abs(got - whole) <= bound)
     given = verify.product(a, b, gemm=lambda x, y: x @ y)
     np.testing.assert_array_equal(np.concatenate([blk for _, blk in _blocks(given)]), given.ref)
+
+
+def test_pairs_of_no_rows():
+    """A product with no rows hands out no blocks (and starts no workers); one with no columns, its rows'
+    empty blocks."""
+    assert _blocks(verify.product(np.zeros((0, 3)), np.zeros((3, 2)))) == []
+    got = _blocks(verify.product(np.zeros((3, 2)), np.zeros((2, 0))))
+    assert [r0 for r0, _ in got] == list(range(0, 3, worker_rows(3, 0))) and all(b.size == 0 for _, b in got)
 
 
 def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
