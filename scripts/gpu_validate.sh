@@ -28,9 +28,26 @@ status=0
 stage_setup() {
     [ -d /tmp/site/pycuda ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
         .device-wheels/*.whl  # a warm machine keeps them
+    # pyproject.toml's dependencies (and its cuda and test extras) this machine lacks: their wheels go in
+    # .device-wheels/ (pip download NAME --python-version 3.12 --only-binary=:all: -d .device-wheels)
+    python3 - <<'PY'
+import importlib.metadata as md, re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+specs = [*project["dependencies"], *extras["cuda"], *extras["test"]]
+missing = []
+for spec in specs:
+    name = re.split(r"[<>=!~ \[;]", spec)[0]
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        missing.append(name)
+print("packages missing here:", ", ".join(missing) if missing else "none")
+PY
     python3 setup.py -q build_ext --inplace >/dev/null 2>&1 && echo "C text accelerator built" \
         || echo "C text accelerator not built: numpy path"
     for t in .wholejob/*/; do  # earlier trees the benchmarks compare with (git archives, git-ignored)
+        [ -d "$t" ] || continue  # none carried: the pattern itself
         (cd "$t" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) && echo "$t: built"
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
