@@ -5,7 +5,7 @@
  *   format_rows(c, m, n) -> bytes
  *   format_input_rows(c, m, n) -> bytes
  *   parse_output_values(data, offset, m, n, out, min_split, threads) -> None | fault
- *   parse_output_rows(data, offset, rows, n, out, min_split, threads) -> next offset | -1
+ *   parse_output_rows(data, offset, rows, n, out, min_split, threads, end) -> next offset | -1
  *   row_blocks(data, offset, m, n, step) -> [offset of each block of step rows, end] | None
  *
  * All work on buffers (no numpy C API) and run with the GIL released. The
@@ -1639,24 +1639,41 @@ parse_output_values(PyObject *Py_UNUSED(self), PyObject *args)
     return Py_BuildValue("(innnn)", f.kind, f.line, f.line_start, f.pos, f.count);
 }
 
+/* Past `rows` rows from q, each found by next_row: where they end (hi where they run out first), and in
+   *found how many there were. next_row needs a '\n' at hi[-1]: without one the last row has none, a fault,
+   and no row is passed. */
+static const unsigned char *
+skip_rows(const unsigned char *q, const unsigned char *hi, Py_ssize_t rows, Py_ssize_t n, Py_ssize_t *found)
+{
+    *found = 0;
+    if (hi[-1] == '\n')
+        for (; *found < rows && q < hi; ++*found)
+            q = next_row(q, hi, n);
+    return q;
+}
+
 /*
  * parse_output_rows: the next `rows` rows of an output from `offset` (a line
  * start), their values into the float64 buffer out (rows*n), as
  * parse_output_values reads a body; the offset after them, or -1 on any
  * fault (the caller reads the whole body again to name the first one). So an
- * output can be read a block of rows at a time into one small buffer.
+ * output can be read a block of rows at a time into one small buffer. Where
+ * the caller knows where the rows end (`end`, from row_blocks), they are not
+ * searched for again.
  */
 static PyObject *
 parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data, ob;
-    Py_ssize_t offset, rows, n, min_split = (Py_ssize_t)1 << 20;
+    Py_ssize_t offset, rows, n, min_split = (Py_ssize_t)1 << 20, end = -1;
     int threads = 2;
     PyObject *out_obj;
-    if (!PyArg_ParseTuple(args, "y*nnnO|ni:parse_output_rows", &data, &offset, &rows, &n, &out_obj, &min_split,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "y*nnnO|nin:parse_output_rows", &data, &offset, &rows, &n, &out_obj, &min_split,
+                          &threads, &end))
         return NULL;
-    if (bad_rows_args(&data, offset, rows, n)) {
+    if (bad_rows_args(&data, offset, rows, n) || (end != -1 && (end <= offset || end > data.len))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "end must lie after offset, within the data");
         PyBuffer_Release(&data);
         return NULL;
     }
@@ -1667,15 +1684,10 @@ parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
     const unsigned char *base = (const unsigned char *)data.buf, *hi = base + data.len;
     Py_ssize_t next = -1;
     Py_BEGIN_ALLOW_THREADS
-    const unsigned char *q = base + offset;
-    Py_ssize_t found = 0;
-    /* the block's end: past `rows` rows (next_row needs a '\n' at hi[-1]; without one, the last
-       row has none and is a fault that the parse finds) */
-    if (hi[-1] == '\n')
-        for (; found < rows && q < hi; found++)
-            q = next_row(q, hi, n);
+    Py_ssize_t found = rows;
+    const unsigned char *q = end == -1 ? skip_rows(base + offset, hi, rows, n, &found) : base + end;
     ofault_t f = {0, 0, 0, 0, 0};
-    if (found == rows &&
+    if (found == rows && q[-1] == '\n' &&
         out_body_split(base, q - base, offset, rows, n, (double *)ob.buf, min_split, threads, &f) == OF_OK)
         next = q - base;
     Py_END_ALLOW_THREADS
@@ -1687,8 +1699,8 @@ parse_output_rows(PyObject *Py_UNUSED(self), PyObject *args)
 /*
  * row_blocks: where each block of `step` rows of an output's m rows begins, from `offset` (a line
  * start), and where the last row ends: a list of ceil(m/step)+1 offsets, found as parse_output_rows
- * finds a block's end (next_row), or None where the rows run out first. So that the blocks of one
- * output can be read at once on several threads, each from its own offset.
+ * finds a block's end (skip_rows), or None where the rows run out first. So that the blocks of one
+ * output can be read at once on several threads, each from its own offset to the next.
  */
 static PyObject *
 row_blocks(PyObject *Py_UNUSED(self), PyObject *args)
@@ -1698,7 +1710,7 @@ row_blocks(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnn:row_blocks", &data, &offset, &m, &n, &step))
         return NULL;
     if (bad_rows_args(&data, offset, m, n) || step < 1) {
-        if (step < 1 && !PyErr_Occurred())
+        if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "step must be positive");
         PyBuffer_Release(&data);
         return NULL;
@@ -1713,13 +1725,14 @@ row_blocks(PyObject *Py_UNUSED(self), PyObject *args)
     Py_ssize_t row = 0;
     Py_BEGIN_ALLOW_THREADS
     const unsigned char *q = base + offset;
-    /* next_row needs a '\n' at hi[-1]: without one the last row has none, a fault */
-    if (hi[-1] == '\n')
-        for (; row < m && q < hi; row++) {
-            if (row % step == 0)
-                at[row / step] = q - base;
-            q = next_row(q, hi, n);
-        }
+    for (Py_ssize_t i = 0; i < blocks; i++) {
+        Py_ssize_t want = m - row < step ? m - row : step, found;
+        at[i] = q - base;
+        q = skip_rows(q, hi, want, n, &found);
+        row += found;
+        if (found < want)
+            break;
+    }
     at[blocks] = q - base;
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
@@ -1791,9 +1804,10 @@ static PyMethodDef methods[] = {
      "format_input_rows(c, m, n) -> bytes\n\n"
      "m rows of n '%.2f' values of the float32 buffer c, one space between them, '\\n' after each row."},
     {"parse_output_rows", parse_output_rows, METH_VARARGS,
-     "parse_output_rows(data, offset, rows, n, out, min_split=1<<20) -> int\n\n"
+     "parse_output_rows(data, offset, rows, n, out, min_split=1<<20, threads=2, end=-1) -> int\n\n"
      "Read the next rows rows of n '%6.2f' fields from data[offset:] (a line start) into the float64\n"
-     "buffer out, as parse_output_values reads a body; the offset after them, or -1 on any fault."},
+     "buffer out, as parse_output_values reads a body; the offset after them, or -1 on any fault.\n"
+     "end: where the rows end, when known (row_blocks), else -1: found here."},
     {"row_blocks", row_blocks, METH_VARARGS,
      "row_blocks(data, offset, m, n, step) -> list | None\n\n"
      "The offsets at which each block of step rows of an output's m rows of n fields begins, from\n"

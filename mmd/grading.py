@@ -507,7 +507,7 @@ def _against_input(
     started after the input, medians of 8 alternating runs). Otherwise the input is parsed first,
     alone (the product needs all of it). Numpy's product is made a block of rows at a time, each
     block beside the same rows of the output, read then by the C parser (:meth:`verify.Product.pairs`,
-    :class:`_RowBlocks`): the output is never held whole. Beside a product another device makes
+    :class:`mmd.textcore.RowBlocks`): the output is never held whole. Beside a product another device makes
     (``options.gemm``), or without the C parser, the output is read whole on a second thread while
     the product is made. The output's faults come first, as if it had been read
     first: ``rows.check()`` raises its InputFormatError before any fault of the input or of the
@@ -538,21 +538,12 @@ def _against_input(
     if not in_blocks:
         rows.start()
     product = verify.product(a, b, options.gemm)  # another device's product while the output's rows are read
-    source = _RowBlocks(data, shape) if in_blocks else verify.WholeRows(rows.result())
+    source: verify.Rows
+    if in_blocks:
+        source = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
+    else:
+        source = verify.WholeRows(rows.result())
     return _values_result(job, shape, verify.against_product(source, product, options.tol))
-
-
-class _RowBlocks:
-    """The output's rows a block at a time by the C parser, beside the product's blocks
-    (:class:`mmd.verify.Rows`; the blocks' size is :func:`mmd.cpus.worker_rows`)."""
-
-    def __init__(self, data: memoryview, shape: tuple[int, int]) -> None:
-        self.shape = shape
-        self._blocks = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
-
-    def read(self, r0: int, into: np.ndarray) -> np.ndarray:
-        self._blocks.read(r0, into.reshape(-1).data)
-        return into
 
 
 def _quick_by_c() -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import NoReturn, Protocol, TypeVar
 
 from .cpus import usable_cores
 from .errors import InputFormatError, UnreadableError
@@ -300,12 +300,23 @@ def output_rows(
         on_fault()
 
 
+class _Block(Protocol):
+    """A writable C-contiguous float64 buffer that knows its size (a numpy array, say)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+_B = TypeVar("_B", bound=_Block)
+
+
 class RowBlocks:
     """An output's rows in blocks of ``step``, any block read on any thread into a buffer of its own
     by the C parser (on, see :func:`c_text`), one thread a block: mmd.verify's workers read each
-    block beside its own rows of the product, and the output is never held whole. Where every block
-    begins is found first (one newline search a row); a fault found then (rows missing, bytes after
-    the last row) or in a block (:meth:`read`) calls ``on_fault``, which raises the fault's error."""
+    block beside its own rows of the product (this is a :class:`mmd.verify.Rows`), and the output
+    is never held whole. Where every block begins and ends is found first (one newline search a
+    row); a fault found then (rows missing, bytes after the last row) or in a block (:meth:`read`)
+    calls ``on_fault``, which raises the fault's error."""
 
     def __init__(self, data: memoryview, step: int, on_fault: Callable[[], NoReturn]) -> None:
         ft = c_text()
@@ -318,13 +329,15 @@ class RowBlocks:
             on_fault()
         self.starts = starts
 
-    def read(self, r0: int, into: memoryview) -> None:
-        """Rows r0.. (r0 a block's first row), as many as ``into`` (float64) holds, into ``into``."""
+    def read(self, r0: int, into: _B) -> _B:
+        """Rows r0.. (r0 a block's first row), as many as ``into`` holds, into ``into``."""
         m, n = self.shape
         i, rows = r0 // self.step, into.nbytes // (8 * n)
         assert r0 % self.step == 0 and rows == min(self.step, m - r0), "one whole block"
-        if self._ft.parse_output_rows(self.data, self.starts[i], rows, n, into, C_MIN_SPLIT, 1) < 0:
+        start, end = self.starts[i], self.starts[i + 1]
+        if self._ft.parse_output_rows(self.data, start, rows, n, into, C_MIN_SPLIT, 1, end) != end:
             self.on_fault()
+        return into
 
 
 # ---------------------------------------------------------------------------

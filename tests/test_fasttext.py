@@ -724,6 +724,15 @@ def test_parse_output_rows():
     assert ft.parse_output_rows(data.replace(b"  2.00", b""), 4, 2, 3, out) == -1
     assert ft.parse_output_rows(data[:30], 4, 2, 3, out) == -1
     assert ft.parse_output_rows(data[:-1], 42, 1, 3, one) == -1
+    out[:] = 0
+    assert ft.parse_output_rows(data, 4, 2, 3, out, 1 << 20, 1, 4 + 38) == 4 + 38  # the end known
+    np.testing.assert_array_equal(out, [[1, 2, 3], [4, -5, -60]])
+    assert ft.parse_output_rows(data, 4, 2, 3, out, 1 << 20, 1, 4 + 19) == -1  # one row up to that end
+    assert ft.parse_output_rows(data, 4, 2, 3, out, 1 << 20, 1, 4 + 37) == -1  # not after a newline
+    with pytest.raises(ValueError):
+        ft.parse_output_rows(data, 4, 2, 3, out, 1 << 20, 1, 4)  # no rows before the end
+    with pytest.raises(ValueError):
+        ft.parse_output_rows(data, 4, 2, 3, out, 1 << 20, 1, len(data) + 1)
     with pytest.raises(ValueError):
         ft.parse_output_rows(data, 3, 1, 3, one)  # not a line start
     with pytest.raises(ValueError):
