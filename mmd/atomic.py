@@ -12,13 +12,13 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OutputError
-from .fileops import OPS, FileOps
+from .fileops import HAS_SYNCFS, OPS, FileOps
 
 #: The host id that commit temporaries carry (``.<name>.<host>.<pid>.tmp``); set by a
 #: daemon on a shared inbox, so that each host sweeps only its own. None: ``.<name>.<pid>.tmp``.
@@ -115,13 +115,191 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+#: A context a rename happens in (a job's supervisor holds it to stop a commit).
+Guard = Callable[[], AbstractContextManager[None]]
+
+#: From this many files on, :func:`publish` syncs the filesystem once (``syncfs``) instead of
+#: fsyncing each file: on the project's ext4 VM, 100 small files took 2.3 ms with one syncfs
+#: against 17 ms fsynced one by one, and 2 files the same either way. Fewer files (a lone job's
+#: output and sidecar) are fsynced each, so that they never wait for other writers' dirty data.
+SYNCFS_FROM_FILES = 3
+
+
+@dataclass
+class _File:
+    fd: int | None  # open until synced (the fsync goes through the descriptor that wrote it)
+    tmp: Path
+    path: Path
+    replace: bool
+    guard: Guard | None
+
+
+class Staged:
+    """A commit in two steps: :meth:`write` puts each file in its hidden temporary now; :func:`publish`
+    makes them durable and renames them in the order written, later.
+
+    One instance holds one job's files (its output, then its sidecar), so that
+    they are published in order. Each file is fsynced as it is written,
+    unless ``group``: then :func:`publish` publishes several commits at once
+    with one sync for all of them (group commit). Any OSError leaves no temporary
+    behind and is raised as OutputError. ``ops`` does the file operations
+    (the tests inject faults through it).
+    """
+
+    def __init__(self, *, durable: bool = True, group: bool = False, ops: FileOps = OPS) -> None:
+        self.durable = durable
+        #: Whether the files wait for :func:`publish`'s one sync (else each is fsynced as it is written).
+        self.group = group
+        self.ops = ops
+        self._files: list[_File] = []
+
+    def write(
+        self, path: Path, chunks: Iterable[bytes], *, replace: bool = True, guard: Guard | None = None
+    ) -> Written:
+        """Write ``chunks`` to ``path``'s temporary; its size and sha256 (``replace``, ``guard``: as write_atomic's)."""
+        tmp = path.parent / temporary_name(path.name)
+        hasher = StreamHash()
+        size = 0
+        ops = self.ops
+        fd: int | None = None
+        try:
+            fd = _create_exclusive(tmp, ops)
+            for chunk in chunks:
+                view = memoryview(chunk)
+                hasher.update(view)
+                while view:
+                    done = ops.write(fd, view)
+                    view = view[done:]
+                size += len(chunk)
+            if not (self.durable and self.group):
+                if self.durable:
+                    ops.fsync(fd)
+                ops.close(fd)
+                fd = None
+        except BaseException as exc:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    ops.close(fd)
+            hasher.hexdigest()
+            _unlink_quietly(tmp, ops)
+            if isinstance(exc, OSError):
+                raise _output_error(path, exc) from None
+            raise
+        self._files.append(_File(fd, tmp, path, replace, guard))
+        return Written(path=path, bytes=size, sha256=hasher.hexdigest())
+
+    @property
+    def paths(self) -> list[Path]:
+        """The files written and not yet published, in order."""
+        return [f.path for f in self._files]
+
+    def discard(self) -> None:
+        """Remove the temporaries not published (a job stopped, or one whose commit failed)."""
+        for f in self._files:
+            if f.fd is not None:
+                with contextlib.suppress(OSError):
+                    self.ops.close(f.fd)
+            _unlink_quietly(f.tmp, self.ops)
+        self._files.clear()
+
+    def publish(self) -> None:
+        """Sync and rename this commit's files, then fsync their folder (OutputError: none is published)."""
+        [error] = publish([self])
+        if error is not None:
+            raise error
+
+    # -- the steps, for publish() --
+    def _sync_each(self) -> None:
+        """fsync each file through the descriptor that wrote it, then close it."""
+        for f in self._files:
+            if f.fd is None:
+                continue
+            fd, f.fd = f.fd, None
+            try:
+                if self.durable:
+                    self.ops.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    self.ops.close(fd)
+                raise _output_error(f.path, exc) from None
+            try:
+                self.ops.close(fd)
+            except OSError as exc:
+                raise _output_error(f.path, exc) from None
+
+    def _rename_all(self) -> set[Path]:
+        """Rename every temporary onto its name, in order; the folders renamed into."""
+        folders = set()
+        while self._files:
+            f = self._files[0]
+            try:
+                with f.guard() if f.guard is not None else contextlib.nullcontext():
+                    if f.replace:
+                        self.ops.replace(f.tmp, f.path)
+                    else:
+                        self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
+                        self.ops.unlink(f.tmp)
+            except OSError as exc:
+                if isinstance(exc, FileExistsError):
+                    raise
+                raise _output_error(f.path, exc) from None
+            self._files.pop(0)
+            folders.add(f.path.parent)
+        return folders
+
+
+def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
+    """Publish several commits together (group commit): one sync, the renames, one fsync per folder.
+
+    Returns, for each commit, None when it is published, else the error that
+    kept it back (its temporaries are removed; a commit's files before the
+    failing one stay published, as a crash would leave them). A failed sync
+    fails every commit it covered. ``durable`` off: no sync at all.
+    """
+    result: list[OutputError | None] = [None] * len(commits)
+    unsynced = [(c, f) for c in commits for f in c._files if f.fd is not None]
+    if len(unsynced) >= SYNCFS_FROM_FILES and HAS_SYNCFS:
+        first, some = unsynced[0]
+        try:
+            first.ops.syncfs(some.path.parent)
+        except OSError as exc:
+            error = _output_error(some.path.parent, exc)
+            for c in commits:
+                c.discard()
+            return [error] * len(commits)
+        for c, f in unsynced:
+            if f.fd is not None:
+                fd, f.fd = f.fd, None
+                with contextlib.suppress(OSError):  # synced already: a failed close loses nothing
+                    c.ops.close(fd)
+    folders: set[Path] = set()
+    for i, c in enumerate(commits):
+        try:
+            c._sync_each()
+            folders |= c._rename_all()
+        except OutputError as exc:
+            c.discard()
+            result[i] = exc
+        except BaseException:
+            c.discard()
+            raise
+    if any(c.durable for c in commits):
+        for folder in sorted(folders):
+            fsync_folder(folder)
+    return result
+
+
+def _output_error(path: Path, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}", {"path": str(path)})
+
+
 def write_atomic(
     path: Path,
     chunks: Iterable[bytes],
     *,
     durable: bool = True,
     replace: bool = True,
-    guard: Callable[[], AbstractContextManager[None]] | None = None,
+    guard: Guard | None = None,
     sync_folder: bool = True,
     ops: FileOps = OPS,
 ) -> Written:
@@ -134,49 +312,20 @@ def write_atomic(
     ``guard``: a context the rename happens in (a job's supervisor holds it to
     stop a commit; whatever it raises leaves no file behind either).
     ``sync_folder=False`` leaves the folder's fsync to a later commit in the
-    same folder (a job's sidecar after its output): journaling filesystems
-    commit renames in order, so one fsync of the folder after the last makes
-    both durable, and a crash before it loses the sidecar, which the daemon
-    then redoes. ``ops`` does the file operations (the tests inject faults
+    same folder. ``ops`` does the file operations (the tests inject faults
     through it).
     """
-    folder = path.parent
-    tmp = folder / temporary_name(path.name)
-    hasher = StreamHash()
-    size = 0
+    staged = Staged(durable=durable, ops=ops)
+    written = staged.write(path, chunks, replace=replace, guard=guard)
     try:
-        fd = _create_exclusive(tmp, ops)
-        try:
-            for chunk in chunks:
-                view = memoryview(chunk)
-                hasher.update(view)
-                while view:
-                    done = ops.write(fd, view)
-                    view = view[done:]
-                size += len(chunk)
-            if durable:
-                ops.fsync(fd)
-        finally:
-            ops.close(fd)
-            digest = hasher.hexdigest()
-        with guard() if guard is not None else contextlib.nullcontext():
-            if replace:
-                ops.replace(tmp, path)
-            else:
-                ops.link(tmp, path)  # fails with FileExistsError if the name was taken
-                ops.unlink(tmp)
-    except FileExistsError:
-        _unlink_quietly(tmp, ops)
-        raise
-    except OSError as exc:
-        _unlink_quietly(tmp, ops)
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}", {"path": str(path)}) from None
+        staged._sync_each()
+        staged._rename_all()
     except BaseException:
-        _unlink_quietly(tmp, ops)
+        staged.discard()
         raise
     if durable and sync_folder:
-        fsync_folder(folder)
-    return Written(path=path, bytes=size, sha256=digest)
+        fsync_folder(path.parent)
+    return written
 
 
 def _create_exclusive(tmp: Path, ops: FileOps) -> int:

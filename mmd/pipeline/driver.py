@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import record, textformat
-from ..atomic import StreamHash, write_atomic
+from ..atomic import Staged, StreamHash
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings
 from ..errors import MmdError
@@ -62,12 +62,22 @@ def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None, *, ops: FileOps = OPS) -> JobResult:
+def run_job(
+    job: Job,
+    backend_for: BackendFor,
+    watch: JobWatch | None = None,
+    *,
+    ops: FileOps = OPS,
+    staged: Staged | None = None,
+) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
     ``watch`` (the daemon's) hears each phase and may stop the job: then
     :class:`JobStopped` is raised and nothing of the job is committed.
     ``ops`` does the commits' file operations (the daemon passes its spool's).
+    ``staged``: write the output and sidecar (or the error sidecar) there and
+    leave their publishing to the caller (a worker's group commit); the
+    result then says what the job will be once published.
     """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
@@ -78,15 +88,22 @@ def run_job(job: Job, backend_for: BackendFor, watch: JobWatch | None = None, *,
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, watch, ops)
+        return _run(job, backend, timings, facts, log, watch, ops, staged)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log, watch, ops)
+        return _refuse(job, exc, timings, facts, log, watch, ops, staged)
 
 
-def refuse(job: Job, error: MmdError, timings: dict[str, float] | None = None, *, ops: FileOps = OPS) -> JobResult:
+def refuse(
+    job: Job,
+    error: MmdError,
+    timings: dict[str, float] | None = None,
+    *,
+    ops: FileOps = OPS,
+    staged: Staged | None = None,
+) -> JobResult:
     """Refuse ``job`` without running it (a bug of the daemon's around it, a time limit): its error sidecar."""
     log = get_logger(job=job.id, file=job.input.name)
-    return _refuse(job, error, dict(timings or {}), _Facts(job), log, None, ops)
+    return _refuse(job, error, dict(timings or {}), _Facts(job), log, None, ops, staged)
 
 
 class _Facts:
@@ -101,7 +118,14 @@ class _Facts:
 
 
 def _run(
-    job: Job, backend: Backend, timings: dict[str, float], facts: _Facts, log: Any, watch: JobWatch, ops: FileOps
+    job: Job,
+    backend: Backend,
+    timings: dict[str, float],
+    facts: _Facts,
+    log: Any,
+    watch: JobWatch,
+    ops: FileOps,
+    staged: Staged | None,
 ) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings)
@@ -134,10 +158,14 @@ def _run(
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    # The folder's fsync waits for the sidecar's: one for both renames.
-    written = write_atomic(
-        job.output, computed.chunks, durable=settings.durable, guard=watch.committing, sync_folder=False, ops=ops
-    )
+    # Both files are published together (renamed in order, one fsync of the folder); on a
+    # group's commit also synced together.
+    commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops)
+    try:
+        written = commit.write(job.output, computed.chunks, guard=watch.committing)
+    except BaseException:
+        commit.discard()
+        raise
     timings["write"] = _since(t0)
     timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
     timings["emit"] = computed.stage_ms.get("emit", 0.0)
@@ -167,13 +195,13 @@ def _run(
     )
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
-    write_atomic(
-        sidecar,
-        [record.dumps(rec)],
-        durable=settings.durable,
-        guard=functools.partial(watch.committing, True),
-        ops=ops,
-    )
+    try:
+        commit.write(sidecar, [record.dumps(rec)], guard=functools.partial(watch.committing, True))
+        if staged is None:
+            commit.publish()
+    except BaseException:
+        commit.discard()
+        raise
     log.info(
         "job done",
         status="ok",
@@ -193,6 +221,7 @@ def _refuse(
     log: Any,
     watch: JobWatch | None,
     ops: FileOps,
+    staged: Staged | None = None,
 ) -> JobResult:
     """Write the error sidecar for a refused job; the output path is left untouched."""
     if facts.hasher is not None:
@@ -213,5 +242,11 @@ def _refuse(
         requested=facts.requested,
         context=job.context,
     )
-    done = commit(refusal, durable=job.settings.durable, guard=watch.committing if watch is not None else None, ops=ops)
+    done = commit(
+        refusal,
+        durable=job.settings.durable,
+        guard=watch.committing if watch is not None else None,
+        ops=ops,
+        staged=staged,
+    )
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

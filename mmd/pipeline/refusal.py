@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .. import record
-from ..atomic import write_atomic
+from ..atomic import Staged
 from ..errors import MmdError, OutputError
 from ..fileops import OPS, FileOps
 from ..logs import get_logger
@@ -69,8 +69,10 @@ def commit(
     durable: bool = True,
     guard: Callable[[], AbstractContextManager[None]] | None = None,
     ops: FileOps = OPS,
+    staged: Staged | None = None,
 ) -> Committed:
-    """Write ``<stem>.error.yaml`` beside the output path (``guard``, ``ops``: as :func:`mmd.atomic.write_atomic`'s).
+    """Write ``<stem>.error.yaml`` beside the output path (``guard``, ``ops``: as :func:`mmd.atomic.write_atomic`'s;
+    ``staged``: only written there, published by the caller).
 
     A sidecar that cannot be written (disk full) is logged and said in the
     result, never raised: the caller keeps the input (the daemon holds the
@@ -79,7 +81,10 @@ def commit(
     rec = refusal.to_record()
     path = record.error_path(refusal.output)
     try:
-        write_atomic(path, [record.dumps(rec)], durable=durable, guard=guard, ops=ops)
+        commit = staged if staged is not None else Staged(durable=durable, ops=ops)
+        commit.write(path, [record.dumps(rec)], guard=guard)
+        if staged is None:
+            commit.publish()
     except (OutputError, yaml.YAMLError) as exc:
         reason = exc.reason if isinstance(exc, MmdError) else str(exc)
         get_logger(job=refusal.job).error("cannot write error sidecar", reason=reason)
