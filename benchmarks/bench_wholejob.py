@@ -140,19 +140,31 @@ def summary(key: str, samples: list[tuple[float, dict[str, float]]]) -> dict[str
 
 
 class Served:
-    """One `mmd serve` of a tree on a fresh spool."""
+    """One `mmd serve` of a tree on a fresh spool (``root``: default ``work/spool-NAME``).
 
-    def __init__(self, tree: Tree, work: Path) -> None:
+    ``start=False`` makes the spool only (a backlog can be put in its inbox
+    first); :meth:`start` starts the daemon.
+    """
+
+    def __init__(self, tree: Tree, work: Path, root: Path | None = None, start: bool = True) -> None:
         self.name = tree.name
-        self.root = work / f"spool-{tree.name}"
+        self.tree = tree
+        self.root = root or work / f"spool-{tree.name}"
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "inbox").mkdir(parents=True)
         (self.root / "outbox").mkdir()
         (self.root / "src").mkdir()
-        self.log = open(self.root / "daemon.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(tree.argv("serve"), cwd=self.root, env=tree.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
+        self.log: Any = None
+        self.proc: subprocess.Popen | None = None
         self.count = 0
+        if start:
+            self.start()
+
+    def start(self) -> subprocess.Popen:
+        self.log = open(self.root / "daemon.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.tree.argv("serve"), cwd=self.root, env=self.tree.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        return self.proc
 
     def drop(self, data: bytes, stem: str | None = None) -> tuple[float, Path]:
         """Rename one complete file into the inbox; returns (time of the rename, its timing sidecar)."""
@@ -174,12 +186,16 @@ class Served:
         return time.perf_counter()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        """SIGTERM (the job in hand finishes), then SIGKILL after 30 s; safe to call twice."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        if self.log is not None:
+            self.log.close()
 
 
 def daemon_job(served: Served, data: bytes, stem: str) -> tuple[float, dict[str, float]]:

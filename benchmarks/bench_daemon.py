@@ -1,0 +1,822 @@
+#!/usr/bin/env python3
+"""The daemon's throughput, latency, start-up and memory after stopped jobs, tree beside tree.
+
+    python benchmarks/bench_daemon.py [--tree NAME=PATH ...] [--no-now] [--cases burst drops backlog big timeout]
+        [--burst 2000] [--rounds 3] [--drops 200] [--backlog 20000] [--backlog-rounds 1]
+        [--big 4096] [--repeat 5] [--timeouts 10] [--timeout-size 4096]
+        [--backend cpu] [--kernel NAME] [--work DIR] [--keep] [--out DIR]
+
+The benchmark of the daemon's reshaping (worker processes, group commit, a
+scheduler). Like ``bench_wholejob.py`` (whose helpers it imports) it drives
+mmd only through its command line (``python -m mmd serve`` in a spool folder,
+settings in ``MMD_*`` variables, durable commits as shipped), so any checkout
+is measured the same way: ``--tree before=PATH`` (repeatable) puts other
+trees in the same run, and every measurement goes round the trees in turn
+(these machines are noisy: compare versions in one run, never across runs).
+The tree this file is in is measured too, as ``now`` (last), unless
+``--no-now``. The first tree is the baseline of the ``big`` target.
+
+Cases (``--cases``, default all), each a row group of the table printed last:
+
+* **burst**: ``--burst`` 32×32 files written to a sibling folder, then
+  renamed into the inbox at once: jobs/s from the first rename to the last
+  sidecar (``.timing.yaml``, or ``.error.yaml``: counted as errors), over
+  ``--rounds`` rounds (median, min, max). Each tree's daemon stays up; its
+  outbox and ``inbox/.done`` are emptied between rounds, untimed.
+* **drops**: ``--drops`` 32×32 files renamed in one at a time on an idle
+  daemon: p50/p95 of rename → sidecar, polled with ``os.path.exists`` and
+  0.1 ms sleeps.
+* **backlog**: ``--backlog`` 32×32 files in the inbox before the daemon
+  starts (a fresh daemon per tree and round, ``--backlog-rounds``): Popen →
+  first sidecar (polled), the rate over the first tenth of the jobs (the
+  tenth after the first sidecar) and over the last tenth (from the
+  sidecars' mtimes), last/first, and the whole time (Popen → last mtime).
+* **big**: an N×N job (``--big``) renamed in ``--repeat`` times on a warm
+  daemon (after one untimed drop): rename → sidecar median and min, and the
+  sidecar's ``timings_ms.overall`` median. Each copy is written and fsynced
+  before its rename, untimed.
+* **timeout**: a fresh daemon (``job_timeout_s`` as shipped); the RSS of it
+  and all its descendants after one small warm-up job; then ``--timeouts``
+  copies of the ``--timeout-size`` input named ``t{i}@timeout=0.1.txt``,
+  one after another, each until its ``.error.yaml`` (which must say
+  ``timeout``: the count is reported); RSS again (2 s settle); then a 32×32
+  and a ``--timeout-size`` job dropped normally (rename → sidecar), and RSS
+  after a 2 s settle: the ratio to the first RSS, whether the daemon still
+  runs and what ``mmd status --json`` says. A tree that refuses the
+  ``@timeout=`` name has that reported, not a crash.
+
+Every wait has a limit (``--wait``) and ends the run with the tree and case
+named, at once when a daemon exits; daemons are stopped (SIGTERM, then
+SIGKILL) whatever happens. Spools, inputs and kernel caches go under
+``--work`` (default a new folder under /tmp), removed at the end unless
+``--keep``. Everything measured goes to ``--out``/daemon.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench_wholejob import ROOT, SMALL, Served, Tree, make_input, med, pct, tree_env
+
+CASES = ("burst", "drops", "backlog", "big", "timeout")
+#: What marks a job done in the outbox: its timing sidecar (committed last), or its error sidecar.
+DONE, FAILED = ".timing.yaml", ".error.yaml"
+#: The per-job time limit the timeout case puts in the names.
+TIMEOUT_NAME = "@timeout=0.1"
+
+
+# -- waiting, always with a limit and a name -------------------------------------------------
+
+
+def fail(s: Served, case: str, what: str) -> SystemExit:
+    """SystemExit naming the tree and the case, with the end of the daemon's log."""
+    tail = ""
+    log = s.root / "daemon.log"
+    if log.exists():
+        with contextlib.suppress(OSError):
+            tail = "\n  daemon log ends: " + log.read_text(errors="replace")[-1500:].strip().replace("\n", "\n  ")
+    return SystemExit(f"bench_daemon: tree {s.name}, case {case}: {what}{tail}")
+
+
+def alive(s: Served, case: str) -> None:
+    if s.proc is None or s.proc.poll() is not None:
+        rc = None if s.proc is None else s.proc.returncode
+        raise fail(s, case, f"the daemon is not running (exit status {rc})")
+
+
+def wait_one(s: Served, case: str, stem: str, limit: float, sleep: float = 0.0001) -> tuple[float, Path]:
+    """Poll until ``outbox/stem.timing.yaml`` or ``stem.error.yaml`` exists: (perf_counter then, that path)."""
+    done, failed = str(s.root / "outbox" / (stem + DONE)), str(s.root / "outbox" / (stem + FAILED))
+    end = time.perf_counter() + limit
+    exists = os.path.exists
+    spins = 0
+    while True:
+        if exists(done):
+            return time.perf_counter(), Path(done)
+        if exists(failed):
+            return time.perf_counter(), Path(failed)
+        spins += 1
+        if spins % 256 == 0:
+            alive(s, case)
+            if time.perf_counter() > end:
+                raise fail(s, case, f"no sidecar for {stem} after {limit:.0f} s")
+        time.sleep(sleep)
+
+
+def wait_all(s: Served, case: str, stems: list[str], limit: float, sleep: float) -> tuple[float, int]:
+    """Poll until every stem has a sidecar: (perf_counter then, how many are error sidecars).
+
+    The stems are checked from the front and the front moves on, so a poll is
+    one or two ``stat`` calls while the jobs finish in order, and no job is
+    missed when they do not.
+    """
+    out = str(s.root / "outbox") + os.sep
+    exists = os.path.exists
+    end = time.perf_counter() + limit
+    errors = i = spins = 0
+    while i < len(stems):
+        if exists(out + stems[i] + DONE):
+            i += 1
+            continue
+        if exists(out + stems[i] + FAILED):
+            errors += 1
+            i += 1
+            continue
+        spins += 1
+        if spins % 64 == 0:
+            alive(s, case)
+        if time.perf_counter() > end:
+            raise fail(s, case, f"{i} of {len(stems)} sidecars after {limit:.0f} s (waiting for {stems[i]})")
+        time.sleep(sleep)
+    return time.perf_counter(), errors
+
+
+def settle(s: Served, limit: float = 10.0) -> None:
+    """Until no job folder is left in ``inbox/.work`` (the last job archived); gives up quietly after ``limit``.
+
+    Quietly: another tree may lay out ``.work`` differently; the rounds then differ a little, nothing breaks.
+    """
+    work = s.root / "inbox" / ".work"
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        try:
+            if not [n for n in os.listdir(work) if not n.startswith(".")]:
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.005)
+
+
+def clear(s: Served) -> None:
+    """Empty the outbox (not its dot files: reservations) and the archives; the daemon should be idle."""
+    for folder in (s.root / "outbox", s.root / "inbox" / ".done", s.root / "inbox" / ".failed"):
+        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False) and not (folder.name == "outbox" and entry.name[0] == "."):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+
+def stage(s: Served, stem: str, src: Path | bytes) -> Path:
+    """Write ``src`` (a file to copy, or bytes) to the spool's ``src/stem.txt`` and fsync it: ready to rename in."""
+    path = s.root / "src" / f"{stem}.txt"
+    if isinstance(src, bytes):
+        path.write_bytes(src)
+    else:
+        shutil.copyfile(src, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def put(s: Served, staged: Path) -> float:
+    """Rename a staged file into the inbox (a complete drop): perf_counter of the rename."""
+    t0 = time.perf_counter()
+    os.rename(staged, s.root / "inbox" / staged.name)
+    return t0
+
+
+def sidecar(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        rec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        return {"status": "unreadable", "error": {"kind": "unreadable", "reason": str(exc)}}
+    return rec if isinstance(rec, dict) else {"status": "unreadable", "error": {"reason": repr(rec)}}
+
+
+def must_be_ok(s: Served, case: str, path: Path) -> dict[str, Any]:
+    rec = sidecar(path)
+    if rec.get("status") != "ok":
+        raise fail(s, case, f"{path.name}: {rec.get('error')}")
+    return rec
+
+
+def warm(s: Served, case: str, limit: float) -> None:
+    """One small job, untimed: the daemon is up, its imports done, its kernels built."""
+    t0 = time.perf_counter()
+    s.drop(SMALL, "warm")
+    _, path = wait_one(s, case, "warm", limit, sleep=0.002)
+    must_be_ok(s, case, path)
+    print(f"  {s.name} {case}: daemon up, warm-up job {time.perf_counter() - t0:.2f} s from its drop", flush=True)
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def family(pid: int) -> list[int]:
+    """``pid`` and all its descendants, from /proc/<pid>/task/*/children."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        task = Path(f"/proc/{pids[i]}/task")
+        i += 1
+        with contextlib.suppress(OSError):
+            for t in task.iterdir():
+                with contextlib.suppress(OSError):
+                    pids += [int(c) for c in (t / "children").read_text().split()]
+    return pids
+
+
+def pid_of(s: Served) -> int:
+    if s.proc is None:
+        raise SystemExit(f"bench_daemon: tree {s.name}: no daemon started")
+    return s.proc.pid
+
+
+def rss_mb(pid: int) -> tuple[float, int, int]:
+    """Sum of VmRSS (MiB) over ``pid`` and its descendants, how many processes that is, and their threads."""
+    total_kb = count = threads = 0
+    for p in family(pid):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{p}/status").read_text().splitlines())
+            total_kb += int(fields.get("VmRSS", "0 kB").split()[0])
+            threads += int(fields.get("Threads", "0"))
+            count += 1
+    return total_kb / 1024, count, threads
+
+
+# -- the cases --------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, trees: list[Tree], work: Path) -> None:
+        self.args = args
+        self.trees = trees
+        self.work = work
+        self.limit: float = args.wait
+        self.results: dict[str, dict[str, Any]] = {t.name: {} for t in trees}
+        self.daemons: list[Served] = []  # every daemon started, stopped in main's finally
+
+    def served(self, tree: Tree, spool: str, start: bool = True) -> Served:
+        s = Served(tree, self.work, root=self.work / f"spool-{tree.name}-{spool}", start=False)
+        self.daemons.append(s)
+        if start:
+            s.start()
+        return s
+
+    def input(self, n: int) -> Path:
+        path = self.work / f"in-{n}.txt"
+        if not path.exists():
+            t0 = time.perf_counter()
+            make_input(path, n, n)
+            print(f"  made {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
+        return path
+
+    @contextlib.contextmanager
+    def warm_daemons(self, spool: str, case: str) -> Iterator[list[Served]]:
+        daemons = [self.served(t, spool) for t in self.trees]
+        try:
+            for s in daemons:
+                warm(s, case, self.limit)
+            for s in daemons:
+                settle(s)
+                clear(s)
+            yield daemons
+        finally:
+            for s in daemons:
+                s.stop()
+
+    # 1. burst
+    def burst(self, daemons: list[Served]) -> None:
+        n, rates = self.args.burst, {s.name: [] for s in daemons}
+        errors = dict.fromkeys(rates, 0)
+        for r in range(self.args.rounds):
+            for s in daemons:
+                stems = [f"b{r}-{i:06d}" for i in range(n)]
+                src, inbox = s.root / "src", s.root / "inbox"
+                for stem in stems:
+                    (src / f"{stem}.txt").write_bytes(SMALL)
+                t0 = time.perf_counter()
+                for stem in stems:
+                    os.rename(src / f"{stem}.txt", inbox / f"{stem}.txt")
+                end, errs = wait_all(s, "burst", stems, self.limit, 0.0005)
+                rates[s.name].append(n / (end - t0))
+                errors[s.name] += errs
+                print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors)", flush=True)
+                settle(s)
+                clear(s)
+        for s in daemons:
+            v = rates[s.name]
+            self.results[s.name]["burst"] = {
+                "files": n,
+                "jobs_per_s": v,
+                "median": med(v),
+                "min": min(v),
+                "max": max(v),
+                "errors": errors[s.name],
+            }
+
+    # 2. drops
+    def drops(self, daemons: list[Served]) -> None:
+        lat: dict[str, list[float]] = {s.name: [] for s in daemons}
+        errors = dict.fromkeys(lat, 0)
+        left = self.args.drops
+        while left > 0:
+            block = min(10, left)
+            left -= block
+            for s in daemons:
+                for _ in range(block):
+                    time.sleep(0.01)  # idle: the last job archived, its state written
+                    t0, path = s.drop(SMALL)
+                    stem = path.name[: -len(DONE)]
+                    t1, got = wait_one(s, "drops", stem, self.limit)
+                    lat[s.name].append((t1 - t0) * 1e3)
+                    errors[s.name] += got.name.endswith(FAILED)
+        for s in daemons:
+            v = lat[s.name]
+            self.results[s.name]["drops"] = {
+                "n": len(v),
+                "p50_ms": pct(v, 50),
+                "p95_ms": pct(v, 95),
+                "max_ms": max(v),
+                "errors": errors[s.name],
+                "samples_ms": v,
+            }
+            print(f"  {s.name} drops: p50 {pct(v, 50):.2f} ms, p95 {pct(v, 95):.2f} ms", flush=True)
+        for s in daemons:
+            settle(s)
+            clear(s)
+
+    # 4. big
+    def big(self, daemons: list[Served]) -> None:
+        src = self.input(self.args.big)
+        lat: dict[str, list[float]] = {s.name: [] for s in daemons}
+        overall: dict[str, list[float]] = {s.name: [] for s in daemons}
+        for i in range(-1, self.args.repeat):  # -1: the untimed first one
+            for s in daemons:
+                stem = f"big{self.args.big}-{i + 1}"
+                t0 = put(s, stage(s, stem, src))
+                t1, path = wait_one(s, "big", stem, self.limit, sleep=0.0002)
+                rec = must_be_ok(s, "big", path)
+                if i >= 0:
+                    lat[s.name].append((t1 - t0) * 1e3)
+                    overall[s.name].append(float(rec.get("timings_ms", {}).get("overall") or "nan"))
+                settle(s)
+                clear(s)  # its input and output are big: gone before the next
+        for s in daemons:
+            v, o = lat[s.name], overall[s.name]
+            self.results[s.name]["big"] = {
+                "n": self.args.big,
+                "drop_to_sidecar_ms": v,
+                "median_ms": med(v),
+                "min_ms": min(v),
+                "overall_ms": o,
+                "overall_median_ms": med(o),
+            }
+            print(f"  {s.name} big {self.args.big}: median {med(v):.1f} ms, overall {med(o):.1f} ms", flush=True)
+
+    # 3. backlog
+    def backlog(self) -> None:
+        n = self.args.backlog
+        stems = [f"q{i:06d}" for i in range(n)]
+        rounds: dict[str, list[dict[str, float]]] = {t.name: [] for t in self.trees}
+        for r in range(self.args.backlog_rounds):
+            for t in self.trees:
+                s = self.served(t, f"backlog{r}", start=False)
+                try:
+                    inbox = s.root / "inbox"
+                    for stem in stems:
+                        (inbox / f"{stem}.txt").write_bytes(SMALL)
+                    os.sync()  # the backlog's writeback is not the daemon's
+                    rounds[t.name].append(self.backlog_round(s, stems))
+                finally:
+                    s.stop()
+                print(f"  {t.name} backlog round {r}: {json.dumps(rounds[t.name][-1])}", flush=True)
+                if not self.args.keep:
+                    shutil.rmtree(s.root, ignore_errors=True)
+        for t in self.trees:
+            v = rounds[t.name]
+            self.results[t.name]["backlog"] = {
+                "files": n,
+                "rounds": v,
+                **{k: med([x[k] for x in v]) for k in v[0]},
+            }
+
+    def backlog_round(self, s: Served, stems: list[str]) -> dict[str, float]:
+        outbox = s.root / "outbox"
+        wall0, t0 = time.time(), time.perf_counter()
+        s.start()
+        end = t0 + self.limit
+        first = None
+        while first is None:
+            with os.scandir(outbox) as it:
+                if any(e.name.endswith((DONE, FAILED)) for e in it):
+                    first = time.perf_counter() - t0
+                    break
+            alive(s, "backlog")
+            if time.perf_counter() > end:
+                raise fail(s, "backlog", f"no sidecar {self.limit:.0f} s after the start")
+            time.sleep(0.0005)
+        _, errors = wait_all(s, "backlog", stems, self.limit, 0.01)
+        with os.scandir(outbox) as it:
+            mt = sorted(e.stat().st_mtime_ns / 1e9 for e in it if e.name.endswith((DONE, FAILED)))
+        n = len(mt)
+        k = max(1, n // 10)
+        first_rate = k / (mt[k] - mt[0]) if n > k and mt[k] > mt[0] else float("nan")
+        last_rate = k / (mt[-1] - mt[-1 - k]) if n > k and mt[-1] > mt[-1 - k] else float("nan")
+        total = mt[-1] - wall0
+        return {
+            "first_job_s": first,
+            "first_job_mtime_s": mt[0] - wall0,
+            "first_tenth_jobs_per_s": first_rate,
+            "last_tenth_jobs_per_s": last_rate,
+            "last_over_first": last_rate / first_rate,
+            "total_s": total,
+            "jobs_per_s": n / total,
+            "errors": errors,
+        }
+
+    # 5. timeout
+    def timeout(self) -> None:
+        size = self.args.timeout_size
+        src = self.input(size)
+        daemons = [self.served(t, "timeout") for t in self.trees]
+        res: dict[str, dict[str, Any]] = {s.name: {"size": size, "kinds": [], "refused": None} for s in daemons}
+        try:
+            for s in daemons:
+                warm(s, "timeout", self.limit)
+                settle(s)
+            time.sleep(1.0)
+            for s in daemons:
+                r = res[s.name]
+                r["rss_before_mb"], r["processes_before"], r["threads_before"] = rss_mb(pid_of(s))
+            for i in range(self.args.timeouts):
+                for s in daemons:
+                    if res[s.name]["refused"]:
+                        continue
+                    stem = f"t{i}{TIMEOUT_NAME}"
+                    t0 = put(s, stage(s, stem, src))
+                    t1, path = wait_one(s, "timeout", stem, self.limit, sleep=0.0005)
+                    rec = sidecar(path)
+                    err = rec.get("error") or {}
+                    kind = err.get("kind") if isinstance(err, dict) else None
+                    reason = str(err.get("reason", "")) if isinstance(err, dict) else str(err)
+                    if path.name.endswith(DONE):
+                        kind = "finished"  # ran to the end inside its limit: no timeout
+                    res[s.name]["kinds"].append(kind)
+                    res[s.name].setdefault("stop_ms", []).append((t1 - t0) * 1e3)
+                    if kind == "jobname":
+                        res[s.name]["refused"] = reason  # this tree takes no @timeout= in names
+                        print(f"  {s.name} timeout: the name is refused: {reason}", flush=True)
+                    settle(s)
+                    clear(s)
+            time.sleep(2.0)
+            for s in daemons:
+                r = res[s.name]
+                r["rss_after_timeouts_mb"], r["processes_after_timeouts"], r["threads_after_timeouts"] = rss_mb(
+                    pid_of(s)
+                )
+            for s in daemons:
+                alive(s, "timeout")
+                t0 = put(s, stage(s, "after-small", SMALL))
+                t1, path = wait_one(s, "timeout", "after-small", self.limit)
+                must_be_ok(s, "timeout", path)
+                res[s.name]["small_after_ms"] = (t1 - t0) * 1e3
+                t0 = put(s, stage(s, f"after-{size}", src))
+                t1, path = wait_one(s, "timeout", f"after-{size}", self.limit, sleep=0.0002)
+                must_be_ok(s, "timeout", path)
+                res[s.name]["big_after_ms"] = (t1 - t0) * 1e3
+                settle(s)
+                clear(s)
+            time.sleep(2.0)
+            for s in daemons:
+                r = res[s.name]
+                r["rss_after_mb"], r["processes_after"], r["threads_after"] = rss_mb(pid_of(s))
+                r["rss_ratio"] = r["rss_after_mb"] / r["rss_before_mb"] if r["rss_before_mb"] else float("nan")
+                r["family_before"] = f"{r['processes_before']}/{r['threads_before']}"
+                r["family_after"] = f"{r['processes_after']}/{r['threads_after']}"
+                r["stop_median_ms"] = med(r.get("stop_ms", []))
+                r["timeouts"] = sum(1 for k in r["kinds"] if k == "timeout")
+                r["dropped"] = len(r["kinds"])
+                r["alive"] = s.proc is not None and s.proc.poll() is None
+                r["status"], r["serving"] = self.status(s)
+                self.results[s.name]["timeout"] = r
+                print(f"  {s.name} timeout: {json.dumps({k: v for k, v in r.items() if k != 'stop_ms'})}", flush=True)
+        finally:
+            for s in daemons:
+                s.stop()
+
+    def status(self, s: Served) -> tuple[str | None, bool | None]:
+        """``mmd status --json`` in the spool (same env): the state's status, and whether it says serving."""
+        try:
+            _, done = s.tree.run("status", "--json", cwd=s.root, timeout=60)
+            data = json.loads(done.stdout)
+        except (subprocess.SubprocessError, ValueError) as exc:
+            return f"no answer: {exc!r}"[:200], None
+        state = data.get("state") or {}
+        return data.get("status", state.get("status")), data.get("serving")
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def get(res: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(res, dict) or part not in res:
+            return None
+        res = res[part]
+    return res
+
+
+def rows(backend: str, baseline: str) -> list[tuple[str, str, str, str, Callable[[Any, Any], bool] | None]]:
+    """(label, result path, format, target, check(value, baseline's value)) per row of the table."""
+    burst_target = 2000.0 if backend == "cuda" else 1000.0
+    return [
+        ("burst jobs/s (median)", "burst.median", "{:.1f}", f">= {burst_target:.0f}", lambda v, b: v >= burst_target),
+        ("burst jobs/s (min)", "burst.min", "{:.1f}", "", None),
+        ("burst jobs/s (max)", "burst.max", "{:.1f}", "", None),
+        ("burst error sidecars", "burst.errors", "{}", "0", lambda v, b: v == 0),
+        ("drops p50 ms", "drops.p50_ms", "{:.2f}", "<= 2", lambda v, b: v <= 2.0),
+        ("drops p95 ms", "drops.p95_ms", "{:.2f}", "", None),
+        ("backlog first job s", "backlog.first_job_s", "{:.3f}", "<= 1", lambda v, b: v <= 1.0),
+        ("backlog first tenth jobs/s", "backlog.first_tenth_jobs_per_s", "{:.1f}", "", None),
+        ("backlog last tenth jobs/s", "backlog.last_tenth_jobs_per_s", "{:.1f}", "", None),
+        ("backlog last/first", "backlog.last_over_first", "{:.2f}", ">= 0.8", lambda v, b: v >= 0.8),
+        ("backlog total s", "backlog.total_s", "{:.2f}", "", None),
+        ("backlog jobs/s overall", "backlog.jobs_per_s", "{:.1f}", "", None),
+        (
+            "big drop->sidecar ms (med)",
+            "big.median_ms",
+            "{:.1f}",
+            f"<= {baseline} +5%",
+            lambda v, b: b is None or v <= 1.05 * b,
+        ),
+        ("big drop->sidecar ms (min)", "big.min_ms", "{:.1f}", "", None),
+        ("big sidecar overall ms (med)", "big.overall_median_ms", "{:.1f}", "", None),
+        ("timeout jobs that timed out", "timeout.timeouts", "{}", "all", None),  # checked in table()
+        ("timeout jobs dropped", "timeout.dropped", "{}", "", None),
+        ("timeout drop->error sidecar ms", "timeout.stop_median_ms", "{:.1f}", "", None),
+        ("timeout RSS before MiB", "timeout.rss_before_mb", "{:.1f}", "", None),
+        ("timeout RSS after stops MiB", "timeout.rss_after_timeouts_mb", "{:.1f}", "", None),
+        ("timeout RSS after MiB", "timeout.rss_after_mb", "{:.1f}", "", None),
+        ("timeout RSS after/before", "timeout.rss_ratio", "{:.2f}", "<= 1.2", lambda v, b: v <= 1.2),
+        ("timeout processes/threads before", "timeout.family_before", "{}", "", None),
+        ("timeout processes/threads after", "timeout.family_after", "{}", "", None),
+        ("timeout daemon alive", "timeout.alive", "{}", "True", lambda v, b: v is True),
+        ("timeout mmd status", "timeout.status", "{}", "serving", lambda v, b: v == "serving"),
+        ("timeout small job after ms", "timeout.small_after_ms", "{:.2f}", "", None),
+        ("timeout big job after ms", "timeout.big_after_ms", "{:.1f}", "", None),
+    ]
+
+
+def cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def table(results: dict[str, dict[str, Any]], backend: str) -> list[str]:
+    trees = list(results)
+    baseline = trees[0]
+    width = max(14, *(len(t) + 2 for t in trees))
+    lines = [f"{'':30}" + "".join(f"{t:>{width}}" for t in trees) + "   target"]
+    for label, path, fmt, target, check in rows(backend, baseline):
+        values = [get(results[t], path) for t in trees]
+        if all(v is None for v in values):
+            continue
+        if path == "timeout.timeouts":  # k of the n dropped, or that the name was refused
+            texts = []
+            for v, t in zip(values, trees, strict=True):
+                dropped = get(results[t], "timeout.dropped")
+                if get(results[t], "timeout.refused"):
+                    texts.append("refused MISS")
+                elif v is not None:
+                    texts.append(f"{v}/{dropped}" + (" ok" if dropped and v == dropped else " MISS"))
+                else:
+                    texts.append("-")
+        else:
+            texts = [cell(v, fmt) for v in values]
+        if check is not None:
+            base = values[0]
+            for i, v in enumerate(values):
+                if v is None or (isinstance(v, float) and v != v):
+                    continue
+                texts[i] += " ok" if check(v, None if i == 0 else base) else " MISS"
+        lines.append(f"{label:30}" + "".join(f"{x:>{width}}" for x in texts) + f"   {target}")
+    refused = {t: get(results[t], "timeout.refused") for t in trees}
+    for t, why in refused.items():
+        if why:
+            lines.append(f"  {t}: refuses {TIMEOUT_NAME} in a name: {why}")
+    return lines
+
+
+#: Put on each tree's PYTHONPATH (``--no-isolate``: not): a tree imports mmd only from its own folder.
+#: The venv's editable install of mmd adds a finder that answers for ``mmd.X`` where the tree has no
+#: ``mmd/X``: an older tree without its compiled ``_fasttext`` would run the venv tree's instead.
+ISOLATE = """import sys
+
+sys.meta_path[:] = [
+    f for f in sys.meta_path if not (getattr(f, "__module__", "").startswith("__editable__") and "mmd" in f.__module__)
+]
+"""
+
+#: Run with each tree's env: where its mmd and its C text path come from.
+PROBE = (
+    "import importlib.util as u, mmd; s = u.find_spec('mmd._fasttext'); "
+    "print(mmd.__file__); print(s.origin if s and s.origin else '')"
+)
+
+
+def probe(tree: Tree, work: Path) -> dict[str, Any]:
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], cwd=work, env=tree.env, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": repr(exc)}
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-500:]}
+    mmd_file, _, fasttext = done.stdout.strip().partition("\n")
+    return {"mmd": mmd_file, "fasttext": fasttext or None}
+
+
+def commit_of(path: Path) -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        if head.returncode != 0:
+            return "not a git tree"
+        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+
+
+def machine(trees: list[Tree], work: Path) -> dict[str, Any]:
+    mem = ""
+    with contextlib.suppress(OSError):
+        mem = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+    return {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory": " ".join(mem.split()[1:]),
+        "python": sys.version.split()[0] + f" ({sys.executable})",
+        "platform": platform.platform(),
+        "load_start": os.getloadavg(),
+        "trees": {t.name: {"path": str(t.path), "commit": commit_of(t.path), **probe(t, work)} for t in trees},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
+    ap.add_argument("--no-now", action="store_true", help="leave out the tree this file is in")
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    ap.add_argument("--burst", type=int, default=2000, help="32x32 files renamed in at once")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the burst")
+    ap.add_argument("--drops", type=int, default=200, help="32x32 files dropped one at a time")
+    ap.add_argument("--backlog", type=int, default=20000, help="32x32 files in the inbox before the daemon starts")
+    ap.add_argument("--backlog-rounds", type=int, default=1)
+    ap.add_argument("--big", type=int, default=4096, help="N of the big job")
+    ap.add_argument("--repeat", type=int, default=5, help="drops of the big job")
+    ap.add_argument("--timeouts", type=int, default=10, help=f"jobs named t{{i}}{TIMEOUT_NAME}.txt")
+    ap.add_argument("--timeout-size", type=int, default=4096, help="N of those jobs and of the big job after them")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--kernel", default=None, help="MMD_KERNEL (default: unset on cpu, fast on cuda)")
+    ap.add_argument("--site", default="", help="extra PYTHONPATH entry (the device machine's wheels)")
+    ap.add_argument("--no-isolate", action="store_true", help="let the venv's editable mmd fill a tree's gaps")
+    ap.add_argument("--wait", type=float, default=600.0, help="the longest any one wait may take, s")
+    ap.add_argument("--work", type=Path, default=None, help="spools, inputs, caches (default: a new /tmp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "."), help="where daemon.json goes")
+    args = ap.parse_args()
+    for opt in ("burst", "rounds", "drops", "backlog", "backlog_rounds", "big", "repeat", "timeout_size"):
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt.replace('_', '-')} must be at least 1")
+    if args.backlog < 20 and "backlog" in args.cases:
+        ap.error("--backlog must be at least 20 (a tenth of it is measured)")
+    specs = []
+    for spec in args.tree:
+        name, eq, path = spec.partition("=")
+        if not eq or not name or not path or not Path(path, "mmd").is_dir():
+            ap.error(f"--tree {spec}: NAME=PATH of a checkout (PATH/mmd must exist)")
+        specs.append((name, Path(path).resolve()))
+    if not args.no_now:
+        specs.append(("now", ROOT))
+    names = [n for n, _ in specs]
+    if not specs or len(set(names)) != len(names):
+        ap.error(f"the trees need distinct names, at least one: {names}")
+    kernel = args.kernel if args.kernel is not None else ("fast" if args.backend == "cuda" else None)
+
+    made_work = args.work is None or not args.work.exists()
+    work = (args.work or Path(tempfile.mkdtemp(prefix="mmd-daemon-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    before = set(os.listdir(work))
+    trees = []
+    site = args.site
+    if not args.no_isolate:
+        (work / "isolate").mkdir(exist_ok=True)
+        (work / "isolate" / "sitecustomize.py").write_text(ISOLATE)
+        site = os.pathsep.join(p for p in (str(work / "isolate"), args.site) if p)
+    for name, path in specs:
+        env = tree_env(path, work, name, args.backend, kernel or "", site)
+        if kernel is None:
+            del env["MMD_KERNEL"]  # the tree's own default
+        trees.append(Tree(name, path, env))
+
+    facts = machine(trees, work)
+    print(f"bench_daemon: {', '.join(args.cases)}; backend {args.backend}, kernel {kernel or '(unset)'}; work {work}")
+    print(f"machine: nproc {facts['nproc']} (usable {facts['cpus_usable']}), memory {facts['memory']}, "
+          f"python {facts['python']}, {facts['platform']}")  # fmt: skip
+    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*facts["load_start"]))
+    for name, t in facts["trees"].items():
+        print(f"tree {name}: {t['path']} at {t['commit']}")
+        if "error" in t:
+            print(f"  its mmd does not import: {t['error']}")
+            continue
+        if not t["mmd"].startswith(t["path"] + os.sep):
+            print(f"  WARNING: its mmd is imported from {t['mmd']}")
+        if not t["fasttext"]:
+            print("  no compiled mmd._fasttext: the numpy text path (build it in the tree to compare like with like)")
+        elif not t["fasttext"].startswith(t["path"] + os.sep):
+            print(f"  WARNING: its mmd._fasttext comes from {t['fasttext']}")
+    print(flush=True)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise SystemExit(f"bench_daemon: signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    bench = Bench(args, trees, work)
+    t_start = time.time()
+    failed: str | None = None  # a wait that ran out or a daemon that died: what was measured is still reported
+    try:
+        shared = [c for c in ("burst", "drops", "big") if c in args.cases]
+        if shared:
+            with bench.warm_daemons("main", "/".join(shared)) as daemons:
+                if "burst" in args.cases:
+                    print("burst", flush=True)
+                    bench.burst(daemons)
+                if "drops" in args.cases:
+                    print("drops", flush=True)
+                    bench.drops(daemons)
+                if "big" in args.cases:
+                    print("big", flush=True)
+                    bench.big(daemons)
+        if "backlog" in args.cases:
+            print("backlog", flush=True)
+            bench.backlog()
+        if "timeout" in args.cases:
+            print("timeout", flush=True)
+            bench.timeout()
+    except SystemExit as exc:
+        failed = str(exc.code)
+        print(failed, file=sys.stderr, flush=True)
+    finally:
+        for s in bench.daemons:
+            with contextlib.suppress(Exception):
+                s.stop()
+        if not args.keep:
+            if made_work:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                for name in set(os.listdir(work)) - before:
+                    p = work / name
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+    facts["load_end"] = os.getloadavg()
+    facts["seconds"] = time.time() - t_start
+    lines = table(bench.results, args.backend)
+    print()
+    print("\n".join(lines))
+    print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*facts["load_end"]) + f"; {facts['seconds']:.0f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "kernel": kernel,
+        "machine": facts,
+        "results": bench.results,
+        "table": lines,
+        "failed": failed,
+    }
+    (args.out / "daemon.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {args.out / 'daemon.json'}")
+    if failed:
+        print(f"INCOMPLETE: {failed.splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
