@@ -11,6 +11,7 @@ import yaml
 
 from mmd import spool
 from mmd.errors import SpoolError
+from mmd.fileops import FileOps
 from mmd.spool import Readiness, Spool
 
 
@@ -503,3 +504,80 @@ def test_a_job_without_its_reservation_never_removes_that_versions_output(tmp_pa
     _sidecar(s.outbox / "m.error.yaml", c.job_id)  # its own sidecar (it carries its job id) does go
     s.discard_outputs(unreserved)
     assert not (s.outbox / "m.error.yaml").exists() and (s.outbox / "m.out").exists()
+
+
+# ---------------------------------------------------------------------------
+# what the daemon's worker processes need: a given job id, an owner pid, jobs expected in hand
+
+
+def test_claim_takes_the_job_id_it_is_given_and_has_it_in_hand_at_once(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt", job_id="0123456789ab")
+    assert c.job_id == "0123456789ab" and c.path.parent.name == "0123456789ab.0"
+    assert spool.read_reservation(c.reservation)[0] == "0123456789ab"
+    assert s.sweep_reservations([]) == [], "in hand from the claim on: its reservation is not stale"
+    assert s.claim("gone.txt", job_id="ba9876543210") is None  # nothing to claim: the id is not kept in hand
+    stray = _reservation(s.outbox, "gone", f"ba9876543210 - {os.getpid()}\n")
+    assert s.sweep_reservations([]) == [stray]
+
+
+def test_reservations_are_written_and_swept_in_the_owner_pids_name(tmp_path):
+    """A worker process reserves in its daemon's name (``owner_pid``); the daemon's sweep takes it for its own."""
+    daemon = Spool(tmp_path / "in", tmp_path / "out", owner_pid=DEAD_PID)
+    daemon.prepare()
+    assert daemon.owner_pid == DEAD_PID and Spool(daemon.inbox, daemon.outbox).owner_pid == os.getpid()
+    _drop(daemon.inbox)
+    worker = Spool(daemon.inbox, daemon.outbox, owner_pid=DEAD_PID)
+    c = worker.claim("m.txt")
+    assert c.reservation.read_text() == f"{c.job_id} - {DEAD_PID}\n"
+    live = _reservation(daemon.outbox, "x", f"cccccccccccc - {os.getpid()}\n")  # another daemon, alive
+    assert daemon.sweep_reservations([]) == [c.reservation], "the owner's own reservation, its job not in hand"
+    assert live.exists()
+
+
+def test_the_attempts_temporary_carries_the_owner_pid(tmp_path):
+    made = []
+
+    class Recording(FileOps):
+        def open_exclusive(self, path, mode=0o644):
+            made.append(path.name)
+            return super().open_exclusive(path, mode)
+
+    s = Spool(tmp_path / "in", tmp_path / "out", ops=Recording(), owner_pid=DEAD_PID)
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    s.hold(c, "disk full")
+    assert f"{spool.ATTEMPTS_NAME}.{DEAD_PID}.tmp" in made
+    assert [p.name for p in c.path.parent.iterdir()] == ["m.txt", spool.ATTEMPTS_NAME]
+
+
+def test_a_job_expected_in_hand_keeps_the_reservation_another_process_makes_for_it(tmp_path):
+    """The daemon expects a job id, a worker claims with it in the daemon's name: no sweep takes it for stale."""
+    daemon = Spool(tmp_path / "in", tmp_path / "out", owner_pid=DEAD_PID)
+    daemon.prepare()
+    for name in ("a.txt", "b.txt"):
+        _drop(daemon.inbox, name)
+    daemon.expect("aaaaaaaaaaaa")
+    worker = Spool(daemon.inbox, daemon.outbox, owner_pid=DEAD_PID)  # another process's spool, as far as it knows
+    a = worker.claim("a.txt", job_id="aaaaaaaaaaaa")
+    b = worker.claim("b.txt", job_id="bbbbbbbbbbbb")
+    assert daemon.sweep_reservations([]) == [b.reservation], "only the job the daemon does not expect"
+    assert a.reservation.exists()
+    daemon.forget("aaaaaaaaaaaa")
+    assert daemon.sweep_reservations([]) == [a.reservation]
+
+
+def test_in_work_lists_the_jobs_in_work_without_taking_them_in_hand(tmp_path):
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox)
+    c = s.claim("m.txt")
+    (s.work / "0123456789ab.0").mkdir()  # an empty job folder: listed by no one, and left as it is
+    other = Spool(s.inbox, s.outbox)
+    [found] = other.in_work()
+    assert (found.job_id, found.path, found.resumed) == (c.job_id, c.path, True)
+    assert (s.work / "0123456789ab.0").is_dir()
+    assert other.sweep_reservations([]) == [c.reservation], "listed, not in hand"

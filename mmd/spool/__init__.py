@@ -1,0 +1,301 @@
+"""The spool protocol: which inbox names are jobs, claim, output names, archive, holds, recovery.
+
+Layout (the dot folders are created on demand)::
+
+    inbox/m.txt                       a job waiting
+    inbox/.work/<job>.<v>/m.txt       claimed: job id and output version in the folder name
+    inbox/.work/<job>.<v>/.mmd-attempts.json  its starts and holds (see :meth:`Spool.attempt`, :meth:`Spool.hold`)
+    inbox/.work/<host>/<job>.<v>/m.txt  the same on a shared inbox: each host claims into its own folder
+    inbox/.done/m.txt                 finished with an output
+    inbox/.failed/m.txt               refused (the error sidecar says why)
+    inbox/.mmd.lock, .mmd-state.json  the daemon's lock and state (see mmd.daemon)
+    outbox/.m.claim                   the output version reserved at the claim (``<job> <host> <pid>``)
+    outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
+    outbox/m.error.yaml               a refusal
+
+A job's fate is one of three, whatever fails: its output and sidecar
+(archived to ``.done``); its error sidecar (archived to ``.failed``); or it
+is kept: in the inbox when it could not be claimed, else claimed in
+``.work`` (*held* when the outbox refused what it had to write, or left when
+its archive failed) and taken back by the daemon after a pause
+(:meth:`Spool.take_back`). Nothing is ever put back into the inbox.
+
+:class:`Spool` is the one way in: a facade over one module per concept,
+
+* :mod:`.names`: the layout's names, which names are jobs, output names (pure);
+* :mod:`.scanning`: what waits in the inbox, and when a file is complete (pure);
+* :mod:`.claims`: the claim and the :class:`Claim` record, the jobs in hand, taking jobs from ``.work``;
+* :mod:`.reservations`: the outbox reservations of output versions, and their sweep;
+* :mod:`.attempts`: a claimed job's starts and holds (:class:`Attempts`), the held jobs;
+* :mod:`.archive`: archiving a job to ``.done``/``.failed``, sweeping dead processes' temporaries;
+* :mod:`.common`: what the parts share (the folders, the file operations, the lock, the owner pid).
+
+Every file operation that moves a job goes through a :class:`~mmd.fileops.FileOps`
+(the daemon's is ``os`` itself; the tests inject faults). :mod:`.names` and
+:mod:`.scanning` are pure: :class:`Readiness` and :func:`scan` take their
+clock and ``scandir`` as parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..fileops import OPS, FileOps
+from .archive import Archive
+from .attempts import AttemptLog, Attempts, HeldJob, held_jobs, read_attempts
+from .claims import Claim, Claims, InHand, finished, owned_by
+from .common import Shared
+from .names import (
+    ATTEMPTS_NAME,
+    CLAIM_SUFFIX,
+    DONE_DIR,
+    FAILED_DIR,
+    IGNORED_PREFIXES,
+    IGNORED_SUFFIXES,
+    LOCK_NAME,
+    MAX_NAME_BYTES,
+    MAX_VERSIONS,
+    OUTPUT_SUFFIX,
+    SPARE_DIR,
+    STATE_NAME,
+    WORK_DIR,
+    claim_path,
+    entry_problem,
+    host_lock_name,
+    is_job_name,
+    names_of,
+    output_path,
+    parse_work_folder,
+    resolve_output,
+    safe_name,
+    shown,
+    state_name,
+    work_folder_name,
+)
+from .reservations import EMPTY_RESERVATION_GRACE_S, Reservations, pid_alive, read_reservation
+from .scanning import Candidate, Readiness, scan, stat_entry
+
+__all__ = [
+    "ATTEMPTS_NAME",
+    "CLAIM_SUFFIX",
+    "DONE_DIR",
+    "EMPTY_RESERVATION_GRACE_S",
+    "FAILED_DIR",
+    "IGNORED_PREFIXES",
+    "IGNORED_SUFFIXES",
+    "LOCK_NAME",
+    "MAX_NAME_BYTES",
+    "MAX_VERSIONS",
+    "OUTPUT_SUFFIX",
+    "SPARE_DIR",
+    "STATE_NAME",
+    "WORK_DIR",
+    "Attempts",
+    "Candidate",
+    "Claim",
+    "HeldJob",
+    "Readiness",
+    "Spool",
+    "claim_path",
+    "entry_problem",
+    "held_jobs",
+    "host_lock_name",
+    "is_job_name",
+    "names_of",
+    "output_path",
+    "parse_work_folder",
+    "pid_alive",
+    "read_attempts",
+    "read_reservation",
+    "resolve_output",
+    "safe_name",
+    "scan",
+    "shown",
+    "state_name",
+    "work_folder_name",
+]
+
+
+class Spool:
+    """An inbox and an outbox, and the moves between them.
+
+    ``ops`` does every file operation that moves a job (the tests inject
+    faults through it). A Spool is shared by the daemon's threads: it keeps
+    which jobs this process has in hand and which it left in ``.work`` to take
+    back, under a lock. ``owner_pid`` (default: this process's) is the pid
+    written into the outbox reservations and taken by
+    :meth:`sweep_reservations` for "this daemon": a worker process writes
+    them in its daemon's name, so that the daemon's sweep treats them as its
+    own (:meth:`expect`).
+
+    Each method is one part's (see the package's modules); the Spool only
+    wires them together.
+    """
+
+    def __init__(
+        self,
+        inbox: Path,
+        outbox: Path,
+        host_id: str | None = None,
+        ops: FileOps = OPS,
+        owner_pid: int | None = None,
+    ) -> None:
+        self._shared = Shared(inbox, outbox, host_id, ops, owner_pid)
+        self._hand = InHand(self._shared.lock)
+        self._reservations = Reservations(self._shared, self._hand)
+        self._claims = Claims(self._shared, self._hand, self._reservations.reserve, self._reservations.release)
+        self._attempts = AttemptLog(self._shared, self._hand)
+        self._archive = Archive(self._shared, self._hand, self._claims, self._reservations)
+
+    # -- folders --
+    @property
+    def inbox(self) -> Path:
+        return self._shared.inbox
+
+    @property
+    def outbox(self) -> Path:
+        return self._shared.outbox
+
+    @property
+    def host_id(self) -> str | None:
+        """Set on a shared inbox: this host claims into and resumes from ``.work/<host_id>`` only."""
+        return self._shared.host_id
+
+    @property
+    def ops(self) -> FileOps:
+        return self._shared.ops
+
+    @property
+    def owner_pid(self) -> int:
+        """The pid written into this spool's reservations (and the attempts' temporaries)."""
+        return self._shared.owner_pid
+
+    @property
+    def work_root(self) -> Path:
+        return self._shared.work_root
+
+    @property
+    def work(self) -> Path:
+        """``inbox/.work``, or ``inbox/.work/<host_id>`` on a shared inbox."""
+        return self._shared.work
+
+    @property
+    def done(self) -> Path:
+        return self._shared.done
+
+    @property
+    def failed(self) -> Path:
+        return self._shared.failed
+
+    def forget_folders(self) -> None:
+        """Make and check every folder again at next use (the inbox was deleted and recreated)."""
+        self._shared.forget_folders()
+
+    def prepare(self) -> None:
+        """Create the inbox and the outbox if missing and check the dot folders users could plant."""
+        self._shared.prepare()
+
+    # -- scanning --
+    def scan(self) -> list[Candidate]:
+        """Job files waiting in the inbox, oldest first."""
+        return scan(self.inbox)
+
+    def stat(self, name: str) -> Candidate | None:
+        """The inbox entry ``name`` if it is still there and not a folder."""
+        return stat_entry(self.inbox, name)
+
+    # -- claims and the jobs in hand --
+    def claim(self, name: str, job_id: str | None = None) -> Claim | None:
+        """Claim inbox file ``name`` (as job ``job_id``, default a new id) into ``.work``; None if it is gone."""
+        return self._claims.claim(name, job_id)
+
+    def resumable(self) -> list[Claim]:
+        """Jobs left in ``.work`` by an earlier daemon, oldest first, now in hand; empty job folders are removed."""
+        return self._claims.resumable()
+
+    def in_work(self) -> list[Claim]:
+        """The jobs in this host's ``.work``, oldest first, as they are: neither taken in hand nor tidied."""
+        return self._claims.in_work()
+
+    def leave(self, claim: Claim) -> None:
+        """Leave ``claim`` in ``.work`` (held, or its archive failed) for :meth:`take_back`; its reservation stays."""
+        self._hand.leave(claim)
+
+    def take_back(self) -> list[Claim]:
+        """The jobs this process left in ``.work``, in hand again, to run (or archive) once more."""
+        return self._claims.take_back()
+
+    @property
+    def left(self) -> int:
+        """How many jobs this process left in ``.work`` to take back."""
+        return self._hand.left
+
+    def expect(self, job_id: str) -> None:
+        """Count ``job_id`` in hand here before another process claims with it: its reservation is never stale.
+
+        For a job another process claims in this one's name (``owner_pid``):
+        a sweep of this spool then never takes its reservation for stale.
+        Undone by :meth:`forget` (or by the job's archive here).
+        """
+        self._hand.expect(job_id)
+
+    def forget(self, job_id: str) -> None:
+        """``job_id`` is no longer in hand here, nor left to take back."""
+        self._hand.forget(job_id)
+
+    # -- reservations --
+    def reserve(self, stem: str, job_id: str) -> tuple[int, list[str], Path]:
+        """Reserve the first free output version of ``stem``: (version, names in the way, reservation)."""
+        return self._reservations.reserve(stem, job_id)
+
+    def settle(self, claim: Claim) -> Claim:
+        """A job from ``.work`` holding its output version again (or the next free one, when another job has it)."""
+        return self._reservations.settle(claim)
+
+    def release(self, claim: Claim) -> None:
+        """Drop ``claim``'s output reservation (its sidecar is committed); one that cannot be removed is swept later."""
+        self._reservations.release(claim)
+
+    def sweep_reservations(self, claims: Iterable[Claim] | None = None) -> list[Path]:
+        """Remove reservations left by dead daemons of this host; returns those removed.
+
+        ``claims``: the jobs in this host's ``.work`` (by default ``.work`` is
+        listed). The rule: :meth:`mmd.spool.reservations.Reservations.sweep`.
+        """
+        return self._reservations.sweep(self._claims.in_work() if claims is None else claims)
+
+    # -- attempts and holds --
+    def attempts(self, claim: Claim) -> Attempts:
+        """``claim``'s record of starts and holds (all zero before the first)."""
+        return self._attempts.attempts(claim)
+
+    def attempt(self, claim: Claim) -> int:
+        """Record one more start of ``claim``'s job, durably, before it runs; returns its unfinished starts."""
+        return self._attempts.attempt(claim)
+
+    def hold(self, claim: Claim, reason: str, *, output_failed: bool = False) -> Attempts:
+        """Keep ``claim`` in ``.work``, its reservation kept, to be taken back after a pause; record why."""
+        return self._attempts.hold(claim, reason, output_failed=output_failed)
+
+    def discard_outputs(self, claim: Claim) -> list[str]:
+        """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be."""
+        return self._attempts.discard_outputs(claim)
+
+    # -- finished jobs and the archive --
+    def finished(self, claim: Claim) -> tuple[bool, Path] | None:
+        """(ok, sidecar) when this job's own sidecar is already committed, else None."""
+        return finished(claim)
+
+    def owned_by(self, claim: Claim, path: Path) -> bool:
+        """Whether the sidecar at ``path`` was written by ``claim``'s job (it carries the job id)."""
+        return owned_by(claim, path)
+
+    def archive(self, claim: Claim, ok: bool) -> Path:
+        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one."""
+        return self._archive.archive(claim, ok)
+
+    # -- housekeeping --
+    def sweep_temporaries(self) -> list[Path]:
+        """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone."""
+        return self._archive.sweep_temporaries()

@@ -1,0 +1,158 @@
+"""What the spool's parts share: its folders, its file operations, its lock and the pid it writes as owner.
+
+One :class:`Shared` is made by :class:`mmd.spool.Spool` and handed to each
+part (claims, reservations, attempts, archive). It makes and checks the
+spool's dot folders on first use (:meth:`Shared.folder`, :meth:`Shared.prepare`)
+and does the small file steps several parts need (a new file written in
+full, a quiet unlink) through ``ops``, the :class:`~mmd.fileops.FileOps`
+every file operation that moves a job goes through (the tests inject faults
+there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import SpoolError
+from ..fileops import OPS, FileOps, write_all
+from .names import DONE_DIR, FAILED_DIR, WORK_DIR
+
+
+class Shared:
+    """An inbox and an outbox, their folders, the file operations, the lock, and the owner pid.
+
+    ``host_id`` is set on a shared inbox: this host claims into and resumes
+    from ``.work/<host_id>`` only. ``owner_pid`` is the pid written into the
+    outbox reservations and taken by their sweep for "this daemon"
+    (default: this process's).
+    """
+
+    def __init__(
+        self,
+        inbox: Path,
+        outbox: Path,
+        host_id: str | None = None,
+        ops: FileOps = OPS,
+        owner_pid: int | None = None,
+    ) -> None:
+        self.inbox = Path(inbox)
+        self.outbox = Path(outbox)
+        #: Set on a shared inbox: this host claims into and resumes from ``.work/<host_id>`` only.
+        self.host_id = host_id
+        self.ops = ops
+        self.owner_pid = os.getpid() if owner_pid is None else owner_pid
+        self.work_root = self.inbox / WORK_DIR
+        self.work = self.work_root / host_id if host_id else self.work_root
+        self.done = self.inbox / DONE_DIR
+        self.failed = self.inbox / FAILED_DIR
+        #: Taken for the jobs in hand and for decisions that must see them unchanged (a sweep, a take-over).
+        self.lock = threading.Lock()
+        self._made: set[Path] = set()
+
+    # -- folders --
+    def folder(self, path: Path) -> Path:
+        """``path``, made (and checked, for the inbox's dot folders) at its first use."""
+        if path not in self._made:
+            if path == self.work and path != self.work_root:  # .work/<host>: never makes the inbox either
+                self.folder(self.work_root)
+                self._mkdir(path)
+                check_own_folder(path)
+            elif path.parent == self.inbox:
+                self._mkdir(path)  # never the inbox itself: if it was deleted, it stays so
+                check_own_folder(path)
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+            self._made.add(path)
+        return path
+
+    def _mkdir(self, path: Path) -> None:
+        with contextlib.suppress(FileExistsError):  # made earlier; check_own_folder says whether it is ours
+            self.ops.mkdir(path)
+
+    def forget_folders(self) -> None:
+        """Make and check every folder again at next use (the inbox was deleted and recreated)."""
+        self._made.clear()
+
+    def prepare(self) -> None:
+        """Create the inbox and the outbox if missing and check the dot folders users could plant.
+
+        The inbox is writable by the users who drop files: a ``.work``,
+        ``.done`` or ``.failed`` that is a link, or a folder someone else owns,
+        would let them move or swap claimed files, so the daemon refuses to
+        serve until it is removed. A world-writable outbox is refused too.
+        """
+        for folder in (self.inbox, self.outbox):
+            try:
+                self.folder(folder)
+            except OSError as exc:
+                raise SpoolError(f"cannot create {folder}: {exc.strerror or exc}") from None
+        for folder in (self.work_root, self.work, self.done, self.failed):
+            if os.path.lexists(folder):
+                check_own_folder(folder)
+        mode = os.stat(self.outbox).st_mode
+        if mode & stat.S_IWOTH:
+            raise SpoolError(
+                f"the outbox {self.outbox} is world-writable (mode {stat.S_IMODE(mode):o}): anyone could replace "
+                f"results; chmod o-w it"
+            )
+
+    # -- small file steps, through ops --
+    def write_new(self, path: Path, data: bytes, durable: bool = False) -> None:
+        """A new file ``path`` holding ``data`` (a leftover of ours of that name is replaced); OSError on failure."""
+        try:
+            fd = self.ops.open_exclusive(path)
+        except FileExistsError:  # a temporary of a killed process with our pid: never through a link
+            self.ops.unlink(path)
+            fd = self.ops.open_exclusive(path)
+        try:
+            write_all(self.ops, fd, data)
+            if durable:
+                self.ops.fsync(fd)
+        except BaseException:
+            self.close_quietly(fd)
+            self.unlink_quietly(path)
+            raise
+        try:
+            self.ops.close(fd)
+        except OSError:
+            self.unlink_quietly(path)
+            raise
+
+    def unlink_quietly(self, path: Path | None) -> None:
+        """Remove ``path`` if there is one; a failure is ignored."""
+        if path is not None:
+            with contextlib.suppress(OSError):
+                self.ops.unlink(path)
+
+    def close_quietly(self, fd: int) -> None:
+        """Close ``fd``; a failure is ignored."""
+        with contextlib.suppress(OSError):
+            self.ops.close(fd)
+
+
+def strerror(exc: OSError) -> str:
+    """An OSError's reason for a message: its ``strerror``, else the whole error."""
+    return exc.strerror or str(exc)
+
+
+def check_own_folder(path: Path) -> None:
+    """Refuse a spool folder that is a link or that another user owns (planted in the inbox)."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SpoolError(f"{path} is not a folder (a link or a file); remove it so that mmd can make its own")
+    if info.st_uid != os.geteuid():
+        raise SpoolError(f"{path} belongs to uid {info.st_uid}, not to mmd (uid {os.geteuid()}); remove it")
+
+
+def entries(folder: Path) -> Iterator[Path]:
+    """The entries of ``folder`` (none when it is missing), listed before the first is handed out."""
+    try:
+        with os.scandir(folder) as it:
+            yield from (Path(e.path) for e in list(it))
+    except FileNotFoundError:
+        return

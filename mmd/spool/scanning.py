@@ -1,0 +1,117 @@
+"""What waits in the inbox, and when a file there is completely written.
+
+:func:`scan` lists the job files waiting (:class:`Candidate`), oldest first;
+:func:`stat_entry` looks at one of them; :class:`Readiness` decides when a
+file seen there is complete. All pure: :func:`scan` takes its ``scandir``
+and :class:`Readiness` its clocks as parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .names import is_job_name
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A job file seen in the inbox."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
+    """Job files in ``inbox``, oldest first (mtime, then name); folders are skipped.
+
+    Links and other non-regular files are listed (they are refused at claim, so
+    they do not sit in the inbox forever); stat never follows a link.
+    """
+    found = []
+    try:
+        with scandir(inbox) as it:
+            for entry in it:
+                if not is_job_name(entry.name):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        continue
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # claimed or removed meanwhile
+                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns))
+    except FileNotFoundError:
+        return []
+    found.sort(key=lambda c: (c.mtime_ns, c.name))
+    return found
+
+
+def stat_entry(inbox: Path, name: str) -> Candidate | None:
+    """The inbox entry ``name`` if it is still there and not a folder."""
+    try:
+        info = os.lstat(inbox / name)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return None
+    return Candidate(name, info.st_size, info.st_mtime_ns)
+
+
+class Readiness:
+    """Decides when a file is completely written.
+
+    A close-after-write or a rename into the inbox makes it complete at once
+    (:meth:`complete`). Otherwise (polling, rescans, a file moved in from
+    another folder) it is complete once its size and mtime have stayed the
+    same for ``quiet_seconds``: either seen unchanged over that long, or with
+    an mtime at least that old (:meth:`observe`). Pure: the clocks are
+    parameters.
+    """
+
+    def __init__(
+        self,
+        quiet_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.quiet = quiet_seconds
+        self._clock = clock
+        self._wall = wall
+        self._seen: dict[str, tuple[int, int, float]] = {}
+
+    def observe(self, name: str, size: int, mtime_ns: int) -> bool:
+        """Record a stat of ``name``; True when it has been quiet long enough."""
+        now = self._clock()
+        last = self._seen.get(name)
+        if last is None or last[:2] != (size, mtime_ns):
+            self._seen[name] = (size, mtime_ns, now)
+            since = now
+        else:
+            since = last[2]
+        if now - since >= self.quiet or self._wall() - mtime_ns / 1e9 >= self.quiet:
+            self._seen.pop(name, None)
+            return True
+        return False
+
+    def forget(self, name: str) -> None:
+        """Stop tracking ``name`` (taken, or gone)."""
+        self._seen.pop(name, None)
+
+    @property
+    def pending(self) -> list[str]:
+        """Names seen but not yet quiet."""
+        return list(self._seen)
+
+    def due_in(self) -> float | None:
+        """Seconds until the earliest pending name could be quiet (None: nothing pending)."""
+        if not self._seen:
+            return None
+        now = self._clock()
+        return max(0.0, min(since + self.quiet - now for _, _, since in self._seen.values()))
