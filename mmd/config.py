@@ -59,6 +59,9 @@ class Settings:
     device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for `mmd run` and `mmd bench`
     #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
     devices: tuple[int, ...] | None = None
+    #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (the cpu backend
+    #: runs one worker per usable core)
+    workers_per_device: int = 2
     kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
     text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
     # -- the spool (relative paths are taken from the working directory) --
@@ -244,6 +247,8 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {name} must be positive or null")
     if s.max_queue <= 0:
         raise ConfigError(f"{origin}: max_queue must be positive")
+    if not 1 <= s.workers_per_device <= 64:
+        raise ConfigError(f"{origin}: workers_per_device must be 1 to 64, got {s.workers_per_device}")
     if s.devices is not None and (not s.devices or any(d < 0 for d in s.devices)):
         raise ConfigError(f"{origin}: devices must be device ordinals (0, 1, ...), got {list(s.devices)}")
     if s.host_id is not None and (not HOST_ID_RE.fullmatch(s.host_id) or s.host_id in (".", "..")):

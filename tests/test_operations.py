@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,29 +25,13 @@ import yaml
 from mmd import textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
+from . import workerhooks
 from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd, wait_for
 
 pytestmark = pytest.mark.process
 
 UNIT = ROOT / "systemd" / "mmd.service"
 ENV = {"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.2", "MMD_RESCAN_SECONDS": "0.5"}
-
-#: A daemon whose cpu backend hangs on 7×7 products (a kernel that never returns) and kills its own
-#: process on 6×6 ones (a driver crash): the faults mmd must survive, planted before it starts.
-FAULTY = """
-import os, signal, sys, threading
-from mmd.backends.cpu import CpuBackend
-from mmd.cli import main
-real = CpuBackend.multiply
-def faulty(self, a, b, request):
-    if a.shape == (7, 7):
-        threading.Event().wait()
-    if a.shape == (6, 6):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(self, a, b, request)
-CpuBackend.multiply = faulty
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def make(path: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,8 +52,35 @@ def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray) -> None:
 
 
 def faulty_daemon(tmp_path: Path, *args: str, **env: str) -> LoggedProcess:
-    argv = [sys.executable, "-c", FAULTY, "serve", "--create", *args]
+    """A daemon whose workers' cpu backend hangs on 7×7 products (a kernel that never returns) and kills its
+    own process on 6×6 ones (a driver crash): the faults mmd must survive, planted in each worker."""
+    argv = workerhooks.launcher("workerhooks.faulty_cpu", "serve", "--create", *args)
     return LoggedProcess(argv, tmp_path, tmp_path / "daemon.log", mmd_env(ENV, **env))
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and all its descendants (the daemon, its fork server, its workers)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) * 1024  # type: ignore[index]
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, TypeError):
+            continue
+    return total
+
+
+def worker_pids(pid: int) -> set[int]:
+    """The daemon's workers: the children of its fork server (its only child process)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for server in (task / "children").read_text().split():
+            for stask in Path(f"/proc/{server}/task").iterdir():
+                out |= {int(c) for c in (stask / "children").read_text().split()}
+    return out
 
 
 def test_a_hanging_job_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path):
@@ -92,21 +104,59 @@ def test_a_hanging_job_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path):
         proc.stop()
 
 
-def test_a_job_that_kills_the_daemon_is_failed_after_max_attempts(tmp_path):
+def test_a_stopped_job_gives_back_its_memory_and_its_cpu(tmp_path):
+    """Jobs stopped at their time limit (a name's @timeout=) end with their worker: the memory they held is
+    the system's again, nothing goes on computing, and the next job runs at its normal speed."""
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    big = tmp_path / "big.src"
+    make(big, 1200, 7)  # about 20 MB of text: read and parse alone take longer than the limit
+    proc = LoggedProcess([sys.executable, "-m", "mmd", "serve", "--create"], tmp_path, tmp_path / "daemon.log",
+                         mmd_env(ENV, MMD_DEVICES="0"))  # fmt: skip
+    try:
+        wait_for(lambda: "serving" in proc.logs(), 30, "the daemon")
+        make(tmp_path / "warm.src", 64, 1)
+        os.rename(tmp_path / "warm.src", inbox / "warm.txt")
+        wait_for(lambda: (outbox / "warm.timing.yaml").exists(), 30, "a first job")
+        before = tree_rss(proc.proc.pid)
+        workers = worker_pids(proc.proc.pid)
+        for i in range(4):
+            shutil.copy(big, tmp_path / "x.src")
+            os.rename(tmp_path / "x.src", inbox / f"x{i}@timeout=0.05.txt")
+            wait_for(lambda i=i: (outbox / f"x{i}@timeout=0.05.error.yaml").exists(), 60, f"stopped job {i}")
+            err = sidecar(outbox / f"x{i}@timeout=0.05.error.yaml")
+            assert err["error"]["kind"] == "timeout" and err["error"]["limit_s"] == 0.05
+        stopped = workers - worker_pids(proc.proc.pid)
+        assert stopped, "the stopped jobs' worker is gone"
+        assert not any(Path(f"/proc/{pid}").exists() for pid in stopped), "nothing of a stopped job runs on"
+        a, b = make(tmp_path / "after.src", 64, 2)
+        os.rename(tmp_path / "after.src", inbox / "after.txt")
+        t0 = time.monotonic()
+        wait_for(lambda: (outbox / "after.timing.yaml").exists(), 60, "the next job")
+        assert time.monotonic() - t0 < 5, "the next job waits for nothing the stopped ones left"
+        check_ok(outbox, "after", a, b)
+        after = tree_rss(proc.proc.pid)
+        assert after <= 1.2 * before, f"{before / 2**20:.0f} MiB before, {after / 2**20:.0f} MiB after"
+        assert proc.proc.poll() is None and proc.stop() == 0
+    finally:
+        proc.stop()
+
+
+def test_a_job_that_kills_its_worker_is_failed_after_max_attempts_and_the_daemon_lives(tmp_path):
+    """A crash in a job (a driver that kills the process) costs its worker, never the daemon: the job is
+    resumed on a fresh worker, and failed once it has killed max_attempts of them."""
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
     make(inbox / "poison.txt", 6, 1)
     os.utime(inbox / "poison.txt", ns=(10**18, 10**18))  # the oldest: it is taken first
     good = {f"g{i}": make(inbox / f"g{i}.txt", 4, 10 + i) for i in range(3)}
-    runs = []
-    for _ in range(4):  # what systemd's Restart=on-failure does
-        proc = faulty_daemon(tmp_path, "--once", MMD_MAX_ATTEMPTS="3")
-        runs.append(proc.proc.wait(timeout=60))
-        proc.stop()
-    assert runs == [-9, -9, -9, 0], "killed three times, then the poison job is failed and the rest run"
+    proc = faulty_daemon(tmp_path, "--once", MMD_MAX_ATTEMPTS="3")
+    assert proc.proc.wait(timeout=60) == 0, proc.logs()
+    proc.stop()
+    assert proc.logs().count('"a worker died"') == 3
     err = sidecar(outbox / "poison.error.yaml")
     assert err["error"]["kind"] == "crashed" and err["error"]["attempts"] == 3
-    assert "started 3 times and the daemon died each time" in err["error"]["reason"]
+    assert "started 3 times and its worker died each time" in err["error"]["reason"]
     assert (inbox / ".failed" / "poison.txt").exists()
     for stem, (a, b) in good.items():
         check_ok(outbox, stem, a, b)

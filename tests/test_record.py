@@ -8,6 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mmd import record
 from mmd.record import ErrorRecord, FileFacts, TimingRecord
@@ -107,3 +109,39 @@ def test_timing_keys_are_the_timings_fields_in_order():
 def test_paths_beside_the_output():
     assert record.timing_path(Path("o/m.out")) == Path("o/m.timing.yaml")
     assert record.error_path(Path("o/m.1.out")) == Path("o/m.1.error.yaml")
+
+
+# -- mmd's own writer of plain sidecars, against PyYAML's ---------------------------------
+
+_TEXT = st.text(alphabet=st.sampled_from("aZ09_.()/+=,;: -'#\"\\\té"), max_size=90)
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _TEXT,
+    st.sampled_from(["yes", "null", "1.5", "0x1f", "2026-11-27T04:23:16.376+00:00", "12e3", "~", "a: b", "a #b"]),
+)
+_KEYS = st.one_of(st.from_regex(r"[a-z_]{1,12}", fullmatch=True), _TEXT)
+_TREES = st.recursive(
+    st.dictionaries(_KEYS, _SCALARS, max_size=4),
+    lambda inner: st.dictionaries(_KEYS, st.one_of(_SCALARS, inner, st.lists(_SCALARS, max_size=3)), max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_TREES)
+def test_plain_sidecars_are_written_as_pyyaml_writes_them(data):
+    """Where mmd writes a sidecar's YAML itself, the bytes are PyYAML's (else it leaves them to PyYAML)."""
+    ours = record._plain_yaml(data)
+    if ours is not None:
+        assert ours == yaml.dump(data, Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False,
+                                 allow_unicode=True)  # fmt: skip
+
+
+def test_every_usual_sidecar_is_written_by_mmd_itself(tmp_path):
+    """A timing record as the pipeline makes it takes the fast path (the test above holds its bytes)."""
+    rec = timing()
+    assert record._plain_yaml(record.as_dict(rec)) is not None
+    assert record.dumps(rec) == yaml.dump(record.as_dict(rec), Dumper=yaml.SafeDumper, sort_keys=False,
+                                          default_flow_style=False, allow_unicode=True).encode()  # fmt: skip

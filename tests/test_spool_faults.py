@@ -10,8 +10,8 @@ outbox refused it, and later jobs still run.
 The faults go through :class:`mmd.fileops.FileOps`, the seam the spool and
 the commits do their file operations through (as watchdog's polling
 snapshot takes ``stat`` and ``listdir``). The matrix drives a real
-:class:`~mmd.daemon.Worker` (real files, the cpu backend) behind a small
-:class:`~mmd.daemon.Host`, and the daemon's own scheduling (the pause, the
+:class:`~mmd.daemon.Runner`, a worker's job loop (real files, the cpu backend), in
+this process, and the daemon's own scheduling (the pause, the
 take-back, ``--once``'s exit status) is checked with whole daemons below.
 Real filesystems (a full tmpfs, a read-only remount, a daemon of another
 user) are in tests/test_reliability.py.
@@ -20,8 +20,9 @@ user) are in tests/test_reliability.py.
 from __future__ import annotations
 
 import errno
+import json
+import multiprocessing
 import os
-import queue
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +31,11 @@ from typing import Any
 import pytest
 import yaml
 
-from mmd import config, daemon, record, spool
-from mmd.daemon import Worker
-from mmd.daemon.state import State
+from mmd import config, daemon, spool
+from mmd.daemon import Control, Runner
+from mmd.daemon.messages import Kept, Resume, Run
 from mmd.fileops import OPERATIONS, FileOps
-from mmd.hooks import JobEnd
+from mmd.job import new_id
 
 #: The errnos a lab box's disk gives: read-only remount, full, wrong owner or mode, not permitted, failing.
 ERRNOS = {name: getattr(errno, name) for name in ("EROFS", "ENOSPC", "EACCES", "EPERM", "EIO")}
@@ -67,6 +68,9 @@ class FaultyOps(FileOps):
 
     inbox: Path
     outbox: Path
+    #: Where the armed faults are kept for other processes too (a whole daemon's workers get a copy of
+    #: this object when they start; arming and clearing later reach them through this file).
+    shared: Path | None = None
     faults: list[Fault] = field(default_factory=list)
     seen: set[tuple[str, str]] = field(default_factory=set)
     _fds: dict[int, Path] = field(default_factory=dict)
@@ -74,12 +78,30 @@ class FaultyOps(FileOps):
     def arm(self, step: str, op: str, err: int) -> Fault:
         fault = Fault(step, op, err)
         self.faults.append(fault)
+        self._share()
         return fault
 
     def clear(self) -> None:
         self.faults.clear()
+        self._share()
+
+    def _share(self) -> None:
+        if self.shared is not None:
+            tmp = self.shared.with_suffix(".tmp")
+            tmp.write_text(json.dumps([[f.step, f.op, f.err] for f in self.faults]))
+            os.replace(tmp, self.shared)
+
+    def _armed(self) -> list[Fault]:
+        if self.shared is None:
+            return self.faults
+        try:
+            return [Fault(*f) for f in json.loads(self.shared.read_text())]
+        except FileNotFoundError:
+            return []
 
     def step_of(self, op: str, *paths: Path) -> str | None:
+        if op == "syncfs":
+            return "group"  # a group commit's one sync of the outbox's filesystem
         work, done, failed = self.inbox / ".work", self.inbox / ".done", self.inbox / ".failed"
         for path in paths:
             if path.parent == self.outbox:
@@ -119,7 +141,7 @@ class FaultyOps(FileOps):
         if step is None:
             return
         self.seen.add((step, op))
-        for fault in self.faults:
+        for fault in self._armed():
             if (fault.step, fault.op) == (step, op):
                 fault.hits += 1
                 raise OSError(fault.err, os.strerror(fault.err), str(real[0]))
@@ -173,41 +195,13 @@ class FaultyOps(FileOps):
         self._check("lstat", path)
         return super().lstat(path)
 
+    def syncfs(self, folder: Path) -> None:
+        self._check("syncfs", folder)
+        super().syncfs(folder)
+
 
 # ---------------------------------------------------------------------------
-# a worker behind a small host (the daemon's scheduling is tested with whole daemons below)
-
-
-class Host:
-    """What a worker needs of the daemon; pauses are recorded, the test does the daemon's take-back itself."""
-
-    def __init__(self, settings: config.Settings, spool_: spool.Spool, state: State) -> None:
-        self.settings, self.spool, self.state = settings, spool_, state
-        self.host_id = None
-        self.worker_count = 1
-        self.hints: list[tuple[Any, ...]] = []
-        self.pauses: list[str] = []
-        self.failures = 0
-        self.ended: list[JobEnd] = []
-
-    def hint(self, *hint: Any) -> None:
-        self.hints.append(hint)
-
-    def paused(self) -> bool:
-        return False
-
-    def pause(self, reason: str, seconds: float) -> None:
-        self.pauses.append(reason)
-
-    def output_committed(self) -> None:
-        self.failures = 0
-
-    def output_failed(self) -> int:
-        self.failures += 1
-        return self.failures
-
-    def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
-        self.ended.append(end)
+# a worker's runner in this process (the daemon's scheduling is tested with whole daemons below)
 
 
 class Rig:
@@ -223,25 +217,36 @@ class Rig:
         """A daemon starting: a fresh spool and worker; what an earlier one left in .work is resumed."""
         self.spool = spool.Spool(self.inbox, self.outbox, ops=self.ops)
         self.spool.prepare()
-        self.host = Host(self.settings, self.spool, State(self.inbox / spool.STATE_NAME))
-        self.worker = Worker(self.host, queue.Queue())
+        self.events: list[Any] = []
+        self.runner = Runner(self.settings, self.spool, self.events.append, Control(multiprocessing.RawArray("d", 6)))
+        self.seq = 0
         resumed = self.spool.resumable()
         self.spool.sweep_reservations(resumed)
         for claim in resumed:
-            self.worker.process("resume", claim)
+            self.resume(claim)
+
+    def resume(self, claim: spool.Claim) -> None:
+        self.seq += 1
+        self.runner.process(Resume(self.seq, claim))
+
+    @property
+    def pauses(self) -> list[Kept]:
+        """What the daemon would pause for: the jobs the runner kept in .work."""
+        return [e for e in self.events if isinstance(e, Kept)]
 
     def drop(self, name: str, text: str) -> None:
         (self.inbox / name).write_text(text)
 
     def run(self, name: str) -> None:
-        self.worker.process("name", name)
+        self.seq += 1
+        self.runner.process(Run(self.seq, name, new_id()))
 
     def drain(self) -> None:
         """What the daemon does after its pause: take back what it left in .work, sweep, claim what waits."""
         for _ in range(10):
             back = self.spool.take_back()
             for claim in back:
-                self.worker.process("resume", claim)
+                self.resume(claim)
             self.spool.sweep_reservations()
             waiting = [c.name for c in self.spool.scan()]
             for name in waiting:
@@ -251,7 +256,7 @@ class Rig:
         raise AssertionError("jobs still pending after 10 rounds")
 
     def close(self) -> None:
-        self.worker.backends.close()
+        self.runner.close()
 
     # -- what became of a job --
     def fate(self, name: str) -> str:
@@ -379,7 +384,7 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
             rig.ops.clear()
             fault = rig.ops.arm(step, op, ERRNOS[err])
             [claim] = rig.spool.take_back()
-            rig.worker.process("resume", claim)
+            rig.resume(claim)
         else:
             if step == "hold":
                 rig.ops.arm("output", "write", errno.ENOSPC)  # held, and its hold cannot be recorded
@@ -392,7 +397,7 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
         if want != "done" and want != "failed":
             assert fault.hits, "the fault was never met"
         if want == "held" and step != "claim":
-            assert rig.host.pauses, "a held job pauses the daemon"
+            assert rig.pauses, "a held job pauses the daemon"
             held = spool.held_jobs(rig.inbox)
             if step != "hold":  # (there the record itself is what failed: the hold stands unrecorded)
                 [job] = held
@@ -460,7 +465,7 @@ def test_an_output_that_never_fits_is_failed_after_three_attempts_while_the_outb
         for _ in ("the second attempt", "the third"):
             assert rig.fate("big.txt") == "held"
             [claim] = rig.spool.take_back()
-            rig.worker.process("resume", claim)
+            rig.resume(claim)
         assert rig.fate("big.txt") == "failed"
         rec = yaml.safe_load((rig.outbox / "big.error.yaml").read_text())
         assert rec["error"]["kind"] == "output" and "No space left on device" in rec["error"]["reason"]
@@ -482,13 +487,61 @@ def test_a_job_whose_error_sidecar_cannot_be_written_is_never_failed_without_one
         rig.run("a.txt")
         for _ in range(5):
             [claim] = rig.spool.take_back()
-            rig.worker.process("resume", claim)
+            rig.resume(claim)
             assert rig.fate("a.txt") == "held"
         [job] = spool.held_jobs(rig.inbox)
         assert job.holds == 6 and "Read-only file system" in job.reason
         rig.ops.clear()
         rig.drain()
         rig.assert_clean(["a.txt"])
+    finally:
+        rig.close()
+
+
+# ---------------------------------------------------------------------------
+# group commits: small jobs with more waiting behind them are published together
+
+
+def run_group(rig: Rig, names: list[str]) -> None:
+    """Run ``names`` as a worker does when more orders wait behind each (the last flushes the group)."""
+    for name in names:
+        rig.seq += 1
+        rig.runner.process(Run(rig.seq, name, new_id()), more_waiting=True)
+    rig.runner.flush()
+
+
+def test_a_group_is_published_with_one_sync(tmp_path):
+    rig = Rig(tmp_path)
+    try:
+        names = [f"g{c}.txt" for c in "abcde"] + ["bad.txt"]
+        for name in names:
+            rig.drop(name, BAD if name == "bad.txt" else GOOD)
+        run_group(rig, names)
+        synced = {(step, op) for step, op in rig.ops.seen if op in ("fsync", "syncfs")}
+        assert synced == {("group", "syncfs")}, "five outputs, six sidecars: one sync, no file's own"
+        rig.assert_clean(names)
+        assert all((rig.outbox / f"g{c}.out").read_bytes() == GOOD_OUT for c in "abcde")
+        assert [type(e).__name__ for e in rig.events] == ["Ended"] * 6
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize(("step", "op"), [("group", "syncfs"), ("output", "replace"), ("sidecar", "replace")])
+def test_a_group_the_outbox_refuses_is_held_whole_and_done_later(tmp_path, step, op):
+    """The sync fails (EIO), or every rename: each job of the group is held, nothing half done is visible,
+    and all are done once the fault is gone."""
+    rig = Rig(tmp_path)
+    try:
+        names = [f"g{c}.txt" for c in "abcd"]
+        for name in names:
+            rig.drop(name, GOOD)
+        rig.ops.arm(step, op, errno.EIO)
+        run_group(rig, names)
+        assert [rig.fate(n) for n in names] == ["held"] * 4
+        assert len(rig.pauses) == 4
+        rig.ops.clear()
+        rig.drain()
+        rig.assert_clean(names)
     finally:
         rig.close()
 
@@ -507,7 +560,7 @@ def _settings(root: Path, **kw: Any) -> config.Settings:
 
 def test_once_stops_with_status_1_and_the_next_run_serves_the_held_job(tmp_path):
     s = _settings(tmp_path)
-    ops = FaultyOps(s.inbox, s.outbox)
+    ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
     spool.Spool(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
     ops.arm("output", "replace", errno.EROFS)
@@ -527,7 +580,7 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
     from .conftest import wait_for
 
     s = _settings(tmp_path)
-    ops = FaultyOps(s.inbox, s.outbox)
+    ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
     spool.Spool(s.inbox, s.outbox).prepare()
     for step, op in (("reservation", "open_exclusive"), ("output", "open_exclusive")):
         ops.arm(step, op, errno.EROFS)
@@ -548,7 +601,7 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
         except BaseException as exc:
             failures.append(exc)
         finally:
-            d.hints.put((daemon.STOP, "test"))
+            d.request_stop("test")
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
@@ -561,7 +614,7 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
 
 def test_a_restart_resumes_a_held_job_under_its_plain_name(tmp_path):
     s = _settings(tmp_path)
-    ops = FaultyOps(s.inbox, s.outbox)
+    ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
     spool.Spool(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
     ops.arm("reservation", "write", errno.ENOSPC)  # the outbox full to the last byte at the claim

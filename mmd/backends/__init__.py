@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Settings, kernel_cache_dir
+from ..cpus import usable_cores
 from ..errors import BackendUnavailable
 from ..logs import get_logger
 from .base import CUDA_PHASES, Backend, MultiplyRequest, Product
@@ -42,20 +43,24 @@ def open_backend(name: str, device: int = 0, kernel_cache: Path | None = None) -
         return CpuBackend(), f"no usable GPU ({exc.reason}); using the cpu backend"
 
 
-def worker_devices(backend: str, devices: tuple[int, ...] | list[int] | None) -> list[int]:
-    """The device ordinals ``mmd serve`` runs one worker each on.
+def worker_devices(backend: str, devices: tuple[int, ...] | list[int] | None, per_device: int = 1) -> list[int]:
+    """The device of each worker process ``mmd serve`` runs (one entry per worker).
 
-    ``devices`` as configured; None (``all``): every GPU the driver shows
-    (after CUDA_VISIBLE_DEVICES), or one worker where there is none or the
-    backend is ``cpu``. On the cpu backend a list asks for that many CPU workers.
+    ``devices`` as configured, ``per_device`` workers on each GPU; None
+    (``all``): every GPU the driver shows (after CUDA_VISIBLE_DEVICES). On the
+    cpu backend, and for ``auto`` where there is no GPU, one worker per usable
+    core (a list of devices asks for that many CPU workers instead).
     """
-    if devices is not None:
-        return list(devices)
     if backend == "cpu":
-        return [0]
+        return list(devices) if devices is not None else [0] * usable_cores()
+    if devices is not None:
+        return [d for d in devices for _ in range(per_device)]
     from ..cuda.driver import device_count
 
-    return list(range(device_count())) or [0]
+    count = device_count()
+    if not count:
+        return [0] * usable_cores() if backend == "auto" else [0]
+    return [d for d in range(count) for _ in range(per_device)]
 
 
 class BackendPool:

@@ -1,39 +1,49 @@
-"""The daemon (`mmd serve`): watch the inbox, take complete files, run them, archive.
+"""The daemon (`mmd serve`): watch the inbox, hand complete files to worker processes, supervise them.
 
 One concept per module:
 
-* :mod:`.server`: :class:`Daemon`, the main thread's schedule, signals and notify;
+* :mod:`.server`: :class:`Daemon`, the main process's loop, signals, time limits and notify;
+* :mod:`.scheduler`: which job goes to which worker next (no threads, no files);
+* :mod:`.messages`: the typed hints, orders and events between the parts;
+* :mod:`.pool`: the main process's side of the worker processes;
+* :mod:`.worker`: a worker process, and its :class:`~.worker.Runner`, which claims, runs
+  (:func:`mmd.pipeline.run_job`) and archives each job, and commits small ones in groups;
+* :mod:`.control`: a worker's job in hand, in shared memory, for its supervisor;
+* :mod:`.mailbox`: hints from threads and signal handlers, readable as a descriptor;
 * :mod:`.observer`: filesystem events become hints;
-* :mod:`.worker`: one thread per device owns its backends and runs jobs through
-  :func:`mmd.pipeline.run_job`, seeing the daemon only through a narrow :class:`~.worker.Host`;
 * :mod:`.lock`: one daemon per inbox (one per host on a shared inbox);
 * :mod:`.state`: the state file behind `mmd status`;
-* :mod:`.common`: tunables and hint kinds.
+* :mod:`.common`: tunables.
 
 The names below are the package's public face; import them from here.
 """
 
-from .common import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STOP, STUCK_AFTER, UMASK_BITS
+from .common import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STUCK_AFTER, UMASK_BITS
+from .control import Control
 from .lock import SpoolLock, host_daemons, lock_holder
 from .observer import Hints, make_observer
+from .scheduler import Item, Load, Scheduler
 from .server import Daemon
 from .state import State, read_state, status_of
-from .worker import Host, Worker
+from .worker import Reporter, Runner
 
 __all__ = [
     "HEARTBEAT",
     "MAX_OUTPUT_ATTEMPTS",
     "MAX_PAUSE",
     "RECENT_JOBS",
-    "STOP",
     "STUCK_AFTER",
     "UMASK_BITS",
+    "Control",
     "Daemon",
+    "Hints",
+    "Item",
+    "Load",
+    "Reporter",
+    "Runner",
+    "Scheduler",
     "SpoolLock",
     "State",
-    "Worker",
-    "Hints",
-    "Host",
     "host_daemons",
     "lock_holder",
     "make_observer",

@@ -29,11 +29,20 @@ RESERVATION_SWEEP_SECONDS = 60.0
 #: world write, whatever umask it was started with (the unit sets 0027).
 UMASK_BITS = 0o022
 
-# Hint kinds (the first item of each tuple in the hint queue).
-COMPLETE, SEEN, DONE, BROKEN, STOP, RELOAD, WAKE = "complete", "seen", "done", "broken", "stop", "reload", "wake"
-RESCAN, INBOX, PAUSE = "rescan", "inbox", "pause"
+#: Inputs up to this size are small: a worker may be given several at once, and their commits may wait
+#: for a group commit (a 32×32 job's input is about 6 KB, a 128×128 one's about 100 KB).
+GROUP_INPUT_BYTES = 256 * 1024
+#: At most this many small jobs are given to one worker at once, and wait for one group commit.
+MAX_GROUP = 16
+#: A worker stopped past its job's limit gets SIGTERM, then SIGKILL after this long (seconds).
+STOP_GRACE_S = 1.0
+#: While a worker has jobs in hand, the main loop looks at its control block at least this often
+#: (seconds): a job's own limit is known only once it has started, and a job may start at any moment.
+SUPERVISE_S = 0.05
 
 
-def now_iso() -> str:
-    """The wall-clock time as an ISO string (for people; durations use the monotonic clock)."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+def now_iso(at: float | None = None) -> str:
+    """The wall-clock time (now, or ``at``: seconds since the epoch) as an ISO string (for people; durations
+    use the monotonic clock)."""
+    when = _dt.datetime.now(_dt.timezone.utc) if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
+    return when.isoformat(timespec="milliseconds")

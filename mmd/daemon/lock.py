@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpoolError
 from ..spool import LOCK_NAME, host_lock_name, pid_alive
+
+#: How long a daemon starting waits for a lock whose recorded daemon is dead (its workers are ending).
+DEAD_HOLDER_WAIT_S = 10.0
 
 
 class SpoolLock:
@@ -29,12 +33,19 @@ class SpoolLock:
         self._fd: int | None = None
         self._host_fd: int | None = None
 
-    def acquire(self) -> None:
-        """Take the lock or raise SpoolError naming the daemon that has it."""
+    def acquire(self, wait_for_dead: float = DEAD_HOLDER_WAIT_S) -> None:
+        """Take the lock or raise SpoolError naming the daemon that has it.
+
+        The daemon's workers hold its lock too (they are given its open file),
+        so it is free only once the daemon and every worker of it are gone. A
+        lock whose recorded daemon is dead is waited for up to
+        ``wait_for_dead`` seconds: the workers of a daemon killed a moment ago
+        are being ended (they die with it).
+        """
         inbox = self.path.parent
         fd = _open_lock(self.path)
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.host_path else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            _flock_waiting(fd, fcntl.LOCK_SH if self.host_path else fcntl.LOCK_EX, wait_for_dead)
         except BlockingIOError:
             pid = _read_pid(fd)
             os.close(fd)
@@ -61,7 +72,7 @@ class SpoolLock:
             os.close(fd)
             raise
         try:
-            fcntl.flock(host_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_waiting(host_fd, fcntl.LOCK_EX, wait_for_dead)
         except BlockingIOError:
             pid = _read_pid(host_fd)
             os.close(host_fd)
@@ -71,6 +82,10 @@ class SpoolLock:
         os.ftruncate(host_fd, 0)
         os.pwrite(host_fd, f"{self.host_id} {os.getpid()}\n".encode(), 0)
         self._fd, self._host_fd = fd, host_fd
+
+    def fds(self) -> list[int]:
+        """The open lock files (a worker process is given them, so that the lock lasts as long as it does)."""
+        return [fd for fd in (self._fd, self._host_fd) if fd is not None]
 
     def release(self) -> None:
         if self._host_fd is not None:
@@ -84,6 +99,20 @@ class SpoolLock:
                     os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+def _flock_waiting(fd: int, mode: int, wait_for_dead: float) -> None:
+    """flock ``fd``; while it is held and the pid it records is dead, try again for up to ``wait_for_dead`` s."""
+    deadline = time.monotonic() + wait_for_dead
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            if pid is None or pid_alive(pid) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _open_lock(path: Path) -> int:

@@ -10,7 +10,7 @@ miss, an inotify queue overflow included.
 from __future__ import annotations
 
 import os
-import queue
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from watchdog.observers.api import BaseObserver
 
 from ..errors import SpoolError
 from ..spool import is_job_name
-from .common import COMPLETE, INBOX, SEEN
+from .messages import Arrived, Hint, InboxChanged
 
 #: Event kinds the handler is given (polling: created, moved, closed never comes; inotify: the arrivals mask).
 _EVENTS: list[type[FileSystemEvent]] = [FileClosedEvent, FileCreatedEvent, FileMovedEvent, DirDeletedEvent]
@@ -52,13 +52,13 @@ def _arrivals_observer(timeout: float) -> BaseObserver:
 
 
 def make_observer(
-    kind: str, inbox: Path, hints: queue.SimpleQueue[Any], poll_seconds: float, log: Any
+    kind: str, inbox: Path, hints: Callable[[Hint], None], poll_seconds: float, log: Any
 ) -> tuple[BaseObserver, str]:
     """Start a watchdog observer on ``inbox``; returns (observer, the kind actually used).
 
     ``auto`` uses inotify and falls back to polling where inotify cannot be set
     up (no inotify, out of instances or watches); ``inotify`` fails instead.
-    The inbox itself deleted becomes an INBOX hint.
+    ``hints`` is given each hint; the inbox itself deleted becomes :class:`InboxChanged`.
     """
     if kind in ("auto", "inotify"):
         try:
@@ -81,30 +81,30 @@ def make_observer(
 class Hints(FileSystemEventHandler):
     """Events on files directly in the inbox become hints for the main loop."""
 
-    def __init__(self, inbox: Path, hints: queue.SimpleQueue[Any], created_is_move: bool) -> None:
+    def __init__(self, inbox: Path, hints: Callable[[Hint], None], created_is_move: bool) -> None:
         super().__init__()
         self.inbox = os.path.abspath(inbox)
         self.hints = hints
         #: On the arrivals emitter "created" is a file renamed in: complete. Polling: watch until quiet.
-        self.created_kind = COMPLETE if created_is_move else SEEN
+        self.created_complete = created_is_move
 
-    def _put(self, kind: str, path: bytes | str) -> None:
+    def _put(self, complete: bool, path: bytes | str) -> None:
         text = os.fsdecode(path)
         if not text:
             return
         folder, name = os.path.split(os.path.abspath(text))
         if folder == self.inbox and is_job_name(name):
-            self.hints.put((kind, name))
+            self.hints(Arrived(name, complete))
 
     def dispatch(self, event: FileSystemEvent) -> None:
         if event.is_directory:
             if event.event_type == "deleted" and os.path.abspath(os.fsdecode(event.src_path)) == self.inbox:
-                self.hints.put((INBOX, "deleted"))
+                self.hints(InboxChanged())
             return
         kind = event.event_type
         if kind == "closed":
-            self._put(COMPLETE, event.src_path)
+            self._put(True, event.src_path)
         elif kind == "moved":
-            self._put(COMPLETE, event.dest_path)  # a rename is atomic: the file is whole
+            self._put(True, event.dest_path)  # a rename is atomic: the file is whole
         elif kind == "created":
-            self._put(self.created_kind, event.src_path)
+            self._put(self.created_complete, event.src_path)

@@ -1,21 +1,26 @@
-"""The daemon: watch the inbox, take complete files, run them one at a time, archive.
+"""The daemon: watch the inbox, hand complete files to worker processes, supervise them.
 
-Threads:
+Processes and threads:
 
-* the **main thread** (:meth:`Daemon.serve`) owns the schedule: it reads
-  *hints* (observer events, the worker's "done", signals) from one queue,
-  decides when a file is complete (:class:`mmd.spool.Readiness`), rescans the
-  inbox every ``rescan_seconds`` (events are only hints: inotify drops them on
-  overflow), and hands complete names to the worker in arrival order;
-* the **observer** (watchdog: inotify, or polling) turns filesystem events
-  into hints;
-* the **worker** owns the backend (opened, used and closed in that thread) and
-  runs each job: claim → :func:`mmd.pipeline.run_job` → archive. A job never
-  kills the daemon: anything a job raises becomes an error sidecar.
+* the **main process** (:meth:`Daemon.serve`) owns the schedule. Its one
+  loop waits on its :class:`~.mailbox.Mailbox` (hints from the observer and
+  the signal handlers) and on every worker's pipe at once; it decides when a
+  file is complete (:class:`mmd.spool.Readiness`), rescans the inbox every
+  ``rescan_seconds`` (events are only hints: inotify drops them on
+  overflow), asks the :class:`~.scheduler.Scheduler` which job goes to
+  which worker, and ends a job past its time limit by ending its worker. It
+  keeps the state file, the metrics and the hooks. It opens no backend.
+* the **observer** (a watchdog thread: inotify, or polling) turns filesystem
+  events into hints;
+* the **workers** (:mod:`.worker`, one process each, :mod:`.pool`) claim,
+  run and archive the jobs they are given, each with its own backend (its
+  own CUDA context), and report each job's end. A job never kills the
+  daemon: anything a job raises becomes an error sidecar, and a worker that
+  dies (a time limit, OOM, a crash) costs only its job.
 
-Signals are installed by :meth:`Daemon.serve`: SIGTERM/SIGINT let the job in
-hand finish and exit 0 (a second one exits at once; the job left in ``.work``
-resumes at the next start), SIGHUP reloads the settings.
+Signals are installed by :meth:`Daemon.serve`: SIGTERM/SIGINT let the jobs in
+hand finish and exit 0 (a second one ends the workers and exits at once; the
+jobs left in ``.work`` resume at the next start), SIGHUP reloads the settings.
 """
 
 from __future__ import annotations
@@ -23,12 +28,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import signal
 import stat
-import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import Any
 
 from .. import atomic, record
@@ -37,47 +41,61 @@ from ..config import Settings, host_id_of
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
 from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
-from ..job import describe
+from ..job import describe, new_id
 from ..logs import get_logger
 from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
-from ..spool import Readiness, Spool, state_name
-from . import common
-from .common import (
-    BROKEN,
-    COMPLETE,
-    DONE,
-    HEARTBEAT,
-    INBOX,
-    MAX_ABANDONED,
-    PAUSE,
-    RELOAD,
-    RESCAN,
-    SEEN,
-    STOP,
-    STUCK_AFTER,
-    UMASK_BITS,
-    WAKE,
-    now_iso,
-)
+from ..spool import Claim, Readiness, Spool, shown, state_name
+from . import common, pool
+from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS, now_iso
+from .control import Running
 from .lock import SpoolLock
+from .mailbox import Mailbox
+from .messages import (
+    Arrived,
+    Configure,
+    Ended,
+    Event,
+    Hint,
+    InboxChanged,
+    Kept,
+    NotRun,
+    Ready,
+    ReloadRequested,
+    Resume,
+    Run,
+    StartFailed,
+    StopRequested,
+    WorkerSpec,
+)
 from .observer import make_observer
+from .pool import WorkerHandle
+from .scheduler import Load, Scheduler
 from .state import State
-from .worker import Worker
 
 
 class Daemon:
     """Serve one inbox: ``Daemon(settings).serve()``; ``serve(once=True)`` drains it and returns."""
 
-    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None, *, ops: FileOps = OPS) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reload: Callable[[], Settings] | None = None,
+        *,
+        ops: FileOps = OPS,
+        worker_setup: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self._reload = reload
         #: This host's id on a shared inbox (None: the daemon has the inbox to itself).
         self.host_id = host_id_of(settings) if settings.shared_inbox else None
-        #: ``ops``: the spool's file operations (the tests inject faults through them).
+        #: ``ops``: the spool's file operations, the workers' too (the tests inject faults through them).
+        self.ops = ops
+        #: Called first in each worker process (a top-level function: the tests install fakes through it).
+        self.worker_setup = worker_setup
         self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops)
-        self.hints: queue.SimpleQueue = queue.SimpleQueue()
+        self.mailbox = Mailbox()
         self.state = State(
             self.spool.inbox / state_name(self.host_id),
             inbox=str(settings.inbox.resolve()),
@@ -86,20 +104,16 @@ class Daemon:
             **({"host": self.host_id} if self.host_id else {}),
         )
         self.log = get_logger()
-        #: The jobs queue every worker takes from, in arrival order: ("name", inbox name) or ("resume", Claim).
-        self.jobs: queue.Queue[Any] = queue.Queue()
-        self.workers: list[Worker] = []
-        self._outputs_lock = threading.Lock()
+        self.scheduler = Scheduler(settings.max_queue)
+        self.workers: list[WorkerHandle] = []
+        self._ctx: Any = None
         #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
         self._output_failures = 0
         self._swept = 0.0  # monotonic: the last full sweep of the outbox's reservations
-        self._queued: set[str] = set()  # names handed to the worker and not yet done
-        self._again: set[str] = set()  # completed again while queued: look once more when done
         self._readiness = Readiness(settings.quiet_seconds)
+        self._stopping: str | None = None  # the signal that asked for a stop
         self._stop_requests = 0
         self._beat = time.monotonic()
-        self._backlog = False  # names left in the inbox because the queue was full
-        self._broken: set[str] = set()  # names whose claim failed (retried at each rescan when serving)
         self._paused_until = 0.0  # monotonic: no new job before (the outbox refused a result)
         self._rescan_now = False
         self._once_failed: str | None = None  # with --once: why the drain stopped early
@@ -107,60 +121,40 @@ class Daemon:
         self._observer: Any = None
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
-        #: Workers whose job ran past its limit: replaced, their threads left to end on their own.
-        self.abandoned: list[Worker] = []
+        self._shown: dict[int, dict[str, Any] | None] = {}  # each worker's job in hand, as last shown
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
 
-    # -- what workers see (worker.Host) --
-    @property
-    def worker_count(self) -> int:
-        return len(self.workers)
+    # -- asked from outside --
+    def request_stop(self, why: str = "request") -> None:
+        """Stop as SIGTERM does (the jobs in hand finish); safe from any thread."""
+        self.mailbox.post(StopRequested(why))
 
-    def hint(self, *hint: Any) -> None:
-        self.hints.put(hint)
-
-    def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
-        if rec is not None:
-            self.metrics.job_ended(rec)
-        if memory_used is not None:
-            self.metrics.gpu_memory.labels(str(memory_used[0])).set(memory_used[1])
-        self.metrics.write(force=True)
-        self.hooks.ended(end)
-
-    def pause(self, reason: str, seconds: float) -> None:
-        # Set here, not only by the hint: the next queued name must already wait.
-        self._paused_until = time.monotonic() + seconds
-        self.hints.put((PAUSE, reason, seconds))
-
-    # -- outbox trouble, shared by the workers --
-    def output_committed(self) -> None:
-        with self._outputs_lock:
-            self._output_failures = 0
-
-    def output_failed(self) -> int:
-        """Count a step the spool refused (the outbox, or an archive); returns how many in a row."""
-        with self._outputs_lock:
-            self._output_failures += 1
-            return self._output_failures
+    def paused(self) -> bool:
+        """Whether new jobs wait (the outbox refused a result a moment ago)."""
+        return time.monotonic() < self._paused_until
 
     # -- signals --
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
         self._stop_requests += 1
         if self._stop_requests >= 2:
-            job = self.state.snapshot().get("current")
+            for w in self.workers:  # a worker must not go on with a job the next daemon resumes
+                if w.pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(w.pid, signal.SIGKILL)
+            busy = [r for r in (w.control.running() for w in self.workers) if r is not None]
             os.write(
                 2,
                 (
                     f"mmd serve: second {signal.Signals(signum).name}: stopping at once"
-                    f"{'; ' + job['file'] + ' stays in .work and resumes at the next start' if job else ''}\n"
+                    f"{f'; {len(busy)} job(s) in hand stay in .work and resume at the next start' if busy else ''}\n"
                 ).encode(),
             )
             os._exit(1)
-        self.hints.put((STOP, signal.Signals(signum).name))
+        self.mailbox.post(StopRequested(signal.Signals(signum).name))
 
     def _on_hup(self, _signum: int, _frame: Any) -> None:
-        self.hints.put((RELOAD, None))
+        self.mailbox.post(ReloadRequested())
 
     def _install_signals(self) -> dict[int, Any]:
         old: dict[int, Any] = {}
@@ -176,153 +170,243 @@ class Daemon:
     def health(self) -> tuple[bool, str]:
         now = time.monotonic()
         if not self.workers:
-            return False, "the worker thread is not running"
-        for w in self.workers:
-            if not w.is_alive():
-                return False, f"the worker thread of device {w.device} is not running"
-            if w.busy_since is None and now - w.beat > STUCK_AFTER:
-                return False, f"the worker of device {w.device} has not turned for {now - w.beat:.0f} s"
+            return False, "no worker is running"
         if now - self._beat > STUCK_AFTER:
             return False, f"the main loop has not turned for {now - self._beat:.0f} s"
-        stuck = [w for w in self.abandoned if w.is_alive()]
-        if len(stuck) >= MAX_ABANDONED:
-            # Jobs that do not return even when stopped (a hung kernel holds its GPU): let systemd restart us.
-            return False, f"{len(stuck)} jobs stopped past their time limit are still running in their threads"
+        for w in self.workers:
+            if w.ready is None:
+                continue  # starting
+            beat = w.control.last_beat
+            if w.control.running() is None and beat and now - beat > STUCK_AFTER:
+                return False, f"worker {w.index} (device {w.device}) has not turned for {now - beat:.0f} s"
         return True, ""
 
-    # -- time limits --
-    def _check_timeouts(self) -> None:
-        """Stop every job past its time limit: refuse it, archive it, and give its device a new worker."""
-        now = time.monotonic()
-        for i, w in enumerate(self.workers):
-            watch, claim = w.watch, w.claim
-            if watch is None or claim is None or not watch.overdue(now) or not watch.stop():
-                continue
-            phase, limit = watch.phase, watch.limit_s
-            log = self.log.bind(job=claim.job_id, file=claim.name, device_index=w.device)
-            job = w.job or describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
-                                    job_id=claim.job_id, started=claim.started)  # fmt: skip
-            error = JobTimeout(
-                f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
-                {"limit_s": limit, "phase": phase},
-            )
-            if record.timing_path(job.output).exists() is False and os.path.lexists(job.output):
-                with contextlib.suppress(OSError):  # committed before it was stopped, its sidecar not: ours
-                    os.unlink(job.output)
-            result = refuse(job, error, {"overall": (time.perf_counter() - job.started) * 1e3})
-            try:
-                self.spool.archive(claim, False)
-            except MmdError as exc:
-                log.error("cannot archive", reason=exc.reason)
-            log.error("job stopped past its time limit", limit_s=limit, phase=phase)
-            w.abandoned = True
-            self.abandoned.append(w)
-            replacement = Worker(self, self.jobs, w.index, w.device)
-            self.workers[i] = replacement
-            replacement.start()
-            self.state.finished(
-                {
-                    "job": claim.job_id,
-                    "file": claim.name,
-                    "status": "error",
-                    "output": None,
-                    "sidecar": result.sidecar.name if result.sidecar_failed is None else None,
-                    "overall_ms": result.record.timings_ms.overall,
-                    "device_index": w.device,
-                    "finished": now_iso(),
-                },
-                worker=w.index,
-            )
-            end = JobEnd(claim.job_id, "error", claim.original or claim.name, None, result.sidecar, error.reason)
-            self.job_ended(end, result.record, None)
-            self.hints.put((DONE, claim.name))
+    # -- workers --
+    def _spec(self, index: int, device: int, count: int) -> WorkerSpec:
+        return WorkerSpec(index, device, self.settings, os.getpid(), self.host_id, count, self.ops, self.worker_setup)
 
-    def paused(self) -> bool:
-        """Whether new jobs wait (the outbox refused a result a moment ago)."""
-        return time.monotonic() < self._paused_until
+    def _start_worker(self, index: int, device: int) -> WorkerHandle:
+        handle = WorkerHandle(self._ctx, self._spec(index, device, len(self.workers) or 1), self._lock_fds())
+        handle.start()
+        self.state.worker(index, device_index=device, current=None, pid=handle.pid)
+        return handle
+
+    def _lock_fds(self) -> list[int]:
+        return self._lock.fds() if self._lock is not None else []
+
+    def _loads(self) -> list[Load]:
+        return [
+            Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
+            for w in self.workers
+            if w.ready is not None and w.alive()
+        ]
+
+    def _dispatch(self) -> None:
+        if self.paused() or self._stopping is not None:
+            return
+        for index, item in self.scheduler.assign(self._loads()):
+            w = self.workers[index]
+            seq = w.next_seq()
+            if item.claim is not None:
+                w.send(Resume(seq, item.claim))
+            else:
+                job_id = new_id()
+                self.spool.expect(job_id)  # in hand before its claim: a sweep never takes its reservation
+                w.send(Run(seq, item.name, job_id))
+            if item.small:
+                w.small.add(seq)
+        self.state.update(queue=self.scheduler.waiting)
+
+    # -- events from workers --
+    def _on_event(self, w: WorkerHandle, event: Event) -> None:
+        if isinstance(event, Ended):
+            self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
+            self._forget(event.end.job)
+            self.state.finished(event.entry, worker=w.index)
+            if event.record is not None:
+                self.metrics.job_ended(event.record)
+            if event.memory_used is not None:
+                self.metrics.gpu_memory.labels(str(event.memory_used[0])).set(event.memory_used[1])
+            self.hooks.ended(event.end)
+            self._ended(str(event.entry["file"]))
+        elif isinstance(event, NotRun):
+            order = w.in_hand.get(event.seq)
+            if isinstance(order, Run):
+                self._forget(order.job_id)
+            self._ended(event.name, broken=event.broken)
+        elif isinstance(event, Kept):
+            self.spool.leave(event.claim)
+            if event.committed:
+                self._output_failures = 0
+            self._pause(event.reason)
+            self.scheduler.ended(event.claim.name)
+        elif isinstance(event, Ready):
+            self.state.worker(w.index, backend=event.backend, device=event.device)
+        elif isinstance(event, StartFailed):
+            self.log.error("a worker cannot open its backend", worker=w.index, reason=event.error.reason)
+
+    def _forget(self, job_id: str) -> None:
+        self.spool.forget(job_id)
+
+    def _ended(self, name: str, broken: bool = False) -> None:
+        if self.scheduler.ended(name, broken=broken):
+            self._offer(name, complete=True)
+
+    def _pause(self, reason: str) -> None:
+        """Take no new job for ``rescan_seconds``, doubled for each spool failure in a row (up to MAX_PAUSE)."""
+        self._output_failures += 1
+        seconds = min(self.settings.rescan_seconds * 2 ** (self._output_failures - 1), MAX_PAUSE)
+        self._paused_until = time.monotonic() + seconds
+        for w in self.workers:
+            w.control.hold_new = True  # names given and not yet claimed stay in the inbox
+        for item in self.scheduler.drop_waiting():
+            self._readiness.forget(item.name)
+        self.state.update(paused={"reason": reason, "seconds": seconds, "since": now_iso()})
+        self.log.warning("pausing new jobs", reason=reason, pause_s=seconds)
+        self._once_failed = reason
+
+    def _unpause(self) -> None:
+        self._paused_until = 0.0
+        for w in self.workers:
+            w.control.hold_new = False
+        self.state.update(paused=None)
+        self._rescan_now = True
+
+    # -- a worker past its job's limit, or dead --
+    def _check_workers(self, now: float) -> None:
+        for i, w in enumerate(self.workers):
+            if w.ready is None and w.failed is None and w.alive():
+                continue  # starting
+            running = w.control.running()
+            if running is not None and running.overdue(now) and w.alive():
+                self.log.error(
+                    "stopping a job past its time limit", worker=w.index, limit_s=running.limit_s, phase=running.phase
+                )
+                w.stop(STOP_GRACE_S)
+                self._recover(i, running, timed_out=True)
+            elif not w.alive() and w.failed is None and self._stopping is None:
+                self.log.error("a worker died", worker=w.index, exitcode=w.process.exitcode, jobs=len(w.in_hand))
+                self._recover(i, running, timed_out=False)
+
+    def _recover(self, i: int, running: Running | None, *, timed_out: bool) -> None:
+        """A worker is gone: read what it said last, refuse its job that ran past its limit, resume the jobs it
+        had claimed (counted as a start each, as after a crash), give back the names it had not, replace it."""
+        w = self.workers[i]
+        w.join()
+        for event in w.events():
+            self._on_event(w, event)
+        left = dict(w.in_hand)
+        w.close()
+        stopped = left.get(running.seq) if timed_out and running is not None else None
+        ids = {order.job_id if isinstance(order, Run) else order.claim.job_id: order for order in left.values()}
+        found = {c.job_id: c for c in self.spool.in_work() if c.job_id in ids}
+        resume = []
+        for job_id, order in ids.items():
+            claim = found.get(job_id)
+            if claim is None:  # never claimed (or archived already): the name is the inbox's again
+                self._forget(job_id)
+                self.scheduler.ended(order.name if isinstance(order, Run) else order.claim.name)
+            elif order is stopped and running is not None:
+                self._refuse_stopped(claim, running, w.device)
+            else:
+                resume.append(claim)
+        for claim in resume:
+            self.scheduler.ended(claim.name)
+        self.scheduler.resume(resume)
+        for path in self.spool.sweep_temporaries():
+            self.log.info("removed a temporary left by a stopped worker", path=str(path))
+        self.workers[i] = self._start_worker(w.index, w.device)
+
+    def _refuse_stopped(self, claim: Claim, running: Running, device: int) -> None:
+        """The job its worker was ended for: its error sidecar (kind ``timeout``, with the phase), archived."""
+        log = self.log.bind(job=claim.job_id, file=shown(claim.name))
+        job = describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
+                       job_id=claim.job_id, started=claim.started)  # fmt: skip
+        limit, phase = running.limit_s, running.phase
+        error = JobTimeout(
+            f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
+            {"limit_s": limit, "phase": phase},
+        )
+        if not record.timing_path(job.output).exists() and os.path.lexists(job.output):
+            with contextlib.suppress(OSError):  # committed before it was stopped, its sidecar not: ours
+                os.unlink(job.output)
+        result = refuse(job, error, {"overall": (time.monotonic() - running.started) * 1e3}, ops=self.ops)
+        try:
+            self.spool.archive(claim, False)
+        except MmdError as exc:
+            log.error("cannot archive", reason=exc.reason)
+            self.spool.leave(claim)
+        log.error("job stopped past its time limit", limit_s=limit, phase=phase)
+        self.state.finished(
+            {
+                "job": claim.job_id,
+                "file": claim.name,
+                "status": "error",
+                "output": None,
+                "sidecar": result.sidecar.name if result.sidecar_failed is None else None,
+                "overall_ms": result.record.timings_ms.overall,
+                "device_index": device,
+                "finished": now_iso(),
+            }
+        )
+        self.metrics.job_ended(result.record)
+        self.hooks.ended(
+            JobEnd(claim.job_id, "error", claim.original or claim.name, None, result.sidecar, error.reason)
+        )
+        self.scheduler.ended(claim.name)
+        self._forget(claim.job_id)
 
     # -- scheduling --
     def _offer(self, name: str, complete: bool) -> None:
-        """A hint that ``name`` may be a job; queue it when it is complete."""
-        if name in self._queued:
-            if complete:
-                self._again.add(name)
+        """A hint that ``name`` may be a job; give it to the scheduler when it is complete."""
+        cand = self.spool.stat(name)
+        if cand is None:
+            self._readiness.forget(name)
             return
-        if not complete:
-            cand = self.spool.stat(name)
-            if cand is None:
-                self._readiness.forget(name)
-                return
-            if not self._readiness.observe(name, cand.size, cand.mtime_ns):
-                return
+        if not complete and not self._readiness.observe(name, cand.size, cand.mtime_ns):
+            return
         self._readiness.forget(name)
         if self.paused():
             return  # it stays in the inbox; the rescan after the pause takes it
-        if len(self._queued) >= self.settings.max_queue:
-            if not self._backlog:
-                self.log.warning(
-                    "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
-                )
-                self.state.update(backlog=True)
-            self._backlog = True
-            return
-        self._queued.add(name)
-        self.jobs.put(("name", name))
-        self.state.update(queue=self.jobs.qsize())
+        full = self.scheduler.backlog
+        self.scheduler.offer(name, cand.size)
+        if self.scheduler.backlog and not full:
+            self.log.warning(
+                "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
+            )
+            self.state.update(backlog=True)
 
     def _rescan(self) -> int:
         """Offer every waiting file; returns how many job files wait (not counting broken ones)."""
-        found = [c for c in self.spool.scan() if c.name not in self._broken]
+        found = [c for c in self.spool.scan() if not self.scheduler.is_broken(c.name)]
         for cand in found:
-            if cand.name not in self._queued and self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
-                self._offer(cand.name, complete=True)
+            if self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
+                self._readiness.forget(cand.name)
+                if not self.paused():
+                    self.scheduler.offer(cand.name, cand.size)
         known = {c.name for c in found}
         for name in self._readiness.pending:
             if name not in known:
                 self._readiness.forget(name)
         return len(found)
 
-    def _recheck_pending(self) -> None:
-        for name in self._readiness.pending:
-            self._offer(name, complete=False)
-
-    def _handle(self, hint: tuple[Any, ...]) -> None:
-        kind = hint[0]
-        if kind == COMPLETE:
-            self._offer(hint[1], complete=True)
-        elif kind == SEEN:
-            self._offer(hint[1], complete=False)
-        elif kind == DONE:
-            name = hint[1]
-            self._queued.discard(name)
-            self.state.update(queue=self.jobs.qsize())
-            if name in self._again:
-                self._again.discard(name)
-                self._offer(name, complete=True)
-        elif kind == BROKEN:
-            self._broken.add(hint[1])
-        elif kind == STOP:
-            self.log.info("stopping after the job in hand", signal=hint[1])
-        elif kind == RELOAD:
+    def _handle(self, hint: Hint) -> None:
+        if isinstance(hint, Arrived):
+            self._offer(hint.name, hint.complete)
+        elif isinstance(hint, StopRequested):
+            if self._stopping is None:
+                self.log.info("stopping after the jobs in hand", signal=hint.signal)
+            self._stopping = hint.signal
+        elif isinstance(hint, ReloadRequested):
             self._reload_settings()
-        elif kind == RESCAN:
-            self.log.warning("rescanning the inbox", reason=hint[1])
-            self._rescan_now = True
-        elif kind == INBOX:
+        elif isinstance(hint, InboxChanged):
             self._check_inbox()
-        elif kind == PAUSE:
-            _, reason, seconds = hint
-            self._paused_until = time.monotonic() + seconds
-            self.state.update(paused={"reason": reason, "seconds": seconds, "since": now_iso()})
-            self._once_failed = reason
 
     def _tend(self, now: float) -> None:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
         name), and sweep stale reservations (the full listing of the outbox at most every
         RESERVATION_SWEEP_SECONDS)."""
-        for claim in self.spool.take_back():
-            self._queued.add(claim.name)
-            self.jobs.put(("resume", claim))
+        self.scheduler.resume(self.spool.take_back())
         if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
             self._swept = now
             for path in self.spool.sweep_reservations():
@@ -356,9 +440,9 @@ class Daemon:
             with contextlib.suppress(RuntimeError):
                 self._observer.join(timeout=5)
             self._observer, _kind = make_observer(
-                self.settings.observer, self.spool.inbox, self.hints, self.settings.poll_seconds, self.log
+                self.settings.observer, self.spool.inbox, self.mailbox.post, self.settings.poll_seconds, self.log
             )
-        self._broken.clear()
+        self.scheduler.forgive()
         self._rescan_now = True
         self.state.update(status="serving")
 
@@ -378,24 +462,15 @@ class Daemon:
                 outbox=str(self.settings.outbox),
             )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
-        if (new.devices, new.shared_inbox, new.host_id) != (
-            self.settings.devices,
-            self.settings.shared_inbox,
-            self.settings.host_id,
-        ):
-            self.log.warning("SIGHUP: devices, shared_inbox and host_id changes need a restart; keeping the old ones")
-            new = dataclasses.replace(
-                new,
-                devices=self.settings.devices,
-                shared_inbox=self.settings.shared_inbox,
-                host_id=self.settings.host_id,
-            )
-        backend_changed = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
+        kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue")
+        if any(getattr(new, k) != getattr(self.settings, k) for k in kept):
+            self.log.warning(f"SIGHUP: {', '.join(kept)} changes need a restart; keeping the old ones")
+            new = dataclasses.replace(new, **{k: getattr(self.settings, k) for k in kept})
+        reopen = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
-        if backend_changed:
-            for w in self.workers:
-                w.drop_backends()
+        for w in self.workers:
+            w.send(Configure(new, reopen))
         self.state.update(backend=new.backend)
         self.log.info("SIGHUP: settings reloaded", sources=list(new.sources))
 
@@ -428,36 +503,35 @@ class Daemon:
         try:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
-            devices = worker_devices(self.settings.backend, self.settings.devices)
-            self.workers = [Worker(self, self.jobs, i, device) for i, device in enumerate(devices)]
-            for w in self.workers:
-                w.start()
-            for w in self.workers:
-                w.ready.wait()
-            for w in self.workers:
-                if w.failed is not None:
-                    raise w.failed
+            devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
+            self._ctx = pool.context()
+            self.workers = []
+            for i, device in enumerate(devices):
+                handle = WorkerHandle(self._ctx, self._spec(i, device, len(devices)), self._lock_fds())
+                handle.start()
+                self.workers.append(handle)
+                self.state.worker(i, device_index=device, current=None, pid=handle.pid)
             resumed = self.spool.resumable()
             for path in self.spool.sweep_reservations(resumed):
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
             self._swept = time.monotonic()
-            for claim in resumed:
-                self._queued.add(claim.name)
-                self.jobs.put(("resume", claim))
+            self.scheduler.resume(resumed)
             kind = "once"
             if not once:
                 self._observer, kind = make_observer(
-                    self.settings.observer, self.spool.inbox, self.hints, self.settings.poll_seconds, self.log
+                    self.settings.observer, self.spool.inbox, self.mailbox.post, self.settings.poll_seconds, self.log
                 )
-            self.state.update(status="serving", observer=kind)
             waiting = self._rescan()
+            self._await_workers()
+            self.state.update(status="serving", observer=kind)
             self.log.info(
                 "serving",
                 inbox=str(self.spool.inbox),
                 outbox=str(self.spool.outbox),
                 observer=kind,
                 backend=self.settings.backend,
-                devices=devices,
+                workers=len(devices),
+                devices=sorted(set(devices)),
                 waiting=waiting,
                 resumed=len(resumed),
                 **({"host": self.host_id} if self.host_id else {}),
@@ -468,17 +542,11 @@ class Daemon:
             return self._loop(once)
         finally:
             self.state.update(status="stopping")
-            notifier.stopping("finishing the job in hand")
+            notifier.stopping("finishing the jobs in hand")
             observer = self._observer
             if observer is not None:
                 observer.stop()
-            running = [w for w in self.workers if w.is_alive()]
-            for w in running:
-                w.stop_event.set()
-            for _ in running:
-                self.jobs.put(("stop", None))
-            for w in running:
-                w.join()
+            self._stop_workers()
             if pinger is not None:
                 pinger.stop()
             self.state.update(status="stopped", queue=0, current=None)
@@ -495,14 +563,64 @@ class Daemon:
             for sig, handler in old_signals.items():
                 signal.signal(sig, handler)
             notifier.close()
+            self.mailbox.close()
             self.log.info("stopped", done=self.state.snapshot()["done"])
+
+    def _await_workers(self) -> None:
+        """Wait until every worker has opened its backend (or failed to: SpoolError, the daemon cannot serve).
+
+        Jobs are dispatched as each worker becomes ready, so the first one
+        does not wait for the last to start.
+        """
+        while True:
+            pending = [w for w in self.workers if w.ready is None]
+            if not pending:
+                return
+            wait([w.conn for w in pending] + [self.mailbox], timeout=HEARTBEAT)
+            for w in self.workers:
+                for event in w.events():
+                    self._on_event(w, event)
+            for hint in self.mailbox.take():
+                self._handle(hint)
+            for w in pending:
+                if w.failed is not None:
+                    raise w.failed.error
+                if w.ready is None and not w.alive():
+                    raise SpoolError(f"worker {w.index} exited while starting (exit status {w.process.exitcode})")
+            if self._stopping is not None:
+                return
+            self._dispatch()
+
+    def _stop_workers(self) -> None:
+        """The jobs in hand finish (the names given and not claimed stay in the inbox), then each worker quits."""
+        for w in self.workers:
+            w.control.hold_new = True
+        deadline = None
+        while any(w.in_hand and w.alive() for w in self.workers):
+            ready = wait([w.conn for w in self.workers if w.alive()], timeout=HEARTBEAT)
+            for w in self.workers:
+                for event in w.events():
+                    self._on_event(w, event)
+            if not ready and deadline is None and all(w.control.running() is None for w in self.workers):
+                deadline = time.monotonic() + STUCK_AFTER  # nothing runs and nothing answers: do not wait for ever
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        for w in self.workers:
+            w.quit()
+        for w in self.workers:
+            w.join(STUCK_AFTER)
+            if w.alive():
+                w.stop(STOP_GRACE_S)
+            for event in w.events():
+                self._on_event(w, event)
+            w.close()
 
     def _write_metrics(self, force: bool = False) -> None:
         """The periodic metrics: queue depth, what waits in the inbox and for how long (then the file)."""
         if self.metrics.path is None or (not force and (self.metrics.due_in() or 0) > 0):
             return
         waiting = self.spool.scan()
-        self.metrics.queue.set(self.jobs.qsize())
+        self.metrics.queue.set(self.scheduler.waiting)
         self.metrics.waiting.set(len(waiting))
         oldest = min((c.mtime_ns for c in waiting), default=None)
         self.metrics.oldest.set(max(0.0, time.time() - oldest / 1e9) if oldest is not None else 0.0)
@@ -511,30 +629,46 @@ class Daemon:
         except OSError as exc:
             self.log.warning("cannot write the metrics file", path=str(self.metrics.path), reason=exc.strerror)
 
+    def _show_current(self) -> None:
+        """Each worker's job in hand, from its control block, for the state file (written when it changed)."""
+        for w in self.workers:
+            running = w.control.running()
+            order = w.in_hand.get(running.seq) if running is not None else None
+            current = shown_as = None
+            if order is not None and running is not None:
+                name = order.name if isinstance(order, Run) else order.claim.name
+                job = order.job_id if isinstance(order, Run) else order.claim.job_id
+                current = {"job": job, "file": shown(name), "since": running.started, "phase": running.phase}
+                shown_as = {**current, "since": now_iso(time.time() - (time.monotonic() - running.started))}
+            if self._shown.get(w.index) != current:
+                self._shown[w.index] = current
+                self.state.worker(w.index, current=shown_as)
+
     def _loop(self, once: bool) -> int:
-        next_rescan = time.monotonic() + (
-            min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
-        )
+        period = min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
+        next_rescan = time.monotonic() + period
         while True:
-            self._beat = time.monotonic()
-            waits = [next_rescan - self._beat, HEARTBEAT]
+            self._beat = now = time.monotonic()
+            waits = [next_rescan - now, HEARTBEAT]
             if self.paused():
-                waits.append(self._paused_until - self._beat)
+                waits.append(self._paused_until - now)
             for due in (self._readiness.due_in(), self.state.due_in(), self.metrics.due_in()):
                 if due is not None:
                     waits.append(due)
-            try:
-                hint = self.hints.get(timeout=max(0.0, min(waits)))
-            except queue.Empty:
-                hint = (WAKE,)
-            while True:
+            for w in self.workers:
+                running = w.control.running()
+                if running is not None:
+                    waits.append(running.started + running.limit_s - now + 0.001)
+                if w.in_hand:  # its next job may start (with a limit of its own) while we wait: look again soon
+                    waits.append(SUPERVISE_S)
+            wait([w.conn for w in self.workers] + [self.mailbox], timeout=max(0.0, min(waits)))
+            for w in self.workers:
+                for event in w.events():
+                    self._on_event(w, event)
+            for hint in self.mailbox.take():
                 self._handle(hint)
-                if hint[0] == STOP:
-                    return 0
-                try:
-                    hint = self.hints.get_nowait()
-                except queue.Empty:
-                    break
+            if self._stopping is not None:
+                return 0
             if once and self._once_failed is not None:
                 self.log.error("stopping: a result could not be committed", reason=self._once_failed)
                 return 1
@@ -542,29 +676,25 @@ class Daemon:
             now = time.monotonic()
             due = self._readiness.due_in()
             if due is not None and due <= 0:
-                self._recheck_pending()
+                for name in self._readiness.pending:
+                    self._offer(name, complete=False)
             if self._paused_until and now >= self._paused_until:
-                self._paused_until = 0.0
-                self.state.update(paused=None)
-                self._rescan_now = True
+                self._unpause()
             # A full queue is refilled by a rescan once it has drained to half (not after
             # every job: each rescan lists the whole inbox).
-            refill = self._backlog and len(self._queued) <= self.settings.max_queue // 2
-            if now >= next_rescan or refill or self._rescan_now:
-                self._backlog = self._rescan_now = False
+            if now >= next_rescan or self.scheduler.refill_due() or self._rescan_now:
+                self.scheduler.backlog = self._rescan_now = False
                 self.state.update(backlog=False)
                 if not once:
-                    self._broken.clear()
+                    self.scheduler.forgive()
                 if not self.paused():
                     self._tend(now)
                 found = self._rescan()
-                next_rescan = now + (
-                    min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
-                )
-                if once and not self._queued and not found:
+                next_rescan = now + period
+                if once and not self.scheduler.held and not found and not self.spool.left:
                     return 0
-            self._check_timeouts()
+            self._check_workers(now)
+            self._dispatch()
+            self._show_current()
             self.state.write()
             self._write_metrics()
-            if any(not w.is_alive() for w in self.workers):
-                raise SpoolError("a worker thread stopped unexpectedly")

@@ -1,8 +1,11 @@
-"""The worker: one thread per device owns its backends and runs jobs in arrival order.
+"""The worker: a process of its own that claims, runs and archives jobs, one at a time, on one device.
 
-A worker sees the daemon only through :class:`Host`, the few things it needs
-(settings, the spool, the state file, hints back to the main loop, and the
-shared bookkeeping of outbox trouble); it imports nothing of the server.
+The main process (:mod:`.server`) sends :mod:`.messages` orders over a pipe;
+the worker answers with events. Inside, :class:`Runner` does a job's whole
+life: claim → :func:`mmd.pipeline.run_job` → archive (or hold). It sees the
+daemon only through a :class:`Reporter` (where its events go) and a
+:class:`~.control.Control` (its shared numbers), so the tests drive it in
+their own process, faults injected (tests/test_spool_faults.py).
 
 A job's fate is one of three, whatever fails: its output and sidecar
 (archived to ``.done``), its error sidecar (archived to ``.failed``), or kept:
@@ -10,191 +13,166 @@ in the inbox when it cannot be claimed, else in ``.work``, *held* when the
 outbox refuses what the job has to write (its reservation, output or
 sidecar) or left when its archive fails, and taken back by the daemon after
 a pause that doubles with each failure in a row (docs/reliability.md).
+
+**Group commit.** A small job (input under :data:`GROUP_INPUT_BYTES`) whose
+worker has more orders waiting does not publish at once: its output and
+sidecar wait in their temporaries, and the batch is published together,
+with one sync (:func:`mmd.atomic.publish`), when no order waits, when
+:data:`MAX_GROUP` jobs wait, or before a job that is not small. A lone job
+is never held back waiting for company.
+
+A worker is ended by its supervisor (SIGTERM, then SIGKILL) when its job
+runs past its limit; what it had claimed stays in ``.work`` and the
+supervisor resumes or refuses it. SIGINT and SIGHUP are the main process's
+business: a worker ignores them.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
+import ctypes
+import ctypes.util
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from .. import record
+from .. import atomic, record
+from ..atomic import Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
 from ..config import Settings
 from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputError, SpoolError
 from ..hooks import JobEnd
 from ..job import Job, describe
-from ..logs import get_logger
-from ..pipeline import JobResult, JobStopped, JobWatch, refuse, run_job
+from ..logs import configure, get_logger
+from ..pipeline import JobResult, JobWatch, refuse, run_job
 from ..record import Context
 from ..spool import Attempts, Claim, Spool, shown
-from .common import BROKEN, DONE, HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, now_iso
-from .state import State
+from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
+from .control import Control
+from .messages import (
+    Configure,
+    Ended,
+    Event,
+    Kept,
+    NotRun,
+    Order,
+    Quit,
+    Ready,
+    Resume,
+    Run,
+    StartFailed,
+    WorkerSpec,
+)
+
+#: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
+Reporter = Callable[[Event], None]
 
 
-class Host(Protocol):
-    """What a worker needs of the daemon that runs it (:class:`mmd.daemon.Daemon`)."""
+class DaemonGone(BaseException):
+    """The main process is gone (its pipe is closed): stop at once, touch nothing more.
 
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def spool(self) -> Spool: ...
-    @property
-    def state(self) -> State: ...
-    @property
-    def host_id(self) -> str | None: ...
-    @property
-    def worker_count(self) -> int: ...
-
-    def hint(self, *hint: Any) -> None:
-        """Tell the main loop something (a job done, a claim that failed, a pause)."""
-
-    def paused(self) -> bool:
-        """Whether new jobs wait (the outbox refused a result a moment ago)."""
-        ...
-
-    def pause(self, reason: str, seconds: float) -> None:
-        """Take no new job for ``seconds`` (jobs left in ``.work`` are taken back when it ends)."""
-
-    def output_committed(self) -> None: ...
-    def output_failed(self) -> int:
-        """Count a step the spool refused (the outbox, or an archive); returns how many in a row."""
-        ...
-
-    def job_ended(self, end: JobEnd, rec: record.Record | None, memory_used: tuple[int, int] | None) -> None:
-        """A job's fate is committed: count it, run its hook; ``memory_used``: (device, bytes) in use now."""
-
-
-class Worker(threading.Thread):
-    """Claims, runs and archives jobs one at a time on one device; its backends live and die in this thread.
-
-    ``mmd serve`` starts one worker per device (``devices``); all of them take
-    jobs from the daemon's one queue in arrival order, so the next idle
-    worker takes the next job.
+    A BaseException, so that no job boundary takes it for the job's fault:
+    the job in hand is resumed (or found finished) by the next daemon.
     """
 
-    def __init__(self, host: Host, jobs: queue.Queue[Any], index: int = 0, device: int = 0) -> None:
-        super().__init__(name=f"mmd-worker-{index}", daemon=True)
-        self.host = host
-        self.index = index
-        self.device = device
-        self.jobs = jobs
-        self.stop_event = threading.Event()
-        self.ready = threading.Event()
-        self.reopen = threading.Event()
-        self.failed: MmdError | None = None
-        self.busy_since: float | None = None
-        self.beat = time.monotonic()
-        self.backends = BackendPool(device)
-        #: The job in hand (claim, description, watch), for the supervisor; None between jobs.
-        self.claim: Claim | None = None
-        self.job: Job | None = None
-        self.watch: JobWatch | None = None
-        #: Set by the supervisor that stopped this worker's job and started a replacement: when its job
-        #: returns (if it ever does), the thread ends without touching the spool or the state again.
-        self.abandoned = False
 
-    # -- backends (only ever touched in this thread) --
+@dataclass
+class _Pending:
+    """A job whose result waits for its group's commit."""
+
+    seq: int
+    claim: Claim
+    job: Job
+    result: JobResult
+    staged: Staged
+    log: Any
+
+
+class Runner:
+    """Runs a worker's orders: each job claimed, run and archived, its fate reported; nothing it raises escapes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spool: Spool,
+        report: Reporter,
+        control: Control,
+        *,
+        device: int = 0,
+        host_id: str | None = None,
+        workers: int = 1,
+    ) -> None:
+        self.settings = settings
+        self.spool = spool
+        self.report = report
+        self.control = control
+        self.device = device
+        self.host_id = host_id
+        self.workers = workers
+        self.backends = BackendPool(device)
+        self._pending: list[_Pending] = []
+
+    # -- backends --
     def backend(self, settings: Settings) -> Backend:
-        """The backend ``settings`` ask for, opened once in this thread and kept."""
+        """The backend ``settings`` ask for, opened once in this process and kept."""
         return self.backends.get(settings)
 
-    def drop_backends(self) -> None:
-        """Forget backends so the next job opens them with new settings (after a reload)."""
-        self.reopen.set()
-
-    def _state(self, **changes: Any) -> None:
-        self.host.state.worker(self.index, **changes)
-
-    # -- the loop --
-    def run(self) -> None:
-        try:
-            try:
-                backend = self.backend(self.host.settings)
-                self._state(device_index=self.device, backend=backend.name, device=_device_name(backend))
-            except MmdError as exc:
-                self.failed = exc
-                return
-            finally:
-                self.ready.set()
-            while not self.stop_event.is_set():
-                self.beat = time.monotonic()
-                try:
-                    kind, item = self.jobs.get(timeout=HEARTBEAT)
-                except queue.Empty:
-                    continue
-                if self.stop_event.is_set() or kind == "stop" or self.abandoned:
-                    break
-                if self.reopen.is_set():
-                    self.reopen.clear()
-                    self.backends.close()
-                self.busy_since = time.monotonic()
-                try:
-                    self.process(kind, item)
-                except Exception as exc:  # last line: the worker thread must outlive any job
-                    get_logger().exception("job escaped the job boundary", error=repr(exc))
-                finally:
-                    if not self.abandoned:  # else the supervisor has done all this for the job
-                        self.busy_since = None
-                        self.claim = self.job = self.watch = None
-                        self._state(current=None)
-                        self.host.hint(DONE, item if kind == "name" else item.name)
-                if self.abandoned:
-                    break
-        finally:
+    def configure(self, order: Configure) -> None:
+        self.flush()
+        self.settings = order.settings
+        if order.reopen:
             self.backends.close()
 
-    def submit(self, kind: str, item: Any) -> None:
-        """Queue a job: ``("name", inbox name)`` or ``("resume", Claim)`` (on the queue all workers share)."""
-        self.jobs.put((kind, item))
-
-    def process(self, kind: str, item: Any) -> None:
-        """One job, start to archive (or hold); nothing it raises escapes.
-
-        ``kind``: ``"name"`` (an inbox name to claim) or ``"resume"`` (a
-        :class:`Claim` from ``.work``: resumed at start, or taken back).
-        """
-        spool = self.host.spool
-        log = get_logger(file=shown(item if kind == "name" else item.name))
+    # -- orders --
+    def process(self, order: Run | Resume, more_waiting: bool = False) -> None:
+        """One job, claim to archive (or hold); ``more_waiting``: another order is queued behind it (its
+        commit may wait for a group). Nothing it raises escapes."""
+        name = order.name if isinstance(order, Run) else order.claim.name
+        log = get_logger(file=shown(name))
         claim: Claim | None = None
-        if kind == "name" and self.host.paused():
-            return  # outbox trouble: the file stays in the inbox until the pause ends
         try:
-            if kind == "name":
+            if isinstance(order, Run):
+                if self.control.hold_new:
+                    self.report(NotRun(order.seq, order.name, reason="held back"))
+                    return
                 try:
-                    claim = spool.claim(item)
+                    claim = self.spool.claim(order.name, job_id=order.job_id)
                 except SpoolError as exc:
                     # Still in the inbox, tried again at a later rescan (or, claimed but not
                     # examinable, left in .work and taken back after the pause).
                     log.error("cannot claim", reason=exc.reason)
-                    self.host.hint(BROKEN, item)
+                    self.report(NotRun(order.seq, order.name, broken=True, reason=exc.reason))
+                    return
+                if claim is None:
+                    log.debug("already taken")  # claimed by someone else or removed: harmless
+                    self.report(NotRun(order.seq, order.name))
                     return
             else:
-                claim = item
-            if claim is None:
-                log.debug("already taken")  # claimed by someone else or removed: harmless
-                return
-            self.watch = JobWatch(self.host.settings.job_timeout_s)
-            self.claim = claim
+                claim = order.claim
             log = log.bind(job=claim.job_id, file=shown(claim.name))
-            if self.host.worker_count > 1:
+            if self.workers > 1:
                 log = log.bind(device_index=self.device)
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
-            self._state(current={"job": claim.job_id, "file": shown(claim.name), "since": now_iso()})
-            self._run(claim, log)
-        except Exception as exc:  # the job boundary: a job never kills the daemon
+            self.control.begin(order.seq, self.settings.job_timeout_s)
+            try:
+                self._run(order.seq, claim, log, more_waiting)
+            finally:
+                self.control.end()
+        except Exception as exc:  # the job boundary: a job never kills the worker
             log.exception("internal error in job", error=repr(exc))
             if claim is not None:
                 try:
-                    refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=spool.ops)
-                    self._conclude(claim, refused, log)
+                    refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.ops)
+                    self._conclude(order.seq, claim, refused, log)
                 except Exception as again:  # its refusal failed too: keep the job in .work for later
                     log.exception("cannot refuse the job; it stays in .work", error=repr(again))
-                    spool.leave(claim)
+                    self.spool.leave(claim)
+                    self.report(Kept(order.seq, claim, f"internal error: {again!r}", committed=False))
 
     def _context(self, claim: Claim) -> Context:
         collision = claim.collision()
@@ -203,14 +181,14 @@ class Worker(threading.Thread):
             collision=record.Collision(**collision) if collision else None,
             resumed=True if claim.resumed else None,
             device_index=self.device,
-            host=self.host.host_id,
+            host=self.host_id,
         )
 
     def _job(self, claim: Claim, refusal: MmdError | None = None) -> Job:
         return describe(
             claim.path,
             claim.output,
-            self.host.settings,
+            self.settings,
             name=claim.original or claim.name,
             job_id=claim.job_id,
             started=claim.started,
@@ -218,15 +196,15 @@ class Worker(threading.Thread):
             refusal=refusal,
         )
 
-    def _run(self, claim: Claim, log: Any) -> None:
-        spool = self.host.spool
+    def _run(self, seq: int, claim: Claim, log: Any, more_waiting: bool) -> None:
+        spool = self.spool
         if claim.resumed or claim.again:
             finished = spool.finished(claim)
             if finished is not None:
                 ok, path = finished
-                if self._archive(claim, ok, log):
+                if self._archive(seq, claim, ok, log, committed=True):
                     log.info("job was already finished; archived", sidecar=path.name, status="ok" if ok else "error")
-                    self._record(claim, ok, path, None)
+                    self._ended(seq, claim, ok, path, None)
                 return
             settled = spool.settle(claim)
             if settled.output != claim.output:
@@ -238,7 +216,7 @@ class Worker(threading.Thread):
                 log.info("resuming job left by an earlier daemon")
         if claim.reservation is None:
             # The outbox refused even the reservation: nothing the job writes could be committed. Held unrun.
-            self._hold(claim, claim.unreserved or "cannot reserve its output name", log, output_failed=False)
+            self._hold(seq, claim, claim.unreserved or "cannot reserve its output name", log, output_failed=False)
             return
         refusal: MmdError | None = None
         if claim.problem is not None or not claim.regular:
@@ -246,30 +224,54 @@ class Worker(threading.Thread):
             refusal = SpoolError(f"{shown(claim.original or claim.name)} {problem}")
         else:
             starts = spool.attempt(claim)
-            limit = self.host.settings.max_attempts
+            limit = self.settings.max_attempts
             if starts > limit:
                 refusal = CrashedError(
-                    f"{shown(claim.original or claim.name)} was started {starts - 1} times and the daemon died "
+                    f"{shown(claim.original or claim.name)} was started {starts - 1} times and its worker died "
                     f"each time (max_attempts: {limit}); it is not started again",
                     {"attempts": starts - 1, "max_attempts": limit},
                 )
-                log.error("a job that kills the daemon: failed", attempts=starts - 1)
-        job = self.job = self._job(claim, refusal)
-        watch = self.watch or JobWatch(job.settings.job_timeout_s)
-        watch.limit_s = job.settings.job_timeout_s  # the name may set its own
-        try:
-            result = run_job(job, self.backend, watch, ops=spool.ops)
-        except JobStopped:
-            log.warning("stopped past its time limit; its supervisor refused it", phase=watch.phase)
-            return
+                log.error("a job that kills its worker: failed", attempts=starts - 1)
+        job = self._job(claim, refusal)
+        self.control.limit(job.settings.job_timeout_s)  # the name may set its own
+        watch = JobWatch(job.settings.job_timeout_s, on_phase=self.control.phase)
+        small = refusal is not None or _size(claim.path) <= GROUP_INPUT_BYTES
+        if not small:
+            self.flush()  # a big job's batch-mates do not wait for it
+        group = small and more_waiting and job.settings.durable
+        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
+        result = run_job(job, self.backend, watch, ops=spool.ops, staged=staged)
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
             log.warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
             self.backends.close()
-        self._conclude(claim, result, log)
+        if staged is not None:
+            self._pending.append(_Pending(seq, claim, job, result, staged, log))
+            if len(self._pending) >= MAX_GROUP:
+                self.flush()
+            return
+        self._conclude(seq, claim, result, log)
 
-    def _conclude(self, claim: Claim, result: JobResult, log: Any) -> None:
+    def flush(self) -> None:
+        """Publish the jobs waiting for a group commit together, then conclude each."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        errors = atomic.publish([p.staged for p in pending])
+        for p, error in zip(pending, errors, strict=True):
+            result = p.result
+            if error is not None:
+                # The same as an output the outbox refused on a lone commit: its error sidecar, then a hold.
+                result = refuse(p.job, error, ops=self.spool.ops)
+            try:
+                self._conclude(p.seq, p.claim, result, p.log)
+            except Exception as exc:  # the job boundary, as in process()
+                p.log.exception("internal error in job", error=repr(exc))
+                self.spool.leave(p.claim)
+                self.report(Kept(p.seq, p.claim, f"internal error: {exc!r}", committed=False))
+
+    def _conclude(self, seq: int, claim: Claim, result: JobResult, log: Any) -> None:
         """Archive the job by its fate, or hold it when the outbox refused what it had to write.
 
         An output the outbox refuses is the outbox's fault, not the input's:
@@ -284,24 +286,21 @@ class Worker(threading.Thread):
         if output_failed or result.sidecar_failed is not None:
             # Held for what the outbox refused: the output, else the error sidecar (not the refusal's reason).
             reason = result.error.reason if output_failed and result.error is not None else str(result.sidecar_failed)
-            tries = self.host.spool.attempts(claim).output_failures + (1 if output_failed else 0)
+            tries = self.spool.attempts(claim).output_failures + (1 if output_failed else 0)
             if not (output_failed and result.sidecar_failed is None and tries >= MAX_OUTPUT_ATTEMPTS):
-                self._hold(claim, reason, log, output_failed=output_failed)
+                self._hold(seq, claim, reason, log, output_failed=output_failed)
                 return
             log.error("output not committed after %d attempts; job failed" % tries, reason=reason)
-        self.host.output_committed()  # the outbox took this job's sidecar: whatever refused before has passed
-        if self._archive(claim, result.ok, log):
-            self._record(claim, result.ok, result.sidecar, result.record)
+        if self._archive(seq, claim, result.ok, log, committed=True):
+            self._ended(seq, claim, result.ok, result.sidecar, result.record)
 
-    def _hold(self, claim: Claim, reason: str, log: Any, output_failed: bool) -> None:
-        """Keep the job claimed in ``.work`` (its reservation kept) and pause; the daemon takes it back after.
+    def _hold(self, seq: int, claim: Claim, reason: str, log: Any, output_failed: bool) -> None:
+        """Keep the job claimed in ``.work`` (its reservation kept); the daemon pauses and takes it back after.
 
         What the job committed (its output, its own error sidecar) is removed
-        first: nothing half done stays visible. The daemon takes no new job
-        for ``rescan_seconds``, doubling with each failure in a row up to
-        :data:`MAX_PAUSE`; then it takes the held jobs back before new ones.
+        first: nothing half done stays visible.
         """
-        spool = self.host.spool
+        spool = self.spool
         stuck = spool.discard_outputs(claim)
         if stuck:
             log.warning("cannot remove what the held job committed; it is replaced when it runs again", names=stuck)
@@ -310,60 +309,61 @@ class Worker(threading.Thread):
             facts = _hold_facts(spool.hold(claim, reason, output_failed=output_failed))
         except SpoolError as err:  # the hold stands; only its count is lost
             log.warning("cannot record the hold in .work", reason=err.reason)
-        pause = self._pause_for(reason)
-        log.error(
-            "the outbox refused the job; held in .work, tried again after the pause",
-            reason=reason,
-            pause_s=pause,
-            **facts,
-        )
+        log.error("the outbox refused the job; held in .work, tried again after a pause", reason=reason, **facts)
+        self.report(Kept(seq, claim, reason, committed=False))
 
-    def _archive(self, claim: Claim, ok: bool, log: Any) -> bool:
+    def _archive(self, seq: int, claim: Claim, ok: bool, log: Any, *, committed: bool) -> bool:
         """Archive the job; when that fails it is left in ``.work``, archived when taken back after a pause."""
         try:
-            self.host.spool.archive(claim, ok)
+            self.spool.archive(claim, ok)
         except SpoolError as exc:
-            self.host.spool.leave(claim)
-            pause = self._pause_for(exc.reason)
-            log.error("cannot archive; the job stays in .work and is archived later", reason=exc.reason, pause_s=pause)
+            self.spool.leave(claim)
+            log.error("cannot archive; the job stays in .work and is archived later", reason=exc.reason)
+            self.report(Kept(seq, claim, exc.reason, committed=committed))
             return False
         return True
 
-    def _pause_for(self, reason: str) -> float:
-        """Pause new jobs for ``rescan_seconds``, doubled for each spool failure in a row (up to MAX_PAUSE)."""
-        failures = self.host.output_failed()
-        pause = min(self.host.settings.rescan_seconds * 2 ** (failures - 1), MAX_PAUSE)
-        self.host.pause(reason, pause)
-        return pause
-
-    def _record(self, claim: Claim, ok: bool, path: Path | None, rec: record.Record | None) -> None:
+    def _ended(self, seq: int, claim: Claim, ok: bool, path: Path | None, rec: record.Record | None) -> None:
         overall = rec.timings_ms.overall if rec is not None else None
         reason = rec.error.reason if isinstance(rec, record.ErrorRecord) else ""
         kernel = rec.kernel if isinstance(rec, record.TimingRecord) else ""
         end = JobEnd(claim.job_id, "ok" if ok else "error", claim.original or claim.name,
                      claim.output if ok else None, path, reason, kernel)  # fmt: skip
-        self.host.job_ended(end, rec, self._memory_used())
-        self.host.state.finished(
-            {
-                "job": claim.job_id,
-                "file": claim.name,
-                "status": "ok" if ok else "error",
-                "output": claim.output.name if ok else None,
-                "sidecar": path.name if path else None,
-                "overall_ms": overall,
-                "device_index": self.device,
-                "finished": now_iso(),
-            },
-            worker=self.index,
-        )
+        entry: dict[str, object] = {
+            "job": claim.job_id,
+            "file": claim.name,
+            "status": "ok" if ok else "error",
+            "output": claim.output.name if ok else None,
+            "sidecar": path.name if path else None,
+            "overall_ms": overall,
+            "device_index": self.device,
+            "finished": now_iso(),
+        }
+        self.report(Ended(seq, end, entry, rec, self._memory_used()))
 
     def _memory_used(self) -> tuple[int, int] | None:
         """(device, bytes of its memory in use) where this worker has a GPU backend open."""
         for backend in self.backends.opened:
-            used = backend.memory_used()
+            try:
+                used = backend.memory_used()
+            except Exception:  # only for the metrics: never a job's failure
+                return None
             if used is not None:
                 return self.device, used
         return None
+
+    def close(self, flush: bool = True) -> None:
+        """Publish what waits for a group commit (unless the daemon is gone), close the backends."""
+        if flush:
+            self.flush()
+        self.backends.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0  # refused when it is read
 
 
 def _hold_facts(attempts: Attempts) -> dict[str, Any]:
@@ -376,3 +376,78 @@ def _device_name(backend: Backend) -> str | None:
         return backend.device_name()
     except Exception:  # a name is only for the status display
         return None
+
+
+# -- the worker process ---------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Be killed when the process that forked us ends (Linux's PR_SET_PDEATHSIG).
+
+    The fork server that forks workers exits when the daemon does, kill -9
+    included; without this a worker would go on with its job while the next
+    daemon resumes the same job from ``.work``.
+    """
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: the pipe's end (EOF) stops the worker after its job instead
+    if os.getppid() != parent:  # the parent was gone before the call took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any]) -> None:
+    """A worker process's life: open the backend, then run orders until told to quit or the pipe closes.
+
+    ``held``: the daemon's lock files, kept open (never read) for the worker's life, so that no other daemon
+    takes the inbox while this worker may still touch it.
+    """
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the main process's business (a terminal's Ctrl-C reaches us too)
+    _die_with_parent()
+    if spec.setup is not None:
+        spec.setup()
+    settings = spec.settings
+    configure(settings.log_format, settings.log_level)
+    atomic.set_host(spec.host_id)
+    spool = Spool(settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid)
+
+    def report(event: Event) -> None:
+        try:
+            conn.send(event)
+        except (OSError, EOFError):
+            raise DaemonGone() from None
+
+    runner = Runner(settings, spool, report, control, device=spec.device, host_id=spec.host_id,
+                    workers=spec.workers)  # fmt: skip
+    gone = False
+    try:
+        try:
+            backend = runner.backend(settings)
+        except MmdError as exc:
+            report(StartFailed(exc))
+            return
+        report(Ready(backend.name, _device_name(backend)))
+        while True:
+            control.beat()
+            if not conn.poll(1.0):
+                runner.flush()
+                continue
+            order: Order = conn.recv()
+            if isinstance(order, Quit):
+                break
+            if isinstance(order, Configure):
+                runner.configure(order)
+                continue
+            runner.process(order, more_waiting=conn.poll())
+            if not conn.poll():
+                runner.flush()
+    except (DaemonGone, EOFError, OSError):
+        gone = True  # the main process is gone: nothing left to report to, nothing more to commit
+    finally:
+        runner.close(flush=not gone)

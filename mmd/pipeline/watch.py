@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 #: The phases a job goes through, as a supervisor reports them.
 PHASES = ("claimed", "read", "parse", "multiply", "emit", "write", "committed")
@@ -28,17 +28,21 @@ class JobStopped(Exception):
 class JobWatch:
     """Shared by a job's thread (which reports) and its supervisor (which may stop it)."""
 
-    def __init__(self, limit_s: float) -> None:
+    def __init__(self, limit_s: float, on_phase: Callable[[str], None] | None = None) -> None:
         #: The job's time limit in seconds (its settings can change it once they are read).
         self.limit_s = limit_s
         self.started = time.monotonic()
         self.phase = "claimed"
+        #: Told each phase as it is entered (a worker process shows it to its supervisor in shared memory).
+        self.on_phase = on_phase
         self._lock = threading.Lock()
         self._stopped = False
         self._committed = False
 
     def enter(self, phase: str) -> None:
         self.phase = phase
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     def overdue(self, now: float | None = None) -> bool:
         """Whether the job has run past its limit and is still running."""

@@ -1,0 +1,50 @@
+"""The main loop's mailbox: hints from other threads and signal handlers, and a descriptor that wakes its wait.
+
+The main loop waits on the workers' pipes and on this mailbox at once
+(``multiprocessing.connection.wait``), so a hint must be readable as a
+file descriptor too: :meth:`Mailbox.post` queues the hint and writes one
+byte to a pipe (the self-pipe trick). Both are safe in a signal handler:
+``SimpleQueue.put`` is reentrant and ``os.write`` async-signal-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+
+from .messages import Hint
+
+
+class Mailbox:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Hint] = queue.SimpleQueue()
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def post(self, hint: Hint) -> None:
+        self._queue.put(hint)
+        with contextlib.suppress(BlockingIOError):  # full of wake-ups already: the loop wakes anyway
+            os.write(self._write, b"\0")
+
+    def fileno(self) -> int:
+        """The descriptor that is readable while hints wait."""
+        return self._read
+
+    def take(self) -> list[Hint]:
+        """Every hint waiting, oldest first (the wake-up bytes are drained too)."""
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,139 @@
+"""The scheduler on its own: no threads, no files, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mmd.daemon import Item, Load, Scheduler
+from mmd.daemon.common import GROUP_INPUT_BYTES, MAX_GROUP
+from mmd.spool import Claim
+
+SMALL, BIG = 6_000, 200_000_000
+
+
+def claim(name: str) -> Claim:
+    return Claim("0123456789ab", name, 0, Path("/w") / name, Path("/o") / name, 0.0, resumed=True)
+
+
+def names(assigned: list[tuple[int, Item]]) -> list[tuple[int, str]]:
+    return [(w, item.name) for w, item in assigned]
+
+
+def test_idle_workers_take_jobs_in_arrival_order():
+    s = Scheduler(max_queue=100)
+    for n in ("a", "b", "c"):
+        assert s.offer(n, BIG)
+    assert names(s.assign([Load(0, 0), Load(1, 0)])) == [(0, "a"), (1, "b")]
+    assert s.waiting == 1 and s.held == 3
+    assert s.assign([Load(0, 1, all_small=False), Load(1, 1, all_small=False)]) == [], "a big job waits for an idle one"
+    assert names(s.assign([Load(0, 1, all_small=False), Load(1, 0)])) == [(1, "c")]
+
+
+def test_small_jobs_are_given_in_groups_to_workers_with_only_small_ones():
+    s = Scheduler(max_queue=1000)
+    for i in range(3 * MAX_GROUP):
+        s.offer(f"s{i:03d}", SMALL)
+    out = s.assign([Load(0, 0), Load(1, 0)])
+    per = {w: [i.name for wk, i in out if wk == w] for w in (0, 1)}
+    assert len(per[0]) == len(per[1]) == MAX_GROUP, "both filled to a group, evenly"
+    assert per[0][0] == "s000" and per[1][0] == "s001", "the first jobs go to idle workers first"
+    assert s.waiting == MAX_GROUP
+
+
+def test_a_big_job_in_hand_takes_no_company_and_small_ones_do_not_queue_behind_it():
+    s = Scheduler(max_queue=100)
+    s.offer("big", BIG)
+    s.offer("small", SMALL)
+    out = s.assign([Load(0, 0), Load(1, 1, all_small=False)])
+    assert names(out) == [(0, "big")]
+    s2 = Scheduler(max_queue=100)
+    s2.offer("s1", SMALL)
+    assert s2.assign([Load(0, 1, all_small=False)]) == [], "not behind a big job"
+    assert names(s2.assign([Load(0, 1, all_small=False), Load(1, 3)])) == [(1, "s1")]
+
+
+def test_unknown_sizes_are_big():
+    assert (
+        not Item("x").small
+        and Item("x", size=GROUP_INPUT_BYTES).small
+        and not Item("x", size=GROUP_INPUT_BYTES + 1).small
+    )
+
+
+def test_resumed_jobs_go_before_new_names():
+    s = Scheduler(max_queue=100)
+    s.offer("new", SMALL)
+    s.resume([claim("old.txt")])
+    out = s.assign([Load(0, 0)])
+    assert [(w, i.name, i.claim is not None) for w, i in out] == [(0, "old.txt", True)]
+
+
+def test_a_name_is_held_once_and_looked_at_again_when_offered_meanwhile():
+    s = Scheduler(max_queue=100)
+    assert s.offer("m", SMALL)
+    assert not s.offer("m", SMALL), "held already"
+    s.assign([Load(0, 0)])
+    assert s.ended("m") is True, "completed again while in hand: offer once more"
+    assert s.offer("m", SMALL)
+    s.assign([Load(0, 0)])
+    assert s.ended("m") is False
+
+
+def test_broken_names_wait_until_forgiven():
+    s = Scheduler(max_queue=100)
+    s.offer("b", SMALL)
+    s.assign([Load(0, 0)])
+    s.ended("b", broken=True)
+    assert s.is_broken("b") and not s.offer("b", SMALL)
+    s.forgive()
+    assert s.offer("b", SMALL)
+
+
+def test_the_queue_is_bounded_and_refilled_at_half():
+    s = Scheduler(max_queue=4)
+    assert all(s.offer(f"n{i}", SMALL) for i in range(4))
+    assert not s.offer("n4", SMALL) and s.backlog
+    assert not s.refill_due()
+    s.assign([Load(0, 0)])
+    for name in ("n0", "n1"):
+        s.ended(name)
+    assert s.refill_due()
+
+
+def test_a_pause_drops_waiting_names_but_keeps_resumes():
+    s = Scheduler(max_queue=100)
+    s.offer("a", SMALL)
+    s.resume([claim("held.txt")])
+    dropped = s.drop_waiting()
+    assert [i.name for i in dropped] == ["a"]
+    assert s.waiting == 1 and s.offer("a", SMALL), "a dropped name can be offered again after the pause"
+
+
+@given(
+    st.lists(st.sampled_from([SMALL, BIG, None]), max_size=60),
+    st.lists(st.tuples(st.integers(0, MAX_GROUP + 2), st.booleans()), min_size=1, max_size=5),
+)
+def test_assignments_keep_the_rules(sizes, loads):
+    """Whatever waits and whatever the workers hold: arrival order kept, no worker past a group, no job
+    beside a big one, and nothing left waiting that an idle worker could take."""
+    s = Scheduler(max_queue=1000)
+    for i, size in enumerate(sizes):
+        s.offer(f"j{i:03d}", size)
+    start = [Load(w, n, small) for w, (n, small) in enumerate(loads)]
+    out = s.assign(start)
+    assert [i.name for _, i in out] == [f"j{i:03d}" for i in range(len(out))]
+    for load in start:
+        given_ = [i for w, i in out if w == load.worker]
+        total = load.in_hand + len(given_)
+        if load.in_hand == 0 and given_ and not given_[0].small:
+            assert len(given_) == 1, "a big job goes alone"
+        elif given_:
+            assert total <= max(MAX_GROUP, 1) and all(i.small for i in given_[1 if load.in_hand == 0 else 0 :])
+            if load.in_hand:
+                assert load.all_small
+    if s.waiting:
+        after = {load.worker: load.in_hand + sum(1 for w, _ in out if w == load.worker) for load in start}
+        assert all(n > 0 for n in after.values()), "a job waits while a worker is idle"

@@ -1,0 +1,162 @@
+"""Fakes and faults planted inside a daemon's worker processes.
+
+Jobs run in worker processes, so a test's monkeypatch in its own process
+never reaches them. A test gives the daemon a setup function instead:
+``Daemon(settings, worker_setup=partial(hold_jobs_until, path))``; each
+worker calls it first, in its own process (it is pickled by name, so it
+must be a module-level function here, its arguments plain values). A test
+that starts ``mmd serve`` as a process uses :func:`launcher`, a script that
+does the same through the command line.
+
+Hooks talk back through files (a worker cannot touch the test's objects).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from .conftest import ROOT
+
+
+def _patch_run_job(wrap: Any) -> None:
+    from mmd.daemon import worker
+
+    worker.run_job = wrap(worker.run_job)
+
+
+def hold_jobs_until(path: str, names: tuple[str, ...] = ()) -> None:
+    """Jobs (those of ``names``, or all) wait until ``path`` exists before they run."""
+
+    def wrap(real: Any) -> Any:
+        def held(job: Any, *args: Any, **kw: Any) -> Any:
+            if not names or job.input.name in names:
+                while not os.path.exists(path):
+                    time.sleep(0.01)
+            return real(job, *args, **kw)
+
+        return held
+
+    _patch_run_job(wrap)
+
+
+def raise_in_job(name: str, message: str = "simulated bug") -> None:
+    """The job of input ``name`` raises a RuntimeError (a bug of mmd's) in its worker."""
+
+    def wrap(real: Any) -> Any:
+        def flaky(job: Any, *args: Any, **kw: Any) -> Any:
+            if job.input.name == name:
+                raise RuntimeError(message)
+            return real(job, *args, **kw)
+
+        return flaky
+
+    _patch_run_job(wrap)
+
+
+def log_jobs(path: str) -> None:
+    """Each job appends ``<input name> <device index> <pid>`` to ``path`` as it starts."""
+
+    def wrap(real: Any) -> Any:
+        def logged(job: Any, *args: Any, **kw: Any) -> Any:
+            with open(path, "a") as fh:
+                fh.write(f"{job.input.name} {job.context.device_index} {os.getpid()}\n")
+            return real(job, *args, **kw)
+
+        return logged
+
+    _patch_run_job(wrap)
+
+
+def meet(folder: str, count: int) -> None:
+    """The first ``count`` jobs wait for each other (a barrier in files): only ``count`` workers running at
+    once can pass it. Each leaves ``<folder>/<pid>`` behind."""
+
+    def wrap(real: Any) -> Any:
+        def met(job: Any, *args: Any, **kw: Any) -> Any:
+            here = Path(folder)
+            if len(list(here.iterdir())) < count:
+                (here / str(os.getpid())).touch()
+                deadline = time.monotonic() + 20
+                while len(list(here.iterdir())) < count and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return real(job, *args, **kw)
+
+        return met
+
+    _patch_run_job(wrap)
+
+
+def faulty_cpu() -> None:
+    """The cpu backend hangs on 7×7 products (a kernel that never returns) and kills its own process on 6×6
+    ones (a driver crash)."""
+    from mmd.backends.cpu import CpuBackend
+
+    real = CpuBackend.multiply
+
+    def faulty(self: Any, a: Any, b: Any, request: Any) -> Any:
+        if a.shape == (7, 7):
+            threading.Event().wait()
+        if a.shape == (6, 6):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, a, b, request)
+
+    CpuBackend.multiply = faulty  # type: ignore[method-assign]
+
+
+def fake_gpus(log: str, fault_shape: int | None = None) -> None:
+    """Every backend a worker opens is the CUDA backend on a fake GPU (tests/fakes.py); products whose A is
+    ``fault_shape``² fault in the kernel. Opening and closing a session append ``open|close <device> <pid>``
+    to ``log``."""
+    from mmd import backends
+
+    from .fakes import FakeSession, fake_gpu_opener
+
+    def fault(a: Any, b: Any) -> bool:
+        return fault_shape is not None and a.shape == (fault_shape, fault_shape)
+
+    opener = fake_gpu_opener(fault=fault)
+
+    def open_backend(name: str, device: int = 0, kernel_cache: Any = None) -> Any:
+        with open(log, "a") as fh:
+            fh.write(f"open {device} {os.getpid()}\n")
+        return opener(name, device, kernel_cache)
+
+    real_close = FakeSession.close
+
+    def close(self: Any) -> None:
+        with open(log, "a") as fh:
+            fh.write(f"close {self.device} {os.getpid()}\n")
+        real_close(self)
+
+    FakeSession.close = close  # type: ignore[method-assign]
+    backends.open_backend = open_backend
+
+
+def launcher(setup: str, *argv: str) -> list[str]:
+    """``python -c`` argv for ``mmd serve`` (or ``argv``) whose workers call ``setup`` first: ``setup`` is a
+    Python expression for the function, evaluated after ``from tests import workerhooks`` and ``partial``."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from functools import partial
+from mmd.daemon import server
+from mmd.cli import main
+from tests import workerhooks
+real = server.Daemon.__init__
+def init(self, *args, **kw):
+    real(self, *args, worker_setup={setup}, **kw)
+server.Daemon.__init__ = init
+sys.exit(main(sys.argv[1:]))
+"""
+    import sys
+
+    return [sys.executable, "-c", script, *(argv or ("serve",))]
+
+
+__all__ = ["fake_gpus", "faulty_cpu", "hold_jobs_until", "launcher", "log_jobs", "meet", "partial", "raise_in_job"]
