@@ -699,6 +699,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="spools, inputs, caches (default: a new /tmp folder)")
     ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "."), help="where daemon.json goes")
+    ap.add_argument("--set", action="append", default=[], metavar="TREE:KEY=VALUE",
+                    help="a setting for one tree's daemon (MMD_KEY=VALUE), e.g. w4:WORKERS_PER_DEVICE=4; "
+                    "the same checkout under two names with different settings compares settings")  # fmt: skip
     args = ap.parse_args()
     for opt in ("burst", "rounds", "drops", "backlog", "backlog_rounds", "big", "repeat", "timeout_size"):
         if getattr(args, opt) < 1:
@@ -728,10 +731,18 @@ def main() -> int:
         (work / "isolate").mkdir(exist_ok=True)
         (work / "isolate" / "sitecustomize.py").write_text(ISOLATE)
         site = os.pathsep.join(p for p in (str(work / "isolate"), args.site) if p)
+    extra: dict[str, dict[str, str]] = {}
+    for spec in args.set:
+        tree, colon, setting = spec.partition(":")
+        key, eq, value = setting.partition("=")
+        if not colon or not eq or tree not in names or not key:
+            ap.error(f"--set {spec}: TREE:KEY=VALUE with TREE one of {names}")
+        extra.setdefault(tree, {})[f"MMD_{key.upper()}"] = value
     for name, path in specs:
         env = tree_env(path, work, name, args.backend, kernel or "", site)
         if kernel is None:
             del env["MMD_KERNEL"]  # the tree's own default
+        env.update(extra.get(name, {}))
         trees.append(Tree(name, path, env))
 
     facts = machine(trees, work)

@@ -12,6 +12,8 @@
 # check     benchmarks/bench_check.py at 4096, with the float64 product on the CPU and on the GPU
 #           (beside .wholejob/prev when it is there)
 # small     benchmarks/bench_wholejob.py, 32x32 jobs only, beside .wholejob/prev when it is there
+# daemon    benchmarks/bench_daemon.py on the cuda backend beside .wholejob/prev; workers per device 1/4/8;
+#           the GPU memory an idle daemon holds with 1, 2, 4 and 8 workers (one CUDA context each)
 # ladder    `mmd bench --plan ladder --accuracy --report` (fast, tc1, tc3, cuBLAS SGEMM and TF32, 1024..8192)
 #
 # Each stage prints a compact summary last; full logs go to $OUT/<stage>.log.
@@ -128,6 +130,30 @@ stage_small() {
     [ -d .wholejob/prev ] && trees=(--tree prev=.wholejob/prev)
     python3 benchmarks/bench_wholejob.py "${trees[@]}" --site /tmp/site --sizes 256 --repeat 2 \
         --small 1000 --bursts 3 --drops 200 --out "$OUT/small" --work "$WORK/small" 2>&1 | tail -n 40
+}
+
+stage_daemon() {
+    # the daemon's shape on the GPU (cuda backend, kernel fast): this tree beside .wholejob/prev, then the
+    # workers per device, and what each worker's CUDA context holds of the GPU's memory
+    local trees=()
+    [ -d .wholejob/prev ] && trees=(--tree prev=.wholejob/prev)
+    python3 benchmarks/bench_daemon.py "${trees[@]}" --site /tmp/site --backend cuda \
+        --cases burst drops big timeout --burst 2000 --rounds 3 --drops 200 --big 4096 --repeat 5 \
+        --timeouts 10 --out "$OUT/daemon" --work "$WORK/daemon" 2>&1 | tail -n 45
+    python3 benchmarks/bench_daemon.py --tree w1=. --tree w4=. --tree w8=. --set w1:WORKERS_PER_DEVICE=1 \
+        --set w4:WORKERS_PER_DEVICE=4 --set w8:WORKERS_PER_DEVICE=8 --site /tmp/site --backend cuda \
+        --cases burst drops --burst 2000 --rounds 3 --drops 100 --out "$OUT/daemon-workers" \
+        --work "$WORK/daemon-workers" 2>&1 | tail -n 12
+    local s="$WORK/contexts"
+    for n in 1 2 4 8; do
+        rm -rf "$s" && mkdir -p "$s/inbox" "$s/outbox"
+        (cd "$s" && MMD_BACKEND=cuda MMD_WORKERS_PER_DEVICE=$n exec "${MMD[@]}" serve >serve.log 2>&1) &
+        local pid=$! i=0
+        until grep -q '"serving"' "$s/serve.log" 2>/dev/null || [ $i -gt 600 ]; do sleep 0.1; i=$((i + 1)); done
+        echo "workers_per_device $n: GPU memory used $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+        kill -TERM $pid; wait $pid
+    done
+    echo "no daemon: GPU memory used $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
 }
 
 stage_ladder() {

@@ -19,9 +19,6 @@ MAX_PAUSE = 300.0
 #: failed with the reason, if the outbox takes its error sidecar: an output too big for the space
 #: left must not block the jobs behind it. One whose error sidecar cannot be written stays held.
 MAX_OUTPUT_ATTEMPTS = 3
-#: This many stopped jobs still running in their threads (a hung kernel keeps its thread) make the daemon
-#: unhealthy: the systemd watchdog then restarts it, which ends them.
-MAX_ABANDONED = 3
 #: While serving, the outbox is listed for stale reservations at most this often (seconds), at a
 #: rescan: a listing of a big outbox is not free (about 0.1 s per 100,000 files).
 RESERVATION_SWEEP_SECONDS = 60.0
