@@ -59,9 +59,9 @@ class Settings:
     device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for `mmd run` and `mmd bench`
     #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
     devices: tuple[int, ...] | None = None
-    #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (the cpu backend
-    #: runs one worker per usable core)
-    workers_per_device: int = 2
+    #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (about 0.5 GiB of
+    #: the GPU's memory each; docs/daemon.md); the cpu backend runs one worker per usable core
+    workers_per_device: int = 4
     kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
     text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
     # -- the spool (relative paths are taken from the working directory) --

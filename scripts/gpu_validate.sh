@@ -136,14 +136,17 @@ stage_daemon() {
     # the daemon's shape on the GPU (cuda backend, kernel fast): this tree beside .wholejob/prev, then the
     # workers per device, and what each worker's CUDA context holds of the GPU's memory
     local trees=()
-    [ -d .wholejob/prev ] && trees=(--tree prev=.wholejob/prev)
-    python3 benchmarks/bench_daemon.py "${trees[@]}" --site /tmp/site --backend cuda \
-        --cases burst drops big timeout --burst 2000 --rounds 3 --drops 200 --big 4096 --repeat 5 \
-        --timeouts 10 --out "$OUT/daemon" --work "$WORK/daemon" 2>&1 | tail -n 45
-    python3 benchmarks/bench_daemon.py --tree w1=. --tree w4=. --tree w8=. --set w1:WORKERS_PER_DEVICE=1 \
-        --set w4:WORKERS_PER_DEVICE=4 --set w8:WORKERS_PER_DEVICE=8 --site /tmp/site --backend cuda \
-        --cases burst drops --burst 2000 --rounds 3 --drops 100 --out "$OUT/daemon-workers" \
-        --work "$WORK/daemon-workers" 2>&1 | tail -n 12
+    [ -d .wholejob/prev ] && trees=(--tree "prev=$PWD/.wholejob/prev")
+    timeout 240 python3 benchmarks/bench_daemon.py "${trees[@]}" --site /tmp/site --backend cuda \
+        --cases burst drops big --burst 2000 --rounds 3 --drops 200 --big 4096 --repeat 7 --wait 120 \
+        --out "$OUT/daemon" --work "$WORK/daemon" 2>&1 | tee "$OUT/daemon-bench.log" | tail -n 16
+    # stopped jobs (the tree before keeps a stopped job's thread: on the GPU it may take the daemon down)
+    timeout 150 python3 benchmarks/bench_daemon.py --site /tmp/site --backend cuda --cases timeout \
+        --timeouts 10 --wait 120 --out "$OUT/daemon-timeout" --work "$WORK/daemon-timeout" 2>&1 | tail -n 14
+    timeout 200 python3 benchmarks/bench_daemon.py --no-now --tree "w1=$PWD" --tree "w4=$PWD" --tree "w8=$PWD" \
+        --set w1:WORKERS_PER_DEVICE=1 --set w4:WORKERS_PER_DEVICE=4 --set w8:WORKERS_PER_DEVICE=8 \
+        --site /tmp/site --backend cuda --cases burst drops --burst 2000 --rounds 2 --drops 100 --wait 120 \
+        --out "$OUT/daemon-workers" --work "$WORK/daemon-workers" 2>&1 | tail -n 10
     local s="$WORK/contexts"
     for n in 1 2 4 8; do
         rm -rf "$s" && mkdir -p "$s/inbox" "$s/outbox"
