@@ -336,7 +336,7 @@ def dumps(record: Record) -> bytes:
 #: Strings YAML writes as they are (or single-quoted where they would read back as another type): no
 #: indicator first, no ": " or " #", no quotes or escapes (a line with a space is also kept within the
 #: width the dumper folds at: :data:`_WIDTH`).
-_SAFE = re.compile(r"[A-Za-z0-9_.(/][A-Za-z0-9_.()/+=,;: -]*")
+_SAFE = re.compile(r"[A-Za-z0-9_(/][A-Za-z0-9_.()/+=,;: -]*")
 _WIDTH = 80
 _STR = "tag:yaml.org,2002:str"
 #: How the dumper decides whether a plain string would read back as another type (a date, a number).

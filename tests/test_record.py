@@ -120,7 +120,9 @@ _SCALARS = st.one_of(
     st.integers(-(10**20), 10**20),
     st.floats(allow_nan=True, allow_infinity=True),
     _TEXT,
-    st.sampled_from(["yes", "null", "1.5", "0x1f", "2026-11-27T04:23:16.376+00:00", "12e3", "~", "a: b", "a #b"]),
+    st.sampled_from(
+        ["yes", "null", "1.5", "0x1f", "2026-11-27T04:23:16.376+00:00", "12e3", "~", "a: b", "a #b", "...", "---"]
+    ),
 )
 _KEYS = st.one_of(st.from_regex(r"[a-z_]{1,12}", fullmatch=True), _TEXT)
 _TREES = st.recursive(
