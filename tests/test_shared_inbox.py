@@ -36,6 +36,7 @@ import yaml
 from mmd import config, spool, textformat, verify
 from mmd.generate import input_chunks, random_matrix
 
+from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, wait_for
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
@@ -63,23 +64,9 @@ from mmd.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
-# A daemon whose jobs wait for a file called "release" in the working folder: a
+# A daemon whose jobs wait, in its worker processes, for a file called "release" in the working folder: a
 # claimed job certainly sits in .work while another daemon starts.
-HELD = """
-import os, sys, time
-from mmd import daemon
-real = daemon.worker.run_job
-def held(*args, **kw):
-    while not os.path.exists("release"):
-        time.sleep(0.01)
-    return real(*args, **kw)
-daemon.worker.run_job = held
-if not {shared}:
-    daemon.SpoolLock.acquire = lambda self: None
-    daemon.SpoolLock.release = lambda self: None
-from mmd.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+HELD = 'partial(workerhooks.hold_jobs_until, "release")'
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -305,6 +292,7 @@ def test_second_daemon_of_one_host_is_still_refused(tmp_path, procs):
     assert first.stop() == 0
 
 
+@pytest.mark.skipif(not SHARED, reason="needs the shared_inbox setting")
 def test_a_starting_daemon_leaves_another_hosts_job_in_hand_alone(tmp_path, procs):
     """Recovery resumes every .work folder at start: on a shared inbox those may be another host's jobs in hand."""
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
@@ -312,21 +300,15 @@ def test_a_starting_daemon_leaves_another_hosts_job_in_hand_alone(tmp_path, proc
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 5, 5), random_matrix(rng, 5, 5)
     (inbox / "held.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
-    holder = Proc(
-        tmp_path,
-        [sys.executable, "-c", HELD.format(shared=SHARED), "serve", "--observer", "polling"],
-        "holder",
-        **host_env(0),
-    )
+    holder = Proc(tmp_path, workerhooks.launcher(HELD, "serve", "--observer", "polling"), "holder", **host_env(0))
     procs.append(holder)
     wait_for(
         lambda: list((inbox / ".work").glob("**/held.txt")) if (inbox / ".work").exists() else [],
         60,
         "the holder to claim its job",
     )
-    argv = [sys.executable, "-c", UNLOCKED] if not SHARED else [sys.executable, "-m", "mmd"]
     other = subprocess.run(
-        [*argv, "serve", "--once", "--observer", "polling"],
+        [sys.executable, "-m", "mmd", "serve", "--once", "--observer", "polling"],
         cwd=tmp_path,
         env=env(**host_env(1)),
         capture_output=True,

@@ -1,37 +1,50 @@
-"""``mmd serve`` with several workers (one per device), on CPU with fake devices.
+"""``mmd serve`` with several workers (worker processes, one per device), on CPU with fake devices.
 
-What runs here: the dispatch (one shared queue in arrival order, the next idle
-worker takes the next job), the sidecar's ``device_index``, the per-worker
-state, and a worker reopening its backend after a CUDA error. What does not:
-real GPUs (see docs/daemon.md, "Several GPUs", for the measured run).
-No sleep synchronises: every wait has a deadline.
+What runs here: the dispatch (one shared queue in arrival order, no job
+queued behind a big one while another worker is idle), the sidecar's
+``device_index``, the per-worker state, and a worker reopening its backend
+after a CUDA error. What does not: real GPUs (see docs/daemon.md, "Several
+GPUs", for the measured run). The workers are processes: what a test plants
+in them (fakes, barriers, logs) goes through tests/workerhooks.py and
+reports back through files. No sleep synchronises: every wait has a deadline.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
 from mmd import backends, config, daemon
+from mmd.daemon.common import GROUP_INPUT_BYTES
 from mmd.generate import input_chunks, random_matrix
 
-from .fakes import FakeSession, fake_gpu_opener
+from . import workerhooks
+from .conftest import wait_for
+
+#: A square input of this size is big (over GROUP_INPUT_BYTES): a worker is given it alone, and nothing else
+#: while it runs.
+BIG_N = 200
 
 
-def make_inputs(inbox, count: int, n: int = 4) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def make_inputs(inbox, count: int, n: int = 4, big: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``count`` square inputs ``j00.txt`` ... of ``n``², the first ``big`` of them big (:data:`BIG_N`²), in
+    arrival (mtime) order."""
     rng = np.random.default_rng(3)
     inputs = {}
     for i in range(count):
-        a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
+        size = BIG_N if i < big else n
+        a, b = random_matrix(rng, size, size), random_matrix(rng, size, size)
         path = inbox / f"j{i:02d}.txt"
         path.write_bytes(b"".join(input_chunks(a, b, square=True)))
         # arrival order = mtime order
         os.utime(path, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
         inputs[f"j{i:02d}"] = (a, b)
+        assert (path.stat().st_size > GROUP_INPUT_BYTES) == (i < big)
     return inputs
 
 
@@ -50,33 +63,34 @@ def sidecars(outbox) -> dict[str, dict]:
     return {p.name.split(".")[0]: yaml.safe_load(p.read_text()) for p in outbox.glob("*.timing.yaml")}
 
 
-@pytest.fixture
-def fake_devices(monkeypatch):
-    """Every backend a worker opens is the CUDA backend on a fake GPU; jobs whose A is 5×5 fault in the kernel.
-
-    Returns the list of sessions made, in order (the set of faulty shapes is on each session).
-    """
-    FakeSession.made = []
-    fail: set = set()
-    monkeypatch.setattr(backends, "open_backend", fake_gpu_opener(fault=lambda a, b: bool(fail) and a.shape == (5, 5)))
-    return fail
+def sessions(log: Path) -> list[tuple[str, int, int]]:
+    """What tests/workerhooks.py's ``fake_gpus`` logged: (open or close, device, worker pid), in order."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(what, int(device), int(pid)) for what, device, pid in (line.split() for line in lines)]
 
 
-def test_worker_devices():
-    assert backends.worker_devices("cpu", None) == [0]
+def started(log: Path) -> list[tuple[str, int, int]]:
+    """What tests/workerhooks.py's ``log_jobs`` logged: (input name, device index, worker pid), in start order."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(name, int(device), int(pid)) for name, device, pid in (line.split() for line in lines)]
+
+
+def test_worker_devices(monkeypatch):
+    """One worker per usable core on the cpu (and for auto without a GPU), ``per_device`` workers on each GPU."""
+    monkeypatch.setattr(backends, "usable_cores", lambda: 3)
+    assert backends.worker_devices("cpu", None) == [0, 0, 0]
     assert backends.worker_devices("cpu", (0, 1)) == [0, 1]
     assert backends.worker_devices("cuda", (2,)) == [2]
+    assert backends.worker_devices("cuda", (2, 5), 2) == [2, 2, 5, 5]
     from mmd.cuda import driver
 
-    real = driver.device_count
-    try:
-        driver.device_count = lambda: 3
-        assert backends.worker_devices("cuda", None) == [0, 1, 2]
-        assert backends.worker_devices("auto", None) == [0, 1, 2]
-        driver.device_count = lambda: 0
-        assert backends.worker_devices("auto", None) == [0]
-    finally:
-        driver.device_count = real
+    monkeypatch.setattr(driver, "device_count", lambda: 3)
+    assert backends.worker_devices("cuda", None) == [0, 1, 2]
+    assert backends.worker_devices("auto", None) == [0, 1, 2]
+    assert backends.worker_devices("cuda", None, 2) == [0, 0, 1, 1, 2, 2]
+    monkeypatch.setattr(driver, "device_count", lambda: 0)
+    assert backends.worker_devices("auto", None) == [0, 0, 0]
+    assert backends.worker_devices("cuda", None) == [0]
 
 
 def test_devices_setting():
@@ -90,25 +104,30 @@ def test_devices_setting():
         config.load(None, environ={"MMD_DEVICES": "gpu0"})
 
 
-def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
-    """devices [0, 1] on the cpu backend: two workers, each its own backend in its own thread, jobs in parallel."""
+def test_two_cpu_workers_serve_one_queue_together(tmp_path):
+    """devices [0, 1] on the cpu backend: two worker processes, each its own backend, jobs in parallel.
+
+    The first two jobs wait for each other (a barrier in files): only two workers running at once pass it.
+    They are big, so that each is given to a worker alone (small ones may go to one worker in a group)."""
     (tmp_path / "inbox").mkdir()
-    inputs = make_inputs(tmp_path / "inbox", 12)
-    both_busy = threading.Barrier(2, timeout=20)
-    real = daemon.worker.run_job
-    seen: list[int] = []
-
-    def paired(job, backend_for, *args, **kw):
-        # the first two jobs wait for each other: only two workers at once can pass
-        if len(seen) < 2:
-            seen.append(threading.get_ident())
-            both_busy.wait()
-        return real(job, backend_for, *args, **kw)
-
-    monkeypatch.setattr(daemon.worker, "run_job", paired)
-    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
+    inputs = make_inputs(tmp_path / "inbox", 12, big=2)
+    met, log = tmp_path / "met", tmp_path / "jobs.log"
+    met.mkdir()
+    setup = workerhooks.partial(
+        workerhooks.chain,
+        workerhooks.partial(workerhooks.meet, str(met), 2),
+        workerhooks.partial(workerhooks.log_jobs, str(log)),
+    )
+    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)), worker_setup=setup)
     assert d.serve(once=True) == 0
-    assert len(set(seen)) == 2, "the first two jobs ran in two threads at once"
+    pids = {int(p.name) for p in met.iterdir()}
+    assert len(pids) == 2, "the first two jobs ran in two worker processes at once"
+    assert os.getpid() not in pids, "jobs run in worker processes, not in the daemon's"
+    ran = started(log)
+    assert {pid for name, _, pid in ran if name in ("j00.txt", "j01.txt")} == pids
+    device_of = {pid: {device for _, device, p in ran if p == pid} for pid in pids}
+    assert sorted(map(sorted, device_of.values())) == [[0], [1]], f"one device per worker: {device_of}"
+    assert len(ran) == 12, "each job ran once"
     recs = sidecars(tmp_path / "outbox")
     assert set(recs) == set(inputs)
     assert {r["device_index"] for r in recs.values()} == {0, 1}
@@ -118,41 +137,58 @@ def test_two_cpu_workers_serve_one_queue_together(tmp_path, monkeypatch):
     assert sum(w["done"] for w in workers) == 12
 
 
-def test_next_idle_worker_takes_the_next_job(tmp_path, fake_devices, monkeypatch):
-    """Device 0 is held by the first (oldest) job; every later job goes to the idle device 1, in arrival order."""
+def test_no_job_waits_behind_a_big_one_while_another_worker_is_idle(tmp_path):
+    """The first (oldest) job is big and held in its worker until every other job has started: every later job
+    goes to the other, idle worker, in arrival order. (With a thread per device this was "the next idle device
+    takes the next job"; workers are now also given small jobs in groups, but never while they have a big job
+    in hand.)"""
     (tmp_path / "inbox").mkdir()
-    make_inputs(tmp_path / "inbox", 6)
-    release = threading.Event()
-    order: list[tuple[str, int]] = []
-    real = daemon.worker.run_job
+    make_inputs(tmp_path / "inbox", 6, big=1)
+    release, jobs, gpus = tmp_path / "release", tmp_path / "jobs.log", tmp_path / "gpus.log"
+    setup = workerhooks.partial(
+        workerhooks.chain,
+        workerhooks.partial(workerhooks.fake_gpus, str(gpus)),
+        workerhooks.partial(workerhooks.hold_jobs_until, str(release), ("j00.txt",)),
+        workerhooks.partial(workerhooks.log_jobs, str(jobs)),  # logs before the hold
+    )
+    failures: list[BaseException] = []
 
-    def held_first(job, backend_for, *args, **kw):
-        order.append((job.input.name, job.context.device_index))
-        if job.input.name == "j00.txt":
-            assert release.wait(20)
-        elif len(order) >= 6:
-            release.set()
-        return real(job, backend_for, *args, **kw)
+    def release_once_all_started() -> None:
+        try:
+            wait_for(lambda: len(started(jobs)) >= 6, 60, "every job to start while j00 is held")
+        except BaseException as exc:  # pytest.fail raises a BaseException
+            failures.append(exc)
+        finally:
+            release.touch()
 
-    monkeypatch.setattr(daemon.worker, "run_job", held_first)
-    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)))
+    driver = threading.Thread(target=release_once_all_started, daemon=True)
+    driver.start()
+    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)), worker_setup=setup)
     assert d.serve(once=True) == 0
-    first_device = dict(order)["j00.txt"]
-    rest = [(name, dev) for name, dev in order if name != "j00.txt"]
+    driver.join(10)
+    if failures:
+        raise failures[0]
+    order = started(jobs)
+    first_device = next(device for name, device, _ in order if name == "j00.txt")
+    rest = [(name, device) for name, device, _ in order if name != "j00.txt"]
     assert [name for name, _ in rest] == [f"j{i:02d}.txt" for i in range(1, 6)], "arrival order kept"
-    assert {dev for _, dev in rest} == {1 - first_device}, "the idle device took every later job"
+    assert {device for _, device in rest} == {1 - first_device}, "the idle worker took every later job"
     recs = sidecars(tmp_path / "outbox")
     assert recs["j00"]["device_index"] == first_device
     assert recs["j00"]["device"] == f"Fake GPU {first_device} (sm_90)"
     assert {recs[f"j{i:02d}"]["device_index"] for i in range(1, 6)} == {1 - first_device}
-    opened_threads = {s.device: s.thread for s in FakeSession.made}
-    assert len(FakeSession.made) == 2 and len(set(opened_threads.values())) == 2, "one backend per worker thread"
-    assert all(s.closed for s in FakeSession.made), "each worker closed its own backend"
+    opened = [(device, pid) for what, device, pid in sessions(gpus) if what == "open"]
+    assert sorted(device for device, _ in opened) == [0, 1], "one backend per worker"
+    assert len({pid for _, pid in opened}) == 2 and os.getpid() not in {pid for _, pid in opened}, (
+        "each worker process opened its own backend"
+    )
+    closed = [(device, pid) for what, device, pid in sessions(gpus) if what == "close"]
+    assert sorted(closed) == sorted(opened), "each worker closed its own backend"
 
 
-def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
+def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path):
     """A CUDA error (a sticky one leaves the context unusable): the job is refused, the backend closed and
-    reopened, and the next job runs."""
+    reopened in the same worker, and the next job runs."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     rng = np.random.default_rng(5)
@@ -161,14 +197,18 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path, fake_devices):
     a, b = random_matrix(rng, 4, 4), random_matrix(rng, 4, 4)
     (inbox / "b_good.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
     os.utime(inbox / "a_bad.txt", ns=(10**18, 10**18))
-    fake_devices.add("on")
-    assert daemon.Daemon(settings_for(tmp_path, devices=(0,))).serve(once=True) == 0
+    gpus = tmp_path / "gpus.log"
+    setup = workerhooks.partial(workerhooks.fake_gpus, str(gpus), fault_shape=5)  # 5×5 products fault
+    assert daemon.Daemon(settings_for(tmp_path, devices=(0,)), worker_setup=setup).serve(once=True) == 0
     err = yaml.safe_load((tmp_path / "outbox" / "a_bad.error.yaml").read_text())
     assert err["error"]["kind"] == "cuda" and err["device_index"] == 0
     ok = yaml.safe_load((tmp_path / "outbox" / "b_good.timing.yaml").read_text())
     assert ok["status"] == "ok"
-    assert [s.device for s in FakeSession.made] == [0, 0], "opened at start, reopened after the CUDA error"
-    assert all(s.closed for s in FakeSession.made), "closed after the error, and at the end"
+    log = sessions(gpus)
+    assert [(what, device) for what, device, _ in log] == [("open", 0), ("close", 0), ("open", 0), ("close", 0)], (
+        "opened at start, closed after the CUDA error and reopened for the next job, closed at the end"
+    )
+    assert len({pid for _, _, pid in log}) == 1, "the same worker reopened it (the error did not cost the worker)"
 
 
 def test_bench_devices_counts_throughput_from_the_sidecars():

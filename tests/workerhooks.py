@@ -138,6 +138,52 @@ def fake_gpus(log: str, fault_shape: int | None = None) -> None:
     backends.open_backend = open_backend
 
 
+def enospc_on(outbox: str, pattern: str, hits: str, switch: str | None = None) -> None:
+    """``os.write`` fails with ENOSPC on commit temporaries (``*.tmp``) in ``outbox`` whose name matches the
+    regular expression ``pattern`` (searched), while the file ``switch`` exists (always when None): a full
+    disk for those files only. Each refusal appends a line to ``hits``."""
+    import errno
+    import re
+
+    real = os.write
+    wanted = re.compile(pattern)
+    folder = os.path.realpath(outbox)
+
+    def write(fd: int, data: Any) -> int:
+        if switch is None or os.path.exists(switch):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                target = ""
+            name = os.path.basename(target)
+            if os.path.dirname(target) == folder and name.endswith(".tmp") and wanted.search(name):
+                with open(hits, "a") as fh:
+                    fh.write(f"{name}\n")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    os.write = write
+
+
+def jumpy_wall_clock(seconds: float = 3600.0) -> None:
+    """The wall clock (``time.time``) jumps ``seconds`` back and forth on every read in the worker."""
+    import itertools
+
+    real = time.time
+    flips = itertools.count()
+
+    def jumpy() -> float:
+        return real() + (seconds if next(flips) % 2 else -seconds)
+
+    time.time = jumpy  # type: ignore[assignment]
+
+
+def chain(*setups: Any) -> None:
+    """Several setups in one worker, in the order given (each wraps what the ones before installed)."""
+    for setup in setups:
+        setup()
+
+
 def launcher(setup: str, *argv: str) -> list[str]:
     """``python -c`` argv for ``mmd serve`` (or ``argv``) whose workers call ``setup`` first: ``setup`` is a
     Python expression for the function, evaluated after ``from tests import workerhooks`` and ``partial``."""
@@ -159,4 +205,16 @@ sys.exit(main(sys.argv[1:]))
     return [sys.executable, "-c", script, *(argv or ("serve",))]
 
 
-__all__ = ["fake_gpus", "faulty_cpu", "hold_jobs_until", "launcher", "log_jobs", "meet", "partial", "raise_in_job"]
+__all__ = [
+    "chain",
+    "enospc_on",
+    "fake_gpus",
+    "faulty_cpu",
+    "hold_jobs_until",
+    "jumpy_wall_clock",
+    "launcher",
+    "log_jobs",
+    "meet",
+    "partial",
+    "raise_in_job",
+]
