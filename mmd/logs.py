@@ -50,7 +50,10 @@ class _StderrLogger:
     """Writes each line to whatever ``sys.stderr`` is at that moment (tests swap it)."""
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        # One write per line: the daemon's processes share stderr, and print()'s separate write of the
+        # newline (stderr is unbuffered under PYTHONUNBUFFERED) let another process's line in between.
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 

@@ -476,12 +476,6 @@ def test_stale_reservations_are_swept_at_start_and_while_serving(tmp_path, monke
     assert names(s.outbox) == {"a.out", "a.timing.yaml", "x.out", "x.timing.yaml"}
 
 
-@pytest.mark.xfail(
-    reason="mmd bug: the worker processes keep their Spool's folders of the deleted inbox (only the main "
-    "process's Spool forgets them and prepares the new one), so every claim in the new inbox fails with "
-    "'cannot make its folder in .work: No such file or directory'",
-    strict=True,
-)
 def test_inbox_deleted_and_recreated(tmp_path, served):
     inbox = tmp_path / "inbox"
     d = served().wait_serving()
@@ -696,12 +690,6 @@ HOSTILE = [
 INJECTIONS = [n for n in HOSTILE if n.startswith("m@")]
 
 
-@pytest.mark.xfail(
-    reason="mmd bug: a job claimed under a safe name ends (Ended) under its safe name, but the scheduler holds "
-    "it under its inbox name, which is never released: `serve --once` never returns",
-    raises=subprocess.TimeoutExpired,
-    strict=True,
-)
 def test_hostile_names_stay_inside_the_outbox(tmp_path):
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()

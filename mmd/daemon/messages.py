@@ -84,11 +84,16 @@ class Configure:
 
 
 @dataclass(frozen=True)
+class InboxRemade:
+    """The inbox was deleted and made again: the spool's folders (``.work``, ``.done`` ...) are to be made anew."""
+
+
+@dataclass(frozen=True)
 class Quit:
     """Finish what is in hand, close the backends and exit."""
 
 
-Order = Run | Resume | Configure | Quit
+Order = Run | Resume | Configure | InboxRemade | Quit
 
 # -- events: worker -> main process ---------------------------------------------------
 

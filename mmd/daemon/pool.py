@@ -94,23 +94,27 @@ class WorkerHandle:
         with contextlib.suppress(OSError, EOFError):
             self.conn.send(order)
 
-    def events(self) -> list[Event]:
-        """Every event waiting in the pipe (none when it is empty or closed)."""
-        out: list[Event] = []
+    def events(self) -> list[tuple[Event, Run | Resume | None]]:
+        """Every event waiting in the pipe (none when it is empty or closed), each with the order it answers
+        (which is no longer in hand), or None."""
+        received: list[Event] = []
         try:
             while self.conn.poll():
                 event: Event = self.conn.recv()
-                out.append(event)
+                received.append(event)
         except (EOFError, OSError):
             pass
-        for event in out:
+        out: list[tuple[Event, Run | Resume | None]] = []
+        for event in received:
+            order = None
             if isinstance(event, (Ended, NotRun, Kept)):
-                self.in_hand.pop(event.seq, None)
+                order = self.in_hand.pop(event.seq, None)
                 self.small.discard(event.seq)
             elif isinstance(event, Ready):
                 self.ready = event
             elif isinstance(event, StartFailed):
                 self.failed = event
+            out.append((event, order))
         return out
 
     def quit(self) -> None:

@@ -59,6 +59,7 @@ from .messages import (
     Event,
     Hint,
     InboxChanged,
+    InboxRemade,
     Kept,
     NotRun,
     Ready,
@@ -218,7 +219,10 @@ class Daemon:
         self.state.update(queue=self.scheduler.waiting)
 
     # -- events from workers --
-    def _on_event(self, w: WorkerHandle, event: Event) -> None:
+    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | None = None) -> None:
+        """One event of worker ``w``; ``order``: the order it answers (its inbox name is what the scheduler
+        holds: a job claimed under a safe name reports that name, not the one it was dropped under)."""
+        held = order.name if isinstance(order, Run) else order.claim.name if order is not None else None
         if isinstance(event, Ended):
             self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
             self._forget(event.end.job)
@@ -228,18 +232,17 @@ class Daemon:
             if event.memory_used is not None:
                 self.metrics.gpu_memory.labels(str(event.memory_used[0])).set(event.memory_used[1])
             self.hooks.ended(event.end)
-            self._ended(str(event.entry["file"]))
+            self._ended(held or str(event.entry["file"]))
         elif isinstance(event, NotRun):
-            order = w.in_hand.get(event.seq)
             if isinstance(order, Run):
                 self._forget(order.job_id)
-            self._ended(event.name, broken=event.broken)
+            self._ended(held or event.name, broken=event.broken)
         elif isinstance(event, Kept):
             self.spool.leave(event.claim)
             if event.committed:
                 self._output_failures = 0
             self._pause(event.reason)
-            self.scheduler.ended(event.claim.name)
+            self.scheduler.ended(held or event.claim.name)
         elif isinstance(event, Ready):
             self.state.worker(w.index, backend=event.backend, device=event.device)
         elif isinstance(event, StartFailed):
@@ -293,8 +296,8 @@ class Daemon:
         had claimed (counted as a start each, as after a crash), give back the names it had not, replace it."""
         w = self.workers[i]
         w.join()
-        for event in w.events():
-            self._on_event(w, event)
+        for event, order in w.events():
+            self._on_event(w, event, order)
         left = dict(w.in_hand)
         w.close()
         stopped = left.get(running.seq) if timed_out and running is not None else None
@@ -432,6 +435,8 @@ class Daemon:
         self._inbox_id = ident
         self.spool.forget_folders()
         self.spool.prepare()
+        for w in self.workers:
+            w.send(InboxRemade())
         if self._lock is not None:
             self._lock.release()
             self._lock.acquire()  # SpoolError if another daemon took the new inbox meanwhile
@@ -578,8 +583,8 @@ class Daemon:
                 return
             wait([w.conn for w in pending] + [self.mailbox], timeout=HEARTBEAT)
             for w in self.workers:
-                for event in w.events():
-                    self._on_event(w, event)
+                for event, order in w.events():
+                    self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
             for w in pending:
@@ -599,8 +604,8 @@ class Daemon:
         while any(w.in_hand and w.alive() for w in self.workers):
             ready = wait([w.conn for w in self.workers if w.alive()], timeout=HEARTBEAT)
             for w in self.workers:
-                for event in w.events():
-                    self._on_event(w, event)
+                for event, order in w.events():
+                    self._on_event(w, event, order)
             if not ready and deadline is None and all(w.control.running() is None for w in self.workers):
                 deadline = time.monotonic() + STUCK_AFTER  # nothing runs and nothing answers: do not wait for ever
             if deadline is not None and time.monotonic() > deadline:
@@ -611,8 +616,8 @@ class Daemon:
             w.join(STUCK_AFTER)
             if w.alive():
                 w.stop(STOP_GRACE_S)
-            for event in w.events():
-                self._on_event(w, event)
+            for event, order in w.events():
+                self._on_event(w, event, order)
             w.close()
 
     def _write_metrics(self, force: bool = False) -> None:
@@ -663,8 +668,8 @@ class Daemon:
                     waits.append(SUPERVISE_S)
             wait([w.conn for w in self.workers] + [self.mailbox], timeout=max(0.0, min(waits)))
             for w in self.workers:
-                for event in w.events():
-                    self._on_event(w, event)
+                for event, order in w.events():
+                    self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
             if self._stopping is not None:

@@ -57,6 +57,7 @@ from .messages import (
     Configure,
     Ended,
     Event,
+    InboxRemade,
     Kept,
     NotRun,
     Order,
@@ -443,6 +444,10 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 break
             if isinstance(order, Configure):
                 runner.configure(order)
+                continue
+            if isinstance(order, InboxRemade):
+                runner.flush()
+                spool.forget_folders()
                 continue
             runner.process(order, more_waiting=conn.poll())
             if not conn.poll():
