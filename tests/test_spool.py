@@ -581,3 +581,24 @@ def test_in_work_lists_the_jobs_in_work_without_taking_them_in_hand(tmp_path):
     assert (found.job_id, found.path, found.resumed) == (c.job_id, c.path, True)
     assert (s.work / "0123456789ab.0").is_dir()
     assert other.sweep_reservations([]) == [c.reservation], "listed, not in hand"
+
+
+def test_a_zombie_is_not_alive(tmp_path):
+    """A process that has exited but is not reaped yet owns nothing: its temporaries and reservations are
+    stale (a killed daemon's workers stay zombies where init does not reap them)."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from mmd.spool import pid_alive
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # exited, not waited for: a zombie
+        if Path(f"/proc/{child.pid}/stat").read_bytes().split(b") ")[1][:1] == b"Z":
+            break
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
+    assert pid_alive(os.getpid())

@@ -46,14 +46,21 @@ def read_reservation(path: Path) -> tuple[str, str, int] | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one we may not signal still counts)."""
+    """Whether process ``pid`` runs on this host (one we may not signal still counts; a zombie, dead and not
+    yet reaped by its parent, does not: a killed daemon's workers are zombies until their new parent reaps
+    them, which some init processes never do)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True  # no /proc here: it exists, so it counts
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 class Reservations:
