@@ -278,8 +278,12 @@ class Daemon:
     # -- a worker past its job's limit, or dead --
     def _check_workers(self, now: float) -> None:
         for i, w in enumerate(self.workers):
-            if w.ready is None and w.failed is None and w.alive():
-                continue  # starting
+            if w.failed is not None:
+                raise w.failed.error  # a replacement cannot open its backend: the daemon cannot serve
+            if w.ready is None:
+                if w.alive():
+                    continue  # starting
+                raise SpoolError(f"worker {w.index} exited while starting (exit status {w.process.exitcode})")
             running = w.control.running()
             if running is not None and running.overdue(now) and w.alive():
                 self.log.error(
