@@ -20,9 +20,15 @@ class Mailbox:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Hint] = queue.SimpleQueue()
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        #: A wake-up byte is in the pipe (or about to be) that the loop has not taken yet: a burst of
+        #: events costs one write and one wake-up, not one each.
+        self._woken = False
 
     def post(self, hint: Hint) -> None:
         self._queue.put(hint)
+        if self._woken:
+            return
+        self._woken = True
         with contextlib.suppress(BlockingIOError):  # full of wake-ups already: the loop wakes anyway
             os.write(self._write, b"\0")
 
@@ -32,6 +38,7 @@ class Mailbox:
 
     def take(self) -> list[Hint]:
         """Every hint waiting, oldest first (the wake-up bytes are drained too)."""
+        self._woken = False  # before the queue is read: a hint posted from here on wakes the loop again
         try:
             while os.read(self._read, 4096):
                 pass

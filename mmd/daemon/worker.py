@@ -236,7 +236,7 @@ class Runner:
         job = self._job(claim, refusal)
         self.control.limit(job.settings.job_timeout_s)  # the name may set its own
         watch = JobWatch(job.settings.job_timeout_s, on_phase=self.control.phase)
-        small = refusal is not None or _size(claim.path) <= GROUP_INPUT_BYTES
+        small = refusal is not None or (claim.size is not None and claim.size <= GROUP_INPUT_BYTES)
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
@@ -358,13 +358,6 @@ class Runner:
         if flush:
             self.flush()
         self.backends.close()
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.lstat(path).st_size
-    except OSError:
-        return 0  # refused when it is read
 
 
 def _hold_facts(attempts: Attempts) -> dict[str, Any]:

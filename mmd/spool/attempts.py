@@ -93,6 +93,8 @@ class AttemptLog:
         fsynced before this returns, so it survives kill -9 and goes with the
         job when it is resumed. Raises SpoolError when it cannot be written.
         """
+        if not claim.resumed and not claim.again:
+            return 1  # a fresh claim's folder holds no record (the spare is emptied): the claim is the first start
         now = self.attempts(claim)
         if now.starts == 0:
             if not claim.resumed:

@@ -80,6 +80,8 @@ class Claim:
     unreserved: str | None = None
     #: Taken back by the daemon that left it in ``.work`` (held, or its archive failed), not resumed at a start.
     again: bool = False
+    #: The claimed entry's size in bytes when it was claimed or taken back (None: not known).
+    size: int | None = None
 
     @property
     def stem(self) -> str:
@@ -267,7 +269,9 @@ class Claims:
                 f"claimed {shown(name)} but cannot look at it: {strerror(exc)}; it stays in {WORK_DIR} and is "
                 f"tried again after a pause"
             ) from None
-        return dataclasses.replace(claim, regular=stat.S_ISREG(info.st_mode), problem=entry_problem(info))
+        return dataclasses.replace(
+            claim, regular=stat.S_ISREG(info.st_mode), problem=entry_problem(info), size=info.st_size
+        )
 
     def _job_folder(self, name: str) -> Path:
         """An empty ``.work/<name>``: the spare folder renamed (a mkdir costs more on ext4)."""
@@ -344,6 +348,7 @@ class Claims:
                             output_path(shared.outbox, stem_of(path.name), version),
                             time.perf_counter(),
                             regular=stat.S_ISREG(info.st_mode),
+                            size=info.st_size,
                             resumed=True,
                             problem=entry_problem(info),
                             reservation=claim_path(shared.outbox, stem_of(path.name), version),
@@ -378,6 +383,7 @@ class Claims:
                     started=time.perf_counter(),
                     regular=stat.S_ISREG(info.st_mode),
                     problem=entry_problem(info),
+                    size=info.st_size,
                 )
             )
         return back
