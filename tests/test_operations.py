@@ -163,6 +163,31 @@ def test_a_job_that_kills_its_worker_is_failed_after_max_attempts_and_the_daemon
     assert not list((inbox / ".work").glob("*/*")), "nothing left claimed"
 
 
+def test_a_worker_that_dies_with_a_group_in_hand_loses_and_doubles_nothing(tmp_path):
+    """Small jobs are given to a worker in groups and committed together: when a job of the group kills
+    the worker, the jobs of its group it had run but not yet published are resumed, those it had not
+    claimed go back to the scheduler, and every job ends once, under its plain name."""
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    good = {}
+    for i in range(60):
+        good[f"g{i:02d}"] = make(inbox / f"g{i:02d}.txt", 4, 100 + i)
+        os.utime(inbox / f"g{i:02d}.txt", ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+    make(inbox / "poison.txt", 6, 1)
+    os.utime(inbox / "poison.txt", ns=(10**18 + 30 * 10**6 + 1, 10**18 + 30 * 10**6 + 1))  # mid-group
+    proc = faulty_daemon(tmp_path, "--once", MMD_MAX_ATTEMPTS="3")
+    assert proc.proc.wait(timeout=120) == 0, proc.logs()
+    proc.stop()
+    assert proc.logs().count('"a worker died"') == 3
+    assert sidecar(outbox / "poison.error.yaml")["error"]["kind"] == "crashed"
+    for stem, (a, b) in good.items():
+        check_ok(outbox, stem, a, b)
+    assert sorted(p.name for p in (inbox / ".done").iterdir()) == sorted(f"{s}.txt" for s in good)
+    assert not list(outbox.glob("*.1.*")), "a job was done twice"
+    assert not list(outbox.glob(".*.tmp")) and not list(outbox.glob(".*.claim")), "a temporary or reservation left"
+    assert not list((inbox / ".work").glob("*/*")), "nothing left claimed"
+
+
 def test_a_bad_config_exits_with_the_config_status_that_the_unit_does_not_restart(tmp_path):
     r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_TILE": "abc"})
     assert r.returncode == 78 and r.stderr.count("\n") == 1 and "tile must be int" in r.stderr
