@@ -33,3 +33,20 @@ def test_writes_are_throttled_unless_forced(tmp_path):
     assert path.read_text() == first and state.due_in() is not None
     state.write(force=True)
     assert json.loads(path.read_text())["queue"] == 5 and state.due_in() is None
+
+
+def test_status_names_each_worker_its_device_pid_and_phase():
+    """Several workers on one device (the cpu's, or a GPU's workers_per_device) are told apart."""
+    from mmd.cli.status_cmd import render
+
+    job = {"job": "0123456789ab", "file": "m.txt", "since": "2026-11-27T06:00:00.000+00:00", "phase": "multiply"}
+    workers = [
+        {"index": 0, "device_index": 0, "device": "cpu", "pid": 41, "current": job, "done": 3},
+        {"index": 1, "device_index": 0, "device": "cpu", "pid": 42, "current": None, "done": 5},
+    ]
+    status = {"serving": True, "inbox": "inbox", "pid": 40, "waiting_in_inbox": 0, "held": [],
+              "state": {"started": "?", "observer": "inotify", "backend": "cpu", "workers": workers}}  # fmt: skip
+    lines = render(status).splitlines()
+    assert any(line.startswith("  worker 0: device 0 (cpu, pid 41): running m.txt") and "in multiply" in line
+               for line in lines)  # fmt: skip
+    assert "  worker 1: device 0 (cpu, pid 42): idle; 5 done" in lines

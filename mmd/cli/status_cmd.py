@@ -80,9 +80,12 @@ def render(status: dict[str, Any]) -> str:
         for w in workers:
             job = w.get("current")
             doing = f"running {job['file']} (job {job['job']}, since {job['since']})" if job else "idle"
+            if job and job.get("phase"):
+                doing += f", in {job['phase']}"
+            pid = f", pid {w['pid']}" if w.get("pid") else ""
             lines.append(
-                f"  device {w.get('device_index', w['index'])} ({w.get('device') or '?'}): {doing}; "
-                f"{w.get('done', 0)} done"
+                f"  worker {w['index']}: device {w.get('device_index', w['index'])} ({w.get('device') or '?'}"
+                f"{pid}): {doing}; {w.get('done', 0)} done"
             )
     else:
         current = state.get("current") if status["serving"] else None
