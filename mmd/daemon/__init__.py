@@ -5,7 +5,7 @@ One concept per module:
 * :mod:`.server`: :class:`Daemon`, the main process's loop, signals, time limits and notify;
 * :mod:`.scheduler`: which job goes to which worker next (no threads, no files);
 * :mod:`.messages`: the typed hints, orders and events between the parts;
-* :mod:`.pool`: the main process's side of the worker processes;
+* :mod:`.pool`: the main process's side of the worker processes (:class:`~.pool.WorkerPool`);
 * :mod:`.worker`: a worker process, and its :class:`~.worker.Runner`, which claims, runs
   (:func:`mmd.pipeline.run_job`) and archives each job, and commits small ones in groups;
 * :mod:`.control`: a worker's job in hand, in shared memory, for its supervisor;

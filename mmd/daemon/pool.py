@@ -1,4 +1,4 @@
-"""The main process's side of the worker processes: start, order, read, stop, replace.
+"""The main process's side of the worker processes: start, order, read, watch, stop, replace.
 
 Workers are started by ``forkserver`` (on Linux; ``spawn`` elsewhere): a
 CUDA context does not survive ``fork``, so each worker opens its own, and
@@ -19,13 +19,17 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing import reduction
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..spool import shown
 from . import worker
+from .common import HEARTBEAT, STOP_GRACE_S, now_iso
 from .control import Control
 from .messages import Ended, Event, Kept, NotRun, Order, Quit, Ready, Resume, Run, StartFailed, WorkerSpec
+from .scheduler import Load
 
 #: What the fork server imports once, so that every worker it forks has it already.
 PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
@@ -158,3 +162,148 @@ def _inherit(dup: Any) -> Inherited:
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+class WorkerPool:
+    """The daemon's workers together: started, given jobs, read, watched and stopped as one.
+
+    What to do about what a worker says or suffers (a job ended, a worker
+    dead or past its limit) is the daemon's policy (:mod:`.server`); the pool
+    is the mechanism. ``spec_for(index, device, count)`` makes a worker's
+    start-up facts, ``lock_fds()`` the daemon's lock files each worker keeps.
+    """
+
+    def __init__(
+        self, ctx: Any, spec_for: Callable[[int, int, int], WorkerSpec], lock_fds: Callable[[], list[int]]
+    ) -> None:
+        self.ctx = ctx
+        self.spec_for = spec_for
+        self.lock_fds = lock_fds
+        self.handles: list[WorkerHandle] = []
+        self._shown: dict[int, dict[str, Any] | None] = {}  # each worker's job in hand, as last shown
+
+    def start(self, devices: list[int]) -> None:
+        """One worker per entry of ``devices`` (its device); each opens its backend in its own time."""
+        self.handles = [self._handle(i, device, len(devices)) for i, device in enumerate(devices)]
+
+    def _handle(self, index: int, device: int, count: int) -> WorkerHandle:
+        handle = WorkerHandle(self.ctx, self.spec_for(index, device, count), self.lock_fds())
+        handle.start()
+        return handle
+
+    def replace(self, index: int) -> WorkerHandle:
+        """A fresh worker in the place of worker ``index`` (which is gone)."""
+        old = self.handles[index]
+        self.handles[index] = self._handle(old.index, old.device, len(self.handles))
+        return self.handles[index]
+
+    def __iter__(self) -> Iterator[WorkerHandle]:
+        return iter(list(self.handles))
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def loads(self) -> list[Load]:
+        """The scheduler's view of the workers that take jobs now (ready and alive)."""
+        return [
+            Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
+            for w in self.handles
+            if w.ready is not None and w.alive()
+        ]
+
+    def give(self, index: int, order: Run | Resume, small: bool) -> None:
+        w = self.handles[index]
+        w.send(order)
+        if small:
+            w.small.add(order.seq)
+
+    def events(self) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
+        """Every event waiting from every worker, each with its worker and the order it answers."""
+        for w in list(self.handles):
+            for event, order in w.events():
+                yield w, event, order
+
+    def conns(self) -> list[Connection]:
+        return [w.conn for w in self.handles]
+
+    def waits(self, now: float, supervise_s: float) -> list[float]:
+        """How long the main loop may sleep for the workers' sake: the nearest limit of a job in hand, and
+        ``supervise_s`` while a worker has jobs (its next may start with a limit of its own)."""
+        out = []
+        for w in self.handles:
+            running = w.control.running()
+            if running is not None:
+                out.append(running.started + running.limit_s - now + 0.001)
+            if w.in_hand:
+                out.append(supervise_s)
+        return out
+
+    def hold_new(self, hold: bool) -> None:
+        """Tell every worker not to claim the names it was given (a pause, a stop), or to claim them again."""
+        for w in self.handles:
+            w.control.hold_new = hold
+
+    def broadcast(self, order: Order) -> None:
+        for w in self.handles:
+            w.send(order)
+
+    def kill_all(self) -> int:
+        """SIGKILL every worker at once (a second SIGTERM); returns how many had a job in hand."""
+        busy = sum(1 for w in self.handles if w.control.running() is not None)
+        for w in self.handles:
+            if w.pid is not None:
+                _signal(w.pid, signal.SIGKILL)
+        return busy
+
+    def health(self, now: float, stuck_after: float) -> tuple[bool, str]:
+        if not self.handles:
+            return False, "no worker is running"
+        for w in self.handles:
+            if w.ready is None:
+                continue  # starting
+            beat = w.control.last_beat
+            if w.control.running() is None and beat and now - beat > stuck_after:
+                return False, f"worker {w.index} (device {w.device}) has not turned for {now - beat:.0f} s"
+        return True, ""
+
+    def current(self) -> list[tuple[int, dict[str, Any] | None]]:
+        """The workers whose job in hand changed since the last call: (index, the job as the state file
+        shows it, or None when idle)."""
+        changed = []
+        for w in self.handles:
+            running = w.control.running()
+            order = w.in_hand.get(running.seq) if running is not None else None
+            current = shown_as = None
+            if order is not None and running is not None:
+                name = order.name if isinstance(order, Run) else order.claim.name
+                job = order.job_id if isinstance(order, Run) else order.claim.job_id
+                current = {"job": job, "file": shown(name), "since": running.started, "phase": running.phase}
+                shown_as = {**current, "since": now_iso(time.time() - (time.monotonic() - running.started))}
+            if self._shown.get(w.index) != current:
+                self._shown[w.index] = current
+                changed.append((w.index, shown_as))
+        return changed
+
+    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | None], None], wait_s: float) -> None:
+        """The jobs in hand finish (names given and not claimed stay in the inbox), then each worker quits;
+        ``on_event`` is told what they say meanwhile. Waits at most ``wait_s`` for a worker that neither
+        runs nor answers."""
+        self.hold_new(True)
+        deadline = None
+        while any(w.in_hand and w.alive() for w in self.handles):
+            ready = wait([w.conn for w in self.handles if w.alive()], timeout=HEARTBEAT)
+            for w, event, order in self.events():
+                on_event(w, event, order)
+            if not ready and deadline is None and all(w.control.running() is None for w in self.handles):
+                deadline = time.monotonic() + wait_s  # nothing runs and nothing answers: do not wait for ever
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        for w in self.handles:
+            w.quit()
+        for w in self.handles:
+            w.join(wait_s)
+            if w.alive():
+                w.stop(STOP_GRACE_S)
+            for event, order in w.events():
+                on_event(w, event, order)
+            w.close()

@@ -71,8 +71,8 @@ from .messages import (
     WorkerSpec,
 )
 from .observer import make_observer
-from .pool import WorkerHandle
-from .scheduler import Load, Scheduler
+from .pool import WorkerHandle, WorkerPool
+from .scheduler import Scheduler
 from .state import State
 
 
@@ -106,8 +106,8 @@ class Daemon:
         )
         self.log = get_logger()
         self.scheduler = Scheduler(settings.max_queue)
-        self.workers: list[WorkerHandle] = []
-        self._ctx: Any = None
+        #: The worker processes (made when serving starts).
+        self.workers = WorkerPool(None, self._spec, self._lock_fds)
         #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
         self._output_failures = 0
         self._swept = 0.0  # monotonic: the last full sweep of the outbox's reservations
@@ -122,7 +122,6 @@ class Daemon:
         self._observer: Any = None
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
-        self._shown: dict[int, dict[str, Any] | None] = {}  # each worker's job in hand, as last shown
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
 
@@ -139,16 +138,12 @@ class Daemon:
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
         self._stop_requests += 1
         if self._stop_requests >= 2:
-            for w in self.workers:  # a worker must not go on with a job the next daemon resumes
-                if w.pid is not None:
-                    with contextlib.suppress(OSError):
-                        os.kill(w.pid, signal.SIGKILL)
-            busy = [r for r in (w.control.running() for w in self.workers) if r is not None]
+            busy = self.workers.kill_all()  # a worker must not go on with a job the next daemon resumes
             os.write(
                 2,
                 (
                     f"mmd serve: second {signal.Signals(signum).name}: stopping at once"
-                    f"{f'; {len(busy)} job(s) in hand stay in .work and resume at the next start' if busy else ''}\n"
+                    f"{f'; {busy} job(s) in hand stay in .work and resume at the next start' if busy else ''}\n"
                 ).encode(),
             )
             os._exit(1)
@@ -170,52 +165,29 @@ class Daemon:
     # -- health, for the systemd watchdog --
     def health(self) -> tuple[bool, str]:
         now = time.monotonic()
-        if not self.workers:
-            return False, "no worker is running"
         if now - self._beat > STUCK_AFTER:
             return False, f"the main loop has not turned for {now - self._beat:.0f} s"
-        for w in self.workers:
-            if w.ready is None:
-                continue  # starting
-            beat = w.control.last_beat
-            if w.control.running() is None and beat and now - beat > STUCK_AFTER:
-                return False, f"worker {w.index} (device {w.device}) has not turned for {now - beat:.0f} s"
-        return True, ""
+        return self.workers.health(now, STUCK_AFTER)
 
     # -- workers --
     def _spec(self, index: int, device: int, count: int) -> WorkerSpec:
         return WorkerSpec(index, device, self.settings, os.getpid(), self.host_id, count, self.ops, self.worker_setup)
 
-    def _start_worker(self, index: int, device: int) -> WorkerHandle:
-        handle = WorkerHandle(self._ctx, self._spec(index, device, len(self.workers) or 1), self._lock_fds())
-        handle.start()
-        self.state.worker(index, device_index=device, current=None, pid=handle.pid)
-        return handle
-
     def _lock_fds(self) -> list[int]:
         return self._lock.fds() if self._lock is not None else []
-
-    def _loads(self) -> list[Load]:
-        return [
-            Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
-            for w in self.workers
-            if w.ready is not None and w.alive()
-        ]
 
     def _dispatch(self) -> None:
         if self.paused() or self._stopping is not None:
             return
-        for index, item in self.scheduler.assign(self._loads()):
-            w = self.workers[index]
-            seq = w.next_seq()
+        for index, item in self.scheduler.assign(self.workers.loads()):
+            seq = self.workers.handles[index].next_seq()
+            order: Run | Resume
             if item.claim is not None:
-                w.send(Resume(seq, item.claim))
+                order = Resume(seq, item.claim)
             else:
-                job_id = new_id()
-                self.spool.expect(job_id)  # in hand before its claim: a sweep never takes its reservation
-                w.send(Run(seq, item.name, job_id))
-            if item.small:
-                w.small.add(seq)
+                order = Run(seq, item.name, new_id())
+                self.spool.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
+            self.workers.give(index, order, item.small)
         self.state.update(queue=self.scheduler.waiting)
 
     # -- events from workers --
@@ -260,8 +232,7 @@ class Daemon:
         self._output_failures += 1
         seconds = min(self.settings.rescan_seconds * 2 ** (self._output_failures - 1), MAX_PAUSE)
         self._paused_until = time.monotonic() + seconds
-        for w in self.workers:
-            w.control.hold_new = True  # names given and not yet claimed stay in the inbox
+        self.workers.hold_new(True)  # names given and not yet claimed stay in the inbox
         for item in self.scheduler.drop_waiting():
             self._readiness.forget(item.name)
         self.state.update(paused={"reason": reason, "seconds": seconds, "since": now_iso()})
@@ -270,14 +241,13 @@ class Daemon:
 
     def _unpause(self) -> None:
         self._paused_until = 0.0
-        for w in self.workers:
-            w.control.hold_new = False
+        self.workers.hold_new(False)
         self.state.update(paused=None)
         self._rescan_now = True
 
     # -- a worker past its job's limit, or dead --
     def _check_workers(self, now: float) -> None:
-        for i, w in enumerate(self.workers):
+        for i, w in enumerate(self.workers.handles):
             if w.failed is not None:
                 raise w.failed.error  # a replacement cannot open its backend: the daemon cannot serve
             if w.ready is None:
@@ -298,7 +268,7 @@ class Daemon:
     def _recover(self, i: int, running: Running | None, *, timed_out: bool) -> None:
         """A worker is gone: read what it said last, refuse its job that ran past its limit, resume the jobs it
         had claimed (counted as a start each, as after a crash), give back the names it had not, replace it."""
-        w = self.workers[i]
+        w = self.workers.handles[i]
         w.join()
         for event, order in w.events():
             self._on_event(w, event, order)
@@ -322,7 +292,8 @@ class Daemon:
         self.scheduler.resume(resume)
         for path in self.spool.sweep_temporaries():
             self.log.info("removed a temporary left by a stopped worker", path=str(path))
-        self.workers[i] = self._start_worker(w.index, w.device)
+        fresh = self.workers.replace(i)
+        self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
 
     def _refuse_stopped(self, claim: Claim, running: Running, device: int) -> None:
         """The job its worker was ended for: its error sidecar (kind ``timeout``, with the phase), archived."""
@@ -439,8 +410,7 @@ class Daemon:
         self._inbox_id = ident
         self.spool.forget_folders()
         self.spool.prepare()
-        for w in self.workers:
-            w.send(InboxRemade())
+        self.workers.broadcast(InboxRemade())
         if self._lock is not None:
             self._lock.release()
             self._lock.acquire()  # SpoolError if another daemon took the new inbox meanwhile
@@ -478,8 +448,7 @@ class Daemon:
         reopen = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
-        for w in self.workers:
-            w.send(Configure(new, reopen))
+        self.workers.broadcast(Configure(new, reopen))
         self.state.update(backend=new.backend)
         self.log.info("SIGHUP: settings reloaded", sources=list(new.sources))
 
@@ -513,13 +482,10 @@ class Daemon:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
-            self._ctx = pool.context()
-            self.workers = []
-            for i, device in enumerate(devices):
-                handle = WorkerHandle(self._ctx, self._spec(i, device, len(devices)), self._lock_fds())
-                handle.start()
-                self.workers.append(handle)
-                self.state.worker(i, device_index=device, current=None, pid=handle.pid)
+            self.workers.ctx = pool.context()
+            self.workers.start(devices)
+            for w in self.workers:
+                self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
             resumed = self.spool.resumable()
             for path in self.spool.sweep_reservations(resumed):
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
@@ -555,7 +521,7 @@ class Daemon:
             observer = self._observer
             if observer is not None:
                 observer.stop()
-            self._stop_workers()
+            self.workers.stop(self._on_event, STUCK_AFTER)
             if pinger is not None:
                 pinger.stop()
             self.state.update(status="stopped", queue=0, current=None)
@@ -586,9 +552,8 @@ class Daemon:
             if not pending:
                 return
             wait([w.conn for w in pending] + [self.mailbox], timeout=HEARTBEAT)
-            for w in self.workers:
-                for event, order in w.events():
-                    self._on_event(w, event, order)
+            for w, event, order in self.workers.events():
+                self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
             for w in pending:
@@ -599,30 +564,6 @@ class Daemon:
             if self._stopping is not None:
                 return
             self._dispatch()
-
-    def _stop_workers(self) -> None:
-        """The jobs in hand finish (the names given and not claimed stay in the inbox), then each worker quits."""
-        for w in self.workers:
-            w.control.hold_new = True
-        deadline = None
-        while any(w.in_hand and w.alive() for w in self.workers):
-            ready = wait([w.conn for w in self.workers if w.alive()], timeout=HEARTBEAT)
-            for w in self.workers:
-                for event, order in w.events():
-                    self._on_event(w, event, order)
-            if not ready and deadline is None and all(w.control.running() is None for w in self.workers):
-                deadline = time.monotonic() + STUCK_AFTER  # nothing runs and nothing answers: do not wait for ever
-            if deadline is not None and time.monotonic() > deadline:
-                break
-        for w in self.workers:
-            w.quit()
-        for w in self.workers:
-            w.join(STUCK_AFTER)
-            if w.alive():
-                w.stop(STOP_GRACE_S)
-            for event, order in w.events():
-                self._on_event(w, event, order)
-            w.close()
 
     def _write_metrics(self, force: bool = False) -> None:
         """The periodic metrics: queue depth, what waits in the inbox and for how long (then the file)."""
@@ -639,19 +580,9 @@ class Daemon:
             self.log.warning("cannot write the metrics file", path=str(self.metrics.path), reason=exc.strerror)
 
     def _show_current(self) -> None:
-        """Each worker's job in hand, from its control block, for the state file (written when it changed)."""
-        for w in self.workers:
-            running = w.control.running()
-            order = w.in_hand.get(running.seq) if running is not None else None
-            current = shown_as = None
-            if order is not None and running is not None:
-                name = order.name if isinstance(order, Run) else order.claim.name
-                job = order.job_id if isinstance(order, Run) else order.claim.job_id
-                current = {"job": job, "file": shown(name), "since": running.started, "phase": running.phase}
-                shown_as = {**current, "since": now_iso(time.time() - (time.monotonic() - running.started))}
-            if self._shown.get(w.index) != current:
-                self._shown[w.index] = current
-                self.state.worker(w.index, current=shown_as)
+        """Each worker's job in hand, for the state file (when it changed)."""
+        for index, current in self.workers.current():
+            self.state.worker(index, current=current)
 
     def _loop(self, once: bool) -> int:
         period = min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
@@ -664,16 +595,11 @@ class Daemon:
             for due in (self._readiness.due_in(), self.state.due_in(), self.metrics.due_in()):
                 if due is not None:
                     waits.append(due)
-            for w in self.workers:
-                running = w.control.running()
-                if running is not None:
-                    waits.append(running.started + running.limit_s - now + 0.001)
-                if w.in_hand:  # its next job may start (with a limit of its own) while we wait: look again soon
-                    waits.append(SUPERVISE_S)
-            wait([w.conn for w in self.workers] + [self.mailbox], timeout=max(0.0, min(waits)))
-            for w in self.workers:
-                for event, order in w.events():
-                    self._on_event(w, event, order)
+            waits += self.workers.waits(now, SUPERVISE_S)
+            readable: list[Any] = [*self.workers.conns(), self.mailbox]  # the mailbox is readable as a descriptor
+            wait(readable, timeout=max(0.0, min(waits)))
+            for w, event, order in self.workers.events():
+                self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
             if self._stopping is not None:
