@@ -12,8 +12,7 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,9 +114,6 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-#: A context a rename happens in (a job's supervisor holds it to stop a commit).
-Guard = Callable[[], AbstractContextManager[None]]
-
 #: From this many files on, :func:`publish` syncs the filesystem once (``syncfs``) instead of
 #: fsyncing each file: on the project's ext4 VM, 100 small files took 2.3 ms with one syncfs
 #: against 17 ms fsynced one by one, and 2 files the same either way. Fewer files (a lone job's
@@ -131,7 +127,6 @@ class _File:
     tmp: Path
     path: Path
     replace: bool
-    guard: Guard | None
 
 
 class Staged:
@@ -153,10 +148,8 @@ class Staged:
         self.ops = ops
         self._files: list[_File] = []
 
-    def write(
-        self, path: Path, chunks: Iterable[bytes], *, replace: bool = True, guard: Guard | None = None
-    ) -> Written:
-        """Write ``chunks`` to ``path``'s temporary; its size and sha256 (``replace``, ``guard``: as write_atomic's)."""
+    def write(self, path: Path, chunks: Iterable[bytes], *, replace: bool = True) -> Written:
+        """Write ``chunks`` to ``path``'s temporary; its size and sha256 (``replace``: as write_atomic's)."""
         tmp = path.parent / temporary_name(path.name)
         hasher = StreamHash()
         size = 0
@@ -185,7 +178,7 @@ class Staged:
             if isinstance(exc, OSError):
                 raise _output_error(path, exc) from None
             raise
-        self._files.append(_File(fd, tmp, path, replace, guard))
+        self._files.append(_File(fd, tmp, path, replace))
         return Written(path=path, bytes=size, sha256=hasher.hexdigest())
 
     @property
@@ -203,7 +196,8 @@ class Staged:
         self._files.clear()
 
     def publish(self) -> None:
-        """Sync and rename this commit's files, then fsync their folder (OutputError: none is published)."""
+        """Sync and rename this commit's files, then fsync their folder (OutputError: the files not renamed
+        are removed; those renamed before the failure stay, as a crash would leave them)."""
         [error] = publish([self])
         if error is not None:
             raise error
@@ -233,12 +227,11 @@ class Staged:
         while self._files:
             f = self._files[0]
             try:
-                with f.guard() if f.guard is not None else contextlib.nullcontext():
-                    if f.replace:
-                        self.ops.replace(f.tmp, f.path)
-                    else:
-                        self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
-                        self.ops.unlink(f.tmp)
+                if f.replace:
+                    self.ops.replace(f.tmp, f.path)
+                else:
+                    self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
+                    self.ops.unlink(f.tmp)
             except OSError as exc:
                 if isinstance(exc, FileExistsError):
                     raise
@@ -299,8 +292,6 @@ def write_atomic(
     *,
     durable: bool = True,
     replace: bool = True,
-    guard: Guard | None = None,
-    sync_folder: bool = True,
     ops: FileOps = OPS,
 ) -> Written:
     """Write ``chunks`` to ``path`` atomically and return its size and sha256.
@@ -309,22 +300,11 @@ def write_atomic(
     commit uses ``link`` + ``unlink`` so that a name taken meanwhile raises
     FileExistsError instead of being replaced. Any OSError (disk full,
     permissions) leaves no partial file behind and is raised as OutputError.
-    ``guard``: a context the rename happens in (a job's supervisor holds it to
-    stop a commit; whatever it raises leaves no file behind either).
-    ``sync_folder=False`` leaves the folder's fsync to a later commit in the
-    same folder. ``ops`` does the file operations (the tests inject faults
-    through it).
+    ``ops`` does the file operations (the tests inject faults through it).
     """
     staged = Staged(durable=durable, ops=ops)
-    written = staged.write(path, chunks, replace=replace, guard=guard)
-    try:
-        staged._sync_each()
-        staged._rename_all()
-    except BaseException:
-        staged.discard()
-        raise
-    if durable and sync_folder:
-        fsync_folder(path.parent)
+    written = staged.write(path, chunks, replace=replace)
+    staged.publish()
     return written
 
 

@@ -63,7 +63,6 @@ class WorkerHandle:
         self.ready: Ready | None = None
         self.failed: StartFailed | None = None
         self._seq = 0
-        self.started_at = time.monotonic()
 
     @property
     def index(self) -> int:

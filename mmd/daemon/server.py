@@ -197,7 +197,7 @@ class Daemon:
         held = order.name if isinstance(order, Run) else order.claim.name if order is not None else None
         if isinstance(event, Ended):
             self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
-            self._forget(event.end.job)
+            self.spool.forget(event.end.job)
             self.state.finished(event.entry, worker=w.index)
             if event.record is not None:
                 self.metrics.job_ended(event.record)
@@ -207,7 +207,7 @@ class Daemon:
             self._ended(held or str(event.entry["file"]))
         elif isinstance(event, NotRun):
             if isinstance(order, Run):
-                self._forget(order.job_id)
+                self.spool.forget(order.job_id)
             self._ended(held or event.name, broken=event.broken)
         elif isinstance(event, Kept):
             self.spool.leave(event.claim)
@@ -219,9 +219,6 @@ class Daemon:
             self.state.worker(w.index, backend=event.backend, device=event.device)
         elif isinstance(event, StartFailed):
             self.log.error("a worker cannot open its backend", worker=w.index, reason=event.error.reason)
-
-    def _forget(self, job_id: str) -> None:
-        self.spool.forget(job_id)
 
     def _ended(self, name: str, broken: bool = False) -> None:
         if self.scheduler.ended(name, broken=broken):
@@ -281,7 +278,7 @@ class Daemon:
         for job_id, order in ids.items():
             claim = found.get(job_id)
             if claim is None:  # never claimed (or archived already): the name is the inbox's again
-                self._forget(job_id)
+                self.spool.forget(job_id)
                 self.scheduler.ended(order.name if isinstance(order, Run) else order.claim.name)
             elif order is stopped and running is not None:
                 self._refuse_stopped(claim, running, w.device)
@@ -332,7 +329,7 @@ class Daemon:
             JobEnd(claim.job_id, "error", claim.original or claim.name, None, result.sidecar, error.reason)
         )
         self.scheduler.ended(claim.name)
-        self._forget(claim.job_id)
+        self.spool.forget(claim.job_id)
 
     # -- scheduling --
     def _offer(self, name: str, complete: bool) -> None:

@@ -48,7 +48,7 @@ from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputErr
 from ..hooks import JobEnd
 from ..job import Job, describe
 from ..logs import configure, get_logger
-from ..pipeline import JobResult, JobWatch, refuse, run_job
+from ..pipeline import JobResult, refuse, run_job
 from ..record import Context
 from ..spool import Attempts, Claim, Spool, shown
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
@@ -235,13 +235,12 @@ class Runner:
                 log.error("a job that kills its worker: failed", attempts=starts - 1)
         job = self._job(claim, refusal)
         self.control.limit(job.settings.job_timeout_s)  # the name may set its own
-        watch = JobWatch(job.settings.job_timeout_s, on_phase=self.control.phase)
         small = refusal is not None or (claim.size is not None and claim.size <= GROUP_INPUT_BYTES)
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
         staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
-        result = run_job(job, self.backend, watch, ops=spool.ops, staged=staged)
+        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged)
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.

@@ -9,13 +9,13 @@
 from .driver import BackendFor, JobResult, refuse, run_job
 from .reading import Limits, check_header, limits_for, read_header, read_input
 from .refusal import Refusal
-from .watch import JobStopped, JobWatch
+from .watch import PHASES, PhaseHook
 
 __all__ = [
     "BackendFor",
     "JobResult",
-    "JobStopped",
-    "JobWatch",
+    "PHASES",
+    "PhaseHook",
     "Limits",
     "Refusal",
     "check_header",

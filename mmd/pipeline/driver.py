@@ -10,7 +10,6 @@ the output path, and nothing is written to the output path itself.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from ..record import FileFacts, Record, Requested, Shape, TimingRecord
 from .reading import check_header, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
-from .watch import JobWatch
+from .watch import PhaseHook, ignore_phase
 
 #: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
 BackendFor = Callable[[Settings], Backend]
@@ -65,15 +64,14 @@ def _since(start: float) -> float:
 def run_job(
     job: Job,
     backend_for: BackendFor,
-    watch: JobWatch | None = None,
+    on_phase: PhaseHook = ignore_phase,
     *,
     ops: FileOps = OPS,
     staged: Staged | None = None,
 ) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
-    ``watch`` (the daemon's) hears each phase and may stop the job: then
-    :class:`JobStopped` is raised and nothing of the job is committed.
+    ``on_phase`` hears each phase the job enters (a worker shows it to its supervisor).
     ``ops`` does the commits' file operations (the daemon passes its spool's).
     ``staged``: write the output and sidecar (or the error sidecar) there and
     leave their publishing to the caller (a worker's group commit); the
@@ -82,15 +80,14 @@ def run_job(
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
     facts = _Facts(job)
-    watch = watch or JobWatch(job.settings.job_timeout_s)
     try:
         if job.refusal is not None:
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, watch, ops, staged)
+        return _run(job, backend, timings, facts, log, on_phase, ops, staged)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log, watch, ops, staged)
+        return _refuse(job, exc, timings, facts, log, ops, staged)
 
 
 def refuse(
@@ -103,7 +100,7 @@ def refuse(
 ) -> JobResult:
     """Refuse ``job`` without running it (a bug of the daemon's around it, a time limit): its error sidecar."""
     log = get_logger(job=job.id, file=job.input.name)
-    return _refuse(job, error, dict(timings or {}), _Facts(job), log, None, ops, staged)
+    return _refuse(job, error, dict(timings or {}), _Facts(job), log, ops, staged)
 
 
 class _Facts:
@@ -123,7 +120,7 @@ def _run(
     timings: dict[str, float],
     facts: _Facts,
     log: Any,
-    watch: JobWatch,
+    on_phase: PhaseHook,
     ops: FileOps,
     staged: Staged | None,
 ) -> JobResult:
@@ -131,7 +128,7 @@ def _run(
     limits = limits_for(settings)
     path = choose(backend, request)
 
-    watch.enter("read")
+    on_phase("read")
     t0 = time.perf_counter()
     # The header from the file's first bytes: a bad one, or a size it cannot match, is refused unread.
     first, size = read_header(job.input, limits)
@@ -142,16 +139,14 @@ def _run(
     timings["read"] = _since(t0)
     facts.input = FileFacts(job.input.name, bytes=len(data))
 
-    watch.check()
-    watch.enter("parse")
+    on_phase("parse")
     t0 = time.perf_counter()
     header = textformat.parse_header(data)
     facts.shape = shape = Shape(header.m, header.k, header.n)
     check_header(header, len(data), limits)
     header_ms = _since(t0)
-    computed = path.compute(data, header, request, watch.enter)
+    computed = path.compute(data, header, request, on_phase)
     del data
-    watch.check()
     product = computed.product
     timings.update(product.timings_ms)
     if all(p in product.timings_ms for p in CUDA_PHASES):
@@ -162,7 +157,7 @@ def _run(
     # group's commit also synced together.
     commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops)
     try:
-        written = commit.write(job.output, computed.chunks, guard=watch.committing)
+        written = commit.write(job.output, computed.chunks)
     except BaseException:
         commit.discard()
         raise
@@ -196,7 +191,7 @@ def _run(
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
     try:
-        commit.write(sidecar, [record.dumps(rec)], guard=functools.partial(watch.committing, True))
+        commit.write(sidecar, [record.dumps(rec)])
         if staged is None:
             commit.publish()
     except BaseException:
@@ -219,7 +214,6 @@ def _refuse(
     timings: dict[str, float],
     facts: _Facts,
     log: Any,
-    watch: JobWatch | None,
     ops: FileOps,
     staged: Staged | None = None,
 ) -> JobResult:
@@ -242,11 +236,5 @@ def _refuse(
         requested=facts.requested,
         context=job.context,
     )
-    done = commit(
-        refusal,
-        durable=job.settings.durable,
-        guard=watch.committing if watch is not None else None,
-        ops=ops,
-        staged=staged,
-    )
+    done = commit(refusal, durable=job.settings.durable, ops=ops, staged=staged)
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

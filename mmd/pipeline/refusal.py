@@ -8,8 +8,7 @@ the file it claimed (a link, a folder). The output path is never written.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,11 +66,10 @@ def commit(
     refusal: Refusal,
     *,
     durable: bool = True,
-    guard: Callable[[], AbstractContextManager[None]] | None = None,
     ops: FileOps = OPS,
     staged: Staged | None = None,
 ) -> Committed:
-    """Write ``<stem>.error.yaml`` beside the output path (``guard``, ``ops``: as :func:`mmd.atomic.write_atomic`'s;
+    """Write ``<stem>.error.yaml`` beside the output path (``ops``: as :func:`mmd.atomic.write_atomic`'s;
     ``staged``: only written there, published by the caller).
 
     A sidecar that cannot be written (disk full) is logged and said in the
@@ -82,7 +80,7 @@ def commit(
     path = record.error_path(refusal.output)
     try:
         commit = staged if staged is not None else Staged(durable=durable, ops=ops)
-        commit.write(path, [record.dumps(rec)], guard=guard)
+        commit.write(path, [record.dumps(rec)])
         if staged is None:
             commit.publish()
     except (OutputError, yaml.YAMLError) as exc:
