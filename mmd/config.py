@@ -68,6 +68,13 @@ class Settings:
     inbox: Path = Path("inbox")
     outbox: Path = Path("outbox")
     create_folders: bool = False  # `mmd serve` makes a missing inbox or outbox (--create); else it refuses to start
+    #: the daemon's private folder: its lock, its state file and the claimed, done and failed jobs. null: the
+    #: inbox itself, under dot names (a personal inbox). Where others write the inbox (a class): a folder on the
+    #: inbox's filesystem (a claim is a rename) that only the service may write and no student may enter; made
+    #: 0700 when missing, checked at start (docs/operations.md, "A class on one box")
+    state_dir: Path | None = None
+    #: a class shares the box: state_dir is required, and an input its group or others could change is refused
+    class_mode: bool = False
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)
@@ -98,6 +105,11 @@ class Settings:
     log_level: str = "info"
     #: Where the settings came from, for messages (not a setting).
     sources: tuple[str, ...] = field(default=("defaults",), compare=False)
+
+    @property
+    def private_dir(self) -> Path:
+        """Where the daemon's lock, state file and claimed, done and failed jobs are: state_dir, else the inbox."""
+        return self.state_dir if self.state_dir is not None else self.inbox
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated (None values are ignored)."""
@@ -253,6 +265,13 @@ def _validated(s: Settings, origin: str) -> Settings:
         raise ConfigError(f"{origin}: devices must be device ordinals (0, 1, ...), got {list(s.devices)}")
     if s.host_id is not None and (not HOST_ID_RE.fullmatch(s.host_id) or s.host_id in (".", "..")):
         raise ConfigError(f"{origin}: host_id may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}")
+    if s.class_mode and s.state_dir is None:
+        raise ConfigError(
+            f"{origin}: class_mode needs state_dir: a folder only the service may write, on the inbox's "
+            "filesystem, for its lock, state and claimed jobs (docs/operations.md)"
+        )
+    if s.class_mode and s.shared_inbox:
+        raise ConfigError(f"{origin}: class_mode does not combine with shared_inbox yet: serve a class from one box")
     if s.kernel_cache is not None and not s.kernel_cache:
         raise ConfigError(f"{origin}: kernel_cache must be auto, a folder or null")
     return s

@@ -26,6 +26,7 @@ HOOK_VARIABLES: tuple[str, ...] = (
     "MMD_JOB_SIDECAR",
     "MMD_JOB_REASON",
     "MMD_JOB_KERNEL",
+    "MMD_JOB_SUBMITTER",
 )
 
 
@@ -35,11 +36,12 @@ class JobEnd:
 
     job: str
     status: str  # ok | error
-    input: str  # the name the file was dropped under
+    input: str  # the name the file was dropped under, escaped (no control characters: mmd.spool.shown)
     output: Path | None  # the output file, when there is one
     sidecar: Path | None  # the timing or error sidecar, when it was written
     reason: str = ""  # why it was refused
     kernel: str = ""
+    submitter: str = ""  # the input's owner (mmd.submitters.login_of)
 
     def environ(self) -> dict[str, str]:
         """The :data:`HOOK_VARIABLES`, in their order."""
@@ -51,6 +53,7 @@ class JobEnd:
             str(self.sidecar) if self.sidecar is not None else "",
             self.reason,
             self.kernel,
+            self.submitter,
         )
         return dict(zip(HOOK_VARIABLES, values, strict=True))
 

@@ -145,6 +145,9 @@ class Context:
     )
     device_index: int | None = field(default=None, metadata=_doc("the GPU (worker) that ran it", omit=True))
     host: str | None = field(default=None, metadata=_doc("the host that ran it (shared inbox)", omit=True))
+    submitter: str | None = field(
+        default=None, metadata=_doc("who dropped the input: its owner's login (the uid where there is none)", omit=True)
+    )
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ id -u mmd >/dev/null 2>&1 || useradd --system --gid mmd-spool --home-dir /var/li
 ! getent group video >/dev/null || usermod -aG video mmd
 install -d -o mmd -g mmd-spool -m 3770 /srv/mmd/inbox    # setgid + sticky: users drop, only mmd moves
 install -d -o mmd -g mmd-spool -m 2750 /srv/mmd/outbox   # users read results
+install -d -o mmd -g mmd-spool -m 0700 /srv/mmd/state    # the lock, the state, claimed and archived jobs: mmd's alone
 install -d -o root -g mmd-spool -m 0750 /etc/mmd
 if [ ! -e /etc/mmd/mmd.yaml ]; then
-    printf 'inbox: /srv/mmd/inbox\noutbox: /srv/mmd/outbox\nbackend: auto\n' > /etc/mmd/mmd.yaml
+    printf 'inbox: /srv/mmd/inbox\noutbox: /srv/mmd/outbox\nstate_dir: /srv/mmd/state\nclass_mode: true\nbackend: auto\n' \
+        > /etc/mmd/mmd.yaml
     chgrp mmd-spool /etc/mmd/mmd.yaml && chmod 0640 /etc/mmd/mmd.yaml
 fi
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from ..daemon import status_of  # only for this command
 
-    status = status_of(settings.inbox, config.host_id_of(settings))
+    status = status_of(settings.inbox, config.host_id_of(settings), settings.state_dir)
     if args.json:
         print(json.dumps(status, indent=1))
     else:

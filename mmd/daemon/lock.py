@@ -17,7 +17,10 @@ DEAD_HOLDER_WAIT_S = 10.0
 
 
 class SpoolLock:
-    """``inbox/.mmd.lock`` held with ``flock`` for the daemon's life; it holds the daemon's pid.
+    """``.mmd.lock`` held with ``flock`` for the daemon's life; it holds the daemon's pid.
+
+    It is in the daemon's private folder (``folder``: its state_dir, else
+    its inbox), with the per-host locks below.
 
     On a shared inbox (``host_id`` given) the inbox lock is held shared, so
     daemons of several hosts serve it together while a daemon without
@@ -26,10 +29,10 @@ class SpoolLock:
     held exclusive and holding ``<host_id> <pid>``.
     """
 
-    def __init__(self, inbox: Path, host_id: str | None = None) -> None:
-        self.path = Path(inbox) / LOCK_NAME
+    def __init__(self, folder: Path, host_id: str | None = None) -> None:
+        self.path = Path(folder) / LOCK_NAME
         self.host_id = host_id
-        self.host_path = Path(inbox) / host_lock_name(host_id) if host_id else None
+        self.host_path = Path(folder) / host_lock_name(host_id) if host_id else None
         self._fd: int | None = None
         self._host_fd: int | None = None
 
@@ -150,10 +153,11 @@ def _host_locks_held(inbox: Path) -> bool:
     return any(_held(path)[0] for path in Path(inbox).glob(".mmd.*.lock"))
 
 
-def lock_holder(inbox: Path) -> int | None:
-    """The pid of the (non-shared) daemon serving ``inbox``, or None when its lock is free or only shared."""
+def lock_holder(folder: Path) -> int | None:
+    """The pid of the (non-shared) daemon whose lock is in ``folder`` (its state_dir, else its inbox), or None
+    when its lock is free or only shared."""
     try:
-        fd = os.open(Path(inbox) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
@@ -167,14 +171,14 @@ def lock_holder(inbox: Path) -> int | None:
         os.close(fd)
 
 
-def host_daemons(inbox: Path, own_host: str | None = None) -> list[dict[str, Any]]:
+def host_daemons(folder: Path, own_host: str | None = None) -> list[dict[str, Any]]:
     """The daemons of a shared inbox: one entry per ``.mmd.<host>.lock``.
 
     ``held`` is the flock (cluster-wide on NFS by default); a pid is checked
     only for ``own_host``, since a pid means nothing on another machine.
     """
     out = []
-    for path in sorted(Path(inbox).glob(".mmd.*.lock")):
+    for path in sorted(Path(folder).glob(".mmd.*.lock")):
         host = path.name[len(".mmd.") : -len(".lock")]
         held, text = _held(path)
         parts = text.split()

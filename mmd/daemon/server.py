@@ -50,7 +50,7 @@ from ..spool import Claim, Readiness, Spool, shown, state_name
 from . import common, pool
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS, now_iso
 from .control import Running
-from .lock import SpoolLock
+from .lock import SpoolLock, lock_holder
 from .mailbox import Mailbox
 from .messages import (
     Arrived,
@@ -95,10 +95,11 @@ class Daemon:
         self.ops = ops
         #: Called first in each worker process (a top-level function: the tests install fakes through it).
         self.worker_setup = worker_setup
-        self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops)
+        self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops, state_dir=settings.state_dir,
+                           class_mode=settings.class_mode)  # fmt: skip
         self.mailbox = Mailbox()
         self.state = State(
-            self.spool.inbox / state_name(self.host_id),
+            self.spool.private / state_name(self.host_id),
             inbox=str(settings.inbox.resolve()),
             outbox=str(settings.outbox.resolve()),
             backend=settings.backend,
@@ -124,6 +125,23 @@ class Daemon:
         self._inbox_gone = False
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
+
+    def _adopt_inbox_folders(self) -> None:
+        """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox (once no such
+        daemon runs: its lock is in the inbox)."""
+        if self.spool.private == self.spool.inbox:
+            return
+        holder = lock_holder(self.spool.inbox)
+        if holder is not None:
+            self.log.warning(
+                "the inbox's own lock is held (a daemon without state_dir, or a user): its .work, .done and "
+                ".failed are left where they are",
+                pid=holder if holder > 0 else None,
+            )
+            return
+        moved = self.spool.adopt_inbox_folders()
+        if moved:
+            self.log.info("moved the inbox's job folders into the state folder", moved=moved)
 
     # -- asked from outside --
     def request_stop(self, why: str = "request") -> None:
@@ -438,7 +456,7 @@ class Daemon:
                 outbox=str(self.settings.outbox),
             )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
-        kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue")
+        kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue", "state_dir", "class_mode")
         if any(getattr(new, k) != getattr(self.settings, k) for k in kept):
             self.log.warning(f"SIGHUP: {', '.join(kept)} changes need a restart; keeping the old ones")
             new = dataclasses.replace(new, **{k: getattr(self.settings, k) for k in kept})
@@ -454,7 +472,7 @@ class Daemon:
         """Serve until SIGTERM/SIGINT (exit 0), or with ``once`` until the inbox is drained."""
         old_umask = os.umask(UMASK_BITS)
         os.umask(old_umask | UMASK_BITS)
-        lock = self._lock = SpoolLock(self.spool.inbox, self.host_id)
+        lock = self._lock = SpoolLock(self.spool.private, self.host_id)
         if not self.settings.create_folders:
             for what, folder in (("inbox", self.spool.inbox), ("outbox", self.spool.outbox)):
                 if not folder.is_dir():
@@ -478,6 +496,7 @@ class Daemon:
         try:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
+            self._adopt_inbox_folders()
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
             self.workers.ctx = pool.context()
             self.workers.start(devices)

@@ -126,29 +126,32 @@ def _write_state(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_state(inbox: Path, host_id: str | None = None) -> dict[str, Any] | None:
-    """The last state a daemon wrote for ``inbox`` (None when there is none); ``host_id``: a shared inbox's host."""
+def read_state(private: Path, host_id: str | None = None) -> dict[str, Any] | None:
+    """The last state a daemon wrote in ``private`` (its state_dir, else its inbox; None when there is none);
+    ``host_id``: a shared inbox's host."""
     try:
-        return json.loads((Path(inbox) / state_name(host_id)).read_text(encoding="utf-8"))
+        return json.loads((Path(private) / state_name(host_id)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
+def status_of(inbox: Path, host_id: str | None = None, state_dir: Path | None = None) -> dict[str, Any]:
     """Whether a daemon serves ``inbox`` (lock held and its pid alive), its last state, and the held jobs.
 
     ``held``: the jobs kept in ``.work`` because the outbox refused them
     (:class:`mmd.spool.HeldJob`: file, job, reason, since, holds), every
     host's on a shared inbox. On a shared inbox every ``.mmd.<host>.lock`` is listed under ``hosts``
     with its state file; pids are checked only for ``host_id`` (this host).
-    ``serving`` is true when any daemon serves it.
+    ``serving`` is true when any daemon serves it. ``state_dir``: the daemon's private folder, where its lock,
+    state and held jobs are (default: the inbox).
     """
-    pid = lock_holder(inbox)
+    private = inbox if state_dir is None else state_dir
+    pid = lock_holder(private)
     single = pid is not None and (pid == -1 or pid_alive(pid))
-    hosts = host_daemons(inbox, host_id)
+    hosts = host_daemons(private, host_id)
     for entry in hosts:
-        entry["state"] = read_state(inbox, entry["host"])
-    state = read_state(inbox)
+        entry["state"] = read_state(private, entry["host"])
+    state = read_state(private)
     if not single and hosts:
         own = [h for h in hosts if h["own"]] or [h for h in hosts if h["serving"]] or hosts
         state = own[0]["state"]
@@ -161,7 +164,7 @@ def status_of(inbox: Path, host_id: str | None = None) -> dict[str, Any]:
         "pid": pid if serving else None,
         "waiting_in_inbox": waiting,
         # Read from .work itself, not from the daemon: held jobs are there whether a daemon runs or not.
-        "held": [dataclasses.asdict(job) for job in held_jobs(inbox)],
+        "held": [dataclasses.asdict(job) for job in held_jobs(private)],
         "state": state,
         "hosts": hosts,
     }

@@ -154,7 +154,7 @@ class Runner:
                     return
             else:
                 claim = order.claim
-            log = log.bind(job=claim.job_id, file=shown(claim.name))
+            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)
             if self.workers > 1:
                 log = log.bind(device_index=self.device)
             if claim.original is not None:
@@ -183,6 +183,7 @@ class Runner:
             resumed=True if claim.resumed else None,
             device_index=self.device,
             host=self.host_id,
+            submitter=claim.submitter,
         )
 
     def _job(self, claim: Claim, refusal: MmdError | None = None) -> Job:
@@ -327,8 +328,8 @@ class Runner:
         overall = rec.timings_ms.overall if rec is not None else None
         reason = rec.error.reason if isinstance(rec, record.ErrorRecord) else ""
         kernel = rec.kernel if isinstance(rec, record.TimingRecord) else ""
-        end = JobEnd(claim.job_id, "ok" if ok else "error", claim.original or claim.name,
-                     claim.output if ok else None, path, reason, kernel)  # fmt: skip
+        end = JobEnd(claim.job_id, "ok" if ok else "error", shown(claim.original or claim.name),
+                     claim.output if ok else None, path, reason, kernel, claim.submitter or "")  # fmt: skip
         entry: dict[str, object] = {
             "job": claim.job_id,
             "file": claim.name,
@@ -408,7 +409,10 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     settings = spec.settings
     configure(settings.log_format, settings.log_level)
     atomic.set_host(spec.host_id)
-    spool = Spool(settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid)
+    spool = Spool(
+        settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid,
+        state_dir=settings.state_dir, class_mode=settings.class_mode,
+    )  # fmt: skip
 
     def report(event: Event) -> None:
         try:

@@ -13,6 +13,11 @@ Layout (the dot folders are created on demand)::
     outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
     outbox/m.error.yaml               a refusal
 
+With ``state_dir`` set (a box that others write the inbox of), the daemon's
+own names (``.work``, ``.done``, ``.failed``, the lock and the state file)
+are in that private folder instead of the inbox, and nothing a user creates
+in the inbox under those names means anything to mmd.
+
 A job's fate is one of three, whatever fails: its output and sidecar
 (archived to ``.done``); its error sidecar (archived to ``.failed``); or it
 is kept: in the inbox when it could not be claimed, else claimed in
@@ -72,6 +77,7 @@ from .names import (
     shown,
     state_name,
     work_folder_name,
+    writable_problem,
 )
 from .reservations import EMPTY_RESERVATION_GRACE_S, Reservations, pid_alive, read_reservation
 from .scanning import Candidate, Readiness, scan, stat_entry
@@ -99,6 +105,7 @@ __all__ = [
     "Spool",
     "claim_path",
     "entry_problem",
+    "writable_problem",
     "held_jobs",
     "host_lock_name",
     "is_job_name",
@@ -140,8 +147,10 @@ class Spool:
         host_id: str | None = None,
         ops: FileOps = OPS,
         owner_pid: int | None = None,
+        state_dir: Path | None = None,
+        class_mode: bool = False,
     ) -> None:
-        self._shared = Shared(inbox, outbox, host_id, ops, owner_pid)
+        self._shared = Shared(inbox, outbox, host_id, ops, owner_pid, state_dir, class_mode)
         self._hand = InHand(self._shared.lock)
         self._reservations = Reservations(self._shared, self._hand)
         self._claims = Claims(self._shared, self._hand, self._reservations.reserve, self._reservations.release)
@@ -156,6 +165,11 @@ class Spool:
     @property
     def outbox(self) -> Path:
         return self._shared.outbox
+
+    @property
+    def private(self) -> Path:
+        """The daemon's own folder (lock, state file, ``.work``, ``.done``, ``.failed``): state_dir, else the inbox."""
+        return self._shared.private
 
     @property
     def host_id(self) -> str | None:
@@ -195,6 +209,10 @@ class Spool:
     def prepare(self) -> None:
         """Create the inbox and the outbox if missing and check the dot folders users could plant."""
         self._shared.prepare()
+
+    def adopt_inbox_folders(self) -> list[str]:
+        """With a state_dir: move the jobs an earlier daemon kept in the inbox's dot folders into it."""
+        return self._shared.adopt_inbox_folders()
 
     # -- scanning --
     def scan(self) -> list[Candidate]:

@@ -87,8 +87,8 @@ class Archive:
     def sweep_temporaries(self) -> list[Path]:
         """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone.
 
-        In the outbox (mmd's alone) every such name; in the inbox, which users
-        write, only the state file's. On a shared inbox only this host's
+        In the outbox (mmd's alone) every such name; in the folder of the state
+        file (the state_dir, else the inbox, which users write) only its own. On a shared inbox only this host's
         (``.<name>.<host>.<pid>.tmp``, and this host's state file): a pid
         says nothing about another machine's processes.
         """
@@ -97,10 +97,10 @@ class Archive:
         host_id = shared.host_id
         own = re.compile(r"\..+\." + re.escape(host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if host_id else _TMP_RE
         state = state_name(host_id)
-        for folder in (shared.outbox, shared.inbox):
+        for folder in (shared.outbox, shared.private):
             for path in entries(folder):
-                match = (_TMP_RE if folder == shared.inbox else own).fullmatch(path.name)
-                if folder == shared.inbox and not path.name.startswith(f".{state}."):
+                match = (_TMP_RE if folder == shared.private else own).fullmatch(path.name)
+                if folder == shared.private and not path.name.startswith(f".{state}."):
                     continue
                 if match and int(match["pid"]) != os.getpid() and not pid_alive(int(match["pid"])):
                     with contextlib.suppress(OSError):

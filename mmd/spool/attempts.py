@@ -179,9 +179,10 @@ def read_attempts(path: Path) -> Attempts | None:
         return None
 
 
-def held_jobs(inbox: Path) -> list[HeldJob]:
-    """Jobs held in ``inbox/.work`` (every host's on a shared inbox), oldest hold first, for `mmd status`."""
-    work = Path(inbox) / WORK_DIR
+def held_jobs(private: Path) -> list[HeldJob]:
+    """Jobs held in ``private/.work`` (the state_dir, else the inbox; every host's on a shared inbox), oldest
+    hold first, for `mmd status`."""
+    work = Path(private) / WORK_DIR
     folders: list[tuple[Path, str | None]] = []
     for entry in entries(work):
         if parse_work_folder(entry.name) is not None:

@@ -38,6 +38,7 @@ from .. import record
 from ..errors import SpoolError
 from ..job import new_id
 from ..jobname import stem_of
+from ..submitters import login_of
 from .common import Shared, entries, strerror
 from .names import (
     OUTPUT_SUFFIX,
@@ -52,6 +53,7 @@ from .names import (
     safe_name,
     shown,
     work_folder_name,
+    writable_problem,
 )
 
 
@@ -82,10 +84,17 @@ class Claim:
     again: bool = False
     #: The claimed entry's size in bytes when it was claimed or taken back (None: not known).
     size: int | None = None
+    #: The claimed entry's owner (uid): the job's submitter (None: not known).
+    owner: int | None = None
 
     @property
     def stem(self) -> str:
         return stem_of(self.name)
+
+    @property
+    def submitter(self) -> str | None:
+        """Who dropped the file: its owner's login (None where the owner is not known)."""
+        return None if self.owner is None else login_of(self.owner)
 
     def collision(self) -> dict[str, Any] | None:
         """The sidecar's ``collision`` entry, when the output had to be versioned."""
@@ -269,8 +278,21 @@ class Claims:
                 f"claimed {shown(name)} but cannot look at it: {strerror(exc)}; it stays in {WORK_DIR} and is "
                 f"tried again after a pause"
             ) from None
+        return self._looked_at(claim, info)
+
+    def _looked_at(self, claim: Claim, info: os.stat_result, **changes: Any) -> Claim:
+        """``claim`` with what its entry's ``lstat`` says: a regular file or not, why it must not be read, its
+        size and owner."""
+        problem = entry_problem(info)
+        if problem is None and self.shared.class_mode:
+            problem = writable_problem(info)
         return dataclasses.replace(
-            claim, regular=stat.S_ISREG(info.st_mode), problem=entry_problem(info), size=info.st_size
+            claim,
+            regular=stat.S_ISREG(info.st_mode),
+            problem=problem,
+            size=info.st_size,
+            owner=info.st_uid,
+            **changes,
         )
 
     def _job_folder(self, name: str) -> Path:
@@ -340,18 +362,18 @@ class Claims:
                     (
                         info.st_mtime_ns,
                         path.name,
-                        Claim(
-                            job_id,
-                            path.name,
-                            version,
-                            path,
-                            output_path(shared.outbox, stem_of(path.name), version),
-                            time.perf_counter(),
-                            regular=stat.S_ISREG(info.st_mode),
-                            size=info.st_size,
-                            resumed=True,
-                            problem=entry_problem(info),
-                            reservation=claim_path(shared.outbox, stem_of(path.name), version),
+                        self._looked_at(
+                            Claim(
+                                job_id,
+                                path.name,
+                                version,
+                                path,
+                                output_path(shared.outbox, stem_of(path.name), version),
+                                time.perf_counter(),
+                                resumed=True,
+                                reservation=claim_path(shared.outbox, stem_of(path.name), version),
+                            ),
+                            info,
                         ),
                     )
                 )
@@ -377,13 +399,5 @@ class Claims:
                 self.hand.keep_left(claim)
                 continue
             self.hand.expect(claim.job_id)
-            back.append(
-                dataclasses.replace(
-                    claim,
-                    started=time.perf_counter(),
-                    regular=stat.S_ISREG(info.st_mode),
-                    problem=entry_problem(info),
-                    size=info.st_size,
-                )
-            )
+            back.append(self._looked_at(claim, info, started=time.perf_counter()))
         return back

@@ -29,7 +29,8 @@ class Shared:
     ``host_id`` is set on a shared inbox: this host claims into and resumes
     from ``.work/<host_id>`` only. ``owner_pid`` is the pid written into the
     outbox reservations and taken by their sweep for "this daemon"
-    (default: this process's).
+    (default: this process's). ``state_dir``: the daemon's private folder,
+    where ``.work``, ``.done`` and ``.failed`` are (default: the inbox).
     """
 
     def __init__(
@@ -39,17 +40,23 @@ class Shared:
         host_id: str | None = None,
         ops: FileOps = OPS,
         owner_pid: int | None = None,
+        state_dir: Path | None = None,
+        class_mode: bool = False,
     ) -> None:
         self.inbox = Path(inbox)
+        #: Inputs that others could change are refused (:func:`~.names.writable_problem`).
+        self.class_mode = class_mode
         self.outbox = Path(outbox)
+        #: Where the daemon's own folders are: ``state_dir``, else the inbox.
+        self.private = Path(state_dir) if state_dir is not None else self.inbox
         #: Set on a shared inbox: this host claims into and resumes from ``.work/<host_id>`` only.
         self.host_id = host_id
         self.ops = ops
         self.owner_pid = os.getpid() if owner_pid is None else owner_pid
-        self.work_root = self.inbox / WORK_DIR
+        self.work_root = self.private / WORK_DIR
         self.work = self.work_root / host_id if host_id else self.work_root
-        self.done = self.inbox / DONE_DIR
-        self.failed = self.inbox / FAILED_DIR
+        self.done = self.private / DONE_DIR
+        self.failed = self.private / FAILED_DIR
         #: Taken for the jobs in hand and for decisions that must see them unchanged (a sweep, a take-over).
         self.lock = threading.Lock()
         self._made: set[Path] = set()
@@ -62,7 +69,7 @@ class Shared:
                 self.folder(self.work_root)
                 self._mkdir(path)
                 check_own_folder(path)
-            elif path.parent == self.inbox:
+            elif path.parent == self.private:
                 self._mkdir(path)  # never the inbox itself: if it was deleted, it stays so
                 check_own_folder(path)
             else:
@@ -91,6 +98,8 @@ class Shared:
                 self.folder(folder)
             except OSError as exc:
                 raise SpoolError(f"cannot create {folder}: {exc.strerror or exc}") from None
+        if self.private != self.inbox:
+            self._prepare_private()
         for folder in (self.work_root, self.work, self.done, self.failed):
             if os.path.lexists(folder):
                 check_own_folder(folder)
@@ -100,6 +109,65 @@ class Shared:
                 f"the outbox {self.outbox} is world-writable (mode {stat.S_IMODE(mode):o}): anyone could replace "
                 f"results; chmod o-w it"
             )
+
+    def _prepare_private(self) -> None:
+        """Make the state folder (0700) when missing, and refuse one that others could reach or change.
+
+        It holds the lock, the state file and every claimed job: a student
+        who could write it could stop or freeze the service or swap another's
+        job; one who could enter it could read everyone's inputs. It must be
+        on the inbox's filesystem, since a claim is a rename.
+        """
+        folder = self.private
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise SpoolError(f"cannot create the state folder {folder}: {exc.strerror or exc}") from None
+        check_own_folder(folder)
+        info, inbox = os.lstat(folder), os.stat(self.inbox)
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH | stat.S_IRWXO) or (mode & stat.S_IRWXG and info.st_gid == inbox.st_gid):
+            raise SpoolError(
+                f"the state folder {folder} (mode {mode:o}) is open to others or to the inbox's group: only mmd may "
+                f"write it and no one who drops files may enter it; chmod 700 it"
+            )
+        if info.st_dev != inbox.st_dev:
+            raise SpoolError(
+                f"the state folder {folder} is not on the inbox's filesystem: a claim is a rename, which cannot "
+                f"cross filesystems; put it beside the inbox"
+            )
+
+    def adopt_inbox_folders(self) -> list[str]:
+        """Move what an earlier daemon kept in the inbox's ``.work``, ``.done`` and ``.failed`` into the state
+        folder (the layout before ``state_dir`` was set): its held and claimed jobs resume from there.
+
+        Only for a daemon that holds the lock, with no daemon of the old
+        layout alive. Only mmd's own folders move (a link, or a folder a user
+        planted, is left where it is: it means nothing now); an entry whose
+        name is taken in the state folder stays behind. Returns what moved.
+        """
+        moved: list[str] = []
+        if self.private == self.inbox:
+            return moved
+        for name in (WORK_DIR, DONE_DIR, FAILED_DIR):
+            old, new = self.inbox / name, self.private / name
+            try:
+                check_own_folder(old)
+            except (OSError, SpoolError):
+                continue
+            if not os.path.lexists(new):
+                with contextlib.suppress(OSError):
+                    self.ops.rename(old, new)
+                    moved.append(name)
+                continue
+            for entry in entries(old):
+                if not os.path.lexists(new / entry.name):
+                    with contextlib.suppress(OSError):
+                        self.ops.rename(entry, new / entry.name)
+                        moved.append(f"{name}/{entry.name}")
+        return moved
 
     # -- small file steps, through ops --
     def write_new(self, path: Path, data: bytes, durable: bool = False) -> None:

@@ -148,6 +148,26 @@ def entry_problem(info: os.stat_result) -> str | None:
     return None
 
 
+def writable_problem(info: os.stat_result) -> str | None:
+    """Why an input others could change must not be read in class mode, or None.
+
+    A file its group or others may write could be rewritten by a classmate
+    between its drop and its claim (the inbox's group is the class). With
+    the write bits off, the kernel also refuses classmates a hard link to it
+    (``fs.protected_hardlinks``). Group bits are the ACL mask where the file
+    has an ACL, so a named entry that grants write sets them too.
+    """
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    who = "its group and others" if mode & stat.S_IWGRP and mode & stat.S_IWOTH else (
+        "its group" if mode & stat.S_IWGRP else "others")  # fmt: skip
+    return (
+        f"is writable by {who} (mode {mode:03o}), so someone else could change it after you dropped it; "
+        f"chmod go-w it (or set umask 022) and drop it again"
+    )
+
+
 def work_folder_name(job_id: str, version: int) -> str:
     """The ``.work`` folder of a claimed job: ``<job>.<version>``."""
     return f"{job_id}.{version}"

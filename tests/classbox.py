@@ -1,0 +1,97 @@
+"""A class on one lab box, for the tests: real Unix users in one group, and a spool laid out as the docs say.
+
+The users are made as root (``useradd``) for the session and removed after;
+what they run is the system's own tools (``sh``, ``flock``, ``cat``) through
+``setpriv``, never this clone's venv, so the tests pass in a clone that other
+users cannot enter. The spool lives in a fresh folder under /tmp that they
+can: pytest's own ``tmp_path`` is private to root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+GROUP = "mmdtestcls"
+STUDENTS = ("mmdtstu1", "mmdtstu2")
+
+
+@dataclass(frozen=True)
+class Student:
+    login: str
+    uid: int
+    gid: int
+
+    def run(self, script: str, *args: str, umask: str = "022", check: bool = True) -> subprocess.CompletedProcess:
+        """``sh -c script`` as this student (their uid, their groups), in /tmp, with ``umask``."""
+        argv = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--reset-env",
+                "sh", "-c", f"umask {umask}; {script}", "sh", *args]  # fmt: skip
+        return subprocess.run(argv, cwd="/tmp", capture_output=True, text=True, timeout=60, check=check)
+
+    def drop(self, inbox: Path, name: str, text: str, umask: str = "022") -> None:
+        """Write ``text`` to ``inbox/name`` as this student: under ``name.part``, then a rename (the docs' recipe)."""
+        self.run('printf %s "$3" > "$1/$2.part" && mv "$1/$2.part" "$1/$2"', str(inbox), name, text, umask=umask)
+
+
+def _ensure_group(name: str) -> int:
+    with contextlib.suppress(KeyError):
+        return grp.getgrnam(name).gr_gid
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    return grp.getgrnam(name).gr_gid
+
+
+def _ensure_user(login: str, group: str) -> Student:
+    try:
+        entry = pwd.getpwnam(login)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-N", "-g", group, "-s", "/usr/sbin/nologin", login],
+                       check=True, capture_output=True)  # fmt: skip
+        entry = pwd.getpwnam(login)
+    return Student(login, entry.pw_uid, entry.pw_gid)
+
+
+@pytest.fixture(scope="session")
+def students() -> Iterator[tuple[Student, ...]]:
+    """Two students of one class group (made for the session; root only, which CI is)."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("needs root, useradd and setpriv to make the class's users (CI runs as root)")
+    _ensure_group(GROUP)
+    made = tuple(_ensure_user(login, GROUP) for login in STUDENTS)
+    yield made
+    for login in STUDENTS:
+        subprocess.run(["userdel", login], capture_output=True)
+    subprocess.run(["groupdel", GROUP], capture_output=True)
+
+
+@dataclass(frozen=True)
+class Box:
+    """The folders of a class box: inbox 3770 root:<class> (a drop box), outbox 0755, state 0700."""
+
+    root: Path
+    inbox: Path
+    outbox: Path
+    state: Path
+
+
+@pytest.fixture
+def box(students) -> Iterator[Box]:
+    root = Path(tempfile.mkdtemp(prefix="mmd-class-"))
+    root.chmod(0o755)
+    inbox, outbox, state = root / "inbox", root / "outbox", root / "state"
+    inbox.mkdir()
+    os.chown(inbox, 0, grp.getgrnam(GROUP).gr_gid)
+    inbox.chmod(0o3770)
+    outbox.mkdir(mode=0o755)
+    state.mkdir(mode=0o700)
+    yield Box(root, inbox, outbox, state)
+    shutil.rmtree(root, ignore_errors=True)
