@@ -93,6 +93,12 @@ class UnreadableError(UsageError):
     kind = "unreadable"
 
 
+class NotRegularFile(UnreadableError):
+    """A file a student made is a symbolic link, a folder, a FIFO or a device: never opened (``mmd check``)."""
+
+    kind = "not-a-file"
+
+
 class JobNameError(MmdError):
     """A per-job setting in a file name is unknown or not allowed."""
 

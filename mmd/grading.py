@@ -22,6 +22,7 @@ import dataclasses
 import math
 import mmap
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores, worker_rows
-from .errors import ExitStatus, InputFormatError, UnreadableError
+from .errors import ExitStatus, InputFormatError, NotRegularFile, UnreadableError
 from .textcore import Values
 
 if TYPE_CHECKING:
@@ -64,11 +65,12 @@ class Status(str, Enum):
     MISSING = "missing"  # no output and no error sidecar
     REFUSED = "refused"  # an error sidecar instead of an output
     EXTRA = "extra"  # an output or error sidecar with no input or expected output
+    NOT_A_FILE = "not-a-file"  # the output or error sidecar is a link, folder, FIFO or device: never opened
     ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
 
 
 #: Statuses that fail a check (exit status 1).
-FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED})
+FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED, Status.NOT_A_FILE})
 
 
 @dataclass(frozen=True)
@@ -178,11 +180,11 @@ _ORDER = list(Status)
 
 
 @contextlib.contextmanager
-def _opened(path: Path, ahead: ReadAhead | None) -> Iterator[memoryview]:
+def _opened(path: Path, ahead: ReadAhead | None, follow: bool = True) -> Iterator[memoryview]:
     """The bytes of ``path``: as ``ahead`` mapped them, where it did (it unmaps them), else mapped
-    or read here."""
+    or read here (``follow=False``: a student's file, :func:`mmd.textcore.read_bytes`)."""
     mapped = None if ahead is None else ahead.mapped(path)
-    data = textcore.read_bytes(path) if mapped is None else mapped
+    data = textcore.read_bytes(path, follow) if mapped is None else mapped
     view = memoryview(data)
     try:
         yield view
@@ -347,7 +349,10 @@ def check_job(job: Job, options: Options, ahead: ReadAhead | None = None) -> Res
     """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file). ``ahead``:
     reads of its files already started (:mod:`mmd.readahead`), used where they succeeded."""
     start = time.perf_counter()
-    result = _check(job, options, ahead)
+    try:
+        result = _check(job, options, ahead)
+    except MemoryError:  # one job's, never the end of a folder's check and its reports
+        result = _result(job, Status.ERROR, reason="not enough memory to check it")
     return _with_seconds(result, time.perf_counter() - start)
 
 
@@ -363,19 +368,23 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
     if job.reference is None:
         what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
         return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
-    if job.output is None:
-        if job.refusal is not None:
-            return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
-        return _result(job, Status.MISSING, reason="no output and no error sidecar")
     try:
-        with _opened(job.output, ahead) as data:
-            m, n, _ = textcore.output_header(data)  # a bad header fails now, the reference unread
+        if job.output is None:
+            if job.refusal is not None:
+                return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
+            return _result(job, Status.MISSING, reason="no output and no error sidecar")
+        with _opened(job.output, ahead, follow=False) as data:
+            m, n, start = textcore.output_header(data)  # a bad header fails now, the reference unread
+            if not textcore.output_plausible(len(data), start, m, n):
+                _output_fault(data)  # before any memory is sized from the header
             shape = (m, n)
             if options.against == "expected":
                 return _against_expected(job, options, data, shape, ahead)
             ready = None if ahead is None else ahead.output_values(job.output)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 return _against_input(job, options, data, shape, _Rows(pool, data, ready), ahead)
+    except NotRegularFile as exc:
+        return _result(job, Status.NOT_A_FILE, reason=exc.reason)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
         return _result(job, Status.ERROR, reason=exc.reason)
     except InputFormatError as exc:
@@ -514,7 +523,7 @@ def _against_input(
     shapes is reported (a malformed output found beside a product costs that product).
     """
     assert job.reference is not None
-    if options.quick:
+    if options.quick and _input_shape(job.reference) == shape:  # else the output's sums wait for the input
         rows.sums(shape, options.seed)
     try:
         inputs = _input_values(job.reference, options, ahead)
@@ -544,6 +553,24 @@ def _against_input(
     else:
         source = verify.WholeRows(rows.result())
     return _values_result(job, shape, verify.against_product(source, product, options.tol))
+
+
+def _input_shape(path: Path) -> tuple[int, int] | None:
+    """The product's (m, n) by the input's header line alone (its first bytes), None where that cannot
+    be read: the full read that follows words the fault."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            head = os.pread(fd, textcore.HEADER_WINDOW + len(textcore.BOM), 0)
+        finally:
+            os.close(fd)
+        h = textcore.parse_header(head, size=info.st_size)
+    except (OSError, InputFormatError):
+        return None
+    return h.m, h.n
 
 
 def _quick_by_c() -> bool:
@@ -592,16 +619,20 @@ def _ref_suffix(options: Options) -> str:
 
 
 def _refusal_reason(path: Path) -> str:
+    """The reason an error sidecar gives (a student's file: raises NotRegularFile for a link, a FIFO ...)."""
     import yaml
 
     from . import record
 
+    name = textcore.printable(path.name)
     try:
-        refusal = record.read(path)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        return f"refused ({path.name} cannot be read: {type(exc).__name__})"
+        refusal = record.parse(bytes(textcore.read_bytes(path, follow=False)), path)
+    except NotRegularFile:
+        raise
+    except (UnreadableError, ValueError, yaml.YAMLError) as exc:
+        return f"refused ({name} cannot be read: {type(exc).__name__})"
     reason = refusal.error.reason if isinstance(refusal, record.ErrorRecord) else None
-    return f"refused: {reason} ({path.name})" if reason else f"refused ({path.name})"
+    return f"refused: {textcore.printable(reason)} ({name})" if reason else f"refused ({name})"
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -225,3 +226,59 @@ def test_a_check_against_an_expected_output_imports_no_numpy(tmp_path, change, s
     numpy_, c_off, got_status = got.stdout.splitlines()[-1].split()  # the child's route: the environment decides
     assert (numpy_, got_status) == (c_off, str(status)), got.stdout + got.stderr
     assert ("MISMATCH" in got.stdout) == bool(status)
+
+
+def _run_limited(*args: str, cwd: Path, kib: int = 3_000_000) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``mmd check ARGS`` in a process that may map at most ``kib`` KiB (ulimit -v), and its wall time."""
+    script = f'ulimit -v {kib} && exec "$0" -m mmd check "$@"'
+    start = time.perf_counter()
+    r = subprocess.run(
+        ["bash", "-c", script, sys.executable, *args],
+        cwd=cwd,
+        env=mmd_env({"MMD_BACKEND": "cpu"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r, time.perf_counter() - start
+
+
+def test_a_quick_check_sizes_nothing_from_a_header_its_file_cannot_hold(tmp_path):
+    _pair(tmp_path, "m", 2, 2, 2, 1)
+    (tmp_path / "m.out").write_bytes(b"100000000\n  1.00\n")  # 18 bytes promise 10^8 rows (3.2 GB of sums)
+    r, seconds = _run_limited("m.out", "--input", "m.txt", "--quick", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (1, "")
+    assert r.stdout == "FORMAT: m.out: line 2, column 7: expected 100000000 fields, found 1\n"
+    assert seconds < 5
+
+
+@pytest.mark.parametrize("quick", [[], ["--quick"]])
+def test_a_folder_check_with_a_huge_header_writes_every_report(tmp_path, quick):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "a", 3, 3, 3, 1)
+    (tests / "a.out").rename(outbox / "a.out")
+    _pair(tests, "b", 2, 3, 64, 2)
+    (outbox / "b.out").write_bytes(b"3000000000 64\n  1.00\n")
+    r, _ = _run_limited(
+        str(outbox), "--inputs", str(tests), "--junit", "r.xml", "--json", "r.json", *quick, cwd=tmp_path
+    )
+    assert (r.returncode, r.stderr) == (1, "")
+    assert r.stdout.splitlines()[2].split(maxsplit=3) == [
+        "b.out",
+        "-",
+        "format",
+        "-  line 2, column 7: expected 64 fields, found 1",
+    ]
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["format"] == 1
+    assert ET.parse(tmp_path / "r.xml").getroot().find("testsuite").get("failures") == "1"
+
+
+def test_one_output_that_is_a_link_is_not_followed(tmp_path):
+    _, out = _pair(tmp_path, "m", 3, 3, 3, 1)
+    (tmp_path / "link.out").symlink_to(out)
+    for extra in ([], ["--quick"]):
+        r = run_mmd("check", "link.out", "--input", "m.txt", *extra, cwd=tmp_path)
+        assert (r.returncode, r.stderr) == (1, ""), r
+        assert r.stdout == "NOT A FILE: link.out is a symbolic link: not opened\n"

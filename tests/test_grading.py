@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -96,7 +98,16 @@ def test_folder_statuses_table_and_summary(folder):
         "z_extra": (Status.EXTRA, "z_extra.out: no z_extra.txt to check it against"),
     }
     assert run.exit_status == ExitStatus.FAILED
-    assert run.counts == {"ok": 4, "mismatch": 1, "format": 1, "missing": 1, "refused": 1, "extra": 1, "error": 0}
+    assert run.counts == {
+        "ok": 4,
+        "mismatch": 1,
+        "format": 1,
+        "missing": 1,
+        "refused": 1,
+        "extra": 1,
+        "not-a-file": 0,
+        "error": 0,
+    }
     e = {r.name: "%.4g" % r.max_error for r in run.results if r.max_error is not None}
     assert grading.table(run.results) == "\n".join(
         [
@@ -214,14 +225,15 @@ def test_unreadable_references_and_outputs(folder):
     tests, out = folder / "tests", folder / "outbox"
     (tests / "a_square.txt").write_text("3\n1 2\n")  # not a valid input
     (out / "b_rect.out").unlink()
-    (out / "b_rect.out").mkdir()  # an output that is not a file
+    (out / "c_one.out").chmod(0)  # an output that cannot be read (but by root)
     run = grading.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"][0] is Status.ERROR
     assert (
         got["a_square"][1] == f"input {tests / 'a_square.txt'}: line 2: expected 18 values (9 for A, 9 for B), found 2"
     )
-    assert got["b_rect"] == (Status.ERROR, f"cannot read {out / 'b_rect.out'}: not a regular file")
+    if os.geteuid() != 0:
+        assert got["c_one"] == (Status.ERROR, f"cannot read {out / 'c_one.out'}: Permission denied")
     assert run.exit_status == ExitStatus.USAGE
     with pytest.raises(UnreadableError, match=r"cannot read .*nosuch"):
         grading.check_folder(folder / "nosuch", tests, Options())
@@ -505,3 +517,63 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
         "another shape": "mismatch",
     }
     assert "at row 18" in c["a row"]["reason"] and "at column 25" in c["a column"]["reason"]
+
+
+SECRET = b"ta-token-3f9a1c SECRET\n"
+
+
+def _reports(run: grading.Run, tmp_path: Path) -> bytes:
+    """Everything the run shows a grader: the table, the summary, the JUnit and JSON files."""
+    grading.write_junit(run, tmp_path / "r.xml")
+    grading.write_json(run, tmp_path / "r.json")
+    shown = (grading.table(run.results) + "\n" + run.summary()).encode()
+    return shown + (tmp_path / "r.xml").read_bytes() + (tmp_path / "r.json").read_bytes()
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_links_fifos_and_folders_in_an_outbox_are_reported_never_opened(folder, tmp_path, quick):
+    out, tests = folder / "outbox", folder / "tests"
+    secret, answers = tmp_path / "secret", tmp_path / "answers"
+    secret.write_bytes(SECRET)
+    answers.mkdir()
+    shutil.move(out / "a_square.out", answers / "a_square.out")
+    (out / "a_square.out").symlink_to(answers / "a_square.out")  # the right answer, through a link
+    (out / "b_rect.out").unlink()
+    (out / "b_rect.out").symlink_to(secret)  # a grader's private file
+    (out / "c_one.out").unlink()
+    os.mkfifo(out / "c_one.out")
+    (out / "g_tall.out").unlink()
+    (out / "g_tall.out").mkdir()
+    (out / "e_missing.error.yaml").symlink_to(secret)
+    run = grading.check_folder(out, tests, Options(quick=quick))
+    got = {r.name: (r.status, r.reason) for r in run.results if r.status is Status.NOT_A_FILE}
+    assert got == {
+        "a_square": (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened"),
+        "b_rect": (Status.NOT_A_FILE, "b_rect.out is a symbolic link: not opened"),
+        "c_one": (Status.NOT_A_FILE, "c_one.out is a FIFO: not opened"),
+        "e_missing": (Status.NOT_A_FILE, "e_missing.error.yaml is a symbolic link: not opened"),
+        "g_tall": (Status.NOT_A_FILE, "g_tall.out is a folder: not opened"),
+    }
+    assert run.exit_status == ExitStatus.FAILED and run.counts["not-a-file"] == 5
+    assert "5 not-a-file" in run.summary()
+    assert b"SECRET" not in _reports(run, tmp_path)
+
+
+def test_an_output_made_a_link_after_pairing_is_not_followed(folder, tmp_path):
+    out, tests = folder / "outbox", folder / "tests"
+    jobs = grading.pair_folder(out, tests, "inputs")
+    (tmp_path / "secret").write_bytes(SECRET)
+    (out / "a_square.out").unlink()
+    (out / "a_square.out").symlink_to(tmp_path / "secret")
+    got = {r.name: (r.status, r.reason) for r in grading.check_jobs(jobs, Options(), workers=1)}
+    assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes device nodes")
+def test_a_device_in_an_outbox_is_never_opened(folder):
+    out, tests = folder / "outbox", folder / "tests"
+    (out / "a_square.out").unlink()
+    os.mknod(out / "a_square.out", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's: an endless read
+    run = grading.check_folder(out, tests, Options())
+    got = {r.name: (r.status, r.reason) for r in run.results}
+    assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a character device: not opened")

@@ -28,7 +28,8 @@ little; the full check sees every value. See docs/grading.md.
 
 exit status:
   0  every check passed (extra outputs in a folder are listed, not failed)
-  1  a check failed: wrong values or format, a missing output, a refused job
+  1  a check failed: wrong values or format, a missing output, a refused job,
+     an output that is a link, folder, FIFO or device (never opened)
   2  usage, or a file that cannot be read (an output, input or expected
      output; an input or expected output that is not valid)
 """
@@ -151,14 +152,18 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
 
 
 def _print_one(r: Result) -> None:
-    from .. import grading
-
     """One output: the line mmd check has always printed, or one line on stderr when it cannot check."""
+    from .. import grading
+    from ..textcore import printable
+
+    output = printable(str(r.output))
     if r.status is grading.Status.ERROR:
         print(f"mmd check: {r.reason}", file=sys.stderr)
+    elif r.status is grading.Status.NOT_A_FILE:
+        print(f"NOT A FILE: {r.reason}")
     elif r.status is grading.Status.FORMAT:
-        print(f"FORMAT: {r.output}: {r.reason}")
+        print(f"FORMAT: {output}: {r.reason}")
     elif r.detail:
-        print(f"{r.output}: format ok; {r.detail}")
+        print(f"{output}: format ok; {r.detail}")
     else:
-        print(f"{r.output}: format ok; MISMATCH: {r.reason}")
+        print(f"{output}: format ok; MISMATCH: {r.reason}")
