@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores, worker_rows
-from .errors import ExitStatus, InputFormatError, NotRegularFile, UnreadableError
+from .errors import ExitStatus, InputFormatError, NotRegularFile, UnreadableError, UsageError
 from .textcore import Values
 
 if TYPE_CHECKING:
@@ -116,18 +116,18 @@ class Result:
         return self.output.name if self.output is not None else self.name + OUTPUT_SUFFIX
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for JSON (non-finite errors become null)."""
+        """Plain data for JSON (non-finite errors become null; names and reasons :func:`shown`)."""
         err = self.max_error if self.max_error is not None and math.isfinite(self.max_error) else None
         return {
-            "name": self.name,
-            "file": self.file,
+            "name": shown(self.name),
+            "file": shown(self.file),
             "status": self.status.value,
-            "output": None if self.output is None else str(self.output),
-            "reference": None if self.reference is None else str(self.reference),
+            "output": _shown_path(self.output),
+            "reference": _shown_path(self.reference),
             "shape": None if self.shape is None else list(self.shape),
             "max_error": err,
-            "reason": self.reason,
-            "detail": self.detail,
+            "reason": shown(self.reason),
+            "detail": shown(self.detail),
             "line": self.line,
             "column": self.column,
             "seconds": round(self.seconds, 6),
@@ -711,6 +711,27 @@ def _now() -> str:
 # ---------------------------------------------------------------------------
 # reports
 
+#: Every text a report shows (file names, which students choose; reasons, which quote their files):
+#: escaped so that it can neither move a terminal's cursor nor break XML 1.0 or UTF-8.
+shown = textcore.printable
+
+
+def check_report_path(path: Path, flag: str) -> None:
+    """Raise UsageError where a report cannot be written at ``path`` (its folder is missing or not
+    writable, or it names a folder): ``mmd check`` asks before any check starts, not after them all."""
+    where = f"{flag} {shown(str(path))}"
+    if path.is_dir():
+        raise UsageError(f"{where}: is a folder; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"{where}: the folder {shown(str(folder))} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{where}: cannot write in {shown(str(folder))}")
+
+
+def _shown_path(path: Path | None) -> str | None:
+    return None if path is None else shown(str(path))
+
 
 def table(results: Sequence[Result]) -> str:
     """The results as a plain-text table: file, shape, status, max error, reason."""
@@ -718,7 +739,7 @@ def table(results: Sequence[Result]) -> str:
     for r in results:
         shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
         err = "-" if r.max_error is None else f"{r.max_error:.4g}"
-        rows.append((r.file, shape, r.status.value, err, r.reason))
+        rows.append((shown(r.file), shape, r.status.value, err, shown(r.reason)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = []
     for row in rows:
@@ -741,37 +762,47 @@ def junit_xml(run: Run) -> ET.Element:
         "skipped": str(c["extra"]),
         "time": f"{run.seconds:.3f}",
     }
-    root = ET.Element("testsuites", {"name": "mmd check", **totals})
+    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
+    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
+    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
     suite = ET.SubElement(
         root,
         "testsuite",
-        {"name": f"mmd check {run.outbox}", **totals, "timestamp": run.started_at, "hostname": socket.gethostname()},
+        {
+            "name": f"mmd check {shown(str(run.outbox))}",
+            **totals,
+            "timestamp": run.started_at.removesuffix("+00:00"),
+            "hostname": shown(socket.gethostname()),
+        },
     )
     props = ET.SubElement(suite, "properties")
     o = run.options
     for key, value in (
-        ("outbox", str(run.outbox)),
+        ("outbox", shown(str(run.outbox))),
         ("against", o.against),
-        ("reference", str(run.reference)),
+        ("reference", shown(str(run.reference))),
         ("quick", "true" if o.quick else "false"),
         ("seed", str(o.seed)),
         ("tol", "model" if o.tol is None else f"{o.tol:g}"),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for r in run.results:
-        attrs = {"classname": "mmd.check", "name": r.name, "time": f"{r.seconds:.3f}"}
-        if r.output is not None:
-            attrs["file"] = str(r.output)
-        case = ET.SubElement(suite, "testcase", attrs)
+        case = ET.SubElement(
+            suite, "testcase", {"classname": "mmd.check", "name": shown(r.name), "time": f"{r.seconds:.3f}"}
+        )
+        reason = shown(r.reason)
         if r.status in FAILED:
-            node = ET.SubElement(case, "failure", {"type": r.status.value, "message": r.reason})
-            node.text = r.detail or r.reason
+            node = ET.SubElement(case, "failure", {"type": r.status.value, "message": reason})
+            node.text = shown(r.detail) or reason
         elif r.status is Status.ERROR:
-            ET.SubElement(case, "error", {"type": r.status.value, "message": r.reason})
+            ET.SubElement(case, "error", {"type": r.status.value, "message": reason})
         elif r.status is Status.EXTRA:
-            ET.SubElement(case, "skipped", {"type": r.status.value, "message": r.reason})
-        if r.detail:
-            ET.SubElement(case, "system-out").text = r.detail
+            ET.SubElement(case, "skipped", {"type": r.status.value, "message": reason})
+        # the files checked (testcase has no attribute for them), then the check's own summary line
+        paths = [
+            f"{what}: {shown(str(path))}" for what, path in (("output", r.output), ("reference", r.reference)) if path
+        ]
+        ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
     ET.indent(root)
     return root
 
@@ -790,9 +821,9 @@ def run_dict(run: Run) -> dict[str, Any]:
     """The run as plain data (what ``--json`` writes)."""
     o = run.options
     return {
-        "outbox": str(run.outbox),
+        "outbox": shown(str(run.outbox)),
         "against": o.against,
-        "reference": str(run.reference),
+        "reference": shown(str(run.reference)),
         "quick": o.quick,
         "seed": o.seed,
         "tol": o.tol,

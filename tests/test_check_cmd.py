@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -282,3 +283,45 @@ def test_one_output_that_is_a_link_is_not_followed(tmp_path):
         r = run_mmd("check", "link.out", "--input", "m.txt", *extra, cwd=tmp_path)
         assert (r.returncode, r.stderr) == (1, ""), r
         assert r.stdout == "NOT A FILE: link.out is a symbolic link: not opened\n"
+
+
+def test_names_reach_the_terminal_and_the_reports_escaped(tmp_path):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t", 3, 3, 3, 1)
+    (tests / "t.out").rename(outbox / "t.out")
+    shutil.copy(outbox / "t.out", outbox / "\x1b[1A\x1b[2Kt.out")  # would erase the row above
+    shutil.copy(outbox / "t.out", os.fsencode(outbox) + b"/w\xff.out")  # not UTF-8
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--junit", "r.xml", "--json", "r.json", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert "\x1b" not in r.stdout
+    rows = [line.split()[:3] for line in r.stdout.splitlines()[1:4]]
+    assert rows == [["\\x1b[1A\\x1b[2Kt.out", "-", "extra"], ["t.out", "3x3", "ok"], ["w\\xff.out", "-", "extra"]]
+    cases = [c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")]
+    assert cases == ["\\x1b[1A\\x1b[2Kt", "t", "w\\xff"]
+    assert [x["file"] for x in json.loads((tmp_path / "r.json").read_text())["results"]] == [
+        "\\x1b[1A\\x1b[2Kt.out",
+        "t.out",
+        "w\\xff.out",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("report", "line"),
+    [
+        (["--junit", "nodir/r.xml"], "mmd check: --junit nodir/r.xml: the folder nodir does not exist"),
+        (["--json", "outbox"], "mmd check: --json outbox: is a folder; give a file name"),
+        (["--json", "r.json", "--junit", "tests/nodir/r.xml"], "mmd check: --junit tests/nodir/r.xml: the folder"),
+    ],
+)
+def test_report_paths_are_checked_before_any_check(tmp_path, report, line):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t", 3, 3, 3, 1)
+    os.mkfifo(outbox / "t.out")  # were it checked, a row would say so
+    r = run_mmd("check", "outbox", "--inputs", "tests", *report, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert _one_line(r.stderr).startswith(line)
+    assert not (tmp_path / "r.json").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xmlschema
 
 from mmd import grading, textcore, textformat
 from mmd.errors import ExitStatus, UnreadableError
@@ -19,6 +20,9 @@ from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
 
 from .conftest import blocks_of, run_mmd
+
+#: The JUnit schema pytest's junit_family=xunit2 targets (the file says where it comes from).
+JUNIT_SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit-10.xsd")
 
 #: name -> (m, k, n): the test inputs of the folder
 SHAPES = {
@@ -140,14 +144,11 @@ def test_folder_junit(folder, tmp_path):
     assert path.read_bytes().startswith(b"<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"mmd check\"")
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
-    assert {k: root.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": "9",
-        "failures": "4",
-        "errors": "0",
-        "skipped": "1",
-    }
+    JUNIT_SCHEMA.validate(path)
+    assert {k: root.get(k) for k in ("tests", "failures", "errors")} == {"tests": "9", "failures": "4", "errors": "0"}
     (suite,) = root.findall("testsuite")
-    assert suite.get("failures") == "4" and suite.get("timestamp") == run.started_at
+    assert suite.get("failures") == "4" and suite.get("skipped") == "1"
+    assert suite.get("timestamp") == run.started_at.removesuffix("+00:00")  # UTC, as JUnit writes it
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["against"] == "inputs" and props["quick"] == "false" and props["tol"] == "model"
     cases = {c.get("name"): c for c in suite.findall("testcase")}
@@ -164,7 +165,10 @@ def test_folder_junit(folder, tmp_path):
         assert fail is not None and fail.get("type") == kind and fail.get("message"), name
     assert cases["d_wrong"].find("failure").text.startswith("MISMATCH: 12x12 values, 1 outside tolerance")
     assert cases["z_extra"].find("skipped").get("type") == "extra"
-    assert cases["a_square"].get("file") == str(folder / "outbox" / "a_square.out")
+    assert cases["a_square"].find("system-out").text == (
+        f"output: {folder / 'outbox' / 'a_square.out'}\nreference: {folder / 'tests' / 'a_square.txt'}\n"
+        + run.results[0].detail
+    )
 
 
 def test_folder_json(folder, tmp_path):
@@ -577,3 +581,43 @@ def test_a_device_in_an_outbox_is_never_opened(folder):
     run = grading.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a character device: not opened")
+
+
+def test_names_are_escaped_in_every_report(folder, tmp_path):
+    out = folder / "outbox"
+    forged = "\x1b[2K\x1b[1Ad_wrong.out    12x12  ok"  # erases the row above, draws an "ok" row
+    raw = os.fsdecode(b"w\xff\x07.out")  # not UTF-8, and a bell
+    for name in (forged + ".out", raw, "y\u202egnp.out"):  # a right-to-left override
+        shutil.copy(out / "c_one.out", out / name)
+    refusal = (out / "h_refused.error.yaml").read_text()
+    assert "reason: 'line 3: ''x'' is not a number'\n" in refusal
+    refusal = refusal.replace("reason: 'line 3: ''x'' is not a number'", 'reason: "\\e[31mno\\n"')
+    (out / "e_missing.error.yaml").write_text(refusal)  # a student's sidecar with escapes in its reason
+    run = grading.check_folder(out, folder / "tests", Options())
+    table = grading.table(run.results) + "\n" + run.summary()
+    assert all(ch == "\n" or ch.isprintable() for ch in table)
+    rows = table.splitlines()
+    for name in ("\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"):
+        assert any(row.startswith(name + "  ") and " extra " in row for row in rows), name
+    (refused,) = (row for row in rows if row.startswith("e_missing.out"))
+    assert refused.endswith("refused: \\x1b[31mno\\n (e_missing.error.yaml)")
+    grading.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    names = {c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert names >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok", "w\\xff\\x07", "y\\u202egnp"}
+    grading.write_json(run, tmp_path / "r.json")
+    text = (tmp_path / "r.json").read_text(encoding="ascii")
+    files = {r["file"] for r in json.loads(text)["results"]}
+    assert files >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"}
+
+
+def test_every_status_in_junit_is_valid(folder, tmp_path):
+    out = folder / "outbox"
+    (folder / "tests" / "a_square.txt").write_text("3\n1 2\n")  # an error
+    (out / "b_rect.out").unlink()
+    (out / "b_rect.out").symlink_to(out / "c_one.out")  # not-a-file
+    for quick in (False, True):
+        run = grading.check_folder(out, folder / "tests", Options(quick=quick))
+        assert {r.status for r in run.results} == set(Status)
+        grading.write_junit(run, tmp_path / "r.xml")
+        JUNIT_SCHEMA.validate(tmp_path / "r.xml")

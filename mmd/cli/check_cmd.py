@@ -75,7 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _usage(message: str) -> int:
-    print(f"mmd check: {message} (see mmd check --help)", file=sys.stderr)
+    from ..textcore import printable  # a path given may hold any byte
+
+    print(f"mmd check: {printable(message)} (see mmd check --help)", file=sys.stderr)
     return ExitStatus.USAGE
 
 
@@ -91,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--jobs must be at least 1")
     from .. import grading  # only for this command (it imports numpy where a check needs it: prepare)
 
+    try:
+        for flag, path in (("--junit", args.junit), ("--json", args.json)):
+            if path is not None:
+                grading.check_report_path(path, flag)
+    except UsageError as exc:
+        return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
         ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
         grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
@@ -146,7 +154,7 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         if args.json is not None:
             grading.write_json(result, args.json)
     except MmdError as exc:  # a folder or a report that cannot be read or written
-        print(f"mmd check: {exc.reason}", file=sys.stderr)
+        print(f"mmd check: {grading.shown(exc.reason)}", file=sys.stderr)
         return ExitStatus.USAGE
     return result.exit_status
 
