@@ -325,3 +325,22 @@ def test_report_paths_are_checked_before_any_check(tmp_path, report, line):
     assert (r.returncode, r.stdout) == (2, "")
     assert _one_line(r.stderr).startswith(line)
     assert not (tmp_path / "r.json").exists()
+
+
+def test_quick_draws_a_fresh_seed_shows_it_and_repeats_it(tmp_path):
+    src, out = _pair(tmp_path, "m", 6, 5, 4, 1)
+    lines = [run_mmd("check", str(out), "--input", str(src), "--quick").stdout for _ in range(2)]
+    seeds = [int(re.search(r", seed (\d+),", line).group(1)) for line in lines]
+    assert seeds[0] != seeds[1]
+    again = run_mmd("check", str(out), "--input", str(src), "--quick", "--seed", str(seeds[0]))
+    assert again.stdout == lines[0]
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    src.rename(tests / src.name)
+    out.rename(outbox / out.name)
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--quick", "--json", "r.json", "--junit", "r.xml", cwd=tmp_path)
+    seed = int(re.search(r"\(quick, seed (\d+)\)", r.stdout).group(1))
+    assert json.loads((tmp_path / "r.json").read_text())["seed"] == seed
+    props = ET.parse(tmp_path / "r.xml").getroot().find("testsuite").find("properties")
+    assert {p.get("name"): p.get("value") for p in props}["seed"] == str(seed)

@@ -440,7 +440,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            r = grading.check_file(out, src, Options(tol=tol, quick=quick)).results[0]
+            r = grading.check_file(out, src, Options(tol=tol, quick=quick, seed=0)).results[0]
             got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
         return got
 
@@ -497,9 +497,9 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            got[name] = grading.check_file(out, src, Options(quick=True)).results[0].as_dict()
+            got[name] = grading.check_file(out, src, Options(quick=True, seed=0)).results[0].as_dict()
         out.write_bytes(text)
-        got["another shape"] = grading.check_file(out, other, Options(quick=True)).results[0].as_dict()
+        got["another shape"] = grading.check_file(out, other, Options(quick=True, seed=0)).results[0].as_dict()
         return got
 
     c, numpy_ = outcomes(True), outcomes(False)
@@ -621,3 +621,37 @@ def test_every_status_in_junit_is_valid(folder, tmp_path):
         assert {r.status for r in run.results} == set(Status)
         grading.write_junit(run, tmp_path / "r.xml")
         JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+
+
+def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> Job:
+    """x.txt and an output x.out far from its product (off by about 20 everywhere) that passes --quick
+    at seed 0: the product plus an error that seed 0's vectors cannot see (E·x = 0 and yᵀ·E = 0 for
+    each of its x and y). Anyone can make it in O(n²) from the public vectors; the product here
+    only makes the test short."""
+    rng = np.random.default_rng(30)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    src = folder / "x.txt"
+    src.write_bytes(b"".join(input_chunks(a, b, square=False)))
+    x_t, y = grading.freivalds.random_vectors(m, n, 0)
+    qx, _ = np.linalg.qr(np.asarray(x_t).reshape(-1, n).T)  # n × vectors
+    qy, _ = np.linalg.qr(np.asarray(y).reshape(m, -1))  # m × vectors
+    z = rng.normal(scale=20.0, size=(m, n))
+    e = z - qy @ (qy.T @ z)
+    e -= (e @ qx) @ qx.T
+    out = folder / "x.out"
+    out.write_bytes(textformat.emit((a.astype(np.float64) @ b + e).astype(np.float32)))
+    return Job("x", out, src)
+
+
+def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):
+    job = _forged_for_seed_0(tmp_path)
+    assert grading.check_job(job, Options(quick=True, seed=0)).status is Status.OK  # the public seed: forged
+    full = grading.check_job(job, Options())
+    assert full.status is Status.MISMATCH and full.reason.startswith("107")
+    seeds = set()
+    for _ in range(3):
+        options = Options(quick=True)  # a fresh seed each time
+        r = grading.check_job(job, options)
+        assert r.status is Status.MISMATCH and f"seed {options.seed}," in r.detail
+        seeds.add(options.seed)
+    assert len(seeds) == 3

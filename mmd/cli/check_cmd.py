@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,9 @@ a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
 
 --quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
 whole wrong rows, columns, tiles and transposes, but not one value off by a
-little; the full check sees every value. See docs/grading.md.
+little; the full check sees every value. Its seed is fresh for every check
+and shown with the results (a known seed can be forged against); --seed N
+repeats a check. See docs/grading.md.
 
 exit status:
   0  every check passed (extra outputs in a folder are listed, not failed)
@@ -60,7 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tol", type=float, help="absolute tolerance beyond print rounding (default: the fp32 model)")
     p.add_argument("--quick", action="store_true", help="randomized O(n²) product check (against inputs only)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --quick's random vectors (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of --quick's random vectors, to repeat a check (default: a fresh one, shown in the results)",
+    )
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -103,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
         grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
-        options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
+        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm)  # a fresh seed
+        if args.seed is not None:
+            options = dataclasses.replace(options, seed=args.seed)
         return _check(args, reference, options, ahead)
 
 
