@@ -99,6 +99,13 @@ class NotRegularFile(UnreadableError):
     kind = "not-a-file"
 
 
+class ProductRangeError(MmdError):
+    """The product holds a value the output format cannot carry: beyond float32 (inf, nan) or with
+    more digits before the point than ``mmd check`` reads."""
+
+    kind = "overflow"
+
+
 class JobNameError(MmdError):
     """A per-job setting in a file name is unknown or not allowed."""
 

@@ -153,7 +153,7 @@ class ErrorFacts:
 
     kind: str = field(
         metadata=_doc(
-            "the kind of failure: input, limit, jobname, kernel, tile, cuda, backend, output, spool, internal"
+            "the kind of failure: input, limit, jobname, overflow, kernel, tile, cuda, backend, output, spool, internal"
         )
     )
     reason: str = field(metadata=_doc("one line for a person"))
