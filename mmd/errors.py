@@ -93,6 +93,19 @@ class UnreadableError(UsageError):
     kind = "unreadable"
 
 
+class NotRegularFile(UnreadableError):
+    """A file a student made is a symbolic link, a folder, a FIFO or a device: never opened (``mmd check``)."""
+
+    kind = "not-a-file"
+
+
+class ProductRangeError(MmdError):
+    """The product holds a value the output format cannot carry: beyond float32 (inf, nan) or with
+    more digits before the point than ``mmd check`` reads."""
+
+    kind = "overflow"
+
+
 class JobNameError(MmdError):
     """A per-job setting in a file name is unknown or not allowed."""
 

@@ -36,6 +36,7 @@ import functools
 import math
 import operator
 import random
+import secrets
 import threading
 from array import array
 from collections.abc import Iterable, Sequence
@@ -49,6 +50,12 @@ from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
 VECTORS = 4
 #: The most vectors on each side the C passes take (mmd._fastcheck's MAX_VECTORS).
 C_MAX_VECTORS = 16
+
+
+def fresh_seed() -> int:
+    """A seed no one can know before the check: with a known seed, an output that is not the product
+    can be made in O(n²) to pass (an error that the seed's vectors cannot see)."""
+    return secrets.randbits(32)
 
 
 def zeros(count: int) -> array[float]:

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import mmap
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores, worker_rows
-from .errors import ExitStatus, InputFormatError, UnreadableError
+from .errors import ExitStatus, InputFormatError, NotRegularFile, UnreadableError, UsageError
 from .textcore import Values
 
 if TYPE_CHECKING:
@@ -64,11 +65,12 @@ class Status(str, Enum):
     MISSING = "missing"  # no output and no error sidecar
     REFUSED = "refused"  # an error sidecar instead of an output
     EXTRA = "extra"  # an output or error sidecar with no input or expected output
+    NOT_A_FILE = "not-a-file"  # the output or error sidecar is a link, folder, FIFO or device: never opened
     ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
 
 
 #: Statuses that fail a check (exit status 1).
-FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED})
+FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED, Status.NOT_A_FILE})
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Options:
     against: str = "inputs"  # "inputs" or "expected"
     tol: float | None = None
     quick: bool = False
-    seed: int = 0
+    seed: int = field(default_factory=freivalds.fresh_seed)  # --quick's: fresh unless one is asked for
     gemm: verify.Gemm | None = None
 
 
@@ -114,18 +116,18 @@ class Result:
         return self.output.name if self.output is not None else self.name + OUTPUT_SUFFIX
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for JSON (non-finite errors become null)."""
+        """Plain data for JSON (non-finite errors become null; names and reasons :func:`shown`)."""
         err = self.max_error if self.max_error is not None and math.isfinite(self.max_error) else None
         return {
-            "name": self.name,
-            "file": self.file,
+            "name": shown(self.name),
+            "file": shown(self.file),
             "status": self.status.value,
-            "output": None if self.output is None else str(self.output),
-            "reference": None if self.reference is None else str(self.reference),
+            "output": _shown_path(self.output),
+            "reference": _shown_path(self.reference),
             "shape": None if self.shape is None else list(self.shape),
             "max_error": err,
-            "reason": self.reason,
-            "detail": self.detail,
+            "reason": shown(self.reason),
+            "detail": shown(self.detail),
             "line": self.line,
             "column": self.column,
             "seconds": round(self.seconds, 6),
@@ -178,11 +180,11 @@ _ORDER = list(Status)
 
 
 @contextlib.contextmanager
-def _opened(path: Path, ahead: ReadAhead | None) -> Iterator[memoryview]:
+def _opened(path: Path, ahead: ReadAhead | None, follow: bool = True) -> Iterator[memoryview]:
     """The bytes of ``path``: as ``ahead`` mapped them, where it did (it unmaps them), else mapped
-    or read here."""
+    or read here (``follow=False``: a student's file, :func:`mmd.textcore.read_bytes`)."""
     mapped = None if ahead is None else ahead.mapped(path)
-    data = textcore.read_bytes(path) if mapped is None else mapped
+    data = textcore.read_bytes(path, follow) if mapped is None else mapped
     view = memoryview(data)
     try:
         yield view
@@ -347,7 +349,10 @@ def check_job(job: Job, options: Options, ahead: ReadAhead | None = None) -> Res
     """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file). ``ahead``:
     reads of its files already started (:mod:`mmd.readahead`), used where they succeeded."""
     start = time.perf_counter()
-    result = _check(job, options, ahead)
+    try:
+        result = _check(job, options, ahead)
+    except MemoryError:  # one job's, never the end of a folder's check and its reports
+        result = _result(job, Status.ERROR, reason="not enough memory to check it")
     return _with_seconds(result, time.perf_counter() - start)
 
 
@@ -363,19 +368,23 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
     if job.reference is None:
         what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
         return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
-    if job.output is None:
-        if job.refusal is not None:
-            return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
-        return _result(job, Status.MISSING, reason="no output and no error sidecar")
     try:
-        with _opened(job.output, ahead) as data:
-            m, n, _ = textcore.output_header(data)  # a bad header fails now, the reference unread
+        if job.output is None:
+            if job.refusal is not None:
+                return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
+            return _result(job, Status.MISSING, reason="no output and no error sidecar")
+        with _opened(job.output, ahead, follow=False) as data:
+            m, n, start = textcore.output_header(data)  # a bad header fails now, the reference unread
+            if not textcore.output_plausible(len(data), start, m, n):
+                _output_fault(data)  # before any memory is sized from the header
             shape = (m, n)
             if options.against == "expected":
                 return _against_expected(job, options, data, shape, ahead)
             ready = None if ahead is None else ahead.output_values(job.output)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 return _against_input(job, options, data, shape, _Rows(pool, data, ready), ahead)
+    except NotRegularFile as exc:
+        return _result(job, Status.NOT_A_FILE, reason=exc.reason)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
         return _result(job, Status.ERROR, reason=exc.reason)
     except InputFormatError as exc:
@@ -514,7 +523,7 @@ def _against_input(
     shapes is reported (a malformed output found beside a product costs that product).
     """
     assert job.reference is not None
-    if options.quick:
+    if options.quick and _input_shape(job.reference) == shape:  # else the output's sums wait for the input
         rows.sums(shape, options.seed)
     try:
         inputs = _input_values(job.reference, options, ahead)
@@ -544,6 +553,24 @@ def _against_input(
     else:
         source = verify.WholeRows(rows.result())
     return _values_result(job, shape, verify.against_product(source, product, options.tol))
+
+
+def _input_shape(path: Path) -> tuple[int, int] | None:
+    """The product's (m, n) by the input's header line alone (its first bytes), None where that cannot
+    be read: the full read that follows words the fault."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            head = os.pread(fd, textcore.HEADER_WINDOW + len(textcore.BOM), 0)
+        finally:
+            os.close(fd)
+        h = textcore.parse_header(head, size=info.st_size)
+    except (OSError, InputFormatError):
+        return None
+    return h.m, h.n
 
 
 def _quick_by_c() -> bool:
@@ -592,16 +619,20 @@ def _ref_suffix(options: Options) -> str:
 
 
 def _refusal_reason(path: Path) -> str:
+    """The reason an error sidecar gives (a student's file: raises NotRegularFile for a link, a FIFO ...)."""
     import yaml
 
     from . import record
 
+    name = textcore.printable(path.name)
     try:
-        refusal = record.read(path)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        return f"refused ({path.name} cannot be read: {type(exc).__name__})"
+        refusal = record.parse(bytes(textcore.read_bytes(path, follow=False)), path)
+    except NotRegularFile:
+        raise
+    except (UnreadableError, ValueError, yaml.YAMLError) as exc:
+        return f"refused ({name} cannot be read: {type(exc).__name__})"
     reason = refusal.error.reason if isinstance(refusal, record.ErrorRecord) else None
-    return f"refused: {reason} ({path.name})" if reason else f"refused ({path.name})"
+    return f"refused: {textcore.printable(reason)} ({name})" if reason else f"refused ({name})"
 
 
 # ---------------------------------------------------------------------------
@@ -680,6 +711,27 @@ def _now() -> str:
 # ---------------------------------------------------------------------------
 # reports
 
+#: Every text a report shows (file names, which students choose; reasons, which quote their files):
+#: escaped so that it can neither move a terminal's cursor nor break XML 1.0 or UTF-8.
+shown = textcore.printable
+
+
+def check_report_path(path: Path, flag: str) -> None:
+    """Raise UsageError where a report cannot be written at ``path`` (its folder is missing or not
+    writable, or it names a folder): ``mmd check`` asks before any check starts, not after them all."""
+    where = f"{flag} {shown(str(path))}"
+    if path.is_dir():
+        raise UsageError(f"{where}: is a folder; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"{where}: the folder {shown(str(folder))} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{where}: cannot write in {shown(str(folder))}")
+
+
+def _shown_path(path: Path | None) -> str | None:
+    return None if path is None else shown(str(path))
+
 
 def table(results: Sequence[Result]) -> str:
     """The results as a plain-text table: file, shape, status, max error, reason."""
@@ -687,7 +739,7 @@ def table(results: Sequence[Result]) -> str:
     for r in results:
         shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
         err = "-" if r.max_error is None else f"{r.max_error:.4g}"
-        rows.append((r.file, shape, r.status.value, err, r.reason))
+        rows.append((shown(r.file), shape, r.status.value, err, shown(r.reason)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = []
     for row in rows:
@@ -710,37 +762,47 @@ def junit_xml(run: Run) -> ET.Element:
         "skipped": str(c["extra"]),
         "time": f"{run.seconds:.3f}",
     }
-    root = ET.Element("testsuites", {"name": "mmd check", **totals})
+    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
+    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
+    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
     suite = ET.SubElement(
         root,
         "testsuite",
-        {"name": f"mmd check {run.outbox}", **totals, "timestamp": run.started_at, "hostname": socket.gethostname()},
+        {
+            "name": f"mmd check {shown(str(run.outbox))}",
+            **totals,
+            "timestamp": run.started_at.removesuffix("+00:00"),
+            "hostname": shown(socket.gethostname()),
+        },
     )
     props = ET.SubElement(suite, "properties")
     o = run.options
     for key, value in (
-        ("outbox", str(run.outbox)),
+        ("outbox", shown(str(run.outbox))),
         ("against", o.against),
-        ("reference", str(run.reference)),
+        ("reference", shown(str(run.reference))),
         ("quick", "true" if o.quick else "false"),
         ("seed", str(o.seed)),
         ("tol", "model" if o.tol is None else f"{o.tol:g}"),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for r in run.results:
-        attrs = {"classname": "mmd.check", "name": r.name, "time": f"{r.seconds:.3f}"}
-        if r.output is not None:
-            attrs["file"] = str(r.output)
-        case = ET.SubElement(suite, "testcase", attrs)
+        case = ET.SubElement(
+            suite, "testcase", {"classname": "mmd.check", "name": shown(r.name), "time": f"{r.seconds:.3f}"}
+        )
+        reason = shown(r.reason)
         if r.status in FAILED:
-            node = ET.SubElement(case, "failure", {"type": r.status.value, "message": r.reason})
-            node.text = r.detail or r.reason
+            node = ET.SubElement(case, "failure", {"type": r.status.value, "message": reason})
+            node.text = shown(r.detail) or reason
         elif r.status is Status.ERROR:
-            ET.SubElement(case, "error", {"type": r.status.value, "message": r.reason})
+            ET.SubElement(case, "error", {"type": r.status.value, "message": reason})
         elif r.status is Status.EXTRA:
-            ET.SubElement(case, "skipped", {"type": r.status.value, "message": r.reason})
-        if r.detail:
-            ET.SubElement(case, "system-out").text = r.detail
+            ET.SubElement(case, "skipped", {"type": r.status.value, "message": reason})
+        # the files checked (testcase has no attribute for them), then the check's own summary line
+        paths = [
+            f"{what}: {shown(str(path))}" for what, path in (("output", r.output), ("reference", r.reference)) if path
+        ]
+        ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
     ET.indent(root)
     return root
 
@@ -759,9 +821,9 @@ def run_dict(run: Run) -> dict[str, Any]:
     """The run as plain data (what ``--json`` writes)."""
     o = run.options
     return {
-        "outbox": str(run.outbox),
+        "outbox": shown(str(run.outbox)),
         "against": o.against,
-        "reference": str(run.reference),
+        "reference": shown(str(run.reference)),
         "quick": o.quick,
         "seed": o.seed,
         "tol": o.tol,

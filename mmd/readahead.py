@@ -92,7 +92,8 @@ class ReadAhead:
     def _map(self, path: Path) -> bytes | mmap.mmap:
         with self._lock:
             if path not in self._maps:
-                self._maps[path] = textcore.read_bytes(path)
+                # the output is a student's file: never through a link (as grading reads it)
+                self._maps[path] = textcore.read_bytes(path, follow=path != self.output)
             return self._maps[path]
 
     def _output_values(self) -> Values | None:

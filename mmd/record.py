@@ -156,7 +156,7 @@ class ErrorFacts:
 
     kind: str = field(
         metadata=_doc(
-            "the kind of failure: input, limit, jobname, kernel, tile, cuda, backend, output, spool, internal"
+            "the kind of failure: input, limit, jobname, overflow, kernel, tile, cuda, backend, output, spool, internal"
         )
     )
     reason: str = field(metadata=_doc("one line for a person"))
@@ -412,7 +412,10 @@ def _plain_yaml(data: Mapping[str, Any], indent: str = "") -> str | None:
 def load_dict(path: Path) -> dict[str, Any]:
     """A sidecar's plain data (ValueError when it is not a mapping; OSError when it cannot be read)."""
     with open(path, encoding="utf-8") as fh:
-        data = yaml.load(fh, Loader=_Loader)
+        return _mapping(yaml.load(fh, Loader=_Loader), path)
+
+
+def _mapping(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a sidecar mapping")
     return data
@@ -420,7 +423,16 @@ def load_dict(path: Path) -> dict[str, Any]:
 
 def read(path: Path) -> Record:
     """A sidecar as its record (ValueError when it is not one of mmd's)."""
-    data = load_dict(path)
+    return _record(load_dict(path), path)
+
+
+def parse(text: bytes, path: Path) -> Record:
+    """A sidecar's bytes, read by the caller (``mmd check`` reads a student's without following
+    links), as its record; ``path`` names it in errors (ValueError, yaml.YAMLError)."""
+    return _record(_mapping(yaml.load(text, Loader=_Loader), path), path)
+
+
+def _record(data: dict[str, Any], path: Path) -> Record:
     status = data.get("status")
     cls: type[TimingRecord] | type[ErrorRecord] | None = {"ok": TimingRecord, "error": ErrorRecord}.get(str(status))
     if cls is None:

@@ -8,6 +8,7 @@ can start reading its files while the interpreter is still importing numpy
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -19,7 +20,7 @@ from types import ModuleType
 from typing import NoReturn, Protocol, TypeVar
 
 from .cpus import usable_cores
-from .errors import InputFormatError, UnreadableError
+from .errors import InputFormatError, NotRegularFile, UnreadableError
 
 # mmd's optional C accelerators (setup.py builds both where a compiler is present): the text
 # format's parsers and emitters, and the checks' fused passes (mmd.verify, mmd.freivalds)
@@ -76,13 +77,23 @@ class Header:
     line: int  # 1-based line number of the header line (after any blank lines before it)
 
 
+def printable(raw: bytes | str) -> str:
+    """``raw`` as text that is safe to show anywhere: on a terminal, in XML 1.0, in JSON.
+
+    Bytes that are not UTF-8 (in a ``str``, the surrogates a file name's bytes become) are shown
+    as ``\\xff``, and every character that is not printable (control characters, ANSI escapes,
+    bidirectional overrides, surrogates) as its Python escape: a file name a student chose can
+    neither move a terminal's cursor nor break a report.
+    """
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", errors="surrogateescape")
+    text = bytes(raw).decode("utf-8", errors="backslashreplace")
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def shorten(raw: bytes | str, limit: int = MAX_SHOWN) -> str:
-    """A printable, shortened form of an offending value."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        text = bytes(raw).decode("utf-8", errors="backslashreplace")
-    else:
-        text = raw
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """A printable (:func:`printable`), shortened form of an offending value."""
+    text = printable(raw)
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
@@ -347,28 +358,63 @@ class RowBlocks:
 MAP_BYTES = 1 << 20
 
 
-def read_bytes(path: Path) -> bytes | mmap.mmap:
+#: What a file that is not a regular one is, by its ``stat.S_IFMT`` type.
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def not_regular(path: Path, mode: int) -> NotRegularFile:
+    """The error for ``path``, whose ``lstat`` mode is not a regular file's."""
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return NotRegularFile(f"{printable(path.name)} is {kind}: not opened", {"kind": kind})
+
+
+def read_bytes(path: Path, follow: bool = True) -> bytes | mmap.mmap:
     """The bytes of a regular file; big ones mapped. Raises :class:`UnreadableError`.
 
     A mapped file must not shrink while it is read (that would end the
     process with SIGBUS); mmd writes its outputs by rename, never in place.
+
+    ``follow=False`` is for files a student made: ``path`` is looked at with ``lstat`` and opened
+    only if it is a regular file, never through a symbolic link (``O_NOFOLLOW``, so a link put in
+    its place after the ``lstat`` is not followed either): a link to the grader's files, a FIFO or
+    a device raises :class:`NotRegularFile`, no byte of it read (opening a device may act on it).
     """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError as exc:
+            raise UnreadableError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode)
+        flags |= os.O_NOFOLLOW
     try:
         # O_NONBLOCK: a FIFO named like an output must not hang the check
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+        if not follow and exc.errno == errno.ELOOP:  # made a link since the lstat
+            raise not_regular(path, stat.S_IFLNK) from None
+        raise UnreadableError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnreadableError(f"cannot read {path}: not a regular file")
+            if not follow:
+                raise not_regular(path, info.st_mode)
+            raise UnreadableError(f"cannot read {printable(str(path))}: not a regular file")
         if info.st_size >= MAP_BYTES:
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
         with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read()
     except OSError as exc:
-        raise UnreadableError(f"cannot read {path}: {exc.strerror}") from None
+        raise UnreadableError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
     finally:
         os.close(fd)
 

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import textcore
-from .errors import InputFormatError
+from .errors import InputFormatError, ProductRangeError
 from .textcore import (
     C_MIN_SPLIT,
     WORKERS,
@@ -899,6 +899,29 @@ _OUT_FIELD_RE = re.compile(rb"( *)(-?(?:0|[1-9][0-9]*)\.[0-9][0-9])")
 _NL_RE = re.compile(rb"\n")
 #: Digits before the point that mmd check reads: |x|*100 stays below 1e15 < 2^53, exact in float64.
 OUTPUT_INT_DIGITS = 13
+
+#: The bound on |value| that mmd writes: from 10^13 on a field has more digits than mmd check reads.
+OUTPUT_MAX = 10.0**OUTPUT_INT_DIGITS
+
+
+def check_product(c: np.ndarray) -> None:
+    """Raise :class:`ProductRangeError` where the product ``c`` holds a value that is not finite or
+    not below :data:`OUTPUT_MAX` in magnitude: its field (``inf``, ``nan``, 14 digits) is one that
+    mmd check refuses, so the job is refused rather than served. Two reductions, no copy; the
+    count and the first place only on refusal."""
+    if c.size == 0 or (bool(c.max() < OUTPUT_MAX) and bool(c.min() > -OUTPUT_MAX)):  # NaN fails both
+        return
+    bad = ~(np.abs(c) < OUTPUT_MAX)
+    first = int(np.argmax(bad))
+    row, col = divmod(first, c.shape[1])
+    value = float(c.flat[first])
+    raise ProductRangeError(
+        f"the product does not fit the output format: {int(bad.sum())} of {c.size} values are not finite or "
+        f"have more than {OUTPUT_INT_DIGITS} digits before the point (first at row {row + 1}, col {col + 1}: "
+        f"{value:.6g})",
+        {"count": int(bad.sum()), "row": row + 1, "column": col + 1},
+    )
+
 
 #: Fault kinds, numbered as mmd._fasttext numbers them (0 is "no fault").
 OUTPUT_FAULTS: tuple[str, ...] = ("", "field", "width", "large", "count", "newline", "extra", "rows")

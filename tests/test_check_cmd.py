@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -225,3 +227,120 @@ def test_a_check_against_an_expected_output_imports_no_numpy(tmp_path, change, s
     numpy_, c_off, got_status = got.stdout.splitlines()[-1].split()  # the child's route: the environment decides
     assert (numpy_, got_status) == (c_off, str(status)), got.stdout + got.stderr
     assert ("MISMATCH" in got.stdout) == bool(status)
+
+
+def _run_limited(*args: str, cwd: Path, kib: int = 3_000_000) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``mmd check ARGS`` in a process that may map at most ``kib`` KiB (ulimit -v), and its wall time."""
+    script = f'ulimit -v {kib} && exec "$0" -m mmd check "$@"'
+    start = time.perf_counter()
+    r = subprocess.run(
+        ["bash", "-c", script, sys.executable, *args],
+        cwd=cwd,
+        env=mmd_env({"MMD_BACKEND": "cpu"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r, time.perf_counter() - start
+
+
+def test_a_quick_check_sizes_nothing_from_a_header_its_file_cannot_hold(tmp_path):
+    _pair(tmp_path, "m", 2, 2, 2, 1)
+    (tmp_path / "m.out").write_bytes(b"100000000\n  1.00\n")  # 18 bytes promise 10^8 rows (3.2 GB of sums)
+    r, seconds = _run_limited("m.out", "--input", "m.txt", "--quick", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (1, "")
+    assert r.stdout == "FORMAT: m.out: line 2, column 7: expected 100000000 fields, found 1\n"
+    assert seconds < 5
+
+
+@pytest.mark.parametrize("quick", [[], ["--quick"]])
+def test_a_folder_check_with_a_huge_header_writes_every_report(tmp_path, quick):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "a", 3, 3, 3, 1)
+    (tests / "a.out").rename(outbox / "a.out")
+    _pair(tests, "b", 2, 3, 64, 2)
+    (outbox / "b.out").write_bytes(b"3000000000 64\n  1.00\n")
+    r, _ = _run_limited(
+        str(outbox), "--inputs", str(tests), "--junit", "r.xml", "--json", "r.json", *quick, cwd=tmp_path
+    )
+    assert (r.returncode, r.stderr) == (1, "")
+    assert r.stdout.splitlines()[2].split(maxsplit=3) == [
+        "b.out",
+        "-",
+        "format",
+        "-  line 2, column 7: expected 64 fields, found 1",
+    ]
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["format"] == 1
+    assert ET.parse(tmp_path / "r.xml").getroot().find("testsuite").get("failures") == "1"
+
+
+def test_one_output_that_is_a_link_is_not_followed(tmp_path):
+    _, out = _pair(tmp_path, "m", 3, 3, 3, 1)
+    (tmp_path / "link.out").symlink_to(out)
+    for extra in ([], ["--quick"]):
+        r = run_mmd("check", "link.out", "--input", "m.txt", *extra, cwd=tmp_path)
+        assert (r.returncode, r.stderr) == (1, ""), r
+        assert r.stdout == "NOT A FILE: link.out is a symbolic link: not opened\n"
+
+
+def test_names_reach_the_terminal_and_the_reports_escaped(tmp_path):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t", 3, 3, 3, 1)
+    (tests / "t.out").rename(outbox / "t.out")
+    shutil.copy(outbox / "t.out", outbox / "\x1b[1A\x1b[2Kt.out")  # would erase the row above
+    shutil.copy(outbox / "t.out", os.fsencode(outbox) + b"/w\xff.out")  # not UTF-8
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--junit", "r.xml", "--json", "r.json", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert "\x1b" not in r.stdout
+    rows = [line.split()[:3] for line in r.stdout.splitlines()[1:4]]
+    assert rows == [["\\x1b[1A\\x1b[2Kt.out", "-", "extra"], ["t.out", "3x3", "ok"], ["w\\xff.out", "-", "extra"]]
+    cases = [c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")]
+    assert cases == ["\\x1b[1A\\x1b[2Kt", "t", "w\\xff"]
+    assert [x["file"] for x in json.loads((tmp_path / "r.json").read_text())["results"]] == [
+        "\\x1b[1A\\x1b[2Kt.out",
+        "t.out",
+        "w\\xff.out",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("report", "line"),
+    [
+        (["--junit", "nodir/r.xml"], "mmd check: --junit nodir/r.xml: the folder nodir does not exist"),
+        (["--json", "outbox"], "mmd check: --json outbox: is a folder; give a file name"),
+        (["--json", "r.json", "--junit", "tests/nodir/r.xml"], "mmd check: --junit tests/nodir/r.xml: the folder"),
+    ],
+)
+def test_report_paths_are_checked_before_any_check(tmp_path, report, line):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t", 3, 3, 3, 1)
+    os.mkfifo(outbox / "t.out")  # were it checked, a row would say so
+    r = run_mmd("check", "outbox", "--inputs", "tests", *report, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert _one_line(r.stderr).startswith(line)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_quick_draws_a_fresh_seed_shows_it_and_repeats_it(tmp_path):
+    src, out = _pair(tmp_path, "m", 6, 5, 4, 1)
+    lines = [run_mmd("check", str(out), "--input", str(src), "--quick").stdout for _ in range(2)]
+    seeds = [int(re.search(r", seed (\d+),", line).group(1)) for line in lines]
+    assert seeds[0] != seeds[1]
+    again = run_mmd("check", str(out), "--input", str(src), "--quick", "--seed", str(seeds[0]))
+    assert again.stdout == lines[0]
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    src.rename(tests / src.name)
+    out.rename(outbox / out.name)
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--quick", "--json", "r.json", "--junit", "r.xml", cwd=tmp_path)
+    seed = int(re.search(r"\(quick, seed (\d+)\)", r.stdout).group(1))
+    assert json.loads((tmp_path / "r.json").read_text())["seed"] == seed
+    props = ET.parse(tmp_path / "r.xml").getroot().find("testsuite").find("properties")
+    assert {p.get("name"): p.get("value") for p in props}["seed"] == str(seed)

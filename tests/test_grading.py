@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
+import xmlschema
 
 from mmd import grading, textcore, textformat
 from mmd.errors import ExitStatus, UnreadableError
@@ -17,6 +20,9 @@ from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
 
 from .conftest import blocks_of, run_mmd
+
+#: The JUnit schema pytest's junit_family=xunit2 targets (the file says where it comes from).
+JUNIT_SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit-10.xsd")
 
 #: name -> (m, k, n): the test inputs of the folder
 SHAPES = {
@@ -96,7 +102,16 @@ def test_folder_statuses_table_and_summary(folder):
         "z_extra": (Status.EXTRA, "z_extra.out: no z_extra.txt to check it against"),
     }
     assert run.exit_status == ExitStatus.FAILED
-    assert run.counts == {"ok": 4, "mismatch": 1, "format": 1, "missing": 1, "refused": 1, "extra": 1, "error": 0}
+    assert run.counts == {
+        "ok": 4,
+        "mismatch": 1,
+        "format": 1,
+        "missing": 1,
+        "refused": 1,
+        "extra": 1,
+        "not-a-file": 0,
+        "error": 0,
+    }
     e = {r.name: "%.4g" % r.max_error for r in run.results if r.max_error is not None}
     assert grading.table(run.results) == "\n".join(
         [
@@ -129,14 +144,11 @@ def test_folder_junit(folder, tmp_path):
     assert path.read_bytes().startswith(b"<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"mmd check\"")
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
-    assert {k: root.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": "9",
-        "failures": "4",
-        "errors": "0",
-        "skipped": "1",
-    }
+    JUNIT_SCHEMA.validate(path)
+    assert {k: root.get(k) for k in ("tests", "failures", "errors")} == {"tests": "9", "failures": "4", "errors": "0"}
     (suite,) = root.findall("testsuite")
-    assert suite.get("failures") == "4" and suite.get("timestamp") == run.started_at
+    assert suite.get("failures") == "4" and suite.get("skipped") == "1"
+    assert suite.get("timestamp") == run.started_at.removesuffix("+00:00")  # UTC, as JUnit writes it
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["against"] == "inputs" and props["quick"] == "false" and props["tol"] == "model"
     cases = {c.get("name"): c for c in suite.findall("testcase")}
@@ -153,7 +165,10 @@ def test_folder_junit(folder, tmp_path):
         assert fail is not None and fail.get("type") == kind and fail.get("message"), name
     assert cases["d_wrong"].find("failure").text.startswith("MISMATCH: 12x12 values, 1 outside tolerance")
     assert cases["z_extra"].find("skipped").get("type") == "extra"
-    assert cases["a_square"].get("file") == str(folder / "outbox" / "a_square.out")
+    assert cases["a_square"].find("system-out").text == (
+        f"output: {folder / 'outbox' / 'a_square.out'}\nreference: {folder / 'tests' / 'a_square.txt'}\n"
+        + run.results[0].detail
+    )
 
 
 def test_folder_json(folder, tmp_path):
@@ -214,14 +229,15 @@ def test_unreadable_references_and_outputs(folder):
     tests, out = folder / "tests", folder / "outbox"
     (tests / "a_square.txt").write_text("3\n1 2\n")  # not a valid input
     (out / "b_rect.out").unlink()
-    (out / "b_rect.out").mkdir()  # an output that is not a file
+    (out / "c_one.out").chmod(0)  # an output that cannot be read (but by root)
     run = grading.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"][0] is Status.ERROR
     assert (
         got["a_square"][1] == f"input {tests / 'a_square.txt'}: line 2: expected 18 values (9 for A, 9 for B), found 2"
     )
-    assert got["b_rect"] == (Status.ERROR, f"cannot read {out / 'b_rect.out'}: not a regular file")
+    if os.geteuid() != 0:
+        assert got["c_one"] == (Status.ERROR, f"cannot read {out / 'c_one.out'}: Permission denied")
     assert run.exit_status == ExitStatus.USAGE
     with pytest.raises(UnreadableError, match=r"cannot read .*nosuch"):
         grading.check_folder(folder / "nosuch", tests, Options())
@@ -424,7 +440,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            r = grading.check_file(out, src, Options(tol=tol, quick=quick)).results[0]
+            r = grading.check_file(out, src, Options(tol=tol, quick=quick, seed=0)).results[0]
             got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
         return got
 
@@ -481,9 +497,9 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            got[name] = grading.check_file(out, src, Options(quick=True)).results[0].as_dict()
+            got[name] = grading.check_file(out, src, Options(quick=True, seed=0)).results[0].as_dict()
         out.write_bytes(text)
-        got["another shape"] = grading.check_file(out, other, Options(quick=True)).results[0].as_dict()
+        got["another shape"] = grading.check_file(out, other, Options(quick=True, seed=0)).results[0].as_dict()
         return got
 
     c, numpy_ = outcomes(True), outcomes(False)
@@ -505,3 +521,137 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
         "another shape": "mismatch",
     }
     assert "at row 18" in c["a row"]["reason"] and "at column 25" in c["a column"]["reason"]
+
+
+SECRET = b"ta-token-3f9a1c SECRET\n"
+
+
+def _reports(run: grading.Run, tmp_path: Path) -> bytes:
+    """Everything the run shows a grader: the table, the summary, the JUnit and JSON files."""
+    grading.write_junit(run, tmp_path / "r.xml")
+    grading.write_json(run, tmp_path / "r.json")
+    shown = (grading.table(run.results) + "\n" + run.summary()).encode()
+    return shown + (tmp_path / "r.xml").read_bytes() + (tmp_path / "r.json").read_bytes()
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_links_fifos_and_folders_in_an_outbox_are_reported_never_opened(folder, tmp_path, quick):
+    out, tests = folder / "outbox", folder / "tests"
+    secret, answers = tmp_path / "secret", tmp_path / "answers"
+    secret.write_bytes(SECRET)
+    answers.mkdir()
+    shutil.move(out / "a_square.out", answers / "a_square.out")
+    (out / "a_square.out").symlink_to(answers / "a_square.out")  # the right answer, through a link
+    (out / "b_rect.out").unlink()
+    (out / "b_rect.out").symlink_to(secret)  # a grader's private file
+    (out / "c_one.out").unlink()
+    os.mkfifo(out / "c_one.out")
+    (out / "g_tall.out").unlink()
+    (out / "g_tall.out").mkdir()
+    (out / "e_missing.error.yaml").symlink_to(secret)
+    run = grading.check_folder(out, tests, Options(quick=quick))
+    got = {r.name: (r.status, r.reason) for r in run.results if r.status is Status.NOT_A_FILE}
+    assert got == {
+        "a_square": (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened"),
+        "b_rect": (Status.NOT_A_FILE, "b_rect.out is a symbolic link: not opened"),
+        "c_one": (Status.NOT_A_FILE, "c_one.out is a FIFO: not opened"),
+        "e_missing": (Status.NOT_A_FILE, "e_missing.error.yaml is a symbolic link: not opened"),
+        "g_tall": (Status.NOT_A_FILE, "g_tall.out is a folder: not opened"),
+    }
+    assert run.exit_status == ExitStatus.FAILED and run.counts["not-a-file"] == 5
+    assert "5 not-a-file" in run.summary()
+    assert b"SECRET" not in _reports(run, tmp_path)
+
+
+def test_an_output_made_a_link_after_pairing_is_not_followed(folder, tmp_path):
+    out, tests = folder / "outbox", folder / "tests"
+    jobs = grading.pair_folder(out, tests, "inputs")
+    (tmp_path / "secret").write_bytes(SECRET)
+    (out / "a_square.out").unlink()
+    (out / "a_square.out").symlink_to(tmp_path / "secret")
+    got = {r.name: (r.status, r.reason) for r in grading.check_jobs(jobs, Options(), workers=1)}
+    assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes device nodes")
+def test_a_device_in_an_outbox_is_never_opened(folder):
+    out, tests = folder / "outbox", folder / "tests"
+    (out / "a_square.out").unlink()
+    os.mknod(out / "a_square.out", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's: an endless read
+    run = grading.check_folder(out, tests, Options())
+    got = {r.name: (r.status, r.reason) for r in run.results}
+    assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a character device: not opened")
+
+
+def test_names_are_escaped_in_every_report(folder, tmp_path):
+    out = folder / "outbox"
+    forged = "\x1b[2K\x1b[1Ad_wrong.out    12x12  ok"  # erases the row above, draws an "ok" row
+    raw = os.fsdecode(b"w\xff\x07.out")  # not UTF-8, and a bell
+    for name in (forged + ".out", raw, "y\u202egnp.out"):  # a right-to-left override
+        shutil.copy(out / "c_one.out", out / name)
+    refusal = (out / "h_refused.error.yaml").read_text()
+    assert "reason: 'line 3: ''x'' is not a number'\n" in refusal
+    refusal = refusal.replace("reason: 'line 3: ''x'' is not a number'", 'reason: "\\e[31mno\\n"')
+    (out / "e_missing.error.yaml").write_text(refusal)  # a student's sidecar with escapes in its reason
+    run = grading.check_folder(out, folder / "tests", Options())
+    table = grading.table(run.results) + "\n" + run.summary()
+    assert all(ch == "\n" or ch.isprintable() for ch in table)
+    rows = table.splitlines()
+    for name in ("\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"):
+        assert any(row.startswith(name + "  ") and " extra " in row for row in rows), name
+    (refused,) = (row for row in rows if row.startswith("e_missing.out"))
+    assert refused.endswith("refused: \\x1b[31mno\\n (e_missing.error.yaml)")
+    grading.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    names = {c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert names >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok", "w\\xff\\x07", "y\\u202egnp"}
+    grading.write_json(run, tmp_path / "r.json")
+    text = (tmp_path / "r.json").read_text(encoding="ascii")
+    files = {r["file"] for r in json.loads(text)["results"]}
+    assert files >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"}
+
+
+def test_every_status_in_junit_is_valid(folder, tmp_path):
+    out = folder / "outbox"
+    (folder / "tests" / "a_square.txt").write_text("3\n1 2\n")  # an error
+    (out / "b_rect.out").unlink()
+    (out / "b_rect.out").symlink_to(out / "c_one.out")  # not-a-file
+    for quick in (False, True):
+        run = grading.check_folder(out, folder / "tests", Options(quick=quick))
+        assert {r.status for r in run.results} == set(Status)
+        grading.write_junit(run, tmp_path / "r.xml")
+        JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+
+
+def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> Job:
+    """x.txt and an output x.out far from its product (off by about 20 everywhere) that passes --quick
+    at seed 0: the product plus an error that seed 0's vectors cannot see (E·x = 0 and yᵀ·E = 0 for
+    each of its x and y). Anyone can make it in O(n²) from the public vectors; the product here
+    only makes the test short."""
+    rng = np.random.default_rng(30)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    src = folder / "x.txt"
+    src.write_bytes(b"".join(input_chunks(a, b, square=False)))
+    x_t, y = grading.freivalds.random_vectors(m, n, 0)
+    qx, _ = np.linalg.qr(np.asarray(x_t).reshape(-1, n).T)  # n × vectors
+    qy, _ = np.linalg.qr(np.asarray(y).reshape(m, -1))  # m × vectors
+    z = rng.normal(scale=20.0, size=(m, n))
+    e = z - qy @ (qy.T @ z)
+    e -= (e @ qx) @ qx.T
+    out = folder / "x.out"
+    out.write_bytes(textformat.emit((a.astype(np.float64) @ b + e).astype(np.float32)))
+    return Job("x", out, src)
+
+
+def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):
+    job = _forged_for_seed_0(tmp_path)
+    assert grading.check_job(job, Options(quick=True, seed=0)).status is Status.OK  # the public seed: forged
+    full = grading.check_job(job, Options())
+    assert full.status is Status.MISMATCH and full.reason.startswith("107")
+    seeds = set()
+    for _ in range(3):
+        options = Options(quick=True)  # a fresh seed each time
+        r = grading.check_job(job, options)
+        assert r.status is Status.MISMATCH and f"seed {options.seed}," in r.detail
+        seeds.add(options.seed)
+    assert len(seeds) == 3

@@ -285,3 +285,28 @@ def test_the_input_size_limit_defaults_to_the_memory_limit(tmp_path):
     result, _, _ = job(tmp_path, "1\n2\n3\n" + " " * 100, max_memory_bytes=64)
     assert not result.ok and result.error.kind == "limit"
     assert "the limit is 64" in result.error.reason and "max_file_bytes" in result.error.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        ("1\n3e38\n10\n", "row 1, col 1: inf"),  # beyond float32
+        ("1 2 1\n3e38 3e38\n3e38\n-3e38\n", "row 1, col 1: nan"),  # inf - inf
+        ("2\n1 0 0 1\n1 0 0 -1e14\n", "row 2, col 2: -1e+14"),  # 15 digits before the point
+    ],
+)
+def test_a_product_mmd_check_could_not_read_is_refused(tmp_path, text, first):
+    result, _, out = job(tmp_path, text)
+    assert not result.ok and not out.exists() and not record.timing_path(out).exists()
+    rec = yaml.safe_load(record.error_path(out).read_text())
+    assert rec["status"] == "error" and rec["error"]["kind"] == "overflow"
+    assert rec["error"]["reason"].startswith("the product does not fit the output format: 1 of ")
+    assert rec["error"]["reason"].endswith(f"(first at {first})")
+
+
+def test_the_largest_product_mmd_writes_checks_as_right(tmp_path):
+    result, _, out = job(tmp_path, "1\n9999999\n999999\n")  # about 9999989000001: 13 digits before the point
+    assert result.ok
+    text = out.read_bytes()
+    assert len(text) == len(b"1\n9999989000001.00\n") and text.startswith(b"1\n99999")
+    assert textformat.parse_output(text)[0, 0] > 9.99998e12  # mmd check reads it back

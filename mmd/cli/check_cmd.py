@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +25,14 @@ a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
 
 --quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
 whole wrong rows, columns, tiles and transposes, but not one value off by a
-little; the full check sees every value. See docs/grading.md.
+little; the full check sees every value. Its seed is fresh for every check
+and shown with the results (a known seed can be forged against); --seed N
+repeats a check. See docs/grading.md.
 
 exit status:
   0  every check passed (extra outputs in a folder are listed, not failed)
-  1  a check failed: wrong values or format, a missing output, a refused job
+  1  a check failed: wrong values or format, a missing output, a refused job,
+     an output that is a link, folder, FIFO or device (never opened)
   2  usage, or a file that cannot be read (an output, input or expected
      output; an input or expected output that is not valid)
 """
@@ -59,7 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tol", type=float, help="absolute tolerance beyond print rounding (default: the fp32 model)")
     p.add_argument("--quick", action="store_true", help="randomized O(n²) product check (against inputs only)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --quick's random vectors (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of --quick's random vectors, to repeat a check (default: a fresh one, shown in the results)",
+    )
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -74,7 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _usage(message: str) -> int:
-    print(f"mmd check: {message} (see mmd check --help)", file=sys.stderr)
+    from ..textcore import printable  # a path given may hold any byte
+
+    print(f"mmd check: {printable(message)} (see mmd check --help)", file=sys.stderr)
     return ExitStatus.USAGE
 
 
@@ -90,11 +100,19 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--jobs must be at least 1")
     from .. import grading  # only for this command (it imports numpy where a check needs it: prepare)
 
+    try:
+        for flag, path in (("--junit", args.junit), ("--json", args.json)):
+            if path is not None:
+                grading.check_report_path(path, flag)
+    except UsageError as exc:
+        return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
         ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
         grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
-        options = grading.Options(against=against, tol=args.tol, quick=args.quick, seed=args.seed, gemm=gemm)
+        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm)  # a fresh seed
+        if args.seed is not None:
+            options = dataclasses.replace(options, seed=args.seed)
         return _check(args, reference, options, ahead)
 
 
@@ -145,20 +163,24 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         if args.json is not None:
             grading.write_json(result, args.json)
     except MmdError as exc:  # a folder or a report that cannot be read or written
-        print(f"mmd check: {exc.reason}", file=sys.stderr)
+        print(f"mmd check: {grading.shown(exc.reason)}", file=sys.stderr)
         return ExitStatus.USAGE
     return result.exit_status
 
 
 def _print_one(r: Result) -> None:
-    from .. import grading
-
     """One output: the line mmd check has always printed, or one line on stderr when it cannot check."""
+    from .. import grading
+    from ..textcore import printable
+
+    output = printable(str(r.output))
     if r.status is grading.Status.ERROR:
         print(f"mmd check: {r.reason}", file=sys.stderr)
+    elif r.status is grading.Status.NOT_A_FILE:
+        print(f"NOT A FILE: {r.reason}")
     elif r.status is grading.Status.FORMAT:
-        print(f"FORMAT: {r.output}: {r.reason}")
+        print(f"FORMAT: {output}: {r.reason}")
     elif r.detail:
-        print(f"{r.output}: format ok; {r.detail}")
+        print(f"{output}: format ok; {r.detail}")
     else:
-        print(f"{r.output}: format ok; MISMATCH: {r.reason}")
+        print(f"{output}: format ok; MISMATCH: {r.reason}")

@@ -73,8 +73,10 @@ class HostTextPath(TextPath):
         stage = {"parse": (time.perf_counter() - t0) * 1e3}
         del data  # the text is no longer needed; keep peak memory near one copy
         phase("multiply")
-        product = self.backend.multiply(matrices.a, matrices.b, request)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused, worded, just below
+            product = self.backend.multiply(matrices.a, matrices.b, request)
         del matrices
+        textformat.check_product(product.c)
         phase("emit")
         return Computed(_timed(textformat.emit_chunks(product.c), stage), product, TextFacts("host"), stage)
 
