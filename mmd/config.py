@@ -86,7 +86,10 @@ class Settings:
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
     rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
-    quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete
+    quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete (if no write was seen)
+    #: an upload (a name ending .part, .tmp or ~) untouched this long is removed: it died, or its name was
+    #: taken to block someone else's upload
+    upload_max_age_s: float = 86400.0
     poll_seconds: float = 1.0  # polling observer period
     shared_inbox: bool = False  # several hosts serve one inbox on a shared filesystem (docs/cluster.md)
     host_id: str | None = None  # this host's name in a shared inbox; None: the hostname
@@ -248,6 +251,7 @@ def _validated(s: Settings, origin: str) -> Settings:
         "job_timeout_s",
         "metrics_seconds",
         "hook_timeout_s",
+        "upload_max_age_s",
     ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {name} must be positive")

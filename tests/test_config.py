@@ -118,3 +118,10 @@ def test_commands_are_argv_lists_never_shell_strings():
 def test_hook_variables_are_not_settings():
     s = config.load(None, environ={"MMD_JOB_STATUS": "ok", "MMD_JOB_TIMEOUT_S": "7"})
     assert s.job_timeout_s == 7.0
+
+
+def test_the_shipped_config_names_each_setting_once():
+    from mmd import resources
+
+    keys = [line.split(":")[0] for line in resources.default_config_text().splitlines() if line[:1].isalpha()]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)

@@ -230,6 +230,29 @@ with open(sys.argv[2], 'wb') as fh:          # one open: the close comes once, a
 """
 
 
+PAUSED_WRITER = """
+import sys, time
+data = open(sys.argv[1], 'rb').read()
+with open(sys.argv[2], 'wb') as fh:          # scp over a slow link: one open, a long pause halfway
+    fh.write(data[: len(data) // 2]); fh.flush()
+    time.sleep(float(sys.argv[3]))
+    fh.write(data[len(data) // 2 :])
+"""
+
+
+def test_a_writer_that_pauses_is_waited_for_until_it_closes(tmp_path, served):
+    """A pause longer than quiet_seconds and the rescan period: the half-written file is not taken (it was
+    refused before: "header promises ... can hold at most ..."), the whole one is."""
+    a, b = make_input(tmp_path / "slow.src", 60, 50, 40, 11)
+    d = served(MMD_RESCAN_SECONDS="0.2").wait_serving()
+    writer = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(tmp_path / "slow.src"),
+                               str(d.inbox / "slow.txt"), "1.5"])  # fmt: skip
+    assert writer.wait(timeout=60) == 0
+    wait_for(lambda: list(d.outbox.glob("slow.*.yaml")), 30, "the slow job's sidecar")
+    check_ok(d.outbox, "slow", a, b)
+    assert d.stop() == 0
+
+
 @pytest.mark.slow
 def test_kill9_then_restart_loses_and_doubles_nothing(tmp_path, served):
     inbox = tmp_path / "inbox"

@@ -85,6 +85,30 @@ def test_readiness_old_mtime_is_quiet_at_once():
     assert r.observe("old", 5, int((wall.t - 10) * 1e9))
 
 
+def test_readiness_waits_for_a_file_being_written_until_its_close():
+    """A write seen and no close yet: a quiet moment (a paused scp) does not make it complete; only
+    WRITING_QUIET_S unchanged does (its close missed), or the daemon's close or rename event."""
+    from mmd.spool.scanning import WRITING_QUIET_S
+
+    clock, wall = Clock(), Clock()
+    r = Readiness(0.5, clock=clock, wall=wall)
+    r.writing("m")
+    paused = int(wall.t * 1e9)
+    assert not r.observe("m", 10, paused)
+    assert r.due_in() == pytest.approx(WRITING_QUIET_S)
+    clock.t += 10
+    wall.t += 10
+    assert not r.observe("m", 10, paused)
+    clock.t += WRITING_QUIET_S
+    wall.t += WRITING_QUIET_S
+    assert r.observe("m", 10, paused)
+    assert r.pending == []
+    r.writing("gone")
+    assert r.pending == ["gone"]
+    r.forget("gone")
+    assert not r.observe("gone", 1, int(wall.t * 1e9)) and r.due_in() == pytest.approx(0.5)
+
+
 def jobs_in(work):
     return sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
 

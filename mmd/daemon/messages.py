@@ -35,6 +35,13 @@ class Arrived:
 
 
 @dataclass(frozen=True)
+class Writing:
+    """``name`` in the inbox was written to and is not closed yet: not complete until its close or a rename."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class InboxChanged:
     """The inbox folder itself was deleted (or may have been made again)."""
 
@@ -51,7 +58,7 @@ class ReloadRequested:
     """SIGHUP: read the settings again."""
 
 
-Hint = Arrived | InboxChanged | StopRequested | ReloadRequested
+Hint = Arrived | Writing | InboxChanged | StopRequested | ReloadRequested
 
 # -- orders: main process -> worker ---------------------------------------------------
 

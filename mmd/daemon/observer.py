@@ -18,6 +18,7 @@ from watchdog.events import (
     DirDeletedEvent,
     FileClosedEvent,
     FileCreatedEvent,
+    FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
@@ -26,14 +27,25 @@ from watchdog.observers.api import BaseObserver
 
 from ..errors import SpoolError
 from ..spool import is_job_name
-from .messages import Arrived, Hint, InboxChanged
+from .messages import Arrived, Hint, InboxChanged, Writing
 
 #: Event kinds the handler is given (polling: created, moved, closed never comes; inotify: the arrivals mask).
-_EVENTS: list[type[FileSystemEvent]] = [FileClosedEvent, FileCreatedEvent, FileMovedEvent, DirDeletedEvent]
+_EVENTS: list[type[FileSystemEvent]] = [
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    DirDeletedEvent,
+]
 
 
 def _arrivals_observer(timeout: float) -> BaseObserver:
-    """watchdog's inotify emitter, asking the kernel only for close-after-write, moved-in and the inbox's deletion.
+    """watchdog's inotify emitter, asking the kernel only for writes, close-after-write, moved-in and the inbox's
+    deletion.
+
+    A write (IN_MODIFY) marks a file as being written: a writer that pauses
+    with the file open (scp over a slow link) is then waited for until its
+    close, not taken by a rescan that finds it quiet for a moment.
 
     With a filter that admits moves, watchdog asks for IN_MOVED_FROM too and
     holds each one that no IN_MOVED_TO pairs (every claim renames a file out
@@ -46,7 +58,7 @@ def _arrivals_observer(timeout: float) -> BaseObserver:
 
     class _ArrivalsEmitter(InotifyEmitter):
         def get_event_mask_from_filter(self) -> Any:
-            return K.IN_DELETE_SELF | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
+            return K.IN_DELETE_SELF | K.IN_MODIFY | K.IN_CLOSE_WRITE | K.IN_MOVED_TO
 
     return BaseObserver(_ArrivalsEmitter, timeout=timeout)
 
@@ -88,12 +100,17 @@ class Hints(FileSystemEventHandler):
         #: On the arrivals emitter "created" is a file renamed in: complete. Polling: watch until quiet.
         self.created_complete = created_is_move
 
-    def _put(self, complete: bool, path: bytes | str) -> None:
+    def _name(self, path: bytes | str) -> str | None:
+        """The job name ``path`` has in the inbox (None: not directly in the inbox, or not a job's name)."""
         text = os.fsdecode(path)
         if not text:
-            return
+            return None
         folder, name = os.path.split(os.path.abspath(text))
-        if folder == self.inbox and is_job_name(name):
+        return name if folder == self.inbox and is_job_name(name) else None
+
+    def _put(self, complete: bool, path: bytes | str) -> None:
+        name = self._name(path)
+        if name is not None:
             self.hints(Arrived(name, complete))
 
     def dispatch(self, event: FileSystemEvent) -> None:
@@ -108,3 +125,7 @@ class Hints(FileSystemEventHandler):
             self._put(True, event.dest_path)  # a rename is atomic: the file is whole
         elif kind == "created":
             self._put(self.created_complete, event.src_path)
+        elif kind == "modified" and self.created_complete:  # inotify's writes (polling's "modified" is a stat)
+            name = self._name(event.src_path)
+            if name is not None:
+                self.hints(Writing(name))

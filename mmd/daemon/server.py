@@ -69,6 +69,7 @@ from .messages import (
     StartFailed,
     StopRequested,
     WorkerSpec,
+    Writing,
 )
 from .observer import make_observer
 from .pool import WorkerHandle, WorkerPool
@@ -386,6 +387,8 @@ class Daemon:
     def _handle(self, hint: Hint) -> None:
         if isinstance(hint, Arrived):
             self._offer(hint.name, hint.complete)
+        elif isinstance(hint, Writing):
+            self._readiness.writing(hint.name)
         elif isinstance(hint, StopRequested):
             if self._stopping is None:
                 self.log.info("stopping after the jobs in hand", signal=hint.signal)
@@ -397,13 +400,15 @@ class Daemon:
 
     def _tend(self, now: float) -> None:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
-        name), and sweep stale reservations (the full listing of the outbox at most every
+        name), and sweep stale reservations and uploads (the full listing of the outbox at most every
         RESERVATION_SWEEP_SECONDS)."""
         self.scheduler.resume(self.spool.take_back())
         if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
             self._swept = now
             for path in self.spool.sweep_reservations():
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
+            for path in self.spool.sweep_uploads(self.settings.upload_max_age_s):
+                self.log.info("removed an upload nobody finished", file=shown(path.name))
 
     def _check_inbox(self) -> None:
         """Follow the inbox being deleted (wait) and recreated (serve the new folder)."""

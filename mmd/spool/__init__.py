@@ -314,6 +314,10 @@ class Spool:
         return self._archive.archive(claim, ok)
 
     # -- housekeeping --
+    def sweep_uploads(self, max_age_s: float) -> list[Path]:
+        """Remove the inbox's unfinished uploads (``.part``, ``.tmp``, ``~``) untouched for ``max_age_s``."""
+        return self._archive.sweep_uploads(max_age_s)
+
     def sweep_temporaries(self) -> list[Path]:
         """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone."""
         return self._archive.sweep_temporaries()

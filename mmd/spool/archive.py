@@ -4,7 +4,8 @@
 over an older one of that name), drops its output reservation and makes its
 emptied folder the next claim's spare. :meth:`Archive.sweep_temporaries`
 removes, at start, the commit temporaries (``.<name>.<pid>.tmp``) of
-processes that are gone. Whether a job finished, so that only its archive is
+processes that are gone, and :meth:`Archive.sweep_uploads` the uploads
+(``.part``, ``.tmp``, ``~``) nobody has touched for long. Whether a job finished, so that only its archive is
 left to do, is :func:`mmd.spool.claims.finished`'s to say.
 """
 
@@ -13,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
+import time
 from pathlib import Path
 
 from ..errors import SpoolError
 from .claims import Claim, Claims, InHand
 from .common import Shared, entries, strerror
-from .names import MAX_NAME_BYTES, safe_name, shown, state_name
+from .names import IGNORED_SUFFIXES, MAX_NAME_BYTES, safe_name, shown, state_name
 from .reservations import Reservations, pid_alive
 
 # write_atomic's temporaries: .<name>.<pid>.tmp (.<name>.<host>.<pid>.tmp on a shared inbox)
@@ -106,6 +109,29 @@ class Archive:
                     with contextlib.suppress(OSError):
                         path.unlink()
                         removed.append(path)
+        return removed
+
+    def sweep_uploads(self, max_age_s: float, now: float | None = None) -> list[Path]:
+        """Remove the inbox's unfinished uploads (a name ending ``.part``, ``.tmp`` or ``~``, hidden or not)
+        whose mtime is older than ``max_age_s``; returns those removed.
+
+        Such a file is never a job: it is an upload that died, or a name
+        someone created to block a classmate's ``scp`` to it (the sticky
+        inbox stops the classmate from removing it; mmd owns the folder and
+        may). Only regular files go; mmd's own temporaries are seconds old.
+        """
+        now = time.time() if now is None else now
+        removed = []
+        for path in entries(self.shared.inbox):
+            if not path.name.endswith(IGNORED_SUFFIXES):
+                continue
+            try:
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > max_age_s:
+                    self.shared.ops.unlink(path)
+                    removed.append(path)
+            except OSError:
+                continue
         return removed
 
 

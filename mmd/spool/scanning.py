@@ -64,15 +64,22 @@ def stat_entry(inbox: Path, name: str) -> Candidate | None:
     return Candidate(name, info.st_size, info.st_mtime_ns)
 
 
+#: How long a file seen being written (a write, no close yet) must stay unchanged before it is taken without its
+#: close: only where the close was missed (an inotify queue overflow). A writer that pauses with the file open
+#: (scp over a slow link) is waited for this long.
+WRITING_QUIET_S = 300.0
+
+
 class Readiness:
     """Decides when a file is completely written.
 
     A close-after-write or a rename into the inbox makes it complete at once
-    (:meth:`complete`). Otherwise (polling, rescans, a file moved in from
-    another folder) it is complete once its size and mtime have stayed the
-    same for ``quiet_seconds``: either seen unchanged over that long, or with
-    an mtime at least that old (:meth:`observe`). Pure: the clocks are
-    parameters.
+    (the daemon takes it without asking). Otherwise (polling, rescans, a
+    file moved in from another folder) it is complete once its size and
+    mtime have stayed the same for ``quiet_seconds``: either seen unchanged
+    over that long, or with an mtime at least that old (:meth:`observe`);
+    for a file seen being written (:meth:`writing`) and not yet closed, for
+    :data:`WRITING_QUIET_S` instead. Pure: the clocks are parameters.
     """
 
     def __init__(
@@ -85,6 +92,15 @@ class Readiness:
         self._clock = clock
         self._wall = wall
         self._seen: dict[str, tuple[int, int, float]] = {}
+        self._writing: set[str] = set()
+
+    def writing(self, name: str) -> None:
+        """``name`` is being written (a write was seen and no close yet): only its close or a rename (the
+        daemon's to see), or :data:`WRITING_QUIET_S` unchanged, make it complete."""
+        self._writing.add(name)
+
+    def _quiet_for(self, name: str) -> float:
+        return max(self.quiet, WRITING_QUIET_S) if name in self._writing else self.quiet
 
     def observe(self, name: str, size: int, mtime_ns: int) -> bool:
         """Record a stat of ``name``; True when it has been quiet long enough."""
@@ -95,23 +111,25 @@ class Readiness:
             since = now
         else:
             since = last[2]
-        if now - since >= self.quiet or self._wall() - mtime_ns / 1e9 >= self.quiet:
-            self._seen.pop(name, None)
+        quiet = self._quiet_for(name)
+        if now - since >= quiet or self._wall() - mtime_ns / 1e9 >= quiet:
+            self.forget(name)
             return True
         return False
 
     def forget(self, name: str) -> None:
         """Stop tracking ``name`` (taken, or gone)."""
         self._seen.pop(name, None)
+        self._writing.discard(name)
 
     @property
     def pending(self) -> list[str]:
-        """Names seen but not yet quiet."""
-        return list(self._seen)
+        """Names seen (or seen being written) but not yet quiet."""
+        return list(self._seen.keys() | self._writing)
 
     def due_in(self) -> float | None:
         """Seconds until the earliest pending name could be quiet (None: nothing pending)."""
         if not self._seen:
             return None
         now = self._clock()
-        return max(0.0, min(since + self.quiet - now for _, _, since in self._seen.values()))
+        return max(0.0, min(since + self._quiet_for(name) - now for name, (_, _, since) in self._seen.items()))
