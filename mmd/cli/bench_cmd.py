@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import paths
 from .common import options_later, settings_from
 
 
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"mmd bench: {exc}", file=sys.stderr)
             return 2
+        paths.output_folder(args.out)  # before a case is run
         clock = None
         if isinstance(backend, CudaBackend):
             clock = bench.NvidiaSmi.find(settings.device, backend.limits.pci_bus_id)

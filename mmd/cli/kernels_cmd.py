@@ -77,9 +77,10 @@ def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import kernels  # the registry: only for this command
+    from .. import config, kernels  # the registry: only for this command
     from ..resources import kernels_dir
 
+    config.load(args.config)  # a config named but unreadable or wrong is refused, --build or not
     limits, where = _device_limits(args.device)
     if args.build:
         return build(args, limits)
