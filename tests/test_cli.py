@@ -259,3 +259,27 @@ def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
         r = run_mmd("run", path, timeout=30)
         assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1
     assert not os.path.exists("/dev/null.error.yaml") and os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src), env={"MMD_TILES": "16"})
+    assert r.returncode == 0 and r.stderr == "mmd: warning: MMD_TILES is not an mmd setting; ignored\n"
+    r = run_mmd("run", str(src), "--force", env={"MMD_TILE": "abc"})
+    assert r.returncode == 78 and r.stderr == "mmd run: configuration: environment: MMD_TILE must be int, got 'abc'\n"
+
+
+def test_help_is_plain_text_and_names_every_option():
+    r = run_mmd("status", "--help")
+    assert r.returncode == 0 and "``" not in r.stdout and ":class:" not in r.stdout
+    gen = run_mmd("gen", "--help").stdout
+    assert "--range LO HI values are drawn from LO to HI" in " ".join(gen.split())
+
+
+def test_the_license_file_is_the_one_the_package_declares():
+    import re
+
+    declared = re.search(r'^license = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    text = (ROOT / "LICENSE").read_text()
+    assert declared == "MIT" and text.startswith("MIT License\n") and "Copyright (c) the mmd authors" in text

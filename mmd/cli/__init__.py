@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .. import __version__
@@ -38,8 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_in_one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """A warning as the CLI says everything: one line, no source location (a user's shell set it, not mmd)."""
+    print(f"mmd: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (mmd.errors.ExitStatus, the README's table)."""
+    warnings.showwarning = _warn_in_one_line
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     if not words:  # a newcomer's first try: the commands, not "required: COMMAND"

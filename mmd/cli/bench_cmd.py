@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
-from .common import options_later, settings_from
+from .common import add_config_option, options_later, settings_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         default="course",
         help="the plan whose kernels, sizes and tiles the options below change (default: %(default)s)",
     )
-    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    add_config_option(p)
     p.add_argument("--backend", choices=config.CHOICES["backend"], help="where GPU kernels run (default: auto)")
     p.add_argument("--device", type=int, help="CUDA device ordinal")
     p.add_argument(

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ExitStatus, UsageError
 from . import paths
+from .common import add_config_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,9 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="show the daemon serving the inbox",
         description="Show whether a daemon serves the inbox, what it is doing and what it did last. Exit status: "
-        "0 a daemon serves the inbox, 3 none does, 2 bad usage or an inbox that is not a folder.",
+        "0 a daemon serves the inbox, 3 none does, 2 bad usage or an inbox that is missing or not a folder.",
     )
-    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    add_config_option(p)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument(
