@@ -370,7 +370,9 @@ def find_config(explicit: Path | None, environ: Mapping[str, str]) -> Path | Non
     if environ.get("MMD_CONFIG"):
         return Path(environ["MMD_CONFIG"])
     for candidate in config_paths(environ):
-        if candidate.is_file():
+        # os.path.isfile is False where the path cannot even be looked at: /etc/mmd is the spool group's
+        # alone, and another user's config is no concern of a student's command
+        if os.path.isfile(candidate):
             return candidate
     return None
 

@@ -184,3 +184,22 @@ def test_commands_are_argv_lists_never_shell_strings():
 def test_hook_variables_are_not_settings():
     s = config.load(None, environ={"MMD_JOB_STATUS": "ok", "MMD_JOB_TIMEOUT_S": "7"})
     assert s.job_timeout_s == 7.0
+
+
+def test_a_config_folder_this_user_may_not_enter_is_passed_over(tmp_path, monkeypatch):
+    """/etc/mmd is the spool group's alone (0750): for anyone else, stat() of /etc/mmd/mmd.yaml is EACCES, which
+    ended every command in a traceback (tests/test_reliability.py meets it as another user)."""
+    import os
+
+    system = tmp_path / "etc" / "mmd.yaml"
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", system)
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if Path(path) == system:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.chdir(tmp_path)
+    assert config.load(environ={}).sources == ("defaults", "environment")
