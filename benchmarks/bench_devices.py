@@ -162,6 +162,7 @@ def main() -> int:
     print(f"generated {args.n}x{args.n} pair: {source.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
     warm = base / "warm"
     (warm / "inbox").mkdir(parents=True)
+    (warm / "outbox").mkdir()  # mmd serve makes no folder it is not told to (--create)
     small = random_matrix(rng, 64, 64)
     (warm / "inbox" / "w.txt").write_bytes(b"".join(input_chunks(small, small, square=True)))
     serve_once(warm, args.devices[-1], args, cache)
@@ -171,6 +172,7 @@ def main() -> int:
     for devices in args.devices:
         root = base / f"run-{devices.replace(',', '_')}"
         (root / "inbox").mkdir(parents=True)
+        (root / "outbox").mkdir()
         stage = root / "stage"
         stage.mkdir()
         for i in range(args.jobs):

@@ -125,6 +125,7 @@ def sidecar_timings(path: Path) -> dict[str, float]:
 def one_shot(tree: Tree, work: Path, src: Path) -> tuple[float, dict[str, float]]:
     """`mmd run` of ``src`` as a process: its wall time (ms) and its sidecar's phases."""
     out = work / f"oneshot-{tree.name}.out"
+    out.unlink(missing_ok=True)  # mmd run replaces no output (--force, which an older tree does not know)
     wall, done = tree.run("run", str(src), "-o", str(out), cwd=work)
     if done.returncode != 0:
         raise SystemExit(f"{tree.name}: mmd run failed: {done.stderr.strip()[-500:]}")

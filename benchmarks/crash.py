@@ -63,7 +63,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="mmd-crash-"))
     inbox, outbox, stage = root / "inbox", root / "outbox", root / "stage"
-    for folder in (inbox, stage):
+    for folder in (inbox, outbox, stage):  # mmd serve makes no folder it is not told to (--create)
         folder.mkdir()
     inputs = {}
     left_in_work = reservations = empty = 0

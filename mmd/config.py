@@ -1,9 +1,15 @@
 """Typed, validated settings.
 
 Precedence, lowest first: built-in defaults < config file < ``MMD_*``
-environment < command-line flags. The file is read with ``yaml.safe_load``;
-an unknown key or a wrong type is a :class:`ConfigError` that names the key
-and where it came from.
+environment < command-line flags. The config file is one file, the first of
+``--config``, ``$MMD_CONFIG``, then :func:`config_paths` (``config/mmd.yaml``
+here, ``$XDG_CONFIG_HOME/mmd/mmd.yaml``, ``/etc/mmd/mmd.yaml``) that exists:
+files are not merged, so a setting has one source. The file is read with
+``yaml.safe_load`` and its values must have their YAML types (``tile: "16"``
+is refused); the environment, a file's name and the flags are text, parsed.
+An unknown key or a wrong type is a :class:`ConfigError` that names the key
+(or the variable) and where it came from; an ``MMD_*`` variable that is not
+a setting is ignored with an :class:`UnknownVariableWarning`.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import os
 import re
 import shlex
 import socket
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -24,8 +31,16 @@ from . import kernels
 from .errors import ConfigError, MmdError, UsageError
 from .hooks import HOOK_VARIABLES
 
-#: Searched in order when no --config and no MMD_CONFIG is given.
-DEFAULT_CONFIG_PATHS: tuple[Path, ...] = (Path("config/mmd.yaml"),)
+#: The project's config, relative to the working directory: the first place looked.
+LOCAL_CONFIG = Path("config/mmd.yaml")
+#: The machine's config (the service's, systemd/install.sh writes it): the last place looked.
+SYSTEM_CONFIG = Path("/etc/mmd/mmd.yaml")
+
+
+class UnknownVariableWarning(UserWarning):
+    """An ``MMD_*`` variable that is no setting (a typo, an old name): ignored, so that one stray variable in a
+    shell does not stop every command; the CLI shows it as one line."""
+
 
 #: Settings a command line may give a single job (`mmd run`'s flags); the rest are the service's.
 JOB_FLAGS: tuple[str, ...] = ("backend", "kernel", "tile", "memory", "device")
@@ -194,10 +209,25 @@ def kernel_cache_dir(settings: Settings, environ: Mapping[str, str] | None = Non
     return Path(base) / "mmd" / "kernels"
 
 
-def _coerce(name: str, value: Any, origin: str) -> Any:
-    """Convert ``value`` to the type of setting ``name`` or raise ConfigError."""
+#: The origin of settings from ``MMD_*`` variables; their messages name the variable.
+ENVIRONMENT = "environment"
+
+
+def _label(origin: str) -> Callable[[str], str]:
+    """How messages name setting ``name`` given from ``origin``: the variable for the environment."""
+    if origin == ENVIRONMENT:
+        return lambda name: f"MMD_{name.upper()}"
+    return lambda name: name
+
+
+def _coerce(name: str, value: Any, origin: str, typed: bool = False) -> Any:
+    """Convert ``value`` to the type of setting ``name`` or raise ConfigError.
+
+    ``typed``: ``value`` comes from YAML, which has numbers and booleans of its own, so text is not
+    parsed as one (else it comes from text: the environment, a file name, a flag).
+    """
     ftype = str(_FIELDS[name].type)
-    where = f"{origin}: {name}"
+    where = f"{origin}: {_label(origin)(name)}"
     if name == "devices":
         return None if value is None else _devices(value, where)
     if ftype.startswith("tuple[str"):
@@ -207,6 +237,8 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
             return None
         raise ConfigError(f"{where} must not be empty")
     try:
+        if typed and isinstance(value, str) and not ftype.startswith(("str", "Path")):
+            raise ValueError
         if ftype == "bool":
             if isinstance(value, bool):
                 return value
@@ -214,7 +246,7 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
                 return _BOOL_WORDS[value.strip().lower()]
             raise ValueError
         if ftype.startswith("int"):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            if isinstance(value, bool) or (isinstance(value, float) and (typed or not value.is_integer())):
                 raise ValueError
             return int(str(value).replace("_", "")) if isinstance(value, str) else int(value)
         if ftype.startswith("float"):
@@ -235,15 +267,17 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
 
 
 def _validated(s: Settings, origin: str) -> Settings:
+    at = _label(origin)
     for name, allowed in CHOICES.items():
         value = getattr(s, name)
         if value not in allowed:
-            raise ConfigError(f"{origin}: {name} must be one of {', '.join(allowed)}, got {value!r}")
-    try:  # the registry is the one judge of kernel names and tiles
-        kernels.get(s.kernel)
-        kernels.check_tile(s.tile)
-    except MmdError as exc:
-        raise ConfigError(f"{origin}: {exc.reason}", dict(exc.details)) from None
+            raise ConfigError(f"{origin}: {at(name)} must be one of {', '.join(allowed)}, got {value!r}")
+    for name, check in (("kernel", lambda: kernels.get(s.kernel)), ("tile", lambda: kernels.check_tile(s.tile))):
+        try:  # the registry is the one judge of kernel names and tiles
+            check()
+        except MmdError as exc:
+            where = f"{at(name)}: " if origin == ENVIRONMENT else ""
+            raise ConfigError(f"{origin}: {where}{exc.reason}", dict(exc.details)) from None
     for name in (
         "rescan_seconds",
         "quiet_seconds",
@@ -254,30 +288,34 @@ def _validated(s: Settings, origin: str) -> Settings:
         "upload_max_age_s",
     ):
         if getattr(s, name) <= 0:
-            raise ConfigError(f"{origin}: {name} must be positive")
+            raise ConfigError(f"{origin}: {at(name)} must be positive")
     if s.max_attempts < 1:
-        raise ConfigError(f"{origin}: max_attempts must be at least 1")
+        raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim"):
         value = getattr(s, name)
         if value is not None and value <= 0:
-            raise ConfigError(f"{origin}: {name} must be positive or null")
+            raise ConfigError(f"{origin}: {at(name)} must be positive or null")
     if s.max_queue <= 0:
-        raise ConfigError(f"{origin}: max_queue must be positive")
+        raise ConfigError(f"{origin}: {at('max_queue')} must be positive")
     if not 1 <= s.workers_per_device <= 64:
-        raise ConfigError(f"{origin}: workers_per_device must be 1 to 64, got {s.workers_per_device}")
+        raise ConfigError(f"{origin}: {at('workers_per_device')} must be 1 to 64, got {s.workers_per_device}")
     if s.devices is not None and (not s.devices or any(d < 0 for d in s.devices)):
-        raise ConfigError(f"{origin}: devices must be device ordinals (0, 1, ...), got {list(s.devices)}")
+        raise ConfigError(f"{origin}: {at('devices')} must be device ordinals (0, 1, ...), got {list(s.devices)}")
     if s.host_id is not None and (not HOST_ID_RE.fullmatch(s.host_id) or s.host_id in (".", "..")):
-        raise ConfigError(f"{origin}: host_id may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}")
+        raise ConfigError(
+            f"{origin}: {at('host_id')} may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}"
+        )
     if s.class_mode and s.state_dir is None:
         raise ConfigError(
-            f"{origin}: class_mode needs state_dir: a folder only the service may write, on the inbox's "
+            f"{origin}: {at('class_mode')} needs state_dir: a folder only the service may write, on the inbox's "
             "filesystem, for its lock, state and claimed jobs (docs/operations.md)"
         )
     if s.class_mode and s.shared_inbox:
-        raise ConfigError(f"{origin}: class_mode does not combine with shared_inbox yet: serve a class from one box")
+        raise ConfigError(
+            f"{origin}: {at('class_mode')} does not combine with shared_inbox yet: serve a class from one box"
+        )
     if s.kernel_cache is not None and not s.kernel_cache:
-        raise ConfigError(f"{origin}: kernel_cache must be auto, a folder or null")
+        raise ConfigError(f"{origin}: {at('kernel_cache')} must be auto, a folder or null")
     return s
 
 
@@ -285,13 +323,13 @@ def _validated(s: Settings, origin: str) -> Settings:
 COMMAND_LINE = "command line"
 
 
-def _apply(base: Settings, values: Mapping[str, Any], origin: str) -> Settings:
+def _apply(base: Settings, values: Mapping[str, Any], origin: str, typed: bool = False) -> Settings:
     try:
         changes = {}
         for key, value in values.items():
             if key not in _FIELDS:
                 raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(_FIELDS)})")
-            changes[key] = _coerce(key, value, origin)
+            changes[key] = _coerce(key, value, origin, typed)
         merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin))
         return _validated(merged, origin)
     except ConfigError as exc:
@@ -325,26 +363,41 @@ NOT_SETTINGS = frozenset({"MMD_CONFIG", "MMD_CUBLAS", "MMD_NO_FASTTEXT"})
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
-    """Settings given as ``MMD_<NAME>`` variables (see :data:`NOT_SETTINGS` for the others)."""
+    """Settings given as ``MMD_<NAME>`` variables (see :data:`NOT_SETTINGS` for the others); any other
+    ``MMD_*`` variable is ignored with an :class:`UnknownVariableWarning`."""
     out: dict[str, str | None] = {}
     for key, value in environ.items():
         # A hook's own variables are not settings either, so a hook may run mmd itself.
         if key.startswith("MMD_") and key not in NOT_SETTINGS and key not in HOOK_VARIABLES:
             name = key[4:].lower()
             if name not in _FIELDS:
-                raise ConfigError(f"environment: unknown setting {key}")
+                warnings.warn(f"{key} is not an mmd setting; ignored", UnknownVariableWarning, stacklevel=2)
+                continue
             out[name] = None if value.strip().lower() in ("", "null", "none") else value
     return out
 
 
+def config_paths(environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """Where a config file is looked for without --config or $MMD_CONFIG, nearest first: this project's
+    ``config/mmd.yaml``, the user's ``$XDG_CONFIG_HOME/mmd/mmd.yaml`` (``~/.config`` where it is unset, as the
+    XDG spec says), the machine's ``/etc/mmd/mmd.yaml``."""
+    user = environ.get("XDG_CONFIG_HOME") or (str(Path(environ["HOME"]) / ".config") if environ.get("HOME") else "")
+    found = [LOCAL_CONFIG]
+    if user and os.path.isabs(user):  # the spec: a relative one is invalid, ignored
+        found.append(Path(user) / "mmd" / "mmd.yaml")
+    return (*found, SYSTEM_CONFIG)
+
+
 def find_config(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
-    """The config file to use: --config, else $MMD_CONFIG, else config/mmd.yaml if present."""
+    """The config file to use: --config, else $MMD_CONFIG, else the first of :func:`config_paths` that exists."""
     if explicit is not None:
         return explicit
     if environ.get("MMD_CONFIG"):
         return Path(environ["MMD_CONFIG"])
-    for candidate in DEFAULT_CONFIG_PATHS:
-        if candidate.is_file():
+    for candidate in config_paths(environ):
+        # os.path.isfile is False where the path cannot even be looked at: /etc/mmd is the spool group's
+        # alone, and another user's config is no concern of a student's command
+        if os.path.isfile(candidate):
             return candidate
     return None
 
@@ -362,8 +415,8 @@ def load(
     settings = Settings()
     path = find_config(config, environ)
     if path is not None:
-        settings = _apply(settings, read_file(path), str(path))
-    settings = _apply(settings, env_values(environ), "environment")
+        settings = _apply(settings, read_file(path), str(path), typed=True)
+    settings = _apply(settings, env_values(environ), ENVIRONMENT)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
         settings = _apply(settings, flags, COMMAND_LINE)

@@ -14,7 +14,7 @@ from typing import Any
 
 
 class ExitStatus(IntEnum):
-    """What a command's exit status means (docs/operations.md): systemd and scripts act on these."""
+    """What a command's exit status means (the README's table): systemd and scripts act on these."""
 
     #: The job ran, the check passed, the daemon stopped when asked.
     OK = 0
@@ -22,8 +22,12 @@ class ExitStatus(IntEnum):
     FAILED = 1
     #: The command was misused, or a file it names cannot be read: fix the command line.
     USAGE = 2
+    #: ``mmd status``: no daemon serves the inbox.
+    NOT_SERVING = 3
     #: The configuration is invalid (sysexits' EX_CONFIG): restarting cannot help, the unit does not.
     CONFIG = 78
+    #: Stopped by SIGINT (Ctrl-C) before it was done: 128 + the signal's number, as a shell reports it.
+    INTERRUPTED = 130
 
 
 @dataclass(eq=False)

@@ -8,12 +8,26 @@ import numpy as np
 
 from . import textformat
 
+#: Bytes per value while one matrix is drawn: the int64 hundredths, the mask of zeros, the float32 result.
+DRAW_BYTES_PER_VALUE = 8 + 1 + 4
+
+
+def memory_needed(m: int, k: int, n: int) -> int:
+    """The most memory :func:`random_matrix` takes to draw A (M×K) and then B (K×N), A kept meanwhile."""
+    return max(DRAW_BYTES_PER_VALUE * m * k, 4 * m * k + DRAW_BYTES_PER_VALUE * k * n)
+
+
+def hundredths(lo: float, hi: float) -> tuple[int, int]:
+    """[lo, hi] in hundredths; ValueError when it holds no non-zero two-decimal value."""
+    lo_h, hi_h = round(lo * 100), round(hi * 100)
+    if lo_h > hi_h or (lo_h == hi_h == 0):
+        raise ValueError(f"range [{lo:g}, {hi:g}] holds no non-zero two-decimal values")
+    return lo_h, hi_h
+
 
 def random_matrix(rng: np.random.Generator, rows: int, cols: int, lo: float = -10.0, hi: float = 10.0) -> np.ndarray:
     """A float32 matrix of values in [lo, hi] with two decimals and no zeros."""
-    lo_h, hi_h = round(lo * 100), round(hi * 100)
-    if lo_h > hi_h or (lo_h == hi_h == 0):
-        raise ValueError(f"range [{lo}, {hi}] holds no non-zero two-decimal values")
+    lo_h, hi_h = hundredths(lo, hi)
     h = rng.integers(lo_h, hi_h, size=(rows, cols), endpoint=True)
     zero = h == 0
     if zero.any():

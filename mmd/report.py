@@ -48,7 +48,7 @@ import yaml
 
 from . import kernels as registry
 from .bench import ACCURACY_COLUMNS, COLUMNS, phase_stats
-from .errors import MmdError
+from .errors import OutputError, UnreadableError
 from .record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
 
 #: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
@@ -76,8 +76,9 @@ _FLOAT_COLUMNS = {c for c in COLUMNS if c.endswith(("_ms", "_noise"))} | {
 _BOOL_COLUMNS = {"converged", "throttled", "within_fp32_tolerance"}
 
 
-class ReportError(MmdError):
-    """The report's input cannot be read (no results, no sidecars, a malformed file)."""
+class ReportError(UnreadableError):
+    """The report's input cannot be read (no results, no sidecars, a malformed file): the command line names
+    the wrong thing (exit status 2)."""
 
     kind = "report"
 
@@ -118,7 +119,11 @@ def read_csv(path: Path) -> Results:
     """Rows of a results.csv (and the environment of its results.yaml, if beside it)."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
-            rows = [_typed(r) for r in csv.DictReader(fh)]
+            reader = csv.DictReader(fh)
+            missing = [c for c in ("kernel", "m", "k", "n") if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ReportError(f"{path} has no {', '.join(missing)} columns: not a results.csv from mmd bench")
+            rows = [_typed(r) for r in reader]
     except (OSError, ValueError) as exc:
         raise ReportError(f"cannot read {path}: {exc}") from None
     env: dict[str, Any] = {}
@@ -223,7 +228,7 @@ def load(source: Path) -> Results:
                 return _with_accuracy(reader(source / name))
         return read_sidecars(source)
     if not source.exists():
-        raise ReportError(f"{source} does not exist")
+        raise ReportError(f"{source}: no such file or folder")
     if source.suffix == ".csv":
         return _with_accuracy(read_csv(source))
     if source.suffix in (".yaml", ".yml"):
@@ -996,7 +1001,10 @@ def render(
     if out is None:
         base = results.source if results.source.is_dir() else results.source.parent
         out = base / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot make the folder {out}: {exc.strerror}") from None
     rows = results.rows
     shown = graph_size(rows, size)
     sweep = tile_sweep(rows, shown)

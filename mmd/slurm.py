@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import Settings
-from .errors import MmdError
+from .errors import MmdError, OutputError, UnreadableError, UsageError
 from .jobname import stem_of
 from .spool import entry_problem, is_job_name, names_of, output_path, resolve_output, safe_name
 
@@ -132,9 +132,11 @@ def list_jobs(folder: Path) -> Listing:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except FileNotFoundError:
-        raise SubmitError(f"no such folder: {folder}") from None
+        raise UnreadableError(f"{folder}: no such folder") from None
     except NotADirectoryError:
-        raise SubmitError(f"not a folder: {folder}") from None
+        raise UnreadableError(f"{folder} is not a folder") from None
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
     jobs: list[Path] = []
     skipped: dict[str, str] = {}
     for entry in entries:
@@ -181,7 +183,7 @@ def plan_tasks(jobs: Sequence[Path], outbox: Path, exists=os.path.lexists) -> li
 
 def _word(what: str, value: str) -> str:
     if not _WORD_RE.fullmatch(value):
-        raise SubmitError(f"{what} {value!r}: use only letters, digits and _ . , : + = -")
+        raise UsageError(f"{what} {value!r}: use only letters, digits and _ . , : + = -")
     return value
 
 
@@ -190,17 +192,17 @@ def check_options(options: ArrayOptions) -> None:
     try:
         Settings().with_values(dict(options.settings), "mmd submit")
     except MmdError as exc:
-        raise SubmitError(exc.reason) from None
+        raise UsageError(exc.reason) from None
     _word("--job-name", options.job_name)
     for what, value in (("--gres", options.gres), ("--partition", options.partition), ("--account", options.account)):
         if value is not None:
             _word(what, value)
     if options.time is not None and not _TIME_RE.fullmatch(options.time):
-        raise SubmitError(f"--time {options.time!r}: give MM, HH:MM:SS or D-HH:MM:SS")
+        raise UsageError(f"--time {options.time!r}: give MM, HH:MM:SS or D-HH:MM:SS")
     if options.max_parallel is not None and options.max_parallel < 1:
-        raise SubmitError(f"--max-parallel {options.max_parallel}: must be at least 1")
+        raise UsageError(f"--max-parallel {options.max_parallel}: must be at least 1")
     if not options.mmd:
-        raise SubmitError("the command that starts mmd on a node is empty")
+        raise UsageError("the command that starts mmd on a node is empty")
 
 
 def array_spec(n: int, max_parallel: int | None = None) -> str:
@@ -214,7 +216,7 @@ def array_spec(n: int, max_parallel: int | None = None) -> str:
 def _sbatch_path(what: str, path: Path) -> str:
     text = str(path)
     if _SBATCH_PATH_BAD.search(text):
-        raise SubmitError(
+        raise UsageError(
             f"{what} {text!r} goes on an #SBATCH line, which cannot hold spaces, quotes, '#', '%' or '\\'; "
             "give --script-out in a plainer folder"
         )
@@ -300,13 +302,20 @@ def make_plan(folder: Path, outbox: Path, options: ArrayOptions, script: Path | 
 
 
 def write(plan: Plan) -> Path:
-    """Write the manifest, the outputs list and the script (executable); create outbox and logs."""
-    for folder in (plan.outbox, plan.logs, plan.script.parent):
-        folder.mkdir(parents=True, exist_ok=True)
-    plan.manifest.write_bytes(manifest_bytes([t.input for t in plan.tasks]))
-    plan.outputs.write_bytes(manifest_bytes([t.output for t in plan.tasks]))
-    plan.script.write_text(render_script(plan), encoding="utf-8")
-    plan.script.chmod(0o755)
+    """Write the manifest, the outputs list and the script (executable); create outbox and logs.
+
+    OutputError when one cannot be written (a file in the way, no permission)."""
+    manifest, outputs = manifest_bytes([t.input for t in plan.tasks]), manifest_bytes([t.output for t in plan.tasks])
+    script = render_script(plan)
+    where = plan.outbox
+    try:
+        for where in (plan.outbox, plan.logs, plan.script.parent):
+            where.mkdir(parents=True, exist_ok=True)
+        for where, data in ((plan.manifest, manifest), (plan.outputs, outputs), (plan.script, script.encode())):
+            where.write_bytes(data)
+        plan.script.chmod(0o755)
+    except OSError as exc:
+        raise OutputError(f"cannot write {where}: {exc.strerror}") from None
     return plan.script
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmd import cpus
+from mmd import config, cpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,17 +50,29 @@ def _sidecars_follow_the_schema(request: pytest.FixtureRequest, sidecar_validato
             assert not errors, f"{path.name} does not follow docs/sidecar.schema.json: {errors[0].message}"
 
 
+#: The machine's config file (the fixture below hides it from the tests that run in this process).
+MACHINE_CONFIG = config.SYSTEM_CONFIG
+#: An XDG_CONFIG_HOME with no mmd config in it: tests never read the caller's ~/.config/mmd/mmd.yaml.
+NO_USER_CONFIG = str(ROOT / "tests" / "no-such-config-home")
+
+
 @pytest.fixture(autouse=True)
 def _no_mmd_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests see no MMD_* variables from the caller's shell."""
+    """Tests see no MMD_* variables from the caller's shell, nor the caller's or the machine's config file."""
     for key in list(os.environ):
         if key.startswith("MMD_"):
             monkeypatch.delenv(key)
+    monkeypatch.setenv("XDG_CONFIG_HOME", NO_USER_CONFIG)
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", Path(NO_USER_CONFIG) / "etc-mmd.yaml")
 
 
 def mmd_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """The caller's environment without its MMD_* variables, mmd importable, then ``base`` and ``extra``."""
+    """The caller's environment without its MMD_* variables nor its config files, mmd importable, then ``base``
+    and ``extra``."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
+    full["XDG_CONFIG_HOME"] = NO_USER_CONFIG
+    if MACHINE_CONFIG.exists():  # a machine with the service installed: a process of a test reads no config
+        full["MMD_CONFIG"] = os.devnull
     full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
     full.update(base or {})
     full.update(extra)

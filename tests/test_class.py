@@ -39,7 +39,7 @@ def serve_once(settings: config.Settings) -> int:
 
 
 def test_class_mode_needs_a_state_dir_and_one_box():
-    with pytest.raises(ConfigError, match="class_mode needs state_dir"):
+    with pytest.raises(ConfigError, match="CLASS_MODE needs state_dir"):
         config.load(None, environ={"MMD_CLASS_MODE": "true"})
     with pytest.raises(ConfigError, match="does not combine with shared_inbox"):
         config.load(None, environ={"MMD_CLASS_MODE": "true", "MMD_STATE_DIR": "/s", "MMD_SHARED_INBOX": "true"})

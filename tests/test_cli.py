@@ -117,7 +117,7 @@ def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
     ]
     rec = yaml.safe_load((tmp_path / "m.timing.yaml").read_text())
     if rec["backend"] == "cpu":  # falling back is normal: said at info, seen with -v
-        r = run_mmd("run", str(src), "-v", env={"MMD_BACKEND": "auto"})
+        r = run_mmd("run", str(src), "-v", "--force", env={"MMD_BACKEND": "auto"})
         assert r.returncode == 0 and "using the cpu backend" in r.stderr
 
 
@@ -146,7 +146,7 @@ def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
     src = tmp_path / "c@tile=8.txt"
     src.write_text("1\n2\n3\n")
     assert run_mmd("run", str(src), "--tile", "8").returncode == 0
-    r = run_mmd("run", str(src), "--tile", "16")
+    r = run_mmd("run", str(src), "--tile", "16", "--force")
     assert r.returncode == 1 and "the file name sets tile=8 but the command line gives --tile 16" in r.stderr
 
 
@@ -219,3 +219,67 @@ def test_a_sub_command_s_options_are_added_when_it_is_parsed_or_shown():
     assert build_parser().parse_args(["kernels"]).tiles == [*kernels.TILES, 64]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--plan", "nope"])
+
+
+def test_dash_means_stdout_for_gen_and_run(tmp_path):
+    r = run_mmd("gen", "4", "--seed", "3", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "" and list(tmp_path.iterdir()) == []
+    assert run_mmd("gen", "4", "--seed", "3", "-o", str(tmp_path / "m.txt")).returncode == 0
+    assert r.stdout == (tmp_path / "m.txt").read_text()
+    r = run_mmd("run", "m.txt", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "" and sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"]
+    mats = textformat.parse((tmp_path / "m.txt").read_bytes())
+    assert r.stdout.encode() == textformat.format_reference(mats.a @ mats.b)
+
+
+def test_a_second_run_does_not_replace_the_first_output_unless_forced(tmp_path):
+    src = tmp_path / "x.txt"
+    src.write_text("1\n2\n3\n")
+    assert run_mmd("run", str(src)).returncode == 0
+    (tmp_path / "x.out").write_text("the first run's product\n")
+    r = run_mmd("run", str(src))
+    assert r.returncode == 2 and "exists; give --force" in r.stderr and r.stderr.count("\n") == 1
+    assert (tmp_path / "x.out").read_text() == "the first run's product\n"
+    assert run_mmd("run", str(src), "--force").returncode == 0
+    assert (tmp_path / "x.out").read_text() == "1\n  6.00\n"
+
+
+def test_mmd_alone_prints_its_commands():
+    r = run_mmd()
+    assert r.returncode == 2 and r.stdout == "" and "usage: mmd" in r.stderr and "Traceback" not in r.stderr
+    assert all(name in r.stderr for name in ("run", "gen", "check", "serve", "status"))
+
+
+def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
+    """As root, `mmd run /dev/null` wrote /dev/null.error.yaml; a FIFO hung the run."""
+    import os
+
+    os.mkfifo(tmp_path / "f.txt")
+    for path in ("/dev/null", str(tmp_path / "f.txt")):
+        r = run_mmd("run", path, timeout=30)
+        assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1
+    assert not os.path.exists("/dev/null.error.yaml") and os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n")
+    r = run_mmd("run", str(src), env={"MMD_TILES": "16"})
+    assert r.returncode == 0 and r.stderr == "mmd: warning: MMD_TILES is not an mmd setting; ignored\n"
+    r = run_mmd("run", str(src), "--force", env={"MMD_TILE": "abc"})
+    assert r.returncode == 78 and r.stderr == "mmd run: configuration: environment: MMD_TILE must be int, got 'abc'\n"
+
+
+def test_help_is_plain_text_and_names_every_option():
+    r = run_mmd("status", "--help")
+    assert r.returncode == 0 and "``" not in r.stdout and ":class:" not in r.stdout
+    gen = run_mmd("gen", "--help").stdout
+    assert "--range LO HI values are drawn from LO to HI" in " ".join(gen.split())
+
+
+def test_the_license_file_is_the_one_the_package_declares():
+    import re
+
+    declared = re.search(r'^license = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    text = (ROOT / "LICENSE").read_text()
+    assert declared == "MIT" and text.startswith("MIT License\n") and "Copyright (c) the mmd authors" in text

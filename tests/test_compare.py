@@ -116,8 +116,8 @@ def test_cli_compare_exits_0_and_runs_nothing(runs, capsys, monkeypatch):
     assert main(["bench", "--compare", str(a), str(b / "results.csv")]) == 0
     out = capsys.readouterr().out
     assert out == report.compare(a, b / "results.csv").text()
-    assert main(["bench", "--compare", str(a), str(a.parent / "nothing")]) == 1
-    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "--compare", str(a), str(a.parent / "nothing")]) == 2  # a path that cannot be used
+    assert "nothing: no such file or folder" in capsys.readouterr().err
 
 
 def test_a_real_run_against_itself_is_within_noise(tmp_path):

@@ -64,7 +64,8 @@ def test_the_registry_words_a_bad_kernel_or_tile_for_a_name_as_for_a_config():
         jobname.parse("m@kernel=bogus.txt")
     with pytest.raises(config.ConfigError) as by_config:
         config.load(None, environ={"MMD_KERNEL": "bogus"})
-    assert by_name.value.reason == "in the file name: " + by_config.value.reason.removeprefix("environment: ")
+    registry_s = by_config.value.reason.removeprefix("environment: MMD_KERNEL: ")
+    assert by_name.value.reason == "in the file name: " + registry_s
     assert by_name.value.details["choices"] == by_config.value.details["choices"]
 
 

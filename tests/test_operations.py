@@ -190,7 +190,7 @@ def test_a_worker_that_dies_with_a_group_in_hand_loses_and_doubles_nothing(tmp_p
 
 def test_a_bad_config_exits_with_the_config_status_that_the_unit_does_not_restart(tmp_path):
     r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_TILE": "abc"})
-    assert r.returncode == 78 and r.stderr.count("\n") == 1 and "tile must be int" in r.stderr
+    assert r.returncode == 78 and r.stderr.count("\n") == 1 and "MMD_TILE must be int" in r.stderr
     (tmp_path / "c.yaml").write_text("kernel: bogus\n")
     r = run_mmd("serve", "--once", "--create", "--config", str(tmp_path / "c.yaml"), cwd=tmp_path)
     assert r.returncode == 78 and "unknown kernel 'bogus'" in r.stderr

@@ -217,7 +217,7 @@ def test_durable_and_max_dim_settings(tmp_path):
     cfg.write_text("durable: false\nmax_dim: 4096\n")
     s = config.load(cfg, environ={"MMD_DURABLE": "yes"})
     assert s.durable is True and s.max_dim == 4096
-    with pytest.raises(config.ConfigError, match="durable must be bool"):
+    with pytest.raises(config.ConfigError, match="MMD_DURABLE must be bool"):
         config.load(cfg, environ={"MMD_DURABLE": "maybe"})
 
 

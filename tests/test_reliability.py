@@ -382,29 +382,57 @@ _RUNS_ITSELF = (
 )
 
 
-def _python_for(uid: int) -> tuple[str, dict[str, str]]:
+def _python_for(uid: int, root: Path) -> tuple[str, dict[str, str]]:
     """A Python that user ``uid`` can run, and run again from inside itself (the daemon starts its worker
-    processes' fork server with ``sys.executable``), with the environment it needs to import mmd.
+    processes' fork server with ``sys.executable``), with the environment it needs to import mmd, checked in
+    ``root`` (where the daemon runs).
 
     This interpreter first; else a system one of the same version given this one's site-packages (a test
-    machine's interpreter may live under a home folder no other user may enter). Skips when there is none.
+    machine's interpreter may live under a home folder no other user may enter); else, where the clone itself
+    is in such a folder (``mktemp -d``), that system Python given copies of mmd and of the site-packages in
+    ``root`` (hard links: no bytes copied). Skips, saying what each try met, when none works.
     """
     import site
     import sysconfig
 
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     paths = [p for p in (sysconfig.get_paths()["purelib"], *site.getsitepackages()) if os.path.isdir(p)]
-    candidates = [(sys.executable, {})]
-    for folder in ("/usr/bin", "/usr/local/bin", "/bin"):
-        exe = os.path.join(folder, f"python{version}")
-        if os.access(exe, os.X_OK):
-            pythonpath = os.pathsep.join([str(Path(__file__).resolve().parent.parent), *dict.fromkeys(paths)])
-            candidates.append((exe, {"PYTHONPATH": pythonpath}))
-    for exe, extra in candidates:
+    paths = list(dict.fromkeys(paths))
+    repo = Path(__file__).resolve().parent.parent
+    systems = [
+        os.path.join(folder, f"python{version}")
+        for folder in ("/usr/bin", "/usr/local/bin", "/bin")
+        if os.access(os.path.join(folder, f"python{version}"), os.X_OK)
+    ]
+    candidates: list[tuple[str, dict[str, str]]] = [(sys.executable, {})]
+    candidates += [(exe, {"PYTHONPATH": os.pathsep.join([str(repo), *paths])}) for exe in systems]
+    met = []
+    for i, (exe, extra) in enumerate([*candidates, *((exe, {}) for exe in systems[:1])]):
+        if i == len(candidates):  # the last resort: copies of mmd and the site-packages the user can read
+            try:
+                extra = {"PYTHONPATH": _staged(root / "staged", [repo / "mmd", *map(Path, paths)])}
+            except (OSError, shutil.Error) as exc:  # another filesystem: a real copy would be hundreds of MB
+                met.append(f"cannot link copies of mmd and its site-packages into {root}: {exc}")
+                break
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", exe, "-c", _RUNS_ITSELF]
-        if subprocess.run(argv, cwd="/", env=mmd_env(extra), capture_output=True, timeout=60).returncode == 0:
+        done = subprocess.run(argv, cwd=root, env=mmd_env(extra), capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
             return exe, extra
-    pytest.skip(f"no Python {version} here that uid {uid} can run (and run again from inside itself) with mmd")
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        met.append(f"{exe}{' with copies' if i == len(candidates) else ''}: {last}")
+    pytest.skip(f"no Python {version} here that uid {uid} can run with mmd ({'; '.join(met)})")
+
+
+def _staged(staged: Path, sources: list[Path]) -> str:
+    """Hard-linked copies of the package ``sources[0]`` and the site-packages folders after it in ``staged``
+    (no bytes copied); their PYTHONPATH."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(sources[0], staged / "src" / sources[0].name, copy_function=os.link, ignore=ignore)
+    entries = [staged / "src"]
+    for i, folder in enumerate(sources[1:]):
+        entries.append(staged / f"site{i}")
+        shutil.copytree(folder, entries[-1], copy_function=os.link, ignore=ignore, symlinks=True)
+    return os.pathsep.join(map(str, entries))
 
 
 @pytest.mark.slow
@@ -425,7 +453,7 @@ def test_unwritable_outbox_for_a_daemon_of_another_user(tmp_path):
             os.chown(folder, uid, uid)
         stage.mkdir()
         os.chmod(outbox, 0o555)  # the daemon's own outbox, not writable (an admin's chmod, a wrong owner ...)
-        python, extra = _python_for(uid)
+        python, extra = _python_for(uid, root)
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-m", "mmd", "serve"]
         env = mmd_env(ENV, HOME=str(root), MMD_RESCAN_SECONDS="0.2")
         env.update(extra)

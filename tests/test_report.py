@@ -160,7 +160,7 @@ def test_size_option_and_cli(gpu_results, tmp_path, capsys, quiet_logs):
     assert "Graph 1: overall time at 16×16" in summary
     assert "GPU (given) (10 TFLOP/s)" in summary
     assert_graphs(tmp_path)
-    assert main(["report", str(tmp_path / "nothing-here")]) == 1
+    assert main(["report", str(tmp_path / "nothing-here")]) == 2  # a path that cannot be used: usage
 
 
 def _job(folder, name, n, backend, request, seed):

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from mmd import slurm, textformat, verify
+from mmd.errors import UnreadableError, UsageError
 from mmd.generate import input_chunks, random_matrix
 
 from .conftest import ROOT, run_mmd
@@ -72,7 +73,7 @@ def test_list_jobs_refuses_line_breaks_and_missing_folders(tmp_path):
     (tmp_path / "two\nlines.txt").write_text("1\n1\n1\n")
     with pytest.raises(slurm.SubmitError, match="line break"):
         slurm.list_jobs(tmp_path)
-    with pytest.raises(slurm.SubmitError, match="no such folder"):
+    with pytest.raises(UnreadableError, match="no such folder"):
         slurm.list_jobs(tmp_path / "nope")
     with pytest.raises(slurm.SubmitError, match="line break"):
         slurm.manifest_bytes([Path("/x/a\rb.txt")])
@@ -163,7 +164,7 @@ def test_script_without_gres_throttle_or_limits(tmp_path):
     ],
 )
 def test_bad_sbatch_values_are_refused(tmp_path, change, message):
-    with pytest.raises(slurm.SubmitError, match=message):
+    with pytest.raises(UsageError, match=message):
         plan_for(tmp_path, ["a.txt"], slurm.ArrayOptions(mmd=("mmd",), **change))
 
 
@@ -171,7 +172,7 @@ def test_log_folder_that_sbatch_cannot_read_is_refused(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "a.txt").write_text("1\n1\n1\n")
     for bad in ("with space", "pct%A"):
-        with pytest.raises(slurm.SubmitError, match="#SBATCH"):
+        with pytest.raises(UsageError, match="#SBATCH"):
             slurm.make_plan(tmp_path / "jobs", tmp_path / "o", cpu_options(), tmp_path / bad / "job.sbatch")
 
 

@@ -98,9 +98,9 @@ def test_devices_setting():
     assert config.load(None, environ={"MMD_DEVICES": "[2, 3]"}).devices == (2, 3)
     assert config.load(None, environ={"MMD_DEVICES": "all"}).devices is None
     assert config.Settings().devices is None
-    with pytest.raises(config.ConfigError, match="devices"):
+    with pytest.raises(config.ConfigError, match="MMD_DEVICES"):
         config.load(None, environ={"MMD_DEVICES": "0,0"})
-    with pytest.raises(config.ConfigError, match="devices"):
+    with pytest.raises(config.ConfigError, match="MMD_DEVICES"):
         config.load(None, environ={"MMD_DEVICES": "gpu0"})
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .. import __version__
-from ..errors import ConfigError, MmdError, UsageError
+from ..errors import ConfigError, ExitStatus, MmdError, UsageError
 from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
@@ -38,14 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_in_one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """A warning as the CLI says everything: one line, no source location (a user's shell set it, not mmd)."""
+    print(f"mmd: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (cli.common: 0 ok, 1 failed, 2 usage, 78 configuration)."""
+    """Run the command line; returns the exit status (mmd.errors.ExitStatus, the README's table)."""
+    warnings.showwarning = _warn_in_one_line
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if not words:  # a newcomer's first try: the commands, not "required: COMMAND"
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    args, extra = parser.parse_known_args(words)
     if extra:
         # argparse reports a sub-command's unknown flags from the top parser ("mmd: ..."): name the
         # command when they came after it.
-        words = list(sys.argv[1:] if argv is None else argv)
         where = words.index(extra[0]) if extra[0] in words else len(words)  # not a word itself: -xyz's part
         after = args.command in words and where > words.index(args.command)
         owner = getattr(parser, "commands", {}).get(args.command, parser) if after else parser
@@ -63,6 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"mmd {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return ExitStatus.INTERRUPTED
     except BrokenPipeError:
         return 1

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import options_later, settings_from
+from . import paths
+from .common import add_config_option, options_later, settings_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +36,7 @@ def _options(p: argparse.ArgumentParser) -> None:
         default="course",
         help="the plan whose kernels, sizes and tiles the options below change (default: %(default)s)",
     )
-    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    add_config_option(p)
     p.add_argument("--backend", choices=config.CHOICES["backend"], help="where GPU kernels run (default: auto)")
     p.add_argument("--device", type=int, help="CUDA device ordinal")
     p.add_argument(
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"mmd bench: {exc}", file=sys.stderr)
             return 2
+        paths.output_folder(args.out)  # before a case is run
         clock = None
         if isinstance(backend, CudaBackend):
             clock = bench.NvidiaSmi.find(settings.device, backend.limits.pci_bus_id)

@@ -77,13 +77,22 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     """--config, --backend, --kernel, --tile, --memory, --device, -v."""
     from ..config import BACKENDS, MEMORY_MODES
 
-    parser.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    add_config_option(parser)
     parser.add_argument("--backend", choices=BACKENDS, help="where to multiply (default: auto)")
     parser.add_argument("--kernel", help="kernel name (see `mmd kernels`)")
     parser.add_argument("--tile", type=int, help="tile size T: T×T threads per block")
     parser.add_argument("--memory", choices=MEMORY_MODES, help="device memory mode")
     parser.add_argument("--device", type=int, help="CUDA device ordinal")
     add_verbose(parser)
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="config file (default: $MMD_CONFIG, else the first of config/mmd.yaml, "
+        "$XDG_CONFIG_HOME/mmd/mmd.yaml, /etc/mmd/mmd.yaml)",
+    )
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import MmdError, UsageError
-from .common import options_later
+from .common import add_config_option, options_later
 
 if TYPE_CHECKING:
     from .. import kernels
@@ -35,7 +35,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--build", action="store_true", help="compile every build into the kernel cache")
     p.add_argument("--arch", help="target for --build, e.g. sm_90 (default: this GPU's)")
     p.add_argument("--cache", type=Path, help="cache folder for --build (default: the kernel_cache setting)")
-    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    add_config_option(p)
 
 
 def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
@@ -77,9 +77,10 @@ def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import kernels  # the registry: only for this command
+    from .. import config, kernels  # the registry: only for this command
     from ..resources import kernels_dir
 
+    config.load(args.config)  # a config named but unreadable or wrong is refused, --build or not
     limits, where = _device_limits(args.device)
     if args.build:
         return build(args, limits)

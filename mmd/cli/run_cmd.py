@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from . import paths
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
+
+if TYPE_CHECKING:
+    from .. import config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="multiply one input file",
         description="Run one job: INPUT → OUTPUT + sidecar. Settings in INPUT's name (NAME@kernel=aplus.txt) "
-        "apply as they do in the daemon; a flag may repeat them, never contradict them. Exit status: 0 done, "
-        "1 the job was refused (its error sidecar says why), 2 bad usage or an input that cannot be read.",
+        "apply as they do in the daemon; a flag may repeat them, never contradict them. An existing OUTPUT is "
+        "not replaced without --force. Exit status: 0 done, 1 the job was refused (its error sidecar says why), "
+        "2 bad usage, an input that cannot be read or an output that exists.",
     )
     options_later(p, _options)
     p.set_defaults(func=run)
@@ -25,39 +32,62 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="matrix text file")
-    p.add_argument("-o", "--output", type=Path, help="output path (default: <stem>.out beside INPUT)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="output path (default: <stem>.out beside INPUT); - for the standard output (no sidecar is kept)",
+    )
+    p.add_argument("-f", "--force", action="store_true", help="replace an existing output")
     add_job_options(p)
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    """INPUT and OUTPUT, or UsageError: no error sidecar is written for a job that cannot even start."""
-    src: Path = args.input
-    if not os.path.lexists(src):
-        raise UsageError(f"{src}: no such file")
-    if os.path.isdir(src):
-        raise UsageError(f"{src} is a folder; give a matrix file")
+def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """INPUT and OUTPUT (None: the standard output), or UsageError: no error sidecar is written for a job that
+    cannot even start."""
+    src = paths.input_file(args.input)
+    if paths.is_stdout(args.output):
+        return src, None
     output: Path = args.output or src.with_suffix(".out")
     if output.resolve() == src.resolve():
         given = "-o names" if args.output else f"the default output {output.name} is"
         raise UsageError(f"{given} the input {src} itself; choose another output path")
-    if not output.parent.is_dir():
-        raise UsageError(f"{output.parent} (the output's folder) does not exist")
+    paths.output_file(output)
+    if os.path.lexists(output) and not args.force:
+        # a second run must not lose the first's product unasked; a new name (as the daemon gives) would
+        # leave a script that reads OUTPUT reading the old one
+        raise UsageError(f"{output} exists; give --force to replace it, or -o another path")
     return src, output
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import config
+
+    base = config.load(args.config)
+    flags = job_flags(args)
+    base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # a bad flag: usage
+    configure_logs(base, quiet=not args.verbose)
+    src, output = _paths(args)
+    if output is not None:
+        return _run(src, output, base, flags, show=True)
+    # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
+    # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
+    with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
+        product = Path(folder) / src.with_suffix(".out").name
+        status = _run(src, product, base, flags, show=False)
+        if status == EXIT_OK:
+            with open(product, "rb") as fh:
+                paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
+        return status
+
+
+def _run(src: Path, output: Path, base: config.Settings, flags: dict[str, Any], show: bool) -> int:
+    """Run the job; ``show``: print where its output and sidecar are (else print only a refusal)."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
-    from ..config import COMMAND_LINE
     from ..job import describe
     from ..pipeline import run_job
     from ..record import TimingRecord
 
-    base = config.load(args.config)
-    flags = job_flags(args)
-    base.with_values({k: v for k, v in flags.items() if v is not None}, COMMAND_LINE)  # a bad flag: usage
-    configure_logs(base, quiet=not args.verbose)
-    src, output = _paths(args)
     job = describe(src, output, base, flags=flags)
     pool = BackendPool()
     try:
@@ -66,15 +96,16 @@ def run(args: argparse.Namespace) -> int:
         pool.close()
     if not isinstance(result.record, TimingRecord):
         assert result.error is not None
-        where = "not written" if result.sidecar_failed else str(result.sidecar)
+        where = "not kept" if not show else "not written" if result.sidecar_failed else str(result.sidecar)
         print(f"mmd run: {src}: {result.error.reason} (error sidecar: {where})", file=sys.stderr)
         return EXIT_FAILED
-    rec = result.record
-    t = rec.timings_ms
-    tile = f" tile {rec.tile}" if rec.tile is not None else ""
-    print(
-        f"{output}  ({rec.shape.m}x{rec.shape.k}x{rec.shape.n}, {rec.backend} {rec.kernel}{tile}, "
-        f"kernel {t.kernel:.3f} ms, overall {t.overall:.1f} ms)"
-    )
-    print(result.sidecar)
+    if show:
+        rec = result.record
+        t = rec.timings_ms
+        tile = f" tile {rec.tile}" if rec.tile is not None else ""
+        print(
+            f"{output}  ({rec.shape.m}x{rec.shape.k}x{rec.shape.n}, {rec.backend} {rec.kernel}{tile}, "
+            f"kernel {t.kernel:.3f} ms, overall {t.overall:.1f} ms)"
+        )
+        print(result.sidecar)
     return EXIT_OK

@@ -8,12 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import ExitStatus, UsageError
+from . import paths
+from .common import add_config_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="show the daemon serving the inbox", description=__doc__)
-    p.add_argument("--config", type=Path, help="config file (default: $MMD_CONFIG or config/mmd.yaml)")
+    p = sub.add_parser(
+        "status",
+        help="show the daemon serving the inbox",
+        description="Show whether a daemon serves the inbox, what it is doing and what it did last. Exit status: "
+        "0 a daemon serves the inbox, 3 none does, 2 bad usage or an inbox that is missing or not a folder.",
+    )
+    add_config_option(p)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument(
@@ -36,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from ..daemon import status_of  # only for this command
 
+    paths.folder(settings.inbox, "the inbox")
     status = status_of(settings.inbox, config.host_id_of(settings), settings.state_dir)
     if args.json:
         print(json.dumps(status, indent=1))
     else:
         print(render(status))
-    return 0 if status["serving"] else 3
+    return ExitStatus.OK if status["serving"] else ExitStatus.NOT_SERVING
 
 
 def render(status: dict[str, Any]) -> str:

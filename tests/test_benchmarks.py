@@ -1,0 +1,72 @@
+"""Every script under benchmarks/ runs to its end in a tiny mode, so that a benchmark cannot rot unseen.
+
+Sizes are tiny and the backend is the CPU's; what is checked is that a script starts, drives mmd as it is
+today and ends with status 0, never its figures. A script that cannot run here is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, mmd_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+BENCHMARKS = ROOT / "benchmarks"
+
+#: Each script's tiny mode; ``{tmp}`` is a fresh folder for what it writes.
+TINY: dict[str, list[str]] = {
+    "bench_check.py": ["--size", "32", "--folder", "2", "16", "--repeat", "1", "--workdir", "{tmp}/work"],
+    "bench_daemon.py": [
+        *("--burst", "4", "--rounds", "1", "--drops", "2", "--backlog", "20", "--big", "32", "--repeat", "1"),
+        *("--timeouts", "1", "--timeout-size", "64", "--backend", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
+    ],
+    "bench_devices.py": ["--n", "32", "--jobs", "2", "--devices", "0", "--backend", "cpu", "--kernel", "cpu"],
+    "bench_textformat.py": ["--sizes", "16", "--repeat", "1"],
+    "bench_wholejob.py": [
+        *("--sizes", "32", "--repeat", "1", "--small", "4", "--bursts", "1", "--drops", "2"),
+        *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
+    ],
+    "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
+    "soak.py": ["--minutes", "0.05", "--rate", "20", "--every", "1"],
+    # the ladders time on a GPU through CuPy; compiling and reading ptxas's report needs only nvcc
+    "sgemm_ladder.py": ["--quick", "--compile-only", "--out", "{tmp}"],
+    "tc_ladder.py": ["--quick", "--compile-only", "--out", "{tmp}"],
+}
+
+#: Modules the scripts import, not scripts: run through those that import them.
+MODULES = {"ladder_common.py": ("sgemm_ladder.py", "tc_ladder.py")}
+
+#: What a script needs beyond this Python and mmd, when it needs something.
+NEEDS = {"sgemm_ladder.py": "nvcc", "tc_ladder.py": "nvcc"}
+
+
+def test_every_script_has_a_tiny_mode():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")}
+    assert scripts == set(TINY) | set(MODULES), "a new benchmark gets a tiny mode here"
+    for module, users in MODULES.items():
+        for user in users:
+            assert module.removesuffix(".py") in (BENCHMARKS / user).read_text()
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> None:
+    need = NEEDS.get(script)
+    if need is not None and shutil.which(need) is None:
+        pytest.skip(f"{script} compiles its kernels with {need}, which is not on PATH here")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in TINY[script]]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *argv],
+        cwd=tmp_path,
+        env=mmd_env(OUT=str(tmp_path), TMPDIR=str(tmp_path)),  # what a script keeps goes with the test
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
