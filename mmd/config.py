@@ -88,8 +88,10 @@ class Settings:
     #: inbox's filesystem (a claim is a rename) that only the service may write and no student may enter; made
     #: 0700 when missing, checked at start (docs/operations.md, "A class on one box")
     state_dir: Path | None = None
-    #: a class shares the box: state_dir is required, and an input its group or others could change is refused
+    #: a class shares the box: state_dir is required, an input its group or others could change is refused,
+    #: and each student's outputs go to outbox/<login>, readable by that student and graders_group only (ACLs)
     class_mode: bool = False
+    graders_group: str | None = None  # class mode: the group that reads every student's outputs; null: none
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)
@@ -180,6 +182,18 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where} must be a command: a list of strings (program first), got {value!r}")
     return tuple(value)
+
+
+def graders_gids(settings: Settings) -> tuple[int, ...]:
+    """The gid of ``graders_group`` (none when unset); ConfigError when there is no such group."""
+    if settings.graders_group is None:
+        return ()
+    import grp
+
+    try:
+        return (grp.getgrnam(settings.graders_group).gr_gid,)
+    except KeyError:
+        raise ConfigError(f"graders_group: there is no group {settings.graders_group!r} on this machine") from None
 
 
 def host_id_of(settings: Settings) -> str:

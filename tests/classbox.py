@@ -24,6 +24,8 @@ import pytest
 
 GROUP = "mmdtestcls"
 STUDENTS = ("mmdtstu1", "mmdtstu2")
+#: A grader: not in the class's group, in the graders' group (``graders_group``).
+GRADERS, GRADER = "mmdtgraders", "mmdtgrad"
 
 
 @dataclass(frozen=True)
@@ -61,16 +63,28 @@ def _ensure_user(login: str, group: str) -> Student:
 
 
 @pytest.fixture(scope="session")
-def students() -> Iterator[tuple[Student, ...]]:
-    """Two students of one class group (made for the session; root only, which CI is)."""
+def users() -> Iterator[tuple[Student, Student, Student]]:
+    """Two students of one class group and a grader (made for the session; root only, which CI is)."""
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
         pytest.skip("needs root, useradd and setpriv to make the class's users (CI runs as root)")
     _ensure_group(GROUP)
-    made = tuple(_ensure_user(login, GROUP) for login in STUDENTS)
-    yield made
-    for login in STUDENTS:
+    _ensure_group(GRADERS)
+    one, two = (_ensure_user(login, GROUP) for login in STUDENTS)
+    yield one, two, _ensure_user(GRADER, GRADERS)
+    for login in (*STUDENTS, GRADER):
         subprocess.run(["userdel", login], capture_output=True)
-    subprocess.run(["groupdel", GROUP], capture_output=True)
+    for group in (GROUP, GRADERS):
+        subprocess.run(["groupdel", group], capture_output=True)
+
+
+@pytest.fixture
+def students(users) -> tuple[Student, Student]:
+    return users[0], users[1]
+
+
+@pytest.fixture
+def grader(users) -> Student:
+    return users[2]
 
 
 @dataclass(frozen=True)

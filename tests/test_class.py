@@ -19,7 +19,7 @@ from . import classbox
 from .classbox import Box
 from .conftest import wait_for
 
-students, box = classbox.students, classbox.box  # the fixtures
+users, students, grader, box = classbox.users, classbox.students, classbox.grader, classbox.box  # the fixtures
 
 
 def small_input(seed: int = 0, n: int = 4) -> str:
@@ -57,7 +57,7 @@ def test_a_student_squatting_the_lock_and_planting_names_stops_nothing(box, stud
         mallory.run('mkdir "$1/.failed" "$1/.work" "$1/.done" && touch "$1/.mmd-state.json"', str(box.inbox))
         alice.drop(box.inbox, "hw1.txt", small_input())
         assert serve_once(class_settings(box)) == 0
-        sidecar = yaml.safe_load((box.outbox / "hw1.timing.yaml").read_text())
+        sidecar = yaml.safe_load((box.outbox / alice.login / "hw1.timing.yaml").read_text())
         assert sidecar["submitter"] == alice.login
         assert (box.state / ".done" / "hw1.txt").exists() and (box.state / ".mmd.lock").exists()
         assert sorted(os.listdir(box.inbox / ".failed")) == []  # the planted folders mean nothing
@@ -80,10 +80,10 @@ def test_an_input_its_group_could_change_is_refused_with_how_to_fix_it(box, stud
     r = bob.run('ln "$1/shut.txt" "$1/x.txt"', str(box.inbox), check=False)
     assert r.returncode != 0
     assert serve_once(class_settings(box)) == 0
-    error = yaml.safe_load((box.outbox / "open.error.yaml").read_text())["error"]
+    error = yaml.safe_load((box.outbox / alice.login / "open.error.yaml").read_text())["error"]
     assert error["kind"] == "spool"
     assert "writable by its group (mode 664)" in error["reason"] and "chmod go-w" in error["reason"]
-    assert yaml.safe_load((box.outbox / "shut.timing.yaml").read_text())["submitter"] == alice.login
+    assert yaml.safe_load((box.outbox / alice.login / "shut.timing.yaml").read_text())["submitter"] == alice.login
 
 
 def test_hooks_get_the_submitter_and_an_escaped_name(box, students, tmp_path):
@@ -151,7 +151,7 @@ def test_the_upload_recipe_beats_a_squatted_part_name_and_squatters_are_swept(bo
     recipe = 'tmp=$(mktemp "$1/.$2.XXXXXXXX.part") && chmod 644 "$tmp" && printf %s "$3" > "$tmp" && mv "$tmp" "$1/$2"'
     alice.run(recipe, str(box.inbox), "hw1.txt", small_input(6))
     assert serve_once(class_settings(box)) == 0
-    assert yaml.safe_load((box.outbox / "hw1.timing.yaml").read_text())["submitter"] == alice.login
+    assert yaml.safe_load((box.outbox / alice.login / "hw1.timing.yaml").read_text())["submitter"] == alice.login
     squatted = box.inbox / "hw1.txt.part"
     assert squatted.exists()  # young: an upload may still be running
     spool = Spool(box.inbox, box.outbox, state_dir=box.state)
@@ -161,3 +161,43 @@ def test_the_upload_recipe_beats_a_squatted_part_name_and_squatters_are_swept(bo
     os.utime(box.inbox / "folder.part", (time.time() - 7200, time.time() - 7200))
     assert spool.sweep_uploads(3600) == [squatted]
     assert not squatted.exists() and (box.inbox / "folder.part").is_dir()
+
+
+def test_each_students_outputs_are_theirs_and_the_graders_only(box, students, grader):
+    """Both drop ``hw1.txt``: each gets ``hw1.out`` in a folder of their own (the first no longer takes the
+    name from the other), which the other can neither list nor read; the graders' group reads both."""
+    alice, bob = students
+    bob.drop(box.inbox, "hw1.txt", small_input(7))
+    assert serve_once(class_settings(box, graders_group=classbox.GRADERS)) == 0
+    alice.drop(box.inbox, "hw1.txt", small_input(8))
+    assert serve_once(class_settings(box, graders_group=classbox.GRADERS)) == 0
+    for who in (alice, bob):
+        folder = box.outbox / who.login
+        assert sorted(os.listdir(folder)) == ["hw1.out", "hw1.timing.yaml"]
+        assert who.run('cat "$1/hw1.out" >/dev/null && ls "$1"', str(folder)).stdout.split() == [
+            "hw1.out",
+            "hw1.timing.yaml",
+        ]
+        other = bob if who is alice else alice
+        for script in ('ls "$1"', 'cat "$1/hw1.out"', 'cat "$1/hw1.timing.yaml"'):
+            r = other.run(script, str(folder), check=False)
+            assert r.returncode != 0 and "Permission denied" in r.stderr, (other.login, script)
+        assert grader.run('cat "$1/hw1.out" >/dev/null && ls "$1"', str(folder)).returncode == 0
+        mode = stat.S_IMODE((folder / "hw1.out").stat().st_mode)
+        assert mode & 0o007 == 0, oct(mode)
+
+
+def test_an_unknown_graders_group_is_a_config_error(box, students):
+    with pytest.raises(ConfigError, match="no group 'nosuchgroup-mmd'"):
+        serve_once(class_settings(box, graders_group="nosuchgroup-mmd"))
+
+
+def test_a_job_resumed_after_a_crash_still_goes_to_its_submitters_folder(box, students):
+    alice, _ = students
+    claimed = box.state / ".work" / "0123456789ab.0" / "left.txt"
+    claimed.parent.mkdir(parents=True)
+    claimed.write_text(small_input(9))
+    os.chown(claimed, alice.uid, alice.gid)
+    assert serve_once(class_settings(box)) == 0
+    sidecar = yaml.safe_load((box.outbox / alice.login / "left.timing.yaml").read_text())
+    assert sidecar["resumed"] is True and sidecar["submitter"] == alice.login

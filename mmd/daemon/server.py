@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import atomic, record
 from ..backends import worker_devices
-from ..config import Settings, host_id_of
+from ..config import Settings, graders_gids, host_id_of
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
 from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
@@ -97,7 +97,7 @@ class Daemon:
         #: Called first in each worker process (a top-level function: the tests install fakes through it).
         self.worker_setup = worker_setup
         self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops, state_dir=settings.state_dir,
-                           class_mode=settings.class_mode)  # fmt: skip
+                           class_mode=settings.class_mode, graders=graders_gids(settings))  # fmt: skip
         self.mailbox = Mailbox()
         self.state = State(
             self.spool.private / state_name(self.host_id),
@@ -461,7 +461,8 @@ class Daemon:
                 outbox=str(self.settings.outbox),
             )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
-        kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue", "state_dir", "class_mode")
+        kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue", "state_dir", "class_mode",
+                "graders_group")  # fmt: skip
         if any(getattr(new, k) != getattr(self.settings, k) for k in kept):
             self.log.warning(f"SIGHUP: {', '.join(kept)} changes need a restart; keeping the old ones")
             new = dataclasses.replace(new, **{k: getattr(self.settings, k) for k in kept})

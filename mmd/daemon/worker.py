@@ -43,7 +43,7 @@ from .. import atomic, record
 from ..atomic import Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
-from ..config import Settings
+from ..config import Settings, graders_gids
 from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputError, SpoolError
 from ..hooks import JobEnd
 from ..job import Job, describe
@@ -409,10 +409,9 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     settings = spec.settings
     configure(settings.log_format, settings.log_level)
     atomic.set_host(spec.host_id)
-    spool = Spool(
-        settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid,
-        state_dir=settings.state_dir, class_mode=settings.class_mode,
-    )  # fmt: skip
+    spool = Spool(settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid,
+                  state_dir=settings.state_dir, class_mode=settings.class_mode,
+                  graders=graders_gids(settings))  # fmt: skip
 
     def report(event: Event) -> None:
         try:

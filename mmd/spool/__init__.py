@@ -43,7 +43,7 @@ clock and ``scandir`` as parameters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..fileops import OPS, FileOps
@@ -149,8 +149,9 @@ class Spool:
         owner_pid: int | None = None,
         state_dir: Path | None = None,
         class_mode: bool = False,
+        graders: Sequence[int] = (),
     ) -> None:
-        self._shared = Shared(inbox, outbox, host_id, ops, owner_pid, state_dir, class_mode)
+        self._shared = Shared(inbox, outbox, host_id, ops, owner_pid, state_dir, class_mode, graders)
         self._hand = InHand(self._shared.lock)
         self._reservations = Reservations(self._shared, self._hand)
         self._claims = Claims(self._shared, self._hand, self._reservations.reserve, self._reservations.release)

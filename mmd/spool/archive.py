@@ -100,7 +100,7 @@ class Archive:
         host_id = shared.host_id
         own = re.compile(r"\..+\." + re.escape(host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if host_id else _TMP_RE
         state = state_name(host_id)
-        for folder in (shared.outbox, shared.private):
+        for folder in (*shared.output_folders(), shared.private):
             for path in entries(folder):
                 match = (_TMP_RE if folder == shared.private else own).fullmatch(path.name)
                 if folder == shared.private and not path.name.startswith(f".{state}."):

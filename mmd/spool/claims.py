@@ -185,7 +185,7 @@ class InHand:
 
 
 #: Reserves the first free output version of a stem for a job: (version, names in the way, reservation).
-Reserve = Callable[[str, str], tuple[int, list[str], Path]]
+Reserve = Callable[[str, str, int | None], tuple[int, list[str], Path]]
 #: Drops a claim's output reservation (when it is still the claim's).
 Release = Callable[[Claim], None]
 
@@ -217,7 +217,15 @@ class Claims:
         shared = self.shared
         safe = safe_name(name)
         stem = stem_of(safe)
-        guess, collided = resolve_output(shared.outbox, stem)
+        owner = None
+        if shared.class_mode:  # the output folder is the owner's: looked at again once the file is ours
+            try:
+                owner = shared.ops.lstat(shared.inbox / name).st_uid
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise SpoolError(f"cannot claim {shown(name)}: {strerror(exc)}") from None
+        guess, collided = resolve_output(shared.output_folder(owner), stem)
         job_id = new_id() if job_id is None else job_id
         self.hand.expect(job_id)  # in hand before its reservation can exist: a sweep never takes it for stale
         try:
@@ -244,9 +252,12 @@ class Claims:
         started = time.perf_counter()
         # From here the file is in .work: whatever fails now keeps it there.
         # Only the claimer that won the rename reserves (a loser must not push the winner to m.1.out).
+        if owner is not None:
+            with contextlib.suppress(OSError):  # replaced by another's between the look and the rename
+                owner = shared.ops.lstat(dst).st_uid
         version, reservation, unreserved = guess, None, None
         try:
-            version, collided, reservation = self.reserve(stem, job_id)
+            version, collided, reservation = self.reserve(stem, job_id, owner)
         except SpoolError as exc:
             unreserved = exc.reason
         if version != guess:
@@ -263,7 +274,7 @@ class Claims:
             safe,
             version,
             dst,
-            output_path(shared.outbox, stem, version),
+            output_path(shared.output_folder(owner), stem, version),
             started,
             collided=collided,
             original=name if safe != name else None,
@@ -368,10 +379,10 @@ class Claims:
                                 path.name,
                                 version,
                                 path,
-                                output_path(shared.outbox, stem_of(path.name), version),
+                                output_path(shared.output_folder(info.st_uid), stem_of(path.name), version),
                                 time.perf_counter(),
                                 resumed=True,
-                                reservation=claim_path(shared.outbox, stem_of(path.name), version),
+                                reservation=claim_path(shared.output_folder(info.st_uid), stem_of(path.name), version),
                             ),
                             info,
                         ),

@@ -15,11 +15,13 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .. import acl
 from ..errors import SpoolError
 from ..fileops import OPS, FileOps, write_all
+from ..submitters import login_of
 from .names import DONE_DIR, FAILED_DIR, WORK_DIR
 
 
@@ -42,10 +44,14 @@ class Shared:
         owner_pid: int | None = None,
         state_dir: Path | None = None,
         class_mode: bool = False,
+        graders: Sequence[int] = (),
     ) -> None:
         self.inbox = Path(inbox)
-        #: Inputs that others could change are refused (:func:`~.names.writable_problem`).
+        #: Inputs that others could change are refused (:func:`~.names.writable_problem`), and each submitter's
+        #: outputs go to a folder of their own (:meth:`output_folder`).
         self.class_mode = class_mode
+        #: Class mode: the groups (gids) that read every submitter's outputs besides the submitter.
+        self.graders = tuple(graders)
         self.outbox = Path(outbox)
         #: Where the daemon's own folders are: ``state_dir``, else the inbox.
         self.private = Path(state_dir) if state_dir is not None else self.inbox
@@ -77,6 +83,43 @@ class Shared:
             self._made.add(path)
         return path
 
+    def output_folder(self, owner: int | None) -> Path:
+        """Where the outputs of an input dropped by ``owner`` (a uid) go: the outbox, or in class mode the
+        owner's own ``outbox/<login>`` (made by :meth:`make_output_folder`)."""
+        if not self.class_mode or owner is None:
+            return self.outbox
+        return self.outbox / login_of(owner)
+
+    def make_output_folder(self, owner: int | None) -> Path:
+        """:meth:`output_folder`, made at its first use: in class mode readable by ``owner`` and the graders
+        only (an ACL, inherited by every file made in it). Raises SpoolError when it cannot be made so."""
+        folder = self.output_folder(owner)
+        if folder in self._made or owner is None or folder == self.outbox:
+            return folder
+        try:
+            self._mkdir(folder)
+            check_own_folder(folder)
+            acl.share_folder(folder, [owner], self.graders)
+        except OSError as exc:
+            raise SpoolError(f"cannot make the output folder {folder.name}: {strerror(exc)}") from None
+        self._made.add(folder)
+        return folder
+
+    def output_folders(self) -> list[Path]:
+        """The outbox, and in class mode every submitter's folder in it (mmd's own, never a link)."""
+        folders = [self.outbox]
+        if self.class_mode:
+            for entry in entries(self.outbox):
+                with contextlib.suppress(OSError, SpoolError):
+                    if not entry.name.startswith("."):
+                        check_own_folder(entry)
+                        folders.append(entry)
+        return folders
+
+    def forget_folder(self, path: Path) -> None:
+        """Make and check ``path`` again at its next use (it was found missing)."""
+        self._made.discard(path)
+
     def _mkdir(self, path: Path) -> None:
         with contextlib.suppress(FileExistsError):  # made earlier; check_own_folder says whether it is ours
             self.ops.mkdir(path)
@@ -103,6 +146,8 @@ class Shared:
         for folder in (self.work_root, self.work, self.done, self.failed):
             if os.path.lexists(folder):
                 check_own_folder(folder)
+        if self.class_mode:
+            acl.check_supported(self.outbox)
         mode = os.stat(self.outbox).st_mode
         if mode & stat.S_IWOTH:
             raise SpoolError(

@@ -70,8 +70,9 @@ class Reservations:
         self.shared = shared
         self.hand = hand
 
-    def reserve(self, stem: str, job_id: str) -> tuple[int, list[str], Path]:
-        """Reserve the first free output version of ``stem``: (version, names in the way, reservation).
+    def reserve(self, stem: str, job_id: str, owner: int | None = None) -> tuple[int, list[str], Path]:
+        """Reserve the first free output version of ``stem`` in the output folder of ``owner`` (the input's
+        uid: class mode's own folder, else the outbox): (version, names in the way, reservation).
 
         The reservation ``outbox/.<stem>[.<v>].claim`` holds ``<job> <host>
         <pid>``; it is taken atomically (see :meth:`_create_reservation`), and
@@ -80,7 +81,7 @@ class Reservations:
         it a moment ago commits its output before it drops its reservation.
         Raises SpoolError when the outbox refuses it.
         """
-        outbox = self.shared.outbox
+        outbox = self.shared.make_output_folder(owner)
         start, collided = 0, []
         while True:
             version, more = resolve_output(outbox, stem, start=start)
@@ -117,6 +118,9 @@ class Reservations:
             try:
                 shared.write_new(tmp, text)
             except FileNotFoundError:  # the outbox was deleted under us: make it again
+                if path.parent != shared.outbox:  # a submitter's folder: made again, with its ACL, next time
+                    shared.forget_folder(path.parent)
+                    raise
                 shared.outbox.mkdir(parents=True, exist_ok=True)
                 shared.write_new(tmp, text)
         except OSError as exc:
@@ -185,7 +189,11 @@ class Reservations:
         claim comes back without a reservation and says why (``unreserved``).
         """
         shared = self.shared
-        path = claim_path(shared.outbox, claim.stem, claim.version)
+        try:
+            shared.make_output_folder(claim.owner)
+        except SpoolError as exc:
+            return dataclasses.replace(claim, reservation=None, unreserved=exc.reason)
+        path = claim_path(claim.output.parent, claim.stem, claim.version)
         held = read_reservation(path)
         if held is not None and held[0] == claim.job_id:
             return dataclasses.replace(claim, reservation=path, unreserved=None)
@@ -199,7 +207,7 @@ class Reservations:
                     if not others:
                         return dataclasses.replace(claim, reservation=path, unreserved=None)
                     shared.unlink_quietly(path)
-            version, collided, reservation = self.reserve(claim.stem, claim.job_id)
+            version, collided, reservation = self.reserve(claim.stem, claim.job_id, claim.owner)
         except SpoolError as exc:
             return dataclasses.replace(claim, reservation=None, unreserved=exc.reason)
         if version == claim.version:
@@ -215,7 +223,7 @@ class Reservations:
             claim,
             version=version,
             path=moved / claim.name,
-            output=output_path(shared.outbox, claim.stem, version),
+            output=output_path(reservation.parent, claim.stem, version),
             collided=collided,
             reservation=reservation,
             unreserved=None,
@@ -247,10 +255,10 @@ class Reservations:
         shared = self.shared
         work = list(work)
         in_work = {c.job_id for c in work}
-        mapped = {claim_path(shared.outbox, c.stem, c.version) for c in work}
+        mapped = {claim_path(c.output.parent, c.stem, c.version) for c in work}
         me, pid = shared.host_id or "-", shared.owner_pid
         removed = []
-        for path in entries(shared.outbox):
+        for path in (path for folder in shared.output_folders() for path in entries(folder)):
             if not path.name.startswith(".") or not path.name.endswith(CLAIM_SUFFIX):
                 continue
             held = read_reservation(path)
