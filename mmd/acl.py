@@ -52,6 +52,13 @@ def share_folder(folder: Path, users: Sequence[int], groups: Sequence[int] = ())
     os.setxattr(folder, _DEFAULT, _acl(_R | _W, _R, users, groups), follow_symlinks=False)
 
 
+def private_drops(folder: Path, reader: int) -> None:
+    """Make every file created in ``folder`` from now on readable by its creator and ``reader`` only (a
+    default ACL; the folder's own permissions stay as they are), whatever the creator's umask. Raises
+    OSError (EPERM where this process does not own the folder, ENOTSUP where there are no ACLs)."""
+    os.setxattr(folder, _DEFAULT, _acl(_R | _W, _R, [reader], []), follow_symlinks=False)
+
+
 def check_supported(folder: Path) -> None:
     """Raise SpoolError when ``folder``'s filesystem keeps no POSIX ACLs (class mode needs them)."""
     try:
@@ -60,8 +67,8 @@ def check_supported(folder: Path) -> None:
         if exc.errno == errno.ENODATA:
             return  # supported, none set
         raise SpoolError(
-            f"class_mode needs POSIX ACLs on the outbox's filesystem ({folder}: {exc.strerror}): each student's "
-            "outputs are shared with that student by one; mount it with acl"
+            f"class_mode needs POSIX ACLs on the spool's filesystem ({folder}: {exc.strerror}): each student's "
+            "files are shared with the service or that student by one; mount it with acl"
         ) from None
 
 

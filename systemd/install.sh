@@ -23,7 +23,7 @@ command -v nvcc >/dev/null 2>&1 && extra="[cuda]"   # pycuda builds against the 
 getent group mmd-spool >/dev/null || groupadd --system mmd-spool
 id -u mmd >/dev/null 2>&1 || useradd --system --gid mmd-spool --home-dir /var/lib/mmd --shell /usr/sbin/nologin mmd
 ! getent group video >/dev/null || usermod -aG video mmd
-install -d -o mmd -g mmd-spool -m 3770 /srv/mmd/inbox    # setgid + sticky: users drop, only mmd moves
+install -d -o mmd -g mmd-spool -m 3730 /srv/mmd/inbox    # setgid + sticky, no read: users drop, never list; only mmd moves
 install -d -o mmd -g mmd-spool -m 2750 /srv/mmd/outbox   # users read results
 install -d -o mmd -g mmd-spool -m 0700 /srv/mmd/state    # the lock, the state, claimed and archived jobs: mmd's alone
 install -d -o root -g mmd-spool -m 0750 /etc/mmd

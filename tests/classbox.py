@@ -89,7 +89,7 @@ def grader(users) -> Student:
 
 @dataclass(frozen=True)
 class Box:
-    """The folders of a class box: inbox 3770 root:<class> (a drop box), outbox 0755, state 0700."""
+    """The folders of a class box: inbox 3730 root:<class> (a drop box), outbox 0755, state 0700."""
 
     root: Path
     inbox: Path
@@ -104,7 +104,7 @@ def box(students) -> Iterator[Box]:
     inbox, outbox, state = root / "inbox", root / "outbox", root / "state"
     inbox.mkdir()
     os.chown(inbox, 0, grp.getgrnam(GROUP).gr_gid)
-    inbox.chmod(0o3770)
+    inbox.chmod(0o3730)
     outbox.mkdir(mode=0o755)
     state.mkdir(mode=0o700)
     yield Box(root, inbox, outbox, state)

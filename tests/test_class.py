@@ -201,3 +201,26 @@ def test_a_job_resumed_after_a_crash_still_goes_to_its_submitters_folder(box, st
     assert serve_once(class_settings(box)) == 0
     sidecar = yaml.safe_load((box.outbox / alice.login / "left.timing.yaml").read_text())
     assert sidecar["resumed"] is True and sidecar["submitter"] == alice.login
+
+
+def test_the_inbox_is_a_drop_box_whose_drops_only_the_service_reads(box, students):
+    """After the first start (which sets the inbox's default ACL): a classmate can neither list the inbox nor
+    read a drop whose name he knows, whatever the dropper's umask; a drop made group-writable on purpose is
+    refused as before."""
+    alice, bob = students
+    assert serve_once(class_settings(box)) == 0
+    alice.drop(box.inbox, "mine.txt", small_input(10), umask="000")
+    for script in ('ls "$1"', 'cat "$1/mine.txt"'):
+        r = bob.run(script, str(box.inbox), check=False)
+        assert r.returncode != 0 and "Permission denied" in r.stderr, script
+    alice.drop(box.inbox, "open.txt", small_input(11))
+    alice.run('chmod g+w "$1/open.txt"', str(box.inbox))
+    assert serve_once(class_settings(box)) == 0
+    assert yaml.safe_load((box.outbox / alice.login / "mine.timing.yaml").read_text())["submitter"] == alice.login
+    assert "writable by its group" in (box.outbox / alice.login / "open.error.yaml").read_text()
+
+
+def test_a_class_inbox_its_group_may_list_is_refused(box, students):
+    box.inbox.chmod(0o3770)
+    with pytest.raises(SpoolError, match="lets the class list it"):
+        serve_once(class_settings(box))

@@ -147,6 +147,7 @@ class Shared:
             if os.path.lexists(folder):
                 check_own_folder(folder)
         if self.class_mode:
+            self._prepare_class_inbox()
             acl.check_supported(self.outbox)
         mode = os.stat(self.outbox).st_mode
         if mode & stat.S_IWOTH:
@@ -154,6 +155,24 @@ class Shared:
                 f"the outbox {self.outbox} is world-writable (mode {stat.S_IMODE(mode):o}): anyone could replace "
                 f"results; chmod o-w it"
             )
+
+    def _prepare_class_inbox(self) -> None:
+        """A class's inbox is a drop box: its users may add files but not list it, and what one of them drops
+        is readable by the service and no one else (a default ACL that this process sets, as its owner)."""
+        acl.check_supported(self.inbox)
+        mode = stat.S_IMODE(os.stat(self.inbox).st_mode)
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            raise SpoolError(
+                f"class_mode: the inbox {self.inbox} (mode {mode:o}) lets the class list it, and so see each "
+                f"other's file names; chmod g-r,o-rwx it (3730: drop, never list)"
+            )
+        try:
+            acl.private_drops(self.inbox, os.geteuid())
+        except OSError as exc:
+            raise SpoolError(
+                f"class_mode: cannot make the inbox's drops private ({strerror(exc)}): the inbox must belong "
+                f"to the user mmd runs as"
+            ) from None
 
     def _prepare_private(self) -> None:
         """Make the state folder (0700) when missing, and refuse one that others could reach or change.
