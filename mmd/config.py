@@ -92,6 +92,9 @@ class Settings:
     #: and each student's outputs go to outbox/<login>, readable by that student and graders_group only (ACLs)
     class_mode: bool = False
     graders_group: str | None = None  # class mode: the group that reads every student's outputs; null: none
+    #: where `mmd status`, `mmd cancel` and `mmd rm` ask the daemon (an AF_UNIX socket any local user may
+    #: reach; each is answered only about their own jobs); null: no socket
+    control_socket: Path | None = None
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)

@@ -158,6 +158,12 @@ class JobTimeout(MmdError):
     kind = "timeout"
 
 
+class JobCancelled(MmdError):
+    """Its submitter (or an admin) cancelled the job (``mmd cancel``)."""
+
+    kind = "cancelled"
+
+
 class CrashedError(MmdError):
     """A job whose runs killed the daemon ``max_attempts`` times: it is not started again."""
 

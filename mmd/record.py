@@ -156,7 +156,8 @@ class ErrorFacts:
 
     kind: str = field(
         metadata=_doc(
-            "the kind of failure: input, limit, jobname, overflow, kernel, tile, cuda, backend, output, spool, internal"
+            "the kind of failure: input, limit, jobname, overflow, kernel, tile, cuda, backend, output, spool, "
+            "timeout, crashed, cancelled, internal"
         )
     )
     reason: str = field(metadata=_doc("one line for a person"))

@@ -3,6 +3,7 @@ who submitted each job. Real Unix users (tests/classbox.py), a real daemon."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -224,3 +225,82 @@ def test_a_class_inbox_its_group_may_list_is_refused(box, students):
     box.inbox.chmod(0o3770)
     with pytest.raises(SpoolError, match="lets the class list it"):
         serve_once(class_settings(box))
+
+
+#: A student's client for the control socket: the system's Python (this clone's venv is not theirs to read).
+ASK = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\\n")
+print(s.makefile().readline(), end="")
+"""
+
+
+def asks(who, sock, request: str) -> dict:
+    return json.loads(who.run('/usr/bin/python3 -c "$1" "$2" "$3"', ASK, str(sock), request).stdout)
+
+
+def test_students_see_and_cancel_their_own_jobs_only_and_remove_their_own_outputs(box, students):
+    """The control socket: the kernel says who asks (SO_PEERCRED); each student sees and cancels only their
+    own jobs (a running one is stopped, a queued one refused unrun, both with an error sidecar of kind
+    cancelled) and removes only their own outputs."""
+    from mmd.daemon.local import ask
+
+    from . import workerhooks
+
+    alice, bob = students
+    sock, release = box.root / "mmd.sock", box.root / "release"
+    env = {**os.environ, "MMD_INBOX": str(box.inbox), "MMD_OUTBOX": str(box.outbox), "MMD_STATE_DIR": str(box.state),
+           "MMD_CLASS_MODE": "true", "MMD_CONTROL_SOCKET": str(sock), "MMD_BACKEND": "cpu",
+           "MMD_QUIET_SECONDS": "0.05", "MMD_LOG_FORMAT": "json"}  # fmt: skip
+    argv = workerhooks.launcher(f"partial(workerhooks.hold_jobs_until, {str(release)!r})")
+    with open(box.root / "daemon.log", "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: sock.exists(), 30, "the control socket")
+        for name in ("a1.txt", "a2.txt"):
+            alice.drop(box.inbox, name, small_input(12))
+        bob.drop(box.inbox, "b1.txt", small_input(13))
+        wait_for(lambda: len(ask(sock, {"op": "status"})["jobs"]) == 3, 30, "three jobs in hand")
+        everyone = {j["file"]: j for j in ask(sock, {"op": "status"})["jobs"]}  # root sees all
+        assert {j["submitter"] for j in everyone.values()} == {alice.login, bob.login}
+
+        mine = asks(bob, sock, '{"op": "status"}')
+        assert mine["you"] == bob.login and [j["file"] for j in mine["jobs"]] == ["b1.txt"]
+        assert sorted(j["file"] for j in asks(alice, sock, '{"op": "status"}')["jobs"]) == ["a1.txt", "a2.txt"]
+        for request in (
+            '{"op": "cancel", "file": "a1.txt"}',
+            json.dumps({"op": "cancel", "job": everyone["a1.txt"].get("job") or "0" * 12}),
+        ):
+            refused = asks(bob, sock, request)
+            assert refused["ok"] is False and "not yours" in refused["error"]
+        assert asks(bob, sock, "not json")["ok"] is False
+
+        for name in ("a1.txt", "a2.txt"):
+            answer = wait_for(lambda n=name: _cancelled(alice, sock, n), 30, f"{name} cancelled")
+            assert answer["was"] in ("running", "queued")
+        release.touch()
+        wait_for(lambda: (box.outbox / bob.login / "b1.timing.yaml").exists(), 30, "bob's job")
+        for name in ("a1", "a2"):
+            error = yaml.safe_load((box.outbox / alice.login / f"{name}.error.yaml").read_text())["error"]
+            assert error["kind"] == "cancelled" and alice.login in error["reason"]
+        assert not (box.outbox / alice.login / "a1.out").exists()
+
+        assert asks(bob, sock, '{"op": "rm", "name": "a1.error.yaml"}')["ok"] is False  # his folder has none
+        assert asks(alice, sock, '{"op": "rm", "name": "a1.error.yaml"}') == {"ok": True, "removed": ["a1.error.yaml"]}
+        assert not (box.outbox / alice.login / "a1.error.yaml").exists()
+        assert asks(alice, sock, '{"op": "rm", "name": "../mmdtstu2/b1.out"}')["ok"] is False
+        assert (box.outbox / bob.login / "b1.out").exists()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, (box.root / "daemon.log").read_text()[-3000:]
+    assert not sock.exists()
+
+
+def _cancelled(who, sock, name: str) -> dict | None:
+    answer = asks(who, sock, json.dumps({"op": "cancel", "file": name}))
+    if answer["ok"]:
+        return answer
+    assert "again in a moment" in answer["error"], answer
+    return None

@@ -18,7 +18,7 @@ from mmd.errors import ExitStatus
 
 from .conftest import ROOT
 
-USAGE, FAILED, CONFIG = ExitStatus.USAGE, ExitStatus.FAILED, ExitStatus.CONFIG
+USAGE, FAILED, CONFIG, NOT_SERVING = ExitStatus.USAGE, ExitStatus.FAILED, ExitStatus.CONFIG, ExitStatus.NOT_SERVING
 
 
 @pytest.fixture
@@ -34,6 +34,7 @@ def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "notresults.csv").write_text("this,is\nnot,mmd\n")
     (tmp_path / "results.csv").write_text(",".join(COLUMNS) + "\n")  # mmd bench's columns, no rows
     os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "socketless.yaml").write_text(f"control_socket: {tmp_path / 'nobody.sock'}\n")
     return tmp_path
 
 
@@ -52,6 +53,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("kernels: bad flag", ["kernels", "--frob"], USAGE, "unrecognized"),
     ("serve: bad observer", ["serve", "--observer", "x"], USAGE, "invalid choice"),
     ("status: bad flag", ["status", "--frob"], USAGE, "unrecognized"),
+    ("cancel: no job", ["cancel"], USAGE, "required"),
+    ("rm: no name", ["rm"], USAGE, "required"),
     ("submit: no folder", ["submit"], USAGE, "required"),
     ("submit: bad time", ["submit", "--slurm", "jobs", "--time", "x"], USAGE, "--time"),
     ("submit: bad parallel", ["submit", "--slurm", "jobs", "--max-parallel", "0"], USAGE, "--max-parallel"),
@@ -82,6 +85,11 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("kernels: missing config", ["kernels", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("serve: inbox missing", ["serve", "--inbox", "nope", "--once"], CONFIG, "does not exist"),
     ("bench: missing config", ["bench", "--config", "nope.yaml"], CONFIG, "cannot read config"),
+    ("cancel: no control socket", ["cancel", "m.txt"], CONFIG, "no control_socket is set"),
+    ("rm: no control socket", ["rm", "m.out"], CONFIG, "no control_socket is set"),
+    # -- no daemon answers --
+    ("cancel: nobody answers", ["cancel", "m.txt", "--config", "{socketless}"], NOT_SERVING, "no daemon answers"),
+    ("rm: nobody answers", ["rm", "m.out", "--config", "{socketless}"], NOT_SERVING, "no daemon answers"),
     # -- the command ran and failed --
     ("gen: beyond memory", ["gen", "100000", "-o", "huge.txt"], FAILED, "memory"),
     ("submit: outbox under a file", ["submit", "--slurm", "jobs", "--outbox", "plain/out"], FAILED, "cannot write"),
@@ -92,7 +100,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
 
 @pytest.mark.parametrize(("argv", "status", "needle"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_every_error_path_ends_in_its_status_and_one_line(place, capfd, argv, status, needle):
-    argv = [a.replace("{fifo}", str(place / "fifo")).replace("{results}", "results.csv") for a in argv]
+    argv = [
+        a.replace("{fifo}", str(place / "fifo"))
+        .replace("{results}", "results.csv")
+        .replace("{socketless}", "socketless.yaml")
+        for a in argv
+    ]
     before = sorted(p.name for p in place.rglob("*"))
     try:
         got = main(argv)

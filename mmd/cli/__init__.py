@@ -18,7 +18,9 @@ from ..errors import ConfigError, ExitStatus, MmdError, UsageError
 from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
-COMMANDS: tuple[str, ...] = ("run", "gen", "check", "kernels", "serve", "status", "submit", "bench", "report")
+COMMANDS: tuple[str, ...] = (
+    "run", "gen", "check", "kernels", "serve", "status", "cancel", "rm", "submit", "bench", "report"
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

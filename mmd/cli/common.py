@@ -123,3 +123,23 @@ def configure_logs(settings: config.Settings, quiet: bool) -> None:
     from .. import logs  # structlog: once a command runs
 
     logs.configure(settings.log_format, "error" if quiet else settings.log_level)
+
+
+class NotServing(Exception):
+    """No daemon answers on the control socket (exit status 3)."""
+
+
+def ask_daemon(settings: config.Settings, request: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's answer to ``request`` on its control socket (mmd.daemon.local); ConfigError where no
+    ``control_socket`` is set, NotServing where no daemon answers on it."""
+    from ..daemon.local import ask  # the socket's protocol: only for the commands that ask
+    from ..errors import ConfigError
+
+    if settings.control_socket is None:
+        raise ConfigError(
+            'no control_socket is set: this command asks the daemon over it (docs/operations.md, "A class on one box")'
+        )
+    try:
+        return ask(settings.control_socket, request)
+    except (OSError, ValueError) as exc:
+        raise NotServing(f"no daemon answers on {settings.control_socket} ({exc})") from None

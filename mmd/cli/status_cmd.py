@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExitStatus, UsageError
 from . import paths
-from .common import add_config_option
+from .common import NotServing, add_config_option, ask_daemon
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status",
         help="show the daemon serving the inbox",
-        description="Show whether a daemon serves the inbox, what it is doing and what it did last. Exit status: "
-        "0 a daemon serves the inbox, 3 none does, 2 bad usage or an inbox that is missing or not a folder.",
+        description="Show whether a daemon serves the inbox, what it is doing and what it did last. A user who "
+        "cannot read the daemon's state_dir (a class's student) asks its control_socket instead and is shown "
+        "their own jobs, with their places in the queue. Exit status: 0 a daemon serves the inbox, 3 none "
+        "does, 2 bad usage or an inbox that is missing or not a folder.",
     )
     add_config_option(p)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
@@ -41,6 +44,14 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {settings.metrics_file}: {exc.strerror} (is the daemon running?)") from None
         return 0
+    if settings.control_socket is not None and not os.access(settings.private_dir, os.R_OK | os.X_OK):
+        try:
+            answer = ask_daemon(settings, {"op": "status"})
+        except NotServing as exc:
+            print(f"mmd status: {exc}", file=sys.stderr)
+            return ExitStatus.NOT_SERVING
+        print(json.dumps(answer, indent=1) if args.json else render_mine(answer))
+        return ExitStatus.OK
     from ..daemon import status_of  # only for this command
 
     paths.folder(settings.inbox, "the inbox")
@@ -50,6 +61,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(status))
     return ExitStatus.OK if status["serving"] else ExitStatus.NOT_SERVING
+
+
+def render_mine(answer: dict[str, Any]) -> str:
+    """The control socket's answer (one user's jobs) as a few lines for a terminal."""
+    jobs = answer.get("jobs", [])
+    lines = [f"mmd serves you ({answer.get('you')}): {len(jobs)} job(s) of yours, {answer.get('queued_total', 0)} "
+             f"queued in all"]  # fmt: skip
+    for job in jobs:
+        ident = f" (job {job['job']})" if job.get("job") else ""
+        if job["state"] == "running":
+            where = f"{job.get('running_s', 0):.1f} s, in {job.get('phase')}"
+        elif job["state"] == "queued":
+            where = f"place {job['position']} in the queue"
+        else:
+            where = "being handed to a worker"
+        lines.append(f"  {job['state']:8} {job['file']}{ident}: {where}")
+    return "\n".join(lines)
 
 
 def render(status: dict[str, Any]) -> str:

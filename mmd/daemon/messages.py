@@ -3,7 +3,7 @@
 Three streams, each a small closed set of frozen dataclasses (the receiver
 dispatches on the type, never on a string):
 
-* :data:`Hint`: what the observer and the signal handlers tell the main loop;
+* :data:`Hint`: what the observer, the signal handlers and the local socket tell the main loop;
 * :data:`Order`: what the main process tells a worker process (over its pipe);
 * :data:`Event`: what a worker process tells the main process back.
 
@@ -13,8 +13,10 @@ never matrix data: a worker reads its input and writes its output itself.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import Settings
 from ..errors import MmdError
@@ -41,6 +43,17 @@ class Writing:
     name: str
 
 
+@dataclass(frozen=True, eq=False)
+class Asked:
+    """A request on the local socket (:mod:`.local`) from the user ``uid`` (the kernel's word, not the
+    request's); the main loop sets ``reply``'s result to the answer."""
+
+    op: str
+    uid: int
+    request: dict[str, Any]
+    reply: concurrent.futures.Future[dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class InboxChanged:
     """The inbox folder itself was deleted (or may have been made again)."""
@@ -58,7 +71,7 @@ class ReloadRequested:
     """SIGHUP: read the settings again."""
 
 
-Hint = Arrived | Writing | InboxChanged | StopRequested | ReloadRequested
+Hint = Arrived | Writing | Asked | InboxChanged | StopRequested | ReloadRequested
 
 # -- orders: main process -> worker ---------------------------------------------------
 

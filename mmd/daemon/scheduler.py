@@ -141,6 +141,22 @@ class Scheduler:
             self._again.discard(item.name)
         return dropped
 
+    def queued(self) -> list[Item]:
+        """The jobs not yet given to a worker, in the order they will be (resumes first)."""
+        return [*self._resumes, *self._names]
+
+    def cancel(self, name: str) -> Item | None:
+        """Take the waiting job ``name`` out of the queue (it will not be given to a worker); None when it is
+        not waiting (in hand, or unknown)."""
+        for queue in (self._resumes, self._names):
+            for item in queue:
+                if item.name == name:
+                    queue.remove(item)
+                    self._held.discard(name)
+                    self._again.discard(name)
+                    return item
+        return None
+
     # -- what it holds --
     @property
     def waiting(self) -> int:

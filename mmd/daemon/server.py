@@ -50,10 +50,13 @@ from ..spool import Claim, Readiness, Spool, shown, state_name
 from . import common, pool
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS, now_iso
 from .control import Running
+from .desk import Desk
+from .local import LocalSocket
 from .lock import SpoolLock, lock_holder
 from .mailbox import Mailbox
 from .messages import (
     Arrived,
+    Asked,
     Configure,
     Ended,
     Event,
@@ -122,10 +125,13 @@ class Daemon:
         self._once_failed: str | None = None  # with --once: why the drain stopped early
         self._lock: SpoolLock | None = None
         self._observer: Any = None
+        self._local: LocalSocket | None = None  # the control socket, while serving
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
+        #: What the control socket's askers are answered (their own jobs).
+        self.desk = Desk(self.spool, self.scheduler, self.workers, self, graders_gids(settings))
 
     def _adopt_inbox_folders(self) -> None:
         """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox (once no such
@@ -275,32 +281,48 @@ class Daemon:
                 self.log.error(
                     "stopping a job past its time limit", worker=w.index, limit_s=running.limit_s, phase=running.phase
                 )
-                w.stop(STOP_GRACE_S)
-                self._recover(i, running, timed_out=True)
+                limit, phase = running.limit_s, running.phase
+                error = JobTimeout(
+                    f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
+                    {"limit_s": limit, "phase": phase},
+                )
+                self.stop_running(i, running, error)
             elif not w.alive() and w.failed is None and self._stopping is None:
                 self.log.error("a worker died", worker=w.index, exitcode=w.process.exitcode, jobs=len(w.in_hand))
-                self._recover(i, running, timed_out=False)
+                self._recover(i, running, None)
 
-    def _recover(self, i: int, running: Running | None, *, timed_out: bool) -> None:
-        """A worker is gone: read what it said last, refuse its job that ran past its limit, resume the jobs it
-        had claimed (counted as a start each, as after a crash), give back the names it had not, replace it."""
+    def stop_running(self, worker: int, running: Running, error: MmdError) -> None:
+        """End a worker for its job ``running`` (past its limit, or cancelled): the job gets ``error``'s
+        sidecar, the others it had claimed resume, and a fresh worker takes its place."""
+        self.workers.handles[worker].stop(STOP_GRACE_S)
+        self._recover(worker, running, error)
+
+    def _recover(self, i: int, running: Running | None, stopped: MmdError | None) -> None:
+        """A worker is gone: read what it said last, refuse the job it was ended for (``stopped``: why), resume
+        the jobs it had claimed (counted as a start each, as after a crash), give back the names it had not,
+        replace it."""
         w = self.workers.handles[i]
         w.join()
         for event, order in w.events():
             self._on_event(w, event, order)
         left = dict(w.in_hand)
         w.close()
-        stopped = left.get(running.seq) if timed_out and running is not None else None
+        ended_for = left.get(running.seq) if stopped is not None and running is not None else None
         ids = {order.job_id if isinstance(order, Run) else order.claim.job_id: order for order in left.values()}
         found = {c.job_id: c for c in self.spool.in_work() if c.job_id in ids}
         resume = []
         for job_id, order in ids.items():
             claim = found.get(job_id)
-            if claim is None:  # never claimed (or archived already): the name is the inbox's again
+            if claim is None:  # never claimed (or archived already): the name is the inbox's again, queued anew
                 self.spool.forget(job_id)
-                self.scheduler.ended(order.name if isinstance(order, Run) else order.claim.name)
-            elif order is stopped and running is not None:
-                self._refuse_stopped(claim, running, w.device)
+                name = order.name if isinstance(order, Run) else order.claim.name
+                self.scheduler.ended(name)
+                self._offer(name, complete=True)
+            elif order is ended_for and running is not None and stopped is not None:
+                if not record.timing_path(claim.output).exists() and os.path.lexists(claim.output):
+                    with contextlib.suppress(OSError):  # committed before it was stopped, its sidecar not: ours
+                        os.unlink(claim.output)
+                self.refuse_claimed(claim, stopped, w.device, (time.monotonic() - running.started) * 1e3)
             else:
                 resume.append(claim)
         for claim in resume:
@@ -311,26 +333,20 @@ class Daemon:
         fresh = self.workers.replace(i)
         self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
 
-    def _refuse_stopped(self, claim: Claim, running: Running, device: int) -> None:
-        """The job its worker was ended for: its error sidecar (kind ``timeout``, with the phase), archived."""
-        log = self.log.bind(job=claim.job_id, file=shown(claim.name))
+    def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None, overall_ms: float = 0.0) -> None:
+        """A claimed job no worker holds (its worker ended for it, or cancelled in the queue): its error
+        sidecar (``error``'s kind and reason), archived to ``.failed``."""
+        log = self.log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)
+        context = record.Context(device_index=device, submitter=claim.submitter)
         job = describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
-                       job_id=claim.job_id, started=claim.started)  # fmt: skip
-        limit, phase = running.limit_s, running.phase
-        error = JobTimeout(
-            f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
-            {"limit_s": limit, "phase": phase},
-        )
-        if not record.timing_path(job.output).exists() and os.path.lexists(job.output):
-            with contextlib.suppress(OSError):  # committed before it was stopped, its sidecar not: ours
-                os.unlink(job.output)
-        result = refuse(job, error, {"overall": (time.monotonic() - running.started) * 1e3}, ops=self.ops)
+                       job_id=claim.job_id, started=claim.started, context=context)  # fmt: skip
+        result = refuse(job, error, {"overall": overall_ms}, ops=self.ops)
         try:
             self.spool.archive(claim, False)
         except MmdError as exc:
             log.error("cannot archive", reason=exc.reason)
             self.spool.leave(claim)
-        log.error("job stopped past its time limit", limit_s=limit, phase=phase)
+        log.error("job stopped", kind=error.kind, reason=error.reason)
         self.state.finished(
             {
                 "job": claim.job_id,
@@ -344,9 +360,8 @@ class Daemon:
             }
         )
         self.metrics.job_ended(result.record)
-        self.hooks.ended(
-            JobEnd(claim.job_id, "error", claim.original or claim.name, None, result.sidecar, error.reason)
-        )
+        self.hooks.ended(JobEnd(claim.job_id, "error", shown(claim.original or claim.name), None, result.sidecar,
+                                error.reason, submitter=claim.submitter or ""))  # fmt: skip
         self.scheduler.ended(claim.name)
         self.spool.forget(claim.job_id)
 
@@ -389,6 +404,9 @@ class Daemon:
             self._offer(hint.name, hint.complete)
         elif isinstance(hint, Writing):
             self._readiness.writing(hint.name)
+        elif isinstance(hint, Asked):
+            if not hint.reply.done():  # the asker may have given up waiting
+                hint.reply.set_result(self.desk.answer(hint))
         elif isinstance(hint, StopRequested):
             if self._stopping is None:
                 self.log.info("stopping after the jobs in hand", signal=hint.signal)
@@ -462,7 +480,7 @@ class Daemon:
             )
             new = new.replace(inbox=self.settings.inbox, outbox=self.settings.outbox)
         kept = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue", "state_dir", "class_mode",
-                "graders_group")  # fmt: skip
+                "graders_group", "control_socket")  # fmt: skip
         if any(getattr(new, k) != getattr(self.settings, k) for k in kept):
             self.log.warning(f"SIGHUP: {', '.join(kept)} changes need a restart; keeping the old ones")
             new = dataclasses.replace(new, **{k: getattr(self.settings, k) for k in kept})
@@ -518,6 +536,9 @@ class Daemon:
                 self._observer, kind = make_observer(
                     self.settings.observer, self.spool.inbox, self.mailbox.post, self.settings.poll_seconds, self.log
                 )
+                if self.settings.control_socket is not None:
+                    self._local = LocalSocket(self.settings.control_socket, self.mailbox.post, self.log)
+                    self._local.start()
             waiting = self._rescan()
             self._await_workers()
             self.state.update(status="serving", observer=kind)
@@ -538,6 +559,8 @@ class Daemon:
             pinger = WatchdogPinger.start_for(notifier, self.health)
             return self._loop(once)
         finally:
+            if self._local is not None:
+                self._local.close()
             self.state.update(status="stopping")
             notifier.stopping("finishing the jobs in hand")
             observer = self._observer

@@ -168,6 +168,14 @@ class Spool:
         return self._shared.outbox
 
     @property
+    def class_mode(self) -> bool:
+        return self._shared.class_mode
+
+    def output_folder(self, owner: int | None) -> Path:
+        """Where the outputs of an input ``owner`` dropped go (class mode: ``outbox/<login>``)."""
+        return self._shared.output_folder(owner)
+
+    @property
     def private(self) -> Path:
         """The daemon's own folder (lock, state file, ``.work``, ``.done``, ``.failed``): state_dir, else the inbox."""
         return self._shared.private
