@@ -37,6 +37,15 @@ MEMORY_MODES: tuple[str, ...] = ("device", "pitched", "managed")
 #: backend's own text path), ``auto`` (gpu when the backend offers it for the job, else host).
 TEXT_PATHS: tuple[str, ...] = ("auto", "host", "gpu")
 
+#: What a file name may set (``NAME@kernel=fast,tile=16.txt``): its key there → the setting it sets.
+NAME_KEYS: dict[str, str] = {
+    "kernel": "kernel",
+    "tile": "tile",
+    "backend": "backend",
+    "memory": "memory",
+    "timeout": "job_timeout_s",
+}
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "backend": BACKENDS,
     "memory": MEMORY_MODES,
@@ -98,6 +107,14 @@ class Settings:
     on_done: tuple[str, ...] | None = None  # a command (argv list, no shell) run after each job with an output
     on_error: tuple[str, ...] | None = None  # a command run after each refused job
     hook_timeout_s: float = 30.0  # a hook still running after this long is killed (the job is not affected)
+    #: the least time limit a name may set: a job stopped at its limit costs its worker, ended and started
+    #: again (a fresh process, on a GPU a fresh CUDA context: about a second), so smaller ones would let a
+    #: name spend the box's time on restarts
+    min_name_timeout_s: float = 1.0
+    #: what a file name may set: a key alone (``tile``) lets it pick any value, ``key=value`` items only
+    #: those values (``[kernel=tiled, kernel=fast, timeout]``); null: names set nothing. ``timeout`` may only
+    #: lower job_timeout_s, whatever this says
+    name_settings: tuple[str, ...] | None = tuple(NAME_KEYS)
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
@@ -248,6 +265,7 @@ def _validated(s: Settings, origin: str) -> Settings:
         "job_timeout_s",
         "metrics_seconds",
         "hook_timeout_s",
+        "min_name_timeout_s",
     ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {name} must be positive")
@@ -272,9 +290,29 @@ def _validated(s: Settings, origin: str) -> Settings:
         )
     if s.class_mode and s.shared_inbox:
         raise ConfigError(f"{origin}: class_mode does not combine with shared_inbox yet: serve a class from one box")
+    name_rule(s.name_settings, origin)
     if s.kernel_cache is not None and not s.kernel_cache:
         raise ConfigError(f"{origin}: kernel_cache must be auto, a folder or null")
     return s
+
+
+def name_rule(items: tuple[str, ...] | None, origin: str = "name_settings") -> dict[str, frozenset[Any] | None]:
+    """``name_settings`` as a rule: name key → the values a name may pick (None: any); a key not in it may
+    not be set. Each value is judged as the setting it sets is (ConfigError naming the item)."""
+    rule: dict[str, frozenset[Any] | None] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        where = f"{origin}: name_settings"
+        if key not in NAME_KEYS:
+            raise ConfigError(f"{where}: unknown setting {key!r} (a name may set {', '.join(NAME_KEYS)})")
+        picks: frozenset[Any] | None = None
+        if eq:
+            setting = NAME_KEYS[key]
+            one = _validated(dataclasses.replace(Settings(), **{setting: _coerce(setting, value, where)}), where)
+            picks = frozenset({getattr(one, setting)})
+        known = rule.get(key, frozenset())
+        rule[key] = None if picks is None or known is None else known | picks
+    return rule
 
 
 #: The origin of settings given as flags: their errors are usage errors.

@@ -136,3 +136,24 @@ def test_a_spool_of_the_inbox_only_layout_moves_into_the_state_folder(tmp_path):
     assert yaml.safe_load((outbox / "left.timing.yaml").read_text())["resumed"] is True
     assert sorted(os.listdir(state / ".done")) == ["left.txt", "old.txt"]
     assert not (inbox / ".work").exists() and not (inbox / ".done").exists()
+
+
+def test_a_name_cannot_raise_the_time_limit_nor_pick_what_the_admin_disallowed(box, students):
+    """The admin's job_timeout_s: 2 and name_settings: a student's name may lower the one and pick within the
+    other, never more; what it asks beyond them is refused with the admin's limit and what is allowed."""
+    alice, bob = students
+    alice.drop(box.inbox, "long@timeout=99999999.txt", small_input(6))
+    bob.drop(box.inbox, "pick@kernel=naive.txt", small_input(7))
+    alice.drop(box.inbox, "ok@kernel=fast,timeout=1.5.txt", small_input(8))
+    allowed = ("kernel=tiled", "kernel=fast", "timeout")
+    assert serve_once(class_settings(box, job_timeout_s=2.0, name_settings=allowed)) == 0
+    error = yaml.safe_load((box.outbox / "long@timeout=99999999.error.yaml").read_text())["error"]
+    assert error["kind"] == "jobname" and error["job_timeout_s"] == 2.0
+    assert "above this service's limit, 2 s (job_timeout_s)" in error["reason"]
+    error = yaml.safe_load((box.outbox / "pick@kernel=naive.error.yaml").read_text())["error"]
+    assert error["kind"] == "jobname" and error["allowed"] == list(allowed)
+    assert "a name may pick kernel fast or tiled" in error["reason"]
+    assert not (box.outbox / "long@timeout=99999999.out").exists()
+    assert not (box.outbox / "pick@kernel=naive.out").exists()
+    done = yaml.safe_load((box.outbox / "ok@kernel=fast,timeout=1.5.timing.yaml").read_text())
+    assert done["status"] == "ok" and done["submitter"] == alice.login

@@ -111,8 +111,9 @@ def test_a_stopped_job_gives_back_its_memory_and_its_cpu(tmp_path):
     inbox.mkdir()
     big = tmp_path / "big.src"
     make(big, 1200, 7)  # about 20 MB of text: read and parse alone take longer than the limit
+    # A limit this small is below what names may set by default (a worker restart each): this admin allows it.
     proc = LoggedProcess([sys.executable, "-m", "mmd", "serve", "--create"], tmp_path, tmp_path / "daemon.log",
-                         mmd_env(ENV, MMD_DEVICES="0"))  # fmt: skip
+                         mmd_env(ENV, MMD_DEVICES="0", MMD_MIN_NAME_TIMEOUT_S="0.01"))  # fmt: skip
     try:
         wait_for(lambda: "serving" in proc.logs(), 30, "the daemon")
         make(tmp_path / "warm.src", 64, 1)
