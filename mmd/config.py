@@ -91,6 +91,13 @@ class Settings:
     #: around it, on average) plus 1 MiB; larger is refused unread. None: no such bound
     max_bytes_per_value: int | None = 64
     max_dim: int | None = None  # largest M, K or N a job may have; None: no limit
+    #: the largest output a job may make, judged from its header (6-byte fields: the least its shape makes)
+    #: and refused unread; 1 GiB serves the course's largest, 8192 (about 470 MB). None: no limit
+    max_output_bytes: int | None = 1 << 30
+    #: class_mode: an output may be at most this many times its input, or output_ratio_floor_bytes, whichever
+    #: is larger: every course size passes, a 66 KB `6000 1 6000` (216 MB out) does not. None: no such bound
+    max_output_ratio: float | None = 16.0
+    output_ratio_floor_bytes: int = 8 << 20  # class_mode: an output this small is never refused for its ratio
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
@@ -271,10 +278,14 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {name} must be positive")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: max_attempts must be at least 1")
-    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim"):
+    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes"):
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {name} must be positive or null")
+    if s.max_output_ratio is not None and s.max_output_ratio <= 0:
+        raise ConfigError(f"{origin}: max_output_ratio must be positive or null")
+    if s.output_ratio_floor_bytes < 0:
+        raise ConfigError(f"{origin}: output_ratio_floor_bytes must not be negative")
     if s.max_queue <= 0:
         raise ConfigError(f"{origin}: max_queue must be positive")
     if not 1 <= s.workers_per_device <= 64:

@@ -157,3 +157,20 @@ def test_a_name_cannot_raise_the_time_limit_nor_pick_what_the_admin_disallowed(b
     assert not (box.outbox / "pick@kernel=naive.out").exists()
     done = yaml.safe_load((box.outbox / "ok@kernel=fast,timeout=1.5.timing.yaml").read_text())
     assert done["status"] == "ok" and done["submitter"] == alice.login
+
+
+def test_a_small_input_that_would_make_a_huge_output_is_refused_unread(box, students):
+    """A 64 KB ``5800 1 5800`` (a column times a row: 200 MB out, 3,163 times its input) is refused from its
+    header: no output, an error sidecar of kind limit with the numbers; a course-sized job beside it runs."""
+    alice, _ = students
+    text = "5800 1 5800\n" + "1.250 " * 5800 + "1.25 " * 5800
+    alice.drop(box.inbox, "wide.txt", text)
+    alice.drop(box.inbox, "fine.txt", small_input(9, n=64))
+    assert serve_once(class_settings(box)) == 0
+    sidecar = yaml.safe_load((box.outbox / "wide.error.yaml").read_text())
+    assert sidecar["error"]["kind"] == "limit" and sidecar["submitter"] == alice.login
+    assert sidecar["error"]["output_bytes"] == 201_845_805 and sidecar["error"]["input_bytes"] == 63_812
+    assert "at most 16 times its input or 8388608 bytes" in sidecar["error"]["reason"]
+    assert sidecar["timings_ms"]["read"] is None and sidecar["timings_ms"]["kernel"] is None
+    assert not (box.outbox / "wide.out").exists()
+    assert yaml.safe_load((box.outbox / "fine.timing.yaml").read_text())["status"] == "ok"
