@@ -52,6 +52,15 @@ MEMORY_MODES: tuple[str, ...] = ("device", "pitched", "managed")
 #: backend's own text path), ``auto`` (gpu when the backend offers it for the job, else host).
 TEXT_PATHS: tuple[str, ...] = ("auto", "host", "gpu")
 
+#: What a file name may set (``NAME@kernel=fast,tile=16.txt``): its key there → the setting it sets.
+NAME_KEYS: dict[str, str] = {
+    "kernel": "kernel",
+    "tile": "tile",
+    "backend": "backend",
+    "memory": "memory",
+    "timeout": "job_timeout_s",
+}
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "backend": BACKENDS,
     "memory": MEMORY_MODES,
@@ -102,6 +111,13 @@ class Settings:
     #: around it, on average) plus 1 MiB; larger is refused unread. None: no such bound
     max_bytes_per_value: int | None = 64
     max_dim: int | None = None  # largest M, K or N a job may have; None: no limit
+    #: the largest output a job may make, judged from its header (6-byte fields: the least its shape makes)
+    #: and refused unread; 1 GiB serves the course's largest, 8192 (about 470 MB). None: no limit
+    max_output_bytes: int | None = 1 << 30
+    #: class_mode: an output may be at most this many times its input, or output_ratio_floor_bytes, whichever
+    #: is larger: every course size passes, a 66 KB `6000 1 6000` (216 MB out) does not. None: no such bound
+    max_output_ratio: float | None = 16.0
+    output_ratio_floor_bytes: int = 8 << 20  # class_mode: an output this small is never refused for its ratio
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
@@ -121,6 +137,14 @@ class Settings:
     on_done: tuple[str, ...] | None = None  # a command (argv list, no shell) run after each job with an output
     on_error: tuple[str, ...] | None = None  # a command run after each refused job
     hook_timeout_s: float = 30.0  # a hook still running after this long is killed (the job is not affected)
+    #: the least time limit a name may set: a job stopped at its limit costs its worker, ended and started
+    #: again (a fresh process, on a GPU a fresh CUDA context: about a second), so smaller ones would let a
+    #: name spend the box's time on restarts
+    min_name_timeout_s: float = 1.0
+    #: what a file name may set: a key alone (``tile``) lets it pick any value, ``key=value`` items only
+    #: those values (``[kernel=tiled, kernel=fast, timeout]``); null: names set nothing. ``timeout`` may only
+    #: lower job_timeout_s, whatever this says
+    name_settings: tuple[str, ...] | None = tuple(NAME_KEYS)
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
@@ -303,15 +327,20 @@ def _validated(s: Settings, origin: str) -> Settings:
         "metrics_seconds",
         "hook_timeout_s",
         "upload_max_age_s",
+        "min_name_timeout_s",
     ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
-    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim"):
+    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes"):
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive or null")
+    if s.max_output_ratio is not None and s.max_output_ratio <= 0:
+        raise ConfigError(f"{origin}: {at('max_output_ratio')} must be positive or null")
+    if s.output_ratio_floor_bytes < 0:
+        raise ConfigError(f"{origin}: {at('output_ratio_floor_bytes')} must not be negative")
     if s.max_queue <= 0:
         raise ConfigError(f"{origin}: {at('max_queue')} must be positive")
     if not 1 <= s.workers_per_device <= 64:
@@ -331,9 +360,29 @@ def _validated(s: Settings, origin: str) -> Settings:
         raise ConfigError(
             f"{origin}: {at('class_mode')} does not combine with shared_inbox yet: serve a class from one box"
         )
+    name_rule(s.name_settings, origin)
     if s.kernel_cache is not None and not s.kernel_cache:
         raise ConfigError(f"{origin}: {at('kernel_cache')} must be auto, a folder or null")
     return s
+
+
+def name_rule(items: tuple[str, ...] | None, origin: str = "name_settings") -> dict[str, frozenset[Any] | None]:
+    """``name_settings`` as a rule: name key → the values a name may pick (None: any); a key not in it may
+    not be set. Each value is judged as the setting it sets is (ConfigError naming the item)."""
+    rule: dict[str, frozenset[Any] | None] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        where = f"{origin}: name_settings"
+        if key not in NAME_KEYS:
+            raise ConfigError(f"{where}: unknown setting {key!r} (a name may set {', '.join(NAME_KEYS)})")
+        picks: frozenset[Any] | None = None
+        if eq:
+            setting = NAME_KEYS[key]
+            one = _validated(dataclasses.replace(Settings(), **{setting: _coerce(setting, value, where)}), where)
+            picks = frozenset({getattr(one, setting)})
+        known = rule.get(key, frozenset())
+        rule[key] = None if picks is None or known is None else known | picks
+    return rule
 
 
 #: The origin of settings given as flags: their errors are usage errors.

@@ -89,6 +89,7 @@ def describe(
     try:
         overrides = jobname.parse(name if name is not None else input.name).overrides
         _check_conflicts(jobname.settings_of(overrides), given)
+        jobname.check_allowed(overrides, base)
         if overrides:
             settings = settings.with_values(jobname.settings_of(overrides), "file name")
         if given:

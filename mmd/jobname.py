@@ -21,14 +21,11 @@ from pathlib import PurePath
 from typing import Any
 
 from . import kernels
-from .config import CHOICES
+from .config import CHOICES, NAME_KEYS, Settings, name_rule
 from .errors import JobNameError, MmdError
 
 #: What can be set in a name, in the order they are reported.
-KEYS: tuple[str, ...] = ("kernel", "tile", "backend", "memory", "timeout")
-
-#: The setting each name key sets (the same name unless said here).
-SETTING_OF: dict[str, str] = {"timeout": "job_timeout_s"}
+KEYS: tuple[str, ...] = tuple(NAME_KEYS)
 
 #: Separators: NAME ``@`` key ``=`` value ``,`` key ``=`` value.
 SETTINGS_MARK, ITEM_SEP, VALUE_SEP = "@", ",", "="
@@ -91,7 +88,43 @@ _VALIDATORS: dict[str, Callable[[str], Any]] = {
 
 def settings_of(overrides: dict[str, Any]) -> dict[str, Any]:
     """A name's settings under the names of the settings they set (``timeout`` → ``job_timeout_s``)."""
-    return {SETTING_OF.get(key, key): value for key, value in overrides.items()}
+    return {NAME_KEYS[key]: value for key, value in overrides.items()}
+
+
+def _either(values: list[str]) -> str:
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def check_allowed(overrides: dict[str, Any], base: Settings) -> None:
+    """Refuse what a name sets that the admin's ``base`` settings do not let names set (name_settings),
+    and a time limit above theirs (job_timeout_s: a name may only lower it) or below min_name_timeout_s."""
+    allowed = base.name_settings
+    rule = name_rule(allowed)
+    for key, value in overrides.items():
+        details = {"key": key, "value": value, "allowed": list(allowed or ())}
+        where = "(setting name_settings)"
+        if key not in rule:
+            may = f"a name may set {_either(list(rule))}" if rule else "names may set nothing"
+            raise JobNameError(f"in the file name: {key} is not allowed here; {may} {where}", details)
+        picks = rule[key]
+        if picks is not None and value not in picks:
+            shown = _either([str(v) for v in sorted(picks)])
+            raise JobNameError(
+                f"in the file name: {key} {value} is not allowed here; a name may pick {key} {shown} {where}", details
+            )
+    timeout = overrides.get("timeout")
+    if timeout is not None and timeout > base.job_timeout_s:
+        raise JobNameError(
+            f"in the file name: timeout {timeout:.15g} s is above this service's limit, {base.job_timeout_s:.15g} s "
+            "(job_timeout_s); a name may only lower it",
+            {"timeout": timeout, "job_timeout_s": base.job_timeout_s},
+        )
+    if timeout is not None and timeout < base.min_name_timeout_s:
+        raise JobNameError(
+            f"in the file name: timeout {timeout:.15g} s is below the least a name may set, "
+            f"{base.min_name_timeout_s:.15g} s (min_name_timeout_s)",
+            {"timeout": timeout, "min_name_timeout_s": base.min_name_timeout_s},
+        )
 
 
 def parse(name: str) -> JobName:

@@ -51,6 +51,13 @@ class Metrics:
         self.gpu_memory = Gauge("mmd_gpu_memory_used_bytes", "Device memory in use, per device", ["device"], registry=r)
         self.started = Gauge("mmd_daemon_start_time_seconds", "When this daemon started (Unix time)", registry=r)
         self.up = Gauge("mmd_up", "1 while the daemon serves", registry=r)
+        # A daemon killed with SIGKILL leaves its last file behind, mmd_up 1 included: only the file's
+        # age tells it is dead, so the file says when it was written and how often it should be.
+        self.updated = Gauge("mmd_last_update_timestamp_seconds", "When this file was written (Unix time)", registry=r)
+        self.interval = Gauge(
+            "mmd_metrics_interval_seconds", "How often this file is rewritten (metrics_seconds)", registry=r
+        )
+        self.interval.set(every)
         self.started.set_to_current_time()
 
     def job_ended(self, rec: Record) -> None:
@@ -85,6 +92,7 @@ class Metrics:
             if not force and now - self._written < self.every:
                 return
             self._written = now
+            self.updated.set_to_current_time()
             write_to_textfile(str(self.path), self.registry)
 
     def due_in(self) -> float | None:

@@ -202,9 +202,13 @@ def input_plausible(size: int, start: int, count: int) -> bool:
     return count <= (size - start + 1) // 2 + 1
 
 
+#: The least bytes of an output field: ``%6.2f`` pads to 6; values from 1000 on (or -100) take more.
+FIELD_WIDTH = 6
+
+
 def output_plausible(size: int, start: int, m: int, n: int) -> bool:
     """Whether an output body of ``size - start`` bytes can hold m rows of n 6-byte fields."""
-    return (size - start) // m >= 6 * n + 1
+    return (size - start) // m >= FIELD_WIDTH * n + 1
 
 
 # ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ __all__ = [
     "output_blocks",
     "raise_output_fault",
     "output_shape",
+    "output_bytes_at_least",
     "OutputFault",
     "format_reference",
     "parse_reference",
@@ -813,6 +814,12 @@ def _emit_rows(c: np.ndarray) -> bytes:
 
 def _header_line(m: int, n: int) -> bytes:
     return (b"%d\n" % n) if m == n else (b"%d %d\n" % (m, n))
+
+
+def output_bytes_at_least(m: int, n: int) -> int:
+    """The size of the smallest output an ``m`` × ``n`` product makes: its header line, then m rows of n
+    fields of :data:`~mmd.textcore.FIELD_WIDTH` bytes and a newline (wider values only add to it)."""
+    return len(_header_line(m, n)) + m * (textcore.FIELD_WIDTH * n + 1)
 
 
 def _row_blocks(m: int, n: int, rows_per_chunk: int | None) -> list[tuple[int, int]]:

@@ -304,3 +304,41 @@ def _cancelled(who, sock, name: str) -> dict | None:
         return answer
     assert "again in a moment" in answer["error"], answer
     return None
+
+
+def test_a_name_cannot_raise_the_time_limit_nor_pick_what_the_admin_disallowed(box, students):
+    """The admin's job_timeout_s: 2 and name_settings: a student's name may lower the one and pick within the
+    other, never more; what it asks beyond them is refused with the admin's limit and what is allowed."""
+    alice, bob = students
+    alice.drop(box.inbox, "long@timeout=99999999.txt", small_input(6))
+    bob.drop(box.inbox, "pick@kernel=naive.txt", small_input(7))
+    alice.drop(box.inbox, "ok@kernel=fast,timeout=1.5.txt", small_input(8))
+    allowed = ("kernel=tiled", "kernel=fast", "timeout")
+    assert serve_once(class_settings(box, job_timeout_s=2.0, name_settings=allowed)) == 0
+    error = yaml.safe_load((box.outbox / alice.login / "long@timeout=99999999.error.yaml").read_text())["error"]
+    assert error["kind"] == "jobname" and error["job_timeout_s"] == 2.0
+    assert "above this service's limit, 2 s (job_timeout_s)" in error["reason"]
+    error = yaml.safe_load((box.outbox / bob.login / "pick@kernel=naive.error.yaml").read_text())["error"]
+    assert error["kind"] == "jobname" and error["allowed"] == list(allowed)
+    assert "a name may pick kernel fast or tiled" in error["reason"]
+    assert not (box.outbox / alice.login / "long@timeout=99999999.out").exists()
+    assert not (box.outbox / bob.login / "pick@kernel=naive.out").exists()
+    done = yaml.safe_load((box.outbox / alice.login / "ok@kernel=fast,timeout=1.5.timing.yaml").read_text())
+    assert done["status"] == "ok" and done["submitter"] == alice.login
+
+
+def test_a_small_input_that_would_make_a_huge_output_is_refused_unread(box, students):
+    """A 64 KB ``5800 1 5800`` (a column times a row: 200 MB out, 3,163 times its input) is refused from its
+    header: no output, an error sidecar of kind limit with the numbers; a course-sized job beside it runs."""
+    alice, _ = students
+    text = "5800 1 5800\n" + "1.250 " * 5800 + "1.25 " * 5800
+    alice.drop(box.inbox, "wide.txt", text)
+    alice.drop(box.inbox, "fine.txt", small_input(9, n=64))
+    assert serve_once(class_settings(box)) == 0
+    sidecar = yaml.safe_load((box.outbox / alice.login / "wide.error.yaml").read_text())
+    assert sidecar["error"]["kind"] == "limit" and sidecar["submitter"] == alice.login
+    assert sidecar["error"]["output_bytes"] == 201_845_805 and sidecar["error"]["input_bytes"] == 63_812
+    assert "at most 16 times its input or 8388608 bytes" in sidecar["error"]["reason"]
+    assert sidecar["timings_ms"]["read"] is None and sidecar["timings_ms"]["kernel"] is None
+    assert not (box.outbox / alice.login / "wide.out").exists()
+    assert yaml.safe_load((box.outbox / alice.login / "fine.timing.yaml").read_text())["status"] == "ok"

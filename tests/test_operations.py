@@ -9,10 +9,12 @@ the process).
 from __future__ import annotations
 
 import configparser
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -111,8 +113,9 @@ def test_a_stopped_job_gives_back_its_memory_and_its_cpu(tmp_path):
     inbox.mkdir()
     big = tmp_path / "big.src"
     make(big, 1200, 7)  # about 20 MB of text: read and parse alone take longer than the limit
+    # A limit this small is below what names may set by default (a worker restart each): this admin allows it.
     proc = LoggedProcess([sys.executable, "-m", "mmd", "serve", "--create"], tmp_path, tmp_path / "daemon.log",
-                         mmd_env(ENV, MMD_DEVICES="0"))  # fmt: skip
+                         mmd_env(ENV, MMD_DEVICES="0", MMD_MIN_NAME_TIMEOUT_S="0.01"))  # fmt: skip
     try:
         wait_for(lambda: "serving" in proc.logs(), 30, "the daemon")
         make(tmp_path / "warm.src", 64, 1)
@@ -262,6 +265,48 @@ def test_metrics_file_counts_good_and_bad_jobs(tmp_path):
     assert samples[("mmd_daemon_start_time_seconds", ())] > 1.7e9
     r = run_mmd("status", "--metrics", cwd=tmp_path, env={"MMD_METRICS_FILE": str(metrics)})
     assert r.returncode == 0 and r.stdout == metrics.read_text()
+
+
+def metric_samples(path: Path) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for family in text_string_to_metric_families(path.read_text()) for s in family.samples}
+
+
+def stale(samples: dict[str, float], now: float) -> bool:
+    """The alert docs/operations.md gives for a daemon that stopped writing its metrics file, whatever
+    its last ``mmd_up`` said: ``time() - mmd_last_update_timestamp_seconds > 12 * mmd_metrics_interval_seconds``."""
+    return now - samples["mmd_last_update_timestamp_seconds"] > 12 * samples["mmd_metrics_interval_seconds"]
+
+
+def test_a_daemon_killed_with_sigkill_is_seen_as_dead_by_its_metrics_files_age(tmp_path):
+    """kill -9 leaves ``mmd_up 1`` in the file for good; its timestamp stops, and the documented rule fires."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    metrics = tmp_path / "mmd.prom"
+    env = mmd_env(ENV, MMD_DEVICES="0", MMD_METRICS_FILE=str(metrics), MMD_METRICS_SECONDS="0.2")
+    proc = LoggedProcess([sys.executable, "-m", "mmd", "serve", "--create"], tmp_path, tmp_path / "daemon.log", env)
+    workers: set[int] = set()
+    try:
+        wait_for(lambda: "serving" in proc.logs() and metrics.exists(), 30, "the daemon and its metrics")
+        first = metric_samples(metrics)
+        wait_for(lambda: metric_samples(metrics)["mmd_last_update_timestamp_seconds"] > first[
+            "mmd_last_update_timestamp_seconds"], 10, "a rewrite")  # fmt: skip
+        alive = metric_samples(metrics)
+        assert alive["mmd_up"] == 1 and alive["mmd_metrics_interval_seconds"] == 0.2
+        assert not stale(alive, time.time()), "a serving daemon is not flagged"
+        workers = worker_pids(proc.proc.pid)
+        proc.proc.kill()
+        proc.proc.wait(timeout=10)
+        time.sleep(12 * 0.2 + 0.5)
+        dead = metric_samples(metrics)
+        assert dead["mmd_up"] == 1, "the file still says up: only its age can tell"
+        assert stale(dead, time.time())
+    finally:
+        proc.stop()
+        for pid in workers:  # orphans of the killed daemon, if they outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_hooks_run_with_the_jobs_facts_and_no_shell(tmp_path):

@@ -310,3 +310,57 @@ def test_the_largest_product_mmd_writes_checks_as_right(tmp_path):
     text = out.read_bytes()
     assert len(text) == len(b"1\n9999989000001.00\n") and text.startswith(b"1\n99999")
     assert textformat.parse_output(text)[0, 0] > 9.99998e12  # mmd check reads it back
+
+
+def wide_input(m: int = 5800, n: int = 5800) -> bytes:
+    """An ``m 1 n`` input: a column times a row, so a 64 KB file whose product is m·n fields (200 MB here)."""
+    return b"%d 1 %d\n" % (m, n) + b"1.250 " * m + b"1.25 " * n
+
+
+def test_the_least_output_a_shape_makes_is_what_the_emitter_writes():
+    least = textformat.output_bytes_at_least
+    for m, n in ((1, 1), (3, 7), (7, 3), (64, 64)):
+        assert least(m, n) == len(textformat.emit(np.zeros((m, n), np.float32)))
+        assert least(m, n) < len(textformat.emit(np.full((m, n), 1000.0, np.float32)))
+    assert least(5800, 5800) == 201_845_805
+    assert least(8192, 8192) == 402_661_381  # 6-byte fields; the course's values take 7 (470 MB)
+
+
+def test_an_output_over_max_output_bytes_is_refused_from_its_header_before_any_work(tmp_path):
+    src = wide_input(20000, 20000)  # 160 KB in, 2.4 GB out
+    result, _, out = job(tmp_path, src)
+    assert not result.ok and result.error.kind == "limit"
+    assert result.error.reason == (
+        "line 1: a 20000x1x20000 product makes an output of at least 2400020006 bytes; "
+        "the limit is 1073741824 (max_output_bytes)"
+    )
+    assert result.error.details == {"line": 1, "output_bytes": 2400020006, "max_output_bytes": 1073741824}
+    assert not out.exists() and result.record.timings_ms.read is None and result.record.timings_ms.kernel is None
+    assert job(tmp_path, wide_input(64, 64), max_output_bytes=None)[0].ok
+
+
+def test_in_class_mode_a_small_input_cannot_make_a_huge_output(tmp_path):
+    """A 64 KB input whose product is 200 MB: at most 16 times its input or 8 MiB in class mode."""
+    src = wide_input()
+    assert len(src) == 63_812
+    state = tmp_path / "state"
+    result, _, out = job(tmp_path, src, class_mode=True, state_dir=str(state))
+    assert not result.ok and result.error.kind == "limit"
+    assert result.error.reason == (
+        "line 1: a 5800x1x5800 product makes an output of at least 201845805 bytes, 3163 times its input's "
+        "63812; in class mode an output may be at most 16 times its input or 8388608 bytes, whichever is larger "
+        "(max_output_ratio, output_ratio_floor_bytes)"
+    )
+    assert result.error.details == {
+        "line": 1,
+        "output_bytes": 201845805,
+        "input_bytes": 63812,
+        "max_output_ratio": 16.0,
+        "output_ratio_floor_bytes": 8388608,
+    }
+    assert not out.exists() and result.record.timings_ms.read is None
+    ratio_1000 = wide_input(2000, 2000)  # 22 KB in, 24 MB out
+    assert job(tmp_path, ratio_1000, name="class.txt", class_mode=True, state_dir=str(state))[0].error.kind == "limit"
+    assert job(tmp_path, ratio_1000, name="personal.txt")[0].ok, "outside class mode only max_output_bytes holds"
+    small = wide_input(1000, 1000)  # 11 KB in, 6 MB out: under the 8 MiB floor
+    assert job(tmp_path, small, name="small.txt", class_mode=True, state_dir=str(state))[0].ok

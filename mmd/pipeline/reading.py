@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import textcore
+from .. import textcore, textformat
 from ..atomic import StreamHash
 from ..config import Settings, physical_memory_bytes
 from ..errors import InputFormatError, LimitError
@@ -57,6 +57,11 @@ class Limits:
     max_dim: int | None = None
     #: A file may take this many bytes per value its header promises, plus :data:`SIZE_SLACK`.
     max_bytes_per_value: int | None = None
+    #: The largest output, at the least its shape makes (:func:`~mmd.textformat.output_bytes_at_least`).
+    max_output_bytes: int | None = None
+    #: An output may be at most this many times its input, or ``output_ratio_floor_bytes`` (class mode only).
+    max_output_ratio: float | None = None
+    output_ratio_floor_bytes: int = 0
 
 
 def limits_for(settings: Settings) -> Limits:
@@ -67,6 +72,11 @@ def limits_for(settings: Settings) -> Limits:
         max_file_bytes=settings.max_file_bytes,
         max_dim=settings.max_dim,
         max_bytes_per_value=settings.max_bytes_per_value,
+        max_output_bytes=settings.max_output_bytes,
+        # A student's output belongs to mmd (no quota of theirs counts it): in a class, a small input may
+        # not make a huge one. One's own box has only the admin's max_output_bytes.
+        max_output_ratio=settings.max_output_ratio if settings.class_mode else None,
+        output_ratio_floor_bytes=settings.output_ratio_floor_bytes,
     )
 
 
@@ -200,8 +210,9 @@ def _read_into(
 
 def check_header(header: Header, data_len: int, limits: Limits) -> None:
     """Refuse, before anything is read or allocated: a product over ``max_dim``; a header the file cannot
-    hold; a file far bigger than its header's values can take; a product the memory limit cannot take;
-    a file bigger than the memory limit where ``max_file_bytes`` is unset."""
+    hold; a file far bigger than its header's values can take; an output over ``max_output_bytes`` or (class
+    mode) ``max_output_ratio``; a product the memory limit cannot take; a file bigger than the memory limit
+    where ``max_file_bytes`` is unset."""
     m, k, n = header.m, header.k, header.n
     if limits.max_dim is not None and max(m, k, n) > limits.max_dim:
         raise LimitError(
@@ -231,6 +242,7 @@ def check_header(header: Header, data_len: int, limits: Limits) -> None:
             f"setting max_bytes_per_value)",
             {"line": header.line, "bytes": data_len, "max_bytes": most, "max_bytes_per_value": per},
         )
+    _check_output(header, data_len, limits)
     need = 4 * (m * k + k * n + m * n) + TEXT_BYTES_PER_OUTPUT * m * n
     if limits.max_memory_bytes is not None and need > limits.max_memory_bytes:
         raise LimitError(
@@ -239,3 +251,30 @@ def check_header(header: Header, data_len: int, limits: Limits) -> None:
             {"line": header.line, "need_bytes": need, "max_memory_bytes": limits.max_memory_bytes},
         )
     _check_size(data_len, limits, explicit=False)  # last: the reasons above say more
+
+
+def _check_output(header: Header, data_len: int, limits: Limits) -> None:
+    """Refuse an output over ``max_output_bytes``, or (class mode) over ``max_output_ratio`` times its
+    input and ``output_ratio_floor_bytes``; judged at the least the header's shape makes."""
+    m, k, n = header.m, header.k, header.n
+    out = textformat.output_bytes_at_least(m, n)
+    makes = f"line {header.line}: a {m}x{k}x{n} product makes an output of at least {out} bytes"
+    if limits.max_output_bytes is not None and out > limits.max_output_bytes:
+        raise LimitError(
+            f"{makes}; the limit is {limits.max_output_bytes} (max_output_bytes)",
+            {"line": header.line, "output_bytes": out, "max_output_bytes": limits.max_output_bytes},
+        )
+    ratio, floor = limits.max_output_ratio, limits.output_ratio_floor_bytes
+    if ratio is not None and out > max(ratio * data_len, floor):
+        raise LimitError(
+            f"{makes}, {out // max(data_len, 1)} times its input's {data_len}; in class mode an output may be at "
+            f"most {ratio:g} times its input or {floor} bytes, whichever is larger "
+            "(max_output_ratio, output_ratio_floor_bytes)",
+            {
+                "line": header.line,
+                "output_bytes": out,
+                "input_bytes": data_len,
+                "max_output_ratio": ratio,
+                "output_ratio_floor_bytes": floor,
+            },
+        )
