@@ -37,7 +37,9 @@ Cases (``--cases``, default all), each a row group of the table printed last:
   before its rename, untimed.
 * **timeout**: a fresh daemon (``job_timeout_s`` as shipped); the RSS of it
   and all its descendants after one small warm-up job; then ``--timeouts``
-  copies of the ``--timeout-size`` input named ``t{i}@timeout=0.1.txt``,
+  copies of the ``--timeout-size`` input named ``t{i}@timeout=1.txt`` (a name
+  may not go below ``min_name_timeout_s``, 1 s: on a GPU give a size that
+  takes longer, ``--timeout-size 16384``),
   one after another, each until its ``.error.yaml`` (which must say
   ``timeout``: the count is reported); RSS again (2 s settle); then a 32×32
   and a ``--timeout-size`` job dropped normally (rename → sidecar), and RSS
@@ -75,7 +77,7 @@ CASES = ("burst", "drops", "backlog", "big", "timeout")
 #: What marks a job done in the outbox: its timing sidecar (committed last), or its error sidecar.
 DONE, FAILED = ".timing.yaml", ".error.yaml"
 #: The per-job time limit the timeout case puts in the names.
-TIMEOUT_NAME = "@timeout=0.1"
+TIMEOUT_NAME = "@timeout=1"
 
 
 # -- waiting, always with a limit and a name -------------------------------------------------
