@@ -37,6 +37,19 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.jobs = Counter("mmd_jobs", "Jobs finished, by status and kernel", ["status", "kernel"], registry=r)
         self.errors = Counter("mmd_job_errors", "Refused jobs, by kind of refusal", ["kind"], registry=r)
+        # A class's jobs by who dropped them (a login: as many series as students), and the time each used.
+        self.submitted = Counter(
+            "mmd_submitter_jobs",
+            "Jobs finished, by submitter (the input's owner) and status",
+            ["submitter", "status"],
+            registry=r,
+        )
+        self.used = Counter(
+            "mmd_submitter_seconds",
+            "Claim to commit (overall) of finished jobs, by submitter",
+            ["submitter"],
+            registry=r,
+        )
         self.duration = Histogram(
             "mmd_job_duration_seconds", "Claim to committed output (overall)", buckets=DURATION_BUCKETS, registry=r
         )
@@ -70,8 +83,13 @@ class Metrics:
             self.jobs.labels("error", kernel).inc()
             self.errors.labels(rec.error.kind).inc()
         self.bytes_in.inc(rec.input.bytes or 0)
+        submitter = rec.context.submitter
+        if submitter is not None:
+            self.submitted.labels(submitter, "ok" if isinstance(rec, TimingRecord) else "error").inc()
         if rec.timings_ms.overall is not None:
             self.duration.observe(rec.timings_ms.overall / 1e3)
+            if submitter is not None:
+                self.used.labels(submitter).inc(rec.timings_ms.overall / 1e3)
         if isinstance(rec, ErrorRecord):
             return
         for phase in TIMING_KEYS:

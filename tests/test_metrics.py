@@ -63,3 +63,18 @@ def test_an_error_record_without_settings_counts_with_no_kernel():
     m = Metrics(Path("/nonexistent/never-written"), 5.0)
     m.job_ended(rec)
     assert samples(m.text())[("mmd_job_errors_total", (("kind", "spool"),))] == 1
+
+
+def test_a_class_jobs_and_time_are_counted_by_submitter():
+    import dataclasses
+
+    m = Metrics(None, 5.0)
+    alice = record.Context(submitter="alice")
+    m.job_ended(dataclasses.replace(timing(), context=alice))
+    m.job_ended(dataclasses.replace(refusal(), context=alice))
+    m.job_ended(timing())  # no submitter (mmd run, Slurm): not counted by one
+    got = samples(m.text())
+    assert got[("mmd_submitter_jobs_total", (("status", "ok"), ("submitter", "alice")))] == 1
+    assert got[("mmd_submitter_jobs_total", (("status", "error"), ("submitter", "alice")))] == 1
+    assert got[("mmd_submitter_seconds_total", (("submitter", "alice"),))] > 0
+    assert len([k for k in got if k[0] == "mmd_submitter_jobs_total"]) == 2
