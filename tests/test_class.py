@@ -342,3 +342,22 @@ def test_a_small_input_that_would_make_a_huge_output_is_refused_unread(box, stud
     assert sidecar["timings_ms"]["read"] is None and sidecar["timings_ms"]["kernel"] is None
     assert not (box.outbox / alice.login / "wide.out").exists()
     assert yaml.safe_load((box.outbox / alice.login / "fine.timing.yaml").read_text())["status"] == "ok"
+
+
+def test_a_flood_from_one_student_delays_another_by_about_a_group_of_jobs(box, students):
+    """Mallory's 400 small files wait before Alice's one (they are older): fair share by use gives Alice's
+    the next place once Mallory's first jobs are charged, not the last (it was 401st)."""
+    alice, mallory = students
+    mallory.run('i=0; while [ $i -lt 400 ]; do printf "%s" "$2" > "$1/m$i.txt"; i=$((i+1)); done',
+                str(box.inbox), small_input(14))  # fmt: skip
+    time.sleep(0.02)  # a later mtime: the inbox's scan puts it last
+    alice.drop(box.inbox, "mine.txt", small_input(15))
+    assert serve_once(class_settings(box)) == 0
+    finished = {
+        p.name: yaml.safe_load(p.read_text())["finished_at"]
+        for who in (alice, mallory)
+        for p in (box.outbox / who.login).glob("*.timing.yaml")
+    }
+    assert len(finished) == 401
+    before = sum(1 for name, at in finished.items() if name != "mine.timing.yaml" and at < finished["mine.timing.yaml"])
+    assert before <= 4 * 16, f"{before} of the flood's jobs went before alice's"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -137,3 +138,68 @@ def test_assignments_keep_the_rules(sizes, loads):
     if s.waiting:
         after = {load.worker: load.in_hand + sum(1 for w, _ in out if w == load.worker) for load in start}
         assert all(n > 0 for n in after.values()), "a job waits while a worker is idle"
+
+
+def test_a_flood_delays_another_submitters_job_by_about_one_job():
+    """Mallory's 2,000 small jobs came first; Alice's one comes after. Once one of Mallory's has been charged,
+    Alice's is the next given out, ahead of the rest of the flood."""
+    s = Scheduler(max_queue=10_000, max_group=1)
+    for i in range(2000):
+        s.offer(f"m{i:04d}", SMALL, "mallory")
+    assert names(s.assign([Load(0, 0)], now=0.0)) == [(0, "m0000")]
+    s.offer("alice.txt", SMALL, "alice")
+    s.ended("m0000")
+    s.charge("mallory", 0.002, now=0.01)
+    assert names(s.assign([Load(0, 0)], now=0.01)) == [(0, "alice.txt")]
+    assert [i.name for i in s.queued(now=0.01)][:1] == ["m0001"]
+
+
+def test_the_least_used_submitter_goes_first_and_use_is_forgotten_over_time():
+    from mmd.daemon.scheduler import USE_HALF_LIFE_S
+
+    s = Scheduler(max_queue=100, max_group=1)
+    s.charge("bob", 10.0, now=0.0)  # bob ran a long job
+    s.charge("alice", 1.0, now=0.0)
+    s.offer("b1", SMALL, "bob")
+    s.offer("a1", SMALL, "alice")
+    assert [i.name for i in s.queued(now=0.0)] == ["a1", "b1"]
+    assert names(s.assign([Load(0, 0)], now=0.0)) == [(0, "a1")]
+    s.ended("a1")
+    s.charge("alice", 20.0, now=1.0)  # now alice has used more
+    assert names(s.assign([Load(0, 0)], now=1.0)) == [(0, "b1")]
+    assert s.usage.of("bob", 3 * USE_HALF_LIFE_S) == pytest.approx(10.0 / 8)
+
+
+def test_without_submitters_names_go_in_arrival_order():
+    s = Scheduler(max_queue=100, max_group=1)
+    for n in ("c", "a", "b"):
+        s.offer(n, SMALL)
+    out = []
+    for _ in range(3):
+        [(_, item)] = s.assign([Load(0, 0)])
+        out.append(item.name)
+        s.ended(item.name)
+        s.charge(None, 1.0, now=0.0)
+    assert out == ["c", "a", "b"]
+
+
+def test_a_big_job_without_an_idle_worker_holds_back_no_one_elses_small_jobs():
+    """Bob's big job is next by share, but both workers hold small jobs: one is left to drain for it (given
+    nothing new), the other goes on with Alice's small ones; once the drained one is idle the big job has it."""
+    s = Scheduler(max_queue=100)
+    s.offer("big", BIG, "bob")
+    for i in range(4):
+        s.offer(f"a{i}", SMALL, "alice")
+    s.charge("alice", 1.0, now=0.0)
+    busy = [Load(0, 2), Load(1, 3)]
+    out = s.assign(busy, now=0.0)
+    assert {w for w, _ in out} == {1} and [i.name for _, i in out] == ["a0", "a1", "a2", "a3"]
+    assert names(s.assign([Load(0, 0), Load(1, 7)], now=0.0)) == [(0, "big")]
+
+
+def test_one_worker_and_a_big_job_next_waits_for_it_in_order():
+    s = Scheduler(max_queue=100)
+    s.offer("big", BIG, "bob")
+    s.offer("a0", SMALL, "bob")
+    assert s.assign([Load(0, 2)], now=0.0) == []
+    assert names(s.assign([Load(0, 0)], now=0.0)) == [(0, "big")]

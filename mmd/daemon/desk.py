@@ -119,7 +119,7 @@ class Desk:
                                    phase=running.phase, claimed=True))  # fmt: skip
                 else:
                     out.append(Job("starting", name, owner, job_id, worker=w.index, claimed=isinstance(order, Resume)))
-        for position, item in enumerate(self.scheduler.queued(), 1):
+        for position, item in enumerate(self.scheduler.queued(time.monotonic()), 1):
             owner = item.claim.owner if item.claim is not None else self._inbox_owner(item.name)
             claimed = item.claim.job_id if item.claim is not None else None
             out.append(Job("queued", item.name, owner, claimed, position=position, claimed=item.claim is not None))

@@ -47,6 +47,7 @@ from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
 from ..spool import Claim, Readiness, Spool, shown, state_name
+from ..submitters import login_of
 from . import common, pool
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS, now_iso
 from .control import Running
@@ -133,6 +134,11 @@ class Daemon:
         #: What the control socket's askers are answered (their own jobs).
         self.desk = Desk(self.spool, self.scheduler, self.workers, self, graders_gids(settings))
 
+    def _charge(self, rec: record.Record) -> None:
+        """Count a finished job's time toward its submitter's share (the scheduler's fair share)."""
+        if rec.timings_ms.overall is not None:
+            self.scheduler.charge(rec.context.submitter, rec.timings_ms.overall / 1e3, time.monotonic())
+
     def _adopt_inbox_folders(self) -> None:
         """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox (once no such
         daemon runs: its lock is in the inbox)."""
@@ -204,7 +210,7 @@ class Daemon:
     def _dispatch(self) -> None:
         if self.paused() or self._stopping is not None:
             return
-        for index, item in self.scheduler.assign(self.workers.loads()):
+        for index, item in self.scheduler.assign(self.workers.loads(), time.monotonic()):
             seq = self.workers.handles[index].next_seq()
             order: Run | Resume
             if item.claim is not None:
@@ -226,6 +232,7 @@ class Daemon:
             self.state.finished(event.entry, worker=w.index)
             if event.record is not None:
                 self.metrics.job_ended(event.record)
+                self._charge(event.record)
             if event.memory_used is not None:
                 self.metrics.gpu_memory.labels(str(event.memory_used[0])).set(event.memory_used[1])
             self.hooks.ended(event.end)
@@ -341,6 +348,7 @@ class Daemon:
         job = describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
                        job_id=claim.job_id, started=claim.started, context=context)  # fmt: skip
         result = refuse(job, error, {"overall": overall_ms}, ops=self.ops)
+        self._charge(result.record)
         try:
             self.spool.archive(claim, False)
         except MmdError as exc:
@@ -378,7 +386,7 @@ class Daemon:
         if self.paused():
             return  # it stays in the inbox; the rescan after the pause takes it
         full = self.scheduler.backlog
-        self.scheduler.offer(name, cand.size)
+        self.scheduler.offer(name, cand.size, _submitter(cand.owner))
         if self.scheduler.backlog and not full:
             self.log.warning(
                 "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
@@ -392,7 +400,7 @@ class Daemon:
             if self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
                 self._readiness.forget(cand.name)
                 if not self.paused():
-                    self.scheduler.offer(cand.name, cand.size)
+                    self.scheduler.offer(cand.name, cand.size, _submitter(cand.owner))
         known = {c.name for c in found}
         for name in self._readiness.pending:
             if name not in known:
@@ -678,3 +686,8 @@ class Daemon:
             self._show_current()
             self.state.write()
             self._write_metrics()
+
+
+def _submitter(owner: int | None) -> str | None:
+    """The scheduler's name for who dropped a file (its owner's login)."""
+    return None if owner is None else login_of(owner)

@@ -26,6 +26,8 @@ class Candidate:
     name: str
     size: int
     mtime_ns: int
+    #: Its owner's uid: who dropped it.
+    owner: int | None = None
 
 
 def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
@@ -46,7 +48,7 @@ def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candi
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # claimed or removed meanwhile
-                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns))
+                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns, info.st_uid))
     except FileNotFoundError:
         return []
     found.sort(key=lambda c: (c.mtime_ns, c.name))
@@ -61,7 +63,7 @@ def stat_entry(inbox: Path, name: str) -> Candidate | None:
         return None
     if stat.S_ISDIR(info.st_mode):
         return None
-    return Candidate(name, info.st_size, info.st_mtime_ns)
+    return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid)
 
 
 #: How long a file seen being written (a write, no close yet) must stay unchanged before it is taken without its
