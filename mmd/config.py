@@ -118,6 +118,14 @@ class Settings:
     #: is larger: every course size passes, a 66 KB `6000 1 6000` (216 MB out) does not. None: no such bound
     max_output_ratio: float | None = 16.0
     output_ratio_floor_bytes: int = 8 << 20  # class_mode: an output this small is never refused for its ratio
+    #: class_mode: the most one student's outputs may take in the outbox (four of the course's 8192 outputs);
+    #: a job that would pass it is refused, and `mmd rm` or retention makes room. null: no quota
+    max_submitter_bytes: int | None = 2 << 30
+    #: free space the daemon keeps on the outbox's disk for everyone: a job whose output would eat into it
+    #: is refused. null: none
+    min_free_bytes: int | None = 256 << 20
+    #: outputs, sidecars and archived inputs older than this are removed (hourly); null: kept for ever
+    retention_days: float | None = None
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
@@ -333,12 +341,15 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {at(name)} must be positive")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
-    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes"):
+    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",
+                 "max_submitter_bytes", "retention_days"):  # fmt: skip
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive or null")
     if s.max_output_ratio is not None and s.max_output_ratio <= 0:
         raise ConfigError(f"{origin}: {at('max_output_ratio')} must be positive or null")
+    if s.min_free_bytes is not None and s.min_free_bytes < 0:
+        raise ConfigError(f"{origin}: {at('min_free_bytes')} must not be negative")
     if s.output_ratio_floor_bytes < 0:
         raise ConfigError(f"{origin}: {at('output_ratio_floor_bytes')} must not be negative")
     if s.max_queue <= 0:

@@ -361,3 +361,49 @@ def test_a_flood_from_one_student_delays_another_by_about_a_group_of_jobs(box, s
     assert len(finished) == 401
     before = sum(1 for name, at in finished.items() if name != "mine.timing.yaml" and at < finished["mine.timing.yaml"])
     assert before <= 4 * 16, f"{before} of the flood's jobs went before alice's"
+
+
+def test_a_full_quota_refuses_that_students_next_job_only_until_they_make_room(box, students):
+    """max_submitter_bytes: Alice's outputs fill hers, so her next job is refused before any work with how to
+    make room; Bob's goes on; once she removes an output, hers runs again."""
+    alice, bob = students
+    settings = class_settings(box, max_submitter_bytes=12_000)
+    alice.drop(box.inbox, "a1.txt", small_input(16, n=40))  # a 40x40 output: ~9.7 KB with its sidecar
+    assert serve_once(settings) == 0
+    alice.drop(box.inbox, "a2.txt", small_input(17, n=40))
+    bob.drop(box.inbox, "b1.txt", small_input(18, n=40))
+    assert serve_once(settings) == 0
+    error = yaml.safe_load((box.outbox / alice.login / "a2.error.yaml").read_text())["error"]
+    assert error["kind"] == "limit" and error["setting"] == "max_submitter_bytes" and "mmd rm" in error["reason"]
+    assert (box.outbox / bob.login / "b1.out").exists()
+    for name in ("a1.out", "a1.timing.yaml", "a2.error.yaml"):
+        (box.outbox / alice.login / name).unlink()
+    alice.drop(box.inbox, "a3.txt", small_input(19, n=40))
+    assert serve_once(settings) == 0
+    assert (box.outbox / alice.login / "a3.out").exists()
+
+
+def test_the_disk_reserve_is_kept_for_everyone(tmp_path):
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    outbox.mkdir()
+    (inbox / "m.txt").write_text(small_input(20))
+    settings = config.Settings(inbox=inbox, outbox=outbox, backend="cpu", min_free_bytes=1 << 62)
+    assert serve_once(settings) == 0
+    error = yaml.safe_load((outbox / "m.error.yaml").read_text())["error"]
+    assert error["kind"] == "limit" and error["setting"] == "min_free_bytes" and "for everyone" in error["reason"]
+    assert not (outbox / "m.out").exists()
+
+
+def test_retention_removes_what_is_older_than_its_days_and_nothing_newer(box, students):
+    alice, _ = students
+    alice.drop(box.inbox, "old.txt", small_input(21))
+    assert serve_once(class_settings(box)) == 0
+    two_days_ago = time.time() - 2 * 86400
+    aged = [*(box.outbox / alice.login).iterdir(), box.state / ".done" / "old.txt"]
+    for path in aged:
+        os.utime(path, (two_days_ago, two_days_ago))
+    alice.drop(box.inbox, "new.txt", small_input(22))
+    assert serve_once(class_settings(box, retention_days=1.0)) == 0
+    assert sorted(os.listdir(box.outbox / alice.login)) == ["new.out", "new.timing.yaml"]
+    assert os.listdir(box.state / ".done") == ["new.txt"]

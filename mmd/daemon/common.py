@@ -22,6 +22,8 @@ MAX_OUTPUT_ATTEMPTS = 3
 #: While serving, the outbox is listed for stale reservations at most this often (seconds), at a
 #: rescan: a listing of a big outbox is not free (about 0.1 s per 100,000 files).
 RESERVATION_SWEEP_SECONDS = 60.0
+#: How often the outbox and the archives are walked for what is older than ``retention_days``.
+RETENTION_SWEEP_S = 3600.0
 #: Bits the daemon always masks from the files and folders it creates: no group or
 #: world write, whatever umask it was started with (the unit sets 0027).
 UMASK_BITS = 0o022

@@ -117,6 +117,7 @@ class Daemon:
         #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
         self._output_failures = 0
         self._swept = 0.0  # monotonic: the last full sweep of the outbox's reservations
+        self._kept = float("-inf")  # monotonic: the last retention sweep
         self._readiness = Readiness(settings.quiet_seconds)
         self._stopping: str | None = None  # the signal that asked for a stop
         self._stop_requests = 0
@@ -435,6 +436,12 @@ class Daemon:
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
             for path in self.spool.sweep_uploads(self.settings.upload_max_age_s):
                 self.log.info("removed an upload nobody finished", file=shown(path.name))
+        if self.settings.retention_days is not None and now - self._kept >= common.RETENTION_SWEEP_S:
+            self._kept = now
+            old = self.spool.sweep_old(self.settings.retention_days * 86400)
+            if old:
+                self.log.info("removed what is older than retention_days", files=len(old),
+                              retention_days=self.settings.retention_days)  # fmt: skip
 
     def _check_inbox(self) -> None:
         """Follow the inbox being deleted (wait) and recreated (serve the new folder)."""

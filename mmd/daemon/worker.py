@@ -29,10 +29,13 @@ business: a worker ignores them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
+import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -48,9 +51,9 @@ from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputErr
 from ..hooks import JobEnd
 from ..job import Job, describe
 from ..logs import configure, get_logger
-from ..pipeline import JobResult, refuse, run_job
+from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context
-from ..spool import Attempts, Claim, Spool, shown
+from ..spool import Attempts, Claim, Spool, entries, shown
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
 from .control import Control
 from .messages import (
@@ -68,6 +71,9 @@ from .messages import (
     StartFailed,
     WorkerSpec,
 )
+
+#: How long a submitter's usage, once listed, stands for (class mode's quota; a few jobs may overshoot it).
+USAGE_TTL_S = 1.0
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
 Reporter = Callable[[Event], None]
@@ -116,6 +122,7 @@ class Runner:
         self.workers = workers
         self.backends = BackendPool(device)
         self._pending: list[_Pending] = []
+        self._usage: dict[Path, tuple[int, float]] = {}  # a submitter's folder: (bytes, when looked)
 
     # -- backends --
     def backend(self, settings: Settings) -> Backend:
@@ -241,7 +248,8 @@ class Runner:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
         staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
-        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged)
+        room = self._room(claim, job.settings) if refusal is None else None
+        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room)
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
@@ -253,6 +261,40 @@ class Runner:
                 self.flush()
             return
         self._conclude(seq, claim, result, log)
+
+    def _room(self, claim: Claim, settings: Settings) -> Room | None:
+        """What the job's output may take now: the disk's free space less the reserve kept for everyone, and in
+        class mode the submitter's quota less what their outputs take (None: no bound)."""
+        folder = claim.output.parent
+        rooms = []
+        if settings.min_free_bytes is not None:
+            with contextlib.suppress(OSError):  # no answer: no bound from it (the write will say)
+                st = os.statvfs(folder if folder.exists() else self.spool.outbox)
+                free = st.f_bavail * st.f_frsize
+                rooms.append(Room(free - settings.min_free_bytes,
+                                  f"the outbox's disk has {free} bytes free and keeps {settings.min_free_bytes} "
+                                  f"for everyone (min_free_bytes)", "min_free_bytes"))  # fmt: skip
+        if settings.class_mode and settings.max_submitter_bytes is not None and folder != self.spool.outbox:
+            most, used = settings.max_submitter_bytes, self._used(folder)
+            rooms.append(Room(most - used, f"your outputs take {used} of your {most} bytes (max_submitter_bytes); "
+                              f"remove some with mmd rm", "max_submitter_bytes"))  # fmt: skip
+        return min(rooms, key=lambda r: r.bytes) if rooms else None
+
+    def _used(self, folder: Path) -> int:
+        """The bytes of the files in ``folder``, looked at most once a second (a flood of small jobs would
+        list it once each)."""
+        now = time.monotonic()
+        known = self._usage.get(folder)
+        if known is not None and now - known[1] < USAGE_TTL_S:
+            return known[0]
+        total = 0
+        for entry in entries(folder):
+            with contextlib.suppress(OSError):
+                info = entry.lstat()
+                if stat.S_ISREG(info.st_mode):
+                    total += info.st_size
+        self._usage[folder] = (total, now)
+        return total
 
     def flush(self) -> None:
         """Publish the jobs waiting for a group commit together, then conclude each."""

@@ -7,7 +7,7 @@
 """
 
 from .driver import BackendFor, JobResult, refuse, run_job
-from .reading import Limits, check_header, limits_for, read_header, read_input
+from .reading import Limits, Room, check_header, limits_for, read_header, read_input
 from .refusal import Refusal
 from .watch import PHASES, PhaseHook
 
@@ -18,6 +18,7 @@ __all__ = [
     "PhaseHook",
     "Limits",
     "Refusal",
+    "Room",
     "check_header",
     "limits_for",
     "read_header",

@@ -10,6 +10,7 @@ the output path, and nothing is written to the output path itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from ..fileops import OPS, FileOps
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
-from .reading import check_header, limits_for, read_header, read_input
+from .reading import Room, check_header, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
 from .watch import PhaseHook, ignore_phase
@@ -68,6 +69,7 @@ def run_job(
     *,
     ops: FileOps = OPS,
     staged: Staged | None = None,
+    room: Room | None = None,
 ) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
@@ -75,7 +77,8 @@ def run_job(
     ``ops`` does the commits' file operations (the daemon passes its spool's).
     ``staged``: write the output and sidecar (or the error sidecar) there and
     leave their publishing to the caller (a worker's group commit); the
-    result then says what the job will be once published.
+    result then says what the job will be once published. ``room``: the
+    most its output may take now (the daemon's quota and disk reserve).
     """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
@@ -85,7 +88,7 @@ def run_job(
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, on_phase, ops, staged)
+        return _run(job, backend, timings, facts, log, on_phase, ops, staged, room)
     except MmdError as exc:
         return _refuse(job, exc, timings, facts, log, ops, staged)
 
@@ -123,9 +126,10 @@ def _run(
     on_phase: PhaseHook,
     ops: FileOps,
     staged: Staged | None,
+    room: Room | None,
 ) -> JobResult:
     settings, request = job.settings, job.request
-    limits = limits_for(settings)
+    limits = dataclasses.replace(limits_for(settings), room=room)
     path = choose(backend, request)
 
     on_phase("read")

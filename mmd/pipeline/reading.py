@@ -62,6 +62,17 @@ class Limits:
     #: An output may be at most this many times its input, or ``output_ratio_floor_bytes`` (class mode only).
     max_output_ratio: float | None = None
     output_ratio_floor_bytes: int = 0
+    #: The room left for this job's output (a submitter's quota, the disk's reserve), and why it is so small.
+    room: Room | None = None
+
+
+@dataclass(frozen=True)
+class Room:
+    """How many bytes a job's output may take now, and the sentence that says what bounds it."""
+
+    bytes: int
+    why: str
+    setting: str
 
 
 def limits_for(settings: Settings) -> Limits:
@@ -263,6 +274,12 @@ def _check_output(header: Header, data_len: int, limits: Limits) -> None:
         raise LimitError(
             f"{makes}; the limit is {limits.max_output_bytes} (max_output_bytes)",
             {"line": header.line, "output_bytes": out, "max_output_bytes": limits.max_output_bytes},
+        )
+    room = limits.room
+    if room is not None and out > room.bytes:
+        raise LimitError(
+            f"{makes}; {room.why}",
+            {"line": header.line, "output_bytes": out, "room_bytes": max(room.bytes, 0), "setting": room.setting},
         )
     ratio, floor = limits.max_output_ratio, limits.output_ratio_floor_bytes
     if ratio is not None and out > max(ratio * data_len, floor):

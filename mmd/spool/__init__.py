@@ -50,7 +50,7 @@ from ..fileops import OPS, FileOps
 from .archive import Archive
 from .attempts import AttemptLog, Attempts, HeldJob, held_jobs, read_attempts
 from .claims import Claim, Claims, InHand, finished, owned_by
-from .common import Shared
+from .common import Shared, entries
 from .names import (
     ATTEMPTS_NAME,
     CLAIM_SUFFIX,
@@ -104,6 +104,7 @@ __all__ = [
     "Readiness",
     "Spool",
     "claim_path",
+    "entries",
     "entry_problem",
     "writable_problem",
     "held_jobs",
@@ -323,6 +324,10 @@ class Spool:
         return self._archive.archive(claim, ok)
 
     # -- housekeeping --
+    def sweep_old(self, max_age_s: float) -> list[Path]:
+        """Remove outputs, sidecars and archived inputs older than ``max_age_s`` (retention)."""
+        return self._archive.sweep_old(max_age_s)
+
     def sweep_uploads(self, max_age_s: float) -> list[Path]:
         """Remove the inbox's unfinished uploads (``.part``, ``.tmp``, ``~``) untouched for ``max_age_s``."""
         return self._archive.sweep_uploads(max_age_s)

@@ -111,6 +111,33 @@ class Archive:
                         removed.append(path)
         return removed
 
+    def sweep_old(self, max_age_s: float, now: float | None = None) -> list[Path]:
+        """Remove what mmd wrote and archived that is older than ``max_age_s`` (``retention_days``): outputs
+        and sidecars in every output folder, inputs in ``.done`` and ``.failed``; returns those removed.
+
+        Only regular files whose names are not hidden (a reservation or a
+        temporary is in use), and in the output folders only mmd's own; folders
+        stay. Judged by mtime: a committed file is never written again (an
+        archived input keeps its submitter's mtime: the age of the drop).
+        """
+        now = time.time() if now is None else now
+        shared = self.shared
+        removed = []
+        archives = (shared.done, shared.failed)
+        for folder in (*shared.output_folders(), *archives):
+            for path in entries(folder):
+                if path.name.startswith("."):
+                    continue
+                try:
+                    info = os.lstat(path)
+                    ours = folder in archives or info.st_uid == os.geteuid()
+                    if stat.S_ISREG(info.st_mode) and ours and now - info.st_mtime > max_age_s:
+                        shared.ops.unlink(path)
+                        removed.append(path)
+                except OSError:
+                    continue
+        return removed
+
     def sweep_uploads(self, max_age_s: float, now: float | None = None) -> list[Path]:
         """Remove the inbox's unfinished uploads (a name ending ``.part``, ``.tmp`` or ``~``, hidden or not)
         whose mtime is older than ``max_age_s``; returns those removed.
