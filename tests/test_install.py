@@ -315,3 +315,25 @@ def test_a_second_run_keeps_the_admins_config_and_says_so(box: Path, names: Name
     assert f"# {box}/etc/mmd/mmd.yaml exists: kept as it is" in again.stdout
     assert not [line for line in lines if line.startswith(("useradd", "groupadd"))], "they exist now"
     assert f"install -d -o {names.user} -g {names.group} -m 3730 {box}/srv/mmd/inbox" in lines, "modes mended"
+
+
+def test_from_a_copy_that_is_no_clone_the_same_files_are_copied(tmp_path: Path) -> None:
+    source = tmp_path / "copy"
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so", ".*cache")
+    shutil.copytree(ROOT, source, ignore=ignore, symlinks=True)
+    for junk in (".venv/bin/python", "mmd/__pycache__/x.pyc", "mmd/_x.so", "build/lib/x", "inbox/hw1.txt"):
+        (source / junk).parent.mkdir(parents=True, exist_ok=True)
+        (source / junk).write_text("junk\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    planned = install_sh("--dry-run", "--source", str(source), "--root", str(root), "--no-cuda")
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert lines[1].startswith(f"(cd {source} && find "), "no git: the script's own list"
+    for line in lines[:4]:  # make the release folder, list, copy, chmod: the dry run's lines, run as printed
+        subprocess.run(["sh", "-ec", line], check=True)
+    (src,) = (root / "opt/mmd/releases").glob("*/src")
+    assert (src / "pyproject.toml").is_file() and (src / "kernels/tiled.cu").is_file()
+    assert (src / "mmd/data/kernels").is_symlink()
+    for left_out in (".venv", "build", "inbox", "tests", "mmd/__pycache__", "mmd/_x.so"):
+        assert not (src / left_out).exists(), left_out
