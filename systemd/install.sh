@@ -1,39 +1,193 @@
 #!/bin/sh
-# Install mmd as a systemd service: systemd/install.sh [VENV] [SOURCE]   (as root; `make install-service`)
+# Set up a class box in one command (as root; `make install-service`):
 #
-#   VENV    where mmd is installed, not editable (default /opt/mmd/venv)
-#   SOURCE  the clone it is installed from (default: this script's repository)
+#   systemd/install.sh [--dry-run] [--graders GROUP] [--no-cuda] [--source DIR]
+#                      [--root DIR] [--user NAME] [--group NAME]
 #
-# Idempotent: run it again to upgrade mmd in place (then `systemctl restart mmd`).
+#   --dry-run        print every action, one shell line each, exactly as it would run; change nothing
+#   --graders GROUP  the group that reads every student's outputs: made when missing, and
+#                    graders_group in a new config
+#   --no-cuda        install without pycuda (the cpu backend); the default adds it where nvcc is found
+#   --source DIR     the clone to install (default: this script's repository)
+#   --root DIR       install under DIR instead of / (like DESTDIR: the config and the unit still name
+#                    /srv/mmd and /opt/mmd; users and groups are still made on this host). For tests and images.
+#   --user NAME      the service user (default mmd)
+#   --group NAME     the group of the people who may drop files (default mmd-spool)
+#
+#   PYTHON (environment): the interpreter the venv is made from (default python3); it must live
+#   outside /home and /root, which the unit hides (ProtectHome=yes).
+#
+# What it makes (docs/operations.md, "Checklist"): the user and groups; /opt/mmd/releases/STAMP with
+# the files the service needs (src) and a venv with mmd installed from them (not editable);
+# /opt/mmd/current -> that release, /opt/mmd/venv and /opt/mmd/src through it; the spool folders;
+# /etc/mmd/mmd.yaml for a class box (only when there is none); the unit. The release is built first,
+# and only when it is whole is anything else touched: a failed build (pycuda, say) leaves the host
+# as it was, the previous release serving. Run it again to upgrade, then `systemctl restart mmd`.
+# POSIX ACLs are not set here: the daemon sets the ones it needs at every start (mmd/acl.py).
 set -eu
-venv=${1:-/opt/mmd/venv}
-src=$(cd "${2:-$(dirname "$0")/..}" && pwd)
-[ "$(id -u)" = 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
+# What it makes is read by the service user, whatever the admin's own umask.
+umask 022
 
-# The source the unit's Documentation= names, and the venv with a plain (non-editable) install.
-install -d -m 0755 /opt/mmd
-[ "$src" = /opt/mmd/src ] || { rm -rf /opt/mmd/src; cp -a "$src" /opt/mmd/src; rm -rf /opt/mmd/src/.venv; }
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade pip
-extra=""
-command -v nvcc >/dev/null 2>&1 && extra="[cuda]"   # pycuda builds against the CUDA toolkit
-"$venv/bin/pip" install -q "/opt/mmd/src$extra"
+usage() {
+    sed -n '3,/ProtectHome/s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+}
+die() {
+    echo "install.sh: $*" >&2
+    exit 1
+}
 
-# The user, its group (the people who may drop files) and the spool.
-getent group mmd-spool >/dev/null || groupadd --system mmd-spool
-id -u mmd >/dev/null 2>&1 || useradd --system --gid mmd-spool --home-dir /var/lib/mmd --shell /usr/sbin/nologin mmd
-! getent group video >/dev/null || usermod -aG video mmd
-install -d -o mmd -g mmd-spool -m 3730 /srv/mmd/inbox    # setgid + sticky, no read: users drop, never list; only mmd moves
-install -d -o mmd -g mmd-spool -m 2750 /srv/mmd/outbox   # users read results
-install -d -o mmd -g mmd-spool -m 0700 /srv/mmd/state    # the lock, the state, claimed and archived jobs: mmd's alone
-install -d -o root -g mmd-spool -m 0750 /etc/mmd
-if [ ! -e /etc/mmd/mmd.yaml ]; then
-    printf 'inbox: /srv/mmd/inbox\noutbox: /srv/mmd/outbox\nstate_dir: /srv/mmd/state\nclass_mode: true\nbackend: auto\n' \
-        > /etc/mmd/mmd.yaml
-    chgrp mmd-spool /etc/mmd/mmd.yaml && chmod 0640 /etc/mmd/mmd.yaml
+dry=false cuda=auto graders="" root="" user=mmd group=mmd-spool
+src=$(dirname "$0")/..
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dry-run) dry=true ;;
+        --no-cuda) cuda=no ;;
+        --graders) [ $# -ge 2 ] || usage; graders=$2; shift ;;
+        --source) [ $# -ge 2 ] || usage; src=$2; shift ;;
+        --root) [ $# -ge 2 ] || usage; root=$2; shift ;;
+        --user) [ $# -ge 2 ] || usage; user=$2; shift ;;
+        --group) [ $# -ge 2 ] || usage; group=$2; shift ;;
+        *) usage ;;
+    esac
+    shift
+done
+src=$(cd "$src" && pwd) || die "no source folder $src"
+[ -f "$src/pyproject.toml" ] || die "$src is not a clone of mmd (no pyproject.toml)"
+# "/" and "" are the same root; every path below is "$root/..." so that a test can use a folder.
+[ "$root" != / ] || root=""
+[ -z "$root" ] || root=$(cd "$root" 2>/dev/null && pwd) || die "no root folder $root"
+$dry || [ "$(id -u)" = 0 ] || die "run as root (--dry-run shows what it would do)"
+
+# q WORD: WORD as the shell reads it back (quoted only where it needs to be).
+q() {
+    case $1 in
+        '' | *[!A-Za-z0-9_./:=+@%,-]*) printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")" ;;
+        *) printf '%s' "$1" ;;
+    esac
+}
+# act LINE: every change is one shell line, printed by --dry-run and otherwise run as printed,
+# so the dry run is the script of what would happen.
+act() {
+    if $dry; then printf '%s\n' "$1"; else eval "$1"; fi
+}
+# note TEXT: a message for the admin; a comment in the dry run, so its output stays a script.
+note() {
+    printf '# %s\n' "$*"
+}
+
+opt=$root/opt/mmd
+python=${PYTHON:-python3}
+# What the service needs from the clone (the package, the kernels and config the wheel carries,
+# the unit, the docs the unit names); not .git, a venv, inbox/outbox data, tests or build outputs.
+needed="pyproject.toml setup.py README.md LICENSE mmd kernels config systemd docs"
+if [ "$cuda" = auto ]; then
+    if command -v nvcc >/dev/null 2>&1; then cuda=yes; else cuda=no; fi # pycuda builds against the CUDA toolkit
+fi
+if [ "$cuda" = yes ]; then
+    # The cuda extra's requirement, from its one home, installed in a step of its own so that
+    # its failure is told apart from mmd's.
+    pycuda=$(sed -n 's/^cuda = \["\([^"]*\)"\]$/\1/p' "$src/pyproject.toml")
+    [ -n "$pycuda" ] || die "no 'cuda = [...]' extra in $src/pyproject.toml"
 fi
 
-# The unit; systemd makes /var/lib/mmd and /var/cache/mmd (StateDirectory=, CacheDirectory=).
-install -m 0644 /opt/mmd/src/systemd/mmd.service /etc/systemd/system/mmd.service
-systemctl daemon-reload
-echo "installed mmd $("$venv/bin/mmd" --version) in $venv; start it with: systemctl enable --now mmd"
+# --- 1. the release: built whole before anything else changes ---
+stamp=$(date +%Y%m%d-%H%M%S)
+[ ! -e "$opt/releases/$stamp" ] || stamp=$stamp-$$
+rel=$opt/releases/$stamp
+built=false
+# A release that did not finish is removed, whatever stopped it.
+cleanup() {
+    if ! $dry && ! $built && [ -d "$rel" ]; then rm -rf "$rel"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+act "install -d -m 0755 $(q "$opt") $(q "$opt/releases") $(q "$rel/src")"
+if [ -e "$src/.git" ] && command -v git >/dev/null 2>&1; then
+    # safe.directory: root may install from a clone that someone else owns.
+    act "git -c safe.directory=$(q "$src") -C $(q "$src") ls-files -z -- $needed > $(q "$rel/files")"
+else
+    act "(cd $(q "$src") && find $needed \\( -name .git -o -name '.*cache' -o -name __pycache__ -o -name build -o -name '*.egg-info' -o -name '*.so' \\) -prune -o ! -type d -print0) > $(q "$rel/files")"
+fi
+act "(cd $(q "$src") && xargs -0 cp -P --preserve=timestamps --parents -t $(q "$rel/src")) < $(q "$rel/files")"
+# A clone made under umask 077 has files only its owner reads; the service user reads these.
+act "chmod -R a+rX,go-w $(q "$rel/src")"
+act "$(q "$python") -m venv $(q "$rel/venv")"
+act "$(q "$rel/venv/bin/pip") install -q $(q "$rel/src")" ||
+    die "pip could not install mmd from $rel/src (its messages are above); nothing else was changed"
+if [ "$cuda" = yes ]; then
+    act "$(q "$rel/venv/bin/pip") install -q $(q "$pycuda")" || die "pycuda ($pycuda, mmd's cuda extra) failed to \
+install: it builds against the CUDA toolkit that nvcc belongs to, see pip's messages above. Nothing was changed; \
+the previous install, if any, still serves. Fix the toolkit, or install without CUDA (cpu backend only): $0 --no-cuda"
+fi
+# pip builds in the tree it installs from; the release keeps the source only.
+act "rm -rf $(q "$rel/src/build") $(q "$rel/src/mmd.egg-info")"
+
+# --- 2. the users and groups ---
+getent group "$group" >/dev/null || act "groupadd --system $(q "$group")"
+id -u "$user" >/dev/null 2>&1 || act "useradd --system --gid $(q "$group") --home-dir /var/lib/mmd --shell /usr/sbin/nologin $(q "$user")"
+# Where /dev/nvidia* belong to the group video.
+if getent group video >/dev/null && ! id -nG "$user" 2>/dev/null | tr ' ' '\n' | grep -qx video; then
+    act "usermod -aG video $(q "$user")"
+fi
+[ -z "$graders" ] || getent group "$graders" >/dev/null || act "groupadd $(q "$graders")"
+
+# --- 3. the folders: owner, group and mode of each, here and nowhere else ---
+folder() { # OWNER GROUP MODE PATH (install -d also mends the owner and mode of one that exists)
+    act "install -d -o $(q "$1") -g $(q "$2") -m $3 $(q "$root$4")"
+}
+folder root root 0755 /srv/mmd
+folder "$user" "$group" 3730 /srv/mmd/inbox # setgid + sticky, no read: students drop, never list; only mmd moves
+folder "$user" "$group" 2750 /srv/mmd/outbox # each student's folder in it is theirs and the graders' (ACLs, by mmd)
+folder "$user" "$group" 0700 /srv/mmd/state  # the lock, the state, claimed and archived jobs: mmd's alone
+folder root "$group" 0750 /etc/mmd           # students read the config (mmd status), no one else
+
+# --- 4. the config: a class box's, never over the admin's own ---
+config=$root/etc/mmd/mmd.yaml
+if [ -e "$config" ] || [ -L "$config" ]; then
+    note "$config exists: kept as it is (a class box needs state_dir: /srv/mmd/state and class_mode: true in it${graders:+, and graders_group: $graders})"
+else
+    lines="'# mmd on a class box (written by systemd/install.sh; every key: /opt/mmd/src/config/mmd.yaml)' \
+'inbox: /srv/mmd/inbox' 'outbox: /srv/mmd/outbox' 'state_dir: /srv/mmd/state' 'class_mode: true'"
+    [ -z "$graders" ] || lines="$lines $(q "graders_group: $graders")"
+    act "printf '%s\\n' $lines 'backend: auto' | install -o root -g $(q "$group") -m 0640 /dev/stdin $(q "$config")"
+fi
+
+# --- 5. the unit, and the switch to the new release ---
+unit=$root/etc/systemd/system/mmd.service
+act "install -d -m 0755 $(q "$root/etc/systemd/system")"
+if [ "$user" = mmd ] && [ "$group" = mmd-spool ]; then
+    act "install -m 0644 $(q "$rel/src/systemd/mmd.service") $(q "$unit")"
+else
+    act "sed -e $(q "s/^User=mmd\$/User=$user/") -e $(q "s/^Group=mmd-spool\$/Group=$group/") $(q "$rel/src/systemd/mmd.service") | install -m 0644 /dev/stdin $(q "$unit")"
+fi
+previous=$(readlink "$opt/current" 2>/dev/null || true)
+# A rename over the link: a restart at any moment finds either release whole.
+act "ln -sfn $(q "releases/$stamp") $(q "$opt/current.new") && mv -T $(q "$opt/current.new") $(q "$opt/current")"
+built=true
+for link in venv src; do
+    [ "$(readlink "$opt/$link" 2>/dev/null || true)" != "current/$link" ] || continue
+    if [ -e "$opt/$link" ] && [ ! -L "$opt/$link" ]; then
+        # The layout before releases (a plain folder): it goes with the next upgrade, like a previous release.
+        act "install -d -m 0755 $(q "$opt/releases/before") && mv -T $(q "$opt/$link") $(q "$opt/releases/before/$link")"
+        previous=releases/before
+    fi
+    act "ln -sfn $(q "current/$link") $(q "$opt/$link.new") && mv -T $(q "$opt/$link.new") $(q "$opt/$link")"
+done
+# The previous release stays until the next upgrade: a daemon still running from it imports
+# sub-commands and starts workers from its files until it is restarted.
+for old in "$opt"/releases/*; do
+    [ -e "$old" ] || continue
+    case releases/${old##*/} in "releases/$stamp" | "$previous") continue ;; esac
+    act "rm -rf $(q "$old")"
+done
+
+# --- 6. systemd, where it runs ---
+if [ -d "$root/run/systemd/system" ]; then
+    act "systemctl daemon-reload"
+    note "start it with: systemctl enable --now mmd (or systemctl restart mmd to upgrade)"
+else
+    note "systemd does not run here ($root/run/systemd/system is missing): where it runs, run: systemctl daemon-reload && systemctl enable --now mmd"
+fi
+$dry || echo "installed $("$opt/venv/bin/mmd" --version) in $rel"

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import re
 import shutil
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+
+import mmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,3 +107,233 @@ def test_the_installed_kernels_compile(installed: Path, tmp_path: Path) -> None:
     built = run(installed, tmp_path, "kernels", "--build", "--arch", "sm_90", "--cache", str(tmp_path / "k"))
     assert built.returncode == 0, built.stdout + built.stderr
     assert " 0 failed" in built.stdout
+
+
+# --- systemd/install.sh: a class box in one command ---
+
+INSTALL_SH = ROOT / "systemd" / "install.sh"
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The service user and groups the installer makes: unique to this run, removed after."""
+
+    user: str
+    group: str
+    graders: str
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return ("--user", self.user, "--group", self.group, "--graders", self.graders)
+
+
+@pytest.fixture(scope="module")
+def names() -> Iterator[Names]:
+    tag = os.getpid() % 100000
+    made = Names(user=f"mmdi{tag}u", group=f"mmdi{tag}g", graders=f"mmdi{tag}r")
+    for group in (made.group, made.graders):
+        with pytest.raises(KeyError):
+            grp.getgrnam(group)
+    yield made
+    if os.geteuid() == 0:
+        subprocess.run(["userdel", made.user], capture_output=True)
+        for group in (made.group, made.graders):
+            subprocess.run(["groupdel", group], capture_output=True)
+
+
+def install_sh(*args: str, path_front: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")} | env
+    if path_front is not None:
+        full["PATH"] = f"{path_front}:{full['PATH']}"
+    return subprocess.run(["sh", str(INSTALL_SH), *args], env=full, capture_output=True, text=True, timeout=300)
+
+
+def fake_nvcc(folder: Path) -> Path:
+    """A folder whose ``nvcc`` makes the installer pick the cuda extra (it only looks for one)."""
+    folder.mkdir()
+    nvcc = folder / "nvcc"
+    nvcc.write_text("#!/bin/sh\nexit 1\n")
+    nvcc.chmod(0o755)
+    return folder
+
+
+def test_the_dry_run_prints_each_action_as_a_shell_line_and_changes_nothing(tmp_path: Path, names: Names) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    done = install_sh("--dry-run", "--root", str(root), *names.args, "--no-cuda")
+    assert done.returncode == 0, done.stderr
+    assert list(root.iterdir()) == [], "a dry run makes nothing"
+    with pytest.raises(KeyError):
+        pwd.getpwnam(names.user)
+    lines = done.stdout.splitlines()
+    u, g = names.user, names.group
+    for line in (
+        f"groupadd --system {g}",
+        f"useradd --system --gid {g} --home-dir /var/lib/mmd --shell /usr/sbin/nologin {u}",
+        f"groupadd {names.graders}",
+        f"install -d -o {u} -g {g} -m 3730 {root}/srv/mmd/inbox",
+        f"install -d -o {u} -g {g} -m 2750 {root}/srv/mmd/outbox",
+        f"install -d -o {u} -g {g} -m 0700 {root}/srv/mmd/state",
+        f"install -d -o root -g {g} -m 0750 {root}/etc/mmd",
+    ):
+        assert lines.count(line) == 1, line
+    (config,) = (line for line in lines if line.endswith(f"-m 0640 /dev/stdin {root}/etc/mmd/mmd.yaml"))
+    for setting in ("state_dir: /srv/mmd/state", "class_mode: true", f"graders_group: {names.graders}"):
+        assert f"'{setting}'" in config
+    assert not any("pycuda" in line for line in lines), "--no-cuda"
+    assert len(lines) == len(set(lines)), "each action once"
+    parsed = subprocess.run(["sh", "-n"], input=done.stdout, capture_output=True, text=True)
+    assert parsed.returncode == 0, "the dry run is a script: " + parsed.stderr
+
+
+def test_systemctl_runs_only_where_systemd_runs(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    without = install_sh("--dry-run", "--root", str(root), "--no-cuda")
+    assert without.returncode == 0, without.stderr
+    assert not [line for line in without.stdout.splitlines() if line.startswith("systemctl")]
+    assert "systemd does not run here" in without.stdout
+    assert "run: systemctl daemon-reload && systemctl enable --now mmd" in without.stdout
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    running = install_sh("--dry-run", "--root", str(root), "--no-cuda")
+    assert running.returncode == 0, running.stderr
+    assert "systemctl daemon-reload" in running.stdout.splitlines()
+
+
+#: The docs' dry run: a fresh box with systemd and nvcc, a clone in /home/admin/mmd.
+DOCS_SOURCE = "/home/admin/mmd"
+DOCS_BLOCK = re.compile(r"<!-- install-dry-run[^\n]*-->\n```sh\n(.*?)```\n", re.S)
+
+
+def docs_dry_run(tmp_path: Path, names: Names) -> str:
+    """``install.sh --dry-run --graders graders`` as the docs show it, made here with this run's names."""
+    root = tmp_path / "root"
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    done = install_sh("--dry-run", "--root", str(root), *names.args, path_front=fake_nvcc(tmp_path / "bin"))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.replace(str(root), "").replace(str(ROOT), DOCS_SOURCE)
+    # The test's own names need the unit rewritten; the docs show the default names, which need not.
+    text = re.sub(r"sed -e \S+ -e \S+ (\S+) \| install -m 0644 /dev/stdin", r"install -m 0644 \1", text)
+    for mine, theirs in ((names.user, "mmd"), (names.group, "mmd-spool"), (names.graders, "graders")):
+        text = text.replace(mine, theirs)
+    return re.sub(r"releases/\d{8}-\d{6}(-\d+)?", "releases/20250901-120000", text)
+
+
+def test_the_docs_show_the_dry_runs_real_output(tmp_path: Path, names: Names) -> None:
+    if not (ROOT / ".git").exists():  # a copy, not a clone: the installer's own list of what to copy
+        pytest.skip("the docs show the install from a git clone")
+    (shown,) = DOCS_BLOCK.findall(OPERATIONS.read_text())
+    if subprocess.run(["getent", "group", "video"], capture_output=True).returncode != 0:
+        shown = shown.replace("usermod -aG video mmd\n", "")  # a host without the group video
+    made = docs_dry_run(tmp_path, names)
+    assert "pip install -q 'pycuda>=2024.1'" in made, "nvcc found: the cuda extra"
+    assert shown == made
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory, names: Names) -> Path:
+    """The whole set-up, for real, into a fresh root: users and groups made on this host (this run's names)."""
+    if os.geteuid() != 0:
+        pytest.skip("the whole set-up makes users and groups and chowns folders: needs root (CI runs as root)")
+    root = tmp_path_factory.mktemp("box")
+    # mmd's dependencies are left out (PIP_NO_DEPS): `mmd --version` needs none, and it keeps this fast.
+    done = install_sh("--root", str(root), *names.args, "--no-cuda", PIP_NO_DEPS="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+def test_the_whole_set_up_makes_users_folders_config_and_a_working_mmd(box: Path, names: Names) -> None:
+    service = pwd.getpwnam(names.user)
+    spool = grp.getgrnam(names.group).gr_gid
+    assert service.pw_gid == spool
+    grp.getgrnam(names.graders)
+    for path, uid, gid, mode in (
+        (box / "srv/mmd/inbox", service.pw_uid, spool, 0o3730),
+        (box / "srv/mmd/outbox", service.pw_uid, spool, 0o2750),
+        (box / "srv/mmd/state", service.pw_uid, spool, 0o700),
+        (box / "etc/mmd", 0, spool, 0o750),
+        (box / "etc/mmd/mmd.yaml", 0, spool, 0o640),
+    ):
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid, oct(stat.S_IMODE(st.st_mode))) == (uid, gid, oct(mode)), path
+    config = yaml.safe_load((box / "etc/mmd/mmd.yaml").read_text())
+    assert config["state_dir"] == "/srv/mmd/state" and config["class_mode"] is True
+    assert config["graders_group"] == names.graders
+    assert (config["inbox"], config["outbox"]) == ("/srv/mmd/inbox", "/srv/mmd/outbox")
+    unit = (box / "etc/systemd/system/mmd.service").read_text()
+    assert f"\nUser={names.user}\n" in unit and f"\nGroup={names.group}\n" in unit
+    version = subprocess.run([str(box / "opt/mmd/venv/bin/mmd"), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"mmd {mmd.__version__}"
+
+
+def test_only_what_the_service_needs_is_copied(box: Path) -> None:
+    src = box / "opt/mmd/src"
+    wanted = ("pyproject.toml", "mmd/__init__.py", "kernels/tiled.cu", "docs/operations.md", "systemd/mmd.service")
+    for needed in wanted:
+        assert (src / needed).is_file(), needed
+    assert (src / "mmd/data/kernels").is_symlink(), "the package's links to the kernels stay links"
+    for left_out in (".git", ".venv", "inbox", "outbox", "tests", "build", "mmd.egg-info"):
+        assert not (src / left_out).exists(), left_out
+    assert not [p for p in src.rglob("*") if p.name == "__pycache__" or p.suffix == ".so"]
+    if (ROOT / ".git").exists():
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
+        tracked = set(listed.stdout.split())
+        copied = {str(p.relative_to(src)) for p in src.rglob("*") if p.is_symlink() or p.is_file()}
+        assert copied <= tracked, copied - tracked
+    owner = src.stat()
+    assert stat.S_IMODE(owner.st_mode) & 0o005 == 0o005, "the service user reads it"
+
+
+def test_a_failed_pycuda_build_says_how_to_do_without_and_keeps_the_install(
+    box: Path, names: Names, tmp_path: Path
+) -> None:
+    current = os.readlink(box / "opt/mmd/current")
+    releases = sorted(os.listdir(box / "opt/mmd/releases"))
+    config = (box / "etc/mmd/mmd.yaml").read_text()
+    impossible = tmp_path / "constraints.txt"
+    impossible.write_text("pycuda<0\n")  # pip fails on pycuda as a failed build would, offline or not
+    done = install_sh(
+        "--root", str(box), *names.args,
+        path_front=fake_nvcc(tmp_path / "bin"), PIP_NO_DEPS="1", PIP_CONSTRAINT=str(impossible),
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "pycuda" in done.stderr and "--no-cuda" in done.stderr and "Nothing was changed" in done.stderr
+    assert os.readlink(box / "opt/mmd/current") == current
+    assert sorted(os.listdir(box / "opt/mmd/releases")) == releases, "the failed release is gone"
+    assert (box / "etc/mmd/mmd.yaml").read_text() == config
+    version = subprocess.run([str(box / "opt/mmd/venv/bin/mmd"), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0, version.stderr
+
+
+def test_a_second_run_keeps_the_admins_config_and_says_so(box: Path, names: Names) -> None:
+    again = install_sh("--dry-run", "--root", str(box), *names.args, "--no-cuda")
+    assert again.returncode == 0, again.stderr
+    lines = again.stdout.splitlines()
+    assert not [line for line in lines if "/dev/stdin" in line and "mmd.yaml" in line], "never over the admin's"
+    assert f"# {box}/etc/mmd/mmd.yaml exists: kept as it is" in again.stdout
+    assert not [line for line in lines if line.startswith(("useradd", "groupadd"))], "they exist now"
+    assert f"install -d -o {names.user} -g {names.group} -m 3730 {box}/srv/mmd/inbox" in lines, "modes mended"
+
+
+def test_from_a_copy_that_is_no_clone_the_same_files_are_copied(tmp_path: Path) -> None:
+    source = tmp_path / "copy"
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so", ".*cache")
+    shutil.copytree(ROOT, source, ignore=ignore, symlinks=True)
+    for junk in (".venv/bin/python", "mmd/__pycache__/x.pyc", "mmd/_x.so", "build/lib/x", "inbox/hw1.txt"):
+        (source / junk).parent.mkdir(parents=True, exist_ok=True)
+        (source / junk).write_text("junk\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    planned = install_sh("--dry-run", "--source", str(source), "--root", str(root), "--no-cuda")
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert lines[1].startswith(f"(cd {source} && find "), "no git: the script's own list"
+    for line in lines[:4]:  # make the release folder, list, copy, chmod: the dry run's lines, run as printed
+        subprocess.run(["sh", "-ec", line], check=True)
+    (src,) = (root / "opt/mmd/releases").glob("*/src")
+    assert (src / "pyproject.toml").is_file() and (src / "kernels/tiled.cu").is_file()
+    assert (src / "mmd/data/kernels").is_symlink()
+    for left_out in (".venv", "build", "inbox", "tests", "mmd/__pycache__", "mmd/_x.so"):
+        assert not (src / left_out).exists(), left_out
