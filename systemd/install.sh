@@ -146,12 +146,12 @@ folder root "$group" 0750 /etc/mmd           # students read the config (mmd sta
 # --- 4. the config: a class box's, never over the admin's own ---
 config=$root/etc/mmd/mmd.yaml
 if [ -e "$config" ] || [ -L "$config" ]; then
-    note "$config exists: kept as it is (a class box needs state_dir: /srv/mmd/state and class_mode: true in it${graders:+, and graders_group: $graders})"
+    note "$config exists: kept as it is (a class box needs state_dir: /srv/mmd/state, class_mode: true and control_socket: /run/mmd/mmd.sock in it${graders:+, and graders_group: $graders})"
 else
     lines="'# mmd on a class box (written by systemd/install.sh; every key: /opt/mmd/src/config/mmd.yaml)' \
 'inbox: /srv/mmd/inbox' 'outbox: /srv/mmd/outbox' 'state_dir: /srv/mmd/state' 'class_mode: true'"
     [ -z "$graders" ] || lines="$lines $(q "graders_group: $graders")"
-    act "printf '%s\\n' $lines 'backend: auto' | install -o root -g $(q "$group") -m 0640 /dev/stdin $(q "$config")"
+    act "printf '%s\\n' $lines 'control_socket: /run/mmd/mmd.sock' 'retention_days: 120' 'backend: auto' | install -o root -g $(q "$group") -m 0640 /dev/stdin $(q "$config")"
 fi
 
 # --- 5. the unit, and the switch to the new release ---
