@@ -1,11 +1,15 @@
 """Grading: check outputs against their inputs or expected outputs, one file or a whole folder.
 
 A job ``x`` pairs an input ``x.txt`` (or an expected output ``x.out``) in
-the reference folder with the output ``x.out`` in the outbox. Every pair is
-checked (exact format, then values); an input without an output is
-*missing*, or *refused* where the daemon left ``x.error.yaml`` instead (its
-reason is shown); an output or error sidecar without an input is *extra*
-(listed, never a failure). A folder is checked on a thread pool: the C
+the reference folder with an output in the outbox (:func:`pair`): the one
+whose sidecar names the input's sha256, else ``x.out`` (or a version
+``x.1.out`` whose sidecar says it wanted that name); of several, the newest
+by its sidecar's finish time is checked and the others are *superseded*;
+with a deadline (``Options.before``) those finished at or after it are
+*late*. Every pair is checked (exact format, then values); an input without
+an output is *missing*, or *refused* where the daemon left an error sidecar
+instead (its reason is shown); an output or error sidecar without an input
+is *extra* (listed, never a failure). A folder is checked on a thread pool: the C
 parsers and numpy's BLAS and ufuncs release the GIL, so threads use every
 core without the start-up (about half a second here) and the pickling of
 matrices that worker processes would cost.
@@ -19,12 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import mmap
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -65,12 +70,16 @@ class Status(str, Enum):
     MISSING = "missing"  # no output and no error sidecar
     REFUSED = "refused"  # an error sidecar instead of an output
     EXTRA = "extra"  # an output or error sidecar with no input or expected output
+    SUPERSEDED = "superseded"  # an output or error sidecar for a test that a newer one answers
+    LATE = "late"  # finished at or after the deadline (--before), or with no sidecar to say when
     NOT_A_FILE = "not-a-file"  # the output or error sidecar is a link, folder, FIFO or device: never opened
     ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
 
 
 #: Statuses that fail a check (exit status 1).
 FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED, Status.NOT_A_FILE})
+#: Files listed but not checked: no job's answer (never a failure).
+SET_ASIDE = (Status.EXTRA, Status.SUPERSEDED, Status.LATE)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,15 @@ class Options:
     quick: bool = False
     seed: int = field(default_factory=freivalds.fresh_seed)  # --quick's: fresh unless one is asked for
     gemm: verify.Gemm | None = None
+    before: datetime | None = None  # a folder's deadline: only what its sidecars say finished before it
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A job decided by its pairing alone, never opened: superseded, late, or missing at a deadline."""
+
+    status: Status
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,7 @@ class Job:
     output: Path | None  # None: no output
     reference: Path | None  # the input or expected output; None: an extra
     refusal: Path | None = None  # the error sidecar, where there is one
+    aside: Aside | None = None  # decided by the pairing: nothing to check
 
 
 @dataclass(frozen=True)
@@ -109,11 +128,16 @@ class Result:
     line: int | None = None  # where the output's format fails
     column: int | None = None
     seconds: float = 0.0
+    refusal: Path | None = None  # the error sidecar the job was paired with
 
     @property
     def file(self) -> str:
         """The output's file name (what it would be, for a missing one)."""
-        return self.output.name if self.output is not None else self.name + OUTPUT_SUFFIX
+        if self.output is not None:
+            return self.output.name
+        if self.refusal is not None and self.status in (Status.SUPERSEDED, Status.LATE):
+            return self.refusal.name  # the row is about that file, not the job's
+        return self.name + OUTPUT_SUFFIX
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for JSON (non-finite errors become null; names and reasons :func:`shown`)."""
@@ -162,13 +186,15 @@ class Run:
     def summary(self) -> str:
         """One line: how many of each, and how long it took."""
         c = self.counts
-        checked = len(self.results) - c["extra"]
+        checked = len(self.results) - sum(c[s.value] for s in SET_ASIDE)
         against = "expected outputs" if self.options.against == "expected" else "inputs"
         quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
         parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
+        # superseded and late only where there are any: most folders have neither
+        aside = "".join(f"; {c[s.value]} {s.value}" for s in (Status.SUPERSEDED, Status.LATE) if c[s.value])
         return (
             f"{checked} jobs checked against the {against} in {self.reference}{quick}: {', '.join(parts) or 'none'}; "
-            f"{c['extra']} extra; {c['error']} could not be checked ({self.seconds:.2f} s)"
+            f"{c['extra']} extra{aside}; {c['error']} could not be checked ({self.seconds:.2f} s)"
         )
 
 
@@ -361,10 +387,14 @@ def _with_seconds(r: Result, seconds: float) -> Result:
 
 
 def _result(job: Job, status: Status, **fields: Any) -> Result:
-    return Result(name=job.name, status=status, output=job.output, reference=job.reference, **fields)
+    return Result(
+        name=job.name, status=status, output=job.output, reference=job.reference, refusal=job.refusal, **fields
+    )
 
 
 def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
+    if job.aside is not None:
+        return _result(job, job.aside.status, reason=job.aside.reason)
     if job.reference is None:
         what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
         return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
@@ -639,18 +669,179 @@ def _refusal_reason(path: Path) -> str:
 # pairing a folder
 
 
-def pair_folder(outbox: Path, reference: Path, against: str) -> list[Job]:
-    """The jobs of ``outbox`` against the folder ``reference``, sorted by name. Raises UnreadableError."""
-    ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
-    refs = dict(_names(reference, ref_suffix))
-    outs = dict(_names(outbox, OUTPUT_SUFFIX))
+#: The largest sidecar read for pairing: mmd's are about 2 KB; a student's file is not parsed beyond this.
+SIDECAR_MAX_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """What pairing reads from an output's sidecar (or an error sidecar itself)."""
+
+    input_sha256: str | None = None  # the input the job read
+    finished_at: datetime | None = None  # when the job's files were committed
+    wanted: str | None = None  # the output's name before it was versioned (x.out for x.1.out)
+
+
+@dataclass(frozen=True)
+class Found:
+    """An output or error sidecar in a folder being graded, and its sidecar's facts (None: none read)."""
+
+    path: Path
+    sidecar: Sidecar | None = None
+
+    @property
+    def refusal(self) -> bool:
+        from .record import ERROR_SUFFIX
+
+        return self.path.name.endswith(ERROR_SUFFIX)
+
+    @property
+    def name(self) -> str:
+        """The job its name gives: the file's, or the one the daemon wanted before it versioned it."""
+        from .record import ERROR_SUFFIX
+
+        wanted = self.sidecar.wanted if self.sidecar is not None else None
+        name = wanted if wanted else self.path.name
+        for suffix in (ERROR_SUFFIX, OUTPUT_SUFFIX):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+        return name
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return None if self.sidecar is None else self.sidecar.finished_at
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time (``--before``, a sidecar's ``finished_at``); one without an offset is local time.
+    Raises ValueError."""
+    when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    return when if when.tzinfo is not None else when.astimezone()
+
+
+def shown_time(when: datetime) -> str:
+    """A time as sidecars write it (to the millisecond, where it has a fraction)."""
+    return when.isoformat(timespec="milliseconds" if when.microsecond else "seconds")
+
+
+def _newest_first(found: Found) -> tuple[bool, float, bool, str]:
+    """Sort key, newest first: one without a finish time is older than any with one; at one time an output
+    comes before an error sidecar (the daemon never leaves both), then by name."""
+    at = found.finished_at
+    return (at is None, 0.0 if at is None else -at.timestamp(), found.refusal, found.path.name)
+
+
+def pair(
+    found: Iterable[Found],
+    refs: Mapping[str, Path],
+    ref_sha256: Mapping[str, str],
+    before: datetime | None = None,
+) -> list[Job]:
+    """The jobs of a folder's outputs and error sidecars (``found``) against the references ``refs`` (job
+    name -> input or expected output), sorted by name; pure.
+
+    Each file answers the test whose input has the sha256 its sidecar names (``ref_sha256``, name -> sha256;
+    the one of its own name where several tests have those bytes), else the test its name gives
+    (:attr:`Found.name`), else none (extra). Of a test's answers, the newest by its sidecar's finish time is
+    checked and the others are superseded; with ``before``, only those that finished before it are answers,
+    and the rest are late (one with no finish time cannot be shown to be in time).
+    """
+    by_sha: dict[str, list[str]] = {}
+    for name in sorted(ref_sha256):
+        by_sha.setdefault(ref_sha256[name], []).append(name)
+    answers: dict[str, list[Found]] = {}
+    for f in found:
+        sha = f.sidecar.input_sha256 if f.sidecar is not None else None
+        same = by_sha.get(sha, []) if sha else []
+        name = f.name if not same or f.name in same else same[0]
+        answers.setdefault(name, []).append(f)
+    jobs: list[Job] = []
+    for name in sorted(set(refs) | set(answers)):
+        ref = refs.get(name)
+        mine = sorted(answers.get(name, []), key=_newest_first)
+        if ref is None:  # no test: every file is an extra, as it always was
+            jobs.extend(_job(name, f, None) for f in sorted(mine, key=lambda f: (f.refusal, f.path.name)))
+            continue
+        late = [f for f in mine if before is not None and (f.finished_at is None or f.finished_at >= before)]
+        in_time = [f for f in mine if f not in late]
+        if in_time:
+            jobs.append(_job(name, in_time[0], ref))
+        else:
+            reason = None if before is None else f"no output and no error sidecar finished before {shown_time(before)}"
+            jobs.append(Job(name, None, ref, aside=Aside(Status.MISSING, reason) if reason else None))
+        why = f"superseded by {in_time[0].path.name}" if in_time else ""
+        jobs.extend(_job(name, f, ref, Aside(Status.SUPERSEDED, why)) for f in in_time[1:])
+        for f in late:
+            at = f.finished_at
+            assert before is not None
+            why = (
+                f"finished {shown_time(at)}, not before the deadline {shown_time(before)}"
+                if at is not None
+                else "no sidecar says when it finished: not shown to be before the deadline"
+            )
+            jobs.append(_job(name, f, ref, Aside(Status.LATE, why)))
+    return jobs
+
+
+def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Job:
+    if found.refusal:
+        return Job(name, None, ref, found.path, aside)
+    return Job(name, found.path, ref, None, aside)
+
+
+def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
+    """The jobs of ``outbox`` against the folder ``reference`` (:func:`pair`), sorted by name. Raises
+    UnreadableError."""
     from .record import ERROR_SUFFIX
 
-    refusals = dict(_names(outbox, ERROR_SUFFIX))
-    jobs = []
-    for stem in sorted(set(refs) | set(outs) | set(refusals)):
-        jobs.append(Job(stem, outs.get(stem), refs.get(stem), refusals.get(stem)))
-    return jobs
+    ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
+    refs = dict(_names(reference, ref_suffix))
+    found = [
+        Found(path, _read_sidecar(path))
+        for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
+        for _, path in _names(outbox, suffix)
+    ]
+    return pair(found, refs, _sha256s(refs, found, against), before)
+
+
+def _sha256s(refs: Mapping[str, Path], found: Sequence[Found], against: str) -> dict[str, str]:
+    """The inputs' sha256, where an answer's sidecar names one (an input's is what the daemon hashed)."""
+    if against != "inputs" or not any(f.sidecar is not None and f.sidecar.input_sha256 for f in found):
+        return {}
+    sums = {}
+    for name, path in refs.items():
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as fh:  # the grader's file: followed, as every reference is
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:
+            continue  # its check says why
+        sums[name] = digest.hexdigest()
+    return sums
+
+
+def _read_sidecar(path: Path) -> Sidecar | None:
+    """The facts of an output's sidecar (or of the error sidecar ``path``), None where there is none that
+    mmd could have written. A student's file: never through a link, never a big one."""
+    import yaml
+
+    from . import record
+
+    sidecar = path if path.name.endswith(record.ERROR_SUFFIX) else record.timing_path(path)
+    try:
+        data = textcore.read_bytes(sidecar, follow=False)
+        if len(data) > SIDECAR_MAX_BYTES:
+            return None
+        rec = record.parse(bytes(data), sidecar)
+    except (UnreadableError, ValueError, yaml.YAMLError):  # NotRegularFile is an UnreadableError
+        return None
+    try:
+        finished = parse_time(rec.finished_at) if rec.finished_at else None
+    except ValueError:
+        finished = None
+    wanted = rec.context.collision.wanted if rec.context.collision is not None else None
+    return Sidecar(rec.input.sha256, finished, wanted)
 
 
 def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
@@ -690,7 +881,7 @@ def check_folder(outbox: Path, reference: Path, options: Options, workers: int |
     """Pair and check a whole outbox against a folder of inputs or expected outputs."""
     started = _now()
     start = time.perf_counter()
-    jobs = pair_folder(outbox, reference, options.against)
+    jobs = pair_folder(outbox, reference, options.against, options.before)
     results = check_jobs(jobs, options, workers)
     return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
 
@@ -759,7 +950,7 @@ def junit_xml(run: Run) -> ET.Element:
         "tests": str(len(run.results)),
         "failures": str(failures),
         "errors": str(c["error"]),
-        "skipped": str(c["extra"]),
+        "skipped": str(sum(c[s.value] for s in SET_ASIDE)),
         "time": f"{run.seconds:.3f}",
     }
     # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
@@ -784,19 +975,20 @@ def junit_xml(run: Run) -> ET.Element:
         ("quick", "true" if o.quick else "false"),
         ("seed", str(o.seed)),
         ("tol", "model" if o.tol is None else f"{o.tol:g}"),
+        *([("before", shown_time(o.before))] if o.before is not None else []),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for r in run.results:
-        case = ET.SubElement(
-            suite, "testcase", {"classname": "mmd.check", "name": shown(r.name), "time": f"{r.seconds:.3f}"}
-        )
+        # a test's superseded and late files are cases of their own: named by their file too
+        name = shown(r.name) if r.status not in (Status.SUPERSEDED, Status.LATE) else shown(f"{r.name} ({r.file})")
+        case = ET.SubElement(suite, "testcase", {"classname": "mmd.check", "name": name, "time": f"{r.seconds:.3f}"})
         reason = shown(r.reason)
         if r.status in FAILED:
             node = ET.SubElement(case, "failure", {"type": r.status.value, "message": reason})
             node.text = shown(r.detail) or reason
         elif r.status is Status.ERROR:
             ET.SubElement(case, "error", {"type": r.status.value, "message": reason})
-        elif r.status is Status.EXTRA:
+        elif r.status in SET_ASIDE:
             ET.SubElement(case, "skipped", {"type": r.status.value, "message": reason})
         # the files checked (testcase has no attribute for them), then the check's own summary line
         paths = [
@@ -827,6 +1019,7 @@ def run_dict(run: Run) -> dict[str, Any]:
         "quick": o.quick,
         "seed": o.seed,
         "tol": o.tol,
+        "before": None if o.before is None else shown_time(o.before),
         "started_at": run.started_at,
         "seconds": round(run.seconds, 6),
         "exit_status": run.exit_status,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from mmd import textformat
 from mmd.generate import input_chunks, random_matrix
@@ -91,6 +92,7 @@ def test_one_output(tmp_path):
         (["nosuch", "--inputs", "."], "mmd check: cannot read nosuch: No such file or directory"),
         (["m.out", "--input", "m.txt", "--jobs", "0"], "mmd check: --jobs must be at least 1"),
         (["m.out", "--input", "m.txt", "--json", "nodir/r.json"], "mmd check: "),
+        ([".", "--inputs", ".", "--before", "friday"], "mmd check: --before friday: not an ISO 8601 time"),
     ],
 )
 def test_exit_2_with_one_line(tmp_path, args, line):
@@ -344,3 +346,31 @@ def test_quick_draws_a_fresh_seed_shows_it_and_repeats_it(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["seed"] == seed
     props = ET.parse(tmp_path / "r.xml").getroot().find("testsuite").find("properties")
     assert {p.get("name"): p.get("value") for p in props}["seed"] == str(seed)
+
+
+def test_a_resubmission_and_a_deadline(tmp_path):
+    """x.txt served, then another x.txt (the daemon writes x.1.out): the newest is graded, the other one
+    superseded; --before grades what had finished at a deadline."""
+    for folder in ("tests", "inbox", "outbox"):
+        (tmp_path / folder).mkdir()
+    src, _ = _pair(tmp_path / "tests", "x", 4, 3, 2, seed=1)
+    (tmp_path / "tests" / "x.out").unlink()
+    for body in (src.read_bytes(), src.read_bytes().replace(b"\n", b" \n", 1)):  # the same values, other bytes
+        (tmp_path / "inbox" / "x.txt").write_bytes(body)
+        assert run_mmd("serve", "--once", "--inbox", "inbox", "--outbox", "outbox", cwd=tmp_path).returncode == 0
+    r = run_mmd("check", "outbox", "--inputs", "tests", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = [line.split(maxsplit=4) for line in r.stdout.splitlines()]
+    assert rows[1][:3] == ["x.1.out", "4x2", "ok"]
+    assert rows[2] == ["x.out", "-", "superseded", "-", "superseded by x.1.out"]
+    assert r.stdout.splitlines()[3].startswith(
+        "1 jobs checked against the inputs in tests: 1 ok; 0 extra; 1 superseded; 0 could not be checked ("
+    )
+    second = yaml.safe_load((tmp_path / "outbox" / "x.1.timing.yaml").read_text())["finished_at"]
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--before", second, "--json", "r.json", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = [line.split(maxsplit=4) for line in r.stdout.splitlines()]
+    assert rows[1][:3] == ["x.out", "4x2", "ok"]
+    assert rows[2] == ["x.1.out", "-", "late", "-", f"finished {second}, not before the deadline {second}"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["before"] == second and report["counts"]["late"] == 1

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="seed of --quick's random vectors, to repeat a check (default: a fresh one, shown in the results)",
     )
+    p.add_argument(
+        "--before",
+        metavar="TIME",
+        help="a folder's deadline (ISO 8601; local time without an offset): grade only what its sidecars say "
+        "finished before it; later files are listed as late",
+    )
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -104,16 +111,31 @@ def run(args: argparse.Namespace) -> int:
         for flag, path in (("--junit", args.junit), ("--json", args.json)):
             if path is not None:
                 grading.check_report_path(path, flag)
+        before = _deadline(args.before)
     except UsageError as exc:
         return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
         ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
         grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
-        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm)  # a fresh seed
+        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm, before=before)
         if args.seed is not None:
             options = dataclasses.replace(options, seed=args.seed)
         return _check(args, reference, options, ahead)
+
+
+def _deadline(text: str | None) -> datetime | None:
+    """--before's time (UsageError where it is not ISO 8601)."""
+    from .. import grading
+
+    if text is None:
+        return None
+    try:
+        return grading.parse_time(text)
+    except ValueError:
+        raise UsageError(
+            f"--before {text}: not an ISO 8601 time (e.g. 2025-03-14T23:59 or 2025-03-14T22:59Z)"
+        ) from None
 
 
 def _read_ahead(
