@@ -29,13 +29,13 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores, worker_rows
@@ -111,6 +111,7 @@ class Job:
     reference: Path | None  # the input or expected output; None: an extra
     refusal: Path | None = None  # the error sidecar, where there is one
     aside: Aside | None = None  # decided by the pairing: nothing to check
+    student: str | None = None  # whose folder it is in, checking a class (check_class)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Result:
     column: int | None = None
     seconds: float = 0.0
     refusal: Path | None = None  # the error sidecar the job was paired with
+    student: str | None = None  # whose, checking a class
 
     @property
     def file(self) -> str:
@@ -168,34 +170,63 @@ class Run:
     results: tuple[Result, ...]
     seconds: float
     started_at: str
+    by_student: bool = False  # a class's folder (check_class): results grouped by student
     counts: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        counts = {s.value: 0 for s in Status}
-        for r in self.results:
-            counts[r.status.value] += 1
-        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "counts", _counts(self.results))
 
     @property
     def exit_status(self) -> int:
         """2 if anything could not be checked, else 1 if anything failed, else 0."""
-        if self.counts[Status.ERROR.value]:
-            return ExitStatus.USAGE
-        return ExitStatus.FAILED if any(self.counts[s.value] for s in FAILED) else ExitStatus.OK
+        return _exit_status(self.counts)
 
     def summary(self) -> str:
         """One line: how many of each, and how long it took."""
-        c = self.counts
-        checked = len(self.results) - sum(c[s.value] for s in SET_ASIDE)
         against = "expected outputs" if self.options.against == "expected" else "inputs"
         quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
-        parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
-        # superseded and late only where there are any: most folders have neither
-        aside = "".join(f"; {c[s.value]} {s.value}" for s in (Status.SUPERSEDED, Status.LATE) if c[s.value])
+        checked, tally = _tally_line(self.results, self.counts)
         return (
-            f"{checked} jobs checked against the {against} in {self.reference}{quick}: {', '.join(parts) or 'none'}; "
-            f"{c['extra']} extra{aside}; {c['error']} could not be checked ({self.seconds:.2f} s)"
+            f"{checked} jobs checked against the {against} in {self.reference}{quick}: {tally} ({self.seconds:.2f} s)"
         )
+
+    def students(self) -> dict[str, tuple[Result, ...]]:
+        """Each student's results, in the table's order (a class's run; empty otherwise)."""
+        groups: dict[str, list[Result]] = {}
+        for r in self.results:
+            if r.student is not None:
+                groups.setdefault(r.student, []).append(r)
+        return {login: tuple(results) for login, results in groups.items()}
+
+    def student_summaries(self) -> list[str]:
+        """A line per student, as :meth:`summary` counts them."""
+        lines = []
+        for login, results in self.students().items():
+            checked, tally = _tally_line(results, _counts(results))
+            lines.append(f"{shown(login)}: {checked} jobs checked: {tally}")
+        return lines
+
+
+def _counts(results: Iterable[Result]) -> dict[str, int]:
+    counts = {s.value: 0 for s in Status}
+    for r in results:
+        counts[r.status.value] += 1
+    return counts
+
+
+def _exit_status(counts: Mapping[str, int]) -> int:
+    if counts[Status.ERROR.value]:
+        return ExitStatus.USAGE
+    return ExitStatus.FAILED if any(counts[s.value] for s in FAILED) else ExitStatus.OK
+
+
+def _tally_line(results: Sequence[Result], c: Mapping[str, int]) -> tuple[int, str]:
+    """(jobs checked, "4 ok, 1 mismatch; 1 extra; 0 could not be checked")."""
+    checked = len(results) - sum(c[s.value] for s in SET_ASIDE)
+    parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
+    # superseded and late only where there are any: most folders have neither
+    aside = "".join(f"; {c[s.value]} {s.value}" for s in (Status.SUPERSEDED, Status.LATE) if c[s.value])
+    return checked, f"{', '.join(parts) or 'none'}; {c['extra']} extra{aside}; {c['error']} could not be checked"
 
 
 _ORDER = list(Status)
@@ -388,7 +419,13 @@ def _with_seconds(r: Result, seconds: float) -> Result:
 
 def _result(job: Job, status: Status, **fields: Any) -> Result:
     return Result(
-        name=job.name, status=status, output=job.output, reference=job.reference, refusal=job.refusal, **fields
+        name=job.name,
+        status=status,
+        output=job.output,
+        reference=job.reference,
+        refusal=job.refusal,
+        student=job.student,
+        **fields,
     )
 
 
@@ -855,35 +892,140 @@ def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
         yield e.name[: -len(suffix)], Path(folder) / e.name
 
 
+class Progress(Protocol):
+    """Told of a folder's checks as they go (``mmd check`` draws a bar on a terminal)."""
+
+    def start(self, total: int) -> None:
+        """``total`` jobs are about to be checked."""
+
+    def advance(self, result: Result) -> None:
+        """One of them is done."""
+
+
 def check_jobs(
-    jobs: Sequence[Job], options: Options, workers: int | None = None, on_result: Callable[[Result], None] | None = None
+    jobs: Sequence[Job], options: Options, workers: int | None = None, progress: Progress | None = None
 ) -> list[Result]:
-    """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order."""
+    """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order, each told to
+    ``progress`` as it ends."""
+    if progress is not None:
+        progress.start(len(jobs))
     workers = max(1, min(len(jobs), workers or usable_cores()))
     if workers == 1:
         results = []
         for job in jobs:
             results.append(check_job(job, options))
-            if on_result is not None:
-                on_result(results[-1])
+            if progress is not None:
+                progress.advance(results[-1])
         return results
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(check_job, job, options) for job in jobs]
-        results = []
-        for fut in futures:
-            results.append(fut.result())
-            if on_result is not None:
-                on_result(results[-1])
-        return results
+        if progress is not None:
+            for fut in as_completed(futures):
+                progress.advance(fut.result())
+        return [fut.result() for fut in futures]
 
 
-def check_folder(outbox: Path, reference: Path, options: Options, workers: int | None = None) -> Run:
+def check_folder(
+    outbox: Path, reference: Path, options: Options, workers: int | None = None, progress: Progress | None = None
+) -> Run:
     """Pair and check a whole outbox against a folder of inputs or expected outputs."""
     started = _now()
     start = time.perf_counter()
     jobs = pair_folder(outbox, reference, options.against, options.before)
-    results = check_jobs(jobs, options, workers)
+    results = check_jobs(jobs, options, workers, progress)
     return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
+
+
+def check_class(
+    folder: Path,
+    reference: Path,
+    options: Options,
+    roster: Sequence[str] | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Run:
+    """Check a class's ``folder``, a sub-folder per student (``handin/<login>/``, class mode's
+    ``outbox/<login>/``), each against the same inputs or expected outputs: the jobs of every student
+    (:func:`class_jobs`) in one pool."""
+    started = _now()
+    start = time.perf_counter()
+    jobs = class_jobs(folder, reference, options.against, options.before, roster)
+    results = check_jobs(jobs, options, workers, progress)
+    return Run(folder, reference, options, tuple(results), time.perf_counter() - start, started, by_student=True)
+
+
+def class_jobs(
+    folder: Path, reference: Path, against: str, before: datetime | None = None, roster: Sequence[str] | None = None
+) -> list[Job]:
+    """Every student's jobs (:func:`pair`), by login. The students are ``folder``'s entries (each looked at
+    with ``lstat``: a real folder is a student's; a link, FIFO or device named like one is reported as
+    not-a-file and never followed) and the logins of ``roster`` (one with no folder has every test
+    missing). Never a student: dot folders, mmd's own ``slurm/`` (unless the roster names it), and plain
+    files. Raises UnreadableError."""
+    from .record import ERROR_SUFFIX
+    from .slurm import SCRIPTS_DIR
+
+    named = set(roster or ())
+    try:
+        entries = {e.name: e.stat(follow_symlinks=False).st_mode for e in os.scandir(folder)}
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
+    # a plain file in a class's folder (a roster, notes) is no student's; anything else named like one is
+    students = {
+        name: mode
+        for name, mode in entries.items()
+        if not name.startswith(".") and not stat.S_ISREG(mode) and (name != SCRIPTS_DIR or name in named)
+    }
+    refs = dict(_names(reference, OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX))
+    found = {
+        login: [
+            Found(p, _read_sidecar(p))
+            for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
+            for _, p in _names(folder / login, suffix)
+        ]
+        for login, mode in students.items()
+        if stat.S_ISDIR(mode)
+    }
+    sha256s = _sha256s(refs, [f for mine in found.values() for f in mine], against)
+    jobs: list[Job] = []
+    for login in sorted(set(students) | named):
+        mode = students.get(login)
+        if login in found:
+            mine = pair(found[login], refs, sha256s, before)
+        else:  # no folder: every test missing, after the entry that stands in its place
+            if mode is not None:
+                path = folder / login
+                why = Aside(Status.NOT_A_FILE, textcore.not_regular(path, mode).reason)
+                mine = [Job(login, path, None, aside=why)]
+            else:
+                mine = []
+            why = Aside(Status.MISSING, f"no folder {login}")
+            mine += [Job(name, None, ref, aside=why) for name, ref in sorted(refs.items())]
+        jobs += [dataclasses.replace(job, student=login) for job in mine]
+    return jobs
+
+
+def read_roster(path: Path) -> list[str]:
+    """A class's logins from ``path``, one a line (blank lines and ``#`` comments skipped). Raises
+    UsageError for a line that is not a login (it names a folder: never ``..`` or a path)."""
+    from .submitters import is_login
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(
+            f"--roster {shown(str(path))}: cannot read it ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    logins: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        login = line.split("#", 1)[0].strip()
+        if not login:
+            continue
+        if not is_login(login):
+            raise UsageError(f"--roster {shown(str(path))}: line {number}: {shown(repr(login))} is not a login")
+        if login not in logins:
+            logins.append(login)
+    return logins
 
 
 def check_file(output: Path, reference: Path, options: Options, ahead: ReadAhead | None = None) -> Run:
@@ -925,43 +1067,68 @@ def _shown_path(path: Path | None) -> str | None:
 
 
 def table(results: Sequence[Result]) -> str:
-    """The results as a plain-text table: file, shape, status, max error, reason."""
-    rows = [("file", "shape", "status", "max error", "reason")]
+    """The results as a plain-text table: (student,) file, shape, status, max error, reason."""
+    students = any(r.student is not None for r in results)
+    rows = [(*(("student",) if students else ()), "file", "shape", "status", "max error", "reason")]
     for r in results:
         shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
         err = "-" if r.max_error is None else f"{r.max_error:.4g}"
-        rows.append((shown(r.file), shape, r.status.value, err, shown(r.reason)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        who = (shown(r.student or ""),) if students else ()
+        rows.append((*who, shown(r.file), shape, r.status.value, err, shown(r.reason)))
+    last = len(rows[0]) - 1  # the reason: not padded; the max error before it right-aligned
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
     lines = []
     for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]), row[3].rjust(widths[3])]
-        lines.append("  ".join([*cells, row[4]]).rstrip())
+        cells = [
+            cell.rjust(w) if i == last - 1 else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row[:last], widths, strict=True))
+        ]
+        lines.append("  ".join([*cells, row[last]]).rstrip())
     return "\n".join(lines)
 
 
 def junit_xml(run: Run) -> ET.Element:
-    """The run as JUnit XML: one testcase per job; failures, errors, and extras as skipped."""
+    """The run as JUnit XML: one testcase per job (failures; errors; extra, superseded and late files as
+    skipped) in one testsuite, or in a class's run one testsuite per student."""
+    import xml.etree.ElementTree as ET
+
+    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
+    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
+    totals = _junit_totals(run.results, run.seconds)
+    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
+    if run.by_student:
+        for login, results in run.students().items():
+            seconds = sum(r.seconds for r in results)
+            _junit_suite(root, run, f"mmd check {shown(login)}", results, seconds, [("student", shown(login))])
+    else:
+        _junit_suite(root, run, f"mmd check {shown(str(run.outbox))}", run.results, run.seconds, [])
+    ET.indent(root)
+    return root
+
+
+def _junit_totals(results: Sequence[Result], seconds: float) -> dict[str, str]:
+    c = _counts(results)
+    return {
+        "tests": str(len(results)),
+        "failures": str(sum(c[s.value] for s in FAILED)),
+        "errors": str(c["error"]),
+        "skipped": str(sum(c[s.value] for s in SET_ASIDE)),
+        "time": f"{seconds:.3f}",
+    }
+
+
+def _junit_suite(
+    root: ET.Element, run: Run, name: str, results: Sequence[Result], seconds: float, extra: list[tuple[str, str]]
+) -> None:
     import socket
     import xml.etree.ElementTree as ET
 
-    c = run.counts
-    failures = sum(c[s.value] for s in FAILED)
-    totals = {
-        "tests": str(len(run.results)),
-        "failures": str(failures),
-        "errors": str(c["error"]),
-        "skipped": str(sum(c[s.value] for s in SET_ASIDE)),
-        "time": f"{run.seconds:.3f}",
-    }
-    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
-    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
-    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
     suite = ET.SubElement(
         root,
         "testsuite",
         {
-            "name": f"mmd check {shown(str(run.outbox))}",
-            **totals,
+            "name": name,
+            **_junit_totals(results, seconds),
             "timestamp": run.started_at.removesuffix("+00:00"),
             "hostname": shown(socket.gethostname()),
         },
@@ -969,6 +1136,7 @@ def junit_xml(run: Run) -> ET.Element:
     props = ET.SubElement(suite, "properties")
     o = run.options
     for key, value in (
+        *extra,
         ("outbox", shown(str(run.outbox))),
         ("against", o.against),
         ("reference", shown(str(run.reference))),
@@ -978,10 +1146,12 @@ def junit_xml(run: Run) -> ET.Element:
         *([("before", shown_time(o.before))] if o.before is not None else []),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
-    for r in run.results:
+    for r in results:
         # a test's superseded and late files are cases of their own: named by their file too
-        name = shown(r.name) if r.status not in (Status.SUPERSEDED, Status.LATE) else shown(f"{r.name} ({r.file})")
-        case = ET.SubElement(suite, "testcase", {"classname": "mmd.check", "name": name, "time": f"{r.seconds:.3f}"})
+        case_name = shown(r.name) if r.status not in (Status.SUPERSEDED, Status.LATE) else shown(f"{r.name} ({r.file})")
+        case = ET.SubElement(
+            suite, "testcase", {"classname": "mmd.check", "name": case_name, "time": f"{r.seconds:.3f}"}
+        )
         reason = shown(r.reason)
         if r.status in FAILED:
             node = ET.SubElement(case, "failure", {"type": r.status.value, "message": reason})
@@ -995,8 +1165,6 @@ def junit_xml(run: Run) -> ET.Element:
             f"{what}: {shown(str(path))}" for what, path in (("output", r.output), ("reference", r.reference)) if path
         ]
         ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
-    ET.indent(root)
-    return root
 
 
 def write_junit(run: Run, path: Path) -> None:
@@ -1024,7 +1192,21 @@ def run_dict(run: Run) -> dict[str, Any]:
         "seconds": round(run.seconds, 6),
         "exit_status": run.exit_status,
         "counts": dict(run.counts),
-        "results": [r.as_dict() for r in run.results],
+        **(
+            {"students": [_student_dict(login, results) for login, results in run.students().items()]}
+            if run.by_student
+            else {"results": [r.as_dict() for r in run.results]}
+        ),
+    }
+
+
+def _student_dict(login: str, results: Sequence[Result]) -> dict[str, Any]:
+    counts = _counts(results)
+    return {
+        "student": shown(login),
+        "exit_status": _exit_status(counts),
+        "counts": counts,
+        "results": [r.as_dict() for r in results],
     }
 
 

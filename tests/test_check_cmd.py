@@ -93,6 +93,8 @@ def test_one_output(tmp_path):
         (["m.out", "--input", "m.txt", "--jobs", "0"], "mmd check: --jobs must be at least 1"),
         (["m.out", "--input", "m.txt", "--json", "nodir/r.json"], "mmd check: "),
         ([".", "--inputs", ".", "--before", "friday"], "mmd check: --before friday: not an ISO 8601 time"),
+        ([".", "--inputs", ".", "--roster", "bad.txt"], "mmd check: --roster bad.txt: line 2: 'x 1' is not a login"),
+        (["m.out", "--input", "m.txt", "--by-student"], "mmd check: --by-student checks a folder"),
     ],
 )
 def test_exit_2_with_one_line(tmp_path, args, line):
@@ -374,3 +376,48 @@ def test_a_resubmission_and_a_deadline(tmp_path):
     assert rows[2] == ["x.1.out", "-", "late", "-", f"finished {second}, not before the deadline {second}"]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["before"] == second and report["counts"]["late"] == 1
+
+
+def test_a_class_in_one_command(tmp_path):
+    tests, handin = tmp_path / "tests", tmp_path / "handin"
+    tests.mkdir()
+    for login in ("alice", "bob", "slurm"):
+        (handin / login).mkdir(parents=True)
+    _, out = _pair(tests, "x", 3, 3, 3, seed=1)
+    for login in ("alice", "slurm"):
+        shutil.copy(out, handin / login / "x.out")
+    out.unlink()
+    (tmp_path / "roster.txt").write_text("# the class\nalice\nbob\n\ncarol\n")
+    r = run_mmd(
+        "check",
+        "handin",
+        "--inputs",
+        "tests",
+        "--by-student",
+        "--roster",
+        "roster.txt",
+        "--json",
+        "r.json",
+        cwd=tmp_path,
+    )
+    assert (r.returncode, r.stderr) == (1, "")
+    lines = r.stdout.splitlines()
+    assert [line.split()[:4] for line in lines[:4]] == [
+        ["student", "file", "shape", "status"],
+        ["alice", "x.out", "3x3", "ok"],
+        ["bob", "x.out", "-", "missing"],
+        ["carol", "x.out", "-", "missing"],
+    ]
+    assert lines[3].endswith("no folder carol")
+    assert lines[4:7] == [
+        "alice: 1 jobs checked: 1 ok; 0 extra; 0 could not be checked",
+        "bob: 1 jobs checked: 1 missing; 0 extra; 0 could not be checked",
+        "carol: 1 jobs checked: 1 missing; 0 extra; 0 could not be checked",
+    ]
+    assert lines[7].startswith("3 jobs checked against the inputs in tests: 1 ok, 2 missing; 0 extra;")
+    assert len(lines) == 8
+    assert [s["student"] for s in json.loads((tmp_path / "r.json").read_text())["students"]] == [
+        "alice",
+        "bob",
+        "carol",
+    ]

@@ -785,3 +785,92 @@ def test_pairing_by_sha256_then_by_name_is_a_pure_function():
         ("y", out / "y.out", ref / "y.txt"),
         ("y.1", out / "y.1.out", None),
     ]
+
+
+# ---------------------------------------------------------------------------
+# a whole class: a folder per student
+
+
+def _class(tmp_path: Path) -> tuple[Path, Path]:
+    """tests/{x,y}.txt and handin/ with alice (x right, y wrong), bob (x right, y none), mmd's slurm/, a dot
+    folder, a link named like a student (to alice's folder) and a stray file."""
+    tests, handin = tmp_path / "tests", tmp_path / "handin"
+    tests.mkdir()
+    handin.mkdir()
+    outs = {}
+    for i, name in enumerate(("x", "y")):
+        rng = np.random.default_rng(40 + i)
+        a, b = random_matrix(rng, 3, 4), random_matrix(rng, 4, 2)
+        (tests / f"{name}.txt").write_bytes(b"".join(input_chunks(a, b, square=False)))
+        outs[name] = textformat.emit(a @ b)
+    for login, files in (
+        ("alice", {"x.out": outs["x"], "y.out": outs["x"]}),
+        ("bob", {"x.out": outs["x"]}),
+        ("slurm", {"x.out": outs["x"]}),
+        (".cache", {"x.out": outs["x"]}),
+    ):
+        (handin / login).mkdir()
+        for name, body in files.items():
+            (handin / login / name).write_bytes(body)
+    (handin / "mallory").symlink_to(handin / "alice")
+    (handin / "notes.txt").write_text("not a student\n")
+    return handin, tests
+
+
+def test_a_class_by_student(tmp_path):
+    handin, tests = _class(tmp_path)
+    wrong = grading.check_file(handin / "alice" / "y.out", tests / "y.txt", Options()).results[0].reason
+    assert wrong.endswith(" of 6 values outside tolerance") or " of 6 values outside tolerance, worst at" in wrong
+    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    got = [(r.student, r.name, r.file, r.status, r.reason) for r in run.results]
+    assert got == [
+        ("alice", "x", "x.out", Status.OK, ""),
+        ("alice", "y", "y.out", Status.MISMATCH, wrong),
+        ("bob", "x", "x.out", Status.OK, ""),
+        ("bob", "y", "y.out", Status.MISSING, "no output and no error sidecar"),
+        ("carol", "x", "x.out", Status.MISSING, "no folder carol"),
+        ("carol", "y", "y.out", Status.MISSING, "no folder carol"),
+        ("mallory", "mallory", "mallory", Status.NOT_A_FILE, "mallory is a symbolic link: not opened"),
+        ("mallory", "x", "x.out", Status.MISSING, "no folder mallory"),
+        ("mallory", "y", "y.out", Status.MISSING, "no folder mallory"),
+    ]
+    assert run.exit_status == ExitStatus.FAILED
+    assert run.student_summaries() == [
+        "alice: 2 jobs checked: 1 ok, 1 mismatch; 0 extra; 0 could not be checked",
+        "bob: 2 jobs checked: 1 ok, 1 missing; 0 extra; 0 could not be checked",
+        "carol: 2 jobs checked: 2 missing; 0 extra; 0 could not be checked",
+        "mallory: 3 jobs checked: 2 missing, 1 not-a-file; 0 extra; 0 could not be checked",
+    ]
+    e = {r.student: "%.4g" % r.max_error for r in run.results if r.name == "x" and r.max_error is not None}
+    table = grading.table(run.results).splitlines()
+    assert table[0] == "student  file     shape  status      max error  reason"
+    assert table[1] == f"alice    x.out    3x2    ok          {e['alice']:>9}"
+    assert table[4] == "bob      y.out    -      missing             -  no output and no error sidecar"
+    assert table[7] == "mallory  mallory  -      not-a-file          -  mallory is a symbolic link: not opened"
+    # without a roster: the folders alone (carol unseen); never slurm/, a dot folder or a stray file
+    run = grading.check_class(handin, tests, Options())
+    assert sorted({r.student for r in run.results}) == ["alice", "bob", "mallory"]
+
+
+def test_a_class_s_reports_group_by_student(tmp_path):
+    handin, tests = _class(tmp_path)
+    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    grading.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    root = ET.parse(tmp_path / "r.xml").getroot()
+    assert (root.get("tests"), root.get("failures")) == ("9", "7")
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == [f"mmd check {s}" for s in ("alice", "bob", "carol", "mallory")]
+    assert [(s.get("tests"), s.get("failures")) for s in suites] == [("2", "1"), ("2", "1"), ("2", "2"), ("3", "3")]
+    assert {p.get("name"): p.get("value") for p in suites[1].find("properties")}["student"] == "bob"
+    assert [c.get("name") for c in suites[0].iter("testcase")] == ["x", "y"]
+    grading.write_json(run, tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert "results" not in data and data["exit_status"] == 1 and data["counts"]["missing"] == 5
+    assert [(s["student"], s["counts"]["ok"], s["exit_status"]) for s in data["students"]] == [
+        ("alice", 1, 1),
+        ("bob", 1, 1),
+        ("carol", 0, 1),
+        ("mallory", 0, 1),
+    ]
+    assert [(r["name"], r["status"]) for r in data["students"][1]["results"]] == [("x", "ok"), ("y", "missing")]

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
-    from ..grading import Result
+    from ..grading import Progress, Result
     from ..readahead import ReadAhead
 
 EPILOG = """\
@@ -75,6 +75,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a folder's deadline (ISO 8601; local time without an offset): grade only what its sidecars say "
         "finished before it; later files are listed as late",
     )
+    p.add_argument(
+        "--by-student",
+        action="store_true",
+        help="OUTPUT holds a folder per student (handin/<login>/, class mode's outbox/<login>/): grade each",
+    )
+    p.add_argument(
+        "--roster",
+        type=Path,
+        metavar="FILE",
+        help="the class's logins, one a line (# comments): a student with no folder is reported too "
+        "(implies --by-student)",
+    )
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -112,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             if path is not None:
                 grading.check_report_path(path, flag)
         before = _deadline(args.before)
+        args.roster_logins = None if args.roster is None else grading.read_roster(args.roster)
     except UsageError as exc:
         return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
@@ -173,9 +186,18 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         if folder != reference.is_dir() and reference.exists() and args.output.exists():
             what = "a folder" if folder else "a file"
             return _usage(f"{args.output} is {what}: give {what} to check it against")
+        if (args.by_student or args.roster is not None) and not folder:
+            return _usage("--by-student checks a folder: give one with a folder per student")
         if folder:
-            result = grading.check_folder(args.output, reference, options, args.jobs)
+            with _progress(False) as progress:
+                if args.by_student or args.roster is not None:
+                    roster = args.roster_logins
+                    result = grading.check_class(args.output, reference, options, roster, args.jobs, progress)
+                else:
+                    result = grading.check_folder(args.output, reference, options, args.jobs, progress)
             print(grading.table(result.results))
+            for line in result.student_summaries():
+                print(line)
             print(result.summary())
         else:
             result = grading.check_file(args.output, reference, options, ahead)
@@ -188,6 +210,12 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         print(f"mmd check: {grading.shown(exc.reason)}", file=sys.stderr)
         return ExitStatus.USAGE
     return result.exit_status
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool) -> Iterator[Progress | None]:
+    """No progress is shown yet."""
+    yield None
 
 
 def _print_one(r: Result) -> None:
