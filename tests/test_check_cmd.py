@@ -421,3 +421,50 @@ def test_a_class_in_one_command(tmp_path):
         "bob",
         "carol",
     ]
+
+
+def _on_a_terminal(*args: str, cwd: Path) -> tuple[int, str, bytes]:
+    """``mmd check ARGS`` with its stderr on a pseudo-terminal: (exit status, stdout, what the terminal got)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mmd", "check", *args],
+            cwd=cwd,
+            env=mmd_env({"MMD_BACKEND": "cpu", "TERM": "xterm-256color", "COLUMNS": "100"}),
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+        )
+        os.close(follower)
+        stdout, _ = proc.communicate(timeout=120)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+    return proc.returncode, stdout, seen
+
+
+def test_a_folder_check_shows_progress_on_a_terminal_only(tmp_path):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    for i in range(3):
+        _pair(tests, f"t{i}", 4, 4, 4, seed=i)
+        (tests / f"t{i}.out").rename(outbox / f"t{i}.out")
+    status, stdout, seen = _on_a_terminal("outbox", "--inputs", "tests", cwd=tmp_path)
+    assert status == 0 and stdout.splitlines()[-1].startswith("3 jobs checked")
+    assert b"checking" in seen and b"3/3" in seen  # rich's bar, on stderr
+    assert b"3 jobs checked" not in seen  # the table and summary stay on stdout
+    status, stdout, seen = _on_a_terminal("outbox", "--inputs", "tests", "--quiet", cwd=tmp_path)
+    assert (status, seen) == (0, b"")
+    r = run_mmd("check", "outbox", "--inputs", "tests", cwd=tmp_path)  # stderr a pipe: nothing on it
+    assert (r.returncode, r.stderr) == (0, "")

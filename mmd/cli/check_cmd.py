@@ -23,6 +23,7 @@ one output:
   mmd check m.out expected.out         exact format, then values against another output (0.01)
 a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
   mmd check outbox --inputs tests/ --junit report.xml --json report.json
+  mmd check handin --inputs tests/ --roster roster.txt   a folder per student
 
 --quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
 whole wrong rows, columns, tiles and transposes, but not one value off by a
@@ -87,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the class's logins, one a line (# comments): a student with no folder is reported too "
         "(implies --by-student)",
     )
+    p.add_argument("--quiet", action="store_true", help="no progress bar (one is drawn on stderr on a terminal)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -189,7 +191,7 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         if (args.by_student or args.roster is not None) and not folder:
             return _usage("--by-student checks a folder: give one with a folder per student")
         if folder:
-            with _progress(False) as progress:
+            with _progress(args.quiet) as progress:
                 if args.by_student or args.roster is not None:
                     roster = args.roster_logins
                     result = grading.check_class(args.output, reference, options, roster, args.jobs, progress)
@@ -214,8 +216,31 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
 
 @contextlib.contextmanager
 def _progress(quiet: bool) -> Iterator[Progress | None]:
-    """No progress is shown yet."""
-    yield None
+    """A progress bar on stderr where it is a terminal (and not --quiet): nothing otherwise, so that a
+    script or a pipe reads only the table."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield _Bar(bar)
+
+
+class _Bar:
+    """grading.Progress drawn by rich."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        self.task = self.bar.add_task("check", total=total)
+
+    def advance(self, result: Result) -> None:
+        self.bar.advance(self.task)
 
 
 def _print_one(r: Result) -> None:
