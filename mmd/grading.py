@@ -1,11 +1,15 @@
 """Grading: check outputs against their inputs or expected outputs, one file or a whole folder.
 
 A job ``x`` pairs an input ``x.txt`` (or an expected output ``x.out``) in
-the reference folder with the output ``x.out`` in the outbox. Every pair is
-checked (exact format, then values); an input without an output is
-*missing*, or *refused* where the daemon left ``x.error.yaml`` instead (its
-reason is shown); an output or error sidecar without an input is *extra*
-(listed, never a failure). A folder is checked on a thread pool: the C
+the reference folder with an output in the outbox (:func:`pair`): the one
+whose sidecar names the input's sha256, else ``x.out`` (or a version
+``x.1.out`` whose sidecar says it wanted that name); of several, the newest
+by its sidecar's finish time is checked and the others are *superseded*;
+with a deadline (``Options.before``) those finished at or after it are
+*late*. Every pair is checked (exact format, then values); an input without
+an output is *missing*, or *refused* where the daemon left an error sidecar
+instead (its reason is shown); an output or error sidecar without an input
+is *extra* (listed, never a failure). A folder is checked on a thread pool: the C
 parsers and numpy's BLAS and ufuncs release the GIL, so threads use every
 core without the start-up (about half a second here) and the pickling of
 matrices that worker processes would cost.
@@ -19,18 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import mmap
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from . import freivalds, tally, textcore
 from .cpus import block_rows, usable_cores, worker_rows
@@ -65,12 +70,16 @@ class Status(str, Enum):
     MISSING = "missing"  # no output and no error sidecar
     REFUSED = "refused"  # an error sidecar instead of an output
     EXTRA = "extra"  # an output or error sidecar with no input or expected output
+    SUPERSEDED = "superseded"  # an output or error sidecar for a test that a newer one answers
+    LATE = "late"  # finished at or after the deadline (--before), or with no sidecar to say when
     NOT_A_FILE = "not-a-file"  # the output or error sidecar is a link, folder, FIFO or device: never opened
     ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
 
 
 #: Statuses that fail a check (exit status 1).
 FAILED = frozenset({Status.MISMATCH, Status.FORMAT, Status.MISSING, Status.REFUSED, Status.NOT_A_FILE})
+#: Files listed but not checked: no job's answer (never a failure).
+SET_ASIDE = (Status.EXTRA, Status.SUPERSEDED, Status.LATE)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,15 @@ class Options:
     quick: bool = False
     seed: int = field(default_factory=freivalds.fresh_seed)  # --quick's: fresh unless one is asked for
     gemm: verify.Gemm | None = None
+    before: datetime | None = None  # a folder's deadline: only what its sidecars say finished before it
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A job decided by its pairing alone, never opened: superseded, late, or missing at a deadline."""
+
+    status: Status
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,8 @@ class Job:
     output: Path | None  # None: no output
     reference: Path | None  # the input or expected output; None: an extra
     refusal: Path | None = None  # the error sidecar, where there is one
+    aside: Aside | None = None  # decided by the pairing: nothing to check
+    student: str | None = None  # whose folder it is in, checking a class (check_class)
 
 
 @dataclass(frozen=True)
@@ -109,11 +129,17 @@ class Result:
     line: int | None = None  # where the output's format fails
     column: int | None = None
     seconds: float = 0.0
+    refusal: Path | None = None  # the error sidecar the job was paired with
+    student: str | None = None  # whose, checking a class
 
     @property
     def file(self) -> str:
         """The output's file name (what it would be, for a missing one)."""
-        return self.output.name if self.output is not None else self.name + OUTPUT_SUFFIX
+        if self.output is not None:
+            return self.output.name
+        if self.refusal is not None and self.status in (Status.SUPERSEDED, Status.LATE):
+            return self.refusal.name  # the row is about that file, not the job's
+        return self.name + OUTPUT_SUFFIX
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for JSON (non-finite errors become null; names and reasons :func:`shown`)."""
@@ -144,32 +170,63 @@ class Run:
     results: tuple[Result, ...]
     seconds: float
     started_at: str
+    by_student: bool = False  # a class's folder (check_class): results grouped by student
     counts: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        counts = {s.value: 0 for s in Status}
-        for r in self.results:
-            counts[r.status.value] += 1
-        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "counts", _counts(self.results))
 
     @property
     def exit_status(self) -> int:
         """2 if anything could not be checked, else 1 if anything failed, else 0."""
-        if self.counts[Status.ERROR.value]:
-            return ExitStatus.USAGE
-        return ExitStatus.FAILED if any(self.counts[s.value] for s in FAILED) else ExitStatus.OK
+        return _exit_status(self.counts)
 
     def summary(self) -> str:
         """One line: how many of each, and how long it took."""
-        c = self.counts
-        checked = len(self.results) - c["extra"]
         against = "expected outputs" if self.options.against == "expected" else "inputs"
         quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
-        parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
+        checked, tally = _tally_line(self.results, self.counts)
         return (
-            f"{checked} jobs checked against the {against} in {self.reference}{quick}: {', '.join(parts) or 'none'}; "
-            f"{c['extra']} extra; {c['error']} could not be checked ({self.seconds:.2f} s)"
+            f"{checked} jobs checked against the {against} in {self.reference}{quick}: {tally} ({self.seconds:.2f} s)"
         )
+
+    def students(self) -> dict[str, tuple[Result, ...]]:
+        """Each student's results, in the table's order (a class's run; empty otherwise)."""
+        groups: dict[str, list[Result]] = {}
+        for r in self.results:
+            if r.student is not None:
+                groups.setdefault(r.student, []).append(r)
+        return {login: tuple(results) for login, results in groups.items()}
+
+    def student_summaries(self) -> list[str]:
+        """A line per student, as :meth:`summary` counts them."""
+        lines = []
+        for login, results in self.students().items():
+            checked, tally = _tally_line(results, _counts(results))
+            lines.append(f"{shown(login)}: {checked} jobs checked: {tally}")
+        return lines
+
+
+def _counts(results: Iterable[Result]) -> dict[str, int]:
+    counts = {s.value: 0 for s in Status}
+    for r in results:
+        counts[r.status.value] += 1
+    return counts
+
+
+def _exit_status(counts: Mapping[str, int]) -> int:
+    if counts[Status.ERROR.value]:
+        return ExitStatus.USAGE
+    return ExitStatus.FAILED if any(counts[s.value] for s in FAILED) else ExitStatus.OK
+
+
+def _tally_line(results: Sequence[Result], c: Mapping[str, int]) -> tuple[int, str]:
+    """(jobs checked, "4 ok, 1 mismatch; 1 extra; 0 could not be checked")."""
+    checked = len(results) - sum(c[s.value] for s in SET_ASIDE)
+    parts = [f"{c[s.value]} {s.value}" for s in (Status.OK, *sorted(FAILED, key=_ORDER.index)) if c[s.value]]
+    # superseded and late only where there are any: most folders have neither
+    aside = "".join(f"; {c[s.value]} {s.value}" for s in (Status.SUPERSEDED, Status.LATE) if c[s.value])
+    return checked, f"{', '.join(parts) or 'none'}; {c['extra']} extra{aside}; {c['error']} could not be checked"
 
 
 _ORDER = list(Status)
@@ -361,10 +418,20 @@ def _with_seconds(r: Result, seconds: float) -> Result:
 
 
 def _result(job: Job, status: Status, **fields: Any) -> Result:
-    return Result(name=job.name, status=status, output=job.output, reference=job.reference, **fields)
+    return Result(
+        name=job.name,
+        status=status,
+        output=job.output,
+        reference=job.reference,
+        refusal=job.refusal,
+        student=job.student,
+        **fields,
+    )
 
 
 def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
+    if job.aside is not None:
+        return _result(job, job.aside.status, reason=job.aside.reason)
     if job.reference is None:
         what = job.output.name if job.output is not None else job.refusal.name if job.refusal else job.name
         return _result(job, Status.EXTRA, reason=f"{what}: no {job.name}{_ref_suffix(options)} to check it against")
@@ -639,18 +706,179 @@ def _refusal_reason(path: Path) -> str:
 # pairing a folder
 
 
-def pair_folder(outbox: Path, reference: Path, against: str) -> list[Job]:
-    """The jobs of ``outbox`` against the folder ``reference``, sorted by name. Raises UnreadableError."""
-    ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
-    refs = dict(_names(reference, ref_suffix))
-    outs = dict(_names(outbox, OUTPUT_SUFFIX))
+#: The largest sidecar read for pairing: mmd's are about 2 KB; a student's file is not parsed beyond this.
+SIDECAR_MAX_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """What pairing reads from an output's sidecar (or an error sidecar itself)."""
+
+    input_sha256: str | None = None  # the input the job read
+    finished_at: datetime | None = None  # when the job's files were committed
+    wanted: str | None = None  # the output's name before it was versioned (x.out for x.1.out)
+
+
+@dataclass(frozen=True)
+class Found:
+    """An output or error sidecar in a folder being graded, and its sidecar's facts (None: none read)."""
+
+    path: Path
+    sidecar: Sidecar | None = None
+
+    @property
+    def refusal(self) -> bool:
+        from .record import ERROR_SUFFIX
+
+        return self.path.name.endswith(ERROR_SUFFIX)
+
+    @property
+    def name(self) -> str:
+        """The job its name gives: the file's, or the one the daemon wanted before it versioned it."""
+        from .record import ERROR_SUFFIX
+
+        wanted = self.sidecar.wanted if self.sidecar is not None else None
+        name = wanted if wanted else self.path.name
+        for suffix in (ERROR_SUFFIX, OUTPUT_SUFFIX):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+        return name
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return None if self.sidecar is None else self.sidecar.finished_at
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time (``--before``, a sidecar's ``finished_at``); one without an offset is local time.
+    Raises ValueError."""
+    when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    return when if when.tzinfo is not None else when.astimezone()
+
+
+def shown_time(when: datetime) -> str:
+    """A time as sidecars write it (to the millisecond, where it has a fraction)."""
+    return when.isoformat(timespec="milliseconds" if when.microsecond else "seconds")
+
+
+def _newest_first(found: Found) -> tuple[bool, float, bool, str]:
+    """Sort key, newest first: one without a finish time is older than any with one; at one time an output
+    comes before an error sidecar (the daemon never leaves both), then by name."""
+    at = found.finished_at
+    return (at is None, 0.0 if at is None else -at.timestamp(), found.refusal, found.path.name)
+
+
+def pair(
+    found: Iterable[Found],
+    refs: Mapping[str, Path],
+    ref_sha256: Mapping[str, str],
+    before: datetime | None = None,
+) -> list[Job]:
+    """The jobs of a folder's outputs and error sidecars (``found``) against the references ``refs`` (job
+    name -> input or expected output), sorted by name; pure.
+
+    Each file answers the test whose input has the sha256 its sidecar names (``ref_sha256``, name -> sha256;
+    the one of its own name where several tests have those bytes), else the test its name gives
+    (:attr:`Found.name`), else none (extra). Of a test's answers, the newest by its sidecar's finish time is
+    checked and the others are superseded; with ``before``, only those that finished before it are answers,
+    and the rest are late (one with no finish time cannot be shown to be in time).
+    """
+    by_sha: dict[str, list[str]] = {}
+    for name in sorted(ref_sha256):
+        by_sha.setdefault(ref_sha256[name], []).append(name)
+    answers: dict[str, list[Found]] = {}
+    for f in found:
+        sha = f.sidecar.input_sha256 if f.sidecar is not None else None
+        same = by_sha.get(sha, []) if sha else []
+        name = f.name if not same or f.name in same else same[0]
+        answers.setdefault(name, []).append(f)
+    jobs: list[Job] = []
+    for name in sorted(set(refs) | set(answers)):
+        ref = refs.get(name)
+        mine = sorted(answers.get(name, []), key=_newest_first)
+        if ref is None:  # no test: every file is an extra, as it always was
+            jobs.extend(_job(name, f, None) for f in sorted(mine, key=lambda f: (f.refusal, f.path.name)))
+            continue
+        late = [f for f in mine if before is not None and (f.finished_at is None or f.finished_at >= before)]
+        in_time = [f for f in mine if f not in late]
+        if in_time:
+            jobs.append(_job(name, in_time[0], ref))
+        else:
+            reason = None if before is None else f"no output and no error sidecar finished before {shown_time(before)}"
+            jobs.append(Job(name, None, ref, aside=Aside(Status.MISSING, reason) if reason else None))
+        why = f"superseded by {in_time[0].path.name}" if in_time else ""
+        jobs.extend(_job(name, f, ref, Aside(Status.SUPERSEDED, why)) for f in in_time[1:])
+        for f in late:
+            at = f.finished_at
+            assert before is not None
+            why = (
+                f"finished {shown_time(at)}, not before the deadline {shown_time(before)}"
+                if at is not None
+                else "no sidecar says when it finished: not shown to be before the deadline"
+            )
+            jobs.append(_job(name, f, ref, Aside(Status.LATE, why)))
+    return jobs
+
+
+def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Job:
+    if found.refusal:
+        return Job(name, None, ref, found.path, aside)
+    return Job(name, found.path, ref, None, aside)
+
+
+def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
+    """The jobs of ``outbox`` against the folder ``reference`` (:func:`pair`), sorted by name. Raises
+    UnreadableError."""
     from .record import ERROR_SUFFIX
 
-    refusals = dict(_names(outbox, ERROR_SUFFIX))
-    jobs = []
-    for stem in sorted(set(refs) | set(outs) | set(refusals)):
-        jobs.append(Job(stem, outs.get(stem), refs.get(stem), refusals.get(stem)))
-    return jobs
+    ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
+    refs = dict(_names(reference, ref_suffix))
+    found = [
+        Found(path, _read_sidecar(path))
+        for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
+        for _, path in _names(outbox, suffix)
+    ]
+    return pair(found, refs, _sha256s(refs, found, against), before)
+
+
+def _sha256s(refs: Mapping[str, Path], found: Sequence[Found], against: str) -> dict[str, str]:
+    """The inputs' sha256, where an answer's sidecar names one (an input's is what the daemon hashed)."""
+    if against != "inputs" or not any(f.sidecar is not None and f.sidecar.input_sha256 for f in found):
+        return {}
+    sums = {}
+    for name, path in refs.items():
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as fh:  # the grader's file: followed, as every reference is
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:
+            continue  # its check says why
+        sums[name] = digest.hexdigest()
+    return sums
+
+
+def _read_sidecar(path: Path) -> Sidecar | None:
+    """The facts of an output's sidecar (or of the error sidecar ``path``), None where there is none that
+    mmd could have written. A student's file: never through a link, never a big one."""
+    import yaml
+
+    from . import record
+
+    sidecar = path if path.name.endswith(record.ERROR_SUFFIX) else record.timing_path(path)
+    try:
+        data = textcore.read_bytes(sidecar, follow=False)
+        if len(data) > SIDECAR_MAX_BYTES:
+            return None
+        rec = record.parse(bytes(data), sidecar)
+    except (UnreadableError, ValueError, yaml.YAMLError):  # NotRegularFile is an UnreadableError
+        return None
+    try:
+        finished = parse_time(rec.finished_at) if rec.finished_at else None
+    except ValueError:
+        finished = None
+    wanted = rec.context.collision.wanted if rec.context.collision is not None else None
+    return Sidecar(rec.input.sha256, finished, wanted)
 
 
 def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
@@ -664,35 +892,140 @@ def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
         yield e.name[: -len(suffix)], Path(folder) / e.name
 
 
+class Progress(Protocol):
+    """Told of a folder's checks as they go (``mmd check`` draws a bar on a terminal)."""
+
+    def start(self, total: int) -> None:
+        """``total`` jobs are about to be checked."""
+
+    def advance(self, result: Result) -> None:
+        """One of them is done."""
+
+
 def check_jobs(
-    jobs: Sequence[Job], options: Options, workers: int | None = None, on_result: Callable[[Result], None] | None = None
+    jobs: Sequence[Job], options: Options, workers: int | None = None, progress: Progress | None = None
 ) -> list[Result]:
-    """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order."""
+    """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order, each told to
+    ``progress`` as it ends."""
+    if progress is not None:
+        progress.start(len(jobs))
     workers = max(1, min(len(jobs), workers or usable_cores()))
     if workers == 1:
         results = []
         for job in jobs:
             results.append(check_job(job, options))
-            if on_result is not None:
-                on_result(results[-1])
+            if progress is not None:
+                progress.advance(results[-1])
         return results
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(check_job, job, options) for job in jobs]
-        results = []
-        for fut in futures:
-            results.append(fut.result())
-            if on_result is not None:
-                on_result(results[-1])
-        return results
+        if progress is not None:
+            for fut in as_completed(futures):
+                progress.advance(fut.result())
+        return [fut.result() for fut in futures]
 
 
-def check_folder(outbox: Path, reference: Path, options: Options, workers: int | None = None) -> Run:
+def check_folder(
+    outbox: Path, reference: Path, options: Options, workers: int | None = None, progress: Progress | None = None
+) -> Run:
     """Pair and check a whole outbox against a folder of inputs or expected outputs."""
     started = _now()
     start = time.perf_counter()
-    jobs = pair_folder(outbox, reference, options.against)
-    results = check_jobs(jobs, options, workers)
+    jobs = pair_folder(outbox, reference, options.against, options.before)
+    results = check_jobs(jobs, options, workers, progress)
     return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
+
+
+def check_class(
+    folder: Path,
+    reference: Path,
+    options: Options,
+    roster: Sequence[str] | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Run:
+    """Check a class's ``folder``, a sub-folder per student (``handin/<login>/``, class mode's
+    ``outbox/<login>/``), each against the same inputs or expected outputs: the jobs of every student
+    (:func:`class_jobs`) in one pool."""
+    started = _now()
+    start = time.perf_counter()
+    jobs = class_jobs(folder, reference, options.against, options.before, roster)
+    results = check_jobs(jobs, options, workers, progress)
+    return Run(folder, reference, options, tuple(results), time.perf_counter() - start, started, by_student=True)
+
+
+def class_jobs(
+    folder: Path, reference: Path, against: str, before: datetime | None = None, roster: Sequence[str] | None = None
+) -> list[Job]:
+    """Every student's jobs (:func:`pair`), by login. The students are ``folder``'s entries (each looked at
+    with ``lstat``: a real folder is a student's; a link, FIFO or device named like one is reported as
+    not-a-file and never followed) and the logins of ``roster`` (one with no folder has every test
+    missing). Never a student: dot folders, mmd's own ``slurm/`` (unless the roster names it), and plain
+    files. Raises UnreadableError."""
+    from .record import ERROR_SUFFIX
+    from .slurm import SCRIPTS_DIR
+
+    named = set(roster or ())
+    try:
+        entries = {e.name: e.stat(follow_symlinks=False).st_mode for e in os.scandir(folder)}
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
+    # a plain file in a class's folder (a roster, notes) is no student's; anything else named like one is
+    students = {
+        name: mode
+        for name, mode in entries.items()
+        if not name.startswith(".") and not stat.S_ISREG(mode) and (name != SCRIPTS_DIR or name in named)
+    }
+    refs = dict(_names(reference, OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX))
+    found = {
+        login: [
+            Found(p, _read_sidecar(p))
+            for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
+            for _, p in _names(folder / login, suffix)
+        ]
+        for login, mode in students.items()
+        if stat.S_ISDIR(mode)
+    }
+    sha256s = _sha256s(refs, [f for mine in found.values() for f in mine], against)
+    jobs: list[Job] = []
+    for login in sorted(set(students) | named):
+        mode = students.get(login)
+        if login in found:
+            mine = pair(found[login], refs, sha256s, before)
+        else:  # no folder: every test missing, after the entry that stands in its place
+            if mode is not None:
+                path = folder / login
+                why = Aside(Status.NOT_A_FILE, textcore.not_regular(path, mode).reason)
+                mine = [Job(login, path, None, aside=why)]
+            else:
+                mine = []
+            why = Aside(Status.MISSING, f"no folder {login}")
+            mine += [Job(name, None, ref, aside=why) for name, ref in sorted(refs.items())]
+        jobs += [dataclasses.replace(job, student=login) for job in mine]
+    return jobs
+
+
+def read_roster(path: Path) -> list[str]:
+    """A class's logins from ``path``, one a line (blank lines and ``#`` comments skipped). Raises
+    UsageError for a line that is not a login (it names a folder: never ``..`` or a path)."""
+    from .submitters import is_login
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(
+            f"--roster {shown(str(path))}: cannot read it ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    logins: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        login = line.split("#", 1)[0].strip()
+        if not login:
+            continue
+        if not is_login(login):
+            raise UsageError(f"--roster {shown(str(path))}: line {number}: {shown(repr(login))} is not a login")
+        if login not in logins:
+            logins.append(login)
+    return logins
 
 
 def check_file(output: Path, reference: Path, options: Options, ahead: ReadAhead | None = None) -> Run:
@@ -734,43 +1067,68 @@ def _shown_path(path: Path | None) -> str | None:
 
 
 def table(results: Sequence[Result]) -> str:
-    """The results as a plain-text table: file, shape, status, max error, reason."""
-    rows = [("file", "shape", "status", "max error", "reason")]
+    """The results as a plain-text table: (student,) file, shape, status, max error, reason."""
+    students = any(r.student is not None for r in results)
+    rows = [(*(("student",) if students else ()), "file", "shape", "status", "max error", "reason")]
     for r in results:
         shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
         err = "-" if r.max_error is None else f"{r.max_error:.4g}"
-        rows.append((shown(r.file), shape, r.status.value, err, shown(r.reason)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        who = (shown(r.student or ""),) if students else ()
+        rows.append((*who, shown(r.file), shape, r.status.value, err, shown(r.reason)))
+    last = len(rows[0]) - 1  # the reason: not padded; the max error before it right-aligned
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
     lines = []
     for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]), row[3].rjust(widths[3])]
-        lines.append("  ".join([*cells, row[4]]).rstrip())
+        cells = [
+            cell.rjust(w) if i == last - 1 else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row[:last], widths, strict=True))
+        ]
+        lines.append("  ".join([*cells, row[last]]).rstrip())
     return "\n".join(lines)
 
 
 def junit_xml(run: Run) -> ET.Element:
-    """The run as JUnit XML: one testcase per job; failures, errors, and extras as skipped."""
+    """The run as JUnit XML: one testcase per job (failures; errors; extra, superseded and late files as
+    skipped) in one testsuite, or in a class's run one testsuite per student."""
+    import xml.etree.ElementTree as ET
+
+    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
+    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
+    totals = _junit_totals(run.results, run.seconds)
+    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
+    if run.by_student:
+        for login, results in run.students().items():
+            seconds = sum(r.seconds for r in results)
+            _junit_suite(root, run, f"mmd check {shown(login)}", results, seconds, [("student", shown(login))])
+    else:
+        _junit_suite(root, run, f"mmd check {shown(str(run.outbox))}", run.results, run.seconds, [])
+    ET.indent(root)
+    return root
+
+
+def _junit_totals(results: Sequence[Result], seconds: float) -> dict[str, str]:
+    c = _counts(results)
+    return {
+        "tests": str(len(results)),
+        "failures": str(sum(c[s.value] for s in FAILED)),
+        "errors": str(c["error"]),
+        "skipped": str(sum(c[s.value] for s in SET_ASIDE)),
+        "time": f"{seconds:.3f}",
+    }
+
+
+def _junit_suite(
+    root: ET.Element, run: Run, name: str, results: Sequence[Result], seconds: float, extra: list[tuple[str, str]]
+) -> None:
     import socket
     import xml.etree.ElementTree as ET
 
-    c = run.counts
-    failures = sum(c[s.value] for s in FAILED)
-    totals = {
-        "tests": str(len(run.results)),
-        "failures": str(failures),
-        "errors": str(c["error"]),
-        "skipped": str(c["extra"]),
-        "time": f"{run.seconds:.3f}",
-    }
-    # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
-    # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
-    root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
     suite = ET.SubElement(
         root,
         "testsuite",
         {
-            "name": f"mmd check {shown(str(run.outbox))}",
-            **totals,
+            "name": name,
+            **_junit_totals(results, seconds),
             "timestamp": run.started_at.removesuffix("+00:00"),
             "hostname": shown(socket.gethostname()),
         },
@@ -778,17 +1136,21 @@ def junit_xml(run: Run) -> ET.Element:
     props = ET.SubElement(suite, "properties")
     o = run.options
     for key, value in (
+        *extra,
         ("outbox", shown(str(run.outbox))),
         ("against", o.against),
         ("reference", shown(str(run.reference))),
         ("quick", "true" if o.quick else "false"),
         ("seed", str(o.seed)),
         ("tol", "model" if o.tol is None else f"{o.tol:g}"),
+        *([("before", shown_time(o.before))] if o.before is not None else []),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
-    for r in run.results:
+    for r in results:
+        # a test's superseded and late files are cases of their own: named by their file too
+        case_name = shown(r.name) if r.status not in (Status.SUPERSEDED, Status.LATE) else shown(f"{r.name} ({r.file})")
         case = ET.SubElement(
-            suite, "testcase", {"classname": "mmd.check", "name": shown(r.name), "time": f"{r.seconds:.3f}"}
+            suite, "testcase", {"classname": "mmd.check", "name": case_name, "time": f"{r.seconds:.3f}"}
         )
         reason = shown(r.reason)
         if r.status in FAILED:
@@ -796,15 +1158,13 @@ def junit_xml(run: Run) -> ET.Element:
             node.text = shown(r.detail) or reason
         elif r.status is Status.ERROR:
             ET.SubElement(case, "error", {"type": r.status.value, "message": reason})
-        elif r.status is Status.EXTRA:
+        elif r.status in SET_ASIDE:
             ET.SubElement(case, "skipped", {"type": r.status.value, "message": reason})
         # the files checked (testcase has no attribute for them), then the check's own summary line
         paths = [
             f"{what}: {shown(str(path))}" for what, path in (("output", r.output), ("reference", r.reference)) if path
         ]
         ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
-    ET.indent(root)
-    return root
 
 
 def write_junit(run: Run, path: Path) -> None:
@@ -827,11 +1187,26 @@ def run_dict(run: Run) -> dict[str, Any]:
         "quick": o.quick,
         "seed": o.seed,
         "tol": o.tol,
+        "before": None if o.before is None else shown_time(o.before),
         "started_at": run.started_at,
         "seconds": round(run.seconds, 6),
         "exit_status": run.exit_status,
         "counts": dict(run.counts),
-        "results": [r.as_dict() for r in run.results],
+        **(
+            {"students": [_student_dict(login, results) for login, results in run.students().items()]}
+            if run.by_student
+            else {"results": [r.as_dict() for r in run.results]}
+        ),
+    }
+
+
+def _student_dict(login: str, results: Sequence[Result]) -> dict[str, Any]:
+    counts = _counts(results)
+    return {
+        "student": shown(login),
+        "exit_status": _exit_status(counts),
+        "counts": counts,
+        "results": [r.as_dict() for r in results],
     }
 
 

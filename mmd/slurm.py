@@ -281,10 +281,14 @@ def manifest_bytes(paths: Sequence[Path]) -> bytes:
     return b"".join(out)
 
 
+#: mmd's own folder in an outbox (never a student's: ``mmd check --by-student`` passes it over).
+SCRIPTS_DIR = "slurm"
+
+
 def default_script_path(outbox: Path, now: _dt.datetime | None = None) -> Path:
     """``OUTBOX/slurm/<YYYYmmdd-HHMMSS>/job.sbatch``."""
     now = now or _dt.datetime.now()
-    return Path(os.path.abspath(outbox)) / "slurm" / now.strftime("%Y%m%d-%H%M%S") / "job.sbatch"
+    return Path(os.path.abspath(outbox)) / SCRIPTS_DIR / now.strftime("%Y%m%d-%H%M%S") / "job.sbatch"
 
 
 def make_plan(folder: Path, outbox: Path, options: ArrayOptions, script: Path | None = None) -> tuple[Plan, Listing]:

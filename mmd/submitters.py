@@ -17,6 +17,11 @@ import re
 _LOGIN_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 
 
+def is_login(name: str) -> bool:
+    """Whether ``name`` is a login as mmd uses it (a roster's line, a class's folder name)."""
+    return bool(_LOGIN_RE.fullmatch(name))
+
+
 @functools.lru_cache(maxsize=1024)
 def login_of(uid: int) -> str:
     """The login of ``uid``, or the uid in digits where it has none (or one unfit for a folder name)."""

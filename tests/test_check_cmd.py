@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from mmd import textformat
 from mmd.generate import input_chunks, random_matrix
@@ -91,6 +92,9 @@ def test_one_output(tmp_path):
         (["nosuch", "--inputs", "."], "mmd check: cannot read nosuch: No such file or directory"),
         (["m.out", "--input", "m.txt", "--jobs", "0"], "mmd check: --jobs must be at least 1"),
         (["m.out", "--input", "m.txt", "--json", "nodir/r.json"], "mmd check: "),
+        ([".", "--inputs", ".", "--before", "friday"], "mmd check: --before friday: not an ISO 8601 time"),
+        ([".", "--inputs", ".", "--roster", "bad.txt"], "mmd check: --roster bad.txt: line 2: 'x 1' is not a login"),
+        (["m.out", "--input", "m.txt", "--by-student"], "mmd check: --by-student checks a folder"),
     ],
 )
 def test_exit_2_with_one_line(tmp_path, args, line):
@@ -344,3 +348,123 @@ def test_quick_draws_a_fresh_seed_shows_it_and_repeats_it(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["seed"] == seed
     props = ET.parse(tmp_path / "r.xml").getroot().find("testsuite").find("properties")
     assert {p.get("name"): p.get("value") for p in props}["seed"] == str(seed)
+
+
+def test_a_resubmission_and_a_deadline(tmp_path):
+    """x.txt served, then another x.txt (the daemon writes x.1.out): the newest is graded, the other one
+    superseded; --before grades what had finished at a deadline."""
+    for folder in ("tests", "inbox", "outbox"):
+        (tmp_path / folder).mkdir()
+    src, _ = _pair(tmp_path / "tests", "x", 4, 3, 2, seed=1)
+    (tmp_path / "tests" / "x.out").unlink()
+    for body in (src.read_bytes(), src.read_bytes().replace(b"\n", b" \n", 1)):  # the same values, other bytes
+        (tmp_path / "inbox" / "x.txt").write_bytes(body)
+        assert run_mmd("serve", "--once", "--inbox", "inbox", "--outbox", "outbox", cwd=tmp_path).returncode == 0
+    r = run_mmd("check", "outbox", "--inputs", "tests", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = [line.split(maxsplit=4) for line in r.stdout.splitlines()]
+    assert rows[1][:3] == ["x.1.out", "4x2", "ok"]
+    assert rows[2] == ["x.out", "-", "superseded", "-", "superseded by x.1.out"]
+    assert r.stdout.splitlines()[3].startswith(
+        "1 jobs checked against the inputs in tests: 1 ok; 0 extra; 1 superseded; 0 could not be checked ("
+    )
+    second = yaml.safe_load((tmp_path / "outbox" / "x.1.timing.yaml").read_text())["finished_at"]
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--before", second, "--json", "r.json", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = [line.split(maxsplit=4) for line in r.stdout.splitlines()]
+    assert rows[1][:3] == ["x.out", "4x2", "ok"]
+    assert rows[2] == ["x.1.out", "-", "late", "-", f"finished {second}, not before the deadline {second}"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["before"] == second and report["counts"]["late"] == 1
+
+
+def test_a_class_in_one_command(tmp_path):
+    tests, handin = tmp_path / "tests", tmp_path / "handin"
+    tests.mkdir()
+    for login in ("alice", "bob", "slurm"):
+        (handin / login).mkdir(parents=True)
+    _, out = _pair(tests, "x", 3, 3, 3, seed=1)
+    for login in ("alice", "slurm"):
+        shutil.copy(out, handin / login / "x.out")
+    out.unlink()
+    (tmp_path / "roster.txt").write_text("# the class\nalice\nbob\n\ncarol\n")
+    r = run_mmd(
+        "check",
+        "handin",
+        "--inputs",
+        "tests",
+        "--by-student",
+        "--roster",
+        "roster.txt",
+        "--json",
+        "r.json",
+        cwd=tmp_path,
+    )
+    assert (r.returncode, r.stderr) == (1, "")
+    lines = r.stdout.splitlines()
+    assert [line.split()[:4] for line in lines[:4]] == [
+        ["student", "file", "shape", "status"],
+        ["alice", "x.out", "3x3", "ok"],
+        ["bob", "x.out", "-", "missing"],
+        ["carol", "x.out", "-", "missing"],
+    ]
+    assert lines[3].endswith("no folder carol")
+    assert lines[4:7] == [
+        "alice: 1 jobs checked: 1 ok; 0 extra; 0 could not be checked",
+        "bob: 1 jobs checked: 1 missing; 0 extra; 0 could not be checked",
+        "carol: 1 jobs checked: 1 missing; 0 extra; 0 could not be checked",
+    ]
+    assert lines[7].startswith("3 jobs checked against the inputs in tests: 1 ok, 2 missing; 0 extra;")
+    assert len(lines) == 8
+    assert [s["student"] for s in json.loads((tmp_path / "r.json").read_text())["students"]] == [
+        "alice",
+        "bob",
+        "carol",
+    ]
+
+
+def _on_a_terminal(*args: str, cwd: Path) -> tuple[int, str, bytes]:
+    """``mmd check ARGS`` with its stderr on a pseudo-terminal: (exit status, stdout, what the terminal got)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mmd", "check", *args],
+            cwd=cwd,
+            env=mmd_env({"MMD_BACKEND": "cpu", "TERM": "xterm-256color", "COLUMNS": "100"}),
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+        )
+        os.close(follower)
+        stdout, _ = proc.communicate(timeout=120)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+    return proc.returncode, stdout, seen
+
+
+def test_a_folder_check_shows_progress_on_a_terminal_only(tmp_path):
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    for i in range(3):
+        _pair(tests, f"t{i}", 4, 4, 4, seed=i)
+        (tests / f"t{i}.out").rename(outbox / f"t{i}.out")
+    status, stdout, seen = _on_a_terminal("outbox", "--inputs", "tests", cwd=tmp_path)
+    assert status == 0 and stdout.splitlines()[-1].startswith("3 jobs checked")
+    assert b"checking" in seen and b"3/3" in seen  # rich's bar, on stderr
+    assert b"3 jobs checked" not in seen  # the table and summary stay on stdout
+    status, stdout, seen = _on_a_terminal("outbox", "--inputs", "tests", "--quiet", cwd=tmp_path)
+    assert (status, seen) == (0, b"")
+    r = run_mmd("check", "outbox", "--inputs", "tests", cwd=tmp_path)  # stderr a pipe: nothing on it
+    assert (r.returncode, r.stderr) == (0, "")

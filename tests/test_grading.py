@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import xmlschema
 
-from mmd import grading, textcore, textformat
+from mmd import grading, record, textcore, textformat
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 from mmd.grading import Job, Options, Status
@@ -109,6 +110,8 @@ def test_folder_statuses_table_and_summary(folder):
         "missing": 1,
         "refused": 1,
         "extra": 1,
+        "superseded": 0,
+        "late": 0,
         "not-a-file": 0,
         "error": 0,
     }
@@ -592,6 +595,11 @@ def test_names_are_escaped_in_every_report(folder, tmp_path):
     refusal = (out / "h_refused.error.yaml").read_text()
     assert "reason: 'line 3: ''x'' is not a number'\n" in refusal
     refusal = refusal.replace("reason: 'line 3: ''x'' is not a number'", 'reason: "\\e[31mno\\n"')
+    # e_missing's own: a sidecar names the input it read, and one naming h_refused's would answer h_refused
+    sha = {
+        n: hashlib.sha256((folder / "tests" / f"{n}.txt").read_bytes()).hexdigest() for n in ("h_refused", "e_missing")
+    }
+    refusal = refusal.replace(sha["h_refused"], sha["e_missing"])
     (out / "e_missing.error.yaml").write_text(refusal)  # a student's sidecar with escapes in its reason
     run = grading.check_folder(out, folder / "tests", Options())
     table = grading.table(run.results) + "\n" + run.summary()
@@ -616,8 +624,14 @@ def test_every_status_in_junit_is_valid(folder, tmp_path):
     (folder / "tests" / "a_square.txt").write_text("3\n1 2\n")  # an error
     (out / "b_rect.out").unlink()
     (out / "b_rect.out").symlink_to(out / "c_one.out")  # not-a-file
+    sidecar = (out / "g_tall.timing.yaml").read_text()
+    for version, finished in ((1, None), (2, "2999-01-01T00:00:00.000+00:00")):  # superseded, late
+        shutil.copy(out / "g_tall.out", out / f"g_tall.{version}.out")
+        text = sidecar if finished is None else re.sub(r"(?m)^finished_at: .*$", f"finished_at: '{finished}'", sidecar)
+        (out / f"g_tall.{version}.timing.yaml").write_text(text)
+    before = grading.parse_time("2100-01-01T00:00:00Z")
     for quick in (False, True):
-        run = grading.check_folder(out, folder / "tests", Options(quick=quick))
+        run = grading.check_folder(out, folder / "tests", Options(quick=quick, before=before))
         assert {r.status for r in run.results} == set(Status)
         grading.write_junit(run, tmp_path / "r.xml")
         JUNIT_SCHEMA.validate(tmp_path / "r.xml")
@@ -655,3 +669,208 @@ def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):
         assert r.status is Status.MISMATCH and f"seed {options.seed}," in r.detail
         seeds.add(options.seed)
     assert len(seeds) == 3
+
+
+# ---------------------------------------------------------------------------
+# resubmissions and deadlines: an output pairs with a test by its input's sha256, then by name
+
+
+def _input_bytes(seed: int, m: int = 5, k: int = 4, n: int = 3) -> bytes:
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
+    return b"".join(input_chunks(a, b, square=False))
+
+
+def _serve(root: Path, name: str, body: bytes) -> None:
+    """``name`` dropped into root/inbox and served by a real `mmd serve --once` into root/outbox."""
+    for folder in ("inbox", "outbox"):
+        (root / folder).mkdir(exist_ok=True)
+    (root / "inbox" / name).write_bytes(body)
+    r = run_mmd("serve", "--once", "--inbox", str(root / "inbox"), "--outbox", str(root / "outbox"), cwd=root)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
+    """x.txt processed, then a corrected x.txt dropped: the daemon wrote x.1.out, which is graded (its
+    sidecar's input is the test's bytes, and it is the newest); x.out is superseded, not a mismatch."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "x.txt").write_bytes(_input_bytes(2))  # the corrected test
+    _serve(tmp_path, "x.txt", _input_bytes(1))  # the first, wrong x.txt
+    _serve(tmp_path, "x.txt", _input_bytes(2))
+    out = tmp_path / "outbox"
+    assert sorted(p.name for p in out.glob("*.out")) == ["x.1.out", "x.out"]
+    run = grading.check_folder(out, tests, Options())
+    assert [(r.name, r.file, r.status, r.reason) for r in run.results] == [
+        ("x", "x.1.out", Status.OK, ""),
+        ("x", "x.out", Status.SUPERSEDED, "superseded by x.1.out"),
+    ]
+    assert run.exit_status == ExitStatus.OK
+    assert re.fullmatch(
+        r"1 jobs checked against the inputs in \S+: 1 ok; 0 extra; 1 superseded; 0 could not be checked \(.*\)",
+        run.summary(),
+    ), run.summary()
+    grading.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "0", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert list(cases) == ["x", "x (x.out)"]
+    assert cases["x (x.out)"].find("skipped").attrib == {"type": "superseded", "message": "superseded by x.1.out"}
+
+
+def test_before_grades_what_was_finished_at_the_deadline(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "x.txt").write_bytes(_input_bytes(2))
+    _serve(tmp_path, "x.txt", _input_bytes(2))  # right, in time
+    _serve(tmp_path, "x.txt", _input_bytes(1))  # another x.txt, after the deadline
+    out = tmp_path / "outbox"
+    first = record.read(out / "x.timing.yaml").finished_at
+    second = record.read(out / "x.1.timing.yaml").finished_at
+    assert first < second
+    newest = grading.check_folder(out, tests, Options())  # the newest is graded, whatever its input
+    assert [(r.file, r.status) for r in newest.results] == [("x.1.out", Status.MISMATCH), ("x.out", Status.SUPERSEDED)]
+    deadline = grading.parse_time(second)
+    run = grading.check_folder(out, tests, Options(before=deadline))
+    assert [(r.file, r.status, r.reason) for r in run.results] == [
+        ("x.out", Status.OK, ""),
+        ("x.1.out", Status.LATE, f"finished {second}, not before the deadline {second}"),
+    ]
+    early = grading.parse_time(first)  # nothing was finished before the first
+    run = grading.check_folder(out, tests, Options(before=early))
+    assert [(r.file, r.status) for r in run.results] == [
+        ("x.out", Status.MISSING),
+        ("x.1.out", Status.LATE),
+        ("x.out", Status.LATE),
+    ]
+    assert run.results[0].reason == f"no output and no error sidecar finished before {first}"
+    assert run.exit_status == ExitStatus.FAILED
+
+
+def _facts(sha: str | None = None, at: str | None = None, wanted: str | None = None) -> grading.Sidecar:
+    return grading.Sidecar(input_sha256=sha, finished_at=None if at is None else grading.parse_time(at), wanted=wanted)
+
+
+def test_pairing_by_sha256_then_by_name_is_a_pure_function():
+    out, ref = Path("out"), Path("ref")
+    found = [
+        grading.Found(out / "renamed.out", _facts("aa", "2030-01-01T10:00:00+00:00")),  # x's bytes, another name
+        grading.Found(out / "y.out", _facts("ff", "2030-01-01T09:00:00+00:00")),  # y's name, other bytes
+        grading.Found(out / "y.1.out", _facts(None, "2030-01-01T11:00:00+00:00", wanted="y.out")),
+        grading.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T10:30:00+00:00", wanted="y.out")),
+        grading.Found(out / "z.out", None),  # bare: by name
+        grading.Found(out / "w.out", None),  # no test named w: extra
+    ]
+    refs = {"x": ref / "x.txt", "y": ref / "y.txt", "z": ref / "z.txt", "v": ref / "v.txt"}
+    jobs = grading.pair(found, refs, {"x": "aa", "y": "bb", "z": "cc", "v": "dd"})
+    assert [(j.name, j.output, j.refusal, j.aside) for j in jobs] == [
+        ("v", None, None, None),
+        ("w", out / "w.out", None, None),
+        ("x", out / "renamed.out", None, None),
+        ("y", out / "y.1.out", None, None),
+        ("y", None, out / "y.1.error.yaml", grading.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
+        ("y", out / "y.out", None, grading.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
+        ("z", out / "z.out", None, None),
+    ]
+    assert [j.reference for j in jobs] == [ref / "v.txt", None, ref / "x.txt", *[ref / "y.txt"] * 3, ref / "z.txt"]
+    # a refusal newer than every output is what is graded
+    found[3] = grading.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T12:00:00+00:00", wanted="y.out"))
+    jobs = grading.pair(found, refs, {})
+    y = [(j.output, j.refusal, j.aside) for j in jobs if j.name == "y"]
+    assert y[0] == (None, out / "y.1.error.yaml", None)
+    # without sidecars an output without one is older than any with one, and a later version is no test's
+    bare = [grading.Found(out / "y.out", None), grading.Found(out / "y.1.out", None)]
+    assert [(j.name, j.output, j.reference) for j in grading.pair(bare, {"y": ref / "y.txt"}, {})] == [
+        ("y", out / "y.out", ref / "y.txt"),
+        ("y.1", out / "y.1.out", None),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# a whole class: a folder per student
+
+
+def _class(tmp_path: Path) -> tuple[Path, Path]:
+    """tests/{x,y}.txt and handin/ with alice (x right, y wrong), bob (x right, y none), mmd's slurm/, a dot
+    folder, a link named like a student (to alice's folder) and a stray file."""
+    tests, handin = tmp_path / "tests", tmp_path / "handin"
+    tests.mkdir()
+    handin.mkdir()
+    outs = {}
+    for i, name in enumerate(("x", "y")):
+        rng = np.random.default_rng(40 + i)
+        a, b = random_matrix(rng, 3, 4), random_matrix(rng, 4, 2)
+        (tests / f"{name}.txt").write_bytes(b"".join(input_chunks(a, b, square=False)))
+        outs[name] = textformat.emit(a @ b)
+    for login, files in (
+        ("alice", {"x.out": outs["x"], "y.out": outs["x"]}),
+        ("bob", {"x.out": outs["x"]}),
+        ("slurm", {"x.out": outs["x"]}),
+        (".cache", {"x.out": outs["x"]}),
+    ):
+        (handin / login).mkdir()
+        for name, body in files.items():
+            (handin / login / name).write_bytes(body)
+    (handin / "mallory").symlink_to(handin / "alice")
+    (handin / "notes.txt").write_text("not a student\n")
+    return handin, tests
+
+
+def test_a_class_by_student(tmp_path):
+    handin, tests = _class(tmp_path)
+    wrong = grading.check_file(handin / "alice" / "y.out", tests / "y.txt", Options()).results[0].reason
+    assert wrong.endswith(" of 6 values outside tolerance") or " of 6 values outside tolerance, worst at" in wrong
+    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    got = [(r.student, r.name, r.file, r.status, r.reason) for r in run.results]
+    assert got == [
+        ("alice", "x", "x.out", Status.OK, ""),
+        ("alice", "y", "y.out", Status.MISMATCH, wrong),
+        ("bob", "x", "x.out", Status.OK, ""),
+        ("bob", "y", "y.out", Status.MISSING, "no output and no error sidecar"),
+        ("carol", "x", "x.out", Status.MISSING, "no folder carol"),
+        ("carol", "y", "y.out", Status.MISSING, "no folder carol"),
+        ("mallory", "mallory", "mallory", Status.NOT_A_FILE, "mallory is a symbolic link: not opened"),
+        ("mallory", "x", "x.out", Status.MISSING, "no folder mallory"),
+        ("mallory", "y", "y.out", Status.MISSING, "no folder mallory"),
+    ]
+    assert run.exit_status == ExitStatus.FAILED
+    assert run.student_summaries() == [
+        "alice: 2 jobs checked: 1 ok, 1 mismatch; 0 extra; 0 could not be checked",
+        "bob: 2 jobs checked: 1 ok, 1 missing; 0 extra; 0 could not be checked",
+        "carol: 2 jobs checked: 2 missing; 0 extra; 0 could not be checked",
+        "mallory: 3 jobs checked: 2 missing, 1 not-a-file; 0 extra; 0 could not be checked",
+    ]
+    e = {r.student: "%.4g" % r.max_error for r in run.results if r.name == "x" and r.max_error is not None}
+    table = grading.table(run.results).splitlines()
+    assert table[0] == "student  file     shape  status      max error  reason"
+    assert table[1] == f"alice    x.out    3x2    ok          {e['alice']:>9}"
+    assert table[4] == "bob      y.out    -      missing             -  no output and no error sidecar"
+    assert table[7] == "mallory  mallory  -      not-a-file          -  mallory is a symbolic link: not opened"
+    # without a roster: the folders alone (carol unseen); never slurm/, a dot folder or a stray file
+    run = grading.check_class(handin, tests, Options())
+    assert sorted({r.student for r in run.results}) == ["alice", "bob", "mallory"]
+
+
+def test_a_class_s_reports_group_by_student(tmp_path):
+    handin, tests = _class(tmp_path)
+    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    grading.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    root = ET.parse(tmp_path / "r.xml").getroot()
+    assert (root.get("tests"), root.get("failures")) == ("9", "7")
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == [f"mmd check {s}" for s in ("alice", "bob", "carol", "mallory")]
+    assert [(s.get("tests"), s.get("failures")) for s in suites] == [("2", "1"), ("2", "1"), ("2", "2"), ("3", "3")]
+    assert {p.get("name"): p.get("value") for p in suites[1].find("properties")}["student"] == "bob"
+    assert [c.get("name") for c in suites[0].iter("testcase")] == ["x", "y"]
+    grading.write_json(run, tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert "results" not in data and data["exit_status"] == 1 and data["counts"]["missing"] == 5
+    assert [(s["student"], s["counts"]["ok"], s["exit_status"]) for s in data["students"]] == [
+        ("alice", 1, 1),
+        ("bob", 1, 1),
+        ("carol", 0, 1),
+        ("mallory", 0, 1),
+    ]
+    assert [(r["name"], r["status"]) for r in data["students"][1]["results"]] == [("x", "ok"), ("y", "missing")]

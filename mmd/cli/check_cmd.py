@@ -6,14 +6,15 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
-    from ..grading import Result
+    from ..grading import Progress, Result
     from ..readahead import ReadAhead
 
 EPILOG = """\
@@ -22,6 +23,7 @@ one output:
   mmd check m.out expected.out         exact format, then values against another output (0.01)
 a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
   mmd check outbox --inputs tests/ --junit report.xml --json report.json
+  mmd check handin --inputs tests/ --roster roster.txt   a folder per student
 
 --quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
 whole wrong rows, columns, tiles and transposes, but not one value off by a
@@ -68,6 +70,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="seed of --quick's random vectors, to repeat a check (default: a fresh one, shown in the results)",
     )
+    p.add_argument(
+        "--before",
+        metavar="TIME",
+        help="a folder's deadline (ISO 8601; local time without an offset): grade only what its sidecars say "
+        "finished before it; later files are listed as late",
+    )
+    p.add_argument(
+        "--by-student",
+        action="store_true",
+        help="OUTPUT holds a folder per student (handin/<login>/, class mode's outbox/<login>/): grade each",
+    )
+    p.add_argument(
+        "--roster",
+        type=Path,
+        metavar="FILE",
+        help="the class's logins, one a line (# comments): a student with no folder is reported too "
+        "(implies --by-student)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar (one is drawn on stderr on a terminal)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--jobs", type=int, metavar="N", help="outputs checked at once in a folder (default: one per core)")
@@ -104,16 +125,32 @@ def run(args: argparse.Namespace) -> int:
         for flag, path in (("--junit", args.junit), ("--json", args.json)):
             if path is not None:
                 grading.check_report_path(path, flag)
+        before = _deadline(args.before)
+        args.roster_logins = None if args.roster is None else grading.read_roster(args.roster)
     except UsageError as exc:
         return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
         ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
         grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
-        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm)  # a fresh seed
+        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm, before=before)
         if args.seed is not None:
             options = dataclasses.replace(options, seed=args.seed)
         return _check(args, reference, options, ahead)
+
+
+def _deadline(text: str | None) -> datetime | None:
+    """--before's time (UsageError where it is not ISO 8601)."""
+    from .. import grading
+
+    if text is None:
+        return None
+    try:
+        return grading.parse_time(text)
+    except ValueError:
+        raise UsageError(
+            f"--before {text}: not an ISO 8601 time (e.g. 2025-03-14T23:59 or 2025-03-14T22:59Z)"
+        ) from None
 
 
 def _read_ahead(
@@ -151,9 +188,18 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         if folder != reference.is_dir() and reference.exists() and args.output.exists():
             what = "a folder" if folder else "a file"
             return _usage(f"{args.output} is {what}: give {what} to check it against")
+        if (args.by_student or args.roster is not None) and not folder:
+            return _usage("--by-student checks a folder: give one with a folder per student")
         if folder:
-            result = grading.check_folder(args.output, reference, options, args.jobs)
+            with _progress(args.quiet) as progress:
+                if args.by_student or args.roster is not None:
+                    roster = args.roster_logins
+                    result = grading.check_class(args.output, reference, options, roster, args.jobs, progress)
+                else:
+                    result = grading.check_folder(args.output, reference, options, args.jobs, progress)
             print(grading.table(result.results))
+            for line in result.student_summaries():
+                print(line)
             print(result.summary())
         else:
             result = grading.check_file(args.output, reference, options, ahead)
@@ -166,6 +212,35 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
         print(f"mmd check: {grading.shown(exc.reason)}", file=sys.stderr)
         return ExitStatus.USAGE
     return result.exit_status
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool) -> Iterator[Progress | None]:
+    """A progress bar on stderr where it is a terminal (and not --quiet): nothing otherwise, so that a
+    script or a pipe reads only the table."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield _Bar(bar)
+
+
+class _Bar:
+    """grading.Progress drawn by rich."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        self.task = self.bar.add_task("check", total=total)
+
+    def advance(self, result: Result) -> None:
+        self.bar.advance(self.task)
 
 
 def _print_one(r: Result) -> None:
