@@ -122,8 +122,8 @@ class Settings:
     #: a job that would pass it is refused, and `mmd rm` or retention makes room. null: no quota
     max_submitter_bytes: int | None = 2 << 30
     #: free space the daemon keeps on the outbox's disk for everyone: a job whose output would eat into it
-    #: is refused. null: none
-    min_free_bytes: int | None = 256 << 20
+    #: is refused (a class box's installer sets 1 GiB). null: none, a full disk holds jobs until it has room
+    min_free_bytes: int | None = None
     #: outputs, sidecars and archived inputs older than this are removed (hourly); null: kept for ever
     retention_days: float | None = None
     max_queue: int = 100_000  # jobs waiting in the daemon's queue

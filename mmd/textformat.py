@@ -1109,6 +1109,12 @@ def _canonical_output(
     off = start + (int(diff[0]) if diff.size else size)
     off = min(off, stop - 1)
     lineno = _line_at(data, off)
+    if full < vals.size:  # the values past the last full row re-emit as a short line: the row they are is short
+        short = 2 + full // n
+        if short < lineno:
+            fault = _line_fault(data[:stop], _line_offset(data, short), short, m, n)
+            if fault is not None:
+                return None, fault
     if lineno > m + 1:
         ls = _line_offset(data, m + 2)
         return None, OutputFault("extra", m + 2, ls, ls, 0)

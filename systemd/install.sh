@@ -151,7 +151,7 @@ else
     lines="'# mmd on a class box (written by systemd/install.sh; every key: /opt/mmd/src/config/mmd.yaml)' \
 'inbox: /srv/mmd/inbox' 'outbox: /srv/mmd/outbox' 'state_dir: /srv/mmd/state' 'class_mode: true'"
     [ -z "$graders" ] || lines="$lines $(q "graders_group: $graders")"
-    act "printf '%s\\n' $lines 'control_socket: /run/mmd/mmd.sock' 'retention_days: 120' 'backend: auto' | install -o root -g $(q "$group") -m 0640 /dev/stdin $(q "$config")"
+    act "printf '%s\\n' $lines 'control_socket: /run/mmd/mmd.sock' 'retention_days: 120' 'min_free_bytes: 1073741824' 'backend: auto' | install -o root -g $(q "$group") -m 0640 /dev/stdin $(q "$config")"
 fi
 
 # --- 5. the unit, and the switch to the new release ---

@@ -1002,3 +1002,9 @@ def test_output_big_fault_late_in_the_file():
     assert got2[2] == 2 and "is not in %6.2f format" in got2[1]
     del raw[-1]  # and the last newline
     assert _output_three_ways(bytes(raw))[2] == 2
+
+
+def test_a_short_row_before_a_bad_field_is_the_first_fault_on_every_path():
+    """Found by hypothesis: a row with too few fields, then a stray blank on the next line. The numpy path
+    compared the short row as a canonical partial row and named the blank first."""
+    _output_three_ways(b"3 2\n  0.00-100.00\n9999999.00\n ")

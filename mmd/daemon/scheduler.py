@@ -125,7 +125,9 @@ class Scheduler:
         """Jobs in ``.work`` to run (or archive) again; they go before any new name."""
         for claim in claims:
             self._held.add(claim.name)
-            self._resumes.append(Item(claim.name, claim=claim, size=claim.size, submitter=claim.submitter))
+            # No size: each runs alone (as a big job does), so that one which kills its worker takes no
+            # batch-mates with it.
+            self._resumes.append(Item(claim.name, claim=claim, submitter=claim.submitter))
 
     def charge(self, submitter: str | None, seconds: float, now: float) -> None:
         """A job of ``submitter`` took ``seconds`` of a worker (counted toward their share)."""
