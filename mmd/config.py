@@ -142,6 +142,9 @@ class Settings:
     max_attempts: int = 3  # a job that killed the daemon this many times is failed, not started again
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
     metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
+    #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so
+    #: `up == 0` fires); the unit allows loopback only. null: no endpoint
+    metrics_listen: str | None = None
     on_done: tuple[str, ...] | None = None  # a command (argv list, no shell) run after each job with an output
     on_error: tuple[str, ...] | None = None  # a command run after each refused job
     hook_timeout_s: float = 30.0  # a hook still running after this long is killed (the job is not affected)
@@ -217,6 +220,15 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where} must be a command: a list of strings (program first), got {value!r}")
     return tuple(value)
+
+
+def listen_address(value: str, where: str = "metrics_listen") -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets) → (host, port); ConfigError otherwise."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where} must be HOST:PORT (say 127.0.0.1:9817), got {value!r}")
+    return host, int(port)
 
 
 def graders_gids(settings: Settings) -> tuple[int, ...]:
@@ -362,6 +374,8 @@ def _validated(s: Settings, origin: str) -> Settings:
         raise ConfigError(
             f"{origin}: {at('host_id')} may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}"
         )
+    if s.metrics_listen is not None:
+        listen_address(s.metrics_listen, f"{origin}: {at('metrics_listen')}")
     if s.class_mode and s.state_dir is None:
         raise ConfigError(
             f"{origin}: {at('class_mode')} needs state_dir: a folder only the service may write, on the inbox's "

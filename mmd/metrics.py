@@ -1,10 +1,12 @@
 """The daemon's metrics, in Prometheus' text format, for node_exporter's textfile collector.
 
-The systemd unit allows no network sockets, so nothing is served: the
-daemon rewrites ``metrics_file`` atomically (prometheus_client writes a
-temporary and renames it) every ``metrics_seconds`` and after each job, and
-node_exporter (``--collector.textfile.directory``) exports it with the
-machine's own metrics. ``mmd status --metrics`` prints the same file.
+Two ways out, either or both: the daemon rewrites ``metrics_file``
+atomically (prometheus_client writes a temporary and renames it) every
+``metrics_seconds`` and after each job, and node_exporter
+(``--collector.textfile.directory``) exports it with the machine's own
+metrics (``mmd status --metrics`` prints the same file); and with
+``metrics_listen`` prometheus_client's own HTTP server answers scrapes on a
+thread of its own, so a daemon that is gone fails its scrape.
 
 Made with the ``prometheus-client`` library: the format, escaping and the
 histogram buckets' cumulative counts are its business.
@@ -16,8 +18,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, write_to_textfile
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+    write_to_textfile,
+)
 
 from .record import TIMING_KEYS, ErrorRecord, Record, TimingRecord
 
@@ -34,6 +45,7 @@ class Metrics:
         self._clock = clock
         self._written = float("-inf")
         self._lock = threading.Lock()
+        self._server: Any = None  # the HTTP endpoint's server, while it serves
         r = self.registry = CollectorRegistry()
         self.jobs = Counter("mmd_jobs", "Jobs finished, by status and kernel", ["status", "kernel"], registry=r)
         self.errors = Counter("mmd_job_errors", "Refused jobs, by kind of refusal", ["kind"], registry=r)
@@ -112,6 +124,17 @@ class Metrics:
             self._written = now
             self.updated.set_to_current_time()
             write_to_textfile(str(self.path), self.registry)
+
+    def listen(self, host: str, port: int) -> None:
+        """Answer scrapes on ``host:port`` until :meth:`close` (OSError when the address cannot be had)."""
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop answering scrapes."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def due_in(self) -> float | None:
         """Seconds until the next periodic write (None: no file)."""

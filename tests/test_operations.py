@@ -348,3 +348,45 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path):
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     problems = [ln for ln in done.stderr.splitlines() if "mmd.service" in ln]
     assert done.returncode == 0 and not problems, done.stderr
+
+
+def test_the_metrics_endpoint_answers_while_the_daemon_serves_and_fails_once_it_is_killed(tmp_path):
+    """metrics_listen: Prometheus scrapes the daemon itself, so a daemon killed with SIGKILL fails its
+    scrape (Prometheus' own ``up`` is 0 and the docs' alert fires), whatever its last words were."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    env = mmd_env(ENV, MMD_DEVICES="0", MMD_METRICS_LISTEN=f"127.0.0.1:{port}")
+    proc = LoggedProcess([sys.executable, "-m", "mmd", "serve", "--create"], tmp_path, tmp_path / "daemon.log", env)
+    url = f"http://127.0.0.1:{port}/metrics"
+    workers: set[int] = set()
+    try:
+        wait_for(lambda: "serving" in proc.logs(), 30, "the daemon")
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert "\nmmd_up 1.0\n" in text and "mmd_jobs_total" in text
+        workers = worker_pids(proc.proc.pid)
+        proc.proc.kill()
+        proc.proc.wait(timeout=10)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url, timeout=5)
+    finally:
+        proc.stop()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_units_exposure_stays_at_most_2_9(tmp_path):
+    """The unit allows AF_INET for metrics_listen, from loopback only: systemd-analyze's exposure stays
+    at 2.9 or below (2.8 with AF_UNIX alone)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("no systemd-analyze here")
+    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(UNIT)], capture_output=True,
+                         text=True, timeout=60).stdout  # fmt: skip
+    level = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", out)[1])
+    assert level <= 2.9, out[-2000:]

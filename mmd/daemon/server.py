@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import atomic, record
 from ..backends import worker_devices
-from ..config import Settings, graders_gids, host_id_of
+from ..config import Settings, graders_gids, host_id_of, listen_address
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
 from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
@@ -554,6 +554,12 @@ class Daemon:
                 if self.settings.control_socket is not None:
                     self._local = LocalSocket(self.settings.control_socket, self.mailbox.post, self.log)
                     self._local.start()
+                if self.settings.metrics_listen is not None:
+                    host, port = listen_address(self.settings.metrics_listen)
+                    try:
+                        self.metrics.listen(host, port)
+                    except OSError as exc:
+                        raise ConfigError(f"metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
             waiting = self._rescan()
             self._await_workers()
             self.state.update(status="serving", observer=kind)
@@ -589,6 +595,7 @@ class Daemon:
             self.hooks.close()
             self.metrics.up.set(0)
             self._write_metrics(force=True)
+            self.metrics.close()
             if observer is not None:
                 with contextlib.suppress(RuntimeError):
                     observer.join(timeout=5)
