@@ -407,3 +407,29 @@ def test_retention_removes_what_is_older_than_its_days_and_nothing_newer(box, st
     assert serve_once(class_settings(box, retention_days=1.0)) == 0
     assert sorted(os.listdir(box.outbox / alice.login)) == ["new.out", "new.timing.yaml"]
     assert os.listdir(box.state / ".done") == ["new.txt"]
+
+
+def test_one_students_long_jobs_do_not_hold_back_anothers_short_one(box, students):
+    """Bob's three big jobs came first (the middle one long); Alice's small one after. Old order: Bob's third
+    took the first worker that came free, Alice waited for a second. Fair share: the first free worker is
+    Alice's, since Bob has used one job's time and she none."""
+    import numpy as np
+
+    alice, bob = students
+    rng = np.random.default_rng(23)
+    for i, (name, n) in enumerate((("big1", 500), ("big2", 1200), ("big3", 500))):
+        path = box.inbox / f"{name}.txt"
+        a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
+        path.write_bytes(b"".join(input_chunks(a, b, square=True)))
+        os.chown(path, bob.uid, bob.gid)
+        os.utime(path, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+    alice.drop(box.inbox, "small.txt", small_input(24))
+    assert serve_once(class_settings(box, devices=(0, 1))) == 0
+
+    def claimed(who, stem: str) -> float:
+        side = yaml.safe_load((box.outbox / who.login / f"{stem}.timing.yaml").read_text())
+        from datetime import datetime
+
+        return datetime.fromisoformat(side["finished_at"]).timestamp() - side["timings_ms"]["overall"] / 1e3
+
+    assert claimed(alice, "small") < claimed(bob, "big3")

@@ -203,3 +203,17 @@ def test_one_worker_and_a_big_job_next_waits_for_it_in_order():
     s.offer("a0", SMALL, "bob")
     assert s.assign([Load(0, 2)], now=0.0) == []
     assert names(s.assign([Load(0, 0)], now=0.0)) == [(0, "big")]
+
+
+def test_a_drained_worker_goes_to_whoever_is_first_by_share():
+    """Bob's third big job waits with worker 0 draining for it; when worker 0 is idle, Alice (who has used
+    nothing) gets it before Bob (whose first big job was just charged)."""
+    s = Scheduler(max_queue=100)
+    for n in ("big1", "big2", "big3"):
+        s.offer(n, BIG, "bob")
+    s.offer("small", SMALL, "alice")
+    assert names(s.assign([Load(0, 0), Load(1, 0)], now=0.0)) == [(0, "big1"), (1, "big2")]
+    assert s.assign([Load(0, 1, all_small=False), Load(1, 1, all_small=False)], now=0.0) == []
+    s.ended("big1")
+    s.charge("bob", 5.0, now=5.0)
+    assert names(s.assign([Load(0, 0), Load(1, 1, all_small=False)], now=5.0)) == [(0, "small")]

@@ -22,7 +22,8 @@ load and the time. The rules:
   big one while another worker is free;
 * a big job that finds no idle worker does not hold back everyone's small
   ones: one worker is left to drain for it (given nothing new), and the
-  others go on taking small jobs of the submitters after it;
+  others go on taking small jobs of the submitters after it; once drained,
+  that worker goes to whoever is first by share;
 * at most ``max_queue`` names are held (waiting or in hand); the rest stay in
   the inbox (:attr:`Scheduler.backlog`), and the server rescans to refill
   once the count has drained to half.
@@ -160,8 +161,8 @@ class Scheduler:
     def assign(self, loads: Iterable[Load], now: float = 0.0) -> list[tuple[int, Item]]:
         """Which waiting job goes to which worker now (worker index, item), in the order to send them."""
         room = {w.worker: [w.in_hand, w.all_small] for w in loads}
-        if self._draining not in room:
-            self._draining = None
+        if self._draining not in room or room[self._draining][0] == 0:
+            self._draining = None  # drained: its next job goes by share like any other's
         out: list[tuple[int, Item]] = []
         blocked: set[int] = set()  # queues whose first job is big and waits for a worker to drain
         while True:
