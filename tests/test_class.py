@@ -424,6 +424,7 @@ def test_one_students_long_jobs_do_not_hold_back_anothers_short_one(box, student
         os.chown(path, bob.uid, bob.gid)
         os.utime(path, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
     alice.drop(box.inbox, "small.txt", small_input(24))
+    os.utime(box.inbox / "small.txt", ns=(10**18 + 3 * 10**6, 10**18 + 3 * 10**6))  # after Bob's, and complete
     assert serve_once(class_settings(box, devices=(0, 1))) == 0
 
     def claimed(who, stem: str) -> float:
