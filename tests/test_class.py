@@ -434,3 +434,18 @@ def test_one_students_long_jobs_do_not_hold_back_anothers_short_one(box, student
         return datetime.fromisoformat(side["finished_at"]).timestamp() - side["timings_ms"]["overall"] / 1e3
 
     assert claimed(alice, "small") < claimed(bob, "big3")
+
+
+def test_outputs_from_before_class_mode_are_set_aside_out_of_the_class_reach(box, students):
+    """A spool served before class mode has its outputs in the outbox itself, readable by the whole class:
+    the first class-mode start moves them into a folder only the service may enter."""
+    alice, _ = students
+    for name in ("old.out", "old.timing.yaml"):
+        (box.outbox / name).write_text("x\n")
+        (box.outbox / name).chmod(0o644)
+    assert serve_once(class_settings(box)) == 0
+    aside = box.outbox / ".before-class-mode"
+    assert sorted(os.listdir(aside)) == ["old.out", "old.timing.yaml"] and not (box.outbox / "old.out").exists()
+    assert stat.S_IMODE(aside.stat().st_mode) == 0o700
+    r = alice.run('cat "$1/old.out"', str(aside), check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr

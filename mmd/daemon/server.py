@@ -141,8 +141,9 @@ class Daemon:
             self.scheduler.charge(rec.context.submitter, rec.timings_ms.overall / 1e3, time.monotonic())
 
     def _adopt_inbox_folders(self) -> None:
-        """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox (once no such
-        daemon runs: its lock is in the inbox)."""
+        """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox, and in class
+        mode set aside the outputs it left in the outbox itself (once no such daemon runs: its lock is in the
+        inbox)."""
         if self.spool.private == self.spool.inbox:
             return
         holder = lock_holder(self.spool.inbox)
@@ -156,6 +157,10 @@ class Daemon:
         moved = self.spool.adopt_inbox_folders()
         if moved:
             self.log.info("moved the inbox's job folders into the state folder", moved=moved)
+        aside = self.spool.set_aside_shared_outputs()
+        if aside:
+            self.log.warning("class mode: outputs from before it set aside, out of the class's reach",
+                             folder=".before-class-mode", files=len(aside))  # fmt: skip
 
     # -- asked from outside --
     def request_stop(self, why: str = "request") -> None:

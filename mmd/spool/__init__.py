@@ -220,6 +220,10 @@ class Spool:
         """Create the inbox and the outbox if missing and check the dot folders users could plant."""
         self._shared.prepare()
 
+    def set_aside_shared_outputs(self) -> list[str]:
+        """Class mode: the outbox's own outputs (from before it) moved out of the class's reach."""
+        return self._shared.set_aside_shared_outputs()
+
     def adopt_inbox_folders(self) -> list[str]:
         """With a state_dir: move the jobs an earlier daemon kept in the inbox's dot folders into it."""
         return self._shared.adopt_inbox_folders()

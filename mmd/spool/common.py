@@ -18,11 +18,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .. import acl
+from .. import acl, record
 from ..errors import SpoolError
 from ..fileops import OPS, FileOps, write_all
 from ..submitters import login_of
-from .names import DONE_DIR, FAILED_DIR, WORK_DIR
+from .names import DONE_DIR, FAILED_DIR, OUTPUT_SUFFIX, WORK_DIR
+
+#: Class mode sets the outbox's own outputs (from before it) aside here, out of the class's reach.
+BEFORE_CLASS_MODE = ".before-class-mode"
+#: What an output or sidecar's name ends with.
+OUTPUT_NAMES = (OUTPUT_SUFFIX, record.TIMING_SUFFIX, record.ERROR_SUFFIX)
 
 
 class Shared:
@@ -231,6 +236,30 @@ class Shared:
                     with contextlib.suppress(OSError):
                         self.ops.rename(entry, new / entry.name)
                         moved.append(f"{name}/{entry.name}")
+        return moved
+
+    def set_aside_shared_outputs(self) -> list[str]:
+        """Class mode: move the outputs and sidecars lying in the outbox itself (written before class mode,
+        readable by the whole class there) into ``outbox/.before-class-mode`` (0700: the service's and its
+        admin's to sort out). Returns the names moved."""
+        if not self.class_mode:
+            return []
+        aside = self.outbox / BEFORE_CLASS_MODE
+        moved: list[str] = []
+        for entry in entries(self.outbox):
+            if entry.name.startswith(".") or not entry.name.endswith(OUTPUT_NAMES):
+                continue
+            with contextlib.suppress(OSError):
+                info = os.lstat(entry)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    continue
+                if not moved:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(aside, 0o700)
+                    check_own_folder(aside)
+                if not os.path.lexists(aside / entry.name):
+                    self.ops.rename(entry, aside / entry.name)
+                    moved.append(entry.name)
         return moved
 
     # -- small file steps, through ops --
