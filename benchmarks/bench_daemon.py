@@ -23,6 +23,10 @@ Cases (``--cases``, default all), each a row group of the table printed last:
   sidecar (``.timing.yaml``, or ``.error.yaml``: counted as errors), over
   ``--rounds`` rounds (median, min, max). Each tree's daemon stays up; its
   outbox and ``inbox/.done`` are emptied between rounds, untimed.
+* **flood**: ``--flood`` 32×32 files given to another uid (nobody; needs
+  root) renamed into the inbox, then one of the caller's: its rename →
+  sidecar, and how many of the flood's sidecars came before it (fair share
+  between submitters).
 * **drops**: ``--drops`` 32×32 files renamed in one at a time on an idle
   daemon: p50/p95 of rename → sidecar, polled with ``os.path.exists`` and
   0.1 ms sleeps.
@@ -73,7 +77,9 @@ from typing import Any
 
 from bench_wholejob import ROOT, SMALL, Served, Tree, make_input, med, pct, tree_env
 
-CASES = ("burst", "drops", "backlog", "big", "timeout")
+CASES = ("burst", "drops", "flood", "backlog", "big", "timeout")
+#: The flood's files belong to this uid (nobody), the one file dropped after them to the caller: two submitters.
+FLOOD_UID = 65534
 #: What marks a job done in the outbox: its timing sidecar (committed last), or its error sidecar.
 DONE, FAILED = ".timing.yaml", ".error.yaml"
 #: The per-job time limit the timeout case puts in the names.
@@ -325,6 +331,36 @@ class Bench:
                 "errors": errors[s.name],
             }
 
+    # 2b. flood
+    def flood(self, daemons: list[Served]) -> None:
+        """``--flood`` 32x32 files of one submitter renamed in, then one of another: that one's drop→sidecar.
+        Fair share puts it next once the flood's first jobs are charged; first come, first served puts it last.
+        Needs root (the flood's files are given to another uid)."""
+        if os.geteuid() != 0:
+            print("  flood: needs root to give the flood's files to another uid; not measured", flush=True)
+            return
+        n = self.args.flood
+        for s in daemons:
+            stems = [f"f-{i:06d}" for i in range(n)]
+            src, inbox = s.root / "src", s.root / "inbox"
+            for stem in stems:
+                (src / f"{stem}.txt").write_bytes(SMALL)
+                os.chown(src / f"{stem}.txt", FLOOD_UID, FLOOD_UID)
+            (src / "victim.txt").write_bytes(SMALL)
+            for stem in stems:
+                os.rename(src / f"{stem}.txt", inbox / f"{stem}.txt")
+            t0 = time.perf_counter()
+            os.rename(src / "victim.txt", inbox / "victim.txt")
+            t1, _ = wait_one(s, "flood", "victim", self.limit)
+            wait_all(s, "flood", stems, self.limit, 0.0005)
+            behind = sum(1 for stem in stems if os.path.getmtime(s.root / "outbox" / (stem + DONE)) <= os.path.getmtime(
+                s.root / "outbox" / ("victim" + DONE)))  # fmt: skip
+            self.results[s.name]["flood"] = {"files": n, "victim_ms": (t1 - t0) * 1e3, "flood_jobs_before": behind}
+            print(f"  {s.name} flood of {n}: the other submitter's job in {(t1 - t0) * 1e3:.1f} ms "
+                  f"({behind} of the flood's sidecars before it)", flush=True)  # fmt: skip
+            settle(s)
+            clear(s)
+
     # 2. drops
     def drops(self, daemons: list[Served]) -> None:
         lat: dict[str, list[float]] = {s.name: [] for s in daemons}
@@ -546,6 +582,8 @@ def rows(backend: str, baseline: str) -> list[tuple[str, str, str, str, Callable
         ("burst jobs/s (max)", "burst.max", "{:.1f}", "", None),
         ("burst error sidecars", "burst.errors", "{}", "0", lambda v, b: v == 0),
         ("drops p50 ms", "drops.p50_ms", "{:.2f}", "<= 2", lambda v, b: v <= 2.0),
+        ("flood: another's job ms", "flood.victim_ms", "{:.1f}", "<= 300", lambda v, b: v <= 300.0),
+        ("flood: its jobs before it", "flood.flood_jobs_before", "{}", "", None),
         ("drops p95 ms", "drops.p95_ms", "{:.2f}", "", None),
         ("backlog first job s", "backlog.first_job_s", "{:.3f}", "<= 1", lambda v, b: v <= 1.0),
         ("backlog first tenth jobs/s", "backlog.first_tenth_jobs_per_s", "{:.1f}", "", None),
@@ -687,6 +725,7 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=2000, help="32x32 files renamed in at once")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the burst")
     ap.add_argument("--drops", type=int, default=200, help="32x32 files dropped one at a time")
+    ap.add_argument("--flood", type=int, default=2000, help="32x32 files of one submitter before another's one")
     ap.add_argument("--backlog", type=int, default=20000, help="32x32 files in the inbox before the daemon starts")
     ap.add_argument("--backlog-rounds", type=int, default=1)
     ap.add_argument("--big", type=int, default=4096, help="N of the big job")
@@ -705,7 +744,7 @@ def main() -> int:
                     help="a setting for one tree's daemon (MMD_KEY=VALUE), e.g. w4:WORKERS_PER_DEVICE=4; "
                     "the same checkout under two names with different settings compares settings")  # fmt: skip
     args = ap.parse_args()
-    for opt in ("burst", "rounds", "drops", "backlog", "backlog_rounds", "big", "repeat", "timeout_size"):
+    for opt in ("burst", "rounds", "drops", "flood", "backlog", "backlog_rounds", "big", "repeat", "timeout_size"):
         if getattr(args, opt) < 1:
             ap.error(f"--{opt.replace('_', '-')} must be at least 1")
     if args.backlog < 20 and "backlog" in args.cases:
@@ -773,7 +812,7 @@ def main() -> int:
     t_start = time.time()
     failed: str | None = None  # a wait that ran out or a daemon that died: what was measured is still reported
     try:
-        shared = [c for c in ("burst", "drops", "big") if c in args.cases]
+        shared = [c for c in ("burst", "drops", "flood", "big") if c in args.cases]
         if shared:
             with bench.warm_daemons("main", "/".join(shared)) as daemons:
                 if "burst" in args.cases:
@@ -782,6 +821,9 @@ def main() -> int:
                 if "drops" in args.cases:
                     print("drops", flush=True)
                     bench.drops(daemons)
+                if "flood" in args.cases:
+                    print("flood", flush=True)
+                    bench.flood(daemons)
                 if "big" in args.cases:
                     print("big", flush=True)
                     bench.big(daemons)

@@ -23,7 +23,8 @@ BENCHMARKS = ROOT / "benchmarks"
 TINY: dict[str, list[str]] = {
     "bench_check.py": ["--size", "32", "--folder", "2", "16", "--repeat", "1", "--workdir", "{tmp}/work"],
     "bench_daemon.py": [
-        *("--burst", "4", "--rounds", "1", "--drops", "2", "--backlog", "20", "--big", "32", "--repeat", "1"),
+        *("--burst", "4", "--rounds", "1", "--drops", "2", "--flood", "4", "--backlog", "20", "--big", "32"),
+        *("--repeat", "1"),
         *("--timeouts", "1", "--timeout-size", "64", "--backend", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
     "bench_devices.py": ["--n", "32", "--jobs", "2", "--devices", "0", "--backend", "cpu", "--kernel", "cpu"],
