@@ -308,8 +308,9 @@ def render_script(plan: Plan) -> str:
         "    exit 2",
         "fi",
         f"if ! command -v {command} >/dev/null; then",
-        f"    echo {shlex.quote(f'mmd task $task: {o.mmd[0]!r} is not a command on')}"
-        ' "$(hostname) (PATH=$PATH); install mmd there or give mmd submit --mmd" >&2',
+        # printf: the command (the user's text) is an argument, never part of the format or a shell word.
+        "    printf 'mmd task %s: %s is not a command on %s (PATH=%s); install mmd there or give mmd submit --mmd\\n' "
+        f'"$task" {shlex.quote(repr(o.mmd[0]))} "$(hostname)" "$PATH" >&2',
         "    exit 127",
         "fi",
         'echo "mmd task $task on $(hostname): $input -> $output" >&2',

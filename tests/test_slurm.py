@@ -394,7 +394,8 @@ def test_a_missing_mmd_is_one_clear_line_in_the_tasks_log(tmp_path):
     plan, _ = slurm.make_plan(jobs, tmp_path / "out", slurm.ArrayOptions(mmd=("no-such-mmd",)), tmp_path / "s" / "j")
     slurm.write(plan)
     r = run_task(plan.script, 0, tmp_path)
-    assert r.returncode == 127 and "'no-such-mmd' is not a command" in r.stderr.replace('"', "'"), r.stderr
+    assert r.returncode == 127, r.stderr
+    assert r.stderr.startswith("mmd task 0: 'no-such-mmd' is not a command on "), r.stderr
 
 
 # ---------------------------------------------------------------------------
