@@ -3,9 +3,21 @@
 What is written (by default in ``OUTBOX/slurm/<timestamp>/``)::
 
     job.sbatch            the script: #SBATCH options, then one `mmd run` per array task
-    job.sbatch.manifest   the input files, one absolute path per line (task i reads line i+1)
+    job.sbatch.manifest   the input files, one absolute path per line (task i of the array
+                          submitted with offset K reads line K+i+1)
     job.sbatch.outputs    the output each task writes, same line
+    job.sbatch.jobs       after --submit: one line per array, "JOBID OFFSET COUNT"
     logs/<array>_<task>.log
+
+A folder larger than the cluster's ``MaxArraySize`` becomes several arrays of the
+same script, each given its offset into the manifest as the script's argument.
+When the arrays are throttled (``%N``) each waits for the one before
+(``--dependency=afterany``), so that N holds over the whole folder.
+
+A job file that an earlier submission into the same outbox finished (its output
+and timing sidecar, or its error sidecar, are there and no older than the file)
+is not submitted again (:func:`finished_before`); ``--redo`` submits it anyway,
+under a new output name.
 
 Which files are jobs is the daemon's rule (:func:`mmd.spool.is_job_name`):
 hidden names and ``*.tmp``, ``*.part``, ``*~`` are not; sub-folders are
@@ -24,8 +36,9 @@ so their values are checked against a safe character set instead (Slurm
 reads ``%`` in ``--output`` as a pattern, and its own quoting is not shell
 quoting).
 
-Pure apart from :func:`list_jobs` (reads the folder), :func:`write` and
-:func:`submit` (runs ``sbatch``).
+Pure apart from :func:`list_jobs` and :func:`finished_before` (read the
+outbox), :func:`write`, and :func:`submit`, :func:`max_array_size` and
+:func:`slurm_states` (run ``sbatch``, ``scontrol``, ``squeue``).
 """
 
 from __future__ import annotations
@@ -37,8 +50,7 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,10 +58,19 @@ from . import __version__
 from .config import Settings
 from .errors import MmdError, OutputError, UnreadableError, UsageError
 from .jobname import stem_of
+from .record import error_path, timing_path
 from .spool import entry_problem, is_job_name, names_of, output_path, resolve_output, safe_name
 
 #: Slurm's default MaxArraySize is 1001 (task ids 0..1000); larger arrays are refused by sbatch.
 DEFAULT_MAX_ARRAY_SIZE = 1001
+
+#: The submitting shell's variables a task gets (``#SBATCH --export``): PATH to find mmd,
+#: HOME and XDG_* for its config and kernel cache, the locale and time zone for its messages
+#: and sidecar times, TMPDIR. Nothing else: not the shell's ``MMD_*`` settings (the script
+#: exports the batch's own), nor anything secret. Slurm adds its ``SLURM_*`` variables and
+#: the GPU it gave (``CUDA_VISIBLE_DEVICES``), and, as sbatch does for any list, the
+#: user's login environment on the node (``SLURM_GET_USER_ENV``).
+PASSED_ENV = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 #: Characters allowed in --job-name, --partition, --account, --gres values.
 _WORD_RE = re.compile(r"[A-Za-z0-9_.,:+=-]+")
@@ -96,8 +117,11 @@ class ArrayOptions:
     settings: tuple[tuple[str, str], ...] = ()
     #: The config file every task reads (``MMD_CONFIG``); None: the tasks' own.
     config: Path | None = None
-    #: How a compute node starts mmd; by default this very Python (a venv on the shared filesystem).
-    mmd: tuple[str, ...] = (sys.executable, "-m", "mmd")
+    #: How a compute node starts mmd: the installed ``mmd`` on the node's PATH unless told
+    #: otherwise (never the submitting user's venv, which nodes may not see).
+    mmd: tuple[str, ...] = ("mmd",)
+    #: ``--gpus=N`` instead of ``--gres`` (clusters that schedule GPUs with --gpus); None: use gres.
+    gpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +227,10 @@ def check_options(options: ArrayOptions) -> None:
         raise UsageError(f"--max-parallel {options.max_parallel}: must be at least 1")
     if not options.mmd:
         raise UsageError("the command that starts mmd on a node is empty")
+    if options.gpus is not None and options.gpus < 0:
+        raise UsageError(f"--gpus {options.gpus}: must be 0 or more")
+    if options.gpus and options.gres:
+        raise UsageError("--gpus and --gres both ask for GPUs: give one of them")
 
 
 def array_spec(n: int, max_parallel: int | None = None) -> str:
@@ -211,6 +239,13 @@ def array_spec(n: int, max_parallel: int | None = None) -> str:
         raise SubmitError("no job files to submit")
     spec = f"0-{n - 1}" if n > 1 else "0"
     return f"{spec}%{max_parallel}" if max_parallel else spec
+
+
+def chunks(n: int, max_size: int) -> list[tuple[int, int]]:
+    """``(offset, count)`` of each array when ``n`` tasks must fit arrays of task ids ``0..max_size-1``."""
+    if max_size < 1:
+        raise SubmitError(f"MaxArraySize {max_size}: Slurm allows no array here")
+    return [(start, min(max_size, n - start)) for start in range(0, n, max_size)]
 
 
 def _sbatch_path(what: str, path: Path) -> str:
@@ -234,7 +269,10 @@ def render_script(plan: Plan) -> str:
         f"#SBATCH --array={array_spec(n, o.max_parallel)}",
         f"#SBATCH --output={_sbatch_path('the log folder', plan.logs)}/%A_%a.log",
     ]
-    if o.gres:
+    lines.append(f"#SBATCH --export={','.join(PASSED_ENV)}")
+    if o.gpus:
+        lines.append(f"#SBATCH --gpus={o.gpus}")
+    elif o.gres:
         lines.append(f"#SBATCH --gres={o.gres}")
     if o.time:
         lines.append(f"#SBATCH --time={o.time}")
@@ -243,25 +281,37 @@ def render_script(plan: Plan) -> str:
     if o.account:
         lines.append(f"#SBATCH --account={o.account}")
     run = shlex.join([*o.mmd, "run"])
+    command = shlex.quote(o.mmd[0])
     exports = [f"export MMD_{key.upper()}={shlex.quote(value)}" for key, value in o.settings]
     if o.config is not None:
         exports.append(f"export MMD_CONFIG={shlex.quote(str(o.config))}")
     lines += [
         f"# Written by mmd {__version__} (mmd submit): {n} job file(s), one array task each.",
         "# Task i runs `mmd run` on line i+1 of the manifest, writing the output on line i+1 of the outputs list.",
+        "# Its argument is the array's offset into the manifest (0 when not given): a folder larger",
+        "# than MaxArraySize is submitted as several arrays of this script.",
         "# Without Slurm, run one task by hand: SLURM_ARRAY_TASK_ID=0 bash THIS_SCRIPT",
         "set -euo pipefail",
+        "# Only the batch's settings: none from the submitting shell or the node's login environment.",
+        'for var in $(compgen -e); do [[ $var == MMD_* ]] && unset "$var"; done',
         "# The batch's settings; a file's name settings (NAME@kernel=aplus.txt) override them, as in the daemon.",
         *exports,
         f"manifest={shlex.quote(str(plan.manifest))}",
         f"outputs={shlex.quote(str(plan.outputs))}",
         'task=${SLURM_ARRAY_TASK_ID:?"not a Slurm array task: set SLURM_ARRAY_TASK_ID"}',
-        "line=$((task + 1))",
+        "offset=${1:-0}",
+        "line=$((offset + task + 1))",
         'input=$(LC_ALL=C sed -n "${line}{p;q}" "$manifest")',
         'output=$(LC_ALL=C sed -n "${line}{p;q}" "$outputs")',
         "if [[ -z $input || -z $output ]]; then",
         '    echo "mmd task $task: no line $line in $manifest" >&2',
         "    exit 2",
+        "fi",
+        f"if ! command -v {command} >/dev/null; then",
+        # printf: the command (the user's text) is an argument, never part of the format or a shell word.
+        "    printf 'mmd task %s: %s is not a command on %s (PATH=%s); install mmd there or give mmd submit --mmd\\n' "
+        f'"$task" {shlex.quote(repr(o.mmd[0]))} "$(hostname)" "$PATH" >&2',
+        "    exit 127",
         "fi",
         'echo "mmd task $task on $(hostname): $input -> $output" >&2',
         f'exec {run} -o "$output" -- "$input"',
@@ -291,17 +341,58 @@ def default_script_path(outbox: Path, now: _dt.datetime | None = None) -> Path:
     return Path(os.path.abspath(outbox)) / SCRIPTS_DIR / now.strftime("%Y%m%d-%H%M%S") / "job.sbatch"
 
 
-def make_plan(folder: Path, outbox: Path, options: ArrayOptions, script: Path | None = None) -> tuple[Plan, Listing]:
-    """List ``folder`` and plan one task per job file; nothing is written."""
+def finished_before(outbox: Path) -> dict[Path, Path]:
+    """Input → the output an earlier submission into ``outbox`` finished for it.
+
+    Finished: its timing sidecar (committed after the output) or its error sidecar is
+    there, and the input is no newer than that sidecar (a file changed since runs again).
+    Read from the manifests and outputs lists under ``OUTBOX/slurm/``."""
+    done: dict[Path, Path] = {}
+    for manifest in sorted(Path(outbox).glob(f"{SCRIPTS_DIR}/*/*.manifest")):
+        outputs = manifest.with_name(manifest.name[: -len(".manifest")] + ".outputs")
+        try:
+            pairs = zip(manifest.read_bytes().splitlines(), outputs.read_bytes().splitlines(), strict=False)
+        except OSError:
+            continue  # a submission being written, or not mmd's
+        for raw_in, raw_out in pairs:
+            job, out = Path(os.fsdecode(raw_in)), Path(os.fsdecode(raw_out))
+            for sidecar in (timing_path(out), error_path(out)):
+                try:
+                    if os.stat(job).st_mtime <= os.stat(sidecar).st_mtime:
+                        done[job] = out
+                except OSError:
+                    continue
+    return done
+
+
+def make_plan(
+    folder: Path,
+    outbox: Path,
+    options: ArrayOptions,
+    script: Path | None = None,
+    done: Mapping[Path, Path] | None = None,
+) -> tuple[Plan, Listing]:
+    """List ``folder`` and plan one task per job file not in ``done``; nothing is written.
+
+    The returned listing's ``skipped`` names the files left out, and why."""
     check_options(options)
     listing = list_jobs(folder)
     if not listing.jobs:
         raise SubmitError(f"no job files in {folder}")
+    done = done or {}
+    skipped = dict(listing.skipped)
+    todo = []
+    for job in listing.jobs:
+        if job in done:
+            skipped[job.name] = f"finished already by an earlier submission: {done[job]} (--redo runs it again)"
+        else:
+            todo.append(job)
+    listing = Listing(todo, skipped)
     outbox = Path(os.path.abspath(outbox))
-    tasks = plan_tasks(listing.jobs, outbox)
     script = Path(os.path.abspath(script)) if script else default_script_path(outbox)
-    plan = Plan(tasks, outbox, script, options)
-    render_script(plan)  # refuse bad paths before anything is written
+    plan = Plan(plan_tasks(todo, outbox), outbox, script, options)
+    if todo:
+        render_script(plan)  # refuse bad paths before anything is written
     return plan, listing
 
 
@@ -323,19 +414,185 @@ def write(plan: Plan) -> Path:
     return plan.script
 
 
-def submit(script: Path, sbatch: str = "sbatch") -> str:
-    """Run ``sbatch --parsable SCRIPT``; returns the job id."""
-    exe = shutil.which(sbatch)
+def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which(argv[0])
     if exe is None:
-        raise SubmitError(
-            f"{sbatch} not found on PATH: run this on a Slurm login node, or leave out --submit "
-            f"and run `sbatch {shlex.quote(str(script))}` there"
-        )
+        raise SubmitError(f"{argv[0]} not found on PATH: {what}")
     try:
-        done = subprocess.run([exe, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+        return subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise SubmitError("sbatch did not answer within 120 s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise SubmitError(f"sbatch refused the script: {last}")
-    return done.stdout.strip().split(";")[0]
+        raise SubmitError(f"{argv[0]} did not answer within {timeout:g} s") from None
+
+
+def max_array_size(scontrol: str = "scontrol") -> int:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``); Slurm's default where it cannot be read."""
+    try:
+        done = _run([scontrol, "show", "config"], "", timeout=30)
+    except SubmitError:
+        return DEFAULT_MAX_ARRAY_SIZE
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", done.stdout, re.MULTILINE)
+    return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+@dataclass(frozen=True)
+class Array:
+    """One submitted array: its job id and its slice of the manifest."""
+
+    job: str
+    offset: int
+    count: int
+
+
+def sbatch_argv(script: Path, n: int, offset: int, count: int, options: ArrayOptions, after: str | None) -> list[str]:
+    """The sbatch command line of one array; the script's own #SBATCH --array covers a folder in one array."""
+    if (offset, count) == (0, n) and after is None:
+        return ["--parsable", str(script)]
+    argv = ["--parsable", f"--array={array_spec(count, options.max_parallel)}"]
+    if after is not None:
+        argv.append(f"--dependency=afterany:{after}")
+    return [*argv, str(script), str(offset)]
+
+
+def submit(plan: Plan, max_size: int, sbatch: str = "sbatch") -> list[Array]:
+    """Submit the plan's script as one array per ``max_size`` tasks; record them in ``<script>.jobs``.
+
+    Throttled arrays run one after another, so that ``%N`` holds over the whole folder."""
+    script, n = plan.script, len(plan.tasks)
+    how = f"run this on a Slurm login node, or leave out --submit and run `sbatch {shlex.quote(str(script))}` there"
+    arrays: list[Array] = []
+    for offset, count in chunks(n, max_size):
+        after = arrays[-1].job if arrays and plan.options.max_parallel else None
+        done = _run([sbatch, *sbatch_argv(script, n, offset, count, plan.options, after)], how)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            submitted = f" (arrays {', '.join(a.job for a in arrays)} were submitted)" if arrays else ""
+            raise SubmitError(f"sbatch refused the script: {last}{submitted}")
+        arrays.append(Array(done.stdout.strip().split(";")[0], offset, count))
+        try:
+            with open(jobs_path(script), "a") as f:
+                f.write(f"{arrays[-1].job} {offset} {count}\n")
+        except OSError as exc:
+            raise OutputError(f"cannot write {jobs_path(script)}: {exc.strerror}") from None
+    return arrays
+
+
+def jobs_path(script: Path) -> Path:
+    """``<script>.jobs``: the arrays a submission became, ``JOBID OFFSET COUNT`` per line."""
+    return script.with_name(script.name + ".jobs")
+
+
+# ---------------------------------------------------------------------------
+# an array's outcome: `mmd submit --status JOBID`
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """What Slurm says of one task (``squeue -t all``), while it remembers the job."""
+
+    state: str
+    reason: str
+    exit_code: int | None  # the task script's exit status; None while it runs or when killed
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """One task, as Slurm and mmd see it."""
+
+    index: int  # line of the manifest, from 0
+    job: str  # JOBID_TASK, Slurm's name for it
+    input: Path
+    output: Path
+    slurm: TaskState | None  # None: Slurm no longer knows it (no accounting, past MinJobAge)
+    verdict: str  # ok | refused | missing
+
+    @property
+    def failed(self) -> bool:
+        finished = self.slurm is None or self.slurm.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+        return self.verdict != "ok" and finished
+
+
+def find_submission(outbox: Path, job: str) -> tuple[Path, list[Array]]:
+    """The script of the submission that array ``job`` belongs to, and all its arrays."""
+    job = job.split("_")[0]
+    for record in sorted(Path(outbox).glob(f"{SCRIPTS_DIR}/*/*.jobs")):
+        try:
+            lines = record.read_text().split()
+        except OSError:
+            continue
+        arrays = [Array(lines[i], int(lines[i + 1]), int(lines[i + 2])) for i in range(0, len(lines) - 2, 3)]
+        if any(a.job == job for a in arrays):
+            return record.with_name(record.name[: -len(".jobs")]), arrays
+    raise UsageError(
+        f"job {job}: no submission of it in {outbox}/{SCRIPTS_DIR}/ (give the --outbox it was submitted with)"
+    )
+
+
+def parse_squeue(text: str) -> dict[tuple[str, int], TaskState]:
+    """``squeue -h -r -t all -o '%F|%K|%T|%r'`` (plus the exit code as a last field) → (array job, task) → state.
+
+    A pending array not yet split into tasks shows a range (``0-5%2``): every task of it is pending."""
+    out: dict[tuple[str, int], TaskState] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 4:
+            continue
+        array, tasks, state, reason = fields[:4]
+        code = fields[4].strip() if len(fields) > 4 else ""
+        exit_code = int(code) >> 8 if code.isdigit() and state not in ("PENDING", "RUNNING") else None
+        for part in tasks.split("%")[0].split(","):
+            if not part or not part[0].isdigit():
+                continue
+            lo, _, hi = part.partition("-")
+            for task in range(int(lo), int(hi or lo) + 1):
+                out[(array, task)] = TaskState(state, reason, exit_code)
+    return out
+
+
+def slurm_states(
+    jobs: Sequence[str], squeue: str = "squeue", scontrol: str = "scontrol"
+) -> dict[tuple[str, int], TaskState]:
+    """What Slurm still knows of these arrays' tasks (nothing once it forgot them: no sacct without slurmdbd)."""
+    done = _run([squeue, "-h", "-r", "-t", "all", "-j", ",".join(jobs), "-o", "%F|%K|%T|%r"], "run this where Slurm is")
+    states = parse_squeue(done.stdout) if done.returncode == 0 else {}
+    # squeue's -o has no exit code; scontrol shows it per task (ExitCode=3:0), one array at a time.
+    for job in jobs:
+        shown = _run([scontrol, "-o", "show", "job", job], "run this where Slurm is")
+        for line in shown.stdout.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            key = (fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", ""))
+            code = fields.get("ExitCode", "")
+            if key[1].isdigit() and (key[0], int(key[1])) in states and ":" in code:
+                old = states[(key[0], int(key[1]))]
+                if old.state not in ("PENDING", "RUNNING"):
+                    states[(key[0], int(key[1]))] = TaskState(old.state, old.reason, int(code.split(":")[0]))
+    return states
+
+
+def verdict(output: Path) -> str:
+    """mmd's word on one task: ``ok`` (output and timing sidecar), ``refused`` (error sidecar) or ``missing``."""
+    if os.path.lexists(timing_path(output)) and os.path.lexists(output):
+        return "ok"
+    if os.path.lexists(error_path(output)):
+        return "refused"
+    return "missing"
+
+
+def outcomes(script: Path, arrays: Sequence[Array], states: Mapping[tuple[str, int], TaskState]) -> list[TaskOutcome]:
+    """Every task of a submission: its input, output, Slurm's state and mmd's verdict."""
+    manifest = script.with_name(script.name + ".manifest")
+    outputs = script.with_name(script.name + ".outputs")
+    try:
+        inputs, outs = manifest.read_bytes().splitlines(), outputs.read_bytes().splitlines()
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    result = []
+    for a in arrays:
+        for task in range(a.count):
+            i = a.offset + task
+            out = Path(os.fsdecode(outs[i]))
+            result.append(
+                TaskOutcome(
+                    i, f"{a.job}_{task}", Path(os.fsdecode(inputs[i])), out, states.get((a.job, task)), verdict(out)
+                )
+            )
+    return result

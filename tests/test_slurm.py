@@ -130,6 +130,7 @@ def test_script_header_carries_every_option(tmp_path):
         "--job-name": "mm-run",
         "--array": "0-299%8",
         "--output": f"{tmp_path}/sub/logs/%A_%a.log",
+        "--export": ",".join(slurm.PASSED_ENV),
         "--gres": "gpu:1",
         "--time": "01:30:00",
         "--partition": "gpu",
@@ -149,6 +150,7 @@ def test_script_without_gres_throttle_or_limits(tmp_path):
         "--job-name": "mmd",
         "--array": "0",
         "--output": f"{tmp_path}/sub/logs/%A_%a.log",
+        "--export": ",".join(slurm.PASSED_ENV),
     }
 
 
@@ -335,7 +337,69 @@ def test_submit_refuses_an_empty_folder(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# a real Slurm, where one runs here
+# pure parts of submitting and of --status
+
+
+def test_chunks_fit_max_array_size():
+    assert slurm.chunks(3, 1001) == [(0, 3)]
+    assert slurm.chunks(10, 8) == [(0, 8), (8, 2)]
+    assert slurm.chunks(16, 8) == [(0, 8), (8, 8)]
+    with pytest.raises(slurm.SubmitError):
+        slurm.chunks(3, 0)
+
+
+def test_sbatch_argv_gives_each_array_its_offset_and_chains_throttled_arrays(tmp_path):
+    script = tmp_path / "job.sbatch"
+    opts = slurm.ArrayOptions(max_parallel=2)
+    assert slurm.sbatch_argv(script, 3, 0, 3, opts, None) == ["--parsable", str(script)]
+    assert slurm.sbatch_argv(script, 10, 8, 2, opts, "41") == [
+        "--parsable",
+        "--array=0-1%2",
+        "--dependency=afterany:41",
+        str(script),
+        "8",
+    ]
+
+
+def test_parse_squeue_expands_pending_ranges():
+    text = "7|0|COMPLETED|None\n7|1|FAILED|NonZeroExitCode\n7|2-4%1|PENDING|JobArrayTaskLimit\n"
+    states = slurm.parse_squeue(text)
+    assert states[("7", 0)].state == "COMPLETED"
+    assert states[("7", 1)] == slurm.TaskState("FAILED", "NonZeroExitCode", None)
+    assert [states[("7", t)].reason for t in (2, 3, 4)] == ["JobArrayTaskLimit"] * 3
+
+
+def test_script_asks_for_gpus_the_chosen_way_and_runs_mmd_from_path(tmp_path):
+    text = slurm.render_script(plan_for(tmp_path, ["a.txt"], slurm.ArrayOptions(gres=None, gpus=1)))
+    assert sbatch_lines(text)["--gpus"] == "1" and "--gres" not in sbatch_lines(text)
+    assert 'exec mmd run -o "$output" -- "$input"' in text
+    assert sys.executable not in text, "the submitting Python is no default for the nodes"
+    assert sbatch_lines(text)["--export"] == ",".join(slurm.PASSED_ENV)
+    with pytest.raises(UsageError, match="--gpus and --gres"):
+        plan_for(tmp_path, ["a.txt"], slurm.ArrayOptions(gpus=1))
+
+
+def test_submit_help_names_the_real_defaults(tmp_path):
+    r = run_mmd("submit", "--help", cwd=tmp_path)
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "None" not in text
+    assert "default: mmd, on the nodes' PATH" in text and "--gpus N" in text and "--status JOBID" in text
+
+
+def test_a_missing_mmd_is_one_clear_line_in_the_tasks_log(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    make_input(jobs / "m.txt", 4, 1)
+    plan, _ = slurm.make_plan(jobs, tmp_path / "out", slurm.ArrayOptions(mmd=("no-such-mmd",)), tmp_path / "s" / "j")
+    slurm.write(plan)
+    r = run_task(plan.script, 0, tmp_path)
+    assert r.returncode == 127, r.stderr
+    assert r.stderr.startswith("mmd task 0: 'no-such-mmd' is not a command on "), r.stderr
+
+
+# ---------------------------------------------------------------------------
+# a real Slurm: scripts/slurm_up.sh's one-node cluster (SLURM_CONF), which .ci/run brings up
 
 
 def _slurm_up() -> bool:
@@ -348,38 +412,210 @@ def _slurm_up() -> bool:
     return r.returncode == 0 and " is UP" in r.stdout
 
 
+real_slurm = pytest.mark.skipif(
+    not _slurm_up(),
+    reason="needs a Slurm controller that answers `scontrol ping`: "
+    'eval "$(bash scripts/slurm_up.sh)" starts one here (.ci/run does)',
+)
+
+
+def cluster_env(**extra: str) -> dict[str, str]:
+    """The submitting shell: this venv's `mmd` first on PATH (the node is this machine), no MMD_* of ours."""
+    env = task_env(**extra)
+    env.pop("PYTHONPATH", None)  # the tasks find mmd by PATH, as on a cluster
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", "-r", *args], capture_output=True, text=True, timeout=30).stdout
+
+
+def submit_real(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    r = run_mmd(
+        "submit", "--slurm", "jobs", "--outbox", "out", "--backend", "cpu", "--time", "00:05:00", "--submit",
+        *args, cwd=cwd, env=env or cluster_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("submitted job array"))
+    return r, line.split(":")[0].split(" ", 3)[3].split(", ")
+
+
+def wait_done(jobs: list[str], within: float = 120, every=None) -> None:
+    """Until Slurm lists no task of ``jobs`` as pending or running; ``every`` sees each poll's squeue lines."""
+    end = time.monotonic() + within
+    while lines := squeue("-j", ",".join(jobs), "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING", "-o", "%i|%T|%r"):
+        if every is not None:
+            every(lines)
+        if time.monotonic() > end:
+            subprocess.run(["scancel", *jobs])
+            pytest.fail(f"job arrays {jobs} did not finish within {within:g} s")
+        time.sleep(0.05)
+
+
+def status(cwd: Path, job: str) -> subprocess.CompletedProcess:
+    return run_mmd("submit", "--status", job, "--outbox", "out", cwd=cwd, env=cluster_env())
+
+
+def rectangular_input(path: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(-9, 9, (3, 5)).astype(np.float32), rng.integers(-9, 9, (5, 2)).astype(np.float32)
+    path.write_bytes(b"".join(input_chunks(a, b, square=False)))
+    return a, b
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not _slurm_up(), reason="needs sbatch and a Slurm controller that answers `scontrol ping`")
-def test_real_slurm_runs_the_array(tmp_path):
+@real_slurm
+@pytest.mark.parametrize("request_gpu", [(), ("--gpus", "1")], ids=["gres", "gpus"])
+def test_real_slurm_runs_good_refused_and_rectangular_inputs(tmp_path, request_gpu):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
-    inputs = {name: make_input(jobs / name, 8, i) for i, name in enumerate(["a.txt", "b c.txt", "-d.txt"])}
-    # No GPU is assumed here: no gres, the cpu backend. docs/cluster.md runs the default gres=gpu:1.
-    r = run_mmd(
-        "submit",
-        "--slurm",
-        "jobs",
-        "--outbox",
-        "out",
-        "--backend",
-        "cpu",
-        "--gres",
-        "none",
-        "--time",
-        "00:05:00",
-        "--submit",
-        cwd=tmp_path,
-        env=task_env(),
-    )
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.split("submitted job array ")[1].split(":")[0]
-    end = time.monotonic() + 180
-    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
-        if time.monotonic() > end:
-            subprocess.run(["scancel", job])
-            pytest.fail(f"job array {job} did not finish within 180 s")
-        time.sleep(0.5)
+    inputs = {"a.txt": make_input(jobs / "a.txt", 8, 1), "b c.txt": make_input(jobs / "b c.txt", 5, 2)}
+    inputs["r.txt"] = rectangular_input(jobs / "r.txt", 3)
+    (jobs / "bad.txt").write_text("2\n1 2 3\n")
+    _, [job] = submit_real(tmp_path, *request_gpu)
+    script = next((tmp_path / "out" / "slurm").glob("*/job.sbatch")).read_text()
+    assert ("#SBATCH --gpus=1" if request_gpu else "#SBATCH --gres=gpu:1") in script
+    wait_done([job])
+
     for name, (a, b) in inputs.items():
         out = tmp_path / "out" / (name[: -len(".txt")] + ".out")
-        assert out.exists(), f"{out} missing; logs: {list((tmp_path / 'out' / 'slurm').rglob('*.log'))}"
+        assert out.exists(), f"{out} missing: {[p.read_text() for p in (tmp_path / 'out').rglob('*.log')]}"
         assert verify.against_inputs(textformat.parse_output(out.read_bytes()), a, b).ok
+        rec = yaml.safe_load(out.with_name(out.stem + ".timing.yaml").read_text())
+        assert rec["status"] == "ok" and rec["backend"] == "cpu"
+    assert yaml.safe_load((tmp_path / "out" / "bad.error.yaml").read_text())["status"] == "error"
+    for name in ("a.out", "b c.out", "r.out"):
+        assert run_mmd("check", f"out/{name}", "--input", f"jobs/{name[:-4]}.txt", cwd=tmp_path).returncode == 0
+
+    # Slurm's word on the refused task, and mmd's
+    tasks = dict(ln.split("|", 1) for ln in squeue("-j", job, "-t", "all", "-o", "%K|%T|%r").splitlines())
+    assert tasks == {"0": "COMPLETED|None", "1": "COMPLETED|None", "2": "FAILED|NonZeroExitCode", "3": "COMPLETED|None"}
+    shown = status(tmp_path, job)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert f"{job}_2\tFAILED exit 1 (NonZeroExitCode)\tmmd: refused\tbad.txt -> bad.out" in shown.stdout
+    assert f"{job}_0\tCOMPLETED exit 0\tmmd: ok\ta.txt -> a.out" in shown.stdout
+    assert "ok 3, refused 1, missing 0; failed 1" in shown.stdout
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_task_without_mmd_is_failed_and_its_output_missing(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "m.txt", 4, 1)
+    r, [job] = submit_real(tmp_path, "--mmd", "no-such-mmd")
+    assert "'no-such-mmd' is not a command here" in r.stderr
+    wait_done([job])
+    shown = status(tmp_path, job)
+    assert shown.returncode == 1
+    assert f"{job}_0\tFAILED exit 127 (NonZeroExitCode)\tmmd: missing\tm.txt -> m.out" in shown.stdout
+    assert f"missing output: {tmp_path / 'out' / 'm.out'}" in shown.stderr
+    log = next((tmp_path / "out" / "slurm").rglob("*.log")).read_text()
+    assert "is not a command on" in log and "mmd submit --mmd" in log
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_resubmitting_does_not_redo_finished_jobs(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    make_input(jobs / "a.txt", 4, 1)
+    (jobs / "bad.txt").write_text("2\n1 2 3\n")
+    _, [job] = submit_real(tmp_path)
+    wait_done([job])
+    again = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--backend", "cpu", "--submit", cwd=tmp_path,
+                    env=cluster_env())  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "nothing to submit: every job file in jobs is finished (--redo runs them again)" in again.stdout
+    assert "skipped 'a.txt': finished already by an earlier submission" in again.stderr
+    os.utime(jobs / "a.txt", (time.time() + 5, time.time() + 5))  # changed since: runs again
+    _, [job2] = submit_real(tmp_path)
+    wait_done([job2])
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.out")) == ["a.1.out", "a.out"]
+    _, [job3] = submit_real(tmp_path, "--redo")
+    wait_done([job3])
+    assert {p.name for p in (tmp_path / "out").glob("*.out")} == {"a.out", "a.1.out", "a.2.out"}
+    assert (tmp_path / "out" / "bad.1.error.yaml").exists()
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_scancel_leaves_no_half_written_output(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    make_input(jobs / "big.txt", 1200, 1)
+    _, [job] = submit_real(tmp_path)
+    out = tmp_path / "out"
+    end = time.monotonic() + 60
+    while not any(p.name.endswith(".tmp") for p in out.iterdir()):  # the output is being written
+        assert time.monotonic() < end and not (out / "big.out").exists(), "never caught the task writing"
+        time.sleep(0.005)
+    subprocess.run(["scancel", job], check=True)
+    wait_done([job])
+    left = sorted(p.name for p in out.iterdir() if p.name != "slurm")
+    assert left == [], f"scancel left {left}"
+    assert squeue("-j", job, "-t", "all", "-o", "%T").split() == ["CANCELLED"]
+    shown = status(tmp_path, job)
+    assert shown.returncode == 1 and "CANCELLED" in shown.stdout and "mmd: missing" in shown.stdout
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_splits_a_folder_larger_than_max_array_size(tmp_path):
+    limit = slurm.max_array_size()
+    assert limit < 20, "scripts/slurm_up.sh sets a small MaxArraySize so that this test stays small"
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    inputs = {f"m{i:02d}.txt": make_input(jobs / f"m{i:02d}.txt", 3, i) for i in range(limit + 2)}
+    r, arrays = submit_real(tmp_path)
+    assert len(arrays) == 2, r.stdout
+    wait_done(arrays)
+    for name, (a, b) in inputs.items():
+        out = tmp_path / "out" / (name[:-4] + ".out")
+        assert verify.against_inputs(textformat.parse_output(out.read_bytes()), a, b).ok, name
+    shown = status(tmp_path, arrays[1])
+    assert shown.returncode == 0 and f"ok {limit + 2}, refused 0, missing 0; failed 0" in shown.stdout
+    assert f"{arrays[1]}_1\tCOMPLETED exit 0\tmmd: ok\tm{limit + 1:02d}.txt" in shown.stdout
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_honours_the_throttle(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for i in range(4):
+        make_input(jobs / f"m{i}.txt", 3, i)
+    _, [job] = submit_real(tmp_path, "--max-parallel", "1")
+    running, reasons = [], set()
+
+    def seen(lines: str) -> None:
+        states = [ln.split("|") for ln in lines.splitlines()]
+        running.append(sum(s[1] == "RUNNING" for s in states))
+        reasons.update(s[2] for s in states if s[1] == "PENDING")
+
+    wait_done([job], every=seen)
+    assert max(running) == 1, running  # the node has room for two: the throttle held the others
+    assert "JobArrayTaskLimit" in reasons, reasons
+    assert len(list((tmp_path / "out").glob("*.out"))) == 4
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_passes_only_what_mmd_needs(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "m.txt", 4, 1)
+    wrapper = tmp_path / "bin" / "mmd-env"  # --mmd: a command of the user's choosing, which shows its environment
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nenv > {shlex.quote(str(tmp_path / "env.txt"))}\nexec mmd "$@"\n')
+    wrapper.chmod(0o755)
+    env = cluster_env(CANARY_SECRET="s3cret", MMD_TILE="8", MMD_KERNEL="tiled")
+    env["PATH"] = f"{wrapper.parent}{os.pathsep}{env['PATH']}"
+    _, [job] = submit_real(tmp_path, "--mmd", "mmd-env", env=env)
+    wait_done([job])
+    got = dict(ln.split("=", 1) for ln in (tmp_path / "env.txt").read_text().splitlines() if "=" in ln)
+    assert "CANARY_SECRET" not in got
+    assert {k: v for k, v in got.items() if k.startswith("MMD_")} == {"MMD_BACKEND": "cpu"}
+    assert got["PATH"] == env["PATH"] and got["SLURM_ARRAY_TASK_ID"] == "0" and got.get("CUDA_VISIBLE_DEVICES")
+    assert (tmp_path / "out" / "m.out").exists()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import ExitStatus, UsageError
 from . import paths
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
 
@@ -60,9 +61,16 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     return src, output
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(ExitStatus.TERMINATED)
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import config
 
+    # scancel and Slurm's time limit send SIGTERM (SIGKILL only KillWait later): unwinding as an
+    # exception lets the output's commit remove its hidden temporary, so nothing half-written stays.
+    signal.signal(signal.SIGTERM, _terminated)
     base = config.load(args.config)
     flags = job_flags(args)
     base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # a bad flag: usage

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Write an sbatch --array script whose task i runs `mmd run` on the i-th job file of DIR "
             "(the inbox's rules: hidden, *.tmp, *.part, *~ and sub-folders are not jobs), writing "
-            "OUTBOX/<stem>.out and its sidecar. With --submit, run sbatch and print the job id."
+            "OUTBOX/<stem>.out and its sidecar. With --submit, run sbatch and print the job id; "
+            "with --status JOBID, show each task's Slurm state and mmd's verdict. "
+            "Exit status of --status: 0 when no task failed (some may still be pending), 1 otherwise."
         ),
     )
     options_later(p, _add_options)
@@ -31,7 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _add_options(p: argparse.ArgumentParser) -> None:
     from .. import config
 
-    p.add_argument("--slurm", type=Path, required=True, metavar="DIR", help="the folder of job files")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--slurm", type=Path, metavar="DIR", help="the folder of job files")
+    what.add_argument(
+        "--status", metavar="JOBID", help="a submitted array's outcome: per task, Slurm's state and mmd's verdict"
+    )
     p.add_argument("--outbox", type=Path, default=Path("outbox"), help="where results go (default: %(default)s)")
     p.add_argument("--config", type=Path, help="config file every task reads (default: the tasks' own)")
     p.add_argument(
@@ -49,10 +56,26 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account", help="Slurm account")
     p.add_argument("--time", metavar="HH:MM:SS", help="time limit of each task")
     p.add_argument("--max-parallel", type=int, metavar="N", help="at most N tasks at once (the array's %%N)")
-    p.add_argument(
-        "--gres", default="gpu:1", help="generic resources per task (default: %(default)s; 'none' asks for no GPU)"
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--gres", help="generic resources per task (default: gpu:1; 'none' asks for no GPU, e.g. a CPU partition)"
     )
-    p.add_argument("--mmd", metavar="CMD", help="how a node starts mmd (default: this Python, -m mmd: %(default)s)")
+    gpu.add_argument("--gpus", type=int, metavar="N", help="ask for GPUs with --gpus=N instead of --gres")
+    p.add_argument(
+        "--mmd",
+        default="mmd",
+        metavar="CMD",
+        help="how a node starts mmd, written into the script (default: %(default)s, on the nodes' PATH)",
+    )
+    p.add_argument(
+        "--max-array-size",
+        type=int,
+        metavar="N",
+        help="tasks per array (default: the cluster's MaxArraySize with --submit, else 1001)",
+    )
+    p.add_argument(
+        "--redo", action="store_true", help="submit job files an earlier submission into OUTBOX finished, too"
+    )
     p.add_argument(
         "--script-out",
         type=Path,
@@ -71,40 +94,80 @@ def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
         value = getattr(args, key)
         if value is not None:
             settings.append((key, str(value)))
-    extra = {}
-    if args.mmd:
-        extra["mmd"] = tuple(shlex.split(args.mmd))
+    gres = None if args.gpus is not None or args.gres in ("", "none") else (args.gres or "gpu:1")
     return slurm.ArrayOptions(
         job_name=args.job_name,
-        gres=None if args.gres in ("", "none") else args.gres,
+        gres=gres,
+        gpus=args.gpus,
+        mmd=tuple(shlex.split(args.mmd)),
         time=args.time,
         partition=args.partition,
         account=args.account,
         max_parallel=args.max_parallel,
         settings=tuple(settings),
         config=args.config.resolve() if args.config is not None else None,
-        **extra,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import slurm  # only for this command
 
-    plan, listing = slurm.make_plan(args.slurm, args.outbox, _options(args), args.script_out)
+    if args.status is not None:
+        return _status(args)
+    options = _options(args)
+    if args.submit and shutil.which("sbatch") is None:  # before anything is written
+        raise slurm.SubmitError(
+            "sbatch not found on PATH: run this on a Slurm login node, or leave out --submit and run the sbatch "
+            "command it prints there"
+        )
+    done = {} if args.redo else slurm.finished_before(args.outbox)
+    plan, listing = slurm.make_plan(args.slurm, args.outbox, options, args.script_out, done)
     for name, why in listing.skipped.items():
         print(f"mmd submit: skipped {name!r}: {why}", file=sys.stderr)
     n = len(plan.tasks)
-    if n > slurm.DEFAULT_MAX_ARRAY_SIZE:
+    if n == 0:
+        print(f"nothing to submit: every job file in {args.slurm} is finished (--redo runs them again)")
+        return 0
+    max_size = args.max_array_size or (slurm.max_array_size() if args.submit else slurm.DEFAULT_MAX_ARRAY_SIZE)
+    script = slurm.write(plan)
+    if shutil.which(options.mmd[0]) is None:  # a warning only: the nodes' PATH is what counts
         print(
-            f"mmd submit: {n} tasks; Slurm's default MaxArraySize is {slurm.DEFAULT_MAX_ARRAY_SIZE} "
-            "(`scontrol show config | grep MaxArraySize`); split the folder if sbatch refuses",
+            f"mmd submit: {options.mmd[0]!r} is not a command here; the nodes must have it (or give --mmd)",
             file=sys.stderr,
         )
-    script = slurm.write(plan)
     print(f"{script}  ({n} task{'s' if n != 1 else ''}; results in {plan.outbox}, logs in {plan.logs})")
     if not args.submit:
-        print(f"submit with: sbatch {shlex.quote(str(script))}")
+        for offset, count in slurm.chunks(n, max_size):
+            argv = slurm.sbatch_argv(script, n, offset, count, plan.options, None)[1:]
+            print(f"submit with: sbatch {shlex.join(argv)}")
         return 0
-    job = slurm.submit(script)
-    print(f"submitted job array {job}: squeue -j {job}; sacct -j {job}")
+    arrays = slurm.submit(plan, max_size)
+    jobs = ", ".join(a.job for a in arrays)
+    print(
+        f"submitted job array{'s' if len(arrays) > 1 else ''} {jobs}: squeue -j {jobs.replace(', ', ',')}; "
+        f"mmd submit --status {arrays[0].job} --outbox {shlex.quote(str(plan.outbox))}"
+    )
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from .. import slurm
+    from ..spool import shown
+
+    script, arrays = slurm.find_submission(args.outbox, args.status)
+    tasks = slurm.outcomes(script, arrays, slurm.slurm_states([a.job for a in arrays]))
+    print(f"{script}: {len(tasks)} task{'s' if len(tasks) != 1 else ''} in array(s) {', '.join(a.job for a in arrays)}")
+    for t in tasks:
+        if t.slurm is None:
+            state = "unknown to Slurm now (finished more than MinJobAge ago; no accounting)"
+        else:
+            code = "" if t.slurm.exit_code is None else f" exit {t.slurm.exit_code}"
+            state = f"{t.slurm.state}{code}" + (f" ({t.slurm.reason})" if t.slurm.reason not in ("None", "") else "")
+        print(f"{t.job}\t{state}\tmmd: {t.verdict}\t{shown(t.input.name)} -> {shown(t.output.name)}")
+    missing = [t for t in tasks if t.verdict == "missing" and t.failed]
+    failed = [t for t in tasks if t.failed]
+    counts = {v: sum(t.verdict == v for t in tasks) for v in ("ok", "refused", "missing")}
+    print(", ".join(f"{k} {v}" for k, v in counts.items()) + f"; failed {len(failed)}")
+    for t in missing:
+        print(f"missing output: {t.output}", file=sys.stderr)
+    return 1 if failed else 0
