@@ -523,7 +523,8 @@ def environment(backend: Backend) -> dict[str, Any]:
     if nvcc:
         match = re.search(r"release ([\d.]+)", nvcc)
         env["cuda_toolkit"] = match.group(1) if match else None
-    if env["cuda_version"] is None:
+    if env["cuda_version"] is None and backend.name == "cuda":
+        # The installed toolkit stands in only where CUDA ran the numbers: beside the cpu backend it ran nothing.
         env["cuda_version"] = env.get("cuda_toolkit")
     return env
 

@@ -85,8 +85,7 @@ _VECTORS_LOCK = threading.Lock()
 
 def random_vectors(m: int, n: int, seed: int = 0, vectors: int = VECTORS) -> tuple[array[float], array[float]]:
     """The quick check's Gaussian vectors for an m×n product: x_t (vectors×n), then y (m×vectors),
-    from ``seed`` (both sides make them here, so they agree; made once, 10-20 ms at 4096, for both
-    sides' threads)."""
+    from ``seed`` (both sides make them here, so they agree; made once for both sides' threads)."""
     with _VECTORS_LOCK:
         x_t, y = _vectors(m, n, seed, vectors)
     return array("d", x_t), array("d", y)

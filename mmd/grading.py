@@ -579,8 +579,7 @@ def _against_input(
     """The output (its rows read on a second thread) against its input.
 
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
-    and then its projections (on the 2-core VM, in-process, 0.355 s against 0.379 s with the sums
-    started after the input, medians of 8 alternating runs). Otherwise the input is parsed first,
+    and then its projections (sooner than after the input: docs/grading.md). Otherwise the input is parsed first,
     alone (the product needs all of it). Numpy's product is made a block of rows at a time, each
     block beside the same rows of the output, read then by the C parser (:meth:`verify.Product.pairs`,
     :class:`mmd.textcore.RowBlocks`): the output is never held whole. Beside a product another device makes

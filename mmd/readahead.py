@@ -1,7 +1,7 @@
 """Reading ``mmd check``'s files while Python imports numpy.
 
-``mmd check`` on one output spends its first 0.2 s (0.3-0.4 s on the GPU
-machine's Python) importing numpy and mmd's checking modules, on one core.
+``mmd check`` on one output spends its first moments importing numpy and
+mmd's checking modules, on one core (docs/grading.md, "Speed", says how long).
 mmd's C parsers need no numpy: they fill plain buffers. So the command starts
 the reads its check will need (:func:`start`) on threads of their own, before
 it imports anything else, and :mod:`mmd.grading` then takes the values as
@@ -185,11 +185,10 @@ class ReadAhead:
 
 def useful(imports_numpy: bool) -> bool:
     """Whether reading ahead can help: the C parsers are built and switched on, and either the check
-    imports numpy (``imports_numpy``: one core, 0.15-0.2 s on the 2-core VM, which the parsers' threads
-    share the cores with) or the cores can run both files' parsers at once. Without numpy's import
-    and with fewer cores (2: 2 parser threads) there is nothing to overlap: ``mmd check --quick`` at
-    4096 took 0.736 s with reads ahead against 0.547 s without (medians of 7 alternating rounds on
-    the 2-core VM)."""
+    imports numpy (``imports_numpy``: one core for a while, which the parsers' threads share the
+    cores with) or the cores can run both files' parsers at once. Without numpy's import and with
+    fewer cores (2: 2 parser threads) there is nothing to overlap, and the threads only slow the
+    check down (docs/grading.md, "Reading while numpy is imported")."""
     return textcore.USE_FASTTEXT and (imports_numpy or usable_cores() > textcore.WORKERS)
 
 

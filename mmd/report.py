@@ -780,13 +780,17 @@ def summary_markdown(
 ) -> str:
     """summary.md; ``accuracy``: graph 4's file name, when the results have an accuracy sweep."""
     rows = results.rows
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "refused", "wrong", "skipped", "error")}
-    out = ["# mmd benchmark report", ""]
-    out.append(
-        f"Source: `{results.source}` ({'job sidecars' if results.kind == 'sidecars' else 'mmd bench'}); "
-        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        + "."
-    )
+    statuses = ("ok", "refused", "wrong", "skipped", "error")
+    if results.kind == "sidecars":
+        # A sidecar row pools the jobs of one case (``repeats`` of them): count the jobs, then the cases.
+        counts = {s: sum(r["repeats"] or 1 for r in rows if r["status"] == s) for s in statuses}
+        tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        out = ["# mmd benchmark report", "", f"Source: `{results.source}` (job sidecars; "
+               f"{sum(counts.values())} jobs: {tally}, in {len(rows)} cases.)"]  # fmt: skip
+    else:
+        counts = {s: sum(1 for r in rows if r["status"] == s) for s in statuses}
+        tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        out = ["# mmd benchmark report", "", f"Source: `{results.source}` (mmd bench); {tally}."]
     out.append("")
     failing = [r for r in rows if r["status"] in ("wrong", "error")]
     if failing:
@@ -878,6 +882,24 @@ def summary_markdown(
         out += ["The GPU's fp32 peak is not known for this device (give --peak-tflops).", ""]
     if accuracy:
         out += _accuracy_section(results.accuracy, accuracy)
+    others = [r for r in _ok(rows) if size_of(r) is None]
+    if others:
+        # The graphs and the tables above hold N×N×N cases only: the other shapes' times are here.
+        out += ["## Other shapes", "", "Cases that are not N×N×N (not graphed), median [min–max] in ms:", ""]
+        out += _table(
+            ["kernel", "tile", "shape", "jobs" if results.kind == "sidecars" else "repeats", "overall", "kernel"],
+            [
+                [
+                    r["kernel"],
+                    "" if r["tile"] is None else r["tile"],
+                    f"{r['m']}×{r['k']}×{r['n']}",
+                    str(r["repeats"] or 1),
+                    _cell(r, "overall"),
+                    _cell(r, "kernel"),
+                ]
+                for r in others
+            ],
+        )
     refused = [r for r in rows if r["status"] == "refused"]
     out += ["## Refused cases", ""]
     if refused:

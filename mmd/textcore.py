@@ -225,14 +225,11 @@ def buffer(size: int) -> mmap.mmap | bytearray:
     (:mod:`mmd.textformat`), come from here.
 
     A big one is a fresh private mapping in small pages, asked for no huge pages: the kernel's
-    answer to that advice is a gamble. In fresh processes on the 2-core VM (transparent huge pages
-    on "madvise", defrag "madvise"), 268 MB took 0.03-0.08 s where another process had just freed
-    huge pages, and 0.7-1.0 s where the kernel compacted memory to make them; in small pages,
-    0.16-0.19 s every time (numpy asks for huge pages for its big arrays: a 4096 check against its
-    input took 3.39 s with numpy's arrays, 2.76 s with them in small pages, medians of 6). A shared
-    mapping (mmap's default) is shmem: 0.23-0.30 s. A smaller one is heap memory: a folder of
-    512s mapped fresh pages for every job, and took 0.95 s where 0.69 s with heap memory (2-core VM,
-    in-process)."""
+    answer to that advice is a gamble: fast where another process has just freed huge pages, many
+    times slower where the kernel compacts memory to make them, while small pages cost the same
+    every time (numpy asks for huge pages for its big arrays). A shared mapping (mmap's default) is
+    shmem, slower still. A smaller one is heap memory, which the next job reuses: a folder of small
+    jobs would otherwise map fresh pages for each (docs/grading.md, "Memory", has the figures)."""
     if size < MAP_BUFFER_BYTES:
         return bytearray(size)
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -598,10 +598,8 @@ def _value_offsets(data: bytes | memoryview, lo: int, hi: int) -> np.ndarray:
 def values_array(count: int, dtype: Any) -> np.ndarray:
     """An array for ``count`` values (a file's, a product's block; its contents undefined): a big one
     over :func:`mmd.textcore.buffer`'s memory (zeros), as numpy's own would ask the kernel for huge
-    pages (see there); a smaller one numpy's, heap memory that the next job reuses. (A folder of 512s
-    on the H100 box, its first check in a process: 0.571 s with every array over textcore's memory
-    against 0.487 s for the last round's code; 0.574 s against 0.552 s with small ones numpy's.
-    Medians of 7 in two probes; docs/results/h100-check5/folder-probe/.)"""
+    pages (see there); a smaller one numpy's, heap memory that the next job reuses: a folder of small
+    outputs, every array over fresh mapped memory, was slower (docs/grading.md, "Memory")."""
     dt = np.dtype(dtype)
     if count * dt.itemsize < textcore.MAP_BUFFER_BYTES:
         return np.empty(count, dt)

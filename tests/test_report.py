@@ -192,12 +192,40 @@ def test_report_from_job_sidecars(tmp_path):
     assert ok[8]["parse_median_ms"] is not None and ok[8]["write_median_ms"] is not None
 
     summary = rendered.summary.read_text()
-    assert "job sidecars" in summary and "5 ok" not in summary  # pooled: 2 rows ok, 1 refused
+    # Jobs are counted, not the cases they are pooled into (2 ok cases here).
+    assert "job sidecars; 6 jobs: 5 ok, 1 refused, in 3 cases." in summary
     refusals = table(summary, "## Refused cases")
     assert refusals["tiled"]["tile"] == "64"
     assert refusals["tiled"]["reason"].startswith("tile 64 needs 4096 threads per block")
     overall = table(summary, "## Graph 1")
     assert first_number(overall["cpu"]["no tile"]) == pytest.approx(ok[16]["overall_median_ms"], abs=5e-4)
+
+
+def test_report_of_an_outbox_counts_every_job_and_shows_the_rectangular_one(tmp_path):
+    """An outbox of 7 ok jobs, one of them 3×5 by 5×2: "7 ok", and the 3×5×2 case is in the summary."""
+    (tmp_path / "out").mkdir()
+    cpu = MultiplyRequest(kernel="cpu", tile=32)
+    results = [_job(tmp_path, f"a{i}", n, CpuBackend(), cpu, i) for i, n in enumerate((8, 8, 8, 16, 16, 16))]
+    rng = np.random.default_rng(7)
+    src = tmp_path / "in" / "rect.txt"
+    src.write_bytes(b"".join(input_chunks(random_matrix(rng, 3, 5), random_matrix(rng, 5, 2), square=False)))
+    results.append(run_file(src, tmp_path / "out" / "rect.out", CpuBackend(), cpu))
+    assert all(r.ok for r in results)
+
+    summary = report.render(tmp_path / "out").summary.read_text()
+    assert "7 jobs: 7 ok, in 3 cases." in summary
+    others = table(summary, "## Other shapes")
+    assert others["cpu"]["shape"] == "3×5×2" and others["cpu"]["jobs"] == "1"
+    rect = next(r for r in report.load(tmp_path / "out").rows if r["m"] == 3)
+    assert first_number(others["cpu"]["overall"]) == pytest.approx(rect["overall_median_ms"], abs=5e-4)
+
+
+def test_environment_names_no_cuda_version_for_the_cpu_backend(monkeypatch):
+    """A machine with the CUDA toolkit (nvcc) but no GPU: the cpu backend's numbers ran on no CUDA."""
+    nvcc = "Cuda compilation tools, release 13.0, V13.0.88"
+    monkeypatch.setattr(bench, "_command_output", lambda argv: nvcc if argv[0] == "nvcc" else None)
+    env = bench.environment(CpuBackend())
+    assert env["cuda_version"] is None and env["cuda_toolkit"] == "13.0"
 
 
 @pytest.mark.parametrize(

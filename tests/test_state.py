@@ -50,3 +50,47 @@ def test_status_names_each_worker_its_device_pid_and_phase():
     assert any(line.startswith("  worker 0: device 0 (cpu, pid 41): running m.txt") and "in multiply" in line
                for line in lines)  # fmt: skip
     assert "  worker 1: device 0 (cpu, pid 42): idle; 5 done" in lines
+
+
+def test_the_state_says_the_backend_the_workers_opened_not_the_one_asked_for(tmp_path):
+    """``backend: auto`` falls back to the cpu where no GPU works: the state says ``cpu`` once a worker is ready."""
+    state = State(tmp_path / ".mmd-state.json", backend="auto")
+    assert state.snapshot()["backend"] == "auto"  # no worker ready yet: what was asked for
+    state.worker(0, backend="cpu", device="cpu")
+    assert state.snapshot()["backend"] == "cpu"
+    state.worker(1, backend="cuda", device="gpu")
+    assert state.snapshot()["backend"] == "cpu, cuda"
+
+
+def test_status_of_a_daemon_that_fell_back_to_the_cpu_says_cpu(tmp_path):
+    """A real daemon asked for ``auto`` on a machine without a working GPU (or told no device works)."""
+    from .conftest import run_mmd
+
+    (tmp_path / "inbox").mkdir()
+    r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_BACKEND": "auto", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr
+    state = read_state(tmp_path / "inbox")
+    assert state is not None and state["backend"] == "cpu"
+
+
+def test_status_metrics_finds_the_metrics_file_from_the_daemons_state(tmp_path):
+    """`mmd status --metrics` given only the inbox (no config): the daemon's state file names its metrics_file."""
+    from .conftest import run_mmd
+
+    (tmp_path / "inbox").mkdir()
+    metrics = tmp_path / "elsewhere" / "mmd.prom"
+    metrics.parent.mkdir()
+    r = run_mmd("serve", "--once", "--create", cwd=tmp_path, env={"MMD_METRICS_FILE": str(metrics)})
+    assert r.returncode == 0, r.stderr
+    r = run_mmd("status", "--metrics", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == metrics.read_text() and "mmd_up" in r.stdout
+
+
+def test_status_metrics_says_how_to_name_the_file_where_no_daemon_wrote_one(tmp_path):
+    from .conftest import run_mmd
+
+    (tmp_path / "inbox").mkdir()
+    r = run_mmd("status", "--metrics", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "metrics_file" in r.stderr and "--config" in r.stderr and "Traceback" not in r.stderr

@@ -191,7 +191,7 @@ class CudaBackend(Backend, DeviceText):
         """Run cuBLAS once on scratch buffers the first time a shape comes, outside the timed phases.
 
         Its first call creates the handle and loads the kernel it picks for the
-        shape (about 100 ms on an H200, measured with `mmd run`), which is
+        shape (a large share of a small job's time), which is
         set-up, not the product: it is recorded as ``compile``, like a kernel
         built for its first job.
         """

@@ -7,11 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ExitStatus, UsageError
 from . import paths
 from .common import NotServing, add_config_option, ask_daemon
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,13 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = config.load(args.config, {"inbox": args.inbox})
     if args.metrics:
-        if settings.metrics_file is None:
-            raise UsageError("no metrics_file is set: the daemon writes no metrics (docs/operations.md)")
-        try:
-            sys.stdout.write(settings.metrics_file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise UsageError(f"cannot read {settings.metrics_file}: {exc.strerror} (is the daemon running?)") from None
-        return 0
+        return print_metrics(settings)
     if settings.control_socket is not None and not os.access(settings.private_dir, os.R_OK | os.X_OK):
         try:
             answer = ask_daemon(settings, {"op": "status"})
@@ -61,6 +58,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(status))
     return ExitStatus.OK if status["serving"] else ExitStatus.NOT_SERVING
+
+
+def print_metrics(settings: Settings) -> int:
+    """Print the metrics file: the config's ``metrics_file``, else the one the inbox's daemon names in its state."""
+    from ..daemon.state import read_state  # only for this command
+
+    path = settings.metrics_file
+    if path is None:
+        state = read_state(settings.private_dir) or {}
+        path = Path(state["metrics_file"]) if state.get("metrics_file") else None
+    if path is None:
+        raise UsageError(
+            f"no metrics_file: neither the config nor a daemon's state in {settings.private_dir} names one; give "
+            "the daemon's config (--config FILE or MMD_METRICS_FILE) or --inbox of a daemon that writes metrics "
+            "(docs/operations.md)"
+        )
+    try:
+        sys.stdout.write(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror} (is the daemon running?)") from None
+    return ExitStatus.OK
 
 
 def render_mine(answer: dict[str, Any]) -> str:

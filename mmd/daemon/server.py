@@ -108,6 +108,8 @@ class Daemon:
             inbox=str(settings.inbox.resolve()),
             outbox=str(settings.outbox.resolve()),
             backend=settings.backend,
+            # Where the metrics are, so that `mmd status --metrics` needs no config to find them.
+            metrics_file=str(settings.metrics_file.resolve()) if settings.metrics_file else None,
             **({"host": self.host_id} if self.host_id else {}),
         )
         self.log = get_logger()
@@ -508,7 +510,8 @@ class Daemon:
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
         self.workers.broadcast(Configure(new, reopen))
-        self.state.update(backend=new.backend)
+        if reopen:  # until a worker opens the new backend; otherwise the workers keep the ones they opened
+            self.state.update(backend=new.backend)
         self.log.info("SIGHUP: settings reloaded", sources=list(new.sources))
 
     # -- the loop --

@@ -22,7 +22,9 @@ class State:
     """What `mmd status` shows; written atomically to ``inbox/.mmd-state.json``, throttled.
 
     ``workers`` lists each worker (its device, backend and the job in hand);
-    ``current`` is the job in hand of the first busy one.
+    ``current`` is the job in hand of the first busy one. ``backend`` is the one
+    asked for until a worker has opened one, then the backends the workers opened
+    (``auto`` is ``cpu`` where no GPU works).
     """
 
     def __init__(self, path: Path, **facts: Any) -> None:
@@ -54,6 +56,9 @@ class State:
         with self._lock:
             entry = self._workers.setdefault(index, {"index": index, "current": None, "done": 0})
             entry.update(changes)
+            if "backend" in changes:
+                opened = sorted({w["backend"] for w in self._workers.values() if w.get("backend")})
+                self._data["backend"] = ", ".join(opened)
             self._dirty = True
 
     def finished(self, entry: dict[str, Any], worker: int | None = None) -> None:
