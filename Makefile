@@ -26,7 +26,7 @@ $(RUNTIME): pyproject.toml setup.py | $(BIN)/python
 
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	touch $@ $(RUNTIME)  # the developer's set-up holds the demo's
 
 ## demo: set up (mmd alone), drop a sample job into inbox/, process the inbox once, show the job it just ran
 demo: $(RUNTIME)
