@@ -2,32 +2,54 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
-LINTED := mmd tests scripts benchmarks
+# Two set-ups in one venv: the demo's (mmd and what it imports) and the developer's (also the test extra:
+# pytest, linters, type checker), so that `make demo` downloads and installs only what it runs.
+RUNTIME := $(VENV)/.installed-runtime
+STAMP   := $(VENV)/.installed
+LINTED  := mmd tests scripts benchmarks
+# The suite's two tiers (pyproject.toml's `serial` marker says which tier a test is in): the fast tier in
+# one pytest worker per core, then the tests that cannot share the machine, alone.
+FAST   := $(BIN)/pytest -q -n auto -m "not serial"
+SERIAL := $(BIN)/pytest -q -m serial
 
-.PHONY: demo test quick lint docs gpu-test bench-text clean install-service
+.PHONY: demo test test-fast test-serial quick check docs gpu-test bench-text clean install-service
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+# --no-compile: pip would byte-compile every module of numpy, matplotlib and the rest (a third of the
+# install's time); Python compiles the few that mmd imports when it first imports them.
+$(RUNTIME): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q --no-compile -e .
 	touch $@
 
-## demo: set up, drop a sample job into inbox/, process the inbox once, show the job it just ran
-demo: $(STAMP)
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@ $(RUNTIME)  # the developer's set-up holds the demo's
+
+## demo: set up (mmd alone), drop a sample job into inbox/, process the inbox once, show the job it just ran
+demo: $(RUNTIME)
 	@MMD=$(BIN)/mmd sh scripts/demo.sh
 
-## test: set up, lint, type-check, run the whole test suite (the command CI runs)
-test: lint
-	$(BIN)/pytest -q
+## test: set up, lint and type-check (`make check`), then both tiers of the test suite (the command CI runs)
+test: check
+	$(FAST)
+	$(SERIAL)
 
-## quick: the edit loop (under a minute on two cores): no real processes, daemons or nvcc
+## test-fast, test-serial: one tier of the suite each (`make test` runs both)
+test-fast: $(STAMP)
+	$(FAST)
+
+test-serial: $(STAMP)
+	$(SERIAL)
+
+## quick: the edit loop, in parallel: no real processes, daemons or nvcc, nothing slow, nothing serial
 quick: $(STAMP)
-	$(BIN)/pytest -q -x -m "not slow and not process" --ignore=tests/gpu
+	$(BIN)/pytest -q -x -n auto -m "not slow and not process and not serial" --ignore=tests/gpu
 
-lint: $(STAMP)
+## check: lint (ruff check, ruff format --check) and type-check (mypy); `make test` runs it first
+check: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy

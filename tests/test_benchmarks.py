@@ -15,7 +15,8 @@ import pytest
 
 from .conftest import ROOT, mmd_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+# A benchmark times what it runs and starts daemons and workers of its own: alone on the machine.
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
 
 BENCHMARKS = ROOT / "benchmarks"
 

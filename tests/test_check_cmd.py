@@ -21,6 +21,9 @@ from mmd.generate import input_chunks, random_matrix
 
 from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd
 
+# Every test here runs `mmd check` as a real process (left out of `make quick`).
+pytestmark = pytest.mark.process
+
 
 def _pair(folder: Path, name: str, m: int, k: int, n: int, seed: int) -> tuple[Path, Path]:
     """``name.txt`` and the right ``name.out`` (what the cpu backend writes) in ``folder``."""
@@ -248,6 +251,7 @@ def _run_limited(*args: str, cwd: Path, kib: int = 3_000_000) -> tuple[subproces
     return r, time.perf_counter() - start
 
 
+@pytest.mark.serial  # a wall-clock bound: alone on the machine
 def test_a_quick_check_sizes_nothing_from_a_header_its_file_cannot_hold(tmp_path):
     _pair(tmp_path, "m", 2, 2, 2, 1)
     (tmp_path / "m.out").write_bytes(b"100000000\n  1.00\n")  # 18 bytes promise 10^8 rows (3.2 GB of sums)

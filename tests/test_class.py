@@ -21,6 +21,9 @@ from .classbox import Box
 from .conftest import wait_for
 
 users, students, grader, box = classbox.users, classbox.students, classbox.grader, classbox.box  # the fixtures
+# The users and groups have fixed names, made and removed once per session: two pytest workers would
+# remove them under each other's tests.
+pytestmark = pytest.mark.serial
 
 
 def small_input(seed: int = 0, n: int = 4) -> str:

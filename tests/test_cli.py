@@ -13,6 +13,7 @@ from mmd import textformat
 from .conftest import ROOT, mmd_env, run_mmd
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_gen_run_check_round_trip(tmp_path):
     src = tmp_path / "m.txt"
     r = run_mmd("gen", "--shape", "9", "13", "7", "--seed", "5", "-o", str(src))
@@ -29,6 +30,7 @@ def test_gen_run_check_round_trip(tmp_path):
     assert r.returncode == 0 and "format ok" in r.stdout and "ok:" in r.stdout
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_gen_is_reproducible_with_a_seed(tmp_path):
     for name in ("a.txt", "b.txt"):
         assert run_mmd("gen", "16", "--seed", "1", "-o", str(tmp_path / name)).returncode == 0
@@ -36,6 +38,7 @@ def test_gen_is_reproducible_with_a_seed(tmp_path):
     assert (tmp_path / "a.txt").read_bytes().startswith(b"16\n")
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_run_refusal_is_one_line_and_nonzero(tmp_path):
     src = tmp_path / "bad.txt"
     src.write_text("2\n1 2 3\n4 x 6\n")
@@ -48,6 +51,7 @@ def test_run_refusal_is_one_line_and_nonzero(tmp_path):
     assert (tmp_path / "bad.error.yaml").exists()
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("2\n1 2\n3 4\n1 0\n0 1\n")
@@ -65,6 +69,7 @@ def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
     assert run_mmd("check", str(good), str(good)).returncode == 0
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_usage_errors_are_one_line(tmp_path):
     r = run_mmd("run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -86,6 +91,7 @@ def test_usage_errors_are_one_line(tmp_path):
     assert r.returncode != 0 and "give either N or --shape" in r.stderr
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_bad_config_is_one_line(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tiel: 3\n")
@@ -96,6 +102,7 @@ def test_bad_config_is_one_line(tmp_path):
     assert r.stderr.count("\n") == 1
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -106,6 +113,7 @@ def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
         assert "pycuda" in r.stderr or "CUDA" in r.stderr
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -121,6 +129,7 @@ def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
         assert r.returncode == 0 and "using the cpu backend" in r.stderr
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_run_refuses_a_bad_name_as_the_daemon_does(tmp_path):
     src = tmp_path / "a@kernel=bogus.txt"
     src.write_text("1\n2\n3\n")
@@ -131,6 +140,7 @@ def test_run_refuses_a_bad_name_as_the_daemon_does(tmp_path):
     assert err["error"]["kind"] == "jobname" and not (tmp_path / "a@kernel=bogus.out").exists()
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_run_takes_the_backend_from_the_name_without_trying_the_gpu(tmp_path):
     src = tmp_path / "b@backend=cpu.txt"
     src.write_text("1\n2\n3\n")
@@ -142,6 +152,7 @@ def test_run_takes_the_backend_from_the_name_without_trying_the_gpu(tmp_path):
     assert rec["backend"] == "cpu" and rec["name_settings"] == {"backend": "cpu"}
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
     src = tmp_path / "c@tile=8.txt"
     src.write_text("1\n2\n3\n")
@@ -150,6 +161,7 @@ def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
     assert r.returncode == 1 and "the file name sets tile=8 but the command line gives --tile 16" in r.stderr
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_python_dash_m_and_version():
     r = run_mmd("--version")
     assert r.returncode == 0 and r.stdout.startswith("mmd ")
@@ -171,6 +183,7 @@ def test_job_request_and_limits_carry_every_job_setting(tmp_path):
     assert limits.max_dim == 100 and limits.max_memory_bytes == config.physical_memory_bytes()
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_an_unknown_flag_is_reported_by_its_sub_command(tmp_path):
     r = run_mmd("serve", "--frob", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("mmd serve: unrecognized arguments: --frob")
@@ -199,6 +212,7 @@ def test_make_demo_twice_shows_the_job_it_just_ran(tmp_path):
     assert shown == yaml.safe_load((tmp_path / "outbox" / "sample.1.timing.yaml").read_text())
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
     """Issue 15: with no GPU `mmd kernels` said "this GPU allows 1024"; the limits are every CUDA GPU's then."""
     r = run_mmd("kernels", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
@@ -221,6 +235,7 @@ def test_a_sub_command_s_options_are_added_when_it_is_parsed_or_shown():
         build_parser().parse_args(["bench", "--plan", "nope"])
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_dash_means_stdout_for_gen_and_run(tmp_path):
     r = run_mmd("gen", "4", "--seed", "3", "-o", "-", cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "" and list(tmp_path.iterdir()) == []
@@ -232,6 +247,7 @@ def test_dash_means_stdout_for_gen_and_run(tmp_path):
     assert r.stdout.encode() == textformat.format_reference(mats.a @ mats.b)
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_a_second_run_does_not_replace_the_first_output_unless_forced(tmp_path):
     src = tmp_path / "x.txt"
     src.write_text("1\n2\n3\n")
@@ -244,12 +260,14 @@ def test_a_second_run_does_not_replace_the_first_output_unless_forced(tmp_path):
     assert (tmp_path / "x.out").read_text() == "1\n  6.00\n"
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_mmd_alone_prints_its_commands():
     r = run_mmd()
     assert r.returncode == 2 and r.stdout == "" and "usage: mmd" in r.stderr and "Traceback" not in r.stderr
     assert all(name in r.stderr for name in ("run", "gen", "check", "serve", "status"))
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
     """As root, `mmd run /dev/null` wrote /dev/null.error.yaml; a FIFO hung the run."""
     import os
@@ -261,6 +279,7 @@ def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
     assert not os.path.exists("/dev/null.error.yaml") and os.listdir(tmp_path) == ["f.txt"]
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -270,6 +289,7 @@ def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
     assert r.returncode == 78 and r.stderr == "mmd run: configuration: environment: MMD_TILE must be int, got 'abc'\n"
 
 
+@pytest.mark.process  # runs mmd as a real process
 def test_help_is_plain_text_and_names_every_option():
     r = run_mmd("status", "--help")
     assert r.returncode == 0 and "``" not in r.stdout and ":class:" not in r.stdout

@@ -22,6 +22,7 @@ SOURCES = {
 }
 
 
+@pytest.mark.process  # nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_text_kernels_compile_for_sm90(name, tmp_path):

@@ -170,6 +170,7 @@ def test_once_drains_backlog_names_refusals_and_versions(tmp_path):
     assert len(per_job) == 9 and all(e.get("job") and e.get("file") for e in per_job)
 
 
+@pytest.mark.serial  # a wall-clock bound: alone on the machine
 def test_once_on_empty_inbox_returns_at_once(tmp_path):
     t0 = time.monotonic()
     r = run_mmd("serve", "--once", "--inbox", "in", "--outbox", "out", cwd=tmp_path, env=ENV)
@@ -306,6 +307,7 @@ def test_recovery_at_each_commit_stage(tmp_path, stage):
     assert work_files(s.inbox) == []
 
 
+@pytest.mark.serial  # a wall-clock bound on the shutdown: alone on the machine
 def test_sigterm_finishes_the_job_in_hand_and_exits_zero(tmp_path, served):
     inbox = tmp_path / "inbox"
     inbox.mkdir()

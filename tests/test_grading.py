@@ -690,6 +690,7 @@ def _serve(root: Path, name: str, body: bytes) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
 def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
     """x.txt processed, then a corrected x.txt dropped: the daemon wrote x.1.out, which is graded (its
     sidecar's input is the test's bytes, and it is the newest); x.out is superseded, not a mismatch."""
@@ -719,6 +720,7 @@ def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
     assert cases["x (x.out)"].find("skipped").attrib == {"type": "superseded", "message": "superseded by x.1.out"}
 
 
+@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
 def test_before_grades_what_was_finished_at_the_deadline(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()

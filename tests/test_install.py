@@ -21,7 +21,8 @@ import mmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+# The installer makes the service's system user and groups (fixed names) and a venv: alone on the machine.
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,7 @@ def worker_pids(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.serial  # a wall-clock bound and the daemon's memory before and after: alone on the machine
 def test_a_hanging_job_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path):
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
@@ -279,6 +280,7 @@ def stale(samples: dict[str, float], now: float) -> bool:
     return now - samples["mmd_last_update_timestamp_seconds"] > 12 * samples["mmd_metrics_interval_seconds"]
 
 
+@pytest.mark.serial  # a serving daemon must rewrite its metrics every 0.2 s to pass as alive: alone
 def test_a_daemon_killed_with_sigkill_is_seen_as_dead_by_its_metrics_files_age(tmp_path):
     """kill -9 leaves ``mmd_up 1`` in the file for good; its timestamp stops, and the documented rule fires."""
     inbox = tmp_path / "inbox"

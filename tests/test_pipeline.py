@@ -227,6 +227,7 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
+@pytest.mark.serial  # a wall-clock bound and the peak memory: alone on the machine
 @pytest.mark.parametrize("head", [b"", b"2\n1 2 3 4 5 6 7 8\n"], ids=["all-zero", "valid-header"])
 def test_a_2gb_sparse_file_is_refused_unread(tmp_path, head):
     """Issue 15: a 2 GB sparse file was read whole (12-14 s, 2.1 GB) before line 1 was checked.

@@ -174,6 +174,7 @@ def test_max_queue_leaves_the_rest_in_the_inbox_for_a_rescan(tmp_path):
 # faults
 
 
+@pytest.mark.serial  # kill -9 rounds timed to land at chosen moments: alone on the machine
 @pytest.mark.slow
 def test_kill9_at_random_points_30_rounds(tmp_path):
     """30 daemons killed with SIGKILL at random moments (start-up, claim, reservation, commit, archive); then one
@@ -574,6 +575,7 @@ def test_readiness_survives_wall_clock_jumps():
 # bad input, through the daemon
 
 
+@pytest.mark.serial  # a wall-clock bound: alone on the machine
 def test_bad_inputs_are_refused_with_reasons_and_nothing_is_lost(tmp_path):
     inbox = tmp_path / "inbox"
     inbox.mkdir()

@@ -26,7 +26,8 @@ from mmd.generate import input_chunks, random_matrix
 from .conftest import ROOT, run_mmd
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+# The real-Slurm tests share one cluster, whose MaxArraySize and throttle they count on: alone.
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 #: File names a user may well have: spaces, a leading dash, shell syntax, quotes, non-ASCII.
 HOSTILE = ["-rf x.txt", "a b.txt", "$(touch PWNED).txt", "it's `x`.txt", "--help.txt", "tab\there.txt", "ünï.txt"]
