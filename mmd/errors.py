@@ -87,6 +87,12 @@ class ConfigError(MmdError):
     kind = "config"
 
 
+class MissingExtra(ConfigError):
+    """A command needs an optional part of mmd that this install lacks (``pip install 'mmd[report]'``)."""
+
+    kind = "missing-extra"
+
+
 class UsageError(ConfigError):
     """A command-line flag is invalid (exit status 2, like argparse's own refusals)."""
 

@@ -48,7 +48,7 @@ import yaml
 
 from . import kernels as registry
 from .bench import ACCURACY_COLUMNS, COLUMNS, phase_stats
-from .errors import OutputError, UnreadableError
+from .errors import MissingExtra, OutputError, UnreadableError
 from .record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
 
 #: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
@@ -515,6 +515,17 @@ def compare(a: Path | Results, b: Path | Results) -> Comparison:
 
 
 # -- drawing -------------------------------------------------------------------
+
+
+def require_matplotlib() -> None:
+    """The graphs are matplotlib's, an optional extra: the daemon and the one-shot commands never draw, so a
+    service's install leaves it out; a command that draws says how to add it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtra(
+            "the graphs need matplotlib, which this install of mmd lacks: pip install 'mmd[report]'"
+        ) from None
 
 
 def _figure(width: float = 9.0, height: float = 5.0) -> Any:
@@ -1017,8 +1028,10 @@ def render(
 ) -> Rendered:
     """Render graphs 1-3 (and 4 where there is an accuracy sweep; PNG and SVG) and summary.md from ``source``.
 
-    ``out`` defaults to ``report/`` beside the results (inside a sidecar folder).
+    ``out`` defaults to ``report/`` beside the results (inside a sidecar folder). Raises MissingExtra,
+    before any work, where matplotlib (the ``report`` extra) is not installed.
     """
+    require_matplotlib()
     results = source if isinstance(source, Results) else load(Path(source))
     if out is None:
         base = results.source if results.source.is_dir() else results.source.parent

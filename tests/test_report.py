@@ -242,3 +242,19 @@ def test_environment_names_no_cuda_version_for_the_cpu_backend(monkeypatch):
 def test_peak_table(device, tflops):
     found = report.peak_for(device)
     assert (found[0] if found else None) == tflops
+
+
+def test_without_matplotlib_the_report_says_how_to_add_it_before_any_work(tmp_path, monkeypatch, capsys):
+    """matplotlib is the `report` extra: an install without it (a service's) gets one line and status 78,
+    and nothing is written."""
+    import sys
+
+    from mmd.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    results = tmp_path / "results.csv"
+    results.write_text("x\n")
+    assert main(["report", str(results), "--out", str(tmp_path / "r")]) == 78
+    err = capsys.readouterr().err
+    assert "pip install 'mmd[report]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()

@@ -161,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(report.compare(*args.compare).text(), end="")
         return 0
+    if args.report:  # said before the benchmark runs, not after
+        from ..report import require_matplotlib
+
+        require_matplotlib()
     settings = settings_from(args)
     if settings.log_level == "info":  # one "job done" line per call would bury the progress display
         logs.configure(settings.log_format, "warning")
