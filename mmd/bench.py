@@ -401,58 +401,59 @@ def describe_accuracy(row: dict[str, Any]) -> str:
 
 
 class Progress:
-    """A bar redrawn in place on a terminal; one plain line per case otherwise.
+    """Plain lines, one per case, where the stream is not a terminal; on a terminal, rich's bar (the CLI's one
+    progress library) kept to the terminal's width, each finished case printed above it, so that no result
+    is overwritten. ``width``: the terminal's columns where the stream cannot say (tests)."""
 
-    Cases that are not ``ok`` are always printed on their own line, so a
-    wrong result or a refusal stays on the screen when the bar moves on.
-    """
-
-    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, width: int = 24) -> None:
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, width: int | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.width = width
         self.total = 0
-        self.finished = 0
         self.t0 = time.monotonic()
+        self._bar: Any = None
+        self._task: Any = None
 
     def _write(self, text: str) -> None:
         self.stream.write(text)
         self.stream.flush()
 
-    def _bar(self, current: str) -> str:
-        filled = int(self.width * self.finished / self.total) if self.total else self.width
-        elapsed = time.monotonic() - self.t0
-        return (
-            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.finished}/{self.total} "
-            f"{elapsed:5.0f}s  {current}\x1b[K"
-        )
+    def _line(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            self._write(text + "\n")
 
     def start(self, total: int, folder: Path) -> None:
-        self.total, self.finished, self.t0 = total, 0, time.monotonic()
+        self.total, self.t0 = total, time.monotonic()
         self._write(f"mmd bench: {total} cases -> {folder}\n")
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            console = Console(file=self.stream, force_terminal=True, width=self.width)
+            columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+            self._bar = Bar(*columns, console=console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("", total=total)
 
     def begin(self, index: int, case: Case) -> None:
-        if self.tty:
-            self._write(self._bar(case.label()))
+        if self._bar is not None:
+            self._bar.update(self._task, description=case.label())
 
     def done(self, index: int, case: Case, row: dict[str, Any]) -> None:
-        self.finished += 1
-        line = f"[{index + 1:>{len(str(self.total))}}/{self.total}] {describe_row(row)}"
-        if not self.tty:
-            self._write(line + "\n")
-        elif row["status"] != "ok":
-            self._write("\r\x1b[K" + line + "\n" + self._bar(""))
-        else:
-            self._write(self._bar(describe_row(row)))
+        self._line(f"[{index + 1:>{len(str(self.total))}}/{self.total}] {describe_row(row)}")
+        if self._bar is not None:
+            self._bar.advance(self._task)
 
     def accuracy(self, row: dict[str, Any]) -> None:
-        if self.tty:
-            self._write("\r\x1b[K")
-        self._write(describe_accuracy(row) + "\n")
+        self._line(describe_accuracy(row))
 
     def finish(self, run: BenchRun) -> None:
-        if self.tty:
-            self._write("\r\x1b[K")
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
         counts = ", ".join(f"{n} {s}" for s, n in run.counts().items() if n)
         self._write(f"mmd bench: {counts} in {time.monotonic() - self.t0:.1f} s\n")
 

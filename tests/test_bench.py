@@ -211,11 +211,16 @@ def test_progress_plain_lines_and_terminal_bar(tmp_path):
         fake_gpu()[0],
         folder=tmp_path / "b",
         env={},
-        progress=bench.Progress(tty, tty=True),
+        progress=bench.Progress(tty, tty=True, width=80),
     )
-    text = tty.getvalue()
-    assert "\r[" in text and "2/2" in text
-    assert "refused  tile 64 needs" in text  # a refusal stays on its own line
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty.getvalue())  # the terminal's control sequences
+    assert "[1/2] tiled" in text and "[2/2] tiled" in text, text  # every result kept, above the bar
+    assert "refused  tile 64 needs" in text
+    assert text.rstrip().splitlines()[-1].startswith("mmd bench: 1 ok, 1 refused")
+    drawn = text.replace("\r", "\n").splitlines()[1:-1]  # rich's: the first and last lines are plain ones
+    assert all(len(line) <= 80 for line in drawn), "wider than the terminal"
 
 
 def test_cli_bench_on_the_cpu(tmp_path, capsys, quiet_logs):
