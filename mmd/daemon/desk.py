@@ -153,7 +153,7 @@ class Desk:
         job = matches[0]
         if job.owner != uid and not self.sees_all(uid):
             return _no(f"no job of yours is {shown(wanted)} (finished already, or not yours)")
-        who = "its submitter" if job.owner == uid else f"{login_of(uid)}"
+        who = "its submitter" if job.owner == uid else "a grader or the admin"
         error = JobCancelled(f"cancelled by {who} ({login_of(uid)})", {"by": login_of(uid)})
         if job.state == "running" and job.worker is not None:
             handle = next(w for w in self.workers.handles if w.index == job.worker)

@@ -156,7 +156,11 @@ class Scheduler:
     def _by_share(self, now: float) -> list[deque[Item]]:
         """The submitters' queues with names waiting, least used first (then the oldest waiting name)."""
         queues = [q for q in self._names.values() if q]
-        return sorted(queues, key=lambda q: (self.usage.of(q[0].submitter, now), q[0].seq))
+        return sorted(queues, key=lambda q: self._share_key(q[0], now))
+
+    def _share_key(self, item: Item, now: float) -> tuple[float, int]:
+        """Which waiting name goes first: its submitter's use lately, then its arrival."""
+        return self.usage.of(item.submitter, now), item.seq
 
     def assign(self, loads: Iterable[Load], now: float = 0.0) -> list[tuple[int, Item]]:
         """Which waiting job goes to which worker now (worker index, item), in the order to send them."""
@@ -212,7 +216,7 @@ class Scheduler:
         submitters' shares as they stand)."""
         names = sorted(
             (item for queue in self._names.values() for item in queue),
-            key=lambda item: (self.usage.of(item.submitter, now), item.seq),
+            key=lambda item: self._share_key(item, now),
         )
         return [*self._resumes, *names]
 
