@@ -11,9 +11,10 @@
 //
 //   1. emit_lengths: one thread per element writes its byte count (field and,
 //      in the last column, the newline). Elements this path does not format
-//      (not finite, or q >= FAST_LIMIT) get FIELD_WIDTH placeholder bytes and
-//      their row is flagged in slow_rows; the host formats those rows exactly
-//      and splices them in. status[0] counts such elements.
+//      (not finite, or with more than OUTPUT_INT_DIGITS digits before the
+//      point) get FIELD_WIDTH placeholder bytes and are counted in status[0];
+//      mmd refuses such a product (mmd check refuses such fields), so the
+//      placeholders are never written out.
 //   2. The exclusive prefix sum of the lengths (scan_count / scan_block_sums
 //      / scan_write in text_parse.cu) is each element's first byte.
 //   3. emit_write: one thread per element writes its bytes at that offset.
@@ -28,14 +29,23 @@
 #define TEXT_THREADS 256  // threads per block
 #endif
 
+#ifndef OUTPUT_INT_DIGITS
+#error "OUTPUT_INT_DIGITS (mmd.textformat's) must be defined"
+#endif
+
 #define FIELD_WIDTH 6                   // %6.2f: fields are at least this wide
-#define FAST_LIMIT 1000000000000000000ULL  // q below 10^18: at most 18 digits in a uint64
 #define SMALL_LIMIT 4294967296ULL       // q below 2^32: 32-bit digit loop
 
+__host__ __device__ constexpr double ten_to(int e) { return e == 0 ? 1.0 : 10.0 * ten_to(e - 1); }
+
+// q below 10^(OUTPUT_INT_DIGITS + 2) is |x| below 10^OUTPUT_INT_DIGITS, the bound
+// mmd.textformat.check_product holds (x·100 is exact in double, and an integer
+// wherever |x| is that large).
 __device__ __forceinline__ bool fast_value(float x, unsigned long long& q) {
+    constexpr double limit = ten_to(OUTPUT_INT_DIGITS + 2);
     if (!isfinite(x)) return false;
     double h = rint(fabs((double)x * 100.0));
-    if (!(h < (double)FAST_LIMIT)) return false;
+    if (!(h < limit)) return false;
     q = (unsigned long long)h;
     return true;
 }
@@ -57,7 +67,7 @@ __device__ __forceinline__ int field_bytes(unsigned long long q, bool neg) {
 
 extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     emit_lengths(const float* __restrict__ c, int m, int n, int ldc, int* __restrict__ lengths,
-                 unsigned char* __restrict__ slow_rows, unsigned long long* __restrict__ status) {
+                 unsigned long long* __restrict__ status) {
     long long i = (long long)blockIdx.x * TEXT_THREADS + threadIdx.x;
     if (i >= (long long)m * n) return;
     int row = (int)(i / n);
@@ -69,7 +79,6 @@ extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
         bytes = field_bytes(q, signbit(x));
     } else {
         bytes = FIELD_WIDTH;
-        slow_rows[row] = 1;
         atomicAdd(&status[0], 1ULL);
     }
     lengths[i] = bytes + (col == n - 1 ? 1 : 0);
@@ -87,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     unsigned long long q;
     int bytes;
     int p;
-    if (!fast_value(x, q)) {  // placeholder; the host rewrites the row
+    if (!fast_value(x, q)) {  // placeholder: the job is refused
         bytes = FIELD_WIDTH;
         p = 0;
     } else {

@@ -169,6 +169,12 @@ class KernelSpec:
     #: ``tf32`` (operands rounded to TF32's 10-bit mantissa: relative error near 3e-4, which `mmd
     #: check`'s fp32 tolerance refuses).
     precision: str = "fp32"
+    #: Whether its bytes are printf's of the fp32 product wherever that product is exact (C = I·B, or
+    #: sums of ties such as 0.125 that fp32 holds exactly): every FMA kernel, cuBLAS SGEMM and numpy
+    #: are. The tensor cores are not: their accumulator drops the low bits of an addend much smaller
+    #: than the running sum, so tc3, fp32-class in error, may print 0.13 where printf of the exact
+    #: product prints 0.12.
+    exact: bool = True
     #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
     macros: tuple[tuple[str, int], ...] = ()
     #: Parameter sets chosen per shape class (:meth:`for_shape`); empty: one build.
@@ -356,6 +362,7 @@ def _tensor_core_spec(kernel: str, description: str, precision: str) -> KernelSp
         min_compute_capability=(8, 0),
         requirement="TF32 tensor cores",
         precision=precision,
+        exact=False,
         course=False,
     )
 
@@ -448,6 +455,7 @@ _SPECS: tuple[KernelSpec, ...] = (
         min_compute_capability=(8, 0),
         requirement="TF32 tensor cores",
         precision="tf32",
+        exact=False,
         course=False,
     ),
     KernelSpec(

@@ -112,9 +112,6 @@ class TextFacts:
     host_parse: bool | None = field(
         default=None, metadata=_doc("the GPU handed the parse to the host parser", omit=True)
     )
-    host_emit: bool | None = field(
-        default=None, metadata=_doc("values beyond the GPU formatter: the host formatted the output", omit=True)
-    )
     exotic_runs: int | None = field(
         default=None, metadata=_doc("runs the host converted for the GPU parser", omit=True)
     )

@@ -30,7 +30,7 @@ def timing() -> TimingRecord:
         device="NVIDIA H100 80GB HBM3 (sm_90)",
         requested=record.Requested("tiled", 16, "device"),
         timings_ms=record.timings({"read": 0.1, "kernel": 0.5, "overall": 3.0}),
-        text=record.TextFacts("gpu", parse_gpu=0.2, emit_gpu=0.1, host_parse=False, host_emit=False, exotic_runs=0),
+        text=record.TextFacts("gpu", parse_gpu=0.2, emit_gpu=0.1, host_parse=False, exotic_runs=0),
         gflops=1.5,
         context=record.Context(name_settings={"tile": 16}, device_index=1),
         finished_at=record.now_iso(),

@@ -50,7 +50,7 @@ def test_device_path_runs_and_records_its_parts(tmp_path):
     assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
     rec = yaml.safe_load(result.sidecar.read_text())
     assert rec["text"] == {
-        "path": "gpu", "parse_gpu": 0.5, "emit_gpu": 0.25, "host_parse": False, "host_emit": False, "exotic_runs": 0
+        "path": "gpu", "parse_gpu": 0.5, "emit_gpu": 0.25, "host_parse": False, "exotic_runs": 0
     }  # fmt: skip
     t = rec["timings_ms"]
     assert t["cuda"] == 15.0 and t["emit"] == 8.0 and t["parse"] >= 7.0

@@ -253,7 +253,6 @@ class CudaBackend(Backend, DeviceText):
                 parse_gpu=round(phases.get("parse_gpu", 0.0), 3),
                 emit_gpu=round(phases.get("emit_gpu", 0.0), 3),
                 host_parse=result.host_parse,
-                host_emit=result.host_emit,
                 exotic_runs=result.exotic_runs,
             ),
         )

@@ -119,5 +119,6 @@ def run(args: argparse.Namespace) -> int:
                 tiles = "no tile"
             except MmdError as exc:
                 tiles = f"not on this GPU: {exc.reason}"
-        print(f"{name:<{width}}  {spec.kind:<7}  {tiles}\n{'':<{width}}  {spec.description}")
+        inexact = "" if spec.exact else "; not bit-exact: exact products (I·B, ties) may print differently"
+        print(f"{name:<{width}}  {spec.kind:<7}  {tiles}\n{'':<{width}}  {spec.description}{inexact}")
     return 1 if missing else 0

@@ -17,8 +17,9 @@
    value are exactly those of the host path.
 3. ``kernel``: the requested matmul kernel on the parsed buffers in place.
 4. ``emit_gpu``: ``kernels/text_emit.cu`` writes the ``%6.2f`` text (lengths,
-   a prefix sum, bytes). Outputs with a value the fast path does not format
-   (not finite, or |x| >= 10^16) are formatted by textformat on the host.
+   a prefix sum, bytes). A product holding a value the format cannot hold
+   (not finite, or ``textformat.OUTPUT_INT_DIGITS`` digits exceeded) is refused
+   by ``textformat.check_product``, as on the host path.
 5. ``d2h``: the text (and C, for callers that check it) into page-locked memory.
 
 Every phase is timed with CUDA events on the session's stream; ``malloc``,
@@ -90,11 +91,11 @@ PARSE_ENTRIES = {
     "set_counts": "PPiP",
     "scatter_values": "PPPiPPiPi",
 }
-EMIT_ENTRIES = {"emit_lengths": "PiiiPPP", "emit_write": "PiiiPP"}
+EMIT_ENTRIES = {"emit_lengths": "PiiiPP", "emit_write": "PiiiPP"}
 #: Each text source with its macros and entry points.
 SOURCES: dict[str, tuple[dict[str, int], dict[str, str]]] = {
     PARSE_FILE: (DEFINES, PARSE_ENTRIES),
-    EMIT_FILE: ({"TEXT_THREADS": THREADS}, EMIT_ENTRIES),
+    EMIT_FILE: ({"TEXT_THREADS": THREADS, "OUTPUT_INT_DIGITS": textformat.OUTPUT_INT_DIGITS}, EMIT_ENTRIES),
 }
 
 _SEP = re.compile(rb"[ \t\r\n]")
@@ -127,10 +128,9 @@ class TextResult:
     #: Wall-clock stages: parse (upload + parse), multiply, emit (format + download).
     stage_ms: dict[str, float]
     notes: list[str] = field(default_factory=list)
-    #: Runs converted by the host's exact rule; whether the host parsed / emitted instead.
+    #: Runs converted by the host's exact rule; whether the host parsed instead.
     exotic_runs: int = 0
     host_parse: bool = False
-    host_emit: bool = False
 
 
 class Timer(Protocol):
@@ -291,36 +291,31 @@ class GpuText:
             stage["multiply"] = (t2 - t1) * 1e3
 
             with timer.phase("emit_gpu"):
-                slow_rows = alloc(m)
-                s.memset8(slow_rows, 0, m)
                 s.memset8(status, 0, 8)
                 lengths = alloc(4 * nc)
                 s.call(ef["emit_lengths"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
-                       lengths, slow_rows, status)  # fmt: skip
+                       lengths, status)  # fmt: skip
                 scan(lengths, nc, lengths, sums)
-            slow = int(read_int(status, np.uint64)[0])
+            unformatted = int(read_int(status, np.uint64)[0])
             size = int(read_int(sums + 4 * _blocks(nc, ITEMS_PER_BLOCK))[0])
             c_host = s.host_empty((m, n), np.float32, slot="c")
-            host_emit = slow > 0
-            if not host_emit:
-                with timer.phase("malloc"):
-                    out = alloc(size)
-                with timer.phase("emit_gpu"):
-                    s.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
-                           lengths, out)  # fmt: skip
-                text_host = s.host_empty(size, np.uint8, slot="text_out")
-                with timer.phase("d2h"):
-                    s.copy_dtoh(text_host, out)
-                    s.copy_dtoh(c_host, c)
-            else:
-                with timer.phase("d2h"):
-                    s.copy_dtoh(c_host, c)
+            if unformatted:
+                # Only values the output format cannot hold are left unformatted: the job is refused.
+                s.copy_dtoh(c_host, c)
+                s.synchronize()
+                textformat.check_product(c_host)
+                raise AssertionError(f"{unformatted} values the gpu formatter left are within the format's range")
+            with timer.phase("malloc"):
+                out = alloc(size)
+            with timer.phase("emit_gpu"):
+                s.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
+                       lengths, out)  # fmt: skip
+            text_host = s.host_empty(size, np.uint8, slot="text_out")
+            with timer.phase("d2h"):
+                s.copy_dtoh(text_host, out)
+                s.copy_dtoh(c_host, c)
             s.synchronize()
-            if host_emit:
-                result_notes.append(f"{slow} values beyond the gpu formatter: the host formatted the output")
-                chunks: list[Any] = list(textformat.emit_chunks(c_host))
-            else:
-                chunks = [header_line(m, n), text_host.data]
+            chunks: list[Any] = [header_line(m, n), text_host.data]
             with timer.phase("free"):
                 while held:
                     s.mem_free(held.pop())
@@ -334,7 +329,6 @@ class GpuText:
                 notes=result_notes,
                 exotic_runs=exotic_count,
                 host_parse=host_parse,
-                host_emit=host_emit,
             )
         finally:
             while held:

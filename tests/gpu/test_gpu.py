@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
-from mmd import verify
+from mmd import textformat, verify
 from mmd.backends.base import CUDA_PHASES, MultiplyRequest
 from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
@@ -242,3 +242,22 @@ def test_a_second_backend_in_another_thread(cuda_backend):
     assert_close(results[0], a, b, "coarse in a second thread")
     # the session-wide backend still works in this thread afterwards
     assert_close(cuda_backend.multiply(a, b, MultiplyRequest(kernel="aplus", tile=8)).c, a, b, "aplus after")
+
+
+EXACT = [name for name in registry.GPU_KERNELS if registry.get(name).exact]
+
+
+@pytest.mark.parametrize("size", [(33, 70, 45), (128, 256, 128)], ids=size_id)
+@pytest.mark.parametrize("kernel", EXACT)
+def test_exact_kernels_print_an_exact_product_as_printf_does(cuda_backend, kernel, size):
+    """Small integers times multiples of 1/8: every partial sum is exact in fp32, in any order, so an
+    exact kernel's output is printf's bytes, ties (0.125 → 0.12, 0.375 → 0.38) included. The
+    tensor-core kernels are registered as not exact (``KernelSpec.exact``) and are not held to it."""
+    m, k, n = size
+    rng = np.random.default_rng(hash(size) % 2**32)
+    a = rng.integers(-4, 5, (m, k)).astype(np.float32)
+    b = (rng.integers(-512, 513, (k, n)) / 8).astype(np.float32)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    spec = registry.get(kernel)
+    c = poisoned_product(cuda_backend, kernel, 16 if spec.uses_tile else 0, "device", a, b)
+    assert textformat.emit(c) == textformat.format_reference(want)
