@@ -171,9 +171,8 @@ class KernelSpec:
     precision: str = "fp32"
     #: Whether its bytes are printf's of the fp32 product wherever that product is exact (C = I·B, or
     #: sums of ties such as 0.125 that fp32 holds exactly): every FMA kernel, cuBLAS SGEMM and numpy
-    #: are. The tensor cores are not: their accumulator drops the low bits of an addend much smaller
-    #: than the running sum, so tc3, fp32-class in error, may print 0.13 where printf of the exact
-    #: product prints 0.12.
+    #: are. The tensor-core kernels are not: tc3, fp32-class in error, may print 0.13 where printf of
+    #: the exact product prints 0.12 (docs/tensorcores.md).
     exact: bool = True
     #: ``-D`` macros this spec is compiled with (part of the compile-cache key).
     macros: tuple[tuple[str, int], ...] = ()
