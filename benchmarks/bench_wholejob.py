@@ -15,6 +15,10 @@ machines are noisy: compare versions in one run). For each tree:
 * **daemon**: one ``mmd serve`` (durable commits, as shipped); each file is
   renamed into the inbox (a complete drop) and is done when its
   ``.timing.yaml`` appears: drop→sidecar latency and the sidecar's phases;
+* **first job**: a fresh ``mmd serve`` per tree and round (``--first``
+  rounds); 2 s after it says READY=1 (sd_notify, to a socket of this
+  script's), the largest size is renamed in: drop→sidecar, as a student's
+  first job after a restart sees it;
 * **small jobs**: 32×32 drops one at a time (p50, p95 of drop→sidecar), then
   bursts of ``--small`` files (default 1000 and 3000) renamed in at once,
   ``--bursts`` times each (jobs per second, first rename to last sidecar;
@@ -40,6 +44,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -161,11 +166,26 @@ class Served:
         if start:
             self.start()
 
-    def start(self) -> subprocess.Popen:
+    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen:
         self.log = open(self.root / "daemon.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.tree.argv("serve"), cwd=self.root, env=self.tree.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(self.tree.argv("serve"), cwd=self.root, env={**self.tree.env, **(env or {})},
+                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
         return self.proc
+
+    def start_ready(self, timeout: float = 120) -> float:
+        """Start the daemon as systemd would (NOTIFY_SOCKET) and wait for its READY=1; returns that moment."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        path = self.root / "notify.sock"
+        path.unlink(missing_ok=True)
+        sock.bind(str(path))
+        sock.settimeout(timeout)
+        try:
+            self.start({"NOTIFY_SOCKET": str(path)})
+            while True:
+                if b"READY=1" in sock.recv(4096).split(b"\n"):
+                    return time.perf_counter()
+        finally:
+            sock.close()
 
     def drop(self, data: bytes, stem: str | None = None) -> tuple[float, Path]:
         """Rename one complete file into the inbox; returns (time of the rename, its timing sidecar)."""
@@ -384,7 +404,7 @@ def table(results: dict[str, Any], floors_by_size: dict[int, dict[str, float]], 
         lines.append(f"\n{n}x{n}  (ms, medians)")
         head = f"{'':24}" + "".join(f"{t:>14}" for t in trees) + f"{'floor':>10}{'ratio':>8}"
         lines.append(head)
-        for part in ("oneshot", "daemon"):
+        for part in ("oneshot", "first", "daemon"):
             keys = ["process_ms"] if part == "oneshot" else ["drop_to_sidecar_ms"]
             for key in keys + list(PHASES):
                 vals = [results[t][part].get(n, {}).get(key) for t in trees]
@@ -412,7 +432,8 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--small", type=int, nargs="+", default=[1000, 3000], help="32x32 files renamed in at once")
+    ap.add_argument("--small", type=int, nargs="*", default=[1000, 3000], help="32x32 files renamed in at once")
+    ap.add_argument("--first", type=int, default=3, help="rounds of a fresh daemon's first job (largest size)")
     ap.add_argument("--bursts", type=int, default=2, help="rounds of each --small burst (median)")
     ap.add_argument("--drops", type=int, default=200, help="32x32 drops one at a time")
     ap.add_argument("--backend", default="cuda")
@@ -429,7 +450,7 @@ def main() -> int:
     # Every measurement goes round the trees in turn, so that a slow spell of
     # the machine (writeback, a neighbour) falls on all of them alike.
     built = [Tree(name, path, tree_env(path, work, name, args.backend, args.kernel, args.site)) for name, path in trees]
-    results: dict[str, Any] = {t.name: {"oneshot": {}, "daemon": {}, "small": {}} for t in built}
+    results: dict[str, Any] = {t.name: {"oneshot": {}, "first": {}, "daemon": {}, "small": {}} for t in built}
     for n, src in inputs.items():
         samples: dict[str, list[tuple[float, dict[str, float]]]] = {t.name: [] for t in built}
         for i in range(args.repeat + 1):
@@ -440,6 +461,21 @@ def main() -> int:
         for t in built:
             results[t.name]["oneshot"][n] = summary("process_ms", samples[t.name])
             print(f"{t.name} one-shot {n}: {json.dumps(results[t.name]['oneshot'][n])}", flush=True)
+    biggest = max(inputs)
+    firsts: dict[str, list[tuple[float, dict[str, float]]]] = {t.name: [] for t in built}
+    for r in range(args.first):
+        for t in built:
+            fresh = Served(t, work, root=work / f"spool-{t.name}-first", start=False)
+            try:
+                fresh.start_ready()
+                time.sleep(2.0)
+                firsts[t.name].append(daemon_job(fresh, inputs[biggest].read_bytes(), f"first-{r}"))
+            finally:
+                fresh.stop()
+    for t in built:
+        if firsts[t.name]:
+            results[t.name]["first"] = {biggest: summary("drop_to_sidecar_ms", firsts[t.name])}
+            print(f"{t.name} first job {biggest}: {json.dumps(results[t.name]['first'][biggest])}", flush=True)
     served = [Served(t, work) for t in built]
     try:
         for s in served:
@@ -462,7 +498,7 @@ def main() -> int:
             for burst in args.small:
                 for s in served:
                     rates[s.name][burst].append(small_burst(s, burst, r))
-        for s in served:
+        for s in served if args.drops else ():
             lat = [d[0] for d in drops[s.name]]
             # where a small job's time goes: the sidecar's phases (medians), beside drop→sidecar
             phases = {f"{k}_ms": v for k, v in summary("", drops[s.name]).items() if k and not math.isnan(v)}

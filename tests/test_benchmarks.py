@@ -31,7 +31,7 @@ TINY: dict[str, list[str]] = {
     "bench_devices.py": ["--n", "32", "--jobs", "2", "--devices", "0", "--backend", "cpu", "--kernel", "cpu"],
     "bench_textformat.py": ["--sizes", "16", "--repeat", "1"],
     "bench_wholejob.py": [
-        *("--sizes", "32", "--repeat", "1", "--small", "4", "--bursts", "1", "--drops", "2"),
+        *("--sizes", "32", "--repeat", "1", "--small", "4", "--bursts", "1", "--drops", "2", "--first", "1"),
         *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
