@@ -16,6 +16,7 @@ from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_f
 
 if TYPE_CHECKING:
     from .. import config
+    from ..cuda.driver import ContextWarmer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,9 +74,27 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     base = config.load(args.config)
     flags = job_flags(args)
-    base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # a bad flag: usage
-    configure_logs(base, quiet=not args.verbose)
+    settings = base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # bad: usage
     src, output = _paths(args)
+    warmer = _warm_gpu(settings)
+    try:
+        configure_logs(base, quiet=not args.verbose)
+        return _run_to(src, output, base, flags)
+    finally:
+        if warmer is not None:
+            warmer.release()
+
+
+def _warm_gpu(settings: config.Settings) -> ContextWarmer | None:
+    """The GPU's context started beside the imports and the read, where the job may run on a GPU."""
+    if settings.backend == "cpu":
+        return None
+    from ..cuda.driver import ContextWarmer
+
+    return ContextWarmer(settings.device)
+
+
+def _run_to(src: Path, output: Path | None, base: config.Settings, flags: dict[str, Any]) -> int:
     if output is not None:
         return _run(src, output, base, flags, show=True)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that

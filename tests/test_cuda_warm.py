@@ -1,0 +1,65 @@
+"""ContextWarmer: the driver started and the primary context made on a thread, held until released.
+
+A stand-in libcuda (compiled here) records the calls: the real one needs a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mmd.cuda.driver import ContextWarmer
+
+FAKE_LIBCUDA = r"""
+int inits, retained, released, device_asked = -1, fail_init;
+int cuInit(unsigned flags) { inits++; return fail_init ? 100 : 0; }
+int cuDeviceGet(int *dev, int ordinal) { device_asked = ordinal; *dev = ordinal; return ordinal > 3 ? 101 : 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { retained++; *ctx = (void *)1; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int dev) { released++; return 0; }
+"""
+
+
+@pytest.fixture
+def libcuda(tmp_path: Path) -> tuple[str, ctypes.CDLL]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
+    lib = tmp_path / "libfakecuda.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
+    return str(lib), ctypes.CDLL(str(lib))  # the warmer's CDLL of the same path is this handle
+
+
+def counter(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.c_int.in_dll(lib, name).value
+
+
+def test_the_context_is_made_on_the_device_asked_and_released_once(libcuda):
+    path, lib = libcuda
+    warmer = ContextWarmer(2, library=path)
+    warmer.release()
+    assert (counter(lib, "inits"), counter(lib, "device_asked")) == (1, 2)
+    assert (counter(lib, "retained"), counter(lib, "released")) == (1, 1)
+    warmer.release()  # a second release gives back nothing more
+    assert counter(lib, "released") == 1
+
+
+def test_a_driver_that_fails_holds_nothing(libcuda):
+    path, lib = libcuda
+    ctypes.c_int.in_dll(lib, "fail_init").value = 1
+    ContextWarmer(0, library=path).release()
+    assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
+
+
+def test_no_such_device_holds_nothing(libcuda):
+    path, lib = libcuda
+    ContextWarmer(7, library=path).release()
+    assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
+
+
+def test_no_driver_library_is_no_error():
+    ContextWarmer(0, library="libmmd-no-such-cuda.so.1").release()
