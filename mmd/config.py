@@ -86,6 +86,10 @@ class Settings:
     #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (about 0.5 GiB of
     #: the GPU's memory each; docs/daemon.md); the cpu backend runs one worker per usable core
     workers_per_device: int = 4
+    #: `mmd serve` on a GPU: page-locked host memory (MiB) each worker sets aside once it is ready, so that the
+    #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (448: 4250×4250,
+    #: above the course's 4096); 0: none until jobs come. Host memory only: no GPU memory is held (docs/daemon.md)
+    warm_up_mib: int = 448
     kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
     text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
     # -- the spool (relative paths are taken from the working directory) --
@@ -366,6 +370,8 @@ def _validated(s: Settings, origin: str) -> Settings:
         raise ConfigError(f"{origin}: {at('output_ratio_floor_bytes')} must not be negative")
     if s.max_queue <= 0:
         raise ConfigError(f"{origin}: {at('max_queue')} must be positive")
+    if s.warm_up_mib < 0:
+        raise ConfigError(f"{origin}: {at('warm_up_mib')} must not be negative, got {s.warm_up_mib}")
     if not 1 <= s.workers_per_device <= 64:
         raise ConfigError(f"{origin}: {at('workers_per_device')} must be 1 to 64, got {s.workers_per_device}")
     if s.devices is not None and (not s.devices or any(d < 0 for d in s.devices)):

@@ -96,6 +96,12 @@ class FakeText:
         self.built = True
         return {}, {}, (TEXT_BUILD_MS if first else None)
 
+    def prepare(self, n: int) -> None:
+        self.functions()
+        if n > 0:
+            self.session.reserve_host("c", 4 * n * n)
+            self.session.reserve_host("text_out", n * (6 * n + 1))
+
     def multiply_text(
         self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None, *, tf32: bool = False
     ) -> TextResult:
@@ -133,6 +139,8 @@ class FakeSession:
         self.thread = threading.get_ident()
         self.limits = LIMITS
         self.fail_at = fail_at
+        #: Page-locked bytes set aside by slot (reserve_host).
+        self.reserved: dict[str, int] = {}
         self.registers = registers
         self.fault = fault
         #: Called with the kernel's name and C after each product: may change C (a wrong kernel) or raise (a bug).
@@ -224,6 +232,13 @@ class FakeSession:
 
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
         return np.empty(shape, dtype)
+
+    def reserve_host(self, slot: str, nbytes: int) -> None:
+        self.maybe_fail("reserve_host")
+        self.reserved[slot] = max(nbytes, self.reserved.get(slot, 0))
+
+    def pinned_bytes(self) -> int:
+        return sum(self.reserved.values())
 
     def phase_timer(self) -> FakeTimer:
         return FakeTimer(self)

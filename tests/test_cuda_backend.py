@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
-from mmd.backends.base import CUDA_PHASES, MultiplyRequest
-from mmd.backends.cuda import CudaBackend
+from mmd.backends.base import CUDA_PHASES, INPUT_SLOT, MultiplyRequest, input_bytes
+from mmd.backends.cuda import CudaBackend, prepared_size
+from mmd.cuda.memory import PinnedPool
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
 
 from .fakes import COMPILE_MS, PHASE_MS, FakeSession, cuda_backend
@@ -256,3 +257,40 @@ def test_l2_flush_comes_between_the_copies_and_the_kernel_untimed():
     # cuBLAS's warm-up product (untimed, first use of the shape) is not flushed before; the timed one is.
     assert session.events[-3:] == ["product", "flush_l2", "product"] and cublas.kernel == "cublas"
     assert session.limits.l2_cache_bytes == 50 * 2**20
+
+
+def test_prepare_sets_aside_the_largest_square_job_the_budget_holds():
+    backend, session = backend_with()
+    held = backend.prepare(448 << 20)
+    n = prepared_size(448 << 20)
+    assert n >= 4096  # the default warm_up_mib covers the course's largest size
+    assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": n * (6 * n + 1)}
+    assert held == session.pinned_bytes() <= 448 << 20
+    assert session.text().built  # the text kernels are loaded too
+
+
+def test_prepare_with_no_budget_holds_nothing_and_a_failure_is_a_cuda_error():
+    backend, session = backend_with()
+    assert backend.prepare(0) == 0 and session.reserved == {}
+    backend, session = backend_with(fail_at="reserve_host")
+    with pytest.raises(CudaError):
+        backend.prepare(64 << 20)
+
+
+def test_a_reserved_page_locked_buffer_is_kept_for_smaller_jobs():
+    made: list[int] = []
+
+    def allocate(nbytes: int) -> np.ndarray:
+        made.append(nbytes)
+        return np.empty(nbytes, np.uint8)
+
+    pool = PinnedPool(allocate, lambda buf: None)
+    pool.reserve("input", 1000)
+    small = pool.get("input", 10, np.uint8)  # far below the reuse fraction: kept all the same
+    assert made == [1000] and pool.holds(small)
+    pool.get("input", 4000, np.uint8)  # bigger than the reserve: it grows
+    pool.get("input", 10, np.uint8)  # and shrinks back to the reserve, not below
+    assert made == [1000, 4000, 1000] and pool.held_bytes == 1000
+    pool.get("other", 4000, np.uint8)
+    pool.get("other", 10, np.uint8)  # an unreserved slot is not held for small requests
+    assert made[-1] == 10

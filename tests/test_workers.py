@@ -11,7 +11,9 @@ reports back through files. No sleep synchronises: every wait has a deadline.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from mmd.daemon.common import GROUP_INPUT_BYTES
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks
-from .conftest import wait_for
+from .conftest import mmd_env, wait_for
 
 #: A square input of this size is big (over GROUP_INPUT_BYTES): a worker is given it alone, and nothing else
 #: while it runs.
@@ -234,3 +236,30 @@ def test_bench_devices_counts_throughput_from_the_sidecars():
     assert (steady, counted) == (pytest.approx(6 / 3.0), 6)
     ph = bench.phases(recs)
     assert ph["overall"] == 1000.0 and ph["other"] == pytest.approx(520.0)
+
+
+@pytest.mark.parametrize("fail", [None, "reserve_host"])
+def test_a_gpu_worker_warms_up_once_ready_and_a_failed_warm_up_costs_only_that(tmp_path, fail):
+    """Each GPU worker sets aside the buffers warm_up_mib allows as soon as it is ready (issue 33's first
+    job); a warm-up that fails is logged and the worker serves as it would have without one. A process, so
+    that its workers' log is its own."""
+    (tmp_path / "inbox").mkdir()
+    make_inputs(tmp_path / "inbox", 3)
+    setup = f"partial(workerhooks.fake_gpus, {str(tmp_path / 'gpus.log')!r}, None, {fail!r})"
+    env = mmd_env(
+        MMD_LOG_FORMAT="json",
+        MMD_DEVICES="0",
+        MMD_WORKERS_PER_DEVICE="2",
+        MMD_WARM_UP_MIB="8",
+        MMD_QUIET_SECONDS="0.05",
+    )
+    done = subprocess.run(workerhooks.launcher(setup, "serve", "--once", "--create"), cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    warmed = [e for e in events if str(e.get("event")).startswith(("warmed up", "warm-up failed"))]
+    want = "warmed up" if fail is None else "warm-up failed; the first job pays for its buffers"
+    assert [e["event"] for e in warmed] == [want, want], "once by each worker"
+    assert all(("pinned_mib" in e, "reason" in e) == (fail is None, fail is not None) for e in warmed)
+    recs = sidecars(tmp_path / "outbox")
+    assert len(recs) == 3 and all(r["status"] == "ok" for r in recs.values())

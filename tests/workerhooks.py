@@ -109,10 +109,10 @@ def faulty_cpu() -> None:
     CpuBackend.multiply = faulty  # type: ignore[method-assign]
 
 
-def fake_gpus(log: str, fault_shape: int | None = None) -> None:
+def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = None) -> None:
     """Every backend a worker opens is the CUDA backend on a fake GPU (tests/fakes.py); products whose A is
-    ``fault_shape``² fault in the kernel. Opening and closing a session append ``open|close <device> <pid>``
-    to ``log``."""
+    ``fault_shape``² fault in the kernel; the session's step ``fail_at`` fails. Opening and closing a session
+    append ``open|close <device> <pid>`` to ``log``."""
     from mmd import backends
 
     from .fakes import FakeSession, fake_gpu_opener
@@ -120,7 +120,7 @@ def fake_gpus(log: str, fault_shape: int | None = None) -> None:
     def fault(a: Any, b: Any) -> bool:
         return fault_shape is not None and a.shape == (fault_shape, fault_shape)
 
-    opener = fake_gpu_opener(fault=fault)
+    opener = fake_gpu_opener(fault=fault, fail_at=fail_at)
 
     def open_backend(name: str, device: int = 0, kernel_cache: Any = None) -> Any:
         with open(log, "a") as fh:

@@ -17,6 +17,16 @@ import numpy as np
 from ..record import TextFacts
 from ..textformat import Header
 
+#: The host buffer a job's input bytes are read into (:meth:`Backend.host_array`'s slot).
+INPUT_SLOT = "input"
+
+
+def input_bytes(n: int) -> int:
+    """Bytes a square n×n input takes, for buffers made ready before one comes: two matrices of fields
+    up to 8 bytes ("-999.99 ")."""
+    return 16 * n * n
+
+
 #: Every phase a backend may time, in the order they happen. ``cuda`` is the
 #: course's "CUDA time": malloc + h2d + kernel + d2h + free.
 CUDA_PHASES: tuple[str, ...] = ("malloc", "h2d", "kernel", "d2h", "free")
@@ -123,6 +133,11 @@ class Backend(ABC):
         """Host memory for one of a job's buffers (``slot``: ``input`` for the file's bytes, ``operands``
         for A and B): plain memory here; page-locked and reused on a GPU, so h2d needs no staging copy."""
         return np.empty(shape, dtype)
+
+    def prepare(self, budget: int) -> int:
+        """Make ready, while idle, what a first job would otherwise pay for, holding at most ``budget`` bytes
+        of memory for it; returns the bytes held. Nothing to make ready here."""
+        return 0
 
     def device_text(self) -> DeviceText | None:
         """This backend's own text path, or None (the pipeline parses and formats on the host)."""

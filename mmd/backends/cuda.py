@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import math
 import queue
 import threading
 import time
@@ -36,10 +37,16 @@ from ..cuda.text import TextResult, fits
 from ..errors import CudaError, KernelError, MmdError
 from ..record import TextFacts
 from ..textformat import Header
-from .base import CUDA_PHASES, Backend, DeviceText, MultiplyRequest, Product, TextProduct
+from .base import CUDA_PHASES, INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product, TextProduct, input_bytes
 
 _MIB = 1024 * 1024
 T = TypeVar("T")
+
+
+def prepared_size(budget: int) -> int:
+    """The largest n whose n×n job's buffers (input, C, text) fit ``budget`` bytes."""
+    per_n2 = input_bytes(1) + 4 + 6  # input, C (float32), text (a 6-byte field per value)
+    return math.isqrt(max(budget, 0) // per_n2)
 
 
 class Timer(Protocol):
@@ -51,6 +58,7 @@ class TextEngine(Protocol):
     """The GPU text path of a session (:class:`mmd.cuda.text.GpuText`)."""
 
     def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]: ...
+    def prepare(self, n: int) -> None: ...
     def multiply_text(
         self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
     ) -> TextResult: ...
@@ -75,6 +83,8 @@ class Session(Protocol):
     ) -> None: ...
     def flush_l2(self) -> None: ...
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
+    def reserve_host(self, slot: str, nbytes: int) -> None: ...
+    def pinned_bytes(self) -> int: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
     def text(self) -> TextEngine: ...
@@ -216,6 +226,21 @@ class CudaBackend(Backend, DeviceText):
         """Page-locked memory, one buffer per slot reused from job to job: h2d copies straight from it."""
         self._check_usable()
         return self._session.host_empty(shape, dtype, slot=slot)
+
+    def prepare(self, budget: int) -> int:
+        """The text kernels loaded, and the page-locked buffers of the largest square job whose input, C and
+        text fit ``budget`` bytes allocated and kept: a first job of that size or less then runs as the tenth
+        does. Returns the page-locked bytes held."""
+        self._check_usable()
+        n = prepared_size(budget)
+
+        def step() -> int:
+            self._session.text().prepare(n)
+            if n:
+                self._session.reserve_host(INPUT_SLOT, input_bytes(n))
+            return self._session.pinned_bytes()
+
+        return self._guarded(step)
 
     def device_text(self) -> DeviceText:
         return self

@@ -42,14 +42,26 @@ class PinnedPool:
     Allocating page-locked memory costs milliseconds per hundred megabytes,
     so a buffer stays with its slot while requests fit it; a request much
     smaller than the buffer gets a fresh one (a huge buffer is not held
-    for small jobs). ``allocate(nbytes)`` is pycuda's ``pagelocked_empty``
-    for bytes, ``release(buffer)`` frees one now.
+    for small jobs), except down to what :meth:`reserve` set aside for the
+    slot. ``allocate(nbytes)`` is pycuda's ``pagelocked_empty`` for bytes,
+    ``release(buffer)`` frees one now.
     """
 
     def __init__(self, allocate: Callable[[int], np.ndarray], release: Callable[[np.ndarray], None]) -> None:
         self._allocate = allocate
         self._release = release
         self._buffers: dict[str, np.ndarray] = {}
+        self._reserved: dict[str, int] = {}
+
+    def reserve(self, slot: str, nbytes: int) -> None:
+        """Allocate ``slot`` now, at least ``nbytes``, and keep at least that much for it from now on."""
+        self._reserved[slot] = nbytes
+        self.get(slot, nbytes, np.uint8)
+
+    @property
+    def held_bytes(self) -> int:
+        """Page-locked bytes the pool holds now."""
+        return sum(buf.nbytes for buf in self._buffers.values())
 
     def get(self, slot: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A page-locked array of ``shape`` in ``slot`` (valid until the slot's next use)."""
@@ -57,10 +69,11 @@ class PinnedPool:
         count = int(np.prod(shape))
         need = max(count * dtype.itemsize, 1)
         buf = self._buffers.get(slot)
-        if buf is None or buf.nbytes < need or need < buf.nbytes * PINNED_REUSE_FRACTION:
+        floor = self._reserved.get(slot, 0)
+        if buf is None or buf.nbytes < need or (buf.nbytes > floor and need < buf.nbytes * PINNED_REUSE_FRACTION):
             # The old buffer is dropped, not freed: views handed out earlier stay valid until they go.
             self._buffers.pop(slot, None)
-            buf = self._allocate(need)
+            buf = self._allocate(max(need, floor))
             self._buffers[slot] = buf
         view: np.ndarray = buf[: count * dtype.itemsize].view(dtype).reshape(shape)
         return view

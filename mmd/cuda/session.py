@@ -350,6 +350,16 @@ class GpuSession:
         with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
             return self._pinned.get(f"host:{slot}", shape, dtype)
 
+    def reserve_host(self, slot: str, nbytes: int) -> None:
+        """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
+        self._check_thread()
+        with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
+            self._pinned.reserve(f"host:{slot}", nbytes)
+
+    def pinned_bytes(self) -> int:
+        """Page-locked host memory this session holds now."""
+        return self._pinned.held_bytes
+
     def is_pinned(self, host: np.ndarray) -> bool:
         """Whether ``host`` lies inside one of this session's page-locked buffers."""
         return self._pinned.holds(host)

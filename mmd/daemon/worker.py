@@ -437,6 +437,18 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
+def _prepare(backend: Backend, settings: Settings) -> None:
+    """Make ready what the first job would pay for, within ``warm_up_mib``; a failure only costs the first job."""
+    log = get_logger()
+    try:
+        held = backend.prepare(settings.warm_up_mib << 20)
+    except MmdError as exc:
+        log.warning("warm-up failed; the first job pays for its buffers", reason=exc.reason)
+        return
+    if held:
+        log.info("warmed up", pinned_mib=round(held / (1 << 20), 1))
+
+
 def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any]) -> None:
     """A worker process's life: open the backend, then run orders until told to quit or the pipe closes.
 
@@ -471,6 +483,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
             report(StartFailed(exc))
             return
         report(Ready(backend.name, _device_name(backend)))
+        _prepare(backend, settings)
         while True:
             control.beat()
             if not conn.poll(1.0):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import textformat
-from ..backends.base import Backend, DeviceText, MultiplyRequest, Product
+from ..backends.base import INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product
 from ..record import TextFacts
 from ..textformat import Header
 
@@ -95,7 +95,7 @@ class DeviceTextPath(TextPath):
         self.device = device
 
     def input_buffer(self) -> Callable[[int], np.ndarray] | None:
-        return lambda nbytes: self.backend.host_array(nbytes, np.uint8, "input")
+        return lambda nbytes: self.backend.host_array(nbytes, np.uint8, INPUT_SLOT)
 
     def compute(
         self, data: bytes | memoryview, header: Header, request: MultiplyRequest, phase: Callable[[str], None]
