@@ -87,9 +87,9 @@ class Settings:
     #: the GPU's memory each; docs/daemon.md); the cpu backend runs one worker per usable core
     workers_per_device: int = 4
     #: `mmd serve` on a GPU: page-locked host memory (MiB) each worker sets aside once it is ready, so that the
-    #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (448: 4250×4250,
+    #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (480: 4166×4166,
     #: above the course's 4096); 0: none until jobs come. Host memory only: no GPU memory is held (docs/daemon.md)
-    warm_up_mib: int = 448
+    warm_up_mib: int = 480
     kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
     text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
     # -- the spool (relative paths are taken from the working directory) --

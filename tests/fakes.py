@@ -25,7 +25,7 @@ from mmd import textformat
 from mmd.backends.cuda import CudaBackend
 from mmd.cuda.compiler import Compiled
 from mmd.cuda.memory import DeviceMatrix
-from mmd.cuda.text import TextResult
+from mmd.cuda.text import TextResult, text_bytes
 
 LIMITS = registry.DeviceLimits(
     max_threads_per_block=1024,
@@ -100,7 +100,7 @@ class FakeText:
         self.functions()
         if n > 0:
             self.session.reserve_host("c", 4 * n * n)
-            self.session.reserve_host("text_out", n * (6 * n + 1))
+            self.session.reserve_host("text_out", text_bytes(n))
 
     def multiply_text(
         self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None, *, tf32: bool = False

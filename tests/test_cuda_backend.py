@@ -12,10 +12,12 @@ import threading
 import numpy as np
 import pytest
 
+from mmd import config
 from mmd import kernels as registry
 from mmd.backends.base import CUDA_PHASES, INPUT_SLOT, MultiplyRequest, input_bytes
 from mmd.backends.cuda import CudaBackend, prepared_size
 from mmd.cuda.memory import PinnedPool
+from mmd.cuda.text import text_bytes
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
 
 from .fakes import COMPILE_MS, PHASE_MS, FakeSession, cuda_backend
@@ -261,11 +263,12 @@ def test_l2_flush_comes_between_the_copies_and_the_kernel_untimed():
 
 def test_prepare_sets_aside_the_largest_square_job_the_budget_holds():
     backend, session = backend_with()
-    held = backend.prepare(448 << 20)
-    n = prepared_size(448 << 20)
+    default = config.Settings().warm_up_mib << 20
+    held = backend.prepare(default)
+    n = prepared_size(default)
     assert n >= 4096  # the default warm_up_mib covers the course's largest size
-    assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": n * (6 * n + 1)}
-    assert held == session.pinned_bytes() <= 448 << 20
+    assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": text_bytes(n)}
+    assert held == session.pinned_bytes() <= default
     assert session.text().built  # the text kernels are loaded too
 
 

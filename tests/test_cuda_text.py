@@ -16,10 +16,7 @@ from mmd.cuda import text
 from mmd.resources import kernels_dir
 
 NVCC = shutil.which("nvcc")
-SOURCES = {
-    text.PARSE_FILE: (text.DEFINES, text.PARSE_ENTRIES),
-    text.EMIT_FILE: ({"TEXT_THREADS": text.THREADS}, text.EMIT_ENTRIES),
-}
+SOURCES = text.SOURCES
 
 
 @pytest.mark.process  # nvcc

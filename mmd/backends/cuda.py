@@ -33,7 +33,7 @@ from .. import kernels as registry
 from ..config import MEMORY_MODES
 from ..cuda.compiler import Compiled
 from ..cuda.memory import DeviceMatrix
-from ..cuda.text import TextResult, fits
+from ..cuda.text import TextResult, fits, text_bytes
 from ..errors import CudaError, KernelError, MmdError
 from ..record import TextFacts
 from ..textformat import Header
@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 def prepared_size(budget: int) -> int:
     """The largest n whose n×n job's buffers (input, C, text) fit ``budget`` bytes."""
-    per_n2 = input_bytes(1) + 4 + 6  # input, C (float32), text (a 6-byte field per value)
+    per_n2 = input_bytes(1) + 4 + text_bytes(1)  # input, C (float32), text
     return math.isqrt(max(budget, 0) // per_n2)
 
 

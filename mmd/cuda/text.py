@@ -140,6 +140,11 @@ class Timer(Protocol):
     def elapsed_ms(self) -> dict[str, float]: ...
 
 
+def text_bytes(n: int) -> int:
+    """Bytes set aside for an n×n product's text: fields up to 8 bytes ("99999.99"), a newline a row."""
+    return n * (8 * n + 1)
+
+
 class TextDevice(Protocol):
     """What the text path needs of a GPU session (:class:`mmd.cuda.session.GpuSession`)."""
 
@@ -178,12 +183,12 @@ class GpuText:
         return parse.functions, emit.functions, (sum(built) if built else None)
 
     def prepare(self, n: int) -> None:
-        """Load the text kernels, and allocate and keep the page-locked buffers an n×n product's text needs
-        (its C and its text, for values below 1000: wider fields take a bigger buffer when they come)."""
+        """Load the text kernels, and allocate and keep the page-locked buffers an n×n product's text needs:
+        its C and its text (:func:`text_bytes`; wider fields take a bigger buffer when they come)."""
         self.functions()
         if n > 0:
             self.session.reserve_host("c", 4 * n * n)
-            self.session.reserve_host("text_out", n * (6 * n + 1))
+            self.session.reserve_host("text_out", text_bytes(n))
 
     def multiply_text(
         self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
