@@ -85,6 +85,22 @@
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
+ * The TMA build (TMA = 1, sm_90a only; docs/tensorcores.md, "The TMA build"):
+ * thread 0 copies each slab with the copy engine from two tensor maps (A's
+ * 32 x 256 box, B as four 32 x 32 boxes, all with the 128-byte swizzle; boxes
+ * past an edge land as zeros) onto a full mbarrier per stage; warps release a
+ * stage on its empty mbarrier once their wgmmas of it are done, and STAGES - 1
+ * slabs are in flight with no __syncthreads per slab. B's fragment columns are
+ * mapped so that the 64-bit loads from the unpadded swizzled boxes are free of
+ * bank conflicts. TMA_TF32 = 1: the maps are TF32, the copy engine rounds both
+ * operands (cuBLAS TF32's error). CLUSTER_N = 2: two blocks of a 2 x 1 cluster
+ * share A's slab by multicast. Launch: the kernel takes (map_a, map_b, C, M, K,
+ * N, ldc), through mmd/cuda/libcuda.py (cuLaunchKernelEx, cluster attribute);
+ * block 256; grid (CLUSTER_N * ceil(N / (CLUSTER_N * BN)), ceil(M / BM));
+ * dynamic shared memory STAGES * (BM * BK + BK * BN) * 4 + 1024 + 16 * STAGES
+ * = 197696 bytes; A and B 16-byte aligned with ld a multiple of 4 floats.
+ * ptxas (nvcc 13.0, sm_90a): 186 registers, 0 spills.
+ *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
  *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  194 registers, 0 bytes stack frame, 0 spill stores/loads
  *                                                   (ROUND_A=1: 207 registers, no spills)
