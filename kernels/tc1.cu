@@ -85,6 +85,22 @@
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
+ * The TMA build (TMA = 1, sm_90a only; docs/tensorcores.md, "The TMA build"):
+ * thread 0 copies each slab with the copy engine from two tensor maps (A's
+ * 32 x 256 box, B as four 32 x 32 boxes, all with the 128-byte swizzle; boxes
+ * past an edge land as zeros) onto a full mbarrier per stage; warps release a
+ * stage on its empty mbarrier once their wgmmas of it are done, and STAGES - 1
+ * slabs are in flight with no __syncthreads per slab. B's fragment columns are
+ * mapped so that the 64-bit loads from the unpadded swizzled boxes are free of
+ * bank conflicts. TMA_TF32 = 1: the maps are TF32, the copy engine rounds both
+ * operands (cuBLAS TF32's error). CLUSTER_N = 2: two blocks of a 2 x 1 cluster
+ * share A's slab by multicast. Launch: the kernel takes (map_a, map_b, C, M, K,
+ * N, ldc), through mmd/cuda/libcuda.py (cuLaunchKernelEx, cluster attribute);
+ * block 256; grid (CLUSTER_N * ceil(N / (CLUSTER_N * BN)), ceil(M / BM));
+ * dynamic shared memory STAGES * (BM * BK + BK * BN) * 4 + 1024 + 16 * STAGES
+ * = 197696 bytes; A and B 16-byte aligned with ld a multiple of 4 floats.
+ * ptxas (nvcc 13.0, sm_90a): 186 registers, 0 spills.
+ *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
  *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  194 registers, 0 bytes stack frame, 0 spill stores/loads
  *                                                   (ROUND_A=1: 207 registers, no spills)
@@ -116,6 +132,15 @@
 #endif
 #ifndef PREFETCH_A
 #define PREFETCH_A 0 /* 1: A's copies ask L2 for 256-byte lines (.L2::256B: the next slab's half comes along) */
+#endif
+#ifndef TMA
+#define TMA 0 /* 1: tiles by the copy engine (tensor maps, mbarriers): the TMA build */
+#endif
+#ifndef TMA_TF32
+#define TMA_TF32 0 /* TMA build: 1 = the tensor maps are TF32, the copy engine rounds A and B as it loads them */
+#endif
+#ifndef CLUSTER_N
+#define CLUSTER_N 1 /* TMA build: blocks per cluster along x, sharing A's slab by multicast (1 or 2) */
 #endif
 #define A_PARTS 1 /* copies of A's slab per stage: as loaded (ROUND_A rounds it in place) */
 
@@ -175,6 +200,252 @@ __device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 #endif
+
+#if TMA
+/* ---- the TMA build: tensor maps, mbarriers, clusters -------------------- */
+
+#include <cuda.h> /* CUtensorMap */
+
+#if !USE_WGMMA
+#error "TMA=1 is the wgmma path's: build for sm_90a"
+#endif
+static_assert(CLUSTER_N == 1 || CLUSTER_N == 2, "CLUSTER_N must be 1 or 2");
+static_assert(STAGES >= 2, "the TMA pipeline needs at least 2 stages");
+
+#define TMA_B_BOX_COLS 32                             /* B's slab as 4 boxes of 32 columns: one 128-byte swizzled row each */
+#define TMA_B_BOX_BYTES (BK * TMA_B_BOX_COLS * 4)     /* 4096 */
+#define TMA_A_BOX_ROWS (BM / CLUSTER_N)               /* rows of A's slab each block of a cluster copies (for all) */
+#define TMA_STAGE_BYTES (A_TILE_BYTES + BK * BN * 4)  /* A's slab, then B's 4 boxes, unpadded */
+#define TMA_BARRIERS (2 * STAGES * 8)                 /* a full and an empty mbarrier per stage */
+#define TMA_SMEM_BYTES (STAGES * TMA_STAGE_BYTES + 1024 + TMA_BARRIERS)
+static_assert(TMA_SMEM_BYTES <= 227 * 1024, "the stages must fit in the 227 KiB of shared memory a block may use");
+static_assert(TMA_STAGE_BYTES % 1024 == 0, "every tile must start on a 1024-byte boundary (128-byte swizzle)");
+
+/* B's value as the tensor cores' register operand: already TF32 where the copy engine rounded it. */
+__device__ __forceinline__ uint32_t b_bits(float x)
+{
+#if TMA_TF32
+    return __float_as_uint(x);
+#else
+    return tf32_bits(x);
+#endif
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* The producer's arrival on a full barrier, announcing the bytes the copies will deliver. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+/* Wait until the barrier's phase of this parity has completed (acquire at cluster scope: remote arrivals). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* Arrive on the same barrier in block `rank` of the cluster (this block's own where CLUSTER_N is 1). */
+__device__ __forceinline__ void mbar_arrive_in(uint32_t bar, unsigned rank)
+{
+#if CLUSTER_N > 1
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+#else
+    (void)rank;
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
+/* One box of a 2-D tensor map -> shared memory at dst, completing on bar; x the column, y the row. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
+/* The same box into every block of the cluster (the same shared offset and barrier in each). */
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
+                                                   uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync()
+{
+#if CLUSTER_N > 1
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank()
+{
+#if CLUSTER_N > 1
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+#else
+    return 0;
+#endif
+}
+
+/* ---- the kernel ------------------------------------------------------- */
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 128-byte swizzle */
+        const __grid_constant__ CUtensorMap map_b, /* B: box 32 x BK, 128-byte swizzle */
+        float* __restrict__ C,
+        int M, int K, int N, int ldc)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t tiles = (raw + 1023u) & ~1023u;
+    const uint32_t bars = tiles + STAGES * TMA_STAGE_BYTES; /* full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s) */
+    auto a_tile = [&](int s) { return tiles + s * TMA_STAGE_BYTES; };
+    auto b_tile = [&](int s) { return tiles + s * TMA_STAGE_BYTES + A_TILE_BYTES; };
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
+
+    int row0, col0;
+    block_origin(row0, col0);
+    const int tid = threadIdx.x;
+    const int warp = tid / WARP, lane = tid % WARP;
+    const int g = lane / 4, q = lane % 4;
+    const unsigned rank = cluster_rank();
+    const int slabs = (K + BK - 1) / BK;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);                  /* the producer's expect_tx; the bytes complete it */
+            mbar_init(empty(s), WARPS * CLUSTER_N); /* every warp of every block that reads the stage */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_sync(); /* every block's barriers exist before any copy or arrival reaches them */
+
+    /* Thread 0 copies slab t into stage t % STAGES: its share of A (to every block of the
+     * cluster) and its own B, announcing all of the stage's bytes (its partner's share of A
+     * included) on its own full barrier. */
+    auto produce = [&](int t) {
+        const int s = t % STAGES, k0 = t * BK;
+        mbar_expect_tx(full(s), TMA_STAGE_BYTES);
+        const uint32_t a_dst = a_tile(s) + rank * TMA_A_BOX_ROWS * 128;
+#if CLUSTER_N > 1
+        tma_load_multicast(a_dst, &map_a, k0, row0 + rank * TMA_A_BOX_ROWS, full(s), (1u << CLUSTER_N) - 1);
+#else
+        tma_load(a_dst, &map_a, k0, row0, full(s));
+#endif
+#pragma unroll
+        for (int j = 0; j < BN / TMA_B_BOX_COLS; ++j)
+            tma_load(b_tile(s) + j * TMA_B_BOX_BYTES, &map_b, col0 + j * TMA_B_BOX_COLS, k0, full(s));
+    };
+    if (tid == 0)
+        for (int t = 0; t < STAGES && t < slabs; ++t) produce(t);
+
+    const int wg = warp / 4;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+
+    /* B's slab is 4 boxes of 32 columns, each 32 rows of k x 128 bytes with the 128-byte
+     * swizzle (16-byte chunk c of row k at chunk c ^ (k % 8)). Warp w4 = warp % 4 of warpgroup
+     * wg takes half of box 2wg + w4/2: lane (g, q) the columns 4c + 2h, +1 of the box with
+     * c = 2(w4 % 2) + g/4 + 4((g % 4) / 2), h = g % 2. Over a half-warp (g 0..3, q 0..3, the
+     * rows k % 8 = q or q + 4) the chunks c ^ (k % 8) and halves h are all different: the
+     * 64-bit fragment loads are free of bank conflicts without padding the rows (the copy
+     * engine cannot pad). Logical rows g, g+8 of the warp's 16 are those two columns. */
+    const int w4 = warp % 4, gi = g % 4;
+    const int chunk = 2 * (w4 % 2) + g / 4 + 4 * (gi / 2);
+    const int box = 2 * wg + w4 / 2;
+    const int frag_col = box * TMA_B_BOX_COLS + 4 * chunk + 2 * (gi % 2);
+    const uint32_t frag_box = box * TMA_B_BOX_BYTES + 8 * (gi % 2);
+    auto load_frags = [&](int s, uint32_t (&f)[BK / 8][4]) {
+        const uint32_t base = b_tile(s) + frag_box;
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            const int k = 8 * kk + q; /* k % 8 = q; k + 4: q + 4 */
+            float2 lo, hi;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                         : "=f"(lo.x), "=f"(lo.y)
+                         : "r"(base + k * 128 + ((chunk ^ q) << 4)));
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                         : "=f"(hi.x), "=f"(hi.y)
+                         : "r"(base + (k + 4) * 128 + ((chunk ^ (q + 4)) << 4)));
+            f[kk][0] = b_bits(lo.x);
+            f[kk][1] = b_bits(lo.y);
+            f[kk][2] = b_bits(hi.x);
+            f[kk][3] = b_bits(hi.y);
+        }
+    };
+    auto issue = [&](int s, uint32_t (&f)[BK / 8][4]) {
+        uint64_t desc[BK / 8];
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) desc[kk] = smem_desc(a_tile(s) + 32 * kk);
+        pin(f, desc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) wgmma_m64n256k8_rs(d, f[kk], desc[kk]);
+        wgmma_commit();
+    };
+    /* One slab: wait for its bytes, multiply; once slab t-1's wgmmas are done, every warp
+     * releases its stage in every block of the cluster, and thread 0 refills that stage with
+     * slab t-1+STAGES as soon as all of them have (STAGES - 1 slabs in flight). */
+    auto step = [&](int t, uint32_t (&f)[BK / 8][4], uint32_t (&f_prev)[BK / 8][4]) {
+        const int s = t % STAGES;
+        mbar_wait(full(s), (t / STAGES) & 1);
+        load_frags(s, f);
+        issue(s, f);
+        wgmma_wait<1>();
+        hold(f_prev);
+        if (t > 0) {
+            const int sp = (t - 1) % STAGES;
+            if (lane == 0)
+#pragma unroll
+                for (unsigned r = 0; r < CLUSTER_N; ++r) mbar_arrive_in(empty(sp), r);
+            const int next = t - 1 + STAGES;
+            if (tid == 0 && next < slabs) {
+                mbar_wait(empty(sp), ((next / STAGES) + 1) & 1);
+                produce(next);
+            }
+            __syncwarp();
+        }
+    };
+    uint32_t f0[BK / 8][4], f1[BK / 8][4];
+    int t = 0;
+    for (; t + 1 < slabs; t += 2) {
+        step(t, f0, f1);
+        step(t + 1, f1, f0);
+    }
+    if (t < slabs) step(t, f0, f1);
+    wgmma_wait<0>();
+    fence_acc(d);
+
+    const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
+    store_wgmma_acc(C, ldc, M, N, vec_c, frag_col, q, d);
+    /* A block leaves only when its cluster partner is done with it: the partner's last
+     * arrivals on this block's empty barriers must find them. */
+    cluster_sync();
+}
+
+#else
 
 /* ---- the kernel ------------------------------------------------------- */
 
@@ -348,3 +619,4 @@ mmd_tc1(const float* __restrict__ A,
     store_mma_acc(C, ldc, M, N, vec_c, wm, wn, g, q, d);
 #endif
 }
+#endif /* TMA */

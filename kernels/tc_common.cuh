@@ -141,10 +141,17 @@ __device__ __forceinline__ void store2(float* __restrict__ C, int ldc, int row, 
  * tile with the 128-byte swizzle: rows of 128 bytes, chunk c at c ^ (r % 8). */
 __device__ __forceinline__ uint32_t swz_chunk(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+#ifndef CLUSTER_N
+#define CLUSTER_N 1 /* blocks of a thread-block cluster along x (tc1's TMA build); they share a block-row */
+#endif
+
 /* The first row and column of this block's C tile. Blocks walk GROUP_M
- * block-rows before moving one block-column right. The block index is read
- * through volatile asm, so that the epilogue can call this again instead of
- * keeping the results in registers through the main loop. */
+ * block-rows before moving one block-column right; with CLUSTER_N > 1 the
+ * walk is over clusters (BM x CLUSTER_N*BN of C each: the grid's x is a
+ * multiple of CLUSTER_N) and block r of a cluster takes its r-th column
+ * block. The block index is read through volatile asm, so that the epilogue
+ * can call this again instead of keeping the results in registers through
+ * the main loop. */
 __device__ __forceinline__ void block_origin(int& row0, int& col0)
 {
     unsigned bx, by, gx, gy;
@@ -152,12 +159,12 @@ __device__ __forceinline__ void block_origin(int& row0, int& col0)
     asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
     asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(gx));
     asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(gy));
-    const int pid = by * gx + bx;
-    const int per_group = GROUP_M * gx;
+    const int pid = by * (gx / CLUSTER_N) + bx / CLUSTER_N;
+    const int per_group = GROUP_M * (gx / CLUSTER_N);
     const int first_m = (pid / per_group) * GROUP_M;
     const int group_rows = min((int)gy - first_m, GROUP_M);
     row0 = (first_m + (pid % per_group) % group_rows) * BM;
-    col0 = ((pid % per_group) / group_rows) * BN;
+    col0 = (((pid % per_group) / group_rows) * CLUSTER_N + bx % CLUSTER_N) * BN;
 }
 
 /* ---- the pipeline's shared memory and copies ---------------------------- */

@@ -126,6 +126,8 @@ class Variant:
     classes: tuple[str, ...] = ()
     #: Dynamic shared memory per block (``extern __shared__``), as in :attr:`KernelSpec.dynamic_shared_bytes`.
     dynamic_shared_bytes: int = 0
+    #: Blocks per thread-block cluster along x, as in :attr:`KernelSpec.cluster_x`.
+    cluster_x: int = 1
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,9 @@ class KernelSpec:
     #: Dynamic shared memory each block is launched with (``extern __shared__``); the
     #: launcher raises the function's limit to it (past 48 KiB needs the opt-in).
     dynamic_shared_bytes: int = 0
+    #: Blocks per thread-block cluster along x (1: no clusters). The grid's x is padded to a multiple of it:
+    #: a padded block has no C columns of its own but still takes its part in its cluster's shared copies.
+    cluster_x: int = 1
     #: Devices (``sm_90``) on which it is built for the architecture-specific target (``sm_90a``), whose
     #: instructions (wgmma) only that architecture has; elsewhere it is built for the device as it is.
     arch_specific: tuple[str, ...] = ()
@@ -209,6 +214,7 @@ class KernelSpec:
             block_tile=variant.block_tile,
             fixed_shared_bytes=variant.shared_bytes,
             dynamic_shared_bytes=variant.dynamic_shared_bytes,
+            cluster_x=variant.cluster_x,
             variants=(),
             variant=variant.label,
         )
@@ -269,9 +275,9 @@ class KernelSpec:
         return (edge, edge)
 
     def grid(self, m: int, n: int, tile: int) -> tuple[int, int, int]:
-        """Grid dimensions (x over C's columns, y over its rows) for an m×n C."""
+        """Grid dimensions (x over C's columns, y over its rows) for an m×n C; x a whole number of clusters."""
         rows, cols = self.block_shape(tile)
-        return (_ceil_div(n, cols), _ceil_div(m, rows), 1)
+        return (_ceil_div(n, cols * self.cluster_x) * self.cluster_x, _ceil_div(m, rows), 1)
 
     def threads_per_block(self, tile: int) -> int:
         """Threads in one block."""
@@ -315,9 +321,12 @@ def fast_variant(label: str, classes: tuple[str, ...] = (), **changes: int) -> V
 
 #: The tensor-core kernels' compile-time parameters and their defaults (a test checks them against the files).
 TENSOR_CORE_DEFAULTS: dict[str, dict[str, int]] = {
-    "tc1": {"BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0},
+    "tc1": {
+        "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0,
+        "TMA": 0, "TMA_TF32": 0, "CLUSTER_N": 1,
+    },
     "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8},
-}
+}  # fmt: skip
 
 
 def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
@@ -336,13 +345,23 @@ def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
         raise KernelError(f"{kernel} has no parameter {', '.join(sorted(unknown))}")
     m = {**defaults, **changes}
     a_parts = 2 if kernel == "tc3" else 1
-    stage_floats = a_parts * m["BM"] * m["BK"] + m["BK"] * (m["BN"] + 8)
+    tma, cluster = m.get("TMA", 0), m.get("CLUSTER_N", 1)
+    if cluster not in (1, 2) or ((cluster > 1 or m.get("TMA_TF32", 0)) and not tma):
+        raise KernelError(f"{kernel}: CLUSTER_N (1 or 2) and TMA_TF32 are settings of the TMA build (TMA=1)")
+    if tma:
+        # B's slab unpadded (the copy engine's boxes are dense), and a full and an empty mbarrier per stage.
+        stage_floats = m["BM"] * m["BK"] + m["BK"] * m["BN"]
+        extra = 1024 + 16 * m["STAGES"]
+    else:
+        stage_floats = a_parts * m["BM"] * m["BK"] + m["BK"] * (m["BN"] + 8)
+        extra = 1024
     return Variant(
         label=label,
         macros=tuple(m.items()),
         block_tile=(m["BM"], m["BN"], m["BM"] // 16, m["BN"] // 16),  # 16 x 16 = 256 threads
         shared_bytes=0,
-        dynamic_shared_bytes=m["STAGES"] * stage_floats * FLOAT_BYTES + 1024,
+        dynamic_shared_bytes=m["STAGES"] * stage_floats * FLOAT_BYTES + extra,
+        cluster_x=cluster,
     )
 
 

@@ -185,8 +185,9 @@ def test_geometry_covers_every_output_without_a_spare_block(kernel, tile, m, n):
     assert bx * by == spec.threads_per_block(tile)
     rows, cols = spec.block_shape(tile)
     assert gx * cols >= n and gy * rows >= m
-    # one block fewer along either axis would leave outputs uncovered
-    assert (gx - 1) * cols < n and (gy - 1) * rows < m
+    # one block (along x: one cluster) fewer would leave outputs uncovered
+    assert gx % spec.cluster_x == 0
+    assert (gx - spec.cluster_x) * cols < n and (gy - 1) * rows < m
     # the block's threads cover its C tile exactly
     assert bx * by * spec.outputs_per_thread == rows * cols
     assert gx * gy * bx * by * spec.outputs_per_thread >= m * n
@@ -321,3 +322,22 @@ def test_fast_variants_take_their_geometry_from_their_macros():
     assert async3.shared_bytes == 3 * 16 * (128 + 256) * 4
     with pytest.raises(KernelError, match="no parameter BX"):
         registry.fast_variant("x", BX=1)
+
+
+@pytest.mark.parametrize(("m", "n"), AWKWARD)
+def test_a_cluster_grid_pads_x_to_whole_clusters_and_no_more(m, n):
+    spec = registry.get("tc1").with_variant(registry.tensor_core_variant("tc1", "tma2", TMA=1, CLUSTER_N=2))
+    gx, gy, _ = spec.grid(m, n, 0)
+    assert gx % 2 == 0 and gx * 128 >= n and (gx - 2) * 128 < n and gy == -(-m // 256)
+
+
+def test_the_tma_builds_shared_memory_is_unpadded_stages_and_their_mbarriers():
+    variant = registry.tensor_core_variant("tc1", "tma", TMA=1)
+    assert variant.dynamic_shared_bytes == 4 * (256 * 32 + 32 * 128) * 4 + 1024 + 16 * 4 == 197696
+    assert variant.cluster_x == 1
+
+
+@pytest.mark.parametrize("changes", [{"CLUSTER_N": 2}, {"TMA_TF32": 1}, {"TMA": 1, "CLUSTER_N": 3}])
+def test_cluster_and_tf32_maps_are_settings_of_the_tma_build_only(changes):
+    with pytest.raises(KernelError, match="settings of the TMA build"):
+        registry.tensor_core_variant("tc1", "x", **changes)
