@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmd.cuda.driver import ContextWarmer
+from mmd.cuda.libcuda import ContextWarmer, Driver
 
 FAKE_LIBCUDA = r"""
 int inits, retained, released, device_asked = -1, fail_init;
@@ -20,18 +20,19 @@ int cuInit(unsigned flags) { inits++; return fail_init ? 100 : 0; }
 int cuDeviceGet(int *dev, int ordinal) { device_asked = ordinal; *dev = ordinal; return ordinal > 3 ? 101 : 0; }
 int cuDevicePrimaryCtxRetain(void **ctx, int dev) { retained++; *ctx = (void *)1; return 0; }
 int cuDevicePrimaryCtxRelease_v2(int dev) { released++; return 0; }
+int cuGetErrorName(int code, const char **name) { *name = "CUDA_ERROR_FAKE"; return 0; }
 """
 
 
 @pytest.fixture
-def libcuda(tmp_path: Path) -> tuple[str, ctypes.CDLL]:
+def libcuda(tmp_path: Path) -> ctypes.CDLL:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the stand-in libcuda")
     (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
     lib = tmp_path / "libfakecuda.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
-    return str(lib), ctypes.CDLL(str(lib))  # the warmer's CDLL of the same path is this handle
+    return ctypes.CDLL(str(lib))
 
 
 def counter(lib: ctypes.CDLL, name: str) -> int:
@@ -39,8 +40,9 @@ def counter(lib: ctypes.CDLL, name: str) -> int:
 
 
 def test_the_context_is_made_on_the_device_asked_and_released_once(libcuda):
-    path, lib = libcuda
-    warmer = ContextWarmer(2, library=path)
+    lib = libcuda
+
+    warmer = ContextWarmer(2, driver=lambda: Driver(lib))
     warmer.release()
     assert (counter(lib, "inits"), counter(lib, "device_asked")) == (1, 2)
     assert (counter(lib, "retained"), counter(lib, "released")) == (1, 1)
@@ -49,17 +51,19 @@ def test_the_context_is_made_on_the_device_asked_and_released_once(libcuda):
 
 
 def test_a_driver_that_fails_holds_nothing(libcuda):
-    path, lib = libcuda
+    lib = libcuda
+
     ctypes.c_int.in_dll(lib, "fail_init").value = 1
-    ContextWarmer(0, library=path).release()
+    ContextWarmer(0, driver=lambda: Driver(lib)).release()
     assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
 
 
 def test_no_such_device_holds_nothing(libcuda):
-    path, lib = libcuda
-    ContextWarmer(7, library=path).release()
+    lib = libcuda
+
+    ContextWarmer(7, driver=lambda: Driver(lib)).release()
     assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
 
 
 def test_no_driver_library_is_no_error():
-    ContextWarmer(0, library="libmmd-no-such-cuda.so.1").release()
+    ContextWarmer(0, driver=lambda: Driver(ctypes.CDLL("libmmd-no-such-cuda.so.1"))).release()

@@ -16,7 +16,7 @@ from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_f
 
 if TYPE_CHECKING:
     from .. import config
-    from ..cuda.driver import ContextWarmer
+    from ..cuda.libcuda import ContextWarmer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +89,7 @@ def _warm_gpu(settings: config.Settings) -> ContextWarmer | None:
     """The GPU's context started beside the imports and the read, where the job may run on a GPU."""
     if settings.backend == "cpu":
         return None
-    from ..cuda.driver import ContextWarmer
+    from ..cuda.libcuda import ContextWarmer
 
     return ContextWarmer(settings.device)
 

@@ -19,9 +19,11 @@ without the driver library raises :class:`~mmd.errors.BackendUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,6 +247,20 @@ class Driver:
         if code != 0:
             raise CudaError(f"{doing} failed: {self._error(code)}", details={"during": doing, "code": code})
 
+    def retain_primary_context(self, device: int) -> None:
+        """Make ``device``'s primary context (the one pycuda retains too), or take another hold on it."""
+        ctx = ctypes.c_void_p()
+        self._check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self._device(device)), "making a context")
+
+    def release_primary_context(self, device: int) -> None:
+        """Give back one hold on ``device``'s primary context."""
+        self._check(self.lib.cuDevicePrimaryCtxRelease_v2(self._device(device)), "releasing a context")
+
+    def _device(self, ordinal: int) -> ctypes.c_int:
+        dev = ctypes.c_int()
+        self._check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), f"finding CUDA device {ordinal}")
+        return dev
+
     def encode(self, ptr: int, tile: TileMap) -> TensorMap:
         """The tensor map of ``tile`` over the matrix at device address ``ptr`` (16-byte aligned)."""
         if ptr % TMA_ALIGN:
@@ -298,3 +314,38 @@ class Driver:
         code = self.lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function), packed.pointers, None)
         del attrs, packed  # kept alive through the call: the driver copies them before it returns
         self._check(code, "launching a cluster kernel" if cluster != (1, 1, 1) else "launching a kernel")
+
+
+class ContextWarmer:
+    """Start the CUDA driver and make ``device``'s primary context on a thread of its own, now.
+
+    Starting the driver and making a context is a few hundred milliseconds of
+    the driver's own work, which a one-shot job otherwise pays before it can
+    begin. Called through ctypes, which lets go of the GIL, it runs beside the
+    job's imports and its read; pycuda, retaining the same primary context
+    later, finds it made. Nothing is raised: without a driver or device the
+    thread just ends, and the backend says why when it opens. :meth:`release`
+    gives back this thread's hold on the context once the job is done.
+    """
+
+    def __init__(self, device: int, driver: Callable[[], Driver] = Driver) -> None:
+        self._held: Driver | None = None
+        self._device = device
+        self._thread = threading.Thread(target=self._warm, args=(driver,), name="mmd-cuda-warm", daemon=True)
+        self._thread.start()
+
+    def _warm(self, driver: Callable[[], Driver]) -> None:
+        try:
+            made = driver()
+            made.retain_primary_context(self._device)
+        except (BackendUnavailable, CudaError, OSError):
+            return  # the backend, opening, says why there is no GPU
+        self._held = made
+
+    def release(self) -> None:
+        """Wait for the thread, and give back its hold on the context (pycuda keeps its own)."""
+        self._thread.join()
+        if self._held is not None:
+            held, self._held = self._held, None
+            with contextlib.suppress(CudaError):
+                held.release_primary_context(self._device)
