@@ -46,10 +46,10 @@ from typing import Any
 
 import yaml
 
-from . import kernels as registry
-from .bench import ACCURACY_COLUMNS, COLUMNS, phase_stats
-from .errors import MissingExtra, OutputError, UnreadableError
-from .record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
+from .. import kernels as registry
+from ..bench import ACCURACY_COLUMNS, COLUMNS, phase_stats
+from ..errors import MissingExtra, OutputError, UnreadableError
+from ..record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, Shape, TimingRecord, read
 
 #: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
 PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (

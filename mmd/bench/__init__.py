@@ -70,18 +70,18 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 import yaml
 
-from . import __version__, tally, textformat, tolerance, verify
-from . import kernels as registry
-from .atomic import write_atomic
-from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
-from .backends.cpu import CpuBackend
-from .config import MEMORY_MODES, Settings
-from .errors import MmdError
-from .generate import input_chunks, random_matrix
-from .job import describe
-from .pipeline import run_job
-from .record import TIMING_KEYS, TimingRecord
-from .verify import reference
+from .. import __version__, tally, textformat, tolerance, verify
+from .. import kernels as registry
+from ..atomic import write_atomic
+from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
+from ..backends.cpu import CpuBackend
+from ..config import MEMORY_MODES, Settings
+from ..errors import MmdError
+from ..generate import input_chunks, random_matrix
+from ..job import describe
+from ..pipeline import run_job
+from ..record import TIMING_KEYS, TimingRecord
+from ..verify import reference
 
 #: The course's size sweep (at tile 32) and tile sweep (at 4096). Tile 64 is
 #: in the sweep on purpose: it must come out refused, with its reason.
