@@ -184,12 +184,12 @@ def test_report_from_job_sidecars(tmp_path):
     assert rendered.folder == tmp_path / "out" / "report"
     assert_graphs(rendered.folder)
     loaded = report.load(tmp_path / "out")
-    ok = {r["m"]: r for r in loaded.rows if r["status"] == "ok"}
-    assert ok[8]["repeats"] == 3 and ok[16]["repeats"] == 2
-    assert ok[8]["mode"] == "files" and ok[8]["kernel"] == "cpu"
+    ok = {r.m: r for r in loaded.rows if r.status == "ok"}
+    assert ok[8].repeats == 3 and ok[16].repeats == 2
+    assert ok[8].mode == "files" and ok[8].kernel == "cpu"
     kernels = sorted(x.record.timings_ms.kernel for x in results[:3])
-    assert ok[8]["kernel_median_ms"] == kernels[1]
-    assert ok[8]["parse_median_ms"] is not None and ok[8]["write_median_ms"] is not None
+    assert ok[8].median("kernel") == kernels[1]
+    assert ok[8].median("parse") is not None and ok[8].median("write") is not None
 
     summary = rendered.summary.read_text()
     # Jobs are counted, not the cases they are pooled into (2 ok cases here).
@@ -198,7 +198,7 @@ def test_report_from_job_sidecars(tmp_path):
     assert refusals["tiled"]["tile"] == "64"
     assert refusals["tiled"]["reason"].startswith("tile 64 needs 4096 threads per block")
     overall = table(summary, "## Graph 1")
-    assert first_number(overall["cpu"]["no tile"]) == pytest.approx(ok[16]["overall_median_ms"], abs=5e-4)
+    assert first_number(overall["cpu"]["no tile"]) == pytest.approx(ok[16].median("overall"), abs=5e-4)
 
 
 def test_report_of_an_outbox_counts_every_job_and_shows_the_rectangular_one(tmp_path):
@@ -216,14 +216,14 @@ def test_report_of_an_outbox_counts_every_job_and_shows_the_rectangular_one(tmp_
     assert "7 jobs: 7 ok, in 3 cases." in summary
     others = table(summary, "## Other shapes")
     assert others["cpu"]["shape"] == "3×5×2" and others["cpu"]["jobs"] == "1"
-    rect = next(r for r in report.load(tmp_path / "out").rows if r["m"] == 3)
-    assert first_number(others["cpu"]["overall"]) == pytest.approx(rect["overall_median_ms"], abs=5e-4)
+    rect = next(r for r in report.load(tmp_path / "out").rows if r.m == 3)
+    assert first_number(others["cpu"]["overall"]) == pytest.approx(rect.median("overall"), abs=5e-4)
 
 
 def test_environment_names_no_cuda_version_for_the_cpu_backend(monkeypatch):
     """A machine with the CUDA toolkit (nvcc) but no GPU: the cpu backend's numbers ran on no CUDA."""
     nvcc = "Cuda compilation tools, release 13.0, V13.0.88"
-    monkeypatch.setattr(bench, "_command_output", lambda argv: nvcc if argv[0] == "nvcc" else None)
+    monkeypatch.setattr("mmd.bench.machine.command_output", lambda argv: nvcc if argv[0] == "nvcc" else None)
     env = bench.environment(CpuBackend())
     assert env["cuda_version"] is None and env["cuda_toolkit"] == "13.0"
 
