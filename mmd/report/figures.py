@@ -67,10 +67,12 @@ def _no_data(ax: Any, text: str) -> None:
 
 
 def tick_label(value: float) -> str:
-    """A tick's label: plain where it reads as a number (0.05, 250, 4096), else ``2×10⁻⁷`` in mathtext."""
+    """A tick's label: plain where it reads as a number (0.05, 250, 50,000), else ``2×10⁻⁷`` in mathtext."""
     if value == 0:
         return "0"
-    if 1e-3 <= abs(value) < 1e5:
+    if 1e4 <= abs(value) < 1e7 and value == round(value):
+        return f"{value:,.0f}"
+    if 1e-3 <= abs(value) < 1e4:
         return f"{value:g}"
     exponent = math.floor(math.log10(abs(value)))
     mantissa = round(value / 10**exponent, 6)
