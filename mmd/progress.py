@@ -10,7 +10,7 @@ rich is imported only when a bar is drawn.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -30,36 +30,43 @@ def bar(*columns: Any, stream: TextIO | None = None, width: int | None = None) -
     return Progress(*columns, console=console, transient=True)
 
 
+#: A phase's bar at 80 columns: its title (the rest cut off) and bar leave the phase's name and a detail
+#: ("emit and write: 119 MB") room.
+TITLE_WIDTH = 24
+BAR_WIDTH = 16
+
+
 class Steps:
     """A command's phases on a terminal: one bar that advances at each phase and names the one in hand.
 
-    With ``shown`` False (not a terminal, ``--quiet``, a small job) every call does nothing.
+    ``steps``: each phase's name and what the bar calls it. With ``shown``
+    False (not a terminal, ``--quiet``, a small job) every call does nothing.
     """
 
     def __init__(
         self,
         title: str,
-        steps: Sequence[str],
+        steps: Mapping[str, str],
         *,
         shown: bool,
         stream: TextIO | None = None,
         width: int | None = None,
     ) -> None:
-        self.title = title
+        self.title = title if len(title) <= TITLE_WIDTH else title[: TITLE_WIDTH - 1] + "…"
         self.steps = tuple(steps)
+        self.labels = dict(steps)
         self.shown = shown
         self.stream = stream
         self.width = width
         self._bar: Any = None
         self._task: Any = None
-        self._done = 0
         self._step = ""
 
     def __enter__(self) -> Steps:
         if self.shown:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-            columns = (TextColumn(self.title), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            columns = (TextColumn(self.title), BarColumn(BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn())
             self._bar = bar(*columns, TextColumn("{task.description}"), stream=self.stream, width=self.width)
             self._bar.start()
             self._task = self._bar.add_task("", total=len(self.steps))
@@ -69,15 +76,15 @@ class Steps:
         """Phase ``name`` begins: the phases before it are done."""
         if name not in self.steps:
             return  # a phase this display does not count (the caller's own, or a backend's)
-        self._done = self.steps.index(name)
-        self._step = name
+        self._step = self.labels[name]
         if self._bar is not None:
-            self._bar.update(self._task, completed=self._done, description=name)
+            # drawn now, not at the bar's next refresh: a phase may end before it
+            self._bar.update(self._task, completed=self.steps.index(name), description=self._step, refresh=True)
 
     def note(self, text: str) -> None:
         """A detail of the phase in hand (bytes written so far ...)."""
         if self._bar is not None:
-            self._bar.update(self._task, description=f"{self._step} {text}")
+            self._bar.update(self._task, description=f"{self._step}: {text}")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
