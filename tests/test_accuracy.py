@@ -11,6 +11,7 @@ import yaml
 from mmd import bench, report, verify
 from mmd.backends import CpuBackend
 from mmd.cli import main
+from mmd.report.sweeps import accuracy_sweep
 
 from .fakes import cuda_backend, fake_gpu_opener
 from .test_bench import fake_gpu, read_csv
@@ -76,18 +77,18 @@ def test_error_stats_definitions():
 
 def test_on_the_cpu_backend_cpu_only_and_refusals_are_rows(tmp_path):
     run = bench.run_plan(sweep_plan(kernels=("cpu",)), CpuBackend(), folder=tmp_path / "cpu", env={})
-    assert [r["kernel"] for r in run.accuracy] == ["cpu"] * len(KS)  # no cuBLAS rows on the cpu backend
-    assert all(r["status"] == "ok" and r["within_fp32_tolerance"] for r in run.accuracy)
+    assert [r.kernel for r in run.accuracy] == ["cpu"] * len(KS)  # no cuBLAS rows on the cpu backend
+    assert all(r.status == "ok" and r.within_fp32_tolerance for r in run.accuracy)
     run = bench.run_plan(sweep_plan(kernels=("tiled", "cpu")), CpuBackend(), folder=tmp_path / "skip", env={})
-    assert {(r["kernel"], r["status"]) for r in run.accuracy} == {("tiled", "skipped"), ("cpu", "ok")}
+    assert {(r.kernel, r.status) for r in run.accuracy} == {("tiled", "skipped"), ("cpu", "ok")}
     backend, _ = cuda_backend(fail_at="launch")
     run = bench.run_plan(sweep_plan(kernels=("tiled",), accuracy_ks=(8,)), backend, folder=tmp_path / "r", env={})
-    assert [(r["kernel"], r["status"]) for r in run.accuracy] == [
+    assert [(r.kernel, r.status) for r in run.accuracy] == [
         ("tiled", "refused"),
         ("cublas", "ok"),
         ("cublas_tf32", "ok"),
     ]
-    assert "CUDA failed" in run.accuracy[0]["reason"]
+    assert "CUDA failed" in run.accuracy[0].reason
 
 
 def test_without_accuracy_no_files(tmp_path):
@@ -124,7 +125,7 @@ def test_report_renders_graph4_and_the_accuracy_tables(swept, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(ET.parse(svg).getroot().iter())) > 50  # drawn, not an empty canvas
     # The figure itself: log-log, per kernel an RMS line (solid) and a max line (dashed) of one colour.
-    fig = report._accuracy_figure(report.accuracy_sweep(report.load(swept.folder).accuracy), "M = N = 24")
+    fig = report.figures.accuracy_figure(accuracy_sweep(report.load(swept.folder).accuracy), "M = N = 24")
     (ax,) = fig.axes
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     lines = ax.get_lines()

@@ -10,22 +10,24 @@ from mmd import bench, report
 from mmd.cli import main
 
 
-def row(kernel: str, size: int, kernel_ms: float | None, noise: float | None = 0.01, **more) -> dict:
+def row(kernel: str, size: int, kernel_ms: float | None, noise: float | None = 0.01, **more) -> bench.BenchRow:
     """A results row of an N×N×N case; kernel time ``kernel_ms``, overall twice it, both with ``noise``."""
-    out = {c: None for c in bench.COLUMNS}
-    out.update(kernel=kernel, backend="cuda", tile=None, m=size, k=size, n=size, memory="device", mode="memory")
-    out.update(status="ok", repeats=10, warmup=1, device="Fake GPU")
+    phases = {}
     if kernel_ms is not None:
-        for phase, ms in (("kernel", kernel_ms), ("overall", 2 * kernel_ms)):
-            out.update({f"{phase}_median_ms": ms, f"{phase}_min_ms": 0.9 * ms, f"{phase}_max_ms": 1.3 * ms})
-            out[f"{phase}_noise"] = noise
-    out.update(more)
-    return out
+        phases = {
+            p: bench.Spread(ms, 0.9 * ms, 1.3 * ms) for p, ms in (("kernel", kernel_ms), ("overall", 2 * kernel_ms))
+        }
+        more = {"kernel_noise": noise, "overall_noise": noise, **more}
+    values = dict(
+        kernel=kernel, backend="cuda", tile=None, m=size, k=size, n=size, memory="device", mode="memory",
+        status="ok", repeats=10, warmup=1, device="Fake GPU", phases=phases,
+    )  # fmt: skip
+    return bench.BenchRow(**{**values, **more})
 
 
 def write(folder, rows) -> None:
     folder.mkdir()
-    (folder / "results.csv").write_text(bench.rows_to_csv(rows))
+    (folder / "results.csv").write_text(bench.to_csv(bench.BenchRow, rows))
 
 
 @pytest.fixture

@@ -184,12 +184,12 @@ def test_report_from_job_sidecars(tmp_path):
     assert rendered.folder == tmp_path / "out" / "report"
     assert_graphs(rendered.folder)
     loaded = report.load(tmp_path / "out")
-    ok = {r["m"]: r for r in loaded.rows if r["status"] == "ok"}
-    assert ok[8]["repeats"] == 3 and ok[16]["repeats"] == 2
-    assert ok[8]["mode"] == "files" and ok[8]["kernel"] == "cpu"
+    ok = {r.m: r for r in loaded.rows if r.status == "ok"}
+    assert ok[8].repeats == 3 and ok[16].repeats == 2
+    assert ok[8].mode == "files" and ok[8].kernel == "cpu"
     kernels = sorted(x.record.timings_ms.kernel for x in results[:3])
-    assert ok[8]["kernel_median_ms"] == kernels[1]
-    assert ok[8]["parse_median_ms"] is not None and ok[8]["write_median_ms"] is not None
+    assert ok[8].median("kernel") == kernels[1]
+    assert ok[8].median("parse") is not None and ok[8].median("write") is not None
 
     summary = rendered.summary.read_text()
     # Jobs are counted, not the cases they are pooled into (2 ok cases here).
@@ -198,7 +198,7 @@ def test_report_from_job_sidecars(tmp_path):
     assert refusals["tiled"]["tile"] == "64"
     assert refusals["tiled"]["reason"].startswith("tile 64 needs 4096 threads per block")
     overall = table(summary, "## Graph 1")
-    assert first_number(overall["cpu"]["no tile"]) == pytest.approx(ok[16]["overall_median_ms"], abs=5e-4)
+    assert first_number(overall["cpu"]["no tile"]) == pytest.approx(ok[16].median("overall"), abs=5e-4)
 
 
 def test_report_of_an_outbox_counts_every_job_and_shows_the_rectangular_one(tmp_path):
@@ -216,14 +216,14 @@ def test_report_of_an_outbox_counts_every_job_and_shows_the_rectangular_one(tmp_
     assert "7 jobs: 7 ok, in 3 cases." in summary
     others = table(summary, "## Other shapes")
     assert others["cpu"]["shape"] == "3×5×2" and others["cpu"]["jobs"] == "1"
-    rect = next(r for r in report.load(tmp_path / "out").rows if r["m"] == 3)
-    assert first_number(others["cpu"]["overall"]) == pytest.approx(rect["overall_median_ms"], abs=5e-4)
+    rect = next(r for r in report.load(tmp_path / "out").rows if r.m == 3)
+    assert first_number(others["cpu"]["overall"]) == pytest.approx(rect.median("overall"), abs=5e-4)
 
 
 def test_environment_names_no_cuda_version_for_the_cpu_backend(monkeypatch):
     """A machine with the CUDA toolkit (nvcc) but no GPU: the cpu backend's numbers ran on no CUDA."""
     nvcc = "Cuda compilation tools, release 13.0, V13.0.88"
-    monkeypatch.setattr(bench, "_command_output", lambda argv: nvcc if argv[0] == "nvcc" else None)
+    monkeypatch.setattr("mmd.bench.machine.command_output", lambda argv: nvcc if argv[0] == "nvcc" else None)
     env = bench.environment(CpuBackend())
     assert env["cuda_version"] is None and env["cuda_toolkit"] == "13.0"
 
@@ -258,3 +258,99 @@ def test_without_matplotlib_the_report_says_how_to_add_it_before_any_work(tmp_pa
     err = capsys.readouterr().err
     assert "pip install 'mmd[report]'" in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
+
+
+# -- the graphs: readable axes, and the data they show ------------------------------------------------
+
+
+def labelled_ticks(ax, which: str = "y") -> list[float]:
+    """The major ticks of ``ax``'s axis that are drawn with a label, as the figure shows them."""
+    ax.figure.canvas.draw()
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
+    return [
+        tick.get_loc()
+        for tick in axis.get_major_ticks()
+        if lo <= tick.get_loc() <= hi and tick.label1.get_visible() and tick.label1.get_text()
+    ]
+
+
+def assert_log_axis_reads(ax, data) -> None:
+    """A log axis: at least 3 labelled ticks, spread over the data's range, and every value inside the view."""
+    data = [v for v in data if v is not None and v > 0]
+    assert ax.get_yscale() == "log"
+    ticks = labelled_ticks(ax)
+    assert len(ticks) >= report.figures.MIN_LABELS, (ticks, min(data), max(data))
+    assert min(ticks) <= max(data) and max(ticks) >= min(data)
+    # the labels spread over at least half of the data's span (in decades)
+    assert np.log10(max(ticks) / min(ticks)) >= 0.5 * np.log10(max(data) / min(data)) - 1e-9
+    lo, hi = ax.get_ylim()
+    assert lo < min(data) and max(data) < hi
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"),
+    [(1e-7, 7e-7), (130.0, 190.0), (100.0, 200.0), (0.017, 23.0), (2.6e4, 3.6e5), (1e-7, 1e-3), (5.0, 5.5)],
+)
+def test_log_ticks_label_any_span(lo, hi):
+    """graph 4's errors from 1e-7 to 7e-7 had one label (10⁻⁷), graph 3's GFLOP/s two (10², 2×10²)."""
+    ticks = report.figures.log_ticks(lo, hi)
+    assert sum(lo <= t <= hi for t in ticks) >= report.figures.MIN_LABELS, ticks
+    assert all(t > 0 for t in ticks)
+
+
+def test_tick_labels_read_as_numbers():
+    label = report.figures.tick_label
+    assert [label(v) for v in (0.05, 1, 250, 4096, 50_000, 200_000)] == [
+        "0.05",
+        "1",
+        "250",
+        "4096",
+        "50,000",
+        "200,000",
+    ]
+    assert label(2e-7) == r"$2\times10^{-7}$" and label(1e-7) == "$10^{-7}$" and label(3e8) == r"$3\times10^{8}$"
+
+
+def test_every_log_axis_has_labels_for_its_data(gpu_results):
+    loaded = report.load(gpu_results.folder)
+    shown = report.sections(loaded)
+    fig = report.figures.size_figure(shown.sweeps, shown.tile, shown.peak)
+    ax_t, ax_g = fig.axes
+    rows = [r for rs in shown.sweeps.values() for r in rs]
+    assert_log_axis_reads(ax_t, [r.median("kernel") for r in rows])
+    assert_log_axis_reads(ax_g, [r.gflops for r in rows] + [67_000.0])  # the H100's peak line is drawn too
+    assert [t.get_text() for t in ax_t.get_xticklabels()] == ["8", "16", "32"]
+    fig = report.figures.bars_figure(shown.sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=True)
+    (ax,) = fig.axes
+    cells = [r.spread("overall") for r in shown.sweep.cells.values() if r.status == "ok"]
+    assert_log_axis_reads(ax, [s.min for s in cells] + [s.max for s in cells])
+    # errors within one decade, as a cpu-only accuracy sweep has them
+    narrow = [
+        bench.AccuracyRow(kernel="cpu", backend="cpu", m=64, k=k, n=64, max_rel_error=e * 1.8, rms_rel_error=e)
+        for k, e in ((32, 1.0e-7), (64, 1.4e-7), (128, 2.0e-7), (256, 2.8e-7), (512, 3.9e-7))
+    ]
+    (ax,) = report.figures.accuracy_figure(report.accuracy_sweep(narrow), "M = 64, N = 64").axes
+    assert_log_axis_reads(ax, [r.rms_rel_error for r in narrow] + [r.max_rel_error for r in narrow])
+
+
+def test_the_graphs_show_the_rows_values(gpu_results):
+    """Bar heights, error bars and line points are the results' medians, minima, maxima and GFLOP/s."""
+    loaded = report.load(gpu_results.csv_path)
+    shown = report.sections(loaded)
+    fig = report.figures.bars_figure(shown.sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=False)
+    (ax,) = fig.axes
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    ok = [r for r in shown.sweep.cells.values() if r.status == "ok"]
+    assert heights == sorted(round(r.median("overall"), 6) for r in ok)
+    # each error bar runs from the min to the max
+    spans = sorted((round(lo, 6), round(hi, 6)) for c in ax.collections for (_, lo), (_, hi) in c.get_segments())
+    assert spans == sorted((round(r.spread("overall").min, 6), round(r.spread("overall").max, 6)) for r in ok)
+    fig = report.figures.size_figure(shown.sweeps, shown.tile, shown.peak)
+    ax_t, ax_g = fig.axes
+    for line_t, line_g, (name, rows) in zip(ax_t.get_lines(), ax_g.get_lines(), shown.sweeps.items(), strict=False):
+        assert line_t.get_label() == line_g.get_label() == name
+        assert list(line_t.get_xdata()) == [r.size for r in rows]
+        assert list(line_t.get_ydata()) == [r.median("kernel") for r in rows]
+        assert list(line_g.get_ydata()) == [r.gflops for r in rows]
+    assert ax_g.get_lines()[-1].get_ydata()[0] == 67_000.0  # the fp32 peak of an H100 SXM

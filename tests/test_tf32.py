@@ -127,7 +127,7 @@ def test_the_bench_checks_tf32_kernels_against_the_tf32_tolerance(tmp_path):
     backend, _ = cuda_backend()
     plan = bench.Plan(kernels=("cublas", "cublas_tf32"), sizes=(64,), tiles=(32,), repeats=2)
     run = bench.run_plan(plan, backend, folder=tmp_path, env={})
-    assert run.ok, [r["reason"] for r in run.rows]
-    by = {r["kernel"]: r for r in run.rows}
-    assert by["cublas_tf32"]["status"] == "ok"
-    assert by["cublas_tf32"]["rel_error"] > 30 * by["cublas"]["rel_error"]
+    assert run.ok, [r.reason for r in run.rows]
+    by = {r.kernel: r for r in run.rows}
+    assert by["cublas_tf32"].status == "ok"
+    assert by["cublas_tf32"].rel_error > 30 * by["cublas"].rel_error

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         print(report.compare(*args.compare).text(), end="")
         return 0
     if args.report:  # said before the benchmark runs, not after
-        from ..report import require_matplotlib
+        from ..report.figures import require_matplotlib
 
         require_matplotlib()
     settings = settings_from(args)

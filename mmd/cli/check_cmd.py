@@ -218,14 +218,15 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
 def _progress(quiet: bool) -> Iterator[Progress | None]:
     """A progress bar on stderr where it is a terminal (and not --quiet): nothing otherwise, so that a
     script or a pipe reads only the table."""
-    if quiet or not sys.stderr.isatty():
+    from .. import progress
+
+    if not progress.on_terminal(quiet=quiet):
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with progress.bar(*columns) as bar:
         yield _Bar(bar)
 
 

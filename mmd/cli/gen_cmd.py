@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 
+from .. import progress
 from ..errors import LimitError, UsageError
 from . import paths
 
@@ -23,7 +25,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="values are drawn from LO to HI with two decimals, never zero (default: -10 10)",
     )
     p.add_argument("-o", "--output", type=Path, required=True, help="file to write; - for the standard output")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar (one is drawn on stderr on a terminal for large sizes)",
+    )
     p.set_defaults(func=run)
+
+
+#: Sizes from this many values of A and B on show their progress on a terminal (a 1024×1024 pair; below
+#: that the file is written too soon for a bar to be read).
+SHOWN_FROM_VALUES = 2 * 1024 * 1024
+#: What gen does, as its progress bar names it.
+STEPS = {"draw": "draw A and B", "write": "write"}
+
+
+def _counted(chunks: Iterator[bytes], steps: progress.Steps) -> Iterator[bytes]:
+    """``chunks``, telling ``steps`` the megabytes written so far."""
+    done = 0
+    for chunk in chunks:
+        yield chunk
+        done += len(chunk)
+        steps.note(f"{done / 1e6:.0f} MB")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,15 +79,19 @@ def run(args: argparse.Namespace) -> int:
     from ..generate import input_chunks, random_matrix
 
     rng = np.random.default_rng(args.seed)
-    try:
-        a = random_matrix(rng, m, k, lo, hi)
-        b = random_matrix(rng, k, n, lo, hi)
-    except MemoryError:  # under the machine's size, but not free now
-        raise LimitError(f"not enough free memory to draw a {m}x{k}x{n} input (about {need} bytes)") from None
-    chunks = input_chunks(a, b, square=args.shape is None)
-    if stdout:
-        paths.to_stdout(chunks)  # the bytes only: a pipe's reader wants nothing else
-        return 0
-    done = write_atomic(args.output, chunks)
+    shown = progress.on_terminal(quiet=args.quiet) and m * k + k * n >= SHOWN_FROM_VALUES
+    with progress.Steps(f"mmd gen {m}x{k}x{n}", STEPS, shown=shown) as steps:
+        steps.step("draw")
+        try:
+            a = random_matrix(rng, m, k, lo, hi)
+            b = random_matrix(rng, k, n, lo, hi)
+        except MemoryError:  # under the machine's size, but not free now
+            raise LimitError(f"not enough free memory to draw a {m}x{k}x{n} input (about {need} bytes)") from None
+        steps.step("write")
+        chunks = _counted(input_chunks(a, b, square=args.shape is None), steps)
+        if stdout:
+            paths.to_stdout(chunks)  # the bytes only: a pipe's reader wants nothing else
+            return 0
+        done = write_atomic(args.output, chunks)
     print(f"{done.path} ({m}x{k}x{n}, {done.bytes} bytes)")
     return 0

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import progress
 from ..errors import ExitStatus, UsageError
 from . import paths
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
@@ -41,6 +42,12 @@ def _options(p: argparse.ArgumentParser) -> None:
         help="output path (default: <stem>.out beside INPUT); - for the standard output (no sidecar is kept)",
     )
     p.add_argument("-f", "--force", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar (one is drawn on stderr on a terminal for large inputs)",
+    )
     add_job_options(p)
 
 
@@ -60,6 +67,13 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
         # leave a script that reads OUTPUT reading the old one
         raise UsageError(f"{output} exists; give --force to replace it, or -o another path")
     return src, output
+
+
+#: Inputs from this size on show their phases on a terminal (a 1024×1024 pair is about 13.6 MB; below
+#: that a job ends too soon for a bar to be read).
+SHOWN_FROM_BYTES = 8 << 20
+#: The job's phases as its progress bar names them (the host path formats the output as it writes it).
+PHASES = {"read": "read", "parse": "parse", "multiply": "multiply", "emit": "emit and write"}
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -96,20 +110,26 @@ def _warm_gpu(settings: config.Settings) -> ContextWarmer | None:
 
 def _run_to(src: Path, output: Path | None, base: config.Settings, flags: dict[str, Any]) -> int:
     if output is not None:
-        return _run(src, output, base, flags, show=True)
+        return _run(src, output, base, flags, show=True, bar=_shows_bar(args, src))
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, product, base, flags, show=False)
+        status = _run(src, product, base, flags, show=False, bar=_shows_bar(args, src))
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
         return status
 
 
-def _run(src: Path, output: Path, base: config.Settings, flags: dict[str, Any], show: bool) -> int:
-    """Run the job; ``show``: print where its output and sidecar are (else print only a refusal)."""
+def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
+    """A progress bar for a large input on a terminal, unless --quiet or -v (whose log lines tell the same)."""
+    return progress.on_terminal(quiet=args.quiet or args.verbose) and src.stat().st_size >= SHOWN_FROM_BYTES
+
+
+def _run(src: Path, output: Path, base: config.Settings, flags: dict[str, Any], show: bool, bar: bool) -> int:
+    """Run the job; ``show``: print where its output and sidecar are (else print only a refusal); ``bar``:
+    draw its phases on stderr."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..job import describe
     from ..pipeline import run_job
@@ -118,7 +138,8 @@ def _run(src: Path, output: Path, base: config.Settings, flags: dict[str, Any], 
     job = describe(src, output, base, flags=flags)
     pool = BackendPool()
     try:
-        result = run_job(job, pool.get)
+        with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
+            result = run_job(job, pool.get, steps.step)
     finally:
         pool.close()
     if not isinstance(result.record, TimingRecord):
