@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     warmer = _warm_gpu(settings)
     try:
         configure_logs(base, quiet=not args.verbose)
-        return _run_to(src, output, base, flags)
+        return _run_to(src, output, base, flags, bar=_shows_bar(args, src))
     finally:
         if warmer is not None:
             warmer.release()
@@ -108,14 +108,14 @@ def _warm_gpu(settings: config.Settings) -> ContextWarmer | None:
     return ContextWarmer(settings.device)
 
 
-def _run_to(src: Path, output: Path | None, base: config.Settings, flags: dict[str, Any]) -> int:
+def _run_to(src: Path, output: Path | None, base: config.Settings, flags: dict[str, Any], bar: bool) -> int:
     if output is not None:
-        return _run(src, output, base, flags, show=True, bar=_shows_bar(args, src))
+        return _run(src, output, base, flags, show=True, bar=bar)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, product, base, flags, show=False, bar=_shows_bar(args, src))
+        status = _run(src, product, base, flags, show=False, bar=bar)
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
