@@ -70,11 +70,12 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 import yaml
 
-from . import __version__, tally, textformat, tolerance, verify
+from . import __version__, tally, textformat, verify
 from . import kernels as registry
 from .atomic import write_atomic
 from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from .backends.cpu import CpuBackend
+from .check import tolerance
 from .config import MEMORY_MODES, Settings
 from .errors import MmdError
 from .generate import input_chunks, random_matrix

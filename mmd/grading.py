@@ -37,7 +37,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from . import freivalds, tally, textcore
+from . import tally, textcore
+from .check import quick as freivalds
 from .cpus import block_rows, usable_cores, worker_rows
 from .errors import ExitStatus, InputFormatError, NotRegularFile, UnreadableError, UsageError
 from .textcore import Values

@@ -38,11 +38,12 @@ from typing import Protocol, TypeVar
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from . import freivalds, tally, textcore
+from . import tally, textcore
+from .check import quick as freivalds
+from .check.tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 from .cpus import block_rows, usable_cores, worker_rows
 from .tally import CheckReport, Tally, nan_max, same_values, summed_report
 from .textformat import values_array
-from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -22,8 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import freivalds, textcore, tolerance, verify
+from mmd import textcore, verify
 from mmd import textformat as tf
+from mmd.check import quick as freivalds
+from mmd.check import tolerance
 from mmd.generate import random_matrix
 
 from .test_verify import same_report

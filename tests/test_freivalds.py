@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from mmd import freivalds
+from mmd.check import quick as freivalds
 
 
 def test_vectors_are_seeded_and_pinned():
@@ -43,7 +43,7 @@ def test_the_module_needs_no_numpy():
     """Nor do grading and tally, until a check needs it (grading.prepare: a full check does; --quick and
     a check against an expected output by the C accelerators do not)."""
     code = (
-        "import sys, mmd.freivalds, mmd.tally, mmd.textcore, mmd.grading as g, mmd.readahead; "
+        "import sys, mmd.check.quick, mmd.tally, mmd.textcore, mmd.grading as g, mmd.readahead; "
         "print('numpy' in sys.modules); g.prepare('inputs', quick=True); print('numpy' in sys.modules); "
         "g.prepare('expected', quick=False); print('numpy' in sys.modules); "
         "g.prepare('inputs', quick=False); print('numpy' in sys.modules); "

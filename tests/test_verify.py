@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import freivalds, tally, textcore, tolerance, verify
+from mmd import tally, textcore, verify
 from mmd import textformat as tf
+from mmd.check import quick as freivalds
+from mmd.check import tolerance
 from mmd.cpus import worker_rows
 from mmd.errors import InputFormatError
 from mmd.generate import random_matrix
