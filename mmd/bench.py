@@ -70,19 +70,21 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 import yaml
 
-from . import __version__, tally, textformat, verify
+from . import __version__, textformat
 from . import kernels as registry
 from .atomic import write_atomic
 from .backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from .backends.cpu import CpuBackend
+from .check import compare as tally
+from .check import full as verify
 from .check import tolerance
+from .check.full import reference
 from .config import MEMORY_MODES, Settings
 from .errors import MmdError
 from .generate import input_chunks, random_matrix
 from .job import describe
 from .pipeline import run_job
 from .record import TIMING_KEYS, TimingRecord
-from .verify import reference
 
 #: The course's size sweep (at tile 32) and tile sweep (at 4096). Tile 64 is
 #: in the sweep on purpose: it must come out refused, with its reason.
