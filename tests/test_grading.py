@@ -16,13 +16,14 @@ import pytest
 import xmlschema
 
 from mmd import record, textcore, textformat
-from mmd.check import jobs, pairing, reports, results
+from mmd.check import full, jobs, pairing, reports, results
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 
 from .conftest import blocks_of, run_mmd
+from .fakes import tf32_round
 
 #: The JUnit schema pytest's junit_family=xunit2 targets (the file says where it comes from).
 JUNIT_SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit-10.xsd")
@@ -172,7 +173,7 @@ def test_folder_junit(folder, tmp_path):
     assert cases["z_extra"].find("skipped").get("type") == "extra"
     assert cases["a_square"].find("system-out").text == (
         f"output: {folder / 'outbox' / 'a_square.out'}\nreference: {folder / 'tests' / 'a_square.txt'}\n"
-        + run.results[0].detail
+        f"kernel: {run.results[0].kernel} (fp32)\n" + run.results[0].detail
     )
 
 
@@ -199,6 +200,8 @@ def test_folder_json(folder, tmp_path):
         "line": None,
         "column": None,
         "seconds": rows["e_missing"]["seconds"],
+        "kernel": None,
+        "precision": "fp32",
     }
     assert rows["f_format"]["line"] == 2 and rows["f_format"]["column"] == 25
 
@@ -878,3 +881,50 @@ def test_a_class_s_reports_group_by_student(tmp_path):
         ("mallory", 0, 1),
     ]
     assert [(r["name"], r["status"]) for r in data["students"][1]["results"]] == [("x", "ok"), ("y", "missing")]
+
+
+def _tf32_served(root: Path, kernel: str) -> tuple[Path, Path]:
+    """A 64×64 job served by a real daemon, its output then replaced by a TF32 product of its input (the
+    operands rounded to TF32's 10-bit mantissa, the products summed in float64, then float32, as a
+    tensor core's TF32 path makes it) and its sidecar's kernel by ``kernel``: (tests, outbox)."""
+    rng = np.random.default_rng(30)
+    a = rng.uniform(-10, 10, (64, 64)).astype(np.float32)
+    b = rng.uniform(-10, 10, (64, 64)).astype(np.float32)
+    tests = root / "tests"
+    tests.mkdir(parents=True)
+    body = b"".join(input_chunks(a, b, square=True))
+    (tests / "t.txt").write_bytes(body)
+    _serve(root, "t.txt", body)
+    out = root / "outbox"
+    c = (tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64)).astype(np.float32)
+    (out / "t.out").write_bytes(textformat.emit(c))
+    sidecar = out / "t.timing.yaml"
+    sidecar.write_text(re.sub(r"(?m)^kernel: .*$", f"kernel: {kernel}", sidecar.read_text()))
+    assert record.read(sidecar).kernel == kernel
+    return tests, out
+
+
+@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
+    """Every output the daemon writes as ok checks as right: a TF32 kernel's (tc1, by its sidecar) is held to
+    TF32's tolerance, and the table, the JSON and the JUnit say so; the same bytes from an fp32 kernel
+    (tc3: 3xTF32, fp32-class) are wrong, far beyond fp32's tolerance."""
+    tests, out = _tf32_served(tmp_path / "tf32", "tc1")
+    run = jobs.check_folder(out, tests, Options())
+    [r] = run.results
+    assert (r.status, r.kernel) == (Status.OK, "tc1"), r
+    assert r.reason == "kernel tc1 is TF32: held to TF32's tolerance"
+    assert full.TOLERANCES["tf32"] in r.detail
+    assert "kernel tc1 is TF32" in reports.table(run.results)
+    data = reports.run_dict(run)["results"][0]
+    assert (data["kernel"], data["precision"]) == ("tc1", "tf32")
+    reports.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    assert "kernel: tc1 (tf32)" in ET.parse(tmp_path / "r.xml").getroot().find(".//system-out").text
+    one = jobs.check_file(out / "t.out", tests / "t.txt", Options()).results[0]  # one output: its sidecar too
+    assert (one.status, one.kernel) == (Status.OK, "tc1")
+
+    tests, out = _tf32_served(tmp_path / "fp32", "tc3")
+    [r] = jobs.check_folder(out, tests, Options()).results
+    assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r
+    assert full.TOLERANCES["fp32"] in r.detail

@@ -287,15 +287,21 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
 
 
-def against_product(out: Rows, prod: Product, tol: float | None = None) -> CheckReport:
-    """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``."""
-    tolerance = described(tol)
+def tolerance_of(tol: float | None, precision: str = "fp32") -> str:
+    """The allowance each value is held to, in words: print rounding plus ``tol``, else plus ``precision``'s model."""
+    return described(tol) if tol is not None else f"0.005 + {TOLERANCES[precision]}"
+
+
+def against_product(out: Rows, prod: Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
+    """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``; a
+    ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model by :data:`TF32_OPERAND_ERROR`."""
+    tolerance = tolerance_of(tol, precision)
     if out.shape != prod.shape:
         return _wrong_shape(out.shape, tolerance)
     if not prod.shape[0] * prod.shape[1]:
         return _report(np.zeros(prod.shape), np.zeros(prod.shape), 0.0, tolerance)
     if tol is None:
-        return _ModelCheck(out, prod).report(tolerance)
+        return _ModelCheck(out, prod, precision).report(tolerance)
     totals = Tally()
     n = prod.shape[1]
     for r0, got, ref in prod.pairs(out):
@@ -659,12 +665,13 @@ class _ModelCheck:
     (:meth:`Product.pairs`), each block sieved as it comes.
     """
 
-    def __init__(self, out: Rows, prod: Product) -> None:
+    def __init__(self, out: Rows, prod: Product, precision: str = "fp32") -> None:
         self.out, self.prod, self.a64, self.b64 = out, prod, prod.a64, prod.b64
         m, k = self.a64.shape
         n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
-        self.c = fp32_factor(k)
+        # c in the allowance 0.005 + c·S: fp32's model, plus TF32's operand rounding for a TF32 product
+        self.c = fp32_factor(k) + (TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
         gamma = (k + 4) * U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma

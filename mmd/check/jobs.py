@@ -29,7 +29,7 @@ from ..cpus import block_rows, usable_cores, worker_rows
 from ..errors import InputFormatError, NotRegularFile, UnreadableError
 from ..textcore import Values
 from . import compare, quick
-from .pairing import class_jobs, pair_folder
+from .pairing import class_jobs, pair_folder, read_sidecar
 from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Job, Options, Result, Run, Status
 
 if TYPE_CHECKING:
@@ -234,8 +234,17 @@ def _result(job: Job, status: Status, **fields: Any) -> Result:
         reference=job.reference,
         refusal=job.refusal,
         student=job.student,
+        kernel=job.kernel,
         **fields,
     )
+
+
+def precision_of(kernel: str | None) -> str:
+    """The arithmetic a kernel's products carry (:data:`mmd.kernels.PRECISIONS`), by the registry: fp32 for a
+    kernel it does not know, or none (an output without a sidecar)."""
+    from .. import kernels
+
+    return kernels.get(kernel).precision if kernel in kernels.NAMES else "fp32"
 
 
 def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
@@ -428,7 +437,8 @@ def _against_input(
         source = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
     else:
         source = full.WholeRows(rows.result())
-    return _values_result(job, shape, full.against_product(source, product, options.tol))
+    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
+    return _values_result(job, shape, full.against_product(source, product, options.tol, precision), precision)
 
 
 def _input_shape(path: Path) -> tuple[int, int] | None:
@@ -479,15 +489,18 @@ def _projections(inputs: _Input, seed: int) -> quick.Projections:
     return full.project(*inputs.arrays(), seed)
 
 
-def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport) -> Result:
+def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport, precision: str = "fp32") -> Result:
     reason = ""
     if not report.ok:
         m, n = report.shape
         where = f", worst at row {report.worst[0] + 1} col {report.worst[1] + 1}" if report.worst else ""
         reason = f"{report.mismatches} of {m * n} values outside tolerance{where}"
+    if precision == "tf32":  # a grader must see that this output was held to a wider tolerance, and why
+        said = f"kernel {job.kernel} is TF32: held to TF32's tolerance"
+        reason = f"{reason}; {said}" if reason else said
     status = Status.OK if report.ok else Status.MISMATCH
     err = report.max_abs_error
-    return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary())
+    return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary(), precision=precision)
 
 
 def _ref_suffix(options: Options) -> str:
@@ -578,7 +591,9 @@ def check_file(output: Path, reference: Path, options: Options, ahead: ReadAhead
     started = _now()
     start = time.perf_counter()
     name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
-    result = check_job(Job(name or output.name, output, reference), options, ahead)
+    sidecar = read_sidecar(output)  # the kernel that made it, where it has one
+    kernel = None if sidecar is None else sidecar.kernel
+    result = check_job(Job(name or output.name, output, reference, kernel=kernel), options, ahead)
     return Run(output, reference, options, (result,), time.perf_counter() - start, started)
 
 

@@ -35,6 +35,7 @@ class Sidecar:
     input_sha256: str | None = None  # the input the job read
     finished_at: datetime | None = None  # when the job's files were committed
     wanted: str | None = None  # the output's name before it was versioned (x.out for x.1.out)
+    kernel: str | None = None  # the kernel that made the output (an error sidecar names none)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ def pair(
 def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Job:
     if found.refusal:
         return Job(name, None, ref, found.path, aside)
-    return Job(name, found.path, ref, None, aside)
+    kernel = found.sidecar.kernel if found.sidecar is not None else None
+    return Job(name, found.path, ref, None, aside, kernel=kernel)
 
 
 def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
@@ -152,7 +154,7 @@ def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | 
     ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
     refs = dict(_names(reference, ref_suffix))
     found = [
-        Found(path, _read_sidecar(path))
+        Found(path, read_sidecar(path))
         for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
         for _, path in _names(outbox, suffix)
     ]
@@ -176,7 +178,7 @@ def _sha256s(refs: Mapping[str, Path], found: Sequence[Found], against: str) -> 
     return sums
 
 
-def _read_sidecar(path: Path) -> Sidecar | None:
+def read_sidecar(path: Path) -> Sidecar | None:
     """The facts of an output's sidecar (or of the error sidecar ``path``), None where there is none that
     mmd could have written. A student's file: never through a link, never a big one."""
     import yaml
@@ -196,7 +198,8 @@ def _read_sidecar(path: Path) -> Sidecar | None:
     except ValueError:
         finished = None
     wanted = rec.context.collision.wanted if rec.context.collision is not None else None
-    return Sidecar(rec.input.sha256, finished, wanted)
+    kernel = rec.kernel if isinstance(rec, record.TimingRecord) else None
+    return Sidecar(rec.input.sha256, finished, wanted, kernel)
 
 
 def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
@@ -235,7 +238,7 @@ def class_jobs(
     refs = dict(_names(reference, OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX))
     found = {
         login: [
-            Found(p, _read_sidecar(p))
+            Found(p, read_sidecar(p))
             for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
             for _, p in _names(folder / login, suffix)
         ]

@@ -126,6 +126,8 @@ def _junit_suite(
         paths = [
             f"{what}: {shown(str(path))}" for what, path in (("output", r.output), ("reference", r.reference)) if path
         ]
+        if r.kernel is not None:
+            paths.append(f"kernel: {shown(r.kernel)} ({r.precision})")
         ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
 
 

@@ -86,6 +86,7 @@ class Job:
     refusal: Path | None = None  # the error sidecar, where there is one
     aside: Aside | None = None  # decided by the pairing: nothing to check
     student: str | None = None  # whose folder it is in, checking a class (check_class)
+    kernel: str | None = None  # the kernel that made the output, as its sidecar says
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class Result:
     seconds: float = 0.0
     refusal: Path | None = None  # the error sidecar the job was paired with
     student: str | None = None  # whose, checking a class
+    kernel: str | None = None  # the kernel that made the output, as its sidecar says (None: no sidecar)
+    precision: str = "fp32"  # the arithmetic it was held to (mmd.kernels.PRECISIONS)
 
     @property
     def file(self) -> str:
@@ -131,6 +134,8 @@ class Result:
             "line": self.line,
             "column": self.column,
             "seconds": round(self.seconds, 6),
+            "kernel": None if self.kernel is None else shown(self.kernel),
+            "precision": self.precision,
         }
 
 
