@@ -1,11 +1,28 @@
-"""Build of mmd's optional C accelerators (all metadata lives in pyproject.toml).
+"""Build of mmd's C accelerators (all metadata lives in pyproject.toml).
 
-``mmd._fasttext`` speeds up mmd.textformat's parse and emit, ``mmd._fastcheck``
-mmd.verify's passes over the matrices. Both are optional: without a C compiler
-the build skips them and mmd uses its numpy paths.
+``mmd._fasttext`` is the text format's parse and emit, ``mmd._fastcheck`` the checks' passes over the
+matrices. They are required wherever a C compiler exists (every GPU box has one: nvcc needs it), so a
+build that fails there is an error, not a silent fall back to the slow paths. Only where no compiler
+exists at all (the one the build would call is not on PATH) are they skipped, and mmd then runs its
+own paths without them (numpy's, and the exact pure-Python ones they are tested against).
 """
 
+import os
+import shlex
+import shutil
+import sysconfig
+
 from setuptools import Extension, setup
+
+
+def _compiler_exists() -> bool:
+    """Whether the C compiler this Python's extensions are built with (``CC``, as sysconfig or the
+    environment names it) is on PATH."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(shlex.split(cc)[0]) is not None
+
+
+OPTIONAL = not _compiler_exists()
 
 setup(
     ext_modules=[
@@ -13,7 +30,7 @@ setup(
             "mmd._fasttext",
             ["mmd/_fasttext.c"],
             extra_compile_args=["-O3"],
-            optional=True,
+            optional=OPTIONAL,
         ),
         Extension(
             "mmd._fastcheck",
@@ -21,7 +38,7 @@ setup(
             # no fused multiply-add (arm64 and -march=native would contract a*b + c): the rules'
             # decisions must round as the numpy path's separate multiply and add do
             extra_compile_args=["-O3", "-ffp-contract=off"],
-            optional=True,
+            optional=OPTIONAL,
         ),
     ],
 )

@@ -46,8 +46,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmd import grading, textcore, textformat, verify  # noqa: E402
+from mmd import textcore, textformat  # noqa: E402
 from mmd.atomic import write_atomic  # noqa: E402
+from mmd.check import full, jobs, results  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
 #: Seconds a case is allowed, from the medians of the others.
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     np.save(work / "a.npy", a)
     np.save(work / "b.npy", b)
     values = textformat.parse_output(out.read_bytes())
-    opts = grading.Options()
+    opts = results.Options()
     trees: list[tuple[str, Path]] = [("", ROOT), *args.tree]
     for _, tree in trees:  # bytecode, as pip leaves an installed mmd: no process compiles its modules
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mmd")], check=True)
@@ -206,19 +207,19 @@ def run(args: argparse.Namespace, work: Path) -> None:
             "< 3 s",
             lambda med: 3.0,
         ),
-        Case(f"  in-process: check vs input, {n}", lambda: grading.check_file(out, src, opts)),
+        Case(f"  in-process: check vs input, {n}", lambda: jobs.check_file(out, src, opts)),
         Case(
             f"  in-process: --quick, {n}",
-            lambda: grading.check_file(out, src, grading.Options(quick=True)),
+            lambda: jobs.check_file(out, src, results.Options(quick=True)),
         ),
         Case(
             f"  in-process: two outputs, {n}",
-            lambda: grading.check_file(out, out2, grading.Options(against="expected")),
+            lambda: jobs.check_file(out, out2, results.Options(against="expected")),
         ),
-        Case(f"  in-process: folder, {count} x {small}", lambda: grading.check_folder(outbox, tests, opts)),
+        Case(f"  in-process: folder, {count} x {small}", lambda: jobs.check_folder(outbox, tests, opts)),
         Case(f"  in-process: parse_output, {n}", lambda: textformat.parse_output(memoryview(textcore.read_bytes(out)))),
         Case(f"  in-process: parse input, {n}", lambda: textformat.parse(memoryview(textcore.read_bytes(src)))),
-        Case(f"  in-process: rule beyond the product, {n}", lambda: verify.against_inputs(values, a, b)),
+        Case(f"  in-process: rule beyond the product, {n}", lambda: full.against_inputs(values, a, b)),
     ]
     load0 = os.getloadavg()
     for i in range(args.repeat):

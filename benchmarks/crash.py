@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mmd import textformat, verify  # noqa: E402
+from mmd import textformat  # noqa: E402
+from mmd.check import full  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
 
@@ -110,7 +111,7 @@ def main() -> int:
         if not out.exists() or not (outbox / f"{stem}.timing.yaml").exists():
             problems.append(f"{stem}: no output or sidecar under its plain name")
             continue
-        report = verify.against_inputs(textformat.parse_output(out.read_bytes()), a, b)
+        report = full.against_inputs(textformat.parse_output(out.read_bytes()), a, b)
         if not report.ok:
             problems.append(f"{stem}: {report.summary()}")
     names = os.listdir(outbox)

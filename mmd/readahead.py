@@ -4,7 +4,7 @@
 mmd's checking modules, on one core (docs/grading.md, "Speed", says how long).
 mmd's C parsers need no numpy: they fill plain buffers. So the command starts
 the reads its check will need (:func:`start`) on threads of their own, before
-it imports anything else, and :mod:`mmd.grading` then takes the values as
+it imports anything else, and :mod:`mmd.check.jobs` then takes the values as
 arrays over those buffers (no copy). It does so where the check imports numpy
 (one core for a while, beside which the parsers' threads run), and where the
 cores can run both files' parsers at once (:func:`useful`).

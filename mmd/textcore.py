@@ -23,7 +23,7 @@ from .cpus import usable_cores
 from .errors import InputFormatError, NotRegularFile, UnreadableError
 
 # mmd's optional C accelerators (setup.py builds both where a compiler is present): the text
-# format's parsers and emitters, and the checks' fused passes (mmd.verify, mmd.freivalds)
+# format's parsers and emitters, and the checks' fused passes (mmd.check.full, mmd.check.quick)
 fasttext: ModuleType | None
 fastcheck: ModuleType | None
 try:
@@ -212,7 +212,7 @@ def output_plausible(size: int, start: int, m: int, n: int) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.grading)
+# values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.check.jobs)
 
 
 #: Buffers from this size on are mapped; smaller ones come from the heap, which reuses the memory that
@@ -324,8 +324,8 @@ _B = TypeVar("_B", bound=_Block)
 
 class RowBlocks:
     """An output's rows in blocks of ``step``, any block read on any thread into a buffer of its own
-    by the C parser (on, see :func:`c_text`), one thread a block: mmd.verify's workers read each
-    block beside its own rows of the product (this is a :class:`mmd.verify.Rows`), and the output
+    by the C parser (on, see :func:`c_text`), one thread a block: mmd.check.full's workers read each
+    block beside its own rows of the product (this is a :class:`mmd.check.full.Rows`), and the output
     is never held whole. Where every block begins and ends is found first (one newline search a
     row); a fault found then (rows missing, bytes after the last row) or in a block (:meth:`read`)
     calls ``on_fault``, which raises the fault's error."""

@@ -203,6 +203,6 @@ def plain(result) -> dict:
 
 def blocks_of(monkeypatch: pytest.MonkeyPatch, elems: int) -> None:
     """The checks' blocks of rows at most ``elems`` elements: a thread's (mmd.cpus.BLOCK_ELEMS) and each of
-    mmd.verify's workers' (mmd.cpus.WORKER_BLOCK_ELEMS)."""
+    mmd.check.full's workers' (mmd.cpus.WORKER_BLOCK_ELEMS)."""
     monkeypatch.setattr(cpus, "BLOCK_ELEMS", elems)
     monkeypatch.setattr(cpus, "WORKER_BLOCK_ELEMS", elems)

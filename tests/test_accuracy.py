@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import bench, report, verify
+from mmd import bench, report
 from mmd.backends import CpuBackend
+from mmd.check import full as verify
 from mmd.cli import main
 from mmd.report.sweeps import accuracy_sweep
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import daemon, record, spool, textformat, verify
+from mmd import daemon, record, spool, textformat
+from mmd.check import full as verify
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks

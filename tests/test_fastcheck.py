@@ -1,8 +1,8 @@
-"""Tests for mmd._fastcheck, the C passes of mmd.verify.
+"""Tests for mmd._fastcheck, the C passes of mmd.full.
 
 Every check is made five ways on the same inputs: through the C passes
 (their AVX2 kernels where the CPU has AVX2, and their two-double kernels),
-each as mmd.verify calls them and split over two threads on every size
+each as mmd.check.full calls them and split over two threads on every size
 (``_SPLIT_ELEMS`` 0), and through the numpy passes (the flag
 ``textcore.USE_FASTTEXT`` switched off). The reports must agree exactly in their decisions, counts,
 positions and largest error; the sums (relative error, the quick check's
@@ -22,8 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import freivalds, textcore, tolerance, verify
+from mmd import textcore
 from mmd import textformat as tf
+from mmd.check import full, tolerance
+from mmd.check import quick as freivalds
 from mmd.generate import random_matrix
 
 from .test_verify import same_report
@@ -82,7 +84,7 @@ def _planted(out: np.ndarray, a: np.ndarray, b: np.ndarray, plant: str, rng: np.
     i, j = int(rng.integers(m)), int(rng.integers(n))
     if plant == "near":  # errors either side of their allowance
         ref = a.astype(np.float64) @ b.astype(np.float64)
-        allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+        allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
         pick = rng.random(out.shape) < 0.2
         out[pick] = (ref + rng.choice([-1.1, -0.9, 0.9, 1.1, 50.0], size=out.shape) * allowed)[pick]
     elif plant == "nan":
@@ -112,10 +114,10 @@ def test_full_check_same_both_ways(shape, seed, plant):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    cs, numpy_ = _ways(lambda: full.against_inputs(out, a, b))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
-    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b, tol=0.02))
+    cs, numpy_ = _ways(lambda: full.against_inputs(out, a, b, tol=0.02))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
 
@@ -145,7 +147,7 @@ def test_against_output_same_both_ways(m, n, seed, plant, tol):
     else:
         out = _planted(out, np.eye(m, dtype=np.float32), expected.astype(np.float32), plant, rng)
     with np.errstate(invalid="ignore"):  # the numpy path's inf - inf
-        cs, numpy_ = _ways(lambda: verify.against_output(out, expected, tol))
+        cs, numpy_ = _ways(lambda: full.against_output(out, expected, tol))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
 
@@ -157,7 +159,7 @@ def test_quick_same_both_ways(shape, seed, plant, vectors, tol):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    cs, numpy_ = _ways(lambda: verify.quick(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
+    cs, numpy_ = _ways(lambda: full.quick(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -174,7 +176,7 @@ def test_projections_of_any_matrix_same_both_ways(dtype, layout):
         a, b = np.asfortranarray(a), np.asfortranarray(b)
     elif layout == "strided":
         a, b = np.repeat(a, 2, axis=1)[:, ::2], np.repeat(b, 2, axis=1)[:, ::2]
-    cs, numpy_ = _ways(lambda: verify.project(a, b, seed=3))
+    cs, numpy_ = _ways(lambda: full.project(a, b, seed=3))
     for got in cs:
         for name in ("x_t", "y", "abx_t", "yab", "row_sum", "row_max", "col_sum", "col_max", "a_row_ssq", "b_col_ssq"):
             np.testing.assert_allclose(getattr(got, name), getattr(numpy_, name), rtol=1e-12, atol=1e-9, err_msg=name)
@@ -185,7 +187,7 @@ def test_more_vectors_than_the_c_passes_take_go_through_numpy():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 6, 7), random_matrix(rng, 7, 5)
     out = _printed(a, b)
-    cs, numpy_ = _ways(lambda: verify.quick(out, a, b, vectors=fc.MAX_VECTORS + 1))
+    cs, numpy_ = _ways(lambda: full.quick(out, a, b, vectors=fc.MAX_VECTORS + 1))
     assert all(c == numpy_ for c in cs)
 
 
@@ -194,13 +196,13 @@ def test_big_enough_to_split_by_default_same_both_ways():
     a, b = random_matrix(rng, 300, 64), random_matrix(rng, 64, 301)  # 90300 elements: two threads
     out = _planted(_printed(a, b), a, b, "near", rng)
     assert out.size >= textcore.C_SPLIT_ELEMS
-    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    cs, numpy_ = _ways(lambda: full.against_inputs(out, a, b))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
-    cs, numpy_ = _ways(lambda: verify.against_output(out, np.round(out, 1)))
+    cs, numpy_ = _ways(lambda: full.against_output(out, np.round(out, 1)))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
-    cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
+    cs, numpy_ = _ways(lambda: full.quick(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -236,11 +238,11 @@ def test_an_empty_inner_dimension_same_both_ways():
     a, b = np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)
     out = np.zeros((3, 4))
     out[1, 2] = 0.5
-    cs, numpy_ = _ways(lambda: verify.against_inputs(out, a, b))
+    cs, numpy_ = _ways(lambda: full.against_inputs(out, a, b))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
     assert not numpy_.ok and numpy_.worst == (1, 2)
-    cs, numpy_ = _ways(lambda: verify.quick(out, a, b))
+    cs, numpy_ = _ways(lambda: full.quick(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 

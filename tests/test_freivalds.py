@@ -1,4 +1,4 @@
-"""Tests for mmd.freivalds: the quick check's vectors and verdict, without numpy (numpy only checks them here)."""
+"""Tests for mmd.check.quick: the quick check's vectors and verdict, without numpy (numpy only checks them here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from mmd import freivalds
+from mmd.check import quick as freivalds
 
 
 def test_vectors_are_seeded_and_pinned():
@@ -40,10 +40,10 @@ def test_z_for():
 
 
 def test_the_module_needs_no_numpy():
-    """Nor do grading and tally, until a check needs it (grading.prepare: a full check does; --quick and
+    """Nor do grading and tally, until a check needs it (jobs.prepare: a full check does; --quick and
     a check against an expected output by the C accelerators do not)."""
     code = (
-        "import sys, mmd.freivalds, mmd.tally, mmd.textcore, mmd.grading as g, mmd.readahead; "
+        "import sys, mmd.check.quick, mmd.check.compare, mmd.textcore, mmd.check.jobs as g, mmd.readahead; "
         "print('numpy' in sys.modules); g.prepare('inputs', quick=True); print('numpy' in sys.modules); "
         "g.prepare('expected', quick=False); print('numpy' in sys.modules); "
         "g.prepare('inputs', quick=False); print('numpy' in sys.modules); "

@@ -1,4 +1,4 @@
-"""Tests for mmd.grading: a real outbox, made by the daemon, checked as a whole folder."""
+"""Tests for mmd.check (jobs, pairing, reports): a real outbox, made by the daemon, checked as a whole folder."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 import xmlschema
 
-from mmd import grading, record, textcore, textformat
+from mmd import record, textcore, textformat
+from mmd.check import full, jobs, pairing, reports, results
+from mmd.check import quick as quickcheck
+from mmd.check.results import Job, Options, Status
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
-from mmd.grading import Job, Options, Status
 
 from .conftest import blocks_of, run_mmd
+from .fakes import tf32_round
 
 #: The JUnit schema pytest's junit_family=xunit2 targets (the file says where it comes from).
 JUNIT_SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit-10.xsd")
@@ -77,7 +80,7 @@ def folder(served, tmp_path) -> Path:
 
 
 def test_served_folder_is_all_right(served):
-    run = grading.check_folder(served / "outbox", served / "tests", Options())
+    run = jobs.check_folder(served / "outbox", served / "tests", Options())
     assert [(r.name, r.status) for r in run.results] == [
         *[(name, Status.OK) for name in SHAPES],
         ("h_refused", Status.REFUSED),
@@ -89,7 +92,7 @@ def test_served_folder_is_all_right(served):
 
 
 def test_folder_statuses_table_and_summary(folder):
-    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    run = jobs.check_folder(folder / "outbox", folder / "tests", Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got == {
         "a_square": (Status.OK, ""),
@@ -116,7 +119,7 @@ def test_folder_statuses_table_and_summary(folder):
         "error": 0,
     }
     e = {r.name: "%.4g" % r.max_error for r in run.results if r.max_error is not None}
-    assert grading.table(run.results) == "\n".join(
+    assert reports.table(run.results) == "\n".join(
         [
             "file           shape  status    max error  reason",
             f"a_square.out   16x16  ok        {e['a_square']:>9}",
@@ -141,9 +144,9 @@ def test_folder_statuses_table_and_summary(folder):
 
 
 def test_folder_junit(folder, tmp_path):
-    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    run = jobs.check_folder(folder / "outbox", folder / "tests", Options())
     path = tmp_path / "report.xml"
-    grading.write_junit(run, path)
+    reports.write_junit(run, path)
     assert path.read_bytes().startswith(b"<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"mmd check\"")
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
@@ -170,14 +173,14 @@ def test_folder_junit(folder, tmp_path):
     assert cases["z_extra"].find("skipped").get("type") == "extra"
     assert cases["a_square"].find("system-out").text == (
         f"output: {folder / 'outbox' / 'a_square.out'}\nreference: {folder / 'tests' / 'a_square.txt'}\n"
-        + run.results[0].detail
+        f"kernel: {run.results[0].kernel} (fp32)\n" + run.results[0].detail
     )
 
 
 def test_folder_json(folder, tmp_path):
-    run = grading.check_folder(folder / "outbox", folder / "tests", Options())
+    run = jobs.check_folder(folder / "outbox", folder / "tests", Options())
     path = tmp_path / "report.json"
-    grading.write_json(run, path)
+    reports.write_json(run, path)
     data = json.loads(path.read_text())
     assert data["exit_status"] == 1 and data["against"] == "inputs" and data["quick"] is False
     assert data["counts"] == run.counts
@@ -197,12 +200,14 @@ def test_folder_json(folder, tmp_path):
         "line": None,
         "column": None,
         "seconds": rows["e_missing"]["seconds"],
+        "kernel": None,
+        "precision": "fp32",
     }
     assert rows["f_format"]["line"] == 2 and rows["f_format"]["column"] == 25
 
 
 def test_folder_quick(folder):
-    run = grading.check_folder(folder / "outbox", folder / "tests", Options(quick=True, seed=3))
+    run = jobs.check_folder(folder / "outbox", folder / "tests", Options(quick=True, seed=3))
     got = {r.name: r.status for r in run.results}
     assert got["a_square"] is Status.OK and got["g_tall"] is Status.OK
     # 999.99 where about 10 was: far beyond the quick bound
@@ -219,7 +224,7 @@ def test_folder_against_expected(served, tmp_path):
     # one expected output from a different product: a mismatch
     rng = np.random.default_rng(0)
     (expected / "c_one.out").write_bytes(textformat.emit(random_matrix(rng, 1, 1, 50, 60)))
-    run = grading.check_folder(served / "outbox", expected, Options(against="expected"))
+    run = jobs.check_folder(served / "outbox", expected, Options(against="expected"))
     got = {r.name: r.status for r in run.results}
     assert got["a_square"] is Status.OK and got["b_rect"] is Status.OK and got["c_one"] is Status.MISMATCH
     assert got["d_wrong"] is Status.EXTRA and got["h_refused"] is Status.EXTRA
@@ -233,7 +238,7 @@ def test_unreadable_references_and_outputs(folder):
     (tests / "a_square.txt").write_text("3\n1 2\n")  # not a valid input
     (out / "b_rect.out").unlink()
     (out / "c_one.out").chmod(0)  # an output that cannot be read (but by root)
-    run = grading.check_folder(out, tests, Options())
+    run = jobs.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"][0] is Status.ERROR
     assert (
@@ -243,24 +248,24 @@ def test_unreadable_references_and_outputs(folder):
         assert got["c_one"] == (Status.ERROR, f"cannot read {out / 'c_one.out'}: Permission denied")
     assert run.exit_status == ExitStatus.USAGE
     with pytest.raises(UnreadableError, match=r"cannot read .*nosuch"):
-        grading.check_folder(folder / "nosuch", tests, Options())
+        jobs.check_folder(folder / "nosuch", tests, Options())
 
 
 def test_shape_mismatch_and_broken_sidecar(folder):
     out, tests = folder / "outbox", folder / "tests"
     shutil.copy(out / "b_rect.out", out / "a_square.out")
     (out / "e_missing.error.yaml").write_text("status: [error\n")
-    run = grading.check_folder(out, tests, Options())
+    run = jobs.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"] == (Status.MISMATCH, "shape 9x7, expected 16x16")
     assert got["e_missing"] == (Status.REFUSED, "refused (e_missing.error.yaml cannot be read: ParserError)")
 
 
 def test_threads_give_the_same_results(folder):
-    jobs = grading.pair_folder(folder / "outbox", folder / "tests", "inputs")
-    assert [j.name for j in jobs] == sorted(j.name for j in jobs)
-    one = grading.check_jobs(jobs, Options(), workers=1)
-    many = grading.check_jobs(jobs, Options(), workers=4)
+    paired = pairing.pair_folder(folder / "outbox", folder / "tests", "inputs")
+    assert [j.name for j in paired] == sorted(j.name for j in paired)
+    one = jobs.check_jobs(paired, Options(), workers=1)
+    many = jobs.check_jobs(paired, Options(), workers=4)
     strip = [(r.name, r.status, r.shape, r.max_error, r.reason, r.detail) for r in one]
     assert strip == [(r.name, r.status, r.shape, r.max_error, r.reason, r.detail) for r in many]
 
@@ -273,13 +278,13 @@ def test_pairing_ignores_hidden_files_and_other_suffixes(tmp_path):
         (out / name).write_text("")
     for name in ("x.txt", "y.txt", "notes.md", ".hidden.txt"):
         (ref / name).write_text("")
-    jobs = grading.pair_folder(out, ref, "inputs")
-    assert jobs == [
+    paired = pairing.pair_folder(out, ref, "inputs")
+    assert paired == [
         Job("w", None, None, out / "w.error.yaml"),
         Job("x", out / "x.out", ref / "x.txt", None),
         Job("y", None, ref / "y.txt", None),
     ]
-    assert grading.check_job(jobs[0], Options()).reason == "w.error.yaml: no w.txt to check it against"
+    assert jobs.check_job(paired[0], Options()).reason == "w.error.yaml: no w.txt to check it against"
 
 
 def test_big_files_are_mapped_and_read_alike(tmp_path, monkeypatch):
@@ -294,7 +299,7 @@ def test_big_files_are_mapped_and_read_alike(tmp_path, monkeypatch):
         monkeypatch.setattr(textcore, "MAP_BYTES", size)
         data = textcore.read_bytes(src)
         assert isinstance(data, bytes) == (size > 1 << 20)
-        results.append(grading.check_file(out, src, Options()).results[0])
+        results.append(jobs.check_file(out, src, Options()).results[0])
     assert results[0].status is Status.OK and results[0].detail == results[1].detail
 
 
@@ -321,13 +326,13 @@ def test_the_output_s_bad_rows_come_before_the_reference_s_faults(tmp_path, quic
     other = tmp_path / "other.txt"
     other.write_bytes(b"".join(input_chunks(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), square=True)))
     for reference in (src, bad_input, other):  # right, not valid, another shape: the format fault in each
-        r = grading.check_file(out, reference, Options(quick=quick)).results[0]
+        r = jobs.check_file(out, reference, Options(quick=quick)).results[0]
         assert (r.status, r.line) == (Status.FORMAT, 2), reference
     good = tmp_path / "good.out"
     good.write_bytes(text)
-    r = grading.check_file(good, bad_input, Options(quick=quick)).results[0]
+    r = jobs.check_file(good, bad_input, Options(quick=quick)).results[0]
     assert (r.status, r.shape) == (Status.ERROR, (6, 4)) and r.reason.startswith("input ")
-    r = grading.check_file(good, other, Options(quick=quick)).results[0]
+    r = jobs.check_file(good, other, Options(quick=quick)).results[0]
     assert (r.status, r.reason) == (Status.MISMATCH, "shape 6x4, expected 2x2")
 
 
@@ -351,18 +356,18 @@ def test_an_expected_output_with_the_output_s_bytes_is_not_parsed_again(tmp_path
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     c_route = textcore.c_text() is not None
-    r = grading.check_file(out, same, Options(against="expected")).results[0]
+    r = jobs.check_file(out, same, Options(against="expected")).results[0]
     assert r.status is Status.OK and r.max_error == 0.0 and calls == ["output_ok" if c_route else "check_output"]
     calls.clear()
-    r = grading.check_file(out, near, Options(against="expected")).results[0]
+    r = jobs.check_file(out, near, Options(against="expected")).results[0]
     read = "output_rows" if c_route else "parse_output"
     assert r.status is Status.OK and 0 < r.max_error <= 0.02 and calls == [read, read]
     spoiled = tmp_path / "spoiled.out"
     spoiled.write_bytes(text.replace(b".", b",", 1))
     shutil.copy(spoiled, tmp_path / "spoiled2.out")  # the same bad bytes: the output's fault is reported
-    r = grading.check_file(spoiled, tmp_path / "spoiled2.out", Options(against="expected")).results[0]
+    r = jobs.check_file(spoiled, tmp_path / "spoiled2.out", Options(against="expected")).results[0]
     assert r.status is Status.FORMAT
-    r = grading.check_file(out, same, Options(against="expected", tol=-1.0)).results[0]  # no value passes
+    r = jobs.check_file(out, same, Options(against="expected", tol=-1.0)).results[0]  # no value passes
     assert r.status is Status.MISMATCH
 
 
@@ -398,14 +403,14 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
         a, b = tmp_path / "a.out", tmp_path / "b.out"
         a.write_bytes(mine)
         b.write_bytes(theirs)
-        r = grading.check_file(a, b, Options(against="expected")).results[0]
+        r = jobs.check_file(a, b, Options(against="expected")).results[0]
         got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
     blocks_of(monkeypatch, 1 << 40)
     for name, (mine, theirs) in cases.items():
         a, b = tmp_path / "a.out", tmp_path / "b.out"
         a.write_bytes(mine)
         b.write_bytes(theirs)
-        r = grading.check_file(a, b, Options(against="expected")).results[0]
+        r = jobs.check_file(a, b, Options(against="expected")).results[0]
         assert got[name] == {k: v for k, v in r.as_dict().items() if k != "seconds"}, name
     assert got["near"]["status"] == "ok" and got["far"]["status"] == "mismatch"
     assert got["expected bad late"]["status"] == "error"
@@ -443,7 +448,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            r = grading.check_file(out, src, Options(tol=tol, quick=quick, seed=0)).results[0]
+            r = jobs.check_file(out, src, Options(tol=tol, quick=quick, seed=0)).results[0]
             got[name] = {k: v for k, v in r.as_dict().items() if k != "seconds"}
         return got
 
@@ -475,7 +480,7 @@ def test_same_bytes(monkeypatch, accelerated):
 
 @pytest.mark.parametrize("block", [1, 7 * 25, 1 << 20])
 def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
-    """--quick with the C accelerators reads and sums without numpy (mmd.freivalds, mmd.textcore);
+    """--quick with the C accelerators reads and sums without numpy (mmd.check.quick, mmd.textcore);
     with them switched off, numpy's parsers and passes make the same sums. Every outcome (right,
     a value, a row, a column wrong, faults anywhere, another shape) is the same both ways, to the
     rounding of the sums in the ratio."""
@@ -500,9 +505,9 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
-            got[name] = grading.check_file(out, src, Options(quick=True, seed=0)).results[0].as_dict()
+            got[name] = jobs.check_file(out, src, Options(quick=True, seed=0)).results[0].as_dict()
         out.write_bytes(text)
-        got["another shape"] = grading.check_file(out, other, Options(quick=True, seed=0)).results[0].as_dict()
+        got["another shape"] = jobs.check_file(out, other, Options(quick=True, seed=0)).results[0].as_dict()
         return got
 
     c, numpy_ = outcomes(True), outcomes(False)
@@ -529,11 +534,11 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
 SECRET = b"ta-token-3f9a1c SECRET\n"
 
 
-def _reports(run: grading.Run, tmp_path: Path) -> bytes:
+def _reports(run: results.Run, tmp_path: Path) -> bytes:
     """Everything the run shows a grader: the table, the summary, the JUnit and JSON files."""
-    grading.write_junit(run, tmp_path / "r.xml")
-    grading.write_json(run, tmp_path / "r.json")
-    shown = (grading.table(run.results) + "\n" + run.summary()).encode()
+    reports.write_junit(run, tmp_path / "r.xml")
+    reports.write_json(run, tmp_path / "r.json")
+    shown = (reports.table(run.results) + "\n" + run.summary()).encode()
     return shown + (tmp_path / "r.xml").read_bytes() + (tmp_path / "r.json").read_bytes()
 
 
@@ -552,7 +557,7 @@ def test_links_fifos_and_folders_in_an_outbox_are_reported_never_opened(folder, 
     (out / "g_tall.out").unlink()
     (out / "g_tall.out").mkdir()
     (out / "e_missing.error.yaml").symlink_to(secret)
-    run = grading.check_folder(out, tests, Options(quick=quick))
+    run = jobs.check_folder(out, tests, Options(quick=quick))
     got = {r.name: (r.status, r.reason) for r in run.results if r.status is Status.NOT_A_FILE}
     assert got == {
         "a_square": (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened"),
@@ -568,11 +573,11 @@ def test_links_fifos_and_folders_in_an_outbox_are_reported_never_opened(folder, 
 
 def test_an_output_made_a_link_after_pairing_is_not_followed(folder, tmp_path):
     out, tests = folder / "outbox", folder / "tests"
-    jobs = grading.pair_folder(out, tests, "inputs")
+    paired = pairing.pair_folder(out, tests, "inputs")
     (tmp_path / "secret").write_bytes(SECRET)
     (out / "a_square.out").unlink()
     (out / "a_square.out").symlink_to(tmp_path / "secret")
-    got = {r.name: (r.status, r.reason) for r in grading.check_jobs(jobs, Options(), workers=1)}
+    got = {r.name: (r.status, r.reason) for r in jobs.check_jobs(paired, Options(), workers=1)}
     assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a symbolic link: not opened")
 
 
@@ -581,7 +586,7 @@ def test_a_device_in_an_outbox_is_never_opened(folder):
     out, tests = folder / "outbox", folder / "tests"
     (out / "a_square.out").unlink()
     os.mknod(out / "a_square.out", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's: an endless read
-    run = grading.check_folder(out, tests, Options())
+    run = jobs.check_folder(out, tests, Options())
     got = {r.name: (r.status, r.reason) for r in run.results}
     assert got["a_square"] == (Status.NOT_A_FILE, "a_square.out is a character device: not opened")
 
@@ -601,19 +606,19 @@ def test_names_are_escaped_in_every_report(folder, tmp_path):
     }
     refusal = refusal.replace(sha["h_refused"], sha["e_missing"])
     (out / "e_missing.error.yaml").write_text(refusal)  # a student's sidecar with escapes in its reason
-    run = grading.check_folder(out, folder / "tests", Options())
-    table = grading.table(run.results) + "\n" + run.summary()
+    run = jobs.check_folder(out, folder / "tests", Options())
+    table = reports.table(run.results) + "\n" + run.summary()
     assert all(ch == "\n" or ch.isprintable() for ch in table)
     rows = table.splitlines()
     for name in ("\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"):
         assert any(row.startswith(name + "  ") and " extra " in row for row in rows), name
     (refused,) = (row for row in rows if row.startswith("e_missing.out"))
     assert refused.endswith("refused: \\x1b[31mno\\n (e_missing.error.yaml)")
-    grading.write_junit(run, tmp_path / "r.xml")
+    reports.write_junit(run, tmp_path / "r.xml")
     JUNIT_SCHEMA.validate(tmp_path / "r.xml")
     names = {c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
     assert names >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok", "w\\xff\\x07", "y\\u202egnp"}
-    grading.write_json(run, tmp_path / "r.json")
+    reports.write_json(run, tmp_path / "r.json")
     text = (tmp_path / "r.json").read_text(encoding="ascii")
     files = {r["file"] for r in json.loads(text)["results"]}
     assert files >= {"\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"}
@@ -629,11 +634,11 @@ def test_every_status_in_junit_is_valid(folder, tmp_path):
         shutil.copy(out / "g_tall.out", out / f"g_tall.{version}.out")
         text = sidecar if finished is None else re.sub(r"(?m)^finished_at: .*$", f"finished_at: '{finished}'", sidecar)
         (out / f"g_tall.{version}.timing.yaml").write_text(text)
-    before = grading.parse_time("2100-01-01T00:00:00Z")
+    before = pairing.parse_time("2100-01-01T00:00:00Z")
     for quick in (False, True):
-        run = grading.check_folder(out, folder / "tests", Options(quick=quick, before=before))
+        run = jobs.check_folder(out, folder / "tests", Options(quick=quick, before=before))
         assert {r.status for r in run.results} == set(Status)
-        grading.write_junit(run, tmp_path / "r.xml")
+        reports.write_junit(run, tmp_path / "r.xml")
         JUNIT_SCHEMA.validate(tmp_path / "r.xml")
 
 
@@ -646,7 +651,7 @@ def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> 
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     src = folder / "x.txt"
     src.write_bytes(b"".join(input_chunks(a, b, square=False)))
-    x_t, y = grading.freivalds.random_vectors(m, n, 0)
+    x_t, y = quickcheck.random_vectors(m, n, 0)
     qx, _ = np.linalg.qr(np.asarray(x_t).reshape(-1, n).T)  # n × vectors
     qy, _ = np.linalg.qr(np.asarray(y).reshape(m, -1))  # m × vectors
     z = rng.normal(scale=20.0, size=(m, n))
@@ -659,13 +664,13 @@ def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> 
 
 def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):
     job = _forged_for_seed_0(tmp_path)
-    assert grading.check_job(job, Options(quick=True, seed=0)).status is Status.OK  # the public seed: forged
-    full = grading.check_job(job, Options())
+    assert jobs.check_job(job, Options(quick=True, seed=0)).status is Status.OK  # the public seed: forged
+    full = jobs.check_job(job, Options())
     assert full.status is Status.MISMATCH and full.reason.startswith("107")
     seeds = set()
     for _ in range(3):
         options = Options(quick=True)  # a fresh seed each time
-        r = grading.check_job(job, options)
+        r = jobs.check_job(job, options)
         assert r.status is Status.MISMATCH and f"seed {options.seed}," in r.detail
         seeds.add(options.seed)
     assert len(seeds) == 3
@@ -701,7 +706,7 @@ def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
     _serve(tmp_path, "x.txt", _input_bytes(2))
     out = tmp_path / "outbox"
     assert sorted(p.name for p in out.glob("*.out")) == ["x.1.out", "x.out"]
-    run = grading.check_folder(out, tests, Options())
+    run = jobs.check_folder(out, tests, Options())
     assert [(r.name, r.file, r.status, r.reason) for r in run.results] == [
         ("x", "x.1.out", Status.OK, ""),
         ("x", "x.out", Status.SUPERSEDED, "superseded by x.1.out"),
@@ -711,7 +716,7 @@ def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
         r"1 jobs checked against the inputs in \S+: 1 ok; 0 extra; 1 superseded; 0 could not be checked \(.*\)",
         run.summary(),
     ), run.summary()
-    grading.write_junit(run, tmp_path / "r.xml")
+    reports.write_junit(run, tmp_path / "r.xml")
     JUNIT_SCHEMA.validate(tmp_path / "r.xml")
     suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "0", "1")
@@ -731,16 +736,16 @@ def test_before_grades_what_was_finished_at_the_deadline(tmp_path):
     first = record.read(out / "x.timing.yaml").finished_at
     second = record.read(out / "x.1.timing.yaml").finished_at
     assert first < second
-    newest = grading.check_folder(out, tests, Options())  # the newest is graded, whatever its input
+    newest = jobs.check_folder(out, tests, Options())  # the newest is graded, whatever its input
     assert [(r.file, r.status) for r in newest.results] == [("x.1.out", Status.MISMATCH), ("x.out", Status.SUPERSEDED)]
-    deadline = grading.parse_time(second)
-    run = grading.check_folder(out, tests, Options(before=deadline))
+    deadline = pairing.parse_time(second)
+    run = jobs.check_folder(out, tests, Options(before=deadline))
     assert [(r.file, r.status, r.reason) for r in run.results] == [
         ("x.out", Status.OK, ""),
         ("x.1.out", Status.LATE, f"finished {second}, not before the deadline {second}"),
     ]
-    early = grading.parse_time(first)  # nothing was finished before the first
-    run = grading.check_folder(out, tests, Options(before=early))
+    early = pairing.parse_time(first)  # nothing was finished before the first
+    run = jobs.check_folder(out, tests, Options(before=early))
     assert [(r.file, r.status) for r in run.results] == [
         ("x.out", Status.MISSING),
         ("x.1.out", Status.LATE),
@@ -750,40 +755,40 @@ def test_before_grades_what_was_finished_at_the_deadline(tmp_path):
     assert run.exit_status == ExitStatus.FAILED
 
 
-def _facts(sha: str | None = None, at: str | None = None, wanted: str | None = None) -> grading.Sidecar:
-    return grading.Sidecar(input_sha256=sha, finished_at=None if at is None else grading.parse_time(at), wanted=wanted)
+def _facts(sha: str | None = None, at: str | None = None, wanted: str | None = None) -> pairing.Sidecar:
+    return pairing.Sidecar(input_sha256=sha, finished_at=None if at is None else pairing.parse_time(at), wanted=wanted)
 
 
 def test_pairing_by_sha256_then_by_name_is_a_pure_function():
     out, ref = Path("out"), Path("ref")
     found = [
-        grading.Found(out / "renamed.out", _facts("aa", "2030-01-01T10:00:00+00:00")),  # x's bytes, another name
-        grading.Found(out / "y.out", _facts("ff", "2030-01-01T09:00:00+00:00")),  # y's name, other bytes
-        grading.Found(out / "y.1.out", _facts(None, "2030-01-01T11:00:00+00:00", wanted="y.out")),
-        grading.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T10:30:00+00:00", wanted="y.out")),
-        grading.Found(out / "z.out", None),  # bare: by name
-        grading.Found(out / "w.out", None),  # no test named w: extra
+        pairing.Found(out / "renamed.out", _facts("aa", "2030-01-01T10:00:00+00:00")),  # x's bytes, another name
+        pairing.Found(out / "y.out", _facts("ff", "2030-01-01T09:00:00+00:00")),  # y's name, other bytes
+        pairing.Found(out / "y.1.out", _facts(None, "2030-01-01T11:00:00+00:00", wanted="y.out")),
+        pairing.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T10:30:00+00:00", wanted="y.out")),
+        pairing.Found(out / "z.out", None),  # bare: by name
+        pairing.Found(out / "w.out", None),  # no test named w: extra
     ]
     refs = {"x": ref / "x.txt", "y": ref / "y.txt", "z": ref / "z.txt", "v": ref / "v.txt"}
-    jobs = grading.pair(found, refs, {"x": "aa", "y": "bb", "z": "cc", "v": "dd"})
-    assert [(j.name, j.output, j.refusal, j.aside) for j in jobs] == [
+    paired = pairing.pair(found, refs, {"x": "aa", "y": "bb", "z": "cc", "v": "dd"})
+    assert [(j.name, j.output, j.refusal, j.aside) for j in paired] == [
         ("v", None, None, None),
         ("w", out / "w.out", None, None),
         ("x", out / "renamed.out", None, None),
         ("y", out / "y.1.out", None, None),
-        ("y", None, out / "y.1.error.yaml", grading.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
-        ("y", out / "y.out", None, grading.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
+        ("y", None, out / "y.1.error.yaml", results.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
+        ("y", out / "y.out", None, results.Aside(Status.SUPERSEDED, "superseded by y.1.out")),
         ("z", out / "z.out", None, None),
     ]
-    assert [j.reference for j in jobs] == [ref / "v.txt", None, ref / "x.txt", *[ref / "y.txt"] * 3, ref / "z.txt"]
+    assert [j.reference for j in paired] == [ref / "v.txt", None, ref / "x.txt", *[ref / "y.txt"] * 3, ref / "z.txt"]
     # a refusal newer than every output is what is graded
-    found[3] = grading.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T12:00:00+00:00", wanted="y.out"))
-    jobs = grading.pair(found, refs, {})
-    y = [(j.output, j.refusal, j.aside) for j in jobs if j.name == "y"]
+    found[3] = pairing.Found(out / "y.1.error.yaml", _facts(None, "2030-01-01T12:00:00+00:00", wanted="y.out"))
+    paired = pairing.pair(found, refs, {})
+    y = [(j.output, j.refusal, j.aside) for j in paired if j.name == "y"]
     assert y[0] == (None, out / "y.1.error.yaml", None)
     # without sidecars an output without one is older than any with one, and a later version is no test's
-    bare = [grading.Found(out / "y.out", None), grading.Found(out / "y.1.out", None)]
-    assert [(j.name, j.output, j.reference) for j in grading.pair(bare, {"y": ref / "y.txt"}, {})] == [
+    bare = [pairing.Found(out / "y.out", None), pairing.Found(out / "y.1.out", None)]
+    assert [(j.name, j.output, j.reference) for j in pairing.pair(bare, {"y": ref / "y.txt"}, {})] == [
         ("y", out / "y.out", ref / "y.txt"),
         ("y.1", out / "y.1.out", None),
     ]
@@ -821,9 +826,9 @@ def _class(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_class_by_student(tmp_path):
     handin, tests = _class(tmp_path)
-    wrong = grading.check_file(handin / "alice" / "y.out", tests / "y.txt", Options()).results[0].reason
+    wrong = jobs.check_file(handin / "alice" / "y.out", tests / "y.txt", Options()).results[0].reason
     assert wrong.endswith(" of 6 values outside tolerance") or " of 6 values outside tolerance, worst at" in wrong
-    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    run = jobs.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
     got = [(r.student, r.name, r.file, r.status, r.reason) for r in run.results]
     assert got == [
         ("alice", "x", "x.out", Status.OK, ""),
@@ -844,20 +849,20 @@ def test_a_class_by_student(tmp_path):
         "mallory: 3 jobs checked: 2 missing, 1 not-a-file; 0 extra; 0 could not be checked",
     ]
     e = {r.student: "%.4g" % r.max_error for r in run.results if r.name == "x" and r.max_error is not None}
-    table = grading.table(run.results).splitlines()
+    table = reports.table(run.results).splitlines()
     assert table[0] == "student  file     shape  status      max error  reason"
     assert table[1] == f"alice    x.out    3x2    ok          {e['alice']:>9}"
     assert table[4] == "bob      y.out    -      missing             -  no output and no error sidecar"
     assert table[7] == "mallory  mallory  -      not-a-file          -  mallory is a symbolic link: not opened"
     # without a roster: the folders alone (carol unseen); never slurm/, a dot folder or a stray file
-    run = grading.check_class(handin, tests, Options())
+    run = jobs.check_class(handin, tests, Options())
     assert sorted({r.student for r in run.results}) == ["alice", "bob", "mallory"]
 
 
 def test_a_class_s_reports_group_by_student(tmp_path):
     handin, tests = _class(tmp_path)
-    run = grading.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
-    grading.write_junit(run, tmp_path / "r.xml")
+    run = jobs.check_class(handin, tests, Options(), roster=["alice", "bob", "carol"])
+    reports.write_junit(run, tmp_path / "r.xml")
     JUNIT_SCHEMA.validate(tmp_path / "r.xml")
     root = ET.parse(tmp_path / "r.xml").getroot()
     assert (root.get("tests"), root.get("failures")) == ("9", "7")
@@ -866,7 +871,7 @@ def test_a_class_s_reports_group_by_student(tmp_path):
     assert [(s.get("tests"), s.get("failures")) for s in suites] == [("2", "1"), ("2", "1"), ("2", "2"), ("3", "3")]
     assert {p.get("name"): p.get("value") for p in suites[1].find("properties")}["student"] == "bob"
     assert [c.get("name") for c in suites[0].iter("testcase")] == ["x", "y"]
-    grading.write_json(run, tmp_path / "r.json")
+    reports.write_json(run, tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert "results" not in data and data["exit_status"] == 1 and data["counts"]["missing"] == 5
     assert [(s["student"], s["counts"]["ok"], s["exit_status"]) for s in data["students"]] == [
@@ -876,3 +881,50 @@ def test_a_class_s_reports_group_by_student(tmp_path):
         ("mallory", 0, 1),
     ]
     assert [(r["name"], r["status"]) for r in data["students"][1]["results"]] == [("x", "ok"), ("y", "missing")]
+
+
+def _tf32_served(root: Path, kernel: str) -> tuple[Path, Path]:
+    """A 64×64 job served by a real daemon, its output then replaced by a TF32 product of its input (the
+    operands rounded to TF32's 10-bit mantissa, the products summed in float64, then float32, as a
+    tensor core's TF32 path makes it) and its sidecar's kernel by ``kernel``: (tests, outbox)."""
+    rng = np.random.default_rng(30)
+    a = rng.uniform(-10, 10, (64, 64)).astype(np.float32)
+    b = rng.uniform(-10, 10, (64, 64)).astype(np.float32)
+    tests = root / "tests"
+    tests.mkdir(parents=True)
+    body = b"".join(input_chunks(a, b, square=True))
+    (tests / "t.txt").write_bytes(body)
+    _serve(root, "t.txt", body)
+    out = root / "outbox"
+    c = (tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64)).astype(np.float32)
+    (out / "t.out").write_bytes(textformat.emit(c))
+    sidecar = out / "t.timing.yaml"
+    sidecar.write_text(re.sub(r"(?m)^kernel: .*$", f"kernel: {kernel}", sidecar.read_text()))
+    assert record.read(sidecar).kernel == kernel
+    return tests, out
+
+
+@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
+    """Every output the daemon writes as ok checks as right: a TF32 kernel's (tc1, by its sidecar) is held to
+    TF32's tolerance, and the table, the JSON and the JUnit say so; the same bytes from an fp32 kernel
+    (tc3: 3xTF32, fp32-class) are wrong, far beyond fp32's tolerance."""
+    tests, out = _tf32_served(tmp_path / "tf32", "tc1")
+    run = jobs.check_folder(out, tests, Options())
+    [r] = run.results
+    assert (r.status, r.kernel) == (Status.OK, "tc1"), r
+    assert r.reason == "kernel tc1 is TF32: held to TF32's tolerance"
+    assert full.TOLERANCES["tf32"] in r.detail
+    assert "kernel tc1 is TF32" in reports.table(run.results)
+    data = reports.run_dict(run)["results"][0]
+    assert (data["kernel"], data["precision"]) == ("tc1", "tf32")
+    reports.write_junit(run, tmp_path / "r.xml")
+    JUNIT_SCHEMA.validate(tmp_path / "r.xml")
+    assert "kernel: tc1 (tf32)" in ET.parse(tmp_path / "r.xml").getroot().find(".//system-out").text
+    one = jobs.check_file(out / "t.out", tests / "t.txt", Options()).results[0]  # one output: its sidecar too
+    assert (one.status, one.kernel) == (Status.OK, "tc1")
+
+    tests, out = _tf32_served(tmp_path / "fp32", "tc3")
+    [r] = jobs.check_folder(out, tests, Options()).results
+    assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r
+    assert full.TOLERANCES["fp32"] in r.detail

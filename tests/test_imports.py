@@ -168,7 +168,7 @@ HEAVY = (
     "mmd.report",
     "mmd.pipeline",
     "mmd.daemon",
-    "mmd.grading",
+    "mmd.check",
     "mmd.textformat",
 )
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import textformat, verify
+from mmd import textformat
+from mmd.check import full as verify
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks

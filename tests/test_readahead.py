@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmd import grading, readahead, textcore, textformat
+from mmd import readahead, textcore, textformat
+from mmd.check import jobs
+from mmd.check.results import Options, Result, Status
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
-from mmd.grading import Options, Result, Status
 
 from .conftest import blocks_of
 
@@ -113,9 +114,9 @@ def test_reads_ahead_give_the_same_results(tmp_path, monkeypatch, out, ref, opti
     paths = _files(tmp_path)
     paths["missing"] = tmp_path / "missing.txt"
     output, reference = paths[out], paths[ref]
-    want = grading.check_file(output, reference, options).results[0]
+    want = jobs.check_file(output, reference, options).results[0]
     with _ahead(output, reference, options) as ahead:
-        got = grading.check_file(output, reference, options, ahead).results[0]
+        got = jobs.check_file(output, reference, options, ahead).results[0]
     assert _plain(got) == _plain(want)
     assert want.status is status, want.reason
 
@@ -156,14 +157,14 @@ def test_a_check_uses_what_was_read_ahead(tmp_path, monkeypatch):
         monkeypatch.setattr(textformat, name, refuse)
     for options in (Options(), Options(quick=True)):
         with _ahead(paths["out"], paths["in"], options) as ahead:
-            assert grading.check_file(paths["out"], paths["in"], options, ahead).results[0].status is Status.OK
+            assert jobs.check_file(paths["out"], paths["in"], options, ahead).results[0].status is Status.OK
     options = Options(against="expected")
     with _ahead(paths["out"], paths["out_copy"], options) as ahead:
-        r = grading.check_file(paths["out"], paths["out_copy"], options, ahead).results[0]
+        r = jobs.check_file(paths["out"], paths["out_copy"], options, ahead).results[0]
     assert (r.status, r.max_error) == (Status.OK, 0.0)
     with _ahead(paths["out"], paths["out_near"], options) as ahead:  # both read whole, values and all
         assert ahead.expected_values(paths["out"], paths["out_near"]) is not None
-        r = grading.check_file(paths["out"], paths["out_near"], options, ahead).results[0]
+        r = jobs.check_file(paths["out"], paths["out_near"], options, ahead).results[0]
     assert r.status is Status.OK and 0 < r.max_error <= 0.02
 
 
@@ -185,14 +186,14 @@ class _Failing:
 def test_failed_reads_leave_the_check_to_grading(tmp_path, monkeypatch, out, ref, options, status):
     paths = _files(tmp_path)
     output, reference = paths[out], paths[ref]
-    want = grading.check_file(output, reference, options).results[0]
+    want = jobs.check_file(output, reference, options).results[0]
     monkeypatch.setattr(textcore, "fasttext", _Failing)  # while the reads run
     with _ahead(output, reference, options) as ahead:
         assert ahead.output_values(output) is None and ahead.input_values(reference, not options.quick) is None
         differ = options.against == "expected" and output.read_bytes() != reference.read_bytes()
         assert ahead.same_output(output, reference) is (False if differ else None)  # memcmp needs no parser
         monkeypatch.undo()  # the reads are done: grading's own parse as ever
-        got = grading.check_file(output, reference, options, ahead).results[0]
+        got = jobs.check_file(output, reference, options, ahead).results[0]
     assert _plain(got) == _plain(want) and want.status is status
 
 
@@ -209,9 +210,9 @@ def test_a_file_replaced_after_its_read_is_checked_as_read(tmp_path, options, re
         assert ahead.mapped(paths[replaced]) is not None
         shutil.copy(paths[by], tmp_path / "new")
         (tmp_path / "new").replace(paths[replaced])
-        r = grading.check_file(paths["out"], paths["in"], options, ahead).results[0]
+        r = jobs.check_file(paths["out"], paths["in"], options, ahead).results[0]
     assert r.status is Status.OK
-    assert grading.check_file(paths["out"], paths["in"], options).results[0].status is status
+    assert jobs.check_file(paths["out"], paths["in"], options).results[0].status is status
 
 
 def test_read_ahead_beside_numpy_s_import_or_where_cores_are_left(monkeypatch):
@@ -249,5 +250,5 @@ def test_outputs_whose_bytes_differ_are_not_compared_again(tmp_path, monkeypatch
     with _ahead(paths["out"], paths["out_near"], options) as ahead:
         assert ahead.same_output(paths["out"], paths["out_near"]) is False
         monkeypatch.setattr(textcore, "same_bytes", lambda x, y: pytest.fail("compared again"))
-        r = grading.check_file(paths["out"], paths["out_near"], options, ahead).results[0]
+        r = jobs.check_file(paths["out"], paths["out_near"], options, ahead).results[0]
     assert r.status is Status.OK and 0 < r.max_error <= 0.02

@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import config, spool, textformat, verify
+from mmd import config, spool, textformat
+from mmd.check import full as verify
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks

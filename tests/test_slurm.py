@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import slurm, textformat, verify
+from mmd import slurm, textformat
+from mmd.check import full as verify
 from mmd.errors import UnreadableError, UsageError
 from mmd.generate import input_chunks, random_matrix
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mmd import bench, textformat, verify
+from mmd import bench, textformat
 from mmd import kernels as registry
 from mmd.backends.base import MultiplyRequest
+from mmd.check import full as verify
 from mmd.errors import KernelError
 from mmd.generate import input_chunks
 

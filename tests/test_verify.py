@@ -1,4 +1,4 @@
-"""Tests for mmd.verify: the full check keeps its rule, the quick check its promise, faults are caught."""
+"""Tests for mmd.check.full: the full check keeps its rule, the quick check its promise, faults are caught."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import freivalds, tally, textcore, tolerance, verify
+from mmd import textcore
 from mmd import textformat as tf
+from mmd.check import compare, full, tolerance
+from mmd.check import quick as freivalds
 from mmd.cpus import worker_rows
 from mmd.errors import InputFormatError
 from mmd.generate import random_matrix
@@ -28,25 +30,25 @@ def passes(request):
     textcore.USE_FASTTEXT = old
 
 
-def _blocks(prod: verify.Product) -> list[tuple[int, np.ndarray]]:
-    """(r0, a copy of rows r0.. of A·B) for the product's blocks of rows, as :meth:`verify.Product.pairs`
+def _blocks(prod: full.Product) -> list[tuple[int, np.ndarray]]:
+    """(r0, a copy of rows r0.. of A·B) for the product's blocks of rows, as :meth:`full.Product.pairs`
     hands them out beside an output's (here zeros)."""
-    rows = verify.WholeRows(np.zeros(prod.shape))
+    rows = full.WholeRows(np.zeros(prod.shape))
     return [(r0, ref.copy()) for r0, _, ref in prod.pairs(rows)]
 
 
 def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`verify.Product.pairs`),
+    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`full.Product.pairs`),
     whose GEMMs may round unlike one GEMM of the whole (test_product_blocks_round_as_a_gemm bounds by how much)."""
-    blocks = [blk for _, blk in _blocks(verify.product(a, b))]
+    blocks = [blk for _, blk in _blocks(full.product(a, b))]
     return np.concatenate(blocks) if blocks else np.zeros((a.shape[0], b.shape[1]))
 
 
-def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> tally.CheckReport:
+def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> compare.CheckReport:
     """The full check as it was written before the bounds: |A|·|B| in full, every element (the oracle)."""
     ref = _reference(a, b)
-    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
-    return verify._report(out, ref, allowed, "0.005 + 4·sqrt(K)·eps·|A||B|")
+    allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
+    return full._report(out, ref, allowed, "0.005 + 4·sqrt(K)·eps·|A||B|")
 
 
 def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,7 +56,7 @@ def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return tf.parse_output(tf.emit(a @ b))
 
 
-def same_report(got: tally.CheckReport, want: tally.CheckReport, rtol: float = 1e-9) -> None:
+def same_report(got: compare.CheckReport, want: compare.CheckReport, rtol: float = 1e-9) -> None:
     """The same verdict, count, worst place and largest error; the relative error to ``rtol`` (its
     sums may be made in another order)."""
     assert (got.ok, got.shape, got.mismatches, got.worst, got.tolerance) == (
@@ -93,11 +95,11 @@ def _full_check_same_as_the_old_rule(m, k, n, seed, factors):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
     for f in factors:  # errors around the allowance, either sign
         i, j = rng.integers(m), rng.integers(n)
         out[i, j] = ref[i, j] + rng.choice([-1, 1]) * f * allowed[i, j]
-    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(full.against_inputs(out, a, b), _old_against_inputs(out, a, b))
 
 
 @pytest.mark.parametrize("ref_block", [1, 5, 64, 1 << 20])
@@ -109,25 +111,25 @@ def test_product_blocks_round_as_a_gemm(m, k, n, ref_block, monkeypatch):
     rng = np.random.default_rng(m + k + n)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     whole = a.astype(np.float64) @ b.astype(np.float64)
-    starts, blocks = zip(*_blocks(verify.product(a, b)), strict=True)
+    starts, blocks = zip(*_blocks(full.product(a, b)), strict=True)
     assert list(starts) == list(np.cumsum([0] + [len(x) for x in blocks[:-1]]))
     got = np.concatenate(blocks)
     bound = 2 * k * 2.0**-53 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
     assert got.shape == whole.shape and np.all(np.abs(got - whole) <= bound)
-    given = verify.product(a, b, gemm=lambda x, y: x @ y)
+    given = full.product(a, b, gemm=lambda x, y: x @ y)
     np.testing.assert_array_equal(np.concatenate([blk for _, blk in _blocks(given)]), given.ref)
 
 
 def test_pairs_of_no_rows():
     """A product with no rows hands out no blocks (and starts no workers); one with no columns, its rows'
     empty blocks."""
-    assert _blocks(verify.product(np.zeros((0, 3)), np.zeros((3, 2)))) == []
-    got = _blocks(verify.product(np.zeros((3, 2)), np.zeros((2, 0))))
+    assert _blocks(full.product(np.zeros((0, 3)), np.zeros((3, 2)))) == []
+    got = _blocks(full.product(np.zeros((3, 2)), np.zeros((2, 0))))
     assert [r0 for r0, _ in got] == list(range(0, 3, worker_rows(3, 0))) and all(b.size == 0 for _, b in got)
 
 
 def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
-    """While any :meth:`verify.Product.pairs` runs (two at once here, on two threads that outlive them, as
+    """While any :meth:`full.Product.pairs` runs (two at once here, on two threads that outlive them, as
     a folder's checks run them), numpy's BLAS has one thread, its workers one product block each; the
     last one done, or failed, on whichever thread, gives the threads back."""
     from concurrent.futures import ThreadPoolExecutor
@@ -157,10 +159,10 @@ def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
             return into
 
     with ThreadPoolExecutor(1) as one, ThreadPoolExecutor(1) as other:
-        first = verify.product(a, b).pairs(Rows())
+        first = full.product(a, b).pairs(Rows())
         one.submit(next, first).result()
         assert blas_threads() == {1}
-        second = verify.product(a, b).pairs(Rows(fail_at=3))
+        second = full.product(a, b).pairs(Rows(fail_at=3))
         with pytest.raises(InputFormatError):
             other.submit(list, second).result()
         assert blas_threads() == {1}  # the first still runs
@@ -183,13 +185,13 @@ def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
 def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
     blocks_of(monkeypatch, ref_block)
     if plant == "scattered, dots":
-        monkeypatch.setattr(verify, "_SMALL_GEMM", 0)
+        monkeypatch.setattr(full, "_SMALL_GEMM", 0)
     rng = np.random.default_rng(3)
     m, k, n = 90, 300, 80
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
     sign = rng.choice([-1.0, 1.0], size=out.shape)
     if plant.startswith("scattered"):
         pick = rng.random(out.shape) < 0.05
@@ -200,21 +202,21 @@ def test_full_check_every_way_of_computing_s(plant, ref_block, monkeypatch):
         out = ref + sign * allowed * rng.choice([0.9, 1.1], size=out.shape)
     else:
         out[3, 4], out[5, 6], out[1, 2] = np.inf, np.nan, -np.inf
-    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(full.against_inputs(out, a, b), _old_against_inputs(out, a, b))
 
 
 def test_full_check_reports():
     a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
     b = np.eye(2, dtype=np.float32)
-    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.0]]), a, b)
+    r = full.against_inputs(np.array([[1.0, 2.0], [3.0, 4.0]]), a, b)
     assert r.ok and r.mismatches == 0 and r.worst is None and r.max_abs_error == 0.0
     assert r.summary().startswith("ok: 2x2 values, 0 outside tolerance")
-    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b)
+    r = full.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b)
     assert not r.ok and r.worst == (1, 1) and r.mismatches == 1
     assert "worst at row 2 col 2" in r.summary()
-    r = verify.against_inputs(np.zeros((2, 3)), a, b)
+    r = full.against_inputs(np.zeros((2, 3)), a, b)
     assert not r.ok and r.shape == (2, 3)
-    r = verify.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b, tol=0.6)
+    r = full.against_inputs(np.array([[1.0, 2.0], [3.0, 4.5]]), a, b, tol=0.6)
     assert r.ok and r.tolerance == "0.005 + 0.6"
 
 
@@ -227,14 +229,14 @@ def test_reference_takes_a_gemm():
         calls.append((x.dtype, y.dtype, x.shape, y.shape))
         return x @ y
 
-    got = verify.reference(a, b, gemm)
+    got = full.reference(a, b, gemm)
     assert calls == [(np.float64, np.float64, (5, 7), (7, 3))]
     np.testing.assert_array_equal(got, a.astype(np.float64) @ b.astype(np.float64))
-    assert verify.against_inputs(_printed(a, b), a, b, gemm=gemm).ok and len(calls) == 2
+    assert full.against_inputs(_printed(a, b), a, b, gemm=gemm).ok and len(calls) == 2
     with pytest.raises(ValueError, match="gave shape"):
-        verify.reference(a, b, lambda x, y: np.zeros((2, 2)))
+        full.reference(a, b, lambda x, y: np.zeros((2, 2)))
     with pytest.raises(ValueError, match="cannot multiply"):
-        verify.reference(a, a)
+        full.reference(a, a)
 
 
 # ---------------------------------------------------------------------------
@@ -272,13 +274,13 @@ def test_planted_faults_full_and_quick():
     rng = np.random.default_rng(11)
     a, b = random_matrix(rng, 256, 256), random_matrix(rng, 256, 256)
     out = _printed(a, b)
-    assert verify.against_inputs(out, a, b).ok
-    assert verify.quick(out, a, b, seed=0).ok
+    assert full.against_inputs(out, a, b).ok
+    assert full.quick(out, a, b, seed=0).ok
     caught = {}
     for kind, bad in _faults(out, a, b).items():
-        full = verify.against_inputs(bad, a, b)
-        assert full.ok == _old_against_inputs(bad, a, b).ok
-        caught[kind] = (not full.ok, not verify.quick(bad, a, b, seed=0).ok)
+        whole = full.against_inputs(bad, a, b)
+        assert whole.ok == _old_against_inputs(bad, a, b).ok
+        caught[kind] = (not whole.ok, not full.quick(bad, a, b, seed=0).ok)
     assert caught == {
         "element, small": (True, False),  # only the full check sees one element off by a little
         "element, large": (True, True),
@@ -296,13 +298,13 @@ def test_planted_faults_rectangular():
     rng = np.random.default_rng(12)
     a, b = random_matrix(rng, 120, 300, -3, 3), random_matrix(rng, 300, 90, -3, 3)
     out = _printed(a, b)
-    assert verify.against_inputs(out, a, b).ok and verify.quick(out, a, b, seed=5).ok
+    assert full.against_inputs(out, a, b).ok and full.quick(out, a, b, seed=5).ok
     for where in (np.s_[17], np.s_[:, 33], np.s_[64:80, 16:32]):
         bad = out.copy()
         bad[where] *= -1
-        assert not verify.against_inputs(bad, a, b).ok
-        assert not verify.quick(bad, a, b, seed=5).ok
-    assert not verify.quick(out[:, :89], a, b).ok
+        assert not full.against_inputs(bad, a, b).ok
+        assert not full.quick(bad, a, b, seed=5).ok
+    assert not full.quick(out[:, :89], a, b).ok
 
 
 # ---------------------------------------------------------------------------
@@ -315,7 +317,7 @@ def test_quick_passes_every_right_output(m, k, n):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     for seed in range(25):
-        r = verify.quick(out, a, b, seed=seed)
+        r = full.quick(out, a, b, seed=seed)
         assert r.ok, r.summary()
         assert r.worst_ratio < 0.5
 
@@ -325,12 +327,12 @@ def test_quick_passes_outputs_at_the_edge_of_the_tolerance():
     rng = np.random.default_rng(2)
     a, b = random_matrix(rng, 100, 400), random_matrix(rng, 400, 120)
     ref = _reference(a, b)
-    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
     for signs in (np.ones(ref.shape), rng.choice([-1.0, 1.0], size=ref.shape)):
         out = ref + 0.999 * signs * allowed
-        assert verify.against_inputs(out, a, b).ok
+        assert full.against_inputs(out, a, b).ok
         for seed in range(20):
-            r = verify.quick(out, a, b, seed=seed)
+            r = full.quick(out, a, b, seed=seed)
             assert r.ok, r.summary()
 
 
@@ -338,7 +340,7 @@ def test_quick_is_seeded_and_reports_its_bound():
     rng = np.random.default_rng(4)
     a, b = random_matrix(rng, 50, 60), random_matrix(rng, 60, 70)
     out = _printed(a, b)
-    r1, r2, r3 = verify.quick(out, a, b, seed=9), verify.quick(out, a, b, seed=9), verify.quick(out, a, b, seed=10)
+    r1, r2, r3 = full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=10)
     assert r1 == r2 and r1.worst_ratio != r3.worst_ratio
     assert r1.seed == 9 and r1.vectors == 4 and r1.false_alarm == 1e-9
     # z: all (50 + 70) * 4 projections together refuse a passing result with chance at most 1e-9
@@ -348,11 +350,11 @@ def test_quick_is_seeded_and_reports_its_bound():
     assert s.startswith("ok (quick): 50x70, largest projection") and "seed 9" in s and "sigma" in s
     bad = out.copy()
     bad[7] += 50
-    r = verify.quick(bad, a, b, seed=9)
+    r = full.quick(bad, a, b, seed=9)
     assert not r.ok and r.worst == ("row", 7) and "at row 8" in r.summary()
-    r = verify.quick(out, a, b, seed=9, tol=0.5)
+    r = full.quick(out, a, b, seed=9, tol=0.5)
     assert r.ok and r.tolerance == "0.005 + 0.5"
-    r = verify.quick(bad, a, b, vectors=1, false_alarm=1e-3)
+    r = full.quick(bad, a, b, vectors=1, false_alarm=1e-3)
     assert r.vectors == 1 and r.z < r1.z
 
 
@@ -361,9 +363,9 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
     a, b = random_matrix(rng, 4, 5), random_matrix(rng, 5, 6)
     out = _printed(a, b)
     out[2, 3] = np.inf
-    r = verify.quick(out, a, b)
+    r = full.quick(out, a, b)
     assert not r.ok and r.nonfinite == 1 and r.worst == ("row", 2) and "1 values are not finite" in r.summary()
-    r = verify.quick(np.zeros((6, 4)), a, b)
+    r = full.quick(np.zeros((6, 4)), a, b)
     assert not r.ok and r.shape == (6, 4)
 
 
@@ -372,7 +374,7 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
 def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monkeypatch):
     # against_output and --tol: one allowance everywhere, reported as the whole-matrix code did
     blocks_of(monkeypatch, ref_block)
-    monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
+    monkeypatch.setattr(full, "_BLOCK_ELEMS", block)
     rng = np.random.default_rng(seed)
     ref = np.round(rng.uniform(-50, 50, (23, 19)), 2)
     out = ref + rng.choice([0.0, 0.0, 0.0, 0.004, -0.011, 0.02], size=ref.shape)
@@ -382,10 +384,10 @@ def test_uniform_allowance_in_blocks_same_as_whole(block, ref_block, seed, monke
     if seed % 3 == 2:
         out = ref.copy()
         out[[3, 12, 20], [5, 5, 5]] += 0.5  # a tie: the first one is the worst
-    same_report(verify.against_output(out, ref), verify._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
+    same_report(full.against_output(out, ref), full._report(out, ref, 0.01 * (1 + 1e-9), "0.01"))
     b = ref.astype(np.float32)  # A = I: the product is B
-    want = verify._report(out, b.astype(np.float64), tolerance.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
-    same_report(verify.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
+    want = full._report(out, b.astype(np.float64), tolerance.PRINT_HALF_UNIT + 0.01, "0.005 + 0.01")
+    same_report(full.against_inputs(out, np.eye(23, dtype=np.float32), b, tol=0.01), want)
 
 
 @pytest.mark.parametrize(("block", "chunk", "ref_block"), [(40, 7, 17), (100, 13, 1), (1 << 20, 5, 1 << 20)])
@@ -394,27 +396,27 @@ def test_chunked_passes_report_as_one_pass(block, chunk, ref_block, seed, monkey
     """The elementwise passes, in blocks of the product, blocks for threads and chunks within them,
     report as whole-matrix code."""
     blocks_of(monkeypatch, ref_block)
-    monkeypatch.setattr(verify, "_BLOCK_ELEMS", block)
-    monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
+    monkeypatch.setattr(full, "_BLOCK_ELEMS", block)
+    monkeypatch.setattr(full, "_CHUNK_ELEMS", chunk)
     rng = np.random.default_rng(seed)
     m, k, n = 23, 40, 17
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     ref = _reference(a, b)
-    allowed = tolerance.PRINT_HALF_UNIT + verify.fp32_tolerance(a, b)
+    allowed = tolerance.PRINT_HALF_UNIT + full.fp32_tolerance(a, b)
     pick = rng.random(out.shape) < 0.1
     out[pick] = (ref + rng.choice([-1.2, -0.9, 0.9, 1.2, 50.0], size=out.shape) * allowed)[pick]
     if seed % 2:
         out[rng.integers(m), rng.integers(n)] = np.nan
         out[rng.integers(m), rng.integers(n)] = -np.inf
-    same_report(verify.against_inputs(out, a, b), _old_against_inputs(out, a, b))
+    same_report(full.against_inputs(out, a, b), _old_against_inputs(out, a, b))
     finite = np.where(np.isfinite(out), out, 0.0)  # no inf - inf below (numpy warns)
     expected = np.round(finite + rng.choice([0.0, 0.0, 0.01, -0.03], size=out.shape), 2)
     if seed % 2:
         expected[rng.integers(m), rng.integers(n)] = np.nan  # an expected NaN beside a finite output: not counted
         expected[[2, 9], [3, 3]] += 7.0  # a tie between two chunks: the first is the worst
-    whole = verify._report(out, expected, 0.01 * (1 + 1e-9), "0.01")
-    same_report(verify.against_output(out, expected), whole)
+    whole = full._report(out, expected, 0.01 * (1 + 1e-9), "0.01")
+    same_report(full.against_output(out, expected), whole)
 
 
 def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
@@ -426,9 +428,9 @@ def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
     wrong[12] = right[13]
     reports = []
     for chunk in (1 << 15, 200, 90):
-        monkeypatch.setattr(verify, "_CHUNK_ELEMS", chunk)
-        monkeypatch.setattr(verify, "_BLOCK_ELEMS", 4 * chunk)
-        reports.append((verify.quick(right, a, b, seed=3), verify.quick(wrong, a, b, seed=3)))
+        monkeypatch.setattr(full, "_CHUNK_ELEMS", chunk)
+        monkeypatch.setattr(full, "_BLOCK_ELEMS", 4 * chunk)
+        reports.append((full.quick(right, a, b, seed=3), full.quick(wrong, a, b, seed=3)))
     for ok, bad in reports:
         assert ok.ok and not bad.ok and bad.worst == reports[0][1].worst
         np.testing.assert_allclose([ok.worst_ratio, ok.bound], [reports[0][0].worst_ratio, reports[0][0].bound], 1e-9)
@@ -447,8 +449,8 @@ def test_an_output_against_itself_reports_as_against_a_copy(plant):
     if plant == "empty":
         out = np.empty((0, 7))
     with np.errstate(invalid="ignore"):  # inf - inf, where an infinity is checked against itself
-        want = verify.against_output(out, out.copy(), tol)
-        got = verify.against_output(out, out, tol)
+        want = full.against_output(out, out.copy(), tol)
+        got = full.against_output(out, out, tol)
     same_report(got, want)
 
 
@@ -459,17 +461,17 @@ def test_output_blocks_keep_the_first_nan_excess_as_the_worst():
     out = expected.copy()
     expected[1, 2] = np.nan
     out[4, 3] += 1.0
-    whole = verify.against_output(out, expected)
-    for uniform in (verify.uniform_pass, tally.c_uniform) if textcore.c_passes() else (verify.uniform_pass,):
+    whole = full.against_output(out, expected)
+    for uniform in (full.uniform_pass, compare.c_uniform) if textcore.c_passes() else (full.uniform_pass,):
         pairs = ((r, out[r : r + 2].ravel(), expected[r : r + 2].ravel(), 2) for r in range(0, 6, 2))
-        same_report(tally.against_output_blocks(pairs, (6, 4), 0.01, uniform), whole)
+        same_report(compare.against_output_blocks(pairs, (6, 4), 0.01, uniform), whole)
     assert whole.worst == (1, 2)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 1000])
 @pytest.mark.parametrize("plant", ["none", "wrong", "nan"])
 def test_output_sums_in_blocks_same_as_whole(rows, plant):
-    """--quick's output pass a block of rows at a time (as mmd.grading reads an output): the sums
+    """--quick's output pass a block of rows at a time (as mmd.check.jobs reads an output): the sums
     within float64 rounding of one pass's (BLAS sums a row of one block in its own order), and the
     same verdict."""
     rng = np.random.default_rng(rows)
@@ -479,18 +481,18 @@ def test_output_sums_in_blocks_same_as_whole(rows, plant):
         out[20, 5] += 3.0
     elif plant == "nan":
         out[[9, 30], [4, 0]] = np.nan
-    whole = verify.output_sums([(0, out)], out.shape, seed=4)
-    blocks = verify.output_sums(((r, out[r : r + rows]) for r in range(0, 37, rows)), out.shape, seed=4)
+    whole = full.output_sums([(0, out)], out.shape, seed=4)
+    blocks = full.output_sums(((r, out[r : r + rows]) for r in range(0, 37, rows)), out.shape, seed=4)
     assert (blocks.nonfinite, blocks.first_nonfinite) == (whole.nonfinite, whole.first_nonfinite)
     if plant != "nan":
         np.testing.assert_allclose(blocks.cx_t, whole.cx_t, rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(blocks.row_ssq, whole.row_ssq, rtol=1e-12)
         np.testing.assert_allclose(blocks.yc, whole.yc, rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(blocks.col_ssq, whole.col_ssq, rtol=1e-12)
-    proj = verify.project(a, b, seed=4)
+    proj = full.project(a, b, seed=4)
     got, want = freivalds.verdict(blocks, proj), freivalds.verdict(whole, proj)
     assert (got.ok, got.worst, got.nonfinite) == (want.ok, want.worst, want.nonfinite)
     assert got.worst_ratio == pytest.approx(want.worst_ratio, rel=1e-9)
-    assert got.ok == (plant == "none") and want == verify.quick(out, a, b, seed=4)
+    assert got.ok == (plant == "none") and want == full.quick(out, a, b, seed=4)
     with pytest.raises(ValueError, match="seed"):
-        freivalds.verdict(verify.output_sums([(0, out)], out.shape, seed=5), proj)
+        freivalds.verdict(full.output_sums([(0, out)], out.shape, seed=5), proj)

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import kernels as registry
-from .. import verify
+from ..check import full as verify
 from ..backends.base import Backend, MultiplyRequest
 from ..errors import MmdError
-from ..verify import reference
+from ..check.full import reference
 from .checking import check_product
 from .plan import Plan, backend_for
 from .progress import ProgressSink

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import tally, verify
+from ..check import compare as tally
+from ..check import full as verify
 from ..generate import random_matrix
-from ..verify import reference
+from ..check.full import reference
 
 
 class Wrong(Exception):

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from .. import kernels as registry
-from .. import textformat, tolerance, verify
+from .. import textformat
+from ..check import full as verify
+from ..check import tolerance
 from ..atomic import write_atomic
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from ..backends.cpu import CpuBackend

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
-    from ..grading import Progress, Result
+    from ..check.jobs import Progress
+    from ..check.results import Result
     from ..readahead import ReadAhead
 
 EPILOG = """\
@@ -119,21 +120,21 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--quick checks against inputs: give --input")
     if args.jobs is not None and args.jobs < 1:
         return _usage("--jobs must be at least 1")
-    from .. import grading  # only for this command (it imports numpy where a check needs it: prepare)
+    from ..check import jobs, pairing, reports, results  # only for this command (numpy where a check needs it)
 
     try:
         for flag, path in (("--junit", args.junit), ("--json", args.json)):
             if path is not None:
-                grading.check_report_path(path, flag)
+                reports.check_report_path(path, flag)
         before = _deadline(args.before)
-        args.roster_logins = None if args.roster is None else grading.read_roster(args.roster)
+        args.roster_logins = None if args.roster is None else pairing.read_roster(args.roster)
     except UsageError as exc:
         return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
-        ahead = _read_ahead(args, reference, against, grading.imports_numpy(against, args.quick), stack)
-        grading.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
+        ahead = _read_ahead(args, reference, against, jobs.imports_numpy(against, args.quick), stack)
+        jobs.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
-        options = grading.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm, before=before)
+        options = results.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm, before=before)
         if args.seed is not None:
             options = dataclasses.replace(options, seed=args.seed)
         return _check(args, reference, options, ahead)
@@ -141,12 +142,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _deadline(text: str | None) -> datetime | None:
     """--before's time (UsageError where it is not ISO 8601)."""
-    from .. import grading
+    from ..check.pairing import parse_time
 
     if text is None:
         return None
     try:
-        return grading.parse_time(text)
+        return parse_time(text)
     except ValueError:
         raise UsageError(
             f"--before {text}: not an ISO 8601 time (e.g. 2025-03-14T23:59 or 2025-03-14T22:59Z)"
@@ -181,7 +182,7 @@ def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any,
 
 
 def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadAhead | None) -> int:
-    from .. import grading
+    from ..check import jobs, reports
 
     folder = args.output.is_dir()
     try:
@@ -194,22 +195,22 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
             with _progress(args.quiet) as progress:
                 if args.by_student or args.roster is not None:
                     roster = args.roster_logins
-                    result = grading.check_class(args.output, reference, options, roster, args.jobs, progress)
+                    result = jobs.check_class(args.output, reference, options, roster, args.jobs, progress)
                 else:
-                    result = grading.check_folder(args.output, reference, options, args.jobs, progress)
-            print(grading.table(result.results))
+                    result = jobs.check_folder(args.output, reference, options, args.jobs, progress)
+            print(reports.table(result.results))
             for line in result.student_summaries():
                 print(line)
             print(result.summary())
         else:
-            result = grading.check_file(args.output, reference, options, ahead)
+            result = jobs.check_file(args.output, reference, options, ahead)
             _print_one(result.results[0])
         if args.junit is not None:
-            grading.write_junit(result, args.junit)
+            reports.write_junit(result, args.junit)
         if args.json is not None:
-            grading.write_json(result, args.json)
+            reports.write_json(result, args.json)
     except MmdError as exc:  # a folder or a report that cannot be read or written
-        print(f"mmd check: {grading.shown(exc.reason)}", file=sys.stderr)
+        print(f"mmd check: {reports.shown(exc.reason)}", file=sys.stderr)
         return ExitStatus.USAGE
     return result.exit_status
 
@@ -231,7 +232,7 @@ def _progress(quiet: bool) -> Iterator[Progress | None]:
 
 
 class _Bar:
-    """grading.Progress drawn by rich."""
+    """mmd.check.jobs.Progress drawn by rich."""
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
@@ -246,15 +247,15 @@ class _Bar:
 
 def _print_one(r: Result) -> None:
     """One output: the line mmd check has always printed, or one line on stderr when it cannot check."""
-    from .. import grading
+    from ..check.results import Status
     from ..textcore import printable
 
     output = printable(str(r.output))
-    if r.status is grading.Status.ERROR:
+    if r.status is Status.ERROR:
         print(f"mmd check: {r.reason}", file=sys.stderr)
-    elif r.status is grading.Status.NOT_A_FILE:
+    elif r.status is Status.NOT_A_FILE:
         print(f"NOT A FILE: {r.reason}")
-    elif r.status is grading.Status.FORMAT:
+    elif r.status is Status.FORMAT:
         print(f"FORMAT: {output}: {r.reason}")
     elif r.detail:
         print(f"{output}: format ok; {r.detail}")

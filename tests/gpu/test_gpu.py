@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
-from mmd import textformat, verify
+from mmd import textformat
 from mmd.backends.base import CUDA_PHASES, MultiplyRequest
+from mmd.check import full as verify
 from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
 

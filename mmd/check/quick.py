@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import textcore
+from .. import textcore
 from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
 
 #: Random vectors on each side unless a caller asks for another count (``mmd check`` does not).

@@ -1,6 +1,6 @@
 """Checking results: an output's values against a float64 product, or against another output.
 
-The default tolerance follows :mod:`mmd.tolerance`'s model of printed fp32
+The default tolerance follows :mod:`mmd.check.tolerance`'s model of printed fp32
 results, so a correct fp32 result passes and a wrong one (a missing term, a
 swapped index) does not.
 
@@ -11,7 +11,7 @@ Three checks:
   float64 GEMM on a GPU). The tolerance needs |A|·|B| only where cheap
   bounds on it cannot decide an element, so a correct result costs one
   float64 product, not two.
-* :func:`quick`, Freivalds' check in its Gaussian form (:mod:`mmd.freivalds`,
+* :func:`quick`, Freivalds' check in its Gaussian form (:mod:`mmd.check.quick`,
   which holds the method and its verdict; here are its numpy entry points and
   its passes where the C ones are not built): C and A·B projected onto a few
   random Gaussian vectors, from both sides, in O(n²). It refuses, with a
@@ -38,10 +38,12 @@ from typing import Protocol, TypeVar
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from . import freivalds, tally, textcore
-from .cpus import block_rows, usable_cores, worker_rows
-from .tally import CheckReport, Tally, nan_max, same_values, summed_report
-from .textformat import values_array
+from .. import textcore
+from ..cpus import block_rows, usable_cores, worker_rows
+from ..textformat import values_array
+from . import compare
+from . import quick as freivalds
+from .compare import CheckReport, Tally, nan_max, same_values, summed_report
 from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
@@ -277,7 +279,7 @@ class Product:
 def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     """:class:`Product` of ``a`` and ``b``: ``gemm``'s whole product (:func:`reference`) when one is
     given, else one made in blocks as the check reads it. Arrays already float64 are not copied
-    (mmd.grading parses inputs so)."""
+    (mmd.check.jobs parses inputs so)."""
     with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions where needed, one per core
         a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
     if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
@@ -285,15 +287,21 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
 
 
-def against_product(out: Rows, prod: Product, tol: float | None = None) -> CheckReport:
-    """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``."""
-    tolerance = described(tol)
+def tolerance_of(tol: float | None, precision: str = "fp32") -> str:
+    """The allowance each value is held to, in words: print rounding plus ``tol``, else plus ``precision``'s model."""
+    return described(tol) if tol is not None else f"0.005 + {TOLERANCES[precision]}"
+
+
+def against_product(out: Rows, prod: Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
+    """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``; a
+    ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model by :data:`TF32_OPERAND_ERROR`."""
+    tolerance = tolerance_of(tol, precision)
     if out.shape != prod.shape:
         return _wrong_shape(out.shape, tolerance)
     if not prod.shape[0] * prod.shape[1]:
         return _report(np.zeros(prod.shape), np.zeros(prod.shape), 0.0, tolerance)
     if tol is None:
-        return _ModelCheck(out, prod).report(tolerance)
+        return _ModelCheck(out, prod, precision).report(tolerance)
     totals = Tally()
     n = prod.shape[1]
     for r0, got, ref in prod.pairs(out):
@@ -305,7 +313,7 @@ def against_product(out: Rows, prod: Product, tol: float | None = None) -> Check
 def against_output(out: np.ndarray, expected: np.ndarray, tol: float = 0.01) -> CheckReport:
     """Check printed values against another output (both rounded: default 0.01 apart at most).
 
-    ``expected`` may be ``out`` itself (mmd.grading passes it for an expected output with the
+    ``expected`` may be ``out`` itself (mmd.check.jobs passes it for an expected output with the
     output's very bytes): finite values are then all right, with no pass over them but one
     that finds any NaN or infinity.
     """
@@ -329,11 +337,11 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
 def uniform_pass(
     out: np.ndarray, ref: np.ndarray, rows: int, n: int, allowed: float
 ) -> tuple[int, float, float, float, int]:
-    """The :data:`mmd.tally.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
+    """The :data:`mmd.compare.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
     where it is on, else :func:`_uniform_numpy`."""
     out64, ref64 = np.ascontiguousarray(out, dtype=np.float64), np.ascontiguousarray(ref, dtype=np.float64)
     if textcore.c_passes() is not None:
-        return tally.c_uniform(out64, ref64, rows, n, allowed)
+        return compare.c_uniform(out64, ref64, rows, n, allowed)
     return _uniform_numpy(out64.reshape(rows, n), ref64.reshape(rows, n), allowed)
 
 
@@ -385,23 +393,23 @@ def quick(
     false_alarm: float = 1e-9,
     tol: float | None = None,
 ) -> freivalds.QuickReport:
-    """The quick check (:mod:`mmd.freivalds`) of an output held whole: O(n²) work for an m×n output."""
+    """The quick check (:mod:`mmd.check.quick`) of an output held whole: O(n²) work for an m×n output."""
     return quick_against(out, project(a, b, seed, vectors), false_alarm, tol)
 
 
 def _series(x: np.ndarray) -> array[float]:
-    """``x`` as :mod:`mmd.freivalds` keeps its series: a flat float64 array in C order."""
+    """``x`` as :mod:`mmd.check.quick` keeps its series: a flat float64 array in C order."""
     return array("d", np.ascontiguousarray(x, dtype=np.float64).tobytes())
 
 
 def _numpy_vectors(m: int, n: int, seed: int, vectors: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`mmd.freivalds.random_vectors` as numpy's passes take them: x (n × vectors), y (m × vectors)."""
+    """:func:`mmd.check.quick.random_vectors` as numpy's passes take them: x (n × vectors), y (m × vectors)."""
     x_t, y = freivalds.random_vectors(m, n, seed, vectors)
     return np.frombuffer(x_t).reshape(vectors, n).T, np.frombuffer(y).reshape(m, vectors)
 
 
 def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivalds.VECTORS) -> freivalds.Projections:
-    """A and B's side of the quick check (:func:`mmd.freivalds.project` where the C passes are
+    """A and B's side of the quick check (:func:`mmd.check.quick.project` where the C passes are
     usable, else three passes of numpy in blocks of rows, converted to float64 on the way: no n×n
     temporary)."""
     m, k = a.shape
@@ -459,7 +467,7 @@ def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivald
 def output_sums(
     blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = freivalds.VECTORS
 ) -> freivalds.OutputSums:
-    """The output's side of the quick check (:class:`mmd.freivalds.OutputSums`) from consecutive
+    """The output's side of the quick check (:class:`mmd.check.quick.OutputSums`) from consecutive
     blocks of rows (first row, rows): no block is needed once it has been summed, so an output read
     a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole. By mmd._fastcheck
     where it is usable, else numpy's passes."""
@@ -657,12 +665,13 @@ class _ModelCheck:
     (:meth:`Product.pairs`), each block sieved as it comes.
     """
 
-    def __init__(self, out: Rows, prod: Product) -> None:
+    def __init__(self, out: Rows, prod: Product, precision: str = "fp32") -> None:
         self.out, self.prod, self.a64, self.b64 = out, prod, prod.a64, prod.b64
         m, k = self.a64.shape
         n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
-        self.c = fp32_factor(k)
+        # c in the allowance 0.005 + c·S: fp32's model, plus TF32's operand rounding for a TF32 product
+        self.c = fp32_factor(k) + (TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
         gamma = (k + 4) * U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma

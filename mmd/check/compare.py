@@ -1,11 +1,11 @@
 """The elementwise checks' report and totals, without numpy.
 
-:class:`CheckReport` is what every value check gives (:mod:`mmd.verify`'s
+:class:`CheckReport` is what every value check gives (:mod:`mmd.check.full`'s
 against a product, and two outputs compared here or there). :class:`Tally`
 adds up a rule's totals block by block, as one pass over the whole gives them.
 :func:`against_output_blocks` compares two outputs a block of rows at a time
 through a :data:`UniformPass`: :func:`c_uniform` (mmd._fastcheck over plain
-buffers) or mmd.verify's numpy pass. So ``mmd check OUT EXPECTED`` with the C
+buffers) or mmd.check.full's numpy pass. So ``mmd check OUT EXPECTED`` with the C
 accelerators reads, compares and reports without importing numpy (0.15-0.2 s
 on the 2-core VM, 0.3-0.5 s on the GPU machine).
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import textcore
+from .. import textcore
 
 #: One block's pass of the uniform rule |out − ref| ≤ allowed: (out, ref, rows, n, allowed) →
 #: (mismatches, max |error|, Σ error², Σ ref², the flat index in the block of its worst element: the

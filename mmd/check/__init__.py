@@ -1,0 +1,1 @@
+"""``mmd check``: grading outputs against their inputs or expected outputs (docs/grading.md)."""
