@@ -56,7 +56,7 @@ import random
 import secrets
 import threading
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,7 +259,7 @@ class QuickReport:
 
     def caught_phrase(self) -> str:
         """What this check catches, in a few words."""
-        return f"catches any row or column off by >= {self.catches:.3g} rms (chance >= 1 - {MISS:.0e})"
+        return caught_phrase(self.catches)
 
     def reason(self) -> str:
         """Why it was refused, in a few words (empty when ok)."""
@@ -269,6 +269,11 @@ class QuickReport:
             return f"{self.nonfinite} values are not finite"
         where = f" at {self.worst[0]} {self.worst[1] + 1}" if self.worst else ""
         return f"a projection {self.worst_ratio:.3g} times its bound{where}"
+
+
+def caught_phrase(catches: float) -> str:
+    """What a quick check whose figure is ``catches`` (:attr:`QuickReport.catches`) catches, in a few words."""
+    return f"catches any row or column off by >= {catches:.3g} rms (chance >= 1 - {MISS:.0e})"
 
 
 def chi2_sf(x: float, v: int) -> float:
@@ -303,7 +308,7 @@ def chi2_cdf(x: float, v: int) -> float:
 def _root(f: Any, target: float) -> float:
     """The x in (0, 2000) at which the increasing ``f`` reaches ``target`` (bisection)."""
     lo, hi = 0.0, 2000.0
-    for _ in range(200):
+    for _ in range(100):  # to 2000/2^100: below float64's resolution of any answer here
         mid = (lo + hi) / 2
         if f(mid) < target:
             lo = mid
@@ -312,11 +317,13 @@ def _root(f: Any, target: float) -> float:
     return hi
 
 
+@functools.lru_cache(maxsize=16)
 def threshold(tail: float, v: int) -> float:
     """The z with P(χ²_v > z²) = tail: the norm of v standard normals exceeds z with chance ``tail``."""
     return math.sqrt(_root(lambda x: -chi2_sf(x, v), -tail))
 
 
+@functools.lru_cache(maxsize=16)
 def reach(v: int, miss: float = MISS) -> float:
     """The fraction of its bound a row's (column's) error norm ‖E_i‖ must reach to be refused with a
     chance of at least 1 - ``miss``, at ``v`` vectors: ‖E_i‖·(χ²_v)^½ exceeds the bound unless χ²_v ≤
@@ -328,11 +335,6 @@ def caught(ratio: float, v: int) -> float:
     """The chance that a row (column) whose error norm is ``ratio`` times its bound is refused, at
     ``v`` vectors: P(χ²_v > 1/ratio²), exactly, whatever the errors' pattern."""
     return chi2_sf(1 / (ratio * ratio), v) if ratio > 0 else 0.0
-
-
-def _norms(series: Iterable[Sequence[float]]) -> float:
-    """The 2-norm of all the series together."""
-    return math.sqrt(math.fsum(math.fsum(map(operator.mul, part, part)) for part in series))
 
 
 def _ratios(mine: Sequence[float], theirs: Sequence[float], count: int, bounds: Sequence[float]) -> list[float]:
@@ -390,8 +392,8 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
     # float64 rounding of the projections: at most about (k + m + n)·u of the sums of |terms|,
     # themselves at most these norms (Cauchy–Schwarz), over all the vectors together
     gamma = 2 * (k + m + n + 4) * U64
-    xn = _norms(proj.x_t[t * n : (t + 1) * n] for t in range(v))
-    yn = _norms(proj.y[t::v] for t in range(v))
+    xn = math.sqrt(sum(map(operator.mul, proj.x_t, proj.x_t)))  # all the vectors' 2-norm together
+    yn = math.sqrt(sum(map(operator.mul, proj.y, proj.y)))
     norm_a, norm_b = math.sqrt(ssq_a), math.sqrt(ssq_b)
     bound_rows = [
         z * math.sqrt(var) + gamma * xn * (math.sqrt(c_ssq) + math.sqrt(a_ssq) * norm_b)

@@ -126,6 +126,7 @@ class Result:
     max_error: float | None = None
     reason: str = ""  # one line, empty when ok
     detail: str = ""  # the value check's own summary line
+    catches: float | None = None  # --quick: the rms a row or column must be off by to be caught surely
     line: int | None = None  # where the output's format fails
     column: int | None = None
     seconds: float = 0.0
@@ -154,6 +155,7 @@ class Result:
             "max_error": err,
             "reason": shown(self.reason),
             "detail": shown(self.detail),
+            "catches": self.catches,
             "line": self.line,
             "column": self.column,
             "seconds": round(self.seconds, 6),
@@ -186,8 +188,11 @@ class Run:
         against = "expected outputs" if self.options.against == "expected" else "inputs"
         quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
         checked, tally = _tally_line(self.results, self.counts)
+        figures = [r.catches for r in self.results if r.catches is not None]
+        caught = f"; each {freivalds.caught_phrase(max(figures))}" if figures else ""
         return (
             f"{checked} jobs checked against the {against} in {self.reference}{quick}: {tally} ({self.seconds:.2f} s)"
+            f"{caught}"
         )
 
     def students(self) -> dict[str, tuple[Result, ...]]:
@@ -605,7 +610,7 @@ def _against_input(
         projections = _projections(inputs, options.seed)  # while the output's sums are made
         quick = freivalds.verdict(sums.result(), projections, tol=options.tol)
         status = Status.OK if quick.ok else Status.MISMATCH
-        return _result(job, status, shape=shape, reason=quick.reason(), detail=quick.summary())
+        return _result(job, status, shape=shape, reason=quick.reason(), detail=quick.summary(), catches=quick.catches)
     from . import verify
 
     a, b = inputs.arrays()
