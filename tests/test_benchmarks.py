@@ -35,6 +35,7 @@ TINY: dict[str, list[str]] = {
         *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
+    "quick_detection.py": ["--big", "64", "--seeds", "2"],
     "soak.py": ["--minutes", "0.05", "--rate", "20", "--every", "1"],
     # the ladders time on a GPU through CuPy; compiling and reading ptxas's report needs only nvcc
     "sgemm_ladder.py": ["--quick", "--compile-only", "--out", "{tmp}"],

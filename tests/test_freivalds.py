@@ -33,10 +33,11 @@ def test_vectors_are_standard_normal():
     assert abs(np.corrcoef(vals[:-1], vals[1:])[0, 1]) < 0.02  # the pairs of Box-Muller are independent
 
 
-def test_z_for():
-    assert freivalds.z_for(math.erfc(3 / math.sqrt(2))) == pytest.approx(3.0)
-    z = freivalds.z_for(1e-9 / 480)
-    assert math.erfc(z / math.sqrt(2)) == pytest.approx(1e-9 / 480, rel=1e-9)
+def test_threshold():
+    # one vector: the norm is |N(0, 1)|
+    assert freivalds.threshold(math.erfc(3 / math.sqrt(2)), 1) == pytest.approx(3.0)
+    z = freivalds.threshold(1e-9 / 480, 16)
+    assert freivalds.chi2_sf(z * z, 16) == pytest.approx(1e-9 / 480, rel=1e-9)
 
 
 def test_the_module_needs_no_numpy():

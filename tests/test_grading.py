@@ -197,6 +197,7 @@ def test_folder_json(folder, tmp_path):
         "max_error": None,
         "reason": "no output and no error sidecar",
         "detail": "",
+        "catches": None,
         "line": None,
         "column": None,
         "seconds": rows["e_missing"]["seconds"],
@@ -214,6 +215,10 @@ def test_folder_quick(folder):
     d = next(r for r in run.results if r.name == "d_wrong")
     assert d.status is Status.MISMATCH and d.reason.startswith("a projection") and "seed 3" in d.detail
     assert "quick, seed 3" in run.summary()
+    # what it catches: the largest figure of the folder's outputs, in the JSON each output's own
+    figure = max(r.catches for r in run.results if r.catches is not None)
+    assert run.summary().endswith(f"; each catches any row or column off by >= {figure:.3g} rms (chance >= 1 - 1e-06)")
+    assert d.as_dict()["catches"] == d.catches > 0 and f"off by >= {d.catches:.3g} rms" in d.detail
 
 
 def test_folder_against_expected(served, tmp_path):

@@ -342,10 +342,11 @@ def test_quick_is_seeded_and_reports_its_bound():
     out = _printed(a, b)
     r1, r2, r3 = full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=10)
     assert r1 == r2 and r1.worst_ratio != r3.worst_ratio
-    assert r1.seed == 9 and r1.vectors == 4 and r1.false_alarm == 1e-9
-    # z: all (50 + 70) * 4 projections together refuse a passing result with chance at most 1e-9
-    assert r1.z == pytest.approx(freivalds.z_for(1e-9 / 480))
-    assert 6.5 < r1.z < 7.5 and r1.bound > 0
+    assert r1.seed == 9 and r1.vectors == 16 and r1.false_alarm == 1e-9
+    # z: the norms of all 50 + 70 rows' and columns' 16 projections together refuse a passing result
+    # with chance at most 1e-9
+    assert r1.z == pytest.approx(freivalds.threshold(1e-9 / 120, 16))
+    assert 9 < r1.z < 9.5 and r1.bound > 0
     s = r1.summary()
     assert s.startswith("ok (quick): 50x70, largest projection") and "seed 9" in s and "sigma" in s
     bad = out.copy()

@@ -424,7 +424,9 @@ def _against_input(
         projections = _projections(inputs, options.seed)  # while the output's sums are made
         verdict = quick.verdict(sums.result(), projections, tol=options.tol)
         status = Status.OK if verdict.ok else Status.MISMATCH
-        return _result(job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary())
+        return _result(
+            job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary(), catches=verdict.catches
+        )
     from . import full
 
     a, b = inputs.arrays()

@@ -1,28 +1,45 @@
 """The quick check: Freivalds' method in its Gaussian form (Ji, Mascagni and Li, 2017), without numpy.
 
-With E = C − A·B for an output C (m×n) of A (m×k) and B (k×n), and Gaussian
-vectors x (n) and y (m), each component of E·x and yᵀ·E is exactly normal,
-with variance Σ_j E_ij² (a row) or Σ_i E_ij² (a column). If the full check
-would pass, |E_ij| ≤ h + c·S_ij (h the print rounding, c·S the fp32 model,
-S = |A|·|B|; :mod:`mmd.tolerance`), so a row's variance is at most
-Σ_j (h + c·S_ij)², which is bounded in O(n²) by n·h² + 2hc·Σ_j S_ij +
-c²·max_j S_ij·Σ_j S_ij with Σ_j S_ij = |a_i|·(|B|·1) and max_j S_ij ≤
-|a_i|·(row maxima of |B|); columns alike. Each of the (m + n)·vectors
-projections is held to z such standard deviations, z chosen so that all of
-them together refuse a passing result with a chance of at most
-``false_alarm``, plus a margin for float64 rounding. A ``tol`` replaces c·S
-by a constant, as in the full check.
+With E = C − A·B for an output C (m×n) of A (m×k) and B (k×n), and v
+independent Gaussian vectors x_1..x_v (n) and y_1..y_v (m), the projections
+E_i·x_t of a row i are independent normals of variance ‖E_i‖² (the row's
+sum of squares), whatever E is, so ‖E_i‖⁻²·Σ_t (E_i·x_t)² is exactly χ²
+with v degrees of freedom; columns alike with yᵀ·E. The check computes, for
+each row and each column, the norm of its v projections, r_i = (Σ_t
+(E_i·x_t)²)^½, in float64 without forming A·B, and refuses when any r_i
+exceeds its bound z·σ_i (plus a margin for float64 rounding):
 
-It refuses anything that moves a projection beyond its bound (a wrong row,
-column, tile or transpose; any error large against the bound); it cannot see
-one element off by a little, which only the full check does.
+* σ_i bounds ‖E_i‖ for every output the full check passes: there |E_ij| ≤
+  h + c·S_ij (h the print rounding, c·S the fp32 model, S = |A|·|B|;
+  :mod:`mmd.tolerance`), so ‖E_i‖² ≤ σ_i² = n·h² + 2hc·Σ_j S_ij +
+  c²·min(max_j S_ij·Σ_j S_ij, ‖a_i‖²·‖B‖²) ≥ Σ_j (h + c·S_ij)², with
+  Σ_j S_ij = |a_i|·(|B|·1), max_j S_ij ≤ |a_i|·(row maxima of |B|) and
+  S_ij ≤ ‖a_i‖·‖b_j‖ (Cauchy–Schwarz): O(n²) for all rows. A ``tol``
+  replaces c·S by a constant, as in the full check.
+* z² is χ²_v's upper quantile at ``false_alarm``/(m + n), so that all m + n
+  norms together refuse an output the full check passes with a chance of at
+  most ``false_alarm`` (a union bound).
+
+What it catches follows from the same law. A row with ‖E_i‖ = ρ·(its bound
+z·σ_i) is refused with probability exactly P(χ²_v > 1/ρ²) (:func:`caught`),
+and missed with P(χ²_v ≤ 1/ρ²), whatever the row's errors look like: one
+value off, the whole row shifted, noise. So every row (column) whose errors
+against the exact product have ‖E_i‖ ≥ bound_i / q_v(miss)^½ (q_v: χ²_v's
+lower quantile) is caught with probability ≥ 1 − miss: :func:`reach` gives
+that factor, :attr:`QuickReport.catches` it as an rms per element of the
+worst-bounded row or column. With 16 vectors and miss = 10⁻⁶ the factor is
+1/q^½ = 0.83, and ‖E_i‖ must reach 8.0 σ_i (at m = n = 1024). σ_i itself
+cannot shrink: honest sequential fp32 sums of constant matrices (every
+element off alike, as a naive or tiled kernel sums) already reach 0.77 of
+the full check's per-element allowance at K = 1024, so a row of such a
+product has ‖E_i‖ near σ_i. A single value off by δ moves its row and its
+column by δ each: two independent chances.
 
 The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
 reads plain buffers: :func:`project` (A and B's side) and :class:`OutputSums`
-(C's, a block of rows at a time), and then :func:`verdict`, O(m + n) in
+(C's, a block of rows at a time), and then :func:`verdict`, O((m + n)·v) in
 Python. None of it needs numpy, so ``mmd check --quick`` of one output runs
-without importing it (numpy's import took 0.15-0.2 s on the 2-core VM,
-0.3-0.5 s on the GPU machine). :mod:`mmd.verify` makes the same sums in numpy where
+without importing it. :mod:`mmd.verify` makes the same sums in numpy where
 the C passes are not built; both feed :func:`verdict`.
 
 Every series here is a flat ``array('d')`` in C order: ``x_t`` is vectors×n
@@ -39,17 +56,21 @@ import random
 import secrets
 import threading
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import textcore
 from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
 
-#: Random vectors on each side unless a caller asks for another count (``mmd check`` does not).
-VECTORS = 4
 #: The most vectors on each side the C passes take (mmd._fastcheck's MAX_VECTORS).
 C_MAX_VECTORS = 16
+#: Random vectors on each side unless a caller asks for another count (``mmd check`` does not): the C
+#: passes' most, as each one more narrows the gap between what is never refused and what is always
+#: caught (:func:`reach`: a row is caught from 2.65 times its bound at 8 vectors, 0.83 at 16).
+VECTORS = C_MAX_VECTORS
+#: The chance of a miss at which :attr:`QuickReport.catches` states what is caught.
+MISS = 1e-6
 
 
 def fresh_seed() -> int:
@@ -209,13 +230,16 @@ class QuickReport:
     shape: tuple[int, int]
     seed: int
     vectors: int  # random vectors on each side
-    z: float  # standard deviations a projection may stray before it is refused
+    z: float  # standard deviations the norm of a row's (column's) projections may reach before it is refused
     false_alarm: float  # at most this chance of refusing a result the full check passes
-    bound: float  # the largest bound a projection was held to
-    worst_ratio: float  # max over projections of |residual| / its bound (> 1: refused)
+    bound: float  # the largest bound a norm was held to
+    worst_ratio: float  # max over rows and columns of the norm of its projections / its bound (> 1: refused)
     worst: tuple[str, int] | None  # ("row", i) or ("column", j), 0-based, where that ratio was reached
     nonfinite: int  # NaN or infinite values in the output (refused at once)
     tolerance: str
+    # every row (column) whose errors against the exact product reach this root-mean-square per
+    # value is refused with a chance of at least 1 - MISS (:func:`reach`)
+    catches: float = 0.0
 
     def summary(self) -> str:
         """One line for the terminal."""
@@ -230,8 +254,12 @@ class QuickReport:
         return (
             f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
             f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
-            f"false alarm < {self.false_alarm:.0e}"
+            f"false alarm < {self.false_alarm:.0e}; {self.caught_phrase()}"
         )
+
+    def caught_phrase(self) -> str:
+        """What this check catches, in a few words."""
+        return caught_phrase(self.catches)
 
     def reason(self) -> str:
         """Why it was refused, in a few words (empty when ok)."""
@@ -243,33 +271,82 @@ class QuickReport:
         return f"a projection {self.worst_ratio:.3g} times its bound{where}"
 
 
-def z_for(tail: float) -> float:
-    """The z with P(|N(0,1)| > z) = tail (bisection on erfc; tail in (0, 1))."""
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
+def caught_phrase(catches: float) -> str:
+    """What a quick check whose figure is ``catches`` (:attr:`QuickReport.catches`) catches, in a few words."""
+    return f"catches any row or column off by >= {catches:.3g} rms (chance >= 1 - {MISS:.0e})"
+
+
+def chi2_sf(x: float, v: int) -> float:
+    """P(χ²_v > x), by the recurrence Q(x; v + 2) = Q(x; v) + (x/2)^(v/2)·e^(-x/2)/Γ(v/2 + 1)
+    from Q(x; 1) = erfc((x/2)^½) or Q(x; 2) = e^(-x/2): a sum of v/2 positive terms, exact in the
+    far upper tail the bound lives in."""
+    if x <= 0:
+        return 1.0
+    h = x / 2
+    q, a = (math.erfc(math.sqrt(h)), 0.5) if v % 2 else (math.exp(-h), 1.0)
+    while a < v / 2:
+        q += math.exp(a * math.log(h) - h - math.lgamma(a + 1))
+        a += 1
+    return q
+
+
+def chi2_cdf(x: float, v: int) -> float:
+    """P(χ²_v ≤ x), by the series Σ_i e^(-x/2)·(x/2)^(v/2 + i)/Γ(v/2 + i + 1): no cancellation in
+    the lower tail a miss lives in."""
+    if x <= 0:
+        return 0.0
+    h, a = x / 2, v / 2
+    term = math.exp(a * math.log(h) - h - math.lgamma(a + 1))
+    total, i = 0.0, 0
+    while term > total * 1e-17 or i <= h:
+        total += term
+        i += 1
+        term *= h / (a + i)
+    return min(total, 1.0)
+
+
+def _root(f: Any, target: float) -> float:
+    """The x in (0, 2000) at which the increasing ``f`` reaches ``target`` (bisection)."""
+    lo, hi = 0.0, 2000.0
+    for _ in range(100):  # to 2000/2^100: below float64's resolution of any answer here
         mid = (lo + hi) / 2
-        if math.erfc(mid / math.sqrt(2)) > tail:
+        if f(mid) < target:
             lo = mid
         else:
             hi = mid
     return hi
 
 
-def _norm_max(series: Iterable[Sequence[float]]) -> float:
-    """The largest 2-norm of the series."""
-    return max((math.sqrt(math.fsum(map(operator.mul, part, part))) for part in series), default=0.0)
+@functools.lru_cache(maxsize=16)
+def threshold(tail: float, v: int) -> float:
+    """The z with P(χ²_v > z²) = tail: the norm of v standard normals exceeds z with chance ``tail``."""
+    return math.sqrt(_root(lambda x: -chi2_sf(x, v), -tail))
+
+
+@functools.lru_cache(maxsize=16)
+def reach(v: int, miss: float = MISS) -> float:
+    """The fraction of its bound a row's (column's) error norm ‖E_i‖ must reach to be refused with a
+    chance of at least 1 - ``miss``, at ``v`` vectors: ‖E_i‖·(χ²_v)^½ exceeds the bound unless χ²_v ≤
+    (bound/‖E_i‖)², so the fraction is 1/q^½ with q χ²_v's ``miss`` quantile."""
+    return 1 / math.sqrt(_root(lambda x: chi2_cdf(x, v), miss))
+
+
+def caught(ratio: float, v: int) -> float:
+    """The chance that a row (column) whose error norm is ``ratio`` times its bound is refused, at
+    ``v`` vectors: P(χ²_v > 1/ratio²), exactly, whatever the errors' pattern."""
+    return chi2_sf(1 / (ratio * ratio), v) if ratio > 0 else 0.0
 
 
 def _ratios(mine: Sequence[float], theirs: Sequence[float], count: int, bounds: Sequence[float]) -> list[float]:
-    """For each of ``count`` rows (or columns): the largest |mine - theirs| of its vectors' (series
+    """For each of ``count`` rows (or columns): the norm of mine - theirs over its vectors (series
     t: [t·count, (t+1)·count)) over its bound. A NaN (an input so large that its products overflow)
     counts as infinitely far out."""
-    res = [
-        map(abs, map(operator.sub, mine[t * count : (t + 1) * count], theirs[t * count : (t + 1) * count]))
+    diffs = [
+        list(map(operator.sub, mine[t * count : (t + 1) * count], theirs[t * count : (t + 1) * count]))
         for t in range(len(mine) // max(count, 1))
     ]
-    worst = map(max, *res) if len(res) > 1 else res[0] if res else [0.0] * count
-    ratios = list(map(operator.truediv, worst, bounds))
+    norms = map(math.hypot, *diffs) if diffs else [0.0] * count
+    ratios = list(map(operator.truediv, norms, bounds))
     return [math.inf if r != r else r for r in ratios]
 
 
@@ -280,7 +357,7 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
     if (sums.seed, sums.vectors) != (seed, v):
         raise ValueError(f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {v}")
     tolerance = described(tol)
-    z = z_for(false_alarm / max((m + n) * v, 1))
+    z = threshold(false_alarm / max(m + n, 1), v)
     if sums.shape != (m, n) or sums.nonfinite:
         first = sums.first_nonfinite
         return QuickReport(
@@ -297,22 +374,27 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
             tolerance=tolerance,
         )
     h = PRINT_HALF_UNIT
-    if tol is None:  # Σ_j S_ij = row_sum, max_j S_ij ≤ row_max; columns alike
+    ssq_a, ssq_b = math.fsum(proj.a_row_ssq), math.fsum(proj.b_col_ssq)
+    if tol is None:
+        # Σ_j S_ij = row_sum exactly; Σ_j S_ij² ≤ max_j S_ij·Σ_j S_ij ≤ row_max·row_sum, and
+        # ≤ ‖a_i‖²·‖B‖² (Cauchy–Schwarz on each S_ij): the smaller of the two; columns alike
         c = fp32_factor(k)
         var_rows = [
-            n * h * h + 2 * h * c * s + c * c * mx * s for s, mx in zip(proj.row_sum, proj.row_max, strict=True)
+            n * h * h + 2 * h * c * s + c * c * min(mx * s, a_ssq * ssq_b)
+            for s, mx, a_ssq in zip(proj.row_sum, proj.row_max, proj.a_row_ssq, strict=True)
         ]
         var_cols = [
-            m * h * h + 2 * h * c * s + c * c * mx * s for s, mx in zip(proj.col_sum, proj.col_max, strict=True)
+            m * h * h + 2 * h * c * s + c * c * min(mx * s, ssq_a * b_ssq)
+            for s, mx, b_ssq in zip(proj.col_sum, proj.col_max, proj.b_col_ssq, strict=True)
         ]
     else:
         var_rows, var_cols = [n * (h + tol) ** 2] * m, [m * (h + tol) ** 2] * n
     # float64 rounding of the projections: at most about (k + m + n)·u of the sums of |terms|,
-    # themselves at most these norms (Cauchy–Schwarz)
+    # themselves at most these norms (Cauchy–Schwarz), over all the vectors together
     gamma = 2 * (k + m + n + 4) * U64
-    xn = _norm_max(proj.x_t[t * n : (t + 1) * n] for t in range(v))
-    yn = _norm_max(proj.y[t::v] for t in range(v))
-    norm_a, norm_b = math.sqrt(math.fsum(proj.a_row_ssq)), math.sqrt(math.fsum(proj.b_col_ssq))
+    xn = math.sqrt(sum(map(operator.mul, proj.x_t, proj.x_t)))  # all the vectors' 2-norm together
+    yn = math.sqrt(sum(map(operator.mul, proj.y, proj.y)))
+    norm_a, norm_b = math.sqrt(ssq_a), math.sqrt(ssq_b)
     bound_rows = [
         z * math.sqrt(var) + gamma * xn * (math.sqrt(c_ssq) + math.sqrt(a_ssq) * norm_b)
         for var, c_ssq, a_ssq in zip(var_rows, sums.row_ssq, proj.a_row_ssq, strict=True)
@@ -332,6 +414,10 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
         worst_ratio, worst = row_ratio, ("row", i)
     else:
         worst_ratio, worst = col_ratio, ("column", j)
+    # a row's rms is its norm over sqrt(n): the least rms caught in the worst-bounded row or column
+    rms_bound = max(
+        max(bound_rows, default=0.0) / math.sqrt(max(n, 1)), max(bound_cols, default=0.0) / math.sqrt(max(m, 1))
+    )
     return QuickReport(
         ok=worst_ratio <= 1.0,
         shape=(m, n),
@@ -344,4 +430,5 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
         worst=worst,
         nonfinite=0,
         tolerance=tolerance,
+        catches=reach(v) * rms_bound,
     )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import textcore
 from ..errors import ExitStatus
-from .quick import fresh_seed
+from .quick import caught_phrase, fresh_seed
 
 if TYPE_CHECKING:
     from .full import Gemm
@@ -101,6 +101,7 @@ class Result:
     max_error: float | None = None
     reason: str = ""  # one line, empty when ok
     detail: str = ""  # the value check's own summary line
+    catches: float | None = None  # --quick: the rms a row or column must be off by to be caught surely
     line: int | None = None  # where the output's format fails
     column: int | None = None
     seconds: float = 0.0
@@ -131,6 +132,7 @@ class Result:
             "max_error": err,
             "reason": shown(self.reason),
             "detail": shown(self.detail),
+            "catches": self.catches,
             "line": self.line,
             "column": self.column,
             "seconds": round(self.seconds, 6),
@@ -165,8 +167,11 @@ class Run:
         against = "expected outputs" if self.options.against == "expected" else "inputs"
         quick = f" (quick, seed {self.options.seed})" if self.options.quick else ""
         checked, tally = tally_line(self.results, self.counts)
+        figures = [r.catches for r in self.results if r.catches is not None]
+        caught = f"; each {caught_phrase(max(figures))}" if figures else ""
         return (
             f"{checked} jobs checked against the {against} in {self.reference}{quick}: {tally} ({self.seconds:.2f} s)"
+            f"{caught}"
         )
 
     def students(self) -> dict[str, tuple[Result, ...]]:
