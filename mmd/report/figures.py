@@ -44,12 +44,17 @@ def _figure(width: float = 9.0, height: float = 5.0) -> Any:
 
 
 def _colors(names: Iterable[str]) -> dict[str, Any]:
+    """A color for each series of one graph, all different: in registry order (so a report's graphs agree
+    where they show the same kernels), from tab10, or tab20 past ten series. cuBLAS SGEMM, the reference,
+    is drawn black by the graphs and takes none."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
     order = {name: i for i, name in enumerate(registry.NAMES)}
-    extra = iter(range(len(order), 10 * 100))
-    return {n: cmap((order[n] if n in order else next(extra)) % 10) for n in names}
+    shown = sorted(set(names), key=lambda n: (order.get(n, len(order)), n))
+    colored = [n for n in shown if n != "cublas"]
+    cmap = colormaps["tab10" if len(colored) <= 10 else "tab20"]
+    colors = {n: cmap(i % cmap.N) for i, n in enumerate(colored)}
+    return {n: colors.get(n, "black") for n in shown}
 
 
 def save(fig: Any, out: Path, stem: str) -> list[Path]:
