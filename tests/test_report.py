@@ -14,7 +14,7 @@ from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 
-from .conftest import run_file
+from .conftest import ROOT, run_file
 from .fakes import cuda_backend
 from .test_bench import fake_gpu, read_csv
 
@@ -354,3 +354,12 @@ def test_the_graphs_show_the_rows_values(gpu_results):
         assert list(line_t.get_ydata()) == [r.median("kernel") for r in rows]
         assert list(line_g.get_ydata()) == [r.gflops for r in rows]
     assert ax_g.get_lines()[-1].get_ydata()[0] == 67_000.0  # the fp32 peak of an H100 SXM
+
+
+def test_every_series_of_the_course_s_graphs_has_a_color_of_its_own():
+    """The course's results hold ten kernels and the cpu: prefetch and cpu were both green in graph 3."""
+    loaded = report.load(ROOT / "docs" / "results" / "course" / "results.yaml")
+    shown = report.sections(loaded)
+    (ax_t, _) = report.figures.size_figure(shown.sweeps, shown.tile, shown.peak).axes
+    colors = [str(line.get_color()) for line in ax_t.get_lines()]
+    assert len(shown.sweeps) >= 10 and len(set(colors)) == len(colors), colors
