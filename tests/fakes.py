@@ -24,6 +24,7 @@ from mmd import kernels as registry
 from mmd import textformat
 from mmd.backends.cuda import CudaBackend
 from mmd.cuda.compiler import Compiled
+from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import DeviceMatrix
 from mmd.cuda.text import TextResult, text_bytes
 
@@ -141,6 +142,8 @@ class FakeSession:
         self.fail_at = fail_at
         #: Page-locked bytes set aside by slot (reserve_host).
         self.reserved: dict[str, int] = {}
+        #: Page-locked memory made elsewhere and given to the session, by slot (adopt_host).
+        self.adopted: dict[str, HostMemory] = {}
         self.registers = registers
         self.fault = fault
         #: Called with the kernel's name and C after each product: may change C (a wrong kernel) or raise (a bug).
@@ -232,6 +235,9 @@ class FakeSession:
 
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
         return np.empty(shape, dtype)
+
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        self.adopted[slot] = memory
 
     def reserve_host(self, slot: str, nbytes: int) -> None:
         self.maybe_fail("reserve_host")

@@ -15,7 +15,9 @@ import pytest
 from mmd import config
 from mmd import kernels as registry
 from mmd.backends.base import CUDA_PHASES, INPUT_SLOT, MultiplyRequest, input_bytes
+from mmd.backends.cpu import CpuBackend
 from mmd.backends.cuda import CudaBackend, prepared_size
+from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import PinnedPool
 from mmd.cuda.text import text_bytes
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
@@ -297,3 +299,27 @@ def test_a_reserved_page_locked_buffer_is_kept_for_smaller_jobs():
     pool.get("other", 4000, np.uint8)
     pool.get("other", 10, np.uint8)  # an unreserved slot is not held for small requests
     assert made[-1] == 10
+
+
+def test_page_locked_memory_made_elsewhere_is_the_slot_s_and_freed_once_with_the_pool():
+    freed: list[str] = []
+    pool = PinnedPool(lambda n: np.empty(n, np.uint8), lambda buf: freed.append("pool"))
+    made = np.empty(1000, np.uint8)
+    pool.adopt("input", made, lambda: freed.append("adopted"))
+    view = pool.get("input", 900, np.uint8)
+    assert pool.holds(view) and view.__array_interface__["data"][0] == made.__array_interface__["data"][0]
+    pool.get("input", 5000, np.uint8)  # outgrown: a new buffer, the adopted one kept until the pool is freed
+    pool.free_all()
+    assert sorted(freed) == ["adopted", "pool"]
+    pool.free_all()
+    assert sorted(freed) == ["adopted", "pool"]
+
+
+def test_the_cuda_backend_gives_adopted_memory_to_its_session_and_the_cpu_frees_it():
+    backend, session = backend_with()
+    freed: list[int] = []
+    memory = HostMemory(1234, 64, lambda: freed.append(1))
+    backend.adopt_host(INPUT_SLOT, memory)
+    assert session.adopted == {INPUT_SLOT: memory} and freed == []
+    CpuBackend().adopt_host(INPUT_SLOT, memory)
+    assert freed == [1]

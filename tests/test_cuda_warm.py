@@ -21,6 +21,15 @@ int cuDeviceGet(int *dev, int ordinal) { device_asked = ordinal; *dev = ordinal;
 int cuDevicePrimaryCtxRetain(void **ctx, int dev) { retained++; *ctx = (void *)1; return 0; }
 int cuDevicePrimaryCtxRelease_v2(int dev) { released++; return 0; }
 int cuGetErrorName(int code, const char **name) { *name = "CUDA_ERROR_FAKE"; return 0; }
+#include <stdlib.h>
+int pushed, popped, allocated, freed, fail_alloc;
+int cuCtxPushCurrent_v2(void *ctx) { pushed++; return 0; }
+int cuCtxPopCurrent_v2(void **ctx) { popped++; return 0; }
+int cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+    if (fail_alloc) return 2;
+    allocated += (int)n; *p = malloc(n); return 0;
+}
+int cuMemFreeHost(void *p) { freed++; free(p); return 0; }
 """
 
 
@@ -67,3 +76,27 @@ def test_no_such_device_holds_nothing(libcuda):
 
 def test_no_driver_library_is_no_error():
     ContextWarmer(0, driver=lambda: Driver(ctypes.CDLL("libmmd-no-such-cuda.so.1"))).release()
+
+
+def test_the_input_s_page_locked_memory_is_made_in_the_context_and_freed_once(libcuda):
+    lib = libcuda
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=4096)
+    memory = warmer.take_host_memory()
+    assert memory is not None and memory.nbytes == 4096 and counter(lib, "allocated") == 4096
+    assert warmer.take_host_memory() is None  # taken once
+    warmer.release()
+    assert counter(lib, "freed") == 0  # the taker frees what it took
+    memory.free()
+    assert counter(lib, "freed") == 1
+    assert counter(lib, "pushed") == counter(lib, "popped") == 2  # the context current for each call, then not
+
+
+def test_memory_no_one_took_is_freed_at_release_and_a_failed_allocation_costs_nothing(libcuda):
+    lib = libcuda
+    ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64).release()
+    assert (counter(lib, "allocated"), counter(lib, "freed"), counter(lib, "released")) == (64, 1, 1)
+    ctypes.c_int.in_dll(lib, "fail_alloc").value = 1
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64)
+    assert warmer.take_host_memory() is None
+    warmer.release()
+    assert counter(lib, "pushed") == counter(lib, "popped")

@@ -10,12 +10,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..record import TextFacts
 from ..textformat import Header
+
+if TYPE_CHECKING:
+    from ..cuda.libcuda import HostMemory
 
 #: The host buffer a job's input bytes are read into (:meth:`Backend.host_array`'s slot).
 INPUT_SLOT = "input"
@@ -133,6 +136,11 @@ class Backend(ABC):
         """Host memory for one of a job's buffers (``slot``: ``input`` for the file's bytes, ``operands``
         for A and B): plain memory here; page-locked and reused on a GPU, so h2d needs no staging copy."""
         return np.empty(shape, dtype)
+
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        """Take page-locked ``memory``, made while the job was starting, as ``slot``'s buffer
+        (:meth:`host_array`); a backend with no use for page-locked memory frees it now."""
+        memory.free()
 
     def prepare(self, budget: int) -> int:
         """Make ready, while idle, what a first job would otherwise pay for, holding at most ``budget`` bytes

@@ -32,6 +32,7 @@ import numpy as np
 from .. import kernels as registry
 from ..config import MEMORY_MODES
 from ..cuda.compiler import Compiled
+from ..cuda.libcuda import HostMemory
 from ..cuda.memory import DeviceMatrix
 from ..cuda.text import TextResult, fits, text_bytes
 from ..errors import CudaError, KernelError, MmdError
@@ -84,6 +85,7 @@ class Session(Protocol):
     def flush_l2(self) -> None: ...
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
     def reserve_host(self, slot: str, nbytes: int) -> None: ...
+    def adopt_host(self, slot: str, memory: HostMemory) -> None: ...
     def pinned_bytes(self) -> int: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
@@ -226,6 +228,11 @@ class CudaBackend(Backend, DeviceText):
         """Page-locked memory, one buffer per slot reused from job to job: h2d copies straight from it."""
         self._check_usable()
         return self._session.host_empty(shape, dtype, slot=slot)
+
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        """``memory`` becomes the session's page-locked ``slot``, freed when the backend closes."""
+        self._check_usable()
+        self._session.adopt_host(slot, memory)
 
     def prepare(self, budget: int) -> int:
         """The text kernels loaded, and the page-locked buffers of the largest square job whose input, C and

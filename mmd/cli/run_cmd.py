@@ -90,32 +90,41 @@ def run(args: argparse.Namespace) -> int:
     flags = job_flags(args)
     settings = base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # bad: usage
     src, output = _paths(args)
-    warmer = _warm_gpu(settings)
+    warmer = _warm_gpu(settings, src)
     try:
         configure_logs(base, quiet=not args.verbose)
-        return _run_to(src, output, base, flags, bar=_shows_bar(args, src))
+        return _run_to(src, output, base, flags, bar=_shows_bar(args, src), warmer=warmer)
     finally:
         if warmer is not None:
             warmer.release()
 
 
-def _warm_gpu(settings: config.Settings) -> ContextWarmer | None:
-    """The GPU's context started beside the imports and the read, where the job may run on a GPU."""
+def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
+    """Where the job may run on a GPU: its context started, and the page-locked memory the input is read into
+    made, beside the imports (the driver's own work, which would otherwise come first and then hold up
+    the read)."""
     if settings.backend == "cpu":
         return None
     from ..cuda.libcuda import ContextWarmer
 
-    return ContextWarmer(settings.device)
+    return ContextWarmer(settings.device, host_bytes=src.stat().st_size)
 
 
-def _run_to(src: Path, output: Path | None, base: config.Settings, flags: dict[str, Any], bar: bool) -> int:
+def _run_to(
+    src: Path,
+    output: Path | None,
+    base: config.Settings,
+    flags: dict[str, Any],
+    bar: bool,
+    warmer: ContextWarmer | None,
+) -> int:
     if output is not None:
-        return _run(src, output, base, flags, show=True, bar=bar)
+        return _run(src, output, base, flags, show=True, bar=bar, warmer=warmer)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, product, base, flags, show=False, bar=bar)
+        status = _run(src, product, base, flags, show=False, bar=bar, warmer=warmer)
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
@@ -127,19 +136,36 @@ def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
     return progress.on_terminal(quiet=args.quiet or args.verbose) and src.stat().st_size >= SHOWN_FROM_BYTES
 
 
-def _run(src: Path, output: Path, base: config.Settings, flags: dict[str, Any], show: bool, bar: bool) -> int:
+def _run(
+    src: Path,
+    output: Path,
+    base: config.Settings,
+    flags: dict[str, Any],
+    show: bool,
+    bar: bool,
+    warmer: ContextWarmer | None,
+) -> int:
     """Run the job; ``show``: print where its output and sidecar are (else print only a refusal); ``bar``:
-    draw its phases on stderr."""
+    draw its phases on stderr; ``warmer``: the GPU started beside, and the input's page-locked memory."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
+    from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
     from ..pipeline import run_job
     from ..record import TimingRecord
 
     job = describe(src, output, base, flags=flags)
     pool = BackendPool()
+
+    def backend_for(settings: config.Settings) -> Backend:
+        backend = pool.get(settings)
+        memory = warmer.take_host_memory() if warmer is not None else None
+        if memory is not None:
+            backend.adopt_host(INPUT_SLOT, memory)
+        return backend
+
     try:
         with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
-            result = run_job(job, pool.get, steps.step)
+            result = run_job(job, backend_for, steps.step)
     finally:
         pool.close()
     if not isinstance(result.record, TimingRecord):

@@ -23,7 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +221,16 @@ def launch_config(
     return config, attrs
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """Page-locked host memory made through the driver: its address, its size, and how to free it (in a
+    thread where its context is current)."""
+
+    address: int
+    nbytes: int
+    free: Callable[[], None]
+
+
 class Driver:
     """libcuda's entry points mmd needs beside pycuda, acting on the calling thread's current context."""
 
@@ -247,10 +257,35 @@ class Driver:
         if code != 0:
             raise CudaError(f"{doing} failed: {self._error(code)}", details={"during": doing, "code": code})
 
-    def retain_primary_context(self, device: int) -> None:
+    def retain_primary_context(self, device: int) -> int:
         """Make ``device``'s primary context (the one pycuda retains too), or take another hold on it."""
         ctx = ctypes.c_void_p()
         self._check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self._device(device)), "making a context")
+        return int(ctx.value or 0)
+
+    def host_alloc(self, context: int, nbytes: int) -> HostMemory:
+        """``nbytes`` of page-locked host memory in ``context``; its ``free`` may be called from any thread."""
+        ptr = ctypes.c_void_p()
+        with self._current(context):
+            code = self.lib.cuMemHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0)
+        self._check(code, "allocating page-locked memory")
+        address = int(ptr.value or 0)
+
+        def free() -> None:
+            with self._current(context):
+                code = self.lib.cuMemFreeHost(ctypes.c_void_p(address))
+            self._check(code, "freeing page-locked memory")
+
+        return HostMemory(address, nbytes, free)
+
+    @contextlib.contextmanager
+    def _current(self, context: int) -> Iterator[None]:
+        """``context`` current on this thread for the block (pushed on its stack, popped after)."""
+        self._check(self.lib.cuCtxPushCurrent_v2(ctypes.c_void_p(context)), "making a context current")
+        try:
+            yield
+        finally:
+            self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
     def release_primary_context(self, device: int) -> None:
         """Give back one hold on ``device``'s primary context."""
@@ -328,23 +363,38 @@ class ContextWarmer:
     gives back this thread's hold on the context once the job is done.
     """
 
-    def __init__(self, device: int, driver: Callable[[], Driver] = Driver) -> None:
+    def __init__(self, device: int, driver: Callable[[], Driver] = Driver, host_bytes: int = 0) -> None:
         self._held: Driver | None = None
         self._device = device
-        self._thread = threading.Thread(target=self._warm, args=(driver,), name="mmd-cuda-warm", daemon=True)
+        self._host: HostMemory | None = None
+        self._thread = threading.Thread(target=self._warm, args=(driver, host_bytes), name="mmd-cuda-warm", daemon=True)
         self._thread.start()
 
-    def _warm(self, driver: Callable[[], Driver]) -> None:
+    def _warm(self, driver: Callable[[], Driver], host_bytes: int) -> None:
         try:
             made = driver()
-            made.retain_primary_context(self._device)
+            context = made.retain_primary_context(self._device)
         except (BackendUnavailable, CudaError, OSError):
             return  # the backend, opening, says why there is no GPU
         self._held = made
+        if host_bytes > 0:
+            with contextlib.suppress(CudaError):  # the job then allocates its own, as it would have
+                self._host = made.host_alloc(context, host_bytes)
+
+    def take_host_memory(self) -> HostMemory | None:
+        """The page-locked memory made beside the job's start (``host_bytes``), once; the taker frees it."""
+        self._thread.join()
+        host, self._host = self._host, None
+        return host
 
     def release(self) -> None:
-        """Wait for the thread, and give back its hold on the context (pycuda keeps its own)."""
+        """Wait for the thread, free the page-locked memory no one took, and give back its hold on the context
+        (pycuda keeps its own)."""
         self._thread.join()
+        if self._host is not None:
+            with contextlib.suppress(CudaError):
+                self._host.free()
+            self._host = None
         if self._held is not None:
             held, self._held = self._held, None
             with contextlib.suppress(CudaError):

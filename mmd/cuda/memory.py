@@ -44,7 +44,8 @@ class PinnedPool:
     smaller than the buffer gets a fresh one (a huge buffer is not held
     for small jobs), except down to what :meth:`reserve` set aside for the
     slot. ``allocate(nbytes)`` is pycuda's ``pagelocked_empty`` for bytes,
-    ``release(buffer)`` frees one now.
+    ``release(buffer)`` frees one now. A buffer made elsewhere
+    (:meth:`adopt`) is freed its own way, when the pool is.
     """
 
     def __init__(self, allocate: Callable[[int], np.ndarray], release: Callable[[np.ndarray], None]) -> None:
@@ -52,6 +53,14 @@ class PinnedPool:
         self._release = release
         self._buffers: dict[str, np.ndarray] = {}
         self._reserved: dict[str, int] = {}
+        #: Buffers made elsewhere, by their address: how each is freed (kept after its slot drops it, since a
+        #: view of it may still be in use, until free_all).
+        self._adopted: dict[int, tuple[np.ndarray, Callable[[], None]]] = {}
+
+    def adopt(self, slot: str, buffer: np.ndarray, free: Callable[[], None]) -> None:
+        """Make ``buffer`` (page-locked bytes made elsewhere) ``slot``'s; ``free()`` releases it with the pool."""
+        self._buffers[slot] = buffer
+        self._adopted[buffer.__array_interface__["data"][0]] = (buffer, free)
 
     def reserve(self, slot: str, nbytes: int) -> None:
         """Allocate ``slot`` now, at least ``nbytes``, and keep at least that much for it from now on."""
@@ -93,5 +102,10 @@ class PinnedPool:
     def free_all(self) -> None:
         """Release every buffer now (the session is closing: views handed out are invalid after this)."""
         for buf in self._buffers.values():
-            self._release(buf)
+            if buf.__array_interface__["data"][0] not in self._adopted:
+                self._release(buf)
         self._buffers.clear()
+        adopted = list(self._adopted.values())
+        self._adopted.clear()
+        for _, free in adopted:
+            free()

@@ -13,6 +13,7 @@ Driver failures become :class:`~mmd.errors.CudaError` with a one-line reason
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from ..resources import kernels_dir
 from .compiler import Compiled, KernelCache, Module, macro_options
 from .cublas import Cublas
 from .driver import load, one_line
+from .libcuda import HostMemory
 from .memory import DeviceMatrix, PinnedPool
 from .text import GpuText
 
@@ -349,6 +351,13 @@ class GpuSession:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
             return self._pinned.get(f"host:{slot}", shape, dtype)
+
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        """Make page-locked ``memory`` made through the driver (:class:`~mmd.cuda.libcuda.ContextWarmer`)
+        :meth:`host_empty`'s ``slot``; it is freed when the session closes."""
+        self._check_thread()
+        view = (ctypes.c_uint8 * memory.nbytes).from_address(memory.address)
+        self._pinned.adopt(f"host:{slot}", np.ctypeslib.as_array(view), memory.free)
 
     def reserve_host(self, slot: str, nbytes: int) -> None:
         """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
