@@ -115,11 +115,6 @@ class Build:
         return bool(self.macros.get("TMA"))
 
     @property
-    def tf32_maps(self) -> bool:
-        """TMA builds with TMA_TF32: their tensor maps make the copy engine round both operands to TF32."""
-        return bool(self.macros.get("TMA_TF32"))
-
-    @property
     def name(self) -> str:
         return self.label
 
@@ -264,24 +259,24 @@ def tma_ok(*mats: Mat) -> bool:
 
 
 def launch_tma(b: Build, a: Mat, bm: Mat, c: Mat, m: int, k: int, n: int) -> None:
-    """A TMA build through the driver API: A's map boxes BK x BM/CLUSTER_N, B's 32 x BK, both 128-byte swizzled."""
+    """A TMA build through the driver API, with the operand maps its registry entry names (spec.tensor_maps)."""
     import cupy as cp
 
     driver, function = b.function
     spec = b.spec
-    bm_rows = spec.block_shape(0)[0]
-    bk = dict(spec.macros)["BK"]
+    maps = spec.tensor_maps
+    assert maps is not None
 
-    def tensor_map(x: Mat, box_rows: int, box_cols: int) -> libcuda.TensorMap:
-        key = (x.ptr_view.data.ptr, x.rows, x.cols, x.ld, box_rows, box_cols)
+    def tensor_map(x: Mat, box: tuple[int, int]) -> libcuda.TensorMap:
+        key = (x.ptr_view.data.ptr, x.rows, x.cols, x.ld, box)
         if key not in b.maps:
-            tile = libcuda.matrix_map(x.rows, x.cols, x.ld, box_rows, box_cols, 128, tf32=b.tf32_maps)
+            tile = libcuda.matrix_map(x.rows, x.cols, x.ld, *box, maps.swizzle, tf32=maps.tf32)
             b.maps[key] = driver.encode(x.ptr_view.data.ptr, tile)
         return b.maps[key]
 
     args = [
-        tensor_map(a, bm_rows // spec.cluster_x, bk),
-        tensor_map(bm, bk, 32),
+        tensor_map(a, maps.a_box),
+        tensor_map(bm, maps.b_box),
         libcuda.Pointer(c.ptr_view.data.ptr),
         *(libcuda.Int(v) for v in (m, k, n, c.ld)),
     ]

@@ -114,6 +114,24 @@ def shape_class(m: int, n: int, multiprocessors: int) -> str:
 
 
 @dataclass(frozen=True)
+class TensorMaps:
+    """How a TMA build reads A and B: the box of one copy-engine load of each (rows, columns), the swizzle.
+
+    A build with these takes ``(map_a, map_b, C, M, K, N, ldc)`` (two
+    CUtensorMaps by value), not the common argument list, and is launched
+    through :mod:`mmd.cuda.libcuda`; the copy engine reads only matrices whose
+    base and row stride are 16-byte multiples.
+    """
+
+    a_box: tuple[int, int]
+    b_box: tuple[int, int]
+    #: The shared-memory swizzle in bytes (128: the tensor cores' pattern).
+    swizzle: int = 128
+    #: Whether the maps are TF32: the copy engine rounds each operand to TF32 as it loads it.
+    tf32: bool = False
+
+
+@dataclass(frozen=True)
 class Variant:
     """A compile-time parameter set of a fixed-block kernel (``-D`` macros and its geometry)."""
 
@@ -128,6 +146,8 @@ class Variant:
     dynamic_shared_bytes: int = 0
     #: Blocks per thread-block cluster along x, as in :attr:`KernelSpec.cluster_x`.
     cluster_x: int = 1
+    #: The TMA build's operand maps, as in :attr:`KernelSpec.tensor_maps`.
+    tensor_maps: TensorMaps | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,15 @@ class KernelSpec:
     #: Devices (``sm_90``) on which it is built for the architecture-specific target (``sm_90a``), whose
     #: instructions (wgmma) only that architecture has; elsewhere it is built for the device as it is.
     arch_specific: tuple[str, ...] = ()
+    #: The build that replaces this one on an nvcc target (``sm_90a``: tc1's TMA build), by target: the one
+    #: home of per-architecture macros (:meth:`for_arch`). Elsewhere, and where the operands do not suit it
+    #: (:attr:`fallback`), this spec's own build runs.
+    arch_variants: tuple[tuple[str, Variant], ...] = ()
+    #: The operand maps of a TMA build (None: the common argument list, pointers and strides).
+    tensor_maps: TensorMaps | None = None
+    #: What a build chosen by :meth:`for_arch` falls back to where its operands do not suit it (a TMA
+    #: build: A or B not 16-byte aligned); None for every other build.
+    fallback: KernelSpec | None = None
     #: The oldest GPU that can run it (8.0: TF32 tensor cores); older ones are refused before launch.
     min_compute_capability: tuple[int, int] = (0, 0)
     #: What that capability brings, for the refusal ("TF32 tensor cores").
@@ -215,9 +244,19 @@ class KernelSpec:
             fixed_shared_bytes=variant.shared_bytes,
             dynamic_shared_bytes=variant.dynamic_shared_bytes,
             cluster_x=variant.cluster_x,
+            tensor_maps=variant.tensor_maps,
             variants=(),
             variant=variant.label,
         )
+
+    def for_arch(self, device_arch: str) -> KernelSpec:
+        """The build to compile on a device of ``device_arch``: the variant :attr:`arch_variants` names for its
+        nvcc target (its :attr:`fallback` this spec), or this spec."""
+        chosen = dict(self.arch_variants).get(self.arch_for(device_arch))
+        if chosen is None:
+            return self
+        fallback = dataclasses.replace(self, arch_variants=())
+        return dataclasses.replace(fallback.with_variant(chosen), fallback=fallback)
 
     def builds(self) -> tuple[KernelSpec, ...]:
         """Every distinct build of this kernel: one per variant, or itself."""
@@ -329,6 +368,14 @@ TENSOR_CORE_DEFAULTS: dict[str, dict[str, int]] = {
 }  # fmt: skip
 
 
+#: Columns of one of B's boxes in a TMA build (tc1.cu's TMA_B_BOX_COLS): 32 floats, one 128-byte swizzled row.
+TMA_B_BOX_COLS = 32
+
+#: tc1's build on sm_90a: tiles by the copy engine, both operands rounded to TF32 by it: cuBLAS TF32's error, and
+#: its speed where the cp.async build had three quarters of it (docs/tensorcores.md, "The TMA build of tc1").
+TC1_TMA_MACROS: dict[str, int] = {"TMA": 1, "TMA_TF32": 1}
+
+
 def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
     """A parameter set of ``tc1.cu`` or ``tc3.cu`` and the geometry it implies.
 
@@ -348,10 +395,16 @@ def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
     tma, cluster = m.get("TMA", 0), m.get("CLUSTER_N", 1)
     if cluster not in (1, 2) or ((cluster > 1 or m.get("TMA_TF32", 0)) and not tma):
         raise KernelError(f"{kernel}: CLUSTER_N (1 or 2) and TMA_TF32 are settings of the TMA build (TMA=1)")
+    maps = None
     if tma:
         # B's slab unpadded (the copy engine's boxes are dense), and a full and an empty mbarrier per stage.
         stage_floats = m["BM"] * m["BK"] + m["BK"] * m["BN"]
         extra = 1024 + 16 * m["STAGES"]
+        # Each block of a cluster copies its share of A's slab (to all of them); B's slab is 32-column boxes,
+        # one 128-byte swizzled row each.
+        maps = TensorMaps(
+            a_box=(m["BM"] // cluster, m["BK"]), b_box=(m["BK"], TMA_B_BOX_COLS), tf32=bool(m.get("TMA_TF32", 0))
+        )
     else:
         stage_floats = a_parts * m["BM"] * m["BK"] + m["BK"] * (m["BN"] + 8)
         extra = 1024
@@ -362,11 +415,14 @@ def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
         shared_bytes=0,
         dynamic_shared_bytes=m["STAGES"] * stage_floats * FLOAT_BYTES + extra,
         cluster_x=cluster,
+        tensor_maps=maps,
     )
 
 
-def _tensor_core_spec(kernel: str, description: str, precision: str) -> KernelSpec:
+def _tensor_core_spec(kernel: str, description: str, precision: str, sm90a: dict[str, int] | None = None) -> KernelSpec:
+    """A tensor-core entry; ``sm90a``: the macros of the build that replaces the default on sm_90a."""
     default = tensor_core_variant(kernel, "default")
+    arch_variants = (("sm_90a", tensor_core_variant(kernel, "tma", **sm90a)),) if sm90a else ()
     return KernelSpec(
         name=kernel,
         kind=SOURCE,
@@ -377,6 +433,7 @@ def _tensor_core_spec(kernel: str, description: str, precision: str) -> KernelSp
         block_tile=default.block_tile,
         dynamic_shared_bytes=default.dynamic_shared_bytes,
         arch_specific=("sm_90",),
+        arch_variants=arch_variants,
         min_compute_capability=(8, 0),
         requirement="TF32 tensor cores",
         precision=precision,
@@ -459,7 +516,9 @@ _SPECS: tuple[KernelSpec, ...] = (
             fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, TM=4, TN=8, A_PAD=4),
         ),
     ),
-    _tensor_core_spec("tc1", "TF32 tensor cores, one pass: fastest, about 4e-4 relative error (tile ignored)", "tf32"),
+    _tensor_core_spec(
+        "tc1", "TF32 tensor cores, one pass: fastest, about 4e-4 relative error (tile ignored)", "tf32", TC1_TMA_MACROS
+    ),
     _tensor_core_spec("tc3", "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)", "fp32"),
     KernelSpec(
         name="cublas",

@@ -26,6 +26,7 @@ from mmd.backends.cuda import CudaBackend
 from mmd.cuda.compiler import Compiled
 from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import DeviceMatrix
+from mmd.cuda.session import launch_build
 from mmd.cuda.text import TextResult, text_bytes
 
 LIMITS = registry.DeviceLimits(
@@ -160,6 +161,8 @@ class FakeSession:
         #: "product" and "flush_l2", in the order they happened.
         self.events: list[str] = []
         self.built: dict[Any, Compiled] = {}
+        #: The build each registry kernel's product ran with (GpuSession.multiply's choice: TMA build or fallback).
+        self.launched: list[registry.KernelSpec] = []
         self.closed = False
         self.free_bytes = 10 * 2**30
         self._text = FakeText(self)
@@ -196,10 +199,11 @@ class FakeSession:
     def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]:
         """Like GpuSession.compile: built (True) the first time, cached after."""
         self.maybe_fail("compile")
+        spec = spec.for_arch(self.limits.arch)  # as GpuSession.compile: tc1's TMA build on sm_90
         key = (spec.name, tile if spec.uses_tile else 0, spec.macros)
         built = key not in self.built
         if built:
-            self.compiles += 1
+            self.compiles += 1  # a TMA build and its fallback are built together: one compile
             self.built[key] = Compiled(spec, tile, None, self.registers, 0, 0, COMPILE_MS)
         return self.built[key], built
 
@@ -221,6 +225,8 @@ class FakeSession:
         self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
     ) -> None:
         self.maybe_fail("sgemm" if kernel is None else "launch")
+        if kernel is not None:
+            self.launched.append(launch_build(kernel.spec, a, b))
         c.handle[...] = self.product(a.handle, b.handle, kernel, tf32)
 
     def flush_l2(self) -> None:

@@ -341,3 +341,47 @@ def test_the_tma_builds_shared_memory_is_unpadded_stages_and_their_mbarriers():
 def test_cluster_and_tf32_maps_are_settings_of_the_tma_build_only(changes):
     with pytest.raises(KernelError, match="settings of the TMA build"):
         registry.tensor_core_variant("tc1", "x", **changes)
+
+
+# -- the TMA build: tc1's on sm_90a, the one per-architecture choice ---------------
+
+
+def test_tc1_on_sm_90_is_the_tma_build_with_tf32_maps_and_the_cp_async_build_behind_it():
+    tc1 = registry.get("tc1")
+    tma = tc1.for_arch("sm_90")
+    macros = dict(tma.macros)
+    assert (macros["TMA"], macros["TMA_TF32"], macros["CLUSTER_N"]) == (1, 1, 1)
+    assert tma.arch_for("sm_90") == "sm_90a" and tma.variant == "tma"
+    assert tma.tensor_maps == registry.TensorMaps(a_box=(256, 32), b_box=(32, 32), swizzle=128, tf32=True)
+    assert tma.dynamic_shared_bytes == 197696 and tma.cluster_x == 1
+    assert tma.block_tile == tc1.block_tile and tma.grid(4095, 1000, 0) == tc1.grid(4095, 1000, 0)
+    fallback = tma.fallback
+    assert fallback is not None and dict(fallback.macros)["TMA"] == 0 and fallback.tensor_maps is None
+    assert fallback.for_arch("sm_90") is fallback  # resolved once: compiling the fallback gives the fallback
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100"])
+def test_tc1_elsewhere_is_the_cp_async_build(arch):
+    tc1 = registry.get("tc1")
+    assert tc1.for_arch(arch) is tc1 and dict(tc1.macros)["TMA"] == 0 and tc1.tensor_maps is None
+
+
+@pytest.mark.parametrize("kernel", [n for n in registry.SOURCE_KERNELS if n != "tc1"])
+def test_no_other_kernel_changes_on_sm_90(kernel):
+    spec = registry.get(kernel)
+    assert spec.for_arch("sm_90") is spec
+
+
+@pytest.mark.parametrize(("m", "n"), AWKWARD)
+def test_the_tma_builds_geometry_covers_every_output_without_a_spare_block(m, n):
+    spec = registry.get("tc1").for_arch("sm_90")
+    gx, gy, _ = spec.grid(m, n, 0)
+    rows, cols = spec.block_shape(0)
+    assert gx * cols >= n and (gx - 1) * cols < n and gy * rows >= m and (gy - 1) * rows < m
+
+
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_a_tma_builds_maps_follow_its_macros(cluster):
+    maps = registry.tensor_core_variant("tc1", "x", TMA=1, CLUSTER_N=cluster).tensor_maps
+    assert maps == registry.TensorMaps(a_box=(256 // cluster, 32), b_box=(32, registry.TMA_B_BOX_COLS), tf32=False)
+    assert registry.tensor_core_variant("tc1", "x").tensor_maps is None

@@ -1,16 +1,24 @@
-"""mmd.cuda.libcuda's pure parts: tensor-map geometry, kernel-argument packing, launch configs (no GPU)."""
+"""mmd.cuda.libcuda's pure parts: tensor-map geometry, kernel-argument packing, launch configs; and which build
+the session launches where a TMA build has a fallback (no GPU)."""
 
 from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mmd import kernels as registry
+from mmd.backends.base import MultiplyRequest
 from mmd.cuda import libcuda
 from mmd.cuda.libcuda import Int, Pointer, TensorMap, TileMap
+from mmd.cuda.memory import DeviceMatrix
+from mmd.cuda.session import launch_build
 from mmd.errors import CudaError, KernelError
+
+from . import fakes
 
 
 def test_matrix_map_is_innermost_first_in_bytes() -> None:
@@ -128,3 +136,49 @@ def test_encode_refuses_an_unaligned_matrix_before_the_driver_sees_it() -> None:
     tile = libcuda.matrix_map(8, 8, 8, 8, 8, 0)
     with pytest.raises(KernelError, match="16-byte boundary"):
         driver.encode(0x1004, tile)
+
+
+# -- which build GpuSession.multiply launches: the TMA build where the copy engine can read A and B ----------------
+
+
+def _matrix(rows: int, cols: int, ld: int, ptr: int) -> DeviceMatrix:
+    return DeviceMatrix("device", rows, cols, ld, ptr)
+
+
+@given(
+    a_off=st.integers(0, 15), b_off=st.integers(0, 15), a_pad=st.integers(0, 7), b_pad=st.integers(0, 7),
+    k=st.integers(0, 70), n=st.integers(1, 70),
+)  # fmt: skip
+def test_the_tma_build_runs_exactly_where_both_operands_are_16_byte_aligned(
+    a_off: int, b_off: int, a_pad: int, b_pad: int, k: int, n: int
+) -> None:
+    tma = registry.get("tc1").for_arch("sm_90")
+    a = _matrix(33, k, k + a_pad, 0x7F0000000000 + 4 * a_off)
+    b = _matrix(k, n, n + b_pad, 0x7F0000100000 + 4 * b_off)
+    aligned = a_off % 4 == 0 and b_off % 4 == 0 and (k + a_pad) % 4 == 0 and (n + b_pad) % 4 == 0 and k >= 1
+    chosen = launch_build(tma, a, b)
+    assert chosen is (tma if aligned else tma.fallback)
+    assert (chosen.tensor_maps is not None) == aligned
+
+
+@pytest.mark.parametrize("kernel", ["tc1", "tc3", "fast", "tiled"])
+def test_builds_without_tensor_maps_are_launched_as_they_are(kernel: str) -> None:
+    spec = registry.get(kernel)
+    assert launch_build(spec, _matrix(7, 5, 5, 4), _matrix(5, 3, 3, 4)) is spec
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "tma"),
+    [(64, 64, 64, True), (37, 52, 28, True), (1, 4, 4, True), (37, 53, 28, False), (37, 52, 29, False)],
+)
+def test_tc1_through_the_backend_takes_the_tma_build_where_it_can(m: int, k: int, n: int, tma: bool) -> None:
+    backend, session = fakes.cuda_backend()
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    first = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
+    second = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
+    assert "compile" in first.timings_ms and "compile" not in second.timings_ms and session.compiles == 1
+    assert [s.tensor_maps is not None for s in session.launched] == [tma, tma]
+    assert {s.name for s in session.launched} == {"tc1"} and first.kernel == "tc1"
+    np.testing.assert_allclose(first.c, a @ b, rtol=1e-5, atol=1e-5)

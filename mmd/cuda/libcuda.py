@@ -40,6 +40,9 @@ _INTERLEAVE_NONE = 0
 _L2_PROMOTION_256B = 3
 _OOB_FILL_ZERO = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: boxes past an edge land as zeros
 _FUNC_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_FUNC_SHARED_SIZE = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: static shared memory
+_FUNC_LOCAL_SIZE = 3  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+_FUNC_NUM_REGS = 4  # CU_FUNC_ATTRIBUTE_NUM_REGS
 _LAUNCH_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
 #: Swizzle modes by the bytes of their pattern (CUtensorMapSwizzle); the box's inner edge may not exceed them.
@@ -223,12 +226,21 @@ def launch_config(
 
 @dataclass(frozen=True)
 class HostMemory:
-    """Page-locked host memory made through the driver: its address, its size, and how to free it (in a
-    thread where its context is current)."""
+    """Page-locked host memory made through the driver: its address, its size, and how to free it (from any
+    thread: ``free`` makes its context current for the call)."""
 
     address: int
     nbytes: int
     free: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class FunctionResources:
+    """What the compiler gave a kernel, as the driver reports it (pycuda's ``num_regs`` and the like)."""
+
+    registers: int
+    shared_bytes: int
+    local_bytes: int
 
 
 class Driver:
@@ -331,6 +343,20 @@ class Driver:
             code = self.lib.cuFuncSetAttribute(function, _FUNC_MAX_DYNAMIC_SHARED, ctypes.c_int(dynamic_shared))
             self._check(code, f"allowing {name} {dynamic_shared} bytes of shared memory")
         return int(function.value or 0)
+
+    def resources(self, function: int) -> FunctionResources:
+        """What the compiler gave ``function``: registers per thread, static shared and local bytes."""
+
+        def read(attribute: int, what: str) -> int:
+            value = ctypes.c_int()
+            self._check(self.lib.cuFuncGetAttribute(ctypes.byref(value), attribute, ctypes.c_void_p(function)), what)
+            return int(value.value)
+
+        return FunctionResources(
+            registers=read(_FUNC_NUM_REGS, "reading a kernel's registers"),
+            shared_bytes=read(_FUNC_SHARED_SIZE, "reading a kernel's shared memory"),
+            local_bytes=read(_FUNC_LOCAL_SIZE, "reading a kernel's local memory"),
+        )
 
     def launch(
         self,

@@ -16,15 +16,16 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import BackendUnavailable, CudaError, KernelError
 from ..kernels import FLOAT_BYTES, DeviceLimits, KernelSpec
 from ..resources import kernels_dir
+from . import libcuda
 from .compiler import Compiled, KernelCache, Module, macro_options
 from .cublas import Cublas
 from .driver import load, one_line
@@ -38,6 +39,18 @@ _MIN_FLUSH_BYTES = 64 * _MIB
 
 #: pycuda's argument signature of every matmul kernel: A, B, C, M, K, N, lda, ldb, ldc.
 MATMUL_SIGNATURE = "PPPiiiiii"
+
+T = TypeVar("T")
+
+
+def launch_build(spec: KernelSpec, a: DeviceMatrix, b: DeviceMatrix) -> KernelSpec:
+    """The build :meth:`GpuSession.multiply` launches for A·B: a TMA build where the copy engine can read both
+    operands (base and row stride 16-byte multiples, K at least 1), else the build it falls back to."""
+    if spec.tensor_maps is None or spec.fallback is None:
+        return spec
+    if a.cols >= 1 and libcuda.tma_ok(a.ptr, a.ld) and libcuda.tma_ok(b.ptr, b.ld):
+        return spec
+    return spec.fallback
 
 
 class PhaseTimer:
@@ -104,6 +117,9 @@ class GpuSession:
         self._closed = False
         self._modules: dict[tuple[Any, ...], Module] = {}
         self._compiled: dict[tuple[Any, ...], Compiled] = {}
+        #: libcuda beside pycuda, for the builds pycuda cannot launch (tensor maps), made on first use.
+        self._libcuda: libcuda.Driver | None = None
+        self._driver_modules: list[int] = []  # CUmodules loaded through it, unloaded in close()
         self._pinned = PinnedPool(lambda nbytes: cuda.pagelocked_empty(nbytes, np.uint8), _free_host)
         self._cublas: Cublas | None = None
         self._text: GpuText | None = None
@@ -181,17 +197,8 @@ class GpuSession:
         if cached is not None:
             return cached, False
         start = time.perf_counter()
-        text = source.read_text(encoding="utf-8")
-        include = [str(kernels_dir())]
         try:
-            cubin, built = self.kernel_cache.get(text, options, arch, include)
-            try:
-                loaded = self._cuda.module_from_buffer(cubin)
-            except self._cuda.Error:
-                if built:
-                    raise
-                cubin, _ = self.kernel_cache.get(text, options, arch, include, refresh=True)
-                loaded = self._cuda.module_from_buffer(cubin)
+            loaded = self._loaded(source, options, arch, self._cuda.module_from_buffer, self._cuda.Error)
             functions = {}
             for name, signature in entries.items():
                 function = loaded.get_function(name)
@@ -205,34 +212,80 @@ class GpuSession:
         self._modules[key] = module
         return module, True
 
-    def compile(self, spec: KernelSpec, tile: int) -> tuple[Compiled, bool]:
-        """Registry kernel ``spec`` built for ``tile`` and whether it was built just now.
+    def _loaded(
+        self,
+        source: Path,
+        options: tuple[str, ...],
+        arch: str,
+        load_cubin: Callable[[bytes], T],
+        refused: type[BaseException] | tuple[type[BaseException], ...],
+    ) -> T:
+        """``source``'s cubin from mmd's disk cache (built there if missing), loaded by ``load_cubin``; a cached
+        cubin the driver refuses (``refused``) is rebuilt once."""
+        text = source.read_text(encoding="utf-8")
+        include = [str(kernels_dir())]
+        cubin, built = self.kernel_cache.get(text, options, arch, include)
+        try:
+            return load_cubin(cubin)
+        except refused:
+            if built:
+                raise
+        cubin, _ = self.kernel_cache.get(text, options, arch, include, refresh=True)
+        return load_cubin(cubin)
 
-        Kernels with a fixed block ignore the tile: one build serves every tile.
+    def _driver(self) -> libcuda.Driver:
+        """libcuda through ctypes, acting on this thread's current context (the session's)."""
+        if self._libcuda is None:
+            self._libcuda = libcuda.Driver()
+        return self._libcuda
+
+    def compile(self, spec: KernelSpec, tile: int) -> tuple[Compiled, bool]:
+        """Registry kernel ``spec``, as built for this device (:meth:`KernelSpec.for_arch`), at ``tile``; and whether
+        it was built just now.
+
+        Kernels with a fixed block ignore the tile: one build serves every
+        tile. A TMA build is loaded through libcuda, and the build it falls back
+        to is built with it, so that :meth:`multiply` never compiles.
         """
         if spec.source is None or spec.entry is None:
             raise KernelError(f"kernel {spec.name} has no CUDA source to compile")
+        spec = spec.for_arch(self.limits.arch)
         tile = tile if spec.uses_tile else 0
         key = (spec.name, spec.variant, tile)
         cached = self._compiled.get(key)
         if cached is not None:
             return cached, False
+        fallback_ms = 0.0
+        if spec.fallback is not None:
+            fallback, built = self.compile(spec.fallback, tile)
+            fallback_ms = fallback.compile_ms if built else 0.0
         try:
-            module, _ = self.module(
-                spec.source, spec.defines(tile), {spec.entry: MATMUL_SIGNATURE}, spec.arch_for(self.limits.arch)
-            )
+            if spec.tensor_maps is not None:
+                compiled = self._compile_tma(spec, tile)
+            else:
+                compiled = self._compile_pycuda(spec, tile)
         except KernelError as exc:
             raise KernelError(
                 f"kernel {spec.name} does not compile at tile {tile}: {exc.reason}",
                 details={"kernel": spec.name, "tile": tile},
             ) from exc
+        compiled.compile_ms += fallback_ms
+        self._compiled[key] = compiled
+        return compiled, True
+
+    def _compile_pycuda(self, spec: KernelSpec, tile: int) -> Compiled:
+        """A build with the common argument list, loaded and launched through pycuda."""
+        assert spec.source is not None and spec.entry is not None  # compile() checked
+        module, _ = self.module(
+            spec.source, spec.defines(tile), {spec.entry: MATMUL_SIGNATURE}, spec.arch_for(self.limits.arch)
+        )
         function = module.functions[spec.entry]
         if spec.dynamic_shared_bytes:
             with self.converting(f"allowing {spec.name} {spec.dynamic_shared_bytes} bytes of shared memory"):
                 function.set_attribute(
                     self._cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_shared_bytes
                 )
-        compiled = Compiled(
+        return Compiled(
             spec=spec,
             tile=tile,
             function=function,
@@ -241,8 +294,29 @@ class GpuSession:
             local_bytes=int(function.local_size_bytes),
             compile_ms=module.load_ms,
         )
-        self._compiled[key] = compiled
-        return compiled, True
+
+    def _compile_tma(self, spec: KernelSpec, tile: int) -> Compiled:
+        """A TMA build: its CUfunction (an int) through libcuda, which alone can pass it tensor maps."""
+        assert spec.source is not None and spec.entry is not None  # compile() checked
+        start = time.perf_counter()
+        driver = self._driver()
+        arch = spec.arch_for(self.limits.arch)
+        try:
+            module = self._loaded(spec.source, macro_options(spec.defines(tile)), arch, driver.load_module, CudaError)
+        except KernelError as exc:
+            raise KernelError(f"{spec.source.name} does not compile: {exc.reason}", dict(exc.details)) from exc
+        self._driver_modules.append(module)
+        function = driver.function(module, spec.entry, spec.dynamic_shared_bytes)
+        used = driver.resources(function)
+        return Compiled(
+            spec=spec,
+            tile=tile,
+            function=function,
+            registers=used.registers,
+            shared_bytes=used.shared_bytes,
+            local_bytes=used.local_bytes,
+            compile_ms=(time.perf_counter() - start) * 1e3,
+        )
 
     # -- device matrices -------------------------------------------------------
 
@@ -433,13 +507,47 @@ class GpuSession:
         m, k, n = a.rows, a.cols, b.cols
         if m == 0 or n == 0:
             return
-        spec, tile = kernel.spec, kernel.tile
+        spec = launch_build(kernel.spec, a, b)
+        if spec is not kernel.spec:
+            kernel, _ = self.compile(spec, kernel.tile)  # built beside it by compile(): from the session's cache
+        tile = kernel.tile
         grid, block = spec.grid(m, n, tile), spec.block(tile)
+        if spec.tensor_maps is not None:
+            self._launch_tma(kernel, a, b, c, grid, block)
+            return
         with self.converting(f"launching {spec.name} at tile {tile}"):
             kernel.function.prepared_async_call(
                 grid[:2], block, self._stream, a.ptr, b.ptr, c.ptr, m, k, n, a.ld, b.ld, c.ld,
                 shared_size=spec.dynamic_shared_bytes,
             )  # fmt: skip
+
+    def _launch_tma(
+        self,
+        kernel: Compiled,
+        a: DeviceMatrix,
+        b: DeviceMatrix,
+        c: DeviceMatrix,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+    ) -> None:
+        """A TMA build's launch through libcuda: A's and B's tensor maps by value, then C, M, K, N, ldc."""
+        spec = kernel.spec
+        maps = spec.tensor_maps
+        assert maps is not None  # multiply() launches only TMA builds here
+        m, k, n = a.rows, a.cols, b.cols
+        driver = self._driver()
+        map_a = libcuda.matrix_map(m, k, a.ld, *maps.a_box, maps.swizzle, maps.tf32)
+        map_b = libcuda.matrix_map(k, n, b.ld, *maps.b_box, maps.swizzle, maps.tf32)
+        args: list[libcuda.Arg] = [
+            driver.encode(a.ptr, map_a),
+            driver.encode(b.ptr, map_b),
+            libcuda.Pointer(c.ptr),
+            *(libcuda.Int(v) for v in (m, k, n, c.ld)),
+        ]
+        driver.launch(
+            kernel.function, grid, block, args, shared=spec.dynamic_shared_bytes,
+            stream=int(self._stream.handle), cluster=(spec.cluster_x, 1, 1),
+        )  # fmt: skip
 
     def _blas(self) -> Cublas:
         """cuBLAS on the session's stream, made on first use."""
@@ -521,6 +629,11 @@ class GpuSession:
             self._flush = None
         self._modules.clear()
         self._compiled.clear()
+        while self._driver_modules and self._libcuda is not None:
+            try:
+                self._libcuda.unload_module(self._driver_modules.pop())
+            except CudaError as exc:
+                problems.append(exc)
         self._text = None
         # Freed here, in the context's thread: left to the garbage collector it would be freed at exit in
         # another thread, out of its context ("stream in out-of-thread context could not be cleaned up").

@@ -262,3 +262,82 @@ def test_exact_kernels_print_an_exact_product_as_printf_does(cuda_backend, kerne
     spec = registry.get(kernel)
     c = poisoned_product(cuda_backend, kernel, 16 if spec.uses_tile else 0, "device", a, b)
     assert textformat.emit(c) == textformat.format_reference(want)
+
+
+# -- tc1: the TMA build on sm_90a, the cp.async build wherever the copy engine cannot read A or B -----------------
+
+TC1_SIZES = [(1, 1, 1), (1, 4, 4), (7, 8, 12), (33, 32, 36), (33, 33, 33), (37, 53, 29), (127, 128, 100),
+             (257, 1000, 132), (1000, 1000, 1000), (4095, 1000, 1028)]  # fmt: skip
+
+
+def tc1_build(session, memory: str, m: int, k: int, n: int) -> registry.KernelSpec:
+    """The build GpuSession.multiply launches for tc1 on matrices of this mode and shape."""
+    from mmd.cuda.session import launch_build
+
+    held = [session.alloc(memory, rows, cols) for rows, cols in ((m, k), (k, n))]
+    try:
+        compiled, _ = session.compile(registry.get("tc1"), 0)
+        return launch_build(compiled.spec, *held)
+    finally:
+        for matrix in held:
+            session.free(matrix)
+
+
+@pytest.mark.parametrize("size", TC1_SIZES, ids=size_id)
+@pytest.mark.parametrize("memory", MEMORY_MODES)
+def test_tc1_takes_the_tma_build_where_it_can_and_is_right_everywhere(cuda_backend, memory, size):
+    session = cuda_backend.session
+    m, k, n = size
+    build = tc1_build(session, memory, m, k, n)
+    hopper = session.limits.arch == "sm_90"
+    rows_aligned = memory == "pitched" or (k % 4 == 0 and n % 4 == 0)
+    assert (build.tensor_maps is not None) == (hopper and rows_aligned), f"{memory} {size_id(size)}: {build.variant}"
+    a, b = operands(m, k, n, seed=hash((memory, size)) % 2**32)
+    c = poisoned_product(cuda_backend, "tc1", 0, memory, a, b)
+    assert_close(c, a, b, f"tc1 ({build.variant or 'cp.async'}) {memory} {size_id(size)} (poisoned)", "tf32")
+    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel="tc1", memory=memory))
+    assert_close(product.c, a, b, f"tc1 {memory} {size_id(size)} (backend)", "tf32")
+
+
+@pytest.mark.parametrize(("a_off", "b_off", "a_pad", "b_pad"), [(0, 0, 0, 0), (1, 0, 0, 0), (0, 3, 0, 0),
+                                                                 (0, 0, 1, 0), (0, 0, 0, 2), (2, 2, 3, 1)])  # fmt: skip
+def test_tc1_on_views_of_any_alignment(cuda_backend, a_off, b_off, a_pad, b_pad):
+    """A and B as views into larger matrices, starting ``*_off`` floats in, rows ``*_pad`` floats longer:
+    the copy engine reads only 16-byte aligned rows, and tc1 is right at every alignment."""
+    from mmd.cuda.memory import DeviceMatrix
+    from mmd.cuda.session import launch_build
+
+    session = cuda_backend.session
+    m, k, n = 300, 260, 200
+    a, b = operands(m, k, n, seed=a_off * 64 + b_off * 16 + a_pad * 4 + b_pad)
+    lda, ldb = k + a_off + a_pad, n + b_off + b_pad
+    big_a = np.full((m, lda), np.nan, np.float32)
+    big_b = np.full((k, ldb), np.nan, np.float32)
+    big_a[:, a_off : a_off + k], big_b[:, b_off : b_off + n] = a, b
+    held = [session.alloc("device", *big_a.shape), session.alloc("device", *big_b.shape), session.alloc("device", m, n)]
+    try:
+        da, db, dc = held
+        session.upload(da, big_a, "a")
+        session.upload(db, big_b, "b")
+        session.fill(dc, float("nan"))
+        va = DeviceMatrix("device", m, k, lda, da.ptr + 4 * a_off)
+        vb = DeviceMatrix("device", k, n, ldb, db.ptr + 4 * b_off)
+        compiled, _ = session.compile(registry.get("tc1"), 0)
+        tma = session.limits.arch == "sm_90" and all(x % 4 == 0 for x in (a_off, b_off, lda, ldb))
+        assert (launch_build(compiled.spec, va, vb).tensor_maps is not None) == tma
+        session.multiply(compiled, va, vb, dc)
+        c = session.download(dc, "c")
+    finally:
+        for matrix in held:
+            session.free(matrix)
+    assert_close(c, a, b, f"tc1 on views at offsets {a_off}, {b_off}, ld {lda}, {ldb}", "tf32")
+
+
+def test_tc1s_tma_build_has_cublas_tf32s_error(cuda_backend):
+    """The copy engine rounds both operands to TF32 (to nearest), as cuBLAS TF32 does: the same error class."""
+    if cuda_backend.session.limits.arch != "sm_90":
+        pytest.skip("the TMA build is sm_90a's")
+    a, b = operands(1024, 1024, 1024, seed=33)
+    ours = assert_close(poisoned_product(cuda_backend, "tc1", 0, "device", a, b), a, b, "tc1", "tf32")
+    theirs = assert_close(poisoned_product(cuda_backend, "cublas_tf32", 0, "device", a, b), a, b, "cublas_tf32", "tf32")
+    assert ours < 1.3 * theirs, f"tc1 {ours:.2e} against cuBLAS TF32 {theirs:.2e}"
