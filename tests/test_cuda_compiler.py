@@ -161,3 +161,10 @@ def test_kernel_cache_setting(tmp_path):
 
 def test_macro_options_are_sorted_so_the_key_does_not_depend_on_order():
     assert macro_options({"TILE": 16, "BM": 64}) == ("-DBM=64", "-DTILE=16", "-O3")
+
+
+def test_every_build_holds_the_build_an_architecture_launches_in_a_kernel_s_place():
+    """A daemon's first tc1 job on sm_90 must find its TMA build in the cache `mmd kernels --build` filled."""
+    tc1 = [b for b in every_build("sm_90") if b.source.name == "tc1.cu"]
+    assert [b.defines.get("TMA", 0) for b in tc1] == [0, 1] and {b.arch for b in tc1} == {"sm_90a"}
+    assert [b.defines.get("TMA", 0) for b in every_build("sm_80") if b.source.name == "tc1.cu"] == [0]

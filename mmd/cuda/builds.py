@@ -36,7 +36,8 @@ def every_build(arch: str, tiles: Iterable[int] = registry.TILES) -> list[Build]
     """Every registered kernel's builds (each tile, each variant) and the text kernels, for ``arch``."""
     out = []
     for name in registry.SOURCE_KERNELS:
-        for spec in registry.get(name).builds():
+        # each build, and the one the device's architecture launches in its place (tc1's TMA build on sm_90)
+        for spec in dict.fromkeys(b for own in registry.get(name).builds() for b in (own, own.for_arch(arch))):
             assert spec.source is not None
             for tile in tiles if spec.uses_tile else (0,):
                 where = f"tile {tile}" if spec.uses_tile else (spec.variant or "default")
