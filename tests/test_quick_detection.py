@@ -112,7 +112,7 @@ def test_the_1024_row_shifted_by_one_from_issue_30():
     """One row of a right 1024 output (values in [-10, 10]) shifted by +1.0: 3 times the per-value
     tolerance, and 0.23 of what --quick promises to catch. The chance it is refused is the χ² law's
     for that row (a few percent); no sound bound catches it surely, as honest fp32 products of
-    constant matrices reach 0.77 of the bound's own allowance (docs/quick-detection.md)."""
+    constant matrices reach 0.99 of the full check's allowance in every value (docs/quick-detection.md)."""
     rng = np.random.default_rng(30)
     a, b = random_matrix(rng, 1024, 1024), random_matrix(rng, 1024, 1024)
     out = tf.parse_output(tf.emit(a @ b))
