@@ -238,7 +238,8 @@ class QuickReport:
     nonfinite: int  # NaN or infinite values in the output (refused at once)
     tolerance: str
     # every row (column) whose errors against the exact product reach this root-mean-square per
-    # value is refused with a chance of at least 1 - MISS (:func:`reach`)
+    # value is refused with a chance of at least 1 - MISS (:func:`reach`); 0 where the output's
+    # shape or a value not finite refused it without its sums
     catches: float = 0.0
 
     def summary(self) -> str:
@@ -254,7 +255,7 @@ class QuickReport:
         return (
             f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
             f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
-            f"false alarm < {self.false_alarm:.0e}; {self.caught_phrase()}"
+            f"false alarm < {self.false_alarm:.0e}{'; ' + self.caught_phrase() if self.catches else ''}"
         )
 
     def caught_phrase(self) -> str:

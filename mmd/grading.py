@@ -610,7 +610,9 @@ def _against_input(
         projections = _projections(inputs, options.seed)  # while the output's sums are made
         quick = freivalds.verdict(sums.result(), projections, tol=options.tol)
         status = Status.OK if quick.ok else Status.MISMATCH
-        return _result(job, status, shape=shape, reason=quick.reason(), detail=quick.summary(), catches=quick.catches)
+        return _result(
+            job, status, shape=shape, reason=quick.reason(), detail=quick.summary(), catches=quick.catches or None
+        )
     from . import verify
 
     a, b = inputs.arrays()

@@ -63,6 +63,15 @@ def test_errors_of_the_stated_size_are_refused(m, k, n, pattern):
         assert got.worst in where
 
 
+def test_a_refusal_without_sums_states_no_figure():
+    rng = np.random.default_rng(2)
+    a, b = random_matrix(rng, 4, 5), random_matrix(rng, 5, 6)
+    out = _exact(a, b)
+    out[1, 2] = np.nan
+    for r in (verify.quick(out, a, b), verify.quick(out[:3], a, b)):
+        assert not r.ok and r.catches == 0 and "catches" not in r.summary()
+
+
 def test_the_figure_is_the_bound_times_the_reach():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 40, 50), random_matrix(rng, 50, 60)
