@@ -425,7 +425,7 @@ def _against_input(
         verdict = quick.verdict(sums.result(), projections, tol=options.tol)
         status = Status.OK if verdict.ok else Status.MISMATCH
         return _result(
-            job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary(), catches=verdict.catches
+            job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary(), catches=verdict.catches or None
         )
     from . import full
 

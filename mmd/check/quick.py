@@ -30,7 +30,7 @@ that factor, :attr:`QuickReport.catches` it as an rms per element of the
 worst-bounded row or column. With 16 vectors and miss = 10⁻⁶ the factor is
 1/q^½ = 0.83, and ‖E_i‖ must reach 8.0 σ_i (at m = n = 1024). σ_i itself
 cannot shrink: honest sequential fp32 sums of constant matrices (every
-element off alike, as a naive or tiled kernel sums) already reach 0.77 of
+element off alike, as a naive or tiled kernel sums) already reach 0.99 of
 the full check's per-element allowance at K = 1024, so a row of such a
 product has ‖E_i‖ near σ_i. A single value off by δ moves its row and its
 column by δ each: two independent chances.
@@ -238,7 +238,8 @@ class QuickReport:
     nonfinite: int  # NaN or infinite values in the output (refused at once)
     tolerance: str
     # every row (column) whose errors against the exact product reach this root-mean-square per
-    # value is refused with a chance of at least 1 - MISS (:func:`reach`)
+    # value is refused with a chance of at least 1 - MISS (:func:`reach`); 0 where the output's
+    # shape or a value not finite refused it without its sums
     catches: float = 0.0
 
     def summary(self) -> str:
@@ -254,7 +255,7 @@ class QuickReport:
         return (
             f"{head} (quick): {m}x{n}, {what}; {self.vectors}+{self.vectors} Gaussian projections, seed {self.seed}, "
             f"bound {self.z:.2f} sigma (up to {self.bound:.4g}; tolerance {self.tolerance}), "
-            f"false alarm < {self.false_alarm:.0e}; {self.caught_phrase()}"
+            f"false alarm < {self.false_alarm:.0e}{'; ' + self.caught_phrase() if self.catches else ''}"
         )
 
     def caught_phrase(self) -> str:
