@@ -933,3 +933,20 @@ def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     [r] = jobs.check_folder(out, tests, Options()).results
     assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r
     assert full.TOLERANCES["fp32"] in r.detail
+
+
+@pytest.mark.slow  # a real daemon's run
+def test_quick_holds_a_tf32_kernel_s_output_to_tf32_s_bound(tmp_path):
+    """--quick reads the producing kernel from the sidecar, as the full check does: a TF32 kernel's output
+    passes against TF32's bound, and the table says so; the same bytes from an fp32 kernel are refused."""
+    tests, out = _tf32_served(tmp_path / "tf32", "tc1")
+    for quick_options in (Options(quick=True, seed=1), Options(quick=True, seed=2)):
+        [r] = jobs.check_folder(out, tests, quick_options).results
+        assert (r.status, r.kernel, r.precision) == (Status.OK, "tc1", "tf32"), r
+        assert "kernel tc1 is TF32: held to TF32's tolerance" in r.reason
+        assert full.TOLERANCES["tf32"] in r.detail
+        one = jobs.check_file(out / "t.out", tests / "t.txt", quick_options).results[0]
+        assert (one.status, one.kernel, one.precision) == (Status.OK, "tc1", "tf32"), one
+    tests, out = _tf32_served(tmp_path / "fp32", "tc3")
+    [r] = jobs.check_folder(out, tests, Options(quick=True, seed=1)).results
+    assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r

@@ -43,7 +43,15 @@ from ..cpus import block_rows, usable_cores, worker_rows
 from ..textformat import values_array
 from . import compare, quick
 from .compare import CheckReport, Tally, nan_max, same_values, summed_report
-from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
+from .tolerance import (
+    PRINT_HALF_UNIT,
+    U64,
+    fp32_factor,
+    model_factor,
+    tolerance_of,
+)
+from .tolerance import TF32_OPERAND_ERROR as TF32_OPERAND_ERROR  # the bench and tests read them here
+from .tolerance import TOLERANCES as TOLERANCES
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -70,17 +78,6 @@ def _c_matrix(mat: np.ndarray) -> np.ndarray:
 def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
     """Elementwise fp32 error allowance: factor·sqrt(K)·eps·(|A|·|B|)."""
     return fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
-
-
-#: What TF32 operands add to a product's error, relative to |A|·|B|: each operand is off by less
-#: than one TF32 unit, 2^-10 of it (truncation, the worst a TF32 path does; rounding halves it),
-#: so each term a·b by less than 2·2^-10 + 2^-20 of |a·b|. A worst case, not a statistical one:
-#: TF32's error is the operands' rounding, which no fp32 model of the sums covers (measured: a
-#: product of TF32-rounded operands in numpy exceeds the fp32 tolerance by 2.3× at N = 2048, 51× at 64).
-TF32_OPERAND_ERROR = 2.0**-9 + 2.0**-20
-
-#: The tolerance each precision (:data:`mmd.kernels.PRECISIONS`) is checked against, in words.
-TOLERANCES: dict[str, str] = {"fp32": FP32_MODEL, "tf32": "(2^-9 + 4·sqrt(K)·eps)·|A||B|"}
 
 
 def tf32_tolerance(fp32_allowed: np.ndarray, k: int) -> np.ndarray:
@@ -284,11 +281,6 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
         raise ValueError(f"cannot multiply {a64.shape} by {b64.shape}")
     return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
-
-
-def tolerance_of(tol: float | None, precision: str = "fp32") -> str:
-    """The allowance each value is held to, in words: print rounding plus ``tol``, else plus ``precision``'s model."""
-    return described(tol) if tol is not None else f"0.005 + {TOLERANCES[precision]}"
 
 
 def against_product(out: Rows, prod: Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
@@ -542,7 +534,7 @@ class _ModelCheck:
         n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
         # c in the allowance 0.005 + c·S: fp32's model, plus TF32's operand rounding for a TF32 product
-        self.c = fp32_factor(k) + (TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
+        self.c = model_factor(k, precision)
         gamma = (k + 4) * U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma

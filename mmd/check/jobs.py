@@ -383,13 +383,16 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
     if shape != (m, n):
         rows.check()
         return _shape_mismatch(job, shape, (m, n))
+    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
     if options.quick:
         sums = rows.sums(shape, options.seed)
         projections = _projections(inputs, options.seed)  # while the output's sums are made
-        verdict = quick.verdict(sums.result(), projections, tol=options.tol)
+        verdict = quick.verdict(sums.result(), projections, tol=options.tol, precision=precision)
         status = Status.OK if verdict.ok else Status.MISMATCH
+        reason = _held_to(job, precision, verdict.reason())
+        detail = verdict.summary()
         return _result(
-            job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary(), catches=verdict.catches
+            job, status, shape=shape, reason=reason, detail=detail, catches=verdict.catches, precision=precision
         )
     from . import full
 
@@ -403,7 +406,6 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
         source = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
     else:
         source = full.WholeRows(rows.result())
-    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
     return _values_result(job, shape, full.against_product(source, product, options.tol, precision), precision)
 
 
@@ -445,12 +447,19 @@ def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport
         m, n = report.shape
         where = f", worst at row {report.worst[0] + 1} col {report.worst[1] + 1}" if report.worst else ""
         reason = f"{report.mismatches} of {m * n} values outside tolerance{where}"
-    if precision == "tf32":  # a grader must see that this output was held to a wider tolerance, and why
-        said = f"kernel {job.kernel} is TF32: held to TF32's tolerance"
-        reason = f"{reason}; {said}" if reason else said
     status = Status.OK if report.ok else Status.MISMATCH
     err = report.max_abs_error
+    reason = _held_to(job, precision, reason)
     return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary(), precision=precision)
+
+
+def _held_to(job: Job, precision: str, reason: str) -> str:
+    """``reason``, with the tolerance a TF32 kernel's output was held to: a grader must see that it was
+    wider, and why."""
+    if precision != "tf32":
+        return reason
+    said = f"kernel {job.kernel} is TF32: held to TF32's tolerance"
+    return f"{reason}; {said}" if reason else said
 
 
 def _ref_suffix(options: Options) -> str:
@@ -542,9 +551,8 @@ def check_file(output: Path, reference: Path, options: Options) -> Run:
     start = time.perf_counter()
     name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
     kernel = None
-    if options.against == "inputs" and not options.quick and options.tol is None:
-        # the kernel that made it, where it has a sidecar: only the full check's model reads it (and yaml's
-        # import would cost --quick a tenth of its time)
+    if options.against == "inputs" and options.tol is None:
+        # the kernel that made it, where it has a sidecar: the full and the quick check's models read it
         sidecar = read_sidecar(output)
         kernel = None if sidecar is None else sidecar.kernel
     result = check_job(Job(name or output.name, output, reference, kernel=kernel), options)

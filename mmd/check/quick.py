@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import accel
-from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
+from .tolerance import PRINT_HALF_UNIT, U64, model_factor, tolerance_of
 
 #: The most vectors on each side the C passes take (mmd._fastcheck's MAX_VECTORS).
 C_MAX_VECTORS = 16
@@ -350,13 +350,16 @@ def _ratios(mine: Sequence[float], theirs: Sequence[float], count: int, bounds: 
     return [math.inf if r != r else r for r in ratios]
 
 
-def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None) -> QuickReport:
-    """The quick check's verdict from the output's sums and A and B's, made with the same seed and vectors."""
+def verdict(
+    sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None, precision: str = "fp32"
+) -> QuickReport:
+    """The quick check's verdict from the output's sums and A and B's, made with the same seed and vectors;
+    a ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model as the full check does."""
     m, k, n = proj.shape
     v, seed = proj.vectors, proj.seed
     if (sums.seed, sums.vectors) != (seed, v):
         raise ValueError(f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {v}")
-    tolerance = described(tol)
+    tolerance = tolerance_of(tol, precision)
     z = threshold(false_alarm / max(m + n, 1), v)
     if sums.shape != (m, n) or sums.nonfinite:
         first = sums.first_nonfinite
@@ -378,7 +381,7 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
     if tol is None:
         # Σ_j S_ij = row_sum exactly; Σ_j S_ij² ≤ max_j S_ij·Σ_j S_ij ≤ row_max·row_sum, and
         # ≤ ‖a_i‖²·‖B‖² (Cauchy–Schwarz on each S_ij): the smaller of the two; columns alike
-        c = fp32_factor(k)
+        c = model_factor(k, precision)
         var_rows = [
             n * h * h + 2 * h * c * s + c * c * min(mx * s, a_ssq * ssq_b)
             for s, mx, a_ssq in zip(proj.row_sum, proj.row_max, proj.a_row_ssq, strict=True)
