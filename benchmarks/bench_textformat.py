@@ -6,7 +6,7 @@ For each size N: an N×N pair of float32 inputs uniform in [-10, 10], written
 with '%.2f' (like the course's input files), is parsed by numpy.loadtxt and by
 mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
 and by mmd's emit. mmd is timed twice: on its numpy path (``parse``/``emit``,
-the module flag USE_FASTTEXT off, as with MMD_NO_C=1) and with the C
+the switch mmd.accel.ON off, as with MMD_NO_C=1) and with the C
 accelerator mmd._fasttext (``parse (C)``/``emit (C)``, when it is built).
 Median of --repeat runs; peak RSS growth is measured in a fresh subprocess per
 case with --rss (rough).

@@ -1,7 +1,7 @@
 """Tests for mmd._fasttext, the optional C accelerator of mmd.textformat.
 
 Every result is compared three ways: the C path, the numpy path (the module
-flag ``USE_FASTTEXT`` switched off) and the slow references. Refusals must
+switch ``mmd.accel.ON`` off) and the slow references. Refusals must
 give the same message, line and value with and without the accelerator.
 """
 
