@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmd import textcore, textformat  # noqa: E402
+from mmd import accel, textcore, textformat  # noqa: E402
 from mmd.atomic import write_atomic  # noqa: E402
 from mmd.check import full, jobs, results  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print(
         f"machine: {os.cpu_count()} cores (nproc {len(os.sched_getaffinity(0))}), {cpu}, "
         f"Python {platform.python_version()}, numpy {np.__version__}, "
-        f"C accelerator {'on' if textcore.USE_FASTTEXT else 'off'}"
+        f"C accelerator {'on' if accel.ON else 'off'}"
     )
     print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
     width = max(len(c.name) for c in cases)

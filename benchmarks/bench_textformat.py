@@ -6,7 +6,7 @@ For each size N: an N×N pair of float32 inputs uniform in [-10, 10], written
 with '%.2f' (like the course's input files), is parsed by numpy.loadtxt and by
 mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
 and by mmd's emit. mmd is timed twice: on its numpy path (``parse``/``emit``,
-the module flag USE_FASTTEXT off, as with MMD_NO_FASTTEXT=1) and with the C
+the switch mmd.accel.ON off, as with MMD_NO_C=1) and with the C
 accelerator mmd._fasttext (``parse (C)``/``emit (C)``, when it is built).
 Median of --repeat runs; peak RSS growth is measured in a fresh subprocess per
 case with --rss (rough).
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmd import textcore  # noqa: E402
+from mmd import accel  # noqa: E402
 from mmd import textformat as tf  # noqa: E402
 
 
@@ -58,7 +58,7 @@ import io, resource, sys, numpy as np
 sys.path.insert(0, {root!r})
 from mmd import textcore, textformat as tf
 case, path = sys.argv[1], sys.argv[2]
-textcore.USE_FASTTEXT = case.endswith(' (C)')
+accel.ON = case.endswith(' (C)')
 case = case.replace(' (C)', '')
 data = open(path, 'rb').read()
 c = np.load(path + '.npy') if case in ('emit', 'savetxt') else None
@@ -117,18 +117,18 @@ def main() -> None:
 
             t_load = timed(loadtxt, args.repeat)
             t_save = timed(lambda c=c: np.savetxt(io.BytesIO(), c, fmt="%6.2f", delimiter=""), args.repeat)
-            fast = tf._fasttext is not None
+            fast = accel.fasttext is not None
             try:
-                textcore.USE_FASTTEXT = False
+                accel.ON = False
                 t_parse = timed(lambda data=data: tf.parse(data), args.repeat)
                 t_emit = timed(lambda c=c: tf.emit(c), args.repeat)
                 if fast:
-                    textcore.USE_FASTTEXT = True
+                    accel.ON = True
                     assert tf.emit(c) == out
                     t_parse_c = timed(lambda data=data: tf.parse(data), args.repeat)
                     t_emit_c = timed(lambda c=c: tf.emit(c), args.repeat)
             finally:
-                textcore.USE_FASTTEXT = fast
+                accel.ON = fast
             rss = {}
             if args.rss:
                 path = Path(tmp) / f"in{n}.txt"

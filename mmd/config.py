@@ -456,7 +456,7 @@ def read_file(path: Path) -> dict[str, Any]:
 
 #: ``MMD_*`` variables that are not settings: the config file, where libcublas is, and the
 #: switch that turns the C text accelerator off (read where each is used).
-NOT_SETTINGS = frozenset({"MMD_CONFIG", "MMD_CUBLAS", "MMD_NO_FASTTEXT"})
+NOT_SETTINGS = frozenset({"MMD_CONFIG", "MMD_CUBLAS", "MMD_NO_C"})
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:

@@ -1,9 +1,8 @@
-"""The matrix text format's numpy-free core: a file's bytes, the header lines, and mmd's C accelerators
-and their settings.
+"""The matrix text format's numpy-free core: a file's bytes, the header lines, and the C parser's
+reads into plain buffers.
 
-:mod:`mmd.textformat` builds on it. It imports no numpy so that ``mmd check``
-can start reading its files while the interpreter is still importing numpy
-(:mod:`mmd.readahead`).
+:mod:`mmd.textformat` builds on it. It imports no numpy, so that ``mmd check --quick``, which reads
+and sums by the C accelerators alone (:mod:`mmd.accel`), starts without numpy's import.
 """
 
 from __future__ import annotations
@@ -16,49 +15,17 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import NoReturn, Protocol, TypeVar
 
+from . import accel
 from .cpus import usable_cores
 from .errors import InputFormatError, NotRegularFile, UnreadableError
-
-# mmd's optional C accelerators (setup.py builds both where a compiler is present): the text
-# format's parsers and emitters, and the checks' fused passes (mmd.check.full, mmd.check.quick)
-fasttext: ModuleType | None
-fastcheck: ModuleType | None
-try:
-    from . import _fasttext as fasttext
-except ImportError:  # pragma: no cover - depends on the build
-    fasttext = None
-try:
-    from . import _fastcheck as fastcheck
-except ImportError:  # pragma: no cover - depends on the build
-    fastcheck = None
-
-#: The one switch for both accelerators: on where mmd._fasttext is built, unless MMD_NO_FASTTEXT=1
-#: asks for the numpy paths. Read at each use, so that tests switch every path at once.
-USE_FASTTEXT = fasttext is not None and os.environ.get("MMD_NO_FASTTEXT", "") in ("", "0")
-
-#: Elements from which mmd._fastcheck's passes split their rows over two threads.
-C_SPLIT_ELEMS = 1 << 16
-
-
-def c_text() -> ModuleType | None:
-    """mmd._fasttext, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy paths)."""
-    return fasttext if USE_FASTTEXT else None
-
-
-def c_passes() -> ModuleType | None:
-    """mmd._fastcheck, unless it is not built or :data:`USE_FASTTEXT` is off (then the numpy passes)."""
-    return fastcheck if USE_FASTTEXT else None
-
 
 BOM = b"\xef\xbb\xbf"
 
 #: The fewest bytes the C parsers give a thread of its own.
 C_MIN_SPLIT = 1 << 20
-#: Threads a parse or an emit uses (the C parsers' parts, the numpy path's pool): the usable
-#: cores, at most 8.
+#: Threads a parse or an emit uses (the C parsers' parts, the emit's pool): the usable cores, at most 8.
 WORKERS = min(8, usable_cores())
 
 #: Characters of an offending value shown in an error.
@@ -212,7 +179,7 @@ def output_plausible(size: int, start: int, m: int, n: int) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# values into plain buffers, by the C parsers (no numpy: mmd.readahead, and --quick in mmd.check.jobs)
+# values into plain buffers, by the C parsers (no numpy: --quick in mmd.check.jobs)
 
 
 #: Buffers from this size on are mapped; smaller ones come from the heap, which reuses the memory that
@@ -252,7 +219,7 @@ class Values:
 def output_values(data: memoryview) -> Values | None:
     """A well-formed output's values by the C parser; None where it is off, the body cannot hold its
     rows, or the output has a fault (mmd.textformat words it)."""
-    ft = c_text()
+    ft = accel.text()
     m, n, start = output_header(data)
     if ft is None or not output_plausible(len(data), start, m, n):
         return None
@@ -263,10 +230,10 @@ def output_values(data: memoryview) -> Values | None:
 
 
 def output_ok(data: memoryview) -> bool:
-    """Whether an output is well formed, by the C parser (on, see :func:`c_text`), its values not
+    """Whether an output is well formed, by the C parser (on, see :func:`mmd.accel.text`), its values not
     kept; False where its body cannot hold its rows, or it has a fault (mmd.textformat words it)."""
-    ft = c_text()
-    assert ft is not None, "the C parser is off: see c_text"
+    ft = accel.text()
+    assert ft is not None, "the C parser is off: see mmd.accel.text"
     m, n, start = output_header(data)
     if not output_plausible(len(data), start, m, n):
         return False
@@ -276,7 +243,7 @@ def output_ok(data: memoryview) -> bool:
 def input_values(data: memoryview, wide: bool) -> Values | None:
     """A valid input's A and B by the C parser (float64 where ``wide``, else float32); None where it
     is off, the body cannot hold the values, or the input is not valid (mmd.textformat words it)."""
-    ft = c_text()
+    ft = accel.text()
     h = parse_header(data)
     count = h.m * h.k + h.k * h.n
     if ft is None or not input_plausible(len(data), h.body_offset, count):
@@ -290,14 +257,14 @@ def input_values(data: memoryview, wide: bool) -> Values | None:
 def output_rows(
     data: memoryview, rows: int, on_fault: Callable[[], NoReturn]
 ) -> Iterator[tuple[int, memoryview[float], int]]:
-    """An output's float64 values ``rows`` rows at a time by the C parser (on, see :func:`c_text`):
+    """An output's float64 values ``rows`` rows at a time by the C parser (on, see :func:`mmd.accel.text`):
     (first row, a flat view of the block's values, its rows). Every block lands in one buffer that
     the next one reuses (copy what must outlive a step), so a 4096 output is never held whole: its
     134 MB of fresh pages cost more than reading it into 16 MB again and again. A fault (in a block,
     or bytes after the last row) calls ``on_fault``, which raises the fault's error, once the block
     that holds it is reached (one past the last row: after the last block)."""
-    ft = c_text()
-    assert ft is not None, "the C parser is off: see c_text"
+    ft = accel.text()
+    assert ft is not None, "the C parser is off: see mmd.accel.text"
     m, n, off = output_header(data)
     step = max(1, min(rows, m))
     whole = memoryview(buffer(8 * step * n)).cast("d")  # not released: a caller's array may still use it
@@ -324,15 +291,15 @@ _B = TypeVar("_B", bound=_Block)
 
 class RowBlocks:
     """An output's rows in blocks of ``step``, any block read on any thread into a buffer of its own
-    by the C parser (on, see :func:`c_text`), one thread a block: mmd.check.full's workers read each
+    by the C parser (on, see :func:`mmd.accel.text`), one thread a block: mmd.check.full's workers read each
     block beside its own rows of the product (this is a :class:`mmd.check.full.Rows`), and the output
     is never held whole. Where every block begins and ends is found first (one newline search a
     row); a fault found then (rows missing, bytes after the last row) or in a block (:meth:`read`)
     calls ``on_fault``, which raises the fault's error."""
 
     def __init__(self, data: memoryview, step: int, on_fault: Callable[[], NoReturn]) -> None:
-        ft = c_text()
-        assert ft is not None, "the C parser is off: see c_text"
+        ft = accel.text()
+        assert ft is not None, "the C parser is off: see mmd.accel.text"
         m, n, off = output_header(data)
         assert m > 0 and n > 0 and step > 0, "an output with rows and columns, in blocks of rows"
         self.shape, self.step, self.data, self.on_fault, self._ft = (m, n), step, data, on_fault, ft
@@ -420,17 +387,18 @@ def read_bytes(path: Path, follow: bool = True) -> bytes | mmap.mmap:
         os.close(fd)
 
 
-#: Bytes compared at a time where mmd._fasttext is not built.
+#: Bytes compared at a time where the C accelerators are off.
 COMPARE_BYTES = 1 << 20
 
 
 def same_bytes(x: memoryview, y: memoryview) -> bool:
-    """Whether two buffers hold the same bytes (one memcmp, without the GIL, where mmd._fasttext is built;
-    else a block at a time, stopping at the first that differs)."""
+    """Whether two buffers hold the same bytes (one memcmp, without the GIL, by the C accelerator
+    where it is on; else a block at a time, stopping at the first that differs)."""
     if len(x) != len(y):
         return False
-    if fasttext is not None:
-        return fasttext.same_bytes(x, y)
+    ft = accel.text()
+    if ft is not None:
+        return ft.same_bytes(x, y)
     # as bytes, a block at a time: memoryviews compare item by item (0.5 s for two 4096 outputs, 0.2 s so)
     step = COMPARE_BYTES
     return all(x[i : i + step].tobytes() == y[i : i + step].tobytes() for i in range(0, len(x), step))

@@ -207,8 +207,8 @@ def test_one_quick_check_imports_no_numpy(tmp_path):
     assert run_mmd("gen", "40", "--seed", "2", "-o", str(src)).returncode == 0
     assert run_mmd("run", str(src), "-o", str(out)).returncode == 0
     code = (
-        "import sys; from mmd.cli import main; from mmd import textcore; status = main(['check', sys.argv[1], "
-        "'--input', sys.argv[2], '--quick']); print('numpy' in sys.modules, textcore.c_passes() is None, status)"
+        "import sys; from mmd.cli import main; from mmd import accel; status = main(['check', sys.argv[1], "
+        "'--input', sys.argv[2], '--quick']); print('numpy' in sys.modules, accel.passes() is None, status)"
     )
     got = subprocess.run([sys.executable, "-c", code, str(out), str(src)], capture_output=True, text=True, check=True)
     numpy_, c_off, status = got.stdout.splitlines()[-1].split()  # the child's route: the environment decides
@@ -226,8 +226,8 @@ def test_a_check_against_an_expected_output_imports_no_numpy(tmp_path, change, s
     text = "3 6\n" + "".join(rows)
     expected.write_text(text if change is None else text.replace(*change))
     code = (
-        "import sys; from mmd.cli import main; from mmd import textcore; status = main(['check', sys.argv[1], "
-        "sys.argv[2]]); print('numpy' in sys.modules, textcore.c_passes() is None or textcore.c_text() is None, "
+        "import sys; from mmd.cli import main; from mmd import accel; status = main(['check', sys.argv[1], "
+        "sys.argv[2]]); print('numpy' in sys.modules, accel.passes() is None or accel.text() is None, "
         "status)"
     )
     got = subprocess.run([sys.executable, "-c", code, str(out), str(expected)], capture_output=True, text=True)

@@ -4,7 +4,7 @@ Every check is made five ways on the same inputs: through the C passes
 (their AVX2 kernels where the CPU has AVX2, and their two-double kernels),
 each as mmd.check.full calls them and split over two threads on every size
 (``_SPLIT_ELEMS`` 0), and through the numpy passes (the flag
-``textcore.USE_FASTTEXT`` switched off). The reports must agree exactly in their decisions, counts,
+``accel.ON`` switched off). The reports must agree exactly in their decisions, counts,
 positions and largest error; the sums (relative error, the quick check's
 projections) are summed in another order and agree to rounding.
 """
@@ -22,39 +22,38 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import textcore
+from mmd import accel
 from mmd import textformat as tf
-from mmd.check import full, tolerance
-from mmd.check import quick as freivalds
+from mmd.check import full, quick, tolerance
 from mmd.generate import random_matrix
 
 from .test_verify import same_report
 
-fc = textcore.fastcheck
+fc = accel.fastcheck
 pytestmark = pytest.mark.skipif(fc is None, reason="mmd._fastcheck is not built (no C compiler at install time)")
 
 
 def _ways(fn: Callable[[], Any]) -> tuple[list[Any], Any]:
     """fn() through the C passes four ways (AVX2 kernels where the CPU has them, and the two-double ones; each
     whole and always split over two threads), and through the numpy passes."""
-    old_flag, old_split = textcore.USE_FASTTEXT, textcore.C_SPLIT_ELEMS
+    old_flag, old_split = accel.ON, accel.C_SPLIT_ELEMS
     old_wide = fc.set_wide(True)
     c = []
     try:
-        textcore.USE_FASTTEXT = True
+        accel.ON = True
         for wide in (True, False):
             fc.set_wide(wide)
             for split in (old_split, 0):
-                textcore.C_SPLIT_ELEMS = split
+                accel.C_SPLIT_ELEMS = split
                 c.append(fn())
-        textcore.USE_FASTTEXT = False
+        accel.ON = False
         return c, fn()
     finally:
-        textcore.USE_FASTTEXT, textcore.C_SPLIT_ELEMS = old_flag, old_split
+        accel.ON, accel.C_SPLIT_ELEMS = old_flag, old_split
         fc.set_wide(old_wide)
 
 
-def _same_quick(got: freivalds.QuickReport, want: freivalds.QuickReport) -> None:
+def _same_quick(got: quick.QuickReport, want: quick.QuickReport) -> None:
     assert (got.ok, got.shape, got.seed, got.vectors, got.z, got.nonfinite, got.tolerance) == (
         want.ok,
         want.shape,
@@ -159,7 +158,7 @@ def test_quick_same_both_ways(shape, seed, plant, vectors, tol):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    cs, numpy_ = _ways(lambda: full.quick(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
+    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -187,7 +186,7 @@ def test_more_vectors_than_the_c_passes_take_go_through_numpy():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 6, 7), random_matrix(rng, 7, 5)
     out = _printed(a, b)
-    cs, numpy_ = _ways(lambda: full.quick(out, a, b, vectors=fc.MAX_VECTORS + 1))
+    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b, vectors=fc.MAX_VECTORS + 1))
     assert all(c == numpy_ for c in cs)
 
 
@@ -195,14 +194,14 @@ def test_big_enough_to_split_by_default_same_both_ways():
     rng = np.random.default_rng(5)
     a, b = random_matrix(rng, 300, 64), random_matrix(rng, 64, 301)  # 90300 elements: two threads
     out = _planted(_printed(a, b), a, b, "near", rng)
-    assert out.size >= textcore.C_SPLIT_ELEMS
+    assert out.size >= accel.C_SPLIT_ELEMS
     cs, numpy_ = _ways(lambda: full.against_inputs(out, a, b))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
     cs, numpy_ = _ways(lambda: full.against_output(out, np.round(out, 1)))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
-    cs, numpy_ = _ways(lambda: full.quick(out, a, b))
+    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -224,13 +223,13 @@ def test_the_c_passes_refuse_wrong_buffers():
 
 
 def test_no_fasttext_switches_the_c_passes_off():
-    code = "import mmd.textcore as tc; print(tc.c_passes() is not None, tc.c_text() is not None)"
-    env = dict(os.environ, MMD_NO_FASTTEXT="1")
+    code = "import mmd.accel as a; print(a.passes() is not None, a.text() is not None)"
+    env = dict(os.environ, MMD_NO_C="1")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "False False"
-    env["MMD_NO_FASTTEXT"] = ""
+    env["MMD_NO_C"] = ""
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    built = textcore.fasttext is not None
+    built = accel.fasttext is not None
     assert got.stdout.strip() == f"{built} {built}"
 
 
@@ -242,7 +241,7 @@ def test_an_empty_inner_dimension_same_both_ways():
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
     assert not numpy_.ok and numpy_.worst == (1, 2)
-    cs, numpy_ = _ways(lambda: full.quick(out, a, b))
+    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 

@@ -1,7 +1,7 @@
 """Tests for mmd._fasttext, the optional C accelerator of mmd.textformat.
 
 Every result is compared three ways: the C path, the numpy path (the module
-flag ``USE_FASTTEXT`` switched off) and the slow references. Refusals must
+switch ``mmd.accel.ON`` off) and the slow references. Refusals must
 give the same message, line and value with and without the accelerator.
 """
 
@@ -19,29 +19,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import textcore
+from mmd import accel, textcore
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
 from .test_textformat import BAD_TOKENS, VALUE_FORMS
 
-ft = tf._fasttext
+ft = accel.fasttext
 pytestmark = pytest.mark.skipif(ft is None, reason="mmd._fasttext is not built (no C compiler at install time)")
 
 
 @pytest.fixture(autouse=True)
 def _accelerated(monkeypatch):
-    """Each test starts with the accelerator on (even under MMD_NO_FASTTEXT=1)."""
-    monkeypatch.setattr(textcore, "USE_FASTTEXT", ft is not None)
+    """Each test starts with the accelerator on (even under MMD_NO_C=1)."""
+    monkeypatch.setattr(accel, "ON", ft is not None)
 
 
 def _numpy_path(fn, *args):
-    old = textcore.USE_FASTTEXT
-    textcore.USE_FASTTEXT = False
+    old = accel.ON
+    accel.ON = False
     try:
         return fn(*args)
     finally:
-        textcore.USE_FASTTEXT = old
+        accel.ON = old
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -68,12 +68,12 @@ class _Split:
 
 
 def _split_path(fn, *args):
-    old = tf._fasttext
-    tf._fasttext = _Split
+    old = accel.fasttext
+    accel.fasttext = _Split
     try:
         return fn(*args)
     finally:
-        tf._fasttext = old
+        accel.fasttext = old
 
 
 def _same_both_ways(data: bytes):
@@ -614,13 +614,13 @@ def test_locale_does_not_change_bytes():
 
 
 def test_env_var_forces_numpy_path():
-    code = "import mmd.textcore as tc; print(tc.USE_FASTTEXT)"
+    code = "import mmd.accel as a; print(a.ON)"
     root = Path(tf.__file__).resolve().parents[1]
-    env = dict(os.environ, MMD_NO_FASTTEXT="1")
+    env = dict(os.environ, MMD_NO_C="1")
     run = dict(env=env, cwd=root, capture_output=True, text=True, check=True)
     out = subprocess.run([sys.executable, "-c", code], **run)
     assert out.stdout.strip() == "False"
-    env["MMD_NO_FASTTEXT"] = ""
+    env["MMD_NO_C"] = ""
     out = subprocess.run([sys.executable, "-c", code], **run)
     assert out.stdout.strip() == "True"
 
@@ -657,12 +657,12 @@ def _output_three_ways(data: bytes):
     finally:
         ft.set_wide(was)
     assert _numpy_path(_output_outcome, data) == fast
-    old = tf._fasttext
-    tf._fasttext = _OutSplit
+    old = accel.fasttext
+    accel.fasttext = _OutSplit
     try:
         assert _output_outcome(data) == fast
     finally:
-        tf._fasttext = old
+        accel.fasttext = old
     return fast
 
 

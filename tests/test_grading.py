@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import xmlschema
 
-from mmd import record, textcore, textformat
+from mmd import accel, record, textcore, textformat
 from mmd.check import full, jobs, pairing, reports, results
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
@@ -360,7 +360,7 @@ def test_an_expected_output_with_the_output_s_bytes_is_not_parsed_again(tmp_path
     ):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
-    c_route = textcore.c_text() is not None
+    c_route = accel.text() is not None
     r = jobs.check_file(out, same, Options(against="expected")).results[0]
     assert r.status is Status.OK and r.max_error == 0.0 and calls == ["output_ok" if c_route else "check_output"]
     calls.clear()
@@ -468,10 +468,10 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("accelerated", [True, False], ids=["c", "python"])
 def test_same_bytes(monkeypatch, accelerated):
-    if accelerated and textcore.fasttext is None:
+    if accelerated and accel.fasttext is None:
         pytest.skip("mmd._fasttext is not built")
     if not accelerated:
-        monkeypatch.setattr(textcore, "fasttext", None)
+        monkeypatch.setattr(accel, "fasttext", None)
     monkeypatch.setattr(textcore, "COMPARE_BYTES", 64)  # many blocks
     base = bytes(range(256)) * 9 + b"tail"
     assert textcore.same_bytes(memoryview(base), memoryview(bytearray(base)))
@@ -489,7 +489,7 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
     with them switched off, numpy's parsers and passes make the same sums. Every outcome (right,
     a value, a row, a column wrong, faults anywhere, another shape) is the same both ways, to the
     rounding of the sums in the ratio."""
-    if textcore.c_passes() is None:
+    if accel.passes() is None:
         pytest.skip("the C accelerators are not built")
     blocks_of(monkeypatch, block)
     out, src = _pair(tmp_path, 30, 20, 25)
@@ -506,7 +506,7 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
     other.write_bytes(b"".join(input_chunks(random_matrix(rng, 30, 20), random_matrix(rng, 20, 24), square=False)))
 
     def outcomes(accelerated: bool) -> dict[str, dict[str, object]]:
-        monkeypatch.setattr(textcore, "USE_FASTTEXT", accelerated)
+        monkeypatch.setattr(accel, "ON", accelerated)
         got = {}
         for name, body in cases.items():
             out.write_bytes(body)
@@ -933,3 +933,20 @@ def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     [r] = jobs.check_folder(out, tests, Options()).results
     assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r
     assert full.TOLERANCES["fp32"] in r.detail
+
+
+@pytest.mark.slow  # a real daemon's run
+def test_quick_holds_a_tf32_kernel_s_output_to_tf32_s_bound(tmp_path):
+    """--quick reads the producing kernel from the sidecar, as the full check does: a TF32 kernel's output
+    passes against TF32's bound, and the table says so; the same bytes from an fp32 kernel are refused."""
+    tests, out = _tf32_served(tmp_path / "tf32", "tc1")
+    for quick_options in (Options(quick=True, seed=1), Options(quick=True, seed=2)):
+        [r] = jobs.check_folder(out, tests, quick_options).results
+        assert (r.status, r.kernel, r.precision) == (Status.OK, "tc1", "tf32"), r
+        assert "kernel tc1 is TF32: held to TF32's tolerance" in r.reason
+        assert full.TOLERANCES["tf32"] in r.detail
+        one = jobs.check_file(out / "t.out", tests / "t.txt", quick_options).results[0]
+        assert (one.status, one.kernel, one.precision) == (Status.OK, "tc1", "tf32"), one
+    tests, out = _tf32_served(tmp_path / "fp32", "tc3")
+    [r] = jobs.check_folder(out, tests, Options(quick=True, seed=1)).results
+    assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import mmd
+from mmd import accel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,9 +87,8 @@ def test_the_wheel_carries_kernels_config_and_runs_a_job_from_elsewhere(installe
 
 
 def test_the_wheel_carries_the_c_accelerators_and_their_stubs(installed: Path, tmp_path: Path) -> None:
-    from mmd import textcore
 
-    for name, built in (("_fasttext", textcore.fasttext), ("_fastcheck", textcore.fastcheck)):
+    for name, built in (("_fasttext", accel.fasttext), ("_fastcheck", accel.fastcheck)):
         assert (installed / "mmd" / f"{name}.pyi").is_file()
         if built is None:  # no compiler here: the wheel has none either
             continue

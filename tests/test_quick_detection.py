@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from mmd import textformat as tf
 from mmd.check import full as verify
-from mmd.check import quick as freivalds
-from mmd.check import tolerance
+from mmd.check import quick, tolerance
 from mmd.generate import random_matrix
 
 
@@ -54,11 +53,11 @@ def test_errors_of_the_stated_size_are_refused(m, k, n, pattern):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     exact = _exact(a, b)
     for seed in range(10):
-        clean = verify.quick(exact, a, b, seed=seed)
+        clean = verify.quick_of(exact, a, b, seed=seed)
         assert clean.ok and clean.catches > 0
         assert f"catches any row or column off by >= {clean.catches:.3g} rms (chance >= 1 - 1e-06)" in clean.summary()
         err = _planted((m, n), pattern, clean.catches, rng)
-        got = verify.quick(exact + err, a, b, seed=seed)
+        got = verify.quick_of(exact + err, a, b, seed=seed)
         assert not got.ok, (pattern, seed, got.summary())
         where = {("row", int(i)) for i in np.flatnonzero(err.any(axis=1))}
         where |= {("column", int(j)) for j in np.flatnonzero(err.any(axis=0))}
@@ -77,12 +76,12 @@ def test_a_refusal_without_sums_states_no_figure():
 def test_the_figure_is_the_bound_times_the_reach():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 40, 50), random_matrix(rng, 50, 60)
-    r = verify.quick(_exact(a, b), a, b, seed=3, tol=0.5)
+    r = verify.quick_of(_exact(a, b), a, b, seed=3, tol=0.5)
     # with a constant tol, a row's bound is z·sqrt(n)·(h + tol) and a column's z·sqrt(m)·(h + tol) (up
     # to float64's margin): an rms of z·(h + tol) for both
-    assert r.catches == pytest.approx(freivalds.reach(16) * r.z * (tolerance.PRINT_HALF_UNIT + 0.5), rel=1e-9)
+    assert r.catches == pytest.approx(quick.reach(16) * r.z * (tolerance.PRINT_HALF_UNIT + 0.5), rel=1e-9)
     assert r.bound == pytest.approx(r.z * math.sqrt(60) * (tolerance.PRINT_HALF_UNIT + 0.5), rel=1e-9)
-    assert freivalds.reach(16) == pytest.approx(0.830, abs=1e-3)
+    assert quick.reach(16) == pytest.approx(0.830, abs=1e-3)
 
 
 @pytest.mark.parametrize("chance", [0.5, 0.9])
@@ -92,31 +91,31 @@ def test_a_miss_has_the_chi_square_laws_chance(chance):
     rng = np.random.default_rng(7)
     a, b = random_matrix(rng, 64, 64), random_matrix(rng, 64, 64)
     exact = _exact(a, b)
-    bound = verify.quick(exact, a, b, seed=0, tol=0.5).bound  # every row's and column's, with a constant tol
-    rho = freivalds.reach(16, miss=1 - chance)
-    assert freivalds.caught(rho, 16) == pytest.approx(chance)
+    bound = verify.quick_of(exact, a, b, seed=0, tol=0.5).bound  # every row's and column's, with a constant tol
+    rho = quick.reach(16, miss=1 - chance)
+    assert quick.caught(rho, 16) == pytest.approx(chance)
     bad = exact.copy()
     bad[5] += rho * bound / 8  # 64 values of rho·bound/8: norm rho·bound
     trials = 300
-    refused = sum(not verify.quick(bad, a, b, seed=seed, tol=0.5).ok for seed in range(trials))
+    refused = sum(not verify.quick_of(bad, a, b, seed=seed, tol=0.5).ok for seed in range(trials))
     spread = 4.5 * math.sqrt(trials * chance * (1 - chance))
     assert abs(refused - trials * chance) <= spread, refused
 
 
 def test_chi_square_tails():
     # closed forms: χ²_2 is exponential; χ²_1 is a squared normal
-    assert freivalds.chi2_sf(10.0, 2) == pytest.approx(math.exp(-5.0), rel=1e-12)
-    assert freivalds.chi2_sf(9.0, 1) == pytest.approx(math.erfc(3 / math.sqrt(2)), rel=1e-12)
+    assert quick.chi2_sf(10.0, 2) == pytest.approx(math.exp(-5.0), rel=1e-12)
+    assert quick.chi2_sf(9.0, 1) == pytest.approx(math.erfc(3 / math.sqrt(2)), rel=1e-12)
     for v in (1, 2, 3, 4, 15, 16):
         for x in (0.01, 0.5, 3.0, 16.0, 40.0):
-            assert freivalds.chi2_cdf(x, v) + freivalds.chi2_sf(x, v) == pytest.approx(1.0, abs=1e-12)
+            assert quick.chi2_cdf(x, v) + quick.chi2_sf(x, v) == pytest.approx(1.0, abs=1e-12)
     # the far upper tail the bound lives in, from the recurrence's terms (no cancellation)
-    assert freivalds.chi2_sf(200.0, 16) == pytest.approx(
+    assert quick.chi2_sf(200.0, 16) == pytest.approx(
         math.exp(-100) * sum(100.0**i / math.factorial(i) for i in range(8)), rel=1e-12
     )
     # and the far lower tail a miss lives in: the series' first term dominates
     x = 1e-3
-    assert freivalds.chi2_cdf(x, 16) == pytest.approx((x / 2) ** 8 / math.factorial(8), rel=1e-3)
+    assert quick.chi2_cdf(x, 16) == pytest.approx((x / 2) ** 8 / math.factorial(8), rel=1e-3)
 
 
 def test_the_1024_row_shifted_by_one_from_issue_30():
@@ -130,17 +129,17 @@ def test_the_1024_row_shifted_by_one_from_issue_30():
     out = tf.parse_output(tf.emit(a @ b))
     bad = out.copy()
     bad[417] += 1.0
-    clean = verify.quick(out, a, b, seed=1)
+    clean = verify.quick_of(out, a, b, seed=1)
     assert clean.ok and 4.0 < clean.catches < 5.0
     row_rms = math.sqrt(np.mean((bad[417] - _exact(a, b)[417]) ** 2))
     assert row_rms == pytest.approx(1.0, abs=1e-3)
     # the law's chance at the largest bound (the row's own is at most that): a lower bound on its own
-    assert freivalds.caught(row_rms * 32 / clean.bound, 16) == pytest.approx(0.031, abs=0.005)
-    refused = sum(not verify.quick(bad, a, b, seed=seed).ok for seed in range(40))
+    assert quick.caught(row_rms * 32 / clean.bound, 16) == pytest.approx(0.031, abs=0.005)
+    refused = sum(not verify.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
     assert 1 <= refused <= 8
     bad[417] += 1.0  # rms 2.0: the law gives at least 0.97
-    assert freivalds.caught(2 * row_rms * 32 / clean.bound, 16) > 0.97
-    assert all(not verify.quick(bad, a, b, seed=seed).ok for seed in range(40))
+    assert quick.caught(2 * row_rms * 32 / clean.bound, 16) > 0.97
+    assert all(not verify.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
 
 
 FAMILIES = {
@@ -180,5 +179,5 @@ def test_honest_fp32_products_always_pass(shape, family, order, data_seed, seed)
     product = a @ b if order == "numpy" else _sequential(a, b)
     out = tf.parse_output(tf.emit(product))
     assert verify.against_inputs(out, a, b).ok
-    r = verify.quick(out, a, b, seed=seed)
+    r = verify.quick_of(out, a, b, seed=seed)
     assert r.ok, r.summary()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import textcore
+from mmd import accel, textcore
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
@@ -368,8 +368,7 @@ def test_parse_accepts_given_header():
     np.testing.assert_array_equal(got.b, [[4, 5]])
 
 
-def test_parse_large_multi_chunk_matches_reference(monkeypatch):
-    monkeypatch.setattr(tf, "PARSE_CHUNK", 1000)
+def test_parse_mixed_forms_matches_reference():
     rng = np.random.default_rng(11)
     m, k, n = 13, 17, 11
     vals = rng.uniform(-1e4, 1e4, m * k + k * n)
@@ -505,9 +504,9 @@ def test_references_agree_small():
 @pytest.fixture(params=["c", "numpy"])
 def accelerator(request, monkeypatch):
     """Through mmd._fasttext, then through the numpy path."""
-    if request.param == "c" and tf._fasttext is None:
+    if request.param == "c" and accel.fasttext is None:
         pytest.skip("mmd._fasttext is not built")
-    monkeypatch.setattr(textcore, "USE_FASTTEXT", request.param == "c")
+    monkeypatch.setattr(accel, "ON", request.param == "c")
     return request.param
 
 
@@ -582,10 +581,10 @@ def _old_input_chunks(a: np.ndarray, b: np.ndarray, square: bool):
 def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, rows):
     from mmd.generate import input_chunks, random_matrix
 
-    if accelerated and tf._fasttext is None:
+    if accelerated and accel.fasttext is None:
         pytest.skip("mmd._fasttext is not built")
-    old_flag = textcore.USE_FASTTEXT
-    textcore.USE_FASTTEXT = accelerated
+    old_flag = accel.ON
+    accel.ON = accelerated
     try:
         rng = np.random.default_rng(seed)
         a, b = random_matrix(rng, m, k, -1000, 1000), random_matrix(rng, k, n, -1000, 1000)
@@ -595,7 +594,7 @@ def test_emit_input_same_bytes_as_the_old_generator(accelerated, m, k, n, seed, 
         sq = random_matrix(rng, m, m)
         assert b"".join(input_chunks(sq, sq, square=True)) == b"".join(_old_input_chunks(sq, sq, square=True))
     finally:
-        textcore.USE_FASTTEXT = old_flag
+        accel.ON = old_flag
 
 
 def test_emit_input_any_float32(accelerator):

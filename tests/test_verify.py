@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import textcore
+from mmd import accel
 from mmd import textformat as tf
-from mmd.check import compare, full, tolerance
-from mmd.check import quick as freivalds
+from mmd.check import compare, full, quick, tolerance
 from mmd.cpus import worker_rows
 from mmd.errors import InputFormatError
 from mmd.generate import random_matrix
@@ -22,12 +21,12 @@ from .conftest import blocks_of
 def passes(request):
     """Every test through mmd._fastcheck's passes, then through the numpy ones (module-scoped: hypothesis
     refuses function-scoped fixtures)."""
-    if request.param == "c" and textcore.fastcheck is None:
+    if request.param == "c" and accel.fastcheck is None:
         pytest.skip("mmd._fastcheck is not built")
-    old = textcore.USE_FASTTEXT
-    textcore.USE_FASTTEXT = request.param == "c"
+    old = accel.ON
+    accel.ON = request.param == "c"
     yield request.param
-    textcore.USE_FASTTEXT = old
+    accel.ON = old
 
 
 def _blocks(prod: full.Product) -> list[tuple[int, np.ndarray]]:
@@ -275,12 +274,12 @@ def test_planted_faults_full_and_quick():
     a, b = random_matrix(rng, 256, 256), random_matrix(rng, 256, 256)
     out = _printed(a, b)
     assert full.against_inputs(out, a, b).ok
-    assert full.quick(out, a, b, seed=0).ok
+    assert full.quick_of(out, a, b, seed=0).ok
     caught = {}
     for kind, bad in _faults(out, a, b).items():
         whole = full.against_inputs(bad, a, b)
         assert whole.ok == _old_against_inputs(bad, a, b).ok
-        caught[kind] = (not whole.ok, not full.quick(bad, a, b, seed=0).ok)
+        caught[kind] = (not whole.ok, not full.quick_of(bad, a, b, seed=0).ok)
     assert caught == {
         "element, small": (True, False),  # only the full check sees one element off by a little
         "element, large": (True, True),
@@ -298,13 +297,13 @@ def test_planted_faults_rectangular():
     rng = np.random.default_rng(12)
     a, b = random_matrix(rng, 120, 300, -3, 3), random_matrix(rng, 300, 90, -3, 3)
     out = _printed(a, b)
-    assert full.against_inputs(out, a, b).ok and full.quick(out, a, b, seed=5).ok
+    assert full.against_inputs(out, a, b).ok and full.quick_of(out, a, b, seed=5).ok
     for where in (np.s_[17], np.s_[:, 33], np.s_[64:80, 16:32]):
         bad = out.copy()
         bad[where] *= -1
         assert not full.against_inputs(bad, a, b).ok
-        assert not full.quick(bad, a, b, seed=5).ok
-    assert not full.quick(out[:, :89], a, b).ok
+        assert not full.quick_of(bad, a, b, seed=5).ok
+    assert not full.quick_of(out[:, :89], a, b).ok
 
 
 # ---------------------------------------------------------------------------
@@ -317,7 +316,7 @@ def test_quick_passes_every_right_output(m, k, n):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _printed(a, b)
     for seed in range(25):
-        r = full.quick(out, a, b, seed=seed)
+        r = full.quick_of(out, a, b, seed=seed)
         assert r.ok, r.summary()
         assert r.worst_ratio < 0.5
 
@@ -332,7 +331,7 @@ def test_quick_passes_outputs_at_the_edge_of_the_tolerance():
         out = ref + 0.999 * signs * allowed
         assert full.against_inputs(out, a, b).ok
         for seed in range(20):
-            r = full.quick(out, a, b, seed=seed)
+            r = full.quick_of(out, a, b, seed=seed)
             assert r.ok, r.summary()
 
 
@@ -340,22 +339,22 @@ def test_quick_is_seeded_and_reports_its_bound():
     rng = np.random.default_rng(4)
     a, b = random_matrix(rng, 50, 60), random_matrix(rng, 60, 70)
     out = _printed(a, b)
-    r1, r2, r3 = full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=9), full.quick(out, a, b, seed=10)
+    r1, r2, r3 = full.quick_of(out, a, b, seed=9), full.quick_of(out, a, b, seed=9), full.quick_of(out, a, b, seed=10)
     assert r1 == r2 and r1.worst_ratio != r3.worst_ratio
     assert r1.seed == 9 and r1.vectors == 16 and r1.false_alarm == 1e-9
     # z: the norms of all 50 + 70 rows' and columns' 16 projections together refuse a passing result
     # with chance at most 1e-9
-    assert r1.z == pytest.approx(freivalds.threshold(1e-9 / 120, 16))
+    assert r1.z == pytest.approx(quick.threshold(1e-9 / 120, 16))
     assert 9 < r1.z < 9.5 and r1.bound > 0
     s = r1.summary()
     assert s.startswith("ok (quick): 50x70, largest projection") and "seed 9" in s and "sigma" in s
     bad = out.copy()
     bad[7] += 50
-    r = full.quick(bad, a, b, seed=9)
+    r = full.quick_of(bad, a, b, seed=9)
     assert not r.ok and r.worst == ("row", 7) and "at row 8" in r.summary()
-    r = full.quick(out, a, b, seed=9, tol=0.5)
+    r = full.quick_of(out, a, b, seed=9, tol=0.5)
     assert r.ok and r.tolerance == "0.005 + 0.5"
-    r = full.quick(bad, a, b, vectors=1, false_alarm=1e-3)
+    r = full.quick_of(bad, a, b, vectors=1, false_alarm=1e-3)
     assert r.vectors == 1 and r.z < r1.z
 
 
@@ -364,9 +363,9 @@ def test_quick_refuses_nonfinite_and_wrong_shapes():
     a, b = random_matrix(rng, 4, 5), random_matrix(rng, 5, 6)
     out = _printed(a, b)
     out[2, 3] = np.inf
-    r = full.quick(out, a, b)
+    r = full.quick_of(out, a, b)
     assert not r.ok and r.nonfinite == 1 and r.worst == ("row", 2) and "1 values are not finite" in r.summary()
-    r = full.quick(np.zeros((6, 4)), a, b)
+    r = full.quick_of(np.zeros((6, 4)), a, b)
     assert not r.ok and r.shape == (6, 4)
 
 
@@ -431,7 +430,7 @@ def test_quick_in_chunks_decides_and_reports_alike(monkeypatch):
     for chunk in (1 << 15, 200, 90):
         monkeypatch.setattr(full, "_CHUNK_ELEMS", chunk)
         monkeypatch.setattr(full, "_BLOCK_ELEMS", 4 * chunk)
-        reports.append((full.quick(right, a, b, seed=3), full.quick(wrong, a, b, seed=3)))
+        reports.append((full.quick_of(right, a, b, seed=3), full.quick_of(wrong, a, b, seed=3)))
     for ok, bad in reports:
         assert ok.ok and not bad.ok and bad.worst == reports[0][1].worst
         np.testing.assert_allclose([ok.worst_ratio, ok.bound], [reports[0][0].worst_ratio, reports[0][0].bound], 1e-9)
@@ -463,7 +462,7 @@ def test_output_blocks_keep_the_first_nan_excess_as_the_worst():
     expected[1, 2] = np.nan
     out[4, 3] += 1.0
     whole = full.against_output(out, expected)
-    for uniform in (full.uniform_pass, compare.c_uniform) if textcore.c_passes() else (full.uniform_pass,):
+    for uniform in (full.uniform_pass, compare.c_uniform) if accel.passes() else (full.uniform_pass,):
         pairs = ((r, out[r : r + 2].ravel(), expected[r : r + 2].ravel(), 2) for r in range(0, 6, 2))
         same_report(compare.against_output_blocks(pairs, (6, 4), 0.01, uniform), whole)
     assert whole.worst == (1, 2)
@@ -491,9 +490,9 @@ def test_output_sums_in_blocks_same_as_whole(rows, plant):
         np.testing.assert_allclose(blocks.yc, whole.yc, rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(blocks.col_ssq, whole.col_ssq, rtol=1e-12)
     proj = full.project(a, b, seed=4)
-    got, want = freivalds.verdict(blocks, proj), freivalds.verdict(whole, proj)
+    got, want = quick.verdict(blocks, proj), quick.verdict(whole, proj)
     assert (got.ok, got.worst, got.nonfinite) == (want.ok, want.worst, want.nonfinite)
     assert got.worst_ratio == pytest.approx(want.worst_ratio, rel=1e-9)
-    assert got.ok == (plant == "none") and want == full.quick(out, a, b, seed=4)
+    assert got.ok == (plant == "none") and want == full.quick_of(out, a, b, seed=4)
     with pytest.raises(ValueError, match="seed"):
-        freivalds.verdict(full.output_sums([(0, out)], out.shape, seed=5), proj)
+        quick.verdict(full.output_sums([(0, out)], out.shape, seed=5), proj)

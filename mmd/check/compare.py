@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import textcore
+from .. import accel
 
 #: One block's pass of the uniform rule |out − ref| ≤ allowed: (out, ref, rows, n, allowed) →
 #: (mismatches, max |error|, Σ error², Σ ref², the flat index in the block of its worst element: the
@@ -122,10 +122,10 @@ class Tally:
 
 
 def c_uniform(out: Any, ref: Any, rows: int, n: int, allowed: float) -> tuple[int, float, float, float, int]:
-    """The :data:`UniformPass` of mmd._fastcheck (on: :func:`mmd.textcore.c_passes`), over any float64 buffers."""
-    fc = textcore.c_passes()
-    assert fc is not None, "the C passes are off: see textcore.c_passes"
-    bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, rows, n, float(allowed), textcore.C_SPLIT_ELEMS)
+    """The :data:`UniformPass` of mmd._fastcheck (on: :func:`mmd.accel.passes`), over any float64 buffers."""
+    fc = accel.passes()
+    assert fc is not None, "the C passes are off: see mmd.accel.passes"
+    bad, max_err, ssq_err, ssq_ref, worst = fc.uniform(out, ref, rows, n, float(allowed), accel.C_SPLIT_ELEMS)
     return int(bad), float(max_err), float(ssq_err), float(ssq_ref), int(worst)
 
 

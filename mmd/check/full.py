@@ -33,18 +33,25 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from .. import textcore
+from .. import accel
 from ..cpus import block_rows, usable_cores, worker_rows
 from ..textformat import values_array
-from . import compare
-from . import quick as freivalds
+from . import compare, quick
 from .compare import CheckReport, Tally, nan_max, same_values, summed_report
-from .tolerance import FP32_MODEL, PRINT_HALF_UNIT, U64, described, fp32_factor
+from .tolerance import (
+    PRINT_HALF_UNIT,
+    U64,
+    fp32_factor,
+    model_factor,
+    tolerance_of,
+)
+from .tolerance import TF32_OPERAND_ERROR as TF32_OPERAND_ERROR  # the bench and tests read them here
+from .tolerance import TOLERANCES as TOLERANCES
 
 #: A float64 GEMM: ``gemm(a, b)`` returns a·b for float64 a (m×k) and b (k×n).
 Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -71,17 +78,6 @@ def _c_matrix(mat: np.ndarray) -> np.ndarray:
 def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
     """Elementwise fp32 error allowance: factor·sqrt(K)·eps·(|A|·|B|)."""
     return fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
-
-
-#: What TF32 operands add to a product's error, relative to |A|·|B|: each operand is off by less
-#: than one TF32 unit, 2^-10 of it (truncation, the worst a TF32 path does; rounding halves it),
-#: so each term a·b by less than 2·2^-10 + 2^-20 of |a·b|. A worst case, not a statistical one:
-#: TF32's error is the operands' rounding, which no fp32 model of the sums covers (measured: a
-#: product of TF32-rounded operands in numpy exceeds the fp32 tolerance by 2.3× at N = 2048, 51× at 64).
-TF32_OPERAND_ERROR = 2.0**-9 + 2.0**-20
-
-#: The tolerance each precision (:data:`mmd.kernels.PRECISIONS`) is checked against, in words.
-TOLERANCES: dict[str, str] = {"fp32": FP32_MODEL, "tf32": "(2^-9 + 4·sqrt(K)·eps)·|A||B|"}
 
 
 def tf32_tolerance(fp32_allowed: np.ndarray, k: int) -> np.ndarray:
@@ -287,11 +283,6 @@ def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
     return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
 
 
-def tolerance_of(tol: float | None, precision: str = "fp32") -> str:
-    """The allowance each value is held to, in words: print rounding plus ``tol``, else plus ``precision``'s model."""
-    return described(tol) if tol is not None else f"0.005 + {TOLERANCES[precision]}"
-
-
 def against_product(out: Rows, prod: Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
     """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``; a
     ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model by :data:`TF32_OPERAND_ERROR`."""
@@ -340,7 +331,7 @@ def uniform_pass(
     """The :data:`mmd.compare.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
     where it is on, else :func:`_uniform_numpy`."""
     out64, ref64 = np.ascontiguousarray(out, dtype=np.float64), np.ascontiguousarray(ref, dtype=np.float64)
-    if textcore.c_passes() is not None:
+    if accel.passes() is not None:
         return compare.c_uniform(out64, ref64, rows, n, allowed)
     return _uniform_numpy(out64.reshape(rows, n), ref64.reshape(rows, n), allowed)
 
@@ -384,17 +375,19 @@ def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[in
     return total.mismatches, total.max_err, total.ssq_err, total.ssq_ref, total.worst
 
 
-def quick(
+def quick_of(
     out: np.ndarray,
     a: np.ndarray,
     b: np.ndarray,
     seed: int = 0,
-    vectors: int = freivalds.VECTORS,
+    vectors: int = quick.VECTORS,
     false_alarm: float = 1e-9,
     tol: float | None = None,
-) -> freivalds.QuickReport:
+) -> quick.QuickReport:
     """The quick check (:mod:`mmd.check.quick`) of an output held whole: O(n²) work for an m×n output."""
-    return quick_against(out, project(a, b, seed, vectors), false_alarm, tol)
+    shape = (int(out.shape[0]), int(out.shape[1])) if out.ndim == 2 else (0, 0)
+    sums = output_sums([(0, out)] if out.ndim == 2 else [], shape, seed, vectors)
+    return quick.verdict(sums, project(a, b, seed, vectors), false_alarm, tol)
 
 
 def _series(x: np.ndarray) -> array[float]:
@@ -403,77 +396,50 @@ def _series(x: np.ndarray) -> array[float]:
 
 
 def _numpy_vectors(m: int, n: int, seed: int, vectors: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`mmd.check.quick.random_vectors` as numpy's passes take them: x (n × vectors), y (m × vectors)."""
-    x_t, y = freivalds.random_vectors(m, n, seed, vectors)
+    """:func:`mmd.check.quick.random_vectors` as numpy takes them: x (n × vectors), y (m × vectors)."""
+    x_t, y = quick.random_vectors(m, n, seed, vectors)
     return np.frombuffer(x_t).reshape(vectors, n).T, np.frombuffer(y).reshape(m, vectors)
 
 
-def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = freivalds.VECTORS) -> freivalds.Projections:
-    """A and B's side of the quick check (:func:`mmd.check.quick.project` where the C passes are
-    usable, else three passes of numpy in blocks of rows, converted to float64 on the way: no n×n
-    temporary)."""
+def project(a: np.ndarray, b: np.ndarray, seed: int = 0, vectors: int = quick.VECTORS) -> quick.Projections:
+    """A and B's side of the quick check: by mmd._fastcheck where it is usable
+    (:func:`mmd.check.quick.c_usable`), else plain numpy in float64 over the whole matrices (the
+    fallback, and the oracle the C passes are tested against)."""
     m, k = a.shape
     n = b.shape[1]
-    if freivalds.c_usable(vectors) and a.size and b.size:
-        return freivalds.project(_c_matrix(a), _c_matrix(b), (m, k, n), seed, vectors)
+    if quick.c_usable(vectors) and a.size and b.size:
+        return quick.project(_c_matrix(a), _c_matrix(b), (m, k, n), seed, vectors)
     x, y = _numpy_vectors(m, n, seed, vectors)
-    bp = _pass_rows(b, lambda blk, r0, r1: _QuickB(blk @ x, *_abs_sum_max(blk), np.einsum("kj,kj->j", blk, blk)))
-    bx = np.concatenate([q.bx for q in bp])
-    b_sum, b_max = np.concatenate([q.abs_sum for q in bp]), np.concatenate([q.abs_max for q in bp])
-    b_col_ssq = _total([q.col_ssq for q in bp])
-    # both bounds in one product of two columns (a matrix times a vector would be a GEMV, which
-    # OpenBLAS splits over its threads from 9216 elements on: see _pass_rows)
-    b_sum_max = np.stack([b_sum, b_max], axis=1)
-
-    def a_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickA:
-        abs_blk = np.abs(blk)
-        sum_max = abs_blk @ b_sum_max
-        return _QuickA(
-            abx=blk @ bx,
-            ya=y[r0:r1].T @ blk,
-            row_sum=sum_max[:, 0],
-            row_max=sum_max[:, 1],
-            col_sum=abs_blk.sum(axis=0),
-            col_max=abs_blk.max(axis=0),
-            row_ssq=np.einsum("ik,ik->i", blk, blk),
-        )
-
-    ap = _pass_rows(a, a_rows)
-    ya = _total([q.ya for q in ap])
-    a_col_sum_max = np.stack([_total([q.col_sum for q in ap]), _total([q.col_max for q in ap], np.maximum)])
-
-    def b_again(blk: np.ndarray, r0: int, r1: int) -> _QuickB2:
-        sum_max = a_col_sum_max[:, r0:r1] @ np.abs(blk)
-        return _QuickB2(yab=ya[:, r0:r1] @ blk, col_sum=sum_max[0], col_max=sum_max[1])
-
-    bp2 = _pass_rows(b, b_again)
-    return freivalds.Projections(
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    abs_a, abs_b = np.abs(a64), np.abs(b64)
+    a_col_sum, a_col_max = abs_a.sum(axis=0), abs_a.max(axis=0, initial=0.0)
+    return quick.Projections(
         shape=(m, k, n),
         seed=seed,
         vectors=vectors,
         x_t=_series(x.T),
         y=_series(y),
-        abx_t=_series(np.concatenate([q.abx for q in ap]).T),
-        yab=_series(_total([q.yab for q in bp2])),
-        row_sum=_series(np.concatenate([q.row_sum for q in ap])),
-        row_max=_series(np.concatenate([q.row_max for q in ap])),
-        col_sum=_series(_total([q.col_sum for q in bp2])),
-        col_max=_series(_total([q.col_max for q in bp2])),
-        a_row_ssq=_series(np.concatenate([q.row_ssq for q in ap])),
-        b_col_ssq=_series(b_col_ssq),
+        abx_t=_series((a64 @ (b64 @ x)).T),
+        yab=_series((y.T @ a64) @ b64),
+        row_sum=_series(abs_a @ abs_b.sum(axis=1)),
+        row_max=_series(abs_a @ abs_b.max(axis=1, initial=0.0)),
+        col_sum=_series(a_col_sum @ abs_b),
+        col_max=_series(a_col_max @ abs_b),
+        a_row_ssq=_series(np.einsum("ik,ik->i", a64, a64)),
+        b_col_ssq=_series(np.einsum("kj,kj->j", b64, b64)),
     )
 
 
 def output_sums(
-    blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = freivalds.VECTORS
-) -> freivalds.OutputSums:
+    blocks: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int], seed: int = 0, vectors: int = quick.VECTORS
+) -> quick.OutputSums:
     """The output's side of the quick check (:class:`mmd.check.quick.OutputSums`) from consecutive
     blocks of rows (first row, rows): no block is needed once it has been summed, so an output read
     a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole. By mmd._fastcheck
-    where it is usable, else numpy's passes."""
+    where it is usable, else plain numpy a block at a time (the fallback and oracle)."""
     m, n = shape
-    sums = freivalds.OutputSums.start(shape, seed, vectors)
-    if freivalds.c_usable(vectors):
+    sums = quick.OutputSums.start(shape, seed, vectors)
+    if quick.c_usable(vectors):
         for r0, blk in blocks:
             if blk.size:
                 sums.add(r0, _c_matrix(blk), blk.shape[0])
@@ -493,116 +459,13 @@ def output_sums(
                 sums.first_nonfinite = r0 * n + int(np.flatnonzero(~finite)[0])
             sums.nonfinite += bad
             continue
-        cx[r0:r1], yc_blk, row_ssq[r0:r1], col_blk = _quick_numpy(blk64, x, y[r0:r1])
-        yc += yc_blk
-        col_ssq += col_blk
+        cx[r0:r1] = blk64 @ x
+        yc += y[r0:r1].T @ blk64
+        row_ssq[r0:r1] = np.einsum("ij,ij->i", blk64, blk64)
+        col_ssq += np.einsum("ij,ij->j", blk64, blk64)
     sums.cx_t[:], sums.row_ssq[:] = _series(cx.T), _series(row_ssq)
     sums.columns[:] = _series(np.concatenate([yc.ravel(), col_ssq]))
     return sums
-
-
-def quick_against(
-    out: np.ndarray, proj: freivalds.Projections, false_alarm: float = 1e-9, tol: float | None = None
-) -> freivalds.QuickReport:
-    """:func:`quick` with A and B's side made (:func:`project`): one pass over the output."""
-    shape = (int(out.shape[0]), int(out.shape[1])) if out.ndim == 2 else (0, 0)
-    sums = output_sums([(0, out)] if out.ndim == 2 else [], shape, proj.seed, proj.vectors)
-    return freivalds.verdict(sums, proj, false_alarm, tol)
-
-
-def _quick_numpy(
-    out64: np.ndarray, x: np.ndarray, y: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`output_sums`' pass over rows of the output in numpy (``y``: those rows' part): C·x, yᵀ·C,
-    and the sums of squares of C's rows and columns."""
-
-    def c_rows(blk: np.ndarray, r0: int, r1: int) -> _QuickC:
-        return _QuickC(blk @ x, y[r0:r1].T @ blk, np.einsum("ij,ij->i", blk, blk), np.einsum("ij,ij->j", blk, blk))
-
-    op = _pass_rows(out64, c_rows)
-    return (
-        np.concatenate([q.cx for q in op]),
-        _total([q.yc for q in op]),
-        np.concatenate([q.row_ssq for q in op]),
-        _total([q.col_ssq for q in op]),
-    )
-
-
-@dataclass
-class _QuickB:
-    bx: np.ndarray
-    abs_sum: np.ndarray
-    abs_max: np.ndarray
-    col_ssq: np.ndarray
-
-
-@dataclass
-class _QuickA:
-    abx: np.ndarray
-    ya: np.ndarray
-    row_sum: np.ndarray
-    row_max: np.ndarray
-    col_sum: np.ndarray
-    col_max: np.ndarray
-    row_ssq: np.ndarray
-
-
-@dataclass
-class _QuickB2:
-    yab: np.ndarray
-    col_sum: np.ndarray
-    col_max: np.ndarray
-
-
-@dataclass
-class _QuickC:
-    cx: np.ndarray
-    yc: np.ndarray
-    row_ssq: np.ndarray
-    col_ssq: np.ndarray
-
-
-def _abs_sum_max(blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    abs_blk = np.abs(blk)
-    return abs_blk.sum(axis=1), abs_blk.max(axis=1, initial=0.0)
-
-
-_T = TypeVar("_T")
-
-
-def _pass_rows(mat: np.ndarray, fn: Callable[[np.ndarray, int, int], _T]) -> list[_T]:
-    """``fn(rows r0:r1 as float64, r0, r1)`` over chunks of at most :data:`_CHUNK_ELEMS` elements of
-    ``mat``, results in order, on two threads (numpy releases the GIL).
-
-    Chunks that small keep their float64 copy in cache through ``fn``'s several passes, and keep
-    each product in ``fn`` below 2^19 multiply-adds, which OpenBLAS makes on the calling thread: a
-    bigger one it splits over its own threads, which beside these two fight over the cores (on a
-    busy 2-core machine that made --quick's passes ten times slower).
-    """
-    rows, cols = mat.shape
-    step = max(1, _CHUNK_ELEMS // max(cols, 1))
-    chunks = [(r, min(rows, r + step)) for r in range(0, rows, step)] or [(0, 0)]
-    per_task = max(1, _BLOCK_ELEMS // (step * max(cols, 1)))  # chunks a thread takes at a time
-
-    def run(first: int) -> list[_T]:
-        got = []
-        for r0, r1 in chunks[first : first + per_task]:
-            got.append(fn(np.asarray(mat[r0:r1], dtype=np.float64), r0, r1))
-        return got
-
-    starts = range(0, len(chunks), per_task)
-    if len(starts) == 1:
-        return run(0)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return [r for task in pool.map(run, starts) for r in task]
-
-
-def _total(parts: list[np.ndarray], op: Callable[..., np.ndarray] = np.add) -> np.ndarray:
-    """``op`` (np.add: the sum, np.maximum: the maximum) of equal-shaped arrays, in order, in place."""
-    total = np.array(parts[0], dtype=np.float64)
-    for part in parts[1:]:
-        op(total, part, out=total)
-    return total
 
 
 @dataclass
@@ -671,7 +534,7 @@ class _ModelCheck:
         n = self.b64.shape[1]
         self.m, self.n, self.k = m, n, k
         # c in the allowance 0.005 + c·S: fp32's model, plus TF32's operand rounding for a TF32 product
-        self.c = fp32_factor(k) + (TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
+        self.c = model_factor(k, precision)
         gamma = (k + 4) * U64
         self.lo_scale = 1 - 2 * gamma
         self.hi_scale = 1 + 4 * gamma
@@ -740,7 +603,7 @@ class _ModelCheck:
     def _sieve_c(self, fc: ModuleType, sieve: _Sieve, out: np.ndarray, ref: np.ndarray, base: int, limit: int) -> None:
         rows, n = out.shape
         ref = np.ascontiguousarray(ref)
-        got = fc.model(out, ref, rows, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, textcore.C_SPLIT_ELEMS)
+        got = fc.model(out, ref, rows, n, self.c * self.lo_scale, PRINT_HALF_UNIT, limit, accel.C_SPLIT_ELEMS)
         max_err, ssq_err, ssq_ref, nonfinite, first_nan, first_nonfinite, left, flat, err = got
         at = np.frombuffer(flat, dtype=np.int64).astype(np.intp, copy=False)  # empty beyond the limit
         sieve.add(
@@ -794,8 +657,8 @@ class _ModelCheck:
             )
         a_rows, b_rows = np.empty(m), np.empty(k)
         a_cols, b_cols = np.zeros(k), np.zeros(n)  # the passes add to their column sums
-        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, textcore.C_SPLIT_ELEMS)
-        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, textcore.C_SPLIT_ELEMS)
+        fc.sumsq(np.ascontiguousarray(self.a64), m, k, 1, None, None, a_rows, a_cols, accel.C_SPLIT_ELEMS)
+        fc.sumsq(np.ascontiguousarray(self.b64), k, n, 1, None, None, b_rows, b_cols, accel.C_SPLIT_ELEMS)
         return np.sqrt(a_rows), np.sqrt(b_cols)
 
     def _in_full(self, tolerance: str) -> CheckReport:
@@ -821,7 +684,7 @@ class _ModelCheck:
 
     def report(self, tolerance: str) -> CheckReport:
         m, n = self.m, self.n
-        fc = textcore.c_passes()
+        fc = accel.passes()
         sieve = self._sieve(fc)
         if sieve is None:  # wrong nearly everywhere
             return self._in_full(tolerance)

@@ -17,25 +17,22 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from .. import textcore
+from .. import accel, textcore
 from ..cpus import block_rows, usable_cores, worker_rows
 from ..errors import InputFormatError, NotRegularFile, UnreadableError
-from ..textcore import Values
 from . import compare, quick
 from .pairing import class_jobs, pair_folder, read_sidecar
 from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Job, Options, Result, Run, Status
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from ..readahead import ReadAhead
 
 # numpy and the modules built on it (mmd.textformat, mmd.check.full) are imported where a check needs
 # them: --quick by the C accelerators does without, and one output's quick check then starts without
@@ -46,11 +43,10 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def _opened(path: Path, ahead: ReadAhead | None, follow: bool = True) -> Iterator[memoryview]:
-    """The bytes of ``path``: as ``ahead`` mapped them, where it did (it unmaps them), else mapped
-    or read here (``follow=False``: a student's file, :func:`mmd.textcore.read_bytes`)."""
-    mapped = None if ahead is None else ahead.mapped(path)
-    data = textcore.read_bytes(path, follow) if mapped is None else mapped
+def _opened(path: Path, follow: bool = True) -> Iterator[memoryview]:
+    """The bytes of ``path``, mapped or read (``follow=False``: a student's file,
+    :func:`mmd.textcore.read_bytes`)."""
+    data = textcore.read_bytes(path, follow)
     view = memoryview(data)
     try:
         yield view
@@ -58,16 +54,8 @@ def _opened(path: Path, ahead: ReadAhead | None, follow: bool = True) -> Iterato
         # an exception's traceback may still hold an array over the bytes: then the collector frees them
         with contextlib.suppress(BufferError):
             view.release()
-            if mapped is None and isinstance(data, mmap.mmap):
+            if isinstance(data, mmap.mmap):
                 data.close()
-
-
-def _output_array(values: Values) -> np.ndarray:
-    """An output's values read by the C parser (:func:`mmd.textcore.output_values`), as an m×n
-    float64 array over their buffer."""
-    import numpy as np
-
-    return np.frombuffer(values.buffer, np.float64).reshape(values.shape)
 
 
 @dataclass(frozen=True)
@@ -101,28 +89,27 @@ class _Input:
         return cls(flat(a), flat(b), (a.shape[0], a.shape[1], b.shape[1]), wide)
 
 
-def _input_values(path: Path, options: Options, ahead: ReadAhead | None) -> _Input:
+def _input_values(path: Path, options: Options) -> _Input:
     """A and B of an input: in float64 for the full check (its product reads them so: no
-    conversion, no float32 copy), in float32 for --quick; as ``ahead`` read them, where it could;
-    else, for --quick by the C accelerators, by the C parser into a plain buffer (no numpy); else
-    by mmd.textformat into numpy's arrays (whose memory a folder's jobs reuse), which words a fault."""
+    conversion, no float32 copy), in float32 for --quick; for --quick by the C accelerators, by the
+    C parser into a plain buffer (no numpy); else by mmd.textformat into numpy's arrays (whose
+    memory a folder's jobs reuse), which words a fault."""
     wide = not options.quick
-    got = None if ahead is None else ahead.input_values(path, wide)
-    if got is None:
-        with _opened(path, ahead) as data:
-            if options.quick and _quick_by_c():
-                with contextlib.suppress(InputFormatError):  # worded below
-                    got = textcore.input_values(data, wide)
-            if got is None:
-                import numpy as np
+    got = None
+    with _opened(path) as data:
+        if options.quick and _quick_by_c():
+            with contextlib.suppress(InputFormatError):  # worded below
+                got = textcore.input_values(data, wide)
+        if got is None:
+            import numpy as np
 
-                from .. import textformat
+            from .. import textformat
 
-                try:
-                    mats = textformat.parse(data, dtype=np.float64 if wide else np.float32)
-                except InputFormatError as exc:
-                    raise UnreadableError(f"input {path}: {exc.reason}") from None
-                return _Input.of_arrays(mats.a, mats.b, wide)
+            try:
+                mats = textformat.parse(data, dtype=np.float64 if wide else np.float32)
+            except InputFormatError as exc:
+                raise UnreadableError(f"input {path}: {exc.reason}") from None
+            return _Input.of_arrays(mats.a, mats.b, wide)
     m, k, n = got.shape
     flat = got.view()
     return _Input(flat[: m * k], flat[m * k :], (m, k, n), wide)
@@ -150,7 +137,7 @@ def _output_fault(data: memoryview) -> NoReturn:
 def _check_output(data: memoryview) -> None:
     """Raise the output's InputFormatError, if it has one: by the C parser where it is on (no numpy,
     nothing kept), the fault worded by mmd.textformat."""
-    if textcore.c_text() is None or not textcore.output_ok(data):
+    if accel.text() is None or not textcore.output_ok(data):
         from .. import textformat
 
         textformat.check_output(data)
@@ -160,7 +147,7 @@ def _output_blocks(data: memoryview, rows: int) -> Iterator[tuple[int, Any, int]
     """An output's values ``rows`` rows at a time: (first row, the rows' flat float64 values, rows),
     each block in a buffer that the next one reuses. By the C parser where it is on (no numpy), else
     by mmd.textformat; a fault raises the output's InputFormatError once its block is reached."""
-    if textcore.c_text() is not None:
+    if accel.text() is not None:
         yield from textcore.output_rows(data, rows, lambda: _output_fault(data))
         return
     from .. import textformat
@@ -171,7 +158,7 @@ def _output_blocks(data: memoryview, rows: int) -> Iterator[tuple[int, Any, int]
 
 def _uniform_pass() -> compare.UniformPass:
     """The uniform rule's pass: mmd._fastcheck's over plain buffers where it is on (no numpy), else numpy's."""
-    if textcore.c_passes() is not None:
+    if accel.passes() is not None:
         return compare.c_uniform
     from . import full
 
@@ -211,12 +198,11 @@ def _paired_blocks(
 # checking
 
 
-def check_job(job: Job, options: Options, ahead: ReadAhead | None = None) -> Result:
-    """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file). ``ahead``:
-    reads of its files already started (:mod:`mmd.readahead`), used where they succeeded."""
+def check_job(job: Job, options: Options) -> Result:
+    """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file)."""
     start = time.perf_counter()
     try:
-        result = _check(job, options, ahead)
+        result = _check(job, options)
     except MemoryError:  # one job's, never the end of a folder's check and its reports
         result = _result(job, Status.ERROR, reason="not enough memory to check it")
     return _with_seconds(result, time.perf_counter() - start)
@@ -247,7 +233,7 @@ def precision_of(kernel: str | None) -> str:
     return kernels.get(kernel).precision if kernel in kernels.NAMES else "fp32"
 
 
-def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
+def _check(job: Job, options: Options) -> Result:
     if job.aside is not None:
         return _result(job, job.aside.status, reason=job.aside.reason)
     if job.reference is None:
@@ -258,16 +244,15 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
             if job.refusal is not None:
                 return _result(job, Status.REFUSED, reason=_refusal_reason(job.refusal))
             return _result(job, Status.MISSING, reason="no output and no error sidecar")
-        with _opened(job.output, ahead, follow=False) as data:
+        with _opened(job.output, follow=False) as data:
             m, n, start = textcore.output_header(data)  # a bad header fails now, the reference unread
             if not textcore.output_plausible(len(data), start, m, n):
                 _output_fault(data)  # before any memory is sized from the header
             shape = (m, n)
             if options.against == "expected":
-                return _against_expected(job, options, data, shape, ahead)
-            ready = None if ahead is None else ahead.output_values(job.output)
+                return _against_expected(job, options, data, shape)
             with ThreadPoolExecutor(max_workers=1) as pool:
-                return _against_input(job, options, data, shape, _Rows(pool, data, ready), ahead)
+                return _against_input(job, options, data, shape, _Rows(pool, data))
     except NotRegularFile as exc:
         return _result(job, Status.NOT_A_FILE, reason=exc.reason)
     except UnreadableError as exc:  # the output's: the reference's are results of _against
@@ -279,23 +264,21 @@ def _check(job: Job, options: Options, ahead: ReadAhead | None) -> Result:
 
 class _Rows:
     """The output's rows, read on a second thread once :meth:`start` is called (the C parser releases the
-    GIL), unless they are ``ready`` (read ahead)."""
+    GIL)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, data: memoryview, ready: Values | None = None) -> None:
-        self.pool, self.data, self.ready = pool, data, ready
+    def __init__(self, pool: ThreadPoolExecutor, data: memoryview) -> None:
+        self.pool, self.data = pool, data
         self.future: Future[np.ndarray] | None = None
         self.summing: Future[quick.OutputSums] | None = None
 
     def start(self) -> None:
-        if self.future is None and self.ready is None:
+        if self.future is None:
             from .. import textformat
 
             self.future = self.pool.submit(textformat.parse_output, self.data)
 
     def result(self) -> np.ndarray:
         """The values; raises the output's InputFormatError."""
-        if self.ready is not None:
-            return _output_array(self.ready)
         self.start()
         assert self.future is not None
         return self.future.result()
@@ -306,7 +289,7 @@ class _Rows:
             self.summing.result()
         elif self.future is not None:
             self.future.result()
-        elif self.ready is None:
+        else:
             _check_output(self.data)
 
     def sums(self, shape: tuple[int, int], seed: int) -> Future[quick.OutputSums]:
@@ -324,17 +307,11 @@ class _Rows:
         from .. import textformat
         from . import full
 
-        if self.ready is not None:
-            blocks: Iterable[tuple[int, np.ndarray]] = [(0, _output_array(self.ready))]
-        else:
-            blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
+        blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
         return self.pool.submit(full.output_sums, blocks, shape, seed)
 
     def _c_sums(self, shape: tuple[int, int], seed: int) -> quick.OutputSums:
         sums = quick.OutputSums.start(shape, seed)
-        if self.ready is not None:
-            sums.add(0, self.ready.view(), shape[0])
-            return sums
         for r0, block, rows in _output_blocks(self.data, block_rows(shape[1])):
             sums.add(r0, block, rows)
         return sums
@@ -345,9 +322,7 @@ def _shape_mismatch(job: Job, shape: tuple[int, int], want: tuple[int, int]) -> 
     return _result(job, Status.MISMATCH, shape=shape, reason=reason)
 
 
-def _against_expected(
-    job: Job, options: Options, data: memoryview, shape: tuple[int, int], ahead: ReadAhead | None
-) -> Result:
+def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple[int, int]) -> Result:
     """The output against an expected output, both read a block of rows at a time
     (:func:`mmd.cpus.block_rows`) and compared as they come: neither is held whole.
 
@@ -361,7 +336,7 @@ def _against_expected(
     assert job.output is not None and job.reference is not None
     tol = 0.01 if options.tol is None else options.tol
     try:
-        with _opened(job.reference, ahead) as expected:
+        with _opened(job.reference) as expected:
             try:
                 want = textcore.output_header(expected)[:2]
             except InputFormatError as exc:
@@ -373,18 +348,9 @@ def _against_expected(
                 except InputFormatError as exc:
                     return _result(job, Status.ERROR, shape=shape, reason=_expected_reason(job.reference, exc))
                 return _shape_mismatch(job, shape, want)
-            if tol >= 0:
-                # read ahead, the bytes were compared and (where the same) the output checked
-                same = None if ahead is None else ahead.same_output(job.output, job.reference)
-                if same is None and textcore.same_bytes(data, expected):
-                    _check_output(data)
-                    same = True
-                if same:
-                    return _values_result(job, shape, compare.same_values(shape, tol))
-            pair = None if ahead is None else ahead.expected_values(job.output, job.reference)
-            if pair is not None:  # both read whole while numpy was imported: one block
-                one = [(0, pair[0].view(), pair[1].view(), shape[0])]
-                return _values_result(job, shape, compare.against_output_blocks(one, shape, tol, _uniform_pass()))
+            if tol >= 0 and textcore.same_bytes(data, expected):
+                _check_output(data)
+                return _values_result(job, shape, compare.same_values(shape, tol))
             blocks = _paired_blocks(data, expected, job.reference, block_rows(shape[1]))
             return _values_result(job, shape, compare.against_output_blocks(blocks, shape, tol, _uniform_pass()))
     except (UnreadableError, _ExpectedFault) as exc:
@@ -392,9 +358,7 @@ def _against_expected(
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
 
 
-def _against_input(
-    job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows, ahead: ReadAhead | None
-) -> Result:
+def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
     """The output (its rows read on a second thread) against its input.
 
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
@@ -411,7 +375,7 @@ def _against_input(
     if options.quick and _input_shape(job.reference) == shape:  # else the output's sums wait for the input
         rows.sums(shape, options.seed)
     try:
-        inputs = _input_values(job.reference, options, ahead)
+        inputs = _input_values(job.reference, options)
     except UnreadableError as exc:
         rows.check()
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
@@ -419,18 +383,27 @@ def _against_input(
     if shape != (m, n):
         rows.check()
         return _shape_mismatch(job, shape, (m, n))
+    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
     if options.quick:
         sums = rows.sums(shape, options.seed)
         projections = _projections(inputs, options.seed)  # while the output's sums are made
-        verdict = quick.verdict(sums.result(), projections, tol=options.tol)
+        verdict = quick.verdict(sums.result(), projections, tol=options.tol, precision=precision)
         status = Status.OK if verdict.ok else Status.MISMATCH
+        reason = _held_to(job, precision, verdict.reason())
+        detail = verdict.summary()
         return _result(
-            job, status, shape=shape, reason=verdict.reason(), detail=verdict.summary(), catches=verdict.catches or None
+            job,
+            status,
+            shape=shape,
+            reason=reason,
+            detail=detail,
+            catches=verdict.catches or None,
+            precision=precision,
         )
     from . import full
 
     a, b = inputs.arrays()
-    in_blocks = options.gemm is None and rows.ready is None and textcore.c_text() is not None and m * n > 0
+    in_blocks = options.gemm is None and accel.text() is not None and m * n > 0
     if not in_blocks:
         rows.start()
     product = full.product(a, b, options.gemm)  # another device's product while the output's rows are read
@@ -439,7 +412,6 @@ def _against_input(
         source = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
     else:
         source = full.WholeRows(rows.result())
-    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
     return _values_result(job, shape, full.against_product(source, product, options.tol, precision), precision)
 
 
@@ -463,23 +435,7 @@ def _input_shape(path: Path) -> tuple[int, int] | None:
 
 def _quick_by_c() -> bool:
     """Whether --quick reads and sums by the C accelerators, without numpy."""
-    return quick.c_usable(quick.VECTORS) and textcore.c_text() is not None
-
-
-def imports_numpy(against: str, quick: bool) -> bool:
-    """Whether checks import numpy: all but those by the C accelerators alone, --quick and against
-    expected outputs (which need numpy's module only to word a fault)."""
-    if against == "expected":
-        return textcore.c_text() is None or textcore.c_passes() is None
-    return not (quick and _quick_by_c())
-
-
-def prepare(against: str, quick: bool) -> None:
-    """Import what checks need (numpy and mmd's modules built on it, :func:`imports_numpy`). ``mmd check``
-    calls this while its reads run ahead (:mod:`mmd.readahead`), so that the import overlaps them
-    rather than following them."""
-    if imports_numpy(against, quick):
-        from . import full  # noqa: F401
+    return quick.c_usable(quick.VECTORS) and accel.text() is not None
 
 
 def _projections(inputs: _Input, seed: int) -> quick.Projections:
@@ -497,12 +453,19 @@ def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport
         m, n = report.shape
         where = f", worst at row {report.worst[0] + 1} col {report.worst[1] + 1}" if report.worst else ""
         reason = f"{report.mismatches} of {m * n} values outside tolerance{where}"
-    if precision == "tf32":  # a grader must see that this output was held to a wider tolerance, and why
-        said = f"kernel {job.kernel} is TF32: held to TF32's tolerance"
-        reason = f"{reason}; {said}" if reason else said
     status = Status.OK if report.ok else Status.MISMATCH
     err = report.max_abs_error
+    reason = _held_to(job, precision, reason)
     return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary(), precision=precision)
+
+
+def _held_to(job: Job, precision: str, reason: str) -> str:
+    """``reason``, with the tolerance a TF32 kernel's output was held to: a grader must see that it was
+    wider, and why."""
+    if precision != "tf32":
+        return reason
+    said = f"kernel {job.kernel} is TF32: held to TF32's tolerance"
+    return f"{reason}; {said}" if reason else said
 
 
 def _ref_suffix(options: Options) -> str:
@@ -588,18 +551,17 @@ def check_class(
     return Run(folder, reference, options, tuple(results), time.perf_counter() - start, started, by_student=True)
 
 
-def check_file(output: Path, reference: Path, options: Options, ahead: ReadAhead | None = None) -> Run:
-    """Check one output against one input or expected output (``ahead``: reads of them already started)."""
+def check_file(output: Path, reference: Path, options: Options) -> Run:
+    """Check one output against one input or expected output."""
     started = _now()
     start = time.perf_counter()
     name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
     kernel = None
-    if options.against == "inputs" and not options.quick and options.tol is None:
-        # the kernel that made it, where it has a sidecar: only the full check's model reads it (and yaml's
-        # import would cost --quick a tenth of its time)
+    if options.against == "inputs" and options.tol is None:
+        # the kernel that made it, where it has a sidecar: the full and the quick check's models read it
         sidecar = read_sidecar(output)
         kernel = None if sidecar is None else sidecar.kernel
-    result = check_job(Job(name or output.name, output, reference, kernel=kernel), options, ahead)
+    result = check_job(Job(name or output.name, output, reference, kernel=kernel), options)
     return Run(output, reference, options, (result,), time.perf_counter() - start, started)
 
 

@@ -60,8 +60,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import textcore
-from .tolerance import PRINT_HALF_UNIT, U64, described, fp32_factor
+from .. import accel
+from .tolerance import PRINT_HALF_UNIT, U64, model_factor, tolerance_of
 
 #: The most vectors on each side the C passes take (mmd._fastcheck's MAX_VECTORS).
 C_MAX_VECTORS = 16
@@ -132,20 +132,20 @@ class Projections:
 
 
 def c_usable(vectors: int) -> bool:
-    """Whether the C passes are on (:func:`mmd.textcore.c_passes`) and take this many vectors."""
-    return textcore.c_passes() is not None and 1 <= vectors <= C_MAX_VECTORS
+    """Whether the C passes are on (:func:`mmd.accel.passes`) and take this many vectors."""
+    return accel.passes() is not None and 1 <= vectors <= C_MAX_VECTORS
 
 
 def project(a: Any, b: Any, shape: tuple[int, int, int], seed: int = 0, vectors: int = VECTORS) -> Projections:
     """A and B's side by mmd._fastcheck (:func:`c_usable`): three passes (B, A, B again), each one
     read of its matrix with every sum of it at once. ``a`` and ``b``: C-ordered float32 or float64
     buffers of m×k and k×n values (k may be 0)."""
-    fc = textcore.c_passes()
+    fc = accel.passes()
     assert fc is not None and 1 <= vectors <= C_MAX_VECTORS, "the C passes are not usable: see c_usable"
     m, k, n = shape
     v = vectors
     x_t, y = random_vectors(m, n, seed, v)
-    split = textcore.C_SPLIT_ELEMS
+    split = accel.C_SPLIT_ELEMS
     b_rows = zeros((v + 2) * k)  # (B·x)ᵀ, Σ_j |B_rj|, max_j |B_rj|
     b_col_ssq = zeros(n)
     a_rows = zeros((v + 3) * m)  # (A·B·x)ᵀ, |A|·Σ|B|, |A|·max|B|, Σ_k A_ik²
@@ -204,7 +204,7 @@ class OutputSums:
     def add(self, r0: int, block: Any, rows: int) -> None:
         """Add rows r0 .. r0 + rows (``block``: their float32 or float64 values, C order) by
         mmd._fastcheck's pass (:func:`c_usable`), which adds its columns' sums to ours."""
-        fc = textcore.c_passes()
+        fc = accel.passes()
         assert fc is not None and 1 <= self.vectors <= C_MAX_VECTORS, "the C passes are not usable: see c_usable"
         m, n = self.shape
         v = self.vectors
@@ -213,7 +213,7 @@ class OutputSums:
         x_t, y = random_vectors(m, n, self.seed, v)
         rows_t = zeros((v + 1) * rows)
         w = y[r0 * v : (r0 + rows) * v]
-        bad, at = fc.c_pass(block, rows, n, v, x_t, w, rows_t, self.columns, textcore.C_SPLIT_ELEMS)
+        bad, at = fc.c_pass(block, rows, n, v, x_t, w, rows_t, self.columns, accel.C_SPLIT_ELEMS)
         for t in range(v):
             self.cx_t[t * m + r0 : t * m + r0 + rows] = rows_t[t * rows : (t + 1) * rows]
         self.row_ssq[r0 : r0 + rows] = rows_t[v * rows :]
@@ -351,13 +351,16 @@ def _ratios(mine: Sequence[float], theirs: Sequence[float], count: int, bounds: 
     return [math.inf if r != r else r for r in ratios]
 
 
-def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None) -> QuickReport:
-    """The quick check's verdict from the output's sums and A and B's, made with the same seed and vectors."""
+def verdict(
+    sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol: float | None = None, precision: str = "fp32"
+) -> QuickReport:
+    """The quick check's verdict from the output's sums and A and B's, made with the same seed and vectors;
+    a ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model as the full check does."""
     m, k, n = proj.shape
     v, seed = proj.vectors, proj.seed
     if (sums.seed, sums.vectors) != (seed, v):
         raise ValueError(f"the output's sums are of seed {sums.seed}, {sums.vectors} vectors; A and B's of {seed}, {v}")
-    tolerance = described(tol)
+    tolerance = tolerance_of(tol, precision)
     z = threshold(false_alarm / max(m + n, 1), v)
     if sums.shape != (m, n) or sums.nonfinite:
         first = sums.first_nonfinite
@@ -379,7 +382,7 @@ def verdict(sums: OutputSums, proj: Projections, false_alarm: float = 1e-9, tol:
     if tol is None:
         # Σ_j S_ij = row_sum exactly; Σ_j S_ij² ≤ max_j S_ij·Σ_j S_ij ≤ row_max·row_sum, and
         # ≤ ‖a_i‖²·‖B‖² (Cauchy–Schwarz on each S_ij): the smaller of the two; columns alike
-        c = fp32_factor(k)
+        c = model_factor(k, precision)
         var_rows = [
             n * h * h + 2 * h * c * s + c * c * min(mx * s, a_ssq * ssq_b)
             for s, mx, a_ssq in zip(proj.row_sum, proj.row_max, proj.a_row_ssq, strict=True)

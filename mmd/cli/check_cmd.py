@@ -16,7 +16,6 @@ from ..errors import ExitStatus, MmdError, UsageError
 if TYPE_CHECKING:
     from ..check.jobs import Progress
     from ..check.results import Result
-    from ..readahead import ReadAhead
 
 EPILOG = """\
 one output:
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--quick checks against inputs: give --input")
     if args.jobs is not None and args.jobs < 1:
         return _usage("--jobs must be at least 1")
-    from ..check import jobs, pairing, reports, results  # only for this command (numpy where a check needs it)
+    from ..check import pairing, reports, results  # only for this command (numpy where a check needs it)
 
     try:
         for flag, path in (("--junit", args.junit), ("--json", args.json)):
@@ -131,13 +130,11 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         return _usage(exc.reason)
     with contextlib.ExitStack() as stack:
-        ahead = _read_ahead(args, reference, against, jobs.imports_numpy(against, args.quick), stack)
-        jobs.prepare(against, args.quick)  # numpy, where the check needs it, while the reads run
         gemm = _device_reference(args.reference, stack) if against == "inputs" and not args.quick else None
         options = results.Options(against=against, tol=args.tol, quick=args.quick, gemm=gemm, before=before)
         if args.seed is not None:
             options = dataclasses.replace(options, seed=args.seed)
-        return _check(args, reference, options, ahead)
+        return _check(args, reference, options)
 
 
 def _deadline(text: str | None) -> datetime | None:
@@ -152,18 +149,6 @@ def _deadline(text: str | None) -> datetime | None:
         raise UsageError(
             f"--before {text}: not an ISO 8601 time (e.g. 2025-03-14T23:59 or 2025-03-14T22:59Z)"
         ) from None
-
-
-def _read_ahead(
-    args: argparse.Namespace, reference: Path, against: str, imports_numpy: bool, stack: contextlib.ExitStack
-) -> ReadAhead | None:
-    """One output's check: its files' reads, started while this process imports numpy (mmd.readahead)."""
-    from .. import readahead
-
-    if not (readahead.useful(imports_numpy) and args.output.is_file() and reference.is_file()):
-        return None
-    device = args.reference != "cpu"  # a product elsewhere: the output read whole beside it
-    return stack.enter_context(readahead.start(args.output, reference, against, not args.quick, device))
 
 
 def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any, Any], Any] | None:
@@ -181,7 +166,7 @@ def _device_reference(where: str, stack: contextlib.ExitStack) -> Callable[[Any,
         return None
 
 
-def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadAhead | None) -> int:
+def _check(args: argparse.Namespace, reference: Path, options: Any) -> int:
     from ..check import jobs, reports
 
     folder = args.output.is_dir()
@@ -203,7 +188,7 @@ def _check(args: argparse.Namespace, reference: Path, options: Any, ahead: ReadA
                 print(line)
             print(result.summary())
         else:
-            result = jobs.check_file(args.output, reference, options, ahead)
+            result = jobs.check_file(args.output, reference, options)
             _print_one(result.results[0])
         if args.junit is not None:
             reports.write_junit(result, args.junit)
