@@ -60,7 +60,8 @@ Gemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
 _LOWER_TERMS = 64
 #: Multiply-adds below which S at scattered elements is one GEMM over their rows and columns.
 _SMALL_GEMM = 1 << 26
-#: Elements per block of rows handed to a thread in the elementwise passes.
+#: Elements per block of rows the numpy fallback of the model check hands a thread (cpus.BLOCK_ELEMS, a
+#: different quantity, is what the C passes take per process).
 _BLOCK_ELEMS = 1 << 20
 #: Elements per chunk a thread's pass takes at a time: a chunk's float64 temporaries (256 KiB each)
 #: stay in a core's L2 cache, where numpy's several passes over them run at cache speed rather than
@@ -337,42 +338,18 @@ def uniform_pass(
 
 
 def _uniform_numpy(out: np.ndarray, ref: np.ndarray, allowed: float) -> tuple[int, float, float, float, int]:
-    """:func:`_uniform_report`'s pass in numpy: (mismatches, max |error|, Σ error², Σ ref², the worst's flat index)."""
-    m, n = out.shape
-
-    def block(rows: tuple[int, int]) -> Tally:
-        o_all, rf_all = out[rows[0] : rows[1]].ravel(), ref[rows[0] : rows[1]].ravel()
-        err_buf = np.empty(min(o_all.size, _CHUNK_ELEMS))
-        excess_buf = np.empty_like(err_buf)
-        part = Tally()
-        for s in range(0, o_all.size, _CHUNK_ELEMS):
-            o, rf = o_all[s : s + _CHUNK_ELEMS], rf_all[s : s + _CHUNK_ELEMS]
-            err, excess = err_buf[: o.size], excess_buf[: o.size]
-            np.subtract(o, rf, out=err)
-            np.abs(err, out=err)
-            np.subtract(err, allowed, out=excess)
-            i = int(np.argmax(excess))  # as over the whole matrix: the first NaN, else the first largest
-            top = float(err.max())
-            if math.isnan(top):  # a NaN error: count as the whole-matrix rule does
-                bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(o)))
-            else:  # no NaN error, so every non-finite output has an infinite error, > 0 excess
-                bad = int(np.count_nonzero(excess > 0))
-            ssq_err, ssq_ref = float(np.einsum("i,i->", err, err)), float(np.einsum("i,i->", rf, rf))
-            part.add(bad, top, ssq_err, ssq_ref, i + s + rows[0] * n, float(excess[i]))
-        return part
-
-    step = max(1, _BLOCK_ELEMS // n)
-    bounds = [(r, min(m, r + step)) for r in range(0, m, step)]
-    if len(bounds) > 1:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            parts = list(pool.map(block, bounds))
-    else:
-        parts = [block(bounds[0])]
-    total = Tally()
-    for p in parts:  # in order: the earliest wins ties, as np.argmax's first occurrence does
-        total.add(p.mismatches, p.max_err, p.ssq_err, p.ssq_ref, p.worst, p.worst_excess)
-    assert total.worst is not None  # out is not empty
-    return total.mismatches, total.max_err, total.ssq_err, total.ssq_ref, total.worst
+    """:func:`uniform_pass` in plain numpy, over the whole matrices (the fallback where mmd._fastcheck is not
+    built, and the C pass's oracle): (mismatches, max |error|, Σ error², Σ ref², the worst's flat index)."""
+    err = np.abs(out - ref).ravel()
+    excess = err - allowed
+    worst = int(np.argmax(excess))  # the first NaN, else the first largest
+    top = float(err.max())
+    if math.isnan(top):  # a NaN error: a non-finite output counts whatever its error
+        bad = int(np.count_nonzero((excess > 0) | ~np.isfinite(out.ravel())))
+    else:  # no NaN error, so every non-finite output has an infinite error, > 0 excess
+        bad = int(np.count_nonzero(excess > 0))
+    rf = ref.ravel()
+    return bad, top, float(np.einsum("i,i->", err, err)), float(np.einsum("i,i->", rf, rf)), worst
 
 
 def quick_of(
