@@ -44,6 +44,7 @@ from ..textformat import values_array
 from . import compare, quick
 from .compare import CheckReport, Tally, nan_max, same_values, summed_report
 from .tolerance import (
+    FACTOR,
     PRINT_HALF_UNIT,
     U64,
     fp32_factor,
@@ -76,7 +77,7 @@ def _c_matrix(mat: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(mat, dtype=np.float64)
 
 
-def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = 4.0) -> np.ndarray:
+def fp32_tolerance(a: np.ndarray, b: np.ndarray, factor: float = FACTOR) -> np.ndarray:
     """Elementwise fp32 error allowance: factor·sqrt(K)·eps·(|A|·|B|)."""
     return fp32_factor(a.shape[1], factor) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
 

@@ -15,11 +15,13 @@ PRINT_HALF_UNIT = 0.005 * (1 + 1e-9)
 EPS32 = 2.0**-23
 #: float64's unit roundoff.
 U64 = 2.0**-53
-#: The default fp32 model, in words (the factor is :func:`fp32_factor`'s).
-FP32_MODEL = "4·sqrt(K)·eps·|A||B|"
+#: The fp32 model's factor: an fp32 product's value is allowed FACTOR·sqrt(K)·eps·(|A|·|B|) of error.
+FACTOR = 4.0
+#: The default fp32 model, in words.
+FP32_MODEL = f"{FACTOR:g}·sqrt(K)·eps·|A||B|"
 
 
-def fp32_factor(k: int, factor: float = 4.0) -> float:
+def fp32_factor(k: int, factor: float = FACTOR) -> float:
     """c in the fp32 allowance c·(|A|·|B|) for inner dimension ``k``: factor·sqrt(K)·eps."""
     return factor * math.sqrt(max(k, 1)) * EPS32
 
