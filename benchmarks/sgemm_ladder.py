@@ -116,6 +116,28 @@ FAST_CANDIDATES = {
     "128x128x8_reg_mb2": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "256x128x16_reg_t16x8_pad0": {"BM": 256, "BN": 128, "TM": 16, "TN": 8},
     "256x128x8_reg_t16x8_w8": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "A_PAD": 4},
+    # the large tile's warp shape (32x128 per warp at WTM 4) and cp.async instead of the register prefetch
+    "128x256x16_reg_t8x16_w8_pad0": {"WTM": 8},
+    "128x256x16_reg_t8x16_w2_pad0": {"WTM": 2},
+    "128x256x16_async_t8x16_pad0": {"ASYNC": 1},
+    # FRAG_PIPE: fragments double-buffered in registers across the slab boundary
+    "128x256x16_reg_t8x16_pad0_fp": {"FRAG_PIPE": 1},
+    "128x256x16_reg_t8x16_w8_pad0_fp": {"WTM": 8, "FRAG_PIPE": 1},
+    "128x256x16_async_t8x16_pad0_fp": {"ASYNC": 1, "FRAG_PIPE": 1},
+    "256x128x16_reg_t16x8_pad0_fp": {"BM": 256, "BN": 128, "TM": 16, "TN": 8, "FRAG_PIPE": 1},
+    "128x128x8_reg_mb2_fp": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4, "FRAG_PIPE": 1},
+    "128x128x8_async3_mb2_fp": {
+        "ASYNC": 1,
+        "STAGES_ASYNC": 3,
+        "BN": 128,
+        "BK": 8,
+        "TN": 8,
+        "MIN_BLOCKS": 2,
+        "A_PAD": 4,
+        "FRAG_PIPE": 1,
+    },
+    "128x128x16_async_mb2_fp": {"ASYNC": 1, "BN": 128, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4, "FRAG_PIPE": 1},
+    "64x64x16_t4x8_reg_fp": {"BM": 64, "BN": 64, "TM": 4, "TN": 8, "A_PAD": 4, "FRAG_PIPE": 1},
 }
 
 

@@ -89,6 +89,9 @@
 #ifndef STAGES_ASYNC
 #define STAGES_ASYNC 2 /* shared-memory stages of the cp.async pipeline (>= 2) */
 #endif
+#ifndef FRAG_PIPE
+#define FRAG_PIPE 0 /* 1: fragments double-buffered in registers, across the slab boundary too */
+#endif
 
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
@@ -123,6 +126,8 @@ static_assert(B_LOADS >= 1 && (BK * BN) % (VEC * THREADS) == 0,
               "B's BK x BN slab must split into whole float4s per thread");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
 static_assert(!ASYNC || STAGES_ASYNC >= 2, "the cp.async pipeline needs at least 2 stages");
+static_assert(!FRAG_PIPE || (DOUBLE_BUFFER || ASYNC), "FRAG_PIPE needs two shared buffers (DOUBLE_BUFFER or ASYNC)");
+static_assert(!FRAG_PIPE || BK % 2 == 0, "FRAG_PIPE alternates two fragment buffers: BK must be even");
 
 /* cp.async (sm_80+): copy `bytes` (4 or 16) from global to shared memory
  * without passing through registers; only the first src_bytes are read, the
@@ -282,6 +287,7 @@ mmd_fast(const float* __restrict__ A,
         }
     };
 #endif
+#if !FRAG_PIPE
     /* acc += the slab in shared buffer s. */
     auto multiply = [&](int s) {
 #pragma unroll
@@ -302,6 +308,33 @@ mmd_fast(const float* __restrict__ A,
                     acc[i][j] += a_frag[i] * b_frag[j];
         }
     };
+#else
+    /* Fragments in two register buffers: the loads of step k+1 are issued
+     * before the FMAs of step k. At a slab's last step the next slab's first
+     * fragments come after the barrier, so the barrier's wait and their
+     * shared-load latency overlap that step's TM * TN FMAs instead of
+     * emptying the pipeline once per slab. Buffer f is a compile-time
+     * constant once the step loop is unrolled (BK is even: step 0 is always
+     * buffer 0). */
+    float a_pipe[2][TM], b_pipe[2][TN];
+    auto load_frags = [&](int s, int k, int f) {
+#pragma unroll
+        for (int i = 0; i < SUB_M; ++i)
+            *reinterpret_cast<float4*>(&a_pipe[f][i * VEC]) =
+                *reinterpret_cast<const float4*>(&a_tile[s][k][t_row + i * VEC * WTM]);
+#pragma unroll
+        for (int j = 0; j < SUB_N; ++j)
+            *reinterpret_cast<float4*>(&b_pipe[f][j * VEC]) =
+                *reinterpret_cast<const float4*>(&b_tile[s][k][t_col + j * VEC * WTN]);
+    };
+    auto fma_frags = [&](int f) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j)
+                acc[i][j] += a_pipe[f][i] * b_pipe[f][j];
+    };
+#endif
 
 #if ASYNC
     /* Global -> shared buffer s for the slab at k0, without registers. B's
@@ -348,6 +381,36 @@ mmd_fast(const float* __restrict__ A,
         if (t < slabs) issue(t * BK, t);
         cp_async_commit();
     }
+#if FRAG_PIPE
+    /* Group j holds slab j. Slab 0 lands; slab STAGES-1 goes into the last,
+     * never used buffer. Then, at the last step of slab t, once slab t+1 has
+     * landed and every thread has read all of slab t (its fragments are all
+     * loaded by then), slab t+STAGES goes into slab t's buffer. Before that
+     * barrier STAGES+t groups are committed, so "all but the newest
+     * STAGES-2 pending" means slab t+1 is in. */
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (STAGES - 1 < slabs) issue((STAGES - 1) * BK, STAGES - 1);
+    cp_async_commit();
+    load_frags(0, 0, 0);
+    for (int t = 0; t < slabs; ++t) {
+        const int s = t % STAGES;
+        const bool more = t + 1 < slabs;
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            if (k < BK - 1) {
+                load_frags(s, k + 1, (k + 1) & 1);
+            } else if (more) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                if (t + STAGES < slabs) issue((t + STAGES) * BK, s);
+                cp_async_commit();
+                load_frags((t + 1) % STAGES, 0, 0);
+            }
+            fma_frags(k & 1);
+        }
+    }
+#else
     for (int t = 0; t < slabs; ++t) {
         cp_async_wait<STAGES - 2>(); /* this thread's copies of slab t are done */
         __syncthreads();             /* everyone's are; and everyone finished slab t-1 */
@@ -356,6 +419,31 @@ mmd_fast(const float* __restrict__ A,
         if (next < slabs) issue(next * BK, next % STAGES);
         cp_async_commit();
         multiply(t % STAGES);
+    }
+#endif
+#elif DOUBLE_BUFFER && FRAG_PIPE
+    fetch(0);
+    stash(0);
+    __syncthreads();
+    load_frags(0, 0, 0);
+    int s = 0;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        const bool more = k0 + BK < K; /* uniform across the block */
+        if (more) fetch(k0 + BK);     /* in flight during this slab's FMAs */
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            if (k < BK - 1) {
+                load_frags(s, k + 1, (k + 1) & 1);
+            } else if (more) {
+                /* Buffer s^1 was last read in the previous slab, before its barrier;
+                 * every read of buffer s is done (step BK-1's fragments are loaded). */
+                stash(s ^ 1);
+                __syncthreads();
+                s ^= 1;
+                load_frags(s, 0, 0);
+            }
+            fma_frags(k & 1);
+        }
     }
 #elif DOUBLE_BUFFER
     fetch(0);

@@ -294,7 +294,7 @@ class KernelSpec:
 #: fast.cu's compile-time parameters and its defaults (a test checks them against the file's #defines).
 FAST_DEFAULTS: dict[str, int] = {
     "BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "MIN_BLOCKS": 1, "GROUP_M": 8,
-    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 0,
+    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 0, "FRAG_PIPE": 0,
 }  # fmt: skip
 
 
