@@ -13,8 +13,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fast-round}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUPY_TF32=0
+wheels=.device-wheels
+[ -d $wheels ] || wheels=../.device-wheels # run from a copy of the tree inside the checkout (.fast/)
 [ -d /tmp/site/pycuda ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    .device-wheels/*.whl
+    $wheels/*.whl
 export PYTHONPATH="/tmp/site:$PWD"
 python3 setup.py -q build_ext --inplace >/dev/null 2>&1 || echo "C text accelerator not built: numpy path"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
@@ -25,11 +27,11 @@ for stage in "${stages[@]}"; do
     echo "== $stage"
     case $stage in
     ladder)
-        timeout 240 python3 benchmarks/sgemm_ladder.py --out "$OUT" 2>&1 | grep -v "^check .* PASS" | tail -n 75
+        timeout 150 python3 benchmarks/sgemm_ladder.py --out "$OUT" 2>&1 | grep -v "^check .* PASS" | tail -n 75
         ;;
     ncu)
         for n in 4096; do
-            timeout 120 ncu --clock-control none --set full -k regex:'mmd_fast|gemm' -f -o "$OUT/sgemm" \
+            timeout 90 ncu --clock-control none --set full -k regex:'mmd_fast|gemm' -f -o "$OUT/sgemm" \
                 python3 benchmarks/sgemm_ncu.py --results "$OUT/results.json" --size $n --launches 2 \
                 >"$OUT/ncu.log" 2>&1
             tail -n 4 "$OUT/ncu.log"
@@ -40,11 +42,11 @@ for stage in "${stages[@]}"; do
         done
         ;;
     tests)
-        timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -k fast >"$OUT/tests.log" 2>&1
+        timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -k fast >"$OUT/tests.log" 2>&1
         tail -n 4 "$OUT/tests.log"
         ;;
     reference)
-        timeout 150 python3 benchmarks/reference_gpu.py --sizes 1024 2048 4096 --repeat 3 2>&1 \
+        timeout 180 python3 benchmarks/reference_gpu.py --sizes 1024 2048 4096 8192 --repeat 3 2>&1 \
             | tee "$OUT/reference.log"
         ;;
     *) echo "unknown stage $stage" ;;

@@ -58,6 +58,9 @@ CHECK_SHAPES = [
     (33, 1000, 127),
     (129, 257, 130),
     (300, 17, 515),
+    # K a multiple of every BK, whole blocks beside edge ones: INTERIOR's unchecked loop and the checked one
+    (384, 80, 520),
+    (256, 32, 512),
 ]
 #: Relative error bound: max|C - ref| / max|ref| < TOL_PER_SQRT_K * sqrt(K).
 TOL_PER_SQRT_K = 1e-5
@@ -138,6 +141,21 @@ FAST_CANDIDATES = {
     },
     "128x128x16_async_mb2_fp": {"ASYNC": 1, "BN": 128, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4, "FRAG_PIPE": 1},
     "64x64x16_t4x8_reg_fp": {"BM": 64, "BN": 64, "TM": 4, "TN": 8, "A_PAD": 4, "FRAG_PIPE": 1},
+    # INTERIOR 0: every block's loads tested (the default before INTERIOR); A_SWIZZLE: conflict-free A stores
+    "128x256x16_reg_t8x16_pad0_checked": {"INTERIOR": 0},
+    "128x256x16_reg_t8x16_pad0_swz": {"A_SWIZZLE": 1},
+    "128x256x16_async_t8x16_pad0_swz": {"ASYNC": 1, "A_SWIZZLE": 1},
+    "256x128x8_reg_t16x8_swz": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "A_SWIZZLE": 1},
+    "128x128x8_reg_mb2_fp_swz": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "FRAG_PIPE": 1, "A_SWIZZLE": 1},
+    "128x128x8_reg_mb2_fp_checked": {
+        "BN": 128,
+        "BK": 8,
+        "TN": 8,
+        "MIN_BLOCKS": 2,
+        "A_PAD": 4,
+        "FRAG_PIPE": 1,
+        "INTERIOR": 0,
+    },
 }
 
 

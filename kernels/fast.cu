@@ -92,12 +92,24 @@
 #ifndef FRAG_PIPE
 #define FRAG_PIPE 0 /* 1: fragments double-buffered in registers, across the slab boundary too */
 #endif
+#ifndef A_SWIZZLE
+#define A_SWIZZLE 0 /* 1: a_tile's columns XOR-swizzled per k group: conflict-free transposing stores */
+#endif
+#ifndef INTERIOR
+#define INTERIOR 1 /* 1: blocks wholly inside (and K a multiple of BK, 16-byte aligned) load unchecked */
+#endif
 
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
 #ifndef A_PAD
 #define A_PAD 0 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
 #endif
+/* Where column m of a_tile[.][k] lives. Without padding (BM a multiple of 32)
+ * column m sits in bank m % 32 at every k, and the transposing stores of one
+ * warp (BK/4 threads per row of A, each writing 4 k of one m) hit each bank
+ * BK/4 times. XOR-ing m with the k group times 32/(BK/4) spreads the groups
+ * over all 32 banks; the XOR is a multiple of 4, so float4 reads stay whole. */
+#define A_SWZ(k) (A_SWIZZLE ? ((k) / VEC) * (WARP / (BK / VEC)) : 0)
 #define WTN (WARP / WTM)
 #define WM (TM * WTM) /* rows of C per warp */
 #define WN (TN * WTN) /* columns of C per warp */
@@ -125,6 +137,8 @@ static_assert(A_LOADS >= 1 && (BM * BK) % (VEC * THREADS) == 0,
 static_assert(B_LOADS >= 1 && (BK * BN) % (VEC * THREADS) == 0,
               "B's BK x BN slab must split into whole float4s per thread");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
+static_assert(!A_SWIZZLE || (A_PAD == 0 && BM % WARP == 0 && BK / VEC <= 8),
+              "A_SWIZZLE needs A_PAD 0, BM a multiple of 32 and BK at most 32");
 static_assert(!ASYNC || STAGES_ASYNC >= 2, "the cp.async pipeline needs at least 2 stages");
 static_assert(!FRAG_PIPE || (DOUBLE_BUFFER || ASYNC), "FRAG_PIPE needs two shared buffers (DOUBLE_BUFFER or ASYNC)");
 static_assert(!FRAG_PIPE || BK % 2 == 0, "FRAG_PIPE alternates two fragment buffers: BK must be even");
@@ -146,6 +160,12 @@ __device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
+/* A compile-time flag passed to the loads: Checked<false> drops every bounds and alignment test. */
+template <bool B>
+struct Checked {
+    static constexpr bool value = B;
+};
 
 /* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
 __device__ __forceinline__ bool vector_ok(const float* P, int ld)
@@ -229,15 +249,18 @@ mmd_fast(const float* __restrict__ A,
 #if !ASYNC
     float4 a_next[A_LOADS], b_next[B_LOADS]; /* the next slab, on its way from global memory */
 
-    /* Global -> registers for the slab at k0; a_src and b_src point at it. */
-    auto fetch = [&](int k0) {
+    /* Global -> registers for the slab at k0; a_src and b_src point at it. With
+     * Checked<false> (a block wholly inside, see INTERIOR) every test is known
+     * true and compiles away: no branches in the main loop's loads. */
+    auto fetch = [&](int k0, auto checked) {
+        constexpr bool CHECK = decltype(checked)::value;
         const int a_col = k0 + a_k;
-        const bool a_vec = vec_a && a_col + VEC <= K;
+        const bool a_vec = !CHECK || (vec_a && a_col + VEC <= K);
 #pragma unroll
         for (int l = 0; l < A_LOADS; ++l) {
             const float* p = a_src + l * a_load_step;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (row0 + a_m + l * A_ROW_STEP < M) {
+            if (!CHECK || row0 + a_m + l * A_ROW_STEP < M) {
                 if (a_vec) {
                     v = __ldg(reinterpret_cast<const float4*>(p));
                 } else {
@@ -253,8 +276,8 @@ mmd_fast(const float* __restrict__ A,
         for (int l = 0; l < B_LOADS; ++l) {
             const float* p = b_src + l * b_load_step;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (k0 + b_k + l * B_ROW_STEP < K) {
-                if (b_vec) {
+            if (!CHECK || k0 + b_k + l * B_ROW_STEP < K) {
+                if (!CHECK || b_vec) {
                     v = __ldg(reinterpret_cast<const float4*>(p));
                 } else {
                     if (b_col + 0 < N) v.x = __ldg(p + 0);
@@ -274,10 +297,11 @@ mmd_fast(const float* __restrict__ A,
         for (int l = 0; l < A_LOADS; ++l) {
             const int idx = tid + l * THREADS;
             const int m = idx / (BK / VEC), k = (idx % (BK / VEC)) * VEC;
-            a_tile[s][k + 0][m] = a_next[l].x;
-            a_tile[s][k + 1][m] = a_next[l].y;
-            a_tile[s][k + 2][m] = a_next[l].z;
-            a_tile[s][k + 3][m] = a_next[l].w;
+            const int mm = m ^ A_SWZ(k); /* k is a multiple of 4: one group for all four */
+            a_tile[s][k + 0][mm] = a_next[l].x;
+            a_tile[s][k + 1][mm] = a_next[l].y;
+            a_tile[s][k + 2][mm] = a_next[l].z;
+            a_tile[s][k + 3][mm] = a_next[l].w;
         }
 #pragma unroll
         for (int l = 0; l < B_LOADS; ++l) {
@@ -296,7 +320,7 @@ mmd_fast(const float* __restrict__ A,
 #pragma unroll
             for (int i = 0; i < SUB_M; ++i)
                 *reinterpret_cast<float4*>(&a_frag[i * VEC]) =
-                    *reinterpret_cast<const float4*>(&a_tile[s][k][t_row + i * VEC * WTM]);
+                    *reinterpret_cast<const float4*>(&a_tile[s][k][(t_row + i * VEC * WTM) ^ A_SWZ(k)]);
 #pragma unroll
             for (int j = 0; j < SUB_N; ++j)
                 *reinterpret_cast<float4*>(&b_frag[j * VEC]) =
@@ -321,7 +345,7 @@ mmd_fast(const float* __restrict__ A,
 #pragma unroll
         for (int i = 0; i < SUB_M; ++i)
             *reinterpret_cast<float4*>(&a_pipe[f][i * VEC]) =
-                *reinterpret_cast<const float4*>(&a_tile[s][k][t_row + i * VEC * WTM]);
+                *reinterpret_cast<const float4*>(&a_tile[s][k][(t_row + i * VEC * WTM) ^ A_SWZ(k)]);
 #pragma unroll
         for (int j = 0; j < SUB_N; ++j)
             *reinterpret_cast<float4*>(&b_pipe[f][j * VEC]) =
@@ -351,7 +375,7 @@ mmd_fast(const float* __restrict__ A,
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const bool in = row_in && a_col + e < K;
-                cp_async4(&a_tile[s][a_k + e][a_m + l * A_ROW_STEP], in ? p + e : A, in);
+                cp_async4(&a_tile[s][a_k + e][(a_m + l * A_ROW_STEP) ^ A_SWZ(a_k)], in ? p + e : A, in);
             }
         }
 #pragma unroll
@@ -422,46 +446,66 @@ mmd_fast(const float* __restrict__ A,
     }
 #endif
 #elif DOUBLE_BUFFER && FRAG_PIPE
-    fetch(0);
-    stash(0);
-    __syncthreads();
-    load_frags(0, 0, 0);
-    int s = 0;
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        const bool more = k0 + BK < K; /* uniform across the block */
-        if (more) fetch(k0 + BK);     /* in flight during this slab's FMAs */
-#pragma unroll
-        for (int k = 0; k < BK; ++k) {
-            if (k < BK - 1) {
-                load_frags(s, k + 1, (k + 1) & 1);
-            } else if (more) {
-                /* Buffer s^1 was last read in the previous slab, before its barrier;
-                 * every read of buffer s is done (step BK-1's fragments are loaded). */
-                stash(s ^ 1);
-                __syncthreads();
-                s ^= 1;
-                load_frags(s, 0, 0);
-            }
-            fma_frags(k & 1);
-        }
-    }
-#elif DOUBLE_BUFFER
-    fetch(0);
-    stash(0);
-    __syncthreads();
-    int s = 0;
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        const bool more = k0 + BK < K;
-        if (more) fetch(k0 + BK); /* in flight during the multiply */
-        multiply(s);
-        /* Buffer s^1 was last read in the previous step, before its barrier. */
-        if (more) stash(s ^ 1);
+    auto main_loop = [&](auto checked) {
+        fetch(0, checked);
+        stash(0);
         __syncthreads();
-        s ^= 1;
-    }
+        load_frags(0, 0, 0);
+        int s = 0;
+        for (int k0 = 0; k0 < K; k0 += BK) {
+            const bool more = k0 + BK < K;     /* uniform across the block */
+            if (more) fetch(k0 + BK, checked); /* in flight during this slab's FMAs */
+#pragma unroll
+            for (int k = 0; k < BK; ++k) {
+                if (k < BK - 1) {
+                    load_frags(s, k + 1, (k + 1) & 1);
+                } else if (more) {
+                    /* Buffer s^1 was last read in the previous slab, before its barrier;
+                     * every read of buffer s is done (step BK-1's fragments are loaded). */
+                    stash(s ^ 1);
+                    __syncthreads();
+                    s ^= 1;
+                    load_frags(s, 0, 0);
+                }
+                fma_frags(k & 1);
+            }
+        }
+    };
+#if INTERIOR
+    /* Uniform per block: the loop is compiled twice, and a block wholly inside
+     * the matrices (most of them at large sizes) runs the one without tests. */
+    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
+        main_loop(Checked<false>{});
+    else
+#endif
+        main_loop(Checked<true>{});
+#elif DOUBLE_BUFFER
+    auto main_loop = [&](auto checked) {
+        fetch(0, checked);
+        stash(0);
+        __syncthreads();
+        int s = 0;
+        for (int k0 = 0; k0 < K; k0 += BK) {
+            const bool more = k0 + BK < K;
+            if (more) fetch(k0 + BK, checked); /* in flight during the multiply */
+            multiply(s);
+            /* Buffer s^1 was last read in the previous step, before its barrier. */
+            if (more) stash(s ^ 1);
+            __syncthreads();
+            s ^= 1;
+        }
+    };
+#if INTERIOR
+    /* Uniform per block: the loop is compiled twice, and a block wholly inside
+     * the matrices (most of them at large sizes) runs the one without tests. */
+    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
+        main_loop(Checked<false>{});
+    else
+#endif
+        main_loop(Checked<true>{});
 #else
     for (int k0 = 0; k0 < K; k0 += BK) {
-        fetch(k0);
+        fetch(k0, Checked<true>{});
         stash(0);
         __syncthreads();
         multiply(0);

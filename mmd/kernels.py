@@ -295,6 +295,7 @@ class KernelSpec:
 FAST_DEFAULTS: dict[str, int] = {
     "BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "MIN_BLOCKS": 1, "GROUP_M": 8,
     "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 0, "FRAG_PIPE": 0,
+    "INTERIOR": 1, "A_SWIZZLE": 0,
 }  # fmt: skip
 
 
