@@ -99,8 +99,12 @@ class Variant:
         return self.spec.grid(m, n, self.tile)
 
 
-#: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to its defaults.
-FAST_CANDIDATES = {
+#: The 128x256x16 set (8x16 per thread, A_PAD 0) that fast.cu's defaults were before issue 33: the
+#: candidates below are changes to it (fast_variant spells out every other macro from fast.cu's defaults).
+BASE_128X256 = {"BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "A_PAD": 0}
+#: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to BASE_128X256.
+_CANDIDATE_CHANGES: dict[str, dict[str, int]] = {
+    "128x256x16_reg_t8x16_pad0": {},
     "warptile_1buf": {"DOUBLE_BUFFER": 0, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "128x128x8_async": {"ASYNC": 1, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "128x128x8_async3": {"ASYNC": 1, "STAGES_ASYNC": 3, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
@@ -157,6 +161,7 @@ FAST_CANDIDATES = {
         "INTERIOR": 0,
     },
 }
+FAST_CANDIDATES = {label: {**BASE_128X256, **changes} for label, changes in _CANDIDATE_CHANGES.items()}
 
 
 def variants(quick: bool) -> list[Variant]:

@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=12, help="per kernel; the first two are warm-up")
     args = ap.parse_args()
     n = args.size
-    label = args.label or best_label(args.results, f"{n}x{n}x{n}") or "128x256x16_reg_t8x16_pad0"
+    label = args.label or best_label(args.results, f"{n}x{n}x{n}") or "256x128x8_reg_t16x8_w8"
     fast = ladder.registry.get("fast")
     sets = {v.label: v for v in fast.variants}
     if label not in sets:

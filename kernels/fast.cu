@@ -57,22 +57,22 @@
 #include <stdint.h>
 
 #ifndef BM
-#define BM 128 /* rows of C per block */
+#define BM 256 /* rows of C per block */
 #endif
 #ifndef BN
-#define BN 256 /* columns of C per block */
+#define BN 128 /* columns of C per block */
 #endif
 #ifndef BK
-#define BK 16 /* depth of one shared-memory slab */
+#define BK 8 /* depth of one shared-memory slab */
 #endif
 #ifndef TM
-#define TM 8 /* rows of C per thread (a multiple of 4) */
+#define TM 16 /* rows of C per thread (a multiple of 4) */
 #endif
 #ifndef TN
-#define TN 16 /* columns of C per thread (a multiple of 4) */
+#define TN 8 /* columns of C per thread (a multiple of 4) */
 #endif
 #ifndef WTM
-#define WTM 4 /* lanes of a warp along M; 32 / WTM along N */
+#define WTM 8 /* lanes of a warp along M; 32 / WTM along N */
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1 /* blocks per SM that __launch_bounds__ must allow */
@@ -102,7 +102,7 @@
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
 #ifndef A_PAD
-#define A_PAD 0 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
+#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
 #endif
 /* Where column m of a_tile[.][k] lives. Without padding (BM a multiple of 32)
  * column m sits in bank m % 32 at every k, and the transposing stores of one
