@@ -40,15 +40,16 @@
  *
  * Launch geometry (mmd/kernels.py owns it):
  *   block = (THREADS, 1, 1)   THREADS = 32 * (BM / (TM*WTM)) * (BN / (TN*(32/WTM)))
- *                             (256 at the defaults: 8 warps of 32 x 128)
+ *                             (256 at the defaults: 8 warps of 64 x 64)
  *   grid  = (ceil(N / BN), ceil(M / BM), 1)
  *   static shared memory = STAGES * BK * (BM + A_PAD + BN) * sizeof(float)
- *                          (STAGES = 2 with DOUBLE_BUFFER; 48 KiB at the defaults,
- *                          the static limit: A_PAD 0 keeps it there)
+ *                          (STAGES = 2 with DOUBLE_BUFFER; 24.25 KiB at the defaults;
+ *                          48 KiB is the static limit)
  *
  * Defaults: the autotune's best set for large shapes on the H200
- * (BM 128, BN 256, BK 16, 8 x 16 per thread, register prefetch, 1 block per
- * SM); kernels/fast.tune.yaml has the sets per shape class.
+ * (BM 256, BN 128, BK 8, 16 x 8 per thread in warps of 64 x 64, register
+ * prefetch, INTERIOR, 1 block per SM); kernels/fast.tune.yaml has the sets
+ * per shape class, docs/fast.md what each macro measured.
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Out-of-range loads give zeros, out-of-range stores
