@@ -7,6 +7,7 @@ as benchmarks/fast_round.sh writes it): one line per metric, one column per prof
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import sys
@@ -30,7 +31,10 @@ STALL = re.compile(r"smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ra
 
 
 def main() -> int:
-    with open(sys.argv[1], newline="") as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("raw", help="the raw page as CSV: ncu --import X.ncu-rep --page raw --csv")
+    args = ap.parse_args()
+    with open(args.raw, newline="") as f:
         rows = list(csv.reader(f))
     header, units, data = rows[0], rows[1], rows[2:]
     names = [d[header.index("Kernel Name")][:24] for d in data]

@@ -97,7 +97,8 @@
 #define A_SWIZZLE 0 /* 1: a_tile's columns XOR-swizzled per k group: conflict-free transposing stores */
 #endif
 #ifndef INTERIOR
-#define INTERIOR 1 /* 1: blocks wholly inside (and K a multiple of BK, 16-byte aligned) load unchecked */
+#define INTERIOR 1 /* 1: blocks wholly inside (K a multiple of BK, 16-byte aligned) load unchecked;
+                     the register-prefetch loops only (DOUBLE_BUFFER) */
 #endif
 
 #define WARP 32
