@@ -58,6 +58,9 @@ CHECK_SHAPES = [
     (33, 1000, 127),
     (129, 257, 130),
     (300, 17, 515),
+    # K a multiple of every BK, whole blocks beside edge ones: INTERIOR's unchecked loop and the checked one
+    (384, 80, 520),
+    (256, 32, 512),
 ]
 #: Relative error bound: max|C - ref| / max|ref| < TOL_PER_SQRT_K * sqrt(K).
 TOL_PER_SQRT_K = 1e-5
@@ -96,8 +99,12 @@ class Variant:
         return self.spec.grid(m, n, self.tile)
 
 
-#: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to its defaults.
-FAST_CANDIDATES = {
+#: The 128x256x16 set (8x16 per thread, A_PAD 0) that fast.cu's defaults were before issue 33: the
+#: candidates below are changes to it (fast_variant spells out every other macro from fast.cu's defaults).
+BASE_128X256 = {"BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "A_PAD": 0}
+#: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to BASE_128X256.
+_CANDIDATE_CHANGES: dict[str, dict[str, int]] = {
+    "128x256x16_reg_t8x16_pad0": {},
     "warptile_1buf": {"DOUBLE_BUFFER": 0, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "128x128x8_async": {"ASYNC": 1, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "128x128x8_async3": {"ASYNC": 1, "STAGES_ASYNC": 3, "BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
@@ -116,7 +123,45 @@ FAST_CANDIDATES = {
     "128x128x8_reg_mb2": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4},
     "256x128x16_reg_t16x8_pad0": {"BM": 256, "BN": 128, "TM": 16, "TN": 8},
     "256x128x8_reg_t16x8_w8": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "A_PAD": 4},
+    # the large tile's warp shape (32x128 per warp at WTM 4) and cp.async instead of the register prefetch
+    "128x256x16_reg_t8x16_w8_pad0": {"WTM": 8},
+    "128x256x16_reg_t8x16_w2_pad0": {"WTM": 2},
+    "128x256x16_async_t8x16_pad0": {"ASYNC": 1},
+    # FRAG_PIPE: fragments double-buffered in registers across the slab boundary
+    "128x256x16_reg_t8x16_pad0_fp": {"FRAG_PIPE": 1},
+    "128x256x16_reg_t8x16_w8_pad0_fp": {"WTM": 8, "FRAG_PIPE": 1},
+    "128x256x16_async_t8x16_pad0_fp": {"ASYNC": 1, "FRAG_PIPE": 1},
+    "256x128x16_reg_t16x8_pad0_fp": {"BM": 256, "BN": 128, "TM": 16, "TN": 8, "FRAG_PIPE": 1},
+    "128x128x8_reg_mb2_fp": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4, "FRAG_PIPE": 1},
+    "128x128x8_async3_mb2_fp": {
+        "ASYNC": 1,
+        "STAGES_ASYNC": 3,
+        "BN": 128,
+        "BK": 8,
+        "TN": 8,
+        "MIN_BLOCKS": 2,
+        "A_PAD": 4,
+        "FRAG_PIPE": 1,
+    },
+    "128x128x16_async_mb2_fp": {"ASYNC": 1, "BN": 128, "TN": 8, "MIN_BLOCKS": 2, "A_PAD": 4, "FRAG_PIPE": 1},
+    "64x64x16_t4x8_reg_fp": {"BM": 64, "BN": 64, "TM": 4, "TN": 8, "A_PAD": 4, "FRAG_PIPE": 1},
+    # INTERIOR 0: every block's loads tested (the default before INTERIOR); A_SWIZZLE: conflict-free A stores
+    "128x256x16_reg_t8x16_pad0_checked": {"INTERIOR": 0},
+    "128x256x16_reg_t8x16_pad0_swz": {"A_SWIZZLE": 1},
+    "128x256x16_async_t8x16_pad0_swz": {"ASYNC": 1, "A_SWIZZLE": 1},
+    "256x128x8_reg_t16x8_swz": {"BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "A_SWIZZLE": 1},
+    "128x128x8_reg_mb2_fp_swz": {"BN": 128, "BK": 8, "TN": 8, "MIN_BLOCKS": 2, "FRAG_PIPE": 1, "A_SWIZZLE": 1},
+    "128x128x8_reg_mb2_fp_checked": {
+        "BN": 128,
+        "BK": 8,
+        "TN": 8,
+        "MIN_BLOCKS": 2,
+        "A_PAD": 4,
+        "FRAG_PIPE": 1,
+        "INTERIOR": 0,
+    },
 }
+FAST_CANDIDATES = {label: {**BASE_128X256, **changes} for label, changes in _CANDIDATE_CHANGES.items()}
 
 
 def variants(quick: bool) -> list[Variant]:

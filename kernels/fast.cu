@@ -40,15 +40,16 @@
  *
  * Launch geometry (mmd/kernels.py owns it):
  *   block = (THREADS, 1, 1)   THREADS = 32 * (BM / (TM*WTM)) * (BN / (TN*(32/WTM)))
- *                             (256 at the defaults: 8 warps of 32 x 128)
+ *                             (256 at the defaults: 8 warps of 64 x 64)
  *   grid  = (ceil(N / BN), ceil(M / BM), 1)
  *   static shared memory = STAGES * BK * (BM + A_PAD + BN) * sizeof(float)
- *                          (STAGES = 2 with DOUBLE_BUFFER; 48 KiB at the defaults,
- *                          the static limit: A_PAD 0 keeps it there)
+ *                          (STAGES = 2 with DOUBLE_BUFFER; 24.25 KiB at the defaults;
+ *                          48 KiB is the static limit)
  *
  * Defaults: the autotune's best set for large shapes on the H200
- * (BM 128, BN 256, BK 16, 8 x 16 per thread, register prefetch, 1 block per
- * SM); kernels/fast.tune.yaml has the sets per shape class.
+ * (BM 256, BN 128, BK 8, 16 x 8 per thread in warps of 64 x 64, register
+ * prefetch, INTERIOR, 1 block per SM); kernels/fast.tune.yaml has the sets
+ * per shape class, docs/fast.md what each macro measured.
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Out-of-range loads give zeros, out-of-range stores
@@ -57,22 +58,22 @@
 #include <stdint.h>
 
 #ifndef BM
-#define BM 128 /* rows of C per block */
+#define BM 256 /* rows of C per block */
 #endif
 #ifndef BN
-#define BN 256 /* columns of C per block */
+#define BN 128 /* columns of C per block */
 #endif
 #ifndef BK
-#define BK 16 /* depth of one shared-memory slab */
+#define BK 8 /* depth of one shared-memory slab */
 #endif
 #ifndef TM
-#define TM 8 /* rows of C per thread (a multiple of 4) */
+#define TM 16 /* rows of C per thread (a multiple of 4) */
 #endif
 #ifndef TN
-#define TN 16 /* columns of C per thread (a multiple of 4) */
+#define TN 8 /* columns of C per thread (a multiple of 4) */
 #endif
 #ifndef WTM
-#define WTM 4 /* lanes of a warp along M; 32 / WTM along N */
+#define WTM 8 /* lanes of a warp along M; 32 / WTM along N */
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1 /* blocks per SM that __launch_bounds__ must allow */
@@ -89,12 +90,28 @@
 #ifndef STAGES_ASYNC
 #define STAGES_ASYNC 2 /* shared-memory stages of the cp.async pipeline (>= 2) */
 #endif
+#ifndef FRAG_PIPE
+#define FRAG_PIPE 0 /* 1: fragments double-buffered in registers, across the slab boundary too */
+#endif
+#ifndef A_SWIZZLE
+#define A_SWIZZLE 0 /* 1: a_tile's columns XOR-swizzled per k group: conflict-free transposing stores */
+#endif
+#ifndef INTERIOR
+#define INTERIOR 1 /* 1: blocks wholly inside (K a multiple of BK, 16-byte aligned) load unchecked;
+                     the register-prefetch loops only (DOUBLE_BUFFER) */
+#endif
 
 #define WARP 32
 #define VEC 4   /* floats in one 16-byte access */
 #ifndef A_PAD
-#define A_PAD 0 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
+#define A_PAD 4 /* floats of padding after each row of a_tile[k][.] (a multiple of 4) */
 #endif
+/* Where column m of a_tile[.][k] lives. Without padding (BM a multiple of 32)
+ * column m sits in bank m % 32 at every k, and the transposing stores of one
+ * warp (BK/4 threads per row of A, each writing 4 k of one m) hit each bank
+ * BK/4 times. XOR-ing m with the k group times 32/(BK/4) spreads the groups
+ * over all 32 banks; the XOR is a multiple of 4, so float4 reads stay whole. */
+#define A_SWZ(k) (A_SWIZZLE ? ((k) / VEC) * (WARP / (BK / VEC)) : 0)
 #define WTN (WARP / WTM)
 #define WM (TM * WTM) /* rows of C per warp */
 #define WN (TN * WTN) /* columns of C per warp */
@@ -122,7 +139,11 @@ static_assert(A_LOADS >= 1 && (BM * BK) % (VEC * THREADS) == 0,
 static_assert(B_LOADS >= 1 && (BK * BN) % (VEC * THREADS) == 0,
               "B's BK x BN slab must split into whole float4s per thread");
 static_assert(GROUP_M >= 1, "GROUP_M must be at least 1");
+static_assert(!A_SWIZZLE || (A_PAD == 0 && BM % WARP == 0 && BK / VEC <= 8),
+              "A_SWIZZLE needs A_PAD 0, BM a multiple of 32 and BK at most 32");
 static_assert(!ASYNC || STAGES_ASYNC >= 2, "the cp.async pipeline needs at least 2 stages");
+static_assert(!FRAG_PIPE || (DOUBLE_BUFFER || ASYNC), "FRAG_PIPE needs two shared buffers (DOUBLE_BUFFER or ASYNC)");
+static_assert(!FRAG_PIPE || BK % 2 == 0, "FRAG_PIPE alternates two fragment buffers: BK must be even");
 
 /* cp.async (sm_80+): copy `bytes` (4 or 16) from global to shared memory
  * without passing through registers; only the first src_bytes are read, the
@@ -141,6 +162,12 @@ __device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
+/* A compile-time flag passed to the loads: Checked<false> drops every bounds and alignment test. */
+template <bool B>
+struct Checked {
+    static constexpr bool value = B;
+};
 
 /* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
 __device__ __forceinline__ bool vector_ok(const float* P, int ld)
@@ -224,15 +251,18 @@ mmd_fast(const float* __restrict__ A,
 #if !ASYNC
     float4 a_next[A_LOADS], b_next[B_LOADS]; /* the next slab, on its way from global memory */
 
-    /* Global -> registers for the slab at k0; a_src and b_src point at it. */
-    auto fetch = [&](int k0) {
+    /* Global -> registers for the slab at k0; a_src and b_src point at it. With
+     * Checked<false> (a block wholly inside, see INTERIOR) every test is known
+     * true and compiles away: no branches in the main loop's loads. */
+    auto fetch = [&](int k0, auto checked) {
+        constexpr bool CHECK = decltype(checked)::value;
         const int a_col = k0 + a_k;
-        const bool a_vec = vec_a && a_col + VEC <= K;
+        const bool a_vec = !CHECK || (vec_a && a_col + VEC <= K);
 #pragma unroll
         for (int l = 0; l < A_LOADS; ++l) {
             const float* p = a_src + l * a_load_step;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (row0 + a_m + l * A_ROW_STEP < M) {
+            if (!CHECK || row0 + a_m + l * A_ROW_STEP < M) {
                 if (a_vec) {
                     v = __ldg(reinterpret_cast<const float4*>(p));
                 } else {
@@ -248,8 +278,8 @@ mmd_fast(const float* __restrict__ A,
         for (int l = 0; l < B_LOADS; ++l) {
             const float* p = b_src + l * b_load_step;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (k0 + b_k + l * B_ROW_STEP < K) {
-                if (b_vec) {
+            if (!CHECK || k0 + b_k + l * B_ROW_STEP < K) {
+                if (!CHECK || b_vec) {
                     v = __ldg(reinterpret_cast<const float4*>(p));
                 } else {
                     if (b_col + 0 < N) v.x = __ldg(p + 0);
@@ -269,10 +299,11 @@ mmd_fast(const float* __restrict__ A,
         for (int l = 0; l < A_LOADS; ++l) {
             const int idx = tid + l * THREADS;
             const int m = idx / (BK / VEC), k = (idx % (BK / VEC)) * VEC;
-            a_tile[s][k + 0][m] = a_next[l].x;
-            a_tile[s][k + 1][m] = a_next[l].y;
-            a_tile[s][k + 2][m] = a_next[l].z;
-            a_tile[s][k + 3][m] = a_next[l].w;
+            const int mm = m ^ A_SWZ(k); /* k is a multiple of 4: one group for all four */
+            a_tile[s][k + 0][mm] = a_next[l].x;
+            a_tile[s][k + 1][mm] = a_next[l].y;
+            a_tile[s][k + 2][mm] = a_next[l].z;
+            a_tile[s][k + 3][mm] = a_next[l].w;
         }
 #pragma unroll
         for (int l = 0; l < B_LOADS; ++l) {
@@ -282,6 +313,7 @@ mmd_fast(const float* __restrict__ A,
         }
     };
 #endif
+#if !FRAG_PIPE
     /* acc += the slab in shared buffer s. */
     auto multiply = [&](int s) {
 #pragma unroll
@@ -290,7 +322,7 @@ mmd_fast(const float* __restrict__ A,
 #pragma unroll
             for (int i = 0; i < SUB_M; ++i)
                 *reinterpret_cast<float4*>(&a_frag[i * VEC]) =
-                    *reinterpret_cast<const float4*>(&a_tile[s][k][t_row + i * VEC * WTM]);
+                    *reinterpret_cast<const float4*>(&a_tile[s][k][(t_row + i * VEC * WTM) ^ A_SWZ(k)]);
 #pragma unroll
             for (int j = 0; j < SUB_N; ++j)
                 *reinterpret_cast<float4*>(&b_frag[j * VEC]) =
@@ -302,6 +334,33 @@ mmd_fast(const float* __restrict__ A,
                     acc[i][j] += a_frag[i] * b_frag[j];
         }
     };
+#else
+    /* Fragments in two register buffers: the loads of step k+1 are issued
+     * before the FMAs of step k. At a slab's last step the next slab's first
+     * fragments come after the barrier, so the barrier's wait and their
+     * shared-load latency overlap that step's TM * TN FMAs instead of
+     * emptying the pipeline once per slab. Buffer f is a compile-time
+     * constant once the step loop is unrolled (BK is even: step 0 is always
+     * buffer 0). */
+    float a_pipe[2][TM], b_pipe[2][TN];
+    auto load_frags = [&](int s, int k, int f) {
+#pragma unroll
+        for (int i = 0; i < SUB_M; ++i)
+            *reinterpret_cast<float4*>(&a_pipe[f][i * VEC]) =
+                *reinterpret_cast<const float4*>(&a_tile[s][k][(t_row + i * VEC * WTM) ^ A_SWZ(k)]);
+#pragma unroll
+        for (int j = 0; j < SUB_N; ++j)
+            *reinterpret_cast<float4*>(&b_pipe[f][j * VEC]) =
+                *reinterpret_cast<const float4*>(&b_tile[s][k][t_col + j * VEC * WTN]);
+    };
+    auto fma_frags = [&](int f) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j)
+                acc[i][j] += a_pipe[f][i] * b_pipe[f][j];
+    };
+#endif
 
 #if ASYNC
     /* Global -> shared buffer s for the slab at k0, without registers. B's
@@ -318,7 +377,7 @@ mmd_fast(const float* __restrict__ A,
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const bool in = row_in && a_col + e < K;
-                cp_async4(&a_tile[s][a_k + e][a_m + l * A_ROW_STEP], in ? p + e : A, in);
+                cp_async4(&a_tile[s][a_k + e][(a_m + l * A_ROW_STEP) ^ A_SWZ(a_k)], in ? p + e : A, in);
             }
         }
 #pragma unroll
@@ -348,6 +407,36 @@ mmd_fast(const float* __restrict__ A,
         if (t < slabs) issue(t * BK, t);
         cp_async_commit();
     }
+#if FRAG_PIPE
+    /* Group j holds slab j. Slab 0 lands; slab STAGES-1 goes into the last,
+     * never used buffer. Then, at the last step of slab t, once slab t+1 has
+     * landed and every thread has read all of slab t (its fragments are all
+     * loaded by then), slab t+STAGES goes into slab t's buffer. Before that
+     * barrier STAGES+t groups are committed, so "all but the newest
+     * STAGES-2 pending" means slab t+1 is in. */
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (STAGES - 1 < slabs) issue((STAGES - 1) * BK, STAGES - 1);
+    cp_async_commit();
+    load_frags(0, 0, 0);
+    for (int t = 0; t < slabs; ++t) {
+        const int s = t % STAGES;
+        const bool more = t + 1 < slabs;
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            if (k < BK - 1) {
+                load_frags(s, k + 1, (k + 1) & 1);
+            } else if (more) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                if (t + STAGES < slabs) issue((t + STAGES) * BK, s);
+                cp_async_commit();
+                load_frags((t + 1) % STAGES, 0, 0);
+            }
+            fma_frags(k & 1);
+        }
+    }
+#else
     for (int t = 0; t < slabs; ++t) {
         cp_async_wait<STAGES - 2>(); /* this thread's copies of slab t are done */
         __syncthreads();             /* everyone's are; and everyone finished slab t-1 */
@@ -357,23 +446,68 @@ mmd_fast(const float* __restrict__ A,
         cp_async_commit();
         multiply(t % STAGES);
     }
-#elif DOUBLE_BUFFER
-    fetch(0);
-    stash(0);
-    __syncthreads();
-    int s = 0;
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        const bool more = k0 + BK < K;
-        if (more) fetch(k0 + BK); /* in flight during the multiply */
-        multiply(s);
-        /* Buffer s^1 was last read in the previous step, before its barrier. */
-        if (more) stash(s ^ 1);
+#endif
+#elif DOUBLE_BUFFER && FRAG_PIPE
+    auto main_loop = [&](auto checked) {
+        fetch(0, checked);
+        stash(0);
         __syncthreads();
-        s ^= 1;
-    }
+        load_frags(0, 0, 0);
+        int s = 0;
+        for (int k0 = 0; k0 < K; k0 += BK) {
+            const bool more = k0 + BK < K;     /* uniform across the block */
+            if (more) fetch(k0 + BK, checked); /* in flight during this slab's FMAs */
+#pragma unroll
+            for (int k = 0; k < BK; ++k) {
+                if (k < BK - 1) {
+                    load_frags(s, k + 1, (k + 1) & 1);
+                } else if (more) {
+                    /* Buffer s^1 was last read in the previous slab, before its barrier;
+                     * every read of buffer s is done (step BK-1's fragments are loaded). */
+                    stash(s ^ 1);
+                    __syncthreads();
+                    s ^= 1;
+                    load_frags(s, 0, 0);
+                }
+                fma_frags(k & 1);
+            }
+        }
+    };
+#if INTERIOR
+    /* Uniform per block: the loop is compiled twice, and a block wholly inside
+     * the matrices (most of them at large sizes) runs the one without tests. */
+    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
+        main_loop(Checked<false>{});
+    else
+#endif
+        main_loop(Checked<true>{});
+#elif DOUBLE_BUFFER
+    auto main_loop = [&](auto checked) {
+        fetch(0, checked);
+        stash(0);
+        __syncthreads();
+        int s = 0;
+        for (int k0 = 0; k0 < K; k0 += BK) {
+            const bool more = k0 + BK < K;
+            if (more) fetch(k0 + BK, checked); /* in flight during the multiply */
+            multiply(s);
+            /* Buffer s^1 was last read in the previous step, before its barrier. */
+            if (more) stash(s ^ 1);
+            __syncthreads();
+            s ^= 1;
+        }
+    };
+#if INTERIOR
+    /* Uniform per block: the loop is compiled twice, and a block wholly inside
+     * the matrices (most of them at large sizes) runs the one without tests. */
+    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
+        main_loop(Checked<false>{});
+    else
+#endif
+        main_loop(Checked<true>{});
 #else
     for (int k0 = 0; k0 < K; k0 += BK) {
-        fetch(k0);
+        fetch(k0, Checked<true>{});
         stash(0);
         __syncthreads();
         multiply(0);

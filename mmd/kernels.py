@@ -332,8 +332,9 @@ class KernelSpec:
 
 #: fast.cu's compile-time parameters and its defaults (a test checks them against the file's #defines).
 FAST_DEFAULTS: dict[str, int] = {
-    "BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "MIN_BLOCKS": 1, "GROUP_M": 8,
-    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 0,
+    "BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "MIN_BLOCKS": 1, "GROUP_M": 8,
+    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 4, "FRAG_PIPE": 0,
+    "INTERIOR": 1, "A_SWIZZLE": 0,
 }  # fmt: skip
 
 
@@ -509,11 +510,11 @@ _SPECS: tuple[KernelSpec, ...] = (
         source_file="fast.cu",
         entry="mmd_fast",
         # fast.cu's own defaults: its large-shape variant.
-        block_tile=(128, 256, 8, 16),
-        fixed_shared_bytes=2 * 16 * (128 + 256) * FLOAT_BYTES,
+        block_tile=(256, 128, 16, 8),
+        fixed_shared_bytes=2 * 8 * (256 + 4 + 128) * FLOAT_BYTES,
         variants=(
-            fast_variant("128x256x16_reg_t8x16_pad0", ("medium", "large")),
-            fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, TM=4, TN=8, A_PAD=4),
+            fast_variant("256x128x8_reg_t16x8_w8", ("medium", "large")),
+            fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, BK=16, TM=4, TN=8, WTM=4),
         ),
     ),
     _tensor_core_spec(

@@ -296,10 +296,10 @@ def test_fast_picks_its_variant_by_shape_class():
     small = fast.for_shape(1000, 1000, h200)
     large = fast.for_shape(4096, 4096, h200)
     assert small.block_tile == (64, 64, 4, 8) and dict(small.macros)["BM"] == 64
-    assert large.block_tile == (128, 256, 8, 16) and dict(large.macros) == registry.FAST_DEFAULTS
+    assert large.block_tile == (256, 128, 16, 8) and dict(large.macros) == registry.FAST_DEFAULTS
     assert small.grid(1000, 1000, 0) == (16, 16, 1)
     # unknown multiprocessor count: the default (large) build
-    assert fast.for_shape(1000, 1000, registry.COMMON_LIMITS).block_tile == (128, 256, 8, 16)
+    assert fast.for_shape(1000, 1000, registry.COMMON_LIMITS).block_tile == (256, 128, 16, 8)
     # kernels without variants resolve to themselves
     assert registry.get("tiled").for_shape(7, 7, h200) is registry.get("tiled")
 
@@ -316,9 +316,9 @@ def test_a_tuning_entry_that_names_no_variant_is_an_error(tmp_path, monkeypatch)
 
 
 def test_fast_variants_take_their_geometry_from_their_macros():
-    small = registry.fast_variant("s", BM=64, BN=64, TM=4, TN=8, A_PAD=4)
+    small = registry.fast_variant("s", BM=64, BN=64, BK=16, TM=4, TN=8, A_PAD=4)
     assert small.block_tile == (64, 64, 4, 8) and small.shared_bytes == 2 * 16 * (64 + 4 + 64) * 4
-    async3 = registry.fast_variant("a", ASYNC=1, STAGES_ASYNC=3)
+    async3 = registry.fast_variant("a", BM=128, BN=256, BK=16, A_PAD=0, ASYNC=1, STAGES_ASYNC=3)
     assert async3.shared_bytes == 3 * 16 * (128 + 256) * 4
     with pytest.raises(KernelError, match="no parameter BX"):
         registry.fast_variant("x", BX=1)
