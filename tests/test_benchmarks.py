@@ -36,6 +36,9 @@ TINY: dict[str, list[str]] = {
     ],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
     "quick_detection.py": ["--big", "64", "--seeds", "2"],
+    "ncu_summary.py": [str(ROOT / "tests" / "data" / "ncu-raw-sample.csv")],
+    "reference_gpu.py": ["--sizes", "32", "--repeat", "1", "--workdir", "{tmp}/work"],
+    "sgemm_ncu.py": ["--size", "64", "--launches", "3", "--results", "{tmp}/none.json"],
     "soak.py": ["--minutes", "0.05", "--rate", "20", "--every", "1"],
     # the ladders time on a GPU through CuPy; compiling and reading ptxas's report needs only nvcc
     "sgemm_ladder.py": ["--quick", "--compile-only", "--out", "{tmp}"],
@@ -46,7 +49,13 @@ TINY: dict[str, list[str]] = {
 MODULES = {"ladder_common.py": ("sgemm_ladder.py", "tc_ladder.py")}
 
 #: What a script needs beyond this Python and mmd, when it needs something.
-NEEDS = {"sgemm_ladder.py": "nvcc", "tc_ladder.py": "nvcc"}
+NEEDS = {
+    "sgemm_ladder.py": "nvcc",
+    "tc_ladder.py": "nvcc",
+    # a GPU (the driver's nvidia-smi stands for one): they time the GPU against itself or the CPU
+    "reference_gpu.py": "nvidia-smi",
+    "sgemm_ncu.py": "nvidia-smi",
+}
 
 
 def test_every_script_has_a_tiny_mode():
@@ -61,7 +70,7 @@ def test_every_script_has_a_tiny_mode():
 def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> None:
     need = NEEDS.get(script)
     if need is not None and shutil.which(need) is None:
-        pytest.skip(f"{script} compiles its kernels with {need}, which is not on PATH here")
+        pytest.skip(f"{script} needs {need}, which is not on PATH here")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in TINY[script]]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *argv],
