@@ -242,6 +242,28 @@ def family(pid: int) -> list[int]:
     return pids
 
 
+#: Clock ticks per second of /proc/<pid>/stat's times.
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user, system) of ``pid`` and its descendants, reaped children included (/proc/<pid>/stat):
+    the daemon's own cost, which the load of other processes on the machine barely changes."""
+    user = system = 0
+    for p in family(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            raw = Path(f"/proc/{p}/stat").read_bytes()
+            f = raw[raw.rfind(b")") + 2 :].split()
+            user += int(f[11]) + int(f[13])  # utime, cutime
+            system += int(f[12]) + int(f[14])  # stime, cstime
+    return user / _TICK, system / _TICK
+
+
+def cpu_ms_per_job(before: tuple[float, float], after: tuple[float, float], jobs: int) -> dict[str, float]:
+    user, system = (after[0] - before[0]) * 1e3 / jobs, (after[1] - before[1]) * 1e3 / jobs
+    return {"cpu_ms_per_job": user + system, "user_ms_per_job": user, "sys_ms_per_job": system}
+
+
 def pid_of(s: Served) -> int:
     if s.proc is None:
         raise SystemExit(f"bench_daemon: tree {s.name}: no daemon started")
@@ -305,20 +327,26 @@ class Bench:
     def burst(self, daemons: list[Served]) -> None:
         n, rates = self.args.burst, {s.name: [] for s in daemons}
         errors = dict.fromkeys(rates, 0)
+        cpu: dict[str, list[dict[str, float]]] = {s.name: [] for s in daemons}
         for r in range(self.args.rounds):
             for s in daemons:
                 stems = [f"b{r}-{i:06d}" for i in range(n)]
                 src, inbox = s.root / "src", s.root / "inbox"
                 for stem in stems:
                     (src / f"{stem}.txt").write_bytes(SMALL)
+                c0 = cpu_s(pid_of(s))
                 t0 = time.perf_counter()
                 for stem in stems:
                     os.rename(src / f"{stem}.txt", inbox / f"{stem}.txt")
                 end, errs = wait_all(s, "burst", stems, self.limit, 0.0005)
+                settle(s)  # the last jobs' archives are the burst's CPU too
+                cpu[s.name].append(cpu_ms_per_job(c0, cpu_s(pid_of(s)), n))
                 rates[s.name].append(n / (end - t0))
                 errors[s.name] += errs
-                print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors)", flush=True)
-                settle(s)
+                c = cpu[s.name][-1]
+                print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors), CPU "
+                      f"{c['cpu_ms_per_job']:.3f} ms/job (user {c['user_ms_per_job']:.3f}, system "
+                      f"{c['sys_ms_per_job']:.3f})", flush=True)  # fmt: skip
                 clear(s)
         for s in daemons:
             v = rates[s.name]
@@ -329,6 +357,8 @@ class Bench:
                 "min": min(v),
                 "max": max(v),
                 "errors": errors[s.name],
+                "cpu": cpu[s.name],
+                **{k: med([c[k] for c in cpu[s.name]]) for k in cpu[s.name][0]},
             }
 
     # 2b. flood
@@ -365,11 +395,13 @@ class Bench:
     def drops(self, daemons: list[Served]) -> None:
         lat: dict[str, list[float]] = {s.name: [] for s in daemons}
         errors = dict.fromkeys(lat, 0)
+        cpu = dict.fromkeys(lat, 0.0)
         left = self.args.drops
         while left > 0:
             block = min(10, left)
             left -= block
             for s in daemons:
+                c0 = cpu_s(pid_of(s))
                 for _ in range(block):
                     time.sleep(0.01)  # idle: the last job archived, its state written
                     t0, path = s.drop(SMALL)
@@ -377,6 +409,9 @@ class Bench:
                     t1, got = wait_one(s, "drops", stem, self.limit)
                     lat[s.name].append((t1 - t0) * 1e3)
                     errors[s.name] += got.name.endswith(FAILED)
+                settle(s)
+                c1 = cpu_s(pid_of(s))
+                cpu[s.name] += (c1[0] - c0[0]) + (c1[1] - c0[1])
         for s in daemons:
             v = lat[s.name]
             self.results[s.name]["drops"] = {
@@ -385,9 +420,11 @@ class Bench:
                 "p95_ms": pct(v, 95),
                 "max_ms": max(v),
                 "errors": errors[s.name],
+                "cpu_ms_per_job": cpu[s.name] * 1e3 / len(v),
                 "samples_ms": v,
             }
-            print(f"  {s.name} drops: p50 {pct(v, 50):.2f} ms, p95 {pct(v, 95):.2f} ms", flush=True)
+            print(f"  {s.name} drops: p50 {pct(v, 50):.2f} ms, p95 {pct(v, 95):.2f} ms, "
+                  f"CPU {cpu[s.name] * 1e3 / len(v):.3f} ms/job", flush=True)  # fmt: skip
         for s in daemons:
             settle(s)
             clear(s)
@@ -463,6 +500,8 @@ class Bench:
                 raise fail(s, "backlog", f"no sidecar {self.limit:.0f} s after the start")
             time.sleep(0.0005)
         _, errors = wait_all(s, "backlog", stems, self.limit, 0.01)
+        settle(s)
+        used = cpu_ms_per_job((0.0, 0.0), cpu_s(pid_of(s)), len(stems))  # its start-up included
         with os.scandir(outbox) as it:
             mt = sorted(e.stat().st_mtime_ns / 1e9 for e in it if e.name.endswith((DONE, FAILED)))
         n = len(mt)
@@ -479,6 +518,7 @@ class Bench:
             "total_s": total,
             "jobs_per_s": n / total,
             "errors": errors,
+            **used,
         }
 
     # 5. timeout
@@ -581,16 +621,21 @@ def rows(backend: str, baseline: str) -> list[tuple[str, str, str, str, Callable
         ("burst jobs/s (min)", "burst.min", "{:.1f}", "", None),
         ("burst jobs/s (max)", "burst.max", "{:.1f}", "", None),
         ("burst error sidecars", "burst.errors", "{}", "0", lambda v, b: v == 0),
+        ("burst CPU ms/job (median)", "burst.cpu_ms_per_job", "{:.3f}", "", None),
+        ("burst user ms/job", "burst.user_ms_per_job", "{:.3f}", "", None),
+        ("burst system ms/job", "burst.sys_ms_per_job", "{:.3f}", "", None),
         ("drops p50 ms", "drops.p50_ms", "{:.2f}", "<= 2", lambda v, b: v <= 2.0),
         ("flood: another's job ms", "flood.victim_ms", "{:.1f}", "<= 300", lambda v, b: v <= 300.0),
         ("flood: its jobs before it", "flood.flood_jobs_before", "{}", "", None),
         ("drops p95 ms", "drops.p95_ms", "{:.2f}", "", None),
+        ("drops CPU ms/job", "drops.cpu_ms_per_job", "{:.3f}", "", None),
         ("backlog first job s", "backlog.first_job_s", "{:.3f}", "<= 1", lambda v, b: v <= 1.0),
         ("backlog first tenth jobs/s", "backlog.first_tenth_jobs_per_s", "{:.1f}", "", None),
         ("backlog last tenth jobs/s", "backlog.last_tenth_jobs_per_s", "{:.1f}", "", None),
         ("backlog last/first", "backlog.last_over_first", "{:.2f}", ">= 0.8", lambda v, b: v >= 0.8),
         ("backlog total s", "backlog.total_s", "{:.2f}", "", None),
         ("backlog jobs/s overall", "backlog.jobs_per_s", "{:.1f}", "", None),
+        ("backlog CPU ms/job", "backlog.cpu_ms_per_job", "{:.3f}", "", None),
         (
             "big drop->sidecar ms (med)",
             "big.median_ms",
