@@ -113,6 +113,11 @@ def jobs_in(work):
     return sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
 
 
+def spares(work):
+    """The emptied job folders kept for later claims: the shared spare and this process's own."""
+    return sorted(p for p in work.iterdir() if p.name.startswith(spool.SPARE_DIR))
+
+
 def _drop(inbox, name="m.txt", text="2\n1 2\n3 4\n1 0\n0 1\n"):
     inbox.mkdir(exist_ok=True)
     (inbox / name).write_text(text)
@@ -189,7 +194,7 @@ def test_archive_done_failed_and_no_overwrite(tmp_path):
     _drop(s.inbox, "bad.txt")
     assert s.archive(s.claim("bad.txt"), False) == s.failed / "bad.txt"
     assert jobs_in(s.work) == []
-    assert list((s.work / spool.SPARE_DIR).iterdir()) == []  # the emptied folder, kept for the next claim
+    assert [list(p.iterdir()) for p in spares(s.work)] == [[]]  # the emptied folder, kept for the next claim
 
 
 def _sidecar(path, job):
@@ -329,7 +334,7 @@ def test_holding_keeps_the_job_and_its_reservation_and_take_back_returns_it(tmp_
     assert s.take_back() == []
     assert s.archive(back, True) == s.done / "m.txt"
     assert jobs_in(s.work) == [] and spool.held_jobs(s.inbox) == []
-    assert not c.reservation.exists() and list((s.work / spool.SPARE_DIR).iterdir()) == []
+    assert not c.reservation.exists() and [list(p.iterdir()) for p in spares(s.work)] == [[]]
 
 
 def test_prepare_refuses_planted_links_and_world_writable_outbox(tmp_path):

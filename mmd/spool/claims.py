@@ -184,6 +184,19 @@ class InHand:
             return len(self._left)
 
 
+#: Emptied job folders a process keeps to take for its next claims (``.work/.spare.<pid>.<k>``): a group
+#: commit's worth (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs are all claimed before the first is
+#: archived. A folder removed per job would make new files slow (see :mod:`mmd.spool.reservations`).
+SPARE_FOLDERS = 16
+
+
+def spare_folder_pid(name: str) -> int | None:
+    """The pid in a process's spare folder's name (``.spare.<pid>.<k>``); None for any other name."""
+    head, _, k = name.rpartition(".")
+    spare, _, pid = head.partition(f"{SPARE_DIR}.")
+    return int(pid) if not spare and pid.isdigit() and k.isdigit() else None
+
+
 #: Reserves the first free output version of a stem for a job: (version, names in the way, reservation).
 Reserve = Callable[[str, str, int | None], tuple[int, list[str], Path]]
 #: Drops a claim's output reservation (when it is still the claim's).
@@ -198,6 +211,8 @@ class Claims:
         self.hand = hand
         self.reserve = reserve
         self.release = release
+        #: This process's emptied job folders, taken first for its next claims.
+        self._spares: list[Path] = []
 
     # -- claim --
     def claim(self, name: str, job_id: str | None = None) -> Claim | None:
@@ -307,9 +322,16 @@ class Claims:
         )
 
     def _job_folder(self, name: str) -> Path:
-        """An empty ``.work/<name>``: the spare folder renamed (a mkdir costs more on ext4)."""
+        """An empty ``.work/<name>``: a spare folder of this process's renamed, else the shared spare, else
+        a new one (a mkdir costs more on ext4)."""
         shared = self.shared
         folder = shared.folder(shared.work) / name
+        while self._spares:
+            try:
+                shared.ops.rename(self._spares.pop(), folder)
+            except FileNotFoundError:
+                continue  # swept meanwhile
+            return folder
         try:
             shared.ops.rename(shared.work / SPARE_DIR, folder)
         except FileNotFoundError:
@@ -317,11 +339,12 @@ class Claims:
         return folder
 
     def release_folder(self, folder: Path) -> None:
-        """Keep an emptied job folder as the spare (replacing an empty spare), else remove it.
+        """Keep an emptied job folder as a spare of this process's, else as the shared spare (replacing an
+        empty one), else remove it.
 
         mmd's own dot files in it (the attempts record, a killed write's
         temporary) are removed first; a folder that still holds anything else
-        is left for the next start's recovery, never made the spare.
+        is left for the next start's recovery, never made a spare.
         """
         shared = self.shared
         try:
@@ -329,15 +352,39 @@ class Claims:
                 names = [e.name for e in it]
         except OSError:
             return
+        emptied = True
         for name in names:
             if not name.startswith("."):
                 return
-            shared.unlink_quietly(folder / name)
+            try:
+                shared.ops.unlink(folder / name)
+            except OSError:
+                emptied = False  # the shared spare's next claim tries again
+        if emptied and len(self._spares) < SPARE_FOLDERS:
+            taken = {p.name for p in self._spares}
+            spare = next(
+                shared.work / n for k in range(SPARE_FOLDERS) if (n := f"{SPARE_DIR}.{os.getpid()}.{k}") not in taken
+            )
+            try:
+                shared.ops.rename(folder, spare)
+            except OSError:
+                pass  # the shared spare instead
+            else:
+                self._spares.append(spare)
+                return
         try:
             shared.ops.rename(folder, shared.work / SPARE_DIR)
         except OSError:
             with contextlib.suppress(OSError):
                 shared.ops.rmdir(folder)
+
+    def drop_spares(self) -> None:
+        """Remove this process's spare folders (it stops serving; a killed one's are swept with its
+        temporaries)."""
+        for spare in self._spares:
+            with contextlib.suppress(OSError):
+                self.shared.ops.rmdir(spare)
+        self._spares.clear()
 
     # -- jobs in .work --
     def resumable(self) -> list[Claim]:
