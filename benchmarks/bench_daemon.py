@@ -51,6 +51,13 @@ Cases (``--cases``, default all), each a row group of the table printed last:
   runs and what ``mmd status --json`` says. A tree that refuses the
   ``@timeout=`` name has that reported, not a crash.
 
+**CPU ms per job** (burst, drops, backlog): the user and system time of the
+daemon and all its processes (``/proc/<pid>/stat``, reaped children
+included) over the round, its last archive included, divided by its jobs
+(the backlog's from the daemon's start). Other load on a shared machine
+moves the rates far more than this. Between rounds the outputs and archives
+are moved aside, not removed (see :func:`clear`), and removed at the end.
+
 Every wait has a limit (``--wait``) and ends the run with the tree and case
 named, at once when a daemon exits; daemons are stopped (SIGTERM, then
 SIGKILL) whatever happens. Spools, inputs and kernel caches go under
@@ -168,14 +175,25 @@ def settle(s: Served, limit: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def clear(s: Served) -> None:
-    """Empty the outbox (not its dot files: reservations) and the archives; the daemon should be idle."""
+def clear(s: Served, aside: Path | None = None) -> None:
+    """Empty the outbox (not its dot files: reservations) and the archives; the daemon should be idle.
+
+    ``aside``: move the files into that folder (made here) instead of removing them, and remove it at the end
+    of the run. On ext4 without a journal (the project's VM) every file made in the next several seconds steps
+    over each inode freed (``recently_deleted``): thousands removed between rounds slowed the next round of
+    any tree, by as much as the code's differences.
+    """
+    if aside is not None:
+        aside.mkdir(parents=True, exist_ok=True)
     for folder in (s.root / "outbox", s.root / "inbox" / ".done", s.root / "inbox" / ".failed"):
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False) and not (folder.name == "outbox" and entry.name[0] == "."):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+                        if aside is None:
+                            os.unlink(entry.path)
+                        else:
+                            os.rename(entry.path, aside / f"{folder.name}-{entry.name}")
 
 
 def stage(s: Served, stem: str, src: Path | bytes) -> Path:
@@ -293,6 +311,12 @@ class Bench:
         self.limit: float = args.wait
         self.results: dict[str, dict[str, Any]] = {t.name: {} for t in trees}
         self.daemons: list[Served] = []  # every daemon started, stopped in main's finally
+        self.asides = 0
+
+    def aside(self) -> Path:
+        """A fresh folder under the work folder for :func:`clear` to move files into (removed at the end)."""
+        self.asides += 1
+        return self.work / "aside" / str(self.asides)
 
     def served(self, tree: Tree, spool: str, start: bool = True) -> Served:
         s = Served(tree, self.work, root=self.work / f"spool-{tree.name}-{spool}", start=False)
@@ -317,7 +341,7 @@ class Bench:
                 warm(s, case, self.limit)
             for s in daemons:
                 settle(s)
-                clear(s)
+                clear(s, self.aside())
             yield daemons
         finally:
             for s in daemons:
@@ -347,7 +371,7 @@ class Bench:
                 print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors), CPU "
                       f"{c['cpu_ms_per_job']:.3f} ms/job (user {c['user_ms_per_job']:.3f}, system "
                       f"{c['sys_ms_per_job']:.3f})", flush=True)  # fmt: skip
-                clear(s)
+                clear(s, self.aside())
         for s in daemons:
             v = rates[s.name]
             self.results[s.name]["burst"] = {
@@ -389,7 +413,7 @@ class Bench:
             print(f"  {s.name} flood of {n}: the other submitter's job in {(t1 - t0) * 1e3:.1f} ms "
                   f"({behind} of the flood's sidecars before it)", flush=True)  # fmt: skip
             settle(s)
-            clear(s)
+            clear(s, self.aside())
 
     # 2. drops
     def drops(self, daemons: list[Served]) -> None:
@@ -427,7 +451,7 @@ class Bench:
                   f"CPU {cpu[s.name] * 1e3 / len(v):.3f} ms/job", flush=True)  # fmt: skip
         for s in daemons:
             settle(s)
-            clear(s)
+            clear(s, self.aside())
 
     # 4. big
     def big(self, daemons: list[Served]) -> None:
@@ -474,8 +498,10 @@ class Bench:
                 finally:
                     s.stop()
                 print(f"  {t.name} backlog round {r}: {json.dumps(rounds[t.name][-1])}", flush=True)
-                if not self.args.keep:
-                    shutil.rmtree(s.root, ignore_errors=True)
+                if not self.args.keep:  # set aside, not removed: see clear()
+                    aside = self.aside()
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(s.root, aside)
         for t in self.trees:
             v = rounds[t.name]
             self.results[t.name]["backlog"] = {
