@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import record
 from ..errors import SpoolError
@@ -197,8 +197,15 @@ def spare_folder_pid(name: str) -> int | None:
     return int(pid) if not spare and pid.isdigit() and k.isdigit() else None
 
 
-#: Reserves the first free output version of a stem for a job: (version, names in the way, reservation).
-Reserve = Callable[[str, str, int | None], tuple[int, list[str], Path]]
+class Reserve(Protocol):
+    """Reserves the first free output version of a stem for a job: (version, names in the way, reservation);
+    ``looked``: the version and names :func:`~mmd.spool.names.resolve_output` gave a moment ago, tried first."""
+
+    def __call__(
+        self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
+    ) -> tuple[int, list[str], Path]: ...
+
+
 #: Drops a claim's output reservation (when it is still the claim's).
 Release = Callable[[Claim], None]
 
@@ -240,7 +247,8 @@ class Claims:
                 return None
             except OSError as exc:
                 raise SpoolError(f"cannot claim {shown(name)}: {strerror(exc)}") from None
-        guess, collided = resolve_output(shared.output_folder(owner), stem)
+        looked_in = shared.output_folder(owner)
+        guess, collided = resolve_output(looked_in, stem)
         job_id = new_id() if job_id is None else job_id
         self.hand.expect(job_id)  # in hand before its reservation can exist: a sweep never takes it for stale
         try:
@@ -272,7 +280,9 @@ class Claims:
                 owner = shared.ops.lstat(dst).st_uid
         version, reservation, unreserved = guess, None, None
         try:
-            version, collided, reservation = self.reserve(stem, job_id, owner)
+            # The guess is tried first where it was looked for (the owner, so the folder, may have changed)
+            looked = (guess, collided) if shared.output_folder(owner) == looked_in else None
+            version, collided, reservation = self.reserve(stem, job_id, owner, looked)
         except SpoolError as exc:
             unreserved = exc.reason
         if version != guess:

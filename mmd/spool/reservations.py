@@ -46,13 +46,23 @@ _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLIN
 SPARES = 16
 
 
+#: More than a reservation holds (``<job> <host> <pid>``; a host id is a short name).
+_RESERVATION_MAX = 512
+
+
 def read_reservation(path: Path) -> tuple[str, str, int] | None:
-    """(job id, host, pid) from a reservation file; None when missing or not mmd's."""
+    """(job id, host, pid) from a reservation file; None when missing or not mmd's (never through a link)."""
     try:
-        job, host, pid = path.read_text(encoding="ascii").split()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        job, host, pid = os.read(fd, _RESERVATION_MAX).decode("ascii").split()
         return job, host, int(pid)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:
@@ -82,7 +92,9 @@ class Reservations:
         #: Per output folder, this process's released reservations, to be written anew (see the module).
         self._spares: dict[Path, list[Path]] = {}
 
-    def reserve(self, stem: str, job_id: str, owner: int | None = None) -> tuple[int, list[str], Path]:
+    def reserve(
+        self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
+    ) -> tuple[int, list[str], Path]:
         """Reserve the first free output version of ``stem`` in the output folder of ``owner`` (the input's
         uid: class mode's own folder, else the outbox): (version, names in the way, reservation).
 
@@ -91,12 +103,18 @@ class Reservations:
         when another job made it first, the next version is tried. After
         taking it the version's own names are looked at again: a job that held
         it a moment ago commits its output before it drops its reservation.
-        Raises SpoolError when the outbox refuses it.
+        ``looked``: what :func:`~mmd.spool.names.resolve_output` said a moment
+        ago (the claim's guess), tried first without looking again (that look
+        after taking it is what decides). Raises SpoolError when the outbox
+        refuses it.
         """
         outbox = self.shared.make_output_folder(owner)
         start, collided = 0, []
         while True:
-            version, more = resolve_output(outbox, stem, start=start)
+            if looked is not None:
+                (version, more), looked = looked, None
+            else:
+                version, more = resolve_output(outbox, stem, start=start)
             collided.extend(more)
             path = claim_path(outbox, stem, version)
             if not self._create_reservation(path, job_id):
