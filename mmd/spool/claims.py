@@ -218,8 +218,9 @@ class Claims:
         self.hand = hand
         self.reserve = reserve
         self.release = release
-        #: This process's emptied job folders, taken first for its next claims.
+        #: This process's emptied job folders, taken first for its next claims, and the names they may take.
         self._spares: list[Path] = []
+        self._spare_names: list[Path] = []
 
     # -- claim --
     def claim(self, name: str, job_id: str | None = None) -> Claim | None:
@@ -371,10 +372,11 @@ class Claims:
             except OSError:
                 emptied = False  # the shared spare's next claim tries again
         if emptied and len(self._spares) < SPARE_FOLDERS:
-            taken = {p.name for p in self._spares}
-            spare = next(
-                shared.work / n for k in range(SPARE_FOLDERS) if (n := f"{SPARE_DIR}.{os.getpid()}.{k}") not in taken
-            )
+            if not self._spare_names:
+                pid = os.getpid()
+                self._spare_names = [shared.work / f"{SPARE_DIR}.{pid}.{k}" for k in range(SPARE_FOLDERS)]
+            taken = set(self._spares)
+            spare = next(p for p in self._spare_names if p not in taken)
             try:
                 shared.ops.rename(folder, spare)
             except OSError:

@@ -91,6 +91,7 @@ class Reservations:
         self.hand = hand
         #: Per output folder, this process's released reservations, to be written anew (see the module).
         self._spares: dict[Path, list[Path]] = {}
+        self._names: dict[Path, list[Path]] = {}
 
     def reserve(
         self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
@@ -301,6 +302,13 @@ class Reservations:
         if held is not None and held[0] == claim.job_id:
             self._retire(path)
 
+    def _spare_names(self, folder: Path) -> list[Path]:
+        """The names this process's spares in ``folder`` may take (temporaries': swept once it is gone)."""
+        names = self._names.get(folder)
+        if names is None:
+            names = self._names[folder] = [folder / temporary_name(f".spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
+        return names
+
     def drop_spares(self) -> None:
         """Remove this process's spares (it stops serving; a killed one's are swept as its temporaries)."""
         for spares in self._spares.values():
@@ -312,12 +320,8 @@ class Reservations:
         """Drop the reservation at ``path``: kept as a spare of this process (see the module), else removed."""
         spares = self._spares.setdefault(path.parent, [])
         if len(spares) < SPARES:
-            taken = {p.name for p in spares}
-            spare = next(
-                path.with_name(name)
-                for k in range(SPARES)
-                if (name := temporary_name(f".spare{k}{CLAIM_SUFFIX}")) not in taken
-            )
+            taken = set(spares)
+            spare = next(p for p in self._spare_names(path.parent) if p not in taken)
             try:
                 self.shared.ops.rename(path, spare)
             except OSError:
