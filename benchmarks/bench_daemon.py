@@ -51,6 +51,13 @@ Cases (``--cases``, default all), each a row group of the table printed last:
   runs and what ``mmd status --json`` says. A tree that refuses the
   ``@timeout=`` name has that reported, not a crash.
 
+**CPU ms per job** (burst, drops, backlog): the user and system time of the
+daemon and all its processes (``/proc/<pid>/stat``, reaped children
+included) over the round, its last archive included, divided by its jobs
+(the backlog's from the daemon's start). Other load on a shared machine
+moves the rates far more than this. Between rounds the outputs and archives
+are moved aside, not removed (see :func:`clear`), and removed at the end.
+
 Every wait has a limit (``--wait``) and ends the run with the tree and case
 named, at once when a daemon exits; daemons are stopped (SIGTERM, then
 SIGKILL) whatever happens. Spools, inputs and kernel caches go under
@@ -168,14 +175,25 @@ def settle(s: Served, limit: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def clear(s: Served) -> None:
-    """Empty the outbox (not its dot files: reservations) and the archives; the daemon should be idle."""
+def clear(s: Served, aside: Path | None = None) -> None:
+    """Empty the outbox (not its dot files: reservations) and the archives; the daemon should be idle.
+
+    ``aside``: move the files into that folder (made here) instead of removing them, and remove it at the end
+    of the run. On ext4 without a journal (the project's VM) every file made in the next several seconds steps
+    over each inode freed (``recently_deleted``): thousands removed between rounds slowed the next round of
+    any tree, by as much as the code's differences.
+    """
+    if aside is not None:
+        aside.mkdir(parents=True, exist_ok=True)
     for folder in (s.root / "outbox", s.root / "inbox" / ".done", s.root / "inbox" / ".failed"):
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False) and not (folder.name == "outbox" and entry.name[0] == "."):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+                        if aside is None:
+                            os.unlink(entry.path)
+                        else:
+                            os.rename(entry.path, aside / f"{folder.name}-{entry.name}")
 
 
 def stage(s: Served, stem: str, src: Path | bytes) -> Path:
@@ -242,6 +260,28 @@ def family(pid: int) -> list[int]:
     return pids
 
 
+#: Clock ticks per second of /proc/<pid>/stat's times.
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user, system) of ``pid`` and its descendants, reaped children included (/proc/<pid>/stat):
+    the daemon's own cost, which the load of other processes on the machine barely changes."""
+    user = system = 0
+    for p in family(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            raw = Path(f"/proc/{p}/stat").read_bytes()
+            f = raw[raw.rfind(b")") + 2 :].split()
+            user += int(f[11]) + int(f[13])  # utime, cutime
+            system += int(f[12]) + int(f[14])  # stime, cstime
+    return user / _TICK, system / _TICK
+
+
+def cpu_ms_per_job(before: tuple[float, float], after: tuple[float, float], jobs: int) -> dict[str, float]:
+    user, system = (after[0] - before[0]) * 1e3 / jobs, (after[1] - before[1]) * 1e3 / jobs
+    return {"cpu_ms_per_job": user + system, "user_ms_per_job": user, "sys_ms_per_job": system}
+
+
 def pid_of(s: Served) -> int:
     if s.proc is None:
         raise SystemExit(f"bench_daemon: tree {s.name}: no daemon started")
@@ -271,6 +311,12 @@ class Bench:
         self.limit: float = args.wait
         self.results: dict[str, dict[str, Any]] = {t.name: {} for t in trees}
         self.daemons: list[Served] = []  # every daemon started, stopped in main's finally
+        self.asides = 0
+
+    def aside(self) -> Path:
+        """A fresh folder under the work folder for :func:`clear` to move files into (removed at the end)."""
+        self.asides += 1
+        return self.work / "aside" / str(self.asides)
 
     def served(self, tree: Tree, spool: str, start: bool = True) -> Served:
         s = Served(tree, self.work, root=self.work / f"spool-{tree.name}-{spool}", start=False)
@@ -295,7 +341,7 @@ class Bench:
                 warm(s, case, self.limit)
             for s in daemons:
                 settle(s)
-                clear(s)
+                clear(s, self.aside())
             yield daemons
         finally:
             for s in daemons:
@@ -305,21 +351,27 @@ class Bench:
     def burst(self, daemons: list[Served]) -> None:
         n, rates = self.args.burst, {s.name: [] for s in daemons}
         errors = dict.fromkeys(rates, 0)
+        cpu: dict[str, list[dict[str, float]]] = {s.name: [] for s in daemons}
         for r in range(self.args.rounds):
             for s in daemons:
                 stems = [f"b{r}-{i:06d}" for i in range(n)]
                 src, inbox = s.root / "src", s.root / "inbox"
                 for stem in stems:
                     (src / f"{stem}.txt").write_bytes(SMALL)
+                c0 = cpu_s(pid_of(s))
                 t0 = time.perf_counter()
                 for stem in stems:
                     os.rename(src / f"{stem}.txt", inbox / f"{stem}.txt")
                 end, errs = wait_all(s, "burst", stems, self.limit, 0.0005)
+                settle(s)  # the last jobs' archives are the burst's CPU too
+                cpu[s.name].append(cpu_ms_per_job(c0, cpu_s(pid_of(s)), n))
                 rates[s.name].append(n / (end - t0))
                 errors[s.name] += errs
-                print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors)", flush=True)
-                settle(s)
-                clear(s)
+                c = cpu[s.name][-1]
+                print(f"  {s.name} burst round {r}: {rates[s.name][-1]:.1f} jobs/s ({errs} errors), CPU "
+                      f"{c['cpu_ms_per_job']:.3f} ms/job (user {c['user_ms_per_job']:.3f}, system "
+                      f"{c['sys_ms_per_job']:.3f})", flush=True)  # fmt: skip
+                clear(s, self.aside())
         for s in daemons:
             v = rates[s.name]
             self.results[s.name]["burst"] = {
@@ -329,6 +381,8 @@ class Bench:
                 "min": min(v),
                 "max": max(v),
                 "errors": errors[s.name],
+                "cpu": cpu[s.name],
+                **{k: med([c[k] for c in cpu[s.name]]) for k in cpu[s.name][0]},
             }
 
     # 2b. flood
@@ -359,17 +413,19 @@ class Bench:
             print(f"  {s.name} flood of {n}: the other submitter's job in {(t1 - t0) * 1e3:.1f} ms "
                   f"({behind} of the flood's sidecars before it)", flush=True)  # fmt: skip
             settle(s)
-            clear(s)
+            clear(s, self.aside())
 
     # 2. drops
     def drops(self, daemons: list[Served]) -> None:
         lat: dict[str, list[float]] = {s.name: [] for s in daemons}
         errors = dict.fromkeys(lat, 0)
+        cpu = dict.fromkeys(lat, 0.0)
         left = self.args.drops
         while left > 0:
             block = min(10, left)
             left -= block
             for s in daemons:
+                c0 = cpu_s(pid_of(s))
                 for _ in range(block):
                     time.sleep(0.01)  # idle: the last job archived, its state written
                     t0, path = s.drop(SMALL)
@@ -377,6 +433,9 @@ class Bench:
                     t1, got = wait_one(s, "drops", stem, self.limit)
                     lat[s.name].append((t1 - t0) * 1e3)
                     errors[s.name] += got.name.endswith(FAILED)
+                settle(s)
+                c1 = cpu_s(pid_of(s))
+                cpu[s.name] += (c1[0] - c0[0]) + (c1[1] - c0[1])
         for s in daemons:
             v = lat[s.name]
             self.results[s.name]["drops"] = {
@@ -385,12 +444,14 @@ class Bench:
                 "p95_ms": pct(v, 95),
                 "max_ms": max(v),
                 "errors": errors[s.name],
+                "cpu_ms_per_job": cpu[s.name] * 1e3 / len(v),
                 "samples_ms": v,
             }
-            print(f"  {s.name} drops: p50 {pct(v, 50):.2f} ms, p95 {pct(v, 95):.2f} ms", flush=True)
+            print(f"  {s.name} drops: p50 {pct(v, 50):.2f} ms, p95 {pct(v, 95):.2f} ms, "
+                  f"CPU {cpu[s.name] * 1e3 / len(v):.3f} ms/job", flush=True)  # fmt: skip
         for s in daemons:
             settle(s)
-            clear(s)
+            clear(s, self.aside())
 
     # 4. big
     def big(self, daemons: list[Served]) -> None:
@@ -437,8 +498,10 @@ class Bench:
                 finally:
                     s.stop()
                 print(f"  {t.name} backlog round {r}: {json.dumps(rounds[t.name][-1])}", flush=True)
-                if not self.args.keep:
-                    shutil.rmtree(s.root, ignore_errors=True)
+                if not self.args.keep:  # set aside, not removed: see clear()
+                    aside = self.aside()
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(s.root, aside)
         for t in self.trees:
             v = rounds[t.name]
             self.results[t.name]["backlog"] = {
@@ -463,6 +526,8 @@ class Bench:
                 raise fail(s, "backlog", f"no sidecar {self.limit:.0f} s after the start")
             time.sleep(0.0005)
         _, errors = wait_all(s, "backlog", stems, self.limit, 0.01)
+        settle(s)
+        used = cpu_ms_per_job((0.0, 0.0), cpu_s(pid_of(s)), len(stems))  # its start-up included
         with os.scandir(outbox) as it:
             mt = sorted(e.stat().st_mtime_ns / 1e9 for e in it if e.name.endswith((DONE, FAILED)))
         n = len(mt)
@@ -479,6 +544,7 @@ class Bench:
             "total_s": total,
             "jobs_per_s": n / total,
             "errors": errors,
+            **used,
         }
 
     # 5. timeout
@@ -581,16 +647,21 @@ def rows(backend: str, baseline: str) -> list[tuple[str, str, str, str, Callable
         ("burst jobs/s (min)", "burst.min", "{:.1f}", "", None),
         ("burst jobs/s (max)", "burst.max", "{:.1f}", "", None),
         ("burst error sidecars", "burst.errors", "{}", "0", lambda v, b: v == 0),
+        ("burst CPU ms/job (median)", "burst.cpu_ms_per_job", "{:.3f}", "", None),
+        ("burst user ms/job", "burst.user_ms_per_job", "{:.3f}", "", None),
+        ("burst system ms/job", "burst.sys_ms_per_job", "{:.3f}", "", None),
         ("drops p50 ms", "drops.p50_ms", "{:.2f}", "<= 2", lambda v, b: v <= 2.0),
         ("flood: another's job ms", "flood.victim_ms", "{:.1f}", "<= 300", lambda v, b: v <= 300.0),
         ("flood: its jobs before it", "flood.flood_jobs_before", "{}", "", None),
         ("drops p95 ms", "drops.p95_ms", "{:.2f}", "", None),
+        ("drops CPU ms/job", "drops.cpu_ms_per_job", "{:.3f}", "", None),
         ("backlog first job s", "backlog.first_job_s", "{:.3f}", "<= 1", lambda v, b: v <= 1.0),
         ("backlog first tenth jobs/s", "backlog.first_tenth_jobs_per_s", "{:.1f}", "", None),
         ("backlog last tenth jobs/s", "backlog.last_tenth_jobs_per_s", "{:.1f}", "", None),
         ("backlog last/first", "backlog.last_over_first", "{:.2f}", ">= 0.8", lambda v, b: v >= 0.8),
         ("backlog total s", "backlog.total_s", "{:.2f}", "", None),
         ("backlog jobs/s overall", "backlog.jobs_per_s", "{:.1f}", "", None),
+        ("backlog CPU ms/job", "backlog.cpu_ms_per_job", "{:.3f}", "", None),
         (
             "big drop->sidecar ms (med)",
             "big.median_ms",

@@ -29,6 +29,8 @@ HAS_SYNCFS = _syncfs is not None
 
 #: Flags of a new file that must not exist yet and is never opened through a link planted at its name.
 EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+#: Flags of an existing file of mmd's own written anew (emptied first), never through a link.
+REWRITE = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 
 class FileOps:
@@ -37,6 +39,10 @@ class FileOps:
     def open_exclusive(self, path: Path, mode: int = 0o644) -> int:
         """A new file at ``path`` opened for writing (FileExistsError when the name is taken)."""
         return os.open(path, EXCLUSIVE, mode)
+
+    def open_rewrite(self, path: Path) -> int:
+        """An existing file at ``path`` (never through a link) opened for writing, emptied."""
+        return os.open(path, REWRITE)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
@@ -85,6 +91,7 @@ class FileOps:
 #: The names of :class:`FileOps`' operations (what a fault can be injected into).
 OPERATIONS: tuple[str, ...] = (
     "open_exclusive",
+    "open_rewrite",
     "write",
     "fsync",
     "close",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import re
 import sys
@@ -234,24 +235,31 @@ def error_path(output: Path) -> Path:
 # -- to and from plain data -------------------------------------------------------
 
 
+@functools.cache
 def _fields(cls: type) -> list[dataclasses.Field[Any]]:
     own = list(dataclasses.fields(cls))
     return sorted(own, key=lambda f: 0 if f.name in _LEAD else 1)
+
+
+@functools.cache
+def _layout(cls: type) -> tuple[tuple[str, bool, bool], ...]:
+    """(name, omitted when None, flattened) of each field of record class ``cls``, in written order."""
+    return tuple((f.name, bool(f.metadata.get("omit")), bool(f.metadata.get("flatten"))) for f in _fields(cls))
 
 
 def as_dict(value: Any) -> Any:
     """A record (or part of one) as plain data in its written order; None-valued optional fields left out."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
-        for f in _fields(type(value)):
-            item = getattr(value, f.name)
-            if item is None and f.metadata.get("omit"):
+        for name, omit, flatten in _layout(type(value)):
+            item = getattr(value, name)
+            if item is None and omit:
                 continue
             plain = as_dict(item)
-            if f.metadata.get("flatten"):
+            if flatten:
                 out.update(plain)
             else:
-                out[f.name] = plain
+                out[name] = plain
         return out
     if isinstance(value, (list, tuple)):
         return [as_dict(v) for v in value]
@@ -361,13 +369,16 @@ def _scalar(value: Any) -> str | None:
             return ".inf" if value > 0 else "-.inf"
         text = repr(value).lower()
         return text.replace("e", ".0e", 1) if "." not in text and "e" in text else text
-    if (
-        isinstance(value, str)
-        and _SAFE.fullmatch(value)
-        and not value.endswith((" ", ",", ":"))
-        and "  " not in value
-        and ": " not in value
-    ):
+    if isinstance(value, str):
+        return _string(value)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _string(value: str) -> str | None:
+    """A string as the dumper writes it, or None where mmd leaves it to PyYAML (kept: a sidecar's keys and
+    most of its values are the same in every sidecar)."""
+    if _SAFE.fullmatch(value) and not value.endswith((" ", ",", ":")) and "  " not in value and ": " not in value:
         if _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == _STR:
             return value
         return f"'{value}'"

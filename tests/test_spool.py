@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +14,7 @@ import yaml
 from mmd import spool
 from mmd.errors import SpoolError
 from mmd.fileops import FileOps
-from mmd.spool import Readiness, Spool
+from mmd.spool import CLAIM_SUFFIX, SPARE_DIR, Readiness, Spool
 
 
 @pytest.mark.parametrize("name", ["m.txt", "m", "a b.txt", "m@tile=16.txt", "x.out"])
@@ -113,6 +115,11 @@ def jobs_in(work):
     return sorted(p.name for p in work.iterdir() if not p.name.startswith("."))
 
 
+def spares(work):
+    """The emptied job folders kept for later claims: the shared spare and this process's own."""
+    return sorted(p for p in work.iterdir() if p.name.startswith(spool.SPARE_DIR))
+
+
 def _drop(inbox, name="m.txt", text="2\n1 2\n3 4\n1 0\n0 1\n"):
     inbox.mkdir(exist_ok=True)
     (inbox / name).write_text(text)
@@ -189,7 +196,42 @@ def test_archive_done_failed_and_no_overwrite(tmp_path):
     _drop(s.inbox, "bad.txt")
     assert s.archive(s.claim("bad.txt"), False) == s.failed / "bad.txt"
     assert jobs_in(s.work) == []
-    assert list((s.work / spool.SPARE_DIR).iterdir()) == []  # the emptied folder, kept for the next claim
+    assert [list(p.iterdir()) for p in spares(s.work)] == [[]]  # the emptied folder, kept for the next claim
+
+
+def test_a_group_frees_no_inode_its_reservations_and_folders_are_used_again(tmp_path):
+    """A group's jobs are all claimed before the first is archived: their reservations and job folders are
+    kept by the process and taken by the next group's jobs, never removed (on ext4 without a journal each
+    freed inode makes new files slower for seconds). A process's spares go when it stops; a dead one's are
+    swept with its temporaries."""
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+
+    def group(tag: str) -> set[int]:
+        names = [f"{tag}{i}.txt" for i in range(16)]
+        for name in names:
+            _drop(s.inbox, name)
+        claims = [s.claim(name) for name in names]
+        inodes = {c.reservation.stat().st_ino for c in claims} | {c.path.parent.stat().st_ino for c in claims}
+        for c in claims:
+            s.archive(c, True)
+        return inodes
+
+    def kept() -> list[Path]:
+        return [p for p in [*s.outbox.iterdir(), *s.work.iterdir()] if ".spare" in p.name]
+
+    first = group("a")
+    assert len(first) == 32 and {p.stat().st_ino for p in kept()} == first
+    assert group("b") == first  # the same inodes, written anew
+    assert not [p for p in s.outbox.iterdir() if p.name.endswith(CLAIM_SUFFIX)], "every reservation released"
+    s.drop_spares()
+    assert kept() == []
+    dead = subprocess.Popen(["true"])  # a pid that has exited
+    dead.wait()
+    (s.work / f"{SPARE_DIR}.{dead.pid}.0").mkdir()
+    (s.outbox / f"..spare0{CLAIM_SUFFIX}.{dead.pid}.tmp").write_text("x - 1\n")
+    s.sweep_temporaries()
+    assert kept() == []
 
 
 def _sidecar(path, job):
@@ -329,7 +371,7 @@ def test_holding_keeps_the_job_and_its_reservation_and_take_back_returns_it(tmp_
     assert s.take_back() == []
     assert s.archive(back, True) == s.done / "m.txt"
     assert jobs_in(s.work) == [] and spool.held_jobs(s.inbox) == []
-    assert not c.reservation.exists() and list((s.work / spool.SPARE_DIR).iterdir()) == []
+    assert not c.reservation.exists() and [list(p.iterdir()) for p in spares(s.work)] == [[]]
 
 
 def test_prepare_refuses_planted_links_and_world_writable_outbox(tmp_path):

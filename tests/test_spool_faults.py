@@ -124,9 +124,9 @@ class FaultyOps(FileOps):
         if first == work or (first.parent == work and op == "mkdir"):
             return "claim"  # .work, or a job folder
         if first.parent == work:  # a job folder: the spare renamed to it, or it renamed on
-            if first.name == spool.SPARE_DIR:
+            if first.name.startswith(spool.SPARE_DIR):  # the shared spare, or one of a process's own
                 return "claim"
-            return "release" if op == "rmdir" or paths[-1].name == spool.SPARE_DIR else "claim"
+            return "release" if op == "rmdir" or paths[-1].name.startswith(spool.SPARE_DIR) else "claim"
         if first.parent.parent == work:  # in a job folder
             if first.name.startswith(spool.ATTEMPTS_NAME):
                 return "release" if op == "unlink" and first.name == spool.ATTEMPTS_NAME else "hold"
@@ -149,6 +149,12 @@ class FaultyOps(FileOps):
     def open_exclusive(self, path: Path, mode: int = 0o644) -> int:
         self._check("open_exclusive", path)
         fd = super().open_exclusive(path, mode)
+        self._fds[fd] = Path(path)
+        return fd
+
+    def open_rewrite(self, path: Path) -> int:
+        self._check("open_rewrite", path)
+        fd = super().open_rewrite(path)
         self._fds[fd] = Path(path)
         return fd
 
@@ -325,6 +331,8 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "close"): "held",
     ("reservation", "link"): "held",  # EPERM: no hard links here; made in place instead: done
     ("reservation", "unlink"): "done",  # its temporary, and its release after the sidecar
+    ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
+    ("reservation", "rename"): "done",  # its release kept as a spare; else removed
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
     ("output", "fsync"): "held",
@@ -388,13 +396,16 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
         else:
             if step == "hold":
                 rig.ops.arm("output", "write", errno.ENOSPC)  # held, and its hold cannot be recorded
+            if (step, op) == ("reservation", "open_rewrite"):  # a spare to write anew: a job's released reservation
+                rig.drop("first.txt", GOOD)
+                rig.run("first.txt")
             fault = rig.ops.arm(step, op, ERRNOS[err])
             rig.drop(name, text)
             rig.run(name)
         fate = rig.fate(name)
         want = expected(step, op, ERRNOS[err])
         assert fate == want, f"{name}: {fate}, expected {want}"
-        if want != "done" and want != "failed":
+        if (want != "done" and want != "failed") or step == "reservation":
             assert fault.hits, "the fault was never met"
         if want == "held" and step != "claim":
             assert rig.pauses, "a held job pauses the daemon"

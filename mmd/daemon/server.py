@@ -596,6 +596,7 @@ class Daemon:
             if observer is not None:
                 observer.stop()
             self.workers.stop(self._on_event, STUCK_AFTER)
+            self.spool.drop_spares()
             if pinger is not None:
                 pinger.stop()
             self.state.update(status="stopped", queue=0, current=None)

@@ -396,9 +396,11 @@ class Runner:
         return None
 
     def close(self, flush: bool = True) -> None:
-        """Publish what waits for a group commit (unless the daemon is gone), close the backends."""
+        """Publish what waits for a group commit and remove the spare reservations (unless the daemon is gone:
+        the next one sweeps them), close the backends."""
         if flush:
             self.flush()
+            self.spool.drop_spares()
         self.backends.close()
 
 

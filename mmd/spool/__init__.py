@@ -289,6 +289,11 @@ class Spool:
         """Drop ``claim``'s output reservation (its sidecar is committed); one that cannot be removed is swept later."""
         self._reservations.release(claim)
 
+    def drop_spares(self) -> None:
+        """Remove this process's spare reservations and job folders (kept to be used again while it serves)."""
+        self._reservations.drop_spares()
+        self._claims.drop_spares()
+
     def sweep_reservations(self, claims: Iterable[Claim] | None = None) -> list[Path]:
         """Remove reservations left by dead daemons of this host; returns those removed.
 

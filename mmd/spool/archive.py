@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpoolError
-from .claims import Claim, Claims, InHand
+from .claims import Claim, Claims, InHand, spare_folder_pid
 from .common import Shared, entries, strerror
 from .names import IGNORED_SUFFIXES, MAX_NAME_BYTES, safe_name, shown, state_name
 from .reservations import Reservations, pid_alive
@@ -88,7 +88,8 @@ class Archive:
         return target
 
     def sweep_temporaries(self) -> list[Path]:
-        """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone.
+        """Remove commit temporaries (``.<name>.<pid>.tmp``) and spare job folders (``.work/.spare.<pid>.<k>``)
+        of processes that are gone.
 
         In the outbox (mmd's alone) every such name; in the folder of the state
         file (the state_dir, else the inbox, which users write) only its own. On a shared inbox only this host's
@@ -109,6 +110,12 @@ class Archive:
                     with contextlib.suppress(OSError):
                         path.unlink()
                         removed.append(path)
+        for path in entries(shared.work):
+            pid = spare_folder_pid(path.name)
+            if pid is not None and pid != os.getpid() and not pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    shared.ops.rmdir(path)  # an empty folder only
+                    removed.append(path)
         return removed
 
     def sweep_old(self, max_age_s: float, now: float | None = None) -> list[Path]:

@@ -187,7 +187,7 @@ def held_jobs(private: Path) -> list[HeldJob]:
     for entry in entries(work):
         if parse_work_folder(entry.name) is not None:
             folders.append((entry, None))
-        elif entry.name != SPARE_DIR and entry.is_dir() and not entry.is_symlink():
+        elif not entry.name.startswith(SPARE_DIR) and entry.is_dir() and not entry.is_symlink():
             folders.extend((sub, entry.name) for sub in entries(entry) if parse_work_folder(sub.name) is not None)
     found = []
     for folder, host in folders:

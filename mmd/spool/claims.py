@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import record
 from ..errors import SpoolError
@@ -184,8 +184,28 @@ class InHand:
             return len(self._left)
 
 
-#: Reserves the first free output version of a stem for a job: (version, names in the way, reservation).
-Reserve = Callable[[str, str, int | None], tuple[int, list[str], Path]]
+#: Emptied job folders a process keeps to take for its next claims (``.work/.spare.<pid>.<k>``): a group
+#: commit's worth (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs are all claimed before the first is
+#: archived. A folder removed per job would make new files slow (see :mod:`mmd.spool.reservations`).
+SPARE_FOLDERS = 16
+
+
+def spare_folder_pid(name: str) -> int | None:
+    """The pid in a process's spare folder's name (``.spare.<pid>.<k>``); None for any other name."""
+    head, _, k = name.rpartition(".")
+    spare, _, pid = head.partition(f"{SPARE_DIR}.")
+    return int(pid) if not spare and pid.isdigit() and k.isdigit() else None
+
+
+class Reserve(Protocol):
+    """Reserves the first free output version of a stem for a job: (version, names in the way, reservation);
+    ``looked``: the version and names :func:`~mmd.spool.names.resolve_output` gave a moment ago, tried first."""
+
+    def __call__(
+        self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
+    ) -> tuple[int, list[str], Path]: ...
+
+
 #: Drops a claim's output reservation (when it is still the claim's).
 Release = Callable[[Claim], None]
 
@@ -198,6 +218,9 @@ class Claims:
         self.hand = hand
         self.reserve = reserve
         self.release = release
+        #: This process's emptied job folders, taken first for its next claims, and the names they may take.
+        self._spares: list[Path] = []
+        self._spare_names: list[Path] = []
 
     # -- claim --
     def claim(self, name: str, job_id: str | None = None) -> Claim | None:
@@ -225,7 +248,8 @@ class Claims:
                 return None
             except OSError as exc:
                 raise SpoolError(f"cannot claim {shown(name)}: {strerror(exc)}") from None
-        guess, collided = resolve_output(shared.output_folder(owner), stem)
+        looked_in = shared.output_folder(owner)
+        guess, collided = resolve_output(looked_in, stem)
         job_id = new_id() if job_id is None else job_id
         self.hand.expect(job_id)  # in hand before its reservation can exist: a sweep never takes it for stale
         try:
@@ -257,7 +281,9 @@ class Claims:
                 owner = shared.ops.lstat(dst).st_uid
         version, reservation, unreserved = guess, None, None
         try:
-            version, collided, reservation = self.reserve(stem, job_id, owner)
+            # The guess is tried first where it was looked for (the owner, so the folder, may have changed)
+            looked = (guess, collided) if shared.output_folder(owner) == looked_in else None
+            version, collided, reservation = self.reserve(stem, job_id, owner, looked)
         except SpoolError as exc:
             unreserved = exc.reason
         if version != guess:
@@ -307,9 +333,16 @@ class Claims:
         )
 
     def _job_folder(self, name: str) -> Path:
-        """An empty ``.work/<name>``: the spare folder renamed (a mkdir costs more on ext4)."""
+        """An empty ``.work/<name>``: a spare folder of this process's renamed, else the shared spare, else
+        a new one (a mkdir costs more on ext4)."""
         shared = self.shared
         folder = shared.folder(shared.work) / name
+        while self._spares:
+            try:
+                shared.ops.rename(self._spares.pop(), folder)
+            except FileNotFoundError:
+                continue  # swept meanwhile
+            return folder
         try:
             shared.ops.rename(shared.work / SPARE_DIR, folder)
         except FileNotFoundError:
@@ -317,11 +350,12 @@ class Claims:
         return folder
 
     def release_folder(self, folder: Path) -> None:
-        """Keep an emptied job folder as the spare (replacing an empty spare), else remove it.
+        """Keep an emptied job folder as a spare of this process's, else as the shared spare (replacing an
+        empty one), else remove it.
 
         mmd's own dot files in it (the attempts record, a killed write's
         temporary) are removed first; a folder that still holds anything else
-        is left for the next start's recovery, never made the spare.
+        is left for the next start's recovery, never made a spare.
         """
         shared = self.shared
         try:
@@ -329,15 +363,40 @@ class Claims:
                 names = [e.name for e in it]
         except OSError:
             return
+        emptied = True
         for name in names:
             if not name.startswith("."):
                 return
-            shared.unlink_quietly(folder / name)
+            try:
+                shared.ops.unlink(folder / name)
+            except OSError:
+                emptied = False  # the shared spare's next claim tries again
+        if emptied and len(self._spares) < SPARE_FOLDERS:
+            if not self._spare_names:
+                pid = os.getpid()
+                self._spare_names = [shared.work / f"{SPARE_DIR}.{pid}.{k}" for k in range(SPARE_FOLDERS)]
+            taken = set(self._spares)
+            spare = next(p for p in self._spare_names if p not in taken)
+            try:
+                shared.ops.rename(folder, spare)
+            except OSError:
+                pass  # the shared spare instead
+            else:
+                self._spares.append(spare)
+                return
         try:
             shared.ops.rename(folder, shared.work / SPARE_DIR)
         except OSError:
             with contextlib.suppress(OSError):
                 shared.ops.rmdir(folder)
+
+    def drop_spares(self) -> None:
+        """Remove this process's spare folders (it stops serving; a killed one's are swept with its
+        temporaries)."""
+        for spare in self._spares:
+            with contextlib.suppress(OSError):
+                self.shared.ops.rmdir(spare)
+        self._spares.clear()
 
     # -- jobs in .work --
     def resumable(self) -> list[Claim]:

@@ -8,6 +8,13 @@ job's sidecar is committed (:meth:`Reservations.release`), and the ones
 whose daemon is gone are swept at start (:meth:`Reservations.sweep`).
 While it exists no other job writes that version, so a job's output name
 stays its own across a kill -9 and a hold.
+
+A released reservation is not removed but renamed to a spare of this
+process (a commit temporary's name: swept once the process is gone) and
+written anew for a later job: on ext4 without a journal (the project's VM)
+a freed inode makes every new file made after it, for the next several
+seconds, step over it, so a file freed per job made each job's new files
+cost more the faster jobs came.
 """
 
 from __future__ import annotations
@@ -34,15 +41,28 @@ from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, re
 EMPTY_RESERVATION_GRACE_S = 60.0
 #: What ``link`` says on a filesystem without hard links (the reservation is then created in place).
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
+#: Released reservations a process keeps per folder to write anew: a group commit's worth
+#: (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs release theirs one after another.
+SPARES = 16
+
+
+#: More than a reservation holds (``<job> <host> <pid>``; a host id is a short name).
+_RESERVATION_MAX = 512
 
 
 def read_reservation(path: Path) -> tuple[str, str, int] | None:
-    """(job id, host, pid) from a reservation file; None when missing or not mmd's."""
+    """(job id, host, pid) from a reservation file; None when missing or not mmd's (never through a link)."""
     try:
-        job, host, pid = path.read_text(encoding="ascii").split()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        job, host, pid = os.read(fd, _RESERVATION_MAX).decode("ascii").split()
         return job, host, int(pid)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:
@@ -69,8 +89,13 @@ class Reservations:
     def __init__(self, shared: Shared, hand: InHand) -> None:
         self.shared = shared
         self.hand = hand
+        #: Per output folder, this process's released reservations, to be written anew (see the module).
+        self._spares: dict[Path, list[Path]] = {}
+        self._names: dict[Path, list[Path]] = {}
 
-    def reserve(self, stem: str, job_id: str, owner: int | None = None) -> tuple[int, list[str], Path]:
+    def reserve(
+        self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
+    ) -> tuple[int, list[str], Path]:
         """Reserve the first free output version of ``stem`` in the output folder of ``owner`` (the input's
         uid: class mode's own folder, else the outbox): (version, names in the way, reservation).
 
@@ -79,12 +104,18 @@ class Reservations:
         when another job made it first, the next version is tried. After
         taking it the version's own names are looked at again: a job that held
         it a moment ago commits its output before it drops its reservation.
-        Raises SpoolError when the outbox refuses it.
+        ``looked``: what :func:`~mmd.spool.names.resolve_output` said a moment
+        ago (the claim's guess), tried first without looking again (that look
+        after taking it is what decides). Raises SpoolError when the outbox
+        refuses it.
         """
         outbox = self.shared.make_output_folder(owner)
         start, collided = 0, []
         while True:
-            version, more = resolve_output(outbox, stem, start=start)
+            if looked is not None:
+                (version, more), looked = looked, None
+            else:
+                version, more = resolve_output(outbox, stem, start=start)
             collided.extend(more)
             path = claim_path(outbox, stem, version)
             if not self._create_reservation(path, job_id):
@@ -104,38 +135,71 @@ class Reservations:
     def _create_reservation(self, path: Path, job_id: str) -> bool:
         """Take reservation ``path`` for ``job_id``; False when another job holds it.
 
-        The reservation is written in full under a temporary name and then
-        linked to its own name (``link`` fails when the name exists, as
-        ``O_EXCL`` does), so no one ever sees it empty: a kill between
-        creating and writing it leaves only a temporary, which the start-up
-        sweep removes. Where the filesystem has no hard links it is created
-        ``O_EXCL`` in place and written. A missing outbox is made again.
+        The reservation is written in full under a temporary name (a spare
+        of this process's, written anew, else a new file) and then linked to
+        its own name (``link`` fails when the name exists, as ``O_EXCL``
+        does), so no one ever sees it empty: a kill between creating and
+        writing it leaves only a temporary, which the start-up sweep removes.
+        Where the filesystem has no hard links it is created ``O_EXCL`` in
+        place and written. A missing outbox is made again.
         """
         shared = self.shared
         text = self._reservation_text(job_id)
-        tmp = path.with_name(temporary_name(path.name))
-        try:
+        tmp = self._rewritten(path.parent, text)
+        spare = tmp is not None
+        if tmp is None:
+            tmp = path.with_name(temporary_name(path.name))
             try:
-                shared.write_new(tmp, text)
-            except FileNotFoundError:  # the outbox was deleted under us: make it again
-                if path.parent != shared.outbox:  # a submitter's folder: made again, with its ACL, next time
-                    shared.forget_folder(path.parent)
-                    raise
-                shared.outbox.mkdir(parents=True, exist_ok=True)
-                shared.write_new(tmp, text)
-        except OSError as exc:
-            raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
+                try:
+                    shared.write_new(tmp, text)
+                except FileNotFoundError:  # the outbox was deleted under us: make it again
+                    if path.parent != shared.outbox:  # a submitter's folder: made again, with its ACL, next time
+                        shared.forget_folder(path.parent)
+                        raise
+                    shared.outbox.mkdir(parents=True, exist_ok=True)
+                    shared.write_new(tmp, text)
+            except OSError as exc:
+                raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
         try:
             shared.ops.link(tmp, path)
         except FileExistsError:
+            if spare:
+                self._spares[path.parent].append(tmp)  # kept for the next version tried
+                tmp = None
             return False
         except OSError as exc:
             if exc.errno not in _NO_LINKS:
                 raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
             return self._create_in_place(path, text)
         finally:
-            shared.unlink_quietly(tmp)
+            shared.unlink_quietly(tmp)  # a name only: the file lives on as the reservation
         return True
+
+    def _rewritten(self, folder: Path, text: bytes) -> Path | None:
+        """A spare reservation of this process in ``folder`` holding ``text`` now; None when there is none (or
+        it cannot be written: the caller makes a new one, and reports what the outbox says)."""
+        spares = self._spares.get(folder)
+        if not spares:
+            return None
+        spare = spares.pop()
+        shared = self.shared
+        try:
+            fd = shared.ops.open_rewrite(spare)
+        except OSError:
+            shared.unlink_quietly(spare)
+            return None
+        try:
+            write_all(shared.ops, fd, text)
+        except OSError:
+            shared.close_quietly(fd)
+            shared.unlink_quietly(spare)
+            return None
+        try:
+            shared.ops.close(fd)
+        except OSError:
+            shared.unlink_quietly(spare)
+            return None
+        return spare
 
     def _create_in_place(self, path: Path, text: bytes) -> bool:
         """The reservation created ``O_EXCL`` and written (no hard links here); False when it exists."""
@@ -236,7 +300,36 @@ class Reservations:
             return
         held = read_reservation(path)
         if held is not None and held[0] == claim.job_id:
-            self.shared.unlink_quietly(path)
+            self._retire(path)
+
+    def _spare_names(self, folder: Path) -> list[Path]:
+        """The names this process's spares in ``folder`` may take (temporaries': swept once it is gone)."""
+        names = self._names.get(folder)
+        if names is None:
+            names = self._names[folder] = [folder / temporary_name(f".spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
+        return names
+
+    def drop_spares(self) -> None:
+        """Remove this process's spares (it stops serving; a killed one's are swept as its temporaries)."""
+        for spares in self._spares.values():
+            for spare in spares:
+                self.shared.unlink_quietly(spare)
+        self._spares.clear()
+
+    def _retire(self, path: Path) -> None:
+        """Drop the reservation at ``path``: kept as a spare of this process (see the module), else removed."""
+        spares = self._spares.setdefault(path.parent, [])
+        if len(spares) < SPARES:
+            taken = set(spares)
+            spare = next(p for p in self._spare_names(path.parent) if p not in taken)
+            try:
+                self.shared.ops.rename(path, spare)
+            except OSError:
+                pass  # removed instead
+            else:
+                spares.append(spare)
+                return
+        self.shared.unlink_quietly(path)
 
     def sweep(self, work: Iterable[Claim]) -> list[Path]:
         """Remove reservations left by dead daemons of this host; returns those removed.
