@@ -52,3 +52,11 @@ def test_every_results_folder_is_described_in_its_readme():
     assert folders, "docs/results holds no folders"
     undescribed = [f for f in folders if f"## `{f}/`" not in readme]
     assert not undescribed, f"docs/results/README.md has no section for {undescribed}"
+
+
+def test_the_architecture_doc_names_every_module():
+    """docs/architecture.md's module table has a row for each module of the package, and none that is gone."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(mmd/[\w/]+\.py)` \|", text, flags=re.M))
+    present = {str(p.relative_to(ROOT)) for p in (ROOT / "mmd").rglob("*.py") if "__pycache__" not in p.parts}
+    assert listed == present, (sorted(present - listed), sorted(listed - present))
