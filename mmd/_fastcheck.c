@@ -1,9 +1,9 @@
 /*
- * mmd._fastcheck: fused passes for mmd.verify and mmd.freivalds (the O(n^2) parts of mmd check).
+ * mmd._fastcheck: fused passes for mmd.check.full and mmd.check.quick (the O(n^2) parts of mmd check).
  *
  * Why hand-written C: numpy does one operation per pass, so a rule such as
  * "|out - ref| <= 0.005 + c*|ref|, and sum the squares, and find the largest"
- * is a dozen passes per element, which mmd.verify keeps in cache only by
+ * is a dozen passes per element, which mmd.check.full keeps in cache only by
  * walking the matrix in small chunks, paying numpy's per-call overhead for
  * every chunk. Here each matrix is read once per pass and every per-row and
  * per-column accumulator that pass needs is updated from the value in
@@ -12,7 +12,7 @@
  * GIL released; the second half's column accumulators are private and added
  * to the first's after the join.
  *
- * Quick check (Freivalds, see mmd.freivalds). With v Gaussian vectors x (n x v)
+ * Quick check (Freivalds, see mmd.check.quick). With v Gaussian vectors x (n x v)
  * and y (m x v), A m x k, B k x n, C (the output) m x n:
  *
  *   b_rows   one pass over B:  B.x, sum_j |B_rj|, max_j |B_rj| per row r;
@@ -39,11 +39,11 @@
  * Each element's arithmetic in the rules is the numpy path's, operation for
  * operation (two roundings for a*b + c: built with -ffp-contract=off), so
  * the decisions and positions are the same; sums (squares, projections) are
- * in another order, which the bounds in mmd.verify and mmd.freivalds allow for.
+ * in another order, which the bounds in mmd.check.full and mmd.check.quick allow for.
  *
  * Matrices are float32 or float64 (the inputs A and B are float32 as read,
  * so no float64 copy of them is made); everything else is float64, C order.
- * Buffers are checked here; the layouts are mmd.verify's and mmd.freivalds' business.
+ * Buffers are checked here; the layouts are mmd.check.full's and mmd.check.quick' business.
  *
  * Measured at 4096 on a shared 2-core AMD EPYC (AVX2), in process, min of 5
  * (numpy's passes in brackets): project + the output's pass 0.045 s (0.41),
@@ -992,7 +992,7 @@ uniform(PyObject *Py_UNUSED(self), PyObject *args)
 
 /* ------------------------------------------------------------------------
  * The model rule's first sieve: what |err| <= half + scale*|ref| passes is
- * done with; the rest (in order, with |err|) go back to mmd.verify, which
+ * done with; the rest (in order, with |err|) go back to mmd.check.full, which
  * bounds |A|.|B| there. Past `limit` of them the list stops growing (the
  * caller then computes |A|.|B| in full and needs no list).
  */
@@ -1225,7 +1225,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fastcheck", "Fused passes for mmd.verify and mmd.freivalds (the quick check and the elementwise rules).",
+    PyModuleDef_HEAD_INIT, "_fastcheck", "Fused passes for mmd.check.full and mmd.check.quick (the quick check and the elementwise rules).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -1,4 +1,4 @@
-# Types of the C passes of mmd.verify and mmd.freivalds (mmd/_fastcheck.c), built at install where a compiler
+# Types of the C passes of mmd.check.full and mmd.check.quick (mmd/_fastcheck.c), built at install where a compiler
 # is found. The row passes write rows_t and add to acc (its maxima: merged), which starts at zeros.
 from typing import Any
 

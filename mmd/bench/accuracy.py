@@ -62,7 +62,7 @@ def run_accuracy(
     Yields one row per kernel and K. A kernel's first call at a shape
     compiles or warms it up; the product is a product all the same, so one
     call is enough. ``within_fp32_tolerance``: every element within fp32's
-    tolerance (:func:`mmd.verify.fp32_tolerance`), the bar a fp32-class
+    tolerance (:func:`mmd.check.full.fp32_tolerance`), the bar a fp32-class
     kernel is held to; TF32 kernels are expected to miss it.
     """
     mn = plan.accuracy_mn

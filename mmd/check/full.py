@@ -330,7 +330,7 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
 def uniform_pass(
     out: np.ndarray, ref: np.ndarray, rows: int, n: int, allowed: float
 ) -> tuple[int, float, float, float, int]:
-    """The :data:`mmd.compare.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
+    """The :data:`mmd.check.compare.UniformPass` for numpy's arrays (flat, rows×n, any float type): mmd._fastcheck's
     where it is on, else :func:`_uniform_numpy`."""
     out64, ref64 = np.ascontiguousarray(out, dtype=np.float64), np.ascontiguousarray(ref, dtype=np.float64)
     if accel.passes() is not None:

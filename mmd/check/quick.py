@@ -11,7 +11,7 @@ exceeds its bound z·σ_i (plus a margin for float64 rounding):
 
 * σ_i bounds ‖E_i‖ for every output the full check passes: there |E_ij| ≤
   h + c·S_ij (h the print rounding, c·S the fp32 model, S = |A|·|B|;
-  :mod:`mmd.tolerance`), so ‖E_i‖² ≤ σ_i² = n·h² + 2hc·Σ_j S_ij +
+  :mod:`mmd.check.tolerance`), so ‖E_i‖² ≤ σ_i² = n·h² + 2hc·Σ_j S_ij +
   c²·min(max_j S_ij·Σ_j S_ij, ‖a_i‖²·‖B‖²) ≥ Σ_j (h + c·S_ij)², with
   Σ_j S_ij = |a_i|·(|B|·1), max_j S_ij ≤ |a_i|·(row maxima of |B|) and
   S_ij ≤ ‖a_i‖·‖b_j‖ (Cauchy–Schwarz): O(n²) for all rows. A ``tol``
@@ -39,7 +39,7 @@ The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
 reads plain buffers: :func:`project` (A and B's side) and :class:`OutputSums`
 (C's, a block of rows at a time), and then :func:`verdict`, O((m + n)·v) in
 Python. None of it needs numpy, so ``mmd check --quick`` of one output runs
-without importing it. :mod:`mmd.verify` makes the same sums in numpy where
+without importing it. :mod:`mmd.check.full` makes the same sums in numpy where
 the C passes are not built; both feed :func:`verdict`.
 
 Every series here is a flat ``array('d')`` in C order: ``x_t`` is vectors×n
