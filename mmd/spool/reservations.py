@@ -16,7 +16,7 @@ a freed inode makes every new file made after it, for the next several
 seconds, step over it, so a file freed per job made each job's new files
 cost more the faster jobs came. A spare is written over from its start and
 then cut to its new text, never emptied first: that would free its block,
-and with the ``discard`` mount option each freed block costs a discard.
+which is costly there too (the VM's ext4 is mounted with ``discard``).
 """
 
 from __future__ import annotations
