@@ -30,7 +30,7 @@ from prometheus_client import (
     write_to_textfile,
 )
 
-from .record import TIMING_KEYS, ErrorRecord, Record, TimingRecord
+from .record import Tally
 
 #: Seconds: from a 32×32 job (milliseconds) to a long 8192 job on the CPU (minutes).
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -85,29 +85,23 @@ class Metrics:
         self.interval.set(every)
         self.started.set_to_current_time()
 
-    def job_ended(self, rec: Record) -> None:
-        """Count a finished job by its sidecar record."""
-        if isinstance(rec, TimingRecord):
-            self.jobs.labels("ok", rec.kernel).inc()
-            self.bytes_out.inc(rec.output.bytes or 0)
+    def job_ended(self, t: Tally) -> None:
+        """Count a finished job by its :class:`Tally`."""
+        status = "ok" if t.ok else "error"
+        self.jobs.labels(status, t.kernel).inc()
+        if t.ok:
+            self.bytes_out.inc(t.output_bytes)
         else:
-            kernel = rec.requested.kernel if rec.requested is not None else ""
-            self.jobs.labels("error", kernel).inc()
-            self.errors.labels(rec.error.kind).inc()
-        self.bytes_in.inc(rec.input.bytes or 0)
-        submitter = rec.context.submitter
-        if submitter is not None:
-            self.submitted.labels(submitter, "ok" if isinstance(rec, TimingRecord) else "error").inc()
-        if rec.timings_ms.overall is not None:
-            self.duration.observe(rec.timings_ms.overall / 1e3)
-            if submitter is not None:
-                self.used.labels(submitter).inc(rec.timings_ms.overall / 1e3)
-        if isinstance(rec, ErrorRecord):
-            return
-        for phase in TIMING_KEYS:
-            ms = getattr(rec.timings_ms, phase)
-            if ms is not None and phase not in ("overall", "cuda"):
-                self.phases.labels(phase).observe(ms / 1e3)
+            self.errors.labels(t.error_kind).inc()
+        self.bytes_in.inc(t.input_bytes)
+        if t.submitter is not None:
+            self.submitted.labels(t.submitter, status).inc()
+        if t.overall_ms is not None:
+            self.duration.observe(t.overall_ms / 1e3)
+            if t.submitter is not None:
+                self.used.labels(t.submitter).inc(t.overall_ms / 1e3)
+        for phase, ms in t.phases_ms:
+            self.phases.labels(phase).observe(ms / 1e3)
 
     def text(self) -> bytes:
         """The metrics in Prometheus' text format."""

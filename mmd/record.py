@@ -217,6 +217,40 @@ Record = TimingRecord | ErrorRecord
 _LEAD = ("status",)
 
 
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What the metrics and the fair share count of one finished job: the few facts of its sidecar record
+    they need (a worker sends these, not the whole record, which costs several times as much to pickle)."""
+
+    ok: bool
+    #: The kernel that ran it; of a refused job, the one asked for ("" when none was).
+    kernel: str
+    #: A refused job's kind of refusal.
+    error_kind: str | None
+    input_bytes: int
+    output_bytes: int
+    submitter: str | None
+    overall_ms: float | None
+    #: Each measured phase of a job that ran (not "overall", nor "cuda": a sum of phases).
+    phases_ms: tuple[tuple[str, float], ...]
+
+
+def tally(rec: Record) -> Tally:
+    """A finished job's :class:`Tally` from its sidecar record."""
+    overall = rec.timings_ms.overall
+    if isinstance(rec, ErrorRecord):
+        kernel = rec.requested.kernel if rec.requested is not None else ""
+        return Tally(False, kernel, rec.error.kind, rec.input.bytes or 0, 0, rec.context.submitter, overall, ())
+    phases = tuple(
+        (phase, ms)
+        for phase in TIMING_KEYS
+        if phase not in ("overall", "cuda") and (ms := getattr(rec.timings_ms, phase)) is not None
+    )
+    return Tally(
+        True, rec.kernel, None, rec.input.bytes or 0, rec.output.bytes or 0, rec.context.submitter, overall, phases
+    )
+
+
 def now_iso() -> str:
     """The wall-clock time for ``finished_at``."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")

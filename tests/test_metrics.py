@@ -23,8 +23,8 @@ def samples(text: bytes) -> dict:
 def test_jobs_are_counted_by_status_kernel_and_kind():
     m = Metrics(None, 5.0)
     for _ in range(2):
-        m.job_ended(timing())
-    m.job_ended(refusal())
+        m.job_ended(record.tally(timing()))
+    m.job_ended(record.tally(refusal()))
     got = samples(m.text())
     assert got[("mmd_jobs_total", (("kernel", "tiled"), ("status", "ok")))] == 2
     assert got[("mmd_jobs_total", (("kernel", ""), ("status", "error")))] == 1
@@ -41,7 +41,7 @@ def test_the_file_is_rewritten_atomically_at_most_every_period(tmp_path):
     m = Metrics(path, 5.0, clock=lambda: now[0])
     m.write()
     first = path.read_bytes()
-    m.job_ended(timing())
+    m.job_ended(record.tally(timing()))
     now[0] += 1
     m.write()
     assert path.read_bytes() == first, "throttled"
@@ -61,7 +61,7 @@ def test_an_error_record_without_settings_counts_with_no_kernel():
         error=record.ErrorFacts("spool", "is a link"),
     )
     m = Metrics(Path("/nonexistent/never-written"), 5.0)
-    m.job_ended(rec)
+    m.job_ended(record.tally(rec))
     assert samples(m.text())[("mmd_job_errors_total", (("kind", "spool"),))] == 1
 
 
@@ -70,9 +70,9 @@ def test_a_class_jobs_and_time_are_counted_by_submitter():
 
     m = Metrics(None, 5.0)
     alice = record.Context(submitter="alice")
-    m.job_ended(dataclasses.replace(timing(), context=alice))
-    m.job_ended(dataclasses.replace(refusal(), context=alice))
-    m.job_ended(timing())  # no submitter (mmd run, Slurm): not counted by one
+    m.job_ended(record.tally(dataclasses.replace(timing(), context=alice)))
+    m.job_ended(record.tally(dataclasses.replace(refusal(), context=alice)))
+    m.job_ended(record.tally(timing()))  # no submitter (mmd run, Slurm): not counted by one
     got = samples(m.text())
     assert got[("mmd_submitter_jobs_total", (("status", "ok"), ("submitter", "alice")))] == 1
     assert got[("mmd_submitter_jobs_total", (("status", "error"), ("submitter", "alice")))] == 1

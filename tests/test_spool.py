@@ -234,6 +234,23 @@ def test_a_group_frees_no_inode_its_reservations_and_folders_are_used_again(tmp_
     assert kept() == []
 
 
+def test_a_spare_reservation_holds_only_its_new_text(tmp_path):
+    """A spare is written over from its start, not emptied first (freeing its block costs a discard where the
+    filesystem is mounted with it): what a longer text left past the new one is cut off."""
+    s = Spool(tmp_path / "in", tmp_path / "out")
+    s.prepare()
+    _drop(s.inbox, "a.txt")
+    s.archive(s.claim("a.txt"), True)
+    [spare] = [p for p in s.outbox.iterdir() if ".spare" in p.name]
+    spare.write_bytes(b"0123456789ab a-longer-host-name-than-any 4194304 and more\n")  # what another owner left
+    inode = spare.stat().st_ino
+    _drop(s.inbox, "b.txt")
+    c = s.claim("b.txt")
+    assert c.reservation.stat().st_ino == inode  # the spare, written anew
+    assert c.reservation.read_bytes() == f"{c.job_id} - {os.getpid()}\n".encode()
+    assert spool.read_reservation(c.reservation) == (c.job_id, "-", os.getpid())
+
+
 def _sidecar(path, job):
     path.write_text(yaml.safe_dump({"status": "ok", "job": job}))
 

@@ -162,6 +162,10 @@ class FaultyOps(FileOps):
         self._check("write", self._fds.get(fd))
         return super().write(fd, data)
 
+    def truncate(self, fd: int, length: int) -> None:
+        self._check("truncate", self._fds.get(fd))
+        super().truncate(fd, length)
+
     def fsync(self, fd: int) -> None:
         self._check("fsync", self._fds.get(fd))
         super().fsync(fd)
@@ -332,6 +336,7 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "link"): "held",  # EPERM: no hard links here; made in place instead: done
     ("reservation", "unlink"): "done",  # its temporary, and its release after the sidecar
     ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
+    ("reservation", "truncate"): "done",  # a spare cut to its new text; else a new one made
     ("reservation", "rename"): "done",  # its release kept as a spare; else removed
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
@@ -396,7 +401,7 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
         else:
             if step == "hold":
                 rig.ops.arm("output", "write", errno.ENOSPC)  # held, and its hold cannot be recorded
-            if (step, op) == ("reservation", "open_rewrite"):  # a spare to write anew: a job's released reservation
+            if step == "reservation" and op in ("open_rewrite", "truncate"):  # a spare: a released reservation
                 rig.drop("first.txt", GOOD)
                 rig.run("first.txt")
             fault = rig.ops.arm(step, op, ERRNOS[err])

@@ -22,7 +22,7 @@ from ..config import Settings
 from ..errors import MmdError
 from ..fileops import FileOps
 from ..hooks import JobEnd
-from ..record import Record
+from ..record import Tally
 from ..spool import Claim
 
 # -- hints: observer and signals -> main loop ---------------------------------------
@@ -141,7 +141,8 @@ class Ended:
     end: JobEnd
     #: The state file's line for this job (job, file, status, output, sidecar, overall_ms, device_index, finished).
     entry: dict[str, object]
-    record: Record | None
+    #: What the metrics and the fair share count of it (None: it has no record).
+    tally: Tally | None
     #: (device, bytes of GPU memory in use) where the worker has a GPU backend open.
     memory_used: tuple[int, int] | None
 

@@ -137,10 +137,10 @@ class Daemon:
         #: What the control socket's askers are answered (their own jobs).
         self.desk = Desk(self.spool, self.scheduler, self.workers, self, graders_gids(settings))
 
-    def _charge(self, rec: record.Record) -> None:
+    def _charge(self, t: record.Tally) -> None:
         """Count a finished job's time toward its submitter's share (the scheduler's fair share)."""
-        if rec.timings_ms.overall is not None:
-            self.scheduler.charge(rec.context.submitter, rec.timings_ms.overall / 1e3, time.monotonic())
+        if t.overall_ms is not None:
+            self.scheduler.charge(t.submitter, t.overall_ms / 1e3, time.monotonic())
 
     def _adopt_inbox_folders(self) -> None:
         """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox, and in class
@@ -238,9 +238,9 @@ class Daemon:
             self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
             self.spool.forget(event.end.job)
             self.state.finished(event.entry, worker=w.index)
-            if event.record is not None:
-                self.metrics.job_ended(event.record)
-                self._charge(event.record)
+            if event.tally is not None:
+                self.metrics.job_ended(event.tally)
+                self._charge(event.tally)
             if event.memory_used is not None:
                 self.metrics.gpu_memory.labels(str(event.memory_used[0])).set(event.memory_used[1])
             self.hooks.ended(event.end)
@@ -356,7 +356,8 @@ class Daemon:
         job = describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
                        job_id=claim.job_id, started=claim.started, context=context)  # fmt: skip
         result = refuse(job, error, {"overall": overall_ms}, ops=self.ops)
-        self._charge(result.record)
+        counted = record.tally(result.record)
+        self._charge(counted)
         try:
             self.spool.archive(claim, False)
         except MmdError as exc:
@@ -375,7 +376,7 @@ class Daemon:
                 "finished": now_iso(),
             }
         )
-        self.metrics.job_ended(result.record)
+        self.metrics.job_ended(counted)
         self.hooks.ended(JobEnd(claim.job_id, "error", shown(claim.original or claim.name), None, result.sidecar,
                                 error.reason, submitter=claim.submitter or ""))  # fmt: skip
         self.scheduler.ended(claim.name)

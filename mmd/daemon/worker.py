@@ -382,7 +382,7 @@ class Runner:
             "device_index": self.device,
             "finished": now_iso(),
         }
-        self.report(Ended(seq, end, entry, rec, self._memory_used()))
+        self.report(Ended(seq, end, entry, record.tally(rec) if rec is not None else None, self._memory_used()))
 
     def _memory_used(self) -> tuple[int, int] | None:
         """(device, bytes of its memory in use) where this worker has a GPU backend open."""

@@ -14,7 +14,9 @@ process (a commit temporary's name: swept once the process is gone) and
 written anew for a later job: on ext4 without a journal (the project's VM)
 a freed inode makes every new file made after it, for the next several
 seconds, step over it, so a file freed per job made each job's new files
-cost more the faster jobs came.
+cost more the faster jobs came. A spare is written over from its start and
+then cut to its new text, never emptied first: that would free its block,
+which is costly there too (the VM's ext4 is mounted with ``discard``).
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ class Reservations:
             return None
         try:
             write_all(shared.ops, fd, text)
+            shared.ops.truncate(fd, len(text))  # what an earlier, longer text left past it (mostly nothing)
         except OSError:
             shared.close_quietly(fd)
             shared.unlink_quietly(spare)
