@@ -452,3 +452,59 @@ def test_outputs_from_before_class_mode_are_set_aside_out_of_the_class_reach(box
     assert stat.S_IMODE(aside.stat().st_mode) == 0o700
     r = alice.run('cat "$1/old.out"', str(aside), check=False)
     assert r.returncode != 0 and "Permission denied" in r.stderr
+
+
+def test_a_graded_students_sidecar_names_a_kernel_as_a_claim_and_is_never_followed(box, students, tmp_path):
+    """Grading a class's hand-in (`mmd check --by-student`), each student's folder and files theirs: a sidecar
+    naming tc1 gets TF32's tolerance and the table says it was claimed; a kernel name that is not mmd's
+    widens nothing and reaches the reports escaped; a sidecar that is a link to the grader's private file
+    is not followed, and no byte of that file is shown."""
+    import numpy as np
+
+    from mmd import record, textformat
+    from mmd.backends import CpuBackend
+    from mmd.check import jobs, reports
+    from mmd.check.results import Options, Status
+
+    from .conftest import run_file
+    from .fakes import tf32_round
+
+    alice, bob = students
+    rng = np.random.default_rng(3)
+    a, b = random_matrix(rng, 24, 24), random_matrix(rng, 24, 24)
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "t.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
+    tf32 = (tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64)).astype(np.float32)
+    (tmp_path / "made").mkdir()
+    made = run_file(tests / "t.txt", tmp_path / "made" / "t.out", CpuBackend())  # a real sidecar to forge from
+    assert made.ok
+    real = record.timing_path(tmp_path / "made" / "t.out").read_text()
+    secret = tmp_path / "grader-only.yaml"
+    secret.write_text(real.replace("kernel: cpu", "kernel: tc1") + "# do-not-print-me\n")
+    secret.chmod(0o600)
+    handin = box.root / "handin"
+    handin.mkdir(mode=0o755)
+    hostile = "tc1\x1b[2K\x1b[1A"  # not a kernel of mmd's, and a terminal's control sequence
+    quoted = hostile.encode("unicode_escape").decode()
+    for who, kernel in ((alice, "tc1"), (bob, f'"{quoted}"')):
+        mine = handin / who.login
+        mine.mkdir()
+        os.chown(mine, who.uid, who.gid)
+        who.run('printf %s "$2" > "$1/t.out" && printf %s "$3" > "$1/t.timing.yaml"', str(mine),
+                textformat.emit(tf32).decode(), real.replace("kernel: cpu", f"kernel: {kernel}"))  # fmt: skip
+    alice.run('cp "$1/t.out" "$1/u.out" && ln -s "$2" "$1/u.timing.yaml"', str(handin / alice.login), str(secret))
+    (tests / "u.txt").write_bytes((tests / "t.txt").read_bytes())
+
+    run = jobs.check_class(handin, tests, Options(), roster=None)
+    got = {(r.student, r.name): r for r in run.results}
+    claimed = got[(alice.login, "t")]
+    assert (claimed.status, claimed.kernel) == (Status.OK, "tc1") and "held to TF32's tolerance" in claimed.reason
+    forged = got[(bob.login, "t")]
+    assert forged.status is Status.MISMATCH and forged.precision == "fp32"
+    followed = got[(alice.login, "u")]
+    assert followed.kernel is None and followed.precision == "fp32"  # the linked sidecar was not read
+    table = reports.table(run.results)
+    shown = json.dumps(reports.run_dict(run))
+    for text in (table, shown):
+        assert "\x1b" not in text and "do-not-print-me" not in text
