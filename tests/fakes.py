@@ -27,7 +27,7 @@ from mmd.cuda.compiler import Compiled
 from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import DeviceMatrix
 from mmd.cuda.session import launch_build
-from mmd.cuda.text import TextResult, text_bytes
+from mmd.cuda.text import TextResult, kept_buffers
 
 LIMITS = registry.DeviceLimits(
     max_threads_per_block=1024,
@@ -100,9 +100,8 @@ class FakeText:
 
     def prepare(self, n: int) -> None:
         self.functions()
-        if n > 0:
-            self.session.reserve_host("c", 4 * n * n)
-            self.session.reserve_host("text_out", text_bytes(n))
+        for slot, nbytes in kept_buffers(n).items():
+            self.session.reserve_host(slot, nbytes)
 
     def multiply_text(
         self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None, *, tf32: bool = False

@@ -145,6 +145,15 @@ def text_bytes(n: int) -> int:
     return n * (8 * n + 1)
 
 
+#: The page-locked slots the text path downloads C and the output's text into.
+C_SLOT, TEXT_SLOT = "c", "text_out"
+
+
+def kept_buffers(n: int) -> dict[str, int]:
+    """The page-locked slots, and their bytes, that the text path keeps ready for an n×n product."""
+    return {C_SLOT: 4 * n * n, TEXT_SLOT: text_bytes(n)} if n > 0 else {}
+
+
 class TextDevice(Protocol):
     """What the text path needs of a GPU session (:class:`mmd.cuda.session.GpuSession`)."""
 
@@ -186,9 +195,8 @@ class GpuText:
         """Load the text kernels, and allocate and keep the page-locked buffers an n×n product's text needs:
         its C and its text (:func:`text_bytes`; wider fields take a bigger buffer when they come)."""
         self.functions()
-        if n > 0:
-            self.session.reserve_host("c", 4 * n * n)
-            self.session.reserve_host("text_out", text_bytes(n))
+        for slot, nbytes in kept_buffers(n).items():
+            self.session.reserve_host(slot, nbytes)
 
     def multiply_text(
         self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
@@ -312,7 +320,7 @@ class GpuText:
                 scan(lengths, nc, lengths, sums)
             unformatted = int(read_int(status, np.uint64)[0])
             size = int(read_int(sums + 4 * _blocks(nc, ITEMS_PER_BLOCK))[0])
-            c_host = s.host_empty((m, n), np.float32, slot="c")
+            c_host = s.host_empty((m, n), np.float32, slot=C_SLOT)
             if unformatted:
                 # Only values the output format cannot hold are left unformatted: the job is refused.
                 s.copy_dtoh(c_host, c)
@@ -324,7 +332,7 @@ class GpuText:
             with timer.phase("emit_gpu"):
                 s.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
                        lengths, out)  # fmt: skip
-            text_host = s.host_empty(size, np.uint8, slot="text_out")
+            text_host = s.host_empty(size, np.uint8, slot=TEXT_SLOT)
             with timer.phase("d2h"):
                 s.copy_dtoh(text_host, out)
                 s.copy_dtoh(c_host, c)
