@@ -169,6 +169,21 @@ struct Checked {
     static constexpr bool value = B;
 };
 
+/* Run a block's main loop, compiled with every load tested (Checked<true>) and, with INTERIOR, once
+ * more without tests: ``interior`` is uniform per block, and a block wholly inside the matrices (most of
+ * them at large sizes) runs the one without tests. */
+template <typename Loop>
+__device__ __forceinline__ void run_main_loop(Loop& loop, bool interior)
+{
+#if INTERIOR
+    if (interior) {
+        loop(Checked<false>{});
+        return;
+    }
+#endif
+    loop(Checked<true>{});
+}
+
 /* Whether float4 accesses at multiples of 4 columns of P are 16-byte aligned. */
 __device__ __forceinline__ bool vector_ok(const float* P, int ld)
 {
@@ -473,14 +488,7 @@ mmd_fast(const float* __restrict__ A,
             }
         }
     };
-#if INTERIOR
-    /* Uniform per block: the loop is compiled twice, and a block wholly inside
-     * the matrices (most of them at large sizes) runs the one without tests. */
-    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
-        main_loop(Checked<false>{});
-    else
-#endif
-        main_loop(Checked<true>{});
+    run_main_loop(main_loop, row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b);
 #elif DOUBLE_BUFFER
     auto main_loop = [&](auto checked) {
         fetch(0, checked);
@@ -497,14 +505,7 @@ mmd_fast(const float* __restrict__ A,
             s ^= 1;
         }
     };
-#if INTERIOR
-    /* Uniform per block: the loop is compiled twice, and a block wholly inside
-     * the matrices (most of them at large sizes) runs the one without tests. */
-    if (row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b)
-        main_loop(Checked<false>{});
-    else
-#endif
-        main_loop(Checked<true>{});
+    run_main_loop(main_loop, row0 + BM <= M && col0 + BN <= N && K % BK == 0 && vec_a && vec_b);
 #else
     for (int k0 = 0; k0 < K; k0 += BK) {
         fetch(k0, Checked<true>{});
