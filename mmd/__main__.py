@@ -1,8 +1,6 @@
 """``python -m mmd``: the same as the ``mmd`` console script."""
 
-import sys
-
-from .cli import main
+from .cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,4 +1,4 @@
-"""The one fake GPU: a session that stands in for :class:`mmd.cuda.GpuSession` with numpy.
+"""The one fake GPU: a session that stands in for :class:`mmd.cuda.session.GpuSession` with numpy.
 
 The real :class:`mmd.backends.cuda.CudaBackend` runs on it, so the tests on
 a CPU-only machine exercise the backend's own logic: phase accounting,

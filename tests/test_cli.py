@@ -303,3 +303,35 @@ def test_the_license_file_is_the_one_the_package_declares():
     declared = re.search(r'^license = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     text = (ROOT / "LICENSE").read_text()
     assert declared == "MIT" and text.startswith("MIT License\n") and "Copyright (c) the mmd authors" in text
+
+
+class _Ended(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+@pytest.mark.parametrize("exiting", [False, True])
+def test_mmd_run_leaves_its_backends_to_the_process_end_only_when_the_process_ends(tmp_path, monkeypatch, exiting):
+    # the program (mmd.cli.entry) ends the process after mmd run without closing what the job opened (its
+    # CUDA context and page-locked buffers go with the process); a caller's own process gets them closed
+    from mmd import cli
+    from mmd.backends import BackendPool
+
+    closed: list[bool] = []
+    real_close = BackendPool.close
+    monkeypatch.setattr(BackendPool, "close", lambda self: (closed.append(True), real_close(self))[1])
+    monkeypatch.setattr(cli.os, "_exit", lambda status: (_ for _ in ()).throw(_Ended(status)))
+    src = tmp_path / "m.txt"
+    assert cli.main(["gen", "8", "--seed", "1", "-q", "-o", str(src)]) == 0
+    if exiting:
+        with pytest.raises(_Ended) as ended:
+            cli.main(["run", str(src), "--backend", "cpu"], exiting=True)
+        assert ended.value.status == 0 and closed == []
+        with pytest.raises(_Ended) as ended:  # a refusal's status ends it the same way
+            cli.main(["run", str(tmp_path / "missing.txt")], exiting=True)
+        assert ended.value.status == 2
+    else:
+        assert cli.main(["run", str(src), "--backend", "cpu"]) == 0 and closed == [True]
+    assert (tmp_path / "m.out").read_bytes().startswith(b"8\n")
+    # any other command returns as before, whatever the caller
+    assert cli.main(["gen", "4", "--seed", "1", "-q", "-o", str(tmp_path / "n.txt")], exiting=exiting) == 0

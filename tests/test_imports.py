@@ -199,3 +199,11 @@ def test_mmd_check_help_imports_nothing_heavy():
     out = _run_python("-c", code + "print(*sorted(sys.modules))")
     assert "usage: mmd check" in out and "mmd.cli.check_cmd" in out.split()
     assert _heavy(set(out.split())) == []
+
+
+@pytest.mark.process  # runs real processes
+def test_the_one_shot_gpu_warmer_starts_before_numpy_is_imported():
+    # mmd run starts the GPU's context beside its imports: the module it starts from imports no numpy (it did
+    # through mmd.cuda's package __init__, which held the context back by the whole numpy import)
+    out = _run_python("-c", "import sys, mmd.cli.run_cmd, mmd.config, mmd.cuda.libcuda; print(*sorted(sys.modules))")
+    assert [m for m in out.split() if m == "numpy" or m.startswith("numpy.")] == []

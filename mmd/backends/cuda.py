@@ -9,7 +9,7 @@ freed on every path, and driver failures become :class:`~mmd.errors.CudaError`.
 
 Everything that touches pycuda lives in :mod:`mmd.cuda`; this module holds the
 job's logic and sees the GPU only through a :class:`Session` (the real one is
-:class:`mmd.cuda.GpuSession`; tests give it a fake). Create, use and close a
+:class:`mmd.cuda.session.GpuSession`; tests give it a fake). Create, use and close a
 backend in one thread.
 """
 
@@ -66,7 +66,7 @@ class TextEngine(Protocol):
 
 
 class Session(Protocol):
-    """What the backend needs of one GPU (:class:`mmd.cuda.GpuSession`)."""
+    """What the backend needs of one GPU (:class:`mmd.cuda.session.GpuSession`)."""
 
     limits: registry.DeviceLimits
     errors: tuple[type[BaseException], ...]

@@ -8,10 +8,13 @@ is imported when it runs (cli.common says why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import ConfigError, ExitStatus, MmdError, UsageError
@@ -27,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full parser with every available sub-command."""
     parser = Parser(prog="mmd", description="Matrix-multiply batch processor for GPU lab machines.")
     parser.add_argument("--version", action="version", version=f"mmd {__version__}")
+    parser.set_defaults(ends_process=False)  # a command that leaves its teardown to the process's end says so
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     parser.commands = sub.choices
@@ -46,8 +50,12 @@ def _warn_in_one_line(message: Warning | str, category: type[Warning], *args: ob
     print(f"mmd: warning: {message}", file=sys.stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (mmd.errors.ExitStatus, the README's table)."""
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run the command line; returns the exit status (mmd.errors.ExitStatus, the README's table).
+
+    ``exiting``: the process ends when this returns (:func:`entry`), so a command that sets
+    ``ends_process`` may leave what it holds for the process's end to release.
+    """
     warnings.showwarning = _warn_in_one_line
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
@@ -62,6 +70,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         after = args.command in words and where > words.index(args.command)
         owner = getattr(parser, "commands", {}).get(args.command, parser) if after else parser
         owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.exiting = exiting
+    status = _call(args)
+    if exiting and args.ends_process:
+        # What the command left (mmd run: a CUDA context, its page-locked buffers) is the kernel's to release
+        # with the process: freed one by one, then torn down with the interpreter, it was a GPU job's
+        # slowest step after its write.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):  # a closed pipe: what it would have said is lost either way
+                stream.flush()
+        os._exit(status)
+    return status
+
+
+def _call(args: argparse.Namespace) -> int:
+    """The command's exit status, with its refusals worded on stderr."""
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
@@ -78,3 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:
         return 1
+
+
+def entry() -> NoReturn:
+    """The ``mmd`` program (the console script, ``python -m mmd``): :func:`main`, whose status ends the process."""
+    sys.exit(main(exiting=True))

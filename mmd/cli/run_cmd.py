@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "2 bad usage, an input that cannot be read or an output that exists.",
     )
     options_later(p, _options)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, ends_process=True)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -91,11 +91,14 @@ def run(args: argparse.Namespace) -> int:
     settings = base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # bad: usage
     src, output = _paths(args)
     warmer = _warm_gpu(settings, src)
+    # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
+    # buffers to it; in a caller's process (tests, scripts) they are released here
+    release = not args.exiting
     try:
         configure_logs(base, quiet=not args.verbose)
-        return _run_to(src, output, base, flags, bar=_shows_bar(args, src), warmer=warmer)
+        return _run_to(src, output, base, flags, bar=_shows_bar(args, src), warmer=warmer, release=release)
     finally:
-        if warmer is not None:
+        if warmer is not None and release:
             warmer.release()
 
 
@@ -117,14 +120,15 @@ def _run_to(
     flags: dict[str, Any],
     bar: bool,
     warmer: ContextWarmer | None,
+    release: bool,
 ) -> int:
     if output is not None:
-        return _run(src, output, base, flags, show=True, bar=bar, warmer=warmer)
+        return _run(src, output, base, flags, show=True, bar=bar, warmer=warmer, release=release)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, product, base, flags, show=False, bar=bar, warmer=warmer)
+        status = _run(src, product, base, flags, show=False, bar=bar, warmer=warmer, release=release)
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
@@ -144,9 +148,11 @@ def _run(
     show: bool,
     bar: bool,
     warmer: ContextWarmer | None,
+    release: bool,
 ) -> int:
     """Run the job; ``show``: print where its output and sidecar are (else print only a refusal); ``bar``:
-    draw its phases on stderr; ``warmer``: the GPU started beside, and the input's page-locked memory."""
+    draw its phases on stderr; ``warmer``: the GPU started beside, and the input's page-locked memory;
+    ``release``: close the backends when done (else the process's end releases them)."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
@@ -167,7 +173,8 @@ def _run(
         with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
             result = run_job(job, backend_for, steps.step)
     finally:
-        pool.close()
+        if release:
+            pool.close()
     if not isinstance(result.record, TimingRecord):
         assert result.error is not None
         where = "not kept" if not show else "not written" if result.sidecar_failed else str(result.sidecar)
