@@ -15,10 +15,10 @@ from ..kernels import FLOAT_BYTES
 #: of its size; smaller requests get a fresh, smaller buffer.
 PINNED_REUSE_FRACTION = 0.25
 
-#: The largest device allocation a worker's session keeps for the next job: a 256×256 matrix. Jobs this
-#: small are the ones whose three cuMemAlloc and cuMemFree calls (cuMemFree also waits for the device) cost
-#: more than their copies and kernel; every job the host text path takes under ``text_path: auto`` (inputs
-#: under 256 KiB) is well within it, and from here up a job's own work outgrows its allocations.
+#: The largest device allocation a worker's session keeps for the next job: a 256×256 matrix. Up to here a
+#: job's three cuMemAlloc and cuMemFree calls (cuMemFree also waits for the device) are a large share of its
+#: CUDA time, its copies and kernel being small; every job the host text path takes under ``text_path: auto``
+#: (inputs under 256 KiB) is well within it, and beyond it a job's own work outgrows its allocations.
 DEVICE_CACHE_BLOCK_BYTES = 256 * 1024
 #: The smallest block the cache makes: the sizes of tiny jobs (1×1 to 32×32) share one size class.
 DEVICE_CACHE_MIN_BLOCK = 4 * 1024
