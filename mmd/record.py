@@ -81,11 +81,13 @@ class Timings:
     read: float | None = field(default=None, metadata=_doc("reading the input file"))
     parse: float | None = field(default=None, metadata=_doc("parsing the text into A and B"))
     compile: float | None = field(default=None, metadata=_doc("building or loading the kernel (first use)"))
-    malloc: float | None = field(default=None, metadata=_doc("device allocations (CUDA events)"))
+    malloc: float | None = field(
+        default=None, metadata=_doc("device allocations (CUDA events; from a worker's cache when notes say so)")
+    )
     h2d: float | None = field(default=None, metadata=_doc("copies to the device"))
     kernel: float | None = field(default=None, metadata=_doc("the product itself"))
     d2h: float | None = field(default=None, metadata=_doc("copies from the device"))
-    free: float | None = field(default=None, metadata=_doc("device frees"))
+    free: float | None = field(default=None, metadata=_doc("device frees (into a worker's cache when notes say so)"))
     cuda: float | None = field(
         default=None, metadata=_doc("malloc + h2d + kernel + d2h + free: the course's CUDA time")
     )
@@ -183,7 +185,8 @@ class TimingRecord:
     text: TextFacts = field(metadata=_doc("how the text was handled"))
     gflops: float | None = field(metadata=_doc("2·m·k·n / kernel time"))
     notes: list[str] | None = field(
-        default=None, metadata=_doc("remarks (a kernel the backend replaced ...)", omit=True)
+        default=None,
+        metadata=_doc("remarks (a kernel the backend replaced, device memory from the worker's cache ...)", omit=True),
     )
     context: Context = field(default_factory=Context, metadata=_doc("how the job came in", flatten=True))
     mmd_version: str = field(default=__version__, metadata=_doc("the mmd that wrote it"))

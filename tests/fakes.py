@@ -3,7 +3,8 @@
 The real :class:`mmd.backends.cuda.CudaBackend` runs on it, so the tests on
 a CPU-only machine exercise the backend's own logic: phase accounting,
 compile-once, the tile check before any allocation, freeing on every error
-path, the text path and the conversion of driver errors. ``fail_at`` names a
+path, the text path, the text path, the device cache (the real :class:`~mmd.cuda.memory.DeviceCache`
+over numpy blocks) and the conversion of driver errors. ``fail_at`` names a
 step that raises a driver error; ``fault`` decides, per product, whether the
 "kernel" faults (an illegal address: the backend must reopen). cuBLAS's TF32
 mode rounds the operands to TF32 (:func:`tf32_round`), so its error is TF32's;
@@ -25,7 +26,7 @@ from mmd import textformat
 from mmd.backends.cuda import CudaBackend
 from mmd.cuda.compiler import Compiled
 from mmd.cuda.libcuda import HostMemory
-from mmd.cuda.memory import DeviceMatrix
+from mmd.cuda.memory import DEVICE_CACHE_CAP_BYTES, DeviceCache, DeviceMatrix, device_bytes
 from mmd.cuda.session import launch_build
 from mmd.cuda.text import TextResult, kept_buffers
 
@@ -152,8 +153,12 @@ class FakeSession:
         self.kernel_ms = kernel_ms
         self.last: tuple[str, int | None, int] | None = None
         self.name = name
+        #: alloc and free calls (cached or not).
         self.allocs = 0
         self.frees = 0
+        #: The device cache once keep_device_memory was called, and the blocks it made and has not freed.
+        self.device_cache: DeviceCache[np.ndarray] | None = None
+        self.live_blocks: dict[int, np.ndarray] = {}
         self.products = 0
         self.compiles = 0
         self.flushes = 0
@@ -206,15 +211,37 @@ class FakeSession:
             self.built[key] = Compiled(spec, tile, None, self.registers, 0, 0, COMPILE_MS)
         return self.built[key], built
 
+    def keep_device_memory(self, cap_bytes: int = DEVICE_CACHE_CAP_BYTES) -> None:
+        if self.device_cache is None:
+            self.device_cache = DeviceCache(self._make_block, self._free_block, cap_bytes=cap_bytes)
+
+    def keeps(self, mode: str, rows: int, cols: int) -> bool:
+        cache = self.device_cache
+        return mode == "device" and cache is not None and cache.holds_size(device_bytes(rows, cols))
+
+    def _make_block(self, nbytes: int) -> np.ndarray:
+        block = np.full(nbytes // 4, np.nan, np.float32)
+        self.live_blocks[id(block)] = block
+        return block
+
+    def _free_block(self, block: np.ndarray) -> None:
+        del self.live_blocks[id(block)]
+
     def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
         if self.fail_at == "alloc" and self.allocs == 1:  # the second allocation fails
             raise MemoryError("cuMemAlloc failed: out of memory")
         self.allocs += 1
+        if self.device_cache is not None and self.keeps(mode, rows, cols):
+            block, reused = self.device_cache.take(device_bytes(rows, cols))
+            view = block[: rows * cols].reshape(rows, cols)  # its .base is the block, given back by free
+            return DeviceMatrix(mode, rows, cols, cols, 0, view, cached=True, reused=reused)
         return DeviceMatrix(mode, rows, cols, cols, 0, np.full((rows, cols), np.nan, np.float32))
 
     def free(self, matrix: DeviceMatrix) -> None:
         self.frees += 1
         self.maybe_fail("free")
+        if matrix.cached and self.device_cache is not None:
+            self.device_cache.give(device_bytes(matrix.rows, matrix.cols), matrix.handle.base)
 
     def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
         self.maybe_fail("upload")
@@ -272,6 +299,8 @@ class FakeSession:
 
     def close(self) -> None:
         self.closed = True
+        if self.device_cache is not None:
+            self.device_cache.close()
 
 
 def cuda_backend(device: int = 0, **session: Any) -> tuple[CudaBackend, FakeSession]:

@@ -323,3 +323,94 @@ def test_the_cuda_backend_gives_adopted_memory_to_its_session_and_the_cpu_frees_
     assert session.adopted == {INPUT_SLOT: memory} and freed == []
     CpuBackend().adopt_host(INPUT_SLOT, memory)
     assert freed == [1]
+
+
+# -- a worker's device cache: small jobs keep their device memory for the next (mmd.cuda.memory.DeviceCache) --
+
+CACHE_NOTE = (
+    "device memory from this worker's cache: malloc reused {} of 3 matrices, free kept {} of 3 for the next job; "
+    "those time the cache, not cuMemAlloc and cuMemFree"
+)
+
+
+def test_without_prepare_every_job_allocates_and_frees_its_own_device_memory():
+    """`mmd run` and `mmd bench` never prepare: their malloc and free stay cuMemAlloc and cuMemFree."""
+    backend, session = backend_with()
+    a, b = operands(32, 32, 32)
+    for _ in range(3):
+        assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == []
+    assert session.device_cache is None and session.live_blocks == {}
+
+
+def test_a_prepared_backend_reuses_small_jobs_device_memory_and_says_so():
+    backend, session = backend_with()
+    backend.prepare(0)
+    a, b = operands(32, 32, 32)
+    first = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+    second = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+    assert first.notes == [CACHE_NOTE.format(0, 3)]
+    assert second.notes == [CACHE_NOTE.format(3, 3)]
+    for product in (first, second):
+        np.testing.assert_allclose(product.c, a.astype(np.float64) @ b, rtol=1e-5)
+    assert len(session.live_blocks) == 3 and session.device_cache is not None
+    assert session.device_cache.held_bytes == 3 * 4096
+    backend.close()
+    assert session.live_blocks == {}
+
+
+def test_a_reused_block_holds_the_last_job_s_values_and_the_next_job_overwrites_them():
+    backend, session = backend_with()
+    backend.prepare(0)
+    rng = np.random.default_rng(3)
+    for m, k, n in [(20, 30, 25), (25, 30, 20), (1, 1, 1), (30, 20, 30)]:  # all in the smallest size class
+        a = rng.random((m, k), dtype=np.float32)
+        b = rng.random((k, n), dtype=np.float32)
+        product = backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+        np.testing.assert_allclose(product.c, a.astype(np.float64) @ b, rtol=1e-5)
+    assert len(session.live_blocks) == 3
+
+
+@pytest.mark.parametrize("memory", ["pitched", "managed"])
+def test_only_device_memory_is_cached(memory):
+    backend, session = backend_with()
+    backend.prepare(0)
+    a, b = operands(32, 32, 32)
+    for _ in range(2):
+        assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8, memory=memory)).notes == []
+    assert session.live_blocks == {}
+
+
+def test_a_big_job_is_untouched_and_a_mixed_one_says_which_matrices_the_cache_had():
+    backend, session = backend_with()
+    backend.prepare(0)
+    a, b = operands(300, 300, 300)  # 352 KiB a matrix: cuMemAlloc and cuMemFree as before
+    assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == []
+    assert session.live_blocks == {}
+    a, b = operands(2, 300, 300)  # A and C are small, B is not
+    assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == [CACHE_NOTE.format(0, 2)]
+    assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == [CACHE_NOTE.format(2, 2)]
+
+
+def test_a_job_the_cache_serves_does_not_ask_for_free_memory_and_a_big_one_still_does():
+    backend, session = backend_with()
+    backend.prepare(0)
+    session.free_bytes = 100
+    a, b = operands(32, 32, 32)
+    backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+    a, b = operands(300, 300, 300)
+    with pytest.raises(CudaError, match="MiB of device memory is free"):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8))
+
+
+@pytest.mark.parametrize("step", ["alloc", "upload", "launch", "download"])
+def test_a_failed_job_gives_its_cached_memory_back_and_close_frees_it(step):
+    backend, session = backend_with(fail_at=step)
+    backend.prepare(0)
+    a, b = operands(32, 32, 32)
+    with pytest.raises(CudaError):
+        backend.multiply(a, b, MultiplyRequest(kernel="naive", tile=8))
+    assert session.allocs == session.frees > 0
+    assert session.device_cache is not None
+    assert session.device_cache.held_bytes == 4096 * len(session.live_blocks) == 4096 * session.allocs
+    backend.close()
+    assert session.live_blocks == {}

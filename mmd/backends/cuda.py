@@ -75,6 +75,8 @@ class Session(Protocol):
     def versions(self) -> dict[str, str]: ...
     def mem_info(self) -> tuple[int, int]: ...
     def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]: ...
+    def keep_device_memory(self) -> None: ...
+    def keeps(self, mode: str, rows: int, cols: int) -> bool: ...
     def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix: ...
     def free(self, matrix: DeviceMatrix) -> None: ...
     def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None: ...
@@ -156,7 +158,8 @@ class CudaBackend(Backend, DeviceText):
         m, k = a.shape
         n = b.shape[1]
         spec, compiled, timings = self._prepare(request, m, k, n)
-        c = self._guarded(lambda: self._run(compiled, spec, a, b, request, timings))
+        notes: list[str] = []
+        c = self._guarded(lambda: self._run(compiled, spec, a, b, request, timings, notes))
         timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
         return Product(
             c=c,
@@ -165,7 +168,7 @@ class CudaBackend(Backend, DeviceText):
             memory=request.memory,
             device=self.device_name(),
             timings_ms=timings,
-            notes=[],
+            notes=notes,
         )
 
     def _prepare(
@@ -194,7 +197,7 @@ class CudaBackend(Backend, DeviceText):
             if built_now:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
-        self._check_memory(request.memory, m * k + k * n + m * n)
+        self._check_memory(request.memory, m, k, n)
         if spec.kind == registry.LIBRARY:
             self._warm_library(m, k, n, _tf32(spec), timings)
         return spec, compiled, timings
@@ -237,11 +240,13 @@ class CudaBackend(Backend, DeviceText):
     def prepare(self, budget: int) -> int:
         """The text kernels loaded, and the page-locked buffers of the largest square job whose input, C and
         text fit ``budget`` bytes allocated and kept: a first job of that size or less then runs as the tenth
-        does. Returns the page-locked bytes held."""
+        does. Small jobs' device memory is kept from job to job from now on (the session's cache, outside
+        ``budget``). Returns the page-locked bytes held."""
         self._check_usable()
         n = prepared_size(budget)
 
         def step() -> int:
+            self._session.keep_device_memory()
             self._session.text().prepare(n)
             if n:
                 self._session.reserve_host(INPUT_SLOT, input_bytes(n))
@@ -297,7 +302,10 @@ class CudaBackend(Backend, DeviceText):
         b: np.ndarray,
         request: MultiplyRequest,
         timings: dict[str, float],
+        notes: list[str],
     ) -> np.ndarray:
+        """The five timed phases; ``timings`` gets their milliseconds, ``notes`` what they timed when the
+        session's cache served them."""
         session = self._session
         m, k = a.shape
         n = b.shape[1]
@@ -308,6 +316,7 @@ class CudaBackend(Backend, DeviceText):
                 for rows, cols in ((m, k), (k, n), (m, n)):
                     held.append(session.alloc(request.memory, rows, cols))
             da, db, dc = held
+            cache_note = _cache_note(held)
             with timer.phase("h2d"):
                 session.upload(da, a, "a")
                 session.upload(db, b, "b")
@@ -321,6 +330,8 @@ class CudaBackend(Backend, DeviceText):
                 while held:
                     session.free(held.pop())
             timings.update(timer.elapsed_ms())
+            if cache_note:
+                notes.append(cache_note)
             return c
         finally:
             self._release(held)
@@ -343,9 +354,15 @@ class CudaBackend(Backend, DeviceText):
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise CudaError(f"CUDA failed: {reason}") from exc
 
-    def _check_memory(self, memory: str, elements: int) -> None:
-        """Refuse a job whose three matrices cannot fit in free device memory."""
-        need = elements * registry.FLOAT_BYTES
+    def _check_memory(self, memory: str, m: int, k: int, n: int) -> None:
+        """Refuse a job whose three matrices cannot fit in free device memory.
+
+        Not asked (a cuMemGetInfo saved) when the session's cache serves all three: they take at most a few
+        hundred KiB, mostly memory the cache already holds, and a failed allocation is refused as clearly.
+        """
+        if all(self._session.keeps(memory, rows, cols) for rows, cols in ((m, k), (k, n), (m, n))):
+            return
+        need = (m * k + k * n + m * n) * registry.FLOAT_BYTES
         free, _total = self._guarded(self._session.mem_info)
         if need > free:
             raise CudaError(
@@ -376,6 +393,19 @@ class CudaBackend(Backend, DeviceText):
             return
         self._closed = True
         self._session.close()
+
+
+def _cache_note(held: list[DeviceMatrix]) -> str | None:
+    """The sidecar's note for a job some of whose matrices the session's cache served (else None): malloc and
+    free then time the cache, not cuMemAlloc and cuMemFree, and a student reading them must know."""
+    kept = sum(matrix.cached for matrix in held)
+    if not kept:
+        return None
+    reused = sum(matrix.reused for matrix in held)
+    return (
+        f"device memory from this worker's cache: malloc reused {reused} of {len(held)} matrices, free kept "
+        f"{kept} of {len(held)} for the next job; those time the cache, not cuMemAlloc and cuMemFree"
+    )
 
 
 def _tf32(spec: registry.KernelSpec) -> bool:

@@ -30,7 +30,7 @@ from .compiler import Compiled, KernelCache, Module, macro_options
 from .cublas import Cublas
 from .driver import load, one_line
 from .libcuda import HostMemory
-from .memory import DeviceMatrix, PinnedPool
+from .memory import DEVICE_CACHE_CAP_BYTES, DeviceCache, DeviceMatrix, PinnedPool, device_bytes
 from .text import GpuText
 
 _MIB = 1024 * 1024
@@ -61,20 +61,29 @@ class PhaseTimer:
     phase's milliseconds, several phases of one name summed. Host-synchronous
     calls (allocation, free) inside a phase are measured too: an event
     recorded on an idle stream is stamped when it is recorded.
+
+    Events come from ``spare`` (the session's, shared by its timers) and go
+    back there once :meth:`elapsed_ms` has waited for them, so a job records
+    events without creating and destroying ten of them; a new one is made
+    when none is spare.
     """
 
-    def __init__(self, cuda: Any, stream: Any) -> None:
+    def __init__(self, cuda: Any, stream: Any, spare: list[Any]) -> None:
         self._cuda = cuda
         self._stream = stream
+        self._spare = spare
         self._marks: list[tuple[str, Any, Any]] = []
+
+    def _event(self) -> Any:
+        event = self._spare.pop() if self._spare else self._cuda.Event()
+        event.record(self._stream)
+        return event
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = self._cuda.Event()
-        start.record(self._stream)
+        start = self._event()
         yield
-        end = self._cuda.Event()
-        end.record(self._stream)
+        end = self._event()
         self._marks.append((name, start, end))
 
     def elapsed_ms(self) -> dict[str, float]:
@@ -85,6 +94,10 @@ class PhaseTimer:
         out: dict[str, float] = {}
         for name, start, end in self._marks:
             out[name] = out.get(name, 0.0) + float(start.time_till(end))
+        # Every event is complete (the stream ran past the last): they can be recorded again.
+        for _, start, end in self._marks:
+            self._spare += (start, end)
+        self._marks.clear()
         return out
 
 
@@ -121,6 +134,10 @@ class GpuSession:
         self._libcuda: libcuda.Driver | None = None
         self._driver_modules: list[int] = []  # CUmodules loaded through it, unloaded in close()
         self._pinned = PinnedPool(lambda nbytes: cuda.pagelocked_empty(nbytes, np.uint8), _free_host)
+        #: Small device allocations kept from job to job; None until :meth:`keep_device_memory`.
+        self._device_cache: DeviceCache[Any] | None = None
+        #: Events the phase timers have finished with, recorded again by the next.
+        self._spare_events: list[Any] = []
         self._cublas: Cublas | None = None
         self._text: GpuText | None = None
         self._flush: Any = None  # flush_l2's scratch buffer
@@ -320,14 +337,37 @@ class GpuSession:
 
     # -- device matrices -------------------------------------------------------
 
+    def keep_device_memory(self, cap_bytes: int = DEVICE_CACHE_CAP_BYTES) -> None:
+        """From now on keep small ``device`` allocations for the next job instead of freeing them
+        (:class:`~mmd.cuda.memory.DeviceCache`, holding at most ``cap_bytes``; freed at :meth:`close`).
+
+        For a process that runs job after job (a daemon's worker): its small jobs' ``malloc`` and ``free``
+        then time the cache, not cuMemAlloc and cuMemFree. A session that runs one job gains nothing."""
+        self._check_thread()
+        if self._device_cache is None:
+            self._device_cache = DeviceCache(self._cuda.mem_alloc, _free_device, cap_bytes=cap_bytes)
+
+    def keeps(self, mode: str, rows: int, cols: int) -> bool:
+        """Whether :meth:`alloc` takes a rows×cols matrix in ``mode`` memory from the session's cache."""
+        cache = self._device_cache
+        return mode == "device" and cache is not None and cache.holds_size(device_bytes(rows, cols))
+
+    def cached_device_bytes(self) -> int:
+        """Device memory the session's cache holds now (0 when it keeps none)."""
+        return 0 if self._device_cache is None else self._device_cache.held_bytes
+
     def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
-        """A rows×cols float32 matrix in device, pitched or managed memory."""
+        """A rows×cols float32 matrix in device, pitched or managed memory (small device ones from the
+        session's cache, when it keeps one: :meth:`keep_device_memory`)."""
         self._check_thread()
         nbytes = rows * cols * FLOAT_BYTES
         with self.converting(f"allocating {nbytes / _MIB:.1f} MiB of {mode} memory"):
             cuda = self._cuda
             if mode == "device":
-                handle = cuda.mem_alloc(max(nbytes, FLOAT_BYTES))
+                if self._device_cache is not None and self.keeps(mode, rows, cols):
+                    handle, reused = self._device_cache.take(device_bytes(rows, cols))
+                    return DeviceMatrix(mode, rows, cols, cols, int(handle), handle, cached=True, reused=reused)
+                handle = cuda.mem_alloc(device_bytes(rows, cols))
                 return DeviceMatrix(mode, rows, cols, cols, int(handle), handle)
             if mode == "pitched":
                 handle, pitch = cuda.mem_alloc_pitch(max(cols, 1) * FLOAT_BYTES, max(rows, 1), FLOAT_BYTES)
@@ -339,10 +379,13 @@ class GpuSession:
         raise KernelError(f"unknown memory mode {mode!r}; choose device, pitched or managed")
 
     def free(self, matrix: DeviceMatrix) -> None:
-        """Release a matrix's memory now (not at garbage collection)."""
+        """Release a matrix's memory now (not at garbage collection); one from the session's cache goes back
+        there."""
         self._check_thread()
         with self.converting(f"freeing {matrix.mode} memory"):
-            if matrix.mode == "managed":
+            if matrix.cached and self._device_cache is not None:
+                self._device_cache.give(device_bytes(matrix.rows, matrix.cols), matrix.handle)
+            elif matrix.mode == "managed":
                 matrix.handle.base.free()
             else:
                 matrix.handle.free()
@@ -596,8 +639,8 @@ class GpuSession:
         return self._text
 
     def phase_timer(self) -> PhaseTimer:
-        """A fresh event timer on the session's stream."""
-        return PhaseTimer(self._cuda, self._stream)
+        """A fresh event timer on the session's stream (its events are the session's, reused)."""
+        return PhaseTimer(self._cuda, self._stream, self._spare_events)
 
     def synchronize(self) -> None:
         """Wait for everything queued on the session's stream."""
@@ -627,6 +670,11 @@ class GpuSession:
             with contextlib.suppress(Exception):
                 self._flush.free()
             self._flush = None
+        if self._device_cache is not None:
+            with contextlib.suppress(Exception):  # as the flush buffer: nothing to do about a failed free
+                self._device_cache.close()
+            self._device_cache = None
+        self._spare_events.clear()  # destroyed here, in the context's thread, as the stream below
         self._modules.clear()
         self._compiled.clear()
         while self._driver_modules and self._libcuda is not None:
@@ -658,6 +706,11 @@ class GpuSession:
             yield
         except (self._cuda.Error, MemoryError) as exc:
             raise CudaError(f"{doing} failed: {one_line(exc)}", details={"during": doing}) from exc
+
+
+def _free_device(handle: Any) -> None:
+    """Release device memory now (a pycuda DeviceAllocation)."""
+    handle.free()
 
 
 def _free_host(buffer: np.ndarray) -> None:

@@ -209,6 +209,57 @@ def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
     assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned after 100 jobs"
 
 
+def test_a_worker_s_device_cache_stays_within_its_cap_and_close_frees_it(cuda_backend):
+    """A prepared backend (a daemon's worker) keeps small jobs' device memory: never more than the cap
+    while open, its jobs still right and saying so, and all of it back after close."""
+    from mmd import config
+    from mmd.backends.cuda import CudaBackend
+    from mmd.cuda.memory import DEVICE_CACHE_CAP_BYTES
+
+    free_before, _ = cuda_backend.session.mem_info()
+    backend = CudaBackend(device=0, kernel_cache=config.kernel_cache_dir(config.Settings()))
+    try:
+        backend.prepare(0)
+        sizes = [(n, (n * 7) % 250 + 1, (n * 13) % 256 + 1) for n in range(1, 257, 3)]
+        for job, size in enumerate(sizes + sizes):
+            a, b = operands(*size, seed=job)
+            kernel = ("tiled", "cublas", "fast")[job % 3]
+            product = backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16))
+            assert_close(product.c, a, b, f"{kernel} {size_id(size)} from the cache", registry.get(kernel).precision)
+            assert len(product.notes) == 1 and "this worker's cache" in product.notes[0]
+            assert backend.session.cached_device_bytes() <= DEVICE_CACHE_CAP_BYTES
+        assert "malloc reused 3 of 3 matrices" in product.notes[0]
+    finally:
+        backend.close()
+    lost = free_before - cuda_backend.session.mem_info()[0]
+    assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned by close"
+
+
+def test_device_memory_the_cache_holds_is_freed_at_close(cuda_backend):
+    """Filled far past the driver's noise (a cap raised for the test), the cache gives it all back at close."""
+    from mmd.cuda.memory import DEVICE_CACHE_BLOCK_BYTES
+    from mmd.cuda.session import GpuSession
+
+    blocks = 4 * DRIVER_NOISE // DEVICE_CACHE_BLOCK_BYTES
+    free_before, _ = cuda_backend.session.mem_info()
+    session = GpuSession(0)
+    try:
+        session.keep_device_memory(cap_bytes=blocks * DEVICE_CACHE_BLOCK_BYTES)
+        held = [session.alloc("device", 256, 256) for _ in range(blocks)]
+        for matrix in held:
+            session.free(matrix)
+        assert session.cached_device_bytes() == blocks * DEVICE_CACHE_BLOCK_BYTES
+        kept = free_before - session.mem_info()[0]
+        assert kept > 3 * DRIVER_NOISE, f"only {kept / 2**20:.1f} MiB held by a cache of {blocks} blocks"
+        again = session.alloc("device", 200, 300)  # the same size class: a kept block
+        assert again.reused and again.ptr in {m.ptr for m in held}
+        session.free(again)
+    finally:
+        session.close()
+    lost = free_before - cuda_backend.session.mem_info()[0]
+    assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned by close"
+
+
 def test_driver_out_of_memory_becomes_cuda_error(cuda_backend):
     from mmd.errors import CudaError
 
