@@ -85,7 +85,7 @@ class Settings:
     devices: tuple[int, ...] | None = None
     #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (about 0.5 GiB of
     #: the GPU's memory each; docs/daemon.md); the cpu backend runs one worker per usable core
-    workers_per_device: int = 4
+    workers_per_device: int = 8
     #: `mmd serve` on a GPU: page-locked host memory (MiB) each worker sets aside once it is ready, so that the
     #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (480: 4166×4166,
     #: above the course's 4096); 0: none until jobs come. Host memory only: no GPU memory is held (docs/daemon.md)
