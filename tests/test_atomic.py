@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from mmd.atomic import write_atomic
+from mmd.atomic import Spares, Staged, write_atomic
 from mmd.errors import OutputError
 
 
@@ -65,3 +65,75 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     write_atomic(target, [b"result"])
     assert victim.read_bytes() == b"precious"
     assert target.read_bytes() == b"result" and not target.is_symlink()
+
+
+# -- spares: empty temporaries made ahead, which a commit takes instead of making an inode --
+
+
+def _spares_in(folder):
+    return sorted(p.name for p in folder.iterdir() if ".commit." in p.name)
+
+
+def test_a_commit_takes_a_spare_made_ahead_and_makes_no_inode(tmp_path):
+    spares = Spares()
+    spares.fill(tmp_path)
+    made = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    assert sorted(made) == [f"..spare{k}.commit.{os.getpid()}.tmp" for k in range(2)]
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.write(tmp_path / "m.timing.yaml", [b"side"])
+    staged.publish()
+    assert (tmp_path / "m.out").read_bytes() == b"out" and (tmp_path / "m.timing.yaml").read_bytes() == b"side"
+    assert {(tmp_path / n).stat().st_ino for n in ("m.out", "m.timing.yaml")} == set(made.values())
+    assert sorted(os.listdir(tmp_path)) == ["m.out", "m.timing.yaml"]
+    staged = Staged(spares=spares)  # none left: the temporary is made, as without spares
+    staged.write(tmp_path / "n.out", [b"n"])
+    staged.publish()
+    assert (tmp_path / "n.out").read_bytes() == b"n"
+
+
+def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_them(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    spares = Spares()
+    spares.fill(a)
+    write_atomic(b / "x.out", [b"x"])
+    Staged(spares=spares).write(b / "y.out", [b"y"])
+    assert len(_spares_in(a)) == 2, "a commit in another folder makes its own temporary"
+    spares.fill(b)
+    assert _spares_in(a) == [] and len(_spares_in(b)) == 2
+    spares.drop()
+    assert _spares_in(b) == []
+
+
+def test_fill_stops_when_work_waits(tmp_path):
+    spares = Spares(most=4)
+    calls = []
+    spares.fill(tmp_path, stop=lambda: len(calls.append(1) or calls) > 1)
+    assert len(_spares_in(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("tamper", ["written", "linked", "removed", "symlink"])
+def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path, tamper):
+    spares = Spares(most=1)
+    spares.fill(tmp_path)
+    [name] = _spares_in(tmp_path)
+    spare = tmp_path / name
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    if tamper == "written":
+        spare.write_bytes(b"old text longer than the output")
+    elif tamper == "linked":
+        os.link(spare, tmp_path / "second-name")
+    elif tamper == "removed":
+        spare.unlink()
+    else:
+        spare.unlink()
+        spare.symlink_to(victim)
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.publish()
+    assert (tmp_path / "m.out").read_bytes() == b"out" and not (tmp_path / "m.out").is_symlink()
+    assert victim.read_bytes() == b"precious"
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
