@@ -138,11 +138,12 @@ def _run(
     on_phase("read")
     t0 = time.perf_counter()
     # The header from the file's first bytes: a bad one, or a size it cannot match, is refused unread.
-    first, size = read_header(job.input, limits)
+    head = read_header(job.input, limits)
+    first = head.header
     facts.shape = Shape(first.m, first.k, first.n)
-    check_header(first, size, limits)
+    check_header(first, head.size, limits)
     facts.hasher = hasher = StreamHash()
-    data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher)
+    data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher, head=head)
     timings["read"] = _since(t0)
     facts.input = FileFacts(job.input.name, bytes=len(data))
 
