@@ -10,7 +10,8 @@ Processes and threads:
   overflow), asks the :class:`~.scheduler.Scheduler` which job goes to
   which worker, and ends a job past its time limit by ending its worker. It
   keeps the state file, the metrics and the hooks. It opens no backend.
-* the **observer** (a watchdog thread: inotify, or polling) turns filesystem
+* the **observer** (:mod:`.observer`: a thread of watchdog's that reads the
+  inbox's inotify events, or watchdog's polling observer) turns filesystem
   events into hints;
 * the **workers** (:mod:`.worker`, one process each, :mod:`.pool`) claim,
   run and archive the jobs they are given, each with its own backend (its
@@ -66,6 +67,7 @@ from .messages import (
     InboxRemade,
     Kept,
     NotRun,
+    Overflowed,
     Ready,
     ReloadRequested,
     Resume,
@@ -75,7 +77,7 @@ from .messages import (
     WorkerSpec,
     Writing,
 )
-from .observer import make_observer
+from .observer import Watcher, make_observer
 from .pool import WorkerHandle, WorkerPool
 from .scheduler import Scheduler
 from .state import State
@@ -128,7 +130,7 @@ class Daemon:
         self._rescan_now = False
         self._once_failed: str | None = None  # with --once: why the drain stopped early
         self._lock: SpoolLock | None = None
-        self._observer: Any = None
+        self._observer: Watcher | None = None
         self._local: LocalSocket | None = None  # the control socket, while serving
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
@@ -432,6 +434,9 @@ class Daemon:
             self._reload_settings()
         elif isinstance(hint, InboxChanged):
             self._check_inbox()
+        elif isinstance(hint, Overflowed):
+            self.log.warning("inotify's queue overflowed; scanning the inbox")
+            self._rescan_now = True
 
     def _tend(self, now: float) -> None:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
