@@ -710,8 +710,8 @@ class Daemon:
                 next_rescan = now + period
                 if once and not self.scheduler.held and not found and not self.spool.left:
                     return 0
+            self._dispatch()  # before the workers' check: a worker found dead or overdue there gives back its orders
             self._check_workers(now)
-            self._dispatch()
             self._show_current()
             self.state.write()
             self._write_metrics()

@@ -164,9 +164,8 @@ class Runner:
                     return
             else:
                 claim = order.claim
-            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)
-            if self.workers > 1:
-                log = log.bind(device_index=self.device)
+            facts = {"device_index": self.device} if self.workers > 1 else {}
+            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter, **facts)
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
             self.control.begin(order.seq, self.settings.job_timeout_s)
