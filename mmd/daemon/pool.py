@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -216,11 +216,15 @@ class WorkerPool:
         if small:
             w.small.add(order.seq)
 
-    def events(self) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
-        """Every event waiting from every worker, each with its worker and the order it answers."""
+    def events(
+        self, ready: Collection[object] | None = None
+    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
+        """Every event waiting from every worker (``ready``: from those whose pipe is in it, what ``wait``
+        found readable), each with its worker and the order it answers."""
         for w in list(self.handles):
-            for event, order in w.events():
-                yield w, event, order
+            if ready is None or w.conn in ready:
+                for event, order in w.events():
+                    yield w, event, order
 
     def conns(self) -> list[Connection]:
         return [w.conn for w in self.handles]

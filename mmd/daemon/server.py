@@ -679,8 +679,8 @@ class Daemon:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
             readable: list[Any] = [*self.workers.conns(), self.mailbox]  # the mailbox is readable as a descriptor
-            wait(readable, timeout=max(0.0, min(waits)))
-            for w, event, order in self.workers.events():
+            ready = wait(readable, timeout=max(0.0, min(waits)))
+            for w, event, order in self.workers.events(ready):
                 self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
@@ -689,7 +689,6 @@ class Daemon:
             if once and self._once_failed is not None:
                 self.log.error("stopping: a result could not be committed", reason=self._once_failed)
                 return 1
-            self._check_inbox()
             now = time.monotonic()
             due = self._readiness.due_in()
             if due is not None and due <= 0:
@@ -710,7 +709,10 @@ class Daemon:
                 next_rescan = now + period
                 if once and not self.scheduler.held and not found and not self.spool.left:
                     return 0
-            self._dispatch()  # before the workers' check: a worker found dead or overdue there gives back its orders
+            # Orders first: a worker found dead or overdue below gives back what it was given, and a name given
+            # from an inbox found replaced is not claimed.
+            self._dispatch()
+            self._check_inbox()
             self._check_workers(now)
             self._show_current()
             self.state.write()
