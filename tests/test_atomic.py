@@ -5,6 +5,7 @@ import pytest
 
 from mmd.atomic import Spares, Staged, write_atomic
 from mmd.errors import OutputError
+from mmd.fileops import FileOps
 
 
 def test_writes_whole_file_with_hash(tmp_path):
@@ -67,36 +68,53 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     assert target.read_bytes() == b"result" and not target.is_symlink()
 
 
-# -- spares: empty temporaries made ahead, which a commit takes instead of making an inode --
+# -- spares: empty files made ahead, which a commit writes instead of making an inode --
+
+KINDS = (".out", ".timing.yaml")
 
 
 def _spares_in(folder):
-    return sorted(p.name for p in folder.iterdir() if ".commit." in p.name)
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("..spare"))
 
 
-def test_a_commit_takes_a_spare_made_ahead_and_makes_no_inode(tmp_path):
-    spares = Spares()
+def test_a_commit_takes_the_spares_made_ahead_and_makes_no_inode(tmp_path):
+    spares = Spares(KINDS)
     spares.fill(tmp_path)
     made = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
-    assert sorted(made) == [f"..spare{k}.commit.{os.getpid()}.tmp" for k in range(2)]
+    assert sorted(made) == [f"..spare.out.{os.getpid()}.tmp", f"..spare.timing.yaml.{os.getpid()}.tmp"]
     staged = Staged(spares=spares)
     staged.write(tmp_path / "m.out", [b"out"])
     staged.write(tmp_path / "m.timing.yaml", [b"side"])
+    staged.write(tmp_path / "m.error.yaml", [b"no spare of its kind"])
     staged.publish()
     assert (tmp_path / "m.out").read_bytes() == b"out" and (tmp_path / "m.timing.yaml").read_bytes() == b"side"
-    assert {(tmp_path / n).stat().st_ino for n in ("m.out", "m.timing.yaml")} == set(made.values())
-    assert sorted(os.listdir(tmp_path)) == ["m.out", "m.timing.yaml"]
+    assert (tmp_path / "m.out").stat().st_ino == made[f"..spare.out.{os.getpid()}.tmp"]
+    assert (tmp_path / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{os.getpid()}.tmp"]
+    assert sorted(os.listdir(tmp_path)) == ["m.error.yaml", "m.out", "m.timing.yaml"]
     staged = Staged(spares=spares)  # none left: the temporary is made, as without spares
     staged.write(tmp_path / "n.out", [b"n"])
     staged.publish()
     assert (tmp_path / "n.out").read_bytes() == b"n"
 
 
+def test_a_spare_is_fsynced_when_made_so_that_a_commit_syncs_only_its_file(tmp_path):
+    """(On ext4 without a journal a file's first fsync after a new name writes its folder too.)"""
+    synced = []
+
+    class Counting(FileOps):
+        def fsync(self, fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            super().fsync(fd)
+
+    Spares(KINDS, ops=Counting()).fill(tmp_path)
+    assert sorted(os.path.basename(p) for p in synced) == _spares_in(tmp_path)
+
+
 def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_them(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    spares = Spares()
+    spares = Spares(KINDS)
     spares.fill(a)
     write_atomic(b / "x.out", [b"x"])
     Staged(spares=spares).write(b / "y.out", [b"y"])
@@ -108,15 +126,15 @@ def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_the
 
 
 def test_fill_stops_when_work_waits(tmp_path):
-    spares = Spares(most=4)
+    spares = Spares(KINDS)
     calls = []
     spares.fill(tmp_path, stop=lambda: len(calls.append(1) or calls) > 1)
-    assert len(_spares_in(tmp_path)) == 1
+    assert _spares_in(tmp_path) == [f"..spare.out.{os.getpid()}.tmp"]
 
 
 @pytest.mark.parametrize("tamper", ["written", "linked", "removed", "symlink"])
 def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path, tamper):
-    spares = Spares(most=1)
+    spares = Spares(KINDS[:1])
     spares.fill(tmp_path)
     [name] = _spares_in(tmp_path)
     spare = tmp_path / name
@@ -137,3 +155,5 @@ def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path
     assert (tmp_path / "m.out").read_bytes() == b"out" and not (tmp_path / "m.out").is_symlink()
     assert victim.read_bytes() == b"precious"
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    if tamper == "linked":
+        assert (tmp_path / "second-name").read_bytes() == b"", "its other name is left as it was"

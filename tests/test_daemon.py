@@ -228,7 +228,7 @@ def test_a_lone_job_commits_into_empty_files_its_worker_made_while_idle(served):
     makes the next ones, and a daemon that stops leaves none."""
 
     def spares() -> dict[str, int]:
-        return {p.name: p.stat().st_ino for p in d.outbox.glob("..spare*.commit.*.tmp")}
+        return {p.name: p.stat().st_ino for p in d.outbox.glob("..spare.*.tmp")}
 
     d = served(MMD_DEVICES="0").wait_serving()  # one worker
     made = wait_for(lambda: len(spares()) == 2 and spares(), 30, "the worker's two spares")
@@ -236,7 +236,9 @@ def test_a_lone_job_commits_into_empty_files_its_worker_made_while_idle(served):
     os.rename(d.root / "m.src", d.inbox / "m.txt")
     wait_for(lambda: (d.outbox / "m.timing.yaml").exists(), 30, "the sidecar")
     check_ok(d.outbox, "m", a, b)
-    assert {(d.outbox / n).stat().st_ino for n in ("m.out", "m.timing.yaml")} == set(made.values())
+    pid = next(iter(made)).rsplit(".", 2)[1]
+    assert (d.outbox / "m.out").stat().st_ino == made[f"..spare.out.{pid}.tmp"]
+    assert (d.outbox / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{pid}.tmp"]
     wait_for(lambda: len(spares()) == 2, 30, "the next job's spares")
     assert d.stop() == 0
     assert spares() == {}, "a daemon that stops removes its spares"

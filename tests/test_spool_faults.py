@@ -338,16 +338,14 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
     ("reservation", "truncate"): "done",  # a spare cut to its new text; else a new one made
     ("reservation", "rename"): "done",  # its release kept as a spare; else removed
-    ("output", "rename"): "done",  # a spare made ahead renamed to its temporary; else the temporary is made
-    ("output", "open_rewrite"): "done",  # that spare opened; else the temporary is made
+    ("output", "open_rewrite"): "done",  # a spare made ahead, opened to be written; else a temporary is made
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
     ("output", "fsync"): "held",
     ("output", "close"): "held",
     ("output", "replace"): "held",  # a read-only outbox (issue 15)
     ("output", "unlink"): "done",  # only on failure paths (a temporary; a held job's own output)
-    ("sidecar", "rename"): "done",  # as the output's
-    ("sidecar", "open_rewrite"): "done",
+    ("sidecar", "open_rewrite"): "done",  # as the output's
     ("sidecar", "open_exclusive"): "held",
     ("sidecar", "write"): "held",
     ("sidecar", "fsync"): "held",
@@ -376,7 +374,7 @@ MATRIX: dict[tuple[str, str], str] = {
 
 
 #: The (step, operation) pairs of a commit into a spare temporary (made while the worker was idle).
-SPARED = {("output", "rename"), ("output", "open_rewrite"), ("sidecar", "rename"), ("sidecar", "open_rewrite")}
+SPARED = {("output", "open_rewrite"), ("sidecar", "open_rewrite")}
 
 
 def expected(step: str, op: str, err: int) -> str:

@@ -53,7 +53,7 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context
-from ..spool import Attempts, Claim, Spool, entries, shown
+from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
 from .control import Control
 from .messages import (
@@ -122,7 +122,7 @@ class Runner:
         self.workers = workers
         self.backends = BackendPool(device)
         #: Empty temporaries made while idle (:meth:`spare_up`), so that a lone job's commit makes no inode.
-        self.spares = Spares(ops=spool.ops)
+        self.spares = Spares((OUTPUT_SUFFIX, record.TIMING_SUFFIX), ops=spool.ops)
         self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
         self._pending: list[_Pending] = []
         self._usage: dict[Path, tuple[int, float]] = {}  # a submitter's folder: (bytes, when looked)
