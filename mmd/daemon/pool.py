@@ -203,11 +203,13 @@ class WorkerPool:
         return len(self.handles)
 
     def loads(self) -> list[Load]:
-        """The scheduler's view of the workers that take jobs now (ready and alive)."""
+        """The scheduler's view of the workers that take jobs now: the ready ones. Whether each is alive is not
+        asked here (two system calls a worker, on every arrival's way to its order): one found dead by the
+        server's check, which follows the orders, gives back what it was given, to go to another."""
         return [
             Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
             for w in self.handles
-            if w.ready is not None and w.alive()
+            if w.ready is not None
         ]
 
     def give(self, index: int, order: Run | Resume, small: bool) -> None:
