@@ -25,7 +25,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -366,18 +366,19 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def dumps(record: Record) -> bytes:
     """The sidecar's bytes: block-style YAML in the record's own key order."""
-    data = as_dict(record)
-    text = _plain_yaml(data)
+    text = _lines(_items(record), "")
     if text is None:
+        data = as_dict(record)
         text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return text.encode("utf-8")
 
 
 # PyYAML spends most of a small job's sidecar (about 0.3 ms of a 2 ms job on the project's VM) building
 # and resolving nodes in Python. Nearly every sidecar holds only mappings, lists of scalars, numbers and
-# short strings of safe characters, which YAML writes one way only, so mmd writes those itself and leaves
-# anything else (a long or unusual string, an empty container) to PyYAML. A test holds the two to the
-# same bytes (tests/test_record.py).
+# short strings of safe characters, which YAML writes one way only, so mmd writes those itself, straight
+# from the record's fields (as_dict's walk of every value cost as much again), and leaves anything else (a
+# long or unusual string, an empty container) to PyYAML. Tests hold the two to the same bytes
+# (tests/test_record.py).
 
 #: Strings YAML writes as they are (or single-quoted where they would read back as another type): no
 #: indicator first, no ": " or " #", no quotes or escapes (a line with a space is also kept within the
@@ -424,14 +425,45 @@ def _string(value: str) -> str | None:
 
 def _plain_yaml(data: Mapping[str, Any], indent: str = "") -> str | None:
     """``data`` in block style as :func:`yaml.dump` writes it, or None where that is PyYAML's to decide."""
-    if not data:
-        return None
+    return _lines(data.items(), indent) if data else None
+
+
+def _items(record: Any) -> Iterator[tuple[str, Any]]:
+    """A record's entries as :func:`as_dict` gives them (its own order, None-valued optional fields left out,
+    flattened ones in place), its parts left as they are."""
+    cls: type = type(record)
+    for name, omit, flatten in _layout(cls):
+        item = getattr(record, name)
+        if item is None and omit:
+            continue
+        if not flatten:
+            yield name, item
+        elif dataclasses.is_dataclass(item):
+            yield from _items(item)
+        else:
+            yield from item.items()
+
+
+def _part(record: Any, indent: str) -> str | None:
+    """A record's nested record as :func:`_plain_yaml` writes its plain data (None: empty, or PyYAML's)."""
+    items = list(_items(record))
+    return _lines(items, indent) if items else None
+
+
+def _lines(items: Iterable[tuple[str, Any]], indent: str) -> str | None:
+    """Entries in block style as :func:`yaml.dump` writes a mapping of them, or None where that is PyYAML's
+    to decide (a record among the values is written as its plain data)."""
     lines = []
-    for key, value in data.items():
-        name = _scalar(key)
-        if name is None or name != key:
+    for key, value in items:
+        if type(key) is not str or _string(key) != key:
             return None
-        if isinstance(value, Mapping):
+        if value is None or isinstance(value, (str, int, float)):  # the most of a sidecar: first
+            text = _scalar(value)
+            line = f"{indent}{key}: {text}"
+            if text is None or (" " in text and len(line) > _WIDTH):
+                return None
+            lines.append(line + "\n")
+        elif isinstance(value, Mapping):
             inner = _plain_yaml(value, indent + "  ") if value else None
             if inner is None:
                 return None
@@ -446,12 +478,13 @@ def _plain_yaml(data: Mapping[str, Any], indent: str = "") -> str | None:
                     return None
                 listed.append(f"{indent}- {text}\n")
             lines.append(f"{indent}{key}:\n" + "".join(listed))
-        else:
-            text = _scalar(value)
-            line = f"{indent}{key}: {text}"
-            if text is None or (" " in text and len(line) > _WIDTH):
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            inner = _part(value, indent + "  ")
+            if inner is None:
                 return None
-            lines.append(line + "\n")
+            lines.append(f"{indent}{key}:\n{inner}")
+        else:
+            return None  # not plain data: PyYAML's to write (or refuse)
     return "".join(lines)
 
 

@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-from mmd.atomic import write_atomic
+from mmd.atomic import Spares, Staged, write_atomic
 from mmd.errors import OutputError
+from mmd.fileops import FileOps
 
 
 def test_writes_whole_file_with_hash(tmp_path):
@@ -65,3 +66,94 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     write_atomic(target, [b"result"])
     assert victim.read_bytes() == b"precious"
     assert target.read_bytes() == b"result" and not target.is_symlink()
+
+
+# -- spares: empty files made ahead, which a commit writes instead of making an inode --
+
+KINDS = (".out", ".timing.yaml")
+
+
+def _spares_in(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("..spare"))
+
+
+def test_a_commit_takes_the_spares_made_ahead_and_makes_no_inode(tmp_path):
+    spares = Spares(KINDS)
+    spares.fill(tmp_path)
+    made = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    assert sorted(made) == [f"..spare.out.{os.getpid()}.tmp", f"..spare.timing.yaml.{os.getpid()}.tmp"]
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.write(tmp_path / "m.timing.yaml", [b"side"])
+    staged.write(tmp_path / "m.error.yaml", [b"no spare of its kind"])
+    staged.publish()
+    assert (tmp_path / "m.out").read_bytes() == b"out" and (tmp_path / "m.timing.yaml").read_bytes() == b"side"
+    assert (tmp_path / "m.out").stat().st_ino == made[f"..spare.out.{os.getpid()}.tmp"]
+    assert (tmp_path / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{os.getpid()}.tmp"]
+    assert sorted(os.listdir(tmp_path)) == ["m.error.yaml", "m.out", "m.timing.yaml"]
+    staged = Staged(spares=spares)  # none left: the temporary is made, as without spares
+    staged.write(tmp_path / "n.out", [b"n"])
+    staged.publish()
+    assert (tmp_path / "n.out").read_bytes() == b"n"
+
+
+def test_a_spare_is_fsynced_when_made_so_that_a_commit_syncs_only_its_file(tmp_path):
+    """(On ext4 without a journal a file's first fsync after a new name writes its folder too.)"""
+    synced = []
+
+    class Counting(FileOps):
+        def fsync(self, fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            super().fsync(fd)
+
+    Spares(KINDS, ops=Counting()).fill(tmp_path)
+    assert sorted(os.path.basename(p) for p in synced) == _spares_in(tmp_path)
+
+
+def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_them(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    spares = Spares(KINDS)
+    spares.fill(a)
+    write_atomic(b / "x.out", [b"x"])
+    Staged(spares=spares).write(b / "y.out", [b"y"])
+    assert len(_spares_in(a)) == 2, "a commit in another folder makes its own temporary"
+    spares.fill(b)
+    assert _spares_in(a) == [] and len(_spares_in(b)) == 2
+    spares.drop()
+    assert _spares_in(b) == []
+
+
+def test_fill_stops_when_work_waits(tmp_path):
+    spares = Spares(KINDS)
+    calls = []
+    spares.fill(tmp_path, stop=lambda: len(calls.append(1) or calls) > 1)
+    assert _spares_in(tmp_path) == [f"..spare.out.{os.getpid()}.tmp"]
+
+
+@pytest.mark.parametrize("tamper", ["written", "linked", "removed", "symlink"])
+def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path, tamper):
+    spares = Spares(KINDS[:1])
+    spares.fill(tmp_path)
+    [name] = _spares_in(tmp_path)
+    spare = tmp_path / name
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    if tamper == "written":
+        spare.write_bytes(b"old text longer than the output")
+    elif tamper == "linked":
+        os.link(spare, tmp_path / "second-name")
+    elif tamper == "removed":
+        spare.unlink()
+    else:
+        spare.unlink()
+        spare.symlink_to(victim)
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.publish()
+    assert (tmp_path / "m.out").read_bytes() == b"out" and not (tmp_path / "m.out").is_symlink()
+    assert victim.read_bytes() == b"precious"
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    if tamper == "linked":
+        assert (tmp_path / "second-name").read_bytes() == b"", "its other name is left as it was"

@@ -222,6 +222,29 @@ def test_200_files_by_cp_and_slow_writers(tmp_path, served):
     assert d.stop() == 0
 
 
+def test_a_lone_job_commits_into_empty_files_its_worker_made_while_idle(served):
+    """Each idle worker keeps a lone job's temporaries made ahead (two empty hidden files in the outbox): the
+    job's output and sidecar are those inodes (no inode made between the drop and the sidecar), the worker
+    makes the next ones, and a daemon that stops leaves none."""
+
+    def spares() -> dict[str, int]:
+        return {p.name: p.stat().st_ino for p in d.outbox.glob("..spare.*.tmp")}
+
+    d = served(MMD_DEVICES="0").wait_serving()  # one worker
+    made = wait_for(lambda: len(spares()) == 2 and spares(), 30, "the worker's two spares")
+    a, b = make_input(d.root / "m.src", 8, 8, 8, 1)
+    os.rename(d.root / "m.src", d.inbox / "m.txt")
+    wait_for(lambda: (d.outbox / "m.timing.yaml").exists(), 30, "the sidecar")
+    check_ok(d.outbox, "m", a, b)
+    pid = next(iter(made)).rsplit(".", 2)[1]
+    assert (d.outbox / "m.out").stat().st_ino == made[f"..spare.out.{pid}.tmp"]
+    assert (d.outbox / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{pid}.tmp"]
+    wait_for(lambda: len(spares()) == 2, 30, "the next job's spares")
+    assert d.stop() == 0
+    assert spares() == {}, "a daemon that stops removes its spares"
+    assert not [p.name for p in d.outbox.iterdir() if p.name.endswith(".tmp")]
+
+
 SLOW_WRITER = """
 import sys, time
 data = open(sys.argv[1], 'rb').read()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -139,6 +140,39 @@ def test_plain_sidecars_are_written_as_pyyaml_writes_them(data):
     if ours is not None:
         assert ours == yaml.dump(data, Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False,
                                  allow_unicode=True)  # fmt: skip
+
+
+def _pyyaml(rec) -> bytes:
+    return yaml.dump(record.as_dict(rec), Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True).encode()  # fmt: skip
+
+
+_CONTEXTS = [
+    record.Context(),
+    record.Context(name_settings={"tile": 16, "kernel": "aplus"}, device_index=1, submitter="ann"),
+    record.Context(
+        original_name="we\u202eird.txt",
+        collision=record.Collision("m.out", ["m.out"], "m.1.out"),
+        resumed=True,
+        host="node0",
+    ),
+    record.Context(name_settings={}, collision=record.Collision("m.out", [], "m.1.out")),  # empty: PyYAML's
+]
+_DETAILS = [{}, {"line": 3, "value": "x"}, {"limits": {"max_dim": 4096}, "paths": ["a", "b"]}, {"note": "a: b #c"}]
+
+
+@given(st.sampled_from(_CONTEXTS), st.sampled_from(_DETAILS), st.sampled_from([None, ["one note"], ["a: b", "c"]]),
+       st.floats(allow_nan=True, allow_infinity=True) | st.none(), st.booleans())  # fmt: skip
+def test_a_record_is_written_as_pyyaml_writes_its_plain_data(context, details, notes, value, error):
+    """dumps writes a record's parts straight from the record: the bytes are PyYAML's of as_dict's data."""
+    if error:
+        rec: record.Record = ErrorRecord(job="0123456789ab", input=FileFacts("m.txt", 12),
+                                         output=FileFacts("m.out", written=False),
+                                         error=record.ErrorFacts("input", "line 3: bad", details),
+                                         timings_ms=record.timings({"read": value}), context=context)  # fmt: skip
+    else:
+        rec = dataclasses.replace(timing(), notes=notes, gflops=value, context=context)
+    assert record.dumps(rec) == _pyyaml(rec)
 
 
 def test_every_usual_sidecar_is_written_by_mmd_itself(tmp_path):

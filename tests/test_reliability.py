@@ -122,9 +122,10 @@ def test_burst_of_2000_files_none_lost(tmp_path, served):
 
 
 def test_lost_events_are_found_by_the_periodic_rescan(tmp_path, monkeypatch):
-    """Every event dropped (as on an inotify queue overflow, which watchdog only logs): events are hints,
-    so the periodic rescan finds every file, one rescan period late at most."""
-    monkeypatch.setattr(daemon.Hints, "dispatch", lambda self, event: None)  # every event lost
+    """Every event dropped (as on an inotify queue overflow the kernel could not even report): events are
+    hints, so the periodic rescan finds every file, one rescan period late at most."""
+    monkeypatch.setattr(daemon.Arrivals, "on_event", lambda self, event: None)  # every event lost
+    monkeypatch.setattr(daemon.Hints, "dispatch", lambda self, event: None)
     inputs = {}
 
     def act(d: daemon.Daemon) -> None:
@@ -133,6 +134,24 @@ def test_lost_events_are_found_by_the_periodic_rescan(tmp_path, monkeypatch):
         wait_for(lambda: len(names(d.spool.inbox / ".done")) == 50, 60, "50 jobs found by rescans")
 
     s = settings_for(tmp_path, rescan_seconds=0.5, observer="inotify")
+    s.inbox.mkdir()
+    serve_with(s, act)
+    for stem, (a, b) in inputs.items():
+        check_ok(s.outbox, stem, a, b)
+
+
+def test_an_inotify_queue_overflow_scans_the_inbox_at_once(tmp_path, monkeypatch):
+    """Each event is lost to an overflow the kernel reports (IN_Q_OVERFLOW): the inbox is scanned at once,
+    not an hour later at the periodic rescan."""
+    monkeypatch.setattr(daemon.Arrivals, "on_event", lambda self, event: self.on_queue_overflow())
+    inputs = {}
+
+    def act(d: daemon.Daemon) -> None:
+        for i in range(5):
+            inputs[f"v{i}"] = small(d.spool.inbox / f"v{i}.txt", i)
+            wait_for(lambda i=i: (d.spool.inbox / ".done" / f"v{i}.txt").exists(), 30, f"v{i} found by a scan")
+
+    s = settings_for(tmp_path, rescan_seconds=3600, observer="inotify")
     s.inbox.mkdir()
     serve_with(s, act)
     for stem, (a, b) in inputs.items():

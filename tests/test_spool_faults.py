@@ -338,12 +338,14 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
     ("reservation", "truncate"): "done",  # a spare cut to its new text; else a new one made
     ("reservation", "rename"): "done",  # its release kept as a spare; else removed
+    ("output", "open_rewrite"): "done",  # a spare made ahead, opened to be written; else a temporary is made
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
     ("output", "fsync"): "held",
     ("output", "close"): "held",
     ("output", "replace"): "held",  # a read-only outbox (issue 15)
     ("output", "unlink"): "done",  # only on failure paths (a temporary; a held job's own output)
+    ("sidecar", "open_rewrite"): "done",  # as the output's
     ("sidecar", "open_exclusive"): "held",
     ("sidecar", "write"): "held",
     ("sidecar", "fsync"): "held",
@@ -369,6 +371,10 @@ MATRIX: dict[tuple[str, str], str] = {
     ("hold", "close"): "held",
     ("hold", "replace"): "held",
 }
+
+
+#: The (step, operation) pairs of a commit into a spare temporary (made while the worker was idle).
+SPARED = {("output", "open_rewrite"), ("sidecar", "open_rewrite")}
 
 
 def expected(step: str, op: str, err: int) -> str:
@@ -404,13 +410,15 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
             if step == "reservation" and op in ("open_rewrite", "truncate"):  # a spare: a released reservation
                 rig.drop("first.txt", GOOD)
                 rig.run("first.txt")
+            if (step, op) in SPARED:  # the worker was idle: the job's temporaries were made ahead
+                rig.runner.spare_up(lambda: False)
             fault = rig.ops.arm(step, op, ERRNOS[err])
             rig.drop(name, text)
             rig.run(name)
         fate = rig.fate(name)
         want = expected(step, op, ERRNOS[err])
         assert fate == want, f"{name}: {fate}, expected {want}"
-        if (want != "done" and want != "failed") or step == "reservation":
+        if (want != "done" and want != "failed") or step == "reservation" or (step, op) in SPARED:
             assert fault.hits, "the fault was never met"
         if want == "held" and step != "claim":
             assert rig.pauses, "a held job pauses the daemon"
@@ -442,13 +450,16 @@ def test_the_matrix_covers_every_operation_of_every_step(tmp_path):
         rig.drop("a.txt", GOOD)
         rig.drop("bad.txt", BAD)
         rig.run("a.txt")
+        rig.drop("s.txt", GOOD)
+        rig.runner.spare_up(lambda: False)  # idle: its temporaries made ahead
+        rig.run("s.txt")
         rig.run("bad.txt")
         rig.ops.arm("output", "replace", errno.ENOSPC)
         rig.drop("h.txt", GOOD)
         rig.run("h.txt")
         rig.ops.clear()
         rig.drain()
-        rig.assert_clean(["a.txt", "bad.txt", "h.txt"])
+        rig.assert_clean(["a.txt", "s.txt", "bad.txt", "h.txt"])
         assert rig.ops.seen - set(MATRIX) == set(), "operations no fault is injected into"
         assert {op for _, op in rig.ops.seen} <= set(OPERATIONS)
     finally:

@@ -37,6 +37,21 @@ def test_writes_are_throttled_unless_forced(tmp_path):
     assert json.loads(path.read_text())["queue"] == 5 and state.due_in() is None
 
 
+def test_what_did_not_change_is_not_written_again(tmp_path):
+    """The main loop tells the state its queue every turn (an idle daemon's turns once a second): the file is
+    written when something changed, within STATE_EVERY of the change, and not again for the same facts."""
+    path = tmp_path / ".mmd-state.json"
+    state = State(path)
+    state.update(status="serving", queue=0)
+    state.write(force=True)
+    state.update(queue=0, status="serving")
+    assert state.due_in() is None, "nothing changed: nothing to write"
+    state.update(queue=1)
+    assert state.due_in() is not None
+    state.write(force=True)
+    assert json.loads(path.read_text())["queue"] == 1
+
+
 def test_status_names_each_worker_its_device_pid_and_phase():
     """Several workers on one device (the cpu's, or a GPU's workers_per_device) are told apart."""
     from mmd.cli.status_cmd import render

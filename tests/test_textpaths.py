@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
+import pytest
 import yaml
 
 from mmd.backends import CpuBackend, MultiplyRequest
@@ -34,6 +37,35 @@ def test_read_input_into_a_callers_buffer(tmp_path):
     data = read_input(src, Limits(), into=into)
     assert isinstance(data, memoryview) and bytes(data) == src.read_bytes() and asked == [src.stat().st_size]
     assert read_input(src, Limits()) == src.read_bytes()
+
+
+def test_a_file_its_header_read_took_whole_is_not_read_again(tmp_path, monkeypatch):
+    """A small file (up to the header's window) is read once; its bytes, hash and limits are as a second
+    read's would be, into a caller's buffer too. A bigger one is read again after its header."""
+    from mmd.atomic import StreamHash
+    from mmd.errors import LimitError
+    from mmd.pipeline import reading
+
+    opened = []
+    real_open = reading._open
+    monkeypatch.setattr(reading, "_open", lambda path: opened.append(path) or real_open(path))
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_bytes(b"2\n1 2 3 4\n5 6 7 8\n")
+    big.write_bytes(b"2\n1 2 3 4\n5 6 7 8\n" + b" " * (1 << 16))
+    for path, reads in ((small, 1), (big, 2)):
+        opened.clear()
+        head = reading.read_header(path, Limits())
+        hasher = StreamHash()
+        assert bytes(read_input(path, Limits(), hasher=hasher, head=head)) == path.read_bytes()
+        assert hasher.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert len(opened) == reads, path.name
+        buffer = bytes(read_input(path, Limits(), into=lambda size: np.zeros(size, np.uint8), head=head))
+        assert buffer == path.read_bytes()
+    head = reading.read_header(small, Limits())
+    small.write_bytes(small.read_bytes() + b" " * 100)  # grew after its first read: as one read would find it
+    assert read_input(small, Limits(), head=head) == head.whole
+    with pytest.raises(LimitError, match="max_file_bytes"):
+        read_input(small, Limits(max_memory_bytes=10), head=head)
 
 
 def test_choose_takes_the_device_path_when_the_backend_has_one():

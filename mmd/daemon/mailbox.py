@@ -40,7 +40,7 @@ class Mailbox:
         """Every hint waiting, oldest first (the wake-up bytes are drained too)."""
         self._woken = False  # before the queue is read: a hint posted from here on wakes the loop again
         try:
-            while os.read(self._read, 4096):
+            while len(os.read(self._read, 4096)) == 4096:  # one byte per wake-up: mostly one read
                 pass
         except BlockingIOError:
             pass

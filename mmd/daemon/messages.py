@@ -60,6 +60,11 @@ class InboxChanged:
 
 
 @dataclass(frozen=True)
+class Overflowed:
+    """The kernel's queue of inbox events overflowed: events were lost, the inbox is scanned at once."""
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """SIGTERM or SIGINT: finish the jobs in hand, take no new one, exit 0."""
 
@@ -71,7 +76,7 @@ class ReloadRequested:
     """SIGHUP: read the settings again."""
 
 
-Hint = Arrived | Writing | Asked | InboxChanged | StopRequested | ReloadRequested
+Hint = Arrived | Writing | Asked | InboxChanged | Overflowed | StopRequested | ReloadRequested
 
 # -- orders: main process -> worker ---------------------------------------------------
 

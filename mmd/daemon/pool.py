@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -203,11 +203,13 @@ class WorkerPool:
         return len(self.handles)
 
     def loads(self) -> list[Load]:
-        """The scheduler's view of the workers that take jobs now (ready and alive)."""
+        """The scheduler's view of the workers that take jobs now: the ready ones. Whether each is alive is not
+        asked here (two system calls a worker, on every arrival's way to its order): one found dead by the
+        server's check, which follows the orders, gives back what it was given, to go to another."""
         return [
             Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
             for w in self.handles
-            if w.ready is not None and w.alive()
+            if w.ready is not None
         ]
 
     def give(self, index: int, order: Run | Resume, small: bool) -> None:
@@ -216,11 +218,15 @@ class WorkerPool:
         if small:
             w.small.add(order.seq)
 
-    def events(self) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
-        """Every event waiting from every worker, each with its worker and the order it answers."""
+    def events(
+        self, ready: Collection[object] | None = None
+    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
+        """Every event waiting from every worker (``ready``: from those whose pipe is in it, what ``wait``
+        found readable), each with its worker and the order it answers."""
         for w in list(self.handles):
-            for event, order in w.events():
-                yield w, event, order
+            if ready is None or w.conn in ready:
+                for event, order in w.events():
+                    yield w, event, order
 
     def conns(self) -> list[Connection]:
         return [w.conn for w in self.handles]

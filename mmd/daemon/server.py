@@ -10,7 +10,8 @@ Processes and threads:
   overflow), asks the :class:`~.scheduler.Scheduler` which job goes to
   which worker, and ends a job past its time limit by ending its worker. It
   keeps the state file, the metrics and the hooks. It opens no backend.
-* the **observer** (a watchdog thread: inotify, or polling) turns filesystem
+* the **observer** (:mod:`.observer`: a thread of watchdog's that reads the
+  inbox's inotify events, or watchdog's polling observer) turns filesystem
   events into hints;
 * the **workers** (:mod:`.worker`, one process each, :mod:`.pool`) claim,
   run and archive the jobs they are given, each with its own backend (its
@@ -66,6 +67,7 @@ from .messages import (
     InboxRemade,
     Kept,
     NotRun,
+    Overflowed,
     Ready,
     ReloadRequested,
     Resume,
@@ -75,7 +77,7 @@ from .messages import (
     WorkerSpec,
     Writing,
 )
-from .observer import make_observer
+from .observer import Watcher, make_observer
 from .pool import WorkerHandle, WorkerPool
 from .scheduler import Scheduler
 from .state import State
@@ -128,7 +130,7 @@ class Daemon:
         self._rescan_now = False
         self._once_failed: str | None = None  # with --once: why the drain stopped early
         self._lock: SpoolLock | None = None
-        self._observer: Any = None
+        self._observer: Watcher | None = None
         self._local: LocalSocket | None = None  # the control socket, while serving
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
@@ -432,6 +434,9 @@ class Daemon:
             self._reload_settings()
         elif isinstance(hint, InboxChanged):
             self._check_inbox()
+        elif isinstance(hint, Overflowed):
+            self.log.warning("inotify's queue overflowed; scanning the inbox")
+            self._rescan_now = True
 
     def _tend(self, now: float) -> None:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
@@ -674,8 +679,8 @@ class Daemon:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
             readable: list[Any] = [*self.workers.conns(), self.mailbox]  # the mailbox is readable as a descriptor
-            wait(readable, timeout=max(0.0, min(waits)))
-            for w, event, order in self.workers.events():
+            ready = wait(readable, timeout=max(0.0, min(waits)))
+            for w, event, order in self.workers.events(ready):
                 self._on_event(w, event, order)
             for hint in self.mailbox.take():
                 self._handle(hint)
@@ -684,7 +689,6 @@ class Daemon:
             if once and self._once_failed is not None:
                 self.log.error("stopping: a result could not be committed", reason=self._once_failed)
                 return 1
-            self._check_inbox()
             now = time.monotonic()
             due = self._readiness.due_in()
             if due is not None and due <= 0:
@@ -705,8 +709,11 @@ class Daemon:
                 next_rescan = now + period
                 if once and not self.scheduler.held and not found and not self.spool.left:
                     return 0
-            self._check_workers(now)
+            # Orders first: a worker found dead or overdue below gives back what it was given, and a name given
+            # from an inbox found replaced is not claimed.
             self._dispatch()
+            self._check_inbox()
+            self._check_workers(now)
             self._show_current()
             self.state.write()
             self._write_metrics()

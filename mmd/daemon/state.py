@@ -47,7 +47,10 @@ class State:
         self._written = 0.0
 
     def update(self, **changes: Any) -> None:
+        """Set facts; only a change is written (the main loop says its queue every turn, idle or not)."""
         with self._lock:
+            if all(key in self._data and self._data[key] == value for key, value in changes.items()):
+                return
             self._data.update(changes)
             self._dirty = True
 

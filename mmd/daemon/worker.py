@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, record
-from ..atomic import Staged
+from ..atomic import Spares, Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
 from ..config import Settings, graders_gids
@@ -53,7 +53,7 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context
-from ..spool import Attempts, Claim, Spool, entries, shown
+from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
 from .control import Control
 from .messages import (
@@ -121,6 +121,9 @@ class Runner:
         self.host_id = host_id
         self.workers = workers
         self.backends = BackendPool(device)
+        #: Empty temporaries made while idle (:meth:`spare_up`), so that a lone job's commit makes no inode.
+        self.spares = Spares((OUTPUT_SUFFIX, record.TIMING_SUFFIX), ops=spool.ops)
+        self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
         self._pending: list[_Pending] = []
         self._usage: dict[Path, tuple[int, float]] = {}  # a submitter's folder: (bytes, when looked)
 
@@ -161,9 +164,8 @@ class Runner:
                     return
             else:
                 claim = order.claim
-            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)
-            if self.workers > 1:
-                log = log.bind(device_index=self.device)
+            facts = {"device_index": self.device} if self.workers > 1 else {}
+            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter, **facts)
             if claim.original is not None:
                 log.info("claimed under a safe name", original=shown(claim.original))
             self.control.begin(order.seq, self.settings.job_timeout_s)
@@ -247,9 +249,11 @@ class Runner:
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
-        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
+        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops, spares=self.spares) if group else None
         room = self._room(claim, job.settings) if refusal is None else None
-        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room)
+        self._spares_for = claim.output.parent
+        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room,
+                         spares=self.spares)  # fmt: skip
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
@@ -295,6 +299,11 @@ class Runner:
                     total += info.st_size
         self._usage[folder] = (total, now)
         return total
+
+    def spare_up(self, stop: Callable[[], bool]) -> None:
+        """Make the next job's temporaries ahead (:class:`~mmd.atomic.Spares`) until ``stop()`` says an order
+        waits; called when idle."""
+        self.spares.fill(self._spares_for, stop)
 
     def flush(self) -> None:
         """Publish the jobs waiting for a group commit together, then conclude each."""
@@ -401,6 +410,7 @@ class Runner:
         if flush:
             self.flush()
             self.spool.drop_spares()
+            self.spares.drop()
         self.backends.close()
 
 
@@ -486,6 +496,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
             return
         report(Ready(backend.name, _device_name(backend)))
         _prepare(backend, settings)
+        runner.spare_up(conn.poll)
         while True:
             control.beat()
             if not conn.poll(1.0):
@@ -504,6 +515,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
             runner.process(order, more_waiting=conn.poll())
             if not conn.poll():
                 runner.flush()
+                runner.spare_up(conn.poll)
     except (DaemonGone, EOFError, OSError):
         gone = True  # the main process is gone: nothing left to report to, nothing more to commit
     finally:

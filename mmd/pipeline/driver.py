@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import record, textformat
-from ..atomic import Staged, StreamHash
+from ..atomic import Spares, Staged, StreamHash
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings
 from ..errors import MmdError
@@ -70,6 +70,7 @@ def run_job(
     ops: FileOps = OPS,
     staged: Staged | None = None,
     room: Room | None = None,
+    spares: Spares | None = None,
 ) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
@@ -79,6 +80,7 @@ def run_job(
     leave their publishing to the caller (a worker's group commit); the
     result then says what the job will be once published. ``room``: the
     most its output may take now (the daemon's quota and disk reserve).
+    ``spares``: empty files made ahead for the commit's temporaries (a worker's).
     """
     log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
@@ -88,7 +90,7 @@ def run_job(
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, on_phase, ops, staged, room)
+        return _run(job, backend, timings, facts, log, on_phase, ops, staged, room, spares)
     except MmdError as exc:
         return _refuse(job, exc, timings, facts, log, ops, staged)
 
@@ -127,6 +129,7 @@ def _run(
     ops: FileOps,
     staged: Staged | None,
     room: Room | None,
+    spares: Spares | None,
 ) -> JobResult:
     settings, request = job.settings, job.request
     limits = dataclasses.replace(limits_for(settings), room=room)
@@ -135,11 +138,12 @@ def _run(
     on_phase("read")
     t0 = time.perf_counter()
     # The header from the file's first bytes: a bad one, or a size it cannot match, is refused unread.
-    first, size = read_header(job.input, limits)
+    head = read_header(job.input, limits)
+    first = head.header
     facts.shape = Shape(first.m, first.k, first.n)
-    check_header(first, size, limits)
+    check_header(first, head.size, limits)
     facts.hasher = hasher = StreamHash()
-    data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher)
+    data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher, head=head)
     timings["read"] = _since(t0)
     facts.input = FileFacts(job.input.name, bytes=len(data))
 
@@ -159,7 +163,7 @@ def _run(
     t0 = time.perf_counter()
     # Both files are published together (renamed in order, one fsync of the folder); on a
     # group's commit also synced together.
-    commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops)
+    commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops, spares=spares)
     try:
         written = commit.write(job.output, computed.chunks)
     except BaseException:

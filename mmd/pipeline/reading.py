@@ -128,10 +128,24 @@ def _check_size(size: int, limits: Limits, explicit: bool) -> None:
         raise LimitError(f"file is {size} bytes; the limit is {most} ({which})", details)
 
 
-def read_header(path: Path, limits: Limits) -> tuple[Header, int]:
+@dataclass(frozen=True)
+class Head:
+    """What the first read of a job's file found: its header, its size, and the whole file when that read
+    took all of it (a small file, then read once: :func:`read_input` is given it)."""
+
+    header: Header
+    size: int
+    whole: bytes | None = None
+
+
+#: The first read of a file: the header's window (and a BOM). A file no bigger is read whole by it.
+_FIRST_READ = textcore.HEADER_WINDOW + len(textcore.BOM)
+
+
+def read_header(path: Path, limits: Limits) -> Head:
     """The header of the file at ``path`` from its first bytes, and the file's size.
 
-    Nothing else of the file is read. A file that is not a regular one or
+    Nothing else of a big file is read. A file that is not a regular one or
     is over ``max_file_bytes`` is refused here; :func:`check_header` with
     the size then refuses one whose size cannot match its header or that
     the memory limit cannot take, still unread (the job's error sidecar can
@@ -140,10 +154,10 @@ def read_header(path: Path, limits: Limits) -> tuple[Header, int]:
     fd = _open(path)
     try:
         size = _checked_size(fd, path, limits, derived=False)
-        head = os.pread(fd, textcore.HEADER_WINDOW + len(textcore.BOM), 0)
+        head = os.pread(fd, _FIRST_READ, 0)
     finally:
         os.close(fd)
-    return textcore.parse_header(head, size=size), size
+    return Head(textcore.parse_header(head, size=size), size, head if len(head) < _FIRST_READ else None)
 
 
 def read_input(
@@ -151,6 +165,7 @@ def read_input(
     limits: Limits,
     into: Callable[[int], np.ndarray] | None = None,
     hasher: StreamHash | None = None,
+    head: Head | None = None,
 ) -> bytes | memoryview:
     """Read a job's bytes without following a symlink; refuse non-files and oversize files.
 
@@ -160,24 +175,37 @@ def read_input(
     ``into``, a function giving a writable uint8 array of at least the size
     asked for (a backend's page-locked memory), the file is read into that
     and a memoryview of it returned. ``hasher`` is given the bytes as they
-    come (its sha256 runs beside the read and what follows).
+    come (its sha256 runs beside the read and what follows). ``head``: what
+    :func:`read_header` found; a file it read whole is not read again.
     """
-    fd = _open(path)
-    try:
-        size = _checked_size(fd, path, limits)
-        # A file still growing must not make mmd read without bound.
+    if head is not None and head.whole is not None:
+        size = head.size
+        _check_size(size, limits, explicit=False)
         cap = limits.max_file_bytes if limits.max_file_bytes is not None else size + GROWTH_SLACK
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            if into is not None and size:
-                data = _read_into(fh, size, into, cap, hasher)
-            else:
-                first = fh.read(size)
-                rest = _read_growth(fh, cap - len(first))
-                data = first + rest if rest else first
-                if hasher is not None and len(data) <= cap:
-                    hasher.update(data)
-    finally:
-        os.close(fd)
+        data: bytes | memoryview = head.whole
+        if into is not None and data and len(data) <= cap:
+            view = memoryview(into(len(data)).data).cast("B")[: len(data)]
+            view[:] = data
+            data = view
+        if hasher is not None and len(data) <= cap:
+            hasher.update(data)
+    else:
+        fd = _open(path)
+        try:
+            size = _checked_size(fd, path, limits)
+            # A file still growing must not make mmd read without bound.
+            cap = limits.max_file_bytes if limits.max_file_bytes is not None else size + GROWTH_SLACK
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                if into is not None and size:
+                    data = _read_into(fh, size, into, cap, hasher)
+                else:
+                    first = fh.read(size)
+                    rest = _read_growth(fh, cap - len(first))
+                    data = first + rest if rest else first
+                    if hasher is not None and len(data) <= cap:
+                        hasher.update(data)
+        finally:
+            os.close(fd)
     if len(data) > cap:
         raise LimitError(
             f"{path.name} grew past {cap} bytes while being read (it was {size} bytes when opened)",

@@ -49,7 +49,6 @@ from .names import (
     names_of,
     output_path,
     parse_work_folder,
-    resolve_output,
     safe_name,
     shown,
     work_folder_name,
@@ -199,7 +198,7 @@ def spare_folder_pid(name: str) -> int | None:
 
 class Reserve(Protocol):
     """Reserves the first free output version of a stem for a job: (version, names in the way, reservation);
-    ``looked``: the version and names :func:`~mmd.spool.names.resolve_output` gave a moment ago, tried first."""
+    ``looked``: a version to try first (and the names in the way of earlier ones), without looking first."""
 
     def __call__(
         self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
@@ -248,8 +247,10 @@ class Claims:
                 return None
             except OSError as exc:
                 raise SpoolError(f"cannot claim {shown(name)}: {strerror(exc)}") from None
-        looked_in = shared.output_folder(owner)
-        guess, collided = resolve_output(looked_in, stem)
+        # The plain output name is free for nearly every job: its folder is named for it, and the
+        # reservation decides (a version taken moves the folder on, below).
+        guess = 0
+        collided: list[str] = []
         job_id = new_id() if job_id is None else job_id
         self.hand.expect(job_id)  # in hand before its reservation can exist: a sweep never takes it for stale
         try:
@@ -281,9 +282,7 @@ class Claims:
                 owner = shared.ops.lstat(dst).st_uid
         version, reservation, unreserved = guess, None, None
         try:
-            # The guess is tried first where it was looked for (the owner, so the folder, may have changed)
-            looked = (guess, collided) if shared.output_folder(owner) == looked_in else None
-            version, collided, reservation = self.reserve(stem, job_id, owner, looked)
+            version, collided, reservation = self.reserve(stem, job_id, owner, (guess, collided))
         except SpoolError as exc:
             unreserved = exc.reason
         if version != guess:

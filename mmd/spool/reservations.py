@@ -106,10 +106,10 @@ class Reservations:
         when another job made it first, the next version is tried. After
         taking it the version's own names are looked at again: a job that held
         it a moment ago commits its output before it drops its reservation.
-        ``looked``: what :func:`~mmd.spool.names.resolve_output` said a moment
-        ago (the claim's guess), tried first without looking again (that look
-        after taking it is what decides). Raises SpoolError when the outbox
-        refuses it.
+        ``looked``: a version to try first and the names in the way of earlier
+        ones (the claim's guess, the plain name), taken without looking first
+        (the look after taking it is what decides). Raises SpoolError when the
+        outbox refuses it.
         """
         outbox = self.shared.make_output_folder(owner)
         start, collided = 0, []
