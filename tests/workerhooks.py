@@ -111,8 +111,8 @@ def faulty_cpu() -> None:
 
 def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = None) -> None:
     """Every backend a worker opens is the CUDA backend on a fake GPU (tests/fakes.py); products whose A is
-    ``fault_shape``² fault in the kernel; the session's step ``fail_at`` fails. Opening and closing a session
-    append ``open|close <device> <pid>`` to ``log``."""
+    ``fault_shape``² fault in the kernel; the session's step ``fail_at`` fails. Opening and closing a session,
+    and its warm-up's keeping of device memory, append ``open|keep|close <device> <pid>`` to ``log``."""
     from mmd import backends
 
     from .fakes import FakeSession, fake_gpu_opener
@@ -134,7 +134,15 @@ def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = No
             fh.write(f"close {self.device} {os.getpid()}\n")
         real_close(self)
 
+    real_keep = FakeSession.keep_device_memory
+
+    def keep(self: Any, *args: Any, **kw: Any) -> None:
+        with open(log, "a") as fh:
+            fh.write(f"keep {self.device} {os.getpid()}\n")
+        real_keep(self, *args, **kw)
+
     FakeSession.close = close  # type: ignore[method-assign]
+    FakeSession.keep_device_memory = keep  # type: ignore[method-assign]
     backends.open_backend = open_backend
 
 

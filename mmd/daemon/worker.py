@@ -126,17 +126,29 @@ class Runner:
         self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
         self._pending: list[_Pending] = []
         self._usage: dict[Path, tuple[int, float]] = {}  # a submitter's folder: (bytes, when looked)
+        #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
+        #: the worker's start, or it would run without its kept buffers and device memory for good.
+        self._rewarm = False
 
     # -- backends --
     def backend(self, settings: Settings) -> Backend:
         """The backend ``settings`` ask for, opened once in this process and kept."""
-        return self.backends.get(settings)
+        backend = self.backends.get(settings)
+        if self._rewarm:
+            self._rewarm = False
+            _prepare(backend, settings)
+        return backend
+
+    def _reopen(self) -> None:
+        """Close this worker's backends; the next job opens (and warms up) a fresh one."""
+        self.backends.close()
+        self._rewarm = True
 
     def configure(self, order: Configure) -> None:
         self.flush()
         self.settings = order.settings
         if order.reopen:
-            self.backends.close()
+            self._reopen()
 
     # -- orders --
     def process(self, order: Run | Resume, more_waiting: bool = False) -> None:
@@ -258,7 +270,7 @@ class Runner:
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
             log.warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
-            self.backends.close()
+            self._reopen()
         if staged is not None:
             self._pending.append(_Pending(seq, claim, job, result, staged, log))
             if len(self._pending) >= MAX_GROUP:
