@@ -327,10 +327,7 @@ def test_the_cuda_backend_gives_adopted_memory_to_its_session_and_the_cpu_frees_
 
 # -- a worker's device cache: small jobs keep their device memory for the next (mmd.cuda.memory.DeviceCache) --
 
-CACHE_NOTE = (
-    "device memory from this worker's cache: malloc reused {} of 3 matrices, free kept {} of 3 for the next job; "
-    "those time the cache, not cuMemAlloc and cuMemFree"
-)
+CACHE_NOTE = "malloc/free timed the device cache, not cuMemAlloc (reused {}/3, kept {}/3)"
 
 
 def test_without_prepare_every_job_allocates_and_frees_its_own_device_memory():
@@ -356,6 +353,19 @@ def test_a_prepared_backend_reuses_small_jobs_device_memory_and_says_so():
     assert session.device_cache.held_bytes == 3 * 4096
     backend.close()
     assert session.live_blocks == {}
+
+
+def test_the_cache_note_leaves_the_sidecar_to_mmd_s_own_writer():
+    """The note is on every small GPU job's sidecar: a note PyYAML must write (a long line, a quote, ": ") sent
+    the whole sidecar through PyYAML, a quarter of such a job's Python on the H200 box."""
+    from mmd import record
+
+    backend, _session = backend_with()
+    backend.prepare(0)
+    a, b = operands(32, 32, 32)
+    notes = [backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes[0] for _ in range(2)]
+    for note in notes:
+        assert record._plain_yaml({"notes": [note]}) == f"notes:\n- {note}\n"
 
 
 def test_a_reused_block_holds_the_last_job_s_values_and_the_next_job_overwrites_them():

@@ -397,15 +397,15 @@ class CudaBackend(Backend, DeviceText):
 
 def _cache_note(held: list[DeviceMatrix]) -> str | None:
     """The sidecar's note for a job some of whose matrices the session's cache served (else None): malloc and
-    free then time the cache, not cuMemAlloc and cuMemFree, and a student reading them must know."""
+    free then time the cache, not cuMemAlloc and cuMemFree, and a student reading them must know.
+
+    Worded to fit one line of the sidecar that mmd.record writes itself (it is on every small GPU job; a
+    longer one, or one with a quote or ": ", sent the whole sidecar through PyYAML)."""
     kept = sum(matrix.cached for matrix in held)
     if not kept:
         return None
     reused = sum(matrix.reused for matrix in held)
-    return (
-        f"device memory from this worker's cache: malloc reused {reused} of {len(held)} matrices, free kept "
-        f"{kept} of {len(held)} for the next job; those time the cache, not cuMemAlloc and cuMemFree"
-    )
+    return f"malloc/free timed the device cache, not cuMemAlloc (reused {reused}/{len(held)}, kept {kept}/{len(held)})"
 
 
 def _tf32(spec: registry.KernelSpec) -> bool:
