@@ -226,9 +226,9 @@ def test_a_worker_s_device_cache_stays_within_its_cap_and_close_frees_it(cuda_ba
             kernel = ("tiled", "cublas", "fast")[job % 3]
             product = backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16))
             assert_close(product.c, a, b, f"{kernel} {size_id(size)} from the cache", registry.get(kernel).precision)
-            assert len(product.notes) == 1 and "this worker's cache" in product.notes[0]
+            assert len(product.notes) == 1 and "timed the device cache" in product.notes[0]
             assert backend.session.cached_device_bytes() <= DEVICE_CACHE_CAP_BYTES
-        assert "malloc reused 3 of 3 matrices" in product.notes[0]
+        assert "(reused 3/3, kept 3/3)" in product.notes[0]
     finally:
         backend.close()
     lost = free_before - cuda_backend.session.mem_info()[0]
