@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -508,3 +509,52 @@ def test_a_graded_students_sidecar_names_a_kernel_as_a_claim_and_is_never_follow
     shown = json.dumps(reports.run_dict(run))
     for text in (table, shown):
         assert "\x1b" not in text and "do-not-print-me" not in text
+
+
+def test_the_spares_a_worker_keeps_in_a_students_folder_are_out_of_that_students_reach(box, students):
+    """An idle worker keeps its next output's and sidecar's temporaries, empty, in the folder of its last job's
+    output (mmd.atomic.Spares): in class mode a student's own folder. The student may see them, but can
+    neither write into them, replace them by a link, nor remove them; their next job's output is theirs,
+    right to the byte, and a classmate's job goes to the classmate's folder."""
+    import numpy as np
+
+    from mmd import textformat
+
+    alice, bob = students
+    env = {**os.environ, "MMD_INBOX": str(box.inbox), "MMD_OUTBOX": str(box.outbox), "MMD_STATE_DIR": str(box.state),
+           "MMD_CLASS_MODE": "true", "MMD_BACKEND": "cpu", "MMD_DEVICES": "0", "MMD_QUIET_SECONDS": "0.05"}  # fmt: skip
+    mine = box.outbox / alice.login
+    with open(box.root / "daemon.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mmd", "serve"], env=env, stdout=log, stderr=log)
+    try:
+        alice.drop(box.inbox, "hw1.txt", small_input(21))
+        wait_for(lambda: (mine / "hw1.timing.yaml").exists(), 30, "alice's first job")
+
+        def spares() -> list[str]:  # the commit's two, and a released reservation kept for the next claim
+            return sorted(p.name for p in mine.iterdir() if ".spare" in p.name)
+
+        wait_for(lambda: {n.split(".")[3] for n in spares() if n.startswith("..spare.")} >= {"out", "timing"}, 30,
+                 "the output's and the sidecar's spares")  # fmt: skip
+        for spare in spares():
+            before = (mine / spare).read_bytes()
+            for script in ('printf x > "$1/$2"', 'ln -sf /etc/passwd "$1/$2"', 'rm -f "$1/$2"', 'mv "$1/$2" "$1/x"'):
+                r = alice.run(script, str(mine), spare, check=False)
+                assert r.returncode != 0, (script, spare)
+            assert not (mine / spare).is_symlink() and (mine / spare).read_bytes() == before
+        text = small_input(22)
+        alice.drop(box.inbox, "hw2.txt", text)
+        wait_for(lambda: (mine / "hw2.timing.yaml").exists(), 30, "alice's second job")
+        mats = textformat.parse(text.encode())
+        want = textformat.format_reference(mats.a.astype(np.float64) @ mats.b.astype(np.float64))
+        assert (mine / "hw2.out").read_bytes() == want
+        assert alice.run('cat "$1/hw2.out"', str(mine)).stdout.encode() == want
+        theirs = small_input(23)
+        bob.drop(box.inbox, "hw1.txt", theirs)
+        wait_for(lambda: (box.outbox / bob.login / "hw1.timing.yaml").exists(), 30, "bob's job")
+        mats = textformat.parse(theirs.encode())
+        want = textformat.format_reference(mats.a.astype(np.float64) @ mats.b.astype(np.float64))
+        assert (box.outbox / bob.login / "hw1.out").read_bytes() == want
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, (box.root / "daemon.log").read_text()[-3000:]
+    assert [p.name for p in mine.iterdir() if ".spare" in p.name] == [], "a stopped daemon leaves no spare behind"
