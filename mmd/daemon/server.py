@@ -427,6 +427,9 @@ class Daemon:
             if not hint.reply.done():  # the asker may have given up waiting
                 hint.reply.set_result(self.desk.answer(hint))
         elif isinstance(hint, StopRequested):
+            # At once, before anything is said: a worker that ends its job from here on claims no name it was
+            # given (a job in hand finishing just after the log line would otherwise start the next).
+            self.workers.hold_new(True)
             if self._stopping is None:
                 self.log.info("stopping after the jobs in hand", signal=hint.signal)
             self._stopping = hint.signal
