@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
+import threading
 
 import pytest
 from watchdog.events import DirDeletedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent
 
 from mmd.daemon.messages import Arrived, InboxChanged, Overflowed, Writing
-from mmd.daemon.observer import Arrivals, Hints, make_observer
+from mmd.daemon.observer import Hints, InboxWatch, hint_of, make_observer
 from mmd.logs import get_logger
 
 from .conftest import wait_for
@@ -20,27 +20,50 @@ def drained(hints: list) -> list:
     return out
 
 
-def _event(mask: int, name: str = ""):
-    from watchdog.observers.inotify_c import InotifyEvent
-
-    return InotifyEvent(1, mask, 0, os.fsencode(name))
-
-
 def test_inotify_events_become_hints():
-    from watchdog.observers.inotify_c import InotifyConstants as K
+    from inotify_simple import flags as K
 
-    hints: list = []
-    arrivals = Arrivals(hints.append)
-    arrivals.on_event(_event(K.IN_CLOSE_WRITE, "a.txt"))
-    arrivals.on_event(_event(K.IN_MOVED_TO, "b.txt"))  # renamed in: whole
-    arrivals.on_event(_event(K.IN_MODIFY, "c.txt"))  # being written: taken at its close
-    arrivals.on_event(_event(K.IN_CLOSE_WRITE, ".hidden"))  # not a job name
-    arrivals.on_event(_event(K.IN_CLOSE_WRITE, "e.tmp"))
-    arrivals.on_event(_event(K.IN_MOVED_TO | K.IN_ISDIR, "sub"))  # a folder
-    arrivals.on_event(_event(K.IN_DELETE_SELF))
-    arrivals.on_queue_overflow()
-    assert drained(hints) == [Arrived("a.txt", True), Arrived("b.txt", True), Writing("c.txt"), InboxChanged(),
-                              Overflowed()]  # fmt: skip
+    events = [
+        (K.CLOSE_WRITE, "a.txt"),
+        (K.MOVED_TO, "b.txt"),  # renamed in: whole
+        (K.MODIFY, "c.txt"),  # being written: taken at its close
+        (K.CLOSE_WRITE, ".hidden"),  # not a job name
+        (K.CLOSE_WRITE, "e.tmp"),
+        (K.MOVED_TO | K.ISDIR, "sub"),  # a folder
+        (K.CLOSE_NOWRITE, "f.txt"),  # not asked for: nothing
+        (K.DELETE_SELF, ""),
+        (K.IGNORED, ""),  # the watch ended (the inbox deleted or unmounted)
+        (K.Q_OVERFLOW, ""),
+    ]
+    hints = [h for mask, name in events if (h := hint_of(mask, name)) is not None]
+    assert hints == [Arrived("a.txt", True), Arrived("b.txt", True), Writing("c.txt"), InboxChanged(),
+                     InboxChanged(), Overflowed()]  # fmt: skip
+
+
+def test_the_inotify_watch_is_read_by_whoever_waits_on_it(tmp_path):
+    """The main loop waits on the watch's descriptor and takes its hints itself: no thread runs for it."""
+    from multiprocessing.connection import wait
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    threads = threading.active_count()
+    watch = InboxWatch(inbox)
+    try:
+        assert threading.active_count() == threads
+        assert watch.take() == [] and wait(watch.waitables(), timeout=0) == []
+        (tmp_path / "m.src").write_text("1\n")
+        (tmp_path / "m.src").rename(inbox / "m.txt")
+        assert wait(watch.waitables(), timeout=5)
+        assert watch.take() == [Arrived("m.txt", True)]
+        assert watch.take() == []
+        (inbox / "m.txt").unlink()
+        inbox.rmdir()
+        assert wait(watch.waitables(), timeout=5)
+        assert InboxChanged() in watch.take()
+    finally:
+        watch.stop()
+        watch.join(1)
+    assert watch.take() == []  # stopped: nothing more, no error
 
 
 def test_polling_events_become_hints(tmp_path):
@@ -72,7 +95,7 @@ def test_a_real_observer_reports_a_closed_file_and_a_rename_in(tmp_path, kind):
         seen: set = set()
 
         def both() -> bool:
-            seen.update(hint.name for hint in drained(hints))
+            seen.update(hint.name for hint in drained(hints) + observer.take())  # polling posts, inotify is read
             return {"w.txt", "m.txt"} <= seen
 
         wait_for(both, 10, f"{kind} events")

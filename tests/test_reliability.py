@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from mmd import config, daemon, record, spool
+from mmd.daemon import observer
 
 from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, run_mmd
@@ -124,7 +125,7 @@ def test_burst_of_2000_files_none_lost(tmp_path, served):
 def test_lost_events_are_found_by_the_periodic_rescan(tmp_path, monkeypatch):
     """Every event dropped (as on an inotify queue overflow the kernel could not even report): events are
     hints, so the periodic rescan finds every file, one rescan period late at most."""
-    monkeypatch.setattr(daemon.Arrivals, "on_event", lambda self, event: None)  # every event lost
+    monkeypatch.setattr(observer, "hint_of", lambda mask, name: None)  # every event lost
     monkeypatch.setattr(daemon.Hints, "dispatch", lambda self, event: None)
     inputs = {}
 
@@ -143,7 +144,7 @@ def test_lost_events_are_found_by_the_periodic_rescan(tmp_path, monkeypatch):
 def test_an_inotify_queue_overflow_scans_the_inbox_at_once(tmp_path, monkeypatch):
     """Each event is lost to an overflow the kernel reports (IN_Q_OVERFLOW): the inbox is scanned at once,
     not an hour later at the periodic rescan."""
-    monkeypatch.setattr(daemon.Arrivals, "on_event", lambda self, event: self.on_queue_overflow())
+    monkeypatch.setattr(observer, "hint_of", lambda mask, name: daemon.messages.Overflowed())
     inputs = {}
 
     def act(d: daemon.Daemon) -> None:

@@ -21,7 +21,7 @@ The names below are the package's public face; import them from here.
 from .common import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STUCK_AFTER, UMASK_BITS
 from .control import Control
 from .lock import SpoolLock, host_daemons, lock_holder
-from .observer import Arrivals, Hints, make_observer
+from .observer import Hints, InboxWatch, hint_of, make_observer
 from .scheduler import Item, Load, Scheduler
 from .server import Daemon
 from .state import State, read_state, status_of
@@ -34,10 +34,10 @@ __all__ = [
     "RECENT_JOBS",
     "STUCK_AFTER",
     "UMASK_BITS",
-    "Arrivals",
     "Control",
     "Daemon",
     "Hints",
+    "InboxWatch",
     "Item",
     "Load",
     "Reporter",
@@ -47,6 +47,7 @@ __all__ = [
     "State",
     "host_daemons",
     "lock_holder",
+    "hint_of",
     "make_observer",
     "read_state",
     "status_of",

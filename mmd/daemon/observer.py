@@ -1,13 +1,13 @@
 """The observer: filesystem events become hints (events are hints, never the truth).
 
-On Linux the inbox's inotify events are read by a thread of watchdog's own
-(``InotifyFD``, constructed directly, with this module's callback): each
-event becomes a hint on that thread, one hand-off from the kernel to the
-daemon's mailbox. watchdog's observer and emitter (three threads and two
-queues between the kernel and a handler, 0.2 ms more per arrival on the
-project's VM) are used for polling only. The kernel is asked for just what
-marks an arrival. The periodic rescan (``rescan_seconds``) finds whatever
-the events miss; an inotify queue overflow asks for one at once.
+On Linux the inbox's inotify descriptor is read by the main loop itself: it
+waits on it together with its mailbox and the workers' pipes, so a file
+renamed into the inbox reaches the scheduler with no hand-off between
+threads. The kernel is asked for just what marks an arrival. watchdog's
+polling observer (a thread of its own, which posts its hints to the
+mailbox) is used where inotify cannot be. The periodic rescan
+(``rescan_seconds``) finds whatever the events miss; an inotify queue
+overflow asks for one at once.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from inotify_simple import INotify, flags
 from watchdog.events import (
     DirDeletedEvent,
     FileClosedEvent,
@@ -45,68 +46,101 @@ class Watcher(Protocol):
     """What watches the inbox, for the main loop: stopped and joined when the daemon stops or the inbox is made
     again."""
 
+    def waitables(self) -> list[Any]:
+        """What the main loop waits on for this watcher's events (none: it posts them to the mailbox)."""
+        ...
+
+    def take(self) -> list[Hint]:
+        """The hints that arrived since the last call, without waiting."""
+        ...
+
     def stop(self) -> None: ...
 
     def join(self, timeout: float | None = None) -> None: ...
 
 
-class Arrivals:
-    """The inbox's inotify events as hints, given on watchdog's ``InotifyFD`` thread (its ``WatchCallback``).
+#: What the inbox's watch asks the kernel for: writes, close-after-write, renames in and the inbox's deletion.
+#: IN_MOVED_FROM is not asked for: every claim is a rename out of the inbox.
+WATCH_MASK = flags.MODIFY | flags.CLOSE_WRITE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR | flags.DONT_FOLLOW
+_GONE = flags.DELETE_SELF | flags.UNMOUNT | flags.IGNORED
+_COMPLETE = flags.CLOSE_WRITE | flags.MOVED_TO
 
-    The kernel is asked for writes, close-after-write, renames in and the
-    inbox's deletion (:func:`watch_inbox`). A file closed after writing or
-    renamed in is complete; a write (IN_MODIFY) marks a file as being
-    written: a writer that pauses with the file open (scp over a slow link)
-    is then waited for until its close, not taken by a rescan that finds it
-    quiet for a moment. IN_MOVED_FROM is not asked for: every claim is a
-    rename out of the inbox.
+
+def hint_of(mask: int, name: str) -> Hint | None:
+    """The hint one inotify event of the inbox's watch gives (None: nothing to do).
+
+    A file closed after writing or renamed in is complete; a write
+    (IN_MODIFY) marks a file as being written: a writer that pauses with the
+    file open (scp over a slow link) is then waited for until its close, not
+    taken by a rescan that finds it quiet for a moment. The inbox deleted or
+    unmounted (the watch then ends: IN_IGNORED) is :class:`InboxChanged`.
     """
-
-    def __init__(self, hints: Callable[[Hint], None]) -> None:
-        self.hints = hints
-
-    def on_event(self, event: Any) -> None:
-        if event.is_delete_self:
-            self.hints(InboxChanged())
-            return
-        if event.is_directory or not event.name:
-            return
-        name = os.fsdecode(event.name)
-        if not is_job_name(name):
-            return
-        if event.is_close_write or event.is_moved_to:
-            self.hints(Arrived(name, True))  # a rename is atomic, a close after writing ends the write
-        elif event.is_modify:
-            self.hints(Writing(name))
-
-    def on_watch_deleted(self, wd: Any) -> None:
-        self.hints(InboxChanged())  # the inbox was deleted or its filesystem unmounted
-
-    def on_queue_overflow(self) -> None:
-        self.hints(Overflowed())
+    if mask & flags.Q_OVERFLOW:
+        return Overflowed()
+    if mask & _GONE:
+        return InboxChanged()
+    if mask & flags.ISDIR or not name or not is_job_name(name):
+        return None
+    if mask & _COMPLETE:
+        return Arrived(name, True)  # a rename is atomic, a close after writing ends the write
+    if mask & flags.MODIFY:
+        return Writing(name)
+    return None
 
 
 class InboxWatch:
-    """An inotify watch on the inbox, read by a thread of watchdog's ``InotifyFD``: stop and join it."""
+    """An inotify watch on the inbox whose descriptor the main loop waits on and reads (``inotify_simple``: a
+    descriptor and a parser, no thread of its own, which is what lets the loop skip a hand-off)."""
 
-    def __init__(self, inbox: Path, hints: Callable[[Hint], None]) -> None:
-        from watchdog.observers.inotify_c import CallbackId, InotifyConstants, InotifyFD, Mask
-
-        k = InotifyConstants
-        mask = k.IN_DELETE_SELF | k.IN_MODIFY | k.IN_CLOSE_WRITE | k.IN_MOVED_TO | k.IN_DONT_FOLLOW | k.IN_ONLYDIR
-        self._fd = InotifyFD()  # a reader of its own, not watchdog's shared one
+    def __init__(self, inbox: Path) -> None:
+        self._fd = INotify(nonblocking=True)
         try:
-            self._fd.add_callback(os.fsencode(inbox), Mask(mask), Arrivals(hints), CallbackId(0))
+            self._fd.add_watch(inbox, WATCH_MASK)
         except BaseException:
             self._fd.close()
             raise
-        self._fd.start()
+
+    def waitables(self) -> list[Any]:
+        return [self._fd]
+
+    def take(self) -> list[Hint]:
+        if self._fd.closed:
+            return []
+        hints = []
+        for event in self._fd.read(timeout=0):
+            hint = hint_of(event.mask, event.name)
+            if hint is not None:
+                hints.append(hint)
+        return hints
 
     def stop(self) -> None:
-        self._fd.stop()
+        self._fd.close()
 
     def join(self, timeout: float | None = None) -> None:
-        self._fd.join(timeout)
+        pass  # nothing runs on its own
+
+
+class Polling:
+    """watchdog's polling observer, whose thread posts its hints to the mailbox."""
+
+    def __init__(self, inbox: Path, hints: Callable[[Hint], None], poll_seconds: float) -> None:
+        from watchdog.observers.polling import PollingObserver
+
+        self._observer = PollingObserver(timeout=poll_seconds)
+        self._observer.schedule(Hints(inbox, hints), str(inbox), event_filter=_EVENTS)
+        self._observer.start()
+
+    def waitables(self) -> list[Any]:
+        return []
+
+    def take(self) -> list[Hint]:
+        return []
+
+    def stop(self) -> None:
+        self._observer.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._observer.join(timeout)
 
 
 def make_observer(
@@ -120,17 +154,12 @@ def make_observer(
     """
     if kind in ("auto", "inotify"):
         try:
-            return InboxWatch(inbox, hints), "inotify"
+            return InboxWatch(inbox), "inotify"
         except (OSError, ImportError) as exc:
             if kind == "inotify":
                 raise SpoolError(f"inotify is not available here ({exc}); use observer: polling") from None
             log.warning("inotify is not available; falling back to polling", reason=str(exc))
-    from watchdog.observers.polling import PollingObserver
-
-    polling = PollingObserver(timeout=poll_seconds)
-    polling.schedule(Hints(inbox, hints), str(inbox), event_filter=_EVENTS)
-    polling.start()
-    return polling, "polling"
+    return Polling(inbox, hints, poll_seconds), "polling"
 
 
 class Hints(FileSystemEventHandler):

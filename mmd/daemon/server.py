@@ -3,16 +3,17 @@
 Processes and threads:
 
 * the **main process** (:meth:`Daemon.serve`) owns the schedule. Its one
-  loop waits on its :class:`~.mailbox.Mailbox` (hints from the observer and
-  the signal handlers) and on every worker's pipe at once; it decides when a
+  loop waits on the inbox's inotify descriptor, its :class:`~.mailbox.Mailbox`
+  (hints from the signal handlers, the local socket and a polling observer)
+  and every worker's pipe at once; it decides when a
   file is complete (:class:`mmd.spool.Readiness`), rescans the inbox every
   ``rescan_seconds`` (events are only hints: inotify drops them on
   overflow), asks the :class:`~.scheduler.Scheduler` which job goes to
   which worker, and ends a job past its time limit by ending its worker. It
   keeps the state file, the metrics and the hooks. It opens no backend.
-* the **observer** (:mod:`.observer`: a thread of watchdog's that reads the
-  inbox's inotify events, or watchdog's polling observer) turns filesystem
-  events into hints;
+* the **observer** (:mod:`.observer`) turns filesystem events into hints:
+  the inbox's inotify descriptor, read by the main loop itself, or
+  watchdog's polling observer, a thread that posts to the mailbox;
 * the **workers** (:mod:`.worker`, one process each, :mod:`.pool`) claim,
   run and archive the jobs they are given, each with its own backend (its
   own CUDA context), and report each job's end. A job never kills the
@@ -681,8 +682,13 @@ class Daemon:
                 if due is not None:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
-            readable: list[Any] = [*self.workers.conns(), self.mailbox]  # the mailbox is readable as a descriptor
+            watcher = self._observer
+            # The mailbox is readable as a descriptor; so is the inbox's inotify watch, read here, not by a thread.
+            readable: list[Any] = [*self.workers.conns(), self.mailbox, *(watcher.waitables() if watcher else ())]
             ready = wait(readable, timeout=max(0.0, min(waits)))
+            if watcher is not None:
+                for hint in watcher.take():
+                    self._handle(hint)
             for w, event, order in self.workers.events(ready):
                 self._on_event(w, event, order)
             for hint in self.mailbox.take():
