@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from inotify_simple import INotify, flags
+from inotify_simple import INotify, flags, parse_events
 from watchdog.events import (
     DirDeletedEvent,
     FileClosedEvent,
@@ -64,6 +64,8 @@ class Watcher(Protocol):
 WATCH_MASK = flags.MODIFY | flags.CLOSE_WRITE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR | flags.DONT_FOLLOW
 _GONE = flags.DELETE_SELF | flags.UNMOUNT | flags.IGNORED
 _COMPLETE = flags.CLOSE_WRITE | flags.MOVED_TO
+#: One read's worth of events (the kernel returns whole events only; what does not fit is read next turn).
+_READ_SIZE = 64 * 1024
 
 
 def hint_of(mask: int, name: str) -> Hint | None:
@@ -106,8 +108,12 @@ class InboxWatch:
     def take(self) -> list[Hint]:
         if self._fd.closed:
             return []
+        try:  # read at once (the descriptor does not block), not after asking how much is there
+            data = os.read(self._fd.fileno(), _READ_SIZE)
+        except BlockingIOError:
+            return []
         hints = []
-        for event in self._fd.read(timeout=0):
+        for event in parse_events(data):
             hint = hint_of(event.mask, event.name)
             if hint is not None:
                 hints.append(hint)

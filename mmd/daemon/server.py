@@ -219,6 +219,9 @@ class Daemon:
         return self._lock.fds() if self._lock is not None else []
 
     def _dispatch(self) -> None:
+        if not self.scheduler.waiting:
+            self.state.update(queue=0)
+            return
         if self.paused() or self._stopping is not None:
             return
         for index, item in self.scheduler.assign(self.workers.loads(), time.monotonic()):
@@ -687,8 +690,11 @@ class Daemon:
             readable: list[Any] = [*self.workers.conns(), self.mailbox, *(watcher.waitables() if watcher else ())]
             ready = wait(readable, timeout=max(0.0, min(waits)))
             if watcher is not None:
-                for hint in watcher.take():
+                arrived = watcher.take()
+                for hint in arrived:
                     self._handle(hint)
+                if arrived:
+                    self._dispatch()  # a lone arrival's order goes out before the rest of the turn
             for w, event, order in self.workers.events(ready):
                 self._on_event(w, event, order)
             for hint in self.mailbox.take():
