@@ -21,3 +21,33 @@ def test_the_mailbox_wakes_once_for_a_burst_and_again_after_each_take():
         assert [h.name for h in box.take()] == ["late"]
     finally:
         box.close()
+
+
+def test_the_loops_wait_follows_its_objects_as_they_change():
+    """Objects stay registered between waits; a closed one replaced by a new one (a worker's pipe, the
+    inbox's watch made again, which may get the same descriptor number) is waited on instead."""
+    from multiprocessing import Pipe
+
+    from mmd.daemon.mailbox import Mailbox, Waits
+    from mmd.daemon.messages import Arrived
+
+    waits = Waits()
+    box = Mailbox()
+    a_recv, a_send = Pipe(duplex=False)
+    try:
+        assert waits.wait([box, a_recv], 0) == []
+        a_send.send("x")
+        assert waits.wait([box, a_recv], 0) == [a_recv]
+        a_recv.close()
+        a_send.close()
+        b_recv, b_send = Pipe(duplex=False)  # likely the closed pipe's descriptor numbers
+        b_send.send("y")
+        assert waits.wait([box, b_recv], 1) == [b_recv]
+        assert b_recv.recv() == "y" and waits.wait([box, b_recv], 0) == []
+        box.post(Arrived("n", True))
+        assert waits.wait([box, b_recv], 1) == [box]
+        b_recv.close()
+        b_send.close()
+    finally:
+        box.close()
+        waits.close()

@@ -1,4 +1,5 @@
-"""The main loop's mailbox: hints from other threads and signal handlers, and a descriptor that wakes its wait.
+"""The main loop's mailbox: hints from other threads and signal handlers, and a descriptor that wakes its wait;
+and the wait itself (:class:`Waits`).
 
 The main loop waits on the workers' pipes and on this mailbox at once
 (``multiprocessing.connection.wait``), so a hint must be readable as a
@@ -12,6 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import selectors
+from collections.abc import Sequence
+from typing import Any
 
 from .messages import Hint
 
@@ -55,3 +59,35 @@ class Mailbox:
         for fd in (self._read, self._write):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class Waits:
+    """The main loop's wait for any of several readable objects (pipes, the mailbox, the inbox's watch).
+
+    One selector, filled again only when the objects change (a worker replaced, the watch remade):
+    ``multiprocessing.connection.wait`` makes and fills a new selector on every call, which is on the
+    way from a file's arrival to its order. A poll selector, not epoll: it keeps no kernel state that
+    a closed and reused descriptor could confuse.
+    """
+
+    def __init__(self) -> None:
+        self._selector = selectors.PollSelector()
+        self._objects: tuple[Any, ...] = ()
+        self._fds: list[int] = []  # as registered: an object closed since cannot say its descriptor
+
+    def wait(self, objects: Sequence[Any], timeout: float) -> list[Any]:
+        """Those of ``objects`` (each with ``fileno()``) that are readable, waiting up to ``timeout`` seconds."""
+        objects = tuple(objects)
+        if objects != self._objects:
+            fds = [obj.fileno() for obj in objects]  # first: a closed object raises with nothing changed
+            for fd in self._fds:
+                self._selector.unregister(fd)
+            self._fds, self._objects = [], ()
+            for fd, obj in zip(fds, objects, strict=True):
+                self._selector.register(fd, selectors.EVENT_READ, obj)
+                self._fds.append(fd)
+            self._objects = objects
+        return [key.data for key, _ in self._selector.select(timeout)]
+
+    def close(self) -> None:
+        self._selector.close()

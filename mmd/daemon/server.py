@@ -56,7 +56,7 @@ from .control import Running
 from .desk import Desk
 from .local import LocalSocket
 from .lock import SpoolLock, lock_holder
-from .mailbox import Mailbox
+from .mailbox import Mailbox, Waits
 from .messages import (
     Arrived,
     Asked,
@@ -106,6 +106,7 @@ class Daemon:
         self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops, state_dir=settings.state_dir,
                            class_mode=settings.class_mode, graders=graders_gids(settings))  # fmt: skip
         self.mailbox = Mailbox()
+        self._waits = Waits()
         self.state = State(
             self.spool.private / state_name(self.host_id),
             inbox=str(settings.inbox.resolve()),
@@ -628,6 +629,7 @@ class Daemon:
                 signal.signal(sig, handler)
             notifier.close()
             self.mailbox.close()
+            self._waits.close()
             self.log.info("stopped", done=self.state.snapshot()["done"])
 
     def _await_workers(self) -> None:
@@ -688,7 +690,7 @@ class Daemon:
             watcher = self._observer
             # The mailbox is readable as a descriptor; so is the inbox's inotify watch, read here, not by a thread.
             readable: list[Any] = [*self.workers.conns(), self.mailbox, *(watcher.waitables() if watcher else ())]
-            ready = wait(readable, timeout=max(0.0, min(waits)))
+            ready = self._waits.wait(readable, max(0.0, min(waits)))
             if watcher is not None:
                 arrived = watcher.take()
                 for hint in arrived:
