@@ -92,8 +92,12 @@ class Timings:
         default=None, metadata=_doc("malloc + h2d + kernel + d2h + free: the course's CUDA time")
     )
     emit: float | None = field(default=None, metadata=_doc("formatting the output text"))
-    write: float | None = field(default=None, metadata=_doc("writing and committing the output"))
-    overall: float | None = field(default=None, metadata=_doc("from the claim (or start) to the committed output"))
+    write: float | None = field(
+        default=None, metadata=_doc("writing the output (synced after, with its sidecar, before either is renamed)")
+    )
+    overall: float | None = field(
+        default=None, metadata=_doc("from the claim (or start) to the output written (its sync and rename follow)")
+    )
 
 
 #: Every timing key a sidecar carries, in order.

@@ -166,8 +166,8 @@ def _run(
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    # Both files are published together (renamed in order, one fsync of the folder); on a
-    # group's commit also synced together.
+    # Both files are published together (synced, then renamed in order, one fsync of the folder):
+    # the output's writeback runs while its sidecar is made. A group's are synced with its group's.
     commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops, spares=spares)
     try:
         written = commit.write(job.output, computed.chunks)
