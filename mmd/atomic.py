@@ -213,18 +213,22 @@ class Staged:
 
     One instance holds one job's files (its output, then its sidecar), so that
     they are published in order; ``spares``: a worker's :class:`Spares`, which
-    the temporaries are taken from while it has some. Each file is fsynced as it is written,
-    unless ``group``: then :func:`publish` publishes several commits at once
-    with one sync for all of them (group commit). Any OSError leaves no temporary
-    behind and is raised as OutputError. ``ops`` does the file operations
-    (the tests inject faults through it).
+    the temporaries are taken from while it has some. Every file is synced by
+    :func:`publish`, before any is renamed: each fsynced, its writeback started
+    as it is written (so the disk writes a job's output while its sidecar is
+    made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
+    publishes several commits at once with one sync for all of them (group
+    commit). Any OSError leaves no temporary behind and is raised as
+    OutputError. ``ops`` does the file operations (the tests inject faults
+    through it).
     """
 
     def __init__(
         self, *, durable: bool = True, group: bool = False, ops: FileOps = OPS, spares: Spares | None = None
     ) -> None:
         self.durable = durable
-        #: Whether the files wait for :func:`publish`'s one sync (else each is fsynced as it is written).
+        #: Whether the files wait for :func:`publish`'s one sync of a group (else each one's writeback is started
+        #: as it is written, and publish fsyncs each).
         self.group = group
         self.ops = ops
         #: Where the temporaries come from when there are some (a worker's); else each is made.
@@ -252,11 +256,11 @@ class Staged:
                     done = ops.write(fd, view)
                     view = view[done:]
                 size += len(chunk)
-            if not (self.durable and self.group):
-                if self.durable:
-                    ops.fsync(fd)
+            if not self.durable:
                 ops.close(fd)
                 fd = None
+            elif not self.group:
+                ops.start_writeback(fd)
         except BaseException as exc:
             if fd is not None:
                 with contextlib.suppress(OSError):

@@ -26,6 +26,11 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
 #: Whether this system has syncfs(2) (Linux); elsewhere a group commit fsyncs each file.
 HAS_SYNCFS = _syncfs is not None
+# sync_file_range(2), Linux's, starts a file's writeback without waiting for it.
+_sync_file_range = getattr(_libc, "sync_file_range", None)
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_SYNC_FILE_RANGE_WRITE = 2
 
 #: Flags of a new file that must not exist yet and is never opened through a link planted at its name.
 EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
@@ -55,6 +60,12 @@ class FileOps:
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def start_writeback(self, fd: int) -> None:
+        """Start writing the file open at ``fd`` back to its disk, without waiting (where the system can; its
+        fsync, later, waits for it and says whether it failed)."""
+        if _sync_file_range is not None:
+            _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
     def close(self, fd: int) -> None:
         os.close(fd)

@@ -45,7 +45,10 @@ class JobName:
 
 def stem_of(name: str) -> str:
     """The output stem of a dropped file: its name without the last suffix (never raises)."""
-    return PurePath(name).stem or name
+    if "/" in name:
+        return PurePath(name).stem or name
+    dot = name.rfind(".")  # PurePath's stem, without making a path (a claim's and a job's name take it)
+    return name[:dot] if 0 < dot < len(name) - 1 else name
 
 
 def _kernel(value: str) -> str:

@@ -18,11 +18,11 @@ against the generated schema with the ``jsonschema`` library.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import functools
 import json
 import re
 import sys
+import time
 import types
 import typing
 from collections.abc import Iterable, Iterator, Mapping
@@ -92,8 +92,12 @@ class Timings:
         default=None, metadata=_doc("malloc + h2d + kernel + d2h + free: the course's CUDA time")
     )
     emit: float | None = field(default=None, metadata=_doc("formatting the output text"))
-    write: float | None = field(default=None, metadata=_doc("writing and committing the output"))
-    overall: float | None = field(default=None, metadata=_doc("from the claim (or start) to the committed output"))
+    write: float | None = field(
+        default=None, metadata=_doc("writing the output (synced after, with its sidecar, before either is renamed)")
+    )
+    overall: float | None = field(
+        default=None, metadata=_doc("from the claim (or start) to the output written (its sync and rename follow)")
+    )
 
 
 #: Every timing key a sidecar carries, in order.
@@ -102,7 +106,7 @@ TIMING_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Timings)
 
 def timings(values: Mapping[str, float | None]) -> Timings:
     """A :data:`Timings` from a phase → ms map (rounded to µs; other keys are ignored)."""
-    return Timings(**{k: (round(v, 3) if v is not None else None) for k, v in values.items() if k in TIMING_KEYS})
+    return Timings(*[None if (v := values.get(k)) is None else round(v, 3) for k in TIMING_KEYS])
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,15 @@ def tally(rec: Record) -> Tally:
 
 
 def now_iso() -> str:
-    """The wall-clock time for ``finished_at``."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    """The wall-clock time for ``finished_at``: UTC, to the millisecond, as ``datetime.isoformat`` writes it
+    (which costs several times more: one job's commit waits for it)."""
+    seconds, ns = divmod(time.time_ns(), 1_000_000_000)
+    return f"{_iso_second(seconds)}.{ns // 1_000_000:03d}+00:00"
+
+
+@functools.lru_cache(maxsize=2)
+def _iso_second(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def timing_path(output: Path) -> Path:
@@ -455,14 +466,29 @@ def _lines(items: Iterable[tuple[str, Any]], indent: str) -> str | None:
     to decide (a record among the values is written as its plain data)."""
     lines = []
     for key, value in items:
-        if type(key) is not str or _string(key) != key:
-            return None
-        if value is None or isinstance(value, (str, int, float)):  # the most of a sidecar: first
-            text = _scalar(value)
-            line = f"{indent}{key}: {text}"
-            if text is None or (" " in text and len(line) > _WIDTH):
+        kind = type(value)
+        if value is None or kind is str or kind is bool or kind is int:
+            line = _scalar_line(indent, key, value)
+            if line is None:
                 return None
-            lines.append(line + "\n")
+            lines.append(line)
+        elif type(key) is not str or _string(key) != key:
+            return None
+        elif kind is float:  # timings: nearly every float differs from the last, so none is kept
+            number = repr(value)
+            if "e" in number or "n" in number:  # an exponent, inf or nan: _scalar's rules
+                number = str(_scalar(value))
+            lines.append(f"{indent}{key}: {number}\n")
+        elif kind in _REPEATED:
+            part = _repeated_part(value, indent + "  ")
+            if part is None:
+                return None
+            lines.append(f"{indent}{key}:\n{part}")
+        elif isinstance(value, (str, int, float)):  # a subclass: as its base type
+            line = _scalar_line(indent, key, value)
+            if line is None:
+                return None
+            lines.append(line)
         elif isinstance(value, Mapping):
             inner = _plain_yaml(value, indent + "  ") if value else None
             if inner is None:
@@ -486,6 +512,29 @@ def _lines(items: Iterable[tuple[str, Any]], indent: str) -> str | None:
         else:
             return None  # not plain data: PyYAML's to write (or refuse)
     return "".join(lines)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _scalar_line(indent: str, key: Any, value: Any) -> str | None:
+    """``key: value`` (a scalar) as the dumper writes it, or None where that is PyYAML's to decide (kept: most
+    of a sidecar's lines are the same in every sidecar)."""
+    if type(key) is not str or _string(key) != key:
+        return None
+    text = _scalar(value)
+    line = f"{indent}{key}: {text}"
+    if text is None or (" " in text and len(line) > _WIDTH):
+        return None
+    return line + "\n"
+
+
+#: A record's parts that are the same for most jobs of a worker (what it asked for, how it handled the
+#: text, its shape), written once and kept.
+_REPEATED = frozenset({Shape, Requested, TextFacts})
+
+
+@functools.lru_cache(maxsize=256)
+def _repeated_part(record: Any, indent: str) -> str | None:
+    return _part(record, indent)
 
 
 def load_dict(path: Path) -> dict[str, Any]:

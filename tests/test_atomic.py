@@ -157,3 +157,38 @@ def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     if tamper == "linked":
         assert (tmp_path / "second-name").read_bytes() == b"", "its other name is left as it was"
+
+
+def test_a_commit_syncs_every_file_before_it_renames_any_and_starts_their_writeback_as_they_are_written(tmp_path):
+    """A job's output goes to disk while its sidecar is made: the fsyncs at publish wait for less. Each file is
+    still fsynced, in order, before the first rename; a group's files are left to its one sync instead."""
+    steps: list[tuple[str, str]] = []
+
+    class Recording(FileOps):
+        def start_writeback(self, fd: int) -> None:
+            steps.append(("start_writeback", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+            super().start_writeback(fd)
+
+        def fsync(self, fd: int) -> None:
+            steps.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+            super().fsync(fd)
+
+        def replace(self, src, dst) -> None:
+            steps.append(("replace", dst.name))
+            super().replace(src, dst)
+
+    staged = Staged(ops=Recording())
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.write(tmp_path / "m.timing.yaml", [b"yaml"])
+    tmp_out, tmp_yaml = (f".{n}.{os.getpid()}.tmp" for n in ("m.out", "m.timing.yaml"))
+    assert steps == [("start_writeback", tmp_out), ("start_writeback", tmp_yaml)]
+    staged.publish()
+    assert steps[2:] == [("fsync", tmp_out), ("fsync", tmp_yaml), ("replace", "m.out"), ("replace", "m.timing.yaml")]
+    assert (tmp_path / "m.out").read_bytes() == b"out"
+
+    steps.clear()
+    group = Staged(group=True, ops=Recording())
+    group.write(tmp_path / "n.out", [b"n"])
+    assert steps == []
+    group.publish()
+    assert [s for s, _ in steps] == ["fsync", "replace"]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmd import jobname
 from mmd.errors import JobNameError
@@ -74,9 +78,13 @@ def test_stem_of_never_raises():
     assert jobname.stem_of(".hidden") == ".hidden"
 
 
+@given(st.text(alphabet=st.sampled_from("ab./ \x00é"), max_size=12))
+def test_stem_of_is_the_path_s_stem(name):
+    """Without making a path for a plain name: the same stem as PurePath's (or the name, where that is empty)."""
+    assert jobname.stem_of(name) == (PurePath(name).stem or name)
+
+
 # A name can only pick from the allowed sets: no paths, no code, whatever the bytes.
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 from mmd import config  # noqa: E402
 from mmd.config import MEMORY_MODES  # noqa: E402

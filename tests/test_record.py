@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from pathlib import Path
 
@@ -105,6 +106,16 @@ def test_timing_keys_are_the_timings_fields_in_order():
     assert record.TIMING_KEYS == ("read", "parse", "compile", "malloc", "h2d", "kernel", "d2h", "free", "cuda",
                                   "emit", "write", "overall")  # fmt: skip
     assert record.timings({"kernel": 1.23456, "bogus": 1.0}) == record.Timings(kernel=1.235)
+
+
+def test_finished_at_is_written_as_datetime_writes_it():
+    """``now_iso`` is UTC to the millisecond in ``datetime.isoformat``'s words, and it is now."""
+    before = datetime.datetime.now(datetime.timezone.utc)
+    text = record.now_iso()
+    after = datetime.datetime.now(datetime.timezone.utc)
+    when = datetime.datetime.fromisoformat(text)
+    assert when.isoformat(timespec="milliseconds") == text
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= when <= after
 
 
 def test_paths_beside_the_output():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mmd import spool
 from mmd.errors import SpoolError
@@ -336,6 +338,14 @@ def test_safe_names_of_long_names_stay_apart():
 def test_shown_escapes_controls():
     assert spool.shown("a\nb\x1b\udcff") == "a\\nb\\x1b\\udcff"
     assert spool.shown("données x.txt") == "données x.txt"
+
+
+@given(st.text(alphabet=st.sampled_from("a .~\t\x7f\x85é\u202e\udcff"), max_size=8))
+def test_plain_names_are_kept_and_shown_as_they_are(name):
+    """A printable ASCII name needs no escape nor replacement; any other is looked at character by character."""
+    slow_shown = "".join(ch if ch.isprintable() and ch not in "\u202e" else ascii(ch)[1:-1] for ch in name)
+    assert spool.shown(name) == slow_shown
+    assert (spool.safe_name(name) == name) == (slow_shown == name)  # this alphabet's unprintables are controls
 
 
 def test_claim_refuses_hard_links_and_renames_hostile_names(tmp_path):

@@ -96,7 +96,6 @@ class _Pending:
     job: Job
     result: JobResult
     staged: Staged
-    log: Any
 
 
 class Runner:
@@ -155,7 +154,6 @@ class Runner:
         """One job, claim to archive (or hold); ``more_waiting``: another order is queued behind it (its
         commit may wait for a group). Nothing it raises escapes."""
         name = order.name if isinstance(order, Run) else order.claim.name
-        log = get_logger(file=shown(name))
         claim: Claim | None = None
         try:
             if isinstance(order, Run):
@@ -167,34 +165,39 @@ class Runner:
                 except SpoolError as exc:
                     # Still in the inbox, tried again at a later rescan (or, claimed but not
                     # examinable, left in .work and taken back after the pause).
-                    log.error("cannot claim", reason=exc.reason)
+                    get_logger(file=shown(name)).error("cannot claim", reason=exc.reason)
                     self.report(NotRun(order.seq, order.name, broken=True, reason=exc.reason))
                     return
                 if claim is None:
-                    log.debug("already taken")  # claimed by someone else or removed: harmless
+                    get_logger(file=shown(name)).debug("already taken")  # claimed by someone else or removed: harmless
                     self.report(NotRun(order.seq, order.name))
                     return
             else:
                 claim = order.claim
-            facts = {"device_index": self.device} if self.workers > 1 else {}
-            log = log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter, **facts)
             if claim.original is not None:
-                log.info("claimed under a safe name", original=shown(claim.original))
+                self._log(claim).info("claimed under a safe name", original=shown(claim.original))
             self.control.begin(order.seq, self.settings.job_timeout_s)
             try:
-                self._run(order.seq, claim, log, more_waiting)
+                self._run(order.seq, claim, more_waiting)
             finally:
                 self.control.end()
         except Exception as exc:  # the job boundary: a job never kills the worker
+            log = get_logger(file=shown(name)) if claim is None else self._log(claim)
             log.exception("internal error in job", error=repr(exc))
             if claim is not None:
                 try:
                     refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.ops)
-                    self._conclude(order.seq, claim, refused, log)
+                    self._conclude(order.seq, claim, refused)
                 except Exception as again:  # its refusal failed too: keep the job in .work for later
                     log.exception("cannot refuse the job; it stays in .work", error=repr(again))
                     self.spool.leave(claim)
                     self.report(Kept(order.seq, claim, f"internal error: {again!r}", committed=False))
+
+    def _log(self, claim: Claim) -> Any:
+        """The logger of ``claim``'s job, its facts bound: made when a line is logged (binding costs more than
+        the lines a job usually logs here, none)."""
+        facts = {"device_index": self.device} if self.workers > 1 else {}
+        return get_logger(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter, **facts)
 
     def _context(self, claim: Claim) -> Context:
         collision = claim.collision()
@@ -219,13 +222,14 @@ class Runner:
             refusal=refusal,
         )
 
-    def _run(self, seq: int, claim: Claim, log: Any, more_waiting: bool) -> None:
+    def _run(self, seq: int, claim: Claim, more_waiting: bool) -> None:
         spool = self.spool
         if claim.resumed or claim.again:
+            log = self._log(claim)
             finished = spool.finished(claim)
             if finished is not None:
                 ok, path = finished
-                if self._archive(seq, claim, ok, log, committed=True):
+                if self._archive(seq, claim, ok, committed=True):
                     log.info("job was already finished; archived", sidecar=path.name, status="ok" if ok else "error")
                     self._ended(seq, claim, ok, path, None)
                 return
@@ -239,7 +243,7 @@ class Runner:
                 log.info("resuming job left by an earlier daemon")
         if claim.reservation is None:
             # The outbox refused even the reservation: nothing the job writes could be committed. Held unrun.
-            self._hold(seq, claim, claim.unreserved or "cannot reserve its output name", log, output_failed=False)
+            self._hold(seq, claim, claim.unreserved or "cannot reserve its output name", output_failed=False)
             return
         refusal: MmdError | None = None
         if claim.problem is not None or not claim.regular:
@@ -254,7 +258,7 @@ class Runner:
                     f"each time (max_attempts: {limit}); it is not started again",
                     {"attempts": starts - 1, "max_attempts": limit},
                 )
-                log.error("a job that kills its worker: failed", attempts=starts - 1)
+                self._log(claim).error("a job that kills its worker: failed", attempts=starts - 1)
         job = self._job(claim, refusal)
         self.control.limit(job.settings.job_timeout_s)  # the name may set its own
         small = refusal is not None or (claim.size is not None and claim.size <= GROUP_INPUT_BYTES)
@@ -269,14 +273,14 @@ class Runner:
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
-            log.warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
+            self._log(claim).warning("CUDA error: reopening the backend for the next job", reason=result.error.reason)
             self._reopen()
         if staged is not None:
-            self._pending.append(_Pending(seq, claim, job, result, staged, log))
+            self._pending.append(_Pending(seq, claim, job, result, staged))
             if len(self._pending) >= MAX_GROUP:
                 self.flush()
             return
-        self._conclude(seq, claim, result, log)
+        self._conclude(seq, claim, result)
 
     def _room(self, claim: Claim, settings: Settings) -> Room | None:
         """What the job's output may take now: the disk's free space less the reserve kept for everyone, and in
@@ -329,13 +333,13 @@ class Runner:
                 # The same as an output the outbox refused on a lone commit: its error sidecar, then a hold.
                 result = refuse(p.job, error, ops=self.spool.ops)
             try:
-                self._conclude(p.seq, p.claim, result, p.log)
+                self._conclude(p.seq, p.claim, result)
             except Exception as exc:  # the job boundary, as in process()
-                p.log.exception("internal error in job", error=repr(exc))
+                self._log(p.claim).exception("internal error in job", error=repr(exc))
                 self.spool.leave(p.claim)
                 self.report(Kept(p.seq, p.claim, f"internal error: {exc!r}", committed=False))
 
-    def _conclude(self, seq: int, claim: Claim, result: JobResult, log: Any) -> None:
+    def _conclude(self, seq: int, claim: Claim, result: JobResult) -> None:
         """Archive the job by its fate, or hold it when the outbox refused what it had to write.
 
         An output the outbox refuses is the outbox's fault, not the input's:
@@ -352,19 +356,19 @@ class Runner:
             reason = result.error.reason if output_failed and result.error is not None else str(result.sidecar_failed)
             tries = self.spool.attempts(claim).output_failures + (1 if output_failed else 0)
             if not (output_failed and result.sidecar_failed is None and tries >= MAX_OUTPUT_ATTEMPTS):
-                self._hold(seq, claim, reason, log, output_failed=output_failed)
+                self._hold(seq, claim, reason, output_failed=output_failed)
                 return
-            log.error("output not committed after %d attempts; job failed" % tries, reason=reason)
-        if self._archive(seq, claim, result.ok, log, committed=True):
+            self._log(claim).error("output not committed after %d attempts; job failed" % tries, reason=reason)
+        if self._archive(seq, claim, result.ok, committed=True):
             self._ended(seq, claim, result.ok, result.sidecar, result.record)
 
-    def _hold(self, seq: int, claim: Claim, reason: str, log: Any, output_failed: bool) -> None:
+    def _hold(self, seq: int, claim: Claim, reason: str, output_failed: bool) -> None:
         """Keep the job claimed in ``.work`` (its reservation kept); the daemon pauses and takes it back after.
 
         What the job committed (its output, its own error sidecar) is removed
         first: nothing half done stays visible.
         """
-        spool = self.spool
+        spool, log = self.spool, self._log(claim)
         stuck = spool.discard_outputs(claim)
         if stuck:
             log.warning("cannot remove what the held job committed; it is replaced when it runs again", names=stuck)
@@ -376,13 +380,13 @@ class Runner:
         log.error("the outbox refused the job; held in .work, tried again after a pause", reason=reason, **facts)
         self.report(Kept(seq, claim, reason, committed=False))
 
-    def _archive(self, seq: int, claim: Claim, ok: bool, log: Any, *, committed: bool) -> bool:
+    def _archive(self, seq: int, claim: Claim, ok: bool, *, committed: bool) -> bool:
         """Archive the job; when that fails it is left in ``.work``, archived when taken back after a pause."""
         try:
             self.spool.archive(claim, ok)
         except SpoolError as exc:
             self.spool.leave(claim)
-            log.error("cannot archive; the job stays in .work and is archived later", reason=exc.reason)
+            self._log(claim).error("cannot archive; the job stays in .work and is archived later", reason=exc.reason)
             self.report(Kept(seq, claim, exc.reason, committed=committed))
             return False
         return True

@@ -58,6 +58,11 @@ class JobResult:
         return self.job.output if self.ok else None
 
 
+def _logger(job: Job) -> Any:
+    """The job's logger, its id and file bound."""
+    return get_logger(job=job.id, file=job.input.name)
+
+
 def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
@@ -82,7 +87,6 @@ def run_job(
     most its output may take now (the daemon's quota and disk reserve).
     ``spares``: empty files made ahead for the commit's temporaries (a worker's).
     """
-    log = get_logger(job=job.id, file=job.input.name)
     timings: dict[str, float] = {}
     facts = _Facts(job)
     try:
@@ -90,9 +94,9 @@ def run_job(
             raise job.refusal
         backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, log, on_phase, ops, staged, room, spares)
+        return _run(job, backend, timings, facts, on_phase, ops, staged, room, spares)
     except MmdError as exc:
-        return _refuse(job, exc, timings, facts, log, ops, staged)
+        return _refuse(job, exc, timings, facts, ops, staged)
 
 
 def refuse(
@@ -104,8 +108,7 @@ def refuse(
     staged: Staged | None = None,
 ) -> JobResult:
     """Refuse ``job`` without running it (a bug of the daemon's around it, a time limit): its error sidecar."""
-    log = get_logger(job=job.id, file=job.input.name)
-    return _refuse(job, error, dict(timings or {}), _Facts(job), log, ops, staged)
+    return _refuse(job, error, dict(timings or {}), _Facts(job), ops, staged)
 
 
 class _Facts:
@@ -124,7 +127,6 @@ def _run(
     backend: Backend,
     timings: dict[str, float],
     facts: _Facts,
-    log: Any,
     on_phase: PhaseHook,
     ops: FileOps,
     staged: Staged | None,
@@ -132,7 +134,7 @@ def _run(
     spares: Spares | None,
 ) -> JobResult:
     settings, request = job.settings, job.request
-    limits = dataclasses.replace(limits_for(settings), room=room)
+    limits = limits_for(settings) if room is None else dataclasses.replace(limits_for(settings), room=room)
     path = choose(backend, request)
 
     on_phase("read")
@@ -149,9 +151,12 @@ def _run(
 
     on_phase("parse")
     t0 = time.perf_counter()
-    header = textformat.parse_header(data)
-    facts.shape = shape = Shape(header.m, header.k, header.n)
-    check_header(header, len(data), limits)
+    if head.whole is not None and len(data) == head.size:
+        header, shape = first, facts.shape  # the bytes the header was parsed and checked from: read once
+    else:
+        header = textformat.parse_header(data)
+        facts.shape = shape = Shape(header.m, header.k, header.n)
+        check_header(header, len(data), limits)
     header_ms = _since(t0)
     computed = path.compute(data, header, request, on_phase)
     del data
@@ -161,8 +166,8 @@ def _run(
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
 
     t0 = time.perf_counter()
-    # Both files are published together (renamed in order, one fsync of the folder); on a
-    # group's commit also synced together.
+    # Both files are published together (synced, then renamed in order, one fsync of the folder):
+    # the output's writeback runs while its sidecar is made. A group's are synced with its group's.
     commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops, spares=spares)
     try:
         written = commit.write(job.output, computed.chunks)
@@ -205,7 +210,8 @@ def _run(
     except BaseException:
         commit.discard()
         raise
-    log.info(
+    # Its logger is bound only now, the commit done: a lone job's sidecar does not wait for it.
+    _logger(job).info(
         "job done",
         status="ok",
         shape=f"{m}x{k}x{n}",
@@ -221,7 +227,6 @@ def _refuse(
     exc: MmdError,
     timings: dict[str, float],
     facts: _Facts,
-    log: Any,
     ops: FileOps,
     staged: Staged | None = None,
 ) -> JobResult:
@@ -232,7 +237,6 @@ def _refuse(
         with contextlib.suppress(OSError):  # a job refused before it was read still says how big its file is
             facts.input = FileFacts(job.input.name, bytes=os.lstat(job.input).st_size)
     timings["overall"] = _since(job.started)
-    log.warning("job refused", status="error", kind=exc.kind, reason=exc.reason)
     refusal = Refusal(
         exc,
         job.id,
@@ -245,4 +249,5 @@ def _refuse(
         context=job.context,
     )
     done = commit(refusal, durable=job.settings.durable, ops=ops, staged=staged)
+    _logger(job).warning("job refused", status="error", kind=exc.kind, reason=exc.reason)
     return JobResult(job, done.record, done.path, error=exc, sidecar_failed=done.failed)

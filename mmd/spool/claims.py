@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import stat
 import threading
@@ -294,7 +295,8 @@ class Claims:
                 shared.unlink_quietly(reservation)
                 version, reservation = guess, None
                 unreserved = f"cannot rename its folder in {WORK_DIR}: {strerror(exc)}"
-        claim = Claim(
+        claim = functools.partial(
+            Claim,
             job_id,
             safe,
             version,
@@ -309,27 +311,24 @@ class Claims:
         try:
             info = shared.ops.lstat(dst)
         except OSError as exc:
-            self.hand.leave(claim)
+            self.hand.leave(claim())
             raise SpoolError(
                 f"claimed {shown(name)} but cannot look at it: {strerror(exc)}; it stays in {WORK_DIR} and is "
                 f"tried again after a pause"
             ) from None
-        return self._looked_at(claim, info)
+        return claim(**self._looks(info))  # made once: a Claim made and then replaced costs twice
 
-    def _looked_at(self, claim: Claim, info: os.stat_result, **changes: Any) -> Claim:
-        """``claim`` with what its entry's ``lstat`` says: a regular file or not, why it must not be read, its
-        size and owner."""
+    def _looks(self, info: os.stat_result) -> dict[str, Any]:
+        """What a claimed entry's ``lstat`` says of it: a regular file or not, why it must not be read, its
+        size and owner (a :class:`Claim`'s fields)."""
         problem = entry_problem(info)
         if problem is None and self.shared.class_mode:
             problem = writable_problem(info)
-        return dataclasses.replace(
-            claim,
-            regular=stat.S_ISREG(info.st_mode),
-            problem=problem,
-            size=info.st_size,
-            owner=info.st_uid,
-            **changes,
-        )
+        return {"regular": stat.S_ISREG(info.st_mode), "problem": problem, "size": info.st_size, "owner": info.st_uid}
+
+    def _looked_at(self, claim: Claim, info: os.stat_result, **changes: Any) -> Claim:
+        """``claim`` with what its entry's ``lstat`` says (:meth:`_looks`)."""
+        return dataclasses.replace(claim, **self._looks(info), **changes)
 
     def _job_folder(self, name: str) -> Path:
         """An empty ``.work/<name>``: a spare folder of this process's renamed, else the shared spare, else

@@ -79,7 +79,10 @@ def safe_name(name: str) -> str:
     that share a prefix stay apart. A name from a folder listing cannot hold
     ``/`` or be ``.``/``..``, so the result is one plain name in its folder.
     """
-    clean = "".join("_" if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI else ch for ch in name)
+    if name.isascii() and name.isprintable():  # nearly every name: nothing to replace
+        clean = name
+    else:
+        clean = "".join("_" if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI else ch for ch in name)
     if len(clean.encode("utf-8")) <= MAX_NAME_BYTES:
         return clean
     tag = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
@@ -94,6 +97,8 @@ def safe_name(name: str) -> str:
 
 def shown(name: str) -> str:
     """``name`` for a log line or a message: controls and undecodable bytes escaped, never raw."""
+    if name.isascii() and name.isprintable():
+        return name
     return "".join(ch if ch.isprintable() and ch not in _BIDI else ascii(ch)[1:-1] for ch in name)
 
 
