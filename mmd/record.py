@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import sys
 import time
@@ -258,11 +259,16 @@ def tally(rec: Record) -> Tally:
     )
 
 
-def now_iso() -> str:
-    """The wall-clock time for ``finished_at``: UTC, to the millisecond, as ``datetime.isoformat`` writes it
-    (which costs several times more: one job's commit waits for it)."""
-    seconds, ns = divmod(time.time_ns(), 1_000_000_000)
-    return f"{_iso_second(seconds)}.{ns // 1_000_000:03d}+00:00"
+def now_iso(at: float | None = None) -> str:
+    """The wall-clock time (now, or ``at``: seconds since the epoch) for people and for ``finished_at``: UTC,
+    to the millisecond, as ``datetime.isoformat`` writes it (which costs several times more: one job's commit
+    waits for it). Durations use the monotonic clock."""
+    if at is None:
+        seconds, us = divmod(time.time_ns() // 1000, 1_000_000)
+    else:  # rounded to the microsecond from its fraction, as datetime.fromtimestamp rounds
+        fraction, whole = math.modf(at)
+        seconds, us = divmod(int(whole) * 1_000_000 + round(fraction * 1e6), 1_000_000)
+    return f"{_iso_second(seconds)}.{us // 1000:03d}+00:00"
 
 
 @functools.lru_cache(maxsize=2)

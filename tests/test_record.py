@@ -118,6 +118,13 @@ def test_finished_at_is_written_as_datetime_writes_it():
     assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= when <= after
 
 
+@given(st.floats(min_value=0, max_value=4e9, allow_nan=False) | st.integers(0, 4 * 10**9).map(lambda s: s + 0.0009995))
+def test_a_given_moment_is_written_as_datetime_writes_it(at):
+    """``now_iso(at)`` (the daemon's state and held jobs) is ``datetime.isoformat`` of that moment, to the ms."""
+    expected = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    assert record.now_iso(at) == expected
+
+
 def test_paths_beside_the_output():
     assert record.timing_path(Path("o/m.out")) == Path("o/m.timing.yaml")
     assert record.error_path(Path("o/m.1.out")) == Path("o/m.1.error.yaml")

@@ -1,8 +1,6 @@
-"""What the daemon's parts share: tunables, hint kinds, timestamps."""
+"""What the daemon's parts share: tunables."""
 
 from __future__ import annotations
-
-import datetime as _dt
 
 #: How many finished jobs the state file lists.
 RECENT_JOBS = 20
@@ -38,10 +36,3 @@ STOP_GRACE_S = 1.0
 #: While a worker has jobs in hand, the main loop looks at its control block at least this often
 #: (seconds): a job's own limit is known only once it has started, and a job may start at any moment.
 SUPERVISE_S = 0.05
-
-
-def now_iso(at: float | None = None) -> str:
-    """The wall-clock time (now, or ``at``: seconds since the epoch) as an ISO string (for people; durations
-    use the monotonic clock)."""
-    when = _dt.datetime.now(_dt.timezone.utc) if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
-    return when.isoformat(timespec="milliseconds")

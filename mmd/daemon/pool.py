@@ -24,9 +24,10 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..record import now_iso
 from ..spool import shown
 from . import worker
-from .common import HEARTBEAT, STOP_GRACE_S, now_iso
+from .common import HEARTBEAT, STOP_GRACE_S
 from .control import Control
 from .messages import Ended, Event, Kept, NotRun, Order, Quit, Ready, Resume, Run, StartFailed, WorkerSpec
 from .scheduler import Load

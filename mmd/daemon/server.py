@@ -48,10 +48,11 @@ from ..logs import get_logger
 from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
+from ..record import now_iso
 from ..spool import Claim, Readiness, Spool, shown, state_name
 from ..submitters import login_of
 from . import common, pool
-from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS, now_iso
+from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS
 from .control import Running
 from .desk import Desk
 from .local import LocalSocket

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import get_logger
+from ..record import now_iso
 from ..spool import Spool, held_jobs, pid_alive, state_name
-from .common import RECENT_JOBS, STATE_EVERY, now_iso
+from .common import RECENT_JOBS, STATE_EVERY
 from .lock import host_daemons, lock_holder
 
 

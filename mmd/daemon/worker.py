@@ -52,9 +52,9 @@ from ..hooks import JobEnd
 from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
-from ..record import Context
+from ..record import Context, now_iso
 from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
-from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, now_iso
+from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS
 from .control import Control
 from .messages import (
     Configure,

@@ -144,7 +144,8 @@ def _environment_and_kernels(results: Results) -> list[str]:
         "## Definitions",
         "",
         "- **overall**: in memory, the wall time of one multiply call; through files (and in sidecars), "
-        "read + parse + CUDA phases + emit + write, from the start of the job to the committed output.",
+        "read + parse + CUDA phases + emit + write, from the start of the job to the output written (the commit's "
+        "syncs and renames follow).",
         "- **cuda**: malloc + h2d + kernel + d2h + free, timed with CUDA events (the course's CUDA time). "
         "The cpu backend has no CUDA phases: its kernel time stands in, marked (kernel).",
         "- **kernel**: the kernel (or cuBLAS, or numpy) alone. GFLOP/s = 2·M·K·N / kernel time.",
