@@ -535,6 +535,7 @@ class Bench:
         src = self.input(self.args.big)
         lat: dict[str, list[float]] = {s.name: [] for s in daemons}
         overall: dict[str, list[float]] = {s.name: [] for s in daemons}
+        phases: dict[str, list[dict[str, float]]] = {s.name: [] for s in daemons}
         for i in range(-1, self.args.repeat):  # -1: the untimed first one
             for s in daemons:
                 stem = f"big{self.args.big}-{i + 1}"
@@ -544,10 +545,12 @@ class Bench:
                 if i >= 0:
                     lat[s.name].append((t1 - t0) * 1e3)
                     overall[s.name].append(float(rec.get("timings_ms", {}).get("overall") or "nan"))
+                    phases[s.name].append({k: float(v) for k, v in rec.get("timings_ms", {}).items() if v is not None})
                 settle(s)
                 clear(s)  # its input and output are big: gone before the next
         for s in daemons:
-            v, o = lat[s.name], overall[s.name]
+            v, o, ph = lat[s.name], overall[s.name], phases[s.name]
+            ph_median = {k: med([p[k] for p in ph if k in p]) for k in ph[0]}
             self.results[s.name]["big"] = {
                 "n": self.args.big,
                 "drop_to_sidecar_ms": v,
@@ -555,8 +558,11 @@ class Bench:
                 "min_ms": min(v),
                 "overall_ms": o,
                 "overall_median_ms": med(o),
+                "phases_median_ms": ph_median,
             }
-            print(f"  {s.name} big {self.args.big}: median {med(v):.1f} ms, overall {med(o):.1f} ms", flush=True)
+            shown = ", ".join(f"{k} {x:.1f}" for k, x in ph_median.items())
+            print(f"  {s.name} big {self.args.big}: median {med(v):.1f} ms, overall {med(o):.1f} ms; its sidecars' "
+                  f"phases (median ms): {shown}", flush=True)  # fmt: skip
 
     # 3. backlog
     def backlog(self) -> None:
