@@ -102,3 +102,23 @@ def test_a_real_observer_reports_a_closed_file_and_a_rename_in(tmp_path, kind):
     finally:
         observer.stop()
         observer.join(5)
+
+
+def test_auto_falls_back_to_polling_where_the_c_library_has_no_inotify(tmp_path, monkeypatch):
+    """Off Linux the C library has no inotify_init1 (ctypes raises AttributeError): auto polls, inotify says
+    why it cannot."""
+    from mmd.daemon import observer as obs
+    from mmd.errors import SpoolError
+
+    def no_inotify(*args, **kwargs):
+        raise AttributeError("dlsym(RTLD_DEFAULT, inotify_init1): symbol not found")
+
+    monkeypatch.setattr(obs, "INotify", no_inotify)
+    watcher, used = make_observer("auto", tmp_path, [].append, 0.1, get_logger())
+    try:
+        assert used == "polling"
+    finally:
+        watcher.stop()
+        watcher.join(5)
+    with pytest.raises(SpoolError, match="inotify is not available here"):
+        make_observer("inotify", tmp_path, [].append, 0.1, get_logger())

@@ -161,7 +161,7 @@ def make_observer(
     if kind in ("auto", "inotify"):
         try:
             return InboxWatch(inbox), "inotify"
-        except (OSError, ImportError) as exc:
+        except (OSError, AttributeError) as exc:  # AttributeError: a C library without inotify_init1 (not Linux)
             if kind == "inotify":
                 raise SpoolError(f"inotify is not available here ({exc}); use observer: polling") from None
             log.warning("inotify is not available; falling back to polling", reason=str(exc))
