@@ -35,6 +35,7 @@ TINY: dict[str, list[str]] = {
         *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
+    "lone_steps.py": ["--rounds", "1", "--drops", "2", "--work", "{tmp}/work", "--out", "{tmp}"],
     "quick_detection.py": ["--big", "64", "--seeds", "2"],
     "ncu_summary.py": [str(ROOT / "tests" / "data" / "ncu-raw-sample.csv")],
     "reference_gpu.py": ["--sizes", "32", "--repeat", "1", "--workdir", "{tmp}/work"],
