@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def test_the_mailbox_wakes_once_for_a_burst_and_again_after_each_take():
     import select
@@ -51,3 +53,34 @@ def test_the_loops_wait_follows_its_objects_as_they_change():
     finally:
         box.close()
         waits.close()
+
+
+def test_a_hint_posted_while_the_loop_drains_the_pipe_still_wakes_it_later(monkeypatch):
+    """A thread (the polling observer, the local socket) may post while the loop's take drains the wake-up pipe.
+    Whatever happens then, every later hint must make the mailbox readable: the loop reads it only when it is."""
+    import select
+
+    from mmd.daemon import mailbox as mb
+    from mmd.daemon.messages import Arrived
+
+    box = mb.Mailbox()
+    real_read = os.read
+    posted = []
+
+    def read_with_a_post_beside(fd, n):
+        if not posted:
+            posted.append(True)
+            box.post(Arrived("during", True))  # another thread's post, between the loop's steps
+        return real_read(fd, n)
+
+    try:
+        box.post(Arrived("first", True))
+        monkeypatch.setattr(mb.os, "read", read_with_a_post_beside)
+        taken = [h.name for h in box.take()]
+        monkeypatch.setattr(mb.os, "read", real_read)
+        later = [] if "during" in taken else ["during"]
+        box.post(Arrived("next", True))
+        assert select.select([box], [], [], 0)[0], "a hint waits: the mailbox must be readable"
+        assert [h.name for h in box.take()] == [*later, "next"]
+    finally:
+        box.close()

@@ -42,12 +42,15 @@ class Mailbox:
 
     def take(self) -> list[Hint]:
         """Every hint waiting, oldest first (the wake-up bytes are drained too)."""
-        self._woken = False  # before the queue is read: a hint posted from here on wakes the loop again
         try:
             while len(os.read(self._read, 4096)) == 4096:  # one byte per wake-up: mostly one read
                 pass
         except BlockingIOError:
             pass
+        # After the pipe is drained (a wake-up written during the drain would be drained with it, and the hint
+        # behind the next one left without any) and before the queue is read: a hint posted from here on
+        # wakes the loop again; one posted before is in the queue read below.
+        self._woken = False
         out = []
         while True:
             try:
