@@ -51,7 +51,8 @@ class Watcher(Protocol):
         ...
 
     def take(self) -> list[Hint]:
-        """The hints that arrived since the last call, without waiting."""
+        """The hints that arrived since the last call, without waiting (called when one of :meth:`waitables` is
+        readable)."""
         ...
 
     def stop(self) -> None: ...

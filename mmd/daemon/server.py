@@ -689,10 +689,12 @@ class Daemon:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
             watcher = self._observer
+            watched = watcher.waitables() if watcher is not None else []
             # The mailbox is readable as a descriptor; so is the inbox's inotify watch, read here, not by a thread.
-            readable: list[Any] = [*self.workers.conns(), self.mailbox, *(watcher.waitables() if watcher else ())]
+            # Each is read only when the wait found it readable: most turns are a worker's event alone.
+            readable: list[Any] = [*self.workers.conns(), self.mailbox, *watched]
             ready = self._waits.wait(readable, max(0.0, min(waits)))
-            if watcher is not None:
+            if watcher is not None and any(obj in ready for obj in watched):
                 arrived = watcher.take()
                 for hint in arrived:
                     self._handle(hint)
@@ -700,8 +702,9 @@ class Daemon:
                     self._dispatch()  # a lone arrival's order goes out before the rest of the turn
             for w, event, order in self.workers.events(ready):
                 self._on_event(w, event, order)
-            for hint in self.mailbox.take():
-                self._handle(hint)
+            if self.mailbox in ready:
+                for hint in self.mailbox.take():
+                    self._handle(hint)
             if self._stopping is not None:
                 return 0
             if once and self._once_failed is not None:
