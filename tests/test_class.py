@@ -558,3 +558,47 @@ def test_the_spares_a_worker_keeps_in_a_students_folder_are_out_of_that_students
         proc.terminate()
         assert proc.wait(timeout=30) == 0, (box.root / "daemon.log").read_text()[-3000:]
     assert [p.name for p in mine.iterdir() if ".spare" in p.name] == [], "a stopped daemon leaves no spare behind"
+
+
+def test_students_hostile_names_reach_a_serving_daemon_as_events_and_end_as_safe_names_in_their_own_folders(
+    box, students
+):
+    """A serving daemon (its main loop reads the inbox's inotify watch itself): a name with a bidi override, one
+    with a terminal escape, a plain one and a folder named like a job, renamed in by two students. Each file is
+    served at once from its event, under a safe name, into its submitter's folder; the folder is left alone; no
+    raw control character reaches the log; the daemon serves on."""
+    alice, bob = students
+    env = {**os.environ, "MMD_INBOX": str(box.inbox), "MMD_OUTBOX": str(box.outbox), "MMD_STATE_DIR": str(box.state),
+           "MMD_CLASS_MODE": "true", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.05",
+           "MMD_RESCAN_SECONDS": "3600", "MMD_LOG_FORMAT": "json"}  # fmt: skip  # no rescan: events only
+    log_path = box.root / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mmd", "serve"], env=env, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: '"serving"' in log_path.read_text(), 60, "the daemon to serve")
+        alice.drop(box.inbox, "hw\u202etxt.exe.txt", small_input(21))
+        alice.drop(box.inbox, "a\x1b[2Kb.txt", small_input(22))
+        bob.drop(box.inbox, "plain-name.txt", small_input(23))
+        bob.run('mkdir "$1/.d" && mv "$1/.d" "$1/dir.txt"', str(box.inbox))
+        mine = {alice: ["hw_txt.exe.timing.yaml", "a_[2Kb.timing.yaml"], bob: ["plain-name.timing.yaml"]}
+        for who, names in mine.items():
+            for name in names:
+                wait_for(lambda w=who, n=name: (box.outbox / w.login / n).exists(), 30, f"{name} from its event")
+
+        def shown_in(folder):  # the worker's spares there are dot files (their own test above)
+            return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+
+        assert shown_in(box.outbox / alice.login) == ["a_[2Kb.out", "a_[2Kb.timing.yaml", "hw_txt.exe.out",
+                                                      "hw_txt.exe.timing.yaml"]  # fmt: skip
+        assert shown_in(box.outbox / bob.login) == ["plain-name.out", "plain-name.timing.yaml"]
+        text = (box.outbox / alice.login / "hw_txt.exe.timing.yaml").read_text()
+        sidecar = yaml.safe_load(text)
+        assert sidecar["status"] == "ok" and sidecar["submitter"] == alice.login
+        assert sidecar["original_name"] == "hw\\u202etxt.exe.txt" and "\u202e" not in text  # named, escaped
+        assert (box.inbox / "dir.txt").is_dir(), "a folder named like a job is not a job"
+        assert proc.poll() is None
+        text = log_path.read_text()
+        assert "\x1b" not in text and "\u202e" not in text
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
