@@ -354,11 +354,16 @@ def _check_2d(c: np.ndarray) -> np.ndarray:
 
 
 def emit_chunks(c: np.ndarray, rows_per_chunk: int | None = None) -> Iterator[bytes]:
-    """The bytes of :func:`emit` in pieces: the header line, then blocks of rows."""
+    """The bytes of :func:`emit` in pieces: the header line, then blocks of rows (one piece in all where the rows
+    are one block: a small output is then one write)."""
     c = _check_2d(c)
     m, n = c.shape
+    blocks = _row_blocks(m, n, rows_per_chunk)
+    if len(blocks) == 1:
+        yield _header_line(m, n) + _emit_rows(c)
+        return
     yield _header_line(m, n)
-    yield from _ordered_map(lambda bd: _emit_rows(c[bd[0] : bd[1]]), _row_blocks(m, n, rows_per_chunk))
+    yield from _ordered_map(lambda bd: _emit_rows(c[bd[0] : bd[1]]), blocks)
 
 
 def emit(c: np.ndarray) -> bytes:

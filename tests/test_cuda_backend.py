@@ -293,9 +293,10 @@ def test_a_reserved_page_locked_buffer_is_kept_for_smaller_jobs():
     pool.reserve("input", 1000)
     small = pool.get("input", 10, np.uint8)  # far below the reuse fraction: kept all the same
     assert made == [1000] and pool.holds(small)
-    pool.get("input", 4000, np.uint8)  # bigger than the reserve: it grows
+    grown = pool.get("input", 4000, np.uint8)  # bigger than the reserve: it grows
+    assert pool.holds(grown) and not pool.holds(small)  # the buffer it was a view of is the slot's no more
     pool.get("input", 10, np.uint8)  # and shrinks back to the reserve, not below
-    assert made == [1000, 4000, 1000] and pool.held_bytes == 1000
+    assert made == [1000, 4000, 1000] and pool.held_bytes == 1000 and not pool.holds(grown)
     pool.get("other", 4000, np.uint8)
     pool.get("other", 10, np.uint8)  # an unreserved slot is not held for small requests
     assert made[-1] == 10
@@ -310,7 +311,7 @@ def test_page_locked_memory_made_elsewhere_is_the_slot_s_and_freed_once_with_the
     assert pool.holds(view) and view.__array_interface__["data"][0] == made.__array_interface__["data"][0]
     pool.get("input", 5000, np.uint8)  # outgrown: a new buffer, the adopted one kept until the pool is freed
     pool.free_all()
-    assert sorted(freed) == ["adopted", "pool"]
+    assert sorted(freed) == ["adopted", "pool"] and not pool.holds(view)
     pool.free_all()
     assert sorted(freed) == ["adopted", "pool"]
 
@@ -399,6 +400,25 @@ def test_a_big_job_is_untouched_and_a_mixed_one_says_which_matrices_the_cache_ha
     a, b = operands(2, 300, 300)  # A and C are small, B is not
     assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == [CACHE_NOTE.format(0, 2)]
     assert backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes == [CACHE_NOTE.format(2, 2)]
+
+
+def test_a_small_shape_is_checked_and_looked_up_once_and_another_request_or_shape_is_checked_again(monkeypatch):
+    backend, session = backend_with()
+    backend.prepare(0)
+    looked: list[int] = []
+    compile_ = session.compile
+    monkeypatch.setattr(session, "compile", lambda spec, tile: looked.append(tile) or compile_(spec, tile))
+    a, b = operands(32, 32, 32)
+    products = [backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16)) for _ in range(3)]
+    assert looked == [16] and ["compile" in p.timings_ms for p in products] == [True, False, False]
+    np.testing.assert_allclose(products[-1].c, a @ b, rtol=1e-6)
+    with pytest.raises(TileError):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=64))
+    session.free_bytes = 100
+    a, b = operands(300, 300, 300)
+    with pytest.raises(CudaError, match="MiB of device memory is free"):
+        backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16))
+    assert looked == [16, 16]  # the big job was looked up (and its memory asked for) each time
 
 
 def test_a_job_the_cache_serves_does_not_ask_for_free_memory_and_a_big_one_still_does():

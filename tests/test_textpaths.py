@@ -70,9 +70,17 @@ def test_a_file_its_header_read_took_whole_is_not_read_again(tmp_path, monkeypat
 
 def test_choose_takes_the_device_path_when_the_backend_has_one():
     backend, _ = cuda_backend()
-    assert isinstance(choose(backend, GPU), DeviceTextPath)
-    assert isinstance(choose(backend, MultiplyRequest(text_path="host")), HostTextPath)
-    assert isinstance(choose(CpuBackend(), MultiplyRequest(text_path="gpu")), HostTextPath)
+    assert isinstance(choose(backend, GPU, 10), DeviceTextPath)
+    assert isinstance(choose(backend, MultiplyRequest(text_path="host"), GPU_TEXT_MIN_BYTES), HostTextPath)
+    assert isinstance(choose(CpuBackend(), MultiplyRequest(text_path="gpu"), GPU_TEXT_MIN_BYTES), HostTextPath)
+
+
+def test_auto_chooses_the_host_path_for_a_small_input_so_it_is_read_into_no_page_locked_buffer():
+    backend, _ = cuda_backend()
+    auto = MultiplyRequest()
+    small, big = choose(backend, auto, GPU_TEXT_MIN_BYTES - 1), choose(backend, auto, GPU_TEXT_MIN_BYTES)
+    assert isinstance(small, HostTextPath) and small.input_buffer() is None
+    assert isinstance(big, DeviceTextPath) and big.input_buffer() is not None
 
 
 def test_device_path_runs_and_records_its_parts(tmp_path):

@@ -41,6 +41,8 @@ from ..textformat import Header
 from .base import CUDA_PHASES, INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product, TextProduct, input_bytes
 
 _MIB = 1024 * 1024
+#: How many shapes :class:`CudaBackend` keeps its checks for (a worker sees few; the bound is for a flood of odd ones).
+READY_SHAPES = 256
 T = TypeVar("T")
 
 
@@ -119,6 +121,9 @@ class CudaBackend(Backend, DeviceText):
         self._thread = threading.get_ident()
         self._closed = False
         self._warm: set[tuple[int, int, int, bool]] = set()  # shapes (and math modes) cuBLAS has run here
+        #: What :meth:`_prepare` found for a request and shape whose matrices the session's cache keeps (the
+        #: kernel's variant, built, its launch checked): a small job of that shape again skips the checks.
+        self._ready: dict[tuple[MultiplyRequest, int, int, int], tuple[registry.KernelSpec, Compiled | None]] = {}
 
     @property
     def session(self) -> Session:
@@ -175,6 +180,9 @@ class CudaBackend(Backend, DeviceText):
         self, request: MultiplyRequest, m: int, k: int, n: int
     ) -> tuple[registry.KernelSpec, Compiled | None, dict[str, float]]:
         """Check the kernel, memory mode, tile and grid; build the kernel; check free memory."""
+        ready = self._ready.get((request, m, k, n))
+        if ready is not None:
+            return ready[0], ready[1], {}
         spec = registry.get(request.kernel)
         if not spec.on_gpu:
             raise KernelError(
@@ -197,9 +205,15 @@ class CudaBackend(Backend, DeviceText):
             if built_now:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
-        self._check_memory(request.memory, m, k, n)
+        kept = self._kept(request.memory, m, k, n)
+        if not kept:
+            self._check_memory(request.memory, m, k, n)
         if spec.kind == registry.LIBRARY:
             self._warm_library(m, k, n, _tf32(spec), timings)
+        if kept:
+            if len(self._ready) >= READY_SHAPES:
+                self._ready.clear()
+            self._ready[(request, m, k, n)] = (spec, compiled)
         return spec, compiled, timings
 
     def _warm_library(self, m: int, k: int, n: int, tf32: bool, timings: dict[str, float]) -> None:
@@ -354,14 +368,17 @@ class CudaBackend(Backend, DeviceText):
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise CudaError(f"CUDA failed: {reason}") from exc
 
+    def _kept(self, memory: str, m: int, k: int, n: int) -> bool:
+        """Whether the session's cache serves all three matrices of an m×k×n job."""
+        return all(self._session.keeps(memory, rows, cols) for rows, cols in ((m, k), (k, n), (m, n)))
+
     def _check_memory(self, memory: str, m: int, k: int, n: int) -> None:
         """Refuse a job whose three matrices cannot fit in free device memory.
 
-        Not asked (a cuMemGetInfo saved) when the session's cache serves all three: they take at most a few
-        hundred KiB, mostly memory the cache already holds, and a failed allocation is refused as clearly.
+        Not asked (a cuMemGetInfo saved) for a job whose matrices the session's cache serves (:meth:`_kept`):
+        they take at most a few hundred KiB, mostly memory the cache already holds, and a failed allocation is
+        refused as clearly.
         """
-        if all(self._session.keeps(memory, rows, cols) for rows, cols in ((m, k), (k, n), (m, n))):
-            return
         need = (m * k + k * n + m * n) * registry.FLOAT_BYTES
         free, _total = self._guarded(self._session.mem_info)
         if need > free:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -175,6 +176,9 @@ class PinnedPool:
         self._allocate = allocate
         self._release = release
         self._buffers: dict[str, np.ndarray] = {}
+        #: Each buffer's address range, kept beside it: :meth:`holds` runs for every copy to the device, and
+        #: numpy makes a dict each time it is asked for an array's address.
+        self._spans: dict[str, tuple[int, int]] = {}
         self._reserved: dict[str, int] = {}
         #: Buffers made elsewhere, by their address: how each is freed (kept after its slot drops it, since a
         #: view of it may still be in use, until free_all).
@@ -182,8 +186,8 @@ class PinnedPool:
 
     def adopt(self, slot: str, buffer: np.ndarray, free: Callable[[], None]) -> None:
         """Make ``buffer`` (page-locked bytes made elsewhere) ``slot``'s; ``free()`` releases it with the pool."""
-        self._buffers[slot] = buffer
-        self._adopted[buffer.__array_interface__["data"][0]] = (buffer, free)
+        self._keep(slot, buffer)
+        self._adopted[_address(buffer)] = (buffer, free)
 
     def reserve(self, slot: str, nbytes: int) -> None:
         """Allocate ``slot`` now, at least ``nbytes``, and keep at least that much for it from now on."""
@@ -198,15 +202,16 @@ class PinnedPool:
     def get(self, slot: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A page-locked array of ``shape`` in ``slot`` (valid until the slot's next use)."""
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape))
+        count = shape if isinstance(shape, int) else math.prod(shape)
         need = max(count * dtype.itemsize, 1)
         buf = self._buffers.get(slot)
         floor = self._reserved.get(slot, 0)
         if buf is None or buf.nbytes < need or (buf.nbytes > floor and need < buf.nbytes * PINNED_REUSE_FRACTION):
             # The old buffer is dropped, not freed: views handed out earlier stay valid until they go.
             self._buffers.pop(slot, None)
+            self._spans.pop(slot, None)
             buf = self._allocate(max(need, floor))
-            self._buffers[slot] = buf
+            self._keep(slot, buf)
         view: np.ndarray = buf[: count * dtype.itemsize].view(dtype).reshape(shape)
         return view
 
@@ -214,21 +219,29 @@ class PinnedPool:
         """Whether ``host`` lies inside one of the pool's buffers (so it can be copied asynchronously)."""
         if not isinstance(host, np.ndarray) or host.size == 0:
             return False
-        start = host.__array_interface__["data"][0]
+        start = _address(host)
         end = start + host.nbytes
-        for buf in self._buffers.values():
-            lo = buf.__array_interface__["data"][0]
-            if lo <= start and end <= lo + buf.nbytes:
-                return True
-        return False
+        return any(lo <= start and end <= hi for lo, hi in self._spans.values())
+
+    def _keep(self, slot: str, buffer: np.ndarray) -> None:
+        self._buffers[slot] = buffer
+        lo = _address(buffer)
+        self._spans[slot] = (lo, lo + buffer.nbytes)
 
     def free_all(self) -> None:
         """Release every buffer now (the session is closing: views handed out are invalid after this)."""
         for buf in self._buffers.values():
-            if buf.__array_interface__["data"][0] not in self._adopted:
+            if _address(buf) not in self._adopted:
                 self._release(buf)
         self._buffers.clear()
+        self._spans.clear()
         adopted = list(self._adopted.values())
         self._adopted.clear()
         for _, free in adopted:
             free()
+
+
+def _address(array: np.ndarray) -> int:
+    """Where ``array``'s first byte lies."""
+    address: int = array.__array_interface__["data"][0]
+    return address

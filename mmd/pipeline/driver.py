@@ -135,7 +135,6 @@ def _run(
 ) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings) if room is None else dataclasses.replace(limits_for(settings), room=room)
-    path = choose(backend, request)
 
     on_phase("read")
     t0 = time.perf_counter()
@@ -144,6 +143,7 @@ def _run(
     first = head.header
     facts.shape = Shape(first.m, first.k, first.n)
     check_header(first, head.size, limits)
+    path = choose(backend, request, head.size)
     facts.hasher = hasher = StreamHash()
     data = read_input(job.input, limits, into=path.input_buffer(), hasher=hasher, head=head)
     timings["read"] = _since(t0)

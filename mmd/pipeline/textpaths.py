@@ -100,8 +100,7 @@ class DeviceTextPath(TextPath):
     def compute(
         self, data: bytes | memoryview, header: Header, request: MultiplyRequest, phase: Callable[[str], None]
     ) -> Computed:
-        small = request.text_path == "auto" and len(data) < GPU_TEXT_MIN_BYTES
-        if small or not self.device.accepts(header, len(data), request):
+        if not self.device.accepts(header, len(data), request):
             return HostTextPath(self.backend).compute(data, header, request, phase)
         phase("multiply")  # the device parses, multiplies and formats in one go
         product = self.device.multiply_text(data, header, request)
@@ -110,9 +109,13 @@ class DeviceTextPath(TextPath):
         return Computed(product.chunks, product, product.text, stage)
 
 
-def choose(backend: Backend, request: MultiplyRequest) -> TextPath:
-    """The device path when the request allows it and the backend has one, else the host path."""
-    device = backend.device_text() if request.text_path != "host" else None
+def choose(backend: Backend, request: MultiplyRequest, nbytes: int) -> TextPath:
+    """The path for an input of ``nbytes``: the device path when the request allows it, the backend has one and
+    (with ``text_path: auto``) the input is not small, else the host path. A small input then never goes
+    through the device path's page-locked buffer, which only the device's parser needs."""
+    if request.text_path == "host" or (request.text_path == "auto" and nbytes < GPU_TEXT_MIN_BYTES):
+        return HostTextPath(backend)
+    device = backend.device_text()
     return DeviceTextPath(backend, device) if device is not None else HostTextPath(backend)
 
 
