@@ -699,12 +699,27 @@ class GpuSession:
         if threading.get_ident() != self._thread:
             raise CudaError("the CUDA session was opened in another thread; open, use and close it in one thread")
 
-    @contextlib.contextmanager
-    def converting(self, doing: str) -> Iterator[None]:
+    def converting(self, doing: str) -> _Converting:
         """Turn driver errors raised while ``doing`` into CudaError."""
-        try:
-            yield
-        except (self._cuda.Error, MemoryError) as exc:
+        return _Converting(doing, (self._cuda.Error, MemoryError))
+
+
+class _Converting:
+    """:meth:`GpuSession.converting`'s context: a class, not a generator, since every driver call of a job
+    goes through one (a generator's costs three times as much)."""
+
+    __slots__ = ("doing", "errors")
+
+    def __init__(self, doing: str, errors: tuple[type[BaseException], ...]) -> None:
+        self.doing = doing
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and isinstance(exc, self.errors):
+            doing = self.doing
             raise CudaError(f"{doing} failed: {one_line(exc)}", details={"during": doing}) from exc
 
 

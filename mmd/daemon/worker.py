@@ -289,7 +289,10 @@ class Runner:
         rooms = []
         if settings.min_free_bytes is not None:
             with contextlib.suppress(OSError):  # no answer: no bound from it (the write will say)
-                st = os.statvfs(folder if folder.exists() else self.spool.outbox)
+                try:
+                    st = os.statvfs(folder)
+                except FileNotFoundError:  # a submitter's folder removed: its job makes it again
+                    st = os.statvfs(self.spool.outbox)
                 free = st.f_bavail * st.f_frsize
                 rooms.append(Room(free - settings.min_free_bytes,
                                   f"the outbox's disk has {free} bytes free and keeps {settings.min_free_bytes} "
