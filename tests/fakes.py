@@ -71,7 +71,7 @@ class FakeTimer:
         self.names: list[str] = []
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, *, follows: bool = False) -> Iterator[None]:
         yield
         self.names.append(name)
 

@@ -71,6 +71,33 @@ def test_phases_are_timed_as_before_and_their_events_are_made_once_per_session()
     assert Event.made == 12 and len(spare) == 12
 
 
+def test_phases_that_follow_share_their_boundary_events_and_time_the_same():
+    Event.made = 0
+    stream = Stream()
+    spare: list[Any] = []
+    apart = job(PhaseTimer(Cuda, stream, spare), stream)
+    made = Event.made
+    timer = PhaseTimer(Cuda, stream, spare)
+    for name in ("malloc", "h2d", "kernel", "d2h", "h2d", "free"):
+        with timer.phase(name, follows=name != "malloc"):
+            stream.clock += {"kernel": 10.0}.get(name, 2.0)
+    assert timer.elapsed_ms() == apart  # the event a phase no longer records was its own clock tick
+    assert Event.made == made and len(spare) == 12  # 7 recorded, each given back once
+    assert len(set(map(id, stream.recorded[-7:]))) == 7
+
+
+def test_a_phase_after_a_failed_one_records_its_own_start():
+    stream = Stream()
+    timer = PhaseTimer(Cuda, stream, [])
+    with timer.phase("malloc"):
+        stream.clock += 2.0
+    with pytest.raises(RuntimeError), timer.phase("h2d", follows=True):
+        raise RuntimeError("cuMemcpy failed")
+    with timer.phase("kernel", follows=True):
+        stream.clock += 10.0
+    assert timer.elapsed_ms() == {"malloc": 3.0, "kernel": 11.0}
+
+
 def test_events_of_a_timer_not_read_are_not_reused():
     """A job that failed midway never reads its timer: its events may still be pending, so none is spare."""
     stream = Stream()

@@ -53,7 +53,7 @@ def prepared_size(budget: int) -> int:
 
 
 class Timer(Protocol):
-    def phase(self, name: str) -> AbstractContextManager[None]: ...
+    def phase(self, name: str, *, follows: bool = False) -> AbstractContextManager[None]: ...
     def elapsed_ms(self) -> dict[str, float]: ...
 
 
@@ -331,16 +331,17 @@ class CudaBackend(Backend, DeviceText):
                     held.append(session.alloc(request.memory, rows, cols))
             da, db, dc = held
             cache_note = _cache_note(held)
-            with timer.phase("h2d"):
+            # Back to back, each phase starting at the last one's end event, but for the L2's flush.
+            with timer.phase("h2d", follows=True):
                 session.upload(da, a, "a")
                 session.upload(db, b, "b")
             if request.flush_l2:  # between the phases: the copies just left A and B in the L2
                 session.flush_l2()
-            with timer.phase("kernel"):
+            with timer.phase("kernel", follows=not request.flush_l2):
                 session.multiply(compiled, da, db, dc, tf32=_tf32(spec))
-            with timer.phase("d2h"):
+            with timer.phase("d2h", follows=True):
                 c = session.download(dc, "c")
-            with timer.phase("free"):
+            with timer.phase("free", follows=True):
                 while held:
                     session.free(held.pop())
             timings.update(timer.elapsed_ms())

@@ -62,10 +62,14 @@ class PhaseTimer:
     calls (allocation, free) inside a phase are measured too: an event
     recorded on an idle stream is stamped when it is recorded.
 
+    A phase that ``follows`` the one before starts at that phase's end
+    event: back-to-back phases record one event each, not two (what the host
+    does between them counts toward the later one).
+
     Events come from ``spare`` (the session's, shared by its timers) and go
     back there once :meth:`elapsed_ms` has waited for them, so a job records
-    events without creating and destroying ten of them; a new one is made
-    when none is spare.
+    events without creating and destroying them; a new one is made when none
+    is spare.
     """
 
     def __init__(self, cuda: Any, stream: Any, spare: list[Any]) -> None:
@@ -73,6 +77,7 @@ class PhaseTimer:
         self._stream = stream
         self._spare = spare
         self._marks: list[tuple[str, Any, Any]] = []
+        self._last: Any = None  # the last phase's end event
 
     def _event(self) -> Any:
         event = self._spare.pop() if self._spare else self._cuda.Event()
@@ -80,10 +85,11 @@ class PhaseTimer:
         return event
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = self._event()
+    def phase(self, name: str, *, follows: bool = False) -> Iterator[None]:
+        start = self._last if follows and self._last is not None else self._event()
+        self._last = None  # a phase that fails ends nothing another may follow
         yield
-        end = self._event()
+        self._last = end = self._event()
         self._marks.append((name, start, end))
 
     def elapsed_ms(self) -> dict[str, float]:
@@ -94,10 +100,15 @@ class PhaseTimer:
         out: dict[str, float] = {}
         for name, start, end in self._marks:
             out[name] = out.get(name, 0.0) + float(start.time_till(end))
-        # Every event is complete (the stream ran past the last): they can be recorded again.
+        # Every event is complete (the stream ran past the last): they can be recorded again, each once.
+        last = None
         for _, start, end in self._marks:
-            self._spare += (start, end)
+            if start is not last:
+                self._spare.append(start)
+            self._spare.append(end)
+            last = end
         self._marks.clear()
+        self._last = None
         return out
 
 
