@@ -717,7 +717,7 @@ class GpuSession:
 
 class _Converting:
     """:meth:`GpuSession.converting`'s context: a class, not a generator, since every driver call of a job
-    goes through one (a generator's costs three times as much)."""
+    goes through one and a generator's costs several times more to enter and leave."""
 
     __slots__ = ("doing", "errors")
 
