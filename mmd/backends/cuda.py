@@ -23,7 +23,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -34,7 +33,7 @@ from ..config import MEMORY_MODES
 from ..cuda.compiler import Compiled
 from ..cuda.libcuda import HostMemory
 from ..cuda.memory import DeviceMatrix
-from ..cuda.text import TextResult, fits, text_bytes
+from ..cuda.text import TextResult, Timer, fits, text_bytes
 from ..errors import CudaError, KernelError, MmdError
 from ..record import TextFacts
 from ..textformat import Header
@@ -50,11 +49,6 @@ def prepared_size(budget: int) -> int:
     """The largest n whose n×n job's buffers (input, C, text) fit ``budget`` bytes."""
     per_n2 = input_bytes(1) + 4 + text_bytes(1)  # input, C (float32), text
     return math.isqrt(max(budget, 0) // per_n2)
-
-
-class Timer(Protocol):
-    def phase(self, name: str, *, follows: bool = False) -> AbstractContextManager[None]: ...
-    def elapsed_ms(self) -> dict[str, float]: ...
 
 
 class TextEngine(Protocol):

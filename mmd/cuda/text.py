@@ -134,9 +134,10 @@ class TextResult:
 
 
 class Timer(Protocol):
-    """Named CUDA-event phases (several of one name are summed)."""
+    """Named CUDA-event phases (several of one name are summed; one that ``follows`` starts where the last
+    ended); :class:`~mmd.cuda.session.PhaseTimer` on a GPU."""
 
-    def phase(self, name: str) -> AbstractContextManager[None]: ...
+    def phase(self, name: str, *, follows: bool = False) -> AbstractContextManager[None]: ...
     def elapsed_ms(self) -> dict[str, float]: ...
 
 
