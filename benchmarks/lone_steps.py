@@ -90,7 +90,7 @@ END = 100  # added to a call's code in its stamp after it returned
 #: The milestones of one drop, in order: (name, what it means).
 STEPS = [
     ("event", "the main process reads the inotify event"),
-    ("order", "a worker reads its order"),
+    ("order", "a worker reads its order, or its own inbox event (a worker on a watch)"),
     ("claim", "the worker's first rename: the claim starts"),
     ("read", "the input read (the claim done)"),
     ("output", "the output's temporary opened (parse, multiply, emit done)"),
@@ -127,9 +127,9 @@ def milestones(stamps: list[tuple[float, int, int, int, int]], main: int, t0: fl
                 return s
         return None
 
-    # An inotify event of a short name is 32 to 64 bytes; a pickled order is longer.
+    # An inotify event of a short name is 32 to 64 bytes; a pickled order is longer (read after its 4-byte length).
     first("event", lambda s: s[1] == main and s[2] == END + READ and 16 < s[4] <= 64)
-    got = first("order", lambda s: s[1] != main and s[2] == END + READ and s[4] > 60)
+    got = first("order", lambda s: s[1] != main and s[2] == END + READ and s[4] > 16)
     if got is not None:
         worker = got[1]
         first("claim", lambda s: s[1] == worker and s[2] == RENAME)

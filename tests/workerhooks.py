@@ -73,6 +73,52 @@ def log_jobs(path: str) -> None:
     _patch_run_job(wrap)
 
 
+def log_watches(path: str) -> None:
+    """Each watch a worker starts appends ``watch <pid>`` to ``path``, each arrival it takes on one ``took
+    <input name> <pid>`` (once its job is done), and each watch that ends ``unwatch <pid>``."""
+    from mmd.daemon import worker
+
+    def note(line: str) -> None:
+        with open(path, "a") as fh:
+            fh.write(f"{line} {os.getpid()}\n")
+
+    class Noted(worker.InboxWatch):
+        def __init__(self, inbox: Path) -> None:
+            super().__init__(inbox)
+            note("watch")
+
+        def stop(self) -> None:
+            super().stop()
+            note("unwatch")
+
+    real = worker.Runner.take
+
+    def take(self: Any, watch: Any, name: str) -> bool:
+        took = real(self, watch, name)
+        if took:
+            note(f"took {name}")
+        return took
+
+    worker.InboxWatch = Noted  # type: ignore[misc]
+    worker.Runner.take = take  # type: ignore[method-assign]
+
+
+def die_once(marker: str, name: str) -> None:
+    """The job of input ``name`` kills its own worker (SIGKILL) as it starts, the first time (``marker`` is
+    made then): a crash after the claim, before the job is told or done."""
+
+    def wrap(real: Any) -> Any:
+        def dying(job: Any, *args: Any, **kw: Any) -> Any:
+            if job.input.name == name and not os.path.exists(marker):
+                Path(marker).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(job, *args, **kw)
+
+        return dying
+
+    _patch_run_job(wrap)
+
+
 def meet(folder: str, count: int) -> None:
     """The first ``count`` jobs wait for each other (a barrier in files): only ``count`` workers running at
     once can pass it. Each leaves ``<folder>/<pid>`` behind."""
@@ -224,6 +270,7 @@ sys.exit(main(sys.argv[1:]))
 
 __all__ = [
     "chain",
+    "die_once",
     "enospc_on",
     "fake_gpus",
     "faulty_cpu",
@@ -231,6 +278,7 @@ __all__ = [
     "jumpy_wall_clock",
     "launcher",
     "log_jobs",
+    "log_watches",
     "meet",
     "partial",
     "raise_in_job",

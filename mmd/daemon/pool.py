@@ -29,7 +29,22 @@ from ..spool import shown
 from . import worker
 from .common import HEARTBEAT, STOP_GRACE_S
 from .control import Control
-from .messages import Ended, Event, Kept, NotRun, Order, Quit, Ready, Resume, Run, StartFailed, WorkerSpec
+from .messages import (
+    Ended,
+    Event,
+    Kept,
+    NotRun,
+    Order,
+    Quit,
+    Ready,
+    Resume,
+    Run,
+    StartFailed,
+    StopWatching,
+    Watch,
+    Watched,
+    WorkerSpec,
+)
 from .scheduler import Load
 
 #: What the fork server imports once, so that every worker it forks has it already.
@@ -61,6 +76,9 @@ class WorkerHandle:
         self.in_hand: dict[int, Run | Resume] = {}
         #: Of those, how many are small (a big one in hand means no more are given).
         self.small: set[int] = set()
+        #: The watch it is on (:class:`~.messages.Watch`) until it answers; not a job in hand until it takes one.
+        self.watching: Watch | None = None
+        self._stop_asked = False
         self.ready: Ready | None = None
         self.failed: StartFailed | None = None
         self._seq = 0
@@ -95,12 +113,30 @@ class WorkerHandle:
         here: its death is found by :meth:`alive`."""
         if isinstance(order, (Run, Resume)):
             self.in_hand[order.seq] = order
+        elif isinstance(order, Watch):
+            self.watching, self._stop_asked = order, False
         with contextlib.suppress(OSError, EOFError):
             self.conn.send(order)
 
-    def events(self) -> list[tuple[Event, Run | Resume | None]]:
+    def watch_taken(self) -> bool:
+        """Whether it runs a job it took on its watch, not yet told (a small job says so when it ends)."""
+        running = self.control.running() if self.watching is not None else None
+        return running is not None and self.watching is not None and running.seq == self.watching.seq
+
+    def watch(self, job_id: str) -> None:
+        """Put it on a :class:`~.messages.Watch`: it claims the next arrival itself, as job ``job_id``."""
+        self.send(Watch(self.next_seq(), job_id))
+
+    def stop_watching(self) -> None:
+        """Ask it to end its watch (once); its :class:`~.messages.Watched` answers."""
+        if self.watching is not None and not self._stop_asked:
+            self._stop_asked = True
+            self.send(StopWatching(self.watching.seq))
+
+    def events(self) -> list[tuple[Event, Run | Resume | Watch | None]]:
         """Every event waiting in the pipe (none when it is empty or closed), each with the order it answers
-        (which is no longer in hand), or None."""
+        (which is no longer in hand), or None. A watch that took a job becomes that job's :class:`Run`, in
+        hand."""
         received: list[Event] = []
         try:
             while self.conn.poll():
@@ -108,10 +144,14 @@ class WorkerHandle:
                 received.append(event)
         except (EOFError, OSError):
             pass
-        out: list[tuple[Event, Run | Resume | None]] = []
+        out: list[tuple[Event, Run | Resume | Watch | None]] = []
         for event in received:
-            order = None
-            if isinstance(event, (Ended, NotRun, Kept)):
+            order: Run | Resume | Watch | None = None
+            if isinstance(event, Watched):
+                order, self.watching = self.watching, None
+                if order is not None and event.name is not None:
+                    self.in_hand[event.seq] = Run(event.seq, event.name, order.job_id)
+            elif isinstance(event, (Ended, NotRun, Kept)):
                 order = self.in_hand.pop(event.seq, None)
                 self.small.discard(event.seq)
             elif isinstance(event, Ready):
@@ -207,11 +247,31 @@ class WorkerPool:
         """The scheduler's view of the workers that take jobs now: the ready ones. Whether each is alive is not
         asked here (two system calls a worker, on every arrival's way to its order): one found dead by the
         server's check, which follows the orders, gives back what it was given, to go to another."""
-        return [
-            Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand))
-            for w in self.handles
-            if w.ready is not None
-        ]
+        loads = []
+        for w in self.handles:
+            if w.ready is not None:
+                # A worker on a watch counts as busy: it may be running what it took, not yet told.
+                busy = len(w.in_hand) + (w.watching is not None)
+                loads.append(Load(w.index, busy, all_small=w.watching is None and len(w.small) == len(w.in_hand)))
+        return loads
+
+    def watching(self) -> bool:
+        """Whether a worker is on a watch (or has not yet answered a stop)."""
+        return any(w.watching is not None for w in self.handles)
+
+    def watch_open(self) -> bool:
+        """Whether a worker is on a watch and has not taken a job on it yet (as far as its control block says)."""
+        return any(w.watching is not None and not w.watch_taken() for w in self.handles)
+
+    def stop_watching(self) -> None:
+        for w in self.handles:
+            w.stop_watching()
+
+    def idle(self) -> WorkerHandle | None:
+        """The first ready worker when no worker has a job in hand or a watch (None: one has)."""
+        if any(w.in_hand or w.watching is not None for w in self.handles):
+            return None
+        return next((w for w in self.handles if w.ready is not None), None)
 
     def give(self, index: int, order: Run | Resume, small: bool) -> None:
         w = self.handles[index]
@@ -221,7 +281,7 @@ class WorkerPool:
 
     def events(
         self, ready: Collection[object] | None = None
-    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
+    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | Watch | None]]:
         """Every event waiting from every worker (``ready``: from those whose pipe is in it, what ``wait``
         found readable), each with its worker and the order it answers."""
         for w in list(self.handles):
@@ -245,9 +305,12 @@ class WorkerPool:
         return out
 
     def hold_new(self, hold: bool) -> None:
-        """Tell every worker not to claim the names it was given (a pause, a stop), or to claim them again."""
+        """Tell every worker not to claim the names it was given (a pause, a stop), or to claim them again; a
+        hold ends the watches."""
         for w in self.handles:
             w.control.hold_new = hold
+        if hold:
+            self.stop_watching()
 
     def broadcast(self, order: Order) -> None:
         for w in self.handles:
@@ -290,7 +353,7 @@ class WorkerPool:
                 changed.append((w.index, shown_as))
         return changed
 
-    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | None], None], wait_s: float) -> None:
+    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | Watch | None], None], wait_s: float) -> None:
         """The jobs in hand finish (names given and not claimed stay in the inbox), then each worker quits;
         ``on_event`` is told what they say meanwhile. Waits at most ``wait_s`` for a worker that neither
         runs nor answers."""

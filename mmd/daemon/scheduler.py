@@ -122,6 +122,15 @@ class Scheduler:
         self._names.setdefault(submitter, deque()).append(item)
         return True
 
+    def took(self, name: str) -> None:
+        """A worker claimed inbox file ``name`` on its own (a watch): in hand from now, no longer waiting."""
+        for queue in self._names.values():
+            for item in queue:
+                if item.name == name:
+                    queue.remove(item)
+                    break
+        self._held.add(name)
+
     def resume(self, claims: Iterable[Claim]) -> None:
         """Jobs in ``.work`` to run (or archive) again; they go before any new name."""
         for claim in claims:

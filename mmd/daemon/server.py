@@ -76,6 +76,8 @@ from .messages import (
     Run,
     StartFailed,
     StopRequested,
+    Watch,
+    Watched,
     WorkerSpec,
     Writing,
 )
@@ -131,6 +133,9 @@ class Daemon:
         self._beat = time.monotonic()
         self._paused_until = 0.0  # monotonic: no new job before (the outbox refused a result)
         self._rescan_now = False
+        #: Arrivals held back while a worker watches (:meth:`_watch`), and since when something is held back.
+        self._deferred: list[Arrived] = []
+        self._held_since: float | None = None
         self._once_failed: str | None = None  # with --once: why the drain stopped early
         self._lock: SpoolLock | None = None
         self._observer: Watcher | None = None
@@ -221,8 +226,22 @@ class Daemon:
         return self._lock.fds() if self._lock is not None else []
 
     def _dispatch(self) -> None:
+        if self.workers.watch_open():
+            # Nothing goes out until the watch is answered (its worker is most likely taking what waits); it is
+            # asked to end once something has waited WATCH_GRACE_S.
+            if self.scheduler.waiting or self._deferred:
+                now = time.monotonic()
+                if self._held_since is None:
+                    self._held_since = now
+                elif now - self._held_since >= common.WATCH_GRACE_S:
+                    self.workers.stop_watching()
+                    self._held_since = None  # asked: looked at again in WATCH_GRACE_S, not at every turn
+            return
+        if self._deferred or self._held_since is not None:
+            self._release()  # its worker runs what it took (a small job tells when it ends): the rest goes on
         if not self.scheduler.waiting:
             self.state.update(queue=0)
+            self._watch()
             return
         if self.paused() or self._stopping is not None:
             return
@@ -237,11 +256,32 @@ class Daemon:
             self.workers.give(index, order, item.small)
         self.state.update(queue=self.scheduler.waiting)
 
+    def _watch(self) -> None:
+        """With nothing waiting and every worker idle, put one on a watch: it claims the next arrival itself,
+        so that a lone job skips the hop through this process (where the inbox is watched with inotify).
+        Arrivals seen here meanwhile wait for its answer, or for the job it took to start (:meth:`_release`)."""
+        watcher = self._observer
+        if watcher is None or not watcher.waitables() or self.paused() or self._stopping is not None:
+            return
+        w = self.workers.idle()
+        if w is None:
+            return
+        job_id = new_id()
+        self.spool.expect(job_id)  # in hand before its claim, as a Run's
+        w.watch(job_id)
+
     # -- events from workers --
-    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | None = None) -> None:
+    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | Watch | None = None) -> None:
         """One event of worker ``w``; ``order``: the order it answers (its inbox name is what the scheduler
         holds: a job claimed under a safe name reports that name, not the one it was dropped under)."""
-        held = order.name if isinstance(order, Run) else order.claim.name if order is not None else None
+        if isinstance(event, Watched):
+            if event.name is not None:
+                self.scheduler.took(event.name)
+            elif isinstance(order, Watch):
+                self.spool.forget(order.job_id)
+            self._release()
+            return
+        held = order.name if isinstance(order, Run) else order.claim.name if isinstance(order, Resume) else None
         if isinstance(event, Ended):
             self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
             self.spool.forget(event.end.job)
@@ -267,6 +307,13 @@ class Daemon:
             self.state.worker(w.index, backend=event.backend, device=event.device)
         elif isinstance(event, StartFailed):
             self.log.error("a worker cannot open its backend", worker=w.index, reason=event.error.reason)
+
+    def _release(self) -> None:
+        """The arrivals held back for a watch are looked at now (the one it took is gone from the inbox)."""
+        self._held_since = None
+        deferred, self._deferred = self._deferred, []
+        for hint in deferred:
+            self._offer(hint.name, hint.complete)
 
     def _ended(self, name: str, broken: bool = False) -> None:
         if self.scheduler.ended(name, broken=broken):
@@ -328,16 +375,21 @@ class Daemon:
         w.join()
         for event, order in w.events():
             self._on_event(w, event, order)
-        left = dict(w.in_hand)
+        left: dict[int, Run | Resume | Watch] = {**w.in_hand}
+        if w.watching is not None:  # it may have claimed an arrival and died before saying so
+            left[w.watching.seq] = w.watching
         w.close()
         ended_for = left.get(running.seq) if stopped is not None and running is not None else None
-        ids = {order.job_id if isinstance(order, Run) else order.claim.job_id: order for order in left.values()}
+        ids = {order.claim.job_id if isinstance(order, Resume) else order.job_id: order for order in left.values()}
         found = {c.job_id: c for c in self.spool.in_work() if c.job_id in ids}
         resume = []
         for job_id, order in ids.items():
             claim = found.get(job_id)
             if claim is None:  # never claimed (or archived already): the name is the inbox's again, queued anew
                 self.spool.forget(job_id)
+                if isinstance(order, Watch):
+                    self._rescan_now = True  # whatever arrived while it watched
+                    continue
                 name = order.name if isinstance(order, Run) else order.claim.name
                 self.scheduler.ended(name)
                 self._offer(name, complete=True)
@@ -355,6 +407,8 @@ class Daemon:
             self.log.info("removed a temporary left by a stopped worker", path=str(path))
         fresh = self.workers.replace(i)
         self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
+        if not self.workers.watch_open():
+            self._release()
 
     def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None, overall_ms: float = 0.0) -> None:
         """A claimed job no worker holds (its worker ended for it, or cancelled in the queue): its error
@@ -426,7 +480,10 @@ class Daemon:
 
     def _handle(self, hint: Hint) -> None:
         if isinstance(hint, Arrived):
-            self._offer(hint.name, hint.complete)
+            if self.workers.watch_open():
+                self._deferred.append(hint)  # most likely the watching worker's: looked at once it answers
+            else:
+                self._offer(hint.name, hint.complete)
         elif isinstance(hint, Writing):
             self._readiness.writing(hint.name)
         elif isinstance(hint, Asked):
@@ -688,6 +745,8 @@ class Daemon:
                 if due is not None:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
+            if self._held_since is not None:
+                waits.append(self._held_since + common.WATCH_GRACE_S - now)
             watcher = self._observer
             watched = watcher.waitables() if watcher is not None else []
             # The mailbox is readable as a descriptor; so is the inbox's inotify watch, read here, not by a thread.

@@ -14,6 +14,13 @@ outbox refuses what the job has to write (its reservation, output or
 sidecar) or left when its archive fails, and taken back by the daemon after
 a pause that doubles with each failure in a row (docs/reliability.md).
 
+**The watch.** On an idle daemon the main process puts one worker on a
+:class:`~.messages.Watch`: it watches the inbox itself and claims the next
+complete arrival under the watch's job id (:meth:`Runner.take`), so that a
+lone job costs no order through the main process (docs/daemon.md,
+"Processes"). It tells what it took (:class:`~.messages.Watched`) at once
+for a big input, and for a small one just before the job's end.
+
 **Group commit.** A small job (input under :data:`GROUP_INPUT_BYTES`) whose
 worker has more orders waiting does not publish at once: its output and
 sidecar wait in their temporaries, and the batch is published together,
@@ -38,7 +45,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,7 @@ from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS
 from .control import Control
 from .messages import (
+    Arrived,
     Configure,
     Ended,
     Event,
@@ -69,8 +77,12 @@ from .messages import (
     Resume,
     Run,
     StartFailed,
+    StopWatching,
+    Watch,
+    Watched,
     WorkerSpec,
 )
+from .observer import InboxWatch
 
 #: How long a submitter's usage, once listed, stands for (class mode's quota; a few jobs may overshoot it).
 USAGE_TTL_S = 1.0
@@ -114,7 +126,9 @@ class Runner:
     ) -> None:
         self.settings = settings
         self.spool = spool
-        self.report = report
+        self._report = report
+        #: A watch's :class:`Watched`, said before the next event (a small job's, when it ends).
+        self._untold: Watched | None = None
         self.control = control
         self.device = device
         self.host_id = host_id
@@ -128,6 +142,13 @@ class Runner:
         #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
         #: the worker's start, or it would run without its kept buffers and device memory for good.
         self._rewarm = False
+
+    def report(self, event: Event) -> None:
+        """Tell the main process ``event`` (after the watch's answer still untold)."""
+        if self._untold is not None:
+            untold, self._untold = self._untold, None
+            self._report(untold)
+        self._report(event)
 
     # -- backends --
     def backend(self, settings: Settings) -> Backend:
@@ -174,24 +195,62 @@ class Runner:
                     return
             else:
                 claim = order.claim
-            if claim.original is not None:
-                self._log(claim).info("claimed under a safe name", original=shown(claim.original))
-            self.control.begin(order.seq, self.settings.job_timeout_s)
-            try:
-                self._run(order.seq, claim, more_waiting)
-            finally:
-                self.control.end()
+            self._begin(order.seq, claim, more_waiting)
         except Exception as exc:  # the job boundary: a job never kills the worker
-            log = get_logger(file=shown(name)) if claim is None else self._log(claim)
-            log.exception("internal error in job", error=repr(exc))
-            if claim is not None:
-                try:
-                    refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.ops)
-                    self._conclude(order.seq, claim, refused)
-                except Exception as again:  # its refusal failed too: keep the job in .work for later
-                    log.exception("cannot refuse the job; it stays in .work", error=repr(again))
-                    self.spool.leave(claim)
-                    self.report(Kept(order.seq, claim, f"internal error: {again!r}", committed=False))
+            self._failed(order.seq, name, claim, exc)
+
+    def take(self, watch: Watch, name: str) -> bool:
+        """Claim ``name``, an arrival this worker saw while on ``watch``, and run it as order ``watch.seq``;
+        False when it is not taken (gone, a folder, claimed by another, or new jobs are held back). The
+        main process is told (:class:`Watched`) before anything else of the job. A name whose claim fails is
+        left to the main process (it is in the inbox, or in ``.work`` to take back): the watch ends."""
+        if self.control.hold_new:
+            return False
+        try:
+            if self.spool.stat(name) is None:
+                return False
+            claim = self.spool.claim(name, job_id=watch.job_id)
+        except (OSError, SpoolError) as exc:
+            reason = exc.reason if isinstance(exc, SpoolError) else str(exc)
+            get_logger(file=shown(name)).error("cannot claim", reason=reason)
+            self.report(Watched(watch.seq, None))
+            return True
+        if claim is None:
+            return False
+        if claim.size is not None and claim.size <= GROUP_INPUT_BYTES:
+            # Told when it ends: a message now would wake the main process in the middle of a lone job, and
+            # its supervisor reads what runs from the control block meanwhile.
+            self._untold = Watched(watch.seq, name)
+        else:
+            self.report(Watched(watch.seq, name))  # at once: the status shows a long job from its start
+        try:
+            self._begin(watch.seq, claim, False)
+        except Exception as exc:  # the job boundary, as in process()
+            self._failed(watch.seq, name, claim, exc)
+        return True
+
+    def _begin(self, seq: int, claim: Claim, more_waiting: bool) -> None:
+        """Run a claimed job, timed against its limit from here."""
+        if claim.original is not None:
+            self._log(claim).info("claimed under a safe name", original=shown(claim.original))
+        self.control.begin(seq, self.settings.job_timeout_s)
+        try:
+            self._run(seq, claim, more_waiting)
+        finally:
+            self.control.end()
+
+    def _failed(self, seq: int, name: str, claim: Claim | None, exc: Exception) -> None:
+        """A job raised: refuse it with an internal error, or keep it in ``.work`` when even that fails."""
+        log = get_logger(file=shown(name)) if claim is None else self._log(claim)
+        log.exception("internal error in job", error=repr(exc))
+        if claim is not None:
+            try:
+                refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.ops)
+                self._conclude(seq, claim, refused)
+            except Exception as again:  # its refusal failed too: keep the job in .work for later
+                log.exception("cannot refuse the job; it stays in .work", error=repr(again))
+                self.spool.leave(claim)
+                self.report(Kept(seq, claim, f"internal error: {again!r}", committed=False))
 
     def _log(self, claim: Claim) -> Any:
         """The logger of ``claim``'s job, its facts bound: made when a line is logged (binding costs more than
@@ -480,6 +539,42 @@ def _prepare(backend: Backend, settings: Settings) -> None:
         log.info("warmed up", pinned_mib=round(held / (1 << 20), 1))
 
 
+@dataclass
+class _Watching:
+    """A :class:`Watch` in progress: the order, and the inotify watch on the inbox it waits on."""
+
+    order: Watch
+    lookout: InboxWatch
+
+    @classmethod
+    def start(cls, order: Watch, spool: Spool, control: Control) -> _Watching | None:
+        """Watch the inbox for ``order`` (None: new jobs are held back, or the kernel refused a watch)."""
+        if control.hold_new:
+            return None
+        try:
+            return cls(order, InboxWatch(spool.inbox))
+        except OSError as exc:
+            get_logger().warning("cannot watch the inbox; the main process gives the next job", reason=str(exc))
+            return None
+
+    def until_arrival(self, conn: Connection) -> Callable[[], bool]:
+        """What stops the idle work while watching: an order, or an event of the inbox's watch."""
+        waitables = [conn, *self.lookout.waitables()]
+        return lambda: bool(wait(waitables, 0))
+
+    def take_one(self, runner: Runner) -> bool:
+        """Take and run the first complete arrival that can be claimed; True when the watch has ended (a job
+        taken, or a claim that failed)."""
+        for hint in self.lookout.take():
+            if isinstance(hint, Arrived) and hint.complete and runner.take(self.order, hint.name):
+                self.end()
+                return True
+        return False
+
+    def end(self) -> None:
+        self.lookout.stop()
+
+
 def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any]) -> None:
     """A worker process's life: open the backend, then run orders until told to quit or the pipe closes.
 
@@ -516,12 +611,42 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
         report(Ready(backend.name, _device_name(backend)))
         _prepare(backend, settings)
         runner.spare_up(conn.poll)
+        watching: _Watching | None = None
         while True:
             control.beat()
-            if not conn.poll(1.0):
-                runner.flush()
-                continue
+            if watching is None:
+                if not conn.poll(1.0):
+                    runner.flush()
+                    continue
+            else:
+                ready = wait([*watching.lookout.waitables(), conn], 1.0)
+                if not ready:
+                    continue
+                if conn not in ready:
+                    if watching.take_one(runner):
+                        watching = None
+                        if not conn.poll():
+                            runner.spare_up(conn.poll)
+                    continue
             order: Order = conn.recv()
+            if watching is not None:
+                if isinstance(order, StopWatching) and order.seq != watching.order.seq:
+                    continue  # a stop for a watch already ended
+                # Any order ends the watch, and is read before the arrivals (new settings must reach the
+                # jobs after them). A stop first takes an arrival already seen: it may have been sent for it.
+                if not (isinstance(order, StopWatching) and watching.take_one(runner)):
+                    watching.end()
+                    report(Watched(watching.order.seq, None))
+                watching = None
+            if isinstance(order, StopWatching):
+                continue
+            if isinstance(order, Watch):
+                watching = _Watching.start(order, spool, control)
+                if watching is None:
+                    report(Watched(order.seq, None))
+                else:  # the spares its order cut short (it comes as the last job ends), until something comes
+                    runner.spare_up(watching.until_arrival(conn))
+                continue
             if isinstance(order, Quit):
                 break
             if isinstance(order, Configure):
