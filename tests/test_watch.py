@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mmd import daemon
+
 from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, wait_for
 from .test_daemon import ENV, check_ok, make_input, names, work_files
@@ -226,4 +228,34 @@ def test_new_settings_reach_an_arrival_the_watcher_sees_with_them(serve, tmp_pat
     wait_for(lambda: sidecar_of(d, "m"), 30, "the sidecar")
     rec = check_ok(d.outbox, "m", a, b)
     assert rec["requested"]["kernel"] == "coarse"
+    assert d.stop() == 0
+
+
+def test_a_job_taken_on_a_watch_is_shown_and_cancelled_before_it_tells(serve, tmp_path):
+    """A small job tells the main process what it took only at its end; one that hangs is still shown running
+    (found in .work by the watch's job id), on the control socket and in the state file, and can be
+    cancelled."""
+    from mmd.daemon.local import ask
+
+    sock = tmp_path / "mmd.sock"
+    d = serve("workerhooks.faulty_cpu", MMD_CONTROL_SOCKET=str(sock))  # a 7×7 product never returns
+    d.watching()
+    drop(d, "hang", 5, n=7)
+    jobs = wait_for(lambda: ask(sock, {"op": "status"})["jobs"], 30, "the hung job shown")
+    assert [(j["file"], j["state"]) for j in jobs] == [("hang.txt", "running")]
+
+    def current() -> list[str]:
+        state = daemon.read_state(d.inbox) or {}
+        return [w["current"]["file"] for w in state.get("workers", []) if w.get("current")]
+
+    assert wait_for(current, 30, "the state file's current job") == ["hang.txt"]
+    answer = ask(sock, {"op": "cancel", "file": "hang.txt"})
+    assert answer["ok"] and answer["was"] == "running", answer
+    wait_for(lambda: (d.outbox / "hang.error.yaml").exists(), 30, "the cancelled job's error sidecar")
+    assert yaml.safe_load((d.outbox / "hang.error.yaml").read_text())["error"]["kind"] == "cancelled"
+    d.watching()
+    a, b = drop(d, "next", 6)
+    wait_for(lambda: sidecar_of(d, "next"), 30, "the next job's sidecar")
+    check_ok(d.outbox, "next", a, b)
+    d.took("next.txt")
     assert d.stop() == 0

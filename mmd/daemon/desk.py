@@ -109,6 +109,11 @@ class Desk:
         claims = {c.job_id: c for c in self.spool.in_work()}
         for w in self.workers.handles:
             running = w.control.running()
+            # A job taken on a watch and not told yet (a small job tells at its end): found by the watch's job id.
+            taken = claims.get(w.watching.job_id) if w.watching is not None and w.watch_taken() else None
+            if taken is not None and running is not None:
+                out.append(Job("running", taken.name, taken.owner, taken.job_id, worker=w.index, since=running.started,
+                               phase=running.phase, claimed=True))  # fmt: skip
             for seq, order in w.in_hand.items():
                 job_id = order.job_id if isinstance(order, Run) else order.claim.job_id
                 name = order.name if isinstance(order, Run) else order.claim.name

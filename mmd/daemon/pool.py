@@ -335,13 +335,17 @@ class WorkerPool:
                 return False, f"worker {w.index} (device {w.device}) has not turned for {now - beat:.0f} s"
         return True, ""
 
-    def current(self) -> list[tuple[int, dict[str, Any] | None]]:
+    def current(self, name_of: Callable[[str], str | None]) -> list[tuple[int, dict[str, Any] | None]]:
         """The workers whose job in hand changed since the last call: (index, the job as the state file
-        shows it, or None when idle)."""
+        shows it, or None when idle). ``name_of(job id)``: the inbox name of a job taken on a watch and not
+        told yet (a small job tells at its end), looked up only while one runs."""
         changed = []
         for w in self.handles:
             running = w.control.running()
             order = w.in_hand.get(running.seq) if running is not None else None
+            if order is None and w.watching is not None and w.watch_taken():
+                name = name_of(w.watching.job_id)
+                order = Run(w.watching.seq, name, w.watching.job_id) if name is not None else None
             current = shown_as = None
             if order is not None and running is not None:
                 name = order.name if isinstance(order, Run) else order.claim.name

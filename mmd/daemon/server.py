@@ -730,8 +730,12 @@ class Daemon:
 
     def _show_current(self) -> None:
         """Each worker's job in hand, for the state file (when it changed)."""
-        for index, current in self.workers.current():
+        for index, current in self.workers.current(self._name_in_work):
             self.state.worker(index, current=current)
+
+    def _name_in_work(self, job_id: str) -> str | None:
+        """The name job ``job_id`` was claimed under, from ``.work`` (None: not there)."""
+        return next((c.name for c in self.spool.in_work() if c.job_id == job_id), None)
 
     def _loop(self, once: bool) -> int:
         period = min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
