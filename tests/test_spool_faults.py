@@ -36,6 +36,7 @@ from mmd import config, daemon, spool
 from mmd.daemon import Control, Runner
 from mmd.daemon.common import GROUP_INPUT_BYTES
 from mmd.daemon.messages import Ended, Kept, Resume, Run, Watch, Watched
+from mmd.daemon.worker import Watching
 from mmd.fileops import OPERATIONS, FileOps
 from mmd.generate import input_chunks, random_matrix
 from mmd.job import new_id
@@ -737,4 +738,19 @@ def test_a_watch_whose_claim_fails_ends_and_leaves_the_file_to_the_daemon(tmp_pa
     rig.ops.clear()
     rig.drain()
     assert rig.fate("m.txt") == "done"
+    rig.close()
+
+
+def test_a_watch_takes_no_arrival_while_an_order_waits(tmp_path):
+    """An order sent before an arrival (new settings) must reach it first: with one waiting, the watch takes
+    nothing of what it read (the main process saw it too and gives it once the watch has ended)."""
+    rig = Told(tmp_path)
+    watching = Watching.start(Watch(1, new_id()), rig.spool, rig.runner.control)
+    assert watching is not None
+    rig.drop("m.txt", GOOD)
+    assert not watching.take_one(rig.runner, lambda: True)
+    assert rig.told == [] and rig.fate("m.txt") == "inbox"
+    rig.drop("n.txt", GOOD)
+    assert watching.take_one(rig.runner, lambda: False)
+    assert next(e for e, _ in rig.told) == Watched(1, "n.txt") and rig.fate("n.txt") == "done"
     rig.close()

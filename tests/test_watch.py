@@ -52,21 +52,25 @@ class Watched(LoggedProcess):
     def watches(self) -> int:
         return sum(parts[0] == "watch" for parts in self.lines())
 
-    def on_watch(self) -> bool:
-        """Whether a live worker's watch is the last thing logged."""
-        lines = self.lines()
-        if not lines or lines[-1][0] != "watch":
-            return False
-        try:
-            os.kill(int(lines[-1][-1]), 0)
-        except ProcessLookupError:
-            return False  # a worker killed on its watch's job
-        return True
+    def watcher(self) -> int | None:
+        """The live worker whose last line is a watch (each worker logs its own in order), or None."""
+        last = {parts[-1]: parts[0] for parts in self.lines()}
+        for pid, what in last.items():
+            if what == "watch":
+                try:
+                    os.kill(int(pid), 0)
+                except ProcessLookupError:
+                    continue  # a worker killed on its watch's job
+                return int(pid)
+        return None
 
     def watching(self) -> None:
         """Wait until a worker is on a watch that has taken nothing yet, a later one than the last call saw."""
-        wait_for(lambda: (self.on_watch() and self.watches() > self.seen) or self.proc.poll() is not None, 30,
-                 "a watch")  # fmt: skip
+
+        def up() -> bool:
+            return (self.watcher() is not None and self.watches() > self.seen) or self.proc.poll() is not None
+
+        wait_for(up, 30, "a watch")
         assert self.proc.poll() is None, self.logs()
         self.seen = self.watches()
 
@@ -215,7 +219,8 @@ def test_new_settings_reach_an_arrival_the_watcher_sees_with_them(serve, tmp_pat
     cfg.write_text("kernel: naive\n")
     d = serve(MMD_CONFIG=str(cfg))
     d.watching()
-    pid = int(d.lines()[-1][-1])
+    pid = d.watcher()
+    assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
         cfg.write_text("kernel: coarse\n")
@@ -258,4 +263,25 @@ def test_a_job_taken_on_a_watch_is_shown_and_cancelled_before_it_tells(serve, tm
     wait_for(lambda: sidecar_of(d, "next"), 30, "the next job's sidecar")
     check_ok(d.outbox, "next", a, b)
     d.took("next.txt")
+    assert d.stop() == 0
+
+
+def test_an_event_read_late_for_a_file_already_taken_does_not_end_the_next_watch(serve, tmp_path):
+    """While the daemon waits for a slow worker it reads no inbox event, but a ready worker watches: a file
+    taken then has its event read once the daemon serves, under the next watch. That watch waits for nothing
+    and goes on (it was asked to end, and the next lone arrival lost its watch)."""
+    d = serve(f"partial(workerhooks.slow_start, {str(tmp_path / 'first')!r}, 3.0)", MMD_DEVICES="0,1")
+    d.watching()
+    a, b = drop(d, "early", 1)
+    wait_for(lambda: sidecar_of(d, "early"), 30, "the early job's sidecar")
+    d.watching()
+    wait_for(lambda: any(e.get("event") == "serving" for e in d.events()), 30, "the daemon serving")
+    time.sleep(0.3)  # many times WATCH_GRACE_S: a stop for the early event would have come
+    a2, b2 = drop(d, "late", 2)
+    wait_for(lambda: sidecar_of(d, "late"), 30, "the late job's sidecar")
+    d.took("early.txt", "late.txt")
+    before = [parts[0] for parts in d.lines()][: [" ".join(p[:2]) for p in d.lines()].index("took late.txt")]
+    assert before.count("watch") == 2, f"the watch that took late.txt was the second: {d.lines()}"
+    check_ok(d.outbox, "early", a, b)
+    check_ok(d.outbox, "late", a2, b2)
     assert d.stop() == 0

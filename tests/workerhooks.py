@@ -103,6 +103,15 @@ def log_watches(path: str) -> None:
     worker.Runner.take = take  # type: ignore[method-assign]
 
 
+def slow_start(marker: str, seconds: float) -> None:
+    """Every worker but the first to start (the one that makes ``marker``) sleeps ``seconds`` before it opens
+    its backend: the daemon serves on one worker while it waits for the others."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        time.sleep(seconds)
+
+
 def die_once(marker: str, name: str) -> None:
     """The job of input ``name`` kills its own worker (SIGKILL) as it starts, the first time (``marker`` is
     made then): a crash after the claim, before the job is told or done."""
@@ -282,4 +291,5 @@ __all__ = [
     "meet",
     "partial",
     "raise_in_job",
+    "slow_start",
 ]

@@ -234,8 +234,11 @@ class Daemon:
                 if self._held_since is None:
                     self._held_since = now
                 elif now - self._held_since >= common.WATCH_GRACE_S:
-                    self.workers.stop_watching()
-                    self._held_since = None  # asked: looked at again in WATCH_GRACE_S, not at every turn
+                    # An arrival already taken (its event read late, under a later watch) waits for nothing.
+                    self._deferred = [h for h in self._deferred if self.spool.stat(h.name) is not None]
+                    if self._deferred or self.scheduler.waiting:
+                        self.workers.stop_watching()
+                    self._held_since = None  # looked at again in WATCH_GRACE_S, not at every turn
             return
         if self._deferred or self._held_since is not None:
             self._release()  # its worker runs what it took (a small job tells when it ends): the rest goes on

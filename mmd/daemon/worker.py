@@ -540,14 +540,14 @@ def _prepare(backend: Backend, settings: Settings) -> None:
 
 
 @dataclass
-class _Watching:
+class Watching:
     """A :class:`Watch` in progress: the order, and the inotify watch on the inbox it waits on."""
 
     order: Watch
     lookout: InboxWatch
 
     @classmethod
-    def start(cls, order: Watch, spool: Spool, control: Control) -> _Watching | None:
+    def start(cls, order: Watch, spool: Spool, control: Control) -> Watching | None:
         """Watch the inbox for ``order`` (None: new jobs are held back, or the kernel refused a watch)."""
         if control.hold_new:
             return None
@@ -562,10 +562,14 @@ class _Watching:
         waitables = [conn, *self.lookout.waitables()]
         return lambda: bool(wait(waitables, 0))
 
-    def take_one(self, runner: Runner) -> bool:
+    def take_one(self, runner: Runner, orders_waiting: Callable[[], bool]) -> bool:
         """Take and run the first complete arrival that can be claimed; True when the watch has ended (a job
-        taken, or a claim that failed)."""
-        for hint in self.lookout.take():
+        taken, or a claim that failed). Nothing is taken while an order waits: one sent before these arrivals
+        (new settings) must reach them first, so they are left to the main process, which saw them too."""
+        hints = self.lookout.take()  # read before the orders are looked at: an order sent before them shows
+        if orders_waiting():
+            return False
+        for hint in hints:
             if isinstance(hint, Arrived) and hint.complete and runner.take(self.order, hint.name):
                 self.end()
                 return True
@@ -611,7 +615,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
         report(Ready(backend.name, _device_name(backend)))
         _prepare(backend, settings)
         runner.spare_up(conn.poll)
-        watching: _Watching | None = None
+        watching: Watching | None = None
         while True:
             control.beat()
             if watching is None:
@@ -623,7 +627,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 if not ready:
                     continue
                 if conn not in ready:
-                    if watching.take_one(runner):
+                    if watching.take_one(runner, conn.poll):
                         watching = None
                         if not conn.poll():
                             runner.spare_up(conn.poll)
@@ -634,14 +638,14 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                     continue  # a stop for a watch already ended
                 # Any order ends the watch, and is read before the arrivals (new settings must reach the
                 # jobs after them). A stop first takes an arrival already seen: it may have been sent for it.
-                if not (isinstance(order, StopWatching) and watching.take_one(runner)):
+                if not (isinstance(order, StopWatching) and watching.take_one(runner, conn.poll)):
                     watching.end()
                     report(Watched(watching.order.seq, None))
                 watching = None
             if isinstance(order, StopWatching):
                 continue
             if isinstance(order, Watch):
-                watching = _Watching.start(order, spool, control)
+                watching = Watching.start(order, spool, control)
                 if watching is None:
                     report(Watched(order.seq, None))
                 else:  # the spares its order cut short (it comes as the last job ends), until something comes
