@@ -104,18 +104,25 @@ def sidecar_of(d: Watched, stem: str) -> bool:
     return (d.outbox / f"{stem}.timing.yaml").exists()
 
 
+def lone_on_a_new_watch(d: Watched, stem: str, seed: int, *taken_before: str) -> None:
+    """Once a new watch is on, drop ``stem``: it is done right, and taken on the watch (after
+    ``taken_before``)."""
+    d.watching()
+    a, b = drop(d, stem, seed)
+    wait_for(lambda: sidecar_of(d, stem), 30, f"{stem}'s sidecar")
+    check_ok(d.outbox, stem, a, b)
+    d.took(*taken_before, f"{stem}.txt")
+
+
 def test_lone_arrivals_are_taken_on_watches_and_a_burst_goes_out_as_orders(serve, tmp_path):
     """Each lone arrival on an idle daemon is claimed by the watching worker. Of a burst the watch takes the
     first (held in its job here): the main process gives every other one to the other worker meanwhile, none
     waits behind the job the watch took. Each job runs once; stopping leaves nothing behind."""
     release = tmp_path / "release"
     d = serve(f"partial(workerhooks.hold_jobs_until, {str(release)!r}, ('b00.txt',))", MMD_DEVICES="0,1")
-    inputs = {}
-    for i in range(3):
-        d.watching()
-        inputs[f"lone{i}"] = drop(d, f"lone{i}", i)
-        wait_for(lambda i=i: sidecar_of(d, f"lone{i}"), 30, "a lone job's sidecar")
-    d.took("lone0.txt", "lone1.txt", "lone2.txt")
+    lone = [f"lone{i}" for i in range(3)]
+    for i, stem in enumerate(lone):
+        lone_on_a_new_watch(d, stem, i, *(f"{s}.txt" for s in lone[:i]))
     d.watching()
     burst = {f"b{i:02d}": make_input(d.root / f"b{i:02d}.src", 8, 8, 8, 100 + i) for i in range(20)}
     for stem in burst:
@@ -125,10 +132,10 @@ def test_lone_arrivals_are_taken_on_watches_and_a_burst_goes_out_as_orders(serve
     release.touch()
     wait_for(lambda: sidecar_of(d, "b00"), 30, "b00's sidecar")
     d.took("lone0.txt", "lone1.txt", "lone2.txt", "b00.txt")
-    for stem, (a, b) in {**inputs, **burst}.items():
+    for stem, (a, b) in burst.items():
         check_ok(d.outbox, stem, a, b)
     assert not list(d.outbox.glob("*.1.*")), "a job ran twice"
-    assert names(d.inbox / ".done") == {f"{stem}.txt" for stem in (*inputs, *burst)}
+    assert names(d.inbox / ".done") == {f"{stem}.txt" for stem in (*lone, *burst)}
     assert d.stop() == 0
     assert work_files(d.inbox) == []
     assert not [p.name for p in d.outbox.iterdir() if p.name.endswith(".tmp") or p.name.endswith(".claim")]
@@ -146,11 +153,7 @@ def test_a_file_the_watch_cannot_see_is_given_by_the_main_process(serve):
     wait_for(lambda: sidecar_of(d, "linked"), 30, "the linked file's sidecar")
     check_ok(d.outbox, "linked", a, b)
     assert d.taken() == []
-    d.watching()  # a new watch once idle again
-    a2, b2 = drop(d, "after", 8)
-    wait_for(lambda: sidecar_of(d, "after"), 30, "the next arrival's sidecar")
-    check_ok(d.outbox, "after", a2, b2)
-    d.took("after.txt")
+    lone_on_a_new_watch(d, "after", 8)  # a new watch once idle again
     assert d.stop() == 0
 
 
@@ -202,11 +205,7 @@ def test_a_job_taken_on_a_watch_is_stopped_at_its_limit_and_the_next_is_taken_on
     wait_for(lambda: (d.outbox / "hang@timeout=1.error.yaml").exists(), 60, "the timeout's error sidecar")
     rec = yaml.safe_load((d.outbox / "hang@timeout=1.error.yaml").read_text())
     assert rec["error"]["kind"] == "timeout", rec
-    d.watching()
-    a, b = drop(d, "next", 6)
-    wait_for(lambda: sidecar_of(d, "next"), 30, "the next job's sidecar")
-    check_ok(d.outbox, "next", a, b)
-    d.took("next.txt")
+    lone_on_a_new_watch(d, "next", 6)
     assert d.stop() == 0
     assert names(d.inbox / ".failed") == {"hang@timeout=1.txt"} and work_files(d.inbox) == []
 
@@ -258,11 +257,7 @@ def test_a_job_taken_on_a_watch_is_shown_and_cancelled_before_it_tells(serve, tm
     assert answer["ok"] and answer["was"] == "running", answer
     wait_for(lambda: (d.outbox / "hang.error.yaml").exists(), 30, "the cancelled job's error sidecar")
     assert yaml.safe_load((d.outbox / "hang.error.yaml").read_text())["error"]["kind"] == "cancelled"
-    d.watching()
-    a, b = drop(d, "next", 6)
-    wait_for(lambda: sidecar_of(d, "next"), 30, "the next job's sidecar")
-    check_ok(d.outbox, "next", a, b)
-    d.took("next.txt")
+    lone_on_a_new_watch(d, "next", 6)
     assert d.stop() == 0
 
 
