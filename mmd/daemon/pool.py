@@ -120,8 +120,10 @@ class WorkerHandle:
 
     def watch_taken(self) -> bool:
         """Whether it runs a job it took on its watch, not yet told (a small job says so when it ends)."""
-        running = self.control.running() if self.watching is not None else None
-        return running is not None and self.watching is not None and running.seq == self.watching.seq
+        if self.watching is None:
+            return False
+        running = self.control.running()
+        return running is not None and running.seq == self.watching.seq
 
     def watch(self, job_id: str) -> None:
         """Put it on a :class:`~.messages.Watch`: it claims the next arrival itself, as job ``job_id``."""
@@ -254,10 +256,6 @@ class WorkerPool:
                 busy = len(w.in_hand) + (w.watching is not None)
                 loads.append(Load(w.index, busy, all_small=w.watching is None and len(w.small) == len(w.in_hand)))
         return loads
-
-    def watching(self) -> bool:
-        """Whether a worker is on a watch (or has not yet answered a stop)."""
-        return any(w.watching is not None for w in self.handles)
 
     def watch_open(self) -> bool:
         """Whether a worker is on a watch and has not taken a job on it yet (as far as its control block says)."""
