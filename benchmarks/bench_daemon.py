@@ -64,7 +64,7 @@ Every wait has a limit (``--wait``) and ends the run with the tree and case
 named, at once when a daemon exits; daemons are stopped (SIGTERM, then
 SIGKILL) whatever happens. Spools, inputs and kernel caches go under
 ``--work`` (default a new folder under /tmp), removed at the end unless
-``--keep``. Everything measured goes to ``--out``/daemon.json.
+``--keep``. Everything measured goes to ``--out``/daemon.json (default: $OUT, else ``bench/``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_wholejob import ROOT, SMALL, Served, Tree, make_input, med, pct, tree_env
+from bench_wholejob import OUT, ROOT, SMALL, Served, Tree, make_input, med, pct, tree_env
 
 CASES = ("burst", "drops", "flood", "backlog", "big", "timeout")
 #: The flood's files belong to this uid (nobody), the one file dropped after them to the caller: two submitters.
@@ -895,7 +895,7 @@ def main() -> int:
     ap.add_argument("--wait", type=float, default=600.0, help="the longest any one wait may take, s")
     ap.add_argument("--work", type=Path, default=None, help="spools, inputs, caches (default: a new /tmp folder)")
     ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "."), help="where daemon.json goes")
+    ap.add_argument("--out", type=Path, default=OUT, help="where daemon.json goes")
     ap.add_argument("--set", action="append", default=[], metavar="TREE:KEY=VALUE",
                     help="a setting for one tree's daemon (MMD_KEY=VALUE), e.g. w4:WORKERS_PER_DEVICE=4; "
                     "the same checkout under two names with different settings compares settings")  # fmt: skip

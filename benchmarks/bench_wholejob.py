@@ -58,6 +58,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where the benches write what they measured unless told (--out): $OUT, else bench/ (ignored by git).
+OUT = Path(os.environ.get("OUT") or ROOT / "bench")
 PHASES = ("read", "parse", "compile", "malloc", "h2d", "kernel", "d2h", "free", "cuda", "emit", "write", "overall")
 
 
@@ -440,7 +442,7 @@ def main() -> int:
     ap.add_argument("--kernel", default="fast")
     ap.add_argument("--site", default="", help="extra PYTHONPATH entry (the device machine's wheels)")
     ap.add_argument("--work", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="mmd-wholejob-"))
     work.mkdir(parents=True, exist_ok=True)

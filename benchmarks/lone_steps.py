@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_daemon import DONE, ISOLATE, wait_one
-from bench_wholejob import SMALL, Served, Tree, tree_env
+from bench_wholejob import OUT, SMALL, Served, Tree, tree_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,7 +198,7 @@ def main() -> int:
     ap.add_argument("--wait", type=float, default=120.0, help="the longest any one wait may take, s")
     ap.add_argument("--work", type=Path, default=None, help="spools and stamps (default: a new /tmp folder)")
     ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "."), help="where steps.json goes")
+    ap.add_argument("--out", type=Path, default=OUT, help="where steps.json goes")
     args = ap.parse_args()
     if args.rounds < 1 or args.drops < 1:
         ap.error("--rounds and --drops must be at least 1")
