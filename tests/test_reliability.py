@@ -808,6 +808,27 @@ def test_files_are_created_without_group_or_world_write(tmp_path):
         assert not mode & 0o022, f"{path.name} is {mode:o}"
 
 
+def test_mmd_serve_under_umask_000_creates_nothing_group_or_world_writable(tmp_path):
+    """The CLI, as systemd runs it: the workers start from a fork server the command starts first thing, and
+    they make the outputs, so they must tighten the umask as the daemon does."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (tmp_path / "outbox").mkdir()
+    small(inbox / "m.txt", 1)
+    (inbox / "bad.txt").write_text("x")
+    old = os.umask(0)
+    try:
+        r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    made = [inbox / ".done", inbox / ".failed", inbox / ".work", *(tmp_path / "outbox").iterdir()]
+    assert {p.name for p in made} >= {"m.out", "m.timing.yaml", "bad.error.yaml"}
+    for path in made:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert not mode & 0o022, f"{path.name} is {mode:o}"
+
+
 def test_world_writable_outbox_is_refused(tmp_path):
     (tmp_path / "outbox").mkdir()
     os.chmod(tmp_path / "outbox", 0o777)

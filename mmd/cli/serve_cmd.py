@@ -50,6 +50,10 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    from .. import spawning
+
+    spawning.context()  # the workers' fork server imports the pipeline while this process imports the daemon
     from ..daemon import Daemon  # the watchdog, metrics and workers: only for this command
 
-    return Daemon(_settings(args), reload=lambda: _settings(args)).serve(once=args.once)
+    return Daemon(settings, reload=lambda: _settings(args)).serve(once=args.once)

@@ -1,6 +1,8 @@
-"""What the daemon's parts share: tunables."""
+"""What the daemon's parts share: tunables, and the umask rule."""
 
 from __future__ import annotations
+
+import os
 
 #: How many finished jobs the state file lists.
 RECENT_JOBS = 20
@@ -25,6 +27,15 @@ RETENTION_SWEEP_S = 3600.0
 #: Bits the daemon always masks from the files and folders it creates: no group or
 #: world write, whatever umask it was started with (the unit sets 0027).
 UMASK_BITS = 0o022
+
+
+def tighten_umask() -> int:
+    """Add :data:`UMASK_BITS` to this process's umask (the main process's and each worker's: a worker
+    inherits the fork server's, which may have started first); returns the umask it had."""
+    old = os.umask(UMASK_BITS)
+    os.umask(old | UMASK_BITS)
+    return old
+
 
 #: Inputs up to this size are small: a worker may be given several at once, and their commits may wait
 #: for a group commit (a 32×32 job's input is about 6 KB, a 128×128 one's about 100 KB).

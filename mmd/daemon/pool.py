@@ -1,10 +1,9 @@
 """The main process's side of the worker processes: start, order, read, watch, stop, replace.
 
-Workers are started by ``forkserver`` (on Linux; ``spawn`` elsewhere): a
-CUDA context does not survive ``fork``, so each worker opens its own, and
-the main process opens none (it would hold GPU memory the workers need).
-The fork server imports the pipeline once, so a replacement worker starts
-in a fraction of the time a fresh interpreter would take.
+Workers start as :mod:`mmd.spawning` says (a fork server that has imported
+the pipeline once, so a replacement starts in a fraction of a fresh
+interpreter's time); each opens its own CUDA context, and the main process
+opens none (it would hold GPU memory the workers need).
 
 Each worker has one duplex pipe (orders out, events back, pickled
 :mod:`.messages`) and one :class:`~.control.Control` (what it runs now, in
@@ -15,7 +14,6 @@ sequence number, so that when a worker dies its jobs are known.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import time
@@ -46,18 +44,6 @@ from .messages import (
     WorkerSpec,
 )
 from .scheduler import Load
-
-#: What the fork server imports once, so that every worker it forks has it already.
-PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
-
-
-def context() -> Any:
-    """The multiprocessing context workers are started in (forkserver where there is one)."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 class WorkerHandle:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import atomic, record
+from .. import atomic, record, spawning
 from ..backends import worker_devices
 from ..config import Settings, graders_gids, host_id_of, listen_address
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
@@ -51,8 +51,8 @@ from ..pipeline import refuse
 from ..record import now_iso
 from ..spool import Claim, Readiness, Spool, shown, state_name
 from ..submitters import login_of
-from . import common, pool
-from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, UMASK_BITS
+from . import common
+from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
 from .control import Running
 from .desk import Desk
 from .local import LocalSocket
@@ -592,8 +592,7 @@ class Daemon:
     # -- the loop --
     def serve(self, once: bool = False) -> int:
         """Serve until SIGTERM/SIGINT (exit 0), or with ``once`` until the inbox is drained."""
-        old_umask = os.umask(UMASK_BITS)
-        os.umask(old_umask | UMASK_BITS)
+        old_umask = tighten_umask()
         lock = self._lock = SpoolLock(self.spool.private, self.host_id)
         if not self.settings.create_folders:
             for what, folder in (("inbox", self.spool.inbox), ("outbox", self.spool.outbox)):
@@ -606,6 +605,7 @@ class Daemon:
         try:
             self.spool.prepare()
             lock.acquire()
+            self.workers.ctx = spawning.context()
         except BaseException:
             os.umask(old_umask)
             raise
@@ -620,10 +620,6 @@ class Daemon:
                 self.log.info("removed a temporary left by a killed process", path=str(path))
             self._adopt_inbox_folders()
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
-            self.workers.ctx = pool.context()
-            self.workers.start(devices)
-            for w in self.workers:
-                self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
             resumed = self.spool.resumable()
             for path in self.spool.sweep_reservations(resumed):
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
@@ -644,6 +640,10 @@ class Daemon:
                     except OSError as exc:
                         raise ConfigError(f"metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
             waiting = self._rescan()
+            # Started last: each start waits for the fork server's imports, which have run meanwhile.
+            self.workers.start(devices)
+            for w in self.workers:
+                self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
             self._await_workers()
             self.state.update(status="serving", observer=kind)
             self.log.info(

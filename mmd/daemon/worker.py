@@ -61,7 +61,7 @@ from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context, now_iso
 from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
-from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS
+from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
     Arrived,
@@ -588,6 +588,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the main process's business (a terminal's Ctrl-C reaches us too)
     _die_with_parent()
+    tighten_umask()
     if spec.setup is not None:
         spec.setup()
     settings = spec.settings
