@@ -2,12 +2,12 @@
 
 A CUDA context does not survive ``fork``, so workers are never forked from the
 daemon's main process: on Linux a fork server (``forkserver``) forks them,
-elsewhere each is spawned. Apart from :mod:`mmd.daemon`, whose import brings
-in the daemon, the watchdog and the pipeline, so that ``mmd serve`` starts
-the fork server first: its imports (most of a worker's start) run while the
-command imports the daemon and scans its spool. The fork server is started
-before the daemon tightens its umask, so each worker tightens its own
-(:func:`mmd.daemon.common.tighten_umask`).
+elsewhere each is spawned. This module stands outside :mod:`mmd.daemon`
+(whose import brings in the daemon, the watchdog and the pipeline) so that
+``mmd serve`` can start the fork server first: its imports (most of a
+worker's start) then run while the command imports the daemon and scans its
+spool. The fork server starts before the daemon tightens its umask, so each
+worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
 """
 
 from __future__ import annotations
