@@ -170,9 +170,14 @@ class LoggedProcess:
         try:
             return self.proc.wait(timeout=timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL it if it still runs, and close its log (what a fixture's teardown does)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if not self.log.closed:
             self.log.close()
 
 

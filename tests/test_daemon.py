@@ -81,11 +81,7 @@ def served(tmp_path):
 
     yield start
     for s in procs:
-        if s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.wait()
-        if not s.log.closed:
-            s.log.close()
+        s.kill()
 
 
 def make_input(path: Path, m: int, k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

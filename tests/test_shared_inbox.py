@@ -94,11 +94,7 @@ def procs():
     started: list[Proc] = []
     yield started
     for p in started:
-        if p.proc.poll() is None:
-            p.proc.kill()
-            p.proc.wait()
-        if not p.log.closed:
-            p.log.close()
+        p.kill()
 
 
 def serve_argv(unlocked: bool) -> list[str]:

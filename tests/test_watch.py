@@ -86,11 +86,7 @@ def serve(tmp_path):
 
     yield start
     for d in procs:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-        if not d.log.closed:
-            d.log.close()
+        d.kill()
 
 
 def drop(d: Watched, stem: str, seed: int, n: int = 8):

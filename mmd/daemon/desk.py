@@ -110,7 +110,8 @@ class Desk:
         for w in self.workers.handles:
             running = w.control.running()
             # A job taken on a watch and not told yet (a small job tells at its end): found by the watch's job id.
-            taken = claims.get(w.watching.job_id) if w.watching is not None and w.watch_taken() else None
+            job_id = w.taken_on_watch()
+            taken = claims.get(job_id) if job_id is not None else None
             if taken is not None and running is not None:
                 out.append(Job("running", taken.name, taken.owner, taken.job_id, worker=w.index, since=running.started,
                                phase=running.phase, claimed=True))  # fmt: skip

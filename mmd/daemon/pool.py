@@ -111,6 +111,11 @@ class WorkerHandle:
         running = self.control.running()
         return running is not None and running.seq == self.watching.seq
 
+    def taken_on_watch(self) -> str | None:
+        """The job id of the job it took on its watch and runs, not yet told (None: there is none)."""
+        watch = self.watching
+        return watch.job_id if watch is not None and self.watch_taken() else None
+
     def watch(self, job_id: str) -> None:
         """Put it on a :class:`~.messages.Watch`: it claims the next arrival itself, as job ``job_id``."""
         self.send(Watch(self.next_seq(), job_id))
@@ -327,9 +332,10 @@ class WorkerPool:
         for w in self.handles:
             running = w.control.running()
             order = w.in_hand.get(running.seq) if running is not None else None
-            if order is None and w.watching is not None and w.watch_taken():
-                name = name_of(w.watching.job_id)
-                order = Run(w.watching.seq, name, w.watching.job_id) if name is not None else None
+            taken = w.taken_on_watch() if order is None else None
+            if taken is not None and running is not None:
+                name = name_of(taken)
+                order = Run(running.seq, name, taken) if name is not None else None
             current = shown_as = None
             if order is not None and running is not None:
                 name = order.name if isinstance(order, Run) else order.claim.name

@@ -641,14 +641,14 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 # jobs after them). A stop first takes an arrival already seen: it may have been sent for it.
                 if not (isinstance(order, StopWatching) and watching.take_one(runner, conn.poll)):
                     watching.end()
-                    report(Watched(watching.order.seq, None))
+                    runner.report(Watched(watching.order.seq, None))
                 watching = None
             if isinstance(order, StopWatching):
                 continue
             if isinstance(order, Watch):
                 watching = Watching.start(order, spool, control)
                 if watching is None:
-                    report(Watched(order.seq, None))
+                    runner.report(Watched(order.seq, None))
                 else:  # the spares its order cut short (it comes as the last job ends), until something comes
                     runner.spare_up(watching.until_arrival(conn))
                 continue
