@@ -25,12 +25,17 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
     start_http_server,
     write_to_textfile,
 )
 
 from .record import Tally
+
+# A `_created` series beside every counter and histogram doubles the series for a time Prometheus does not
+# read (node_exporter's own metrics leave it out too); mmd_daemon_start_time_seconds says when counting began.
+disable_created_metrics()
 
 #: Seconds: from a 32×32 job (milliseconds) to a long 8192 job on the CPU (minutes).
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -47,6 +52,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._server: Any = None  # the HTTP endpoint's server, while it serves
         r = self.registry = CollectorRegistry()
+        # A refused job ran no kernel: it counts under kernel="" (which Prometheus reads as no label).
         self.jobs = Counter("mmd_jobs", "Jobs finished, by status and kernel", ["status", "kernel"], registry=r)
         self.errors = Counter("mmd_job_errors", "Refused jobs, by kind of refusal", ["kind"], registry=r)
         # A class's jobs by who dropped them (a login: as many series as students), and the time each used.

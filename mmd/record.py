@@ -231,7 +231,7 @@ class Tally:
     they need (a worker sends these, not the whole record, which costs several times as much to pickle)."""
 
     ok: bool
-    #: The kernel that ran it; of a refused job, the one asked for ("" when none was).
+    #: The kernel that ran it ("" for a refused job: none ran, whatever it asked for).
     kernel: str
     #: A refused job's kind of refusal.
     error_kind: str | None
@@ -247,8 +247,7 @@ def tally(rec: Record) -> Tally:
     """A finished job's :class:`Tally` from its sidecar record."""
     overall = rec.timings_ms.overall
     if isinstance(rec, ErrorRecord):
-        kernel = rec.requested.kernel if rec.requested is not None else ""
-        return Tally(False, kernel, rec.error.kind, rec.input.bytes or 0, 0, rec.context.submitter, overall, ())
+        return Tally(False, "", rec.error.kind, rec.input.bytes or 0, 0, rec.context.submitter, overall, ())
     phases = tuple(
         (phase, ms)
         for phase in TIMING_KEYS

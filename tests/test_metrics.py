@@ -35,6 +35,24 @@ def test_jobs_are_counted_by_status_kernel_and_kind():
     assert ("mmd_job_phase_seconds_count", (("phase", "cuda"),)) not in got  # a sum of phases, not one
 
 
+def test_a_refused_job_counts_with_no_kernel_even_when_it_asked_for_one():
+    import dataclasses
+
+    m = Metrics(None, 5.0)
+    asked = dataclasses.replace(refusal(), requested=record.Requested("tiled", 16, "device"))
+    m.job_ended(record.tally(asked))
+    got = samples(m.text())
+    assert got[("mmd_jobs_total", (("kernel", ""), ("status", "error")))] == 1
+    assert [k for k in got if k[0] == "mmd_jobs_total"] == [("mmd_jobs_total", (("kernel", ""), ("status", "error")))]
+
+
+def test_no_counter_has_a_created_twin():
+    m = Metrics(None, 5.0)
+    m.job_ended(record.tally(timing()))
+    m.job_ended(record.tally(refusal()))
+    assert b"_created" not in m.text()
+
+
 def test_the_file_is_rewritten_atomically_at_most_every_period(tmp_path):
     now = [100.0]
     path = tmp_path / "mmd.prom"
