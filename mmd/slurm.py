@@ -1,6 +1,7 @@
 """Slurm job arrays: a folder of job files becomes one ``sbatch --array`` script, one task per file.
 
-What is written (by default in ``OUTBOX/slurm/<timestamp>/``)::
+What is written (by default in ``OUTBOX/slurm/<timestamp>/``, a folder of its own for each
+submission)::
 
     job.sbatch            the script: #SBATCH options, then one `mmd run` per array task
     job.sbatch.manifest   the input files, one absolute path per line (task i of the array
@@ -43,6 +44,7 @@ outbox), :func:`write`, and :func:`submit`, :func:`max_array_size` and
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import re
@@ -51,7 +53,7 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import __version__
@@ -132,6 +134,9 @@ class Plan:
     outbox: Path
     script: Path
     options: ArrayOptions
+    #: The script's folder is this submission's alone: :func:`write` creates it, or the next free
+    #: name beside it (the default folder is named by the second, and submissions come faster).
+    own_folder: bool = False
 
     @property
     def manifest(self) -> Path:
@@ -389,29 +394,93 @@ def make_plan(
             todo.append(job)
     listing = Listing(todo, skipped)
     outbox = Path(os.path.abspath(outbox))
+    own_folder = script is None
     script = Path(os.path.abspath(script)) if script else default_script_path(outbox)
-    plan = Plan(plan_tasks(todo, outbox), outbox, script, options)
+    plan = Plan(plan_tasks(todo, outbox), outbox, script, options, own_folder)
     if todo:
         render_script(plan)  # refuse bad paths before anything is written
     return plan, listing
 
 
-def write(plan: Plan) -> Path:
+@dataclass(frozen=True)
+class Written:
+    """A plan as :func:`write` wrote it: its script where it went, and what the write made."""
+
+    plan: Plan
+    folders: tuple[Path, ...]  # the folders it created, outermost first
+    files: tuple[Path, ...]
+
+    def remove(self) -> None:
+        """Remove what the write made (a submission that never reached Slurm leaves nothing)."""
+        for path in self.files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        for folder in reversed(self.folders):
+            with contextlib.suppress(OSError):  # not empty: someone else's files are in it now
+                folder.rmdir()
+
+
+def _make_folders(folder: Path, created: list[Path]) -> None:
+    """``folder`` and its missing parents, each one created appended to ``created``."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue  # made meanwhile by another process: not ours to remove
+        created.append(folder)
+
+
+def _own_folder(first: Path, created: list[Path]) -> Path:
+    """``first``, else ``first-001``, ``first-002`` ...: the first name no folder had, created.
+
+    Created exclusively, so that two submissions never share one; zero-padded, so that the names
+    sort in the order they were made."""
+    folder, n = first, 0
+    while True:
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            n += 1
+            folder = first.with_name(f"{first.name}-{n:03d}")
+            continue
+        created.append(folder)
+        return folder
+
+
+def write(plan: Plan) -> Written:
     """Write the manifest, the outputs list and the script (executable); create outbox and logs.
 
-    OutputError when one cannot be written (a file in the way, no permission)."""
-    manifest, outputs = manifest_bytes([t.input for t in plan.tasks]), manifest_bytes([t.output for t in plan.tasks])
-    script = render_script(plan)
+    OutputError when one cannot be written (a file in the way, no permission); what it made
+    until then is removed."""
+    folders: list[Path] = []
+    files: list[Path] = []
     where = plan.outbox
     try:
-        for where in (plan.outbox, plan.logs, plan.script.parent):
-            where.mkdir(parents=True, exist_ok=True)
+        _make_folders(plan.outbox, folders)
+        if plan.own_folder:
+            where = plan.script.parent
+            _make_folders(where.parent, folders)
+            plan = replace(plan, script=_own_folder(where, folders) / plan.script.name)
+        for where in (plan.script.parent, plan.logs):
+            _make_folders(where, folders)
+        manifest = manifest_bytes([t.input for t in plan.tasks])
+        outputs = manifest_bytes([t.output for t in plan.tasks])
+        script = render_script(plan)
         for where, data in ((plan.manifest, manifest), (plan.outputs, outputs), (plan.script, script.encode())):
+            files.append(where)
             where.write_bytes(data)
         plan.script.chmod(0o755)
     except OSError as exc:
+        Written(plan, tuple(folders), tuple(files)).remove()
         raise OutputError(f"cannot write {where}: {exc.strerror}") from None
-    return plan.script
+    except BaseException:  # interrupted, or a refusal: half a submission is none
+        Written(plan, tuple(folders), tuple(files)).remove()
+        raise
+    return Written(plan, tuple(folders), tuple(files))
 
 
 def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

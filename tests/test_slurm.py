@@ -7,6 +7,7 @@ skipped unless sbatch is on PATH and a controller answers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -183,7 +184,7 @@ def test_log_folder_that_sbatch_cannot_read_is_refused(tmp_path):
 def test_hostile_names_reach_the_manifest_verbatim_and_the_script_quotes_everything(tmp_path):
     opts = slurm.ArrayOptions(mmd=("/opt/my python/bin/python3", "-m", "mmd"), config=Path("/etc/my mmd/it's.yaml"))
     plan = plan_for(tmp_path, HOSTILE, opts)
-    slurm.write(plan)
+    plan = slurm.write(plan).plan
     lines = plan.manifest.read_bytes().split(b"\n")
     assert lines[-1] == b"" and len(lines) == len(HOSTILE) + 1
     assert sorted(os.fsdecode(ln) for ln in lines[:-1]) == sorted(str(tmp_path / "jobs" / n) for n in HOSTILE)
@@ -214,7 +215,7 @@ def test_every_task_of_the_array_runs_its_file(tmp_path):
     (jobs / ".ignored").write_text("not a job")
     outbox = tmp_path / "outbox"
     plan, _ = slurm.make_plan(jobs, outbox, cpu_options(max_parallel=2), tmp_path / "sub" / "job.sbatch")
-    slurm.write(plan)
+    plan = slurm.write(plan).plan
     cwd = tmp_path / "elsewhere"  # tasks must not depend on the submit folder
     cwd.mkdir()
     for task in range(len(plan.tasks)):
@@ -247,7 +248,7 @@ def test_a_task_runs_the_job_the_daemon_makes_of_the_same_file(tmp_path):
         make_input(folder / name, 5, 1)
     opts = cpu_options(settings=(("backend", "cpu"), ("kernel", "tiled"), ("tile", "16")))
     plan, _ = slurm.make_plan(jobs, tmp_path / "outbox", opts, tmp_path / "s" / "job.sbatch")
-    slurm.write(plan)
+    plan = slurm.write(plan).plan
     assert run_task(plan.script, 0, tmp_path).returncode == 0
     served = config.Settings(
         inbox=inbox,
@@ -272,7 +273,7 @@ def test_a_refused_input_fails_its_task_with_an_error_sidecar(tmp_path):
     jobs.mkdir()
     (jobs / "bad.txt").write_text("2\n1 2 3\n")
     plan, _ = slurm.make_plan(jobs, tmp_path / "outbox", cpu_options(), tmp_path / "s" / "job.sbatch")
-    slurm.write(plan)
+    plan = slurm.write(plan).plan
     r = run_task(plan.script, 0, tmp_path)
     assert r.returncode == 1
     assert yaml.safe_load((tmp_path / "outbox" / "bad.error.yaml").read_text())["status"] == "error"
@@ -295,6 +296,35 @@ def test_submit_writes_the_script_and_says_how_to_submit(tmp_path):
     assert "skipped 'l.txt'" in r.stderr
     text = scripts[0].read_text()
     assert "#SBATCH --gres=gpu:1" in text and "export MMD_BACKEND=cuda\nexport MMD_TILE=16\n" in text
+
+
+def test_every_submission_has_its_own_folder(tmp_path):
+    """Two plans made in the same second (one default folder name) are written to two folders, each whole."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    make_input(jobs / "a.txt", 4, 1)
+    plan, _ = slurm.make_plan(jobs, tmp_path / "out", cpu_options())
+    first = slurm.write(plan).plan
+    (jobs / "a.txt").rename(jobs / "b.txt")
+    again, _ = slurm.make_plan(jobs, tmp_path / "out", cpu_options())
+    second = slurm.write(dataclasses.replace(again, script=plan.script)).plan  # the same second's name
+    assert first.script.parent != second.script.parent
+    assert first.manifest.read_text() == f"{jobs / 'a.txt'}\n"
+    assert second.manifest.read_text() == f"{jobs / 'b.txt'}\n"
+    assert str(second.manifest) in second.script.read_text()
+    folders = sorted(p.name for p in (tmp_path / "out" / "slurm").iterdir())
+    assert folders == [first.script.parent.name, second.script.parent.name], "named in the order they were made"
+
+
+def test_submissions_in_a_loop_make_one_folder_each(tmp_path, capsys):
+    from mmd.cli import main
+
+    for i in range(4):
+        (tmp_path / f"jobs{i}").mkdir()
+        make_input(tmp_path / f"jobs{i}" / f"m{i}.txt", 4, i)
+        assert main(["submit", "--slurm", str(tmp_path / f"jobs{i}"), "--outbox", str(tmp_path / "out")]) == 0
+    manifests = sorted((tmp_path / "out" / "slurm").glob("*/job.sbatch.manifest"))
+    assert [Path(m.read_text().strip()).name for m in manifests] == ["m0.txt", "m1.txt", "m2.txt", "m3.txt"]
 
 
 def test_submit_without_sbatch_is_one_line(tmp_path):
@@ -394,7 +424,7 @@ def test_a_missing_mmd_is_one_clear_line_in_the_tasks_log(tmp_path):
     jobs.mkdir()
     make_input(jobs / "m.txt", 4, 1)
     plan, _ = slurm.make_plan(jobs, tmp_path / "out", slurm.ArrayOptions(mmd=("no-such-mmd",)), tmp_path / "s" / "j")
-    slurm.write(plan)
+    plan = slurm.write(plan).plan
     r = run_task(plan.script, 0, tmp_path)
     assert r.returncode == 127, r.stderr
     assert r.stderr.startswith("mmd task 0: 'no-such-mmd' is not a command on "), r.stderr

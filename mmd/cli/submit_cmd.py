@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"nothing to submit: every job file in {args.slurm} is finished (--redo runs them again)")
         return 0
     max_size = args.max_array_size or (slurm.max_array_size() if args.submit else slurm.DEFAULT_MAX_ARRAY_SIZE)
-    script = slurm.write(plan)
+    plan = slurm.write(plan).plan  # its script in the folder made for it
+    script = plan.script
     if shutil.which(options.mmd[0]) is None:  # a warning only: the nodes' PATH is what counts
         print(
             f"mmd submit: {options.mmd[0]!r} is not a command here; the nodes must have it (or give --mmd)",
