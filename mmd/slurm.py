@@ -522,10 +522,13 @@ def sbatch_argv(script: Path, n: int, offset: int, count: int, options: ArrayOpt
     return [*argv, str(script), str(offset)]
 
 
-def submit(plan: Plan, max_size: int, sbatch: str = "sbatch") -> list[Array]:
-    """Submit the plan's script as one array per ``max_size`` tasks; record them in ``<script>.jobs``.
+def submit(written: Written, max_size: int, sbatch: str = "sbatch") -> list[Array]:
+    """Submit the written script as one array per ``max_size`` tasks; record them in ``<script>.jobs``.
 
-    Throttled arrays run one after another, so that ``%N`` holds over the whole folder."""
+    Throttled arrays run one after another, so that ``%N`` holds over the whole folder. When sbatch
+    refuses the first array (no controller, a partition the cluster lacks), nothing was submitted and
+    what :func:`write` made is removed; once an array is in, its files stay: its tasks read them."""
+    plan = written.plan
     script, n = plan.script, len(plan.tasks)
     how = f"run this on a Slurm login node, or leave out --submit and run `sbatch {shlex.quote(str(script))}` there"
     arrays: list[Array] = []
@@ -534,7 +537,9 @@ def submit(plan: Plan, max_size: int, sbatch: str = "sbatch") -> list[Array]:
         done = _run([sbatch, *sbatch_argv(script, n, offset, count, plan.options, after)], how)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            submitted = f" (arrays {', '.join(a.job for a in arrays)} were submitted)" if arrays else ""
+            submitted = f" (arrays {', '.join(a.job for a in arrays)} of {script} were submitted)" if arrays else ""
+            if not arrays:
+                written.remove()
             raise SubmitError(f"sbatch refused the script: {last}{submitted}")
         arrays.append(Array(done.stdout.strip().split(";")[0], offset, count))
         try:

@@ -361,6 +361,29 @@ def test_submit_runs_sbatch_and_prints_the_job_id(tmp_path):
     assert "--gres" not in (tmp_path / "s" / "job.sbatch").read_text()
 
 
+def test_submit_that_sbatch_refuses_leaves_nothing(tmp_path):
+    """No controller: sbatch is there but fails. The submission never reached Slurm, so nothing of it stays."""
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "m.txt", 4, 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sbatch"
+    fake.write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+        "(connect failure)' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--submit", cwd=tmp_path, env=env)
+    assert r.returncode == 1
+    assert "mmd submit: sbatch refused the script: " in r.stderr and "Unable to contact slurm controller" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "", "no script is named: none is left"
+    assert not (tmp_path / "out").exists(), sorted(str(p) for p in (tmp_path / "out").rglob("*"))
+    (tmp_path / "out" / "slurm").mkdir(parents=True)  # an outbox that was there stays, and so do its folders
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--submit", cwd=tmp_path, env=env)
+    assert r.returncode == 1 and list((tmp_path / "out").rglob("*")) == [tmp_path / "out" / "slurm"]
+
+
 def test_submit_refuses_an_empty_folder(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "x.part").write_text("")

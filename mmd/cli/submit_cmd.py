@@ -129,20 +129,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"nothing to submit: every job file in {args.slurm} is finished (--redo runs them again)")
         return 0
     max_size = args.max_array_size or (slurm.max_array_size() if args.submit else slurm.DEFAULT_MAX_ARRAY_SIZE)
-    plan = slurm.write(plan).plan  # its script in the folder made for it
+    written = slurm.write(plan)
+    plan = written.plan  # its script in the folder made for it
     script = plan.script
     if shutil.which(options.mmd[0]) is None:  # a warning only: the nodes' PATH is what counts
         print(
             f"mmd submit: {options.mmd[0]!r} is not a command here; the nodes must have it (or give --mmd)",
             file=sys.stderr,
         )
-    print(f"{script}  ({n} task{'s' if n != 1 else ''}; results in {plan.outbox}, logs in {plan.logs})")
+    where = f"{script}  ({n} task{'s' if n != 1 else ''}; results in {plan.outbox}, logs in {plan.logs})"
     if not args.submit:
+        print(where)
         for offset, count in slurm.chunks(n, max_size):
             argv = slurm.sbatch_argv(script, n, offset, count, plan.options, None)[1:]
             print(f"submit with: sbatch {shlex.join(argv)}")
         return 0
-    arrays = slurm.submit(plan, max_size)
+    arrays = slurm.submit(written, max_size)
+    print(where)  # once it is there to stay: a refused submission leaves no script
     jobs = ", ".join(a.job for a in arrays)
     print(
         f"submitted job array{'s' if len(arrays) > 1 else ''} {jobs}: squeue -j {jobs.replace(', ', ',')}; "
