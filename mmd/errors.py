@@ -118,6 +118,12 @@ class ProductRangeError(MmdError):
     kind = "overflow"
 
 
+class WorkerStartError(MmdError):
+    """The daemon's worker processes cannot start (the interpreter they run from cannot be run here)."""
+
+    kind = "worker-start"
+
+
 class JobNameError(MmdError):
     """A per-job setting in a file name is unknown or not allowed."""
 

@@ -13,8 +13,11 @@ worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
 from __future__ import annotations
 
 import multiprocessing
-from multiprocessing import forkserver
+import os
+from multiprocessing import forkserver, spawn
 from typing import Any
+
+from .errors import WorkerStartError
 
 #: What the fork server imports once, so that every worker it forks has it already.
 PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
@@ -25,6 +28,33 @@ def context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        forkserver.ensure_running()  # a no-op once it runs
+        try:
+            forkserver.ensure_running()  # a no-op once it runs
+        except OSError as exc:
+            raise _cannot_start(exc) from None
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def start(process: Any) -> None:
+    """Start a worker process of :func:`context`'s.
+
+    The fork server is a new interpreter, started without waiting for it: one that cannot run (a venv
+    made from an interpreter this user cannot read) shows only here, as a refused connection.
+    """
+    try:
+        process.start()
+    except OSError as exc:
+        raise _cannot_start(exc) from None
+
+
+def _cannot_start(exc: OSError) -> WorkerStartError:
+    exe = os.fsdecode(spawn.get_executable())  # bytes once set_executable has set it
+    real = os.path.realpath(exe)
+    named = exe if real == exe else f"{exe} (that is {real})"
+    return WorkerStartError(
+        f"workers cannot start: the process that starts them did not answer ({exc.strerror or exc}); it runs "
+        f"{named}, which this user must be able to run (a service cannot run one under /home or /root: "
+        "systemd/README.md)",
+        {"interpreter": real},
+    )

@@ -22,6 +22,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .. import spawning
 from ..record import now_iso
 from ..spool import shown
 from . import worker
@@ -82,7 +83,7 @@ class WorkerHandle:
         return self.process.pid
 
     def start(self) -> None:
-        self.process.start()
+        spawning.start(self.process)
         assert self._child is not None
         self._child.close()  # the worker's end: ours closed, so that its death reads as EOF here
         self._child = None
