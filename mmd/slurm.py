@@ -74,10 +74,61 @@ DEFAULT_MAX_ARRAY_SIZE = 1001
 #: user's login environment on the node (``SLURM_GET_USER_ENV``).
 PASSED_ENV = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
-#: Characters allowed in --job-name, --partition, --account, --gres values.
+#: Characters allowed in --job-name, --partition, --account, --qos, --gres values.
 _WORD_RE = re.compile(r"[A-Za-z0-9_.,:+=-]+")
-#: Slurm time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME_RE = re.compile(r"[0-9]+(:[0-9]{1,2}){0,2}|[0-9]+-[0-9]{1,2}(:[0-9]{1,2}){0,2}")
+_WORD_FORM = "use only letters, digits and _ . , : + = -"
+
+
+@dataclass(frozen=True)
+class PassedOption:
+    """An sbatch option that ``mmd submit`` passes through under its own name, onto an #SBATCH line.
+
+    sbatch, not a shell, reads that line, and judges the value's meaning; ``value`` only keeps
+    out what would change the line's reading (blanks, quotes, ``#``)."""
+
+    name: str  # sbatch's long option without its dashes, and mmd submit's
+    metavar: str
+    help: str
+    value: re.Pattern[str]
+    form: str  # what ``value`` accepts, said to whoever gave another
+
+    @property
+    def dest(self) -> str:
+        """The option's attribute on argparse's namespace."""
+        return self.name.replace("-", "_")
+
+
+#: The sbatch options a site may require that ``mmd submit`` passes through, in the script's order.
+PASSED_OPTIONS: tuple[PassedOption, ...] = (
+    PassedOption(
+        "time",
+        "HH:MM:SS",
+        "time limit of each task",
+        # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+        re.compile(r"[0-9]+(:[0-9]{1,2}){0,2}|[0-9]+-[0-9]{1,2}(:[0-9]{1,2}){0,2}"),
+        "give MM, HH:MM:SS or D-HH:MM:SS",
+    ),
+    PassedOption("partition", "NAME", "Slurm partition", _WORD_RE, _WORD_FORM),
+    PassedOption("account", "NAME", "Slurm account", _WORD_RE, _WORD_FORM),
+    PassedOption("qos", "NAME", "Slurm quality of service", _WORD_RE, _WORD_FORM),
+    PassedOption(
+        "mem",
+        "SIZE",
+        "memory of each task's node, e.g. 16G or 500M (a number alone is megabytes)",
+        re.compile(r"[0-9]+[KMGTkmgt]?"),
+        "give a whole number with an optional K, M, G or T",
+    ),
+    PassedOption(
+        "cpus-per-task", "N", "CPU cores of each task", re.compile(r"[1-9][0-9]*"), "give a whole number, at least 1"
+    ),
+    PassedOption(
+        "constraint",
+        "FEATURES",
+        "node features each task needs, as sbatch reads them, e.g. a100 or 'a100|h100'",
+        re.compile(r"[A-Za-z0-9_.,:+=&|*!()\[\]-]+"),
+        "use only letters, digits, _ . , : + = - and Slurm's operators & | * ! ( ) [ ]",
+    ),
+)
 #: What a path on an #SBATCH line must not contain: sbatch's own quoting and its filename patterns.
 _SBATCH_PATH_BAD = re.compile(r'[\s"\'\\%#]')
 
@@ -110,9 +161,8 @@ class ArrayOptions:
 
     job_name: str = "mmd"
     gres: str | None = "gpu:1"  # None: request no GPU (CPU partitions, or a cluster without gres)
-    time: str | None = None
-    partition: str | None = None
-    account: str | None = None
+    #: What the site requires, as (PassedOption's name, value): passed to sbatch as they are.
+    passed: tuple[tuple[str, str], ...] = ()
     max_parallel: int | None = None  # the array's %throttle
     #: Settings every task runs with, as (setting, value): exported as ``MMD_<SETTING>`` so that
     #: each task is the job the daemon would make of the same file, whose name settings override them.
@@ -212,7 +262,7 @@ def plan_tasks(jobs: Sequence[Path], outbox: Path, exists=os.path.lexists) -> li
 
 def _word(what: str, value: str) -> str:
     if not _WORD_RE.fullmatch(value):
-        raise UsageError(f"{what} {value!r}: use only letters, digits and _ . , : + = -")
+        raise UsageError(f"{what} {value!r}: {_WORD_FORM}")
     return value
 
 
@@ -223,11 +273,14 @@ def check_options(options: ArrayOptions) -> None:
     except MmdError as exc:
         raise UsageError(exc.reason) from None
     _word("--job-name", options.job_name)
-    for what, value in (("--gres", options.gres), ("--partition", options.partition), ("--account", options.account)):
-        if value is not None:
-            _word(what, value)
-    if options.time is not None and not _TIME_RE.fullmatch(options.time):
-        raise UsageError(f"--time {options.time!r}: give MM, HH:MM:SS or D-HH:MM:SS")
+    if options.gres is not None:
+        _word("--gres", options.gres)
+    known = {o.name: o for o in PASSED_OPTIONS}
+    for name, value in options.passed:
+        if name not in known:
+            raise UsageError(f"{name!r} is not an sbatch option mmd submit passes: {', '.join(known)}")
+        if not known[name].value.fullmatch(value):
+            raise UsageError(f"--{name} {value!r}: {known[name].form}")
     if options.max_parallel is not None and options.max_parallel < 1:
         raise UsageError(f"--max-parallel {options.max_parallel}: must be at least 1")
     if not options.mmd:
@@ -279,12 +332,8 @@ def render_script(plan: Plan) -> str:
         lines.append(f"#SBATCH --gpus={o.gpus}")
     elif o.gres:
         lines.append(f"#SBATCH --gres={o.gres}")
-    if o.time:
-        lines.append(f"#SBATCH --time={o.time}")
-    if o.partition:
-        lines.append(f"#SBATCH --partition={o.partition}")
-    if o.account:
-        lines.append(f"#SBATCH --account={o.account}")
+    given = dict(o.passed)
+    lines += [f"#SBATCH --{p.name}={given[p.name]}" for p in PASSED_OPTIONS if p.name in given]
     run = shlex.join([*o.mmd, "run"])
     command = shlex.quote(o.mmd[0])
     exports = [f"export MMD_{key.upper()}={shlex.quote(value)}" for key, value in o.settings]

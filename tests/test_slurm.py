@@ -119,9 +119,15 @@ def test_script_header_carries_every_option(tmp_path):
     names = [f"j{i:03d}.txt" for i in range(300)]
     opts = slurm.ArrayOptions(
         job_name="mm-run",
-        time="01:30:00",
-        partition="gpu",
-        account="cs101",
+        passed=(
+            ("time", "01:30:00"),
+            ("partition", "gpu"),
+            ("account", "cs101"),
+            ("qos", "high"),
+            ("mem", "16G"),
+            ("cpus-per-task", "4"),
+            ("constraint", "[a100|h100]&ib"),
+        ),
         max_parallel=8,
         settings=(("backend", "cuda"), ("kernel", "tiled"), ("tile", "16")),
         mmd=("mmd",),
@@ -138,6 +144,10 @@ def test_script_header_carries_every_option(tmp_path):
         "--time": "01:30:00",
         "--partition": "gpu",
         "--account": "cs101",
+        "--qos": "high",
+        "--mem": "16G",
+        "--cpus-per-task": "4",
+        "--constraint": "[a100|h100]&ib",
     }
     # every #SBATCH line comes before the first command (sbatch stops reading at it)
     first_command = next(i for i, ln in enumerate(text.splitlines()) if ln and not ln.startswith("#"))
@@ -160,9 +170,17 @@ def test_script_without_gres_throttle_or_limits(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"time": "1h"}, "--time"),
-        ({"partition": "gpu; rm"}, "--partition"),
-        ({"account": "a b"}, "--account"),
+        ({"passed": (("time", "1h"),)}, "--time"),
+        ({"passed": (("partition", "gpu; rm"),)}, "--partition"),
+        ({"passed": (("account", "a b"),)}, "--account"),
+        ({"passed": (("qos", "x#y"),)}, "--qos"),
+        ({"passed": (("mem", "4 GB"),)}, "--mem"),
+        ({"passed": (("mem", "-1"),)}, "--mem"),
+        ({"passed": (("cpus-per-task", "0"),)}, "--cpus-per-task"),
+        ({"passed": (("cpus-per-task", "two"),)}, "--cpus-per-task"),
+        ({"passed": (("constraint", "a100 --uid=0"),)}, "--constraint"),
+        ({"passed": (("constraint", "a'b"),)}, "--constraint"),
+        ({"passed": (("nodelist", "n1"),)}, "nodelist"),
         ({"job_name": "x\ny"}, "--job-name"),
         ({"gres": "gpu:1 --uid=0"}, "--gres"),
         ({"max_parallel": 0}, "--max-parallel"),
@@ -327,6 +345,26 @@ def test_submissions_in_a_loop_make_one_folder_each(tmp_path, capsys):
     assert [Path(m.read_text().strip()).name for m in manifests] == ["m0.txt", "m1.txt", "m2.txt", "m3.txt"]
 
 
+def test_submit_passes_site_options_onto_the_scripts_sbatch_lines(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "m.txt", 4, 1)
+    site = ["--mem", "16G", "--cpus-per-task", "4", "--constraint", "a100|h100", "--qos", "short", "--account", "cs"]
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--script-out", "s/job.sbatch", *site, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = sbatch_lines((tmp_path / "s" / "job.sbatch").read_text())
+    assert {k: lines[k] for k in ("--mem", "--cpus-per-task", "--constraint", "--qos", "--account")} == {
+        "--mem": "16G",
+        "--cpus-per-task": "4",
+        "--constraint": "a100|h100",
+        "--qos": "short",
+        "--account": "cs",
+    }
+    for bad in (["--mem", "lots"], ["--cpus-per-task", "-2"], ["--constraint", "a b"], ["--qos", "a;b"]):
+        r = run_mmd("submit", "--slurm", "jobs", "--outbox", "bad", *bad, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and bad[0] in r.stderr, (bad, r.stderr)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_submit_without_sbatch_is_one_line(tmp_path):
     (tmp_path / "jobs").mkdir()
     make_input(tmp_path / "jobs" / "m.txt", 4, 1)
@@ -440,6 +478,8 @@ def test_submit_help_names_the_real_defaults(tmp_path):
     text = " ".join(r.stdout.split())
     assert "None" not in text
     assert "default: mmd, on the nodes' PATH" in text and "--gpus N" in text and "--status JOBID" in text
+    for option in slurm.PASSED_OPTIONS:
+        assert f"--{option.name} {option.metavar} {option.help}" in text
 
 
 def test_a_missing_mmd_is_one_clear_line_in_the_tasks_log(tmp_path):
@@ -674,3 +714,21 @@ def test_real_slurm_passes_only_what_mmd_needs(tmp_path):
     assert {k: v for k, v in got.items() if k.startswith("MMD_")} == {"MMD_BACKEND": "cpu"}
     assert got["PATH"] == env["PATH"] and got["SLURM_ARRAY_TASK_ID"] == "0" and got.get("CUDA_VISIBLE_DEVICES")
     assert (tmp_path / "out" / "m.out").exists()
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_takes_the_sites_options_and_a_refusal_leaves_nothing(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "m.txt", 4, 1)
+    # The one-node cluster has every CPU (2 or more) and 1 MB of memory (no RealMemory), and no node features.
+    _, [job] = submit_real(tmp_path, "--mem", "1M", "--cpus-per-task", "2")
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+    assert fields["MinMemoryNode"] == "1M" and fields["CPUs/Task"] == "2", shown
+    wait_done([job])
+    assert (tmp_path / "out" / "m.out").exists()
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out2", "--backend", "cpu", "--constraint", "nosuchfeature",
+                "--submit", cwd=tmp_path, env=cluster_env())  # fmt: skip
+    assert r.returncode == 1 and "sbatch refused the script: " in r.stderr and "feature" in r.stderr, r.stderr
+    assert not (tmp_path / "out2").exists()

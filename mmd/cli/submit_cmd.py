@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    from .. import config
+    from .. import config, slurm
 
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--slurm", type=Path, metavar="DIR", help="the folder of job files")
@@ -52,9 +52,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tile", type=int, help="tile size T")
     p.add_argument("--memory", choices=config.CHOICES["memory"], help="device memory mode")
     p.add_argument("--job-name", default="mmd", help="Slurm job name (default: %(default)s)")
-    p.add_argument("--partition", help="Slurm partition")
-    p.add_argument("--account", help="Slurm account")
-    p.add_argument("--time", metavar="HH:MM:SS", help="time limit of each task")
+    for option in slurm.PASSED_OPTIONS:
+        p.add_argument(f"--{option.name}", metavar=option.metavar, help=option.help)
     p.add_argument("--max-parallel", type=int, metavar="N", help="at most N tasks at once (the array's %%N)")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument(
@@ -100,9 +99,7 @@ def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
         gres=gres,
         gpus=args.gpus,
         mmd=tuple(shlex.split(args.mmd)),
-        time=args.time,
-        partition=args.partition,
-        account=args.account,
+        passed=tuple((o.name, value) for o in slurm.PASSED_OPTIONS if (value := getattr(args, o.dest)) is not None),
         max_parallel=args.max_parallel,
         settings=tuple(settings),
         config=args.config.resolve() if args.config is not None else None,
