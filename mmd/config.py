@@ -1,10 +1,13 @@
 """Typed, validated settings.
 
-Precedence, lowest first: built-in defaults < config file < ``MMD_*``
-environment < command-line flags. The config file is one file, the first of
-``--config``, ``$MMD_CONFIG``, then :func:`config_paths` (``config/mmd.yaml``
-here, ``$XDG_CONFIG_HOME/mmd/mmd.yaml``, ``/etc/mmd/mmd.yaml``) that exists:
-files are not merged, so a setting has one source. The file is read with
+Layers, lowest first, each setting taken from the nearest layer that sets it:
+built-in defaults < the config files < ``MMD_*`` environment < command-line
+flags. The config files, lowest first (:func:`config_files`): the service's
+``/etc/mmd/mmd.yaml`` (read only by the commands that address the service:
+``load(service=True)``), the user's ``$XDG_CONFIG_HOME/mmd/mmd.yaml``, this
+project's ``config/mmd.yaml``; ``--config`` or ``$MMD_CONFIG`` names one file
+read instead of them all. Each setting remembers the layer it came from
+(:meth:`Settings.origin`, what ``mmd config`` shows). A file is read with
 ``yaml.safe_load`` and its values must have their YAML types (``tile: "16"``
 is refused); the environment, a file's name and the flags are text, parsed.
 An unknown key or a wrong type is a :class:`ConfigError` that names the key
@@ -15,12 +18,13 @@ a setting is ignored with an :class:`UnknownVariableWarning`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import shlex
 import socket
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,10 @@ from . import kernels
 from .errors import ConfigError, MmdError, UsageError
 from .hooks import HOOK_VARIABLES
 
-#: The project's config, relative to the working directory: the first place looked.
+#: The project's config, relative to the working directory: the nearest file layer.
 LOCAL_CONFIG = Path("config/mmd.yaml")
-#: The machine's config (the service's, systemd/install.sh writes it): the last place looked.
+#: The service's config (systemd/install.sh writes it, the unit names it in $MMD_CONFIG): the lowest file layer,
+#: read only by the commands that address the service, never by a user's own `mmd serve` or `mmd run`.
 SYSTEM_CONFIG = Path("/etc/mmd/mmd.yaml")
 
 
@@ -165,8 +170,10 @@ class Settings:
     # -- logs --
     log_format: str = "auto"  # auto: console on a terminal, JSON otherwise
     log_level: str = "info"
-    #: Where the settings came from, for messages (not a setting).
+    #: Where the settings came from, for messages (not a setting): the layers applied, lowest first.
     sources: tuple[str, ...] = field(default=("defaults",), compare=False)
+    #: Setting → the layer that set it (a file's path, ENVIRONMENT, COMMAND_LINE...); absent: the default.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def private_dir(self) -> Path:
@@ -176,17 +183,35 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated (None values are ignored)."""
         clean = {k: v for k, v in changes.items() if v is not None}
-        return _validated(dataclasses.replace(self, **clean), "override")
+        origins = {**self.origins, **dict.fromkeys(clean, OVERRIDE)}
+        return _validated(dataclasses.replace(self, **clean, origins=origins), OVERRIDE)
 
     def with_values(self, values: Mapping[str, Any], origin: str) -> Settings:
         """A copy with ``values`` (setting → raw value, as a file or variable gives it) coerced, applied
         and validated; ``origin`` names where they came from in messages and in :attr:`sources`."""
         return _apply(self, values, origin)
 
+    def origin(self, name: str) -> str:
+        """Where setting ``name`` came from: a file's path, ENVIRONMENT, COMMAND_LINE, ..., or DEFAULT."""
+        return self.origins.get(name, DEFAULT)
+
+
+#: The origin of a setting no layer set.
+DEFAULT = "default"
+#: The origin of a setting the program changed (:meth:`Settings.replace`).
+OVERRIDE = "override"
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
-_FIELDS = {f.name: f for f in fields(Settings) if f.name != "sources"}
+_FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("sources", "origins")}
+#: Every setting's name, in the order Settings declares them.
+NAMES: tuple[str, ...] = tuple(_FIELDS)
+
+
+def _unknown(name: str, known: Sequence[str], label: Callable[[str], str] = str) -> str:
+    """What to say of an unknown name: the known ones it is close to, else them all (each as ``label`` has it)."""
+    close = difflib.get_close_matches(name, known, n=3)
+    return f"did you mean {' or '.join(map(label, close))}?" if close else f"known: {', '.join(map(label, known))}"
 
 
 #: What a host id may hold: it becomes part of file names in the shared inbox.
@@ -405,7 +430,7 @@ def name_rule(items: tuple[str, ...] | None, origin: str = "name_settings") -> d
         key, eq, value = item.partition("=")
         where = f"{origin}: name_settings"
         if key not in NAME_KEYS:
-            raise ConfigError(f"{where}: unknown setting {key!r} (a name may set {', '.join(NAME_KEYS)})")
+            raise ConfigError(f"{where}: unknown setting {key!r} ({_unknown(key, tuple(NAME_KEYS))})")
         picks: frozenset[Any] | None = None
         if eq:
             setting = NAME_KEYS[key]
@@ -425,9 +450,10 @@ def _apply(base: Settings, values: Mapping[str, Any], origin: str, typed: bool =
         changes = {}
         for key, value in values.items():
             if key not in _FIELDS:
-                raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(_FIELDS)})")
+                raise ConfigError(f"{origin}: unknown setting {key!r} ({_unknown(key, NAMES)})")
             changes[key] = _coerce(key, value, origin, typed)
-        merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin))
+        origins = {**base.origins, **dict.fromkeys(changes, origin)}
+        merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin), origins=origins)
         return _validated(merged, origin)
     except ConfigError as exc:
         if origin == COMMAND_LINE and not isinstance(exc, UsageError):
@@ -468,50 +494,53 @@ def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
         if key.startswith("MMD_") and key not in NOT_SETTINGS and key not in HOOK_VARIABLES:
             name = key[4:].lower()
             if name not in _FIELDS:
-                warnings.warn(f"{key} is not an mmd setting; ignored", UnknownVariableWarning, stacklevel=2)
+                hint = _unknown(name, NAMES, _label(ENVIRONMENT))
+                warnings.warn(f"{key} is not an mmd setting; ignored ({hint})", UnknownVariableWarning, stacklevel=2)
                 continue
             out[name] = None if value.strip().lower() in ("", "null", "none") else value
     return out
 
 
-def config_paths(environ: Mapping[str, str]) -> tuple[Path, ...]:
-    """Where a config file is looked for without --config or $MMD_CONFIG, nearest first: this project's
-    ``config/mmd.yaml``, the user's ``$XDG_CONFIG_HOME/mmd/mmd.yaml`` (``~/.config`` where it is unset, as the
-    XDG spec says), the machine's ``/etc/mmd/mmd.yaml``."""
+def config_paths(environ: Mapping[str, str], service: bool = False) -> tuple[Path, ...]:
+    """Where config files are looked for without --config or $MMD_CONFIG, lowest layer first: the service's
+    ``/etc/mmd/mmd.yaml`` (``service``: for a command that addresses the service), the user's
+    ``$XDG_CONFIG_HOME/mmd/mmd.yaml`` (``~/.config`` where it is unset, as the XDG spec says), this project's
+    ``config/mmd.yaml``."""
     user = environ.get("XDG_CONFIG_HOME") or (str(Path(environ["HOME"]) / ".config") if environ.get("HOME") else "")
-    found = [LOCAL_CONFIG]
+    found = [SYSTEM_CONFIG] if service else []
     if user and os.path.isabs(user):  # the spec: a relative one is invalid, ignored
         found.append(Path(user) / "mmd" / "mmd.yaml")
-    return (*found, SYSTEM_CONFIG)
+    return (*found, LOCAL_CONFIG)
 
 
-def find_config(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
-    """The config file to use: --config, else $MMD_CONFIG, else the first of :func:`config_paths` that exists."""
+def config_files(explicit: Path | None, environ: Mapping[str, str], service: bool = False) -> tuple[Path, ...]:
+    """The config files read, lowest layer first: --config alone, else $MMD_CONFIG alone (the whole file
+    configuration: the unit names the service's this way), else those of :func:`config_paths` that exist."""
     if explicit is not None:
-        return explicit
+        return (explicit,)
     if environ.get("MMD_CONFIG"):
-        return Path(environ["MMD_CONFIG"])
-    for candidate in config_paths(environ):
-        # os.path.isfile is False where the path cannot even be looked at: /etc/mmd is the spool group's
-        # alone, and another user's config is no concern of a student's command
-        if os.path.isfile(candidate):
-            return candidate
-    return None
+        return (Path(environ["MMD_CONFIG"]),)
+    # os.path.isfile is False where the path cannot even be looked at: /etc/mmd is the spool group's
+    # alone, and another user's config is no concern of a student's command
+    return tuple(path for path in config_paths(environ, service) if os.path.isfile(path))
 
 
 def load(
     config: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    service: bool = False,
 ) -> Settings:
-    """Settings from defaults, the config file, the environment and ``overrides`` (flags).
+    """Settings from defaults, the config files, the environment and ``overrides`` (flags), each setting from
+    the nearest layer that sets it. ``service``: the command addresses the service (its daemon, its control
+    socket), so the service's own file is the lowest file layer.
 
     ``overrides`` entries that are None (flags not given) are ignored.
     """
     environ = os.environ if environ is None else environ
     settings = Settings()
-    path = find_config(config, environ)
-    if path is not None:
+    for path in config_files(config, environ, service):
         settings = _apply(settings, read_file(path), str(path), typed=True)
     settings = _apply(settings, env_values(environ), ENVIRONMENT)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}

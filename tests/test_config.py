@@ -1,4 +1,7 @@
 import dataclasses
+import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -66,9 +69,25 @@ def test_bad_environment_names_the_variable():
 
 def test_a_stray_mmd_variable_is_ignored_with_a_warning():
     """Any unknown MMD_* variable failed every command with 78; it is now ignored, once said."""
-    with pytest.warns(config.UnknownVariableWarning, match="MMD_TILES is not an mmd setting; ignored"):
+    with pytest.warns(config.UnknownVariableWarning, match=r"MMD_TILES is not an mmd setting; ignored \(did you mean"):
         s = config.load(None, environ={"MMD_TILES": "3", "MMD_TILE": "8"})
     assert s.tile == 8
+
+
+def test_an_unknown_name_is_answered_with_the_names_it_is_close_to():
+    """An unknown key listed all the settings' names; the near ones are what the user was after."""
+    with pytest.raises(ConfigError, match=r"^test: unknown setting 'tiel' \(did you mean tile\?\)$"):
+        config.Settings().with_values({"tiel": 4}, "test")
+    with pytest.raises(ConfigError, match=r"unknown setting 'worker_per_device' \(did you mean workers_per_device\?\)"):
+        config.Settings().with_values({"worker_per_device": 4}, "test")
+    with pytest.raises(ConfigError) as far:  # nothing close: every name, so the user finds theirs
+        config.Settings().with_values({"zzz": 4}, "test")
+    assert far.value.reason == f"test: unknown setting 'zzz' (known: {', '.join(config.NAMES)})"
+    with pytest.warns(config.UnknownVariableWarning) as said:
+        config.load(None, environ={"MMD_TILES": "3"})
+    assert str(said[0].message) == "MMD_TILES is not an mmd setting; ignored (did you mean MMD_TILE?)"
+    with pytest.raises(ConfigError, match=r"unknown setting 'timout' \(did you mean timeout\?\)"):
+        config.name_rule(("timout",))
 
 
 @pytest.mark.parametrize(
@@ -102,30 +121,72 @@ def _home(tmp_path: Path, text: str | None) -> Path:
     return folder
 
 
-def test_config_is_looked_up_here_then_in_xdg_config_home_then_in_etc(tmp_path, monkeypatch):
+def _layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    """A working directory with config/mmd.yaml, a user's config home and a service's file, each setting
+    tile (and one setting of its own): (project file, user file, service file)."""
     work = tmp_path / "work"
     (work / "config").mkdir(parents=True)
     monkeypatch.chdir(work)
     system = tmp_path / "etc-mmd.yaml"
-    system.write_text("tile: 4\n")
+    system.write_text(f"tile: 4\nclass_mode: true\nstate_dir: {tmp_path / 'state'}\ncontrol_socket: /run/x.sock\n")
     monkeypatch.setattr(config, "SYSTEM_CONFIG", system)
-    assert config.load(environ={}).tile == 4 and str(system) in config.load(environ={}).sources
-    xdg = _home(tmp_path, "tile: 8\n")
-    assert config.load(environ={"XDG_CONFIG_HOME": str(xdg)}).tile == 8
+    user = _home(tmp_path, "tile: 8\nkernel: aplus\n") / "mmd" / "mmd.yaml"
+    project = work / "config" / "mmd.yaml"
+    project.write_text("tile: 16\nmemory: pitched\n")
+    return project, user, system
+
+
+def test_the_files_are_layers_each_setting_from_the_nearest(tmp_path, monkeypatch):
+    """./config/mmd.yaml hid ~/.config/mmd/mmd.yaml whole: a project's tile took the user's kernel with it."""
+    project, user, _ = _layers(tmp_path, monkeypatch)
+    environ = {"XDG_CONFIG_HOME": str(user.parent.parent)}
+    s = config.load(environ=environ)
+    assert (s.tile, s.kernel, s.memory) == (16, "aplus", "pitched")
+    assert (s.origin("tile"), s.origin("kernel"), s.origin("memory"), s.origin("backend")) == (
+        "config/mmd.yaml",
+        str(user),
+        "config/mmd.yaml",
+        "default",
+    )
+    assert s.sources == ("defaults", str(user), "config/mmd.yaml", "environment")
+    s = config.load(None, {"memory": "managed"}, environ={**environ, "MMD_TILE": "2"})
+    assert (s.tile, s.kernel, s.memory) == (2, "aplus", "managed")
+    assert (s.origin("tile"), s.origin("memory")) == ("environment", "command line")
+    project.unlink()
+    s = config.load(environ={"HOME": str(tmp_path / "nobody")})  # XDG's default: ~/.config, none there
+    assert s == config.Settings()
     home = tmp_path / "home"
     (home / ".config" / "mmd").mkdir(parents=True)
-    (home / ".config" / "mmd" / "mmd.yaml").write_text("tile: 16\n")
-    assert config.load(environ={"HOME": str(home)}).tile == 16  # XDG's default: ~/.config
-    (work / "config" / "mmd.yaml").write_text("tile: 2\n")
-    assert config.load(environ={"XDG_CONFIG_HOME": str(xdg)}).tile == 2
-    assert config.load(environ={"MMD_CONFIG": str(system), "XDG_CONFIG_HOME": str(xdg)}).tile == 4
-    assert config.load(xdg / "mmd" / "mmd.yaml", environ={"MMD_CONFIG": str(system)}).tile == 8
-    # the first found is the one file read: no merging, so a setting has one source
-    assert [p for p in config.config_paths({"XDG_CONFIG_HOME": str(xdg)})] == [
-        Path("config/mmd.yaml"),
-        xdg / "mmd" / "mmd.yaml",
-        system,
-    ]
+    (home / ".config" / "mmd" / "mmd.yaml").write_text("tile: 2\n")
+    assert config.load(environ={"HOME": str(home)}).tile == 2
+
+
+def test_the_service_s_file_is_read_by_the_commands_that_address_the_service_only(tmp_path, monkeypatch):
+    """A TA's own daemon on a class box took the service's state_dir and class_mode from /etc/mmd/mmd.yaml."""
+    project, user, system = _layers(tmp_path, monkeypatch)
+    project.unlink()
+    mine = config.load(environ={})
+    assert (mine.class_mode, mine.state_dir, mine.control_socket, mine.tile) == (False, None, None, 32)
+    assert str(system) not in mine.sources
+    theirs = config.load(environ={}, service=True)
+    assert (theirs.class_mode, theirs.control_socket, theirs.tile) == (True, Path("/run/x.sock"), 4)
+    assert theirs.origin("class_mode") == str(system)
+    # the user's and the project's files lie over the service's, as over the defaults
+    environ = {"XDG_CONFIG_HOME": str(user.parent.parent)}
+    assert config.load(environ=environ, service=True).tile == 8
+    assert [*config.config_paths(environ, service=True)] == [system, user, Path("config/mmd.yaml")]
+    assert [*config.config_paths(environ)] == [user, Path("config/mmd.yaml")]
+
+
+def test_config_or_mmd_config_names_the_one_file_read(tmp_path, monkeypatch):
+    _, user, system = _layers(tmp_path, monkeypatch)
+    other = write(tmp_path, "kernel: fast\n")
+    environ = {"XDG_CONFIG_HOME": str(user.parent.parent)}
+    for s in (config.load(other, environ=environ), config.load(environ={**environ, "MMD_CONFIG": str(other)})):
+        assert (s.kernel, s.tile, s.memory) == ("fast", 32, "device")  # nothing from the other files
+        assert s.sources == ("defaults", str(other), "environment")
+    assert config.load(other, environ={"MMD_CONFIG": str(system)}, service=True).kernel == "fast"  # --config first
+    assert config.load(environ={"MMD_CONFIG": os.devnull}, service=True) == config.Settings()
 
 
 def test_missing_explicit_file_is_an_error(tmp_path):
@@ -168,7 +229,8 @@ def test_the_shipped_config_documents_every_setting_and_ships_in_the_package():
     text = resources.default_config_text()
     assert text == (Path(__file__).resolve().parent.parent / "config" / "mmd.yaml").read_text()
     keys = set(yaml.safe_load(text))
-    fields = {f.name for f in dataclasses.fields(config.Settings)} - {"sources"}
+    fields = set(config.NAMES)
+    assert fields == {f.name for f in dataclasses.fields(config.Settings)} - {"sources", "origins"}
     assert keys == fields, f"undocumented: {sorted(fields - keys)}; unknown: {sorted(keys - fields)}"
 
 
@@ -209,4 +271,73 @@ def test_a_config_folder_this_user_may_not_enter_is_passed_over(tmp_path, monkey
 
     monkeypatch.setattr(os, "stat", stat)
     monkeypatch.chdir(tmp_path)
-    assert config.load(environ={}).sources == ("defaults", "environment")
+    assert config.load(environ={}, service=True).sources == ("defaults", "environment")
+
+
+def test_a_users_own_commands_leave_the_service_s_settings_to_the_service_s_commands(tmp_path, monkeypatch, capfd):
+    """On a class box every command took /etc/mmd/mmd.yaml: a TA's `mmd run` met the service's limits."""
+    from mmd.cli import main
+    from mmd.errors import ExitStatus
+
+    _, _, system = _layers(tmp_path, monkeypatch)
+    with system.open("a") as fh:
+        fh.write("max_dim: 1\n")
+    (tmp_path / "work" / "config" / "mmd.yaml").unlink()
+    (tmp_path / "work" / "m.txt").write_text("2\n1 2\n3 4\n1 0\n0 1\n")
+    monkeypatch.setenv("MMD_BACKEND", "cpu")
+    assert main(["run", "m.txt"]) == ExitStatus.OK, capfd.readouterr().err
+    assert (tmp_path / "work" / "m.out").read_text() == "2\n  1.00  2.00\n  3.00  4.00\n"
+    for argv in (["cancel", "m.txt"], ["rm", "m.out"]):  # they ask the service where its file says
+        assert main(argv) == ExitStatus.NOT_SERVING
+        assert "no daemon answers on /run/x.sock" in capfd.readouterr().err
+
+
+def _shown(capfd, *argv: str) -> str:
+    from mmd.cli import main
+
+    assert main(["config", *argv]) == 0
+    out, err = capfd.readouterr()
+    assert err == ""
+    return out
+
+
+def test_mmd_config_shows_every_setting_and_where_it_came_from(tmp_path, monkeypatch, capfd):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    plain = _shown(capfd)  # no file anywhere: the defaults
+    assert config.load(write(tmp_path, plain), environ={}) == config.Settings()
+    values = {name: shown["value"] for name, shown in json.loads(_shown(capfd, "--json"))["settings"].items()}
+    assert yaml.safe_load(plain) == values
+    lines = [line for line in plain.splitlines() if not line.startswith("#")]
+    assert [line.split(":")[0] for line in lines] == list(config.NAMES)
+    assert all(line.endswith("  # default") for line in lines)
+    assert f"#   {Path('config/mmd.yaml')}" in plain and "absent" in plain
+
+    _, user, system = _layers(tmp_path, monkeypatch)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(user.parent.parent))
+    monkeypatch.setenv("MMD_BACKEND", "cpu")
+    shown = _shown(capfd, "--device", "3")
+    assert re.search(r"^tile: 16 +# config/mmd.yaml$", shown, re.M)
+    assert re.search(rf"^kernel: aplus +# {re.escape(str(user))}$", shown, re.M)
+    assert re.search(r"^backend: cpu +# environment: MMD_BACKEND$", shown, re.M)
+    assert re.search(r"^device: 3 +# command line$", shown, re.M)
+    assert re.search(r"^class_mode: false +# default$", shown, re.M)
+    assert re.search(rf"^#   {re.escape(str(system))} +not read: the service's", shown, re.M)
+    # what it prints is a config file that gives the same settings, whatever their types
+    again = write(tmp_path, shown)
+    assert config.load(again, environ={}) == config.load(None, {"device": 3}, environ=dict(os.environ))
+
+    service = _shown(capfd, "--service")
+    assert re.search(rf"^class_mode: true +# {re.escape(str(system))}$", service, re.M)
+    assert re.search(r"^tile: 16 +# config/mmd.yaml$", service, re.M)
+    assert re.search(rf"^#   {re.escape(str(system))} +read$", service, re.M)
+
+    data = json.loads(_shown(capfd, "--service", "--json"))
+    assert data["settings"]["control_socket"] == {"value": "/run/x.sock", "from": str(system)}
+    assert data["settings"]["name_settings"]["value"] == list(config.NAME_KEYS)
+    assert [f["path"] for f in data["files"]] == [str(system), str(user), "config/mmd.yaml"]
+
+    one = json.loads(_shown(capfd, "--json", "--config", str(again)))
+    assert one["files"] == [{"path": str(again), "state": "read: --config, the one file"}]
+    assert one["settings"]["tile"] == {"value": 16, "from": str(again)}

@@ -60,6 +60,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("submit: bad parallel", ["submit", "--slurm", "jobs", "--max-parallel", "0"], USAGE, "--max-parallel"),
     ("bench: size 0", ["bench", "--backend", "cpu", "--sizes", "0"], USAGE, "positive"),
     ("report: no results", ["report"], USAGE, "required"),
+    ("config: bad flag", ["config", "--frob"], USAGE, "unrecognized"),
     # -- a path named on the command line that cannot be used as given --
     ("run: missing input", ["run", "nope.txt"], USAGE, "no such file"),
     ("run: a folder", ["run", "jobs"], USAGE, "is a folder"),
@@ -85,6 +86,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("kernels: missing config", ["kernels", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("serve: inbox missing", ["serve", "--inbox", "nope", "--once"], CONFIG, "does not exist"),
     ("bench: missing config", ["bench", "--config", "nope.yaml"], CONFIG, "cannot read config"),
+    ("config: missing config", ["config", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("cancel: no control socket", ["cancel", "m.txt"], CONFIG, "no control_socket is set"),
     ("rm: no control socket", ["rm", "m.out"], CONFIG, "no control_socket is set"),
     # -- no daemon answers --

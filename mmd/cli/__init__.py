@@ -22,7 +22,7 @@ from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = (
-    "run", "gen", "check", "kernels", "serve", "status", "cancel", "rm", "submit", "bench", "report"
+    "run", "gen", "check", "kernels", "serve", "status", "cancel", "rm", "submit", "bench", "report", "config"
 )  # fmt: skip
 
 

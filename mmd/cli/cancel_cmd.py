@@ -7,7 +7,7 @@ import re
 import sys
 
 from ..errors import ExitStatus
-from .common import NotServing, add_config_option, ask_daemon
+from .common import NotServing, add_config_option, ask_daemon, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,15 +19,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "answers each user about their own jobs only. Exit status: 0 cancelled, 1 refused (not yours, "
         "finished already), 3 no daemon answers, 78 no control_socket is set.",
     )
-    add_config_option(p)
+    add_config_option(p, service=True)
     p.add_argument("job", metavar="JOB|FILE", help="a job id (12 hex digits, from mmd status) or a file's name")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import config  # only for this command
-
-    settings = config.load(args.config)
+    settings = load_settings(args)
     key = "job" if re.fullmatch(r"[0-9a-f]{12}", args.job) else "file"
     try:
         answer = ask_daemon(settings, {"op": "cancel", key: args.job})

@@ -86,12 +86,16 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     add_verbose(parser)
 
 
-def add_config_option(parser: argparse.ArgumentParser) -> None:
+def add_config_option(parser: argparse.ArgumentParser, *, service: bool = False) -> None:
+    """--config, and whether the command addresses the service (its daemon, its control socket): only such a
+    command reads the service's /etc/mmd/mmd.yaml (:func:`load_settings`)."""
+    parser.set_defaults(service=service)
+    machine = "/etc/mmd/mmd.yaml, " if service else ""
     parser.add_argument(
         "--config",
         type=Path,
-        help="config file (default: $MMD_CONFIG, else the first of config/mmd.yaml, "
-        "$XDG_CONFIG_HOME/mmd/mmd.yaml, /etc/mmd/mmd.yaml)",
+        help=f"the one config file to read (default: $MMD_CONFIG, else the layers {machine}"
+        "$XDG_CONFIG_HOME/mmd/mmd.yaml, config/mmd.yaml, the nearest winning; `mmd config` shows them)",
     )
 
 
@@ -106,15 +110,22 @@ def job_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name, None) for name in JOB_FLAGS}
 
 
+def load_settings(args: argparse.Namespace, **flags: Any) -> config.Settings:
+    """The command's settings: defaults < config files < environment < ``flags`` (None: not given). The one
+    place that reads whether the command addresses the service (``args.service``, from
+    :func:`add_config_option`), so that a user's own daemon or job never takes the service's settings."""
+    from .. import config
+
+    return config.load(args.config, flags, service=args.service)
+
+
 def settings_from(args: argparse.Namespace, quiet: bool = False, **extra: Any) -> config.Settings:
-    """Settings with defaults < config file < environment < these flags (the job flags and ``extra``).
+    """:func:`load_settings` with the job flags and ``extra``, and the logs configured.
 
     One-shot commands (``quiet``) log errors only unless ``-v`` is given:
     their result, or their one-line refusal, is what they print, not a log.
     """
-    from .. import config
-
-    settings = config.load(getattr(args, "config", None), {**job_flags(args), **extra})
+    settings = load_settings(args, **job_flags(args), **extra)
     configure_logs(settings, quiet and not getattr(args, "verbose", False))
     return settings
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import ExitStatus
-from .common import NotServing, add_config_option, ask_daemon
+from .common import NotServing, add_config_option, ask_daemon, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,15 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "control_socket. Exit status: 0 removed, 1 one was refused (not yours, being written), 3 no daemon "
         "answers, 78 no control_socket is set.",
     )
-    add_config_option(p)
+    add_config_option(p, service=True)
     p.add_argument("names", nargs="+", metavar="OUTPUT", help="an output's or sidecar's name in your folder")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import config  # only for this command
-
-    settings = config.load(args.config)
+    settings = load_settings(args)
     status = ExitStatus.OK
     for name in args.names:
         try:

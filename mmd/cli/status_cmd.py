@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ExitStatus, UsageError
 from . import paths
-from .common import NotServing, add_config_option, ask_daemon
+from .common import NotServing, add_config_option, ask_daemon, load_settings
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "their own jobs, with their places in the queue. Exit status: 0 a daemon serves the inbox, 3 none "
         "does, 2 bad usage or an inbox that is missing or not a folder.",
     )
-    add_config_option(p)
+    add_config_option(p, service=True)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument(
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import config  # only for this command
 
-    settings = config.load(args.config, {"inbox": args.inbox})
+    settings = load_settings(args, inbox=args.inbox)
     if args.metrics:
         return print_metrics(settings)
     if settings.control_socket is not None and not os.access(settings.private_dir, os.R_OK | os.X_OK):
