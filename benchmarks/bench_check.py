@@ -46,6 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from child_env import child_env  # noqa: E402
+
 from mmd import accel, textcore, textformat  # noqa: E402
 from mmd.atomic import write_atomic  # noqa: E402
 from mmd.check import full, jobs, results  # noqa: E402
@@ -66,8 +68,7 @@ class Case:
 
 def mmd_process(*args: str, tree: Path = ROOT) -> Callable[[], float | None]:
     """``python -m mmd ARGS`` as a process, with the mmd of ``tree`` first on its path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def run() -> float | None:
         r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=tree)

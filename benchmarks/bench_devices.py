@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from child_env import child_env
 
 from mmd.generate import input_chunks, random_matrix
 
@@ -54,8 +55,7 @@ PHASES = ("read", "parse", "kernel", "emit", "write", "overall")
 
 
 def serve_once(root: Path, devices: str, args: argparse.Namespace, cache: Path) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    env.update(
+    env = child_env(
         MMD_DEVICES=devices,
         MMD_KERNEL_CACHE=str(cache),
         MMD_LOG_FORMAT="json",

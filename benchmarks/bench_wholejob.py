@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the benches write what they measured unless told (--out): $OUT, else bench/ (ignored by git).
@@ -106,8 +107,7 @@ class Tree:
 
 
 def tree_env(tree: Path, work: Path, name: str, backend: str, kernel: str, extra_path: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    env.update(
+    return child_env(
         PYTHONPATH=os.pathsep.join(p for p in (str(tree), extra_path) if p),
         MMD_BACKEND=backend,
         MMD_KERNEL=kernel,
@@ -117,7 +117,6 @@ def tree_env(tree: Path, work: Path, name: str, backend: str, kernel: str, extra
         MMD_RESCAN_SECONDS="1",
         XDG_CACHE_HOME=str(work / f"cache-{name}"),  # each tree fills its own kernel cache
     )
-    return env
 
 
 def sidecar_timings(path: Path) -> dict[str, float]:

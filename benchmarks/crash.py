@@ -31,21 +31,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from child_env import child_env  # noqa: E402
+
 from mmd import textformat  # noqa: E402
 from mmd.check import full  # noqa: E402
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
 
 def env(backend: str) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    out.update(
+    return child_env(
         PYTHONPATH=str(ROOT),
         MMD_BACKEND=backend,
         MMD_LOG_FORMAT="json",
         MMD_QUIET_SECONDS="0.3",
         MMD_RESCAN_SECONDS="1",
     )
-    return out
 
 
 def main() -> int:

@@ -14,7 +14,6 @@ transfers), and numpy's float64 product, at each size. Run on purpose, never as 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 def mmd(*args: str) -> float:
     """Seconds ``python -m mmd ARGS`` took as a process (SystemExit where it failed)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
+    env = child_env()
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "mmd", *args], env=env, capture_output=True, text=True, cwd=ROOT)
     took = time.perf_counter() - t

@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from child_env import child_env  # noqa: E402
+
 from mmd.generate import input_chunks, random_matrix  # noqa: E402
 
 
@@ -71,8 +73,7 @@ def main() -> int:
     inbox, outbox, stage = root / "inbox", root / "outbox", root / "stage"
     for d in (inbox, outbox, stage):
         d.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
-    env.update(MMD_BACKEND=args.backend, MMD_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
+    env = child_env(MMD_BACKEND=args.backend, MMD_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
     log = open(root / "daemon.log", "w")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "mmd", "serve"], cwd=root, env=env, stdout=log, stderr=log)
     wait_for(lambda: (inbox / ".mmd-state.json").exists(), 60, "the daemon")

@@ -50,8 +50,6 @@ def _sidecars_follow_the_schema(request: pytest.FixtureRequest, sidecar_validato
             assert not errors, f"{path.name} does not follow docs/sidecar.schema.json: {errors[0].message}"
 
 
-#: The machine's config file (the fixture below hides it from the tests that run in this process).
-MACHINE_CONFIG = config.SYSTEM_CONFIG
 #: An XDG_CONFIG_HOME with no mmd config in it: tests never read the caller's ~/.config/mmd/mmd.yaml.
 NO_USER_CONFIG = str(ROOT / "tests" / "no-such-config-home")
 
@@ -67,12 +65,14 @@ def _no_mmd_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def mmd_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """The caller's environment without its MMD_* variables nor its config files, mmd importable, then ``base``
-    and ``extra``."""
+    """The caller's environment without its MMD_* variables, mmd importable, then ``base`` and ``extra``.
+
+    A process of a test reads no config file of the machine's or the caller's, on any machine: ``MMD_CONFIG``
+    names an empty one (a test that means to read files gives its own), and the user's config home is empty.
+    """
     full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")}
     full["XDG_CONFIG_HOME"] = NO_USER_CONFIG
-    if MACHINE_CONFIG.exists():  # a machine with the service installed: a process of a test reads no config
-        full["MMD_CONFIG"] = os.devnull
+    full["MMD_CONFIG"] = os.devnull
     full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
     full.update(base or {})
     full.update(extra)

@@ -47,7 +47,18 @@ TINY: dict[str, list[str]] = {
 }
 
 #: Modules the scripts import, not scripts: run through those that import them.
-MODULES = {"ladder_common.py": ("sgemm_ladder.py", "tc_ladder.py")}
+MODULES = {
+    "ladder_common.py": ("sgemm_ladder.py", "tc_ladder.py"),
+    # the environment of every mmd process a benchmark starts (bench_daemon and lone_steps: bench_wholejob's)
+    "child_env.py": (
+        "bench_check.py",
+        "bench_devices.py",
+        "bench_wholejob.py",
+        "crash.py",
+        "reference_gpu.py",
+        "soak.py",
+    ),
+}
 
 #: What a script needs beyond this Python and mmd, when it needs something.
 NEEDS = {
@@ -67,8 +78,9 @@ def test_every_script_has_a_tiny_mode():
             assert module.removesuffix(".py") in (BENCHMARKS / user).read_text()
 
 
-@pytest.mark.parametrize("script", sorted(TINY))
-def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> None:
+def runs_in_its_tiny_mode(script: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """Run ``script``'s tiny mode in ``tmp_path`` with ``env`` (plus where what it keeps goes): it ends with 0,
+    no traceback; skipped where it needs what is not here."""
     need = NEEDS.get(script)
     if need is not None and shutil.which(need) is None:
         pytest.skip(f"{script} needs {need}, which is not on PATH here")
@@ -76,10 +88,23 @@ def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> Non
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *argv],
         cwd=tmp_path,
-        env=mmd_env(OUT=str(tmp_path), TMPDIR=str(tmp_path)),  # what a script keeps goes with the test
+        env={**env, "OUT": str(tmp_path), "TMPDIR": str(tmp_path)},  # what a script keeps goes with the test
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> None:
+    """On a host whose config would stop every mmd command: a benchmark measures mmd as shipped, so the
+    mmd processes it starts read no config of the host's (they read a class box's /etc/mmd/mmd.yaml and
+    failed; tests/test_service_config.py runs one beside a real one)."""
+    host = tmp_path / "host-config"
+    (host / "mmd").mkdir(parents=True)
+    (host / "mmd" / "mmd.yaml").write_text('tile: "16"  # a wrong type: any mmd that reads this exits 78\n')
+    env = mmd_env(XDG_CONFIG_HOME=str(host))
+    del env["MMD_CONFIG"]  # the script's own environment keeps its processes off the host's config
+    runs_in_its_tiny_mode(script, tmp_path, env)
