@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -335,3 +336,30 @@ def test_mmd_run_leaves_its_backends_to_the_process_end_only_when_the_process_en
     assert (tmp_path / "m.out").read_bytes().startswith(b"8\n")
     # any other command returns as before, whatever the caller
     assert cli.main(["gen", "4", "--seed", "1", "-q", "-o", str(tmp_path / "n.txt")], exiting=exiting) == 0
+
+
+@pytest.mark.process  # runs mmd as a real process
+def test_run_dash_reads_the_input_from_stdin(tmp_path):
+    """`mmd run -`: the input from a pipe, the product to stdout and no sidecar, or to -o FILE with its sidecar."""
+    data = run_mmd("gen", "5", "--seed", "2", "-o", "-").stdout.encode()
+    mats = textformat.parse(data)
+
+    def run(*args: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        env = mmd_env({"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu"})
+        argv = [sys.executable, "-m", "mmd", "run", *args]
+        return subprocess.run(argv, cwd=tmp_path, env=env, input=stdin, capture_output=True, timeout=120)
+
+    r = run("-", stdin=data)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    assert r.stdout == textformat.format_reference(mats.a @ mats.b)
+    assert list(tmp_path.iterdir()) == [], "nothing kept beside: the product went to stdout"
+    r = run("-", "-o", "m.out", stdin=data)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "m.out").read_bytes() == textformat.format_reference(mats.a @ mats.b)
+    assert yaml.safe_load((tmp_path / "m.timing.yaml").read_text())["status"] == "ok"
+    r = run("-", "-o", "m.out", stdin=data)
+    assert r.returncode == 2 and b"exists; give --force" in r.stderr, "refused before reading"
+    r = run("-", stdin=b"2\n1 2 3\n")
+    assert r.returncode == 1 and r.stdout == b"" and r.stderr.count(b"\n") == 1
+    assert r.stderr.startswith(b"mmd run: stdin: line 2: "), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.out", "m.timing.yaml"]

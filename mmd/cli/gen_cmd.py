@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         hundredths(lo, hi)
     except ValueError as exc:
         raise UsageError(f"--range: {exc}") from None
-    stdout = paths.is_stdout(args.output)
+    stdout = paths.is_standard(args.output)
     if not stdout:
         paths.output_file(args.output)
     need, have = memory_needed(m, k, n), physical_memory_bytes()

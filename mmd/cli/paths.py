@@ -1,4 +1,4 @@
-"""The paths a command line names: checked before a command does anything, and ``-`` for stdout.
+"""The paths a command line names: checked before a command does anything, and ``-`` for stdin or stdout.
 
 A path that cannot be used as given (missing, the wrong kind, unreadable)
 is the command line's fault: :class:`~mmd.errors.UnreadableError`, exit
@@ -10,6 +10,7 @@ failure, status 1. The README's exit-status table states the rule.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Iterable
@@ -17,12 +18,21 @@ from pathlib import Path
 
 from ..errors import OutputError, UnreadableError
 
-#: The path that means the standard output where a command writes a file (``-o -``).
-STDOUT = Path("-")
+#: The path that means the standard output where a command writes a file (``-o -``), and the standard
+#: input where it reads one (``mmd run -``).
+STANDARD = Path("-")
 
 
-def is_stdout(path: Path | None) -> bool:
-    return path is not None and str(path) == "-"
+def is_standard(path: Path | None) -> bool:
+    """``path`` is ``-``: the standard input or output, by where it is given."""
+    return path == STANDARD
+
+
+def from_stdin(path: Path) -> Path:
+    """``path``, a new file holding all of the standard input."""
+    with open(path, "xb") as fh:
+        shutil.copyfileobj(sys.stdin.buffer, fh, 1 << 20)
+    return path
 
 
 def input_file(path: Path) -> Path:

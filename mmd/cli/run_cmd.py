@@ -27,14 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one job: INPUT → OUTPUT + sidecar. Settings in INPUT's name (NAME@kernel=aplus.txt) "
         "apply as they do in the daemon; a flag may repeat them, never contradict them. An existing OUTPUT is "
         "not replaced without --force. Exit status: 0 done, 1 the job was refused (its error sidecar says why), "
-        "2 bad usage, an input that cannot be read or an output that exists.",
+        "2 bad usage, an input that cannot be read or an output that exists. INPUT - reads the standard input "
+        "and, without -o, writes the product to the standard output (no sidecar is kept).",
     )
     options_later(p, _options)
     p.set_defaults(func=run, ends_process=True)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", type=Path, help="matrix text file")
+    p.add_argument("input", type=Path, help="matrix text file; - for the standard input")
     p.add_argument(
         "-o",
         "--output",
@@ -52,13 +53,14 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    """INPUT and OUTPUT (None: the standard output), or UsageError: no error sidecar is written for a job that
-    cannot even start."""
-    src = paths.input_file(args.input)
-    if paths.is_stdout(args.output):
-        return src, None
+    """INPUT (``-``: the standard input) and OUTPUT (None: the standard output), or UsageError: no error
+    sidecar is written for a job that cannot even start."""
+    piped = paths.is_standard(args.input)
+    src = args.input if piped else paths.input_file(args.input)
+    if paths.is_standard(args.output) or (piped and args.output is None):
+        return src, None  # a product read from a pipe goes on down it, unless -o names a file
     output: Path = args.output or src.with_suffix(".out")
-    if output.resolve() == src.resolve():
+    if not piped and output.resolve() == src.resolve():
         given = "-o names" if args.output else f"the default output {output.name} is"
         raise UsageError(f"{given} the input {src} itself; choose another output path")
     paths.output_file(output)
@@ -68,6 +70,9 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
         raise UsageError(f"{output} exists; give --force to replace it, or -o another path")
     return src, output
 
+
+#: The name of a job read from the standard input (``mmd run -``).
+STDIN = "stdin"
 
 #: Inputs from this size on show their phases on a terminal (a 1024×1024 pair is about 13.6 MB; below
 #: that a job ends too soon for a bar to be read).
@@ -90,13 +95,32 @@ def run(args: argparse.Namespace) -> int:
     flags = job_flags(args)
     settings = base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # bad: usage
     src, output = _paths(args)
+    if not paths.is_standard(src):
+        return _run_file(args, src, output, base, flags, settings, shown=str(src))
+    # The pipeline reads files (their size first, then their bytes, as the daemon's do): the standard input
+    # becomes one, in a private folder that goes when the job is done; messages and the sidecar call it stdin.
+    with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
+        return _run_file(args, paths.from_stdin(Path(folder) / STDIN), output, base, flags, settings, shown=STDIN)
+
+
+def _run_file(
+    args: argparse.Namespace,
+    src: Path,
+    output: Path | None,
+    base: config.Settings,
+    flags: dict[str, Any],
+    settings: config.Settings,
+    shown: str,
+) -> int:
+    """The job of ``src``, called ``shown`` in what is printed."""
     warmer = _warm_gpu(settings, src)
     # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
     # buffers to it; in a caller's process (tests, scripts) they are released here
     release = not args.exiting
     try:
         configure_logs(base, quiet=not args.verbose)
-        return _run_to(src, output, base, flags, bar=_shows_bar(args, src), warmer=warmer, release=release)
+        bar = _shows_bar(args, src)
+        return _run_to(src, shown, output, base, flags, bar=bar, warmer=warmer, release=release)
     finally:
         if warmer is not None and release:
             warmer.release()
@@ -115,6 +139,7 @@ def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
 
 def _run_to(
     src: Path,
+    shown: str,
     output: Path | None,
     base: config.Settings,
     flags: dict[str, Any],
@@ -123,12 +148,12 @@ def _run_to(
     release: bool,
 ) -> int:
     if output is not None:
-        return _run(src, output, base, flags, show=True, bar=bar, warmer=warmer, release=release)
+        return _run(src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, product, base, flags, show=False, bar=bar, warmer=warmer, release=release)
+        status = _run(src, shown, product, base, flags, show=False, bar=bar, warmer=warmer, release=release)
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
@@ -142,6 +167,7 @@ def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
 
 def _run(
     src: Path,
+    shown: str,
     output: Path,
     base: config.Settings,
     flags: dict[str, Any],
@@ -150,9 +176,10 @@ def _run(
     warmer: ContextWarmer | None,
     release: bool,
 ) -> int:
-    """Run the job; ``show``: print where its output and sidecar are (else print only a refusal); ``bar``:
-    draw its phases on stderr; ``warmer``: the GPU started beside, and the input's page-locked memory;
-    ``release``: close the backends when done (else the process's end releases them)."""
+    """Run the job, ``shown`` its input's name in a refusal; ``show``: print where its output and sidecar are
+    (else print only a refusal); ``bar``: draw its phases on stderr; ``warmer``: the GPU started beside, and
+    the input's page-locked memory; ``release``: close the backends when done (else the process's end
+    releases them)."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
@@ -178,7 +205,7 @@ def _run(
     if not isinstance(result.record, TimingRecord):
         assert result.error is not None
         where = "not kept" if not show else "not written" if result.sidecar_failed else str(result.sidecar)
-        print(f"mmd run: {src}: {result.error.reason} (error sidecar: {where})", file=sys.stderr)
+        print(f"mmd run: {shown}: {result.error.reason} (error sidecar: {where})", file=sys.stderr)
         return EXIT_FAILED
     if show:
         rec = result.record
