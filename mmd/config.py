@@ -136,6 +136,13 @@ class Settings:
     #: outputs, sidecars and archived inputs older than this are removed (hourly); null: kept for ever
     retention_days: float | None = None
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
+    #: the most files of one submitter the daemon's queue holds (waiting or in hand); the rest wait in the inbox,
+    #: so that one student's flood leaves the queue room for everyone else's. null: only max_queue bounds them
+    max_waiting_per_submitter: int | None = 10_000
+    #: the most workers one submitter's big jobs (inputs over 256 KiB) may hold at once, so that a classmate's
+    #: small job always finds a worker (a job in hand is never preempted). null: half the workers, rounded up,
+    #: with class_mode; no cap without
+    max_workers_per_submitter: int | None = None
     # -- the daemon --
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
     rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
@@ -383,7 +390,8 @@ def _validated(s: Settings, origin: str) -> Settings:
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",
-                 "max_submitter_bytes", "retention_days"):  # fmt: skip
+                 "max_submitter_bytes", "retention_days", "max_waiting_per_submitter",
+                 "max_workers_per_submitter"):  # fmt: skip
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive or null")
