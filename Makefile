@@ -72,4 +72,4 @@ clean:
 
 ## install-service: (root) mmd in /opt/mmd/venv (not editable), its user, folders and unit: docs/operations.md
 install-service:
-	sh systemd/install.sh
+	PYTHON='$(PYTHON)' sh systemd/install.sh

@@ -14,8 +14,9 @@
 #   --user NAME      the service user (default mmd)
 #   --group NAME     the group of the people who may drop files (default mmd-spool)
 #
-#   PYTHON (environment): the interpreter the venv is made from (default python3); it must live
-#   outside /home and /root, which the unit hides (ProtectHome=yes).
+#   PYTHON (environment): the interpreter the venv is made from (default python3). The service user
+#   must be able to run it: every user may read it, and it lives outside /home and /root, which the
+#   unit hides; one that is not is refused before anything changes (a pyenv in /root, ProtectHome=yes).
 #
 # What it makes (docs/operations.md, "Checklist"): the user and groups; /opt/mmd/releases/STAMP with
 # the files the service needs (src) and a venv with mmd installed from them (not editable);
@@ -78,6 +79,45 @@ note() {
 
 opt=$root/opt/mmd
 python=${PYTHON:-python3}
+
+# why_not PY: nothing when the service user can run a venv made from PY, else why not (one line). The unit
+# hides /home, /root and /run/user (ProtectHome=yes), and the service user owns none of the interpreter's
+# files nor is in their group: each folder on the way to them must let others through (o+x), and the
+# interpreter, its standard library and its shared library must be others' to read (and run). PY itself
+# answers, from its own paths (a pyenv shim or a venv's link names the interpreter behind it).
+why_not() {
+    "$1" - 2>/dev/null <<'PY' || echo "$1 does not run here"
+import os, stat, sys, sysconfig
+RX = stat.S_IROTH | stat.S_IXOTH
+needed = [(sys.executable, RX), (sysconfig.get_path("stdlib"), RX)]
+if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+    lib = os.path.join(sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("LDLIBRARY"))
+    needed.append((lib, stat.S_IROTH))
+def why(path, mode):
+    real = os.path.realpath(path)
+    for hidden in ("/home", "/root", "/run/user"):
+        if real == hidden or real.startswith(hidden + "/"):
+            return f"{real} is under {hidden}, which the unit hides (ProtectHome=yes)"
+    folder = "/"
+    for part in real.split("/")[1:-1]:
+        folder = os.path.join(folder, part)
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return f"{folder} lets no other user through (o+x), and the service user is another"
+    if os.stat(real).st_mode & mode != mode:
+        return f"{real} is not {'readable and runnable' if mode == RX else 'readable'} by other users"
+    return None
+print(next((reason for reason in map(why, *zip(*needed)) if reason), ""), end="")
+PY
+}
+problem=$(why_not "$python")
+if [ -n "$problem" ]; then
+    how="install one (Debian: apt install python3-venv), then PYTHON=/path/to/python3 sh $0"
+    for candidate in /usr/bin/python3 /usr/local/bin/python3; do
+        if [ -x "$candidate" ] && [ -z "$(why_not "$candidate")" ]; then how="PYTHON=$candidate sh $0"; break; fi
+    done
+    die "$python: $problem; the service could not run a venv made from it, nor the users its mmd. \
+Nothing was changed. Run it with an interpreter that every user can read, outside /home and /root: $how"
+fi
 # What the service needs from the clone (the package, the kernels and config the wheel carries,
 # the unit, the docs the unit names); not .git, a venv, inbox/outbox data, tests or build outputs.
 needed="pyproject.toml setup.py README.md LICENSE mmd kernels config systemd docs"

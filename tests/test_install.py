@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,16 @@ def names() -> Iterator[Names]:
             subprocess.run(["groupdel", group], capture_output=True)
 
 
+#: An interpreter the service user can run (the distribution's: outside /home and /root, readable by every
+#: user): the installer's venvs in these tests are made from it, as the installer tells an admin to.
+SERVICE_PYTHON = Path("/usr/bin/python3")
+
+
 def install_sh(*args: str, path_front: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")} | env
+    """systemd/install.sh ARGS, its venv made from :data:`SERVICE_PYTHON` unless ``env`` says ``PYTHON``."""
+    if not SERVICE_PYTHON.is_file():
+        pytest.skip(f"the installer's tests make the service's venv from {SERVICE_PYTHON} (Debian's python3)")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MMD_")} | {"PYTHON": str(SERVICE_PYTHON)} | env
     if path_front is not None:
         full["PATH"] = f"{path_front}:{full['PATH']}"
     return subprocess.run(["sh", str(INSTALL_SH), *args], env=full, capture_output=True, text=True, timeout=300)
@@ -157,6 +166,68 @@ def fake_nvcc(folder: Path) -> Path:
     nvcc.write_text("#!/bin/sh\nexit 1\n")
     nvcc.chmod(0o755)
     return folder
+
+
+@pytest.fixture
+def hidden_python() -> Iterator[Path]:
+    """A venv's interpreter under /home, which the unit hides (ProtectHome=yes): an admin's own Python there."""
+    if not os.access("/home", os.W_OK):
+        pytest.skip("makes a venv under /home: needs root (CI runs as root)")
+    home = Path(tempfile.mkdtemp(prefix="mmd-admin-", dir="/home"))
+    try:
+        home.chmod(0o755)  # readable by everyone: only its place hides it from the service
+        subprocess.run(
+            [str(SERVICE_PYTHON), "-m", "venv", "--copies", "--without-pip", str(home / "venv")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        yield home / "venv" / "bin" / "python3"
+    finally:
+        shutil.rmtree(home)
+
+
+def assert_refused_before_anything(done: subprocess.CompletedProcess[str], why: str) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == "", "not one action, in a dry run or a real one"
+    (line,) = done.stderr.splitlines()
+    assert why in line, line
+    assert "Nothing was changed" in line
+    assert line.endswith(f"PYTHON={SERVICE_PYTHON} sh {INSTALL_SH}"), "how to fix it, as a command"
+
+
+def test_python3_under_home_is_refused_before_anything_with_the_interpreter_that_works(
+    tmp_path: Path, hidden_python: Path
+) -> None:
+    """The admin's python3 (PATH, no PYTHON) lives where the unit cannot see it: a venv made from it would be
+    a service that cannot start its workers and an mmd that students cannot run."""
+    front = tmp_path / "bin"
+    front.mkdir()
+    (front / "python3").symlink_to(hidden_python)
+    root = tmp_path / "root"
+    root.mkdir()
+    runs = [("--dry-run",)] + ([()] if os.geteuid() == 0 else [])  # as root, the real install too
+    for dry in runs:
+        done = install_sh(*dry, "--root", str(root), "--no-cuda", path_front=front, PYTHON="")
+        assert_refused_before_anything(done, f"install.sh: python3: {hidden_python} is under /home, which the unit")
+        assert list(root.iterdir()) == [], "nothing made"
+
+
+def test_an_interpreter_in_a_folder_others_cannot_enter_is_refused(tmp_path: Path) -> None:
+    private = Path(tempfile.mkdtemp(prefix="mmd-private-", dir="/tmp"))  # 0700, its parent open to all
+    try:
+        subprocess.run(
+            [str(SERVICE_PYTHON), "-m", "venv", "--copies", "--without-pip", str(private / "venv")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        python = private / "venv" / "bin" / "python3"
+        done = install_sh("--dry-run", "--root", str(tmp_path), "--no-cuda", PYTHON=str(python))
+        assert_refused_before_anything(done, f"{python}: {private} lets no other user through")
+    finally:
+        shutil.rmtree(private)
+
+
+def test_an_interpreter_that_does_not_run_is_refused(tmp_path: Path) -> None:
+    done = install_sh("--dry-run", "--root", str(tmp_path), "--no-cuda", PYTHON=str(tmp_path / "python3"))
+    assert_refused_before_anything(done, f"{tmp_path / 'python3'} does not run")
 
 
 def test_the_dry_run_prints_each_action_as_a_shell_line_and_changes_nothing(tmp_path: Path, names: Names) -> None:
@@ -211,7 +282,9 @@ def docs_dry_run(tmp_path: Path, names: Names) -> str:
     """``install.sh --dry-run --graders graders`` as the docs show it, made here with this run's names."""
     root = tmp_path / "root"
     (root / "run" / "systemd" / "system").mkdir(parents=True)
-    done = install_sh("--dry-run", "--root", str(root), *names.args, path_front=fake_nvcc(tmp_path / "bin"))
+    front = fake_nvcc(tmp_path / "bin")
+    (front / "python3").symlink_to(SERVICE_PYTHON)  # the admin's python3, one the service can run
+    done = install_sh("--dry-run", "--root", str(root), *names.args, path_front=front, PYTHON="")
     assert done.returncode == 0, done.stderr
     text = done.stdout.replace(str(root), "").replace(str(ROOT), DOCS_SOURCE)
     # The test's own names need the unit rewritten; the docs show the default names, which need not.
