@@ -28,6 +28,8 @@ class ExitStatus(IntEnum):
     CONFIG = 78
     #: Stopped by SIGINT (Ctrl-C) before it was done: 128 + the signal's number, as a shell reports it.
     INTERRUPTED = 130
+    #: The standard output's reader stopped reading (``| head``): 128 + SIGPIPE's 13, as a shell reports it.
+    PIPE_CLOSED = 141
     #: ``mmd run`` stopped by SIGTERM (scancel, a Slurm time limit): 128 + 15, as a shell reports it.
     TERMINATED = 143
 

@@ -363,3 +363,32 @@ def test_run_dash_reads_the_input_from_stdin(tmp_path):
     assert r.returncode == 1 and r.stdout == b"" and r.stderr.count(b"\n") == 1
     assert r.stderr.startswith(b"mmd run: stdin: line 2: "), r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.out", "m.timing.yaml"]
+
+
+@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])  # PYTHONUNBUFFERED
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["gen", "300", "--seed", "1", "-o", "-"],  # stopped in its writing
+        ["kernels"],  # buffered, a short output is written as the process ends
+        ["run", "m.txt", "-o", "-"],
+        ["--help"],
+    ],
+    ids=["gen", "kernels", "run", "help"],
+)
+def test_a_reader_that_stops_ends_the_command_quietly(tmp_path, argv, unbuffered):
+    """`mmd gen 300 -o - | head -1`: the reader closed its end; mmd stops with 141, as a shell reports SIGPIPE."""
+    (tmp_path / "m.txt").write_bytes(run_mmd("gen", "40", "--seed", "1", "-o", "-").stdout.encode())
+    env = mmd_env({"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "PYTHONUNBUFFERED": unbuffered})
+    argv = [sys.executable, "-m", "mmd", *argv]
+    with subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        if argv[3] == "gen":
+            assert proc.stdout.readline() == b"300\n"
+        proc.stdout.close()  # `head -1` exits: the pipe's reading end closes
+        err = proc.stderr.read()
+        status = proc.wait(timeout=120)
+    # argparse drops a failed write of its help itself (unbuffered, the write fails there): done, then
+    assert status == (0 if argv[3] == "--help" and unbuffered else 141) and err == b"", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"]

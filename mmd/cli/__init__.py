@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import select
 import sys
 import warnings
 from collections.abc import Sequence
@@ -100,9 +101,42 @@ def _call(args: argparse.Namespace) -> int:
         print(f"mmd {args.command}: interrupted", file=sys.stderr)
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:
-        return 1
+        if not _reader_gone():
+            raise  # a pipe of mmd's own broke, not its output's: a bug to see
+        return ExitStatus.PIPE_CLOSED
+
+
+def _reader_gone() -> bool:
+    """Whether the standard output's or error's reader has closed its end (``mmd gen 512 -o - | head -1``)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):  # not a file (a test's capture)
+            continue
+        # the kernel flags the writing end of a pipe whose readers are gone as an error
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & select.POLLERR for _, events in poll.poll(0)):
+            return True
+    return False
 
 
 def entry() -> NoReturn:
-    """The ``mmd`` program (the console script, ``python -m mmd``): :func:`main`, whose status ends the process."""
-    sys.exit(main(exiting=True))
+    """The ``mmd`` program (the console script, ``python -m mmd``): :func:`main`, whose status ends the process.
+
+    Every command's output is flushed here, so that a reader that stopped reading ends the command quietly,
+    with the status a shell gives one a closed pipe stopped, whether its output was cut off as it was written
+    or once it was all buffered."""
+    try:
+        try:
+            status: str | int | None = main(exiting=True)
+        except SystemExit as exc:  # argparse's --help, --version and refusals
+            status = exc.code
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        # what stays buffered for the closed pipe would fail again as the interpreter ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = ExitStatus.PIPE_CLOSED
+    sys.exit(status)
