@@ -285,7 +285,8 @@ def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
     r = run_mmd("run", str(src), env={"MMD_TILES": "16"})
-    assert r.returncode == 0 and r.stderr == "mmd: warning: MMD_TILES is not an mmd setting; ignored\n"
+    warning = "mmd: warning: MMD_TILES is not an mmd setting; ignored (did you mean MMD_TILE?)\n"
+    assert r.returncode == 0 and r.stderr == warning
     r = run_mmd("run", str(src), "--force", env={"MMD_TILE": "abc"})
     assert r.returncode == 78 and r.stderr == "mmd run: configuration: environment: MMD_TILE must be int, got 'abc'\n"
 

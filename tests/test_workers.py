@@ -219,12 +219,13 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path):
     assert len({pid for _, _, pid in log}) == 1, "the same worker reopened it (the error did not cost the worker)"
 
 
-def test_bench_devices_counts_throughput_from_the_sidecars():
+def test_bench_devices_counts_throughput_from_the_sidecars(monkeypatch):
     """benchmarks/bench_devices.py: claim = finished_at - overall; steady leaves out each device's first job."""
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_devices.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as when it runs: its folder's modules (child_env) importable
     spec = importlib.util.spec_from_file_location("bench_devices", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
