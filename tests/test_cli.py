@@ -393,3 +393,22 @@ def test_a_reader_that_stops_ends_the_command_quietly(tmp_path, argv, unbuffered
     # argparse drops a failed write of its help itself (unbuffered, the write fails there): done, then
     assert status == (0 if argv[3] == "--help" and unbuffered else 141) and err == b"", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"]
+
+
+def test_help_names_the_commands_or_shows_one(capsys):
+    """`mmd help` is `mmd --help` on stdout, `mmd help run` is `mmd run --help`."""
+    from mmd.cli import COMMANDS, main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    top = capsys.readouterr().out
+    assert main(["help"]) == 0
+    assert capsys.readouterr() == (top, "")
+    assert all(f"    {name} " in top for name in COMMANDS) and "    help " in top
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    run_help = capsys.readouterr().out
+    assert main(["help", "run"]) == 0
+    assert capsys.readouterr() == (run_help, "")
+    assert "usage: mmd run" in run_help

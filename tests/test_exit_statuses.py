@@ -43,6 +43,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # -- usage: the command line is wrong or incomplete --
     ("no command", [], USAGE, "usage: mmd"),
     ("unknown command", ["nope"], USAGE, "invalid choice"),
+    ("unknown option", ["--foo"], USAGE, "mmd: unrecognized arguments: --foo"),
+    ("help: unknown command", ["help", "nope"], USAGE, "invalid choice"),
     ("run: no input", ["run"], USAGE, "required"),
     ("run: bad tile", ["run", "m.txt", "--tile", "x"], USAGE, "invalid int"),
     ("run: unknown kernel", ["run", "m.txt", "--kernel", "nope"], USAGE, "kernel"),

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import ConfigError, ExitStatus, MmdError, UsageError
-from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_USAGE, Parser
+from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmd {__version__}")
     parser.set_defaults(ends_process=False)  # a command that leaves its teardown to the process's end says so
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
+    # not required: argparse would answer an unknown option alone (`mmd --foo`) with "COMMAND is
+    # required"; main() refuses no COMMAND itself, after the unknown options
     parser.commands = sub.choices
     for name in COMMANDS:
         try:
@@ -43,7 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # a command not built yet in this tree
             raise
         module.register(sub)
+    _add_help(parser, sub)
     return parser
+
+
+def _add_help(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """``mmd help [COMMAND]``: ``mmd --help``, or ``mmd COMMAND --help``, on stdout."""
+    names = list(sub.choices)
+    helper = sub.add_parser("help", help="show the commands, or one command's options")
+    helper.add_argument("topic", nargs="?", choices=names, metavar="COMMAND", help="one of: " + ", ".join(names))
+
+    def show(args: argparse.Namespace) -> int:
+        (parser if args.topic is None else sub.choices[args.topic]).print_help()
+        return EXIT_OK
+
+    helper.set_defaults(func=show)
 
 
 def _warn_in_one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
@@ -71,6 +86,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         after = args.command in words and where > words.index(args.command)
         owner = getattr(parser, "commands", {}).get(args.command, parser) if after else parser
         owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command is None:  # options only (`mmd --verbose`)
+        parser.error("give a COMMAND")
     args.exiting = exiting
     status = _call(args)
     if exiting and args.ends_process:
