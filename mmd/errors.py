@@ -90,7 +90,8 @@ class ConfigError(MmdError):
 
 
 class MissingExtra(ConfigError):
-    """A command needs an optional part of mmd that this install lacks (``pip install 'mmd[report]'``)."""
+    """A command needs an optional part of mmd that this install lacks (:func:`mmd.resources.install_hint` says how
+    to add it)."""
 
     kind = "missing-extra"
 
@@ -114,8 +115,8 @@ class NotRegularFile(UnreadableError):
 
 
 class ProductRangeError(MmdError):
-    """The product holds a value the output format cannot carry: beyond float32 (inf, nan) or with
-    more digits before the point than ``mmd check`` reads."""
+    """The product holds a value that is not finite (an overflow's inf, or nan): printf writes no number
+    for it, so the output format cannot carry it."""
 
     kind = "overflow"
 
@@ -142,6 +143,13 @@ class KernelError(MmdError):
     """Unknown kernel, or a kernel/tile/memory combination that cannot run."""
 
     kind = "kernel"
+
+
+class KernelFileError(KernelError):
+    """A kernel file mmd will not compile or cannot run: an include it does not provide, no kernel or two,
+    an unknown signature or declaration, a compile error or limit (``FILE:LINE: message`` where it has one)."""
+
+    kind = "kernel-file"
 
 
 class TileError(KernelError):

@@ -162,7 +162,7 @@ install: it builds against the CUDA toolkit that nvcc belongs to, see pip's mess
 the previous install, if any, still serves. Fix the toolkit, or install without CUDA (cpu backend only): $0 --no-cuda"
 fi
 # pip builds in the tree it installs from; the release keeps the source only.
-act "rm -rf $(q "$rel/src/build") $(q "$rel/src/mmd.egg-info")"
+act "rm -rf $(q "$rel/src/build") $(q "$rel/src/mmd_lab.egg-info")"
 
 # --- 2. the users and groups ---
 getent group "$group" >/dev/null || act "groupadd --system $(q "$group")"

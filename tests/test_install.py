@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import mmd
-from mmd import accel
+from mmd import accel, resources
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    (wheel,) = wheels.glob("mmd-*.whl")
+    (wheel,) = wheels.glob(f"{resources.DISTRIBUTION.replace('-', '_')}-*.whl")
     site = tmp / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
@@ -85,6 +85,19 @@ def test_the_wheel_carries_kernels_config_and_runs_a_job_from_elsewhere(installe
     assert done.returncode == 0, done.stderr
     checked = run(installed, tmp_path, "check", "m.out", "--input", "m.txt")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_an_installed_wheels_hint_installs_the_extras_requirements(installed: Path, tmp_path: Path) -> None:
+    """No clone to reinstall from: the extra's own requirements, into the environment mmd runs in."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import mmd.resources as r; print(r.install_hint('report'))"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "pip install 'matplotlib>=3.7'"  # pyproject.toml's report extra
 
 
 def test_the_wheel_carries_the_c_accelerators_and_their_stubs(installed: Path, tmp_path: Path) -> None:
@@ -348,7 +361,7 @@ def test_only_what_the_service_needs_is_copied(box: Path) -> None:
     for needed in wanted:
         assert (src / needed).is_file(), needed
     assert (src / "mmd/data/kernels").is_symlink(), "the package's links to the kernels stay links"
-    for left_out in (".git", ".venv", "inbox", "outbox", "tests", "build", "mmd.egg-info"):
+    for left_out in (".git", ".venv", "inbox", "outbox", "tests", "build", "mmd_lab.egg-info"):
         assert not (src / left_out).exists(), left_out
     assert not [p for p in src.rglob("*") if p.name == "__pycache__" or p.suffix == ".so"]
     if (ROOT / ".git").exists():

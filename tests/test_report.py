@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from mmd import bench, report
+from mmd import bench, report, resources
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
@@ -256,7 +256,7 @@ def test_without_matplotlib_the_report_says_how_to_add_it_before_any_work(tmp_pa
     results.write_text("x\n")
     assert main(["report", str(results), "--out", str(tmp_path / "r")]) == 78
     err = capsys.readouterr().err
-    assert "pip install 'mmd[report]'" in err and err.count("\n") == 1
+    assert err.endswith(f": {resources.install_hint('report')}\n") and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from .. import kernels as registry
 from ..bench.rows import AccuracyRow, BenchRow, Spread
 from ..errors import MissingExtra
+from ..resources import install_hint
 from .sweeps import TileSweep, sized
 
 #: The fewest labelled ticks a log axis shows over its data.
@@ -30,7 +31,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise MissingExtra(
-            "the graphs need matplotlib, which this install of mmd lacks: pip install 'mmd[report]'"
+            f"the graphs need matplotlib, which this install of mmd lacks: {install_hint('report')}"
         ) from None
 
 
