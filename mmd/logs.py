@@ -64,13 +64,19 @@ def configure(
     """Set up structlog for the process: ``fmt`` is auto, json or console.
 
     Without ``stream`` lines go to the current ``sys.stderr``, looked up at
-    each write. When that is the journal, lines carry their priority.
+    each write. When that is the journal, lines carry their priority. The
+    console's lines are coloured on a terminal, unless ``NO_COLOR`` is set
+    and not empty (https://no-color.org).
     """
+    environ = os.environ if environ is None else environ
     out = stream or sys.stderr
     tty = out.isatty()
     if fmt == "auto":
         fmt = "console" if tty else "json"
-    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=tty)
+    colors = tty and not environ.get("NO_COLOR")
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=colors)
+    )
     if journal_stream(out, environ):
         renderer = _with_priority(renderer)
     structlog.configure(
