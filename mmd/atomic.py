@@ -2,7 +2,9 @@
 
 A reader (a grader's diff, the daemon's next scan) sees either no file or the
 whole file, never a part. The temporary name starts with ``.`` and ends with
-``.tmp`` so that mmd's own inbox scanner and most tools ignore it.
+``.tmp`` so that mmd's own inbox scanner and most tools ignore it. A daemon's
+worker writes into files it made ahead with no name at all (:class:`Spares`),
+named once synced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import contextlib
 import hashlib
 import os
 import queue
-import stat
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -116,19 +117,21 @@ def fsync_folder(folder: Path) -> None:
 
 
 class Spares:
-    """Empty files made ahead of time in one folder, one per kind of file (a name's ending), which this
-    process's next commits write and rename into place instead of making their temporaries: a lone small
-    job's commit then makes no inode.
+    """Unnamed files made ahead of time in one folder, one per kind of file (a name's ending), which this
+    process's next commits write and name instead of making their temporaries: a lone small job's commit
+    then makes no inode, and no reader of the folder ever sees a spare.
 
     Making an inode is most of what a small file's commit costs on the project's VM: ext4 without a journal
     steps over every inode freed lately in the folder's group (``find_inode_bit`` → ``recently_deleted``),
-    which made each new temporary cost 0.25–0.7 ms. And there a file's first fsync after a new name was
-    made for it also writes its folder (``ext4_sync_parent``): a spare is fsynced when it is made, and
-    written under that name, so the commit's fsync writes only the file (0.30 against 0.39 ms for 6 KB
-    on the VM). A worker makes its spares while it waits for work (:meth:`fill`), so these costs are paid
-    between jobs, not between a drop and its sidecar. A spare is a temporary of this process's named for
-    its kind (``..spare.out.<pid>.tmp``): removed by :meth:`drop` when the process stops, swept with its
-    temporaries when it is killed.
+    which made each new temporary cost 0.25–0.7 ms. A worker makes its spares while it waits for work
+    (:meth:`fill`), so that cost is paid between jobs, not between a drop and its sidecar. A spare is an
+    O_TMPFILE (:meth:`~mmd.fileops.FileOps.open_unnamed`) made in the folder its file is named in, so it
+    takes that folder's group and default ACL as a file made there does (a class's private folders); it
+    has no name until its commit has synced it (:meth:`Staged.publish` names it then), so that fsync writes
+    no folder either (on ext4 without a journal a file's first fsync after a new name writes its folder
+    too: 0.39 against 0.30 ms for 6 KB on the VM), and it is gone with the process that made it, however
+    that ends: nothing to remove or sweep. Where the filesystem makes no unnamed files (NFS) there are no
+    spares, and the commits make their temporaries.
     """
 
     def __init__(self, kinds: Sequence[str], ops: FileOps = OPS) -> None:
@@ -136,11 +139,11 @@ class Spares:
         self.kinds = tuple(kinds)
         self.ops = ops
         self._folder: Path | None = None
-        self._free: dict[str, Path] = {}
+        self._free: dict[str, int] = {}  # kind → the descriptor of its unnamed file
 
     def fill(self, folder: Path, stop: Callable[[], bool] = lambda: False) -> None:
-        """Make the spares missing in ``folder`` (those elsewhere are removed first), until ``stop()`` says work
-        waits. A spare that cannot be made is not: the commits make their temporaries then."""
+        """Make the spares missing in ``folder`` (those for another folder are closed first), until ``stop()``
+        says work waits. A spare that cannot be made is not: the commits make their temporaries then."""
         if folder != self._folder:
             self.drop()
             self._folder = folder
@@ -149,46 +152,24 @@ class Spares:
                 continue
             if stop():
                 return
-            spare = folder / temporary_name(f".spare{kind}")
             try:
-                fd = _create_exclusive(spare, self.ops)
-                try:
-                    self.ops.fsync(fd)  # its entry in the folder synced now (see the class)
-                finally:
-                    self.ops.close(fd)
+                self._free[kind] = self.ops.open_unnamed(folder)
             except OSError:
-                _unlink_quietly(spare, self.ops)
                 return
-            self._free[kind] = spare
 
-    def open(self, path: Path) -> tuple[int, Path] | None:
-        """The spare for ``path``'s kind in its folder, opened for writing (never through a link), and its
-        name, to be renamed to ``path``; None when there is none or it is not the empty file made here (the
-        caller then makes its temporary)."""
+    def take(self, path: Path) -> int | None:
+        """The spare for ``path``'s kind in its folder: the descriptor of an unnamed file open for writing,
+        which the commit names ``path``; None when there is none (the caller makes its temporary)."""
         if path.parent != self._folder:
             return None
         kind = next((k for k in self.kinds if path.name.endswith(k) and k in self._free), None)
-        if kind is None:
-            return None
-        spare = self._free.pop(kind)
-        try:
-            fd = self.ops.open_rewrite(spare)
-        except OSError:
-            _unlink_quietly(spare, self.ops)
-            return None
-        with contextlib.suppress(OSError):
-            info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_size == 0 and info.st_nlink == 1:
-                return fd, spare
-        with contextlib.suppress(OSError):
-            self.ops.close(fd)
-        _unlink_quietly(spare, self.ops)  # a name only, when linked elsewhere: never what it links to
-        return None
+        return None if kind is None else self._free.pop(kind)
 
     def drop(self) -> None:
-        """Remove the spares (this process stops serving, or moves them to another folder)."""
-        for spare in self._free.values():
-            _unlink_quietly(spare, self.ops)
+        """Close the spares (this process stops serving, or moves them to another folder): they are gone."""
+        for fd in self._free.values():
+            with contextlib.suppress(OSError):
+                self.ops.close(fd)
         self._free.clear()
 
 
@@ -201,10 +182,11 @@ SYNCFS_FROM_FILES = 3
 
 @dataclass
 class _File:
-    fd: int | None  # open until synced (the fsync goes through the descriptor that wrote it)
-    tmp: Path
+    fd: int | None  # open until synced (the fsync goes through the descriptor that wrote it); unnamed: until named
+    tmp: Path | None  # None: an unnamed spare, named through ``fd`` once synced
     path: Path
     replace: bool
+    synced: bool = False
 
 
 class Staged:
@@ -213,7 +195,8 @@ class Staged:
 
     One instance holds one job's files (its output, then its sidecar), so that
     they are published in order; ``spares``: a worker's :class:`Spares`, which
-    the temporaries are taken from while it has some. Every file is synced by
+    the temporaries are taken from while it has some (an unnamed spare is named
+    where a temporary is renamed: once synced). Every file is synced by
     :func:`publish`, before any is renamed: each fsynced, its writeback started
     as it is written (so the disk writes a job's output while its sidecar is
     made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
@@ -240,15 +223,12 @@ class Staged:
         hasher = StreamHash()
         size = 0
         ops = self.ops
-        fd: int | None = None
-        spare = self.spares.open(path) if self.spares is not None else None
-        if spare is not None:
-            fd, tmp = spare
-        else:
-            tmp = path.parent / temporary_name(path.name)
+        fd = self.spares.take(path) if self.spares is not None else None
+        tmp = None if fd is not None else path.parent / temporary_name(path.name)
         try:
-            if fd is None:
+            if tmp is not None:
                 fd = _create_exclusive(tmp, ops)
+            assert fd is not None
             for chunk in chunks:
                 view = memoryview(chunk)
                 hasher.update(view)
@@ -257,8 +237,9 @@ class Staged:
                     view = view[done:]
                 size += len(chunk)
             if not self.durable:
-                ops.close(fd)
-                fd = None
+                if tmp is not None:  # an unnamed spare stays open: it is named through its descriptor
+                    ops.close(fd)
+                    fd = None
             elif not self.group:
                 ops.start_writeback(fd)
         except BaseException as exc:
@@ -266,7 +247,8 @@ class Staged:
                 with contextlib.suppress(OSError):
                     ops.close(fd)
             hasher.hexdigest()
-            _unlink_quietly(tmp, ops)
+            if tmp is not None:
+                _unlink_quietly(tmp, ops)
             if isinstance(exc, OSError):
                 raise _output_error(path, exc) from None
             raise
@@ -284,7 +266,8 @@ class Staged:
             if f.fd is not None:
                 with contextlib.suppress(OSError):
                     self.ops.close(f.fd)
-            _unlink_quietly(f.tmp, self.ops)
+            if f.tmp is not None:
+                _unlink_quietly(f.tmp, self.ops)
         self._files.clear()
 
     def publish(self) -> None:
@@ -296,22 +279,22 @@ class Staged:
 
     # -- the steps, for publish() --
     def _sync_each(self) -> None:
-        """fsync each file through the descriptor that wrote it, then close it."""
+        """fsync each file through the descriptor that wrote it, then close it (an unnamed one once named)."""
         for f in self._files:
-            if f.fd is None:
+            if f.fd is None or f.synced:
                 continue
-            fd, f.fd = f.fd, None
-            try:
-                if self.durable:
-                    self.ops.fsync(fd)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
+            f.synced = True
+            if self.durable:
+                try:
+                    self.ops.fsync(f.fd)
+                except OSError as exc:
+                    raise _output_error(f.path, exc) from None  # discard() closes it
+            if f.tmp is not None:
+                fd, f.fd = f.fd, None
+                try:
                     self.ops.close(fd)
-                raise _output_error(f.path, exc) from None
-            try:
-                self.ops.close(fd)
-            except OSError as exc:
-                raise _output_error(f.path, exc) from None
+                except OSError as exc:
+                    raise _output_error(f.path, exc) from None
 
     def _rename_all(self) -> set[Path]:
         """Rename every temporary onto its name, in order; the folders renamed into."""
@@ -319,7 +302,9 @@ class Staged:
         while self._files:
             f = self._files[0]
             try:
-                if f.replace:
+                if f.tmp is None:
+                    self._name(f)
+                elif f.replace:
                     self.ops.replace(f.tmp, f.path)
                 else:
                     self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
@@ -332,6 +317,30 @@ class Staged:
             folders.add(f.path.parent)
         return folders
 
+    def _name(self, f: _File) -> None:
+        """Give an unnamed spare its name (a name that exists is replaced through a temporary's, if it may be),
+        then close it."""
+        assert f.fd is not None
+        try:
+            self.ops.link_unnamed(f.fd, f.path)
+        except FileExistsError:
+            if not f.replace:
+                raise
+            tmp = f.path.parent / temporary_name(f.path.name)
+            try:
+                self.ops.link_unnamed(f.fd, tmp)
+            except FileExistsError:  # a leftover of a process with our pid (never written through)
+                self.ops.unlink(tmp)
+                self.ops.link_unnamed(f.fd, tmp)
+            try:
+                self.ops.replace(tmp, f.path)
+            except OSError:
+                _unlink_quietly(tmp, self.ops)
+                raise
+        fd, f.fd = f.fd, None
+        with contextlib.suppress(OSError):  # named and synced: a failed close loses nothing
+            self.ops.close(fd)
+
 
 def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
     """Publish several commits together (group commit): one sync, the renames, one fsync per folder.
@@ -342,7 +351,7 @@ def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
     fails every commit it covered. ``durable`` off: no sync at all.
     """
     result: list[OutputError | None] = [None] * len(commits)
-    unsynced = [(c, f) for c in commits for f in c._files if f.fd is not None]
+    unsynced = [(c, f) for c in commits if c.durable for f in c._files if f.fd is not None and not f.synced]
     if len(unsynced) >= SYNCFS_FROM_FILES and HAS_SYNCFS:
         first, some = unsynced[0]
         try:
@@ -353,7 +362,8 @@ def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
                 c.discard()
             return [error] * len(commits)
         for c, f in unsynced:
-            if f.fd is not None:
+            f.synced = True
+            if f.fd is not None and f.tmp is not None:  # an unnamed one stays open until it is named
                 fd, f.fd = f.fd, None
                 with contextlib.suppress(OSError):  # synced already: a failed close loses nothing
                     c.ops.close(fd)

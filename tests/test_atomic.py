@@ -1,3 +1,5 @@
+import contextlib
+import errno
 import hashlib
 import os
 
@@ -68,46 +70,116 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     assert target.read_bytes() == b"result" and not target.is_symlink()
 
 
-# -- spares: empty files made ahead, which a commit writes instead of making an inode --
+# -- spares: unnamed files made ahead, which a commit writes and names instead of making an inode --
 
 KINDS = (".out", ".timing.yaml")
 
 
-def _spares_in(folder):
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith("..spare"))
+def _unnamed_in(folder) -> list[int]:
+    """The inodes of the unnamed files this process holds open in ``folder`` (O_TMPFILE: ``folder/#<inode>``)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{folder}/#") and target.endswith(" (deleted)"):
+                found.append(int(target[len(f"{folder}/#") : -len(" (deleted)")]))
+    return sorted(found)
 
 
-def test_a_commit_takes_the_spares_made_ahead_and_makes_no_inode(tmp_path):
+def test_a_commit_takes_the_spares_made_ahead_and_no_reader_sees_them(tmp_path):
     spares = Spares(KINDS)
     spares.fill(tmp_path)
-    made = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
-    assert sorted(made) == [f"..spare.out.{os.getpid()}.tmp", f"..spare.timing.yaml.{os.getpid()}.tmp"]
+    made = _unnamed_in(tmp_path)
+    assert len(made) == 2 and os.listdir(tmp_path) == [], "a spare has no name"
     staged = Staged(spares=spares)
     staged.write(tmp_path / "m.out", [b"out"])
     staged.write(tmp_path / "m.timing.yaml", [b"side"])
     staged.write(tmp_path / "m.error.yaml", [b"no spare of its kind"])
+    assert sorted(os.listdir(tmp_path)) == [f".m.error.yaml.{os.getpid()}.tmp"], "the spares are named at publish"
     staged.publish()
     assert (tmp_path / "m.out").read_bytes() == b"out" and (tmp_path / "m.timing.yaml").read_bytes() == b"side"
-    assert (tmp_path / "m.out").stat().st_ino == made[f"..spare.out.{os.getpid()}.tmp"]
-    assert (tmp_path / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{os.getpid()}.tmp"]
+    assert sorted([(tmp_path / "m.out").stat().st_ino, (tmp_path / "m.timing.yaml").stat().st_ino]) == made
     assert sorted(os.listdir(tmp_path)) == ["m.error.yaml", "m.out", "m.timing.yaml"]
+    assert _unnamed_in(tmp_path) == [], "named and closed"
     staged = Staged(spares=spares)  # none left: the temporary is made, as without spares
     staged.write(tmp_path / "n.out", [b"n"])
     staged.publish()
     assert (tmp_path / "n.out").read_bytes() == b"n"
 
 
-def test_a_spare_is_fsynced_when_made_so_that_a_commit_syncs_only_its_file(tmp_path):
+def test_a_spare_is_named_only_once_its_commit_has_synced_it(tmp_path):
     """(On ext4 without a journal a file's first fsync after a new name writes its folder too.)"""
-    synced = []
+    steps: list[str] = []
 
-    class Counting(FileOps):
+    class Recording(FileOps):
         def fsync(self, fd: int) -> None:
-            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            steps.append("fsync")
             super().fsync(fd)
 
-    Spares(KINDS, ops=Counting()).fill(tmp_path)
-    assert sorted(os.path.basename(p) for p in synced) == _spares_in(tmp_path)
+        def link_unnamed(self, fd: int, dst) -> None:
+            steps.append(f"name {dst.name}")
+            super().link_unnamed(fd, dst)
+
+    spares = Spares(KINDS, ops=Recording())
+    spares.fill(tmp_path)
+    assert steps == [], "made, not synced: it has no name to sync"
+    staged = Staged(spares=spares, ops=spares.ops)
+    staged.write(tmp_path / "m.out", [b"out"])
+    staged.write(tmp_path / "m.timing.yaml", [b"side"])
+    staged.publish()
+    assert steps == ["fsync", "fsync", "name m.out", "name m.timing.yaml"]
+
+
+def test_a_name_taken_meanwhile_is_replaced_or_refused_as_a_temporary_would_be(tmp_path):
+    spares = Spares(KINDS[:1])
+    spares.fill(tmp_path)
+    (tmp_path / "m.out").write_bytes(b"old")
+    (tmp_path / "n.out").write_bytes(b"old")
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"new"])
+    staged.publish()
+    assert (tmp_path / "m.out").read_bytes() == b"new"
+    spares.fill(tmp_path)
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "n.out", [b"new"], replace=False)
+    with pytest.raises(FileExistsError):
+        staged.publish()
+    assert (tmp_path / "n.out").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["m.out", "n.out"] and _unnamed_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_group_commit_names_its_spares_after_its_one_sync(tmp_path, durable):
+    spares = Spares(KINDS[:1])
+    spares.fill(tmp_path)
+    staged = Staged(spares=spares, group=True, durable=durable)
+    for stem in "abc":
+        staged.write(tmp_path / f"{stem}.out", [stem.encode()])
+    staged.publish()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {"a.out": b"a", "b.out": b"b", "c.out": b"c"}
+    assert _unnamed_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("fails", ["fsync", "link_unnamed"])
+def test_a_spare_whose_commit_fails_leaves_nothing_named_or_open(tmp_path, fails):
+    class Failing(FileOps):
+        def fsync(self, fd: int) -> None:
+            if fails == "fsync":
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            super().fsync(fd)
+
+        def link_unnamed(self, fd: int, dst) -> None:
+            if fails == "link_unnamed":
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+            super().link_unnamed(fd, dst)
+
+    spares = Spares(KINDS[:1], ops=Failing())
+    spares.fill(tmp_path)
+    staged = Staged(spares=spares, ops=spares.ops)
+    staged.write(tmp_path / "m.out", [b"out"])
+    with pytest.raises(OutputError, match=os.strerror(errno.EIO if fails == "fsync" else errno.EROFS)):
+        staged.publish()
+    assert os.listdir(tmp_path) == [] and _unnamed_in(tmp_path) == []
 
 
 def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_them(tmp_path):
@@ -118,45 +190,51 @@ def test_a_spare_is_taken_only_in_its_own_folder_and_filling_elsewhere_moves_the
     spares.fill(a)
     write_atomic(b / "x.out", [b"x"])
     Staged(spares=spares).write(b / "y.out", [b"y"])
-    assert len(_spares_in(a)) == 2, "a commit in another folder makes its own temporary"
+    assert len(_unnamed_in(a)) == 2, "a commit in another folder makes its own temporary"
     spares.fill(b)
-    assert _spares_in(a) == [] and len(_spares_in(b)) == 2
+    assert _unnamed_in(a) == [] and len(_unnamed_in(b)) == 2
     spares.drop()
-    assert _spares_in(b) == []
+    assert _unnamed_in(b) == []
 
 
 def test_fill_stops_when_work_waits(tmp_path):
     spares = Spares(KINDS)
     calls = []
     spares.fill(tmp_path, stop=lambda: len(calls.append(1) or calls) > 1)
-    assert _spares_in(tmp_path) == [f"..spare.out.{os.getpid()}.tmp"]
+    assert len(_unnamed_in(tmp_path)) == 1
+    spares.drop()
 
 
-@pytest.mark.parametrize("tamper", ["written", "linked", "removed", "symlink"])
-def test_a_spare_that_is_not_the_empty_file_made_is_not_written_through(tmp_path, tamper):
-    spares = Spares(KINDS[:1])
+def test_without_unnamed_files_there_are_no_spares_and_commits_make_their_temporaries(tmp_path):
+    class NoTmpfile(FileOps):  # NFS, or a system without O_TMPFILE
+        def open_unnamed(self, folder, mode: int = 0o644) -> int:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), str(folder))
+
+    spares = Spares(KINDS, ops=NoTmpfile())
     spares.fill(tmp_path)
-    [name] = _spares_in(tmp_path)
-    spare = tmp_path / name
-    victim = tmp_path / "victim"
-    victim.write_bytes(b"precious")
-    if tamper == "written":
-        spare.write_bytes(b"old text longer than the output")
-    elif tamper == "linked":
-        os.link(spare, tmp_path / "second-name")
-    elif tamper == "removed":
-        spare.unlink()
-    else:
-        spare.unlink()
-        spare.symlink_to(victim)
+    staged = Staged(spares=spares)
+    staged.write(tmp_path / "m.out", [b"out"])
+    assert os.listdir(tmp_path) == [f".m.out.{os.getpid()}.tmp"]
+    staged.publish()
+    assert os.listdir(tmp_path) == ["m.out"] and (tmp_path / "m.out").read_bytes() == b"out"
+
+
+def test_a_file_made_from_a_spare_has_its_folders_default_acl_as_one_made_there(tmp_path):
+    """A class's outputs are readable by their submitter through their folder's default ACL."""
+    from mmd import acl
+
+    try:
+        acl.share_folder(tmp_path, [65534], [])
+    except OSError:
+        pytest.skip("no ACLs on this filesystem")
+    spares = Spares(KINDS)
+    spares.fill(tmp_path)
     staged = Staged(spares=spares)
     staged.write(tmp_path / "m.out", [b"out"])
     staged.publish()
-    assert (tmp_path / "m.out").read_bytes() == b"out" and not (tmp_path / "m.out").is_symlink()
-    assert victim.read_bytes() == b"precious"
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
-    if tamper == "linked":
-        assert (tmp_path / "second-name").read_bytes() == b"", "its other name is left as it was"
+    write_atomic(tmp_path / "n.out", [b"n"])
+    assert acl.readers(tmp_path / "m.out") == acl.readers(tmp_path / "n.out") == ({65534}, set())
+    assert os.stat(tmp_path / "m.out").st_mode == os.stat(tmp_path / "n.out").st_mode
 
 
 def test_a_commit_syncs_every_file_before_it_renames_any_and_starts_their_writeback_as_they_are_written(tmp_path):

@@ -218,27 +218,63 @@ def test_200_files_by_cp_and_slow_writers(tmp_path, served):
     assert d.stop() == 0
 
 
-def test_a_lone_job_commits_into_empty_files_its_worker_made_while_idle(served):
-    """Each idle worker keeps a lone job's temporaries made ahead (two empty hidden files in the outbox): the
-    job's output and sidecar are those inodes (no inode made between the drop and the sidecar), the worker
-    makes the next ones, and a daemon that stops leaves none."""
+def unnamed_in(folder: Path) -> dict[int, int]:
+    """Inode → pid: the unnamed files (O_TMPFILE: ``folder/#<inode> (deleted)``) any process holds open in
+    ``folder``."""
+    found = {}
+    prefix = f"{folder}/#"
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix) and target.endswith(" (deleted)"):
+                found[int(target[len(prefix) : -len(" (deleted)")])] = int(pid)
+    return found
 
-    def spares() -> dict[str, int]:
-        return {p.name: p.stat().st_ino for p in d.outbox.glob("..spare.*.tmp")}
 
+def test_a_lone_job_commits_into_unnamed_files_its_worker_made_while_idle(served):
+    """Each idle worker keeps a lone job's temporaries made ahead (two unnamed files in the outbox, which no
+    reader of the outbox sees): the job's output and sidecar are those inodes (no inode made between the
+    drop and the sidecar), the worker makes the next ones, and a daemon that stops leaves none."""
     d = served(MMD_DEVICES="0").wait_serving()  # one worker
-    made = wait_for(lambda: len(spares()) == 2 and spares(), 30, "the worker's two spares")
+    made = wait_for(lambda: len(u := unnamed_in(d.outbox)) == 2 and u, 30, "the worker's two spares")
+    assert os.listdir(d.outbox) == []
     a, b = make_input(d.root / "m.src", 8, 8, 8, 1)
     os.rename(d.root / "m.src", d.inbox / "m.txt")
     wait_for(lambda: (d.outbox / "m.timing.yaml").exists(), 30, "the sidecar")
     check_ok(d.outbox, "m", a, b)
-    pid = next(iter(made)).rsplit(".", 2)[1]
-    assert (d.outbox / "m.out").stat().st_ino == made[f"..spare.out.{pid}.tmp"]
-    assert (d.outbox / "m.timing.yaml").stat().st_ino == made[f"..spare.timing.yaml.{pid}.tmp"]
-    wait_for(lambda: len(spares()) == 2, 30, "the next job's spares")
+    assert {(d.outbox / "m.out").stat().st_ino, (d.outbox / "m.timing.yaml").stat().st_ino} == set(made)
+    wait_for(lambda: len(unnamed_in(d.outbox)) == 2, 30, "the next job's spares")
     assert d.stop() == 0
-    assert spares() == {}, "a daemon that stops removes its spares"
-    assert not [p.name for p in d.outbox.iterdir() if p.name.endswith(".tmp")]
+    assert unnamed_in(d.outbox) == {}
+    assert sorted(os.listdir(d.outbox)) == ["m.out", "m.timing.yaml"]
+
+
+def test_the_outbox_shows_its_readers_outputs_and_sidecars_only_while_it_serves(served):
+    """The spares a daemon keeps (a worker's unnamed temporaries, the released reservations it writes anew)
+    are nowhere a reader of the outbox looks: after a burst and a refusal, the outbox of a daemon still
+    serving holds results only."""
+    d = served().wait_serving()
+    stems = [f"j{i:02d}" for i in range(24)]
+    for i, stem in enumerate(stems):
+        make_input(d.root / f"{stem}.src", 4, 4, 4, i)
+    (d.root / "bad.src").write_text("2\n1 2\n3 x\n5 6\n7 8\n")
+    for stem in [*stems, "bad"]:
+        os.rename(d.root / f"{stem}.src", d.inbox / f"{stem}.txt")
+    results = {f"{s}{suffix}" for s in stems for suffix in (".out", ".timing.yaml")} | {"bad.error.yaml"}
+    wait_for(lambda: results <= set(os.listdir(d.outbox)), 60, "every job's results")
+    # idle again: each worker has made its next spares (unnamed; an older mmd named them ..spare*.tmp here)
+    wait_for(lambda: unnamed_in(d.outbox) or [n for n in os.listdir(d.outbox) if n.startswith("..spare")], 30,
+             "the workers' spares")  # fmt: skip
+    assert d.proc.poll() is None
+    assert sorted(os.listdir(d.outbox)) == sorted(results)
+    assert d.stop() == 0
 
 
 SLOW_WRITER = """

@@ -224,6 +224,7 @@ def test_a_group_frees_no_inode_its_reservations_and_folders_are_used_again(tmp_
 
     first = group("a")
     assert len(first) == 32 and {p.stat().st_ino for p in kept()} == first
+    assert os.listdir(s.outbox) == [], "the outbox shows its readers results only: the spares are in .work"
     assert group("b") == first  # the same inodes, written anew
     assert not [p for p in s.outbox.iterdir() if p.name.endswith(CLAIM_SUFFIX)], "every reservation released"
     s.drop_spares()
@@ -231,9 +232,28 @@ def test_a_group_frees_no_inode_its_reservations_and_folders_are_used_again(tmp_
     dead = subprocess.Popen(["true"])  # a pid that has exited
     dead.wait()
     (s.work / f"{SPARE_DIR}.{dead.pid}.0").mkdir()
-    (s.outbox / f"..spare0{CLAIM_SUFFIX}.{dead.pid}.tmp").write_text("x - 1\n")
+    (s.work / f"..spare0{CLAIM_SUFFIX}.{dead.pid}.tmp").write_text("x - 1\n")
+    (s.outbox / f"..spare0{CLAIM_SUFFIX}.{dead.pid}.tmp").write_text("x - 1\n")  # where an older mmd kept them
     s.sweep_temporaries()
     assert kept() == []
+
+
+def test_where_work_is_on_another_filesystem_released_reservations_are_removed(tmp_path):
+    """A spare reservation is kept by a rename into .work, which cannot cross filesystems."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+            pytest.skip("/dev/shm is on the test folder's filesystem")
+        s = Spool(Path(other) / "in", tmp_path / "out")
+        s.prepare()
+        for name in ("a.txt", "b.txt"):
+            _drop(s.inbox, name)
+            c = s.claim(name)
+            assert c.reservation is not None and c.reservation.exists()
+            s.archive(c, True)
+            assert not c.reservation.exists()
+        assert os.listdir(s.outbox) == [] and not [p for p in s.work.iterdir() if p.is_file()]
 
 
 def test_a_spare_reservation_holds_only_its_new_text(tmp_path):
@@ -243,7 +263,7 @@ def test_a_spare_reservation_holds_only_its_new_text(tmp_path):
     s.prepare()
     _drop(s.inbox, "a.txt")
     s.archive(s.claim("a.txt"), True)
-    [spare] = [p for p in s.outbox.iterdir() if ".spare" in p.name]
+    [spare] = [p for p in s.work.iterdir() if p.name.endswith(".tmp")]
     spare.write_bytes(b"0123456789ab a-longer-host-name-than-any 4194304 and more\n")  # what another owner left
     inode = spare.stat().st_ino
     _drop(s.inbox, "b.txt")

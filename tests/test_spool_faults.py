@@ -121,6 +121,10 @@ class FaultyOps(FileOps):
                     if base.endswith(suffix):
                         return step
         first = paths[0]
+        if op == "open_unnamed":
+            return "spare"  # a worker's temporary made ahead, with no name (in the outbox)
+        if first.parent == work and re.fullmatch(rf"\..+{re.escape(spool.CLAIM_SUFFIX)}\.[0-9]+\.tmp", first.name):
+            return "reservation"  # a released one, kept in .work as a spare to be written anew
         if first in (done, failed) or first.parent in (done, failed):
             return "archive"
         if first.parent == self.inbox:
@@ -161,6 +165,17 @@ class FaultyOps(FileOps):
         fd = super().open_rewrite(path)
         self._fds[fd] = Path(path)
         return fd
+
+    def open_unnamed(self, folder: Path, mode: int = 0o644) -> int:
+        self._check("open_unnamed", folder)
+        fd = super().open_unnamed(folder, mode)
+        self._fds[fd] = Path(folder) / "#unnamed"
+        return fd
+
+    def link_unnamed(self, fd: int, dst: Path) -> None:
+        self._check("link_unnamed", dst)
+        super().link_unnamed(fd, dst)
+        self._fds[fd] = Path(dst)  # named: its close is its step's
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         self._check("write", self._fds.get(fd))
@@ -311,7 +326,9 @@ class Rig:
         """Every job ended, each once, under its plain name; nothing stale or half done is left."""
         for name in names:
             assert self.fate(name) in ("done", "failed"), name
-        leftovers = [p for p in (self.inbox / ".work").rglob("*") if p.is_file()]
+        work = self.inbox / ".work"
+        spare = re.compile(rf"\.\.spare[0-9]+{re.escape(spool.CLAIM_SUFFIX)}\.{os.getpid()}\.tmp")  # this process's
+        leftovers = [p for p in work.rglob("*") if p.is_file() and not (p.parent == work and spare.fullmatch(p.name))]
         assert leftovers == [], leftovers
         assert not [n for n in os.listdir(self.inbox) if spool.is_job_name(n)]
         assert not list(self.outbox.glob("*.1.*")), "a versioned name: the plain one was blocked"
@@ -342,14 +359,15 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
     ("reservation", "truncate"): "done",  # a spare cut to its new text; else a new one made
     ("reservation", "rename"): "done",  # its release kept as a spare; else removed
-    ("output", "open_rewrite"): "done",  # a spare made ahead, opened to be written; else a temporary is made
+    ("spare", "open_unnamed"): "done",  # a worker's temporary made ahead: none, so the commit makes its own
+    ("output", "link_unnamed"): "held",  # a spare made ahead, named once synced
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
     ("output", "fsync"): "held",
     ("output", "close"): "held",
     ("output", "replace"): "held",  # a read-only outbox (issue 15)
     ("output", "unlink"): "done",  # only on failure paths (a temporary; a held job's own output)
-    ("sidecar", "open_rewrite"): "done",  # as the output's
+    ("sidecar", "link_unnamed"): "held",  # as the output's
     ("sidecar", "open_exclusive"): "held",
     ("sidecar", "write"): "held",
     ("sidecar", "fsync"): "held",
@@ -378,7 +396,7 @@ MATRIX: dict[tuple[str, str], str] = {
 
 
 #: The (step, operation) pairs of a commit into a spare temporary (made while the worker was idle).
-SPARED = {("output", "open_rewrite"), ("sidecar", "open_rewrite")}
+SPARED = {("spare", "open_unnamed"), ("output", "link_unnamed"), ("sidecar", "link_unnamed")}
 
 
 def expected(step: str, op: str, err: int) -> str:
@@ -414,9 +432,9 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
             if step == "reservation" and op in ("open_rewrite", "truncate"):  # a spare: a released reservation
                 rig.drop("first.txt", GOOD)
                 rig.run("first.txt")
+            fault = rig.ops.arm(step, op, ERRNOS[err])
             if (step, op) in SPARED:  # the worker was idle: the job's temporaries were made ahead
                 rig.runner.spare_up(lambda: False)
-            fault = rig.ops.arm(step, op, ERRNOS[err])
             rig.drop(name, text)
             rig.run(name)
         fate = rig.fate(name)
@@ -594,7 +612,8 @@ def test_once_stops_with_status_1_and_the_next_run_serves_the_held_job(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
     spool.Spool(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
-    ops.arm("output", "replace", errno.EROFS)
+    for op in ("replace", "link_unnamed"):  # a temporary renamed, or a worker's spare named
+        ops.arm("output", op, errno.EROFS)
     assert daemon.Daemon(s, ops=ops).serve(once=True) == 1
     assert [p.name for p in (s.inbox / ".work").glob("*/m.txt")] == ["m.txt"]
     assert [p.name for p in s.outbox.iterdir()] == [".m.claim"], "held: only its reservation, nothing visible"

@@ -214,12 +214,12 @@ def enospc_on(outbox: str, pattern: str, hits: str, switch: str | None = None) -
     real = os.write
     wanted = re.compile(pattern)
     folder = os.path.realpath(outbox)
-    real_spare = atomic.Spares.open
+    real_spare = atomic.Spares.take
 
     def spare(self: Any, path: Any) -> Any:
         return None if wanted.search(atomic.temporary_name(path.name)) else real_spare(self, path)
 
-    atomic.Spares.open = spare  # type: ignore[method-assign]
+    atomic.Spares.take = spare  # type: ignore[method-assign]
 
     def write(fd: int, data: Any) -> int:
         if switch is None or os.path.exists(switch):

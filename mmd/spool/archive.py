@@ -88,10 +88,10 @@ class Archive:
         return target
 
     def sweep_temporaries(self) -> list[Path]:
-        """Remove commit temporaries (``.<name>.<pid>.tmp``) and spare job folders (``.work/.spare.<pid>.<k>``)
-        of processes that are gone.
+        """Remove commit temporaries (``.<name>.<pid>.tmp``), spare reservations (``.work/..spare<k>.claim.<pid>.tmp``)
+        and spare job folders (``.work/.spare.<pid>.<k>``) of processes that are gone.
 
-        In the outbox (mmd's alone) every such name; in the folder of the state
+        In the outbox and this host's ``.work`` (mmd's alone) every such name; in the folder of the state
         file (the state_dir, else the inbox, which users write) only its own. On a shared inbox only this host's
         (``.<name>.<host>.<pid>.tmp``, and this host's state file): a pid
         says nothing about another machine's processes.
@@ -101,7 +101,7 @@ class Archive:
         host_id = shared.host_id
         own = re.compile(r"\..+\." + re.escape(host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if host_id else _TMP_RE
         state = state_name(host_id)
-        for folder in (*shared.output_folders(), shared.private):
+        for folder in (*shared.output_folders(), shared.work, shared.private):
             for path in entries(folder):
                 match = (_TMP_RE if folder == shared.private else own).fullmatch(path.name)
                 if folder == shared.private and not path.name.startswith(f".{state}."):

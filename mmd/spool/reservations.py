@@ -10,13 +10,16 @@ While it exists no other job writes that version, so a job's output name
 stays its own across a kill -9 and a hold.
 
 A released reservation is not removed but renamed to a spare of this
-process (a commit temporary's name: swept once the process is gone) and
-written anew for a later job: on ext4 without a journal (the project's VM)
-a freed inode makes every new file made after it, for the next several
-seconds, step over it, so a file freed per job made each job's new files
-cost more the faster jobs came. A spare is written over from its start and
-then cut to its new text, never emptied first: that would free its block,
-which is costly there too (the VM's ext4 is mounted with ``discard``).
+process in this host's ``.work`` (a commit temporary's name: swept once the
+process is gone), out of the sight of the outbox's readers, and written anew
+for a later job: on ext4 without a journal (the project's VM) a freed inode
+makes every new file made after it, for the next several seconds, step over
+it, so a file freed per job made each job's new files cost more the faster
+jobs came. A spare is written over from its start and then cut to its new
+text, never emptied first: that would free its block, which is costly there
+too (the VM's ext4 is mounted with ``discard``). Where ``.work`` is on
+another filesystem than the output folder (a rename cannot cross), released
+reservations are removed.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, re
 EMPTY_RESERVATION_GRACE_S = 60.0
 #: What ``link`` says on a filesystem without hard links (the reservation is then created in place).
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
-#: Released reservations a process keeps per folder to write anew: a group commit's worth
+#: Released reservations a process keeps to write anew: a group commit's worth
 #: (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs release theirs one after another.
 SPARES = 16
 
@@ -91,9 +94,10 @@ class Reservations:
     def __init__(self, shared: Shared, hand: InHand) -> None:
         self.shared = shared
         self.hand = hand
-        #: Per output folder, this process's released reservations, to be written anew (see the module).
-        self._spares: dict[Path, list[Path]] = {}
-        self._names: dict[Path, list[Path]] = {}
+        #: This process's released reservations in ``.work``, to be written anew (see the module).
+        self._spares: list[Path] = []
+        self._names: list[Path] = []
+        self._near_work: dict[Path, bool] = {}  # output folder → whether it is on .work's filesystem
 
     def reserve(
         self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
@@ -166,7 +170,7 @@ class Reservations:
             shared.ops.link(tmp, path)
         except FileExistsError:
             if spare:
-                self._spares[path.parent].append(tmp)  # kept for the next version tried
+                self._spares.append(tmp)  # kept for the next version tried
                 tmp = None
             return False
         except OSError as exc:
@@ -180,10 +184,9 @@ class Reservations:
     def _rewritten(self, folder: Path, text: bytes) -> Path | None:
         """A spare reservation of this process in ``folder`` holding ``text`` now; None when there is none (or
         it cannot be written: the caller makes a new one, and reports what the outbox says)."""
-        spares = self._spares.get(folder)
-        if not spares:
+        if not self._spares or not self._near(folder):
             return None
-        spare = spares.pop()
+        spare = self._spares.pop()
         shared = self.shared
         try:
             fd = shared.ops.open_rewrite(spare)
@@ -305,32 +308,36 @@ class Reservations:
         if held is not None and held[0] == claim.job_id:
             self._retire(path)
 
-    def _spare_names(self, folder: Path) -> list[Path]:
-        """The names this process's spares in ``folder`` may take (temporaries': swept once it is gone)."""
-        names = self._names.get(folder)
-        if names is None:
-            names = self._names[folder] = [folder / temporary_name(f".spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
-        return names
+    def _near(self, folder: Path) -> bool:
+        """Whether output folder ``folder`` is on the filesystem of this host's ``.work``, where the spares are."""
+        near = self._near_work.get(folder)
+        if near is None:
+            try:
+                near = os.stat(folder).st_dev == os.stat(self.shared.folder(self.shared.work)).st_dev
+            except (OSError, SpoolError):
+                return False  # looked at again next time
+            self._near_work[folder] = near
+        return near
 
     def drop_spares(self) -> None:
         """Remove this process's spares (it stops serving; a killed one's are swept as its temporaries)."""
-        for spares in self._spares.values():
-            for spare in spares:
-                self.shared.unlink_quietly(spare)
+        for spare in self._spares:
+            self.shared.unlink_quietly(spare)
         self._spares.clear()
 
     def _retire(self, path: Path) -> None:
         """Drop the reservation at ``path``: kept as a spare of this process (see the module), else removed."""
-        spares = self._spares.setdefault(path.parent, [])
-        if len(spares) < SPARES:
-            taken = set(spares)
-            spare = next(p for p in self._spare_names(path.parent) if p not in taken)
+        if len(self._spares) < SPARES and self._near(path.parent):
+            if not self._names:  # the names this process's spares may take (temporaries': swept once it is gone)
+                self._names = [self.shared.work / temporary_name(f".spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
+            taken = set(self._spares)
+            spare = next(p for p in self._names if p not in taken)
             try:
                 self.shared.ops.rename(path, spare)
             except OSError:
                 pass  # removed instead
             else:
-                spares.append(spare)
+                self._spares.append(spare)
                 return
         self.shared.unlink_quietly(path)
 
