@@ -6,13 +6,16 @@ BIN    := $(VENV)/bin
 # pytest, linters, type checker), so that `make demo` downloads and installs only what it runs.
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed
+# The version of every package any install here takes (mmd's, its extras', the tests'), made by `make lock`
+# from pyproject.toml: a constraint, not a requirement, so an extra left out stays out.
+LOCK    := constraints.txt
 LINTED  := mmd tests scripts benchmarks
 # The suite's two tiers (pyproject.toml's `serial` marker says which tier a test is in): the fast tier in
 # one pytest worker per core, then the tests that cannot share the machine, alone.
 FAST   := $(BIN)/pytest -q -n auto -m "not serial"
 SERIAL := $(BIN)/pytest -q -m serial
 
-.PHONY: demo test test-fast test-serial quick check docs gpu-test bench-text clean install-service
+.PHONY: demo test test-fast test-serial quick check docs gpu-test bench-text clean install-service lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,12 +23,12 @@ $(BIN)/python:
 
 # --no-compile: pip would byte-compile every module of numpy, matplotlib and the rest (a third of the
 # install's time); Python compiles the few that mmd imports when it first imports them.
-$(RUNTIME): pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/pip install -q --no-compile -e .
+$(RUNTIME): pyproject.toml setup.py $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q --no-compile -c $(LOCK) -e .
 	touch $@
 
-$(STAMP): pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(STAMP): pyproject.toml setup.py $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q -c $(LOCK) -e '.[test]'
 	touch $@ $(RUNTIME)  # the developer's set-up holds the demo's
 
 ## demo: set up (mmd alone), drop a sample job into inbox/, process the inbox once, show the job it just ran
@@ -60,12 +63,20 @@ docs: $(STAMP)
 
 ## gpu-test: the GPU tests (skip cleanly where there is no GPU or pycuda)
 gpu-test: $(STAMP)
-	$(BIN)/pip install -q -e '.[cuda]' || echo "pycuda not installable here: GPU tests will skip"
+	$(BIN)/pip install -q -c $(LOCK) -e '.[cuda]' || echo "pycuda not installable here: GPU tests will skip"
 	$(BIN)/pytest -q -m gpu tests
 
 ## bench-text: parse/emit throughput against numpy.loadtxt/savetxt
 bench-text: $(STAMP)
 	$(BIN)/python benchmarks/bench_textformat.py --sizes 1024 4096
+
+## lock: pin anew what pyproject.toml asks for (uv, every extra, for every Python it allows); pins that
+## still fit are kept: `rm constraints.txt && make lock` takes the newest of everything
+# Versions only, no hashes: pip checks hashes in requirements, never in constraints, and a hashed
+# requirements file would install every extra.
+lock: | $(BIN)/python
+	$(BIN)/pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --custom-compile-command 'make lock' -q -o $(LOCK)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -19,7 +19,8 @@
 #   unit hides; one that is not is refused before anything changes (a pyenv in /root, ProtectHome=yes).
 #
 # What it makes (docs/operations.md, "Checklist"): the user and groups; /opt/mmd/releases/STAMP with
-# the files the service needs (src) and a venv with mmd installed from them (not editable);
+# the files the service needs (src) and a venv with mmd installed from them (not editable), each
+# package at the version of the lock (constraints.txt);
 # /opt/mmd/current -> that release, /opt/mmd/venv and /opt/mmd/src through it; the spool folders;
 # /etc/mmd/mmd.yaml for a class box (only when there is none); the unit. The release is built first,
 # and only when it is whole is anything else touched: a failed build (pycuda, say) leaves the host
@@ -120,7 +121,7 @@ Nothing was changed. Run it with an interpreter that every user can read, outsid
 fi
 # What the service needs from the clone (the package, the kernels and config the wheel carries,
 # the unit, the docs the unit names); not .git, a venv, inbox/outbox data, tests or build outputs.
-needed="pyproject.toml setup.py README.md LICENSE mmd kernels config systemd docs"
+needed="pyproject.toml setup.py constraints.txt README.md LICENSE mmd kernels config systemd docs"
 if [ "$cuda" = auto ]; then
     if command -v nvcc >/dev/null 2>&1; then cuda=yes; else cuda=no; fi # pycuda builds against the CUDA toolkit
 fi
@@ -154,10 +155,12 @@ act "(cd $(q "$src") && xargs -0 cp -P --preserve=timestamps --parents -t $(q "$
 # A clone made under umask 077 has files only its owner reads; the service user reads these.
 act "chmod -R a+rX,go-w $(q "$rel/src")"
 act "$(q "$python") -m venv $(q "$rel/venv")"
-act "$(q "$rel/venv/bin/pip") install -q $(q "$rel/src")" ||
+# The versions are the lock's (constraints.txt, `make lock`): two boxes installed a month apart run the same.
+lock=$rel/src/constraints.txt
+act "$(q "$rel/venv/bin/pip") install -q -c $(q "$lock") $(q "$rel/src")" ||
     die "pip could not install mmd from $rel/src (its messages are above); nothing else was changed"
 if [ "$cuda" = yes ]; then
-    act "$(q "$rel/venv/bin/pip") install -q $(q "$pycuda")" || die "pycuda ($pycuda, mmd's cuda extra) failed to \
+    act "$(q "$rel/venv/bin/pip") install -q -c $(q "$lock") $(q "$pycuda")" || die "pycuda ($pycuda, mmd's cuda extra) failed to \
 install: it builds against the CUDA toolkit that nvcc belongs to, see pip's messages above. Nothing was changed; \
 the previous install, if any, still serves. Fix the toolkit, or install without CUDA (cpu backend only): $0 --no-cuda"
 fi

@@ -267,6 +267,11 @@ def test_the_dry_run_prints_each_action_as_a_shell_line_and_changes_nothing(tmp_
     for setting in ("state_dir: /srv/mmd/state", "class_mode: true", f"graders_group: {names.graders}"):
         assert f"'{setting}'" in config
     assert not any("pycuda" in line for line in lines), "--no-cuda"
+    (release,) = {m[1] for line in lines if (m := re.search(r"(/opt/mmd/releases/[^/ ]+)/", line))}
+    (install,) = (line for line in lines if "/pip install" in line)
+    assert (
+        install == f"{root}{release}/venv/bin/pip install -q -c {root}{release}/src/constraints.txt {root}{release}/src"
+    )
     assert len(lines) == len(set(lines)), "each action once"
     parsed = subprocess.run(["sh", "-n"], input=done.stdout, capture_output=True, text=True)
     assert parsed.returncode == 0, "the dry run is a script: " + parsed.stderr
