@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -412,3 +413,20 @@ def test_help_names_the_commands_or_shows_one(capsys):
     assert main(["help", "run"]) == 0
     assert capsys.readouterr() == (run_help, "")
     assert "usage: mmd run" in run_help
+
+
+@pytest.mark.process  # runs mmd as a real process
+def test_serve_says_serving_before_any_job_and_its_fallback_once(tmp_path):
+    """Three workers falling back from auto to the cpu: one "backend fallback" line, then "serving", then jobs."""
+    (tmp_path / "in").mkdir()
+    for i in range(6):
+        (tmp_path / "in" / f"a{i}.txt").write_text("1\n2\n3\n")
+    env = {"MMD_DEVICES": "0", "MMD_WORKERS_PER_DEVICE": "3"}
+    r = run_mmd("serve", "--inbox", "in", "--outbox", "out", "--create", "--once", "--backend", "auto", cwd=tmp_path,
+                env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line)["event"] for line in r.stderr.splitlines()]
+    if "backend fallback" not in events:
+        pytest.skip("a GPU is usable here: no worker falls back")
+    assert events.count("backend fallback") == 1, events
+    assert events.index("serving") < events.index("job done") and events.count("job done") == 6, events

@@ -70,12 +70,14 @@ class BackendPool:
     worker thread, and `mmd run`, has its own pool.
     """
 
-    def __init__(self, device: int | None = None) -> None:
+    def __init__(self, device: int | None = None, *, log_fallback: bool = True) -> None:
         #: The device every backend opens on (None: each job's ``device`` setting).
         self.device = device
         self._open: dict[tuple[str, int], Backend] = {}
         #: Why ``auto`` fell back to the cpu, when it did (for status lines).
         self.notes: list[str] = []
+        #: Log each fallback as it happens (a daemon's worker tells its own to the daemon instead).
+        self.log_fallback = log_fallback
 
     def get(self, settings: Settings) -> Backend:
         """The backend ``settings`` ask for, opened on first use (BackendUnavailable when it cannot be)."""
@@ -88,7 +90,8 @@ class BackendPool:
             backend, note = open_backend(settings.backend, device, kernel_cache_dir(settings))
             if note:
                 self.notes.append(note)
-                get_logger().info("backend fallback", note=note, device_index=device)
+                if self.log_fallback:
+                    get_logger().info("backend fallback", note=note, device_index=device)
         self._open[key] = backend
         return backend
 

@@ -145,10 +145,13 @@ Order = Run | Resume | Watch | StopWatching | Configure | InboxRemade | Quit
 
 @dataclass(frozen=True)
 class Ready:
-    """The worker's backend is open: ``backend`` and ``device`` (its name) for the status display."""
+    """The worker's backend is open: ``backend`` and ``device`` (its name) for the status display;
+    ``fallback``: why it is not the one asked for (``auto`` without a usable GPU), which the daemon says
+    once for all its workers."""
 
     backend: str
     device: str | None
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)

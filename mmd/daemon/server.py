@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import stat
@@ -142,6 +143,8 @@ class Daemon:
         self._local: LocalSocket | None = None  # the control socket, while serving
         self._inbox_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the inbox being served
         self._inbox_gone = False
+        self._serving: Callable[[], Any] | None = None  # the "serving" line, until it is said
+        self._fallbacks_said: set[str] = set()  # the workers' backend fallbacks, each said once
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
         #: What the control socket's askers are answered (their own jobs).
@@ -308,6 +311,9 @@ class Daemon:
             self.scheduler.ended(held or event.claim.name)
         elif isinstance(event, Ready):
             self.state.worker(w.index, backend=event.backend, device=event.device)
+            if event.fallback is not None and event.fallback not in self._fallbacks_said:
+                self._fallbacks_said.add(event.fallback)
+                self.log.info("backend fallback", note=event.fallback, device_index=w.device)
         elif isinstance(event, StartFailed):
             self.log.error("a worker cannot open its backend", worker=w.index, reason=event.error.reason)
 
@@ -644,9 +650,9 @@ class Daemon:
             self.workers.start(devices)
             for w in self.workers:
                 self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
-            self._await_workers()
-            self.state.update(status="serving", observer=kind)
-            self.log.info(
+            # said once the first worker is ready, before it is given a job (jobs go out as each one is ready)
+            self._serving = functools.partial(
+                self.log.info,
                 "serving",
                 inbox=str(self.spool.inbox),
                 outbox=str(self.spool.outbox),
@@ -658,6 +664,9 @@ class Daemon:
                 resumed=len(resumed),
                 **({"host": self.host_id} if self.host_id else {}),
             )
+            self._await_workers()
+            self.state.update(status="serving", observer=kind)
+            self._say_serving()
             notifier.ready(f"serving {self.spool.inbox}")
             self.metrics.up.set(1)
             pinger = WatchdogPinger.start_for(notifier, self.health)
@@ -715,7 +724,15 @@ class Daemon:
                     raise SpoolError(f"worker {w.index} exited while starting (exit status {w.process.exitcode})")
             if self._stopping is not None:
                 return
+            if any(w.ready is not None for w in self.workers):
+                self._say_serving()
             self._dispatch()
+
+    def _say_serving(self) -> None:
+        """Log "serving" (once)."""
+        if self._serving is not None:
+            self._serving()
+            self._serving = None
 
     def _write_metrics(self, force: bool = False) -> None:
         """The periodic metrics: queue depth, what waits in the inbox and for how long (then the file)."""

@@ -133,7 +133,8 @@ class Runner:
         self.device = device
         self.host_id = host_id
         self.workers = workers
-        self.backends = BackendPool(device)
+        # its first backend's fallback goes in Ready, for the daemon to say once for all workers
+        self.backends = BackendPool(device, log_fallback=False)
         #: Empty temporaries made while idle (:meth:`spare_up`), so that a lone job's commit makes no inode.
         self.spares = Spares((OUTPUT_SUFFIX, record.TIMING_SUFFIX), ops=spool.ops)
         self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
@@ -613,7 +614,8 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
         except MmdError as exc:
             report(StartFailed(exc))
             return
-        report(Ready(backend.name, _device_name(backend)))
+        report(Ready(backend.name, _device_name(backend), runner.backends.notes[-1] if runner.backends.notes else None))
+        runner.backends.log_fallback = True  # a backend opened anew (new settings) says its own
         _prepare(backend, settings)
         runner.spare_up(conn.poll)
         watching: Watching | None = None
