@@ -56,8 +56,6 @@ class Expr:
 
     @classmethod
     def of(cls, value: object) -> Expr:
-        if isinstance(value, Expr):
-            return value
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"{value!r} is not a whole number or an expression of T")
         return cls(str(value))
@@ -96,8 +94,6 @@ def _exprs(value: object, what: str, count: tuple[int, ...]) -> tuple[Expr, ...]
 
 
 def _named(value: object, what: str) -> tuple[tuple[str, Expr], ...]:
-    if isinstance(value, tuple):
-        return value  # already parsed
     if not isinstance(value, Mapping):
         raise ValueError(f"{what} is a mapping of names to values (BM: 128)")
     out = []

@@ -46,6 +46,8 @@ NAME_OPTION = "--mmd-name-expression="
 CHILD = Path(__file__).with_name("nvrtc_child.py")
 
 _PAYLOAD_TAG = b"mmd-nvrtc-1 "
+#: The line number in a ``FILE:LINE: message``.
+_LINE_NUMBER = re.compile(r"^[^:]*:(\d+):")
 _LOG_LINE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<message>.*)$")
 
 
@@ -189,9 +191,6 @@ def _run_child(name: str, source: str, opts: list[str], limits: CompileLimits) -
         details = {"file": name, "errors": errors[:20], **({"line": int(found.group(1))} if found else {})}
         raise KernelFileError(errors[0] + more, details)
     return pack(cubin, answer.get("lowered", {}), [ln for ln in lines if ": warning" in ln])
-
-
-_LINE_NUMBER = re.compile(r"^[^:]*:(\d+):")
 
 
 def compiler_lines(log: str, name: str) -> list[str]:
