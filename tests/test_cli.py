@@ -116,6 +116,26 @@ def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
 
 
 @pytest.mark.process  # runs mmd as a real process
+def test_cuda_asked_where_it_cannot_run_is_refused_before_the_job(tmp_path):
+    """--backend cuda (or MMD_BACKEND=cuda) without pycuda is the command line's fault: exit 2, nothing written.
+    A file whose own name asks for cuda is a job the input asked for: refused with its error sidecar."""
+    import importlib.util
+
+    if importlib.util.find_spec("pycuda") is not None:
+        pytest.skip("pycuda is installed: cuda may run here")
+    (tmp_path / "m.txt").write_text("1\n2\n3\n")
+    asked = [(["--backend", "cuda"], {}), ([], {"MMD_BACKEND": "cuda"}), (["-o", "-", "--backend", "cuda"], {})]
+    for args, env in asked:
+        r = run_mmd("run", "m.txt", *args, cwd=tmp_path, env=env)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith("mmd run: the cuda backend cannot run here: pycuda is not installed"), r.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"], "no sidecar for a usage error"
+    (tmp_path / "n@backend=cuda.txt").write_text("1\n2\n3\n")
+    r = run_mmd("run", "n@backend=cuda.txt", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
+    assert r.returncode == 1 and (tmp_path / "n@backend=cuda.error.yaml").exists(), r.stderr
+
+
+@pytest.mark.process  # runs mmd as a real process
 def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -406,7 +426,7 @@ def test_help_names_the_commands_or_shows_one(capsys):
     top = capsys.readouterr().out
     assert main(["help"]) == 0
     assert capsys.readouterr() == (top, "")
-    assert all(f"    {name} " in top for name in COMMANDS) and "    help " in top
+    assert all(f"\n    {name}" in top for name in (*COMMANDS, "help")), top
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     run_help = capsys.readouterr().out

@@ -160,6 +160,17 @@ def _run_to(
         return status
 
 
+def _cuda_runs_here() -> None:
+    """UsageError, before any job runs, where the cuda backend cannot: no pycuda, no NVIDIA driver."""
+    from ..cuda import driver
+    from ..errors import BackendUnavailable
+
+    try:
+        driver.load()
+    except BackendUnavailable as exc:
+        raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
+
+
 def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
     """A progress bar for a large input on a terminal, unless --quiet or -v (whose log lines tell the same)."""
     return progress.on_terminal(quiet=args.quiet or args.verbose) and src.stat().st_size >= SHOWN_FROM_BYTES
@@ -183,10 +194,13 @@ def _run(
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
+    from ..jobname import settings_of
     from ..pipeline import run_job
     from ..record import TimingRecord
 
     job = describe(src, output, base, flags=flags)
+    if job.refusal is None and job.settings.backend == "cuda" and "backend" not in settings_of(job.name_settings):
+        _cuda_runs_here()  # asked by the command line or the config, not by the file: theirs to change
     pool = BackendPool()
 
     def backend_for(settings: config.Settings) -> Backend:
