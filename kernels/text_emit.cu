@@ -11,9 +11,10 @@
 //
 //   1. emit_lengths: one thread per element writes its byte count (field and,
 //      in the last column, the newline). Elements this path does not format
-//      (not finite, or with more than OUTPUT_INT_DIGITS digits before the
-//      point) get FIELD_WIDTH placeholder bytes and are counted in status[0];
-//      mmd refuses such a product (mmd check refuses such fields), so the
+//      (not finite, or |x| of 10^16 or more: q of 19 digits or more, beyond
+//      the uint64 digit loop) get FIELD_WIDTH placeholder bytes and are
+//      counted in status[0]; the host then formats the whole output itself
+//      (mmd.cuda.text), or refuses a product that is not finite, so the
 //      placeholders are never written out.
 //   2. The exclusive prefix sum of the lengths (scan_count / scan_block_sums
 //      / scan_write in text_parse.cu) is each element's first byte.
@@ -29,23 +30,15 @@
 #define TEXT_THREADS 256  // threads per block
 #endif
 
-#ifndef OUTPUT_INT_DIGITS
-#error "OUTPUT_INT_DIGITS (mmd.textformat's) must be defined"
-#endif
+#define FIELD_WIDTH 6                       // %6.2f: fields are at least this wide
+#define FAST_LIMIT 1000000000000000000ULL  // q below 10^18: at most 18 digits in a uint64 (exact in double)
+#define SMALL_LIMIT 4294967296ULL           // q below 2^32: 32-bit digit loop
 
-#define FIELD_WIDTH 6                   // %6.2f: fields are at least this wide
-#define SMALL_LIMIT 4294967296ULL       // q below 2^32: 32-bit digit loop
-
-__host__ __device__ constexpr double ten_to(int e) { return e == 0 ? 1.0 : 10.0 * ten_to(e - 1); }
-
-// q below 10^(OUTPUT_INT_DIGITS + 2) is |x| below 10^OUTPUT_INT_DIGITS, the bound
-// mmd.textformat.check_product holds (x·100 is exact in double, and an integer
-// wherever |x| is that large).
+// q = rint(|x|·100) below FAST_LIMIT (x·100 is exact in double, and an integer wherever |x| is that large).
 __device__ __forceinline__ bool fast_value(float x, unsigned long long& q) {
-    constexpr double limit = ten_to(OUTPUT_INT_DIGITS + 2);
     if (!isfinite(x)) return false;
     double h = rint(fabs((double)x * 100.0));
-    if (!(h < limit)) return false;
+    if (!(h < (double)FAST_LIMIT)) return false;
     q = (unsigned long long)h;
     return true;
 }
@@ -96,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(TEXT_THREADS)
     unsigned long long q;
     int bytes;
     int p;
-    if (!fast_value(x, q)) {  // placeholder: the job is refused
+    if (!fast_value(x, q)) {  // placeholder: the host formats the output, or refuses it
         bytes = FIELD_WIDTH;
         p = 0;
     } else {

@@ -43,6 +43,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1176,16 +1177,37 @@ format_input_rows(PyObject *Py_UNUSED(self), PyObject *args)
  *
  * with max(0, 6 - len(core)) spaces before the core, '\n' after each line
  * and nothing after the last. The check and the values come from one pass
- * over the bytes. mmd.textformat reads values only below 1e13 (at most 13
- * digits before the point): |x|*100 then stays below 2^53, so the value is
- * one correctly rounded division of exact operands, the double that
- * float() gives for the same text.
+ * over the bytes. A field of at most OUT_INT_DIGITS digits before the point
+ * is read as hundredths: |x|*100 then stays below 2^53, so the value is one
+ * correctly rounded division of exact operands, the double that float()
+ * gives for the same text. A wider one (rare: a value of 1e13 or more) must
+ * be printf's of a float32, an integer (float32_digits), or it is an
+ * OF_LARGE fault; the fast paths leave such rows to the byte loop.
  *
  * The fault kinds, the same in the numpy path of mmd.textformat:
  */
 enum { OF_OK = 0, OF_FIELD = 1, OF_WIDTH = 2, OF_LARGE = 3, OF_COUNT = 4, OF_NEWLINE = 5, OF_EXTRA = 6, OF_ROWS = 7 };
 
+/* mmd.textformat's HUNDREDTHS_DIGITS and FLOAT32_DIGITS (FLT_MAX's 39 digits). */
 #define OUT_INT_DIGITS 13
+#define OUT_MAX_DIGITS 39
+
+/*
+ * Whether the nd digits at ds (no sign, no leading zero, nd > OUT_INT_DIGITS)
+ * are the integer part printf writes for a float32: their value (strtod, C
+ * locale, correctly rounded) is a float32 exactly, and "%.0f" of it, its
+ * exact decimal, is those digits. The value in *out.
+ */
+static COLD int
+float32_digits(const unsigned char *ds, Py_ssize_t nd, double *out)
+{
+    if (nd < 1 || nd > OUT_MAX_DIGITS)
+        return 0;
+    char back[OUT_MAX_DIGITS + 2];
+    if (slow_double(ds, ds + nd, out) < 0 || !(*out <= FLT_MAX) || (double)(float)*out != *out)
+        return 0;
+    return snprintf(back, sizeof(back), "%.0f", *out) == (int)nd && memcmp(back, ds, (size_t)nd) == 0;
+}
 
 typedef struct {
     int kind;
@@ -1463,11 +1485,12 @@ out_rows(const unsigned char *base, const unsigned char *lo, const unsigned char
             Py_ssize_t core = p - cs;
             if (cs - fs != (core < 6 ? 6 - core : 0))
                 return out_fault(f, OF_WIDTH, base, ls, line, fs, p - fs);
-            if (nd > OUT_INT_DIGITS)
+            double wide = 0.0;
+            if (nd > OUT_INT_DIGITS && !(fr == 0 && float32_digits(ds, nd, &wide)))
                 return out_fault(f, OF_LARGE, base, ls, line, fs, p - fs);
             if (j < n) {
                 if (o != NULL) {
-                    double d = (double)(ip * 100 + fr) / 100.0;
+                    double d = nd > OUT_INT_DIGITS ? wide : (double)(ip * 100 + fr) / 100.0;
                     o[j] = with_sign(d, neg);
                 }
             } else if (j == n) {

@@ -23,7 +23,9 @@ which words the error. See docs/textformat.md.
 from __future__ import annotations
 
 import functools
+import math
 import re
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,6 +60,9 @@ __all__ = [
     "raise_output_fault",
     "output_shape",
     "output_bytes_at_least",
+    "output_bytes",
+    "OutputSize",
+    "check_product",
     "OutputFault",
     "format_reference",
     "parse_reference",
@@ -416,30 +421,104 @@ def _input_block(mat: np.ndarray, bounds: tuple[int, int]) -> bytes:
 
 _OUT_FIELD_RE = re.compile(rb"( *)(-?(?:0|[1-9][0-9]*)\.[0-9][0-9])")
 _NL_RE = re.compile(rb"\n")
-#: Digits before the point that mmd check reads: |x|*100 stays below 1e15 < 2^53, exact in float64.
-OUTPUT_INT_DIGITS = 13
+#: Digits before the point of a field that is read as hundredths: |x|·100 stays below 10^15 < 2^53, so its
+#: value is one correctly rounded division of exact operands (mmd._fasttext's fast reads). A wider field
+#: is printf's of a float32 integer (every float32 from 2^24 on is one), read whole and held to that.
+HUNDREDTHS_DIGITS = 13
+#: Digits before the point of the widest field printf writes for a float32: FLT_MAX's,
+#: 340282346638528859811704183484516925440.
+FLOAT32_DIGITS = 39
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-#: The bound on |value| that mmd writes: from 10^13 on a field has more digits than mmd check reads.
-OUTPUT_MAX = 10.0**OUTPUT_INT_DIGITS
+
+def _float32_field(core: bytes) -> bool:
+    """Whether ``core`` (a field without its padding, more than :data:`HUNDREDTHS_DIGITS` digits before the
+    point) is printf's of a float32: an integer (".00"), a float32 exactly, and its exact decimal."""
+    digits = core[:-3]
+    if len(digits.lstrip(b"-")) > FLOAT32_DIGITS or core[-3:] != b".00":
+        return False
+    v = float(digits)  # correctly rounded
+    if abs(v) > _FLOAT32_MAX or struct.unpack("f", struct.pack("f", v))[0] != v:
+        return False
+    return b"%.0f" % v == digits  # the decimal is that value's own, digit for digit
 
 
-def check_product(c: np.ndarray) -> None:
-    """Raise :class:`ProductRangeError` where the product ``c`` holds a value that is not finite or
-    not below :data:`OUTPUT_MAX` in magnitude: its field (``inf``, ``nan``, 14 digits) is one that
-    mmd check refuses, so the job is refused rather than served. Two reductions, no copy; the
-    count and the first place only on refusal."""
-    if c.size == 0 or (bool(c.max() < OUTPUT_MAX) and bool(c.min() > -OUTPUT_MAX)):  # NaN fails both
-        return
-    bad = ~(np.abs(c) < OUTPUT_MAX)
+def _field_width(x: float) -> int:
+    return len("%6.2f" % x)
+
+
+def check_product(c: np.ndarray) -> OutputSize:
+    """Raise :class:`ProductRangeError` where the product ``c`` holds a value that is not finite: printf
+    writes ``inf`` or ``nan`` for it, no number, so the job is refused rather than served. Else the size
+    of its output, bounded from the same two reductions (its widest field is the largest value's or the
+    least one's). No copy; the count and the first place only on refusal."""
+    m, n = c.shape
+    if c.size == 0:
+        return OutputSize(output_bytes_at_least(m, n), c)
+    hi, lo = float(c.max()), float(c.min())
+    if math.isfinite(hi) and math.isfinite(lo):  # NaN makes both NaN
+        widest = max(_field_width(hi), _field_width(lo))
+        return OutputSize(len(_header_line(m, n)) + m * (widest * n + 1), c)
+    bad = ~np.isfinite(c)
     first = int(np.argmax(bad))
-    row, col = divmod(first, c.shape[1])
+    row, col = divmod(first, n)
     value = float(c.flat[first])
     raise ProductRangeError(
-        f"the product does not fit the output format: {int(bad.sum())} of {c.size} values are not finite or "
-        f"have more than {OUTPUT_INT_DIGITS} digits before the point (first at row {row + 1}, col {col + 1}: "
-        f"{value:.6g})",
+        f"the product holds values that are not finite, which the output format has no number for: "
+        f"{int(bad.sum())} of {c.size} (first at row {row + 1}, col {col + 1}: {value:.6g})",
         {"count": int(bad.sum()), "row": row + 1, "column": col + 1},
     )
+
+
+@functools.cache
+def _width_steps() -> np.ndarray:
+    """The least float32 magnitude whose field has each number of digits before the point from 2 to
+    :data:`FLOAT32_DIGITS` (the field's width grows with the magnitude): a binary search over the
+    positive float32 bit patterns, which are ordered as their values, by Python's ``'%.2f'``."""
+    steps = []
+    top = int(np.float32(_FLOAT32_MAX).view(np.uint32))
+    for digits in range(2, FLOAT32_DIGITS + 1):
+        lo, hi = 0, top  # the field of bits ``hi`` has that many digits at least
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len("%.2f" % float(np.uint32(mid).view(np.float32))) - 3 >= digits:
+                hi = mid
+            else:
+                lo = mid + 1
+        steps.append(np.uint32(lo).view(np.float32))
+    return np.array(steps, np.float32)
+
+
+def output_bytes(c: np.ndarray) -> int:
+    """The exact size of :func:`emit`'s output of the finite float32 (or float16) product ``c``: its header
+    line, then per field 6 bytes and what its digits and sign take beyond them, a newline a row. A pass
+    over every value, a block of rows at a time (the text paths ask only where :func:`check_product`'s
+    bound is over a limit)."""
+    c = _check_2d(c)
+    if c.dtype.kind != "f" or c.dtype.itemsize > 4:
+        raise ValueError(f"output_bytes needs float32 or float16 values, not {c.dtype}")
+    m, n = c.shape
+    steps = _width_steps()
+    extra = 0
+    for r0, r1 in _row_blocks(m, n, None):
+        block = np.asarray(c[r0:r1], np.float32)
+        digits = np.searchsorted(steps, np.abs(block), side="right") + 1
+        extra += int(np.maximum(digits + np.signbit(block) - 3, 0).sum())
+    return output_bytes_at_least(m, n) + extra
+
+
+@dataclass(frozen=True)
+class OutputSize:
+    """How big a product's output is, known before a byte of it is written: at most :attr:`at_most` (every
+    field as wide as its widest), exactly :meth:`exact`."""
+
+    at_most: int
+    #: The product whose output it is; None where the output is made and its size known (``at_most``).
+    product: np.ndarray | None = None
+
+    def exact(self) -> int:
+        """The output's exact size: :func:`output_bytes`, a pass over the product, where it is not known."""
+        return self.at_most if self.product is None else output_bytes(self.product)
 
 
 #: Fault kinds, numbered as mmd._fasttext numbers them (0 is "no fault").
@@ -475,8 +554,7 @@ def _fault_error(data: bytes | memoryview, f: OutputFault, m: int, n: int) -> In
         reason = f"field '{shorten(value)}' is not in %6.2f format (width)"
     elif f.kind == "large":
         value = raw[: f.count]
-        limit = f"at most {OUTPUT_INT_DIGITS} digits before the point"
-        reason = f"value '{shorten(value)}' too large for an mmd output ({limit})"
+        reason = f"value '{shorten(value)}' is not a float32 as printf writes it"
     elif f.kind == "count":
         reason = f"expected {n} fields, found {f.count}"
     elif f.kind == "newline":
@@ -503,9 +581,10 @@ def output_shape(data: bytes | memoryview) -> tuple[int, int]:
 def parse_output(data: bytes | memoryview) -> np.ndarray:
     """Read an mmd output file strictly; returns float64 m×n.
 
-    Anything but the exact bytes :func:`emit` would write (for some values
-    below 1e13) raises :class:`InputFormatError` naming the first fault's line
-    and column (``details["column"]``).
+    Anything but the exact bytes :func:`emit` would write (for some finite
+    values; a field wider than :data:`HUNDREDTHS_DIGITS` digits before the
+    point must be printf's of a float32) raises :class:`InputFormatError`
+    naming the first fault's line and column (``details["column"]``).
     """
     vals = _read_output(data, values=True)
     assert vals is not None
@@ -600,7 +679,7 @@ def _line_fault(data: bytes | memoryview, ls: int, lineno: int, m: int, n: int) 
         spaces, core = mt.group(1), mt.group(2)
         if len(spaces) != max(0, 6 - len(core)):
             return OutputFault("width", lineno, ls, ls + pos, mt.end() - pos)
-        if len(core.lstrip(b"-").split(b".")[0]) > OUTPUT_INT_DIGITS:
+        if len(core.lstrip(b"-")) - 3 > HUNDREDTHS_DIGITS and not _float32_field(core):
             return OutputFault("large", lineno, ls, ls + pos, mt.end() - pos)
         if count == n:
             extra = pos

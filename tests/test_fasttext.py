@@ -697,6 +697,16 @@ def test_parse_output_values_faults():
         assert ft.parse_output_values(data, 4, 2, 3, None, 0) == want, body
     assert ft.parse_output_values(b"1\n9999999999999.99\n", 2, 1, 1, out[:1]) is None
     assert out[0] == 9999999999999.99
+    flt_max = b"340282346638528859811704183484516925440.00"
+    assert ft.parse_output_values(b"1 2\n" + flt_max + b"-" + flt_max + b"\n", 4, 1, 2, out[:2]) is None
+    assert out[:2].tolist() == [3.4028234663852886e38, -3.4028234663852886e38]
+    for bad in (
+        flt_max[:-3] + b".01",
+        b"340282346638528859811704183484516925441.00",
+        b"3" + flt_max,
+        b"12345678901234.00",
+    ):
+        assert ft.parse_output_values(b"1\n" + bad + b"\n", 2, 1, 1, out[:1]) == (ft.OUT_LARGE, 2, 2, 2, len(bad))
     assert ft.parse_output_values(b"1\n -0.00\n", 2, 1, 1, out[:1]) is None
     assert np.signbit(out[0])
 
@@ -805,10 +815,16 @@ def test_row_blocks_read_on_threads_in_any_order(step):
             spoilt.read(r0, into.reshape(-1).data)
 
 
+FLT_MAX = float(np.finfo(np.float32).max)
+#: Float32 values from 1e13 on: fields of 14 to 39 digits before the point, which the byte loop reads whole.
+WIDE_LEAST = float(np.nextafter(np.float32(1e13), np.float32(np.inf)))  # 10000000876544
+_wide_value = st.floats(WIDE_LEAST, FLT_MAX, width=32) | st.floats(-FLT_MAX, -WIDE_LEAST, width=32)
+
 _out_value = st.one_of(
     st.floats(-1e4, 1e4, width=32),
     st.floats(-(2.0**39), 2.0**39, width=32),
     st.sampled_from([0.0, -0.0, -0.004, 0.005, -0.005, 0.125, -99.995, 999.995, 9999999.0, -1e11]),
+    _wide_value,
 )
 
 
@@ -946,6 +962,43 @@ def test_parts_read_alike(threads, wide):
         assert ft.parse_values(bad_in, off, got_a, got_b, 0, threads)[0] != 0
 
 
+def _spoilt(field: bytes, how: str, at: int) -> bytes:
+    """``field`` (a wide one, no padding) with one digit changed (to another but 0), one added, or a fraction."""
+    digits = field[:-3]
+    at = at % len(digits)
+    if how == "digit" and digits[at : at + 1].isdigit():
+        return digits[:at] + b"%d" % (int(digits[at : at + 1]) % 9 + 1) + digits[at + 1 :] + b".00"  # never a 0
+    if how == "longer":
+        return digits + b"0.00"
+    return digits + b".50"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 30), st.data())
+def test_wide_fields_three_ways(m, n, data):
+    """Fields of 14 to 39 digits before the point among ordinary ones, in rows long enough for the windows
+    (which leave such rows to the byte loop): every path reads the same values, each the float32 printf
+    wrote; one wide field spoilt (a digit, a digit more, a fraction) is the same first fault every way,
+    or, where it is still printf's of a float32, its value."""
+    vals = data.draw(st.lists(_out_value | _wide_value, min_size=m * n, max_size=m * n))
+    c = np.array(vals, dtype=np.float32).reshape(m, n)
+    raw = tf.emit(c)
+    assert _output_three_ways(raw)[0] == "ok"
+    np.testing.assert_array_equal(tf.parse_output(raw), [[float(b"%.2f" % float(v)) for v in row] for row in c])
+    wide_at = [i for i, v in enumerate(c.reshape(-1)) if abs(float(v)) >= 1e13]
+    if not wide_at:
+        return
+    i = data.draw(st.sampled_from(wide_at))
+    fields = [b"%6.2f" % float(v) for v in c.reshape(-1)]
+    fields[i] = _spoilt(
+        fields[i], data.draw(st.sampled_from(["digit", "longer", "fraction"])), data.draw(st.integers(0, 40))
+    )
+    rows = [b"".join(fields[r * n : (r + 1) * n]) + b"\n" for r in range(m)]
+    got = _output_three_ways(raw.split(b"\n", 1)[0] + b"\n" + b"".join(rows))
+    if got[0] == "error":
+        assert got[1].endswith("is not a float32 as printf writes it") and got[2] == 2 + i // n
+
+
 def test_wide_output_values_exact(wide):
     """Every width the 64-byte windows read (1 to 13 digits, signs, zeros), against float()."""
     rng = np.random.default_rng(3)
@@ -954,9 +1007,11 @@ def test_wide_output_values_exact(wide):
     c = vals.reshape(40, 100)
     raw = b"40 100\n" + b"".join(b"".join(b"%6.2f" % v for v in row) + b"\n" for row in c)
     fields = [b"%6.2f" % v for v in c[0]]
-    fields[3] = b"12345678901234.00"  # 14 digits: a fault the windows must leave to the byte loop
+    fields[3] = b"12345678901234.00"  # 14 digits, no float32: a fault the windows must leave to the byte loop
     big = raw.replace(b"".join(b"%6.2f" % v for v in c[0]), b"".join(fields), 1)
     assert _output_three_ways(big)[0] == "error"
+    fields[3] = b"17592186044416.00"  # 2^44: a float32, read by the byte loop
+    assert _output_three_ways(raw.replace(b"".join(b"%6.2f" % v for v in c[0]), b"".join(fields), 1))[0] == "ok"
     got = _output_three_ways(raw)
     assert got[0] == "ok"
     want = np.array([[float(b"%.2f" % v) for v in row] for row in c])

@@ -1,4 +1,4 @@
-"""Fuzzing the input parser: it parses or refuses with a reason, never crashes, hangs or over-allocates.
+"""Fuzzing the parsers: they parse or refuse with a reason, never crash, hang or over-allocate.
 
 Random bytes and near-valid files (a header, then values with mutations) go
 through the daemon's path: ``textformat.parse_header``, ``pipeline.check_header``
@@ -6,18 +6,20 @@ with the memory limit, ``textformat.parse``. The outcome must be Matrices of the
 promised shapes, or InputFormatError/LimitError with a non-empty reason. Each
 example runs under a deadline (hypothesis) and a tracemalloc peak bound: a few
 times the input plus the matrices the header promised, which check_header
-keeps under the limit.
+keeps under the limit. Outputs of any float32 values, mutated, go through
+mmd check's reader, by the C path and the Python one, which must agree.
 """
 
 from __future__ import annotations
 
 import tracemalloc
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmd import pipeline, textformat
+from mmd import accel, pipeline, textformat
 from mmd.errors import InputFormatError, LimitError
 
 #: Thousands of generated inputs: left out of `make quick`, run by `make test`.
@@ -116,3 +118,74 @@ def test_whitespace_bomb_is_linear():
     data = b"1\n" + b" \t\r\n" * (1 << 18) + b"2\n" + b" " * (1 << 20) + b"3\n"
     assert run_parser(data) == "ok"
     assert run_parser(b" \n" * (1 << 20)) == "input"
+
+
+# ---------------------------------------------------------------------------
+# mmd check's reader of outputs: fields of every width a float32 makes, mutated
+
+
+def read_output(data: bytes) -> tuple:
+    """('ok', value bits) or ('input', message): anything else raised fails the test."""
+    try:
+        got = textformat.parse_output(data)
+    except InputFormatError as exc:
+        assert exc.reason and isinstance(exc.reason, str)
+        return ("input", exc.reason)
+    return ("ok", got.shape, got.view("u8").tobytes())
+
+
+def read_output_both_ways(data: bytes) -> tuple:
+    """The C reader's outcome, the same as the Python one's (where the C one is built)."""
+    was = accel.ON
+    accel.ON = False
+    try:
+        python = read_output(data)
+    finally:
+        accel.ON = was
+    if accel.fasttext is not None:
+        accel.ON = True
+        try:
+            assert read_output(data) == python
+        finally:
+            accel.ON = was
+    return python
+
+
+FLOAT32 = st.integers(0, 2**32 - 1).map(lambda u: np.uint32(u).view(np.float32)).filter(np.isfinite)
+OUT_JUNK = st.sampled_from([" ", "-", "0", "1", "9", ".", "\n", "x", "00", ".00", ".50", "1" * 30, "\x00"])
+
+
+@st.composite
+def near_valid_output(draw) -> bytes:
+    m, n = draw(st.integers(1, 4)), draw(st.integers(1, 12))
+    c = np.array(draw(st.lists(FLOAT32, min_size=m * n, max_size=m * n)), np.float32).reshape(m, n)
+    raw = bytearray(textformat.emit(c))
+    head = raw.index(b"\n") + 1
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(head, len(raw)))
+        junk = draw(OUT_JUNK).encode()
+        what = draw(st.sampled_from(["insert", "delete", "replace"]))
+        if what == "insert":
+            raw[i:i] = junk
+        elif what == "delete":
+            del raw[i : i + 1]
+        else:
+            raw[i : i + 1] = junk
+    return bytes(raw)
+
+
+@FUZZ
+@given(near_valid_output())
+def test_near_valid_outputs_are_read_alike(data):
+    """Outputs of any float32 values (fields up to 39 digits before the point), mutated: read or refused
+    with a reason, never a crash, and the C reader and the Python one agree on the values and the first fault."""
+    read_output_both_ways(data)
+
+
+@FUZZ
+@given(st.lists(FLOAT32, min_size=1, max_size=30))
+def test_every_output_mmd_writes_is_read_back(vals):
+    c = np.array(vals, np.float32).reshape(1, -1)
+    got = read_output_both_ways(textformat.emit(c))
+    assert got[0] == "ok"
+    assert np.frombuffer(got[2], np.float64).tolist() == [float(b"%.2f" % float(v)) for v in vals]

@@ -293,24 +293,41 @@ def test_the_input_size_limit_defaults_to_the_memory_limit(tmp_path):
     [
         ("1\n3e38\n10\n", "row 1, col 1: inf"),  # beyond float32
         ("1 2 1\n3e38 3e38\n3e38\n-3e38\n", "row 1, col 1: nan"),  # inf - inf
-        ("2\n1 0 0 1\n1 0 0 -1e14\n", "row 2, col 2: -1e+14"),  # 15 digits before the point
+        ("2\n3e38 3e38 0 1\n10 0 0 1\n", "row 1, col 1: inf"),  # 1 of 4: 3e38·10
     ],
 )
-def test_a_product_mmd_check_could_not_read_is_refused(tmp_path, text, first):
+def test_a_product_that_is_not_finite_is_refused(tmp_path, text, first):
     result, _, out = job(tmp_path, text)
     assert not result.ok and not out.exists() and not record.timing_path(out).exists()
     rec = yaml.safe_load(record.error_path(out).read_text())
     assert rec["status"] == "error" and rec["error"]["kind"] == "overflow"
-    assert rec["error"]["reason"].startswith("the product does not fit the output format: 1 of ")
-    assert rec["error"]["reason"].endswith(f"(first at {first})")
+    assert rec["error"]["reason"].startswith("the product holds values that are not finite, ")
+    assert rec["error"]["reason"].endswith(f" of {rec['shape']['m'] * rec['shape']['n']} (first at {first})")
 
 
-def test_the_largest_product_mmd_writes_checks_as_right(tmp_path):
-    result, _, out = job(tmp_path, "1\n9999999\n999999\n")  # about 9999989000001: 13 digits before the point
-    assert result.ok
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def identity_times(mat: np.ndarray) -> str:
+    """An input I·M: its product is M exactly, whatever M holds (no product of two values but by 0 and 1)."""
+    m = mat.shape[0]
+    eye = " ".join("1" if i == j else "0" for i in range(m) for j in range(m))
+    return f"{m} {m} {mat.shape[1]}\n{eye}\n" + " ".join(repr(float(v)) for v in mat.reshape(-1)) + "\n"
+
+
+def test_every_finite_product_is_written_as_printf_writes_it_and_checks_as_right(tmp_path, c_printf):
+    """Fields of up to 39 digits before the point (FLT_MAX), negative too: printf's bytes; mmd check reads them."""
+    mat = np.array([[FLT_MAX, -FLT_MAX, 1e13], [123456789012345.0, -1e20, 0.125]], np.float32)
+    result, _, out = job(tmp_path, identity_times(mat))
+    assert result.ok, result.error
     text = out.read_bytes()
-    assert len(text) == len(b"1\n9999989000001.00\n") and text.startswith(b"1\n99999")
-    assert textformat.parse_output(text)[0, 0] > 9.99998e12  # mmd check reads it back
+    assert text == b"2 3\n" + b"\n".join(c_printf(row)[:-1] for row in mat) + b"\n"
+    assert (
+        text.split(b"\n")[1]
+        == b"340282346638528859811704183484516925440.00-340282346638528859811704183484516925440.009999999827968.00"
+    )
+    assert textformat.parse_output(text).tolist() == [[float(b"%.2f" % float(v)) for v in row] for row in mat]
+    assert result.record.output.bytes == len(text)
 
 
 def wide_input(m: int = 5800, n: int = 5800) -> bytes:
@@ -325,6 +342,81 @@ def test_the_least_output_a_shape_makes_is_what_the_emitter_writes():
         assert least(m, n) < len(textformat.emit(np.full((m, n), 1000.0, np.float32)))
     assert least(5800, 5800) == 201_845_805
     assert least(8192, 8192) == 402_661_381  # 6-byte fields; the course's values take 7 (470 MB)
+
+
+def row_times(m: int, values: list[float]) -> bytes:
+    """An ``m 1 n`` input: a column of ones times a row of ``values``, so every row of the product is ``values``."""
+    return b"%d 1 %d\n" % (m, len(values)) + b"1 " * m + b" ".join(b"%r" % v for v in values) + b"\n"
+
+
+#: A 40x40 output of 12-byte fields: 19243 bytes, where 6-byte ones, all its header shows, make 9643.
+WIDE_40 = row_times(40, [123456789.0] * 40)
+
+
+def test_an_output_of_wide_fields_over_max_output_bytes_is_refused_at_its_real_size_before_it_is_written(tmp_path):
+    assert textformat.output_bytes_at_least(40, 40) == 9643
+    result, _, out = job(tmp_path, WIDE_40, max_output_bytes=15000)
+    assert not result.ok and result.error.kind == "limit"
+    assert result.error.reason == (
+        "line 1: a 40x1x40 product makes an output of 19243 bytes; the limit is 15000 (max_output_bytes)"
+    )
+    assert result.error.details == {"line": 1, "output_bytes": 19243, "max_output_bytes": 15000}
+    assert not out.exists() and not record.timing_path(out).exists() and record.error_path(out).exists()
+    assert result.record.timings_ms.kernel is not None  # judged once the product was known
+    ok, _, out = job(tmp_path, WIDE_40, name="fits.txt", max_output_bytes=19243)
+    assert ok.ok and len(out.read_bytes()) == 19243
+
+
+def test_one_wide_field_is_judged_by_the_exact_size_not_the_bound(tmp_path):
+    """One 43-byte field (-FLT_MAX) among 6-byte ones: the bound (every field 43 bytes) is over the limit, the
+    output is not."""
+    src = row_times(40, [-FLT_MAX] + [1.0] * 39)
+    exact = textformat.output_bytes_at_least(40, 40) + 40 * 37
+    assert textformat.check_product(np.array([[-FLT_MAX] + [1.0] * 39] * 40, np.float32)).at_most > 60000
+    result, _, out = job(tmp_path, src, max_output_bytes=exact)
+    assert result.ok, result.error
+    assert len(out.read_bytes()) == exact
+    refused, _, _ = job(tmp_path, src, name="one.txt", max_output_bytes=exact - 1)
+    assert refused.error.details["output_bytes"] == exact
+
+
+def test_the_room_and_the_class_ratio_are_judged_at_the_real_size_too(tmp_path):
+    """The daemon's room (a submitter's quota, the disk's reserve) and class mode's ratio, the same numbers
+    the header was judged by."""
+    from mmd.pipeline import Room
+
+    src = tmp_path / "r.txt"
+    src.write_bytes(WIDE_40)
+    room = Room(15000, "your outputs take 5000 of your 20000 bytes (max_submitter_bytes)", "max_submitter_bytes")
+    settings = Settings().with_values({"backend": "cpu", "durable": False}, "test")
+    result = run_job(describe(src, tmp_path / "r.out", settings), lambda _s: CpuBackend(), room=room)
+    assert not result.ok and result.error.kind == "limit"
+    assert result.error.reason == (
+        "line 1: a 40x1x40 product makes an output of 19243 bytes; your outputs take 5000 of your 20000 bytes "
+        "(max_submitter_bytes)"
+    )
+    assert result.error.details == {
+        "line": 1,
+        "output_bytes": 19243,
+        "room_bytes": 15000,
+        "setting": "max_submitter_bytes",
+    }
+    assert not (tmp_path / "r.out").exists()
+    state = tmp_path / "state"
+    floor = {"class_mode": True, "state_dir": str(state), "output_ratio_floor_bytes": 15000}
+    result, _, out = job(tmp_path, WIDE_40, name="c.txt", **floor)
+    assert not result.ok and result.error.details["output_bytes"] == 19243 and not out.exists()
+    assert "in class mode an output may be at most 16 times its input" in result.error.reason
+
+
+def test_the_device_path_s_output_is_judged_at_its_real_size(tmp_path):
+    backend, _ = cuda_backend()
+    gpu = MultiplyRequest(kernel="tiled", tile=16, memory="device", text_path="gpu")
+    result, _, out = job(tmp_path, WIDE_40, backend=backend, request=gpu, max_output_bytes=15000)
+    assert not result.ok and result.error.details == {"line": 1, "output_bytes": 19243, "max_output_bytes": 15000}
+    assert not out.exists()
+    ok, _, out = job(tmp_path, WIDE_40, name="g.txt", backend=backend, request=gpu, max_output_bytes=19243)
+    assert ok.ok and plain(ok)["text"]["path"] == "gpu" and len(out.read_bytes()) == 19243
 
 
 def test_an_output_over_max_output_bytes_is_refused_from_its_header_before_any_work(tmp_path):

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmd import accel, textcore
 from mmd import textformat as tf
-from mmd.errors import InputFormatError
+from mmd.errors import InputFormatError, ProductRangeError
 
 # ---------------------------------------------------------------------------
 # emit
@@ -528,11 +528,42 @@ def accelerator(request, monkeypatch):
         (b"1 1\n  1.00\n", "line 1, column 1: header must be 'N' or 'M N' (as mmd writes it), got '1 1'", "1 1"),
         (b"1\n  1.00\n  2.00\n", "line 3, column 1: unexpected content after the last of 1 rows", "  2.00"),
         (b"1\n  1.00\n\n", "line 3, column 1: unexpected content after the last of 1 rows", ""),
+        # more than 13 digits before the point: printf's of a float32 (an integer, exactly its decimal) or a fault
         (
-            b"1 2\n  1.0010000000000000.00\n",
-            "line 2, column 7: value '10000000000000.00' too large for an mmd output"
-            " (at most 13 digits before the point)",
+            b"1 2\n  1.0010000000000000.00\n",  # 1e13 is no float32 (9999999827968 is the nearest)
+            "line 2, column 7: value '10000000000000.00' is not a float32 as printf writes it",
             "10000000000000.00",
+        ),
+        (
+            b"1 2\n  1.0017592186044416.50\n",  # 2^44, a float32, with a fraction
+            "line 2, column 7: value '17592186044416.50' is not a float32 as printf writes it",
+            "17592186044416.50",
+        ),
+        (
+            b"1 2\n  1.00-17592186044417.00\n",  # 2^44 + 1: no float32
+            "line 2, column 7: value '-17592186044417.00' is not a float32 as printf writes it",
+            "-17592186044417.00",
+        ),
+        (
+            # FLT_MAX + 1: the double nearest it is FLT_MAX, a float32, but these are not its digits
+            b"1 2\n340282346638528859811704183484516925441.00  1.00\n",
+            "line 2, column 1: value '3402823466385288598117041834845169254...' is not a float32 as printf writes it",
+            "3402823466385288598117041834845169254...",
+        ),
+        (
+            b"1 2\n  1.003402823466385288598117041834845169254400.00\n",  # 40 digits: beyond every float32
+            "line 2, column 7: value '3402823466385288598117041834845169254...' is not a float32 as printf writes it",
+            "3402823466385288598117041834845169254...",
+        ),
+        (
+            b"1 2\n  1.001000000000000000000000000000000000000000.00\n",  # 1e39: beyond float32, 40 digits
+            "line 2, column 7: value '1000000000000000000000000000000000000...' is not a float32 as printf writes it",
+            "1000000000000000000000000000000000000...",
+        ),
+        (
+            b"1 2\n  1.00 17592186044416.00\n",  # a wide field padded: the width rule comes first
+            "line 2, column 7: field ' 17592186044416.00' is not in %6.2f format (width)",
+            " 17592186044416.00",
         ),
     ],
 )
@@ -557,6 +588,101 @@ def test_parse_output_largest_values(accelerator):
     assert np.signbit(got[0, 2])
     c = np.array([[3e12, -0.004, 123456.78]], dtype=np.float32)
     np.testing.assert_array_equal(tf.parse_output(tf.emit(c)), [[float("%.2f" % float(v)) for v in c[0]]])
+
+
+FLT_MAX = float(np.finfo(np.float32).max)
+#: Float32 values whose fields are wider than 13 digits before the point, up to FLT_MAX's 39.
+WIDE = [FLT_MAX, -FLT_MAX, 1e13, -1e13, 123456789012345.0, 2.0**44, 2.0**63, 2.0**64, 1e16, 1e20, -3e38, 1e38]
+
+
+def test_mmd_check_reads_every_float32_mmd_writes(accelerator):
+    """Fields of up to 39 digits before the point: each read back as its float32, exactly."""
+    c = np.array([WIDE, [-v for v in WIDE]], dtype=np.float32)
+    out = tf.emit(c)
+    assert out.split(b"\n")[1].startswith(b"340282346638528859811704183484516925440.00-3402823466385288")
+    got = tf.parse_output(out)
+    assert got.tolist() == c.astype(np.float64).tolist()
+    assert tf.check_output(out) == (2, len(WIDE))
+    smallest = np.nextafter(np.float32(1e13), np.float32(np.inf))  # the least float32 of 14 digits
+    assert tf.parse_output(b"1 2\n10000000876544.00-10000000876544.00\n").tolist() == [
+        [float(smallest), -float(smallest)]
+    ]
+
+
+def test_only_a_product_that_is_not_finite_is_refused():
+    """Every finite float32 is printf's number; inf and nan are not."""
+    c = np.array([[FLT_MAX, -FLT_MAX], [1e13, 0.5]], dtype=np.float32)
+    size = tf.check_product(c)
+    assert size.exact() == len(tf.emit(c)) <= size.at_most
+    for bad, first in ((np.inf, "inf"), (-np.inf, "-inf"), (np.nan, "nan")):
+        c[1, 0] = bad
+        with pytest.raises(ProductRangeError) as info:
+            tf.check_product(c)
+        assert info.value.kind == "overflow"
+        assert str(info.value) == (
+            "the product holds values that are not finite, which the output format has no number for: "
+            f"1 of 4 (first at row 2, col 1: {first})"
+        )
+        assert info.value.details == {"count": 1, "row": 2, "column": 1}
+
+
+_finite_f32 = st.integers(0, 2**32 - 1).map(lambda u: np.uint32(u).view(np.float32)).filter(np.isfinite)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.data())
+def test_output_size_is_exact_and_its_bound_holds(m, n, data):
+    """output_bytes is len(emit) for any float32 bit patterns; check_product's bound is never below it."""
+    vals = data.draw(st.lists(st.one_of(_finite_f32, st.sampled_from(WIDE)), min_size=m * n, max_size=m * n))
+    c = np.array(vals, dtype=np.float32).reshape(m, n)
+    size = tf.check_product(c)
+    assert tf.output_bytes(c) == size.exact() == len(tf.emit(c)) <= size.at_most
+    if len({len("%6.2f" % float(v)) for v in c.reshape(-1)}) == 1:
+        assert size.at_most == size.exact()
+
+
+def test_output_size_of_a_big_product_in_blocks():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    c = bits[np.isfinite(bits)][:270_000].reshape(600, 450)
+    assert tf.output_bytes(c) == len(tf.emit(c))
+    assert tf.output_bytes(np.zeros((0, 3), np.float32)) == tf.output_bytes_at_least(0, 3)
+    with pytest.raises(ValueError):
+        tf.output_bytes(np.zeros((2, 2)))  # float64: not a product's values
+
+
+@pytest.fixture(scope="module")
+def libc_printf():
+    """C's own snprintf("%6.2f"), through ctypes: the definition of the format."""
+    libc = ctypes.CDLL(None)
+
+    def fmt(x: float) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        libc.snprintf(buf, 64, b"%6.2f", ctypes.c_double(x))
+        return buf.value
+
+    return fmt
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_finite_f32, min_size=1, max_size=40))
+def test_every_finite_float32_is_written_as_printf_writes_it(accelerator, libc_printf, vals):
+    """Any float32 bit patterns, FLT_MAX's 39 digits and negatives included: C printf's bytes, and Python's."""
+    c = np.array(vals, dtype=np.float32).reshape(1, -1)
+    want = b"".join(libc_printf(float(v)) for v in c[0])
+    assert want == b"".join(b"%6.2f" % float(v) for v in c[0])
+    out = tf.emit(c)
+    assert out.split(b"\n", 1)[1] == want + b"\n"
+    assert tf.parse_output(out).tolist() == [[float(b"%.2f" % float(v)) for v in c[0]]]  # the printed decimals
+
+
+def test_the_widest_fields_are_printf_s(c_printf):
+    edges = [FLT_MAX, 1e13, 1e16, 2.0**63 / 100, 2.0**52 / 100, 1e38]
+    vals = np.array([w for e in edges for w in (e, -e)], np.float32)
+    vals = np.concatenate(
+        [vals, np.nextafter(vals, np.float32(0)), np.nextafter(vals[2:], vals[2:] * 2)]
+    )  # not past FLT_MAX
+    assert tf.emit(vals.reshape(1, -1)).split(b"\n", 1)[1] == c_printf(vals)
 
 
 # ---------------------------------------------------------------------------

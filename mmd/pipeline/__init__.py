@@ -7,7 +7,7 @@
 """
 
 from .driver import BackendFor, JobResult, refuse, run_job
-from .reading import Limits, Room, check_header, limits_for, read_header, read_input
+from .reading import Limits, Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal
 from .watch import PHASES, PhaseHook
 
@@ -20,6 +20,7 @@ __all__ = [
     "Refusal",
     "Room",
     "check_header",
+    "check_output_size",
     "limits_for",
     "read_header",
     "read_input",

@@ -27,7 +27,7 @@ from ..fileops import OPS, FileOps
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
-from .reading import Room, check_header, limits_for, read_header, read_input
+from .reading import Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
 from .watch import PhaseHook, ignore_phase
@@ -158,12 +158,15 @@ def _run(
         facts.shape = shape = Shape(header.m, header.k, header.n)
         check_header(header, len(data), limits)
     header_ms = _since(t0)
+    data_len = len(data)
     computed = path.compute(data, header, request, on_phase)
     del data
     product = computed.product
     timings.update(product.timings_ms)
     if all(p in product.timings_ms for p in CUDA_PHASES):
         timings["cuda"] = sum(product.timings_ms[p] for p in CUDA_PHASES)
+    # The header judged the output at its least; the product known, it is judged at its real size.
+    check_output_size(header, data_len, limits, computed.size)
 
     t0 = time.perf_counter()
     # Both files are published together (synced, then renamed in order, one fsync of the folder):

@@ -57,7 +57,8 @@ class Limits:
     max_dim: int | None = None
     #: A file may take this many bytes per value its header promises, plus :data:`SIZE_SLACK`.
     max_bytes_per_value: int | None = None
-    #: The largest output, at the least its shape makes (:func:`~mmd.textformat.output_bytes_at_least`).
+    #: The largest output: judged at the least its shape makes (:func:`~mmd.textformat.output_bytes_at_least`)
+    #: before any work, and at its real size once the product is known (:func:`check_output_size`).
     max_output_bytes: int | None = None
     #: An output may be at most this many times its input, or ``output_ratio_floor_bytes`` (class mode only).
     max_output_ratio: float | None = None
@@ -292,26 +293,48 @@ def check_header(header: Header, data_len: int, limits: Limits) -> None:
     _check_size(data_len, limits, explicit=False)  # last: the reasons above say more
 
 
+def check_output_size(header: Header, data_len: int, limits: Limits, size: textformat.OutputSize) -> None:
+    """Judge the output by its real size once the product is known, before a byte of it is written, by the
+    limits :func:`check_header` judged at the least its shape makes (``limits``: the same ones, the same
+    room): fields of values from 1000 on (or -100) are wider than 6 bytes, up to 43. Only where the bound
+    ``size.at_most`` is over a limit is the exact size computed and judged; refused with check_header's
+    kinds and words."""
+    if _output_refusal(header, data_len, limits, size.at_most) is None:
+        return
+    refusal = _output_refusal(header, data_len, limits, size.exact())
+    if refusal is not None:
+        raise refusal
+
+
 def _check_output(header: Header, data_len: int, limits: Limits) -> None:
     """Refuse an output over ``max_output_bytes``, or (class mode) over ``max_output_ratio`` times its
     input and ``output_ratio_floor_bytes``; judged at the least the header's shape makes."""
+    refusal = _output_refusal(header, data_len, limits, textformat.output_bytes_at_least(header.m, header.n), True)
+    if refusal is not None:
+        raise refusal
+
+
+def _output_refusal(
+    header: Header, data_len: int, limits: Limits, out: int, at_least: bool = False
+) -> LimitError | None:
+    """The refusal of an output of ``out`` bytes (``at_least`` that many: judged from the header) by the
+    limits; None where they allow it."""
     m, k, n = header.m, header.k, header.n
-    out = textformat.output_bytes_at_least(m, n)
-    makes = f"line {header.line}: a {m}x{k}x{n} product makes an output of at least {out} bytes"
+    makes = f"line {header.line}: a {m}x{k}x{n} product makes an output of {'at least ' if at_least else ''}{out} bytes"
     if limits.max_output_bytes is not None and out > limits.max_output_bytes:
-        raise LimitError(
+        return LimitError(
             f"{makes}; the limit is {limits.max_output_bytes} (max_output_bytes)",
             {"line": header.line, "output_bytes": out, "max_output_bytes": limits.max_output_bytes},
         )
     room = limits.room
     if room is not None and out > room.bytes:
-        raise LimitError(
+        return LimitError(
             f"{makes}; {room.why}",
             {"line": header.line, "output_bytes": out, "room_bytes": max(room.bytes, 0), "setting": room.setting},
         )
     ratio, floor = limits.max_output_ratio, limits.output_ratio_floor_bytes
     if ratio is not None and out > max(ratio * data_len, floor):
-        raise LimitError(
+        return LimitError(
             f"{makes}, {out // max(data_len, 1)} times its input's {data_len}; in class mode an output may be at "
             f"most {ratio:g} times its input or {floor} bytes, whichever is larger "
             "(max_output_ratio, output_ratio_floor_bytes)",
@@ -323,3 +346,4 @@ def _check_output(header: Header, data_len: int, limits: Limits) -> None:
                 "output_ratio_floor_bytes": floor,
             },
         )
+    return None

@@ -35,6 +35,8 @@ class Computed:
     chunks: Iterable[Any]
     product: Product
     text: TextFacts
+    #: How big the output is: the pipeline judges it by its limits before a byte is written.
+    size: textformat.OutputSize
     #: Wall-clock ``parse`` and, once the chunks are consumed, ``emit`` (ms).
     stage_ms: dict[str, float] = field(default_factory=dict)
 
@@ -76,9 +78,9 @@ class HostTextPath(TextPath):
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused, worded, just below
             product = self.backend.multiply(matrices.a, matrices.b, request)
         del matrices
-        textformat.check_product(product.c)
+        size = textformat.check_product(product.c)
         phase("emit")
-        return Computed(_timed(textformat.emit_chunks(product.c), stage), product, TextFacts("host"), stage)
+        return Computed(_timed(textformat.emit_chunks(product.c), stage), product, TextFacts("host"), size, stage)
 
 
 #: With ``text_path: auto``, an input smaller than this is parsed and formatted on the host: the GPU
@@ -106,7 +108,8 @@ class DeviceTextPath(TextPath):
         product = self.device.multiply_text(data, header, request)
         phase("emit")
         stage = {"parse": product.stage_ms.get("parse", 0.0), "emit": product.stage_ms.get("emit", 0.0)}
-        return Computed(product.chunks, product, product.text, stage)
+        made = textformat.OutputSize(sum(memoryview(chunk).nbytes for chunk in product.chunks))  # in memory, unwritten
+        return Computed(product.chunks, product, product.text, made, stage)
 
 
 def choose(backend: Backend, request: MultiplyRequest, nbytes: int) -> TextPath:

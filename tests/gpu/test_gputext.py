@@ -142,13 +142,31 @@ def test_long_touching_runs(cuda_backend, tmp_path):
 @pytest.mark.parametrize(
     "text",
     [
-        "1\n3e38\n10\n",  # beyond float32
-        "1 2 1\n3e38 3e38\n3e38\n-3e38\n",  # inf - inf
-        "2\n1 0 0 1\n1 0 0 -1e14\n",  # 15 digits before the point
-        "2\n1 0 0 1\n1 0 0 5e14\n",  # beyond the format, though the gpu formatter once wrote it
+        "2\n1 0 0 1\n1 0 0 -1e14\n",  # 15 digits before the point: the gpu formats it
+        "2\n1 0 0 1\n1 0 0 5e14\n",
+        "2\n1 0 0 1\n1 0 0 -3.4028234663852886e38\n",  # FLT_MAX's 39 digits: the host formats it
     ],
 )
-def test_a_product_the_format_cannot_hold_is_refused_as_on_the_host(cuda_backend, tmp_path, text):
+def test_a_wide_field_is_written_as_on_the_host(cuda_backend, tmp_path, text):
+    (tmp_path / "w.txt").write_text(text)
+    result, out = gpu_job(cuda_backend, tmp_path, "w.txt")
+    assert result.ok, result.error
+    assert as_dict(result.record)["text"]["path"] == "gpu"
+    got = out.read_bytes()
+    assert got == textformat.format_reference(np.array(result.product.c))
+    (tmp_path / "h.txt").write_text(text)
+    host, host_out = gpu_job(CpuBackend(), tmp_path, "h.txt", request=HOST)
+    assert host.ok and host_out.read_bytes() == got
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1\n3e38\n10\n",  # beyond float32
+        "1 2 1\n3e38 3e38\n3e38\n-3e38\n",  # inf - inf
+    ],
+)
+def test_a_product_that_is_not_finite_is_refused_as_on_the_host(cuda_backend, tmp_path, text):
     (tmp_path / "o.txt").write_text(text)
     result, out = gpu_job(cuda_backend, tmp_path, "o.txt")
     host, _ = gpu_job(CpuBackend(), tmp_path, "o.txt", request=HOST)
