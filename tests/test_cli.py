@@ -244,6 +244,18 @@ def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
     assert "this GPU allows" not in r.stdout and "no CUDA GPU allows more than 1024" in r.stdout
 
 
+@pytest.mark.process  # runs mmd as a real process
+def test_kernels_say_shared_memory_only_where_a_kernel_needs_some(tmp_path):
+    """cublas_tf32 was said to need "0 bytes of shared memory per block"."""
+    r = run_mmd("kernels", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
+    assert r.returncode == 0, r.stderr
+    if "no GPU here" not in r.stdout:
+        pytest.skip("a GPU is here: its own limits are checked instead")
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line and not line.startswith(" ")}
+    assert lines["cublas_tf32"].endswith("no tile; needs TF32 tensor cores (compute capability 8.0+)"), lines
+    assert "bytes of shared memory per block" in lines["tc1"]
+
+
 def test_a_sub_command_s_options_are_added_when_it_is_parsed_or_shown():
     from mmd import bench, kernels
     from mmd.cli import build_parser

@@ -109,10 +109,9 @@ def run(args: argparse.Namespace) -> int:
         elif limits is kernels.COMMON_LIMITS and (spec.dynamic_shared_bytes or spec.min_compute_capability > (0, 0)):
             need = ".".join(map(str, spec.min_compute_capability))
             shared = spec.shared_bytes(0) + spec.dynamic_shared_bytes
-            tiles = (
-                f"no tile; needs {spec.requirement or 'a newer GPU'} (compute capability {need}+), {shared} bytes of "
-            )
-            tiles += "shared memory per block"
+            tiles = f"no tile; needs {spec.requirement or 'a newer GPU'} (compute capability {need}+)"
+            if shared:  # a library's kernel (cuBLAS) sizes its own: nothing to say of it
+                tiles += f", {shared} bytes of shared memory per block"
         else:
             try:
                 kernels.check_launch(spec, 0, limits)
