@@ -23,6 +23,9 @@ def _compiler_exists() -> bool:
 
 
 OPTIONAL = not _compiler_exists()
+# Linked stripped: the libraries carry no symbol table nor debug information (Python's own CFLAGS say -g),
+# a third of the size; to step through them in a debugger, build them without this.
+LINK = ["-s"]
 
 setup(
     ext_modules=[
@@ -30,6 +33,7 @@ setup(
             "mmd._fasttext",
             ["mmd/_fasttext.c"],
             extra_compile_args=["-O3"],
+            extra_link_args=LINK,
             optional=OPTIONAL,
         ),
         Extension(
@@ -38,6 +42,7 @@ setup(
             # no fused multiply-add (arm64 and -march=native would contract a*b + c): the rules'
             # decisions must round as the numpy path's separate multiply and add do
             extra_compile_args=["-O3", "-ffp-contract=off"],
+            extra_link_args=LINK,
             optional=OPTIONAL,
         ),
     ],

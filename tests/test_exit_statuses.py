@@ -63,6 +63,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("bench: size 0", ["bench", "--backend", "cpu", "--sizes", "0"], USAGE, "positive"),
     ("report: no results", ["report"], USAGE, "required"),
     ("config: bad flag", ["config", "--frob"], USAGE, "unrecognized"),
+    ("completion: unknown shell", ["completion", "fish"], USAGE, "invalid choice"),
     # -- a path named on the command line that cannot be used as given --
     ("run: missing input", ["run", "nope.txt"], USAGE, "no such file"),
     ("run: a folder", ["run", "jobs"], USAGE, "is a folder"),

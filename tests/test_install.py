@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email
 import grp
 import os
 import pwd
@@ -10,7 +11,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,23 +31,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """mmd built as a wheel from a copy of the tree and installed (not editable) into a folder of its own."""
-    tmp = tmp_path_factory.mktemp("install")
-    src = tmp / "src"
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tree, without build outputs: what a clone holds."""
+    src = tmp_path_factory.mktemp("source") / "src"
     shutil.copytree(
         ROOT,
         src,
         ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so", ".*cache"),
         symlinks=True,
     )
-    wheels = tmp / "wheels"
+    return src
+
+
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mmd built as a wheel from a copy of the tree."""
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
     )
-    (wheel,) = wheels.glob(f"{resources.DISTRIBUTION.replace('-', '_')}-*.whl")
+    (built,) = wheels.glob(f"{resources.DISTRIBUTION.replace('-', '_')}-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed (not editable) into a folder of its own."""
+    tmp = tmp_path_factory.mktemp("install")
     site = tmp / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
@@ -52,6 +67,43 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return site
+
+
+def test_the_wheel_carries_no_c_sources_and_stripped_libraries(wheel: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path)
+    assert not [n for n in names if n.endswith(".c")], "the C sources are the sdist's"
+    assert "mmd/_fasttext.pyi" in names and "mmd/py.typed" in names
+    libraries = [n for n in names if n.endswith(".so")]
+    assert len(libraries) == (0 if accel.fasttext is None else 2), libraries  # no compiler here: none built
+    for library in libraries:
+        described = subprocess.run(["file", "-b", str(tmp_path / library)], capture_output=True, text=True, check=True)
+        assert "ELF" in described.stdout and ", stripped" in described.stdout, (library, described.stdout)
+        assert "debug_info" not in described.stdout
+
+
+def test_the_wheel_says_what_mmd_is_for_and_where_its_docs_are(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        (meta,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        fields = email.message_from_bytes(archive.read(meta))
+    assert fields["Name"] == resources.DISTRIBUTION
+    classifiers = fields.get_all("Classifier") or []
+    for needed in ("Environment :: GPU :: NVIDIA CUDA", "Operating System :: POSIX :: Linux", "Typing :: Typed"):
+        assert needed in classifiers
+    assert {url.split(",")[0] for url in fields.get_all("Project-URL") or []} >= {"Documentation", "Source"}
+
+
+def test_the_sdist_carries_the_c_sources(source: Path, tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"mmd/_fasttext.c", "mmd/_fastcheck.c", "setup.py"} <= names
 
 
 def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
