@@ -199,7 +199,7 @@ def _run(
     from ..record import TimingRecord
 
     job = describe(src, output, base, flags=flags)
-    if job.refusal is None and job.settings.backend == "cuda" and "backend" not in settings_of(job.name_settings):
+    if job.refusal is None and job.settings.backend == "cuda" and "backend" not in settings_of(dict(job.name_settings)):
         _cuda_runs_here()  # asked by the command line or the config, not by the file: theirs to change
     pool = BackendPool()
 
