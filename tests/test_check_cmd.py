@@ -109,6 +109,28 @@ def test_exit_2_with_one_line(tmp_path, args, line):
     assert "Traceback" not in r.stderr
 
 
+def test_junit_holds_the_tests_only(tmp_path):
+    """Outputs no test asks for (a user's own jobs in the same outbox) are listed, never JUnit test cases."""
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t0", 4, 4, 4, seed=0)
+    (tests / "t0.out").rename(outbox / "t0.out")
+    for i in range(19):
+        _pair(outbox, f"mine{i}", 2, 2, 2, seed=i)
+        (outbox / f"mine{i}.txt").unlink()
+    r = run_mmd("check", str(outbox), "--inputs", str(tests), "--junit", "r.xml", "--json", "r.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "1 jobs checked against the inputs" in r.stdout and "1 ok; 19 extra;" in r.stdout
+    root = ET.parse(tmp_path / "r.xml").getroot()
+    (suite,) = root.findall("testsuite")
+    assert (root.get("tests"), suite.get("tests"), suite.get("skipped")) == ("1", "1", "0")
+    assert [c.get("name") for c in suite.findall("testcase")] == ["t0"]
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["extra"] == "19", "said, as a count: the table and the JSON name them"
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["extra"] == 19
+
+
 def test_a_folder(tmp_path):
     tests, outbox = tmp_path / "tests", tmp_path / "outbox"
     tests.mkdir()
@@ -301,11 +323,14 @@ def test_names_reach_the_terminal_and_the_reports_escaped(tmp_path):
     (tests / "t.out").rename(outbox / "t.out")
     shutil.copy(outbox / "t.out", outbox / "\x1b[1A\x1b[2Kt.out")  # would erase the row above
     shutil.copy(outbox / "t.out", os.fsencode(outbox) + b"/w\xff.out")  # not UTF-8
+    # tests of those names, so that each is a JUnit test case too (extra files are not)
+    shutil.copy(tests / "t.txt", tests / "\x1b[1A\x1b[2Kt.txt")
+    shutil.copy(tests / "t.txt", os.fsencode(tests) + b"/w\xff.txt")
     r = run_mmd("check", "outbox", "--inputs", "tests", "--junit", "r.xml", "--json", "r.json", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
     assert "\x1b" not in r.stdout
     rows = [line.split()[:3] for line in r.stdout.splitlines()[1:4]]
-    assert rows == [["\\x1b[1A\\x1b[2Kt.out", "-", "extra"], ["t.out", "3x3", "ok"], ["w\\xff.out", "-", "extra"]]
+    assert rows == [["\\x1b[1A\\x1b[2Kt.out", "3x3", "ok"], ["t.out", "3x3", "ok"], ["w\\xff.out", "3x3", "ok"]]
     cases = [c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")]
     assert cases == ["\\x1b[1A\\x1b[2Kt", "t", "w\\xff"]
     assert [x["file"] for x in json.loads((tmp_path / "r.json").read_text())["results"]] == [

@@ -151,14 +151,15 @@ def test_folder_junit(folder, tmp_path):
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     JUNIT_SCHEMA.validate(path)
-    assert {k: root.get(k) for k in ("tests", "failures", "errors")} == {"tests": "9", "failures": "4", "errors": "0"}
+    assert {k: root.get(k) for k in ("tests", "failures", "errors")} == {"tests": "8", "failures": "4", "errors": "0"}
     (suite,) = root.findall("testsuite")
-    assert suite.get("failures") == "4" and suite.get("skipped") == "1"
+    assert suite.get("failures") == "4" and suite.get("skipped") == "0"
     assert suite.get("timestamp") == run.started_at.removesuffix("+00:00")  # UTC, as JUnit writes it
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["against"] == "inputs" and props["quick"] == "false" and props["tol"] == "model"
+    assert props["extra"] == "1"  # z_extra.out answers no test: no test case
     cases = {c.get("name"): c for c in suite.findall("testcase")}
-    assert list(cases) == sorted(cases) and len(cases) == 9
+    assert list(cases) == sorted(cases) and len(cases) == 8
     assert all(c.get("classname") == "mmd.check" for c in cases.values())
     assert cases["a_square"].find("failure") is None and "ok: 16x16 values" in cases["a_square"].find("system-out").text
     for name, kind in (
@@ -170,7 +171,7 @@ def test_folder_junit(folder, tmp_path):
         fail = cases[name].find("failure")
         assert fail is not None and fail.get("type") == kind and fail.get("message"), name
     assert cases["d_wrong"].find("failure").text.startswith("MISMATCH: 12x12 values, 1 outside tolerance")
-    assert cases["z_extra"].find("skipped").get("type") == "extra"
+    assert "z_extra" not in cases
     assert cases["a_square"].find("system-out").text == (
         f"output: {folder / 'outbox' / 'a_square.out'}\nreference: {folder / 'tests' / 'a_square.txt'}\n"
         f"kernel: {run.results[0].kernel} (fp32)\n" + run.results[0].detail
@@ -602,6 +603,8 @@ def test_names_are_escaped_in_every_report(folder, tmp_path):
     raw = os.fsdecode(b"w\xff\x07.out")  # not UTF-8, and a bell
     for name in (forged + ".out", raw, "y\u202egnp.out"):  # a right-to-left override
         shutil.copy(out / "c_one.out", out / name)
+        # tests of those names, so that each is a JUnit test case too (extra files are not)
+        shutil.copy(folder / "tests" / "c_one.txt", folder / "tests" / (name[: -len(".out")] + ".txt"))
     refusal = (out / "h_refused.error.yaml").read_text()
     assert "reason: 'line 3: ''x'' is not a number'\n" in refusal
     refusal = refusal.replace("reason: 'line 3: ''x'' is not a number'", 'reason: "\\e[31mno\\n"')
@@ -616,7 +619,7 @@ def test_names_are_escaped_in_every_report(folder, tmp_path):
     assert all(ch == "\n" or ch.isprintable() for ch in table)
     rows = table.splitlines()
     for name in ("\\x1b[2K\\x1b[1Ad_wrong.out    12x12  ok.out", "w\\xff\\x07.out", "y\\u202egnp.out"):
-        assert any(row.startswith(name + "  ") and " extra " in row for row in rows), name
+        assert any(row.startswith(name + "  ") and " ok " in row for row in rows), name
     (refused,) = (row for row in rows if row.startswith("e_missing.out"))
     assert refused.endswith("refused: \\x1b[31mno\\n (e_missing.error.yaml)")
     reports.write_junit(run, tmp_path / "r.xml")

@@ -50,13 +50,14 @@ def table(results: Sequence[Result]) -> str:
 
 
 def junit_xml(run: Run) -> ET.Element:
-    """The run as JUnit XML: one testcase per job (failures; errors; extra, superseded and late files as
-    skipped) in one testsuite, or in a class's run one testsuite per student."""
+    """The run as JUnit XML: one testcase per test (failures; errors; a test's superseded and late files as
+    skipped) in one testsuite, or in a class's run one testsuite per student. Extra files, which answer no
+    test, are no test cases: each suite's ``extra`` property counts them (the table and the JSON name them)."""
     import xml.etree.ElementTree as ET
 
     # the schema pytest's junit_family=xunit2 targets (Jenkins' junit-10.xsd, tests/data): testsuites
     # has no skipped count; a timestamp without an offset (UTC) is what every JUnit reader takes
-    totals = _junit_totals(run.results, run.seconds)
+    totals = _junit_totals(_tests(run.results), run.seconds)
     root = ET.Element("testsuites", {"name": "mmd check", **{k: v for k, v in totals.items() if k != "skipped"}})
     if run.by_student:
         for login, results in run.students().items():
@@ -66,6 +67,11 @@ def junit_xml(run: Run) -> ET.Element:
         _junit_suite(root, run, f"mmd check {shown(str(run.outbox))}", run.results, run.seconds, [])
     ET.indent(root)
     return root
+
+
+def _tests(results: Sequence[Result]) -> list[Result]:
+    """The results that answer a test (all but the extra files)."""
+    return [r for r in results if r.status is not Status.EXTRA]
 
 
 def _junit_totals(results: Sequence[Result], seconds: float) -> dict[str, str]:
@@ -90,7 +96,7 @@ def _junit_suite(
         "testsuite",
         {
             "name": name,
-            **_junit_totals(results, seconds),
+            **_junit_totals(_tests(results), seconds),
             "timestamp": run.started_at.removesuffix("+00:00"),
             "hostname": shown(socket.gethostname()),
         },
@@ -105,10 +111,11 @@ def _junit_suite(
         ("quick", "true" if o.quick else "false"),
         ("seed", str(o.seed)),
         ("tol", "model" if o.tol is None else f"{o.tol:g}"),
+        ("extra", str(len(results) - len(_tests(results)))),
         *([("before", shown_time(o.before))] if o.before is not None else []),
     ):
         ET.SubElement(props, "property", {"name": key, "value": value})
-    for r in results:
+    for r in _tests(results):
         # a test's superseded and late files are cases of their own: named by their file too
         case_name = shown(r.name) if r.status not in (Status.SUPERSEDED, Status.LATE) else shown(f"{r.name} ({r.file})")
         case = ET.SubElement(
