@@ -131,6 +131,27 @@ def test_junit_holds_the_tests_only(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["counts"]["extra"] == 19
 
 
+def test_a_quick_refusal_says_what_was_checked(tmp_path):
+    """--quick's reason, in words a student reads: which row, what it was multiplied by, how far beyond."""
+    tests, outbox = tmp_path / "tests", tmp_path / "outbox"
+    tests.mkdir()
+    outbox.mkdir()
+    _pair(tests, "t", 6, 5, 4, seed=3)
+    body = bytearray((tests / "t.out").read_bytes())
+    (tests / "t.out").unlink()
+    second = body.index(b"\n", body.index(b"\n") + 1) + 1  # row 2's first field
+    body[second : second + 6] = b"999.99"
+    (outbox / "t.out").write_bytes(bytes(body))
+    r = run_mmd("check", "outbox", "--inputs", "tests", "--quick", "--seed", "1", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    (row,) = (line for line in r.stdout.splitlines() if line.startswith("t.out"))
+    assert re.search(
+        r"mismatch +- +row 2 is wrong: multiplied by 16 random vectors, it is off by [0-9.,]+ times what the "
+        r"tolerance allows$",
+        row,
+    ), row
+
+
 def test_a_folder(tmp_path):
     tests, outbox = tmp_path / "tests", tmp_path / "outbox"
     tests.mkdir()

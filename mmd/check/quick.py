@@ -268,8 +268,13 @@ class QuickReport:
             return ""
         if self.nonfinite:
             return f"{self.nonfinite} values are not finite"
-        where = f" at {self.worst[0]} {self.worst[1] + 1}" if self.worst else ""
-        return f"a projection {self.worst_ratio:.3g} times its bound{where}"
+        # a student's words: what was multiplied, and how far past the tolerance, not the test's own terms
+        what = f"{self.worst[0]} {self.worst[1] + 1}" if self.worst else "the output"
+        ratio = f"{self.worst_ratio:.3g}" if self.worst_ratio < 1000 else f"{self.worst_ratio:,.0f}"
+        return (
+            f"{what} is wrong: multiplied by {self.vectors} random vectors, it is off by {ratio} times what the "
+            "tolerance allows"
+        )
 
 
 def caught_phrase(catches: float) -> str:
