@@ -121,8 +121,9 @@ class ProductRangeError(MmdError):
     kind = "overflow"
 
 
-class WorkerStartError(MmdError):
-    """The daemon's worker processes cannot start (the interpreter they run from cannot be run here)."""
+class WorkerStartError(ConfigError):
+    """The daemon's worker processes cannot start: the interpreter they run from cannot be run here (an install
+    made from one this user cannot read). Restarting cannot help, so the unit does not."""
 
     kind = "worker-start"
 

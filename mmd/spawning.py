@@ -12,8 +12,10 @@ worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+from collections.abc import Iterator
 from multiprocessing import forkserver, spawn
 from typing import Any
 
@@ -24,37 +26,50 @@ PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
 
 
 def context() -> Any:
-    """The multiprocessing context workers are started in, its fork server (where there is one) started."""
+    """The multiprocessing context workers are started in, its fork server (where there is one) started.
+
+    The interpreter the fork server and each worker run must be one this user can run: one it cannot is
+    refused here, before anything starts."""
+    if not os.access(_interpreter(), os.X_OK):
+        raise _cannot_start(None)
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        try:
+        with starting():
             forkserver.ensure_running()  # a no-op once it runs
-        except OSError as exc:
-            raise _cannot_start(exc) from None
         return ctx
     return multiprocessing.get_context("spawn")
 
 
-def start(process: Any) -> None:
-    """Start a worker process of :func:`context`'s.
+@contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """Around whatever starts a worker (its shared state, its process).
 
-    The fork server is a new interpreter, started without waiting for it: one that cannot run (a venv
-    made from an interpreter this user cannot read) shows only here, as a refused connection.
+    multiprocessing starts its helper processes (the fork server, the resource tracker) from the
+    interpreter without waiting for them: one that dies at once (its libraries unreadable) shows only
+    when they are next used, as a refused connection or a broken pipe.
     """
     try:
-        process.start()
+        yield
     except OSError as exc:
-        raise _cannot_start(exc) from None
+        raise _cannot_start(f"the processes that start them do not answer ({exc.strerror or exc})") from None
 
 
-def _cannot_start(exc: OSError) -> WorkerStartError:
-    exe = os.fsdecode(spawn.get_executable())  # bytes once set_executable has set it
+def _interpreter() -> str:
+    return os.fsdecode(spawn.get_executable())  # bytes once set_executable has set it
+
+
+def _cannot_start(why: str | None) -> WorkerStartError:
+    """``why``: what failed, where the interpreter itself may run (None: this user cannot run it at all)."""
+    exe = _interpreter()
     real = os.path.realpath(exe)
     named = exe if real == exe else f"{exe} (that is {real})"
+    said = (
+        f"their interpreter {named} cannot be run by this user"
+        if why is None
+        else (f"{why}; their interpreter {named} must be one this user can run")
+    )
     return WorkerStartError(
-        f"workers cannot start: the process that starts them did not answer ({exc.strerror or exc}); it runs "
-        f"{named}, which this user must be able to run (a service cannot run one under /home or /root: "
-        "systemd/README.md)",
+        f"workers cannot start: {said} (a service cannot run one under /home or /root: systemd/README.md)",
         {"interpreter": real},
     )

@@ -22,10 +22,15 @@ SERVE_WITH_INTERPRETER = (
 
 
 @pytest.mark.parametrize("once", [True, False], ids=["once", "serving"])
-def test_workers_that_cannot_start_end_serve_with_one_line_and_status_1(tmp_path: Path, once: bool) -> None:
+@pytest.mark.parametrize("interpreter", ["not-executable", "exits-at-once"])
+def test_workers_that_cannot_start_end_serve_with_one_line_and_status_78(
+    tmp_path: Path, once: bool, interpreter: str
+) -> None:
+    """An interpreter this user cannot run is seen before anything starts; one that runs and dies at once (its
+    libraries unreadable, say) when multiprocessing's helpers it started (fork server, resource tracker) fail."""
     cannot_run = tmp_path / "python3"
-    cannot_run.write_text("#!/bin/sh\n")
-    cannot_run.chmod(0o644)  # not executable, by root either
+    cannot_run.write_text("#!/bin/sh\nexit 1\n")
+    cannot_run.chmod(0o644 if interpreter == "not-executable" else 0o755)  # 0644: not even root runs it
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
     outbox.mkdir()
@@ -35,9 +40,9 @@ def test_workers_that_cannot_start_end_serve_with_one_line_and_status_1(tmp_path
          "--outbox", str(outbox), "--backend", "cpu", *(["--once"] if once else [])],
         cwd=tmp_path, env=mmd_env(MMD_LOG_FORMAT="json"), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == ExitStatus.FAILED, done.stderr
+    assert done.returncode == ExitStatus.CONFIG, done.stderr  # an install to mend: the unit does not restart it
     assert "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
-    assert last.startswith("mmd serve: workers cannot start: "), last
-    assert f"it runs {cannot_run}, which this user must be able to run" in last
+    assert last.startswith("mmd serve: configuration: workers cannot start: "), last
+    assert f"their interpreter {cannot_run} " in last and "this user" in last
     assert (inbox / "m.txt").is_file(), "the job waits in the inbox for a daemon that can run it"

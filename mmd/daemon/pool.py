@@ -83,7 +83,7 @@ class WorkerHandle:
         return self.process.pid
 
     def start(self) -> None:
-        spawning.start(self.process)
+        self.process.start()
         assert self._child is not None
         self._child.close()  # the worker's end: ours closed, so that its death reads as EOF here
         self._child = None
@@ -221,8 +221,9 @@ class WorkerPool:
         self.handles = [self._handle(i, device, len(devices)) for i, device in enumerate(devices)]
 
     def _handle(self, index: int, device: int, count: int) -> WorkerHandle:
-        handle = WorkerHandle(self.ctx, self.spec_for(index, device, count), self.lock_fds())
-        handle.start()
+        with spawning.starting():
+            handle = WorkerHandle(self.ctx, self.spec_for(index, device, count), self.lock_fds())
+            handle.start()
         return handle
 
     def replace(self, index: int) -> WorkerHandle:
