@@ -396,7 +396,8 @@ def default_script_path(outbox: Path, now: _dt.datetime | None = None) -> Path:
 
 
 def finished_before(outbox: Path) -> dict[Path, Path]:
-    """Input → the output an earlier submission into ``outbox`` finished for it.
+    """Input → what an earlier submission into ``outbox`` finished for it: its output, or its error sidecar
+    where it was refused.
 
     Finished: its timing sidecar (committed after the output) or its error sidecar is
     there, and the input is no newer than that sidecar (a file changed since runs again).
@@ -410,10 +411,10 @@ def finished_before(outbox: Path) -> dict[Path, Path]:
             continue  # a submission being written, or not mmd's
         for raw_in, raw_out in pairs:
             job, out = Path(os.fsdecode(raw_in)), Path(os.fsdecode(raw_out))
-            for sidecar in (timing_path(out), error_path(out)):
+            for sidecar, shown in ((timing_path(out), out), (error_path(out), error_path(out))):
                 try:
                     if os.stat(job).st_mtime <= os.stat(sidecar).st_mtime:
-                        done[job] = out
+                        done[job] = shown
                 except OSError:
                     continue
     return done

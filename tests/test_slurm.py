@@ -365,6 +365,31 @@ def test_submit_passes_site_options_onto_the_scripts_sbatch_lines(tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+def test_resubmitting_names_the_file_that_shows_a_job_finished(tmp_path):
+    """A refused job finished with its error sidecar: that is the file named, not the output it never wrote."""
+    (tmp_path / "jobs").mkdir()
+    make_input(tmp_path / "jobs" / "good.txt", 4, 1)
+    (tmp_path / "jobs" / "bad.txt").write_text("2\n1 2 3\n")
+    mmd = f"{shlex.quote(sys.executable)} -m mmd"
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--backend", "cpu", "--mmd", mmd, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (script,) = (tmp_path / "out" / "slurm").glob("*/job.sbatch")
+    for task in (0, 1):  # as slurmd runs them
+        run_task(script, task, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "bad.error.yaml", "good.out", "good.timing.yaml", "slurm"
+    ]  # fmt: skip
+    r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--backend", "cpu", cwd=tmp_path)
+    assert r.returncode == 0 and "nothing to submit" in r.stdout, r.stderr
+    out = tmp_path / "out"
+    assert r.stderr.splitlines() == [
+        f"mmd submit: skipped 'bad.txt': finished already by an earlier submission: {out / 'bad.error.yaml'} (--redo "
+        "runs it again)",
+        f"mmd submit: skipped 'good.txt': finished already by an earlier submission: {out / 'good.out'} (--redo "
+        "runs it again)",
+    ]
+
+
 def test_submit_without_sbatch_is_one_line(tmp_path):
     (tmp_path / "jobs").mkdir()
     make_input(tmp_path / "jobs" / "m.txt", 4, 1)
