@@ -18,6 +18,8 @@ import ctypes
 import ctypes.util
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 # syncfs(2) is not in the os module; one libc call does what fsyncing every dirty file of a
@@ -116,6 +118,10 @@ class FileOps:
     def lstat(self, path: Path) -> os.stat_result:
         return os.lstat(path)
 
+    def scandir(self, path: Path) -> AbstractContextManager[Iterator[os.DirEntry[str]]]:
+        """The entries of folder ``path``, as ``os.scandir`` gives them (close it: a ``with`` block)."""
+        return os.scandir(path)
+
     def syncfs(self, folder: Path) -> None:
         """Write back and wait for every dirty page of the filesystem ``folder`` is on (OSError: a write failed)."""
         if _syncfs is None:
@@ -146,6 +152,7 @@ OPERATIONS: tuple[str, ...] = (
     "mkdir",
     "rmdir",
     "lstat",
+    "scandir",
     "syncfs",
 )
 

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmd import record
-from mmd.metrics import Metrics
+from mmd.fileops import FileOps
+from mmd.metrics import SCRAPE_DEADLINE_S, Metrics
 
 from .test_record import refusal, timing
 
@@ -96,3 +109,176 @@ def test_a_class_jobs_and_time_are_counted_by_submitter():
     assert got[("mmd_submitter_jobs_total", (("status", "error"), ("submitter", "alice")))] == 1
     assert got[("mmd_submitter_seconds_total", (("submitter", "alice"),))] > 0
     assert len([k for k in got if k[0] == "mmd_submitter_jobs_total"]) == 2
+
+
+# -- the endpoint (metrics_listen): what it answers, and to how many at once --
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int, timeout: float = 5.0) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout).read().decode()
+
+
+def test_the_endpoint_answers_no_series_by_submitter_which_the_file_holds(tmp_path):
+    """metrics_listen answers any account on the machine: who submits, how often and for how long is the
+    admin's to read (the file), not every student's."""
+    m = Metrics(tmp_path / "mmd.prom", 5.0)
+    m.job_ended(record.tally(dataclasses.replace(timing(), context=record.Context(submitter="alice"))))
+    port = _free_port()
+    m.listen("127.0.0.1", port)
+    try:
+        scraped = _scrape(port)
+    finally:
+        m.close()
+    assert "mmd_jobs_total" in scraped and "mmd_submitter" not in scraped and "alice" not in scraped
+    m.write(force=True)
+    kept = samples((tmp_path / "mmd.prom").read_bytes())
+    assert kept[("mmd_submitter_jobs_total", (("status", "ok"), ("submitter", "alice")))] == 1
+    assert kept[("mmd_jobs_total", (("kernel", "tiled"), ("status", "ok")))] == 1
+
+
+def test_the_endpoint_ends_a_connection_that_sends_its_request_a_byte_at_a_time():
+    """Each read has a timeout, and the whole connection a deadline: a byte every half second keeps no read
+    waiting long, and the connection still ends SCRAPE_DEADLINE_S after its accept."""
+    m = Metrics(None, 5.0)
+    host, port = m.listen("127.0.0.1", 0)
+    stop = threading.Event()
+    try:
+        with socket.create_connection((host, port), timeout=SCRAPE_DEADLINE_S + 5) as slow:
+            start = time.monotonic()
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+
+            def trickle() -> None:
+                for byte in b"X-Slow: " + b"a" * 100:
+                    if stop.wait(0.5):
+                        return
+                    with contextlib.suppress(OSError):
+                        slow.send(bytes([byte]))
+
+            threading.Thread(target=trickle, daemon=True).start()
+            try:
+                answer = slow.recv(4096)
+            except ConnectionResetError:
+                answer = b""
+            waited = time.monotonic() - start
+    finally:
+        stop.set()
+        m.close()
+    assert answer == b"" and SCRAPE_DEADLINE_S - 0.5 < waited < SCRAPE_DEADLINE_S + 1.5
+
+
+#: Runs ``python -m mmd serve`` with at most ``argv[1]`` descriptors (soft and hard limit), as a unit's LimitNOFILE.
+LIMITED = """
+import resource, runpy, sys
+n = int(sys.argv.pop(1))
+resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+sys.argv = ["mmd", "serve"]
+runpy.run_module("mmd", run_name="__main__")
+"""
+
+
+@pytest.mark.process
+def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_nor_keep_a_scrape_out(tmp_path):
+    """Issue 44: a student held idle connections to metrics_listen until the daemon had no descriptor left and
+    its main loop died (EMFILE). Here the daemon may have 256 and 400 connections are opened and held: the
+    endpoint keeps MAX_SCRAPES of them, each for SCRAPE_DEADLINE_S at most; a fresh scrape answers within that,
+    and the daemon serves a job meanwhile."""
+    import numpy as np
+
+    from mmd import textformat
+    from mmd.check import full as verify
+    from mmd.generate import input_chunks, random_matrix
+
+    from .conftest import LoggedProcess, mmd_env, wait_for
+
+    limit, port = 256, _free_port()
+    env = mmd_env(MMD_LOG_FORMAT="json", MMD_BACKEND="cpu", MMD_CREATE_FOLDERS="yes", MMD_QUIET_SECONDS="0.3",
+                  MMD_RESCAN_SECONDS="0.5", MMD_DEVICES="0", MMD_METRICS_LISTEN=f"127.0.0.1:{port}")  # fmt: skip
+    proc = LoggedProcess([sys.executable, "-c", LIMITED, str(limit)], tmp_path, tmp_path / "daemon.log", env)
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: '"serving"' in proc.logs(), 60, "the daemon")
+        for _ in range(400):
+            with contextlib.suppress(OSError):  # a connect the endpoint's backlog had no room for
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        start = time.monotonic()
+
+        def scraped() -> str:
+            with contextlib.suppress(OSError):
+                return _scrape(port, timeout=SCRAPE_DEADLINE_S + 1)
+            return ""
+
+        text = wait_for(scraped, SCRAPE_DEADLINE_S + 5, "a fresh scrape")
+        assert "\nmmd_up 1.0\n" in text and time.monotonic() - start < SCRAPE_DEADLINE_S + 2
+        rng = np.random.default_rng(5)
+        a, b = random_matrix(rng, 8, 8), random_matrix(rng, 8, 8)
+        (tmp_path / "m.src").write_bytes(b"".join(input_chunks(a, b, square=True)))
+        os.rename(tmp_path / "m.src", tmp_path / "inbox" / "m.txt")
+        wait_for(lambda: (tmp_path / "outbox" / "m.timing.yaml").exists(), 30, "the job, served meanwhile")
+        got = textformat.parse_output((tmp_path / "outbox" / "m.out").read_bytes())
+        assert verify.against_inputs(got, a, b).ok
+        assert proc.proc.poll() is None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 64
+    finally:
+        for s in held:
+            s.close()
+        proc.stop()
+    assert "Traceback" not in proc.logs() and "out of file descriptors" not in proc.logs()
+
+
+class OutOfDescriptors(FileOps):
+    """Listing ``folder`` fails with EMFILE ``left`` times more, in the process that made it (a daemon's main
+    process: its workers get a copy)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.main = os.getpid()
+        self.left = 0
+        self.hits = 0
+
+    def scandir(self, path: Path) -> AbstractContextManager[Iterator[os.DirEntry[str]]]:
+        if os.getpid() == self.main and Path(path) == self.folder and self.left:
+            self.left -= 1
+            self.hits += 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
+        return super().scandir(path)
+
+
+@pytest.mark.process
+def test_a_main_loop_out_of_descriptors_logs_pauses_and_serves_on(tmp_path):
+    """EMFILE in the main loop's rescan (the listing of the inbox) is logged and the loop taken up again after a
+    pause, never a traceback: the daemon serves the next job."""
+    from mmd import config, daemon, spool
+
+    from .conftest import wait_for
+
+    s = config.Settings(inbox=tmp_path / "inbox", outbox=tmp_path / "outbox", backend="cpu", devices=[0],
+                        quiet_seconds=0.05, rescan_seconds=0.05)  # fmt: skip
+    spool.Spool(s.inbox, s.outbox).prepare()
+    ops = OutOfDescriptors(s.inbox)
+    d = daemon.Daemon(s, ops=ops)
+    failures: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon")
+            ops.left = 3
+            wait_for(lambda: ops.hits == 3, 30, "three rescans out of descriptors")
+            (s.inbox / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
+            wait_for(lambda: (s.inbox / ".done" / "m.txt").exists(), 30, "the next job")
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            d.request_stop("test")
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    assert d.serve() == 0
+    driver.join(30)
+    if failures:
+        raise failures[0]
+    assert (s.outbox / "m.out").read_bytes() == b"2\n 19.00 22.00\n 43.00 50.00\n"

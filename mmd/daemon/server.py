@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import os
 import signal
@@ -86,6 +87,10 @@ from .observer import Watcher, make_observer
 from .pool import WorkerHandle, WorkerPool
 from .scheduler import Scheduler
 from .state import State
+
+#: Seconds the main loop pauses after a turn that found this process's descriptors used up (EMFILE, ENFILE),
+#: doubled while it happens again soon, up to FD_PAUSE_MAX_S: a listing or an open failed; nothing is lost.
+FD_PAUSE_S, FD_PAUSE_MAX_S = 0.5, 8.0
 
 
 class Daemon:
@@ -758,6 +763,24 @@ class Daemon:
         return next((c.name for c in self.spool.in_work() if c.job_id == job_id), None)
 
     def _loop(self, once: bool) -> int:
+        """:meth:`_turns` until it returns; a turn that found no descriptor left (EMFILE, ENFILE: this
+        process's limit or the system's, by whatever took them) is logged and taken up again after a pause,
+        never the daemon's end."""
+        pause, failed = 0.0, float("-inf")
+        while True:
+            try:
+                return self._turns(once)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                now = time.monotonic()
+                pause = min(pause * 2, FD_PAUSE_MAX_S) if now - failed < 2 * FD_PAUSE_MAX_S else FD_PAUSE_S
+                failed = now
+                self.log.error("out of file descriptors; serving again after a pause", reason=exc.strerror,
+                               pause_s=pause)  # fmt: skip
+                time.sleep(pause)
+
+    def _turns(self, once: bool) -> int:
         period = min(self.settings.quiet_seconds / 2, 0.1) if once else self.settings.rescan_seconds
         next_rescan = time.monotonic() + period
         while True:

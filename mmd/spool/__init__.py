@@ -231,7 +231,7 @@ class Spool:
     # -- scanning --
     def scan(self) -> list[Candidate]:
         """Job files waiting in the inbox, oldest first."""
-        return scan(self.inbox)
+        return scan(self.inbox, self._shared.ops.scandir)
 
     def stat(self, name: str) -> Candidate | None:
         """The inbox entry ``name`` if it is still there and not a folder."""
