@@ -113,6 +113,12 @@ class Settings:
     #: where `mmd status`, `mmd cancel` and `mmd rm` ask the daemon (an AF_UNIX socket any local user may
     #: reach; each is answered only about their own jobs); null: no socket
     control_socket: Path | None = None
+    #: connections one user may hold open to control_socket at once; one more is refused at once, so a student
+    #: holding idle ones holds up no one else (root and the service's own user: no cap)
+    control_connections_per_user: int = 8
+    #: requests a second one user's requests reach the daemon at: a burst of two seconds' worth at once, then
+    #: each waits its turn (root and the service's own user: no cap)
+    control_requests_per_s: float = 5.0
     # -- limits --
     max_memory_bytes: int | None = None  # None: the machine's physical memory
     max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)
@@ -384,6 +390,8 @@ def _validated(s: Settings, origin: str) -> Settings:
         "hook_timeout_s",
         "upload_max_age_s",
         "min_name_timeout_s",
+        "control_connections_per_user",
+        "control_requests_per_s",
     ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive")

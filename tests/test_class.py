@@ -595,3 +595,250 @@ def test_students_hostile_names_reach_a_serving_daemon_as_events_and_end_as_safe
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+
+
+# -- the control socket under attack: many clients at once, each user's share, cancel by the job it checked --
+
+#: A client that times its own request (connect to answer, in seconds), as a student's would run: the system's
+#: Python, a deadline of its own. Prints ``<seconds> <answer>``, or ``<seconds> ERROR <reason>``.
+TIMED_ASK = """
+import json, socket, sys, time
+t = time.monotonic()
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(sys.argv[1])
+    s.sendall(sys.argv[2].encode() + b"\\n")
+    line = s.makefile().readline().strip()
+    print(f"{time.monotonic() - t:.4f} {line}")
+except OSError as exc:
+    print(f"{time.monotonic() - t:.4f} ERROR {exc!r}")
+"""
+
+#: A student who holds ``N`` connections open without a word for ``S`` seconds, opening a new one whenever the
+#: daemon closes one. Prints how many connections it made and how many the daemon answered at once (refused).
+HOLDER = """
+import select, socket, sys, time
+path, n, end = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+held, made, refused = [], 0, 0
+while time.monotonic() < end:
+    while len(held) < n:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(0.2)
+        try:
+            s.connect(path)
+        except OSError:
+            s.close()
+            break
+        held.append((s, time.monotonic()))
+        made += 1
+    readable, _, _ = select.select([s for s, _ in held], [], [], 0.05)
+    for s in readable:
+        at = next(t for h, t in held if h is s)
+        if time.monotonic() - at < 1.0:
+            refused += 1  # answered before its request could have timed out: refused at once
+        held = [(h, t) for h, t in held if h is not s]
+        s.close()
+print(made, refused)
+"""
+
+#: A student who asks for their status back to back, on ``T`` connections at once, for ``S`` seconds. Prints
+#: how many answers came, and how many of them were refusals.
+HAMMER = """
+import json, socket, sys, threading, time
+path, threads, end = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+answers, refusals = [0], [0]
+def ask():
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(15)
+        try:
+            s.connect(path)
+            s.sendall(b'{"op": "status"}\\n')
+            line = s.makefile().readline()
+        except OSError:
+            continue
+        finally:
+            s.close()
+        if line and time.monotonic() < end:
+            answers[0] += 1
+            refusals[0] += not json.loads(line)["ok"]
+ts = [threading.Thread(target=ask) for _ in range(threads)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(answers[0], refusals[0])
+"""
+
+
+def timed_ask(who, sock, request: str) -> tuple[float, dict]:
+    """(seconds from connect to answer, the answer) of ``request`` asked by ``who``; fails on no answer."""
+    out = who.run('/usr/bin/python3 -c "$1" "$2" "$3"', TIMED_ASK, str(sock), request).stdout.split(" ", 1)
+    assert not out[1].startswith("ERROR"), f"{who.login}'s request got no answer after {out[0]} s: {out[1]}"
+    return float(out[0]), json.loads(out[1])
+
+
+def start_class_daemon(b: Box, setup: str = "workerhooks.chain", before: str | None = None, **env: str):
+    """``mmd serve`` of a class box with a control socket, as a process (its workers call ``setup`` first,
+    its main process ``before``); returns it and the socket once it listens."""
+    from . import workerhooks
+
+    sock = b.root / "mmd.sock"
+    full = {**os.environ, "MMD_INBOX": str(b.inbox), "MMD_OUTBOX": str(b.outbox), "MMD_STATE_DIR": str(b.state),
+            "MMD_CLASS_MODE": "true", "MMD_CONTROL_SOCKET": str(sock), "MMD_BACKEND": "cpu",
+            "MMD_QUIET_SECONDS": "0.05", "MMD_LOG_FORMAT": "json", **env}  # fmt: skip
+    with open(b.root / "daemon.log", "w") as log:
+        proc = subprocess.Popen(workerhooks.launcher(setup, before=before), env=full, stdout=log, stderr=log)
+    wait_for(lambda: sock.exists() or proc.poll() is not None, 60, "the control socket")
+    assert proc.poll() is None, (b.root / "daemon.log").read_text()[-3000:]
+    return proc, sock
+
+
+def stop_class_daemon(b: Box, proc) -> None:
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, (b.root / "daemon.log").read_text()[-3000:]
+
+
+def test_a_student_holding_idle_connections_silences_no_one_elses_status(box, students, grader):
+    """Mallory holds 40 connections to the control socket open without a word (more than the old listen
+    backlog of 16), opening a new one whenever one is closed: the socket serves many clients at once and caps
+    her at control_connections_per_user (the rest are refused at once), so the TA's and Alice's status answer
+    at once, every time."""
+    alice, mallory = students
+    proc, sock = start_class_daemon(box, MMD_CONTROL_CONNECTIONS_PER_USER="8")
+    try:
+        holder = subprocess.Popen(
+            ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env",
+             "/usr/bin/python3", "-c", HOLDER, str(sock), "40", "8"],
+            cwd="/tmp", stdout=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(1.0)  # her connections are open, and the first have not timed out yet
+        for _ in range(5):
+            for who in (grader, alice):
+                took, answer = timed_ask(who, sock, '{"op": "status"}')
+                assert answer["ok"] and answer["you"] == who.login, answer
+                assert took < 1.0, f"{who.login}'s status took {took} s"
+            time.sleep(0.4)
+        made, refused = map(int, holder.communicate(timeout=30)[0].split())
+        assert made > 40 and refused > 0, (made, refused)  # she tried for more, and was refused past her cap
+    finally:
+        stop_class_daemon(box, proc)
+
+
+def test_a_student_asking_back_to_back_is_rate_limited_and_slows_no_one_else(box, students, grader):
+    """Mallory asks for her status back to back on 4 connections at once for 3 s: the daemon serves her at
+    control_requests_per_s (a bucket of two seconds' worth, then one every 1/rate s; her requests wait their
+    turn, never refused), while Alice's status, asked meanwhile, answers at once every time."""
+    alice, mallory = students
+    proc, sock = start_class_daemon(box, MMD_CONTROL_REQUESTS_PER_S="5")
+    try:
+        hammer = subprocess.Popen(
+            ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env",
+             "/usr/bin/python3", "-c", HAMMER, str(sock), "4", "3"],
+            cwd="/tmp", stdout=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(0.5)
+        for _ in range(6):
+            took, answer = timed_ask(alice, sock, '{"op": "status"}')
+            assert answer["ok"] and took < 0.5, (took, answer)
+            time.sleep(0.3)
+        answered, refused = map(int, hammer.communicate(timeout=60)[0].split())
+        assert refused == 0, f"{refused} of her requests were refused, not delayed"
+        assert 10 <= answered <= 10 + 5 * 3 + 3, f"{answered} answers in 3 s at 5 a second (a bucket of 10)"
+        took, answer = timed_ask(grader, sock, '{"op": "status"}')
+        assert answer["ok"] and took < 0.5, (took, answer)
+    finally:
+        stop_class_daemon(box, proc)
+
+
+def test_a_students_status_costs_their_own_jobs_not_the_whole_queue(box, students):
+    """8,000 of Mallory's files wait in the queue (the workers are held): Alice's status shows her one job
+    with its place (after all of Mallory's, which came first) without sorting the queue or looking at its
+    files in the inbox, so it answers in milliseconds (it took the main loop 60 to 120 ms each on the 2-core VM)."""
+    from mmd.daemon.local import ask
+
+    alice, mallory = students
+    release = box.root / "release"
+    count = 8_000
+    text = small_input(30).encode()
+    for i in range(count):
+        path = box.inbox / f"m{i:05d}.txt"
+        path.write_bytes(text)
+        os.chown(path, mallory.uid, mallory.gid)
+        os.utime(path, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+    proc, sock = start_class_daemon(box, f"partial(workerhooks.hold_jobs_until, {str(release)!r})",
+                                    MMD_DEVICES="0", MMD_RESCAN_SECONDS="3600")  # fmt: skip
+    try:
+        wait_for(lambda: ask(sock, {"op": "status"})["queued_total"] == count - 16, 60, "mallory's files queued")
+        alice.drop(box.inbox, "mine.txt", small_input(31))
+        mine = wait_for(lambda: timed_ask(alice, sock, '{"op": "status"}')[1]["jobs"], 60, "alice's job queued")
+        assert [(j["file"], j["state"]) for j in mine] == [("mine.txt", "queued")]
+        assert mine[0]["position"] == count - 16 + 1  # the worker holds a group of 16 of Mallory's
+        took = min(timed_ask(alice, sock, '{"op": "status"}')[0] for _ in range(5))
+        assert took < 0.02, f"alice's status took {took * 1e3:.1f} ms with {count} files queued"
+    finally:
+        release.touch()
+        stop_class_daemon(box, proc)
+
+
+def test_a_cancel_whose_worker_moved_on_stops_nothing_of_anothers(box, students):
+    """Alice's a1 and Bob's b1 are one worker's group. Alice cancels a1 while it runs, and (made certain by
+    a hook of the main loop) the worker moves on to Bob's b1 between the desk's check and the stop: the stop
+    finds the worker on another job and does nothing to it. Bob's job ends well, and Alice's, finished, is
+    committed (max_attempts 1: a start charged for it would fail it)."""
+    alice, bob = students
+    armed, go, release = box.root / "armed", box.root / "go", box.root / "release"
+    alice.drop(box.inbox, "a1.txt", small_input(32))
+    bob.drop(box.inbox, "b1.txt", small_input(33))
+    for i, name in enumerate(("a1.txt", "b1.txt")):
+        os.utime(box.inbox / name, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+    holds = (f"partial(workerhooks.chain, partial(workerhooks.hold_jobs_until, {str(go)!r}, ('a1.txt',)), "
+             f"partial(workerhooks.hold_jobs_until, {str(release)!r}, ('b1.txt',)))")  # fmt: skip
+    proc, sock = start_class_daemon(
+        box, holds, before=f"partial(workerhooks.move_on_after_the_desk_looks, {str(armed)!r}, {str(go)!r})",
+        MMD_DEVICES="0", MMD_MAX_ATTEMPTS="1",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: [j["state"] for j in asks(alice, sock, '{"op": "status"}')["jobs"]] == ["running"], 30,
+                 "a1 running")  # fmt: skip
+        armed.touch()
+        answer = asks(alice, sock, '{"op": "cancel", "file": "a1.txt"}')
+        assert go.exists()
+        assert answer["ok"] is False and "finished" in answer["error"], answer
+        release.touch()
+        wait_for(lambda: (box.outbox / bob.login / "b1.timing.yaml").exists(), 30, "bob's job")
+        wait_for(lambda: (box.outbox / alice.login / "a1.timing.yaml").exists(), 30, "alice's job")
+        assert not (box.outbox / bob.login / "b1.error.yaml").exists()
+        assert yaml.safe_load((box.outbox / bob.login / "b1.timing.yaml").read_text())["status"] == "ok"
+        assert not (box.outbox / alice.login / "a1.error.yaml").exists()
+    finally:
+        release.touch()
+        stop_class_daemon(box, proc)
+
+
+def test_a_cancel_errs_only_its_job_and_charges_its_batch_mates_nothing(box, students):
+    """One worker's group: Alice's a1 (done, waiting for the group's commit), her a2 (running) and Bob's b1
+    (not begun). Alice cancels a2: its worker is ended, a2 gets its cancelled sidecar, and a1 and b1 go back
+    to the queue without a start charged (max_attempts 1: one charged start would fail them as crashed)."""
+    alice, bob = students
+    release = box.root / "release"
+    alice.drop(box.inbox, "a1.txt", small_input(34))
+    alice.drop(box.inbox, "a2.txt", small_input(35))
+    bob.drop(box.inbox, "b1.txt", small_input(36))
+    for i, name in enumerate(("a1.txt", "a2.txt", "b1.txt")):
+        os.utime(box.inbox / name, ns=(10**18 + i * 10**6, 10**18 + i * 10**6))
+    proc, sock = start_class_daemon(box, f"partial(workerhooks.hold_jobs_until, {str(release)!r}, ('a2.txt',))",
+                                    MMD_DEVICES="0", MMD_MAX_ATTEMPTS="1")  # fmt: skip
+    try:
+        wait_for(lambda: ("a2.txt", "running") in [(j["file"], j["state"]) for j in
+                 asks(alice, sock, '{"op": "status"}')["jobs"]], 30, "a2 running")  # fmt: skip
+        answer = asks(alice, sock, '{"op": "cancel", "file": "a2.txt"}')
+        assert answer["ok"] and answer["was"] == "running", answer
+        for who, stem in ((alice, "a1"), (bob, "b1")):
+            wait_for(lambda w=who, s=stem: any((box.outbox / w.login / f"{s}.{k}.yaml").exists()
+                                               for k in ("timing", "error")), 30, stem)  # fmt: skip
+            refused = box.outbox / who.login / f"{stem}.error.yaml"
+            assert not refused.exists(), refused.read_text()
+            assert yaml.safe_load((box.outbox / who.login / f"{stem}.timing.yaml").read_text())["status"] == "ok"
+        error = yaml.safe_load((box.outbox / alice.login / "a2.error.yaml").read_text())["error"]
+        assert error["kind"] == "cancelled" and alice.login in error["reason"]
+    finally:
+        release.touch()
+        stop_class_daemon(box, proc)

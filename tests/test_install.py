@@ -371,7 +371,7 @@ def test_the_docs_show_the_dry_runs_real_output(tmp_path: Path, names: Names) ->
     if subprocess.run(["getent", "group", "video"], capture_output=True).returncode != 0:
         shown = shown.replace("usermod -aG video mmd\n", "")  # a host without the group video
     made = docs_dry_run(tmp_path, names)
-    assert "pip install -q 'pycuda>=2024.1'" in made, "nvcc found: the cuda extra"
+    assert "/src/constraints.txt 'pycuda>=2024.1'\n" in made, "nvcc found: the cuda extra, at the lock's version"
     assert shown == made
 
 

@@ -247,7 +247,7 @@ class Rig:
         self.spool = spool.Spool(self.inbox, self.outbox, ops=self.ops)
         self.spool.prepare()
         self.events: list[Any] = []
-        self.runner = Runner(self.settings, self.spool, self.events.append, Control(multiprocessing.RawArray("d", 6)))
+        self.runner = Runner(self.settings, self.spool, self.events.append, Control.new(multiprocessing))
         self.seq = 0
         resumed = self.spool.resumable()
         self.spool.sweep_reservations(resumed)
@@ -690,7 +690,7 @@ class Told(Rig):
         def report(event: Any) -> None:
             self.told.append((event, sorted(p.name for p in self.outbox.glob("*.yaml"))))
 
-        self.runner = Runner(self.settings, self.spool, report, Control(multiprocessing.RawArray("d", 6)))
+        self.runner = Runner(self.settings, self.spool, report, Control.new(multiprocessing))
 
     def take(self, name: str) -> tuple[bool, Watch]:
         self.seq += 1

@@ -250,15 +250,43 @@ def jumpy_wall_clock(seconds: float = 3600.0) -> None:
     time.time = jumpy  # type: ignore[assignment]
 
 
+def move_on_after_the_desk_looks(armed: str, go: str) -> None:
+    """In the daemon's main process: once ``armed`` exists, the next time the desk has listed the jobs (a
+    cancel's check), ``go`` is made and the main loop waits, before it goes on, until a worker that ran a job
+    at the listing runs another one (its control block shows another order): the race between a cancel's
+    check and its stop, made certain. Pair it with a worker hook that holds the checked job until ``go``."""
+    from mmd.daemon import desk
+
+    real = desk.Desk.jobs
+
+    def running(self: Any) -> dict[int, int]:
+        return {w.index: r.seq for w in self.workers.handles if (r := w.control.running()) is not None}
+
+    def jobs(self: Any, *args: Any, **kw: Any) -> Any:
+        found = real(self, *args, **kw)
+        if os.path.exists(armed) and not os.path.exists(go):
+            before = running(self)
+            Path(go).touch()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if any(running(self).get(i) not in (None, seq) for i, seq in before.items()):
+                    break
+                time.sleep(0.002)
+        return found
+
+    desk.Desk.jobs = jobs  # type: ignore[method-assign]
+
+
 def chain(*setups: Any) -> None:
     """Several setups in one worker, in the order given (each wraps what the ones before installed)."""
     for setup in setups:
         setup()
 
 
-def launcher(setup: str, *argv: str) -> list[str]:
+def launcher(setup: str, *argv: str, before: str | None = None) -> list[str]:
     """``python -c`` argv for ``mmd serve`` (or ``argv``) whose workers call ``setup`` first: ``setup`` is a
-    Python expression for the function, evaluated after ``from tests import workerhooks`` and ``partial``."""
+    Python expression for the function, evaluated after ``from tests import workerhooks`` and ``partial``;
+    ``before``: an expression called in the daemon's own process before it starts (a hook of the main loop)."""
     script = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
@@ -270,6 +298,7 @@ real = server.Daemon.__init__
 def init(self, *args, **kw):
     real(self, *args, worker_setup={setup}, **kw)
 server.Daemon.__init__ = init
+{f"({before})()" if before else ""}
 sys.exit(main(sys.argv[1:]))
 """
     import sys
@@ -289,6 +318,7 @@ __all__ = [
     "log_jobs",
     "log_watches",
     "meet",
+    "move_on_after_the_desk_looks",
     "partial",
     "raise_in_job",
     "slow_start",

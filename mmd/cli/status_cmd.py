@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Show whether a daemon serves the inbox, what it is doing and what it did last. A user who "
         "cannot read the daemon's state_dir (a class's student) asks its control_socket instead and is shown "
         "their own jobs, with their places in the queue. Exit status: 0 a daemon serves the inbox, 3 none "
-        "does, 2 bad usage or an inbox that is missing or not a folder.",
+        "does, 1 the daemon refused the request (too many of yours at once), 2 bad usage or an inbox that is "
+        "missing or not a folder.",
     )
     add_config_option(p, service=True)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         except NotServing as exc:
             print(f"mmd status: {exc}", file=sys.stderr)
             return ExitStatus.NOT_SERVING
+        if not answer.get("ok"):  # too many of the user's own requests at once, or a daemon too busy to answer
+            print(f"mmd status: {answer.get('error', 'refused')}", file=sys.stderr)
+            return ExitStatus.FAILED
         print(json.dumps(answer, indent=1) if args.json else render_mine(answer))
         return ExitStatus.OK
     from ..daemon import status_of  # only for this command

@@ -4,8 +4,10 @@ A job is its submitter's: the owner of its input file (:mod:`mmd.submitters`).
 The asker sees and cancels their own jobs and removes their own outputs;
 root, the service's own user and members of ``graders_group`` see every
 job and may cancel any. Runs on the main loop (it reads the queue and the
-workers as they are); the stopping itself is the server's
-(:class:`Stops`), as for a job past its time limit.
+workers as they are), so a student's request costs their own jobs and the
+jobs in hand, never the whole queue nor a look at the inbox's files; the
+stopping itself is the server's (:class:`Stops`), as for a job past its
+time limit, and lands only on the job that was checked.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ from ..errors import JobCancelled, MmdError
 from ..record import ERROR_SUFFIX, TIMING_SUFFIX
 from ..spool import CLAIM_SUFFIX, OUTPUT_SUFFIX, Claim, Spool, shown
 from ..submitters import login_of
-from .control import Running
 from .messages import Asked, Resume, Run
 from .pool import WorkerPool
 from .scheduler import Scheduler
+
+#: The most queued jobs a status for everyone (root, mmd, a grader) lists; the rest are counted.
+SHOWN_QUEUE = 1000
 
 
 class Stops(Protocol):
     """The server's ways to end a job that a request cancels."""
 
-    def stop_running(self, worker: int, running: Running, error: MmdError) -> None:
-        """End worker ``worker`` (its job ``running`` gets ``error``'s sidecar), as for a time limit."""
+    def stop_running(self, worker: int, seq: int, error: MmdError) -> bool:
+        """End worker ``worker`` for its job ``seq`` (which gets ``error``'s sidecar), as for a time limit;
+        False, and nothing done, when the worker no longer runs that job."""
 
     def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None) -> None:
         """Give a claimed job that no worker has its error sidecar, and archive it."""
@@ -45,10 +50,11 @@ class Job:
 
     state: str  # queued | starting | running
     file: str
-    owner: int | None
+    submitter: str | None  # a login (None: not known)
     job: str | None = None
     position: int | None = None  # in the queue, 1 = next
-    worker: int | None = None
+    worker: int | None = None  # the index of its worker in the pool
+    seq: int | None = None  # its order's number there (a running job's identity)
     since: float | None = None  # monotonic, when it started running
     phase: str | None = None
     claimed: bool = False  # in the state folder's .work (else still a file in the inbox)
@@ -62,8 +68,8 @@ class Job:
         if self.since is not None:
             out["running_s"] = round(time.monotonic() - self.since, 3)
             out["phase"] = self.phase
-        if self.owner is not None:
-            out["submitter"] = login_of(self.owner)
+        if self.submitter is not None:
+            out["submitter"] = self.submitter
         return out
 
 
@@ -103,49 +109,51 @@ class Desk:
         return bool(self.graders & set(os.getgrouplist(entry.pw_name, entry.pw_gid)))
 
     # -- the jobs --
-    def jobs(self) -> list[Job]:
-        """Every job the daemon holds: running and handed to workers first, then the queue in its order."""
+    def jobs(self, submitter: str | None, *, everyone: bool = False, limit: int | None = None) -> list[Job]:
+        """``submitter``'s jobs (``everyone``: every job, the queue's first ``limit``), running and handed to
+        workers first, then the queue in its order. A submitter's cost their own jobs and the jobs in hand,
+        never the whole queue: the queue's items and the workers' orders say whose each is, and no file is
+        looked at (but the one a watch took, while it runs untold, on an idle daemon)."""
         out: list[Job] = []
-        claims = {c.job_id: c for c in self.spool.in_work()}
-        for w in self.workers.handles:
+        for index, w in enumerate(self.workers.handles):
             running = w.control.running()
+            owner = login_of(running.owner) if running is not None and running.owner is not None else None
             # A job taken on a watch and not told yet (a small job tells at its end): found by the watch's job id.
             job_id = w.taken_on_watch()
-            taken = claims.get(job_id) if job_id is not None else None
-            if taken is not None and running is not None:
-                out.append(Job("running", taken.name, taken.owner, taken.job_id, worker=w.index, since=running.started,
-                               phase=running.phase, claimed=True))  # fmt: skip
+            if job_id is not None and running is not None and (everyone or owner == submitter):
+                taken = next((c for c in self.spool.in_work() if c.job_id == job_id), None)
+                if taken is not None:
+                    out.append(Job("running", taken.name, owner, job_id, worker=index, seq=running.seq,
+                                   since=running.started, phase=running.phase, claimed=True))  # fmt: skip
             for seq, order in w.in_hand.items():
-                job_id = order.job_id if isinstance(order, Run) else order.claim.job_id
-                name = order.name if isinstance(order, Run) else order.claim.name
-                claim = claims.get(job_id)
-                owner = claim.owner if claim is not None else self._inbox_owner(name)
-                if running is not None and running.seq == seq:
-                    out.append(Job("running", name, owner, job_id, worker=w.index, since=running.started,
-                                   phase=running.phase, claimed=True))  # fmt: skip
+                if isinstance(order, Run):
+                    name, job_id, whose = order.name, order.job_id, w.submitters.get(seq)
                 else:
-                    out.append(Job("starting", name, owner, job_id, worker=w.index, claimed=isinstance(order, Resume)))
-        for position, item in enumerate(self.scheduler.queued(time.monotonic()), 1):
-            owner = item.claim.owner if item.claim is not None else self._inbox_owner(item.name)
+                    name, job_id, whose = order.claim.name, order.claim.job_id, order.claim.submitter
+                if running is not None and running.seq == seq:
+                    whose = owner if running.owner is not None else whose
+                    if everyone or whose == submitter:
+                        out.append(Job("running", name, whose, job_id, worker=index, seq=seq, since=running.started,
+                                       phase=running.phase, claimed=True))  # fmt: skip
+                elif everyone or whose == submitter:
+                    out.append(Job("starting", name, whose, job_id, worker=index, claimed=isinstance(order, Resume)))
+        now = time.monotonic()
+        queued = enumerate(self.scheduler.queued(now, limit), 1) if everyone else self.scheduler.places(submitter, now)
+        for position, item in queued:
             claimed = item.claim.job_id if item.claim is not None else None
-            out.append(Job("queued", item.name, owner, claimed, position=position, claimed=item.claim is not None))
+            out.append(Job("queued", item.name, item.submitter, claimed, position=position,
+                           claimed=item.claim is not None))  # fmt: skip
         return out
 
-    def _inbox_owner(self, name: str) -> int | None:
-        try:
-            return os.lstat(self.spool.inbox / name).st_uid
-        except OSError:
-            return None
-
     def _status(self, uid: int) -> dict[str, Any]:
-        every = self.jobs()
-        shown_jobs = every if self.sees_all(uid) else [j for j in every if j.owner == uid]
+        you, everyone = login_of(uid), self.sees_all(uid)
+        shown_jobs = self.jobs(you, everyone=everyone, limit=SHOWN_QUEUE if everyone else None)
         return {
             "ok": True,
             "serving": True,
-            "you": login_of(uid),
+            "you": you,
             "jobs": [j.shown() for j in shown_jobs],
-            "queued_total": sum(1 for j in every if j.state == "queued"),
+            "queued_total": self.scheduler.waiting,
         }
 
     def _cancel(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:
@@ -153,23 +161,23 @@ class Desk:
         wanted = request.get(key)
         if not isinstance(wanted, str) or not wanted:
             return _no('cancel needs "job" (a job id) or "file" (a name in the inbox)')
-        matches = [j for j in self.jobs() if (j.job if key == "job" else j.file) == wanted]
+        you, everyone = login_of(uid), self.sees_all(uid)
+        mine = _no(f"no job of yours is {shown(wanted)} (finished already, or not yours)")
+        matches = [j for j in self.jobs(you, everyone=everyone) if (j.job if key == "job" else j.file) == wanted]
         if not matches:
-            return _no(f"no job of yours is {shown(wanted)} (finished already, or not yours)")
+            return mine
         job = matches[0]
-        if job.owner != uid and not self.sees_all(uid):
-            return _no(f"no job of yours is {shown(wanted)} (finished already, or not yours)")
-        who = "its submitter" if job.owner == uid else "a grader or the admin"
-        error = JobCancelled(f"cancelled by {who} ({login_of(uid)})", {"by": login_of(uid)})
-        if job.state == "running" and job.worker is not None:
-            handle = next(w for w in self.workers.handles if w.index == job.worker)
-            running = handle.control.running()
-            if running is not None:
-                self.stops.stop_running(self.workers.handles.index(handle), running, error)
+        who = "its submitter" if job.submitter == you else "a grader or the admin"
+        error = JobCancelled(f"cancelled by {who} ({you})", {"by": you})
+        if job.state == "running" and job.worker is not None and job.seq is not None:
+            # Stopped only if its worker still runs this very job: between the listing and the stop it may have
+            # moved on to the next of its group (another student's, say), which is left alone.
+            if self.stops.stop_running(job.worker, job.seq, error):
                 return {"ok": True, "cancelled": shown(job.file), "job": job.job, "was": "running"}
+            return _no(f"{shown(job.file)} has finished; nothing was stopped")
         again = _no(f"{shown(job.file)} is starting; cancel it again in a moment")
         if job.claimed:  # a job taken back from .work: refused, as a stopped one is, unless a worker has it
-            item = self.scheduler.cancel(job.file) if job.state == "queued" else None
+            item = self.scheduler.cancel(job.file, job.submitter) if job.state == "queued" else None
             if item is None or item.claim is None:
                 return again
             self.stops.refuse_claimed(item.claim, error, None)
@@ -177,13 +185,13 @@ class Desk:
         # Still a file in the inbox (queued here, or handed to a worker that has not claimed it yet): claimed here
         # and refused, so its worker finds nothing to claim. Its owner is judged again once it is ours: a file
         # put in its place meanwhile by someone else is not theirs to cancel, and runs.
-        self.scheduler.cancel(job.file)
+        self.scheduler.cancel(job.file, job.submitter)
         claim = self.spool.claim(job.file)
         if claim is None:
             return again
-        if claim.owner != uid and not self.sees_all(uid):
+        if claim.owner != uid and not everyone:
             self.scheduler.resume([claim])
-            return _no(f"no job of yours is {shown(wanted)} (finished already, or not yours)")
+            return mine
         self.stops.refuse_claimed(claim, error, None)
         return {"ok": True, "cancelled": shown(job.file), "job": claim.job_id, "was": "queued"}
 

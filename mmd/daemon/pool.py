@@ -27,7 +27,7 @@ from ..record import now_iso
 from ..spool import shown
 from . import worker
 from .common import HEARTBEAT, STOP_GRACE_S
-from .control import Control
+from .control import Control, Running
 from .messages import (
     Ended,
     Event,
@@ -46,6 +46,10 @@ from .messages import (
 )
 from .scheduler import Load
 
+#: How long a stop waits for a worker's control block (held by the worker for a few writes at a job's start
+#: and end; a worker killed while it held it never gives it back).
+FREEZE_S = 1.0
+
 
 class WorkerHandle:
     """One worker process, as the main process holds it."""
@@ -63,6 +67,9 @@ class WorkerHandle:
         self.in_hand: dict[int, Run | Resume] = {}
         #: Of those, how many are small (a big one in hand means no more are given).
         self.small: set[int] = set()
+        #: Who submitted each job in hand, as the scheduler knew it when it gave the job (a login; None: not
+        #: known): a status shows a submitter's jobs without looking at their files.
+        self.submitters: dict[int, str | None] = {}
         #: The watch it is on (:class:`~.messages.Watch`) until it answers; not a job in hand until it takes one.
         self.watching: Watch | None = None
         self._stop_asked = False
@@ -148,6 +155,7 @@ class WorkerHandle:
             elif isinstance(event, (Ended, NotRun, Kept)):
                 order = self.in_hand.pop(event.seq, None)
                 self.small.discard(event.seq)
+                self.submitters.pop(event.seq, None)
             elif isinstance(event, Ready):
                 self.ready = event
             elif isinstance(event, StartFailed):
@@ -168,6 +176,17 @@ class WorkerHandle:
         if self.process.is_alive():
             _signal(self.process.pid, signal.SIGKILL)
         self.process.join()
+
+    def stop_job(self, seq: int, grace: float) -> Running | None:
+        """End the process for its job ``seq`` (as :meth:`stop` does) if it runs that job now; else do nothing
+        and return None. The check and the signal are made with its control block frozen (the worker
+        cannot move on in between), so the signal never lands on another job."""
+        with self.control.frozen(FREEZE_S) as running:
+            if running is None or running.seq != seq or self.process.pid is None:
+                return None
+            _signal(self.process.pid, signal.SIGTERM)  # default action: the worker dies without running on
+        self.stop(grace)
+        return running
 
     def join(self, timeout: float | None = None) -> None:
         self.process.join(timeout)
@@ -264,9 +283,10 @@ class WorkerPool:
             return None
         return next((w for w in self.handles if w.ready is not None), None)
 
-    def give(self, index: int, order: Run | Resume, small: bool) -> None:
+    def give(self, index: int, order: Run | Resume, small: bool, submitter: str | None) -> None:
         w = self.handles[index]
         w.send(order)
+        w.submitters[order.seq] = submitter
         if small:
             w.small.add(order.seq)
 

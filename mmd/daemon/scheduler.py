@@ -34,6 +34,8 @@ under the same name), it is looked at again when it ends (:meth:`ended`).
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterable
@@ -220,21 +222,42 @@ class Scheduler:
             self._again.discard(item.name)
         return dropped
 
-    def queued(self, now: float = 0.0) -> list[Item]:
+    def queued(self, now: float = 0.0, limit: int | None = None) -> list[Item]:
         """The jobs not yet given to a worker, in about the order they will be (resumes first, then by the
-        submitters' shares as they stand)."""
-        names = sorted(
-            (item for queue in self._names.values() for item in queue),
-            key=lambda item: self._share_key(item, now),
-        )
-        return [*self._resumes, *names]
+        submitters' shares as they stand); ``limit``: the first so many only (each submitter's queue is in
+        order already: merged, never sorted whole)."""
+        names = heapq.merge(*(q for q in self._names.values() if q), key=lambda item: self._share_key(item, now))
+        return list(itertools.islice(itertools.chain(self._resumes, names), limit))
 
-    def cancel(self, name: str) -> Item | None:
-        """Take the waiting job ``name`` out of the queue (it will not be given to a worker); None when it is
-        not waiting (in hand, or unknown)."""
-        for queue in (self._resumes, *self._names.values()):
+    def places(self, submitter: str | None, now: float = 0.0) -> list[tuple[int, Item]]:
+        """``submitter``'s jobs not yet given to a worker, each with its place in :meth:`queued`'s order (1:
+        next), at the cost of their own jobs and the number of submitters, never of the whole queue: what a
+        student's status costs."""
+        out = [(place, item) for place, item in enumerate(self._resumes, 1) if item.submitter == submitter]
+        mine = self._names.get(submitter)
+        if not mine:
+            return out
+        use = self.usage.of(submitter, now)
+        ahead = len(self._resumes)
+        tied: list[deque[Item]] = []  # submitters whose use equals theirs: their names go by arrival
+        for other, queue in self._names.items():
+            if other != submitter and queue:
+                theirs = self.usage.of(other, now)
+                if theirs < use:
+                    ahead += len(queue)
+                elif theirs == use:
+                    tied.append(queue)
+        for index, item in enumerate(mine):
+            earlier = sum(bisect.bisect_left(queue, item.seq, key=lambda i: i.seq) for queue in tied)
+            out.append((ahead + earlier + index + 1, item))
+        return out
+
+    def cancel(self, name: str, submitter: str | None) -> Item | None:
+        """Take ``submitter``'s waiting job ``name`` out of the queue (it will not be given to a worker); None
+        when it is not waiting (in hand, or unknown). Looks at the resumes and that submitter's names only."""
+        for queue in (self._resumes, self._names.get(submitter, deque())):
             for item in queue:
-                if item.name == name:
+                if item.name == name and item.submitter == submitter:
                     queue.remove(item)
                     self._held.discard(name)
                     self._again.discard(name)

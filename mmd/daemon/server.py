@@ -57,7 +57,7 @@ from . import common
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
 from .control import Running
 from .desk import Desk
-from .local import LocalSocket
+from .local import Limits, LocalSocket
 from .lock import SpoolLock, lock_holder
 from .mailbox import Mailbox, Waits
 from .messages import (
@@ -264,7 +264,7 @@ class Daemon:
             else:
                 order = Run(seq, item.name, new_id())
                 self.spool.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
-            self.workers.give(index, order, item.small)
+            self.workers.give(index, order, item.small, item.submitter)
         self.state.update(queue=self.scheduler.waiting)
 
     def _watch(self) -> None:
@@ -362,29 +362,31 @@ class Daemon:
                 raise SpoolError(f"worker {w.index} exited while starting (exit status {w.process.exitcode})")
             running = w.control.running()
             if running is not None and running.overdue(now) and w.alive():
-                self.log.error(
-                    "stopping a job past its time limit", worker=w.index, limit_s=running.limit_s, phase=running.phase
-                )
                 limit, phase = running.limit_s, running.phase
                 error = JobTimeout(
                     f"the job ran past its time limit of {limit:g} s (in {phase}) and was stopped",
                     {"limit_s": limit, "phase": phase},
                 )
-                self.stop_running(i, running, error)
+                if self.stop_running(i, running.seq, error):  # unless it ended meanwhile
+                    self.log.error("stopped a job past its time limit", worker=w.index, limit_s=limit, phase=phase)
             elif not w.alive() and w.failed is None and self._stopping is None:
                 self.log.error("a worker died", worker=w.index, exitcode=w.process.exitcode, jobs=len(w.in_hand))
                 self._recover(i, running, None)
 
-    def stop_running(self, worker: int, running: Running, error: MmdError) -> None:
-        """End a worker for its job ``running`` (past its limit, or cancelled): the job gets ``error``'s
-        sidecar, the others it had claimed resume, and a fresh worker takes its place."""
-        self.workers.handles[worker].stop(STOP_GRACE_S)
+    def stop_running(self, worker: int, seq: int, error: MmdError) -> bool:
+        """End a worker for its job ``seq`` (past its limit, or cancelled), if it runs that job now: the job gets
+        ``error``'s sidecar, the others it held go back to the queue with no start charged, and a fresh worker
+        takes its place. False, and nothing done, when the worker has moved on (the job ended meanwhile)."""
+        running = self.workers.handles[worker].stop_job(seq, STOP_GRACE_S)
+        if running is None:
+            return False
         self._recover(worker, running, error)
+        return True
 
     def _recover(self, i: int, running: Running | None, stopped: MmdError | None) -> None:
         """A worker is gone: read what it said last, refuse the job it was ended for (``stopped``: why), resume
-        the jobs it had claimed (counted as a start each, as after a crash), give back the names it had not,
-        replace it."""
+        the jobs it had claimed (each counted as a start, as after a crash, unless it was ended for another
+        job: then those its group had run are excused), give back the names it had not, replace it."""
         w = self.workers.handles[i]
         w.join()
         for event, order in w.events():
@@ -413,6 +415,8 @@ class Daemon:
                         os.unlink(claim.output)
                 self.refuse_claimed(claim, stopped, w.device, (time.monotonic() - running.started) * 1e3)
             else:
+                if stopped is not None and running is not None and order.seq < running.seq:
+                    self._excuse(claim)  # run before the stopped job, its group's commit pending: not its fault
                 resume.append(claim)
         for claim in resume:
             self.scheduler.ended(claim.name)
@@ -423,6 +427,15 @@ class Daemon:
         self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
         if not self.workers.watch_open():
             self._release()
+
+    def _excuse(self, claim: Claim) -> None:
+        """``claim``'s start ended through no fault of its own (its worker was ended for another job): not
+        counted toward ``max_attempts``."""
+        try:
+            self.spool.excuse(claim)
+        except SpoolError as exc:  # then its start counts as a crashed one
+            self.log.warning("cannot record that a job's start was not its fault", job=claim.job_id,
+                             file=shown(claim.name), reason=exc.reason)  # fmt: skip
 
     def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None, overall_ms: float = 0.0) -> None:
         """A claimed job no worker holds (its worker ended for it, or cancelled in the queue): its error
@@ -595,6 +608,8 @@ class Daemon:
         reopen = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
+        if self._local is not None:
+            self._local.limits = Limits.of(new)
         self.workers.broadcast(Configure(new, reopen))
         if reopen:  # until a worker opens the new backend; otherwise the workers keep the ones they opened
             self.state.update(backend=new.backend)
@@ -642,7 +657,8 @@ class Daemon:
                     self.settings.observer, self.spool.inbox, self.mailbox.post, self.settings.poll_seconds, self.log
                 )
                 if self.settings.control_socket is not None:
-                    self._local = LocalSocket(self.settings.control_socket, self.mailbox.post, self.log)
+                    self._local = LocalSocket(self.settings.control_socket, self.mailbox.post, self.log,
+                                              Limits.of(self.settings))  # fmt: skip
                     self._local.start()
                 if self.settings.metrics_listen is not None:
                     host, port = listen_address(self.settings.metrics_listen)

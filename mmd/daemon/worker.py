@@ -234,7 +234,7 @@ class Runner:
         """Run a claimed job, timed against its limit from here."""
         if claim.original is not None:
             self._log(claim).info("claimed under a safe name", original=shown(claim.original))
-        self.control.begin(seq, self.settings.job_timeout_s)
+        self.control.begin(seq, self.settings.job_timeout_s, claim.owner)
         try:
             self._run(seq, claim, more_waiting)
         finally:

@@ -315,6 +315,10 @@ class Spool:
         """Keep ``claim`` in ``.work``, its reservation kept, to be taken back after a pause; record why."""
         return self._attempts.hold(claim, reason, output_failed=output_failed)
 
+    def excuse(self, claim: Claim) -> Attempts:
+        """Record that ``claim``'s last start ended through no fault of its own (not counted as a crash)."""
+        return self._attempts.excuse(claim)
+
     def discard_outputs(self, claim: Claim) -> list[str]:
         """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be."""
         return self._attempts.discard_outputs(claim)

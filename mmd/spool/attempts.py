@@ -7,8 +7,10 @@ reservation, left for :meth:`mmd.spool.Spool.take_back`, and the hold and its
 reason are recorded beside it (:data:`~mmd.spool.names.ATTEMPTS_NAME`,
 :class:`Attempts`), with every start after the first
 (:meth:`AttemptLog.attempt`): what the daemon's limits on crashing and on
-failing jobs count. :func:`held_jobs` reads the records back for `mmd
-status`, with no daemon needed.
+failing jobs count. A start cut short when the job's worker was ended for
+another job is excused (:meth:`AttemptLog.excuse`): not the job's fault.
+:func:`held_jobs` reads the records back for `mmd status`, with no daemon
+needed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Attempts:
 
     #: :meth:`AttemptLog.attempt` calls: how often the job was started (or resumed).
     starts: int = 0
-    #: Of those starts, how many ended cleanly in a hold (not in a crash).
+    #: Of those starts, how many ended cleanly: in a hold, or excused (its worker was ended for another job).
     settled: int = 0
     #: How often the job was held (the outbox refused what it had to write).
     holds: int = 0
@@ -52,7 +54,8 @@ class Attempts:
 
     @property
     def unfinished(self) -> int:
-        """Starts that did not end in a hold: the job crashed the process that ran it (or is running now)."""
+        """Starts that did not end cleanly (in a hold, or excused): the job crashed the process that ran it (or
+        is running now)."""
         return self.starts - self.settled
 
 
@@ -125,6 +128,17 @@ class AttemptLog:
             held_since=now.held_since or record.now_iso(),
         )
         self.hand.leave(claim)
+        self._write_attempts(claim, new)
+        return new
+
+    def excuse(self, claim: Claim) -> Attempts:
+        """Record that ``claim``'s last start ended through no fault of its own, durably: its worker was ended
+        to stop another job (a cancel, a time limit) after this one had run, its group's commit pending. That
+        start counts as settled, as a hold's does; the job's earlier crashes still count. Raises SpoolError
+        when it cannot be written (the start then counts as a crash)."""
+        now = self.attempts(claim)
+        starts = max(now.starts, 1)  # a first start is not written (see attempt)
+        new = dataclasses.replace(now, starts=starts, settled=min(starts, now.settled + 1))
         self._write_attempts(claim, new)
         return new
 
