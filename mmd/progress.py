@@ -1,5 +1,5 @@
 """Progress on a terminal: rich's bar, the CLI's one progress library (``mmd bench``, ``mmd check``,
-``mmd run`` of a large input, ``mmd gen`` of a large size).
+``mmd run`` of a large input, ``mmd gen`` of a large size, ``mmd kernels --build``).
 
 A bar is drawn only where the stream is a terminal: a script, a pipe or a
 log file gets no control sequences and no extra lines. It is kept to the
@@ -34,6 +34,43 @@ def bar(*columns: Any, stream: TextIO | None = None, width: int | None = None) -
 #: ("emit and write: 119 MB") room.
 TITLE_WIDTH = 24
 BAR_WIDTH = 16
+
+
+class Count:
+    """Things done one by one, out of ``total``, on a terminal: a bar of ``title`` that counts them and names
+    the last one done. With ``shown`` False every call does nothing. :meth:`advance` may be called from
+    several threads (rich's progress holds a lock)."""
+
+    def __init__(
+        self, title: str, total: int, *, shown: bool, stream: TextIO | None = None, width: int | None = None
+    ) -> None:
+        self.title = title if len(title) <= TITLE_WIDTH else title[: TITLE_WIDTH - 1] + "…"
+        self.total = total
+        self.shown = shown
+        self.stream = stream
+        self.width = width
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Count:
+        if self.shown:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+            columns = (TextColumn(self.title), BarColumn(BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn())
+            self._bar = bar(*columns, TextColumn("{task.description}"), stream=self.stream, width=self.width)
+            self._bar.start()
+            self._task = self._bar.add_task("", total=self.total)
+        return self
+
+    def advance(self, done: str = "") -> None:
+        """One more is done (``done`` names it)."""
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=done, refresh=True)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 class Steps:

@@ -110,3 +110,26 @@ def test_run_of_a_large_input_shows_its_phases_on_a_terminal(tmp_path, monkeypat
         assert main([*argv, str(tmp_path / "m.txt"), "--backend", "cpu"]) == 0
         # no bar (a log line an earlier test pointed structlog here may be, which is not the bar's)
         assert not drawn(terminal.getvalue(), "mmd run"), argv
+
+
+def test_kernels_build_counts_its_builds_on_a_terminal(tmp_path, monkeypatch, capsys):
+    """`mmd kernels --build` compiled for seconds without a word: on a terminal it counts its builds."""
+    from mmd.cuda.builds import every_build
+
+    fake = tmp_path / "bin" / "nvcc"  # fails at once: the builds are counted all the same, and quickly
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'nvcc: this is not the real one' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    total = len(every_build("sm_80"))
+    term = on_terminal(monkeypatch)
+    assert main(["kernels", "--build", "--arch", "sm_80", "--cache", str(tmp_path / "cache")]) == 1
+    lines = shown(term.getvalue())
+    assert any(line.startswith("building for sm_80") and f"{total}/{total}" in line for line in lines), lines
+    assert all(len(line) <= 80 for line in lines), "wider than the terminal"
+    assert capsys.readouterr().out.endswith(f"{total} builds for sm_80: 0 compiled, 0 already cached, {total} failed; "
+                                            f"{tmp_path / 'cache'}\n")  # fmt: skip
+    monkeypatch.setattr(sys, "stderr", plain := io.StringIO())  # not a terminal: nothing drawn
+    assert main(["kernels", "--build", "--arch", "sm_80", "--cache", str(tmp_path / "cache")]) == 1
+    assert plain.getvalue() == ""

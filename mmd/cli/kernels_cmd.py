@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import progress
 from ..errors import MmdError, UsageError
 from .common import add_config_option, options_later
 
@@ -49,7 +50,9 @@ def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
         raise UsageError("no GPU here to take the architecture from: give --arch (sm_90 for an H100 or H200)")
     settings = config.load(args.config)
     folder = args.cache if args.cache is not None else config.kernel_cache_dir(settings)
-    results = build_all(KernelCache(folder), every_build(arch))
+    builds = every_build(arch)
+    with progress.Count(f"building for {arch}", len(builds), shown=progress.on_terminal()) as count:
+        results = build_all(KernelCache(folder), builds, done=lambda r: count.advance(r.build.label))
     for r in results:
         if r.error is not None:
             print(f"FAILED {r.build.label} ({r.build.arch}): {r.error}")

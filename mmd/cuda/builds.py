@@ -10,7 +10,7 @@ source on a machine with nvcc and no GPU.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,16 +56,22 @@ class Built:
     error: str | None = None
 
 
-def build_all(cache: KernelCache, builds: list[Build], workers: int | None = None) -> list[Built]:
-    """Compile what the cache lacks (nvcc runs in parallel, one process per build)."""
+def build_all(
+    cache: KernelCache, builds: list[Build], workers: int | None = None, done: Callable[[Built], object] | None = None
+) -> list[Built]:
+    """Compile what the cache lacks (nvcc runs in parallel, one process per build); ``done`` is told of each
+    build as it ends (from the thread that ran it)."""
 
     def one(build: Build) -> Built:
         try:
             text = build.source.read_text(encoding="utf-8")
             _, compiled = cache.get(text, macro_options(build.defines), build.arch, [kernels_dir()])
+            built = Built(build, compiled=compiled)
         except (MmdError, OSError) as exc:
-            return Built(build, error=exc.reason if isinstance(exc, MmdError) else str(exc))
-        return Built(build, compiled=compiled)
+            built = Built(build, error=exc.reason if isinstance(exc, MmdError) else str(exc))
+        if done is not None:
+            done(built)
+        return built
 
     with concurrent.futures.ThreadPoolExecutor(workers or usable_cores()) as pool:
         return list(pool.map(one, builds))
