@@ -318,25 +318,21 @@ class Staged:
         return folders
 
     def _name(self, f: _File) -> None:
-        """Give an unnamed spare its name (a name that exists is replaced through a temporary's, if it may be),
-        then close it."""
+        """Give an unnamed spare its name as a temporary gets it: linked to the temporary's name, then renamed
+        onto its own, so that a watcher of the folder sees it arrive by a rename as every commit's file
+        (``IN_MOVED_TO``); without ``replace``, linked to its own name (FileExistsError when it is taken)."""
         assert f.fd is not None
-        try:
-            self.ops.link_unnamed(f.fd, f.path)
-        except FileExistsError:
-            if not f.replace:
-                raise
+        if f.replace:
             tmp = f.path.parent / temporary_name(f.path.name)
             try:
                 self.ops.link_unnamed(f.fd, tmp)
             except FileExistsError:  # a leftover of a process with our pid (never written through)
                 self.ops.unlink(tmp)
                 self.ops.link_unnamed(f.fd, tmp)
-            try:
-                self.ops.replace(tmp, f.path)
-            except OSError:
-                _unlink_quietly(tmp, self.ops)
-                raise
+            f.tmp = tmp  # named: discard() removes it if the rename fails
+            self.ops.replace(tmp, f.path)
+        else:
+            self.ops.link_unnamed(f.fd, f.path)
         fd, f.fd = f.fd, None
         with contextlib.suppress(OSError):  # named and synced: a failed close loses nothing
             self.ops.close(fd)

@@ -120,6 +120,10 @@ def test_a_spare_is_named_only_once_its_commit_has_synced_it(tmp_path):
             steps.append(f"name {dst.name}")
             super().link_unnamed(fd, dst)
 
+        def replace(self, src, dst) -> None:
+            steps.append(f"rename {dst.name}")
+            super().replace(src, dst)
+
     spares = Spares(KINDS, ops=Recording())
     spares.fill(tmp_path)
     assert steps == [], "made, not synced: it has no name to sync"
@@ -127,7 +131,22 @@ def test_a_spare_is_named_only_once_its_commit_has_synced_it(tmp_path):
     staged.write(tmp_path / "m.out", [b"out"])
     staged.write(tmp_path / "m.timing.yaml", [b"side"])
     staged.publish()
-    assert steps == ["fsync", "fsync", "name m.out", "name m.timing.yaml"]
+    tmp_out, tmp_yaml = (f".{n}.{os.getpid()}.tmp" for n in ("m.out", "m.timing.yaml"))
+    assert steps == ["fsync", "fsync", f"name {tmp_out}", "rename m.out", f"name {tmp_yaml}", "rename m.timing.yaml"]
+
+
+def test_a_watcher_of_the_folder_sees_a_file_made_from_a_spare_arrive_by_a_rename(tmp_path):
+    """As every commit's file: tools (and the benchmarks) wait for ``IN_MOVED_TO`` of a sidecar."""
+    from inotify_simple import INotify, flags
+
+    spares = Spares(KINDS)
+    spares.fill(tmp_path)
+    with INotify() as watch:
+        watch.add_watch(tmp_path, flags.MOVED_TO)
+        staged = Staged(spares=spares)
+        staged.write(tmp_path / "m.out", [b"out"])
+        staged.publish()
+        assert [e.name for e in watch.read(timeout=1000)] == ["m.out"]
 
 
 def test_a_name_taken_meanwhile_is_replaced_or_refused_as_a_temporary_would_be(tmp_path):
