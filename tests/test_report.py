@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import xml.etree.ElementTree as ET
@@ -13,6 +14,7 @@ from mmd import bench, report, resources
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
+from mmd.report.sweeps import size_sweep
 
 from .conftest import ROOT, run_file
 from .fakes import cuda_backend
@@ -181,7 +183,7 @@ def test_report_from_job_sidecars(tmp_path):
     assert not refused.ok and refused.sidecar.name == "big.error.yaml"
 
     rendered = report.render(tmp_path / "out")
-    assert rendered.folder == tmp_path / "out" / "report"
+    assert rendered.folder == tmp_path / "out.report"
     assert_graphs(rendered.folder)
     loaded = report.load(tmp_path / "out")
     ok = {r.m: r for r in loaded.rows if r.status == "ok"}
@@ -363,3 +365,78 @@ def test_every_series_of_the_course_s_graphs_has_a_color_of_its_own():
     (ax_t, _) = report.figures.size_figure(shown.sweeps, shown.tile, shown.peak).axes
     colors = [str(line.get_color()) for line in ax_t.get_lines()]
     assert len(shown.sweeps) >= 10 and len(set(colors)) == len(colors), colors
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    """Neighbouring x tick labels of each of ``fig``'s axes whose drawn boxes overlap."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        shown = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in shown]
+        found += [(a, b) for (a, box_a), (b, box_b) in itertools.pairwise(boxes) if box_a.overlaps(box_b)]
+    return found
+
+
+#: The sizes of an outbox of students' jobs: powers of two, and the round numbers beside them.
+CROWDED = (8, 16, 32, 64, 100, 128, 200, 256, 300, 500, 512, 1000, 1024, 2000, 2048, 3000, 4096, 8192)
+
+
+def test_graph_3_labels_no_size_over_another_and_the_largest_always():
+    """An outbox's sizes crowd graph 3's axis (1000 beside 1024): its labels overlapped, unreadable."""
+    spread = bench.Spread(1.0, 1.0, 1.0)
+    rows = [
+        bench.BenchRow(kernel="cpu", backend="cpu", m=n, k=n, n=n, phases={"kernel": spread}, gflops=2.0 * n)
+        for n in CROWDED
+    ]
+    fig = report.figures.size_figure(size_sweep(rows, None), None, None)
+    assert _overlaps(fig) == []
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()][-1] == "8192"
+        assert list(ax.get_xticks()) == list(CROWDED), "a tick at every size, labelled or not"
+    narrow = [bench.AccuracyRow(kernel="cpu", backend="cpu", m=64, k=k, n=64, max_rel_error=2e-7, rms_rel_error=1e-7)
+              for k in CROWDED]  # fmt: skip
+    assert _overlaps(report.figures.accuracy_figure(report.accuracy_sweep(narrow), "M = 64, N = 64")) == []
+
+
+def _refused_huge_header(out):
+    """An error sidecar whose header (100000×100000) promised more than its file held: refused before any work."""
+    src = out.parent / "in" / "huge.txt"
+    src.parent.mkdir(exist_ok=True)
+    src.write_text("100000\n1.00 2.00\n")
+    result = run_file(src, out / "huge.out", CpuBackend(), MultiplyRequest(kernel="cpu", tile=32))
+    assert not result.ok and result.record.shape.m == 100000
+
+
+def test_an_outbox_with_a_refused_job_graphs_the_jobs_that_ran(tmp_path):
+    """Graphs 1-2 showed 100000×100000, the refused header's size, empty but for its label."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cpu = MultiplyRequest(kernel="cpu", tile=32)
+    assert all(_job(tmp_path, f"a{i}", n, CpuBackend(), cpu, i).ok for i, n in enumerate((8, 16, 16)))
+    _refused_huge_header(out)
+    rendered = report.render(out)
+    assert rendered.size == 16
+    summary = rendered.summary.read_text()
+    assert "Graph 1: overall time at 16×16" in summary and "100000×100000" not in summary.split("## Refused")[0]
+    assert "100000" in table(summary, "## Refused cases")["cpu"]["reason"], "listed with the refusals"
+    texts = [t.get_text() for t in report.figures.bars_figure(
+        report.sections(report.load(out)).sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=False
+    ).axes[0].texts]  # fmt: skip
+    assert "refused" not in texts
+
+
+def test_the_report_of_an_outbox_goes_beside_it_never_into_it(tmp_path, capsys, quiet_logs):
+    """A live outbox's readers (graders, the daemon's sweeps) see results only: the report is ``<outbox>.report``
+    beside it, or where -o says."""
+    out = tmp_path / "out"  # _job's outbox
+    out.mkdir()
+    assert _job(tmp_path, "a", 8, CpuBackend(), MultiplyRequest(kernel="cpu", tile=32), 1).ok
+    before = sorted(p.name for p in out.iterdir())
+    rendered = report.render(out)
+    assert rendered.folder == tmp_path / "out.report" and (tmp_path / "out.report" / "summary.md").is_file()
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(["report", str(out), "-o", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "summary.md").is_file() and sorted(p.name for p in out.iterdir()) == before
+    assert str(tmp_path / "elsewhere" / "summary.md") in capsys.readouterr().out

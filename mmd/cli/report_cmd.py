@@ -18,7 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("results", type=Path, help="results.csv, results.yaml, or a folder")
-    p.add_argument("--out", type=Path, help="output folder (default: report/ beside the results)")
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        help="output folder (default: report/ in a bench run's folder; for a folder of sidecars, an outbox, "
+        "FOLDER.report beside it, never in it)",
+    )
     p.add_argument("--log", action="store_true", help="logarithmic time axis on graphs 1 and 2")
     p.add_argument("--size", type=int, help="the size graphs 1 and 2 show (default: the largest in the data)")
     p.add_argument(

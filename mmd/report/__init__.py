@@ -65,6 +65,7 @@ __all__ = [
     "ReportError",
     "Results",
     "compare",
+    "default_folder",
     "load",
     "peak_for",
     "render",
@@ -97,6 +98,16 @@ def sections(results: Results, size: int | None = None, peak_tflops: float | Non
     return Sections(results, tile_sweep(rows, graph_size(rows, size)), tile, size_sweep(rows, tile), peak)
 
 
+def default_folder(results: Results) -> Path:
+    """Where a report goes unless told: ``report/`` in a bench run's folder; for a folder of sidecars (an
+    outbox, maybe a daemon's, which its readers expect to hold results only) ``<folder>.report`` beside it."""
+    if results.kind == "sidecars":
+        folder = results.source.resolve()
+        return folder.with_name(folder.name + ".report")
+    base = results.source if results.source.is_dir() else results.source.parent
+    return base / "report"
+
+
 def render(
     source: Path | Results,
     out: Path | None = None,
@@ -107,18 +118,17 @@ def render(
 ) -> Rendered:
     """Render graphs 1-3 (and 4 where there is an accuracy sweep; PNG and SVG) and summary.md from ``source``.
 
-    ``out`` defaults to ``report/`` beside the results (inside a sidecar folder). Raises MissingExtra,
-    before any work, where matplotlib (the ``report`` extra) is not installed.
+    ``out`` defaults to :func:`default_folder`. Raises MissingExtra, before any work, where matplotlib (the
+    ``report`` extra) is not installed.
     """
     figures.require_matplotlib()
     results = source if isinstance(source, Results) else load(Path(source))
     if out is None:
-        base = results.source if results.source.is_dir() else results.source.parent
-        out = base / "report"
+        out = default_folder(results)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot make the folder {out}: {exc.strerror}") from None
+        raise OutputError(f"cannot make the folder {out}: {exc.strerror} (give another with -o)") from None
     shown = sections(results, size, peak_tflops)
     sweep = shown.sweep
     where = f"{sweep.size}×{sweep.size}" if sweep.size is not None else "no size"

@@ -132,10 +132,35 @@ def set_log_axis(axis: Any, values: Iterable[float | None]) -> None:
 
 
 def _categories(axis: Any, values: Sequence[int]) -> None:
-    """A log axis of powers of two (sizes, K): a tick and its label at every value, nothing between."""
+    """A log axis of powers of two (sizes, K): a tick and its label at every value, nothing between (until
+    :func:`_readable_categories` leaves out the labels that crowd)."""
     axis.axes.set_xscale("log", base=2)
     axis.axes.set_xticks(list(values), [str(v) for v in values])
     axis.axes.minorticks_off()
+
+
+#: The least room (points) between two x labels of a :func:`_categories` axis.
+LABEL_GAP_PT = 4.0
+
+
+def _readable_categories(fig: Any) -> None:
+    """Leave out each x label of ``fig``'s :func:`_categories` axes that would touch the next one kept, from
+    the right (the largest value is always labelled): an outbox's sizes crowd (1000 beside 1024, 2000 beside
+    2048) and their labels overlapped. Every tick stays. Called once the figure is complete: the labels'
+    places come from its layout."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    gap = renderer.points_to_pixels(LABEL_GAP_PT)
+    for ax in fig.axes:
+        labels = ax.get_xticklabels()
+        keep: list[str] = []
+        left = math.inf
+        for label in reversed(labels):
+            box = label.get_window_extent(renderer)
+            fits = box.x1 + gap <= left
+            keep.append(label.get_text() if fits else "")
+            left = box.x0 if fits else left
+        ax.set_xticks(ax.get_xticks(), keep[::-1])
 
 
 #: A bar's value: (its spread, whether it is the kernel's time standing in for the one asked).
@@ -243,6 +268,7 @@ def size_figure(sweeps: dict[str, list[BenchRow]], tile: int | None, peak: tuple
         ax.set_xlabel("N (N×N times N×N)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+    _readable_categories(fig)
     return fig
 
 
@@ -281,4 +307,5 @@ def accuracy_figure(sweep: dict[str, list[AccuracyRow]], where: str) -> Any:
     ]
     ax.legend(handles=handles, fontsize=8)
     ax.grid(alpha=0.3, which="both")
+    _readable_categories(fig)
     return fig

@@ -56,10 +56,11 @@ def ok_rows(rows: Iterable[BenchRow]) -> list[BenchRow]:
 
 
 def graph_size(rows: list[BenchRow], size: int | None = None) -> int | None:
-    """The size graphs 1-2 show: ``size``, else the largest square size with a result or a refusal."""
+    """The size graphs 1-2 show: ``size``, else the largest square size of a case that ran (a refusal's size is
+    only what its header asked: a 100000×100000 refused unread would give graphs with no bar)."""
     if size is not None:
         return size
-    sizes = [r.size for r in rows if r.status in ("ok", "refused") and r.size is not None]
+    sizes = [r.size for r in ok_rows(rows) if r.size is not None]
     return max(sizes) if sizes else None
 
 
