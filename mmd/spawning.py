@@ -13,8 +13,10 @@ worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
+import subprocess
 from collections.abc import Iterator
 from multiprocessing import forkserver, spawn
 from typing import Any
@@ -30,7 +32,7 @@ def context() -> Any:
 
     The interpreter the fork server and each worker run must be one this user can run: one it cannot is
     refused here, before anything starts."""
-    if not os.access(_interpreter(), os.X_OK):
+    if not _runs(_interpreter()):
         raise _cannot_start(None)
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
@@ -47,12 +49,29 @@ def starting() -> Iterator[None]:
 
     multiprocessing starts its helper processes (the fork server, the resource tracker) from the
     interpreter without waiting for them: one that dies at once (its libraries unreadable) shows only
-    when they are next used, as a refused connection or a broken pipe.
+    when they are next used, as a refused connection, a broken pipe, or a connection that ends before
+    its answer (EOFError: the dying helper still held the socket it was handed).
     """
     try:
         yield
-    except OSError as exc:
-        raise _cannot_start(f"the processes that start them do not answer ({exc.strerror or exc})") from None
+    except (OSError, EOFError) as exc:
+        said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise _cannot_start(f"the processes that start them do not answer ({said})") from None
+
+
+@functools.cache
+def _runs(interpreter: str) -> bool:
+    """Whether ``interpreter`` starts (its libraries and standard library read) and ends well, run bare: the
+    helpers multiprocessing starts from it are not waited for, and one that dies leaves its resources'
+    clean-up to fail at exit."""
+    try:
+        ran = subprocess.run(
+            [interpreter, "-I", "-S", "-c", ""],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ran.returncode == 0
 
 
 def _interpreter() -> str:
