@@ -230,7 +230,10 @@ class LocalSocket:
                         except Exception as exc:  # one client's trouble never ends the socket
                             self.log.warning("control socket: a request failed", reason=repr(exc))
                             self._drop(sel, conn)
-                self._tend(sel, time.monotonic())
+                try:
+                    self._tend(sel, time.monotonic())
+                except Exception as exc:  # never the end of the socket: the next turn tends again
+                    self.log.warning("control socket: tending the connections failed", reason=repr(exc))
             for conn in list(self._conns):
                 self._drop(sel, conn)
 
