@@ -9,11 +9,15 @@ step that raises a driver error; ``fault`` decides, per product, whether the
 "kernel" faults (an illegal address: the backend must reopen). cuBLAS's TF32
 mode rounds the operands to TF32 (:func:`tf32_round`), so its error is TF32's;
 ``flush_l2`` is counted and logged in ``events`` beside the products.
+
+:class:`FakeNvml` stands in for NVML (nvidia-ml-py's ``pynvml``), which the
+benchmark reads the GPU's clocks and processes through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -323,3 +327,74 @@ def fake_gpu_opener(**session: Any) -> Callable[[str, int, Path | None], tuple[C
         return backend, None
 
     return open_backend
+
+
+class FakeNvml:
+    """NVML as nvidia-ml-py's ``pynvml`` module shows it, for the benchmark's GPU readings: one or more GPUs by
+    PCI bus id, each with an SM clock, its maximum, a clock event reasons mask and the compute processes on it.
+    ``broken`` names functions that raise :class:`NVMLError` (a field this driver does not know); ``calls``
+    records every call by name."""
+
+    NVML_CLOCK_SM = 1
+
+    class NVMLError(Exception):
+        pass
+
+    @dataclasses.dataclass
+    class Process:
+        pid: int
+        usedGpuMemory: int = 0  # pynvml's name
+
+    @dataclasses.dataclass
+    class Gpu:
+        bus_id: str
+        sm_mhz: int = 1980
+        max_sm_mhz: int = 1980
+        reasons: int = 0
+        pids: tuple[int, ...] = ()
+
+    def __init__(self, *gpus: FakeNvml.Gpu, broken: tuple[str, ...] = (), present: bool = True) -> None:
+        self.gpus = list(gpus) or [FakeNvml.Gpu("00000000:65:00.0")]
+        self.broken = set(broken)
+        self.present = present  # False: no driver library (nvmlInit fails)
+        self.calls: list[str] = []
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.broken or not self.present:
+            raise FakeNvml.NVMLError(name)
+
+    def nvmlInit(self) -> None:
+        self._call("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str) -> FakeNvml.Gpu:
+        self._call("nvmlDeviceGetHandleByPciBusId")
+        for gpu in self.gpus:
+            if gpu.bus_id.lower().endswith(bus_id.lower().split(":", 1)[-1]):
+                return gpu
+        raise FakeNvml.NVMLError("not found")
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeNvml.Gpu:
+        self._call("nvmlDeviceGetHandleByIndex")
+        return self.gpus[index]
+
+    def nvmlDeviceGetClockInfo(self, gpu: FakeNvml.Gpu, clock: int) -> int:
+        self._call("nvmlDeviceGetClockInfo")
+        assert clock == self.NVML_CLOCK_SM
+        return gpu.sm_mhz
+
+    def nvmlDeviceGetMaxClockInfo(self, gpu: FakeNvml.Gpu, clock: int) -> int:
+        self._call("nvmlDeviceGetMaxClockInfo")
+        assert clock == self.NVML_CLOCK_SM
+        return gpu.max_sm_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeNvml.Gpu) -> int:
+        self._call("nvmlDeviceGetCurrentClocksEventReasons")
+        return gpu.reasons
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeNvml.Gpu) -> list[FakeNvml.Process]:
+        self._call("nvmlDeviceGetComputeRunningProcesses")
+        return [FakeNvml.Process(pid) for pid in gpu.pids]

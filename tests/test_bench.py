@@ -5,19 +5,20 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from mmd import bench
+from mmd import bench, cpus
 from mmd import kernels as registry
 from mmd.backends import CpuBackend
 from mmd.bench.stats import median_rank
 from mmd.cli import main
 
-from .fakes import COMPILE_MS, cuda_backend, fake_gpu_opener
+from .fakes import COMPILE_MS, FakeNvml, cuda_backend, fake_gpu_opener
 
 GPU_NAME = "NVIDIA H100 80GB HBM3 (sm_90)"
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,9 +201,11 @@ def test_grid_plan_and_validation():
 
 def test_progress_plain_lines_and_terminal_bar(tmp_path):
     plain, tty = io.StringIO(), io.StringIO()
+    quiet = dict(load=lambda: 0.0)  # a machine other tests may load: the busy warning has a test of its own
     bench.run_plan(
-        plan(sizes=(8, 16)), CpuBackend(), folder=tmp_path / "a", env={}, progress=bench.Progress(plain, tty=False)
-    )
+        plan(sizes=(8, 16)), CpuBackend(), folder=tmp_path / "a", env={}, progress=bench.Progress(plain, tty=False),
+        **quiet,
+    )  # fmt: skip
     lines = plain.getvalue().splitlines()
     assert lines[0].startswith("mmd bench: 2 cases")
     assert lines[1].startswith("[1/2] cpu") and " ok " in lines[1]
@@ -215,6 +218,7 @@ def test_progress_plain_lines_and_terminal_bar(tmp_path):
         folder=tmp_path / "b",
         env={},
         progress=bench.Progress(tty, tty=True, width=80),
+        **quiet,
     )
     import re
 
@@ -373,37 +377,68 @@ def test_sm_clock_is_recorded_and_throttling_flagged(tmp_path):
     assert "THROTTLED (sw_power_cap" in bench.describe_row(flagged)
     _, csv_rows = read_csv(row.csv_path)
     assert csv_rows[0]["throttled"] == "True" and csv_rows[0]["sm_clock_mhz"] == "1650.0"
-    # Without a reader (no nvidia-smi): null, and the case runs as before.
+    # Without a reader (no NVML): null, and the case runs as before.
     none = bench.run_plan(plan(kernels=("tiled",), sizes=(8,)), fake_gpu()[0], folder=tmp_path / "c", env={})
     assert none.rows[0].sm_clock_mhz is None and none.rows[0].throttled is None
 
 
-def test_nvidia_smi_reader_parses_and_falls_back_to_the_old_field_name():
-    calls: list[list[str]] = []
+def test_the_gpu_is_read_through_nvml_found_by_its_bus_id_never_by_a_process():
+    """nvidia-smi was a process every 0.25 s while a case ran (on the CPU the case shares): NVML is a call."""
+    nvml = FakeNvml(
+        FakeNvml.Gpu("00000000:18:00.0"),
+        FakeNvml.Gpu("00000000:65:00.0", sm_mhz=1755, reasons=0x4, pids=(os.getpid(), 4242)),
+    )
+    reader = bench.Nvml.find(0, "0000:65:00.0", lib=nvml)
+    assert reader is not None
+    assert reader.read() == bench.ClockSample(1755.0, 1980.0, 0x4, processes=2)  # by bus id, not by ordinal
+    assert bench.Nvml.find(1, "", lib=nvml).read().sm_mhz == 1755.0  # no bus id: CUDA's ordinal
+    older = FakeNvml(broken=("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetComputeRunningProcesses"))
+    assert bench.Nvml.find(0, "", lib=older).read() == bench.ClockSample(1980.0, 1980.0, None, processes=None)
+    assert bench.Nvml.find(0, "", lib=FakeNvml(present=False)) is None  # no driver: no reader, the case runs
+    clock = bench.Nvml.find(0, "", lib=nvml)
+    with bench.ClockWatch(clock, interval=0.01):
+        pass
+    assert "nvmlShutdown" not in nvml.calls
+    import inspect
 
-    def smi(argv):
-        calls.append(list(argv))
-        query = next((a for a in argv if a.startswith("--query-gpu=")), "")
-        if query == "--query-gpu=index,pci.bus_id":
-            return "0, 00000000:18:00.0\n1, 00000000:65:00.0\n"
-        if "clocks_event_reasons" in query:
-            return None  # an older driver refuses the new name
-        return "1755, 1980, 0x0000000000000004\n"
+    assert "subprocess" not in inspect.getsource(bench.clock), "no process is started to read the GPU"
 
-    reader = bench.NvidiaSmi.find(0, "0000:65:00.0", run=smi)
-    assert reader is not None and reader.device == 1  # by bus id, not by CUDA's ordinal
-    assert reader.read() == bench.ClockSample(1755.0, 1980.0, 0x4)
-    assert reader.read() == bench.ClockSample(1755.0, 1980.0, 0x4)
-    asked = [a for argv in calls for a in argv if a.startswith("--query-gpu=clocks")]
-    assert asked == [
-        "--query-gpu=clocks.sm,clocks.max.sm,clocks_event_reasons.active",
-        "--query-gpu=clocks.sm,clocks.max.sm,clocks_throttle_reasons.active",
-        "--query-gpu=clocks.sm,clocks.max.sm,clocks_throttle_reasons.active",
-    ]
-    assert bench.NvidiaSmi.parse("[N/A], 1980, [N/A]") == bench.ClockSample(None, 1980.0, None)
-    assert bench.NvidiaSmi.parse("") is None
-    assert bench.NvidiaSmi.find(3, "", run=lambda argv: None) is None  # no nvidia-smi
-    assert bench.NvidiaSmi.find(3, "", run=smi).device == 3
+
+def test_a_case_on_a_busy_machine_is_recorded_as_busy_and_warned_of(tmp_path):
+    """A 256³ case 100× slow on a shared box read as ±0.5 %: the noise of a steady slowdown. The load and the
+    GPU's other processes go with each case, and a busy one is said so on its line and at the end."""
+    gpu = FakeNvml(FakeNvml.Gpu("00000000:65:00.0", pids=(os.getpid(), 4242, 4343)))
+    cores = cpus.usable_cores()
+    load = cores + 5.5  # more runnable than cores, beyond the benchmark's own
+    out = io.StringIO()
+    run = bench.run_plan(
+        plan(kernels=("tiled", "cpu"), sizes=(8,)), fake_gpu()[0], folder=tmp_path / "busy", env={},
+        clock=bench.Nvml.find(0, "", lib=gpu), load=lambda: load, progress=bench.Progress(out, tty=False),
+    )  # fmt: skip
+    by = {r.kernel: r for r in run.rows}
+    assert (by["tiled"].load_avg, by["tiled"].gpu_processes, by["tiled"].busy) == (load, 3, True)
+    assert by["tiled"].busy_reasons == f"load {load:g} on {cores} cores,3 processes on the GPU"
+    assert (by["cpu"].gpu_processes, by["cpu"].busy) == (None, True)  # the host's kernel: no GPU reading
+    assert by["cpu"].busy_reasons == f"load {load:g} on {cores} cores"
+    assert f"BUSY (load {load:g}" in bench.describe_row(by["tiled"])
+    assert "2 cases ran on a busy machine" in out.getvalue()
+    _, csv_rows = read_csv(run.csv_path)
+    assert csv_rows[0]["busy"] == "True" and csv_rows[0]["gpu_processes"] == "3"
+    quiet = bench.run_plan(
+        plan(kernels=("tiled",), sizes=(8,)), fake_gpu()[0], folder=tmp_path / "quiet", env={},
+        clock=bench.Nvml.find(0, "", lib=FakeNvml(FakeNvml.Gpu("00000000:65:00.0", pids=(os.getpid(),)))),
+        load=lambda: 0.2,
+    )  # fmt: skip
+    row = quiet.rows[0]
+    assert (row.load_avg, row.gpu_processes, row.busy, row.busy_reasons) == (0.2, 1, False, None)
+
+
+def test_a_phase_s_quartiles_are_recorded_and_one_slow_call_cannot_stretch_them():
+    calls = [{"kernel": 1.0 + 0.01 * i} for i in range(9)] + [{"kernel": 100.0}]  # one call 100× slow
+    quartiles = bench.phase_quartiles(calls)["kernel"]
+    assert quartiles.q3 < 1.1 and quartiles.q1 > 1.0
+    assert bench.phase_stats(calls)["kernel"].max == 100.0  # the min–max is stretched by it
+    assert bench.phase_quartiles([{"kernel": 2.0}])["kernel"] == bench.Quartiles(2.0, 2.0)
 
 
 def test_cli_noise_options(tmp_path, monkeypatch, quiet_logs):

@@ -27,8 +27,10 @@ def test_the_columns_are_the_fields_in_order():
     )  # fmt: skip
     phases = [f"{p}_{s}_ms" for p in rows.PHASES for s in ("median", "min", "max")]
     assert bench.COLUMNS[16 : 16 + len(phases)] == tuple(phases)
+    quartiles = tuple(f"{p}_{s}_ms" for p in rows.PHASES for s in ("q1", "q3"))
     assert bench.COLUMNS[16 + len(phases) :] == (
         "gflops", "kernel_noise", "overall_noise", "converged", "sm_clock_mhz", "throttled", "throttle_reasons",
+        "load_avg", "gpu_processes", "busy", "busy_reasons", *quartiles,
     )  # fmt: skip
     assert tuple(f.name for f in dataclasses.fields(bench.AccuracyRow)) == bench.ACCURACY_COLUMNS
 

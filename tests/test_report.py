@@ -323,10 +323,10 @@ def test_every_log_axis_has_labels_for_its_data(gpu_results):
     assert_log_axis_reads(ax_t, [r.median("kernel") for r in rows])
     assert_log_axis_reads(ax_g, [r.gflops for r in rows] + [67_000.0])  # the H100's peak line is drawn too
     assert [t.get_text() for t in ax_t.get_xticklabels()] == ["8", "16", "32"]
-    fig = report.figures.bars_figure(shown.sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=True)
+    fig = report.figures.bars_figure(shown.sweep, lambda r: ("overall", False), "t", "ms", log=True)
     (ax,) = fig.axes
-    cells = [r.spread("overall") for r in shown.sweep.cells.values() if r.status == "ok"]
-    assert_log_axis_reads(ax, [s.min for s in cells] + [s.max for s in cells])
+    cells = [r.quartiles["overall"] for r in shown.sweep.cells.values() if r.status == "ok"]
+    assert_log_axis_reads(ax, [q.q1 for q in cells] + [q.q3 for q in cells])
     # errors within one decade, as a cpu-only accuracy sweep has them
     narrow = [
         bench.AccuracyRow(kernel="cpu", backend="cpu", m=64, k=k, n=64, max_rel_error=e * 1.8, rms_rel_error=e)
@@ -340,14 +340,15 @@ def test_the_graphs_show_the_rows_values(gpu_results):
     """Bar heights, error bars and line points are the results' medians, minima, maxima and GFLOP/s."""
     loaded = report.load(gpu_results.csv_path)
     shown = report.sections(loaded)
-    fig = report.figures.bars_figure(shown.sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=False)
+    fig = report.figures.bars_figure(shown.sweep, lambda r: ("overall", False), "t", "ms", log=False)
     (ax,) = fig.axes
     heights = sorted(round(p.get_height(), 6) for p in ax.patches)
     ok = [r for r in shown.sweep.cells.values() if r.status == "ok"]
     assert heights == sorted(round(r.median("overall"), 6) for r in ok)
-    # each error bar runs from the min to the max
+    # each error bar runs over the interquartile range, which one slow call cannot stretch
     spans = sorted((round(lo, 6), round(hi, 6)) for c in ax.collections for (_, lo), (_, hi) in c.get_segments())
-    assert spans == sorted((round(r.spread("overall").min, 6), round(r.spread("overall").max, 6)) for r in ok)
+    assert spans == sorted((round(r.quartiles["overall"].q1, 6), round(r.quartiles["overall"].q3, 6)) for r in ok)
+    assert ax.get_ylabel() == "ms; bars: interquartile range)"
     fig = report.figures.size_figure(shown.sweeps, shown.tile, shown.peak)
     ax_t, ax_g = fig.axes
     for line_t, line_g, (name, rows) in zip(ax_t.get_lines(), ax_g.get_lines(), shown.sweeps.items(), strict=False):
@@ -356,6 +357,17 @@ def test_the_graphs_show_the_rows_values(gpu_results):
         assert list(line_t.get_ydata()) == [r.median("kernel") for r in rows]
         assert list(line_g.get_ydata()) == [r.gflops for r in rows]
     assert ax_g.get_lines()[-1].get_ydata()[0] == 67_000.0  # the fp32 peak of an H100 SXM
+
+
+def test_results_without_quartiles_show_their_min_max_and_say_so():
+    """docs/results/course is from before the quartiles were recorded."""
+    loaded = report.load(ROOT / "docs" / "results" / "course" / "results.yaml")
+    sweep = report.sections(loaded).sweep
+    (ax,) = report.figures.bars_figure(sweep, lambda r: ("overall", False), "t", "time (ms, median", log=False).axes
+    assert ax.get_ylabel() == "time (ms, median; bars: min–max, these results have no quartiles)"
+    ok = [r for r in sweep.cells.values() if r.status == "ok"]
+    spans = sorted((round(lo, 6), round(hi, 6)) for c in ax.collections for (_, lo), (_, hi) in c.get_segments())
+    assert spans == sorted((round(r.spread("overall").min, 6), round(r.spread("overall").max, 6)) for r in ok)
 
 
 def test_every_series_of_the_course_s_graphs_has_a_color_of_its_own():
@@ -422,7 +434,7 @@ def test_an_outbox_with_a_refused_job_graphs_the_jobs_that_ran(tmp_path):
     assert "Graph 1: overall time at 16×16" in summary and "100000×100000" not in summary.split("## Refused")[0]
     assert "100000" in table(summary, "## Refused cases")["cpu"]["reason"], "listed with the refusals"
     texts = [t.get_text() for t in report.figures.bars_figure(
-        report.sections(report.load(out)).sweep, lambda r: (r.spread("overall"), False), "t", "ms", log=False
+        report.sections(report.load(out)).sweep, lambda r: ("overall", False), "t", "ms", log=False
     ).axes[0].texts]  # fmt: skip
     assert "refused" not in texts
 

@@ -33,8 +33,10 @@ phases, emit, write and overall; it makes exactly ``repeats`` timed calls.
 In memory the timing follows nvbench: the L2 cache is flushed between the
 copies and the kernel of every call (``flush_l2``), calls go on from
 ``repeats`` until the kernel median's noise (:func:`median_noise`) is under
-``noise`` or ``max_repeats`` calls are made, and the SM clock is sampled
-while they run (:class:`ClockWatch`), so a throttled case is flagged.
+``noise`` or ``max_repeats`` calls are made, and the SM clock, the GPU's
+processes and the machine's load are read while they run
+(:class:`ClockWatch`), so a throttled case, and one that ran on a busy
+machine, is flagged.
 
 Results are rewritten after every case, so an interrupted run keeps what it
 measured: ``<out>/<timestamp>/results.csv`` (one row per case) and
@@ -42,15 +44,17 @@ measured: ``<out>/<timestamp>/results.csv`` (one row per case) and
 
 The package, by concept: :mod:`.plan` (cases and plans), :mod:`.rows` (the
 typed rows and their columns), :mod:`.checking` (inputs and the check),
-:mod:`.stats` (medians and noise), :mod:`.clock` (the SM clock),
+:mod:`.stats` (medians, quartiles and noise), :mod:`.clock` (the GPU
+through NVML, and the load),
 :mod:`.machine` (the environment), :mod:`.runner` (the loop),
 :mod:`.accuracy` (the accuracy sweep), :mod:`.results` (the files) and
 :mod:`.progress` (what is shown while it runs).
 """
 
+from . import clock
 from .accuracy import ACCURACY_REFERENCES, accuracy_inputs, accuracy_kernels, error_stats, run_accuracy
 from .checking import check_product, make_inputs
-from .clock import LOW_CLOCK, THROTTLE_REASONS, ClockReader, ClockSample, ClockWatch, NvidiaSmi
+from .clock import LOW_CLOCK, THROTTLE_REASONS, ClockReader, ClockSample, ClockWatch, Nvml
 from .machine import environment
 from .plan import (
     ACCURACY_KS,
@@ -82,13 +86,14 @@ from .rows import (
     STATUSES,
     AccuracyRow,
     BenchRow,
+    Quartiles,
     Spread,
     from_cells,
     to_cells,
     to_csv,
 )
 from .runner import run_plan
-from .stats import median_noise, phase_stats
+from .stats import median_noise, phase_quartiles, phase_stats
 
 __all__ = [
     "ACCURACY_COLUMNS",
@@ -119,14 +124,16 @@ __all__ = [
     "ClockSample",
     "ClockWatch",
     "NullProgress",
-    "NvidiaSmi",
+    "Nvml",
     "Plan",
     "Progress",
     "ProgressSink",
+    "Quartiles",
     "Spread",
     "accuracy_inputs",
     "accuracy_kernels",
     "check_product",
+    "clock",
     "course_plan",
     "default_kernels",
     "describe_accuracy",
@@ -139,6 +146,7 @@ __all__ = [
     "median_noise",
     "named_plan",
     "new_folder",
+    "phase_quartiles",
     "phase_stats",
     "run_accuracy",
     "run_plan",

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import kernels as registry
-from ..check import full as verify
 from ..backends.base import Backend, MultiplyRequest
-from ..errors import MmdError
+from ..check import full as verify
 from ..check.full import reference
+from ..errors import MmdError
 from .checking import check_product
 from .plan import Plan, backend_for
 from .progress import ProgressSink

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..check import compare as tally
 from ..check import full as verify
-from ..generate import random_matrix
 from ..check.full import reference
+from ..generate import random_matrix
 
 
 class Wrong(Exception):

@@ -1,30 +1,51 @@
-"""The GPU's SM clock during a case: nvidia-smi's readings, sampled in a thread, and whether the GPU throttled."""
+"""What the machine did during a case: the GPU's SM clock, whether it throttled and how many processes used it
+(NVML, read in a thread), and the machine's load; whether the case ran on a busy machine."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .machine import command_output
+from ..cpus import usable_cores
 
 
 @dataclass(frozen=True)
 class ClockSample:
-    """One reading of the GPU's clocks (None: the field is not available)."""
+    """One reading of the GPU (None: the field is not available)."""
 
     sm_mhz: float | None
     max_sm_mhz: float | None = None
     #: NVML's clock event ("throttle") reasons, a bit mask.
     reasons: int | None = None
+    #: Processes with a context on the GPU, this benchmark's included.
+    processes: int | None = None
 
 
 class ClockReader(Protocol):
-    """Reads the GPU's clocks now (None when it cannot)."""
+    """Reads the GPU now (None when it cannot)."""
 
     def read(self) -> ClockSample | None: ...
+
+
+class NvmlLib(Protocol):
+    """The part of NVML the benchmark calls, as nvidia-ml-py's ``pynvml`` module has it (tests/fakes.py has
+    a fake)."""
+
+    NVML_CLOCK_SM: int
+    NVMLError: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str) -> Any: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int: ...
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: int) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
 
 
 #: NVML's reasons that mean the GPU slowed itself down (power or heat). Idle (0x1), an
@@ -38,95 +59,80 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 #: A case whose SM clock dropped under this fraction of the maximum is throttled, reason or not.
 LOW_CLOCK = 0.9
+#: A case ran on a busy machine when the load average went over the cores this process may use plus this
+#: (the runnable tasks beyond the benchmark's own thread: on the cpu backend numpy's threads fill the cores).
+BUSY_LOAD_OVER_CORES = 1.0
 
 
-class NvidiaSmi:
-    """The SM clock and throttle reasons of one GPU, from ``nvidia-smi --query-gpu`` (NVML underneath).
+def _pynvml() -> NvmlLib | None:
+    """nvidia-ml-py's module (it loads the driver's library only when :meth:`NvmlLib.nvmlInit` is called)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    lib: NvmlLib = pynvml
+    return lib
 
-    Drivers since 535 call the reasons ``clocks_event_reasons``; older ones
-    ``clocks_throttle_reasons``; the first query the driver answers is kept.
-    ``device`` is nvidia-smi's index: :meth:`find` looks it up by PCI bus id,
-    since CUDA's ordinals follow ``CUDA_VISIBLE_DEVICES`` and nvidia-smi's do not.
-    """
 
-    QUERIES: tuple[str, ...] = (
-        "clocks.sm,clocks.max.sm,clocks_event_reasons.active",
-        "clocks.sm,clocks.max.sm,clocks_throttle_reasons.active",
-        "clocks.sm,clocks.max.sm",
-    )
+class Nvml:
+    """The SM clock, clock event reasons and compute processes of one GPU, through NVML: a library call each
+    (nvidia-smi was a process of its own every 0.25 s, on the CPU the case shares). ``find`` looks the GPU up
+    by PCI bus id, since CUDA's ordinals follow ``CUDA_VISIBLE_DEVICES`` and NVML's do not. A field the
+    driver does not give (older drivers have no clock event reasons) reads None."""
 
-    def __init__(self, device: int, run: Callable[[Sequence[str]], str | None] | None = None) -> None:
-        self.device = device
-        self._run = run or command_output
-        self._queries = list(self.QUERIES)
-        self._settled = False  # a query was answered: keep it, and take a failure for a failed reading
+    def __init__(self, lib: NvmlLib, handle: Any) -> None:
+        self.lib = lib
+        self.handle = handle
 
     @classmethod
-    def find(
-        cls, ordinal: int, pci_bus_id: str = "", run: Callable[[Sequence[str]], str | None] | None = None
-    ) -> NvidiaSmi | None:
-        """A reader for the GPU at ``pci_bus_id`` (else CUDA ``ordinal``), or None where there is no nvidia-smi."""
-        run = run or command_output
-        listing = run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"])
-        if listing is None:
+    def find(cls, ordinal: int, pci_bus_id: str = "", lib: NvmlLib | None = None) -> Nvml | None:
+        """A reader for the GPU at ``pci_bus_id`` (else CUDA ``ordinal``); None without NVML or its driver."""
+        lib = lib if lib is not None else _pynvml()
+        if lib is None:
             return None
-        for line in listing.splitlines():
-            index, _, bus = (part.strip() for part in line.partition(","))
-            if pci_bus_id and index.isdigit() and _bus(bus) == _bus(pci_bus_id):
-                return cls(int(index), run)
-        return cls(ordinal, run)  # no bus id known (or not listed): the ordinal, right on one-GPU machines
+        try:
+            lib.nvmlInit()
+        except lib.NVMLError:
+            return None
+        if pci_bus_id:
+            try:
+                return cls(lib, lib.nvmlDeviceGetHandleByPciBusId(pci_bus_id))
+            except lib.NVMLError:
+                pass  # not listed under that spelling: the ordinal, right on one-GPU machines
+        try:
+            return cls(lib, lib.nvmlDeviceGetHandleByIndex(ordinal))
+        except lib.NVMLError:
+            return None
+
+    def _field(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except self.lib.NVMLError:
+            return None
 
     def read(self) -> ClockSample | None:
-        while self._queries:
-            out = self._run(
-                [
-                    "nvidia-smi",
-                    f"--id={self.device}",
-                    f"--query-gpu={self._queries[0]}",
-                    "--format=csv,noheader,nounits",
-                ]
-            )
-            sample = self.parse(out) if out else None
-            if sample is not None or self._settled:
-                self._settled = True
-                return sample
-            self._queries.pop(0)  # before any answer, a refusal means a field this driver does not know
-        return None
-
-    @staticmethod
-    def parse(out: str) -> ClockSample | None:
-        """``1980, 1980, 0x0000000000000000`` → a sample (None if the line is not that)."""
-        fields = [f.strip() for f in out.strip().splitlines()[0].split(",")] if out.strip() else []
-        if len(fields) < 2:
-            return None
-
-        def number(text: str) -> float | None:
-            try:
-                return float(text)
-            except ValueError:  # "[N/A]", "[Not Supported]"
-                return None
-
-        reasons = None
-        if len(fields) >= 3:
-            try:
-                reasons = int(fields[2], 16)
-            except ValueError:
-                reasons = None
-        return ClockSample(number(fields[0]), number(fields[1]), reasons)
+        lib, h = self.lib, self.handle
+        sm = self._field(lambda: lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM))
+        top = self._field(lambda: lib.nvmlDeviceGetMaxClockInfo(h, lib.NVML_CLOCK_SM))
+        reasons = self._field(lambda: lib.nvmlDeviceGetCurrentClocksEventReasons(h))
+        processes = self._field(lambda: lib.nvmlDeviceGetComputeRunningProcesses(h))
+        return ClockSample(
+            None if sm is None else float(sm),
+            None if top is None else float(top),
+            reasons,
+            None if processes is None else len(processes),
+        )
 
 
-def _bus(bus_id: str) -> tuple[int, str]:
-    """A PCI bus id comparable across spellings: CUDA writes ``0000:65:00.0``, nvidia-smi ``00000000:65:00.0``."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    try:
-        return int(domain, 16), rest
-    except ValueError:
-        return -1, bus_id.strip().lower()
+def load_average() -> float:
+    """The machine's load average over the last minute (runnable and waiting tasks)."""
+    return os.getloadavg()[0]
 
 
 @dataclass
 class ClockWatch:
-    """Samples a :class:`ClockReader` in a thread while a case's timed calls run.
+    """Reads the GPU (a :class:`ClockReader`, where the case runs on one) and the machine's load in a thread
+    while a case's timed calls run.
 
     One reading at the start and one at the end are taken in the caller's
     thread, so even a short case has two; between them one every
@@ -135,28 +141,34 @@ class ClockWatch:
 
     reader: ClockReader | None
     interval: float = 0.25
+    load: Callable[[], float] = load_average
+    cores: int = field(default_factory=usable_cores)
     samples: list[ClockSample] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def _sample(self) -> None:
-        assert self.reader is not None
-        try:
-            found = self.reader.read()
-        except Exception:  # a clock is a fact for the record, never a reason to stop a case
-            found = None
+        # the readings are facts for the record, never a reason to stop a case
+        found: ClockSample | None = None
+        if self.reader is not None:
+            try:
+                found = self.reader.read()
+            except Exception:
+                found = None
         if found is not None:
             self.samples.append(found)
+        with contextlib.suppress(OSError):  # no load average on this system
+            self.loads.append(self.load())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self._sample()
 
     def __enter__(self) -> ClockWatch:
-        if self.reader is not None:
-            self._sample()
-            self._thread = threading.Thread(target=self._loop, name="mmd-bench-clock", daemon=True)
-            self._thread.start()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="mmd-bench-clock", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -166,7 +178,11 @@ class ClockWatch:
             self._sample()
 
     def summary(self) -> dict[str, Any]:
-        """``sm_clock_mhz`` (median), ``throttled`` and ``throttle_reasons`` for a row (None where unknown)."""
+        """A row's ``sm_clock_mhz`` (median), ``throttled``, ``throttle_reasons``, ``load_avg`` (the highest),
+        ``gpu_processes`` (the most), ``busy`` and ``busy_reasons`` (None where unknown)."""
+        return {**self._clock(), **self._busy()}
+
+    def _clock(self) -> dict[str, Any]:
         clocks = [c.sm_mhz for c in self.samples if c.sm_mhz is not None]
         if not clocks:
             return {"sm_clock_mhz": None, "throttled": None, "throttle_reasons": None}
@@ -182,4 +198,21 @@ class ClockWatch:
             "sm_clock_mhz": round(statistics.median(clocks), 1),
             "throttled": bool(names),
             "throttle_reasons": ",".join(names) or None,
+        }
+
+    def _busy(self) -> dict[str, Any]:
+        load = round(max(self.loads), 2) if self.loads else None
+        counts = [c.processes for c in self.samples if c.processes is not None]
+        processes = max(counts) if counts else None
+        reasons = []
+        if load is not None and load > self.cores + BUSY_LOAD_OVER_CORES:
+            reasons.append(f"load {load:g} on {self.cores} cores")
+        if processes is not None and processes > 1:
+            reasons.append(f"{processes} processes on the GPU")
+        known = load is not None or processes is not None
+        return {
+            "load_avg": load,
+            "gpu_processes": processes,
+            "busy": bool(reasons) if known else None,
+            "busy_reasons": ",".join(reasons) or None,
         }

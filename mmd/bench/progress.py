@@ -67,7 +67,8 @@ def describe_row(row: BenchRow) -> str:
         if row.sm_clock_mhz is not None:
             parts.append(f"SM {row.sm_clock_mhz:.0f} MHz")
         line = f"{head}  ok       " + ", ".join(parts)
-        return line + (f"  THROTTLED ({row.throttle_reasons})" if row.throttled else "")
+        line += f"  THROTTLED ({row.throttle_reasons})" if row.throttled else ""
+        return line + (f"  BUSY ({row.busy_reasons.replace(',', ', ')})" if row.busy and row.busy_reasons else "")
     label = "WRONG" if row.status == "wrong" else row.status
     return f"{head}  {label:<8} {row.reason or ''}"
 
@@ -136,3 +137,9 @@ class Progress:
             self._bar = None
         counts = ", ".join(f"{n} {s}" for s, n in run.counts().items() if n)
         self._write(f"mmd bench: {counts} in {time.monotonic() - self.t0:.1f} s\n")
+        busy = [row for row in run.rows if row.busy]
+        if busy:
+            self._write(
+                f"mmd bench: warning: {len(busy)} cases ran on a busy machine (BUSY above: the load, or other "
+                f"processes on the GPU): their times are not the kernels' alone; run again on a quiet machine\n"
+            )

@@ -28,17 +28,16 @@ from ..record import TIMING_KEYS
 
 #: Every phase, in the order they happen (the sidecar's timing keys).
 PHASES: tuple[str, ...] = TIMING_KEYS
-#: What each phase's timed calls give, in column order.
-STATS: tuple[str, ...] = ("median", "min", "max")
 
 STATUSES: tuple[str, ...] = ("ok", "wrong", "refused", "skipped", "error")
 #: Statuses that fail the run.
 FAILING: frozenset[str] = frozenset({"wrong", "error"})
 
 
-def _doc(text: str, *, phases: bool = False) -> dict[str, Any]:
-    """Field metadata: ``doc`` for the docs' table; ``phases``: a map of :class:`Spread` by phase, written
-    as one column per phase and statistic (``kernel_median_ms`` ...)."""
+def _doc(text: str, *, phases: type | None = None) -> dict[str, Any]:
+    """Field metadata: ``doc`` for the docs' table; ``phases``: the field is a map by phase of that record
+    (:class:`Spread`, :class:`Quartiles`), written as one column per phase and statistic (``kernel_median_ms``
+    ...)."""
     return {"doc": text, "phases": phases}
 
 
@@ -49,6 +48,20 @@ class Spread:
     median: float
     min: float
     max: float
+
+
+@dataclass(frozen=True)
+class Quartiles:
+    """One phase's first and third quartiles over a case's timed calls, in ms: the interquartile range, which
+    the report draws around the median (one slow call stretches the min–max, not this)."""
+
+    q1: float
+    q3: float
+
+
+def stats_of(record: type) -> tuple[str, ...]:
+    """The statistics a phases field's record holds, in column order (``median``, ``min``, ``max``)."""
+    return tuple(f.name for f in dataclasses.fields(record))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +89,7 @@ class BenchRow:
     rel_error: float | None = field(default=None, metadata=_doc("‖C − ref‖ / ‖ref‖ of the correctness check"))
     phases: Mapping[str, Spread] = field(
         default_factory=dict,
-        metadata=_doc("over the timed calls, for each phase below (empty: a phase this case has not)", phases=True),
+        metadata=_doc("over the timed calls, for each phase below (empty: a phase this case has not)", phases=Spread),
     )
     gflops: float | None = field(default=None, metadata=_doc("2·m·k·n / median kernel time"))
     # -- the timing's rigor: after the course's columns, which keep their places
@@ -94,12 +107,29 @@ class BenchRow:
     sm_clock_mhz: float | None = field(
         default=None,
         metadata=_doc(
-            "the SM clock during the timed calls (median of nvidia-smi's readings); empty without nvidia-smi "
-            "or on the host"
+            "the SM clock during the timed calls (median of NVML's readings); empty without NVML or on the host"
         ),
     )
     throttled: bool | None = field(default=None, metadata=_doc("whether the GPU slowed itself during the case"))
     throttle_reasons: str | None = field(default=None, metadata=_doc('why (see "Timing rigor")'))
+    load_avg: float | None = field(
+        default=None, metadata=_doc("the machine's 1-minute load average, the highest read during the timed calls")
+    )
+    gpu_processes: int | None = field(
+        default=None,
+        metadata=_doc("processes with a context on the GPU (this one's included), the most read; empty on the host"),
+    )
+    busy: bool | None = field(
+        default=None, metadata=_doc("whether the case ran on a busy machine, its times not the kernel's alone")
+    )
+    busy_reasons: str | None = field(default=None, metadata=_doc('why (see "Timing rigor")'))
+    quartiles: Mapping[str, Quartiles] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "first and third quartiles over the timed calls, for each phase (the report's error bars)",
+            phases=Quartiles,
+        ),
+    )
 
     def spread(self, phase: str) -> Spread | None:
         """``phase`` over the timed calls, None where the case has no such phase."""
@@ -159,8 +189,9 @@ def columns(cls: RowType) -> tuple[str, ...]:
     """The file's columns, in order: each field's name, a phases field as its phase columns."""
     out: list[str] = []
     for f in dataclasses.fields(cls):
-        if f.metadata.get("phases"):
-            out += [phase_column(p, s) for p in PHASES for s in STATS]
+        record = f.metadata.get("phases")
+        if record is not None:
+            out += [phase_column(p, s) for p in PHASES for s in stats_of(record)]
         else:
             out.append(f.name)
     return tuple(out)
@@ -177,11 +208,12 @@ def to_cells(row: Row) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(row):
         value = getattr(row, f.name)
-        if f.metadata.get("phases"):
+        record = f.metadata.get("phases")
+        if record is not None:
             for phase in PHASES:
-                spread = value.get(phase)
-                for stat in STATS:
-                    out[phase_column(phase, stat)] = None if spread is None else getattr(spread, stat)
+                stats = value.get(phase)
+                for stat in stats_of(record):
+                    out[phase_column(phase, stat)] = None if stats is None else getattr(stats, stat)
         else:
             out[f.name] = value
     return out
@@ -242,15 +274,17 @@ def from_cells(cls: RowType, cells: Mapping[str, Any], where: str = "row") -> An
     hints = _hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.metadata.get("phases"):
+        record = f.metadata.get("phases")
+        if record is not None:
+            names = stats_of(record)
             phases = {}
             for phase in PHASES:
-                stats = [_value(float | None, cells.get(phase_column(phase, s)), f"{where}: {phase}") for s in STATS]
+                stats = [_value(float | None, cells.get(phase_column(phase, s)), f"{where}: {phase}") for s in names]
                 if stats[0] is None:
                     continue
                 if None in stats:
-                    raise ValueError(f"{where}: {phase} has a median but not its min and max")
-                phases[phase] = Spread(*stats)
+                    raise ValueError(f"{where}: {phase} has a {names[0]} but not its {' and '.join(names[1:])}")
+                phases[phase] = record(*stats)
             values[f.name] = phases
         elif f.name in cells or f.default is dataclasses.MISSING:
             values[f.name] = _value(hints[f.name], cells.get(f.name), f"{where}: {f.name}")
@@ -271,9 +305,8 @@ def markdown_table(cls: RowType) -> str:
     """The columns of ``cls``'s file with their meaning."""
     lines = ["| column | meaning |", "| --- | --- |"]
     for f in dataclasses.fields(cls):
-        name = (
-            ", ".join(f"`{phase_column('<phase>', s)}`" for s in STATS) if f.metadata.get("phases") else f"`{f.name}`"
-        )
+        record = f.metadata.get("phases")
+        name = ", ".join(f"`{phase_column('<phase>', s)}`" for s in stats_of(record)) if record else f"`{f.name}`"
         lines.append(f"| {name} | {f.metadata['doc']} |")
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,11 +18,11 @@ import numpy as np
 
 from .. import kernels as registry
 from .. import textformat
-from ..check import full as verify
-from ..check import tolerance
 from ..atomic import write_atomic
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from ..backends.cpu import CpuBackend
+from ..check import full as verify
+from ..check import tolerance
 from ..config import Settings
 from ..errors import MmdError
 from ..generate import input_chunks
@@ -30,13 +31,13 @@ from ..pipeline import run_job
 from ..record import TimingRecord
 from .accuracy import run_accuracy
 from .checking import Inputs, Wrong, check_product, make_inputs
-from .clock import ClockReader, ClockWatch
+from .clock import ClockReader, ClockWatch, load_average
 from .machine import environment
 from .plan import Case, Plan, backend_for
 from .progress import NullProgress, ProgressSink
 from .results import BenchRun, new_folder, write_results
 from .rows import BenchRow
-from .stats import Sample, gflops, noise_of, phase_stats, settled
+from .stats import Sample, gflops, noise_of, phase_quartiles, phase_stats, settled
 
 
 @dataclass
@@ -63,13 +64,20 @@ class _Runner:
     """Runs cases on a backend (and the host backend for ``cpu``) in one mode."""
 
     def __init__(
-        self, plan: Plan, backend: Backend, host: Backend, workdir: Path | None, clock: ClockReader | None = None
+        self,
+        plan: Plan,
+        backend: Backend,
+        host: Backend,
+        workdir: Path | None,
+        clock: ClockReader | None = None,
+        load: Callable[[], float] = load_average,
     ) -> None:
         self.plan = plan
         self.backend = backend
         self.host = host
         self.workdir = workdir
         self.clock = clock
+        self.load = load
         self._inputs: tuple[tuple[int, int, int], Inputs] | None = None
 
     def inputs(self, case: Case) -> Inputs:
@@ -110,7 +118,7 @@ class _Runner:
         checked = _Checked()
         samples: list[dict[str, float]] = []
         compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
-        watch = ClockWatch(self.clock if spec.on_gpu else None)
+        watch = ClockWatch(self.clock if spec.on_gpu else None, load=self.load)
         try:
             for i in range(plan.warmup):
                 compiles += _compile_of(self._call(backend, request, inputs, check=i == 0, checked=checked))
@@ -139,6 +147,7 @@ class _Runner:
             **dataclasses.asdict(checked),
             repeats=len(samples),
             phases=phases,
+            quartiles=phase_quartiles(samples),
             gflops=gflops(case.m, case.k, case.n, kernel.median if kernel else None),
             kernel_noise=kernel_noise,
             overall_noise=noise_of(samples, "overall"),
@@ -218,12 +227,14 @@ def run_plan(
     progress: ProgressSink | None = None,
     env: dict[str, Any] | None = None,
     clock: ClockReader | None = None,
+    load: Callable[[], float] = load_average,
 ) -> BenchRun:
     """Run every case of ``plan``; results go to ``folder`` (default: a new ``out/<timestamp>``).
 
     GPU kernels run on ``backend``; the ``cpu`` kernel runs on ``host`` (a
-    :class:`CpuBackend` by default). ``clock`` reads the GPU's SM clock during
-    each GPU case (:class:`~.clock.NvidiaSmi`; None: not recorded). The results files
+    :class:`CpuBackend` by default). ``clock`` reads the GPU's SM clock and
+    processes during each GPU case (:class:`~.clock.Nvml`; None: not recorded),
+    ``load`` the machine's load average during every case. The results files
     are rewritten after each case; ``run.complete`` is set when every case has run.
     """
     progress = progress or NullProgress()
@@ -234,7 +245,7 @@ def run_plan(
     cases = plan.cases()
     progress.start(len(cases), folder)
     with tempfile.TemporaryDirectory(prefix="mmd-bench-") if plan.through_files else nullcontext() as tmp:
-        runner = _Runner(plan, backend, host, Path(tmp) if tmp else None, clock)
+        runner = _Runner(plan, backend, host, Path(tmp) if tmp else None, clock, load)
         for index, case in enumerate(cases):
             progress.begin(index, case)
             row = runner.run(case)

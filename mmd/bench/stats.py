@@ -1,4 +1,5 @@
-"""A case's statistics: each phase's median, min and max over the timed calls, and how well the median is known."""
+"""A case's statistics: each phase's median, min, max and quartiles over the timed calls, and how well the median
+is known."""
 
 from __future__ import annotations
 
@@ -7,13 +8,27 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from .rows import PHASES, Spread
+from .rows import PHASES, Quartiles, Spread
 
 #: Confidence of the interval behind :func:`median_noise`.
 NOISE_CONFIDENCE = 0.95
 
 #: One call's phases: phase → ms.
 Sample = Mapping[str, float]
+
+
+def phase_quartiles(samples: Sequence[Sample]) -> dict[str, Quartiles]:
+    """Each phase's first and third quartiles over the samples (in µs-rounded ms; numpy's default, linear,
+    interpolation), for the phases some sample has."""
+    out: dict[str, Quartiles] = {}
+    for phase in PHASES:
+        values = [s[phase] for s in samples if s.get(phase) is not None]
+        if len(values) == 1:
+            out[phase] = Quartiles(round(values[0], 3), round(values[0], 3))
+        elif values:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            out[phase] = Quartiles(round(q1, 3), round(q3, 3))
+    return out
 
 
 def phase_stats(samples: Sequence[Sample]) -> dict[str, Spread]:

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         paths.output_folder(args.out)  # before a case is run
         clock = None
         if isinstance(backend, CudaBackend):
-            clock = bench.NvidiaSmi.find(settings.device, backend.limits.pci_bus_id)
+            clock = bench.Nvml.find(settings.device, backend.limits.pci_bus_id)
         result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr), clock=clock)
     finally:
         backend.close()

@@ -12,9 +12,10 @@ Input is one of
 Output, in PNG and SVG (matplotlib, Agg):
 
 1. ``graph1_overall``: overall time at the largest size (the course: 4096) —
-   tiles on the x axis, one bar per kernel in each group, min–max as error
-   bars; kernels without a tile (cublas, cpu) in their own group and as a
-   dotted line across.
+   tiles on the x axis, one bar per kernel in each group, the interquartile
+   range as error bars (min–max for results that have no quartiles);
+   kernels without a tile (cublas, cpu) in their own group and as a dotted
+   line across.
 2. ``graph2_cuda``: the same for CUDA time (malloc + h2d + kernel + d2h +
    free); a kernel without CUDA phases (the cpu backend) shows its kernel
    time, and its label says so.
@@ -134,18 +135,14 @@ def render(
     where = f"{sweep.size}×{sweep.size}" if sweep.size is not None else "no size"
     files: list[Path] = []
     fig = figures.bars_figure(
-        sweep,
-        lambda r: (r.spread("overall"), False),
-        f"Graph 1: overall time at {where}",
-        "overall time (ms, median; bars: min–max)",
-        log,
+        sweep, lambda r: ("overall", False), f"Graph 1: overall time at {where}", "overall time (ms, median", log
     )
     files += figures.save(fig, out, GRAPH_FILES[0].removesuffix(".png"))
     fig = figures.bars_figure(
         sweep,
         cuda_or_kernel,
         f"Graph 2: CUDA time (malloc + h2d + kernel + d2h + free) at {where}",
-        "CUDA time (ms, median; bars: min–max)",
+        "CUDA time (ms, median",
         log,
     )
     files += figures.save(fig, out, GRAPH_FILES[1].removesuffix(".png"))

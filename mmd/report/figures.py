@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import kernels as registry
-from ..bench.rows import AccuracyRow, BenchRow, Spread
+from ..bench.rows import AccuracyRow, BenchRow
 from ..errors import MissingExtra
 from ..resources import install_hint
 from .sweeps import TileSweep, sized
@@ -163,13 +163,24 @@ def _readable_categories(fig: Any) -> None:
         ax.set_xticks(ax.get_xticks(), keep[::-1])
 
 
-#: A bar's value: (its spread, whether it is the kernel's time standing in for the one asked).
-BarValue = Callable[[BenchRow], tuple[Spread | None, bool]]
+#: A bar's phase: (the phase, whether it is the kernel's time standing in for the one asked).
+BarPhase = Callable[[BenchRow], tuple[str, bool]]
 
 
-def bars_figure(sweep: TileSweep, value: BarValue, title: str, ylabel: str, log: bool) -> Any:
+def whisker(row: BenchRow, phase: str, quartiles: bool) -> tuple[float, float] | None:
+    """The error bar of ``row``'s ``phase``: its interquartile range (``quartiles``), else its min–max."""
+    spread = row.spread(phase)
+    if spread is None:
+        return None
+    q = row.quartiles.get(phase)
+    return (q.q1, q.q3) if quartiles and q is not None else (spread.min, spread.max)
+
+
+def bars_figure(sweep: TileSweep, value: BarPhase, title: str, ylabel: str, log: bool) -> Any:
     """Graphs 1 and 2: one group of bars per tile (and one for kernels without a tile), a bar per kernel
-    at its median, min–max as error bars."""
+    at its median, its interquartile range as error bars (one slow call stretches the min–max to the top of
+    the graph and flattens every other bar); results from before the quartiles were recorded show their
+    min–max, and ``ylabel`` is completed with which."""
     fig = _figure()
     ax = fig.subplots()
     ax.set_title(title)
@@ -186,6 +197,9 @@ def bars_figure(sweep: TileSweep, value: BarValue, title: str, ylabel: str, log:
     labelled: set[str] = set()
     kernel_time: set[str] = set()
     shown: list[float] = []
+    ran = [r for r in sweep.cells.values() if r.status == "ok" and r.spread(value(r)[0]) is not None]
+    quartiles = all(value(r)[0] in r.quartiles for r in ran)
+    ylabel += "; bars: interquartile range)" if quartiles else "; bars: min–max, these results have no quartiles)"
     for gi, (_, tile, names) in enumerate(groups):
         for bi, name in enumerate(names):
             x = gi - 0.4 + width * (bi + 0.5)
@@ -198,16 +212,17 @@ def bars_figure(sweep: TileSweep, value: BarValue, title: str, ylabel: str, log:
                     va="bottom", fontsize=8, color=colors[name],
                 )  # fmt: skip
                 continue
-            spread, is_kernel = value(row)
-            if spread is None:
+            phase, is_kernel = value(row)
+            spread, bar = row.spread(phase), whisker(row, phase, quartiles)
+            if spread is None or bar is None:
                 continue
             if is_kernel:
                 kernel_time.add(name)
-            yerr = [[spread.median - spread.min], [spread.max - spread.median]]
+            yerr = [[spread.median - bar[0]], [bar[1] - spread.median]]
             label = None if name in labelled else name
             ax.bar(x, spread.median, width, color=colors[name], yerr=yerr, capsize=2, label=label)
             labelled.add(name)
-            shown += [spread.min, spread.max]
+            shown += list(bar)
             if tile is None and sweep.tiles:  # the same value as a line across the tile groups
                 ax.axhline(spread.median, color=colors[name], linestyle=":", linewidth=1)
     for handle in ax.get_legend_handles_labels()[0]:

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from ..bench.rows import AccuracyRow, BenchRow, RowType, from_cells
-from ..bench.stats import gflops, phase_stats
+from ..bench.stats import gflops, phase_quartiles, phase_stats
 from ..errors import UnreadableError
 from ..record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, TimingRecord, read
 
@@ -115,11 +115,12 @@ def read_sidecars(folder: Path) -> Results:
         samples = [{p: v for p, v in dataclasses.asdict(r.timings_ms).items() if v is not None} for r in recs]
         phases = phase_stats(samples)
         kernel_ms = phases["kernel"].median if "kernel" in phases else None
+        quartiles = phase_quartiles(samples)
         rows.append(
             BenchRow(
                 kernel=kernel, backend=backend, tile=tile, m=shape.m, k=shape.k, n=shape.n, memory=memory,
                 mode="files", repeats=len(recs), device=device, phases=phases,
-                gflops=gflops(shape.m, shape.k, shape.n, kernel_ms),
+                gflops=gflops(shape.m, shape.k, shape.n, kernel_ms), quartiles=quartiles,
             )
         )  # fmt: skip
         if device:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import kernels as registry
-from ..bench.rows import AccuracyRow, BenchRow, Spread
+from ..bench.rows import AccuracyRow, BenchRow
 
 #: Known GPUs' fp32 peak (TFLOP/s, boost clock, no tensor cores), most specific pattern first.
 PEAK_FP32_TFLOPS: tuple[tuple[str, float, str], ...] = (
@@ -110,12 +110,11 @@ def size_sweep(rows: list[BenchRow], tile: int | None) -> dict[str, list[BenchRo
     return {k: sorted(out[k], key=sized) for k in kernel_order(out)}
 
 
-def cuda_or_kernel(row: BenchRow) -> tuple[Spread | None, bool]:
-    """(the spread, is_kernel_time): CUDA time, or kernel time where the row has no CUDA phases."""
-    cuda = row.spread("cuda")
-    if cuda is not None:
-        return cuda, False
-    return row.spread("kernel"), True
+def cuda_or_kernel(row: BenchRow) -> tuple[str, bool]:
+    """(the phase, is_kernel_time): CUDA time, or kernel time where the row has no CUDA phases."""
+    if row.spread("cuda") is not None:
+        return "cuda", False
+    return "kernel", True
 
 
 def accuracy_sweep(rows: list[AccuracyRow]) -> dict[str, list[AccuracyRow]]:
