@@ -4,6 +4,7 @@ accounts and a real daemon, are in tests/test_class.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hypothesis import given
@@ -72,3 +73,62 @@ def test_a_start_cut_short_for_another_job_is_excused_and_crashes_still_count(tm
     assert spool.attempt(again["excused.txt"]) == 2  # that start never ended: its worker died running it
     spool.excuse(again["excused.txt"])
     assert spool.attempt(again["excused.txt"]) == 2  # the crash still counts, the excused start does not
+
+
+#: A control socket alone in a process of its own with 64 descriptors; its main loop answers at once.
+SERVER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+from mmd.daemon.local import Limits, LocalSocket
+
+class Log:
+    def warning(self, message, **facts):
+        print("warning:", message, facts, file=sys.stderr, flush=True)
+
+def hints(asked):
+    asked.reply.set_result({"ok": True, "you": asked.uid})
+
+sock = LocalSocket(sys.argv[1], hints, Log(), Limits(8, 5.0))
+sock.start()
+print("ready", flush=True)
+sys.stdin.read()
+sock.close()
+"""
+
+
+def test_a_socket_out_of_descriptors_says_so_once_and_serves_again_once_they_are_back(tmp_path):
+    """100 connections held open against a daemon with 64 descriptors: its accepts fail (EMFILE), which it says
+    once, without a traceback, and retries without spinning; once they are closed it answers again."""
+    import socket
+    import subprocess
+    import sys
+
+    from mmd.daemon.local import ask
+
+    from .conftest import mmd_env, wait_for
+
+    path = tmp_path / "mmd.sock"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(path)], env=mmd_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        held = []
+        for _ in range(100):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(path))
+            held.append(s)
+        for s in held:
+            s.close()
+        answer = wait_for(lambda: _answer(path, ask), 30, "an answer once the descriptors are back")
+        assert answer == {"ok": True, "you": os.geteuid()}
+    finally:
+        _out, err = proc.communicate("", timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and err.count("cannot accept a connection") == 1, err
+
+
+def _answer(path, ask):
+    try:
+        return ask(path, {"op": "status"}, timeout=5)
+    except OSError:
+        return None

@@ -149,6 +149,7 @@ class LocalSocket:
         self._conns: set[_Conn] = set()
         self._users: dict[int, _User] = {}
         self._accept_at = 0.0  # monotonic: accept no one before (out of descriptors a moment ago)
+        self._starved = False  # the last accept failed (said once, until one succeeds)
 
     def start(self) -> None:
         """Bind (replacing a socket no daemon answers on), open it to every local user, and serve it."""
@@ -255,9 +256,13 @@ class LocalSocket:
             except BlockingIOError:
                 return True
             except OSError as exc:
-                self.log.warning("control socket: cannot accept a connection", reason=exc.strerror or repr(exc))
+                if not self._starved:
+                    self.log.warning("control socket: cannot accept a connection; trying again every 0.1 s",
+                                     reason=exc.strerror or repr(exc))  # fmt: skip
+                self._starved = True
                 self._accept_at = time.monotonic() + 0.1
                 return False
+            self._starved = False
             sock.setblocking(False)
             now = time.monotonic()
             try:
