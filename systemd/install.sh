@@ -39,6 +39,17 @@ die() {
     exit 1
 }
 
+# q WORD: WORD as the shell reads it back (quoted only where it needs to be).
+q() {
+    case $1 in
+        '' | *[!A-Za-z0-9_./:=+@%,-]*) printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")" ;;
+        *) printf '%s' "$1" ;;
+    esac
+}
+
+# This run's options, as the shell reads them back: a message that says to run it again repeats them.
+options=""
+for word in "$@"; do options="$options $(q "$word")"; done
 dry=false cuda=auto graders="" root="" user=mmd group=mmd-spool
 src=$(dirname "$0")/..
 while [ $# -gt 0 ]; do
@@ -61,13 +72,6 @@ src=$(cd "$src" && pwd) || die "no source folder $src"
 [ -z "$root" ] || root=$(cd "$root" 2>/dev/null && pwd) || die "no root folder $root"
 $dry || [ "$(id -u)" = 0 ] || die "run as root (--dry-run shows what it would do)"
 
-# q WORD: WORD as the shell reads it back (quoted only where it needs to be).
-q() {
-    case $1 in
-        '' | *[!A-Za-z0-9_./:=+@%,-]*) printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")" ;;
-        *) printf '%s' "$1" ;;
-    esac
-}
 # act LINE: every change is one shell line, printed by --dry-run and otherwise run as printed,
 # so the dry run is the script of what would happen.
 act() {
@@ -112,9 +116,9 @@ PY
 }
 problem=$(why_not "$python")
 if [ -n "$problem" ]; then
-    how="install one (Debian: apt install python3-venv), then PYTHON=/path/to/python3 sh $0"
+    how="install one (Debian: apt install python3-venv), then PYTHON=/path/to/python3 sh $0$options"
     for candidate in /usr/bin/python3 /usr/local/bin/python3; do
-        if [ -x "$candidate" ] && [ -z "$(why_not "$candidate")" ]; then how="PYTHON=$candidate sh $0"; break; fi
+        if [ -x "$candidate" ] && [ -z "$(why_not "$candidate")" ]; then how="PYTHON=$candidate sh $0$options"; break; fi
     done
     die "$python: $problem; the service could not run a venv made from it, nor the users its mmd. \
 Nothing was changed. Run it with an interpreter that every user can read, outside /home and /root: $how"

@@ -7,6 +7,7 @@ import grp
 import os
 import pwd
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -256,7 +257,8 @@ def assert_refused_before_anything(done: subprocess.CompletedProcess[str], why: 
     (line,) = done.stderr.splitlines()
     assert why in line, line
     assert "Nothing was changed" in line
-    assert line.endswith(f"PYTHON={SERVICE_PYTHON} sh {INSTALL_SH}"), "how to fix it, as a command"
+    again = shlex.join(["sh", str(INSTALL_SH), *done.args[2:]])
+    assert line.endswith(f": PYTHON={SERVICE_PYTHON} {again}"), "how to fix it: the same command, as a command"
 
 
 def test_python3_under_home_is_refused_before_anything_with_the_interpreter_that_works(
