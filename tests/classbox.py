@@ -16,9 +16,11 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +45,30 @@ class Student:
     def drop(self, inbox: Path, name: str, text: str, umask: str = "022") -> None:
         """Write ``text`` to ``inbox/name`` as this student: under ``name.part``, then a rename (the docs' recipe)."""
         self.run('printf %s "$3" > "$1/$2.part" && mv "$1/$2.part" "$1/$2"', str(inbox), name, text, umask=umask)
+
+    def rename_in(self, inbox: Path, name: str, data: bytes) -> None:
+        """Put ``data`` at ``inbox/name`` as a file of this student's, renamed in (over whatever of theirs is there):
+        written under a dot name first, as root (a big input does not fit a command line), and given to them."""
+        staged = inbox / f".{self.login}.{name}.part"
+        staged.write_bytes(data)
+        os.chown(staged, self.uid, self.gid)
+        staged.chmod(0o644)
+        self.run('mv "$1" "$2"', str(staged), str(inbox / name))
+
+
+def hold_owners_until(path: str, uids: tuple[int, ...]) -> None:
+    """A worker hook (tests/workerhooks.py): the jobs whose input ``uids`` own wait until ``path`` exists."""
+    from mmd.daemon import worker
+
+    real = worker.run_job
+
+    def held(job: Any, *args: Any, **kw: Any) -> Any:
+        if os.lstat(job.input).st_uid in uids:
+            while not os.path.exists(path):
+                time.sleep(0.01)
+        return real(job, *args, **kw)
+
+    worker.run_job = held
 
 
 def _ensure_group(name: str) -> int:
@@ -109,3 +135,18 @@ def box(students) -> Iterator[Box]:
     state.mkdir(mode=0o700)
     yield Box(root, inbox, outbox, state)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def swap_at_claim(name: str, staged: str) -> None:
+    """A worker hook: the first claim of inbox ``name`` finds ``staged`` renamed over it just before (a student's
+    rename between the offer of a small drop and its claim, made certain)."""
+    from mmd.spool import Spool
+
+    real = Spool.claim
+
+    def claim(self: Any, inbox_name: str, job_id: str | None = None) -> Any:
+        if inbox_name == name and os.path.exists(staged):
+            os.rename(staged, self.inbox / name)
+        return real(self, inbox_name, job_id)
+
+    Spool.claim = claim

@@ -842,3 +842,144 @@ def test_a_cancel_errs_only_its_job_and_charges_its_batch_mates_nothing(box, stu
     finally:
         release.touch()
         stop_class_daemon(box, proc)
+
+
+# -- one student's share of the workers and of the queue; jobs keyed by submitter and name --
+
+
+def big_input(seed: int) -> bytes:
+    """A 200×200 pair: over 256 KiB, a big job (given alone to an idle worker)."""
+    return small_input(seed, n=200).encode()
+
+
+def serving(b: Box, setup: str, **env: str) -> tuple[subprocess.Popen, os.PathLike]:
+    """``mmd serve`` on the class box with two cpu workers, its workers set up by ``setup`` (a workerhooks
+    launcher expression); returns it once it serves, and its log."""
+    from . import workerhooks
+
+    environ = {**os.environ, "MMD_INBOX": str(b.inbox), "MMD_OUTBOX": str(b.outbox), "MMD_STATE_DIR": str(b.state),
+               "MMD_CLASS_MODE": "true", "MMD_BACKEND": "cpu", "MMD_DEVICES": "0,1", "MMD_QUIET_SECONDS": "0.05",
+               "MMD_LOG_FORMAT": "json", **env}  # fmt: skip
+    log_path = b.root / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(workerhooks.launcher(setup), env=environ, stdout=log, stderr=log)
+    wait_for(lambda: '"serving"' in log_path.read_text() or proc.poll() is not None, 60, "the daemon to serve")
+    assert proc.poll() is None, log_path.read_text()[-3000:]
+    return proc, log_path
+
+
+def held_for(who, release: os.PathLike) -> str:
+    """The launcher's setup: ``who``'s jobs wait until ``release`` exists."""
+    return f"partial(__import__('tests.classbox').classbox.hold_owners_until, {str(release)!r}, ({who.uid},))"
+
+
+def test_one_student_with_a_big_job_per_worker_leaves_a_classmate_a_worker(box, students):
+    """Mallory drops two big jobs on an idle daemon of two workers (hers run until released); Alice's small
+    job, dropped after, runs at once: Mallory's big jobs hold at most max_workers_per_submitter workers (a class:
+    half of them), her second waits in the inbox. Before, it took the second worker and Alice waited for one."""
+    alice, mallory = students
+    release = box.root / "release"
+    proc, log_path = serving(box, held_for(mallory, release))
+    try:
+        for i, name in enumerate(("big1.txt", "big2.txt")):
+            mallory.rename_in(box.inbox, name, big_input(40 + i))
+        wait_for(lambda: not (box.inbox / "big1.txt").exists(), 30, "mallory's first big job to be taken")
+        time.sleep(0.5)  # time for her second to be given out, where it may be
+        alice.drop(box.inbox, "small.txt", small_input(42))
+        wait_for(lambda: (box.outbox / alice.login / "small.timing.yaml").exists(), 20, "alice's job, at once")
+        assert (box.inbox / "big2.txt").exists(), "mallory's second big job waits for her first"
+        release.touch()
+        for stem in ("big1", "big2"):
+            wait_for(lambda s=stem: (box.outbox / mallory.login / f"{s}.timing.yaml").exists(), 60, stem)
+    finally:
+        release.touch()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+
+
+def test_one_students_running_hw1_holds_back_no_one_elses(box, students):
+    """Bob's hw1.txt runs (until released); Alice's hw1.txt, dropped meanwhile, runs at once on the idle worker
+    and leaves the name free in the drop box. Before, it waited for Bob's to end (jobs were keyed by name
+    class-wide), and no third student could drop a hw1.txt meanwhile."""
+    alice, bob = students
+    release = box.root / "release"
+    proc, log_path = serving(box, held_for(bob, release))
+    try:
+        bob.rename_in(box.inbox, "hw1.txt", big_input(43))
+        wait_for(lambda: not (box.inbox / "hw1.txt").exists(), 30, "bob's hw1.txt to be taken")
+        time.sleep(0.5)  # the daemon knows it runs
+        alice.drop(box.inbox, "hw1.txt", small_input(44))
+        wait_for(lambda: (box.outbox / alice.login / "hw1.timing.yaml").exists(), 20, "alice's hw1.txt, at once")
+        assert not (box.inbox / "hw1.txt").exists(), "the name is free for the next student"
+        assert not (box.outbox / bob.login / "hw1.timing.yaml").exists(), "bob's still runs"
+        release.touch()
+        wait_for(lambda: (box.outbox / bob.login / "hw1.timing.yaml").exists(), 60, "bob's hw1.txt")
+        assert yaml.safe_load((box.outbox / alice.login / "hw1.timing.yaml").read_text())["submitter"] == alice.login
+    finally:
+        release.touch()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+
+
+def test_a_small_drop_swapped_for_a_big_one_is_given_back_and_runs_alone(box, students):
+    """Alice's small s.txt is given to a worker with a group of Bob's small jobs; just before its claim she
+    renames a big input of hers over the name. The worker gives it back unrun and goes on with Bob's; the big
+    one runs alone (held until released here, it holds back none of Bob's). Before, the worker ran it inside
+    the group, and Bob's jobs given to that worker after it waited for it though the other worker was free."""
+    from . import workerhooks
+
+    alice, bob = students
+    release = box.root / "release"
+    alice.drop(box.inbox, "s.txt", small_input(45))
+    staged = box.inbox / ".swap.part"
+    staged.write_bytes(big_input(46))
+    os.chown(staged, alice.uid, alice.gid)
+    for i in range(12):
+        bob.drop(box.inbox, f"b{i:02d}.txt", small_input(50 + i))
+    setup = workerhooks.partial(
+        workerhooks.chain,
+        workerhooks.partial(workerhooks.hold_jobs_until, str(release), ("s.txt",)),
+        workerhooks.partial(classbox.swap_at_claim, "s.txt", str(staged)),
+    )
+    bobs = [box.outbox / bob.login / f"b{i:02d}.timing.yaml" for i in range(12)]
+    failures: list[BaseException] = []
+
+    def release_once_bobs_are_done() -> None:
+        try:
+            wait_for(lambda: all(p.exists() for p in bobs), 30, "bob's jobs while alice's big one is held")
+        except BaseException as exc:  # pytest.fail raises a BaseException
+            failures.append(exc)
+        finally:
+            release.touch()
+
+    import threading
+
+    driver = threading.Thread(target=release_once_bobs_are_done, daemon=True)
+    driver.start()
+    assert daemon.Daemon(class_settings(box, devices=(0, 1)), worker_setup=setup).serve(once=True) == 0
+    driver.join(10)
+    if failures:
+        raise failures[0]
+    side = yaml.safe_load((box.outbox / alice.login / "s.timing.yaml").read_text())
+    assert side["status"] == "ok" and side["shape"] == {"m": 200, "k": 200, "n": 200}, "the big input, run once"
+    assert not (box.outbox / alice.login / "s.1.out").exists() and not staged.exists()
+
+
+def test_a_flood_that_fills_the_queue_with_old_mtimes_leaves_room_for_a_classmates_file(box, students):
+    """Mallory's 40 files, their mtimes set in 2001, fill a queue of 8 (max_queue) before Alice's one is seen.
+    Her share of the queue is 4 (max_waiting_per_submitter), the inbox is offered by share, not by age: Alice's
+    goes among the first. Before, the flood's files were offered oldest mtime first at every refill, and hers
+    came last."""
+    alice, mallory = students
+    mallory.run('i=0; while [ $i -lt 40 ]; do printf "%s" "$2" > "$1/m$i.txt"; touch -d 2001-01-01 "$1/m$i.txt"; '
+                'i=$((i+1)); done', str(box.inbox), small_input(60))  # fmt: skip
+    alice.drop(box.inbox, "mine.txt", small_input(61))
+    assert serve_once(class_settings(box, max_queue=8, max_waiting_per_submitter=4)) == 0
+    finished = {
+        p.name: yaml.safe_load(p.read_text())["finished_at"]
+        for who in (alice, mallory)
+        for p in (box.outbox / who.login).glob("*.timing.yaml")
+    }
+    assert len(finished) == 41
+    before = sum(1 for name, at in finished.items() if name != "mine.timing.yaml" and at < finished["mine.timing.yaml"])
+    assert before <= 8, f"{before} of the flood's jobs went before alice's"

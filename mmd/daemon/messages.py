@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
@@ -23,7 +23,7 @@ from ..errors import MmdError
 from ..fileops import FileOps
 from ..hooks import JobEnd
 from ..record import Tally
-from ..spool import Claim
+from ..spool import Candidate, Claim
 
 # -- hints: observer and signals -> main loop ---------------------------------------
 
@@ -89,6 +89,9 @@ class Run:
     seq: int
     name: str
     job_id: str
+    #: The file the scheduler was offered under ``name`` (its inode, size and owner): a claim that finds another
+    #: file there runs it only where it is as small as the one offered, else gives it back (:class:`NotRun`).
+    seen: Candidate | None = None
 
 
 @dataclass(frozen=True)
@@ -178,12 +181,15 @@ class Ended:
 @dataclass(frozen=True)
 class NotRun:
     """Order ``seq`` was not run: its file was gone (``reason`` empty), new jobs were held back (it stays in
-    the inbox), or its claim failed (``broken``: retried at the next rescan, not before)."""
+    the inbox), its claim failed (``broken``: retried at the next rescan, not before), or its claim found
+    another file than the one offered, larger than a small job (``claimed``: it stays claimed in ``.work``,
+    no start counted, to be given again by its real size and owner)."""
 
     seq: int
     name: str
     broken: bool = False
     reason: str = ""
+    claimed: Claim | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,10 @@ class Watched:
 
     seq: int
     name: str | None
+    #: Who dropped what it took, and its size (the scheduler counts a big job toward its submitter's workers):
+    #: facts of the file, not of the answer.
+    submitter: str | None = field(default=None, compare=False)
+    size: int | None = field(default=None, compare=False)
 
 
 Event = Ready | StartFailed | Watched | Ended | NotRun | Kept

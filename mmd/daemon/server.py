@@ -51,7 +51,8 @@ from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
 from ..record import now_iso
-from ..spool import Claim, Readiness, Spool, shown, state_name
+from ..spool import Candidate, Claim, Readiness, Spool, shown, state_name
+from ..spool.scanning import Arrivals
 from ..submitters import login_of
 from . import common
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
@@ -85,7 +86,7 @@ from .messages import (
 )
 from .observer import Watcher, make_observer
 from .pool import WorkerHandle, WorkerPool
-from .scheduler import Scheduler
+from .scheduler import Scheduler, workers_per_submitter
 from .state import State
 
 #: Seconds the main loop pauses after a turn that found this process's descriptors used up (EMFILE, ENFILE),
@@ -126,7 +127,9 @@ class Daemon:
             **({"host": self.host_id} if self.host_id else {}),
         )
         self.log = get_logger()
-        self.scheduler = Scheduler(settings.max_queue)
+        self.scheduler = Scheduler(settings.max_queue, max_waiting=settings.max_waiting_per_submitter)
+        #: When this daemon first saw each inbox file: a backlog's order (never the file's mtime).
+        self._arrivals = Arrivals()
         #: The worker processes (made when serving starts).
         self.workers = WorkerPool(None, self._spec, self._lock_fds)
         #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
@@ -262,7 +265,7 @@ class Daemon:
             if item.claim is not None:
                 order = Resume(seq, item.claim)
             else:
-                order = Run(seq, item.name, new_id())
+                order = Run(seq, item.name, item.job_id, item.seen)
                 self.spool.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
             self.workers.give(index, order, item.small, item.submitter)
         self.state.update(queue=self.scheduler.waiting)
@@ -286,10 +289,11 @@ class Daemon:
         """One event of worker ``w``; ``order``: the order it answers (its inbox name is what the scheduler
         holds: a job claimed under a safe name reports that name, not the one it was dropped under)."""
         if isinstance(event, Watched):
-            if event.name is not None:
-                self.scheduler.took(event.name)
-            elif isinstance(order, Watch):
-                self.spool.forget(order.job_id)
+            if isinstance(order, Watch):
+                if event.name is not None:
+                    self.scheduler.took(event.name, order.job_id, event.submitter, event.size)
+                else:
+                    self.spool.forget(order.job_id)
             self._release()
             return
         held = order.name if isinstance(order, Run) else order.claim.name if isinstance(order, Resume) else None
@@ -303,17 +307,23 @@ class Daemon:
             if event.memory_used is not None:
                 self.metrics.gpu_memory.labels(str(event.memory_used[0])).set(event.memory_used[1])
             self.hooks.ended(event.end)
-            self._ended(held or str(event.entry["file"]))
+            self._ended(event.end.job, held or str(event.entry["file"]))
+        elif isinstance(event, NotRun) and event.claimed is not None:
+            # Claimed, but another file than the one offered: it waits again, by its real size and owner.
+            again = isinstance(order, Run) and self.scheduler.ended(order.job_id)
+            self.scheduler.returned(event.claimed)
+            if again:
+                self._offer(event.name, complete=True)
         elif isinstance(event, NotRun):
             if isinstance(order, Run):
                 self.spool.forget(order.job_id)
-            self._ended(held or event.name, broken=event.broken)
+                self._ended(order.job_id, event.name, broken=event.broken)
         elif isinstance(event, Kept):
             self.spool.leave(event.claim)
             if event.committed:
                 self._output_failures = 0
             self._pause(event.reason)
-            self.scheduler.ended(held or event.claim.name)
+            self.scheduler.ended(event.claim.job_id)
         elif isinstance(event, Ready):
             self.state.worker(w.index, backend=event.backend, device=event.device)
             if event.fallback is not None and event.fallback not in self._fallbacks_said:
@@ -329,8 +339,10 @@ class Daemon:
         for hint in deferred:
             self._offer(hint.name, hint.complete)
 
-    def _ended(self, name: str, broken: bool = False) -> None:
-        if self.scheduler.ended(name, broken=broken):
+    def _ended(self, job_id: str, name: str, broken: bool = False) -> None:
+        """Job ``job_id`` (of inbox name ``name``) ended or was not run: ``name`` is looked at again when a file
+        was completed under it meanwhile."""
+        if self.scheduler.ended(job_id, broken=broken):
             self._offer(name, complete=True)
 
     def _pause(self, reason: str) -> None:
@@ -407,7 +419,7 @@ class Daemon:
                     self._rescan_now = True  # whatever arrived while it watched
                     continue
                 name = order.name if isinstance(order, Run) else order.claim.name
-                self.scheduler.ended(name)
+                self.scheduler.ended(job_id)
                 self._offer(name, complete=True)
             elif order is ended_for and running is not None and stopped is not None:
                 if not record.timing_path(claim.output).exists() and os.path.lexists(claim.output):
@@ -419,7 +431,7 @@ class Daemon:
                     self._excuse(claim)  # run before the stopped job, its group's commit pending: not its fault
                 resume.append(claim)
         for claim in resume:
-            self.scheduler.ended(claim.name)
+            self.scheduler.ended(claim.job_id)
         self.scheduler.resume(resume)
         for path in self.spool.sweep_temporaries():
             self.log.info("removed a temporary left by a stopped worker", path=str(path))
@@ -468,7 +480,7 @@ class Daemon:
         self.metrics.job_ended(counted)
         self.hooks.ended(JobEnd(claim.job_id, "error", shown(claim.original or claim.name), None, result.sidecar,
                                 error.reason, submitter=claim.submitter or ""))  # fmt: skip
-        self.scheduler.ended(claim.name)
+        self.scheduler.ended(claim.job_id)
         self.spool.forget(claim.job_id)
 
     # -- scheduling --
@@ -481,24 +493,42 @@ class Daemon:
         if not complete and not self._readiness.observe(name, cand.size, cand.mtime_ns):
             return
         self._readiness.forget(name)
+        self._arrivals.seen(cand, time.monotonic())
         if self.paused():
             return  # it stays in the inbox; the rescan after the pause takes it
-        full = self.scheduler.backlog
-        self.scheduler.offer(name, cand.size, _submitter(cand.owner))
-        if self.scheduler.backlog and not full:
+        full = self.scheduler.full
+        self.scheduler.offer(name, cand.size, _submitter(cand.owner), cand)
+        if self.scheduler.full and not full:
             self.log.warning(
                 "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
             )
             self.state.update(backlog=True)
 
     def _rescan(self) -> int:
-        """Offer every waiting file; returns how many job files wait (not counting broken ones)."""
-        found = [c for c in self.spool.scan() if not self.scheduler.is_broken(c.name)]
-        for cand in found:
+        """Offer every waiting file; returns how many job files wait (not counting broken ones).
+
+        The files go to the scheduler by share (the submitters in turn), each submitter's in the order this
+        daemon first saw them (a scan's own in their mtime's order: they reorder only their owner's files).
+        """
+        now = time.monotonic()
+        scanned = self.spool.scan()
+        found: list[Candidate] = []
+        complete: dict[str | None, list[tuple[float, Candidate]]] = {}
+        for cand in scanned:
+            submitter = _submitter(cand.owner)
+            if self.scheduler.is_broken(cand.name, submitter):
+                continue
+            found.append(cand)
+            arrived = self._arrivals.seen(cand, now)
             if self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
                 self._readiness.forget(cand.name)
                 if not self.paused():
-                    self.scheduler.offer(cand.name, cand.size, _submitter(cand.owner))
+                    complete.setdefault(submitter, []).append((arrived, cand))
+        self._arrivals.keep({c.name for c in scanned})
+        first = sorted(complete, key=lambda s: (min(a for a, _ in complete[s]), str(s)))
+        groups = {s: [c for _, c in sorted(complete[s], key=lambda ac: ac[0])] for s in first}
+        for cand in self.scheduler.by_share(groups, now):
+            self.scheduler.offer(cand.name, cand.size, _submitter(cand.owner), cand)
         known = {c.name for c in found}
         for name in self._readiness.pending:
             if name not in known:
@@ -608,6 +638,7 @@ class Daemon:
         reopen = (new.backend, new.kernel_cache) != (self.settings.backend, self.settings.kernel_cache)
         self.settings = new
         self._readiness.quiet = new.quiet_seconds
+        self._cap_submitters()
         if self._local is not None:
             self._local.limits = Limits.of(new)
         self.workers.broadcast(Configure(new, reopen))
@@ -669,6 +700,7 @@ class Daemon:
             waiting = self._rescan()
             # Started last: each start waits for the fork server's imports, which have run meanwhile.
             self.workers.start(devices)
+            self._cap_submitters()
             for w in self.workers:
                 self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
             # said once the first worker is ready, before it is given a job (jobs go out as each one is ready)
@@ -722,6 +754,13 @@ class Daemon:
             self.mailbox.close()
             self._waits.close()
             self.log.info("stopped", done=self.state.snapshot()["done"])
+
+    def _cap_submitters(self) -> None:
+        """The scheduler's per-submitter limits, from the settings and the workers there are."""
+        s = self.settings
+        self.scheduler.max_waiting = s.max_waiting_per_submitter
+        self.scheduler.max_workers = workers_per_submitter(s.max_workers_per_submitter, len(self.workers),
+                                                           s.class_mode)  # fmt: skip
 
     def _await_workers(self) -> None:
         """Wait until every worker has opened its backend (or failed to: SpoolError, the daemon cannot serve).
@@ -842,7 +881,8 @@ class Daemon:
             # A full queue is refilled by a rescan once it has drained to half (not after
             # every job: each rescan lists the whole inbox).
             if now >= next_rescan or self.scheduler.refill_due() or self._rescan_now:
-                self.scheduler.backlog = self._rescan_now = False
+                self.scheduler.refilling()
+                self._rescan_now = False
                 self.state.update(backlog=False)
                 if not once:
                     self.scheduler.forgive()

@@ -60,7 +60,8 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context, now_iso
-from ..spool import OUTPUT_SUFFIX, Attempts, Claim, Spool, entries, shown
+from ..spool import OUTPUT_SUFFIX, Attempts, Candidate, Claim, Spool, entries, shown
+from ..spool.claims import took_seen
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
@@ -194,6 +195,15 @@ class Runner:
                     get_logger(file=shown(name)).debug("already taken")  # claimed by someone else or removed: harmless
                     self.report(NotRun(order.seq, order.name))
                     return
+                if order.seen is not None and not _as_offered(claim, order.seen):
+                    # Renamed over the name since it was offered (a small drop swapped for a big one): not run in
+                    # the small group it was given to. It stays claimed, no start counted, and goes back to be
+                    # given again by what it is.
+                    self._log(claim).warning("the claimed file is not the one offered under its name; given back",
+                                             offered_bytes=order.seen.size, claimed_bytes=claim.size)  # fmt: skip
+                    self.spool.forget(claim.job_id)
+                    self.report(NotRun(order.seq, order.name, claimed=claim))
+                    return
             else:
                 claim = order.claim
             self._begin(order.seq, claim, more_waiting)
@@ -218,12 +228,13 @@ class Runner:
             return True
         if claim is None:
             return False
-        if claim.size is not None and claim.size <= GROUP_INPUT_BYTES:
+        watched = Watched(watch.seq, name, claim.submitter, claim.size)
+        if _small(claim.size):
             # Told when it ends: a message now would wake the main process in the middle of a lone job, and
             # its supervisor reads what runs from the control block meanwhile.
-            self._untold = Watched(watch.seq, name)
+            self._untold = watched
         else:
-            self.report(Watched(watch.seq, name))  # at once: the status shows a long job from its start
+            self.report(watched)  # at once: the status shows a long job from its start
         try:
             self._begin(watch.seq, claim, False)
         except Exception as exc:  # the job boundary, as in process()
@@ -321,7 +332,7 @@ class Runner:
                 self._log(claim).error("a job that kills its worker: failed", attempts=starts - 1)
         job = self._job(claim, refusal)
         self.control.limit(job.settings.job_timeout_s)  # the name may set its own
-        small = refusal is not None or (claim.size is not None and claim.size <= GROUP_INPUT_BYTES)
+        small = refusal is not None or _small(claim.size)
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
@@ -491,6 +502,17 @@ class Runner:
             self.spool.drop_spares()
             self.spares.drop()
         self.backends.close()
+
+
+def _small(size: int | None) -> bool:
+    """Whether an input of ``size`` bytes is a small job's (one that may run in a group)."""
+    return size is not None and size <= GROUP_INPUT_BYTES
+
+
+def _as_offered(claim: Claim, seen: Candidate) -> bool:
+    """Whether a claim may run as the job it was given for: it took the file offered, or one as small as a
+    small one offered (a group's job stays a group's)."""
+    return took_seen(claim, seen) or (_small(seen.size) and _small(claim.size))
 
 
 def _hold_facts(attempts: Attempts) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from .names import (
     work_folder_name,
     writable_problem,
 )
+from .scanning import Candidate
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class Claim:
     size: int | None = None
     #: The claimed entry's owner (uid): the job's submitter (None: not known).
     owner: int | None = None
+    #: The claimed entry's inode (None: not known).
+    ino: int | None = None
 
     @property
     def stem(self) -> str:
@@ -118,6 +121,12 @@ def finished(claim: Claim) -> tuple[bool, Path] | None:
         if found.get("job") == claim.job_id:
             return ok, path
     return None
+
+
+def took_seen(claim: Claim, seen: Candidate) -> bool:
+    """Whether ``claim`` took the very file ``seen`` in the inbox (its inode, size and owner), not one renamed
+    over its name since."""
+    return (claim.ino, claim.size, claim.owner) == (seen.ino, seen.size, seen.owner)
 
 
 def owned_by(claim: Claim, path: Path) -> bool:
@@ -324,7 +333,8 @@ class Claims:
         problem = entry_problem(info)
         if problem is None and self.shared.class_mode:
             problem = writable_problem(info)
-        return {"regular": stat.S_ISREG(info.st_mode), "problem": problem, "size": info.st_size, "owner": info.st_uid}
+        return {"regular": stat.S_ISREG(info.st_mode), "problem": problem, "size": info.st_size, "owner": info.st_uid,
+                "ino": info.st_ino}  # fmt: skip
 
     def _looked_at(self, claim: Claim, info: os.stat_result, **changes: Any) -> Claim:
         """``claim`` with what its entry's ``lstat`` says (:meth:`_looks`)."""

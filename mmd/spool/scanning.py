@@ -2,8 +2,9 @@
 
 :func:`scan` lists the job files waiting (:class:`Candidate`), oldest first;
 :func:`stat_entry` looks at one of them; :class:`Readiness` decides when a
-file seen there is complete. All pure: :func:`scan` takes its ``scandir``
-and :class:`Readiness` its clocks as parameters.
+file seen there is complete; :class:`Arrivals` remembers when the daemon
+first saw each. All pure: :func:`scan` takes its ``scandir``,
+:class:`Readiness` its clocks and :class:`Arrivals` the time as parameters.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Candidate:
     mtime_ns: int
     #: Its owner's uid: who dropped it.
     owner: int | None = None
+    #: Its inode: a file renamed over the name is another file (the claim checks it took the one offered).
+    ino: int | None = None
 
 
 def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
@@ -48,7 +51,7 @@ def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candi
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # claimed or removed meanwhile
-                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns, info.st_uid))
+                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino))
     except FileNotFoundError:
         return []
     found.sort(key=lambda c: (c.mtime_ns, c.name))
@@ -63,7 +66,30 @@ def stat_entry(inbox: Path, name: str) -> Candidate | None:
         return None
     if stat.S_ISDIR(info.st_mode):
         return None
-    return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid)
+    return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino)
+
+
+class Arrivals:
+    """When the daemon first saw each inbox file, by its own clock: a backlog is offered in that order, never by
+    the file's mtime, which its owner sets (``touch -d 2001-01-01`` put a flood before everyone's files).
+
+    A file renamed over a name (another inode) is a new arrival. Pure: the time is given.
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[int | None, float]] = {}  # name -> (inode, first seen)
+
+    def seen(self, cand: Candidate, now: float) -> float:
+        """When ``cand`` was first seen (``now`` if this is the first time)."""
+        known = self._first.get(cand.name)
+        if known is not None and known[0] == cand.ino:
+            return known[1]
+        self._first[cand.name] = (cand.ino, now)
+        return now
+
+    def keep(self, names: set[str]) -> None:
+        """Forget every file but ``names`` (those still in the inbox)."""
+        self._first = {name: first for name, first in self._first.items() if name in names}
 
 
 #: How long a file seen being written (a write, no close yet) must stay unchanged before it is taken without its
