@@ -162,6 +162,9 @@ class Settings:
     # -- the service (docs/operations.md) --
     job_timeout_s: float = 3600.0  # a job running longer is stopped and failed (`timeout`); per job: NAME@timeout=600
     max_attempts: int = 3  # a job that killed the daemon this many times is failed, not started again
+    #: the longest one launch of a kernel file may run: past it, its process (and CUDA context) is killed and the
+    #: job refused; never more than the job's own time limit, job_timeout_s
+    kernel_file_launch_timeout_s: float = 5.0
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
     metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
     #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so
@@ -395,6 +398,8 @@ def _validated(s: Settings, origin: str) -> Settings:
     ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive")
+    if s.kernel_file_launch_timeout_s <= 0:
+        raise ConfigError(f"{origin}: {at('kernel_file_launch_timeout_s')} must be positive")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",

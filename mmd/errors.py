@@ -153,6 +153,14 @@ class KernelFileError(KernelError):
     kind = "kernel-file"
 
 
+class KernelLaunchError(KernelFileError):
+    """A kernel file failed on the GPU, in the process it ran in: it faulted (``cuda_error`` names CUDA's error,
+    CUDA_ERROR_ILLEGAL_ADDRESS and the like), ran past its launch's time limit, or its process died. That
+    process and its context are gone; nothing else is affected."""
+
+    kind = "kernel-launch"
+
+
 class TileError(KernelError):
     """A tile size the device cannot launch (detected before launch)."""
 

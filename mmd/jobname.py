@@ -52,6 +52,8 @@ def stem_of(name: str) -> str:
 
 
 def _kernel(value: str) -> str:
+    if value.endswith(".cu"):  # a name is anyone's to choose: it never names a file to compile
+        raise JobNameError(f"kernel {value!r}: a file name cannot name a kernel file; give it to mmd run --kernel-file")
     return kernels.get(value).name
 
 

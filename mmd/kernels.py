@@ -643,24 +643,50 @@ def check_launch(
         )
     if not spec.compiled:
         return
-    details = {"kernel": spec.name, "tile": tile}
     if spec.uses_tile:
         check_tile(tile)
     what = f"tile {tile}" if spec.uses_tile else spec.name
+    check_block(
+        what,
+        spec.name,
+        spec.threads_per_block(tile),
+        spec.shared_bytes(tile),
+        spec.dynamic_shared_bytes,
+        limits,
+        registers_per_thread=registers_per_thread,
+        details={"kernel": spec.name, "tile": tile},
+    )
 
-    threads = spec.threads_per_block(tile)
+
+def check_block(
+    what: str,
+    name: str,
+    threads: int,
+    shared: int,
+    dynamic_shared: int,
+    limits: DeviceLimits,
+    *,
+    registers_per_thread: int | None = None,
+    details: dict[str, object] | None = None,
+) -> None:
+    """Raise TileError when a block of ``threads`` threads with ``shared`` bytes of static and ``dynamic_shared``
+    of dynamic shared memory (and ``registers_per_thread``, where known) cannot be launched under ``limits``.
+
+    ``what`` is what asked for the block in the message (``tile 64``), ``name`` the kernel's name. The one
+    home of these limits, for the registry's kernels (:func:`check_launch`) and kernel files alike.
+    """
+    details = dict(details or {})
     if threads > limits.max_threads_per_block:
         raise TileError(
             f"{what} needs {threads} threads per block; {limits.allows} {limits.max_threads_per_block}",
             details={**details, "threads": threads, "limit": limits.max_threads_per_block},
         )
-    shared = spec.shared_bytes(tile)
-    total = shared + spec.dynamic_shared_bytes
-    allowed = max(limits.max_shared_optin, limits.max_shared_per_block) if spec.dynamic_shared_bytes else 0
+    total = shared + dynamic_shared
+    allowed = max(limits.max_shared_optin, limits.max_shared_per_block) if dynamic_shared else 0
     if shared > limits.max_shared_per_block or total > max(allowed, limits.max_shared_per_block):
         limit = max(allowed, limits.max_shared_per_block)
         raise TileError(
-            f"{what} needs {total} bytes of shared memory per block for {spec.name}; {limits.allows} {limit}",
+            f"{what} needs {total} bytes of shared memory per block for {name}; {limits.allows} {limit}",
             details={**details, "shared_bytes": total, "limit": limit},
         )
     if registers_per_thread is not None:
@@ -668,7 +694,7 @@ def check_launch(
         if registers > limits.max_registers_per_block:
             raise TileError(
                 f"{what} needs {registers} registers per block "
-                f"({registers_per_thread} per thread) for {spec.name}; "
+                f"({registers_per_thread} per thread) for {name}; "
                 f"{limits.allows} {limits.max_registers_per_block}",
                 details={**details, "registers": registers, "limit": limits.max_registers_per_block},
             )
@@ -679,10 +705,15 @@ def check_grid(kernel: str | KernelSpec, m: int, n: int, tile: int, limits: Devi
     spec = kernel if isinstance(kernel, KernelSpec) else get(kernel)
     if not spec.compiled:
         return
-    gx, gy, _ = spec.grid(m, n, tile)
+    check_grid_dims(spec.name, m, n, tile, spec.grid(m, n, tile), limits)
+
+
+def check_grid_dims(name: str, m: int, n: int, tile: int, grid: tuple[int, int, int], limits: DeviceLimits) -> None:
+    """Raise TileError when ``grid`` (an m×n output's blocks for kernel ``name`` at ``tile``) passes the device's."""
+    gx, gy, _ = grid
     if gx > limits.max_grid_x or gy > limits.max_grid_y:
         raise TileError(
-            f"a {m}×{n} result with {spec.name} at tile {tile} needs a {gx}×{gy} grid of blocks; "
+            f"a {m}×{n} result with {name} at tile {tile} needs a {gx}×{gy} grid of blocks; "
             f"{limits.allows} {limits.max_grid_x}×{limits.max_grid_y}",
-            details={"kernel": spec.name, "tile": tile, "grid": [gx, gy]},
+            details={"kernel": name, "tile": tile, "grid": [gx, gy]},
         )

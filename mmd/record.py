@@ -126,6 +126,21 @@ class TextFacts:
 
 
 @dataclass(frozen=True)
+class KernelFileFacts:
+    """The kernel file the job ran (``mmd run --kernel-file``)."""
+
+    name: str = field(metadata=_doc("the kernel file's name"))
+    sha256: str = field(metadata=_doc("the sha256 of its bytes"))
+    entry: str = field(metadata=_doc("the __global__ function that ran"))
+    signature: str = field(metadata=_doc("the signature mmd knew it by, or declared"))
+    precision: str = field(metadata=_doc("the arithmetic its declaration says (fp32 unless it says tf32): mmd check's"))
+    padded: Shape | None = field(
+        default=None,
+        metadata=_doc("the sizes it ran at, where mmd padded A and B to them (the output is cropped back)", omit=True),
+    )
+
+
+@dataclass(frozen=True)
 class Collision:
     """The output name was taken: the job's output went to the next free version."""
 
@@ -161,8 +176,8 @@ class ErrorFacts:
 
     kind: str = field(
         metadata=_doc(
-            "the kind of failure: input, limit, jobname, overflow, kernel, tile, cuda, backend, output, spool, "
-            "timeout, crashed, cancelled, internal"
+            "the kind of failure: input, limit, jobname, overflow, kernel, kernel-file, kernel-launch, tile, cuda, "
+            "backend, output, spool, timeout, crashed, cancelled, internal"
         )
     )
     reason: str = field(metadata=_doc("one line for a person"))
@@ -192,6 +207,9 @@ class TimingRecord:
     notes: list[str] | None = field(
         default=None,
         metadata=_doc("remarks (a kernel the backend replaced, device memory from the worker's cache ...)", omit=True),
+    )
+    kernel_file: KernelFileFacts | None = field(
+        default=None, metadata=_doc("the kernel file that ran, where one did (then kernel is its name)", omit=True)
     )
     context: Context = field(default_factory=Context, metadata=_doc("how the job came in", flatten=True))
     mmd_version: str = field(default=__version__, metadata=_doc("the mmd that wrote it"))

@@ -35,6 +35,7 @@ TINY: dict[str, list[str]] = {
         *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
+    "kernelfile_vs_builtin.py": ["--size", "64", "--repeat", "1", "--workdir", "{tmp}/work"],
     "lone_steps.py": ["--rounds", "1", "--drops", "2", "--work", "{tmp}/work", "--out", "{tmp}"],
     "quick_detection.py": ["--big", "64", "--seeds", "2"],
     "ncu_summary.py": [str(ROOT / "tests" / "data" / "ncu-raw-sample.csv")],
@@ -55,6 +56,7 @@ MODULES = {
         "bench_devices.py",
         "bench_wholejob.py",
         "crash.py",
+        "kernelfile_vs_builtin.py",
         "reference_gpu.py",
         "soak.py",
     ),
@@ -66,6 +68,7 @@ NEEDS = {
     "tc_ladder.py": "nvcc",
     # a GPU (the driver's nvidia-smi stands for one): they time the GPU against itself or the CPU
     "reference_gpu.py": "nvidia-smi",
+    "kernelfile_vs_builtin.py": "nvidia-smi",
     "sgemm_ncu.py": "nvidia-smi",
 }
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..record import TextFacts
+from ..record import KernelFileFacts, TextFacts
 from ..textformat import Header
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ class Product:
     timings_ms: dict[str, float] = field(default_factory=dict)
     #: Free-form facts for the sidecar (requested kernel when it was replaced ...).
     notes: list[str] = field(default_factory=list)
+    #: The kernel file that made it, for the sidecar (None: one of mmd's own kernels).
+    kernel_file: KernelFileFacts | None = None
 
 
 @dataclass

@@ -225,11 +225,14 @@ def _result(job: Job, status: Status, **fields: Any) -> Result:
     )
 
 
-def precision_of(kernel: str | None) -> str:
-    """The arithmetic a kernel's products carry (:data:`mmd.kernels.PRECISIONS`), by the registry: fp32 for a
-    kernel it does not know, or none (an output without a sidecar)."""
+def precision_of(kernel: str | None, declared: str | None = None) -> str:
+    """The arithmetic a kernel's products carry (:data:`mmd.kernels.PRECISIONS`): what a kernel file's
+    declaration says (``declared``, from the sidecar), else the registry's for ``kernel``; fp32 for a kernel it
+    does not know, or none (an output without a sidecar)."""
     from .. import kernels
 
+    if declared in kernels.PRECISIONS:
+        return declared
     return kernels.get(kernel).precision if kernel in kernels.NAMES else "fp32"
 
 
@@ -383,7 +386,8 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
     if shape != (m, n):
         rows.check()
         return _shape_mismatch(job, shape, (m, n))
-    precision = precision_of(job.kernel) if options.tol is None else "fp32"  # --tol: one allowance for all
+    # --tol: one allowance for all
+    precision = precision_of(job.kernel, job.precision) if options.tol is None else "fp32"
     if options.quick:
         sums = rows.sums(shape, options.seed)
         projections = _projections(inputs, options.seed)  # while the output's sums are made
@@ -556,12 +560,13 @@ def check_file(output: Path, reference: Path, options: Options) -> Run:
     started = _now()
     start = time.perf_counter()
     name = output.name[: -len(OUTPUT_SUFFIX)] if output.name.endswith(OUTPUT_SUFFIX) else output.stem
-    kernel = None
+    kernel = precision = None
     if options.against == "inputs" and options.tol is None:
         # the kernel that made it, where it has a sidecar: the full and the quick check's models read it
         sidecar = read_sidecar(output)
         kernel = None if sidecar is None else sidecar.kernel
-    result = check_job(Job(name or output.name, output, reference, kernel=kernel), options)
+        precision = None if sidecar is None else sidecar.precision
+    result = check_job(Job(name or output.name, output, reference, kernel=kernel, precision=precision), options)
     return Run(output, reference, options, (result,), time.perf_counter() - start, started)
 
 

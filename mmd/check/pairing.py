@@ -36,6 +36,7 @@ class Sidecar:
     finished_at: datetime | None = None  # when the job's files were committed
     wanted: str | None = None  # the output's name before it was versioned (x.out for x.1.out)
     kernel: str | None = None  # the kernel that made the output (an error sidecar names none)
+    precision: str | None = None  # what a kernel file's declaration says its arithmetic is (None: not a file's)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) 
     if found.refusal:
         return Job(name, None, ref, found.path, aside)
     kernel = found.sidecar.kernel if found.sidecar is not None else None
-    return Job(name, found.path, ref, None, aside, kernel=kernel)
+    precision = found.sidecar.precision if found.sidecar is not None else None
+    return Job(name, found.path, ref, None, aside, kernel=kernel, precision=precision)
 
 
 def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
@@ -199,7 +201,8 @@ def read_sidecar(path: Path) -> Sidecar | None:
         finished = None
     wanted = rec.context.collision.wanted if rec.context.collision is not None else None
     kernel = rec.kernel if isinstance(rec, record.TimingRecord) else None
-    return Sidecar(rec.input.sha256, finished, wanted, kernel)
+    declared = rec.kernel_file if isinstance(rec, record.TimingRecord) else None
+    return Sidecar(rec.input.sha256, finished, wanted, kernel, declared.precision if declared is not None else None)
 
 
 def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:

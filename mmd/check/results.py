@@ -87,6 +87,7 @@ class Job:
     aside: Aside | None = None  # decided by the pairing: nothing to check
     student: str | None = None  # whose folder it is in, checking a class (check_class)
     kernel: str | None = None  # the kernel that made the output, as its sidecar says
+    precision: str | None = None  # a kernel file's arithmetic, as its sidecar says (None: the kernel's, by name)
 
 
 @dataclass(frozen=True)

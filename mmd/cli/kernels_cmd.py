@@ -1,4 +1,4 @@
-"""``mmd kernels``: the registry's kernels, the tiles each accepts, and this GPU's limits."""
+"""``mmd kernels [FILE]``: the registry's kernels, the tiles each accepts, and this GPU's limits; or a kernel file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import progress
-from ..errors import MmdError, UsageError
+from ..errors import KernelFileError, MmdError, UnreadableError, UsageError
 from .common import add_config_option, options_later
 
 if TYPE_CHECKING:
@@ -21,8 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="List the registered kernels, the tiles each accepts on this GPU (or on any CUDA GPU where "
         "there is none) and where their sources are. With --build, compile every build of every kernel (each "
         "course tile, each tuned variant) and the text kernels with nvcc into the kernel cache, so that the "
-        "daemon's first jobs load them instead of compiling; no GPU is needed for that. Exit status 1 when a "
-        "source is missing or a build fails.",
+        "daemon's first jobs load them instead of compiling; no GPU is needed for that. With FILE, a kernel file "
+        "(.cu): what mmd understood of it (entry, signature, geometry), the tiles this GPU can launch and why any "
+        "other is refused, and a compile at each into the kernel cache. Exit status 1 when a source is missing, a "
+        "kernel file is refused or a build fails.",
     )
     options_later(p, _options)
     p.set_defaults(func=run)
@@ -31,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _options(p: argparse.ArgumentParser) -> None:
     from .. import kernels
 
+    p.add_argument(
+        "file",
+        nargs="?",
+        type=Path,
+        help="a kernel file (.cu): print what mmd understood of it, the tiles this GPU can launch, and compile it",
+    )
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     p.add_argument("--tiles", type=int, nargs="+", default=[*kernels.TILES, 64], help="tiles to check")
     p.add_argument("--build", action="store_true", help="compile every build into the kernel cache")
@@ -79,12 +87,81 @@ def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
         backend.close()
 
 
+def describe_file(args: argparse.Namespace, limits: kernels.DeviceLimits, where: str) -> int:
+    """What mmd understood of the kernel file ``args.file``, the tiles ``limits`` let it launch, and a compile at
+    each of them into the kernel cache; exit status 1 where the file is refused or a compile fails."""
+    from .. import config
+    from ..kernelfile.nvrtc import compile_kernel
+    from ..kernelfile.reading import read_kernel_file
+    from . import paths
+
+    try:
+        path = paths.input_file(args.file)
+    except UnreadableError as exc:
+        raise UnreadableError(f"kernel file {exc.reason}") from None
+    try:
+        kf = read_kernel_file(path)
+    except KernelFileError as exc:
+        print(f"refused: {exc.reason}")
+        return 1
+    decl = kf.declaration
+    params = ", ".join(f"{p.name} {role}" for p, role in zip(kf.kernel.parameters, kf.roles, strict=True))
+    print(f"{kf.name}  sha256 {kf.sha256}")
+    print(f"entry: {kf.kernel.name} (line {kf.kernel.line}), {kf.signature}: {params}")
+    print(f"declared in: {kf.declared_in or 'nowhere (the defaults)'}")
+    if kf.includes:
+        print(f"includes: {', '.join(kf.includes)} (mmd's empty headers)")
+    if decl.tile_macro is None:
+        print("tile: no macro")
+    elif kf.fixed_tile is not None:
+        print(f"tile: {decl.tile_macro} fixed to {kf.fixed_tile.tile} on line {kf.fixed_tile.line}: that tile only")
+    else:
+        print(f"tile: -D{decl.tile_macro}=T")
+    axes = "grid x over " + " and y over ".join(decl.grid)
+    dynamic = decl.dynamic_shared_bytes.text
+    extra = f", {dynamic} bytes of dynamic shared memory" if dynamic != "0" else ""
+    print(f"geometry: block [{', '.join(e.text for e in decl.block)}] threads, {axes}{extra}")
+    sizes = "padded to multiples of its block tile" if decl.multiples else "any sizes (it checks its bounds)"
+    square = ", all three equal (one size, width)" if decl.square else ""
+    print(f"sizes: {sizes}{square}; C zeroed before each launch")
+    print(f"precision: {decl.precision}{'' if decl.exact else ' (not bit-exact on exact cases)'}")
+    print(where)
+    arch = args.arch or (limits.arch if limits.compute_capability != (0, 0) else "sm_90")
+    settings = config.load(args.config)
+    folder = args.cache if args.cache is not None else config.kernel_cache_dir(settings)
+    failed = 0
+    for tile in args.tiles:
+        try:
+            kf.check_launch(tile, limits)
+        except MmdError as exc:
+            print(f"tile {tile}: refused: {exc.reason}")
+            continue
+        rows, cols, depth = decl.block_shape(tile)
+        x, y, z = decl.block_dims(tile)
+        shape = f"block {x}x{y}x{z}, block tile {rows}x{cols} (K step {depth}), {decl.outputs(tile)} per thread"
+        try:
+            built = compile_kernel(kf, tile, arch, folder)
+        except KernelFileError as exc:
+            print(f"tile {tile}: {shape}; does not compile for {arch}: {exc.reason}")
+            failed += 1
+            continue
+        how = "compiled" if built.compiled else "cached"
+        print(f"tile {tile}: {shape}; {how} for {arch} as {built.symbol}")
+        for warning in built.warnings:
+            print(f"  {warning}")
+    return 1 if failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import config, kernels  # the registry: only for this command
     from ..resources import kernels_dir
 
     config.load(args.config)  # a config named but unreadable or wrong is refused, --build or not
     limits, where = _device_limits(args.device)
+    if args.file is not None:
+        if args.build:
+            raise UsageError("--build compiles mmd's own kernels; a kernel file is compiled without it")
+        return describe_file(args, limits, where)
     if args.build:
         return build(args, limits)
     print(where)

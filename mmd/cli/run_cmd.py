@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -11,12 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import progress
-from ..errors import ExitStatus, UsageError
+from ..errors import ExitStatus, JobNameError, UnreadableError, UsageError
 from . import paths
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
 
 if TYPE_CHECKING:
     from .. import config
+    from ..backends.kernelfile import KernelFileBackend
     from ..cuda.libcuda import ContextWarmer
 
 
@@ -50,6 +52,12 @@ def _options(p: argparse.ArgumentParser) -> None:
         help="no progress bar (one is drawn on stderr on a terminal for large inputs)",
     )
     add_job_options(p)
+    p.add_argument(
+        "--kernel-file",
+        type=Path,
+        metavar="K.cu",
+        help="run the __global__ kernel of this .cu file (docs/kernels.md), at --tile, in a process of its own",
+    )
 
 
 def _paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
@@ -95,12 +103,27 @@ def run(args: argparse.Namespace) -> int:
     flags = job_flags(args)
     settings = base.with_values({k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE)  # bad: usage
     src, output = _paths(args)
+    _check_kernel_file(args)
     if not paths.is_standard(src):
         return _run_file(args, src, output, base, flags, settings, shown=str(src))
     # The pipeline reads files (their size first, then their bytes, as the daemon's do): the standard input
     # becomes one, in a private folder that goes when the job is done; messages and the sidecar call it stdin.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         return _run_file(args, paths.from_stdin(Path(folder) / STDIN), output, base, flags, settings, shown=STDIN)
+
+
+def _check_kernel_file(args: argparse.Namespace) -> None:
+    """UsageError for a --kernel-file that cannot be read, or beside a flag that asks for another kernel."""
+    if args.kernel_file is None:
+        return
+    if args.kernel is not None:
+        raise UsageError("give --kernel (one of mmd's own) or --kernel-file, not both")
+    if args.backend == "cpu":
+        raise UsageError("a kernel file runs on a GPU: drop --backend cpu")
+    try:
+        paths.input_file(args.kernel_file)
+    except UnreadableError as exc:
+        raise UnreadableError(f"--kernel-file {exc.reason}") from None
 
 
 def _run_file(
@@ -113,14 +136,16 @@ def _run_file(
     shown: str,
 ) -> int:
     """The job of ``src``, called ``shown`` in what is printed."""
-    warmer = _warm_gpu(settings, src)
+    # a kernel file's own process makes its context: this one makes none
+    warmer = _warm_gpu(settings, src) if args.kernel_file is None else None
     # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
     # buffers to it; in a caller's process (tests, scripts) they are released here
     release = not args.exiting
     try:
         configure_logs(base, quiet=not args.verbose)
         bar = _shows_bar(args, src)
-        return _run_to(src, shown, output, base, flags, bar=bar, warmer=warmer, release=release)
+        own = args.kernel_file
+        return _run_to(src, shown, output, base, flags, bar=bar, warmer=warmer, release=release, kernel_file=own)
     finally:
         if warmer is not None and release:
             warmer.release()
@@ -146,14 +171,20 @@ def _run_to(
     bar: bool,
     warmer: ContextWarmer | None,
     release: bool,
+    kernel_file: Path | None,
 ) -> int:
     if output is not None:
-        return _run(src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release)
+        return _run(
+            src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release, kernel_file=kernel_file
+        )
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
-        status = _run(src, shown, product, base, flags, show=False, bar=bar, warmer=warmer, release=release)
+        status = _run(
+            src, shown, product, base, flags, show=False, bar=bar, warmer=warmer, release=release,
+            kernel_file=kernel_file,
+        )  # fmt: skip
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
@@ -171,6 +202,31 @@ def _cuda_runs_here() -> None:
         raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
 
 
+def _named_kernel(kernel: str, kernel_file: Path) -> JobNameError:
+    return JobNameError(
+        f"the file name sets kernel={kernel} but the command line gives --kernel-file {kernel_file.name}; drop one",
+        {"key": "kernel", "name_value": kernel, "kernel_file": kernel_file.name},
+    )
+
+
+def _kernel_file_backend(path: Path, settings: config.Settings) -> KernelFileBackend:
+    """The backend that runs ``path``'s kernel for a job of ``settings`` (KernelFileError: the file is refused)."""
+    from .. import config
+    from ..backends.kernelfile import KernelFileBackend, KernelFileSettings
+    from ..pipeline import limits_for
+
+    return KernelFileBackend(
+        path,
+        KernelFileSettings(
+            device=settings.device,
+            kernel_cache=config.kernel_cache_dir(settings),
+            launch_timeout_s=min(settings.kernel_file_launch_timeout_s, settings.job_timeout_s),
+            max_dim=settings.max_dim,
+            max_memory_bytes=limits_for(settings).max_memory_bytes,
+        ),
+    )
+
+
 def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
     """A progress bar for a large input on a terminal, unless --quiet or -v (whose log lines tell the same)."""
     return progress.on_terminal(quiet=args.quiet or args.verbose) and src.stat().st_size >= SHOWN_FROM_BYTES
@@ -186,11 +242,12 @@ def _run(
     bar: bool,
     warmer: ContextWarmer | None,
     release: bool,
+    kernel_file: Path | None = None,
 ) -> int:
     """Run the job, ``shown`` its input's name in a refusal; ``show``: print where its output and sidecar are
     (else print only a refusal); ``bar``: draw its phases on stderr; ``warmer``: the GPU started beside, and
     the input's page-locked memory; ``release``: close the backends when done (else the process's end
-    releases them)."""
+    releases them); ``kernel_file``: the kernel to run, in a process of its own (None: the settings')."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
@@ -199,11 +256,22 @@ def _run(
     from ..record import TimingRecord
 
     job = describe(src, output, base, flags=flags)
-    if job.refusal is None and job.settings.backend == "cuda" and "backend" not in settings_of(dict(job.name_settings)):
+    if kernel_file is not None and job.refusal is None and "kernel" in job.name_settings:
+        job = dataclasses.replace(job, refusal=_named_kernel(job.name_settings["kernel"], kernel_file))
+    if (
+        kernel_file is None
+        and job.refusal is None
+        and job.settings.backend == "cuda"
+        and "backend" not in settings_of(dict(job.name_settings))
+    ):
         _cuda_runs_here()  # asked by the command line or the config, not by the file: theirs to change
     pool = BackendPool()
+    own: list[Backend] = []  # the kernel file's backend, made for the job
 
     def backend_for(settings: config.Settings) -> Backend:
+        if kernel_file is not None:
+            own.append(_kernel_file_backend(kernel_file, settings))
+            return own[-1]
         backend = pool.get(settings)
         memory = warmer.take_host_memory() if warmer is not None else None
         if memory is not None:
@@ -214,6 +282,8 @@ def _run(
         with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
             result = run_job(job, backend_for, steps.step)
     finally:
+        for backend in own:
+            backend.close()  # its launch process: never left behind, whoever releases the rest
         if release:
             pool.close()
     if not isinstance(result.record, TimingRecord):

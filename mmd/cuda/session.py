@@ -301,6 +301,26 @@ class GpuSession:
         self._compiled[key] = compiled
         return compiled, True
 
+    def load_cubin(self, cubin: bytes, symbol: str, signature: str, dynamic_shared: int = 0) -> Any:
+        """Function ``symbol`` of a cubin built elsewhere (a kernel file's, by NVRTC), loaded into this session's
+        context, prepared with its pycuda argument ``signature`` and allowed ``dynamic_shared`` bytes of dynamic
+        shared memory; launch it with :meth:`launch`."""
+        self._check_thread()
+        with self.converting(f"loading {symbol}"):
+            function = self._cuda.module_from_buffer(cubin).get_function(symbol)
+            function.prepare(signature)
+            if dynamic_shared:
+                function.set_attribute(self._cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared)
+        return function
+
+    def launch(
+        self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...], shared: int
+    ) -> None:
+        """Queue a function from :meth:`load_cubin` on the session's stream with ``args`` as its signature says."""
+        self._check_thread()
+        with self.converting("launching the kernel"):
+            function.prepared_async_call(grid, block, self._stream, *args, shared_size=shared)
+
     def _compile_pycuda(self, spec: KernelSpec, tile: int) -> Compiled:
         """A build with the common argument list, loaded and launched through pycuda."""
         assert spec.source is not None and spec.entry is not None  # compile() checked

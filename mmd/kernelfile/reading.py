@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelFileError
+from ..kernels import DeviceLimits, check_block
+from ..kernels import check_tile as check_tile_setting
 from . import declaration as decl
 from . import sandbox
 from .declaration import Declaration
@@ -71,6 +73,22 @@ class KernelFile:
         except ValueError as exc:
             where = self.declared_in or self.name
             raise KernelFileError(f"{where}: {exc}", {"file": self.name, "tile": tile}) from None
+
+    def check_launch(self, tile: int, limits: DeviceLimits) -> None:
+        """:meth:`check_tile`, then TileError where a block at ``tile`` passes ``limits`` (threads, shared memory),
+        worded as for mmd's own kernels (:func:`mmd.kernels.check_block`: "tile 64 needs 4096 threads per block")."""
+        check_tile_setting(tile)
+        self.check_tile(tile)
+        decl = self.declaration
+        check_block(
+            f"tile {tile}" if decl.uses_tile else self.name,
+            self.name,
+            decl.threads_per_block(tile),
+            decl.static_shared(tile) or 0,
+            decl.dynamic_shared(tile),
+            limits,
+            details={"kernel_file": self.name, "tile": tile},
+        )
 
     def name_expression(self, tile: int) -> str:
         """What NVRTC is asked to find: the entry's name, with its template arguments at ``tile``."""

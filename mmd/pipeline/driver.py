@@ -201,6 +201,7 @@ def _run(
         text=computed.text,
         gflops=round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None,
         notes=list(product.notes) or None,
+        kernel_file=product.kernel_file,
         context=job.context,
         finished_at=record.now_iso(),
     )

@@ -1,0 +1,1 @@
+"""A stand-in for pycuda (tests/fakegpu/pycuda/driver.py)."""
