@@ -21,6 +21,7 @@ run within 0.3 s, a first compile within 1 s.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from child_env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
+#: This tree first, then the caller's path (where a GPU box keeps the wheels it was given: pycuda, structlog).
+PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 PHASES = ("malloc", "h2d", "kernel", "d2h", "free", "cuda")
 
 
@@ -87,7 +90,7 @@ def one_shot(src: Path, args: list[str], env: dict[str, str], out: Path) -> floa
 
 
 def runs(src: Path, tile: int, repeat: int, cache: Path, work: Path) -> dict[str, float]:
-    env = child_env(MMD_BACKEND="cuda", MMD_KERNEL_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    env = child_env(MMD_BACKEND="cuda", MMD_KERNEL_CACHE=str(cache), PYTHONPATH=PYTHONPATH)
     host = {**env, "MMD_TEXT_PATH": "host"}
     ways = {
         "built-in tiled": (["--kernel", "tiled", "--tile", str(tile)], env),
@@ -134,7 +137,7 @@ def main() -> int:
         src = work / "in.txt"
         subprocess.run(
             [sys.executable, "-m", "mmd", "gen", str(args.size), "--seed", "1", "-o", str(src), "-q"],
-            env=child_env(PYTHONPATH=str(ROOT)),
+            env=child_env(PYTHONPATH=PYTHONPATH),
             check=True,
         )
         wall = runs(src, args.tile, args.repeat, cache, work)

@@ -74,8 +74,9 @@ __global__ void mm(const float* A, const float* B, float* C, int M, int K, int N
 #: Never ends: the loop reads a volatile, so the compiler must keep it.
 SPIN = """\
 __global__ void MatrixMulKernel(float* M, float* N, float* P, int Width) {
-    volatile int forever = 1;
-    while (forever) { }
+    // P is zeroed before the launch and nothing writes it: a read the compiler must repeat, forever
+    volatile int *flag = (volatile int *)P;
+    while (flag[0] == 0) { }
     P[0] = M[0] * N[0];
 }
 """
