@@ -10,13 +10,14 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from mmd import textformat
+from mmd.check import lateness
 from mmd.generate import input_chunks, random_matrix
 
 from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd
@@ -402,12 +403,16 @@ def test_quick_draws_a_fresh_seed_shows_it_and_repeats_it(tmp_path):
 
 def test_a_resubmission_and_a_deadline(tmp_path):
     """x.txt served, then another x.txt (the daemon writes x.1.out): the newest is graded, the other one
-    superseded; --before grades what had finished at a deadline."""
+    superseded; --before grades what had arrived at a deadline, and says what judged it (the files' ctime)."""
     for folder in ("tests", "inbox", "outbox"):
         (tmp_path / folder).mkdir()
     src, _ = _pair(tmp_path / "tests", "x", 4, 3, 2, seed=1)
     (tmp_path / "tests" / "x.out").unlink()
     for body in (src.read_bytes(), src.read_bytes().replace(b"\n", b" \n", 1)):  # the same values, other bytes
+        if (tmp_path / "outbox" / "x.out").exists():
+            time.sleep(0.05)  # longer than the clock tick that stamps ctime
+            deadline = datetime.now(timezone.utc).isoformat()
+            time.sleep(0.05)
         (tmp_path / "inbox" / "x.txt").write_bytes(body)
         assert run_mmd("serve", "--once", "--inbox", "inbox", "--outbox", "outbox", cwd=tmp_path).returncode == 0
     r = run_mmd("check", "outbox", "--inputs", "tests", cwd=tmp_path)
@@ -418,14 +423,23 @@ def test_a_resubmission_and_a_deadline(tmp_path):
     assert r.stdout.splitlines()[3].startswith(
         "1 jobs checked against the inputs in tests: 1 ok; 0 extra; 1 superseded; 0 could not be checked ("
     )
-    second = yaml.safe_load((tmp_path / "outbox" / "x.1.timing.yaml").read_text())["finished_at"]
-    r = run_mmd("check", "outbox", "--inputs", "tests", "--before", second, "--json", "r.json", cwd=tmp_path)
+    r = run_mmd(
+        "check", "outbox", "--inputs", "tests", "--before", deadline, "--json", "r.json", "--junit", "r.xml",
+        cwd=tmp_path,
+    )  # fmt: skip
     assert (r.returncode, r.stderr) == (0, "")
-    rows = [line.split(maxsplit=4) for line in r.stdout.splitlines()]
-    assert rows[1][:3] == ["x.out", "4x2", "ok"]
-    assert rows[2] == ["x.1.out", "-", "late", "-", f"finished {second}, not before the deadline {second}"]
+    rows = [line.split(maxsplit=6) for line in r.stdout.splitlines()]
+    assert rows[0] == ["file", "shape", "status", "arrived", "max", "error", "reason"]
+    assert rows[1][:3] == ["x.out", "4x2", "ok"] and rows[1][4] == "(ctime)"
+    assert rows[2][:5] == ["x.1.out", "-", "late", rows[2][3], "(ctime)"]
+    shown = lateness.shown_time(lateness.parse_time(deadline))
+    assert rows[2][5:] == ["-", f"arrived {rows[2][3]} (its files' ctime), not before the deadline {shown}"]
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["before"] == second and report["counts"]["late"] == 1
+    assert report["before"] == shown and report["counts"]["late"] == 1
+    assert [(x["file"], x["arrived_by"]) for x in report["results"]] == [("x.out", "ctime"), ("x.1.out", "ctime")]
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert cases["x"].find("system-out").text.splitlines()[3] == f"arrived: {rows[1][3]} (ctime)"
+    assert cases["x (x.1.out)"].find("skipped").get("type") == "late"
 
 
 def test_a_class_in_one_command(tmp_path):

@@ -8,7 +8,9 @@ import os
 import re
 import shutil
 import stat
+import time
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 import xmlschema
 
 from mmd import accel, record, textcore, textformat
-from mmd.check import full, jobs, pairing, reports, results
+from mmd.check import full, jobs, lateness, pairing, reports, results
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
 from mmd.errors import ExitStatus, UnreadableError
@@ -204,6 +206,8 @@ def test_folder_json(folder, tmp_path):
         "seconds": rows["e_missing"]["seconds"],
         "kernel": None,
         "precision": "fp32",
+        "arrived_at": None,  # no deadline: no arrival judged
+        "arrived_by": None,
     }
     assert rows["f_format"]["line"] == 2 and rows["f_format"]["column"] == 25
 
@@ -640,11 +644,12 @@ def test_every_status_in_junit_is_valid(folder, tmp_path):
     (out / "b_rect.out").unlink()
     (out / "b_rect.out").symlink_to(out / "c_one.out")  # not-a-file
     sidecar = (out / "g_tall.timing.yaml").read_text()
-    for version, finished in ((1, None), (2, "2999-01-01T00:00:00.000+00:00")):  # superseded, late
-        shutil.copy(out / "g_tall.out", out / f"g_tall.{version}.out")
-        text = sidecar if finished is None else re.sub(r"(?m)^finished_at: .*$", f"finished_at: '{finished}'", sidecar)
-        (out / f"g_tall.{version}.timing.yaml").write_text(text)
-    before = pairing.parse_time("2100-01-01T00:00:00Z")
+    shutil.copy(out / "g_tall.out", out / "g_tall.1.out")  # superseded
+    (out / "g_tall.1.timing.yaml").write_text(sidecar)
+    before = _between()
+    shutil.copy(out / "g_tall.out", out / "g_tall.2.out")  # late: it arrives after the deadline, whatever it says
+    forged = re.sub(r"(?m)^finished_at: .*$", "finished_at: '1999-01-01T00:00:00.000+00:00'", sidecar)
+    (out / "g_tall.2.timing.yaml").write_text(forged)
     for quick in (False, True):
         run = jobs.check_folder(out, folder / "tests", Options(quick=quick, before=before))
         assert {r.status for r in run.results} == set(Status)
@@ -688,6 +693,15 @@ def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):
 
 # ---------------------------------------------------------------------------
 # resubmissions and deadlines: an output pairs with a test by its input's sha256, then by name
+
+
+def _between() -> datetime:
+    """A deadline between the files made before this call and those made after it (ctime, which judges
+    arrivals, is stamped from a clock that lags by up to one kernel tick, 1-10 ms)."""
+    time.sleep(0.05)
+    now = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    return now
 
 
 def _input_bytes(seed: int, m: int = 5, k: int = 4, n: int = 3) -> bytes:
@@ -736,37 +750,44 @@ def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
 
 
 @pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
-def test_before_grades_what_was_finished_at_the_deadline(tmp_path):
+def test_before_grades_what_arrived_before_the_deadline(tmp_path):
+    """The daemon's outbox judged by its files' ctime: what its commit stamped, which nobody sets back."""
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "x.txt").write_bytes(_input_bytes(2))
+    early = _between()  # nothing had arrived
     _serve(tmp_path, "x.txt", _input_bytes(2))  # right, in time
+    deadline = _between()
     _serve(tmp_path, "x.txt", _input_bytes(1))  # another x.txt, after the deadline
     out = tmp_path / "outbox"
-    first = record.read(out / "x.timing.yaml").finished_at
-    second = record.read(out / "x.1.timing.yaml").finished_at
-    assert first < second
     newest = jobs.check_folder(out, tests, Options())  # the newest is graded, whatever its input
     assert [(r.file, r.status) for r in newest.results] == [("x.1.out", Status.MISMATCH), ("x.out", Status.SUPERSEDED)]
-    deadline = pairing.parse_time(second)
+    assert {r.arrival for r in newest.results} == {None}  # no deadline: nothing judged
     run = jobs.check_folder(out, tests, Options(before=deadline))
-    assert [(r.file, r.status, r.reason) for r in run.results] == [
-        ("x.out", Status.OK, ""),
-        ("x.1.out", Status.LATE, f"finished {second}, not before the deadline {second}"),
+    assert [(r.file, r.status, r.arrival.source) for r in run.results] == [
+        ("x.out", Status.OK, lateness.Source.CTIME),
+        ("x.1.out", Status.LATE, lateness.Source.CTIME),
     ]
-    early = pairing.parse_time(first)  # nothing was finished before the first
+    arrived = run.results[1].arrival.at
+    ctime = max(os.stat(out / name).st_ctime_ns for name in ("x.1.out", "x.1.timing.yaml"))
+    assert arrived > deadline and arrived == lateness.from_ns(ctime)  # its later file's
+    when = lateness.shown_time(deadline)
+    assert (
+        run.results[1].reason
+        == f"arrived {lateness.shown_time(arrived)} (its files' ctime), not before the deadline {when}"
+    )
     run = jobs.check_folder(out, tests, Options(before=early))
     assert [(r.file, r.status) for r in run.results] == [
         ("x.out", Status.MISSING),
         ("x.1.out", Status.LATE),
         ("x.out", Status.LATE),
     ]
-    assert run.results[0].reason == f"no output and no error sidecar finished before {first}"
+    assert run.results[0].reason == f"no output and no error sidecar arrived before {lateness.shown_time(early)}"
     assert run.exit_status == ExitStatus.FAILED
 
 
 def _facts(sha: str | None = None, at: str | None = None, wanted: str | None = None) -> pairing.Sidecar:
-    return pairing.Sidecar(input_sha256=sha, finished_at=None if at is None else pairing.parse_time(at), wanted=wanted)
+    return pairing.Sidecar(input_sha256=sha, finished_at=None if at is None else lateness.parse_time(at), wanted=wanted)
 
 
 def test_pairing_by_sha256_then_by_name_is_a_pure_function():

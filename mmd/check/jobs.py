@@ -220,6 +220,7 @@ def _result(job: Job, status: Status, **fields: Any) -> Result:
         reference=job.reference,
         refusal=job.refusal,
         student=job.student,
+        arrival=job.arrival,
         kernel=job.kernel,
         **fields,
     )

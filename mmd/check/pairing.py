@@ -4,9 +4,10 @@ A job ``x`` pairs an input ``x.txt`` (or an expected output ``x.out``) in the re
 an output in the outbox (:func:`pair`, a pure function of the listing and the sidecars' facts): the
 one whose sidecar names the input's sha256, else ``x.out`` (or a version ``x.1.out`` whose sidecar
 says it wanted that name); of several, the newest by its sidecar's finish time is checked and the
-others are *superseded*; with a deadline those finished at or after it are *late*. A class's folder
-holds a folder per student (:func:`class_jobs`), each paired alike. Sidecars and folders are
-students' files: looked at with ``lstat``, never through a link, never a big one.
+others are *superseded*; with a deadline those that did not arrive before it are *late*, judged by a
+time the grader can trust (:mod:`.lateness`), never by what a sidecar says. A class's folder holds a
+folder per student (:func:`class_jobs`), each paired alike. Sidecars and folders are students' files:
+looked at with ``lstat``, never through a link, never a big one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from .. import textcore
 from ..errors import UnreadableError, UsageError
+from .lateness import Arrival, Clock, Source, parse_time, shown_time
 from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Aside, Job, Status, shown
 
 #: The largest sidecar read for pairing: mmd's are about 2 KB; a student's file is not parsed beyond this.
@@ -45,6 +47,7 @@ class Found:
 
     path: Path
     sidecar: Sidecar | None = None
+    arrival: Arrival | None = None  # when it arrived, by a time the grader can trust (with a deadline only)
 
     @property
     def refusal(self) -> bool:
@@ -69,18 +72,6 @@ class Found:
         return None if self.sidecar is None else self.sidecar.finished_at
 
 
-def parse_time(text: str) -> datetime:
-    """An ISO 8601 time (``--before``, a sidecar's ``finished_at``); one without an offset is local time.
-    Raises ValueError."""
-    when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    return when if when.tzinfo is not None else when.astimezone()
-
-
-def shown_time(when: datetime) -> str:
-    """A time as sidecars write it (to the millisecond, where it has a fraction)."""
-    return when.isoformat(timespec="milliseconds" if when.microsecond else "seconds")
-
-
 def _newest_first(found: Found) -> tuple[bool, float, bool, str]:
     """Sort key, newest first: one without a finish time is older than any with one; at one time an output
     comes before an error sidecar (the daemon never leaves both), then by name."""
@@ -100,8 +91,8 @@ def pair(
     Each file answers the test whose input has the sha256 its sidecar names (``ref_sha256``, name -> sha256;
     the one of its own name where several tests have those bytes), else the test its name gives
     (:attr:`Found.name`), else none (extra). Of a test's answers, the newest by its sidecar's finish time is
-    checked and the others are superseded; with ``before``, only those that finished before it are answers,
-    and the rest are late (one with no finish time cannot be shown to be in time).
+    checked and the others are superseded; with ``before``, only those whose :attr:`Found.arrival` is before
+    it are answers, and the rest are late (one with no arrival cannot be shown to be in time).
     """
     by_sha: dict[str, list[str]] = {}
     for name in sorted(ref_sha256):
@@ -119,47 +110,61 @@ def pair(
         if ref is None:  # no test: every file is an extra, as it always was
             jobs.extend(_job(name, f, None) for f in sorted(mine, key=lambda f: (f.refusal, f.path.name)))
             continue
-        late = [f for f in mine if before is not None and (f.finished_at is None or f.finished_at >= before)]
+        late = [f for f in mine if before is not None and not _arrival(f).in_time(before)]
         in_time = [f for f in mine if f not in late]
         if in_time:
             jobs.append(_job(name, in_time[0], ref))
         else:
-            reason = None if before is None else f"no output and no error sidecar finished before {shown_time(before)}"
+            reason = None if before is None else f"no output and no error sidecar arrived before {shown_time(before)}"
             jobs.append(Job(name, None, ref, aside=Aside(Status.MISSING, reason) if reason else None))
         why = f"superseded by {in_time[0].path.name}" if in_time else ""
         jobs.extend(_job(name, f, ref, Aside(Status.SUPERSEDED, why)) for f in in_time[1:])
         for f in late:
-            at = f.finished_at
             assert before is not None
-            why = (
-                f"finished {shown_time(at)}, not before the deadline {shown_time(before)}"
-                if at is not None
-                else "no sidecar says when it finished: not shown to be before the deadline"
-            )
-            jobs.append(_job(name, f, ref, Aside(Status.LATE, why)))
+            jobs.append(_job(name, f, ref, Aside(Status.LATE, _arrival(f).late_reason(before))))
     return jobs
+
+
+def _arrival(found: Found) -> Arrival:
+    return found.arrival or Arrival(Source.NONE, why="its arrival was not judged")
 
 
 def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Job:
     if found.refusal:
-        return Job(name, None, ref, found.path, aside)
+        return Job(name, None, ref, found.path, aside, arrival=found.arrival)
     kernel = found.sidecar.kernel if found.sidecar is not None else None
     precision = found.sidecar.precision if found.sidecar is not None else None
-    return Job(name, found.path, ref, None, aside, kernel=kernel, precision=precision)
+    return Job(name, found.path, ref, None, aside, kernel=kernel, precision=precision, arrival=found.arrival)
+
+
+def _found(folder: Path, clock: Clock | None) -> list[Found]:
+    """The outputs and error sidecars in ``folder``, with their sidecars' facts and (``clock``: a deadline
+    is judged) their arrivals."""
+    from ..record import ERROR_SUFFIX
+
+    return [
+        Found(path, read_sidecar(path), None if clock is None else clock.arrival(path))
+        for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
+        for _, path in _names(folder, suffix)
+    ]
+
+
+def _clock(folder: Path, before: datetime | None) -> Clock | None:
+    """What judges arrivals in ``folder`` for the deadline ``before`` (None: no deadline, nothing judged)."""
+    if before is None:
+        return None
+    try:
+        return Clock(folder, before.tzinfo)
+    except OSError as exc:
+        raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
 
 
 def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
     """The jobs of ``outbox`` against the folder ``reference`` (:func:`pair`), sorted by name. Raises
     UnreadableError."""
-    from ..record import ERROR_SUFFIX
-
     ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
     refs = dict(_names(reference, ref_suffix))
-    found = [
-        Found(path, read_sidecar(path))
-        for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
-        for _, path in _names(outbox, suffix)
-    ]
+    found = _found(outbox, _clock(outbox, before))
     return pair(found, refs, _sha256s(refs, found, against), before)
 
 
@@ -224,7 +229,6 @@ def class_jobs(
     not-a-file and never followed) and the logins of ``roster`` (one with no folder has every test
     missing). Never a student: dot folders, mmd's own ``slurm/`` (unless the roster names it), and plain
     files. Raises UnreadableError."""
-    from ..record import ERROR_SUFFIX
     from ..slurm import SCRIPTS_DIR
 
     named = set(roster or ())
@@ -239,15 +243,8 @@ def class_jobs(
         if not name.startswith(".") and not stat.S_ISREG(mode) and (name != SCRIPTS_DIR or name in named)
     }
     refs = dict(_names(reference, OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX))
-    found = {
-        login: [
-            Found(p, read_sidecar(p))
-            for suffix in (OUTPUT_SUFFIX, ERROR_SUFFIX)
-            for _, p in _names(folder / login, suffix)
-        ]
-        for login, mode in students.items()
-        if stat.S_ISDIR(mode)
-    }
+    clock = _clock(folder, before)
+    found = {login: _found(folder / login, clock) for login, mode in students.items() if stat.S_ISDIR(mode)}
     sha256s = _sha256s(refs, [f for mine in found.values() for f in mine], against)
     jobs: list[Job] = []
     for login in sorted(set(students) | named):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .pairing import shown_time
+from .lateness import shown_time
 from .results import FAILED, SET_ASIDE, Result, Run, Status, counts_of, exit_status_of, shown
 
 if TYPE_CHECKING:
@@ -29,14 +29,18 @@ def check_report_path(path: Path, flag: str) -> None:
 
 
 def table(results: Sequence[Result]) -> str:
-    """The results as a plain-text table: (student,) file, shape, status, max error, reason."""
+    """The results as a plain-text table: (student,) file, shape, status, (arrived,) max error, reason. The
+    arrived column, where a deadline was judged, says when each answer arrived and what says so."""
     students = any(r.student is not None for r in results)
-    rows = [(*(("student",) if students else ()), "file", "shape", "status", "max error", "reason")]
+    arrivals = any(r.arrival is not None for r in results)
+    head = ("file", "shape", "status", *(("arrived",) if arrivals else ()), "max error", "reason")
+    rows = [(*(("student",) if students else ()), *head)]
     for r in results:
         shape = "-" if r.shape is None else f"{r.shape[0]}x{r.shape[1]}"
         err = "-" if r.max_error is None else f"{r.max_error:.4g}"
         who = (shown(r.student or ""),) if students else ()
-        rows.append((*who, shown(r.file), shape, r.status.value, err, shown(r.reason)))
+        arrived = ("-" if r.arrival is None else r.arrival.shown(),) if arrivals else ()
+        rows.append((*who, shown(r.file), shape, r.status.value, *arrived, err, shown(r.reason)))
     last = len(rows[0]) - 1  # the reason: not padded; the max error before it right-aligned
     widths = [max(len(row[i]) for row in rows) for i in range(last)]
     lines = []
@@ -135,6 +139,8 @@ def _junit_suite(
         ]
         if r.kernel is not None:
             paths.append(f"kernel: {shown(r.kernel)} ({r.precision})")
+        if r.arrival is not None:
+            paths.append(f"arrived: {r.arrival.shown()}")
         ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import textcore
 from ..errors import ExitStatus
+from .lateness import Arrival, shown_time
 from .quick import caught_phrase, fresh_seed
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Status(str, Enum):
     REFUSED = "refused"  # an error sidecar instead of an output
     EXTRA = "extra"  # an output or error sidecar with no input or expected output
     SUPERSEDED = "superseded"  # an output or error sidecar for a test that a newer one answers
-    LATE = "late"  # finished at or after the deadline (--before), or with no sidecar to say when
+    LATE = "late"  # not shown to have arrived before the deadline (--before), by a time the grader can trust
     NOT_A_FILE = "not-a-file"  # the output or error sidecar is a link, folder, FIFO or device: never opened
     ERROR = "error"  # could not be checked: a file cannot be read, or the reference is not valid
 
@@ -65,7 +66,7 @@ class Options:
     quick: bool = False
     seed: int = field(default_factory=fresh_seed)  # --quick's: fresh unless one is asked for
     gemm: Gemm | None = None
-    before: datetime | None = None  # a folder's deadline: only what its sidecars say finished before it
+    before: datetime | None = None  # a folder's deadline: only what arrived before it (mmd.check.lateness)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Job:
     refusal: Path | None = None  # the error sidecar, where there is one
     aside: Aside | None = None  # decided by the pairing: nothing to check
     student: str | None = None  # whose folder it is in, checking a class (check_class)
+    arrival: Arrival | None = None  # when its files arrived, judged for a deadline (None: none given)
     kernel: str | None = None  # the kernel that made the output, as its sidecar says
     precision: str | None = None  # a kernel file's arithmetic, as its sidecar says (None: the kernel's, by name)
 
@@ -108,6 +110,7 @@ class Result:
     seconds: float = 0.0
     refusal: Path | None = None  # the error sidecar the job was paired with
     student: str | None = None  # whose, checking a class
+    arrival: Arrival | None = None  # when its files arrived, and what says so (a deadline's check only)
     kernel: str | None = None  # the kernel that made the output, as its sidecar says (None: no sidecar)
     precision: str = "fp32"  # the arithmetic it was held to (mmd.kernels.PRECISIONS)
 
@@ -139,6 +142,8 @@ class Result:
             "seconds": round(self.seconds, 6),
             "kernel": None if self.kernel is None else shown(self.kernel),
             "precision": self.precision,
+            "arrived_at": None if self.arrival is None or self.arrival.at is None else shown_time(self.arrival.at),
+            "arrived_by": None if self.arrival is None else self.arrival.source.value,
         }
 
 

@@ -24,6 +24,8 @@ one output:
 a folder (x.txt or x.out in DIR pairs with x.out in OUTBOX):
   mmd check outbox --inputs tests/ --junit report.xml --json report.json
   mmd check handin --inputs tests/ --roster roster.txt   a folder per student
+  mmd collect handin graded/ && mmd check graded --inputs tests/ --by-student --before 2025-03-14T23:59
+                                       a hand-in copied at the deadline, judged by its arrival
 
 --quick checks the product in O(n²) (Freivalds, Gaussian vectors): it refuses
 whole wrong rows, columns, tiles and transposes, but not one value off by a
@@ -73,8 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--before",
         metavar="TIME",
-        help="a folder's deadline (ISO 8601; local time without an offset): grade only what its sidecars say "
-        "finished before it; later files are listed as late",
+        help="a folder's deadline (ISO 8601; local time without an offset): grade only what arrived before it, "
+        "by a time no student can set (mmd collect's record, else the files' ctime; never a sidecar's "
+        "finished_at); the rest is listed as late",
     )
     p.add_argument(
         "--by-student",
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _deadline(text: str | None) -> datetime | None:
     """--before's time (UsageError where it is not ISO 8601)."""
-    from ..check.pairing import parse_time
+    from ..check.lateness import parse_time
 
     if text is None:
         return None
