@@ -55,6 +55,8 @@ def collect(src: Path, dest: Path) -> Collection:
         raise UsageError(f"{shown(str(src))}: {exc.strerror}") from None
     if not stat.S_ISDIR(src_info.st_mode):
         raise UsageError(f"{shown(str(src))} is not a folder")
+    done = Collection(dest)
+    logins = _students(src, done)
     try:
         os.mkdir(dest, 0o700)
     except FileExistsError:
@@ -62,15 +64,14 @@ def collect(src: Path, dest: Path) -> Collection:
     except OSError as exc:
         raise UsageError(f"cannot make {shown(str(dest))}: {exc.strerror}") from None
     started = datetime.now(timezone.utc)
-    done = Collection(dest)
     files: dict[str, Collected] = {}
-    for login in _students(src, done):
+    for login in logins:
         with _folder(src / login, done, login) as fd:
             if fd is None:
                 continue
             os.mkdir(dest / login, 0o700)
             done.students.append(login)
-            for name in sorted(n for n in os.listdir(fd) if not n.startswith(".") and n.endswith(SUFFIXES)):
+            for name in _names(fd, done, login):
                 got = _copy(fd, name, dest / login / name, src_info.st_dev, done, f"{login}/{name}")
                 if got is not None:
                     files[f"{login}/{name}"] = got
@@ -86,16 +87,34 @@ def collect(src: Path, dest: Path) -> Collection:
 def _students(src: Path, done: Collection) -> list[str]:
     """The folders of ``src`` (a link, FIFO or device named like one is listed as skipped, never followed; dot
     names and plain files are no student's)."""
+    try:
+        entries = sorted(os.scandir(src), key=lambda e: e.name)
+    except OSError as exc:
+        raise UsageError(f"cannot read {textcore.printable(str(src))}: {exc.strerror}") from None
     logins = []
-    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+    for entry in entries:
         if entry.name.startswith("."):
             continue
-        mode = entry.stat(follow_symlinks=False).st_mode
+        try:
+            mode = entry.stat(follow_symlinks=False).st_mode
+        except OSError:
+            continue  # gone since it was listed
         if stat.S_ISDIR(mode):
             logins.append(entry.name)
         elif not stat.S_ISREG(mode):
             done.skipped.append(_not_collected(entry.name, mode))
     return logins
+
+
+def _names(folder: int, done: Collection, login: str) -> list[str]:
+    """The names of the files to copy in the open folder ``folder``, sorted."""
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        done.skipped.append(f"{textcore.printable(login)}: cannot list it ({exc.strerror})")
+        done.unreadable += 1
+        return []
+    return sorted(n for n in names if not n.startswith(".") and n.endswith(SUFFIXES))
 
 
 @contextlib.contextmanager
@@ -137,8 +156,8 @@ def _copy(folder: int, name: str, to: Path, dev: int, done: Collection, key: str
         finally:
             os.close(out)
         after = os.fstat(fd)
-    except OSError as exc:
-        done.skipped.append(f"{shown}: cannot read it ({exc.strerror})")
+    except OSError as exc:  # reading it, or writing the copy (a full disk)
+        done.skipped.append(f"{shown}: cannot copy it ({exc.strerror})")
         done.unreadable += 1
         with contextlib.suppress(OSError):
             to.unlink()
