@@ -123,9 +123,8 @@ class Box:
     state: Path
 
 
-@pytest.fixture
-def box(students) -> Iterator[Box]:
-    root = Path(tempfile.mkdtemp(prefix="mmd-class-"))
+def lay_out(root: Path) -> Box:
+    """The class box's folders in ``root`` (an existing folder, made 0755)."""
     root.chmod(0o755)
     inbox, outbox, state = root / "inbox", root / "outbox", root / "state"
     inbox.mkdir()
@@ -133,8 +132,37 @@ def box(students) -> Iterator[Box]:
     inbox.chmod(0o3730)
     outbox.mkdir(mode=0o755)
     state.mkdir(mode=0o700)
-    yield Box(root, inbox, outbox, state)
+    return Box(root, inbox, outbox, state)
+
+
+@pytest.fixture
+def box(students) -> Iterator[Box]:
+    root = Path(tempfile.mkdtemp(prefix="mmd-class-"))
+    yield lay_out(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def filesystem_of_its_own(size: str = "32m") -> Iterator[Path]:
+    """A small filesystem of its own (a tmpfs: it keeps POSIX ACLs) mounted on a fresh folder under /tmp,
+    unmounted and removed after."""
+    where = Path(tempfile.mkdtemp(prefix="mmd-fs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "mmd-test", str(where)],
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True, capture_output=True)
+        where.rmdir()
+
+
+def team_folder(path: Path) -> Path:
+    """A folder for the class's group work as courses make them: the group's, group-writable and setgid,
+    without the sticky bit (each member may move, rename or remove any member's file in it)."""
+    path.mkdir()
+    os.chown(path, 0, grp.getgrnam(GROUP).gr_gid)
+    path.chmod(0o2770)
+    return path
 
 
 def swap_at_claim(name: str, staged: str) -> None:

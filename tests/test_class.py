@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -983,3 +986,55 @@ def test_a_flood_that_fills_the_queue_with_old_mtimes_leaves_room_for_a_classmat
     assert len(finished) == 41
     before = sum(1 for name, at in finished.items() if name != "mine.timing.yaml" and at < finished["mine.timing.yaml"])
     assert before <= 8, f"{before} of the flood's jobs went before alice's"
+
+
+def moved_in_by_a_teammate(alice, bob, team, inbox) -> None:
+    """Bob keeps his work in the team folder (0644: his, his group reads it); Alice moves it into the inbox."""
+    bob.run('printf %s "$2" > "$1/work.txt"', str(team), small_input(50))
+    alice.run('mv "$1/work.txt" "$2/hw1.txt"', str(team), str(inbox))
+
+
+def test_a_team_folder_on_the_inbox_filesystem_is_named_at_start(students, capfd):
+    """A rename keeps a file's owner: where a team folder (group-writable and setgid, not sticky) shares the
+    inbox's filesystem, Alice moves Bob's file from it into the inbox, and it is a job in Bob's name. The
+    daemon cannot tell a moved file from a dropped one: at start it names the folder and says how to give the
+    spool a filesystem of its own. Old code: nothing said."""
+    alice, bob = students
+    with classbox.filesystem_of_its_own() as fs:
+        b = classbox.lay_out(fs)
+        team = classbox.team_folder(fs / "team")
+        moved_in_by_a_teammate(alice, bob, team, b.inbox)
+        assert (b.inbox / "hw1.txt").stat().st_uid == bob.uid, "a rename keeps the owner"
+        assert serve_once(class_settings(b)) == 0
+        said = "".join(capfd.readouterr())  # structlog prints to stdout until configured, then to stderr
+        assert f"the inbox's filesystem (from {fs}) holds 1 folder where one user may move another's file" in said
+        assert f"{team} (2770 root:{classbox.GROUP})" in said and "systemd/install.sh --spool-image SIZE" in said
+        assert yaml.safe_load((b.outbox / bob.login / "hw1.timing.yaml").read_text())["submitter"] == bob.login
+
+
+def test_on_a_filesystem_of_its_own_the_inbox_takes_a_teammates_file_only_as_its_copiers(students, capfd):
+    """The spool on a mount of its own, the team folder elsewhere: Alice cannot rename (nor link) Bob's file
+    into the inbox (EXDEV); ``mv`` then copies it, and the copy is hers, so the job is hers and none is made
+    in Bob's name. The daemon says at start that its inbox's filesystem holds no such folder."""
+    alice, bob = students
+    parent = Path(tempfile.mkdtemp(prefix="mmd-team-"))  # on /tmp's filesystem
+    try:
+        parent.chmod(0o755)
+        team = classbox.team_folder(parent / "team")
+        with classbox.filesystem_of_its_own() as fs:
+            b = classbox.lay_out(fs)
+            bob.run('printf %s "$2" > "$1/work.txt"', str(team), small_input(50))
+            rename = alice.run('/usr/bin/python3 -c "import os, sys; os.rename(sys.argv[1], sys.argv[2])" '
+                               '"$1/work.txt" "$2/hw1.txt"', str(team), str(b.inbox), check=False)  # fmt: skip
+            assert rename.returncode != 0 and "Invalid cross-device link" in rename.stderr, rename.stderr
+            link = alice.run('ln "$1/work.txt" "$2/hw1.txt"', str(team), str(b.inbox), check=False)
+            assert link.returncode != 0 and "Invalid cross-device link" in link.stderr, link.stderr
+            alice.run('mv "$1/work.txt" "$2/hw1.txt"', str(team), str(b.inbox))
+            assert (b.inbox / "hw1.txt").stat().st_uid == alice.uid, "a copy is its copier's"
+            assert serve_once(class_settings(b)) == 0
+            said = "".join(capfd.readouterr())  # structlog prints to stdout until configured, then to stderr
+            assert f"the inbox's filesystem (from {fs}) holds no folder where one user may move another's" in said
+            assert yaml.safe_load((b.outbox / alice.login / "hw1.timing.yaml").read_text())["submitter"] == alice.login
+            assert not (b.outbox / bob.login).exists(), "no job in Bob's name"
+    finally:
+        shutil.rmtree(parent)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import atomic, record, spawning
+from .. import atomic, inboxfs, record, spawning
 from ..backends import worker_devices
 from ..config import Settings, graders_gids, host_id_of, listen_address
 from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
@@ -184,6 +184,23 @@ class Daemon:
         if aside:
             self.log.warning("class mode: outputs from before it set aside, out of the class's reach",
                              folder=".before-class-mode", files=len(aside))  # fmt: skip
+
+    def _check_inbox_filesystem(self) -> None:
+        """Class mode: warn when a file can reach the inbox by a rename from a folder where one student may move
+        another's (a job in its owner's name; mmd.inboxfs). A warning only: the fix is the admin's (a mount)."""
+        if not self.spool.class_mode:
+            return
+        try:
+            found = inboxfs.check(self.spool.inbox)
+        except OSError as exc:
+            self.log.warning("cannot look at the inbox's filesystem", reason=exc.strerror or str(exc))
+            return
+        fields = {"filesystem": str(found.top), "entries": found.entries, "seconds": round(found.seconds, 3)}
+        if found.safe:
+            self.log.info(found.describe(), **fields)
+        else:
+            self.log.warning(found.describe(), open_folders=found.found, shown=[str(f) for f in found.shown],
+                             covered=[str(p) for p in found.covered], partial=found.partial, **fields)  # fmt: skip
 
     # -- asked from outside --
     def request_stop(self, why: str = "request") -> None:
@@ -676,6 +693,7 @@ class Daemon:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
             self._adopt_inbox_folders()
+            self._check_inbox_filesystem()
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
             resumed = self.spool.resumable()
             for path in self.spool.sweep_reservations(resumed):
