@@ -133,12 +133,22 @@ class Settings:
     #: is larger: every course size passes, a 66 KB `6000 1 6000` (216 MB out) does not. None: no such bound
     max_output_ratio: float | None = 16.0
     output_ratio_floor_bytes: int = 8 << 20  # class_mode: an output this small is never refused for its ratio
-    #: class_mode: the most one student's outputs may take in the outbox (four of the course's 8192 outputs);
-    #: a job that would pass it is refused, and `mmd rm` or retention makes room. null: no quota
+    #: class_mode: the most one student's outputs, sidecars and archived inputs may take (allocated blocks: a
+    #: tiny file takes 4 KiB); a job that would pass it is refused, and `mmd rm` or retention makes room.
+    #: null: no quota
     max_submitter_bytes: int | None = 2 << 30
+    #: class_mode: the most files (outputs, sidecars, archived inputs: three a job) one student may keep; a job
+    #: past it is refused as max_submitter_bytes's are. null: no such bound
+    max_submitter_files: int | None = 30_000
+    #: class_mode: a refused input is archived only up to this many of its first bytes (a note says so), and
+    #: one refused unread (from its header) up to 64 KiB at most. null: refused inputs read are kept whole
+    archive_refused_bytes: int | None = 1 << 20
     #: free space the daemon keeps on the outbox's disk for everyone: a job whose output would eat into it
     #: is refused (a class box's installer sets 1 GiB). null: none, a full disk holds jobs until it has room
     min_free_bytes: int | None = None
+    #: free inodes the daemon keeps on the outbox's disk for everyone (where it counts them): a job is refused
+    #: while fewer are free. null: none
+    min_free_inodes: int | None = 10_000
     #: outputs, sidecars and archived inputs older than this are removed (hourly); null: kept for ever
     retention_days: float | None = None
     max_queue: int = 100_000  # jobs waiting in the daemon's queue
@@ -403,15 +413,17 @@ def _validated(s: Settings, origin: str) -> Settings:
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",
-                 "max_submitter_bytes", "retention_days", "max_waiting_per_submitter",
+                 "max_submitter_bytes", "max_submitter_files", "retention_days", "max_waiting_per_submitter",
                  "max_workers_per_submitter"):  # fmt: skip
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{origin}: {at(name)} must be positive or null")
     if s.max_output_ratio is not None and s.max_output_ratio <= 0:
         raise ConfigError(f"{origin}: {at('max_output_ratio')} must be positive or null")
-    if s.min_free_bytes is not None and s.min_free_bytes < 0:
-        raise ConfigError(f"{origin}: {at('min_free_bytes')} must not be negative")
+    for name in ("min_free_bytes", "min_free_inodes", "archive_refused_bytes"):
+        value = getattr(s, name)
+        if value is not None and value < 0:
+            raise ConfigError(f"{origin}: {at(name)} must not be negative")
     if s.output_ratio_floor_bytes < 0:
         raise ConfigError(f"{origin}: {at('output_ratio_floor_bytes')} must not be negative")
     if s.max_queue <= 0:

@@ -295,8 +295,10 @@ def test_students_see_and_cancel_their_own_jobs_only_and_remove_their_own_output
         assert not (box.outbox / alice.login / "a1.out").exists()
 
         assert asks(bob, sock, '{"op": "rm", "name": "a1.error.yaml"}')["ok"] is False  # his folder has none
-        assert asks(alice, sock, '{"op": "rm", "name": "a1.error.yaml"}') == {"ok": True, "removed": ["a1.error.yaml"]}
+        answer = asks(alice, sock, '{"op": "rm", "name": "a1.error.yaml"}')
+        assert answer == {"ok": True, "removed": ["a1.error.yaml", "input a1.txt"]}  # and the input mmd kept of it
         assert not (box.outbox / alice.login / "a1.error.yaml").exists()
+        assert not (box.state / ".failed" / "a1.txt").exists()
         assert asks(alice, sock, '{"op": "rm", "name": "../mmdtstu2/b1.out"}')["ok"] is False
         assert (box.outbox / bob.login / "b1.out").exists()
     finally:
@@ -371,11 +373,14 @@ def test_a_flood_from_one_student_delays_another_by_about_a_group_of_jobs(box, s
 
 
 def test_a_full_quota_refuses_that_students_next_job_only_until_they_make_room(box, students):
-    """max_submitter_bytes: Alice's outputs fill hers, so her next job is refused before any work with how to
-    make room; Bob's goes on; once she removes an output, hers runs again."""
+    """max_submitter_bytes: what mmd keeps for Alice fills hers, so her next job is refused before any work with
+    how to make room; Bob's goes on; once she removes an output (and with it its input), hers runs again."""
+    from mmd.spool import Spool
+
     alice, bob = students
-    settings = class_settings(box, max_submitter_bytes=12_000)
-    alice.drop(box.inbox, "a1.txt", small_input(16, n=40))  # a 40x40 output: ~9.7 KB with its sidecar
+    settings = class_settings(box, max_submitter_bytes=40_000)
+    # a job keeps 36 KiB in blocks: its 17.6 KB input (20 KiB), its 9.6 KB output (12 KiB), its sidecar (4 KiB)
+    alice.drop(box.inbox, "a1.txt", small_input(16, n=40))
     assert serve_once(settings) == 0
     alice.drop(box.inbox, "a2.txt", small_input(17, n=40))
     bob.drop(box.inbox, "b1.txt", small_input(18, n=40))
@@ -383,8 +388,9 @@ def test_a_full_quota_refuses_that_students_next_job_only_until_they_make_room(b
     error = yaml.safe_load((box.outbox / alice.login / "a2.error.yaml").read_text())["error"]
     assert error["kind"] == "limit" and error["setting"] == "max_submitter_bytes" and "mmd rm" in error["reason"]
     assert (box.outbox / bob.login / "b1.out").exists()
-    for name in ("a1.out", "a1.timing.yaml", "a2.error.yaml"):
-        (box.outbox / alice.login / name).unlink()
+    spool = Spool(box.inbox, box.outbox, state_dir=box.state, class_mode=True)
+    for base in ("a1", "a2"):  # as `mmd rm a1.out a2.error.yaml` does
+        assert spool.remove_output(alice.uid, base)
     alice.drop(box.inbox, "a3.txt", small_input(19, n=40))
     assert serve_once(settings) == 0
     assert (box.outbox / alice.login / "a3.out").exists()
@@ -402,14 +408,27 @@ def test_the_disk_reserve_is_kept_for_everyone(tmp_path):
     assert not (outbox / "m.out").exists()
 
 
+def age_the_archive_log(b: Box, seconds: float) -> None:
+    """Make what the daemon logged as archived so far look archived ``seconds`` earlier (its log of archived
+    inputs, by the hour: the daemon's own record, which no student can reach)."""
+    from mmd.spool.ledger import LEDGER_DIR, LOG_SPAN_S
+
+    logs = b.state / LEDGER_DIR / "archived"
+    for log in sorted(logs.iterdir()):
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        log.unlink()
+        older = logs / str(int(log.name) - int(seconds // LOG_SPAN_S))
+        older.write_text("".join(json.dumps([*line[:3], line[3] - seconds]) + "\n" for line in lines))
+
+
 def test_retention_removes_what_is_older_than_its_days_and_nothing_newer(box, students):
     alice, _ = students
     alice.drop(box.inbox, "old.txt", small_input(21))
     assert serve_once(class_settings(box)) == 0
     two_days_ago = time.time() - 2 * 86400
-    aged = [*(box.outbox / alice.login).iterdir(), box.state / ".done" / "old.txt"]
-    for path in aged:
+    for path in (box.outbox / alice.login).iterdir():  # mmd's files: their mtime is mmd's clock
         os.utime(path, (two_days_ago, two_days_ago))
+    age_the_archive_log(box, 2 * 86400)  # an archived input: judged by when mmd archived it
     alice.drop(box.inbox, "new.txt", small_input(22))
     assert serve_once(class_settings(box, retention_days=1.0)) == 0
     assert sorted(os.listdir(box.outbox / alice.login)) == ["new.out", "new.timing.yaml"]
@@ -1038,3 +1057,154 @@ def test_on_a_filesystem_of_its_own_the_inbox_takes_a_teammates_file_only_as_its
             assert not (b.outbox / bob.login).exists(), "no job in Bob's name"
     finally:
         shutil.rmtree(parent)
+
+
+# -- the spool's disk: what each student keeps, in bytes and files (issue 44) ------------------------------------
+
+
+def kept_by(b: Box, who) -> tuple[int, int]:
+    """What the ledger counts for ``who`` now (allocated bytes, files), and it must be what a recount finds."""
+    from mmd.spool import Spool
+
+    spool = Spool(b.inbox, b.outbox, state_dir=b.state, class_mode=True)
+    counted = spool.usage(who.uid)
+    assert counted is not None
+    recounted = spool.recount().get(who.login)
+    assert recounted == counted, "the counts kept as files came and went differ from a recount"
+    return counted.bytes, counted.files
+
+
+def test_a_students_tiny_jobs_never_list_their_folder(box, students):
+    """A student keeping 2,000 files: each of their 1x1 jobs reads their usage from the ledger. Old code: a
+    worker listed the student's folder and lstat'ed each file, once a second (130,000 files took over a
+    second, so every job listed it again)."""
+    from functools import partial
+
+    from . import workerhooks
+
+    alice, _ = students
+    folder = box.outbox / alice.login
+    alice.drop(box.inbox, "first.txt", "1 1 1\n2\n3\n")
+    assert serve_once(class_settings(box)) == 0
+    for k in range(2000):  # what earlier jobs left (mmd's files in her folder)
+        (folder / f"old{k}.timing.yaml").write_text("x")
+    for k in range(20):
+        alice.drop(box.inbox, f"t{k}.txt", "1 1 1\n2\n3\n")
+    log = box.root / "listings"
+    setup = partial(workerhooks.count_listings, str(folder), str(log))
+    assert daemon.Daemon(class_settings(box), worker_setup=setup).serve(once=True) == 0
+    assert len(list(folder.glob("t*.out"))) == 20
+    assert not log.exists(), f"a worker listed the student's folder {len(log.read_text().splitlines())} times"
+    assert kept_by(box, alice)[1] == 3 * 21 + 2000
+
+
+def test_junk_drops_count_against_the_students_bytes_and_refuse_them_once_over_while_classmates_are_served(
+    box, students
+):
+    """Inputs mmd archives are the student's share too: junk refused and kept in state_dir fills Alice's
+    quota, her next job is refused for it, Bob's runs. Old code: the quota counted outputs only (the junk's
+    error sidecars), so she could fill the spool's disk with junk for everyone."""
+    alice, bob = students
+    settings = class_settings(box, max_submitter_bytes=600_000)  # four of the junk, and a little
+    for k in range(5):
+        alice.drop(box.inbox, f"junk{k}.txt", "9 9 9\n" + "junk " * 25_000)  # 125 KB each, read, refused, kept
+    assert serve_once(settings) == 0
+    used, files = kept_by(box, alice)
+    assert used > 4 * 125_000 and files == 10  # the fifth was refused for her quota already: kept as 64 KiB
+    alice.drop(box.inbox, "a.txt", small_input(30, n=40))
+    bob.drop(box.inbox, "b.txt", small_input(31, n=40))
+    assert serve_once(settings) == 0
+    error = yaml.safe_load((box.outbox / alice.login / "a.error.yaml").read_text())["error"]
+    assert error["kind"] == "limit" and error["setting"] == "max_submitter_bytes" and "mmd rm" in error["reason"]
+    assert (box.outbox / bob.login / "b.out").exists()
+
+
+def test_a_refused_input_is_kept_up_to_its_cap_and_one_refused_unread_is_never_kept_whole(box, students):
+    """archive_refused_bytes: a refused input is kept as its first bytes and a note (mmd's file, counted as the
+    student's); one refused unread, far larger than its values could take, keeps no more than its header's
+    window. Old code: both archived whole."""
+    alice, _ = students
+    settings = class_settings(box, archive_refused_bytes=10_000)
+    alice.rename_in(box.inbox, "junk.txt", b"9 9 9\n" + b"junk " * 40_000)  # read and refused
+    alice.rename_in(box.inbox, "huge.txt", b"1 1 1\n1\n1\n" + b" " * (3 << 20))  # refused from its size
+    assert serve_once(settings) == 0
+    kept = {p.name.split(".")[0]: p for p in (box.state / ".failed").iterdir()}
+    assert sorted(kept) == ["huge", "junk"]
+    junk = kept["junk"].read_bytes()
+    assert junk.startswith(b"9 9 9\njunk junk") and len(junk) < 10_200
+    assert junk.endswith(f"of this input's 200006 bytes (archive_refused_bytes); submitted by {alice.login} "
+                         f"(uid {alice.uid})\n".encode())  # fmt: skip
+    assert kept["huge"].stat().st_size < 10_200 and kept["huge"].stat().st_uid == os.geteuid()
+    assert kept_by(box, alice)[1] == 4  # the two heads and the two error sidecars
+
+
+def test_a_flood_of_tiny_jobs_stops_at_max_submitter_files_and_classmates_are_served(box, students):
+    """max_submitter_files: each job keeps three files (its input, output, sidecar); Alice's 1x1 flood is refused
+    once hers are at the bound (a burst passes it at most by the jobs of hers that the other workers have in hand,
+    not yet archived);
+    Bob's job runs. Old code: files were not counted (a 6-byte job's three 4 KiB files read as a few bytes)."""
+    alice, bob = students
+    settings = class_settings(box, max_submitter_files=30)
+    for k in range(60):
+        alice.drop(box.inbox, f"f{k}.txt", "1 1 1\n2\n3\n")
+    bob.drop(box.inbox, "mine.txt", "1 1 1\n2\n3\n")
+    assert serve_once(settings) == 0
+    served = len(list((box.outbox / alice.login).glob("*.out")))
+    refused = [yaml.safe_load(p.read_text())["error"] for p in (box.outbox / alice.login).glob("*.error.yaml")]
+    assert 10 <= served <= 2 * 10 and served + len(refused) == 60
+    assert all(e["kind"] == "limit" and e["setting"] == "max_submitter_files" for e in refused)
+    assert (box.outbox / bob.login / "mine.out").exists()
+    assert kept_by(box, alice)[1] == 3 * served + 2 * len(refused)
+
+
+def _mount_tmpfs(where, options: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_free_inodes_below_min_free_inodes_refuse_jobs_as_min_free_bytes_does(tmp_path):
+    """A disk with bytes to spare and few inodes left: a job is refused while its free inodes are under
+    min_free_inodes, and served once some are free again. Old code: inodes were not looked at, so a flood of
+    tiny files used them up and then no one could drop a file nor get a result."""
+    disk = tmp_path / "disk"
+    if os.geteuid() != 0 or not _mount_tmpfs(disk, "size=64m,nr_inodes=400"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        inbox, outbox = disk / "inbox", disk / "outbox"
+        inbox.mkdir()
+        outbox.mkdir()
+        settings = config.Settings(inbox=inbox, outbox=outbox, backend="cpu", quiet_seconds=0.05, min_free_inodes=300)
+        (inbox / "a.txt").write_text(small_input(40))
+        assert serve_once(settings) == 0
+        assert (outbox / "a.out").exists()
+        filler = disk / "filler"
+        filler.mkdir()
+        while os.statvfs(disk).f_favail >= 300:
+            (filler / str(len(os.listdir(filler)))).touch()
+        (inbox / "b.txt").write_text(small_input(41))
+        assert serve_once(settings) == 0
+        error = yaml.safe_load((outbox / "b.error.yaml").read_text())["error"]
+        assert error["kind"] == "limit" and error["setting"] == "min_free_inodes" and "for everyone" in error["reason"]
+        for path in list(filler.iterdir())[:20]:
+            path.unlink()
+        (inbox / "c.txt").write_text(small_input(42))
+        assert serve_once(settings) == 0
+        assert (outbox / "c.out").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_an_archived_input_dated_2099_is_removed_by_retention_like_any_other(box, students):
+    """Retention judges an archived input by when mmd archived it (its own log), never by the mtime its
+    dropper set. Old code: an input touched to 2099 was never removed."""
+    alice, _ = students
+    part = '"$1/.f.part"'
+    script = f'printf "1 1 1\\n2\\n3\\n" > {part} && touch -d 2099-01-01 {part} && mv {part} "$1/f.txt"'
+    alice.run(script, str(box.inbox))
+    assert serve_once(class_settings(box)) == 0
+    assert (box.state / ".done" / "f.txt").stat().st_mtime > time.time() + 3600 * 24 * 365
+    age_the_archive_log(box, 2 * 86400)
+    assert serve_once(class_settings(box, retention_days=1.0)) == 0
+    assert os.listdir(box.state / ".done") == []
+    assert kept_by(box, alice) == (8192, 2)  # its output and sidecar, newer: kept

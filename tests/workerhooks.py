@@ -323,3 +323,24 @@ __all__ = [
     "raise_in_job",
     "slow_start",
 ]
+
+
+def count_listings(folder: str, log: str) -> None:
+    """Each listing of ``folder`` in a worker (``os.scandir``, ``os.listdir``) appends a line to ``log``."""
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def note(path: Any) -> None:
+        if path is not None and os.fspath(path) == folder:
+            with open(log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+
+    def scandir(path: Any = ".") -> Any:
+        note(path)
+        return real_scandir(path)
+
+    def listdir(path: Any = ".") -> Any:
+        note(path)
+        return real_listdir(path)
+
+    os.scandir = scandir  # type: ignore[assignment]
+    os.listdir = listdir  # type: ignore[assignment]

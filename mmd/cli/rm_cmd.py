@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rm",
         help="remove your own outputs from a class's outbox",
-        description="Remove outputs of yours (NAME.out, or either sidecar: the output and both sidecars go) "
+        description="Remove outputs of yours (NAME.out, or either sidecar: the output, both sidecars and the "
+        "input the service kept of that job go, and count no more toward your share of the disk) "
         "from your folder of a class's outbox, which only the service may write. Asks the daemon over its "
         "control_socket. Exit status: 0 removed, 1 one was refused (not yours, being written), 3 no daemon "
         "answers, 78 no control_socket is set.",

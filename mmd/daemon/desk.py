@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import os
 import pwd
-import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import JobCancelled, MmdError
@@ -207,25 +205,10 @@ class Desk:
         folder = self.spool.output_folder(uid)
         if os.path.lexists(folder / f".{base}{CLAIM_SUFFIX}"):
             return _no(f"a job is writing {shown(base)}{OUTPUT_SUFFIX}; cancel it first")
-        removed = []
-        for path in (folder / (base + s) for s in (OUTPUT_SUFFIX, TIMING_SUFFIX, ERROR_SUFFIX)):
-            if _remove_own(path):
-                removed.append(path.name)
+        removed = self.spool.remove_output(uid, base)  # and the input kept of it, uncounted from their share
         if not removed:
             return _no(f"you have no {shown(base)}{OUTPUT_SUFFIX} or sidecar")
         return {"ok": True, "removed": [shown(n) for n in removed]}
-
-
-def _remove_own(path: Path) -> bool:
-    """Remove ``path`` if it is a regular file mmd wrote (never a folder or another's)."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        return False
-    os.unlink(path)
-    return True
 
 
 def _no(reason: str) -> dict[str, Any]:

@@ -51,7 +51,8 @@ from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
 from ..record import now_iso
-from ..spool import Candidate, Claim, Readiness, Spool, shown, state_name
+from ..spool import Candidate, Claim, Readiness, Spool, Usage, shown, state_name
+from ..spool.archive import refused_keep
 from ..spool.scanning import Arrivals
 from ..submitters import login_of
 from . import common
@@ -477,7 +478,7 @@ class Daemon:
         counted = record.tally(result.record)
         self._charge(counted)
         try:
-            self.spool.archive(claim, False)
+            self.spool.archive(claim, False, refused_keep(self.settings.archive_refused_bytes, False))
         except MmdError as exc:
             log.error("cannot archive", reason=exc.reason)
             self.spool.leave(claim)
@@ -693,6 +694,11 @@ class Daemon:
             for path in self.spool.sweep_temporaries():
                 self.log.info("removed a temporary left by a killed process", path=str(path))
             self._adopt_inbox_folders()
+            kept = self.spool.recount()  # class mode: what each submitter keeps, counted once, then kept up to date
+            if kept:
+                total = sum(kept.values(), Usage())
+                self.log.info("counted what the service keeps for each submitter", submitters=len(kept),
+                              files=total.files, bytes=total.bytes)  # fmt: skip
             self._check_inbox_filesystem()
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
             resumed = self.spool.resumable()

@@ -41,8 +41,6 @@ import ctypes
 import ctypes.util
 import os
 import signal
-import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -60,7 +58,8 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context, now_iso
-from ..spool import OUTPUT_SUFFIX, Attempts, Candidate, Claim, Spool, entries, shown
+from ..spool import OUTPUT_SUFFIX, Attempts, Candidate, Claim, Spool, Usage, shown
+from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
@@ -84,9 +83,6 @@ from .messages import (
     WorkerSpec,
 )
 from .observer import InboxWatch
-
-#: How long a submitter's usage, once listed, stands for (class mode's quota; a few jobs may overshoot it).
-USAGE_TTL_S = 1.0
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
 Reporter = Callable[[Event], None]
@@ -140,7 +136,6 @@ class Runner:
         self.spares = Spares((OUTPUT_SUFFIX, record.TIMING_SUFFIX), ops=spool.ops)
         self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
         self._pending: list[_Pending] = []
-        self._usage: dict[Path, tuple[int, float]] = {}  # a submitter's folder: (bytes, when looked)
         #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
         #: the worker's start, or it would run without its kept buffers and device memory for good.
         self._rewarm = False
@@ -354,41 +349,43 @@ class Runner:
         self._conclude(seq, claim, result)
 
     def _room(self, claim: Claim, settings: Settings) -> Room | None:
-        """What the job's output may take now: the disk's free space less the reserve kept for everyone, and in
-        class mode the submitter's quota less what their outputs take (None: no bound)."""
-        folder = claim.output.parent
+        """What the job's output may take now (None: no bound): the disk's free space less the reserve kept for
+        everyone (and nothing while its free inodes are fewer than theirs), and in class mode the submitter's
+        quota less what the service keeps for them, their input included (nothing once their files are at
+        theirs). What they keep is read from the spool's ledger, never by listing their folder."""
         rooms = []
-        if settings.min_free_bytes is not None:
+        if settings.min_free_bytes is not None or settings.min_free_inodes is not None:
             with contextlib.suppress(OSError):  # no answer: no bound from it (the write will say)
                 try:
-                    st = os.statvfs(folder)
+                    st = os.statvfs(claim.output.parent)
                 except FileNotFoundError:  # a submitter's folder removed: its job makes it again
                     st = os.statvfs(self.spool.outbox)
-                free = st.f_bavail * st.f_frsize
-                rooms.append(Room(free - settings.min_free_bytes,
-                                  f"the outbox's disk has {free} bytes free and keeps {settings.min_free_bytes} "
-                                  f"for everyone (min_free_bytes)", "min_free_bytes"))  # fmt: skip
-        if settings.class_mode and settings.max_submitter_bytes is not None and folder != self.spool.outbox:
-            most, used = settings.max_submitter_bytes, self._used(folder)
-            rooms.append(Room(most - used, f"your outputs take {used} of your {most} bytes (max_submitter_bytes); "
-                              f"remove some with mmd rm", "max_submitter_bytes"))  # fmt: skip
+                if settings.min_free_bytes is not None:
+                    free = st.f_bavail * st.f_frsize
+                    rooms.append(Room(free - settings.min_free_bytes,
+                                      f"the outbox's disk has {free} bytes free and keeps {settings.min_free_bytes} "
+                                      f"for everyone (min_free_bytes)", "min_free_bytes"))  # fmt: skip
+                # A filesystem that makes inodes as it needs them (btrfs) counts none: no bound from it.
+                if settings.min_free_inodes is not None and st.f_files and st.f_favail < settings.min_free_inodes + 3:
+                    rooms.append(Room(-1, f"the outbox's disk has {st.f_favail} inodes free and keeps "
+                                      f"{settings.min_free_inodes} for everyone (min_free_inodes)",
+                                      "min_free_inodes"))  # fmt: skip
+        used = self.spool.usage(claim.owner) if settings.class_mode and claim.owner is not None else None
+        if used is not None:
+            # This worker's jobs of the same submitter waiting for their group's commit are not counted yet.
+            mine = [p.claim for p in self._pending if p.claim.owner == claim.owner]
+            used = used + Usage(sum(c.size or 0 for c in mine), 3 * len(mine))
+            if settings.max_submitter_bytes is not None:
+                most = settings.max_submitter_bytes
+                rooms.append(Room(most - used.bytes - (claim.size or 0),
+                                  f"what mmd keeps for you (outputs, sidecars, inputs) takes {used.bytes} of your "
+                                  f"{most} bytes (max_submitter_bytes); remove some with mmd rm",
+                                  "max_submitter_bytes"))  # fmt: skip
+            most_files = settings.max_submitter_files
+            if most_files is not None and used.files + 3 > most_files:  # a job keeps three: input, output, sidecar
+                rooms.append(Room(-1, f"you keep {used.files} files of your {most_files} (outputs, sidecars, inputs; "
+                                  f"max_submitter_files); remove some with mmd rm", "max_submitter_files"))  # fmt: skip
         return min(rooms, key=lambda r: r.bytes) if rooms else None
-
-    def _used(self, folder: Path) -> int:
-        """The bytes of the files in ``folder``, looked at most once a second (a flood of small jobs would
-        list it once each)."""
-        now = time.monotonic()
-        known = self._usage.get(folder)
-        if known is not None and now - known[1] < USAGE_TTL_S:
-            return known[0]
-        total = 0
-        for entry in entries(folder):
-            with contextlib.suppress(OSError):
-                info = entry.lstat()
-                if stat.S_ISREG(info.st_mode):
-                    total += info.st_size
-        self._usage[folder] = (total, now)
-        return total
 
     def spare_up(self, stop: Callable[[], bool]) -> None:
         """Make the next job's temporaries ahead (:class:`~mmd.atomic.Spares`) until ``stop()`` says an order
@@ -433,7 +430,8 @@ class Runner:
                 self._hold(seq, claim, reason, output_failed=output_failed)
                 return
             self._log(claim).error("output not committed after %d attempts; job failed" % tries, reason=reason)
-        if self._archive(seq, claim, result.ok, committed=True):
+        unread = isinstance(result.record, record.ErrorRecord) and result.record.input.sha256 is None
+        if self._archive(seq, claim, result.ok, committed=True, unread=unread):
             self._ended(seq, claim, result.ok, result.sidecar, result.record)
 
     def _hold(self, seq: int, claim: Claim, reason: str, output_failed: bool) -> None:
@@ -454,10 +452,11 @@ class Runner:
         log.error("the outbox refused the job; held in .work, tried again after a pause", reason=reason, **facts)
         self.report(Kept(seq, claim, reason, committed=False))
 
-    def _archive(self, seq: int, claim: Claim, ok: bool, *, committed: bool) -> bool:
-        """Archive the job; when that fails it is left in ``.work``, archived when taken back after a pause."""
+    def _archive(self, seq: int, claim: Claim, ok: bool, *, committed: bool, unread: bool = False) -> bool:
+        """Archive the job (a refused input only up to ``archive_refused_bytes``, less where it was refused
+        ``unread``); when that fails it is left in ``.work``, archived when taken back after a pause."""
         try:
-            self.spool.archive(claim, ok)
+            self.spool.archive(claim, ok, None if ok else refused_keep(self.settings.archive_refused_bytes, unread))
         except SpoolError as exc:
             self.spool.leave(claim)
             self._log(claim).error("cannot archive; the job stays in .work and is archived later", reason=exc.reason)

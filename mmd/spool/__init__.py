@@ -33,6 +33,7 @@ its archive failed) and taken back by the daemon after a pause
 * :mod:`.reservations`: the outbox reservations of output versions, and their sweep;
 * :mod:`.attempts`: a claimed job's starts and holds (:class:`Attempts`), the held jobs;
 * :mod:`.archive`: archiving a job to ``.done``/``.failed``, sweeping dead processes' temporaries;
+* :mod:`.ledger`: class mode's count of what the service keeps for each submitter, and when it archived inputs;
 * :mod:`.common`: what the parts share (the folders, the file operations, the lock, the owner pid).
 
 Every file operation that moves a job goes through a :class:`~mmd.fileops.FileOps`
@@ -47,10 +48,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..fileops import OPS, FileOps
+from ..submitters import login_of
 from .archive import Archive
 from .attempts import AttemptLog, Attempts, HeldJob, held_jobs, read_attempts
 from .claims import Claim, Claims, InHand, finished, owned_by
 from .common import Shared, entries
+from .ledger import Ledger, Usage
 from .names import (
     ATTEMPTS_NAME,
     CLAIM_SUFFIX,
@@ -103,6 +106,7 @@ __all__ = [
     "HeldJob",
     "Readiness",
     "Spool",
+    "Usage",
     "claim_path",
     "entries",
     "entry_problem",
@@ -157,7 +161,9 @@ class Spool:
         self._reservations = Reservations(self._shared, self._hand)
         self._claims = Claims(self._shared, self._hand, self._reservations.reserve, self._reservations.release)
         self._attempts = AttemptLog(self._shared, self._hand)
-        self._archive = Archive(self._shared, self._hand, self._claims, self._reservations)
+        #: Class mode (a state_dir is then set): what each submitter keeps, counted as it comes and goes.
+        self._ledger = Ledger(self._shared) if class_mode and state_dir is not None else None
+        self._archive = Archive(self._shared, self._hand, self._claims, self._reservations, self._ledger)
 
     # -- folders --
     @property
@@ -332,9 +338,25 @@ class Spool:
         """Whether the sidecar at ``path`` was written by ``claim``'s job (it carries the job id)."""
         return owned_by(claim, path)
 
-    def archive(self, claim: Claim, ok: bool) -> Path:
-        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one."""
-        return self._archive.archive(claim, ok)
+    def archive(self, claim: Claim, ok: bool, keep: int | None = None) -> Path:
+        """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one. ``keep``: a refused
+        input is kept up to that many bytes (class mode; :func:`mmd.spool.archive.refused_keep`)."""
+        return self._archive.archive(claim, ok, keep)
+
+    # -- what each submitter keeps (class mode) --
+    def usage(self, owner: int) -> Usage | None:
+        """What the service keeps for ``owner`` (a uid): outputs, sidecars, archived inputs (None: not counted,
+        outside class mode)."""
+        return None if self._ledger is None else self._ledger.usage(login_of(owner))
+
+    def recount(self) -> dict[str, Usage]:
+        """Count what each submitter keeps anew from the folders (at the start, before any worker runs)."""
+        return {} if self._ledger is None else self._ledger.recount()
+
+    def remove_output(self, owner: int, base: str) -> list[str]:
+        """Remove ``owner``'s output ``base`` (``base.out`` and its sidecars) and the input kept of its job;
+        what went (``mmd rm``)."""
+        return self._archive.remove_output(self._shared.output_folder(owner), base, owner)
 
     # -- housekeeping --
     def sweep_old(self, max_age_s: float) -> list[Path]:

@@ -5,8 +5,9 @@ Everything here is pure (no file is touched, but by :func:`resolve_output`'s
 (:func:`is_job_name`), the name a job is claimed under (:func:`safe_name`) and
 shown under (:func:`shown`), its output's versions and their reservations
 (:func:`output_path`, :func:`claim_path`, :func:`resolve_output`), its
-``.work`` folder's name (:func:`work_folder_name`), the lock and state files'
-names, and what an inbox entry must be to be read (:func:`entry_problem`).
+``.work`` folder's name (:func:`work_folder_name`) and its archive's
+(:func:`archive_name`), the lock and state files' names, and what an inbox
+entry must be to be read (:func:`entry_problem`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ def shown(name: str) -> str:
     if name.isascii() and name.isprintable():
         return name
     return "".join(ch if ch.isprintable() and ch not in _BIDI else ascii(ch)[1:-1] for ch in name)
+
+
+def archive_name(name: str, job_id: str) -> str:
+    """The name job ``job_id``'s input ``name`` is archived under where its own is taken (or too long):
+    ``<stem>.<job>.<suffix>``, or ``<name>.<job>`` for a name without a suffix."""
+    safe = safe_name(name)
+    stem, dot, suffix = safe.rpartition(".")
+    return f"{stem}.{job_id}.{suffix}" if dot and stem else f"{safe}.{job_id}"
 
 
 def output_path(outbox: Path, stem: str, version: int = 0) -> Path:
