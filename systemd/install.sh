@@ -1,13 +1,17 @@
 #!/bin/sh
 # Set up a class box in one command (as root; `make install-service`):
 #
-#   systemd/install.sh [--dry-run] [--graders GROUP] [--no-cuda] [--source DIR]
+#   systemd/install.sh [--dry-run] [--graders GROUP] [--no-cuda] [--spool-image SIZE] [--source DIR]
 #                      [--root DIR] [--user NAME] [--group NAME]
 #
 #   --dry-run        print every action, one shell line each, exactly as it would run; change nothing
 #   --graders GROUP  the group that reads every student's outputs: made when missing, and
 #                    graders_group in a new config
 #   --no-cuda        install without pycuda (the cpu backend); the default adds it where nvcc is found
+#   --spool-image SIZE  give the spool a filesystem of its own (students then cannot move a classmate's
+#                    file into the inbox): an ext4 image of SIZE (20G, say), /var/lib/mmd-spool.img, mounted
+#                    on /srv/mmd and in /etc/fstab; nothing where /srv/mmd is a mount already; refused
+#                    where /srv/mmd holds files, which the mount would hide
 #   --source DIR     the clone to install (default: this script's repository)
 #   --root DIR       install under DIR instead of / (like DESTDIR: the config and the unit still name
 #                    /srv/mmd and /opt/mmd; users and groups are still made on this host). For tests and images.
@@ -21,8 +25,9 @@
 # What it makes (docs/operations.md, "Checklist"): the user and groups; /opt/mmd/releases/STAMP with
 # the files the service needs (src) and a venv with mmd installed from them (not editable), each
 # package at the version of the lock (constraints.txt);
-# /opt/mmd/current -> that release, /opt/mmd/venv and /opt/mmd/src through it; the spool folders;
-# /etc/mmd/mmd.yaml for a class box (only when there is none); the unit. The release is built first,
+# /opt/mmd/current -> that release, /opt/mmd/venv and /opt/mmd/src through it; the spool's filesystem
+# (--spool-image) and folders, then the check that no student may move another's file into the inbox
+# (mmd.inboxfs: it prints what it found); /etc/mmd/mmd.yaml for a class box (only when there is none); the unit. The release is built first,
 # and only when it is whole is anything else touched: a failed build (pycuda, say) leaves the host
 # as it was, the previous release serving. Run it again to upgrade, then `systemctl restart mmd`.
 # POSIX ACLs are not set here: the daemon sets the ones it needs at every start (mmd/acl.py).
@@ -50,13 +55,14 @@ q() {
 # This run's options, as the shell reads them back: a message that says to run it again repeats them.
 options=""
 for word in "$@"; do options="$options $(q "$word")"; done
-dry=false cuda=auto graders="" root="" user=mmd group=mmd-spool
+dry=false cuda=auto graders="" root="" user=mmd group=mmd-spool image=""
 src=$(dirname "$0")/..
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=true ;;
         --no-cuda) cuda=no ;;
         --graders) [ $# -ge 2 ] || usage; graders=$2; shift ;;
+        --spool-image) [ $# -ge 2 ] || usage; image=$2; shift ;;
         --source) [ $# -ge 2 ] || usage; src=$2; shift ;;
         --root) [ $# -ge 2 ] || usage; root=$2; shift ;;
         --user) [ $# -ge 2 ] || usage; user=$2; shift ;;
@@ -71,6 +77,21 @@ src=$(cd "$src" && pwd) || die "no source folder $src"
 [ "$root" != / ] || root=""
 [ -z "$root" ] || root=$(cd "$root" 2>/dev/null && pwd) || die "no root folder $root"
 $dry || [ "$(id -u)" = 0 ] || die "run as root (--dry-run shows what it would do)"
+# The spool's own filesystem (docs/operations.md, "The inbox's own filesystem"): a rename keeps a file's
+# owner and never crosses a mount, so on a filesystem of its own a file enters the inbox only as its copier's.
+spool=/srv/mmd
+spool_image=/var/lib/mmd-spool.img
+spool_options=loop,nodev,nosuid,noexec
+mount_image=false
+if [ -n "$image" ]; then
+    expr "$image" : '[1-9][0-9]*[KMGT]\{0,1\}$' >/dev/null || die "--spool-image SIZE: a size such as 20G (K, M, G or T), not $image"
+    if ! mountpoint -q "$root$spool" 2>/dev/null; then
+        [ -z "$(ls -A "$root$spool" 2>/dev/null)" ] || die "$root$spool is no mount and holds files, which the image \
+mounted over it would hide. Nothing was changed. Stop mmd, move $spool aside, run this again, \
+then move the inbox's, outbox's and state's contents onto the image (docs/operations.md, \"The inbox's own filesystem\")"
+        mount_image=true
+    fi
+fi
 
 # act LINE: every change is one shell line, printed by --dry-run and otherwise run as printed,
 # so the dry run is the script of what would happen.
@@ -180,7 +201,13 @@ if getent group video >/dev/null && ! id -nG "$user" 2>/dev/null | tr ' ' '\n' |
 fi
 [ -z "$graders" ] || getent group "$graders" >/dev/null || act "groupadd $(q "$graders")"
 
-# --- 3. the folders: owner, group and mode of each, here and nowhere else ---
+# --- 3. the spool's filesystem, and the folders: owner, group and mode of each, here and nowhere else ---
+if $mount_image; then
+    [ -e "$root$spool_image" ] || act "mkdir -p $(q "$root${spool_image%/*}") && (umask 077 && truncate -s $(q "$image") $(q "$root$spool_image")) && mkfs.ext4 -q $(q "$root$spool_image")"
+    act "install -d -m 0755 $(q "$root$spool") && mount -t ext4 -o $spool_options $(q "$root$spool_image") $(q "$root$spool")"
+elif [ -n "$image" ]; then
+    note "$root$spool is a mount of its own already: kept as it is"
+fi
 folder() { # OWNER GROUP MODE PATH (install -d also mends the owner and mode of one that exists)
     act "install -d -o $(q "$1") -g $(q "$2") -m $3 $(q "$root$4")"
 }
@@ -189,6 +216,12 @@ folder "$user" "$group" 3730 /srv/mmd/inbox # setgid + sticky, no read: students
 folder "$user" "$group" 2750 /srv/mmd/outbox # each student's folder in it is theirs and the graders' (ACLs, by mmd)
 folder "$user" "$group" 0700 /srv/mmd/state  # the lock, the state, claimed and archived jobs: mmd's alone
 folder root "$group" 0750 /etc/mmd           # students read the config (mmd status), no one else
+if $mount_image && ! grep -qs "^$spool_image $spool " "$root/etc/fstab"; then
+    act "printf '%s\\n' $(q "$spool_image $spool ext4 $spool_options 0 0") >> $(q "$root/etc/fstab")"
+fi
+# Whether one student may move another's file into the inbox, a job in its owner's name (a warning and
+# the fix, or that none may): what the daemon checks at each start, here as root, which sees all.
+act "$(q "$rel/venv/bin/python") -m mmd.inboxfs $(q "$root$spool/inbox")"
 
 # --- 4. the config: a class box's, never over the admin's own ---
 config=$root/etc/mmd/mmd.yaml

@@ -326,6 +326,9 @@ def test_the_dry_run_prints_each_action_as_a_shell_line_and_changes_nothing(tmp_
     assert (
         install == f"{root}{release}/venv/bin/pip install -q -c {root}{release}/src/constraints.txt {root}{release}/src"
     )
+    check = f"{root}{release}/venv/bin/python -m mmd.inboxfs {root}/srv/mmd/inbox"
+    assert lines.index(check) > lines.index(f"install -d -o {u} -g {g} -m 3730 {root}/srv/mmd/inbox"), "the check"
+    assert not [line for line in lines if "mount" in line or "fstab" in line], "no --spool-image: no filesystem"
     assert len(lines) == len(set(lines)), "each action once"
     parsed = subprocess.run(["sh", "-n"], input=done.stdout, capture_output=True, text=True)
     assert parsed.returncode == 0, "the dry run is a script: " + parsed.stderr
@@ -378,15 +381,27 @@ def test_the_docs_show_the_dry_runs_real_output(tmp_path: Path, names: Names) ->
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, names: Names) -> Path:
-    """The whole set-up, for real, into a fresh root: users and groups made on this host (this run's names)."""
+def installed_box(
+    tmp_path_factory: pytest.TempPathFactory, names: Names
+) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """The whole set-up, for real, into a fresh root: users and groups made on this host (this run's names),
+    the spool on an image of its own (unmounted after); with what the installer printed."""
     if os.geteuid() != 0:
         pytest.skip("the whole set-up makes users and groups and chowns folders: needs root (CI runs as root)")
     root = tmp_path_factory.mktemp("box")
     # mmd's dependencies are left out (PIP_NO_DEPS): `mmd --version` needs none, and it keeps this fast.
-    done = install_sh("--root", str(root), *names.args, "--no-cuda", PIP_NO_DEPS="1")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+    done = install_sh("--root", str(root), *names.args, "--no-cuda", "--spool-image", "64M", PIP_NO_DEPS="1")
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield root, done
+    finally:
+        if os.path.ismount(root / "srv/mmd"):
+            subprocess.run(["umount", str(root / "srv/mmd")], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def box(installed_box: tuple[Path, subprocess.CompletedProcess[str]]) -> Path:
+    return installed_box[0]
 
 
 def test_the_whole_set_up_makes_users_folders_config_and_a_working_mmd(box: Path, names: Names) -> None:
@@ -461,6 +476,58 @@ def test_a_second_run_keeps_the_admins_config_and_says_so(box: Path, names: Name
     assert f"# {box}/etc/mmd/mmd.yaml exists: kept as it is" in again.stdout
     assert not [line for line in lines if line.startswith(("useradd", "groupadd"))], "they exist now"
     assert f"install -d -o {names.user} -g {names.group} -m 3730 {box}/srv/mmd/inbox" in lines, "modes mended"
+
+
+def test_the_spool_gets_a_filesystem_of_its_own_and_the_check_finds_nothing_to_move_in(
+    installed_box: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """--spool-image: /srv/mmd is an ext4 image's mount (in fstab for the next boot), so no folder beside the
+    inbox lets one student move another's file into it; the installer's check, the daemon's, says so."""
+    box, done = installed_box
+    spool, image = box / "srv/mmd", box / "var/lib/mmd-spool.img"
+    assert os.path.ismount(spool) and os.stat(spool).st_dev != os.stat(box).st_dev
+    assert os.stat(spool / "inbox").st_dev == os.stat(spool / "state").st_dev == os.stat(spool).st_dev
+    st = image.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), st.st_size) == (0, 0o600, 64 << 20)
+    fstab = (box / "etc/fstab").read_text().splitlines()
+    assert fstab == ["/var/lib/mmd-spool.img /srv/mmd ext4 loop,nodev,nosuid,noexec 0 0"]
+    assert (
+        f"ok: {spool}/inbox: the inbox's filesystem (from {spool}) holds no folder where one user may move "
+        "another's file into the inbox" in done.stdout
+    ), done.stdout
+
+
+def test_a_second_run_keeps_the_spools_filesystem(box: Path, names: Names) -> None:
+    again = install_sh("--dry-run", "--root", str(box), *names.args, "--no-cuda", "--spool-image", "64M")
+    assert again.returncode == 0, again.stderr
+    assert f"# {box}/srv/mmd is a mount of its own already: kept as it is" in again.stdout
+    actions = [line for line in again.stdout.splitlines() if not line.startswith("#")]
+    assert not [line for line in actions if "mount " in line or "mkfs" in line or "fstab" in line]
+
+
+def test_a_spool_image_is_refused_over_a_spool_it_would_hide(tmp_path: Path) -> None:
+    (tmp_path / "srv/mmd/inbox").mkdir(parents=True)
+    (tmp_path / "srv/mmd/inbox/hw1.txt").write_text("1 1 1\n2\n3\n")
+    done = install_sh("--dry-run", "--root", str(tmp_path), "--no-cuda", "--spool-image", "20G")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert f"{tmp_path}/srv/mmd is no mount and holds files, which the image mounted over it would hide" in done.stderr
+    assert "Nothing was changed" in done.stderr
+    bad = install_sh("--dry-run", "--root", str(tmp_path), "--no-cuda", "--spool-image", "lots")
+    assert bad.returncode == 1 and "--spool-image SIZE: a size such as 20G" in bad.stderr
+
+
+def test_the_dry_run_of_a_spool_image_makes_mounts_and_records_it_before_the_folders(tmp_path: Path) -> None:
+    done = install_sh("--dry-run", "--root", str(tmp_path), "--no-cuda", "--spool-image", "20G")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    image, spool = f"{tmp_path}/var/lib/mmd-spool.img", f"{tmp_path}/srv/mmd"
+    made = lines.index(f"mkdir -p {tmp_path}/var/lib && (umask 077 && truncate -s 20G {image}) && mkfs.ext4 -q {image}")
+    mounted = lines.index(f"install -d -m 0755 {spool} && mount -t ext4 -o loop,nodev,nosuid,noexec {image} {spool}")
+    inbox = lines.index(f"install -d -o mmd -g mmd-spool -m 3730 {spool}/inbox")
+    recorded = lines.index(
+        f"printf '%s\\n' '/var/lib/mmd-spool.img /srv/mmd ext4 loop,nodev,nosuid,noexec 0 0' >> {tmp_path}/etc/fstab"
+    )
+    assert made < mounted < inbox < recorded
 
 
 def test_from_a_copy_that_is_no_clone_the_same_files_are_copied(tmp_path: Path) -> None:
