@@ -163,9 +163,13 @@ class Settings:
     observer: str = "auto"  # auto | inotify | polling (network filesystems)
     rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
     quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete (if no write was seen)
-    #: an upload (a name ending .part, .tmp or ~) untouched this long is removed: it died, or its name was
-    #: taken to block someone else's upload
+    #: an upload (a regular file named *.part, *.tmp or *~) this long after the daemon first saw it is removed:
+    #: it died, or its name was taken to block someone else's upload (never judged by its mtime)
     upload_max_age_s: float = 86400.0
+    #: a folder under a job's name (`mkdir hw1.txt`), or a file still not completely written this long after the
+    #: daemon first saw it, is set aside out of the name's way (into state_dir's .failed) and its owner gets an
+    #: error sidecar saying why; judged by the daemon's clock, never the file's mtime. Longer than quiet_seconds
+    drop_box_grace_s: float = 600.0
     poll_seconds: float = 1.0  # polling observer period
     shared_inbox: bool = False  # several hosts serve one inbox on a shared filesystem (docs/cluster.md)
     host_id: str | None = None  # this host's name in a shared inbox; None: the hostname
@@ -410,6 +414,8 @@ def _validated(s: Settings, origin: str) -> Settings:
             raise ConfigError(f"{origin}: {at(name)} must be positive")
     if s.kernel_file_launch_timeout_s <= 0:
         raise ConfigError(f"{origin}: {at('kernel_file_launch_timeout_s')} must be positive")
+    if s.drop_box_grace_s <= s.quiet_seconds:
+        raise ConfigError(f"{origin}: {at('drop_box_grace_s')} must be longer than quiet_seconds ({s.quiet_seconds})")
     if s.max_attempts < 1:
         raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
     for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",

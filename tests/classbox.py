@@ -46,6 +46,14 @@ class Student:
         """Write ``text`` to ``inbox/name`` as this student: under ``name.part``, then a rename (the docs' recipe)."""
         self.run('printf %s "$3" > "$1/$2.part" && mv "$1/$2.part" "$1/$2"', str(inbox), name, text, umask=umask)
 
+    def upload(self, inbox: Path, name: str, text: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Upload ``text`` as ``inbox/name`` by docs/operations.md's recipe, run as written, as this student would
+        from their machine: ``ssh lab CMD`` and ``scp FILE lab:PATH`` stand for a shell and a copy on this box."""
+        recipe = upload_recipe().replace("/srv/mmd/inbox", str(inbox)).replace("hw1.txt", name)
+        shims = 'ssh() { shift; sh -c "$1"; }; scp() { cp "$1" "${2#lab:}"; }'
+        here = f'd=$(mktemp -d) && cd "$d" && printf %s "$1" > {name}'
+        return self.run(f"{shims}\n{here} || exit 1\n{recipe}", text, check=check)
+
     def rename_in(self, inbox: Path, name: str, data: bytes) -> None:
         """Put ``data`` at ``inbox/name`` as a file of this student's, renamed in (over whatever of theirs is there):
         written under a dot name first, as root (a big input does not fit a command line), and given to them."""
@@ -54,6 +62,12 @@ class Student:
         os.chown(staged, self.uid, self.gid)
         staged.chmod(0o644)
         self.run('mv "$1" "$2"', str(staged), str(inbox / name))
+
+
+def upload_recipe() -> str:
+    """docs/operations.md's upload recipe for students: the sh block after "Students upload", as the docs give it."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    return text.split("Students upload", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
 
 
 def hold_owners_until(path: str, uids: tuple[int, ...]) -> None:

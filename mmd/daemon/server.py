@@ -42,7 +42,7 @@ from typing import Any
 from .. import atomic, inboxfs, record, spawning
 from ..backends import worker_devices
 from ..config import Settings, graders_gids, host_id_of, listen_address
-from ..errors import ConfigError, JobTimeout, MmdError, SpoolError
+from ..errors import ConfigError, JobTimeout, MmdError, OutputError, SpoolError
 from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
 from ..job import describe, new_id
@@ -51,9 +51,8 @@ from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
 from ..pipeline import refuse
 from ..record import now_iso
-from ..spool import Candidate, Claim, Readiness, Spool, Usage, shown, state_name
+from ..spool import Arrival, Arrivals, Candidate, Claim, Readiness, Spool, Survey, Usage, shown, state_name
 from ..spool.archive import refused_keep
-from ..spool.scanning import Arrivals
 from ..submitters import login_of
 from . import common
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
@@ -129,8 +128,12 @@ class Daemon:
         )
         self.log = get_logger()
         self.scheduler = Scheduler(settings.max_queue, max_waiting=settings.max_waiting_per_submitter)
-        #: When this daemon first saw each inbox file: a backlog's order (never the file's mtime).
+        #: When this daemon (or the one before it, for what waits to be judged) first saw each inbox entry: a
+        #: backlog's order, and the age of what is not a job (never an entry's mtime). Read from state_dir at start.
         self._arrivals = Arrivals()
+        #: The part of it last written to state_dir (what waits to be judged), and whether that write failed.
+        self._arrivals_kept: dict[str, Arrival] = {}
+        self._arrivals_failed = False
         #: The worker processes (made when serving starts).
         self.workers = WorkerPool(None, self._spec, self._lock_fds)
         #: Spool steps refused in a row (an output, a reservation, an archive): the pause doubles with each.
@@ -467,9 +470,12 @@ class Daemon:
             self.log.warning("cannot record that a job's start was not its fault", job=claim.job_id,
                              file=shown(claim.name), reason=exc.reason)  # fmt: skip
 
-    def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None, overall_ms: float = 0.0) -> None:
+    def refuse_claimed(
+        self, claim: Claim, error: MmdError, device: int | None, overall_ms: float = 0.0, *, set_aside: bool = False
+    ) -> None:
         """A claimed job no worker holds (its worker ended for it, or cancelled in the queue): its error
-        sidecar (``error``'s kind and reason), archived to ``.failed``."""
+        sidecar (``error``'s kind and reason), archived to ``.failed``. ``set_aside``: an inbox entry that is not
+        a job, already moved out of its name's way (:meth:`_set_aside`): its sidecar's reservation is dropped."""
         log = self.log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)
         context = record.Context(device_index=device, submitter=claim.submitter)
         job = describe(claim.path, claim.output, self.settings, name=claim.original or claim.name,
@@ -477,12 +483,16 @@ class Daemon:
         result = refuse(job, error, {"overall": overall_ms}, ops=self.ops)
         counted = record.tally(result.record)
         self._charge(counted)
-        try:
-            self.spool.archive(claim, False, refused_keep(self.settings.archive_refused_bytes, False))
-        except MmdError as exc:
-            log.error("cannot archive", reason=exc.reason)
-            self.spool.leave(claim)
-        log.error("job stopped", kind=error.kind, reason=error.reason)
+        if set_aside:
+            self.spool.release(claim)
+        else:
+            try:
+                self.spool.archive(claim, False, refused_keep(self.settings.archive_refused_bytes, False))
+            except MmdError as exc:
+                log.error("cannot archive", reason=exc.reason)
+                self.spool.leave(claim)
+        log.error("set aside" if set_aside else "job stopped", kind=error.kind, reason=error.reason,
+                  **({"path": str(claim.path)} if set_aside else {}))  # fmt: skip
         self.state.finished(
             {
                 "job": claim.job_id,
@@ -511,7 +521,8 @@ class Daemon:
         if not complete and not self._readiness.observe(name, cand.size, cand.mtime_ns):
             return
         self._readiness.forget(name)
-        self._arrivals.seen(cand, time.monotonic())
+        self._arrivals.seen(cand, time.time())
+        self._arrivals.completed(name)
         if self.paused():
             return  # it stays in the inbox; the rescan after the pause takes it
         full = self.scheduler.full
@@ -527,22 +538,28 @@ class Daemon:
 
         The files go to the scheduler by share (the submitters in turn), each submitter's in the order this
         daemon first saw them (a scan's own in their mtime's order: they reorder only their owner's files).
+        What is not a job is judged then (:meth:`_judge`).
         """
-        now = time.monotonic()
-        scanned = self.spool.scan()
+        now, wall = time.monotonic(), time.time()
+        survey = self.spool.survey()
+        scanned = survey.jobs
         found: list[Candidate] = []
         complete: dict[str | None, list[tuple[float, Candidate]]] = {}
+        unfinished: list[tuple[float, Candidate]] = []
         for cand in scanned:
             submitter = _submitter(cand.owner)
             if self.scheduler.is_broken(cand.name, submitter):
                 continue
             found.append(cand)
-            arrived = self._arrivals.seen(cand, now)
+            arrived = self._arrivals.seen(cand, wall)
             if self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
                 self._readiness.forget(cand.name)
+                self._arrivals.completed(cand.name)
                 if not self.paused():
                     complete.setdefault(submitter, []).append((arrived, cand))
-        self._arrivals.keep({c.name for c in scanned})
+            elif not self._arrivals.is_complete(cand.name):
+                unfinished.append((arrived, cand))
+        self._arrivals.keep({c.name for c in (*scanned, *survey.folders, *survey.uploads)})
         first = sorted(complete, key=lambda s: (min(a for a, _ in complete[s]), str(s)))
         groups = {s: [c for _, c in sorted(complete[s], key=lambda ac: ac[0])] for s in first}
         for cand in self.scheduler.by_share(groups, now):
@@ -551,7 +568,78 @@ class Daemon:
         for name in self._readiness.pending:
             if name not in known:
                 self._readiness.forget(name)
-        return len(found)
+        set_aside = self._judge(survey, unfinished, wall)
+        return len(found) - set_aside
+
+    def _judge(self, survey: Survey, unfinished: list[tuple[float, Candidate]], wall: float) -> int:
+        """What lies in the inbox that is not a job, judged by its age since this daemon (or the one before it)
+        first saw it, never by its mtime: a folder under a job's name, or a file ``unfinished`` (still being
+        written: (first seen, it)), is set aside after ``drop_box_grace_s`` (:meth:`_set_aside`), an upload
+        removed after ``upload_max_age_s``. The first sightings of what waits are kept in state_dir for the next
+        start. Returns how many job files were set aside."""
+        grace, max_age = self.settings.drop_box_grace_s, self.settings.upload_max_age_s
+        folder = (
+            f"is a folder, not a file: it was set aside {grace:g} s after mmd first saw it, so that the name is free "
+            f"for everyone's files (ask the admin for it back)"
+        )
+        writing = (
+            f"was still being written {grace:g} s after mmd first saw it: set aside unread, so that the name is free; "
+            f"write it under a .part name and rename it into the inbox once complete (mv -T)"
+        )
+        waiting: set[str] = set()
+        for cand in survey.folders:
+            if wall - self._arrivals.seen(cand, wall) < grace:
+                waiting.add(cand.name)
+            else:
+                self._set_aside(cand, folder)
+        set_aside = 0
+        for arrived, cand in unfinished:
+            if wall - arrived < grace:
+                waiting.add(cand.name)
+            elif self._set_aside(cand, writing):
+                set_aside += 1
+        for cand in survey.uploads:
+            if wall - self._arrivals.seen(cand, wall) < max_age:
+                waiting.add(cand.name)
+            elif self.spool.remove_upload(cand):
+                self.log.info("removed an upload nobody finished", file=shown(cand.name),
+                              submitter=_submitter(cand.owner))  # fmt: skip
+        self._keep_arrivals(waiting)
+        return set_aside
+
+    def _set_aside(self, cand: Candidate, why: str) -> bool:
+        """Move inbox entry ``cand`` (not a job) out of its name's way, its owner told ``why`` by an error sidecar
+        (kind ``spool``); False when it was gone or another meanwhile, or could not be moved (logged)."""
+        try:
+            claim = self.spool.set_aside(cand, new_id())
+        except SpoolError as exc:
+            self.log.error("cannot set aside what holds a name in the inbox", file=shown(cand.name), reason=exc.reason)
+            return False
+        if claim is None:
+            return False
+        self._readiness.forget(cand.name)
+        error = SpoolError(f"{shown(cand.name)} {why}")
+        if claim.reservation is None:  # the outbox refused even the name of its note
+            self.log.error("set aside", file=shown(cand.name), submitter=claim.submitter, path=str(claim.path),
+                           reason=error.reason, note=claim.unreserved)  # fmt: skip
+            self.spool.forget(claim.job_id)
+        else:
+            self.refuse_claimed(claim, error, None, set_aside=True)
+        return True
+
+    def _keep_arrivals(self, waiting: set[str]) -> None:
+        """Write the first sightings of ``waiting`` (what is still to be judged) to state_dir when they changed."""
+        record = self._arrivals.record(waiting)
+        if record == self._arrivals_kept:
+            return
+        try:
+            self.spool.write_arrivals(record)
+        except OutputError as exc:
+            if not self._arrivals_failed:
+                self.log.warning("cannot keep the inbox's arrivals for the next start", reason=exc.reason)
+            self._arrivals_failed = True
+            return
+        self._arrivals_kept, self._arrivals_failed = record, False
 
     def _handle(self, hint: Hint) -> None:
         if isinstance(hint, Arrived):
@@ -581,15 +669,13 @@ class Daemon:
 
     def _tend(self, now: float) -> None:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
-        name), and sweep stale reservations and uploads (the full listing of the outbox at most every
-        RESERVATION_SWEEP_SECONDS)."""
+        name), and sweep stale reservations (the full listing of the outbox at most every
+        RESERVATION_SWEEP_SECONDS); the uploads are judged at each rescan (:meth:`_judge`)."""
         self.scheduler.resume(self.spool.take_back())
         if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
             self._swept = now
             for path in self.spool.sweep_reservations():
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
-            for path in self.spool.sweep_uploads(self.settings.upload_max_age_s):
-                self.log.info("removed an upload nobody finished", file=shown(path.name))
         if self.settings.retention_days is not None and now - self._kept >= common.RETENTION_SWEEP_S:
             self._kept = now
             old = self.spool.sweep_old(self.settings.retention_days * 86400)
@@ -700,6 +786,7 @@ class Daemon:
                 self.log.info("counted what the service keeps for each submitter", submitters=len(kept),
                               files=total.files, bytes=total.bytes)  # fmt: skip
             self._check_inbox_filesystem()
+            self._arrivals = Arrivals(self.spool.read_arrivals())  # what waited to be judged keeps its age
             devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
             resumed = self.spool.resumable()
             for path in self.spool.sweep_reservations(resumed):

@@ -7,7 +7,8 @@ Layout (the dot folders are created on demand)::
     inbox/.work/<job>.<v>/.mmd-attempts.json  its starts and holds (see :meth:`Spool.attempt`, :meth:`Spool.hold`)
     inbox/.work/<host>/<job>.<v>/m.txt  the same on a shared inbox: each host claims into its own folder
     inbox/.done/m.txt                 finished with an output
-    inbox/.failed/m.txt               refused (the error sidecar says why)
+    inbox/.failed/m.txt               refused (the error sidecar says why); also what was set aside
+    inbox/.mmd-arrivals.json          when the daemon first saw what waits in the inbox to be judged
     inbox/.mmd.lock, .mmd-state.json  the daemon's lock and state (see mmd.daemon)
     outbox/.m.claim                   the output version reserved at the claim (``<job> <host> <pid>``)
     outbox/m.out + m.timing.yaml      the result; the sidecar is committed last
@@ -34,6 +35,7 @@ its archive failed) and taken back by the daemon after a pause
 * :mod:`.attempts`: a claimed job's starts and holds (:class:`Attempts`), the held jobs;
 * :mod:`.archive`: archiving a job to ``.done``/``.failed``, sweeping dead processes' temporaries;
 * :mod:`.ledger`: class mode's count of what the service keeps for each submitter, and when it archived inputs;
+* :mod:`.dropbox`: what lies in the inbox that is not a job (set aside, or removed), the record of arrivals;
 * :mod:`.common`: what the parts share (the folders, the file operations, the lock, the owner pid).
 
 Every file operation that moves a job goes through a :class:`~mmd.fileops.FileOps`
@@ -53,6 +55,7 @@ from .archive import Archive
 from .attempts import AttemptLog, Attempts, HeldJob, held_jobs, read_attempts
 from .claims import Claim, Claims, InHand, finished, owned_by
 from .common import Shared, entries
+from .dropbox import DropBox
 from .ledger import Ledger, Usage
 from .names import (
     ATTEMPTS_NAME,
@@ -83,7 +86,7 @@ from .names import (
     writable_problem,
 )
 from .reservations import EMPTY_RESERVATION_GRACE_S, Reservations, pid_alive, read_reservation
-from .scanning import Candidate, Readiness, scan, stat_entry
+from .scanning import Arrival, Arrivals, Candidate, Readiness, Survey, scan, stat_entry, survey
 
 __all__ = [
     "ATTEMPTS_NAME",
@@ -100,12 +103,15 @@ __all__ = [
     "SPARE_DIR",
     "STATE_NAME",
     "WORK_DIR",
+    "Arrival",
+    "Arrivals",
     "Attempts",
     "Candidate",
     "Claim",
     "HeldJob",
     "Readiness",
     "Spool",
+    "Survey",
     "Usage",
     "claim_path",
     "entries",
@@ -125,6 +131,7 @@ __all__ = [
     "scan",
     "shown",
     "state_name",
+    "survey",
     "work_folder_name",
 ]
 
@@ -164,6 +171,7 @@ class Spool:
         #: Class mode (a state_dir is then set): what each submitter keeps, counted as it comes and goes.
         self._ledger = Ledger(self._shared) if class_mode and state_dir is not None else None
         self._archive = Archive(self._shared, self._hand, self._claims, self._reservations, self._ledger)
+        self._dropbox = DropBox(self._shared, self._hand, self._reservations.reserve)
 
     # -- folders --
     @property
@@ -239,9 +247,31 @@ class Spool:
         """Job files waiting in the inbox, oldest first."""
         return scan(self.inbox, self._shared.ops.scandir)
 
+    def survey(self) -> Survey:
+        """One listing of the inbox: its job files (oldest first), the folders under job names, the uploads."""
+        return survey(self.inbox, self._shared.ops.scandir)
+
     def stat(self, name: str) -> Candidate | None:
         """The inbox entry ``name`` if it is still there and not a folder."""
         return stat_entry(self.inbox, name)
+
+    # -- the drop box: what is not a job --
+    def read_arrivals(self) -> dict[str, Arrival]:
+        """When an earlier daemon first saw what waited in the inbox to be judged (empty: no record)."""
+        return self._dropbox.read_arrivals()
+
+    def write_arrivals(self, record: dict[str, Arrival]) -> None:
+        """Keep ``record`` (name -> (inode, first seen)) for the next daemon, atomically; OutputError on failure."""
+        self._dropbox.write_arrivals(record)
+
+    def set_aside(self, cand: Candidate, job_id: str) -> Claim | None:
+        """Move inbox entry ``cand`` (not a job) out of its name's way, as job ``job_id`` refused unrun, its
+        error sidecar's name reserved; None when it is gone or another's. SpoolError when it cannot move."""
+        return self._dropbox.set_aside(cand, job_id)
+
+    def remove_upload(self, cand: Candidate) -> bool:
+        """Remove upload ``cand`` (``*.part``, ``*.tmp``, ``*~``) if it is still the file seen."""
+        return self._dropbox.remove_upload(cand)
 
     # -- claims and the jobs in hand --
     def claim(self, name: str, job_id: str | None = None) -> Claim | None:
@@ -362,10 +392,6 @@ class Spool:
     def sweep_old(self, max_age_s: float) -> list[Path]:
         """Remove outputs, sidecars and archived inputs older than ``max_age_s`` (retention)."""
         return self._archive.sweep_old(max_age_s)
-
-    def sweep_uploads(self, max_age_s: float) -> list[Path]:
-        """Remove the inbox's unfinished uploads (``.part``, ``.tmp``, ``~``) untouched for ``max_age_s``."""
-        return self._archive.sweep_uploads(max_age_s)
 
     def sweep_temporaries(self) -> list[Path]:
         """Remove commit temporaries (``.<name>.<pid>.tmp``) of processes that are gone."""

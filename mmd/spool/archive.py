@@ -4,8 +4,7 @@
 over an older one of that name), drops its output reservation and makes its
 emptied folder the next claim's spare. :meth:`Archive.sweep_temporaries`
 removes, at start, the commit temporaries (``.<name>.<pid>.tmp``) of
-processes that are gone, and :meth:`Archive.sweep_uploads` the uploads
-(``.part``, ``.tmp``, ``~``) nobody has touched for long. Whether a job finished, so that only its archive is
+processes that are gone. Whether a job finished, so that only its archive is
 left to do, is :func:`mmd.spool.claims.finished`'s to say.
 
 In class mode each archive is counted in the :class:`~.ledger.Ledger` (the
@@ -30,7 +29,7 @@ from ..textcore import HEADER_WINDOW
 from .claims import Claim, Claims, InHand, spare_folder_pid
 from .common import Shared, entries, strerror
 from .ledger import Ledger, Usage, usage_of
-from .names import IGNORED_SUFFIXES, MAX_NAME_BYTES, OUTPUT_SUFFIX, archive_name, names_of, shown, state_name
+from .names import MAX_NAME_BYTES, OUTPUT_SUFFIX, archive_name, arrivals_name, names_of, shown, state_name
 from .reservations import Reservations, pid_alive
 
 # write_atomic's temporaries: .<name>.<pid>.tmp (.<name>.<host>.<pid>.tmp on a shared inbox)
@@ -209,19 +208,19 @@ class Archive:
 
         In the outbox, this host's ``.work`` and ``.failed`` (mmd's alone; there a refused input's head is
         written under such a name) every such name; in the folder of the state
-        file (the state_dir, else the inbox, which users write) only its own. On a shared inbox only this host's
-        (``.<name>.<host>.<pid>.tmp``, and this host's state file): a pid
-        says nothing about another machine's processes.
+        file (the state_dir, else the inbox, which users write) only the state file's and the arrivals record's.
+        On a shared inbox only this host's (``.<name>.<host>.<pid>.tmp``, and this host's state file and
+        record): a pid says nothing about another machine's processes.
         """
         shared = self.shared
         removed = []
         host_id = shared.host_id
         own = re.compile(r"\..+\." + re.escape(host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if host_id else _TMP_RE
-        state = state_name(host_id)
+        own_files = (f".{state_name(host_id)}.", f".{arrivals_name(host_id)}.")
         for folder in (*shared.output_folders(), shared.work, shared.failed, shared.private):
             for path in entries(folder):
                 match = (_TMP_RE if folder == shared.private else own).fullmatch(path.name)
-                if folder == shared.private and not path.name.startswith(f".{state}."):
+                if folder == shared.private and not path.name.startswith(own_files):
                     continue
                 if match and int(match["pid"]) != os.getpid() and not pid_alive(int(match["pid"])):
                     with contextlib.suppress(OSError):
@@ -290,29 +289,6 @@ class Archive:
                     ledger.add(login, -usage_of(info))
             with contextlib.suppress(OSError):
                 os.unlink(log)
-        return removed
-
-    def sweep_uploads(self, max_age_s: float, now: float | None = None) -> list[Path]:
-        """Remove the inbox's unfinished uploads (a name ending ``.part``, ``.tmp`` or ``~``, hidden or not)
-        whose mtime is older than ``max_age_s``; returns those removed.
-
-        Such a file is never a job: it is an upload that died, or a name
-        someone created to block a classmate's ``scp`` to it (the sticky
-        inbox stops the classmate from removing it; mmd owns the folder and
-        may). Only regular files go; mmd's own temporaries are seconds old.
-        """
-        now = time.time() if now is None else now
-        removed = []
-        for path in entries(self.shared.inbox):
-            if not path.name.endswith(IGNORED_SUFFIXES):
-                continue
-            try:
-                info = os.lstat(path)
-                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > max_age_s:
-                    self.shared.ops.unlink(path)
-                    removed.append(path)
-            except OSError:
-                continue
         return removed
 
 

@@ -6,8 +6,8 @@ Everything here is pure (no file is touched, but by :func:`resolve_output`'s
 shown under (:func:`shown`), its output's versions and their reservations
 (:func:`output_path`, :func:`claim_path`, :func:`resolve_output`), its
 ``.work`` folder's name (:func:`work_folder_name`) and its archive's
-(:func:`archive_name`), the lock and state files' names, and what an inbox
-entry must be to be read (:func:`entry_problem`).
+(:func:`archive_name`), the lock, state and arrivals files' names, and what
+an inbox entry must be to be read (:func:`entry_problem`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def host_lock_name(host_id: str) -> str:
 def state_name(host_id: str | None) -> str:
     """The daemon's state file: ``.mmd-state.json``, or ``.mmd-state.<host_id>.json`` on a shared inbox."""
     return f".mmd-state.{host_id}.json" if host_id else STATE_NAME
+
+
+def arrivals_name(host_id: str | None) -> str:
+    """The record of when the daemon first saw what waits in the inbox: ``.mmd-arrivals.json``, or
+    ``.mmd-arrivals.<host_id>.json`` on a shared inbox (beside the state file)."""
+    return f".mmd-arrivals.{host_id}.json" if host_id else ".mmd-arrivals.json"
 
 
 def is_job_name(name: str) -> bool:

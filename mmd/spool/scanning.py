@@ -1,10 +1,13 @@
 """What waits in the inbox, and when a file there is completely written.
 
-:func:`scan` lists the job files waiting (:class:`Candidate`), oldest first;
-:func:`stat_entry` looks at one of them; :class:`Readiness` decides when a
-file seen there is complete; :class:`Arrivals` remembers when the daemon
-first saw each. All pure: :func:`scan` takes its ``scandir``,
-:class:`Readiness` its clocks and :class:`Arrivals` the time as parameters.
+:func:`survey` lists the inbox once: the job files waiting (:class:`Candidate`),
+oldest first, the folders under job names and the uploads (:class:`Survey`);
+:func:`scan` the job files alone; :func:`stat_entry` looks at one of them;
+:class:`Readiness` decides when a file seen there is complete;
+:class:`Arrivals` remembers when the daemon first saw each entry. All pure:
+:func:`survey` takes its ``scandir``, :class:`Readiness` its clocks and
+:class:`Arrivals` the time as parameters (:mod:`.dropbox` keeps its record
+across restarts).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .names import is_job_name
+from .names import IGNORED_SUFFIXES, is_job_name
 
 
 @dataclass(frozen=True)
@@ -31,31 +34,54 @@ class Candidate:
     owner: int | None = None
     #: Its inode: a file renamed over the name is another file (the claim checks it took the one offered).
     ino: int | None = None
+    #: A folder under a job's name: never a job, set aside once ``drop_box_grace_s`` has passed.
+    folder: bool = False
 
 
-def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
-    """Job files in ``inbox``, oldest first (mtime, then name); folders are skipped.
+@dataclass(frozen=True)
+class Survey:
+    """One listing of the inbox: what may be a job, and what lies under a name without being one."""
 
-    Links and other non-regular files are listed (they are refused at claim, so
-    they do not sit in the inbox forever); stat never follows a link.
-    """
-    found = []
+    #: Job files, oldest first (mtime, then name): links and other non-regular files too (refused at claim, so
+    #: they do not sit in the inbox for ever).
+    jobs: list[Candidate]
+    #: Folders under job names (``mkdir hw1.txt``): the name is blocked while one is there.
+    folders: list[Candidate]
+    #: Uploads: regular files whose names end ``.part``, ``.tmp`` or ``~``, hidden or not (never jobs).
+    uploads: list[Candidate]
+
+
+def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> Survey:
+    """What lies in ``inbox`` (:class:`Survey`), from one listing; stat never follows a link."""
+    jobs, folders, uploads = [], [], []
     try:
         with scandir(inbox) as it:
             for entry in it:
-                if not is_job_name(entry.name):
+                name = entry.name
+                job = is_job_name(name)
+                if not job and not name.endswith(IGNORED_SUFFIXES):
                     continue
                 try:
-                    if entry.is_dir(follow_symlinks=False):
-                        continue
+                    folder = job and entry.is_dir(follow_symlinks=False)
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # claimed or removed meanwhile
-                found.append(Candidate(entry.name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino))
+                cand = Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino, folder)
+                if folder:
+                    folders.append(cand)
+                elif job:
+                    jobs.append(cand)
+                elif stat.S_ISREG(info.st_mode):
+                    uploads.append(cand)
     except FileNotFoundError:
-        return []
-    found.sort(key=lambda c: (c.mtime_ns, c.name))
-    return found
+        return Survey([], [], [])
+    jobs.sort(key=lambda c: (c.mtime_ns, c.name))
+    return Survey(jobs, folders, uploads)
+
+
+def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
+    """Job files in ``inbox``, oldest first (mtime, then name); folders are skipped (:func:`survey`'s jobs)."""
+    return survey(inbox, scandir).jobs
 
 
 def stat_entry(inbox: Path, name: str) -> Candidate | None:
@@ -69,15 +95,24 @@ def stat_entry(inbox: Path, name: str) -> Candidate | None:
     return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino)
 
 
-class Arrivals:
-    """When the daemon first saw each inbox file, by its own clock: a backlog is offered in that order, never by
-    the file's mtime, which its owner sets (``touch -d 2001-01-01`` put a flood before everyone's files).
+#: What :class:`Arrivals` knows of one name: (its entry's inode, when the daemon first saw that entry there).
+Arrival = tuple[int | None, float]
 
-    A file renamed over a name (another inode) is a new arrival. Pure: the time is given.
+
+class Arrivals:
+    """When the daemon first saw each inbox entry, by its own clock (the wall clock's seconds, so that a record
+    of them outlives the process): a backlog is offered in that order, and what is not a job (a folder, a file
+    still being written, an upload) is judged by its age so counted, never by the entry's mtime, which its
+    owner sets (``touch -d 2001-01-01`` put a flood before everyone's files, ``touch -d 2099-01-01`` kept an
+    upload young for ever).
+
+    An entry renamed over a name (another inode) is a new arrival. Pure: the time is given.
     """
 
-    def __init__(self) -> None:
-        self._first: dict[str, tuple[int | None, float]] = {}  # name -> (inode, first seen)
+    def __init__(self, known: dict[str, Arrival] | None = None) -> None:
+        #: name -> (inode, first seen); ``known``: a record kept from an earlier daemon (:meth:`record`).
+        self._first: dict[str, Arrival] = dict(known or {})
+        self._complete: set[str] = set()
 
     def seen(self, cand: Candidate, now: float) -> float:
         """When ``cand`` was first seen (``now`` if this is the first time)."""
@@ -85,11 +120,26 @@ class Arrivals:
         if known is not None and known[0] == cand.ino:
             return known[1]
         self._first[cand.name] = (cand.ino, now)
+        self._complete.discard(cand.name)
         return now
 
+    def completed(self, name: str) -> None:
+        """The entry seen under ``name`` was found complete: a job from now on (one waiting for its turn may look
+        unfinished again for a moment: a rescan's first look at a file whose mtime is ahead of the clock)."""
+        self._complete.add(name)
+
+    def is_complete(self, name: str) -> bool:
+        """Whether the entry seen under ``name`` was found complete (:meth:`completed`)."""
+        return name in self._complete
+
     def keep(self, names: set[str]) -> None:
-        """Forget every file but ``names`` (those still in the inbox)."""
+        """Forget every entry but ``names`` (those still in the inbox)."""
         self._first = {name: first for name, first in self._first.items() if name in names}
+        self._complete &= names
+
+    def record(self, names: set[str]) -> dict[str, Arrival]:
+        """What is known of ``names``: the part worth keeping across a restart (what waits to be judged)."""
+        return {name: self._first[name] for name in names if name in self._first}
 
 
 #: How long a file seen being written (a write, no close yet) must stay unchanged before it is taken without its
