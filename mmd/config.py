@@ -179,6 +179,10 @@ class Settings:
     #: the longest one launch of a kernel file may run: past it, its process (and CUDA context) is killed and the
     #: job refused; never more than the job's own time limit, job_timeout_s
     kernel_file_launch_timeout_s: float = 5.0
+    #: folders of kernel files a job's name may pick: NAME@kernel=p1.txt runs p1.cu of the first folder holding one
+    #: (never in place of one of mmd's own kernels), as `mmd run --kernel-file` does. Folders only the admin may
+    #: write, outside the inbox and outbox. Empty (the default): names pick mmd's own kernels only
+    kernel_folders: tuple[Path, ...] = ()
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
     metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
     #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so
@@ -281,6 +285,17 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _folders(value: Any, where: str) -> tuple[Path, ...]:
+    """Folders: a YAML list of paths, or text with one path per ``:`` (as PATH; an environment variable)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [part for part in value.split(os.pathsep) if part]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, Path)) and str(v) for v in value):
+        raise ConfigError(f"{where} must be a list of folders, got {value!r}")
+    return tuple(Path(v) for v in value)
+
+
 def listen_address(value: str, where: str = "metrics_listen") -> tuple[str, int]:
     """``HOST:PORT`` (an IPv6 host in brackets) → (host, port); ConfigError otherwise."""
     host, sep, port = value.rpartition(":")
@@ -352,6 +367,8 @@ def _coerce(name: str, value: Any, origin: str, typed: bool = False) -> Any:
         return None if value is None else _devices(value, where)
     if ftype.startswith("tuple[str"):
         return None if value is None else _argv(value, where)
+    if ftype.startswith("tuple[Path"):
+        return _folders(value, where)
     if value is None:
         if "None" in ftype:
             return None
@@ -458,7 +475,22 @@ def _validated(s: Settings, origin: str) -> Settings:
     name_rule(s.name_settings, origin)
     if s.kernel_cache is not None and not s.kernel_cache:
         raise ConfigError(f"{origin}: {at('kernel_cache')} must be auto, a folder or null")
+    for folder in s.kernel_folders:
+        # whoever may drop a file there could pick it by name and have the service compile and run it
+        for name in ("inbox", "outbox", "state_dir"):
+            other = getattr(s, name)
+            if other is not None and _within(folder, other):
+                raise ConfigError(
+                    f"{origin}: {at('kernel_folders')}: {folder} is in the {name} ({other}): a kernel folder is the "
+                    "admin's alone, never a folder others may write"
+                )
     return s
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or in it, by their absolute paths (nothing is read from the filesystem)."""
+    a, b = Path(os.path.abspath(inner)), Path(os.path.abspath(outer))
+    return a == b or b in a.parents
 
 
 def name_rule(items: tuple[str, ...] | None, origin: str = "name_settings") -> dict[str, frozenset[Any] | None]:

@@ -51,6 +51,9 @@ class Job:
     context: Context = field(default_factory=Context)
     #: Why the job is refused before its input is read (a bad name, a conflicting flag, a link ...).
     refusal: MmdError | None = None
+    #: The kernel file the job runs, in a process of its own (``mmd run --kernel-file``, or a kernel folder's file
+    #: its name picked); None: ``settings.kernel``, one of mmd's own.
+    kernel_file: Path | None = None
 
     @property
     def request(self) -> MultiplyRequest:
@@ -75,6 +78,7 @@ def describe(
     started: float | None = None,
     context: Context | None = None,
     refusal: MmdError | None = None,
+    kernel_file: Path | None = None,
 ) -> Job:
     """The job for ``input``, its settings resolved from ``base``, the name's settings and ``flags``.
 
@@ -82,16 +86,28 @@ def describe(
     input's; the daemon passes the name the file was dropped under).
     ``flags`` are command-line settings for this one job (None values: not
     given). ``refusal``: a reason the caller already has to refuse the job.
+    ``kernel_file``: the kernel file the command line gives (``--kernel-file``);
+    a name's ``kernel=NAME`` picks one from ``base.kernel_folders``.
     Never raises for what the name says: see :attr:`Job.refusal`.
     """
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     settings, overrides = base, {}
     try:
-        overrides = jobname.parse(name if name is not None else input.name).overrides
+        parsed = jobname.parse(name if name is not None else input.name, base.kernel_folders)
+        overrides = parsed.overrides
         _check_conflicts(jobname.settings_of(overrides), given)
+        if kernel_file is not None and "kernel" in overrides:
+            raise JobNameError(
+                f"the file name sets kernel={overrides['kernel']} but the command line gives --kernel-file "
+                f"{kernel_file.name}; drop one",
+                {"key": "kernel", "name_value": overrides["kernel"], "kernel_file": kernel_file.name},
+            )
         jobname.check_allowed(overrides, base)
-        if overrides:
-            settings = settings.with_values(jobname.settings_of(overrides), "file name")
+        kernel_file = kernel_file or parsed.kernel_file
+        # a kernel folder's file is the job's own kernel_file, not the kernel setting (mmd's own kernels only)
+        applied = {k: v for k, v in overrides.items() if k != "kernel" or parsed.kernel_file is None}
+        if applied:
+            settings = settings.with_values(jobname.settings_of(applied), "file name")
         if given:
             settings = settings.with_values(given, COMMAND_LINE)
     except MmdError as exc:
@@ -108,6 +124,7 @@ def describe(
         started=time.perf_counter() if started is None else started,
         context=context,
         refusal=refusal,
+        kernel_file=kernel_file,
     )
 
 

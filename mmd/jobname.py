@@ -9,20 +9,22 @@ Keys come from a fixed set and values are judged where every setting is
 (the kernel registry for kernels and tiles, the settings' choices for the
 rest): anything else is a :class:`~mmd.errors.JobNameError`, refused like
 bad input (with an error sidecar). Pure functions: nothing here touches the
-filesystem.
+filesystem, but for a kernel name looked up in the kernel folders a service
+allows (``kernel_folders``; :func:`mmd.kernelchoice.in_folders`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from . import kernels
 from .config import CHOICES, NAME_KEYS, Settings, name_rule
-from .errors import JobNameError, MmdError
+from .errors import JobNameError, KernelError, MmdError
+from .kernelchoice import FOLDER_NAME, SUFFIX, in_folders
 
 #: What can be set in a name, in the order they are reported.
 KEYS: tuple[str, ...] = tuple(NAME_KEYS)
@@ -41,6 +43,8 @@ class JobName:
     name: str
     stem: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: The kernel file ``kernel=NAME`` picked in the kernel folders (None: the kernel, if any, is mmd's own).
+    kernel_file: Path | None = None
 
 
 def stem_of(name: str) -> str:
@@ -55,6 +59,24 @@ def _kernel(value: str) -> str:
     if value.endswith(".cu"):  # a name is anyone's to choose: it never names a file to compile
         raise JobNameError(f"kernel {value!r}: a file name cannot name a kernel file; give it to mmd run --kernel-file")
     return kernels.get(value).name
+
+
+def _kernel_in(value: str, folders: Sequence[Path]) -> Path | None:
+    """The kernel file ``kernel=value`` picks in ``folders``; None where it names one of mmd's own kernels
+    (KernelError where it names neither)."""
+    found = in_folders(value, folders)
+    if found is not None:
+        return found
+    try:
+        _kernel(value)
+    except KernelError as exc:
+        if folders and FOLDER_NAME.fullmatch(value):
+            raise KernelError(
+                f"{exc.reason}, or a kernel folder's file: no kernel folder (kernel_folders) holds {value}{SUFFIX}",
+                dict(exc.details),
+            ) from None
+        raise
+    return None
 
 
 def _tile(value: str) -> int:
@@ -132,18 +154,21 @@ def check_allowed(overrides: dict[str, Any], base: Settings) -> None:
         )
 
 
-def parse(name: str) -> JobName:
+def parse(name: str, kernel_folders: Sequence[Path] = ()) -> JobName:
     """Split ``name`` into its output stem and its per-job settings.
 
     ``m.txt`` → (``m``, {}); ``m@kernel=aplus,tile=16.txt`` → (``m@kernel=aplus,tile=16``,
     {kernel: aplus, tile: 16}). Raises JobNameError for an unknown key, a value outside
     its allowed set, a repeated key or a malformed list; the message names the fix.
+    ``kernel=NAME`` that is none of mmd's own kernels picks ``NAME.cu`` of ``kernel_folders``
+    (:attr:`JobName.kernel_file`; the overrides keep ``kernel: NAME``).
     """
     stem = stem_of(name)
     _name, mark, spec = stem.partition(SETTINGS_MARK)
     if not mark:
         return JobName(name, stem)
     overrides: dict[str, Any] = {}
+    kernel_file: Path | None = None
     hint = f"'@' starts per-job settings: NAME@key=value,... with keys {', '.join(KEYS)}"
     for item in spec.split(ITEM_SEP):
         key, eq, value = item.partition(VALUE_SEP)
@@ -154,7 +179,10 @@ def parse(name: str) -> JobName:
         if key in overrides:
             raise JobNameError(f"setting {key!r} is given twice in the file name", {"key": key})
         try:
-            overrides[key] = _VALIDATORS[key](value)
+            if key == "kernel" and (kernel_file := _kernel_in(value, kernel_folders)) is not None:
+                overrides[key] = value  # a kernel folder's file's name, not a setting's value: the job carries it
+            else:
+                overrides[key] = _VALIDATORS[key](value)
         except MmdError as exc:
             raise JobNameError(f"in the file name: {exc.reason}", dict(exc.details)) from None
-    return JobName(name, stem, {k: overrides[k] for k in KEYS if k in overrides})
+    return JobName(name, stem, {k: overrides[k] for k in KEYS if k in overrides}, kernel_file)

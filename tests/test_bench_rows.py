@@ -30,7 +30,7 @@ def test_the_columns_are_the_fields_in_order():
     quartiles = tuple(f"{p}_{s}_ms" for p in rows.PHASES for s in ("q1", "q3"))
     assert bench.COLUMNS[16 + len(phases) :] == (
         "gflops", "kernel_noise", "overall_noise", "converged", "sm_clock_mhz", "throttled", "throttle_reasons",
-        "load_avg", "gpu_processes", "busy", "busy_reasons", *quartiles,
+        "load_avg", "gpu_processes", "busy", "busy_reasons", *quartiles, "kernel_file", "kernel_sha256",
     )  # fmt: skip
     assert tuple(f.name for f in dataclasses.fields(bench.AccuracyRow)) == bench.ACCURACY_COLUMNS
 

@@ -9,13 +9,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from collections.abc import Mapping
+
 from .. import kernels as registry
 from ..backends.base import Backend, MultiplyRequest
 from ..check import full as verify
 from ..check.full import reference
 from ..errors import MmdError
+from ..kernelchoice import KernelChoice
 from .checking import check_product
-from .plan import Plan, backend_for
+from .plan import Plan, backend_for, cannot_run
 from .progress import ProgressSink
 from .rows import AccuracyRow
 
@@ -32,10 +35,12 @@ def accuracy_inputs(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, 
     )
 
 
-def accuracy_kernels(plan: Plan, backend: Backend) -> tuple[str, ...]:
-    """The plan's kernels and, on a GPU backend, :data:`ACCURACY_REFERENCES`, in registry order."""
-    names = set(plan.kernels) | (set(ACCURACY_REFERENCES) if backend.name != "cpu" else set())
-    return tuple(n for n in registry.NAMES if n in names)
+def accuracy_kernels(plan: Plan, backend: Backend) -> tuple[KernelChoice, ...]:
+    """The plan's kernels and, on a GPU backend, :data:`ACCURACY_REFERENCES`: mmd's own in registry order, then the
+    kernel files in the order given."""
+    names = {c.name for c in plan.choices} | (set(ACCURACY_REFERENCES) if backend.name != "cpu" else set())
+    own = tuple(KernelChoice.builtin(n) for n in registry.NAMES if n in names)
+    return own + plan.kernel_files
 
 
 def error_stats(c: np.ndarray, ref: np.ndarray) -> dict[str, float]:
@@ -55,7 +60,11 @@ def error_stats(c: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 
 
 def run_accuracy(
-    plan: Plan, backend: Backend, host: Backend, progress: ProgressSink | None = None
+    plan: Plan,
+    backend: Backend,
+    host: Backend,
+    files: Mapping[KernelChoice, Backend] | None = None,
+    progress: ProgressSink | None = None,
 ) -> Iterator[AccuracyRow]:
     """Each kernel's error against float64 at M = N = ``plan.accuracy_mn`` for every K of ``plan.accuracy_ks``.
 
@@ -63,24 +72,25 @@ def run_accuracy(
     compiles or warms it up; the product is a product all the same, so one
     call is enough. ``within_fp32_tolerance``: every element within fp32's
     tolerance (:func:`mmd.check.full.fp32_tolerance`), the bar a fp32-class
-    kernel is held to; TF32 kernels are expected to miss it.
+    kernel is held to; TF32 kernels are expected to miss it. ``files``: each
+    kernel file's backend (:func:`run_plan` makes them).
     """
     mn = plan.accuracy_mn
     for k in plan.accuracy_ks:
         a, b = accuracy_inputs(mn, k, mn, plan.seed)
         ref = reference(a, b)
         allowed = verify.fp32_tolerance(a, b)
-        for name in accuracy_kernels(plan, backend):
-            spec = registry.get(name)
-            tile = plan.sizes_at_tile if spec.uses_tile else None
-            use = backend_for(name, backend, host)
-            row = AccuracyRow(kernel=name, backend=use.name, tile=tile, m=mn, k=k, n=mn, device=use.device_name())
-            if spec.on_gpu and use.name == "cpu":
-                reason = f"{name} needs a GPU backend; this run has the cpu backend"
+        for choice in accuracy_kernels(plan, backend):
+            tile = plan.sizes_at_tile if choice.uses_tile else None
+            use = backend_for(choice, backend, host, files or {})
+            row = AccuracyRow(kernel=choice.name, backend=use.name, tile=tile, m=mn, k=k, n=mn)
+            reason = cannot_run(choice, use)
+            if reason is not None:
                 row = dataclasses.replace(row, status="skipped", reason=reason)
             else:
-                request = MultiplyRequest(kernel=name, tile=tile or plan.sizes_at_tile, memory=plan.memory)
+                request = MultiplyRequest(kernel=choice.name, tile=tile or plan.sizes_at_tile, memory=plan.memory)
                 row = _measure(row, use, request, a, b, ref, allowed)
+            row = dataclasses.replace(row, device=use.device_name())  # a kernel file's, once its process named it
             if progress is not None:
                 progress.accuracy(row)
             yield row

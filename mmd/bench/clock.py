@@ -143,6 +143,9 @@ class ClockWatch:
     interval: float = 0.25
     load: Callable[[], float] = load_average
     cores: int = field(default_factory=usable_cores)
+    #: The benchmark's own processes on the GPU during the case: this one, and a kernel file's launch process
+    #: beside it. More than these is another's.
+    own_processes: int = 1
     samples: list[ClockSample] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -207,7 +210,7 @@ class ClockWatch:
         reasons = []
         if load is not None and load > self.cores + BUSY_LOAD_OVER_CORES:
             reasons.append(f"load {load:g} on {self.cores} cores")
-        if processes is not None and processes > 1:
+        if processes is not None and processes > self.own_processes:
             reasons.append(f"{processes} processes on the GPU")
         known = load is not None or processes is not None
         return {

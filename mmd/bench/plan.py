@@ -1,13 +1,19 @@
-"""What a benchmark runs: cases (one kernel at one shape and tile), plans of them, and the named plans."""
+"""What a benchmark runs: cases (one kernel at one shape and tile), plans of them, and the named plans.
+
+A kernel is a :class:`~mmd.kernelchoice.KernelChoice`: one of mmd's own, or a kernel file (``mmd bench
+--kernel-file``), which runs through the same cases, checks and rows under its file's name.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import kernels as registry
 from ..backends.base import Backend
 from ..config import MEMORY_MODES
+from ..kernelchoice import KernelChoice
 
 #: The course's size sweep (at tile 32) and tile sweep (at 4096). Tile 64 is
 #: in the sweep on purpose: it must come out refused, with its reason.
@@ -33,13 +39,18 @@ ACCURACY_MN = 1024
 class Case:
     """One kernel at one shape and tile (tile None for kernels that take none)."""
 
-    kernel: str
+    choice: KernelChoice
     m: int
     k: int
     n: int
     tile: int | None
     #: Why this case is not run (decided by the plan), or None.
     skip: str | None = None
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's name: the registry's, or the kernel file's (``p1.cu``)."""
+        return self.choice.name
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -61,7 +72,8 @@ class Plan:
     once per size.
     """
 
-    kernels: tuple[str, ...]
+    #: The kernels: choices, or registry names for short (:attr:`choices` has each as a KernelChoice).
+    kernels: tuple[KernelChoice | str, ...]
     sizes: tuple[int, ...]
     tiles: tuple[int, ...]
     repeats: int = 5
@@ -88,8 +100,12 @@ class Plan:
     accuracy_ks: tuple[int, ...] = ACCURACY_KS
 
     def __post_init__(self) -> None:
-        for name in self.kernels:
-            registry.get(name)  # KernelError naming the choices
+        named: dict[str, KernelChoice] = {}
+        for choice in self.choices:  # KernelError naming the registry's choices for a name it lacks
+            if named.setdefault(choice.name, choice) != choice:
+                # rows, graphs and tables call a kernel file by its name: two files of one name would be one kernel
+                raise ValueError(f"two kernel files are called {choice.name} ({named[choice.name].path}, "
+                                 f"{choice.path}): rename one")  # fmt: skip
         if not self.kernels or not self.sizes or not self.tiles:
             raise ValueError("a plan needs at least one kernel, one size and one tile")
         if min(self.sizes) < 1 or min(self.tiles) < 1 or self.sizes_at_tile < 1:
@@ -104,6 +120,17 @@ class Plan:
             raise ValueError("the accuracy sweep's M = N and its K values must be positive")
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"memory must be one of {', '.join(MEMORY_MODES)}, got {self.memory!r}")
+
+    @property
+    def choices(self) -> tuple[KernelChoice, ...]:
+        """The kernels, without repeats, each a KernelChoice (a name: one of mmd's own)."""
+        made = (k if isinstance(k, KernelChoice) else KernelChoice.builtin(k) for k in self.kernels)
+        return tuple(dict.fromkeys(made))
+
+    @property
+    def kernel_files(self) -> tuple[KernelChoice, ...]:
+        """The kernels that are files, in the order given."""
+        return tuple(c for c in self.choices if c.is_file)
 
     @property
     def mode(self) -> str:
@@ -129,23 +156,24 @@ class Plan:
         return sorted(set(pairs))
 
     def cases(self) -> list[Case]:
-        """Every case, grouped by size (each size's inputs are made once)."""
+        """Every case, grouped by size (each size's inputs are made once): mmd's own kernels in registry order,
+        then the kernel files in the order given."""
+        given = self.choices
         order = {name: i for i, name in enumerate(registry.NAMES)}
-        kernels = sorted(dict.fromkeys(self.kernels), key=order.__getitem__)
-        seen: set[tuple[str, int, int | None]] = set()
+        kernels = sorted(given, key=lambda c: (order.get(c.name, len(order)), given.index(c)))
+        seen: set[tuple[KernelChoice, int, int | None]] = set()
         cases: list[Case] = []
         for size, tile in self.pairs():
-            for name in kernels:
-                spec = registry.get(name)
-                case_tile = tile if spec.uses_tile else None
-                key = (name, size, case_tile)
+            for choice in kernels:
+                case_tile = tile if choice.uses_tile else None
+                key = (choice, size, case_tile)
                 if key in seen:
                     continue
                 seen.add(key)
                 skip = None
-                if spec.kind == registry.HOST and self.cpu_max_size is not None and size > self.cpu_max_size:
+                if choice.on_host and self.cpu_max_size is not None and size > self.cpu_max_size:
                     skip = f"cpu above size {self.cpu_max_size} (raise --cpu-max-size to run it)"
-                cases.append(Case(name, size, size, size, case_tile, skip))
+                cases.append(Case(choice, size, size, size, case_tile, skip))
         return cases
 
 
@@ -197,6 +225,19 @@ def default_kernels(backend: Backend, plan: str = "course") -> tuple[str, ...]:
     return kernels
 
 
-def backend_for(kernel: str, backend: Backend, host: Backend) -> Backend:
-    """Where ``kernel`` runs: the host backend for the host's kernel (``cpu``), else ``backend``."""
-    return host if registry.get(kernel).kind == registry.HOST else backend
+def backend_for(
+    choice: KernelChoice, backend: Backend, host: Backend, files: Mapping[KernelChoice, Backend]
+) -> Backend:
+    """Where ``choice`` runs: a kernel file on its own backend in ``files`` (a process of its own per call), the
+    host's kernel (``cpu``) on the host backend, the rest on ``backend``."""
+    if choice.is_file:
+        return files[choice]
+    return host if choice.on_host else backend
+
+
+def cannot_run(choice: KernelChoice, backend: Backend) -> str | None:
+    """Why ``choice`` is skipped beside ``backend``: mmd's own GPU kernels need a GPU backend (a kernel file makes
+    its own process on the GPU, whatever the backend)."""
+    if choice.on_gpu and not choice.is_file and backend.name == "cpu":
+        return f"{choice.name} needs a GPU backend; this run has the cpu backend"
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,24 @@ def _write_table(run: BenchRun, csv_path: Path, yaml_path: Path, cls: RowType, r
     document = {
         "complete": run.complete,
         "environment": run.environment,
-        "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(run.plan).items()},
+        "plan": plan_document(run.plan),
         "columns": list(columns(cls)),
         "rows": [to_cells(row) for row in rows],
     }
     text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True)
     write_atomic(yaml_path, [text.encode()], durable=False)
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The plan as results.yaml has it: each field (tuples as lists), ``kernels`` by name, and each kernel file's
+    path and sha256 under ``kernel_files``."""
+    document: dict[str, Any] = {}
+    for f in fields(plan):
+        value = getattr(plan, f.name)
+        document[f.name] = list(value) if isinstance(value, tuple) else value
+    document["kernels"] = [c.name for c in plan.choices]
+    document["kernel_files"] = [{"name": c.name, "path": str(c.path), "sha256": c.sha256} for c in plan.kernel_files]
+    return document
 
 
 def write_results(run: BenchRun) -> None:

@@ -68,7 +68,9 @@ def stats_of(record: type) -> tuple[str, ...]:
 class BenchRow:
     """One case of ``mmd bench`` (or, in the report, the pooled sidecars of one case)."""
 
-    kernel: str | None = field(metadata=_doc("registry name (null: a refused job that named none)"))
+    kernel: str | None = field(
+        metadata=_doc("registry name, or a kernel file's name (`p1.cu`; null: a refused job that named none)")
+    )
     backend: str | None = field(default=None, metadata=_doc("`cuda`, `cpu`, ... — where it ran"))
     tile: int | None = field(default=None, metadata=_doc("the tile, empty for kernels that take none"))
     m: int | None = field(default=None, metadata=_doc("A is m×k"))
@@ -117,7 +119,10 @@ class BenchRow:
     )
     gpu_processes: int | None = field(
         default=None,
-        metadata=_doc("processes with a context on the GPU (this one's included), the most read; empty on the host"),
+        metadata=_doc(
+            "processes with a context on the GPU (this one's, and a kernel file's launch process, included), the "
+            "most read; empty on the host"
+        ),
     )
     busy: bool | None = field(
         default=None, metadata=_doc("whether the case ran on a busy machine, its times not the kernel's alone")
@@ -129,6 +134,13 @@ class BenchRow:
             "first and third quartiles over the timed calls, for each phase (the report's error bars)",
             phases=Quartiles,
         ),
+    )
+    kernel_file: str | None = field(
+        default=None,
+        metadata=_doc("where `kernel` is a kernel file (`--kernel-file`): its path as given; empty for mmd's own"),
+    )
+    kernel_sha256: str | None = field(
+        default=None, metadata=_doc("the sha256 of that file's bytes, as its jobs' sidecars record it (`kernel_file`)")
     )
 
     def spread(self, phase: str) -> Spread | None:
@@ -147,7 +159,8 @@ class BenchRow:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """What makes two rows of two runs the same case: kernel, tile, m, k, n, memory, mode."""
+        """What makes two rows of two runs the same case: kernel, tile, m, k, n, memory, mode (a kernel file by its
+        name: two runs compare its versions)."""
         return (self.kernel, self.tile, self.m, self.k, self.n, self.memory, self.mode)
 
 

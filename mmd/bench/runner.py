@@ -16,24 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels as registry
 from .. import textformat
 from ..atomic import write_atomic
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from ..backends.cpu import CpuBackend
+from ..backends.kernelfile import KernelFileBackend
 from ..check import full as verify
 from ..check import tolerance
 from ..config import Settings
-from ..errors import MmdError
+from ..errors import KernelLaunchError, MmdError
 from ..generate import input_chunks
 from ..job import describe
-from ..pipeline import run_job
+from ..kernelchoice import KernelChoice
+from ..pipeline import kernel_file_backend, run_job
 from ..record import TimingRecord
 from .accuracy import run_accuracy
 from .checking import Inputs, Wrong, check_product, make_inputs
 from .clock import ClockReader, ClockWatch, load_average
 from .machine import environment
-from .plan import Case, Plan, backend_for
+from .plan import Case, Plan, backend_for, cannot_run
 from .progress import NullProgress, ProgressSink
 from .results import BenchRun, new_folder, write_results
 from .rows import BenchRow
@@ -47,6 +48,8 @@ class _Checked:
     max_abs_error: float | None = None
     rel_error: float | None = None
     text_path: str | None = None
+    #: The GPU a job through files ran on, as its sidecar says (a kernel file's job's own process names it).
+    device: str | None = None
 
 
 def _compile_of(timings: Sample) -> list[float]:
@@ -61,7 +64,7 @@ def _with_cuda(timings: dict[str, float]) -> dict[str, float]:
 
 
 class _Runner:
-    """Runs cases on a backend (and the host backend for ``cpu``) in one mode."""
+    """Runs cases on a backend (the host backend for ``cpu``, each kernel file's own for it) in one mode."""
 
     def __init__(
         self,
@@ -71,6 +74,8 @@ class _Runner:
         workdir: Path | None,
         clock: ClockReader | None = None,
         load: Callable[[], float] = load_average,
+        files: dict[KernelChoice, KernelFileBackend] | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
@@ -78,6 +83,9 @@ class _Runner:
         self.workdir = workdir
         self.clock = clock
         self.load = load
+        self.files = files or {}
+        #: What a job through files runs with besides the case's own settings (a kernel file's limits, its cache).
+        self.settings = settings or Settings()
         self._inputs: tuple[tuple[int, int, int], Inputs] | None = None
 
     def inputs(self, case: Case) -> Inputs:
@@ -87,9 +95,8 @@ class _Runner:
         return self._inputs[1]
 
     def run(self, case: Case) -> BenchRow:
-        plan = self.plan
-        spec = registry.get(case.kernel)
-        backend = backend_for(case.kernel, self.backend, self.host)
+        choice = case.choice
+        backend = backend_for(choice, self.backend, self.host, self.files)
         row = BenchRow(
             kernel=case.kernel,
             backend=backend.name,
@@ -97,16 +104,24 @@ class _Runner:
             m=case.m,
             k=case.k,
             n=case.n,
-            memory=plan.memory if spec.on_gpu else None,
-            mode=plan.mode,
-            warmup=plan.warmup,
-            device=backend.device_name(),
+            memory=self.plan.memory if choice.on_gpu else None,
+            mode=self.plan.mode,
+            warmup=self.plan.warmup,
+            kernel_file=None if choice.path is None else str(choice.path),
+            kernel_sha256=choice.sha256,
         )
-        skip = case.skip
-        if skip is None and spec.on_gpu and backend.name == "cpu":
-            skip = f"{case.kernel} needs a GPU backend; this run has the cpu backend"
+        skip = case.skip or cannot_run(choice, backend)
         if skip is not None:
-            return replace(row, status="skipped", reason=skip)
+            return replace(row, status="skipped", reason=skip, device=backend.device_name())
+        row = self._run(case, backend, row)
+        # a kernel file's GPU is named by its launch process, once one has started
+        return replace(row, device=row.device or backend.device_name())
+
+    def _run(self, case: Case, backend: Backend, row: BenchRow) -> BenchRow:
+        plan, choice = self.plan, case.choice
+        # Each call of a kernel file runs in a fresh process: started and ready before the call is timed, as a
+        # built-in kernel's context is made before its calls (the process's start is not the kernel's time).
+        ready = backend.start if isinstance(backend, KernelFileBackend) and not plan.through_files else None
         request = MultiplyRequest(
             kernel=case.kernel,
             tile=case.tile or plan.sizes_at_tile,
@@ -118,20 +133,28 @@ class _Runner:
         checked = _Checked()
         samples: list[dict[str, float]] = []
         compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
-        watch = ClockWatch(self.clock if spec.on_gpu else None, load=self.load)
+        # a kernel file's launch process is the benchmark's own, beside this one's context (if it has one)
+        own = 1 + (choice.is_file and self.backend.name != "cpu")
+        watch = ClockWatch(self.clock if choice.on_gpu else None, load=self.load, own_processes=own)
         try:
             for i in range(plan.warmup):
-                compiles += _compile_of(self._call(backend, request, inputs, check=i == 0, checked=checked))
+                if ready is not None:
+                    ready()
+                compiles += _compile_of(self._call(backend, request, inputs, choice, check=i == 0, checked=checked))
             with watch:
                 while len(samples) < plan.cap:
                     first = not plan.warmup and not samples
-                    timings = self._call(backend, request, inputs, check=first, checked=checked)
+                    if ready is not None:
+                        ready()
+                    timings = self._call(backend, request, inputs, choice, check=first, checked=checked)
                     compiles += _compile_of(timings)
                     samples.append(timings)
                     if plan.adaptive and len(samples) >= plan.repeats and settled(samples, plan.noise):
                         break
         except Wrong as exc:
             return replace(row, **dataclasses.asdict(checked), status="wrong", reason=str(exc))
+        except KernelLaunchError as exc:  # a kernel file faulted, or ran past its time limit: not a refusal
+            return replace(row, **dataclasses.asdict(checked), status="error", reason=exc.reason)
         except MmdError as exc:
             return replace(row, **dataclasses.asdict(checked), status="refused", reason=exc.reason)
         except Exception as exc:  # a bug must not cost the rest of a long run
@@ -157,49 +180,66 @@ class _Runner:
         )
 
     def _call(
-        self, backend: Backend, request: MultiplyRequest, inputs: Inputs, *, check: bool, checked: _Checked
+        self,
+        backend: Backend,
+        request: MultiplyRequest,
+        inputs: Inputs,
+        choice: KernelChoice,
+        *,
+        check: bool,
+        checked: _Checked,
     ) -> dict[str, float]:
         if not self.plan.through_files:
             t0 = time.perf_counter()
             product = backend.multiply(inputs.a, inputs.b, request)
             wall = (time.perf_counter() - t0) * 1e3
             if check:
-                self._check(product.c, inputs, request.kernel, checked)
+                self._check(product.c, inputs, choice.precision, checked)
             return {**_with_cuda(product.timings_ms), "overall": wall}
-        return self._call_files(backend, request, inputs, check=check, checked=checked)
+        return self._call_files(backend, request, inputs, choice, check=check, checked=checked)
 
     def _call_files(
-        self, backend: Backend, request: MultiplyRequest, inputs: Inputs, *, check: bool, checked: _Checked
+        self,
+        backend: Backend,
+        request: MultiplyRequest,
+        inputs: Inputs,
+        choice: KernelChoice,
+        *,
+        check: bool,
+        checked: _Checked,
     ) -> dict[str, float]:
         assert self.workdir is not None
         if inputs.text is None:
             inputs.text = self.workdir / f"in-{inputs.a.shape[0]}x{inputs.a.shape[1]}x{inputs.b.shape[1]}.txt"
             write_atomic(inputs.text, input_chunks(inputs.a, inputs.b, square=True), durable=False)
         output = self.workdir / "out.txt"
-        settings = Settings().with_values(
-            {"backend": backend.name, "kernel": request.kernel, "tile": request.tile, "memory": request.memory,
+        # A kernel file's job is run as `mmd run --kernel-file` runs it: the pipeline makes its backend.
+        kernel = {} if choice.is_file else {"kernel": choice.name}
+        settings = self.settings.with_values(
+            {"backend": backend.name, **kernel, "tile": request.tile, "memory": request.memory,
              "text_path": request.text_path},
             "mmd bench",
         )  # fmt: skip
-        result = run_job(describe(inputs.text, output, settings), lambda _settings: backend)
+        job = describe(inputs.text, output, settings, kernel_file=choice.path)
+        result = run_job(job, lambda _settings: backend)
         try:
             if not isinstance(result.record, TimingRecord):
                 assert result.error is not None
                 raise result.error
             checked.text_path = result.record.text.path
+            checked.device = result.record.device
             if check:
                 assert result.product is not None
-                self._check(result.product.c, inputs, request.kernel, checked)
+                self._check(result.product.c, inputs, choice.precision, checked)
                 try:
                     printed = textformat.parse_output(output.read_bytes())
                 except MmdError as exc:
                     raise Wrong(f"the output file is malformed: {exc.reason}") from None
-                precision = registry.get(request.kernel).precision
                 report = check_product(
                     printed,
                     inputs.ref,
-                    tolerance.PRINT_HALF_UNIT + inputs.allowed_for(precision),
-                    "0.005 + " + verify.TOLERANCES[precision],
+                    tolerance.PRINT_HALF_UNIT + inputs.allowed_for(choice.precision),
+                    "0.005 + " + verify.TOLERANCES[choice.precision],
                 )
                 if not report.ok:
                     raise Wrong(report.summary())
@@ -208,8 +248,7 @@ class _Runner:
             for path in (output, result.sidecar):
                 path.unlink(missing_ok=True)
 
-    def _check(self, c: np.ndarray, inputs: Inputs, kernel: str, checked: _Checked) -> None:
-        precision = registry.get(kernel).precision
+    def _check(self, c: np.ndarray, inputs: Inputs, precision: str, checked: _Checked) -> None:
         report = check_product(c, inputs.ref, inputs.allowed_for(precision), verify.TOLERANCES[precision])
         checked.max_abs_error = float(f"{report.max_abs_error:.6g}")
         checked.rel_error = float(f"{report.rel_error:.6g}")
@@ -228,14 +267,19 @@ def run_plan(
     env: dict[str, Any] | None = None,
     clock: ClockReader | None = None,
     load: Callable[[], float] = load_average,
+    settings: Settings | None = None,
 ) -> BenchRun:
     """Run every case of ``plan``; results go to ``folder`` (default: a new ``out/<timestamp>``).
 
     GPU kernels run on ``backend``; the ``cpu`` kernel runs on ``host`` (a
-    :class:`CpuBackend` by default). ``clock`` reads the GPU's SM clock and
-    processes during each GPU case (:class:`~.clock.Nvml`; None: not recorded),
-    ``load`` the machine's load average during every case. The results files
-    are rewritten after each case; ``run.complete`` is set when every case has run.
+    :class:`CpuBackend` by default); each kernel file on a backend of its own
+    (:func:`mmd.pipeline.kernel_file_backend`: a fresh process per call, its
+    device, kernel cache and launch time limit from ``settings``, which jobs
+    through files also run with; default: mmd's defaults). ``clock`` reads
+    the GPU's SM clock and processes during each GPU case
+    (:class:`~.clock.Nvml`; None: not recorded), ``load`` the machine's load
+    average during every case. The results files are rewritten after each
+    case; ``run.complete`` is set when every case has run.
     """
     progress = progress or NullProgress()
     host = host or (backend if backend.name == "cpu" else CpuBackend())
@@ -243,19 +287,31 @@ def run_plan(
     folder.mkdir(parents=True, exist_ok=True)
     run = BenchRun(folder, plan, env if env is not None else environment(backend))
     cases = plan.cases()
+    settings = settings or Settings()
+    files: dict[KernelChoice, KernelFileBackend] = {}
     progress.start(len(cases), folder)
-    with tempfile.TemporaryDirectory(prefix="mmd-bench-") if plan.through_files else nullcontext() as tmp:
-        runner = _Runner(plan, backend, host, Path(tmp) if tmp else None, clock, load)
-        for index, case in enumerate(cases):
-            progress.begin(index, case)
-            row = runner.run(case)
-            run.rows.append(row)
-            write_results(run)
-            progress.done(index, case, row)
-        if plan.accuracy:
-            for accuracy_row in run_accuracy(plan, backend, host, progress=progress):
-                run.accuracy.append(accuracy_row)
+    try:
+        for choice in plan.kernel_files:
+            assert choice.path is not None
+            files[choice] = kernel_file_backend(choice.path, settings)
+            # the process a backend starts when made would sit on the GPU through other kernels' cases (and be
+            # counted there as another's): each call of its own starts one (KernelFileBackend.start)
+            files[choice].close()
+        with tempfile.TemporaryDirectory(prefix="mmd-bench-") if plan.through_files else nullcontext() as tmp:
+            runner = _Runner(plan, backend, host, Path(tmp) if tmp else None, clock, load, files, settings)
+            for index, case in enumerate(cases):
+                progress.begin(index, case)
+                row = runner.run(case)
+                run.rows.append(row)
                 write_results(run)
+                progress.done(index, case, row)
+            if plan.accuracy:
+                for accuracy_row in run_accuracy(plan, backend, host, files, progress=progress):
+                    run.accuracy.append(accuracy_row)
+                    write_results(run)
+    finally:
+        for made in files.values():
+            made.close()
     run.complete = True
     write_results(run)
     progress.finish(run)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..errors import UnreadableError, UsageError
 from . import paths
 from .common import add_config_option, options_later, settings_from
+
+if TYPE_CHECKING:
+    from ..kernelchoice import KernelChoice
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run a benchmark plan: by default the course's (sizes 32..4096 at tile 32, tiles 4..64 at 4096, "
             "the course's kernels); --plan ladder: fast, tc1, tc3, cublas and cublas_tf32 at 1024..8192. "
-            "Each case is checked once against a float64 product, then timed. "
+            "--kernel-file K.cu runs a kernel file through the same plan (only the kernel files, unless --kernels "
+            "names mmd's own beside them). Each case is checked once against a float64 product, then timed. "
             "Writes OUT/<timestamp>/results.csv and results.yaml; exits 1 if any result is wrong."
         ),
     )
@@ -44,7 +49,17 @@ def _options(p: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=registry.NAMES,
         metavar="KERNEL",
-        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: the plan's; only cpu on the cpu backend)",
+        help=f"kernels to run, of {', '.join(registry.NAMES)} (default: the plan's, none beside --kernel-file; "
+        "only cpu on the cpu backend)",
+    )
+    p.add_argument(
+        "--kernel-file",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="K.cu",
+        help="also run the __global__ kernel of this .cu file (docs/kernels.md), named by its file name, each call "
+        "in a process of its own; repeat for several (P1.cu P2.cu PLAST.cu)",
     )
     p.add_argument(
         "--sizes", nargs="+", type=int, metavar="N", help="square sizes (default: the plan's: course 32 256 ... 4096)"
@@ -151,10 +166,28 @@ def _percent(text: str) -> float:
     return value
 
 
+def _kernel_files(args: argparse.Namespace) -> list[KernelChoice]:
+    """Each --kernel-file read and guarded, before anything runs (UsageError: unreadable or beside --backend cpu;
+    KernelFileError: one mmd refuses, with its one-line reason)."""
+    from ..kernelchoice import KernelChoice
+
+    if args.kernel_file and args.backend == "cpu":
+        raise UsageError("a kernel file runs on a GPU: drop --backend cpu")
+    choices = []
+    for path in args.kernel_file:
+        try:
+            paths.input_file(path)
+        except UnreadableError as exc:
+            raise UnreadableError(f"--kernel-file {exc.reason}") from None
+        choices.append(KernelChoice.of_file(path))
+    return choices
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import bench, config, logs
     from ..backends import open_backend
     from ..backends.cuda import CudaBackend
+    from ..kernelchoice import KernelChoice
 
     if args.compare:
         from .. import report
@@ -165,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         from ..report.figures import require_matplotlib
 
         require_matplotlib()
+    files = _kernel_files(args)
     settings = settings_from(args)
     if settings.log_level == "info":  # one "job done" line per call would bury the progress display
         logs.configure(settings.log_format, "warning")
@@ -172,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"mmd bench: {note}", file=sys.stderr)
     try:
-        changes: dict[str, Any] = {"kernels": tuple(args.kernels or bench.default_kernels(backend, args.plan))}
+        own = args.kernels or (() if files else bench.default_kernels(backend, args.plan))
+        changes: dict[str, Any] = {"kernels": (*(KernelChoice.builtin(name) for name in own), *files)}
         if args.sizes:
             changes.update(sizes=tuple(args.sizes), tiles_at_size=args.tiles_at_size)  # None: the largest size
         elif args.tiles_at_size is not None:
@@ -206,7 +241,9 @@ def run(args: argparse.Namespace) -> int:
         clock = None
         if isinstance(backend, CudaBackend):
             clock = bench.Nvml.find(settings.device, backend.limits.pci_bus_id)
-        result = bench.run_plan(plan, backend, out=args.out, progress=bench.Progress(sys.stderr), clock=clock)
+        result = bench.run_plan(
+            plan, backend, out=args.out, progress=bench.Progress(sys.stderr), clock=clock, settings=settings
+        )
     finally:
         backend.close()
     print(result.csv_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
@@ -12,13 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import progress
-from ..errors import ExitStatus, JobNameError, UnreadableError, UsageError
+from ..errors import ExitStatus, UnreadableError, UsageError
 from . import paths
 from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
 
 if TYPE_CHECKING:
     from .. import config
-    from ..backends.kernelfile import KernelFileBackend
     from ..cuda.libcuda import ContextWarmer
 
 
@@ -202,31 +200,6 @@ def _cuda_runs_here() -> None:
         raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
 
 
-def _named_kernel(kernel: str, kernel_file: Path) -> JobNameError:
-    return JobNameError(
-        f"the file name sets kernel={kernel} but the command line gives --kernel-file {kernel_file.name}; drop one",
-        {"key": "kernel", "name_value": kernel, "kernel_file": kernel_file.name},
-    )
-
-
-def _kernel_file_backend(path: Path, settings: config.Settings) -> KernelFileBackend:
-    """The backend that runs ``path``'s kernel for a job of ``settings`` (KernelFileError: the file is refused)."""
-    from .. import config
-    from ..backends.kernelfile import KernelFileBackend, KernelFileSettings
-    from ..pipeline import limits_for
-
-    return KernelFileBackend(
-        path,
-        KernelFileSettings(
-            device=settings.device,
-            kernel_cache=config.kernel_cache_dir(settings),
-            launch_timeout_s=min(settings.kernel_file_launch_timeout_s, settings.job_timeout_s),
-            max_dim=settings.max_dim,
-            max_memory_bytes=limits_for(settings).max_memory_bytes,
-        ),
-    )
-
-
 def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
     """A progress bar for a large input on a terminal, unless --quiet or -v (whose log lines tell the same)."""
     return progress.on_terminal(quiet=args.quiet or args.verbose) and src.stat().st_size >= SHOWN_FROM_BYTES
@@ -255,23 +228,17 @@ def _run(
     from ..pipeline import run_job
     from ..record import TimingRecord
 
-    job = describe(src, output, base, flags=flags)
-    if kernel_file is not None and job.refusal is None and "kernel" in job.name_settings:
-        job = dataclasses.replace(job, refusal=_named_kernel(job.name_settings["kernel"], kernel_file))
+    job = describe(src, output, base, flags=flags, kernel_file=kernel_file)
     if (
-        kernel_file is None
+        job.kernel_file is None
         and job.refusal is None
         and job.settings.backend == "cuda"
         and "backend" not in settings_of(dict(job.name_settings))
     ):
         _cuda_runs_here()  # asked by the command line or the config, not by the file: theirs to change
     pool = BackendPool()
-    own: list[Backend] = []  # the kernel file's backend, made for the job
 
     def backend_for(settings: config.Settings) -> Backend:
-        if kernel_file is not None:
-            own.append(_kernel_file_backend(kernel_file, settings))
-            return own[-1]
         backend = pool.get(settings)
         memory = warmer.take_host_memory() if warmer is not None else None
         if memory is not None:
@@ -282,8 +249,6 @@ def _run(
         with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
             result = run_job(job, backend_for, steps.step)
     finally:
-        for backend in own:
-            backend.close()  # its launch process: never left behind, whoever releases the rest
         if release:
             pool.close()
     if not isinstance(result.record, TimingRecord):

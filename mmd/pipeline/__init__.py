@@ -6,7 +6,7 @@
 * :mod:`.driver`: :func:`run_job`, the one driver every way in calls.
 """
 
-from .driver import BackendFor, JobResult, refuse, run_job
+from .driver import BackendFor, JobResult, kernel_file_backend, refuse, run_job
 from .reading import Limits, Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal
 from .watch import PHASES, PhaseHook
@@ -21,6 +21,7 @@ __all__ = [
     "Room",
     "check_header",
     "check_output_size",
+    "kernel_file_backend",
     "limits_for",
     "read_header",
     "read_input",

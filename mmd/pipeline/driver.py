@@ -5,6 +5,11 @@ call :func:`run_job` with a :class:`~mmd.job.Job`; none of them has its own
 copy of these steps. The job boundary is here: every :class:`MmdError`
 becomes a refusal (:mod:`.refusal`), written as ``<stem>.error.yaml`` beside
 the output path, and nothing is written to the output path itself.
+
+A job whose kernel is a file (:attr:`Job.kernel_file`) runs on a
+:class:`~mmd.backends.kernelfile.KernelFileBackend` made for it here, whatever
+way it came in: its kernel runs in a process of its own, never on the caller's
+backend (a daemon worker's CUDA context serves other users' jobs).
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import record, textformat
 from ..atomic import Spares, Staged, StreamHash
 from ..backends.base import CUDA_PHASES, Backend, Product
-from ..config import Settings
+from ..config import Settings, kernel_cache_dir
 from ..errors import MmdError
 from ..fileops import OPS, FileOps
 from ..job import Job
@@ -31,6 +36,9 @@ from .reading import Room, check_header, check_output_size, limits_for, read_hea
 from .refusal import Refusal, commit
 from .textpaths import choose
 from .watch import PhaseHook, ignore_phase
+
+if TYPE_CHECKING:
+    from ..backends.kernelfile import KernelFileBackend
 
 #: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
 BackendFor = Callable[[Settings], Backend]
@@ -89,14 +97,40 @@ def run_job(
     """
     timings: dict[str, float] = {}
     facts = _Facts(job)
+    own: Backend | None = None  # the kernel file's backend, made for this job alone
     try:
         if job.refusal is not None:
             raise job.refusal
-        backend = backend_for(job.settings)
+        backend: Backend
+        if job.kernel_file is not None:
+            backend = own = kernel_file_backend(job.kernel_file, job.settings)
+        else:
+            backend = backend_for(job.settings)
         facts.backend = backend.name
         return _run(job, backend, timings, facts, on_phase, ops, staged, room, spares)
     except MmdError as exc:
         return _refuse(job, exc, timings, facts, ops, staged)
+    finally:
+        if own is not None:
+            own.close()  # its launch process: never left behind
+
+
+def kernel_file_backend(path: Path, settings: Settings) -> KernelFileBackend:
+    """The backend that runs ``path``'s kernel for jobs of ``settings``: their device, kernel cache and limits, each
+    launch held to the smaller of ``kernel_file_launch_timeout_s`` and ``job_timeout_s`` (KernelFileError: the
+    file is refused)."""
+    from ..backends.kernelfile import KernelFileBackend, KernelFileSettings  # the launch's modules: only for one
+
+    return KernelFileBackend(
+        path,
+        KernelFileSettings(
+            device=settings.device,
+            kernel_cache=kernel_cache_dir(settings),
+            launch_timeout_s=min(settings.kernel_file_launch_timeout_s, settings.job_timeout_s),
+            max_dim=settings.max_dim,
+            max_memory_bytes=limits_for(settings).max_memory_bytes,
+        ),
+    )
 
 
 def refuse(
@@ -118,7 +152,8 @@ class _Facts:
         self.input = FileFacts(job.input.name)
         self.shape: Shape | None = None
         self.backend: str | None = None
-        self.requested = Requested(job.settings.kernel, job.settings.tile, job.settings.memory)
+        kernel = job.kernel_file.name if job.kernel_file is not None else job.settings.kernel
+        self.requested = Requested(kernel, job.settings.tile, job.settings.memory)
         self.hasher: StreamHash | None = None
 
 

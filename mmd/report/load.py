@@ -108,10 +108,12 @@ def read_sidecars(folder: Path) -> Results:
     for path in timing:
         rec = _read_record(path)
         if isinstance(rec, TimingRecord):
-            groups.setdefault((rec.kernel, rec.tile, rec.shape, rec.memory, rec.backend, rec.device), []).append(rec)
+            sha = rec.kernel_file.sha256 if rec.kernel_file is not None else None  # a kernel file's versions apart
+            case = (rec.kernel, rec.tile, rec.shape, rec.memory, rec.backend, rec.device, sha)
+            groups.setdefault(case, []).append(rec)
     rows: list[BenchRow] = []
     devices: list[str] = []
-    for (kernel, tile, shape, memory, backend, device), recs in groups.items():
+    for (kernel, tile, shape, memory, backend, device, sha), recs in groups.items():
         samples = [{p: v for p, v in dataclasses.asdict(r.timings_ms).items() if v is not None} for r in recs]
         phases = phase_stats(samples)
         kernel_ms = phases["kernel"].median if "kernel" in phases else None
@@ -121,6 +123,7 @@ def read_sidecars(folder: Path) -> Results:
                 kernel=kernel, backend=backend, tile=tile, m=shape.m, k=shape.k, n=shape.n, memory=memory,
                 mode="files", repeats=len(recs), device=device, phases=phases,
                 gflops=gflops(shape.m, shape.k, shape.n, kernel_ms), quartiles=quartiles,
+                kernel_file=kernel if sha is not None else None, kernel_sha256=sha,
             )
         )  # fmt: skip
         if device:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .. import kernels as registry
 from ..bench.rows import STATUSES, AccuracyRow, BenchRow
 from .load import Results
-from .sweeps import TileSweep, accuracy_sweep, kernel_order, ok_rows, sized
+from .sweeps import TileSweep, accuracy_sweep, kernel_files, kernel_order, ok_rows, sized
 
 #: The graphs' files, as summary.md links them.
 GRAPH_FILES: tuple[str, ...] = ("graph1_overall.png", "graph2_cuda.png", "graph3_sizes.png")
@@ -134,11 +134,9 @@ def _environment_and_kernels(results: Results) -> list[str]:
         out += ["## Environment", ""]
         out += _table(["", ""], [[k, "" if v is None else v] for k, v in results.environment.items()])
     names = kernel_order({r.kernel for r in results.rows if r.kernel})
+    files = kernel_files(results.rows)
     out += ["## Kernels", ""]
-    out += _table(
-        ["kernel", "what it is"],
-        [[n, registry.REGISTRY[n].description if n in registry.REGISTRY else "?"] for n in names],
-    )
+    out += _table(["kernel", "what it is"], [[n, _what(n, files)] for n in names])
     return [
         *out,
         "## Definitions",
@@ -152,6 +150,14 @@ def _environment_and_kernels(results: Results) -> list[str]:
         "- Cells are the median [min–max] in ms over the timed repeats.",
         "",
     ]
+
+
+def _what(name: str, files: dict[str, BenchRow]) -> str:
+    """A kernel's line in the table of kernels: the registry's words, or a kernel file's path and sha256."""
+    if name in files:
+        row = files[name]
+        return f"kernel file {row.kernel_file or name}, sha256 {row.kernel_sha256}"
+    return registry.REGISTRY[name].description if name in registry.REGISTRY else "?"
 
 
 def _graphs(s: Sections) -> list[str]:
@@ -213,10 +219,16 @@ def _speedups(s: Sections) -> list[str]:
             out += _ratio_table(s.sweeps, s.base("cpu", phase), functools.partial(BenchRow.median, phase=phase))
     else:
         out += ["No cpu results to compare with.", ""]
-    out += ["## Speed-up over naive", ""]
-    if "naive" in s.sweeps:
-        out += ["kernel time: naive kernel / kernel (higher is faster):", ""]
-        out += _ratio_table(s.sweeps, s.base("naive", "kernel"), lambda r: r.median("kernel"))
+    # The course's naive kernel is mmd's naive, or where a run has kernel files and not it, the first of them (the
+    # course's P1, which P2 and P-last are measured against).
+    files = [name for name in kernel_files(s.results.rows) if name in s.sweeps]
+    naive = "naive" if "naive" in s.sweeps or not files else files[0]
+    out += [f"## Speed-up over {naive}", ""]
+    if naive in s.sweeps:
+        out += [f"kernel time: {naive} kernel / kernel (higher is faster):", ""]
+        out += _ratio_table(s.sweeps, s.base(naive, "kernel"), lambda r: r.median("kernel"))
+        if naive != "naive":
+            out += [f"{naive} is the first kernel file of this run; mmd's own naive did not run.", ""]
     else:
         out += ["No naive results to compare with.", ""]
     return out

@@ -43,6 +43,16 @@ def kernel_order(names: Iterable[str]) -> list[str]:
     return sorted(set(names), key=lambda n: (order.get(n, len(order)), n))
 
 
+def kernel_files(rows: Iterable[BenchRow]) -> dict[str, BenchRow]:
+    """The kernels that are kernel files (``mmd bench --kernel-file``), by name, in the order their rows come (the
+    order they were given), each with its first row."""
+    found: dict[str, BenchRow] = {}
+    for r in rows:
+        if r.kernel is not None and r.kernel_sha256 is not None:
+            found.setdefault(r.kernel, r)
+    return found
+
+
 def peak_for(device: str | None) -> tuple[float, str] | None:
     """(fp32 peak in TFLOP/s, GPU label) for a known device name."""
     for pattern, tflops, label in PEAK_FP32_TFLOPS:
