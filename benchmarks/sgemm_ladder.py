@@ -100,7 +100,7 @@ class Variant:
 
 
 #: The 128x256x16 set (8x16 per thread, A_PAD 0) that fast.cu's defaults were before issue 33: the
-#: candidates below are changes to it (fast_variant spells out every other macro from fast.cu's defaults).
+#: candidates below are changes to it (registry.variant spells out every other macro from fast.cu's defaults).
 BASE_128X256 = {"BM": 128, "BN": 256, "BK": 16, "TM": 8, "TN": 16, "WTM": 4, "A_PAD": 0}
 #: Parameter sets of fast tried by the autotune (besides the registered variants), as changes to BASE_128X256.
 _CANDIDATE_CHANGES: dict[str, dict[str, int]] = {
@@ -171,7 +171,7 @@ def variants(quick: bool) -> list[Variant]:
     fast = registry.get("fast")
     sets = {v.label: v for v in fast.variants}  # the registered variants first
     if not quick:
-        sets |= {label: registry.fast_variant(label, **changes) for label, changes in FAST_CANDIDATES.items()}
+        sets |= {label: registry.variant("fast", label, **changes) for label, changes in FAST_CANDIDATES.items()}
     for label, variant in sets.items():
         out.append(Variant(fast.with_variant(variant), label, tunable=True))
     return out
@@ -385,7 +385,7 @@ def main() -> int:
         tiles = -(-m // 128) * -(-n // 128)
         return "small" if tiles < sms else ("medium" if tiles < 4 * sms else "large")
 
-    # The tune file may only name registered variants (mmd/kernels.py); a better candidate is reported,
+    # The tune file may only name registered variants (kernels/fast.cu's declaration); a better candidate is reported,
     # to be registered by hand.
     registered = {v.label for v in registry.get("fast").variants}
     spill_free = {
@@ -422,7 +422,7 @@ def main() -> int:
         if best != label:
             say(
                 f"# {cls}: unregistered set {best} beats {label} ({scores[best]:.1f} vs {scores[label]:.1f} %cuBLAS):"
-                " add it to fast's variants in mmd/kernels.py to use it"
+                " add it to the variants of kernels/fast.cu's declaration to use it"
             )
         tune[cls] = {
             "params": label,

@@ -6,7 +6,7 @@ For the GPU machine (CuPy, nvcc); run it under ``ncu`` from the repository root:
     ncu --clock-control none --set full -k regex:'mmd_fast|gemm' -o $OUT/sgemm \
         python3 benchmarks/sgemm_ncu.py [LABEL] [--size 4096] --launches 2
 
-LABEL is a registered ``fast`` variant (mmd/kernels.py) or one of sgemm_ladder.py's candidates; default:
+LABEL is a registered ``fast`` variant (kernels/fast.cu's declaration) or one of sgemm_ladder.py's candidates; default:
 the best set at the shape in a ladder run's ``results.json`` (``--results``), else fast.cu's defaults.
 Each kernel is launched --launches times, fast first (under ncu: 2, a warm-up and the one worth reading;
 the filter leaves out CuPy's kernels that make the inputs); it prints both kernels' times (CUDA events,
@@ -45,7 +45,7 @@ def main() -> int:
     fast = ladder.registry.get("fast")
     sets = {v.label: v for v in fast.variants}
     if label not in sets:
-        sets[label] = ladder.registry.fast_variant(label, **ladder.FAST_CANDIDATES[label])
+        sets[label] = ladder.registry.variant("fast", label, **ladder.FAST_CANDIDATES[label])
     v = ladder.Variant(fast.with_variant(sets[label]), label, tunable=True)
     build = Path("/tmp/sgemm_ncu_build")
     build.mkdir(parents=True, exist_ok=True)

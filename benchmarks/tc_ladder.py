@@ -128,13 +128,12 @@ class Build:
 
     @property
     def spec(self) -> registry.KernelSpec:
-        """The registry's build for these macros: its launch geometry lives there (mmd/kernels.py)."""
+        """The registry's build for these macros: its launch geometry is the kernel's declaration's (mmd/kernels.py
+        reads it from the file's header)."""
         base = registry.get(self.kernel)
-        if self.kernel in registry.TENSOR_CORE_DEFAULTS:
-            return base.with_variant(registry.tensor_core_variant(self.kernel, self.label, **self.macros))
-        if self.kernel == "fast":
-            return base.with_variant(registry.fast_variant(self.label, **self.macros))
-        return base
+        if base.uses_tile:
+            return base
+        return base.with_variant(registry.variant(self.kernel, self.label, **self.macros))
 
     def block(self) -> tuple[int, int, int]:
         return self.spec.block(0)

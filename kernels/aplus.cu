@@ -43,11 +43,22 @@
  * "w += B.3"; C before the one ahead of "w += B.3"; B, 3, 4 and D in the
  * previous step, before this step's first barrier.
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (TILE, TILE, 1)
- *   grid  = (ceil(N / (2*TILE)), ceil(M / (2*TILE)), 1)
- *   outputs per thread = 4
- *   static shared memory = 8 * TILE * TILE * sizeof(float)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field, T is the tile (-DTILE=T).
+ *
+ * mmd:
+ *   rung: 5
+ *   description: "A+: four outputs per thread, prefetch interleaved with the partial products"
+ *   entry: mmd_aplus
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: TILE
+ *   block: [T, T]
+ *   block_tile: [2*T, 2*T, 2*T]  # BLOCK_EDGE = 2*TILE
+ *   thread_tile: [2, 2]
+ *   grid: [columns, rows]
+ *   shared_bytes: 8*T*T*4  # the eight TILE x TILE quarters sh_a ... sh_4
  *
  * Shapes: any M, K, N >= 1; out-of-range loads give zeros, out-of-range
  * stores are skipped. Row-major with row strides lda, ldb, ldc in elements.

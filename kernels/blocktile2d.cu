@@ -18,10 +18,22 @@
  * on consecutive addresses (coalesced); A's slab is stored as it is,
  * a_tile[m][k], B's as b_tile[k][n].
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (THREADS, 1, 1)                       256 at the defaults
- *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   static shared memory = (BM * BK + BK * BN) * sizeof(float)   8 KiB
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field.
+ *
+ * mmd:
+ *   rung: 6
+ *   description: "2-D block tiling: 128×128 C per block, 8×8 outputs per thread (tile ignored)"
+ *   entry: mmd_blocktile2d
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: null
+ *   block: [256]  # THREADS = (BM / TM) * (BN / TN) at the defaults below
+ *   block_tile: [128, 128, 8]  # BM, BN, BK
+ *   thread_tile: [8, 8]  # TM, TN
+ *   grid: [columns, rows]
+ *   shared_bytes: (128*8 + 8*128)*4  # (BM * BK + BK * BN) floats: 8 KiB
  *
  * Shapes: any M, K, N >= 1. Loads past the edge of A or B put zeros into the
  * slab (they add nothing), stores past the edge of C are skipped.

@@ -17,11 +17,22 @@
  * stores are coalesced; in the inner loop the A reads are broadcasts and the
  * B reads hit consecutive banks.
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (TILE, TILE, 1)
- *   grid  = (ceil(N / (2*TILE)), ceil(M / (2*TILE)), 1)
- *   outputs per thread = 4 (2 rows x 2 columns)
- *   static shared memory = 2 * (2*TILE)^2 * sizeof(float)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field, T is the tile (-DTILE=T).
+ *
+ * mmd:
+ *   rung: 4
+ *   description: tiled, four outputs (2×2) per thread
+ *   entry: mmd_coarse
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: TILE
+ *   block: [T, T]
+ *   block_tile: [2*T, 2*T, 2*T]  # BLOCK_EDGE = 2*TILE
+ *   thread_tile: [2, 2]
+ *   grid: [columns, rows]
+ *   shared_bytes: 2*(2*T)*(2*T)*4  # a_tile and b_tile, BLOCK_EDGE squared each
  *
  * Shapes: any M, K, N >= 1; out-of-range loads give zeros, out-of-range
  * stores are skipped. Row-major with row strides lda, ldb, ldc in elements.

@@ -38,13 +38,30 @@
  * a_tile[k][m] (rows padded by A_PAD floats against bank conflicts of the
  * transposing stores), B's slab as it is, b_tile[k][n].
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (THREADS, 1, 1)   THREADS = 32 * (BM / (TM*WTM)) * (BN / (TN*(32/WTM)))
- *                             (256 at the defaults: 8 warps of 64 x 64)
- *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   static shared memory = STAGES * BK * (BM + A_PAD + BN) * sizeof(float)
- *                          (STAGES = 2 with DOUBLE_BUFFER; 24.25 KiB at the defaults;
- *                          48 KiB is the static limit)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field.
+ *
+ * mmd:
+ *   rung: 8
+ *   description: warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)
+ *   entry: mmd_fast
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: null
+ *   # the #defines below, spelled out in every build; a variant changes some of them
+ *   defines: {BM: 256, BN: 128, BK: 8, TM: 16, TN: 8, WTM: 8, MIN_BLOCKS: 1, GROUP_M: 8, DOUBLE_BUFFER: 1,
+ *             ASYNC: 0, STAGES_ASYNC: 2, A_PAD: 4, FRAG_PIPE: 0, INTERIOR: 1, A_SWIZZLE: 0}
+ *   block: [(BM/TM) * (BN/TN)]  # THREADS: 256 at the defaults, 8 warps of 64 x 64
+ *   block_tile: [BM, BN, BK]
+ *   thread_tile: [TM, TN]
+ *   grid: [columns, rows]
+ *   # STAGES slabs of A (rows padded by A_PAD) and B: 24.25 KiB at the defaults; 48 KiB is the static limit
+ *   shared_bytes: (STAGES_ASYNC if ASYNC else 2 if DOUBLE_BUFFER else 1) * BK*(BM + A_PAD + BN)*4
+ *   # by shape class (mmd.kernels.shape_class), unless kernels/fast.tune.yaml chooses for the GPU
+ *   variants:
+ *     - {label: 256x128x8_reg_t16x8_w8, classes: [medium, large]}
+ *     - {label: 64x64x16_t4x8_reg, classes: [small], defines: {BM: 64, BN: 64, BK: 16, TM: 4, TN: 8, WTM: 4}}
  *
  * Defaults: the autotune's best set for large shapes on the H200
  * (BM 256, BN 128, BK 8, 16 x 8 per thread in warps of 64 x 64, register

@@ -11,9 +11,21 @@
  * consecutive C elements: coalesced. The A element is the same for all the
  * threads of a warp row (a broadcast).
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (TILE, TILE, 1)
- *   grid  = (ceil(N / TILE), ceil(M / TILE), 1)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field, T is the tile (-DTILE=T).
+ *
+ * mmd:
+ *   rung: 1
+ *   description: one thread per output, operands from global memory
+ *   entry: mmd_naive
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: TILE
+ *   block: [T, T]
+ *   block_tile: [T, T, 1]
+ *   grid: [columns, rows]
+ *   shared_bytes: 0
  *
  * Shapes: any M, K, N >= 1; threads past the edge of C do nothing.
  * Layout: row-major; lda, ldb, ldc are row strides in elements (>= the row

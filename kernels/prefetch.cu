@@ -19,10 +19,21 @@
  * C[by*TILE + ty][bx*TILE + tx] and loads A[row][k0 + tx], B[k0 + ty][col]
  * (threadIdx.x along the contiguous dimension: coalesced).
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (TILE, TILE, 1)
- *   grid  = (ceil(N / TILE), ceil(M / TILE), 1)
- *   static shared memory = 2 * TILE * TILE * sizeof(float)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field, T is the tile (-DTILE=T).
+ *
+ * mmd:
+ *   rung: 3
+ *   description: tiled, with the next tile prefetched into registers
+ *   entry: mmd_prefetch
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: TILE
+ *   block: [T, T]
+ *   block_tile: [T, T, T]
+ *   grid: [columns, rows]
+ *   shared_bytes: 2*T*T*4  # a_tile and b_tile
  *
  * Shapes: any M, K, N >= 1; out-of-range loads give zeros, out-of-range
  * stores are skipped. Row-major with row strides lda, ldb, ldc in elements.

@@ -66,21 +66,54 @@
  * Blocks walk GROUP_M block-rows before moving one block-column right, as in
  * fast.cu, so that resident blocks share panels of A and B in L2.
  *
- * Launch geometry (the same for both paths; mmd/kernels.py owns it):
- *   block = (256, 1, 1)            two warpgroups
- *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   registry block_tile = (BM, BN, TM, TN) = (256, 128, 16, 8): (256/16) *
- *     (128/8) = 256 threads; each owns 128 = 16 * 8 outputs (not a contiguous
- *     patch: see the fragment layouts).
- *   static shared memory  = 0
- *   dynamic shared memory = STAGES * (BM * BK + BK * (BN + 8)) * 4 + 1024 bytes
- *     (the 1024 let the kernel align its tiles to 1024 bytes, as the 128-byte
- *     swizzle requires) = 201728 bytes at the defaults (STAGES 4, BM 256,
- *     BN 128, BK 32): the launcher must raise
- *     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it and pass it.
- *   arch: compile with -gencode=arch=compute_90a,code=sm_90a for the wgmma
- *     path (Hopper only); -arch=sm_80 / sm_86 / sm_89 / sm_90 build the
- *     mma.sync path (same launch). Minimum compute capability 8.0.
+ * Launch geometry (the same for both paths): the declaration below, which the
+ * registry (mmd/kernels.py) reads from here; docs/kernels.md ("Writing a kernel
+ * mmd can run") has each field. Two warpgroups share a BM x BN tile of C; each
+ * thread owns 128 = 16 * 8 outputs, not a contiguous patch (see the fragment
+ * layouts). The dynamic shared memory holds STAGES k-slabs and 1024 bytes that
+ * let the kernel align its tiles to 1024 bytes, as the 128-byte swizzle
+ * requires: 201728 bytes at the defaults, 197696 in the TMA build (below); the
+ * launcher raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it and
+ * passes it. arch: -gencode=arch=compute_90a,code=sm_90a builds the wgmma path
+ * (Hopper only), -arch=sm_80 / sm_86 / sm_89 / sm_90 the mma.sync path (same
+ * launch).
+ *
+ * mmd:
+ *   rung: 9
+ *   description: "TF32 tensor cores, one pass: fastest, about 4e-4 relative error (tile ignored)"
+ *   entry: mmd_tc1
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   precision: tf32
+ *   exact: false
+ *   course: false  # the ladder plan's (mmd bench --plan ladder), not the course's
+ *   min_compute_capability: [8, 0]
+ *   needs: TF32 tensor cores
+ *   arch_specific: [sm_90]  # built for sm_90a there: wgmma
+ *   tile_macro: null
+ *   defines: {BM: 256, BN: 128, BK: 32, STAGES: 4, GROUP_M: 8, ROUND_A: 0, PREFETCH_A: 0, TMA: 0, TMA_TF32: 0,
+ *             CLUSTER_N: 1}
+ *   switches: [USE_WGMMA]  # the file sets it by target
+ *   requires:
+ *     (CLUSTER_N == 1 or TMA and CLUSTER_N == 2) and (TMA or not TMA_TF32):
+ *       CLUSTER_N (1 or 2) and TMA_TF32 are settings of the TMA build (TMA=1)
+ *   block: [256]  # two warpgroups
+ *   block_tile: [BM, BN, BK]
+ *   thread_tile: [BM/16, BN/16]
+ *   grid: [columns, rows]
+ *   shared_bytes: 0
+ *   # per stage A's BM x BK slab and B's BK x BN slab, its rows padded by 8 floats (the TMA build's unpadded,
+ *   # and a full and an empty mbarrier), and the 1024 bytes of alignment
+ *   dynamic_shared_bytes: >-
+ *     STAGES*(BM*BK + BK*BN)*4 + 1024 + 16*STAGES if TMA else STAGES*(BM*BK + BK*(BN + 8))*4 + 1024
+ *   cluster_x: CLUSTER_N
+ *   # each block of a cluster copies its share of A's slab (to all of them); B's slab is 32-column boxes
+ *   # (TMA_B_BOX_COLS), one 128-byte swizzled row each
+ *   tensor_maps: {when: TMA, a_box: [BM/CLUSTER_N, BK], b_box: [BK, 32], swizzle: 128, tf32: TMA_TF32}
+ *   # on sm_90a: tiles by the copy engine, both operands rounded to TF32 by it: cuBLAS TF32's error, and its speed
+ *   # where the cp.async build had three quarters of it (docs/tensorcores.md, "The TMA build of tc1")
+ *   arch_variants:
+ *     sm_90a: {label: tma, defines: {TMA: 1, TMA_TF32: 1}}
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
@@ -99,7 +132,7 @@
  * block 256; grid (CLUSTER_N * ceil(N / (CLUSTER_N * BN)), ceil(M / BM));
  * dynamic shared memory STAGES * (BM * BK + BK * BN) * 4 + 1024 + 16 * STAGES
  * = 197696 bytes; A and B 16-byte aligned with ld a multiple of 4 floats.
- * mmd's tc1 on sm_90a is this build with TMA_TF32 = 1 (mmd/kernels.py, arch_variants), and the cp.async
+ * mmd's tc1 on sm_90a is this build with TMA_TF32 = 1 (arch_variants, above), and the cp.async
  * build wherever A or B is not 16-byte aligned (mmd/cuda/session.py, launch_build).
  * ptxas (nvcc 13.0, sm_90a): 186 registers, 0 spills.
  *

@@ -64,21 +64,37 @@
  * float2 stores here too. Blocks walk GROUP_M block-rows before moving one
  * block-column right.
  *
- * Launch geometry (the same for both paths; mmd/kernels.py owns it):
- *   block = (256, 1, 1)            two warpgroups
- *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   registry block_tile = (BM, BN, TM, TN) = (128, 128, 8, 8): (128/8)*(128/8)
- *     = 256 threads; each owns 64 = 8 * 8 outputs (not a contiguous patch).
- *   static shared memory  = 0
- *   dynamic shared memory = STAGES * (2 * BM * BK + BK * (BN + 8)) * 4 + 1024
- *     bytes (A's big and small tiles and B's raw slab per stage; the 1024 let
- *     the kernel align its tiles to 1024 bytes for the 128-byte swizzle) =
- *     201728 bytes at the defaults (STAGES 4, BM 128, BN 128, BK 32): the
- *     launcher must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to
- *     it and pass it.
- *   arch: -gencode=arch=compute_90a,code=sm_90a for the wgmma path (Hopper);
- *     -arch=sm_80 .. sm_90 build the mma.sync path (same launch). Minimum
- *     compute capability 8.0.
+ * Launch geometry (the same for both paths): the declaration below, which the
+ * registry (mmd/kernels.py) reads from here; docs/kernels.md ("Writing a kernel
+ * mmd can run") has each field. Each thread owns 64 = 8 * 8 outputs (not a
+ * contiguous patch). The dynamic shared memory holds A's big and small tiles and
+ * B's raw slab per stage, and 1024 bytes that let the kernel align its tiles to
+ * 1024 bytes for the 128-byte swizzle: 201728 bytes at the defaults; the
+ * launcher raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it and
+ * passes it. arch: -gencode=arch=compute_90a,code=sm_90a for the wgmma path
+ * (Hopper); -arch=sm_80 .. sm_90 build the mma.sync path (same launch).
+ *
+ * mmd:
+ *   rung: 10
+ *   description: "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)"
+ *   entry: mmd_tc3
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   precision: fp32
+ *   exact: false  # fp32-class in error, but may print 0.13 where printf of the exact product prints 0.12
+ *   course: false  # the ladder plan's (mmd bench --plan ladder), not the course's
+ *   min_compute_capability: [8, 0]
+ *   needs: TF32 tensor cores
+ *   arch_specific: [sm_90]  # built for sm_90a there: wgmma
+ *   tile_macro: null
+ *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8}
+ *   switches: [USE_WGMMA]  # the file sets it by target
+ *   block: [256]  # two warpgroups
+ *   block_tile: [BM, BN, BK]
+ *   thread_tile: [BM/16, BN/16]
+ *   grid: [columns, rows]
+ *   shared_bytes: 0
+ *   dynamic_shared_bytes: STAGES*(2*BM*BK + BK*(BN + 8))*4 + 1024
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.

@@ -13,10 +13,21 @@
  * global loads and the store are coalesced; in the inner loop a_tile[ty][k]
  * is a broadcast and b_tile[k][tx] hits consecutive banks.
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (TILE, TILE, 1)
- *   grid  = (ceil(N / TILE), ceil(M / TILE), 1)
- *   static shared memory = 2 * TILE * TILE * sizeof(float)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field, T is the tile (-DTILE=T).
+ *
+ * mmd:
+ *   rung: 2
+ *   description: shared-memory tiles of A and B, one output per thread
+ *   entry: mmd_tiled
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: TILE
+ *   block: [T, T]
+ *   block_tile: [T, T, T]
+ *   grid: [columns, rows]
+ *   shared_bytes: 2*T*T*4  # a_tile and b_tile
  *
  * Shapes: any M, K, N >= 1. Loads past the edge of A or B put zeros into
  * the tile (they add nothing), stores past the edge of C are skipped.

@@ -27,11 +27,22 @@
  * BM x BK slab as BM * BK / 4 float4 (row m = idx / (BK/4), k = 4*(idx %
  * (BK/4))), B's BK x BN slab as BK * BN / 4 float4 along a row of B.
  *
- * Launch geometry (mmd/kernels.py owns it):
- *   block = (THREADS, 1, 1)                       256 at the defaults
- *   grid  = (ceil(N / BN), ceil(M / BM), 1)
- *   static shared memory = (BK * (BM + A_PAD) + BK * BN) * sizeof(float)
- *                          (8.3 KiB at the defaults)
+ * Launch geometry: the declaration below, which the registry (mmd/kernels.py)
+ * reads from here; docs/kernels.md ("Writing a kernel mmd can run") has each
+ * field.
+ *
+ * mmd:
+ *   rung: 7
+ *   description: "blocktile2d with 16-byte loads and stores and A's slab transposed (tile ignored)"
+ *   entry: mmd_vectorized
+ *   arguments: [A, B, C, M, K, N, lda, ldb, ldc]
+ *   multiples: false
+ *   tile_macro: null
+ *   block: [256]  # THREADS = (BM / TM) * (BN / TN) at the defaults below
+ *   block_tile: [128, 128, 8]  # BM, BN, BK
+ *   thread_tile: [8, 8]  # TM, TN
+ *   grid: [columns, rows]
+ *   shared_bytes: (8*(128 + 4) + 8*128)*4  # (BK * (BM + A_PAD) + BK * BN) floats: 8.3 KiB
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Out-of-range loads give zeros, out-of-range stores

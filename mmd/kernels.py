@@ -3,9 +3,13 @@
 Each :class:`KernelSpec` says where a kernel's source is (``kernels/<name>.cu``),
 its entry symbol, a one-line description, and its launch geometry as functions
 of the output size and the tile: block and grid dimensions, outputs per thread,
-threads per block and static shared memory. The CLI choices, the benchmark
-loop, the graph labels, the docs and the tests all read kernel names and facts
-from here; nothing about a kernel is written twice.
+threads per block and static shared memory. A source kernel's facts live in its
+own file, in the declaration under ``mmd:`` in its header comment, in the
+vocabulary kernel files use (:mod:`mmd.kernelfile.declaration`): the registry
+reads ``kernels/`` at import, and only the library and host entries (cuBLAS,
+the CPU) are written here. The CLI choices, the benchmark loop, the graph
+labels, the docs and the tests all read kernel names and facts from here;
+nothing about a kernel is written twice.
 
 :func:`check_launch` is pure: given a kernel, a tile and a device's
 :class:`DeviceLimits`, it raises :class:`~mmd.errors.TileError` with a one-line
@@ -23,6 +27,9 @@ from pathlib import Path
 import yaml
 
 from .errors import KernelError, TileError
+from .kernelfile.declaration import PRECISIONS as PRECISIONS
+from .kernelfile.declaration import Declaration, in_header
+from .kernelfile.declaration import TensorMaps as TensorMaps
 from .resources import kernels_dir
 
 #: Tiles the course asks about (and the benchmark loops over). Other tiles are
@@ -44,12 +51,6 @@ FLOAT_BYTES = 4
 #: Kinds of registry entries: a CUDA C source compiled at run time, a library
 #: call (cuBLAS) on the GPU, or the host (numpy) backend.
 SOURCE, LIBRARY, HOST = "source", "library", "host"
-
-#: The arithmetic a kernel's product has: ``fp32`` (fp32 operands, fp32 sums, or better: tc3's
-#: 3xTF32) or ``tf32`` (operands rounded to TF32's 10 mantissa bits on the tensor cores).
-#: The bench checks each against its own tolerance; a ``tf32`` LIBRARY entry is cuBLAS in its
-#: TF32 tensor-core math mode.
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32")
 
 
 @dataclass(frozen=True)
@@ -114,26 +115,9 @@ def shape_class(m: int, n: int, multiprocessors: int) -> str:
 
 
 @dataclass(frozen=True)
-class TensorMaps:
-    """How a TMA build reads A and B: the box of one copy-engine load of each (rows, columns), the swizzle.
-
-    A build with these takes ``(map_a, map_b, C, M, K, N, ldc)`` (two
-    CUtensorMaps by value), not the common argument list, and is launched
-    through :mod:`mmd.cuda.libcuda`; the copy engine reads only matrices whose
-    base and row stride are 16-byte multiples.
-    """
-
-    a_box: tuple[int, int]
-    b_box: tuple[int, int]
-    #: The shared-memory swizzle in bytes (128: the tensor cores' pattern).
-    swizzle: int = 128
-    #: Whether the maps are TF32: the copy engine rounds each operand to TF32 as it loads it.
-    tf32: bool = False
-
-
-@dataclass(frozen=True)
 class Variant:
-    """A compile-time parameter set of a fixed-block kernel (``-D`` macros and its geometry)."""
+    """A compile-time parameter set of a fixed-block kernel (``-D`` macros and its geometry), as :func:`variant`
+    builds it from the kernel's declaration."""
 
     label: str
     macros: tuple[tuple[str, int], ...]
@@ -152,7 +136,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One registry entry.
+    """One registry entry; a ``source`` kernel's, built from its declaration (:func:`_source_spec`).
 
     For a ``source`` kernel the block is ``tile × tile`` threads and each thread
     computes ``outputs_edge × outputs_edge`` outputs, so a block covers
@@ -330,197 +314,119 @@ class KernelSpec:
         return self.shared_floats_per_tile2 * tile * tile * FLOAT_BYTES
 
 
-#: fast.cu's compile-time parameters and its defaults (a test checks them against the file's #defines).
-FAST_DEFAULTS: dict[str, int] = {
-    "BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "MIN_BLOCKS": 1, "GROUP_M": 8,
-    "DOUBLE_BUFFER": 1, "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 4, "FRAG_PIPE": 0,
-    "INTERIOR": 1, "A_SWIZZLE": 0,
-}  # fmt: skip
+def _declaration(kernel: str) -> Declaration:
+    try:
+        return DECLARATIONS[kernel]
+    except KeyError:
+        raise KernelError(f"{get(kernel).name} is not a source kernel: it has no declaration") from None
 
 
-def fast_variant(label: str, classes: tuple[str, ...] = (), **changes: int) -> Variant:
-    """A parameter set of ``fast.cu``: its geometry follows from the macros (the one place that says how).
+def defaults(kernel: str) -> dict[str, int]:
+    """The macros ``kernels/<kernel>.cu`` defaults itself, in order: its declaration's ``defines`` (a test holds
+    them to the file's own ``#define``s, what a build without ``-D`` gets)."""
+    return _declaration(kernel).defined(0)
 
-    Every macro is spelled out, so a set means the same whatever the file's
-    defaults; the block has (BM/TM)·(BN/TN) threads and the shared memory
-    holds STAGES slabs of A (padded) and B.
+
+def variant(kernel: str, label: str, classes: tuple[str, ...] = (), **changes: int) -> Variant:
+    """A build of the fixed-block source kernel ``kernel`` with ``changes`` to its file's default macros.
+
+    Every macro is spelled out, so a build means the same whatever the file's defaults; its geometry
+    (block tile, shared memory, cluster, tensor maps) is the kernel's declaration evaluated with these
+    macros, the one place that says how. KernelError for a macro the declaration has no define or switch
+    for, and for a set its ``requires`` refuses.
     """
-    unknown = set(changes) - set(FAST_DEFAULTS)
-    if unknown:
-        raise KernelError(f"fast has no parameter {', '.join(sorted(unknown))}")
-    m = {**FAST_DEFAULTS, **changes}
-    stages = m["STAGES_ASYNC"] if m["ASYNC"] else (2 if m["DOUBLE_BUFFER"] else 1)
+    declared = _declaration(kernel)
+    if declared.uses_tile:
+        raise KernelError(f"{kernel} takes the tile; its builds have no variants", details={"kernel": kernel})
+    try:
+        changed = declared.with_defines(changes)
+    except ValueError as exc:
+        raise KernelError(f"{kernel} has {exc}", details={"kernel": kernel}) from None
+    return _build(kernel, changed, label, classes)
+
+
+def _build(kernel: str, declared: Declaration, label: str, classes: tuple[str, ...] = ()) -> Variant:
+    """A fixed-block kernel's build as its declaration (with a variant's macros) gives it."""
+    reason = declared.unmet(0)
+    if reason is not None:
+        raise KernelError(f"{kernel}: {reason}", details={"kernel": kernel})
+    per_thread = declared.thread_shape(0)
+    if per_thread is None:
+        raise KernelError(f"{kernel}: a kernel with a fixed block declares its thread_tile", details={"kernel": kernel})
+    rows, cols, _ = declared.block_shape(0)
     return Variant(
         label=label,
-        macros=tuple(m.items()),
-        block_tile=(m["BM"], m["BN"], m["TM"], m["TN"]),
-        shared_bytes=stages * m["BK"] * (m["BM"] + m["A_PAD"] + m["BN"]) * FLOAT_BYTES,
+        macros=tuple(declared.defined(0).items()),
+        block_tile=(rows, cols, *per_thread),
+        shared_bytes=declared.static_shared(0) or 0,
         classes=classes,
+        dynamic_shared_bytes=declared.dynamic_shared(0),
+        cluster_x=declared.cluster(0),
+        tensor_maps=declared.maps(0),
     )
 
 
-#: The tensor-core kernels' compile-time parameters and their defaults (a test checks them against the files).
-TENSOR_CORE_DEFAULTS: dict[str, dict[str, int]] = {
-    "tc1": {
-        "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0,
-        "TMA": 0, "TMA_TF32": 0, "CLUSTER_N": 1,
-    },
-    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8},
-}  # fmt: skip
+def _source_spec(name: str, declared: Declaration) -> KernelSpec:
+    """The entry of ``kernels/<name>.cu``, from its declaration."""
+    spec = KernelSpec(
+        name=name,
+        kind=SOURCE,
+        description=declared.description,
+        source_file=f"{name}.cu",
+        entry=declared.entry,
+        arch_specific=declared.arch_specific,
+        min_compute_capability=declared.min_compute_capability,
+        requirement=declared.needs,
+        precision=declared.precision,
+        exact=declared.exact,
+        course=declared.course,
+    )
+    if declared.uses_tile:
+        # tile × tile threads, edge × edge outputs each, floats · tile² of shared memory: the tiled kernels'
+        # geometry as KernelSpec says it (tests/test_kernels.py holds each declaration to it at every tile)
+        edge, _ = declared.thread_shape(1) or (1, 1)
+        floats = (declared.static_shared(1) or 0) // FLOAT_BYTES
+        return dataclasses.replace(spec, outputs_edge=edge, shared_floats_per_tile2=floats)
+    classes = {c for v in declared.variants for c in v.classes} - {c for c, _ in SHAPE_CLASSES}
+    if classes:
+        raise KernelError(f"{name}: no shape class {', '.join(sorted(classes))}", details={"kernel": name})
+    return dataclasses.replace(
+        spec.with_variant(_build(name, declared, "default")),
+        variant=None,
+        variants=tuple(_build(name, declared.variant(v), v.label, v.classes) for v in declared.variants),
+        arch_variants=tuple((to, _build(name, declared.variant(v), v.label)) for to, v in declared.arch_variants),
+    )
 
 
-#: Columns of one of B's boxes in a TMA build (tc1.cu's TMA_B_BOX_COLS): 32 floats, one 128-byte swizzled row.
-TMA_B_BOX_COLS = 32
+def read_declarations(folder: Path) -> dict[str, Declaration]:
+    """Each ``<name>.cu``'s declaration in ``folder`` (the text kernels' aside), in ladder order (its ``rung``).
 
-#: tc1's build on sm_90a: tiles by the copy engine, both operands rounded to TF32 by it: cuBLAS TF32's error, and
-#: its speed where the cp.async build had three quarters of it (docs/tensorcores.md, "The TMA build of tc1").
-TC1_TMA_MACROS: dict[str, int] = {"TMA": 1, "TMA_TF32": 1}
-
-
-def tensor_core_variant(kernel: str, label: str, **changes: int) -> Variant:
-    """A parameter set of ``tc1.cu`` or ``tc3.cu`` and the geometry it implies.
-
-    Two warpgroups (256 threads) share a BM×BN tile of C: (BM/TM)·(BN/TN) with
-    TM = BM/16 and TN = BN/16 makes the registry's thread count, and each
-    thread owns BM·BN/256 outputs. The dynamic shared memory holds STAGES
-    k-slabs: A's BM×BK slab (tc3 twice: big and small parts), B's BK×BN slab
-    with rows padded by 8 floats, and 1 KiB to align them for the 128-byte
-    swizzle.
+    Only each file's header comment is read; a file without a declaration that names its rung, or two
+    files of one rung, are a KernelError: the registry cannot be read, and mmd cannot start.
     """
-    defaults = TENSOR_CORE_DEFAULTS[kernel]
-    unknown = set(changes) - set(defaults) - {"USE_WGMMA"}
-    if unknown:
-        raise KernelError(f"{kernel} has no parameter {', '.join(sorted(unknown))}")
-    m = {**defaults, **changes}
-    a_parts = 2 if kernel == "tc3" else 1
-    tma, cluster = m.get("TMA", 0), m.get("CLUSTER_N", 1)
-    if cluster not in (1, 2) or ((cluster > 1 or m.get("TMA_TF32", 0)) and not tma):
-        raise KernelError(f"{kernel}: CLUSTER_N (1 or 2) and TMA_TF32 are settings of the TMA build (TMA=1)")
-    maps = None
-    if tma:
-        # B's slab unpadded (the copy engine's boxes are dense), and a full and an empty mbarrier per stage.
-        stage_floats = m["BM"] * m["BK"] + m["BK"] * m["BN"]
-        extra = 1024 + 16 * m["STAGES"]
-        # Each block of a cluster copies its share of A's slab (to all of them); B's slab is 32-column boxes,
-        # one 128-byte swizzled row each.
-        maps = TensorMaps(
-            a_box=(m["BM"] // cluster, m["BK"]), b_box=(m["BK"], TMA_B_BOX_COLS), tf32=bool(m.get("TMA_TF32", 0))
-        )
-    else:
-        stage_floats = a_parts * m["BM"] * m["BK"] + m["BK"] * (m["BN"] + 8)
-        extra = 1024
-    return Variant(
-        label=label,
-        macros=tuple(m.items()),
-        block_tile=(m["BM"], m["BN"], m["BM"] // 16, m["BN"] // 16),  # 16 x 16 = 256 threads
-        shared_bytes=0,
-        dynamic_shared_bytes=m["STAGES"] * stage_floats * FLOAT_BYTES + extra,
-        cluster_x=cluster,
-        tensor_maps=maps,
-    )
+    found: list[tuple[int, str, Declaration]] = []
+    for path in sorted(folder.glob("*.cu")):
+        if path.name in TEXT_KERNEL_FILES:
+            continue
+        declared = in_header(path.read_text(encoding="utf-8"), path.name)
+        if declared is None or declared.rung is None:
+            raise KernelError(f"kernels/{path.name}: no rung declared in its header comment (mmd: rung: N)")
+        found.append((declared.rung, path.stem, declared))
+    rungs = [rung for rung, _, _ in found]
+    if len(set(rungs)) != len(rungs):
+        twice = sorted({name for rung, name, _ in found if rungs.count(rung) > 1})
+        raise KernelError(f"kernels/*.cu: {' and '.join(twice)} declare the same rung")
+    return {name: declared for _, name, declared in sorted(found, key=lambda item: item[0])}
 
 
-def _tensor_core_spec(kernel: str, description: str, precision: str, sm90a: dict[str, int] | None = None) -> KernelSpec:
-    """A tensor-core entry; ``sm90a``: the macros of the build that replaces the default on sm_90a."""
-    default = tensor_core_variant(kernel, "default")
-    arch_variants = (("sm_90a", tensor_core_variant(kernel, "tma", **sm90a)),) if sm90a else ()
-    return KernelSpec(
-        name=kernel,
-        kind=SOURCE,
-        description=description,
-        source_file=f"{kernel}.cu",
-        entry=f"mmd_{kernel}",
-        macros=default.macros,
-        block_tile=default.block_tile,
-        dynamic_shared_bytes=default.dynamic_shared_bytes,
-        arch_specific=("sm_90",),
-        arch_variants=arch_variants,
-        min_compute_capability=(8, 0),
-        requirement="TF32 tensor cores",
-        precision=precision,
-        exact=False,
-        course=False,
-    )
+#: Each source kernel's declaration, read from the header comment of ``kernels/<name>.cu``, in ladder order.
+DECLARATIONS: dict[str, Declaration] = read_declarations(kernels_dir())
 
+#: fast.cu's compile-time parameters and their defaults (tests/test_fast_kernels.py holds them to its #defines).
+FAST_DEFAULTS: dict[str, int] = defaults("fast")
 
-_SPECS: tuple[KernelSpec, ...] = (
-    KernelSpec(
-        name="naive",
-        kind=SOURCE,
-        description="one thread per output, operands from global memory",
-        source_file="naive.cu",
-        entry="mmd_naive",
-    ),
-    KernelSpec(
-        name="tiled",
-        kind=SOURCE,
-        description="shared-memory tiles of A and B, one output per thread",
-        source_file="tiled.cu",
-        entry="mmd_tiled",
-        shared_floats_per_tile2=2,
-    ),
-    KernelSpec(
-        name="prefetch",
-        kind=SOURCE,
-        description="tiled, with the next tile prefetched into registers",
-        source_file="prefetch.cu",
-        entry="mmd_prefetch",
-        shared_floats_per_tile2=2,
-    ),
-    KernelSpec(
-        name="coarse",
-        kind=SOURCE,
-        description="tiled, four outputs (2×2) per thread",
-        source_file="coarse.cu",
-        entry="mmd_coarse",
-        outputs_edge=2,
-        shared_floats_per_tile2=8,
-    ),
-    KernelSpec(
-        name="aplus",
-        kind=SOURCE,
-        description="A+: four outputs per thread, prefetch interleaved with the partial products",
-        source_file="aplus.cu",
-        entry="mmd_aplus",
-        outputs_edge=2,
-        shared_floats_per_tile2=8,
-    ),
-    KernelSpec(
-        name="blocktile2d",
-        kind=SOURCE,
-        description="2-D block tiling: 128×128 C per block, 8×8 outputs per thread (tile ignored)",
-        source_file="blocktile2d.cu",
-        entry="mmd_blocktile2d",
-        block_tile=(128, 128, 8, 8),
-        fixed_shared_bytes=(128 * 8 + 8 * 128) * FLOAT_BYTES,
-    ),
-    KernelSpec(
-        name="vectorized",
-        kind=SOURCE,
-        description="blocktile2d with 16-byte loads and stores and A's slab transposed (tile ignored)",
-        source_file="vectorized.cu",
-        entry="mmd_vectorized",
-        block_tile=(128, 128, 8, 8),
-        fixed_shared_bytes=(8 * (128 + 4) + 8 * 128) * FLOAT_BYTES,
-    ),
-    KernelSpec(
-        name="fast",
-        kind=SOURCE,
-        description="warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)",
-        source_file="fast.cu",
-        entry="mmd_fast",
-        # fast.cu's own defaults: its large-shape variant.
-        block_tile=(256, 128, 16, 8),
-        fixed_shared_bytes=2 * 8 * (256 + 4 + 128) * FLOAT_BYTES,
-        variants=(
-            fast_variant("256x128x8_reg_t16x8_w8", ("medium", "large")),
-            fast_variant("64x64x16_t4x8_reg", ("small",), BM=64, BN=64, BK=16, TM=4, TN=8, WTM=4),
-        ),
-    ),
-    _tensor_core_spec(
-        "tc1", "TF32 tensor cores, one pass: fastest, about 4e-4 relative error (tile ignored)", "tf32", TC1_TMA_MACROS
-    ),
-    _tensor_core_spec("tc3", "3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)", "fp32"),
+#: The entries that are no file of ``kernels/``: the vendor library and the host.
+_IN_CODE: tuple[KernelSpec, ...] = (
     KernelSpec(
         name="cublas",
         kind=LIBRARY,
@@ -542,6 +448,8 @@ _SPECS: tuple[KernelSpec, ...] = (
         description="numpy float32 matmul on the host",
     ),
 )
+
+_SPECS: tuple[KernelSpec, ...] = (*(_source_spec(n, d) for n, d in DECLARATIONS.items()), *_IN_CODE)
 
 #: name → spec, in ladder order (naive first, cpu last).
 REGISTRY: dict[str, KernelSpec] = {spec.name: spec for spec in _SPECS}

@@ -14,7 +14,7 @@ import functools
 import shlex
 import shutil
 import sys
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 
 #: The default configuration's file name inside ``data/config``.
@@ -60,7 +60,10 @@ def install_hint(extra: str) -> str:
     if (clone / "pyproject.toml").is_file():  # a wheel puts the package beside others, no pyproject.toml there
         where = "." if clone == Path.cwd().resolve() else str(clone)
         return f"{pip} install -e {shlex.quote(f'{where}[{extra}]')}"
-    from packaging.requirements import Requirement  # only for this message: not on every command's start
+    # only for this message: importlib.metadata alone would add a tenth of the registry's import to every command
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
 
     wanted = []
     for line in metadata.requires(DISTRIBUTION) or []:

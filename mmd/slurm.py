@@ -8,6 +8,9 @@ submission)::
                           submitted with offset K reads line K+i+1)
     job.sbatch.outputs    the output each task writes, same line
     job.sbatch.jobs       after --submit: one line per array, "JOBID OFFSET COUNT"
+    job.sbatch.kernel/    with --kernel-file: the kernel file's copy (and its NAME.kernel.yaml),
+                          which every task runs (`mmd run --kernel-file`); made for this
+                          submission alone, so a later one never changes what its tasks run
     logs/<array>_<task>.log
 
 A folder larger than the cluster's ``MaxArraySize`` becomes several arrays of the
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import os
 import re
 import shlex
@@ -60,6 +64,7 @@ from . import __version__
 from .config import Settings
 from .errors import MmdError, OutputError, UnreadableError, UsageError
 from .jobname import stem_of
+from .kernelchoice import KernelChoice
 from .record import error_path, timing_path
 from .spool import entry_problem, is_job_name, names_of, output_path, resolve_output, safe_name
 
@@ -174,6 +179,8 @@ class ArrayOptions:
     mmd: tuple[str, ...] = ("mmd",)
     #: ``--gpus=N`` instead of ``--gres`` (clusters that schedule GPUs with --gpus); None: use gres.
     gpus: int | None = None
+    #: The kernel file every task runs (``mmd run --kernel-file``): copied beside the script, and the copy run.
+    kernel_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,8 @@ class Plan:
     #: The script's folder is this submission's alone: :func:`write` creates it, or the next free
     #: name beside it (the default folder is named by the second, and submissions come faster).
     own_folder: bool = False
+    #: ``options.kernel_file`` as mmd read it (its name and sha256), where there is one.
+    kernel: KernelChoice | None = None
 
     @property
     def manifest(self) -> Path:
@@ -199,6 +208,16 @@ class Plan:
     @property
     def logs(self) -> Path:
         return self.script.parent / "logs"
+
+    @property
+    def kernel_folder(self) -> Path:
+        """Where the kernel file's copy goes: ``<script>.kernel/``."""
+        return self.script.with_name(self.script.name + ".kernel")
+
+    @property
+    def kernel_copy(self) -> Path | None:
+        """The copy of the kernel file the tasks run (None: no kernel file)."""
+        return None if self.kernel is None else self.kernel_folder / self.kernel.name
 
 
 # ---------------------------------------------------------------------------
@@ -289,6 +308,12 @@ def check_options(options: ArrayOptions) -> None:
         raise UsageError(f"--gpus {options.gpus}: must be 0 or more")
     if options.gpus and options.gres:
         raise UsageError("--gpus and --gres both ask for GPUs: give one of them")
+    if options.kernel_file is not None:
+        settings = dict(options.settings)
+        if "kernel" in settings:
+            raise UsageError("give --kernel (one of mmd's own) or --kernel-file, not both")
+        if settings.get("backend") == "cpu":
+            raise UsageError("a kernel file runs on a GPU: drop --backend cpu")
 
 
 def array_spec(n: int, max_parallel: int | None = None) -> str:
@@ -335,6 +360,15 @@ def render_script(plan: Plan) -> str:
     given = dict(o.passed)
     lines += [f"#SBATCH --{p.name}={given[p.name]}" for p in PASSED_OPTIONS if p.name in given]
     run = shlex.join([*o.mmd, "run"])
+    kernel: list[str] = []
+    if plan.kernel is not None and plan.kernel_copy is not None:
+        run += ' --kernel-file "$kernel_file"'
+        kernel = [
+            # repr: a name or path is the user's, and a line break in a comment would end it
+            f"# Every task runs the kernel file {plan.kernel.name!r} (sha256 {plan.kernel.sha256}),",
+            f"# copied from {str(plan.kernel.path)!r} for this submission alone:",
+            f"kernel_file={shlex.quote(str(plan.kernel_copy))}",
+        ]
     command = shlex.quote(o.mmd[0])
     exports = [f"export MMD_{key.upper()}={shlex.quote(value)}" for key, value in o.settings]
     if o.config is not None:
@@ -350,6 +384,7 @@ def render_script(plan: Plan) -> str:
         'for var in $(compgen -e); do [[ $var == MMD_* ]] && unset "$var"; done',
         "# The batch's settings; a file's name settings (NAME@kernel=aplus.txt) override them, as in the daemon.",
         *exports,
+        *kernel,
         f"manifest={shlex.quote(str(plan.manifest))}",
         f"outputs={shlex.quote(str(plan.outputs))}",
         'task=${SLURM_ARRAY_TASK_ID:?"not a Slurm array task: set SLURM_ARRAY_TASK_ID"}',
@@ -446,7 +481,10 @@ def make_plan(
     outbox = Path(os.path.abspath(outbox))
     own_folder = script is None
     script = Path(os.path.abspath(script)) if script else default_script_path(outbox)
-    plan = Plan(plan_tasks(todo, outbox), outbox, script, options, own_folder)
+    kernel = None
+    if options.kernel_file is not None:  # a file mmd refuses is refused now, not in every task
+        kernel = KernelChoice.of_file(Path(os.path.abspath(options.kernel_file)))
+    plan = Plan(plan_tasks(todo, outbox), outbox, script, options, own_folder, kernel)
     if todo:
         render_script(plan)  # refuse bad paths before anything is written
     return plan, listing
@@ -524,6 +562,9 @@ def write(plan: Plan) -> Written:
             files.append(where)
             where.write_bytes(data)
         plan.script.chmod(0o755)
+        if plan.kernel is not None:
+            where = plan.kernel_folder
+            _copy_kernel(plan.kernel, where, folders, files)
     except OSError as exc:
         Written(plan, tuple(folders), tuple(files)).remove()
         raise OutputError(f"cannot write {where}: {exc.strerror}") from None
@@ -531,6 +572,33 @@ def write(plan: Plan) -> Written:
         Written(plan, tuple(folders), tuple(files)).remove()
         raise
     return Written(plan, tuple(folders), tuple(files))
+
+
+def _copy_kernel(kernel: KernelChoice, folder: Path, folders: list[Path], files: list[Path]) -> None:
+    """``kernel``'s file (the bytes mmd read: OutputError where they changed since) and its ``NAME.kernel.yaml``,
+    where it has one, into ``folder``, made now for them alone (OutputError where it exists: another submission's
+    tasks may be reading theirs)."""
+    from .kernelfile.reading import SIDECAR_SUFFIX
+
+    assert kernel.path is not None
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        raise OutputError(
+            f"{folder} exists: another submission's kernel file, which its tasks may still run; give another "
+            "--script-out"
+        ) from None
+    folders.append(folder)
+    data = kernel.path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != kernel.sha256:
+        raise OutputError(f"{kernel.path} changed while it was being submitted; submit again")
+    declaration = kernel.path.with_name(kernel.path.name.rsplit(".", 1)[0] + SIDECAR_SUFFIX)
+    copies = [(folder / kernel.name, data)]
+    if declaration.is_file():
+        copies.append((folder / declaration.name, declaration.read_bytes()))
+    for where, content in copies:
+        files.append(where)
+        where.write_bytes(content)
 
 
 def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

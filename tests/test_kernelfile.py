@@ -9,7 +9,7 @@ import yaml
 
 from mmd import kernels as registry
 from mmd.errors import KernelFileError
-from mmd.kernelfile.declaration import KEYS, Declaration, from_mapping, parse_yaml
+from mmd.kernelfile.declaration import KEYS, OWN_KEYS, Declaration, Expr, TensorMaps, from_mapping, parse_yaml
 from mmd.kernelfile.reading import KernelFile, parse_kernel, read_kernel_file
 from mmd.kernelfile.signature import KNOWN
 
@@ -195,7 +195,9 @@ BAD_DECLARATIONS: list[tuple[dict[str, object], str]] = [
     ({"block_tile": ["T", "T"]}, "block_tile (rows, columns, depth) takes 3 values"),
     ({"block": ["BM"]}, "BM uses BM, which defines and template lack"),
     ({"precision": "fp16"}, "precision is one of fp32, tf32"),
-    ({"cluster_x": 0}, "cluster_x is a whole number of at least 1"),
+    ({"thread_tile": ["T"]}, "thread_tile (rows, columns) takes 2 values"),
+    ({"requires": ["T > 1"]}, "requires: is a mapping of conditions to the reason each gives"),
+    ({"block": ["T if"]}, "'T if' is not an expression of T"),
     ({"multiples": "yes"}, "multiples is true or false"),
     ({"tile_macro": "TILE-WIDTH"}, "'TILE-WIDTH' is not a C identifier"),
     ({"defines": {"T": 4}}, "defines and template names must differ"),
@@ -227,60 +229,124 @@ def test_defaults_are_one_thread_per_output_in_t_by_t_blocks() -> None:
     assert d.uses_tile and d.multiples and d.precision == "fp32"
 
 
-# -- mmd's own kernels in the same vocabulary -------------------------------------------------------------
-
-COMMON = "arguments: [A, B, C, M, K, N, lda, ldb, ldc]\nmultiples: false\n"
-#: What each kernels/NAME.cu's header would say, were the registry read from files (docs/kernels.md).
-OWN: dict[str, str] = {
-    "naive": COMMON + "tile_macro: TILE\nblock_tile: [T, T, 1]\nshared_bytes: 0\n",
-    "tiled": COMMON + "tile_macro: TILE\nblock_tile: [T, T, T]\nshared_bytes: 2*T*T*4\n",
-    "prefetch": COMMON + "tile_macro: TILE\nblock_tile: [T, T, T]\nshared_bytes: 2*T*T*4\n",
-    "coarse": COMMON + "tile_macro: TILE\nblock_tile: [2*T, 2*T, 2*T]\nshared_bytes: 8*T*T*4\n",
-    "aplus": COMMON + "tile_macro: TILE\nblock_tile: [2*T, 2*T, 2*T]\nshared_bytes: 8*T*T*4\n",
-    "blocktile2d": COMMON
-    + "tile_macro: null\nblock: [256]\nblock_tile: [128, 128, 8]\nshared_bytes: (128*8 + 8*128)*4\n",
-    "vectorized": COMMON + "tile_macro: null\nblock: [256]\nblock_tile: [128, 128, 8]\n"
-    "shared_bytes: (8*(128 + 4) + 8*128)*4\n",
-    "fast": COMMON + "tile_macro: null\n"
-    "defines: {BM: 256, BN: 128, BK: 8, TM: 16, TN: 8, WTM: 8, MIN_BLOCKS: 1, GROUP_M: 8, DOUBLE_BUFFER: 1,\n"
-    "          ASYNC: 0, STAGES_ASYNC: 2, A_PAD: 4, FRAG_PIPE: 0, INTERIOR: 1, A_SWIZZLE: 0}\n"
-    "block: [(BM/TM) * (BN/TN)]\nblock_tile: [BM, BN, BK]\nshared_bytes: 2*BK*(BM + A_PAD + BN)*4\n",
-    "tc3": COMMON + "tile_macro: null\nprecision: fp32\nexact: false\n"
-    "defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8}\n"
-    "block: [256]\nblock_tile: [BM, BN, BK]\nshared_bytes: 0\n"
-    "dynamic_shared_bytes: STAGES * (2*BM*BK + BK*(BN + 8)) * 4 + 1024\n",
-    "tc1": COMMON + "tile_macro: null\nprecision: tf32\nexact: false\n"
-    "defines: {BM: 256, BN: 128, BK: 32, STAGES: 4, GROUP_M: 8, ROUND_A: 0, PREFETCH_A: 0, TMA: 0, TMA_TF32: 0,\n"
-    "          CLUSTER_N: 1}\n"
-    "block: [256]\nblock_tile: [BM, BN, BK]\nshared_bytes: 0\n"
-    "dynamic_shared_bytes: STAGES * (BM*BK + BK*(BN + 8)) * 4 + 1024\n",
-}
+# -- growing the vocabulary: conditions, thread tiles, and mmd's own fields --------------------------------
 
 
-def test_every_source_kernel_of_the_registry_has_a_declaration_here() -> None:
-    assert set(OWN) == set(registry.SOURCE_KERNELS)
+@pytest.mark.parametrize(
+    ("text", "env", "value"),
+    [
+        ("2 if DOUBLE_BUFFER else 1", {"DOUBLE_BUFFER": 1}, 2),
+        ("STAGES_ASYNC if ASYNC else 2 if DOUBLE_BUFFER else 1", {"ASYNC": 1, "STAGES_ASYNC": 3}, 3),
+        ("STAGES_ASYNC if ASYNC else 2 if DOUBLE_BUFFER else 1", {"ASYNC": 0, "DOUBLE_BUFFER": 0}, 1),
+        ("CLUSTER_N == 1 or TMA and CLUSTER_N == 2", {"CLUSTER_N": 2, "TMA": 0}, 0),
+        ("CLUSTER_N == 1 or TMA and CLUSTER_N == 2", {"CLUSTER_N": 2, "TMA": 1}, 1),
+        ("not TMA_TF32", {"TMA_TF32": 1}, 0),
+        ("1 <= T < 64", {"T": 32}, 1),
+        ("1 <= T < 64", {"T": 64}, 0),
+        ("-7 / 2", {}, -3),  # C's division, towards zero
+    ],
+)  # fmt: skip
+def test_expressions_take_conditions(text: str, env: dict[str, int], value: int) -> None:
+    assert Expr(text).value(env) == value
 
 
-@pytest.mark.parametrize("name", sorted(OWN))
-def test_mmds_own_kernels_geometry_in_the_vocabulary(name: str) -> None:
-    """The declaration gives the registry's launch at every tile and shape, and reads the kernel's own file."""
-    spec = registry.get(name)
-    d = parse_yaml(OWN[name], f"{name}.kernel.yaml")
-    assert (d.precision, d.exact, d.uses_tile) == (spec.precision, spec.exact, spec.uses_tile)
-    file_defaults = {"fast": registry.FAST_DEFAULTS, **registry.TENSOR_CORE_DEFAULTS}.get(name, {})
-    for tile in registry.TILES if spec.uses_tile else (0,):
-        d.check_tile(tile)
-        assert d.block_dims(tile) == spec.block(tile)
-        assert d.block_shape(tile)[:2] == spec.block_shape(tile)
-        assert d.outputs(tile) == spec.outputs_per_thread
-        assert d.static_shared(tile) == spec.shared_bytes(tile)
-        assert d.dynamic_shared(tile) == spec.dynamic_shared_bytes
-        assert d.macros(tile) == (spec.defines(tile) or file_defaults)
-        for m, n in ((1, 1), (37, 53), (4096, 1024)):
-            assert d.grid_dims(m, n, tile) == spec.grid(m, n, tile)
+def test_a_condition_not_met_is_refused_with_its_reason() -> None:
+    d = parse_yaml("requires: {T <= 16: tiles past 16 spill}\n", "x")
+    d.check_tile(16)
+    with pytest.raises(ValueError, match=r"^at tile 32: tiles past 16 spill$"):
+        d.check_tile(32)
+
+
+def test_a_thread_tile_gives_the_outputs_per_thread() -> None:
+    d = parse_yaml("block_tile: [2*T, 2*T, T]\nthread_tile: [2, 2]\n", "x")
+    assert d.outputs(16) == 4 and d.thread_shape(16) == (2, 2)
+    d.check_tile(16)
+    with pytest.raises(KernelFileError, match="thread_tile and outputs_per_thread say the same"):
+        parse_yaml("thread_tile: [2, 2]\noutputs_per_thread: 4\n", "x")
+
+
+@pytest.mark.parametrize("key", OWN_KEYS)
+def test_the_registrys_own_fields_are_refused_in_a_kernel_file(key: str) -> None:
+    """A kernel file runs once through the common arguments: a field only mmd's own kernels use would be ignored."""
+    reason = refusal(SQ, f"{key}: 1\n")
+    assert reason == f"k.kernel.yaml: declaration {key}: for mmd's own kernels only (kernels/*.cu)"
+    assert refusal(f"// mmd: {{{key}: 1}}\n" + SQ).startswith("k.cu:1: declaration ")
+
+
+BAD_OWN: list[tuple[dict[str, object], str]] = [
+    ({"cluster_x": 0}, "cluster_x is a whole number of at least 1"),
+    ({"min_compute_capability": "8.0"}, "min_compute_capability is [major, minor]"),
+    ({"rung": "first"}, "rung is a whole number"),
+    ({"switches": ["T"]}, "switches: 'T' is not a name apart from"),
+    ({"defines": {"BM": 64}, "variants": [{"label": "x", "defines": {"BN": 1}}]}, "variants: no parameter BN"),
+    ({"variants": [{"label": "x"}, {"label": "x"}]}, "variant labels must differ"),
+    ({"variants": [{"defines": {}}]}, "a variant is a mapping of label, defines, classes, with a label"),
+    ({"arch_variants": {"sm_90a": {"label": "x", "classes": ["small"]}}}, "a variant is a mapping of label, defines"),
+    ({"tensor_maps": {"a_box": [1, 1]}}, "tensor_maps: is a mapping of a_box, b_box"),
+    ({"tensor_maps": {"a_box": [1, 1], "b_box": ["BK", 32]}}, "BK uses BK, which defines and template lack"),
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), BAD_OWN, ids=[r[1] for r in BAD_OWN])
+def test_each_own_field_is_checked_where_it_is_read(data: dict[str, object], reason: str) -> None:
+    with pytest.raises(KernelFileError) as caught:
+        from_mapping(data, "k.cu:2", own=True)
+    assert caught.value.reason.startswith("k.cu:2: declaration ") and reason in caught.value.reason
+
+
+def test_a_variant_is_the_declaration_with_its_defines_changed() -> None:
+    text = (
+        "tile_macro: null\ndefines: {BM: 128, TMA: 0}\nswitches: [FAST]\nblock: [BM*2]\nblock_tile: [BM, 64, 8]\n"
+        "cluster_x: 1 + TMA\ntensor_maps: {when: TMA, a_box: [BM/2, 8], b_box: [8, 32], tf32: TMA}\n"
+        "variants: [{label: small, classes: [small], defines: {BM: 64}}]\n"
+        "arch_variants: {sm_90a: {label: tma, defines: {TMA: 1, FAST: 1}}}\n"
+    )
+    d = from_mapping(yaml.safe_load(text), "k.cu:2", own=True)
+    small = d.variant(d.variants[0])
+    assert (small.defined(0), small.block_dims(0), small.block_shape(0), small.maps(0)) == (
+        {"BM": 64, "TMA": 0}, (128, 1, 1), (64, 64, 8), None)  # fmt: skip
+    target, tma = d.arch_variants[0]
+    built = d.variant(tma)
+    assert target == "sm_90a" and built.defined(0) == {"BM": 128, "TMA": 1, "FAST": 1} and built.cluster(0) == 2
+    assert built.maps(0) == TensorMaps(a_box=(64, 8), b_box=(8, 32), swizzle=128, tf32=True)
+    assert built.grid_dims(100, 65, 0) == (2, 1, 1)  # 2 column blocks: one whole cluster
+    with pytest.raises(ValueError, match=r"^no parameter BX$"):
+        d.with_defines({"BX": 1})
+
+
+# -- mmd's own kernels: the registry reads their declarations from their files ------------------------------
+
+
+@pytest.mark.parametrize("name", registry.SOURCE_KERNELS)
+def test_mmds_own_kernels_are_launched_as_their_declarations_say(name: str) -> None:
+    """The registry's entry (and each of its variants' and architecture builds') launches as the declaration in
+    the kernel's header says at every tile and shape, and the kernel-file reader reads the same declaration."""
+    spec, declared = registry.get(name), registry.DECLARATIONS[name]
+    assert (spec.description, spec.precision, spec.exact, spec.uses_tile, spec.course) == (
+        declared.description, declared.precision, declared.exact, declared.uses_tile, declared.course)  # fmt: skip
+    assert (spec.min_compute_capability, spec.requirement, spec.arch_specific) == (
+        declared.min_compute_capability, declared.needs, declared.arch_specific)  # fmt: skip
+    builds = [(spec, declared)]
+    builds += [
+        (spec.with_variant(v), declared.variant(d)) for v, d in zip(spec.variants, declared.variants, strict=True)
+    ]
+    builds += [(spec.for_arch(target.removesuffix("a")), declared.variant(d)) for target, d in declared.arch_variants]
+    for build, d in builds:
+        for tile in registry.TILES if spec.uses_tile else (0,):
+            d.check_tile(tile)
+            assert d.block_dims(tile) == build.block(tile)
+            assert d.block_shape(tile)[:2] == build.block_shape(tile)
+            assert d.outputs(tile) == build.outputs_per_thread
+            assert d.static_shared(tile) == build.shared_bytes(tile)
+            assert d.dynamic_shared(tile) == build.dynamic_shared_bytes
+            assert (d.cluster(tile), d.maps(tile)) == (build.cluster_x, build.tensor_maps)
+            assert d.macros(tile) == build.defines(tile)
+            for m, n in ((1, 1), (37, 53), (4096, 1024)):
+                assert d.grid_dims(m, n, tile) == build.grid(m, n, tile)
     assert spec.source is not None
-    kf = parse_kernel(spec.source.read_bytes(), spec.source.name, OWN[name], sandboxed=False)
-    assert (kf.kernel.name, kf.kernel.extern_c, kf.roles) == (spec.entry, True, d.arguments)
+    kf = parse_kernel(spec.source.read_bytes(), spec.source.name, sandboxed=False)
+    assert (kf.kernel.name, kf.kernel.extern_c, kf.roles) == (spec.entry, True, declared.arguments)
+    assert kf.declaration == declared and kf.declared_in == declared.origin
 
 
 def test_the_vocabulary_keys_are_documented() -> None:

@@ -8,6 +8,7 @@ from the compiler's report.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -19,6 +20,8 @@ import pytest
 
 from mmd import kernels as registry
 from mmd.errors import KernelError, TileError
+from mmd.kernelfile.declaration import in_header
+from mmd.kernels import KernelSpec, TensorMaps, Variant
 from mmd.resources import kernels_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +123,7 @@ def test_tensor_core_kernels_are_refused_before_ampere_with_the_reason(kernel):
 @pytest.mark.parametrize("kernel", ["tc1", "tc3"])
 def test_tensor_core_defaults_in_the_registry_are_the_files_own(kernel):
     text = (kernels_dir() / f"{kernel}.cu").read_text()
-    defaults = registry.TENSOR_CORE_DEFAULTS[kernel]
+    defaults = registry.defaults(kernel)
     found = {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)", text) if k in defaults}
     assert found == defaults
 
@@ -198,6 +201,173 @@ def test_shared_bytes_match_the_sources():
     assert registry.get("tiled").shared_bytes(32) == 2 * 32 * 32 * 4
     assert registry.get("coarse").shared_bytes(16) == 8 * 16 * 16 * 4
     assert registry.get("aplus").shared_bytes(32) == 32768
+
+
+# -- the registry read from kernels/: each source kernel's declaration in its header --------------------------
+
+#: The registry as mmd/kernels.py wrote it in Python before each source kernel's facts moved into the declaration
+#: in its own file's header comment, value for value (printed from that code): reading kernels/ gives the same.
+OLD_REGISTRY: tuple[KernelSpec, ...] = (
+    KernelSpec(
+        name="naive", kind="source", description="one thread per output, operands from global memory",
+        source_file="naive.cu", entry="mmd_naive",
+    ),
+    KernelSpec(
+        name="tiled", kind="source", description="shared-memory tiles of A and B, one output per thread",
+        source_file="tiled.cu", entry="mmd_tiled", shared_floats_per_tile2=2,
+    ),
+    KernelSpec(
+        name="prefetch", kind="source", description="tiled, with the next tile prefetched into registers",
+        source_file="prefetch.cu", entry="mmd_prefetch", shared_floats_per_tile2=2,
+    ),
+    KernelSpec(
+        name="coarse", kind="source", description="tiled, four outputs (2×2) per thread", source_file="coarse.cu",
+        entry="mmd_coarse", outputs_edge=2, shared_floats_per_tile2=8,
+    ),
+    KernelSpec(
+        name="aplus", kind="source",
+        description="A+: four outputs per thread, prefetch interleaved with the partial products",
+        source_file="aplus.cu", entry="mmd_aplus", outputs_edge=2, shared_floats_per_tile2=8,
+    ),
+    KernelSpec(
+        name="blocktile2d", kind="source",
+        description="2-D block tiling: 128×128 C per block, 8×8 outputs per thread (tile ignored)",
+        source_file="blocktile2d.cu", entry="mmd_blocktile2d", block_tile=(128, 128, 8, 8), fixed_shared_bytes=8192,
+    ),
+    KernelSpec(
+        name="vectorized", kind="source",
+        description="blocktile2d with 16-byte loads and stores and A's slab transposed (tile ignored)",
+        source_file="vectorized.cu", entry="mmd_vectorized", block_tile=(128, 128, 8, 8), fixed_shared_bytes=8320,
+    ),
+    KernelSpec(
+        name="fast", kind="source",
+        description="warp-tiled, double-buffered SGEMM with 16-byte accesses (tile ignored)", source_file="fast.cu",
+        entry="mmd_fast", block_tile=(256, 128, 16, 8), fixed_shared_bytes=24832,
+        variants=(
+            Variant(
+                label="256x128x8_reg_t16x8_w8",
+                macros=(
+                    ("BM", 256), ("BN", 128), ("BK", 8), ("TM", 16), ("TN", 8), ("WTM", 8), ("MIN_BLOCKS", 1),
+                    ("GROUP_M", 8), ("DOUBLE_BUFFER", 1), ("ASYNC", 0), ("STAGES_ASYNC", 2), ("A_PAD", 4),
+                    ("FRAG_PIPE", 0), ("INTERIOR", 1), ("A_SWIZZLE", 0),
+                ),
+                block_tile=(256, 128, 16, 8), shared_bytes=24832, classes=("medium", "large"),
+            ),
+            Variant(
+                label="64x64x16_t4x8_reg",
+                macros=(
+                    ("BM", 64), ("BN", 64), ("BK", 16), ("TM", 4), ("TN", 8), ("WTM", 4), ("MIN_BLOCKS", 1),
+                    ("GROUP_M", 8), ("DOUBLE_BUFFER", 1), ("ASYNC", 0), ("STAGES_ASYNC", 2), ("A_PAD", 4),
+                    ("FRAG_PIPE", 0), ("INTERIOR", 1), ("A_SWIZZLE", 0),
+                ),
+                block_tile=(64, 64, 4, 8), shared_bytes=16896, classes=("small",),
+            ),
+        ),
+    ),
+    KernelSpec(
+        name="tc1", kind="source",
+        description="TF32 tensor cores, one pass: fastest, about 4e-4 relative error (tile ignored)",
+        source_file="tc1.cu", entry="mmd_tc1", block_tile=(256, 128, 16, 8), dynamic_shared_bytes=201728,
+        arch_specific=("sm_90",),
+        arch_variants=(
+            (
+                "sm_90a",
+                Variant(
+                    label="tma",
+                    macros=(
+                        ("BM", 256), ("BN", 128), ("BK", 32), ("STAGES", 4), ("GROUP_M", 8), ("ROUND_A", 0),
+                        ("PREFETCH_A", 0), ("TMA", 1), ("TMA_TF32", 1), ("CLUSTER_N", 1),
+                    ),
+                    block_tile=(256, 128, 16, 8), shared_bytes=0, dynamic_shared_bytes=197696,
+                    tensor_maps=TensorMaps(a_box=(256, 32), b_box=(32, 32), tf32=True),
+                ),
+            ),
+        ),
+        min_compute_capability=(8, 0), requirement="TF32 tensor cores", precision="tf32", exact=False,
+        macros=(
+            ("BM", 256), ("BN", 128), ("BK", 32), ("STAGES", 4), ("GROUP_M", 8), ("ROUND_A", 0), ("PREFETCH_A", 0),
+            ("TMA", 0), ("TMA_TF32", 0), ("CLUSTER_N", 1),
+        ),
+        course=False,
+    ),
+    KernelSpec(
+        name="tc3", kind="source",
+        description="3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)", source_file="tc3.cu",
+        entry="mmd_tc3", block_tile=(128, 128, 8, 8), dynamic_shared_bytes=201728, arch_specific=("sm_90",),
+        min_compute_capability=(8, 0), requirement="TF32 tensor cores", exact=False,
+        macros=(("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8)), course=False,
+    ),
+    KernelSpec(name="cublas", kind="library", description="cuBLAS SGEMM (the vendor library, for reference)"),
+    KernelSpec(
+        name="cublas_tf32", kind="library",
+        description="cuBLAS with TF32 tensor cores (its speed ceiling, its accuracy)", min_compute_capability=(8, 0),
+        requirement="TF32 tensor cores", precision="tf32", exact=False, course=False,
+    ),
+    KernelSpec(name="cpu", kind="host", description="numpy float32 matmul on the host"),
+)  # fmt: skip
+OLD_DEFAULTS: dict[str, dict[str, int]] = {
+    "fast": {
+        "BM": 256, "BN": 128, "BK": 8, "TM": 16, "TN": 8, "WTM": 8, "MIN_BLOCKS": 1, "GROUP_M": 8, "DOUBLE_BUFFER": 1,
+        "ASYNC": 0, "STAGES_ASYNC": 2, "A_PAD": 4, "FRAG_PIPE": 0, "INTERIOR": 1, "A_SWIZZLE": 0,
+    },
+    "tc1": {
+        "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0, "TMA": 0,
+        "TMA_TF32": 0, "CLUSTER_N": 1,
+    },
+    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8},
+}  # fmt: skip
+
+
+def test_every_cu_file_has_a_declaration_the_registry_reads():
+    stems = {p.stem for p in kernels_dir().glob("*.cu")} - {Path(n).stem for n in registry.TEXT_KERNEL_FILES}
+    assert set(registry.DECLARATIONS) == stems == set(registry.SOURCE_KERNELS)
+    for name, declared in registry.DECLARATIONS.items():
+        assert declared == in_header((kernels_dir() / f"{name}.cu").read_text(encoding="utf-8"), f"{name}.cu")
+        assert declared.origin.startswith(f"{name}.cu:") and declared.rung is not None
+
+
+def test_the_registry_read_from_kernels_is_the_table_it_replaced():
+    expected = {spec.name: spec for spec in OLD_REGISTRY}
+    # The one change: fast's own entry spells out its file's defines, as tc1's and tc3's did (the old table left
+    # them to the file). An entry with variants is never built as it stands: for_shape and builds() give its
+    # variants, whose macros are unchanged, so no build is.
+    expected["fast"] = dataclasses.replace(expected["fast"], macros=tuple(OLD_DEFAULTS["fast"].items()))
+    assert tuple(expected) == registry.NAMES
+    for name, spec in registry.REGISTRY.items():
+        assert spec == expected[name], name
+    assert {name: registry.defaults(name) for name in OLD_DEFAULTS} == OLD_DEFAULTS
+    assert OLD_DEFAULTS["fast"] == registry.FAST_DEFAULTS
+    assert (
+        tuple(n for n, s in expected.items() if s.kind == registry.SOURCE),
+        tuple(n for n, s in expected.items() if s.kind != registry.HOST),
+        tuple(n for n, s in expected.items() if s.course),
+    ) == (registry.SOURCE_KERNELS, registry.GPU_KERNELS, registry.COURSE_KERNELS)
+
+
+def test_a_kernel_without_a_rung_or_two_of_one_rung_stop_the_registry(tmp_path):
+    for path in kernels_dir().glob("*.c*"):
+        shutil.copy(path, tmp_path)
+    assert list(registry.read_declarations(tmp_path)) == list(registry.NAMES[: len(registry.SOURCE_KERNELS)])
+    tiled = tmp_path / "tiled.cu"
+    text = tiled.read_text(encoding="utf-8")
+    tiled.write_text(text.replace(" *   rung: 2\n", " *   rung: 1\n"), encoding="utf-8")
+    with pytest.raises(KernelError, match=r"^kernels/\*\.cu: naive and tiled declare the same rung$"):
+        registry.read_declarations(tmp_path)
+    tiled.write_text(text.replace(" *   rung: 2\n", ""), encoding="utf-8")
+    with pytest.raises(KernelError, match=r"^kernels/tiled.cu: no rung declared in its header comment"):
+        registry.read_declarations(tmp_path)
+
+
+def test_a_variant_is_its_kernels_declaration_with_other_macros():
+    """The geometry of any macro set comes from the declaration's expressions; its conditions are checked."""
+    assert registry.variant("tc3", "x", STAGES=3).dynamic_shared_bytes == 3 * (2 * 128 * 32 + 32 * 136) * 4 + 1024
+    assert dict(registry.variant("tc1", "x", USE_WGMMA=0).macros)["USE_WGMMA"] == 0  # a switch: no default here
+    with pytest.raises(KernelError, match=r"^tc3 has no parameter TMA$"):
+        registry.variant("tc3", "x", TMA=1)
+    with pytest.raises(KernelError, match=r"^tiled takes the tile; its builds have no variants$"):
+        registry.variant("tiled", "x")
+    with pytest.raises(KernelError, match=r"^cublas is not a source kernel"):
+        registry.defaults("cublas")
 
 
 # -- nvcc / ptxas -----------------------------------------------------------------
@@ -316,23 +486,23 @@ def test_a_tuning_entry_that_names_no_variant_is_an_error(tmp_path, monkeypatch)
 
 
 def test_fast_variants_take_their_geometry_from_their_macros():
-    small = registry.fast_variant("s", BM=64, BN=64, BK=16, TM=4, TN=8, A_PAD=4)
+    small = registry.variant("fast", "s", BM=64, BN=64, BK=16, TM=4, TN=8, A_PAD=4)
     assert small.block_tile == (64, 64, 4, 8) and small.shared_bytes == 2 * 16 * (64 + 4 + 64) * 4
-    async3 = registry.fast_variant("a", BM=128, BN=256, BK=16, A_PAD=0, ASYNC=1, STAGES_ASYNC=3)
+    async3 = registry.variant("fast", "a", BM=128, BN=256, BK=16, A_PAD=0, ASYNC=1, STAGES_ASYNC=3)
     assert async3.shared_bytes == 3 * 16 * (128 + 256) * 4
     with pytest.raises(KernelError, match="no parameter BX"):
-        registry.fast_variant("x", BX=1)
+        registry.variant("fast", "x", BX=1)
 
 
 @pytest.mark.parametrize(("m", "n"), AWKWARD)
 def test_a_cluster_grid_pads_x_to_whole_clusters_and_no_more(m, n):
-    spec = registry.get("tc1").with_variant(registry.tensor_core_variant("tc1", "tma2", TMA=1, CLUSTER_N=2))
+    spec = registry.get("tc1").with_variant(registry.variant("tc1", "tma2", TMA=1, CLUSTER_N=2))
     gx, gy, _ = spec.grid(m, n, 0)
     assert gx % 2 == 0 and gx * 128 >= n and (gx - 2) * 128 < n and gy == -(-m // 256)
 
 
 def test_the_tma_builds_shared_memory_is_unpadded_stages_and_their_mbarriers():
-    variant = registry.tensor_core_variant("tc1", "tma", TMA=1)
+    variant = registry.variant("tc1", "tma", TMA=1)
     assert variant.dynamic_shared_bytes == 4 * (256 * 32 + 32 * 128) * 4 + 1024 + 16 * 4 == 197696
     assert variant.cluster_x == 1
 
@@ -340,7 +510,7 @@ def test_the_tma_builds_shared_memory_is_unpadded_stages_and_their_mbarriers():
 @pytest.mark.parametrize("changes", [{"CLUSTER_N": 2}, {"TMA_TF32": 1}, {"TMA": 1, "CLUSTER_N": 3}])
 def test_cluster_and_tf32_maps_are_settings_of_the_tma_build_only(changes):
     with pytest.raises(KernelError, match="settings of the TMA build"):
-        registry.tensor_core_variant("tc1", "x", **changes)
+        registry.variant("tc1", "x", **changes)
 
 
 # -- the TMA build: tc1's on sm_90a, the one per-architecture choice ---------------
@@ -382,6 +552,13 @@ def test_the_tma_builds_geometry_covers_every_output_without_a_spare_block(m, n)
 
 @pytest.mark.parametrize("cluster", [1, 2])
 def test_a_tma_builds_maps_follow_its_macros(cluster):
-    maps = registry.tensor_core_variant("tc1", "x", TMA=1, CLUSTER_N=cluster).tensor_maps
-    assert maps == registry.TensorMaps(a_box=(256 // cluster, 32), b_box=(32, registry.TMA_B_BOX_COLS), tf32=False)
-    assert registry.tensor_core_variant("tc1", "x").tensor_maps is None
+    maps = registry.variant("tc1", "x", TMA=1, CLUSTER_N=cluster).tensor_maps
+    assert maps == registry.TensorMaps(a_box=(256 // cluster, 32), b_box=(32, 32), tf32=False)
+    assert registry.variant("tc1", "x").tensor_maps is None
+
+
+def test_the_tma_builds_b_box_is_the_files_own():
+    """tc1's declaration says how wide B's boxes are; the kernel copies boxes TMA_B_BOX_COLS wide."""
+    maps = registry.variant("tc1", "x", TMA=1).tensor_maps
+    assert maps is not None
+    assert re.search(rf"#define TMA_B_BOX_COLS {maps.b_box[1]}\b", (kernels_dir() / "tc1.cu").read_text())

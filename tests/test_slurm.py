@@ -8,6 +8,7 @@ skipped unless sbatch is on PATH and a controller answers.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
 import shutil
@@ -22,7 +23,7 @@ import yaml
 
 from mmd import slurm, textformat
 from mmd.check import full as verify
-from mmd.errors import UnreadableError, UsageError
+from mmd.errors import KernelFileError, OutputError, UnreadableError, UsageError
 from mmd.generate import input_chunks, random_matrix
 
 from .conftest import ROOT, run_mmd
@@ -295,6 +296,101 @@ def test_a_refused_input_fails_its_task_with_an_error_sidecar(tmp_path):
     r = run_task(plan.script, 0, tmp_path)
     assert r.returncode == 1
     assert yaml.safe_load((tmp_path / "outbox" / "bad.error.yaml").read_text())["status"] == "error"
+
+
+# ---------------------------------------------------------------------------
+# a kernel file: copied beside the script, the copy run by every task
+
+#: The course's square kernel, as the stand-in GPU runs it (tests/fakegpu: C += A·B by its entry's name).
+SQUARE = """\
+__global__ void square(float* M, float* N, float* P, int Width) {
+    int Row = blockIdx.y * blockDim.y + threadIdx.y;
+    int Col = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int k = 0; k < Width; ++k) P[Row * Width + Col] += M[Row * Width + k] * N[k * Width + Col];
+}
+"""
+#: The stand-in GPU (tests/fakegpu) first on a task's path: the kernel file's launch process imports its pycuda.
+FAKE_GPU_PATH = f"{ROOT / 'tests' / 'fakegpu'}{os.pathsep}{ROOT}"
+
+
+def kernel_file(folder: Path, name: str = "p1.cu", declaration: str | None = "entry: square\n") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(SQUARE, encoding="utf-8")
+    if declaration is not None:
+        path.with_name(name[: -len(".cu")] + ".kernel.yaml").write_text(declaration, encoding="utf-8")
+    return path
+
+
+def integer_input(path: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whole numbers: every sum is exact in float32, so the kernel's bytes are numpy's."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.integers(-4, 5, (n, n)).astype(np.float32) for _ in range(2))
+    path.write_bytes(b"".join(input_chunks(a, b, square=True)))
+    return a, b
+
+
+def test_a_kernel_file_travels_beside_the_script_and_every_task_runs_the_copy(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    inputs = {name: integer_input(jobs / name, 5 + i, i) for i, name in enumerate(["a.txt", "b c.txt"])}
+    source = kernel_file(tmp_path / "hw", "$(touch PWNED) p1.cu")  # the file's name is the user's, as a job's is
+    original = source.read_bytes()
+    opts = slurm.ArrayOptions(mmd=(sys.executable, "-m", "mmd"), settings=(("tile", "4"),), kernel_file=source)
+    plan, _ = slurm.make_plan(jobs, tmp_path / "outbox", opts, tmp_path / "sub" / "job.sbatch")
+    plan = slurm.write(plan).plan
+    copy = plan.script.parent / "job.sbatch.kernel" / source.name
+    assert plan.kernel_copy == copy and copy.read_bytes() == original
+    assert (copy.parent / "$(touch PWNED) p1.kernel.yaml").read_text() == "entry: square\n"
+    text = plan.script.read_text()
+    sha = hashlib.sha256(original).hexdigest()
+    assert f"# Every task runs the kernel file '$(touch PWNED) p1.cu' (sha256 {sha})," in text
+    assert f"kernel_file={shlex.quote(str(copy))}\n" in text
+    assert f'exec {shlex.join([sys.executable, "-m", "mmd"])} run --kernel-file "$kernel_file" -o "$output"' in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    source.write_text("// changed after the submission\n" + SQUARE, encoding="utf-8")  # the copy is what runs
+    for task in range(len(plan.tasks)):
+        env = task_env(SLURM_ARRAY_TASK_ID=str(task), PYTHONPATH=FAKE_GPU_PATH)
+        r = subprocess.run(["bash", str(plan.script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    for task in plan.tasks:
+        a, b = inputs[task.input.name]
+        assert task.output.read_bytes() == b"".join(textformat.emit_chunks(np.matmul(a, b)))
+        rec = yaml.safe_load(task.output.with_name(task.output.stem + ".timing.yaml").read_text())
+        assert (rec["kernel"], rec["tile"], rec["kernel_file"]["sha256"]) == (source.name, 4, sha)
+    assert not list(tmp_path.rglob("PWNED")), "a file name was executed"
+
+
+def test_a_kernel_file_is_refused_at_submission_not_in_every_task(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "m.txt").write_text("1\n1\n1\n")
+    k = kernel_file(tmp_path / "hw", declaration=None)
+    out = tmp_path / "out"
+    with_kernel = slurm.ArrayOptions(settings=(("kernel", "tiled"),), kernel_file=k)
+    with pytest.raises(UsageError, match=r"--kernel .* or --kernel-file, not both"):
+        slurm.make_plan(jobs, out, with_kernel)
+    with pytest.raises(UsageError, match="a kernel file runs on a GPU"):
+        slurm.make_plan(jobs, out, slurm.ArrayOptions(settings=(("backend", "cpu"),), kernel_file=k))
+    bad = tmp_path / "hw" / "bad.cu"
+    bad.write_text('#include "/etc/shadow"\n' + SQUARE, encoding="utf-8")
+    with pytest.raises(KernelFileError, match=r"bad\.cu:1:"):
+        slurm.make_plan(jobs, out, slurm.ArrayOptions(kernel_file=bad))
+    assert not out.exists()
+    # --script-out beside another submission's kernel: theirs is never replaced, and nothing of this one stays
+    taken = tmp_path / "s" / "job.sbatch.kernel"
+    taken.mkdir(parents=True)
+    (taken / "p1.cu").write_text("theirs")
+    plan, _ = slurm.make_plan(jobs, out, slurm.ArrayOptions(kernel_file=k), tmp_path / "s" / "job.sbatch")
+    with pytest.raises(OutputError, match="another submission's kernel file"):
+        slurm.write(plan)
+    assert (taken / "p1.cu").read_text() == "theirs" and sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "job.sbatch.kernel"
+    ]
+    r = run_mmd("submit", "--slurm", "jobs", "--kernel-file", "none.cu", cwd=tmp_path)
+    assert r.returncode == 2 and "--kernel-file" in r.stderr and "no such file" in r.stderr
+    r = run_mmd("submit", "--slurm", "jobs", "--kernel-file", str(k), "--backend", "cpu", cwd=tmp_path)
+    assert r.returncode == 2 and "a kernel file runs on a GPU" in r.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -719,6 +815,40 @@ def test_real_slurm_honours_the_throttle(tmp_path):
     assert max(running) == 1, running  # the node has room for two: the throttle held the others
     assert "JobArrayTaskLimit" in reasons, reasons
     assert len(list((tmp_path / "out").glob("*.out"))) == 4
+
+
+@pytest.mark.slow
+@real_slurm
+def test_real_slurm_runs_the_kernel_files_copy_in_every_task(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    inputs = {name: integer_input(jobs / name, 6 + i, i) for i, name in enumerate(("a.txt", "b.txt"))}
+    source = kernel_file(tmp_path / "hw")
+    # the node's mmd over the stand-in GPU: slurm_up.sh's GPUs are device files, not GPUs
+    wrapper = tmp_path / "bin" / "mmd-fakegpu"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH={shlex.quote(FAKE_GPU_PATH)} exec {shlex.quote(sys.executable)} -m mmd "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    env = cluster_env()
+    env["PATH"] = f"{wrapper.parent}{os.pathsep}{env['PATH']}"
+    r = run_mmd(
+        "submit", "--slurm", "jobs", "--outbox", "out", "--kernel-file", str(source), "--tile", "8", "--time",
+        "00:05:00", "--mmd", "mmd-fakegpu", "--submit", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = next(ln for ln in r.stdout.splitlines() if ln.startswith("submitted job array")).split(":")[0].split()[3]
+    wait_done([job])
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    for name, (a, b) in inputs.items():
+        out = tmp_path / "out" / (name[: -len(".txt")] + ".out")
+        assert out.exists(), [p.read_text() for p in (tmp_path / "out").rglob("*.log")]
+        assert out.read_bytes() == b"".join(textformat.emit_chunks(np.matmul(a, b)))
+        rec = yaml.safe_load(out.with_name(out.stem + ".timing.yaml").read_text())
+        assert (rec["kernel"], rec["tile"], rec["kernel_file"]["sha256"]) == ("p1.cu", 8, sha)
+    shown = status(tmp_path, job)
+    assert shown.returncode == 0 and "ok 2, refused 0, missing 0; failed 0" in shown.stdout
 
 
 @pytest.mark.slow

@@ -67,11 +67,6 @@ class KernelFileBackend(Backend):
                 f"{kf.name}: a kernel file runs in device memory only, not {request.memory}",
                 {"kernel_file": kf.name, "memory": request.memory},
             )
-        if decl.cluster_x != 1:
-            raise KernelFileError(
-                f"{kf.name}: thread-block clusters (cluster_x {decl.cluster_x}) are for mmd's own kernels",
-                {"kernel_file": kf.name},
-            )
         tile = request.tile
         (m, k), n = a.shape, b.shape[1]
         kf.check_launch(tile, registry.COMMON_LIMITS)  # tile 64 is refused on any machine, before anything starts

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import UnreadableError
+from . import paths
 from .common import options_later
 
 if TYPE_CHECKING:
@@ -49,6 +51,13 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "like --kernel, --tile and --memory it is the batch's default, which a file's name settings override",
     )
     p.add_argument("--kernel", help="kernel name (see `mmd kernels`)")
+    p.add_argument(
+        "--kernel-file",
+        type=Path,
+        metavar="K.cu",
+        help="every task runs the __global__ kernel of this .cu file (docs/kernels.md); it is copied beside the "
+        "script, and the copy run",
+    )
     p.add_argument("--tile", type=int, help="tile size T")
     p.add_argument("--memory", choices=config.CHOICES["memory"], help="device memory mode")
     p.add_argument("--job-name", default="mmd", help="Slurm job name (default: %(default)s)")
@@ -103,6 +112,7 @@ def _options(args: argparse.Namespace) -> slurm.ArrayOptions:
         max_parallel=args.max_parallel,
         settings=tuple(settings),
         config=args.config.resolve() if args.config is not None else None,
+        kernel_file=args.kernel_file,
     )
 
 
@@ -112,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
     if args.status is not None:
         return _status(args)
     options = _options(args)
+    if args.kernel_file is not None:
+        try:
+            paths.input_file(args.kernel_file)
+        except UnreadableError as exc:
+            raise UnreadableError(f"--kernel-file {exc.reason}") from None
     if args.submit and shutil.which("sbatch") is None:  # before anything is written
         raise slurm.SubmitError(
             "sbatch not found on PATH: run this on a Slurm login node, or leave out --submit and run the sbatch "

@@ -11,26 +11,12 @@ is −0.0, and x + (−0.0) is x for every float x, −0.0 and NaN included (+0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import LimitError
 from ..kernels import FLOAT_BYTES
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """What sizes a kernel takes: all three equal (``square``), and multiples of its block tile."""
-
-    square: bool = False
-    rows: int = 1
-    columns: int = 1
-    depth: int = 1
-
-    def __post_init__(self) -> None:
-        if min(self.rows, self.columns, self.depth) < 1:
-            raise ValueError(f"block tile multiples must be positive: {self}")
+from .declaration import Requirement
 
 
 def _up(value: int, multiple: int) -> int:

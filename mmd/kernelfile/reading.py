@@ -125,8 +125,9 @@ def parse_kernel(
 ) -> KernelFile:
     """A kernel file from its bytes; ``sidecar``: the text of its ``NAME.kernel.yaml``, if any.
 
-    ``sandboxed`` False: mmd's own kernels (``kernels/``), which include mmd's own headers; every file
-    from anyone else goes through the include guard.
+    ``sandboxed`` False: mmd's own kernels (``kernels/``), which include mmd's own headers and whose
+    declarations may set :data:`~.declaration.OWN_KEYS`; every file from anyone else goes through the
+    include guard.
     """
     if len(data) > MAX_SOURCE_BYTES:
         raise KernelFileError(f"{name}: {len(data)} bytes; a kernel file may have {MAX_SOURCE_BYTES}", {"file": name})
@@ -137,7 +138,7 @@ def parse_kernel(
         raise refuse(name, line, "the file is not UTF-8 text") from None
     lexed = lex(text, name)
     includes = sandbox.check(lexed, name) if sandboxed else ()
-    declaration, declared_in = _declaration(lexed, name, sidecar, sidecar_name)
+    declaration, declared_in = _declaration(lexed, name, sidecar, sidecar_name, own=not sandboxed)
     kernel = _entry(lexed, name, declaration)
     if declaration.arguments is not None:
         roles = declaration.arguments
@@ -172,14 +173,16 @@ def parse_kernel(
     )
 
 
-def _declaration(lexed: Lexed, name: str, sidecar: str | None, sidecar_name: str) -> tuple[Declaration, str]:
-    own = decl.in_comments(lexed, name)
-    if own is not None and sidecar is not None:
+def _declaration(lexed: Lexed, name: str, sidecar: str | None, sidecar_name: str, own: bool) -> tuple[Declaration, str]:
+    """The file's declaration and where it was read; ``own``: one of mmd's own kernels (its header may set
+    :data:`~.declaration.OWN_KEYS`)."""
+    inside = decl.in_comments(lexed, name, own)
+    if inside is not None and sidecar is not None:
         raise KernelFileError(
-            f"{name}: declared twice, in {own.origin} and in {sidecar_name}; keep one", {"file": name}
+            f"{name}: declared twice, in {inside.origin} and in {sidecar_name}; keep one", {"file": name}
         )
-    if own is not None:
-        return own, own.origin
+    if inside is not None:
+        return inside, inside.origin
     if sidecar is not None:
         return decl.parse_yaml(sidecar, sidecar_name), sidecar_name
     return Declaration(), ""

@@ -2,7 +2,7 @@
 
 A parameter is read as one of three types: a pointer to float (``float *``, with ``const`` and
 ``__restrict__`` as the author likes), an integer (``int``, ``unsigned``, ``size_t``, ``long``) or a float.
-The known signatures name each parameter's role (:data:`ROLES`): the course's square one
+The known signatures name each parameter's role (:data:`~.roles.ROLES`): the course's square one
 ``(M, N, P, Width)``, the rectangular ``(A, B, C, M, K, N)`` and the BLAS-like
 ``(M, N, K, alpha, A, B, beta, C)``. Any other list needs a declaration's ``arguments``.
 """
@@ -12,18 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .lexer import IDENT, PUNCT, Lexed, Token, code_tokens, refuse
-
-#: Parameter types.
-FLOAT_PTR, INTEGER, FLOAT = "float*", "int", "float"
-
-#: What each role is: the operands and the product, the sizes (``width``: the one size of a square
-#: kernel), the row strides in elements, and BLAS's scalars (alpha 1, beta 0).
-ROLES: dict[str, str] = {
-    "A": FLOAT_PTR, "B": FLOAT_PTR, "C": FLOAT_PTR,
-    "M": INTEGER, "K": INTEGER, "N": INTEGER, "width": INTEGER,
-    "lda": INTEGER, "ldb": INTEGER, "ldc": INTEGER,
-    "alpha": FLOAT, "beta": FLOAT,
-}  # fmt: skip
+from .roles import FLOAT, FLOAT_PTR, INTEGER, ROLES
 
 #: The signatures known without a declaration, by what they are called in messages.
 KNOWN: dict[str, tuple[str, ...]] = {
