@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
-
-from collections.abc import Mapping
 
 from .. import kernels as registry
 from ..backends.base import Backend, MultiplyRequest
