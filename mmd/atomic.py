@@ -2,9 +2,7 @@
 
 A reader (a grader's diff, the daemon's next scan) sees either no file or the
 whole file, never a part. The temporary name starts with ``.`` and ends with
-``.tmp`` so that mmd's own inbox scanner and most tools ignore it. A daemon's
-worker writes into files it made ahead with no name at all (:class:`Spares`),
-named once synced.
+``.tmp`` so that mmd's own inbox scanner and most tools ignore it.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,63 +114,6 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-class Spares:
-    """Unnamed files made ahead of time in one folder, one per kind of file (a name's ending), which this
-    process's next commits write and name instead of making their temporaries: a lone small job's commit
-    then makes no inode, and no reader of the folder ever sees a spare.
-
-    Making an inode is most of what a small file's commit costs on the project's VM: ext4 without a journal
-    steps over every inode freed lately in the folder's group (``find_inode_bit`` → ``recently_deleted``),
-    which made each new temporary cost 0.25–0.7 ms. A worker makes its spares while it waits for work
-    (:meth:`fill`), so that cost is paid between jobs, not between a drop and its sidecar. A spare is an
-    O_TMPFILE (:meth:`~mmd.fileops.FileOps.open_unnamed`) made in the folder its file is named in, so it
-    takes that folder's group and default ACL as a file made there does (a class's private folders); it
-    has no name until its commit has synced it (:meth:`Staged.publish` names it then), so that fsync writes
-    no folder either (on ext4 without a journal a file's first fsync after a new name writes its folder
-    too: 0.39 against 0.30 ms for 6 KB on the VM), and it is gone with the process that made it, however
-    that ends: nothing to remove or sweep. Where the filesystem makes no unnamed files (NFS) there are no
-    spares, and the commits make their temporaries.
-    """
-
-    def __init__(self, kinds: Sequence[str], ops: FileOps = OPS) -> None:
-        #: The name endings a spare is kept for (a job's output, its sidecar), each taken by the first match.
-        self.kinds = tuple(kinds)
-        self.ops = ops
-        self._folder: Path | None = None
-        self._free: dict[str, int] = {}  # kind → the descriptor of its unnamed file
-
-    def fill(self, folder: Path, stop: Callable[[], bool] = lambda: False) -> None:
-        """Make the spares missing in ``folder`` (those for another folder are closed first), until ``stop()``
-        says work waits. A spare that cannot be made is not: the commits make their temporaries then."""
-        if folder != self._folder:
-            self.drop()
-            self._folder = folder
-        for kind in self.kinds:
-            if kind in self._free:
-                continue
-            if stop():
-                return
-            try:
-                self._free[kind] = self.ops.open_unnamed(folder)
-            except OSError:
-                return
-
-    def take(self, path: Path) -> int | None:
-        """The spare for ``path``'s kind in its folder: the descriptor of an unnamed file open for writing,
-        which the commit names ``path``; None when there is none (the caller makes its temporary)."""
-        if path.parent != self._folder:
-            return None
-        kind = next((k for k in self.kinds if path.name.endswith(k) and k in self._free), None)
-        return None if kind is None else self._free.pop(kind)
-
-    def drop(self) -> None:
-        """Close the spares (this process stops serving, or moves them to another folder): they are gone."""
-        for fd in self._free.values():
-            with contextlib.suppress(OSError):
-                self.ops.close(fd)
-        self._free.clear()
-
-
 #: From this many files on, :func:`publish` syncs the filesystem once (``syncfs``) instead of
 #: fsyncing each file: on the project's ext4 VM, 100 small files took 2.3 ms with one syncfs
 #: against 17 ms fsynced one by one, and 2 files the same either way. Fewer files (a lone job's
@@ -182,8 +123,8 @@ SYNCFS_FROM_FILES = 3
 
 @dataclass
 class _File:
-    fd: int | None  # open until synced (the fsync goes through the descriptor that wrote it); unnamed: until named
-    tmp: Path | None  # None: an unnamed spare, named through ``fd`` once synced
+    fd: int | None  # open until synced (the fsync goes through the descriptor that wrote it)
+    tmp: Path
     path: Path
     replace: bool
     synced: bool = False
@@ -194,9 +135,7 @@ class Staged:
     makes them durable and renames them in the order written, later.
 
     One instance holds one job's files (its output, then its sidecar), so that
-    they are published in order; ``spares``: a worker's :class:`Spares`, which
-    the temporaries are taken from while it has some (an unnamed spare is named
-    where a temporary is renamed: once synced). Every file is synced by
+    they are published in order. Every file is synced by
     :func:`publish`, before any is renamed: each fsynced, its writeback started
     as it is written (so the disk writes a job's output while its sidecar is
     made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
@@ -206,16 +145,12 @@ class Staged:
     through it).
     """
 
-    def __init__(
-        self, *, durable: bool = True, group: bool = False, ops: FileOps = OPS, spares: Spares | None = None
-    ) -> None:
+    def __init__(self, *, durable: bool = True, group: bool = False, ops: FileOps = OPS) -> None:
         self.durable = durable
         #: Whether the files wait for :func:`publish`'s one sync of a group (else each one's writeback is started
         #: as it is written, and publish fsyncs each).
         self.group = group
         self.ops = ops
-        #: Where the temporaries come from when there are some (a worker's); else each is made.
-        self.spares = spares
         self._files: list[_File] = []
 
     def write(self, path: Path, chunks: Iterable[bytes], *, replace: bool = True) -> Written:
@@ -223,12 +158,10 @@ class Staged:
         hasher = StreamHash()
         size = 0
         ops = self.ops
-        fd = self.spares.take(path) if self.spares is not None else None
-        tmp = None if fd is not None else path.parent / temporary_name(path.name)
+        tmp = path.parent / temporary_name(path.name)
+        fd: int | None = None
         try:
-            if tmp is not None:
-                fd = _create_exclusive(tmp, ops)
-            assert fd is not None
+            fd = _create_exclusive(tmp, ops)
             for chunk in chunks:
                 view = memoryview(chunk)
                 hasher.update(view)
@@ -237,9 +170,8 @@ class Staged:
                     view = view[done:]
                 size += len(chunk)
             if not self.durable:
-                if tmp is not None:  # an unnamed spare stays open: it is named through its descriptor
-                    ops.close(fd)
-                    fd = None
+                ops.close(fd)
+                fd = None
             elif not self.group:
                 ops.start_writeback(fd)
         except BaseException as exc:
@@ -247,8 +179,7 @@ class Staged:
                 with contextlib.suppress(OSError):
                     ops.close(fd)
             hasher.hexdigest()
-            if tmp is not None:
-                _unlink_quietly(tmp, ops)
+            _unlink_quietly(tmp, ops)
             if isinstance(exc, OSError):
                 raise _output_error(path, exc) from None
             raise
@@ -266,8 +197,7 @@ class Staged:
             if f.fd is not None:
                 with contextlib.suppress(OSError):
                     self.ops.close(f.fd)
-            if f.tmp is not None:
-                _unlink_quietly(f.tmp, self.ops)
+            _unlink_quietly(f.tmp, self.ops)
         self._files.clear()
 
     def publish(self) -> None:
@@ -279,7 +209,7 @@ class Staged:
 
     # -- the steps, for publish() --
     def _sync_each(self) -> None:
-        """fsync each file through the descriptor that wrote it, then close it (an unnamed one once named)."""
+        """fsync each file through the descriptor that wrote it, then close it."""
         for f in self._files:
             if f.fd is None or f.synced:
                 continue
@@ -289,12 +219,11 @@ class Staged:
                     self.ops.fsync(f.fd)
                 except OSError as exc:
                     raise _output_error(f.path, exc) from None  # discard() closes it
-            if f.tmp is not None:
-                fd, f.fd = f.fd, None
-                try:
-                    self.ops.close(fd)
-                except OSError as exc:
-                    raise _output_error(f.path, exc) from None
+            fd, f.fd = f.fd, None
+            try:
+                self.ops.close(fd)
+            except OSError as exc:
+                raise _output_error(f.path, exc) from None
 
     def _rename_all(self) -> set[Path]:
         """Rename every temporary onto its name, in order; the folders renamed into."""
@@ -302,9 +231,7 @@ class Staged:
         while self._files:
             f = self._files[0]
             try:
-                if f.tmp is None:
-                    self._name(f)
-                elif f.replace:
+                if f.replace:
                     self.ops.replace(f.tmp, f.path)
                 else:
                     self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
@@ -316,26 +243,6 @@ class Staged:
             self._files.pop(0)
             folders.add(f.path.parent)
         return folders
-
-    def _name(self, f: _File) -> None:
-        """Give an unnamed spare its name as a temporary gets it: linked to the temporary's name, then renamed
-        onto its own, so that a watcher of the folder sees it arrive by a rename as every commit's file
-        (``IN_MOVED_TO``); without ``replace``, linked to its own name (FileExistsError when it is taken)."""
-        assert f.fd is not None
-        if f.replace:
-            tmp = f.path.parent / temporary_name(f.path.name)
-            try:
-                self.ops.link_unnamed(f.fd, tmp)
-            except FileExistsError:  # a leftover of a process with our pid (never written through)
-                self.ops.unlink(tmp)
-                self.ops.link_unnamed(f.fd, tmp)
-            f.tmp = tmp  # named: discard() removes it if the rename fails
-            self.ops.replace(tmp, f.path)
-        else:
-            self.ops.link_unnamed(f.fd, f.path)
-        fd, f.fd = f.fd, None
-        with contextlib.suppress(OSError):  # named and synced: a failed close loses nothing
-            self.ops.close(fd)
 
 
 def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
@@ -359,7 +266,7 @@ def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
             return [error] * len(commits)
         for c, f in unsynced:
             f.synced = True
-            if f.fd is not None and f.tmp is not None:  # an unnamed one stays open until it is named
+            if f.fd is not None:
                 fd, f.fd = f.fd, None
                 with contextlib.suppress(OSError):  # synced already: a failed close loses nothing
                     c.ops.close(fd)

@@ -33,12 +33,6 @@ _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
     _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 _SYNC_FILE_RANGE_WRITE = 2
-# linkat(2) with AT_SYMLINK_FOLLOW names an unnamed file through /proc/self/fd: os.link calls link(2), which
-# does not follow that link, and linkat's AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH.
-_linkat = getattr(_libc, "linkat", None)
-if _linkat is not None:
-    _linkat.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
-_AT_FDCWD, _AT_SYMLINK_FOLLOW = -100, 0x400
 
 #: Flags of a new file that must not exist yet and is never opened through a link planted at its name.
 EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
@@ -46,8 +40,6 @@ EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O
 #: emptying a file frees its blocks, which is costly on the project's VM (ext4 mounted with ``discard``);
 #: the writer cuts the file to what it wrote instead (:meth:`FileOps.truncate`), which frees nothing.
 REWRITE = os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-#: Linux's O_TMPFILE (0 elsewhere: no unnamed files there).
-O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 
 
 class FileOps:
@@ -60,22 +52,6 @@ class FileOps:
     def open_rewrite(self, path: Path) -> int:
         """An existing file at ``path`` (never through a link) opened for writing from its start, not emptied."""
         return os.open(path, REWRITE)
-
-    def open_unnamed(self, folder: Path, mode: int = 0o644) -> int:
-        """A new file with no name in ``folder`` (O_TMPFILE), opened for writing: no one sees it until
-        :meth:`link_unnamed` names it, and closed unnamed it is gone. OSError where the system or the
-        filesystem makes none (EOPNOTSUPP; EISDIR or EINVAL from older kernels)."""
-        if not O_TMPFILE or _linkat is None:
-            raise OSError(errno.EOPNOTSUPP, "no unnamed files on this system", str(folder))
-        return os.open(folder, O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
-
-    def link_unnamed(self, fd: int, dst: Path) -> None:
-        """Name ``dst`` the unnamed file open at ``fd`` (FileExistsError when the name is taken)."""
-        if _linkat is None:
-            raise OSError(errno.ENOSYS, "linkat is not available here", str(dst))
-        if _linkat(_AT_FDCWD, f"/proc/self/fd/{fd}".encode(), _AT_FDCWD, os.fsencode(dst), _AT_SYMLINK_FOLLOW):
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), str(dst))
 
     def truncate(self, fd: int, length: int) -> None:
         """Cut the file open at ``fd`` to ``length`` bytes."""
@@ -139,8 +115,6 @@ class FileOps:
 OPERATIONS: tuple[str, ...] = (
     "open_exclusive",
     "open_rewrite",
-    "open_unnamed",
-    "link_unnamed",
     "write",
     "truncate",
     "fsync",

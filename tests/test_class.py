@@ -528,17 +528,17 @@ def test_a_graded_students_sidecar_names_a_kernel_as_a_claim_and_is_never_follow
         assert "\x1b" not in text and "do-not-print-me" not in text
 
 
-def test_the_spares_a_worker_keeps_in_a_students_folder_are_out_of_that_students_reach(box, students):
-    """An idle worker keeps its next output's and sidecar's temporaries in the folder of its last job's output
-    (mmd.atomic.Spares): in class mode a student's own folder. They have no name there (open files only),
-    and the reservation it keeps for the next claim is in the state folder: the student sees results only,
-    and has nothing to write into, replace by a link or remove; their next job's output is theirs, right to
-    the byte, and a classmate's job goes to the classmate's folder."""
+def test_a_workers_files_are_out_of_a_students_reach_in_their_folder(box, students):
+    """A worker's commit makes its temporaries in the folder of its job's output, in class mode a student's
+    own, only while it commits; between jobs it holds nothing open there, and the reservation it keeps for the
+    next claim is in the state folder: the student sees results only, and has nothing to write into, replace
+    by a link or remove; their next job's output is theirs, right to the byte, and a classmate's job goes to
+    the classmate's folder."""
     import numpy as np
 
     from mmd import textformat
 
-    from .test_daemon import unnamed_in
+    from .test_daemon import held_open_in
 
     alice, bob = students
     env = {**os.environ, "MMD_INBOX": str(box.inbox), "MMD_OUTBOX": str(box.outbox), "MMD_STATE_DIR": str(box.state),
@@ -549,8 +549,10 @@ def test_the_spares_a_worker_keeps_in_a_students_folder_are_out_of_that_students
     try:
         alice.drop(box.inbox, "hw1.txt", small_input(21))
         wait_for(lambda: (mine / "hw1.timing.yaml").exists(), 30, "alice's first job")
-        wait_for(lambda: len(unnamed_in(mine)) == 2, 30, "the output's and the sidecar's spares")
-        assert sorted(alice.run('ls -A "$1"', str(mine)).stdout.split()) == ["hw1.out", "hw1.timing.yaml"]
+        # the job's reservation (.hw1.claim) goes with its archive, just after its sidecar
+        wait_for(lambda: sorted(alice.run('ls -A "$1"', str(mine)).stdout.split()) == ["hw1.out", "hw1.timing.yaml"],
+                 30, "alice's folder to hold her results only")  # fmt: skip
+        assert held_open_in(mine) == {}
         text = small_input(22)
         alice.drop(box.inbox, "hw2.txt", text)
         wait_for(lambda: (mine / "hw2.timing.yaml").exists(), 30, "alice's second job")
@@ -567,7 +569,7 @@ def test_the_spares_a_worker_keeps_in_a_students_folder_are_out_of_that_students
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0, (box.root / "daemon.log").read_text()[-3000:]
-    assert unnamed_in(mine) == {}, "a stopped daemon leaves no spare behind"
+    assert held_open_in(mine) == {}
 
 
 def test_students_hostile_names_reach_a_serving_daemon_as_events_and_end_as_safe_names_in_their_own_folders(
@@ -595,7 +597,7 @@ def test_students_hostile_names_reach_a_serving_daemon_as_events_and_end_as_safe
             for name in names:
                 wait_for(lambda w=who, n=name: (box.outbox / w.login / n).exists(), 30, f"{name} from its event")
 
-        def shown_in(folder):  # the worker's spares there are dot files (their own test above)
+        def shown_in(folder):  # a job's reservation there is a dot file until its archive
             return sorted(n for n in os.listdir(folder) if not n.startswith("."))
 
         assert shown_in(box.outbox / alice.login) == ["a_[2Kb.out", "a_[2Kb.timing.yaml", "hw_txt.exe.out",

@@ -313,7 +313,7 @@ def test_sweep_removes_temporaries_of_dead_processes(tmp_path):
     s = Spool(tmp_path / "in", tmp_path / "out")
     s.prepare()
     dead = s.outbox / ".m.out.999999999.tmp"
-    dead_spare = s.outbox / "..spare.out.999999999.tmp"  # an empty file a killed worker made ahead
+    dead_spare = s.outbox / "..spare.out.999999999.tmp"  # an empty file an older mmd's killed worker made ahead
     mine = s.outbox / f".m.out.{os.getpid()}.tmp"
     other = s.outbox / ".notes.tmp"
     for p in (dead, dead_spare, mine, other):

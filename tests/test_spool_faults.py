@@ -121,8 +121,6 @@ class FaultyOps(FileOps):
                     if base.endswith(suffix):
                         return step
         first = paths[0]
-        if op == "open_unnamed":
-            return "spare"  # a worker's temporary made ahead, with no name (in the outbox)
         if first.parent == work and re.fullmatch(rf"\..+{re.escape(spool.CLAIM_SUFFIX)}\.[0-9]+\.tmp", first.name):
             return "reservation"  # a released one, kept in .work as a spare to be written anew
         if first in (done, failed) or first.parent in (done, failed):
@@ -165,17 +163,6 @@ class FaultyOps(FileOps):
         fd = super().open_rewrite(path)
         self._fds[fd] = Path(path)
         return fd
-
-    def open_unnamed(self, folder: Path, mode: int = 0o644) -> int:
-        self._check("open_unnamed", folder)
-        fd = super().open_unnamed(folder, mode)
-        self._fds[fd] = Path(folder) / "#unnamed"
-        return fd
-
-    def link_unnamed(self, fd: int, dst: Path) -> None:
-        self._check("link_unnamed", dst)
-        super().link_unnamed(fd, dst)
-        self._fds[fd] = Path(dst)  # named: its close is its step's
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         self._check("write", self._fds.get(fd))
@@ -359,15 +346,12 @@ MATRIX: dict[tuple[str, str], str] = {
     ("reservation", "open_rewrite"): "done",  # a spare (a released one) written anew; else a new one made
     ("reservation", "truncate"): "done",  # a spare cut to its new text; else a new one made
     ("reservation", "rename"): "done",  # its release kept as a spare; else removed
-    ("spare", "open_unnamed"): "done",  # a worker's temporary made ahead: none, so the commit makes its own
-    ("output", "link_unnamed"): "held",  # a spare made ahead, named once synced
     ("output", "open_exclusive"): "held",
     ("output", "write"): "held",
     ("output", "fsync"): "held",
     ("output", "close"): "held",
     ("output", "replace"): "held",  # a read-only outbox (issue 15)
     ("output", "unlink"): "done",  # only on failure paths (a temporary; a held job's own output)
-    ("sidecar", "link_unnamed"): "held",  # as the output's
     ("sidecar", "open_exclusive"): "held",
     ("sidecar", "write"): "held",
     ("sidecar", "fsync"): "held",
@@ -393,10 +377,6 @@ MATRIX: dict[tuple[str, str], str] = {
     ("hold", "close"): "held",
     ("hold", "replace"): "held",
 }
-
-
-#: The (step, operation) pairs of a commit into a spare temporary (made while the worker was idle).
-SPARED = {("spare", "open_unnamed"), ("output", "link_unnamed"), ("sidecar", "link_unnamed")}
 
 
 def expected(step: str, op: str, err: int) -> str:
@@ -433,14 +413,12 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
                 rig.drop("first.txt", GOOD)
                 rig.run("first.txt")
             fault = rig.ops.arm(step, op, ERRNOS[err])
-            if (step, op) in SPARED:  # the worker was idle: the job's temporaries were made ahead
-                rig.runner.spare_up(lambda: False)
             rig.drop(name, text)
             rig.run(name)
         fate = rig.fate(name)
         want = expected(step, op, ERRNOS[err])
         assert fate == want, f"{name}: {fate}, expected {want}"
-        if (want != "done" and want != "failed") or step == "reservation" or (step, op) in SPARED:
+        if (want != "done" and want != "failed") or step == "reservation":
             assert fault.hits, "the fault was never met"
         if want == "held" and step != "claim":
             assert rig.pauses, "a held job pauses the daemon"
@@ -472,16 +450,13 @@ def test_the_matrix_covers_every_operation_of_every_step(tmp_path):
         rig.drop("a.txt", GOOD)
         rig.drop("bad.txt", BAD)
         rig.run("a.txt")
-        rig.drop("s.txt", GOOD)
-        rig.runner.spare_up(lambda: False)  # idle: its temporaries made ahead
-        rig.run("s.txt")
         rig.run("bad.txt")
         rig.ops.arm("output", "replace", errno.ENOSPC)
         rig.drop("h.txt", GOOD)
         rig.run("h.txt")
         rig.ops.clear()
         rig.drain()
-        rig.assert_clean(["a.txt", "s.txt", "bad.txt", "h.txt"])
+        rig.assert_clean(["a.txt", "bad.txt", "h.txt"])
         assert rig.ops.seen - set(MATRIX) == set(), "operations no fault is injected into"
         assert {op for _, op in rig.ops.seen} <= set(OPERATIONS)
     finally:
@@ -612,8 +587,7 @@ def test_once_stops_with_status_1_and_the_next_run_serves_the_held_job(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
     spool.Spool(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
-    for op in ("replace", "link_unnamed"):  # a temporary renamed, or a worker's spare named
-        ops.arm("output", op, errno.EROFS)
+    ops.arm("output", "replace", errno.EROFS)
     assert daemon.Daemon(s, ops=ops).serve(once=True) == 1
     assert [p.name for p in (s.inbox / ".work").glob("*/m.txt")] == ["m.txt"]
     assert [p.name for p in s.outbox.iterdir()] == [".m.claim"], "held: only its reservation, nothing visible"

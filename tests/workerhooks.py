@@ -204,22 +204,13 @@ def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = No
 def enospc_on(outbox: str, pattern: str, hits: str, switch: str | None = None) -> None:
     """``os.write`` fails with ENOSPC on commit temporaries (``*.tmp``) in ``outbox`` whose name matches the
     regular expression ``pattern`` (searched), while the file ``switch`` exists (always when None): a full
-    disk for those files only. Each refusal appends a line to ``hits``. A commit whose temporary would match
-    takes no spare (a spare made ahead is named for its kind, not its job): its own temporary is written."""
+    disk for those files only. Each refusal appends a line to ``hits``."""
     import errno
     import re
-
-    from mmd import atomic
 
     real = os.write
     wanted = re.compile(pattern)
     folder = os.path.realpath(outbox)
-    real_spare = atomic.Spares.take
-
-    def spare(self: Any, path: Any) -> Any:
-        return None if wanted.search(atomic.temporary_name(path.name)) else real_spare(self, path)
-
-    atomic.Spares.take = spare  # type: ignore[method-assign]
 
     def write(fd: int, data: Any) -> int:
         if switch is None or os.path.exists(switch):

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, record
-from ..atomic import Spares, Staged
+from ..atomic import Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
 from ..config import Settings, graders_gids
@@ -58,7 +58,7 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context, now_iso
-from ..spool import OUTPUT_SUFFIX, Attempts, Candidate, Claim, Spool, Usage, shown
+from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
@@ -132,9 +132,6 @@ class Runner:
         self.workers = workers
         # its first backend's fallback goes in Ready, for the daemon to say once for all workers
         self.backends = BackendPool(device, log_fallback=False)
-        #: Empty temporaries made while idle (:meth:`spare_up`), so that a lone job's commit makes no inode.
-        self.spares = Spares((OUTPUT_SUFFIX, record.TIMING_SUFFIX), ops=spool.ops)
-        self._spares_for = spool.outbox  # the folder of the last job's output: the next one's, most likely
         self._pending: list[_Pending] = []
         #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
         #: the worker's start, or it would run without its kept buffers and device memory for good.
@@ -331,11 +328,9 @@ class Runner:
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
-        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops, spares=self.spares) if group else None
+        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
         room = self._room(claim, job.settings) if refusal is None else None
-        self._spares_for = claim.output.parent
-        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room,
-                         spares=self.spares)  # fmt: skip
+        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room)
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
@@ -386,11 +381,6 @@ class Runner:
                 rooms.append(Room(-1, f"you keep {used.files} files of your {most_files} (outputs, sidecars, inputs; "
                                   f"max_submitter_files); remove some with mmd rm", "max_submitter_files"))  # fmt: skip
         return min(rooms, key=lambda r: r.bytes) if rooms else None
-
-    def spare_up(self, stop: Callable[[], bool]) -> None:
-        """Make the next job's temporaries ahead (:class:`~mmd.atomic.Spares`) until ``stop()`` says an order
-        waits; called when idle."""
-        self.spares.fill(self._spares_for, stop)
 
     def flush(self) -> None:
         """Publish the jobs waiting for a group commit together, then conclude each."""
@@ -499,7 +489,6 @@ class Runner:
         if flush:
             self.flush()
             self.spool.drop_spares()
-            self.spares.drop()
         self.backends.close()
 
 
@@ -579,11 +568,6 @@ class Watching:
             get_logger().warning("cannot watch the inbox; the main process gives the next job", reason=str(exc))
             return None
 
-    def until_arrival(self, conn: Connection) -> Callable[[], bool]:
-        """What stops the idle work while watching: an order, or an event of the inbox's watch."""
-        waitables = [conn, *self.lookout.waitables()]
-        return lambda: bool(wait(waitables, 0))
-
     def take_one(self, runner: Runner, orders_waiting: Callable[[], bool]) -> bool:
         """Take and run the first complete arrival that can be claimed; True when the watch has ended (a job
         taken, or a claim that failed). Nothing is taken while an order waits: one sent before these arrivals
@@ -638,7 +622,6 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
         report(Ready(backend.name, _device_name(backend), runner.backends.notes[-1] if runner.backends.notes else None))
         runner.backends.log_fallback = True  # a backend opened anew (new settings) says its own
         _prepare(backend, settings)
-        runner.spare_up(conn.poll)
         watching: Watching | None = None
         while True:
             control.beat()
@@ -653,8 +636,6 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 if conn not in ready:
                     if watching.take_one(runner, conn.poll):
                         watching = None
-                        if not conn.poll():
-                            runner.spare_up(conn.poll)
                     continue
             order: Order = conn.recv()
             if watching is not None:
@@ -672,8 +653,6 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 watching = Watching.start(order, spool, control)
                 if watching is None:
                     runner.report(Watched(order.seq, None))
-                else:  # the spares its order cut short (it comes as the last job ends), until something comes
-                    runner.spare_up(watching.until_arrival(conn))
                 continue
             if isinstance(order, Quit):
                 break
@@ -687,7 +666,6 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
             runner.process(order, more_waiting=conn.poll())
             if not conn.poll():
                 runner.flush()
-                runner.spare_up(conn.poll)
     except (DaemonGone, EOFError, OSError):
         gone = True  # the main process is gone: nothing left to report to, nothing more to commit
     finally:

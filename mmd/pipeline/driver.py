@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import record, textformat
-from ..atomic import Spares, Staged, StreamHash
+from ..atomic import Staged, StreamHash
 from ..backends.base import CUDA_PHASES, Backend, Product
 from ..config import Settings, kernel_cache_dir
 from ..errors import MmdError
@@ -83,7 +83,6 @@ def run_job(
     ops: FileOps = OPS,
     staged: Staged | None = None,
     room: Room | None = None,
-    spares: Spares | None = None,
 ) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
@@ -93,7 +92,6 @@ def run_job(
     leave their publishing to the caller (a worker's group commit); the
     result then says what the job will be once published. ``room``: the
     most its output may take now (the daemon's quota and disk reserve).
-    ``spares``: empty files made ahead for the commit's temporaries (a worker's).
     """
     timings: dict[str, float] = {}
     facts = _Facts(job)
@@ -107,7 +105,7 @@ def run_job(
         else:
             backend = backend_for(job.settings)
         facts.backend = backend.name
-        return _run(job, backend, timings, facts, on_phase, ops, staged, room, spares)
+        return _run(job, backend, timings, facts, on_phase, ops, staged, room)
     except MmdError as exc:
         return _refuse(job, exc, timings, facts, ops, staged)
     finally:
@@ -166,7 +164,6 @@ def _run(
     ops: FileOps,
     staged: Staged | None,
     room: Room | None,
-    spares: Spares | None,
 ) -> JobResult:
     settings, request = job.settings, job.request
     limits = limits_for(settings) if room is None else dataclasses.replace(limits_for(settings), room=room)
@@ -206,7 +203,7 @@ def _run(
     t0 = time.perf_counter()
     # Both files are published together (synced, then renamed in order, one fsync of the folder):
     # the output's writeback runs while its sidecar is made. A group's are synced with its group's.
-    commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops, spares=spares)
+    commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops)
     try:
         written = commit.write(job.output, computed.chunks)
     except BaseException:
