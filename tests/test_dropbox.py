@@ -10,7 +10,9 @@ daemon; the others look at the parts alone.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,7 +26,7 @@ from mmd.errors import ConfigError
 from mmd.fileops import OPS, FileOps
 from mmd.spool import Arrivals, Candidate, Spool, survey
 
-from . import classbox
+from . import classbox, workerhooks
 from .classbox import Box
 from .conftest import wait_for
 from .test_class import small_input, start_class_daemon, stop_class_daemon
@@ -82,6 +84,84 @@ def test_a_folder_squatting_a_name_is_set_aside_after_the_bound_and_a_classmates
         wait_for(lambda: (box.outbox / alice.login / "hw1.timing.yaml").exists(), 20, "alice's hw1.txt")
         side = _sidecar(box, alice, "hw1", "timing")
         assert side["status"] == "ok" and side["submitter"] == alice.login
+    finally:
+        stop_class_daemon(box, proc)
+
+
+def _capless(launcher):
+    """``launcher`` (:func:`workerhooks.launcher`) run as the unit runs mmd, with no capabilities
+    (``CapabilityBoundingSet=``): the test's root keeps its uid, which owns the spool, and loses its power over
+    the students' folders, as the service's own user has none."""
+
+    def launch(*args, **kw) -> list[str]:
+        return ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", *launcher(*args, **kw)]
+
+    return launch
+
+
+def _own_files(b: Box, who) -> list[str]:
+    folder = b.outbox / who.login
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+@pytest.mark.serial
+def test_a_team_folder_of_any_name_in_the_drop_box_is_set_aside_and_a_teammates_file_never_runs_in_her_name(
+    box, students
+):
+    """Mallory's folder .team (mode 777; a hidden name, never a job's) sits in the inbox, and Alice copies her
+    hw1.txt into it. drop_box_grace_s after the daemon first saw it, the folder is set aside into state_dir's
+    .failed, Mallory's note says so, and neither its old path nor where it lies now lets Mallory rename Alice's
+    file into the inbox, where it would be a job in Alice's name. Before, a folder under a name that is not a
+    job's stayed in the drop box for good, and the rename made the job Alice's."""
+    alice, mallory = students
+    _squat_folder(box, mallory, ".team")
+    alice.run('printf %s "$2" > "$1/.team/hw1.txt"', str(box.inbox), small_input(74))
+    proc, _sock = start_class_daemon(box, MMD_DROP_BOX_GRACE_S="3", **FAST)
+    try:
+        wait_for(lambda: not os.path.lexists(box.inbox / ".team"), 20, "the team folder to be set aside")
+        [aside] = [p for p in (box.state / ".failed").iterdir() if p.is_dir()]
+        assert os.lstat(aside).st_uid == mallory.uid and os.listdir(aside) == ["hw1.txt"]
+        for where in (box.inbox / ".team", aside):
+            r = mallory.run('mv "$1/hw1.txt" "$2/hw1.txt"', str(where), str(box.inbox), check=False)
+            assert r.returncode != 0, f"mallory renamed alice's file from {where} into the inbox"
+        wait_for(lambda: (box.outbox / mallory.login / "team.error.yaml").exists(), 10, "mallory's note")
+        error = _sidecar(box, mallory, "team")["error"]
+        assert error["kind"] == "spool" and ".team is a folder, not a file" in error["reason"], error
+        time.sleep(1.0)
+        assert _own_files(box, alice) == [], "a job in alice's name"
+    finally:
+        stop_class_daemon(box, proc)
+
+
+@pytest.mark.serial
+def test_a_team_folder_mmd_may_not_move_is_hidden_where_its_owner_cannot_find_it_and_set_aside_once(
+    box, students, monkeypatch
+):
+    """The service as the unit runs it (no capabilities): Mallory's team.part (770, the class's group: Alice may
+    write it, the service may not) cannot leave the inbox, so it is renamed there, hidden, once the bound has
+    passed. Its new name is nowhere Mallory can read it (her note's job id does not make it; the drop box
+    cannot be listed), so Alice's file in it cannot be renamed into the inbox; and it is set aside once, not
+    again at every bound. Before, it stayed under its name for good."""
+    alice, mallory = students
+    mallory.run('d=$(mktemp -d) && chmod 770 "$d" && mv "$d" "$1/team.part"', str(box.inbox))
+    alice.run('printf %s "$2" > "$1/team.part/hw1.txt"', str(box.inbox), small_input(75))
+    monkeypatch.setattr(workerhooks, "launcher", _capless(workerhooks.launcher))
+    proc, _sock = start_class_daemon(box, MMD_DROP_BOX_GRACE_S="2", **FAST)
+    try:
+        wait_for(lambda: not os.path.lexists(box.inbox / "team.part"), 20, "the team folder to be set aside")
+        [hidden] = [p for p in box.inbox.iterdir() if p.is_dir()]
+        assert hidden.name.startswith(".team.") and os.lstat(hidden).st_uid == mallory.uid
+        wait_for(lambda: (box.outbox / mallory.login / "team.error.yaml").exists(), 10, "mallory's note")
+        job = _sidecar(box, mallory, "team")["job"]
+        assert job not in hidden.name, "her note gives the folder's new name away"
+        assert mallory.run('ls -a "$1"', str(box.inbox), check=False).returncode != 0
+        for name in ("team.part", f".team.{job}.part", f".team.part.{job}"):
+            r = mallory.run('mv "$1/$2/hw1.txt" "$1/hw1.txt"', str(box.inbox), name, check=False)
+            assert r.returncode != 0, f"mallory renamed alice's file from {name} into the inbox"
+        time.sleep(5.0)  # two bounds more
+        assert [p for p in box.inbox.iterdir() if p.is_dir()] == [hidden], "set aside again"
+        assert _own_files(box, mallory) == ["team.error.yaml"]
+        assert _own_files(box, alice) == [], "a job in alice's name"
     finally:
         stop_class_daemon(box, proc)
 
@@ -174,6 +254,11 @@ def test_a_survey_tells_jobs_folders_and_uploads_apart(tmp_path):
     assert {c.name for c in found.jobs} == {"a.txt", "b.txt", "link.txt"}
     assert [(c.name, c.folder) for c in found.folders] == [("hw1.txt", True)]
     assert {c.name for c in found.uploads} == {"up.part", ".hidden.tmp"}
+    (tmp_path / ".team").mkdir()
+    (tmp_path / ".dotfile").write_text("x")
+    every = survey(tmp_path, every_folder=True)  # class mode: every folder but the spool's own (.work, ours)
+    assert sorted(c.name for c in every.folders) == [".team", "dir.part", "hw1.txt"]
+    assert every.jobs == found.jobs and {c.name for c in every.uploads} == {"up.part", ".hidden.tmp"}
 
 
 def test_arrivals_keep_the_first_sighting_of_an_entry_and_a_new_inode_is_a_new_arrival():
@@ -186,6 +271,8 @@ def test_arrivals_keep_the_first_sighting_of_an_entry_and_a_new_inode_is_a_new_a
     assert arrivals.record({"kept.txt", "gone.txt"}) == {"kept.txt": (7, 100.0)}
     arrivals.keep({"a.txt"})
     assert arrivals.record({"kept.txt", "a.txt"}) == {"a.txt": (2, 400.0)}
+    arrivals.hidden(".team.tag", 9)  # set aside in place: no bound ever passes
+    assert arrivals.seen(Candidate(".team.tag", 1, 0, ino=9), 1e12) == math.inf
 
 
 def test_the_record_of_arrivals_survives_as_written_and_a_planted_or_broken_one_is_not_read(tmp_path):
@@ -193,8 +280,12 @@ def test_the_record_of_arrivals_survives_as_written_and_a_planted_or_broken_one_
     spool = Spool(inbox, outbox, state_dir=state)
     spool.prepare()
     odd = os.fsdecode(b"bad\xffname.txt")
-    spool.write_arrivals({"hw1.txt": (5, 1.5), odd: (None, 2.5)})
-    assert Spool(inbox, outbox, state_dir=state).read_arrivals() == {"hw1.txt": (5, 1.5), odd: (None, 2.5)}
+    spool.write_arrivals({"hw1.txt": (5, 1.5), odd: (None, 2.5), ".team.tag": (9, math.inf)})
+    assert Spool(inbox, outbox, state_dir=state).read_arrivals() == {
+        "hw1.txt": (5, 1.5),
+        odd: (None, 2.5),
+        ".team.tag": (9, math.inf),
+    }
     path = state / ".mmd-arrivals.json"
     assert not [p for p in state.iterdir() if p.name.endswith(".tmp")]
     path.write_text("{not json")
@@ -221,7 +312,8 @@ def test_a_folder_mmd_may_not_move_out_is_hidden_in_place_under_an_unguessable_n
     (inbox / "hw1.txt").mkdir()
     [folder] = spool.survey().folders
     claim = spool.set_aside(folder, "0123456789ab")
-    assert claim is not None and claim.path == inbox / ".hw1.0123456789ab.txt" and claim.path.is_dir()
+    assert claim is not None and re.fullmatch(r"\.hw1\.[0-9a-f]{16}\.txt", claim.path.name) and claim.path.is_dir()
+    assert claim.path.parent == inbox and "0123456789ab" not in claim.path.name, "the job id (in its note) names it"
     assert claim.reservation == outbox / ".hw1.claim" and claim.output == outbox / "hw1.out"
     assert spool.survey().folders == [] and spool.scan() == []
     spool.release(claim)

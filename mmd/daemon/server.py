@@ -579,8 +579,8 @@ class Daemon:
         start. Returns how many job files were set aside."""
         grace, max_age = self.settings.drop_box_grace_s, self.settings.upload_max_age_s
         folder = (
-            f"is a folder, not a file: it was set aside {grace:g} s after mmd first saw it, so that the name is free "
-            f"for everyone's files (ask the admin for it back)"
+            f"is a folder, not a file: it was set aside {grace:g} s after mmd first saw it, as the drop box takes "
+            f"files only (ask the admin for it back)"
         )
         writing = (
             f"was still being written {grace:g} s after mmd first saw it: set aside unread, so that the name is free; "
@@ -617,6 +617,8 @@ class Daemon:
             return False
         if claim is None:
             return False
+        if claim.path.parent == self.spool.inbox:  # hidden in place (mmd may not move it out): judged once only
+            self._arrivals.hidden(claim.path.name, claim.ino)
         self._readiness.forget(cand.name)
         error = SpoolError(f"{shown(cand.name)} {why}")
         if claim.reservation is None:  # the outbox refused even the name of its note

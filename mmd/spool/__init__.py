@@ -248,8 +248,11 @@ class Spool:
         return scan(self.inbox, self._shared.ops.scandir)
 
     def survey(self) -> Survey:
-        """One listing of the inbox: its job files (oldest first), the folders under job names, the uploads."""
-        return survey(self.inbox, self._shared.ops.scandir)
+        """One listing of the inbox: its job files (oldest first), the folders under job names (in class mode
+        every folder: one in a drop box lets its owner rename a classmate's file copied into it into the inbox,
+        a job in the classmate's name), the uploads. Not every folder without class mode: a personal inbox's
+        owner is its only user, and a folder there holds only files its owner may move in anyway."""
+        return survey(self.inbox, self._shared.ops.scandir, every_folder=self._shared.class_mode)
 
     def stat(self, name: str) -> Candidate | None:
         """The inbox entry ``name`` if it is still there and not a folder."""

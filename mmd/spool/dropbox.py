@@ -1,4 +1,4 @@
-"""What lies in the drop box that is not a job: folders under job names, files still being written, uploads.
+"""What lies in the drop box that is not a job: folders (under job names; in class mode any), unfinished files, uploads.
 
 Each is judged by when the daemon first saw it (:class:`~.scanning.Arrivals`),
 never by its mtime, which its owner sets. The daemon keeps those times in
@@ -82,9 +82,11 @@ class DropBox:
         the entry under that name is gone or another than ``cand`` (judged again as a new arrival).
 
         A folder that mmd may not write (a student's own, as mmd runs with no capabilities) cannot move to
-        another folder (the kernel lets only its writers change its ``..``): it is renamed in the inbox to
-        the same name, hidden (``.<stem>.<job>.<suffix>``: unguessable, and unlisted in a class's drop box).
-        Raises SpoolError when it cannot be moved at all.
+        another folder (the kernel lets only its writers change its ``..``): it is renamed in the inbox,
+        hidden, under a random tag in place of the job id (``.<stem>.<tag>.<suffix>``: unlisted in a class's
+        drop box, and not to be guessed from the error sidecar, which its owner reads and which names the job:
+        a teammate's file in a team folder stays out of its owner's reach). Raises SpoolError when it cannot
+        be moved at all.
         """
         shared = self.shared
         src = shared.inbox / cand.name
@@ -106,7 +108,7 @@ class DropBox:
             except PermissionError:
                 if not stat.S_ISDIR(info.st_mode):
                     raise
-                where = shared.inbox / f".{aside}"
+                where = shared.inbox / f".{archive_name(cand.name, os.urandom(8).hex())}"
                 shared.ops.rename(src, where)
         except FileNotFoundError:
             self.hand.forget(job_id)
@@ -116,7 +118,7 @@ class DropBox:
             why = exc.reason if isinstance(exc, MmdError) else strerror(exc)
             raise SpoolError(f"cannot set {shown(cand.name)} aside: {why}") from None
         safe = safe_name(cand.name)
-        stem = stem_of(safe)
+        stem = stem_of(safe.lstrip(".")) or stem_of(safe)  # .team's note: team.error.yaml, never a hidden one
         version, reservation, unreserved = 0, None, None
         collided: list[str] = []
         try:

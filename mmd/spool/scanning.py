@@ -1,7 +1,8 @@
 """What waits in the inbox, and when a file there is completely written.
 
 :func:`survey` lists the inbox once: the job files waiting (:class:`Candidate`),
-oldest first, the folders under job names and the uploads (:class:`Survey`);
+oldest first, the folders under job names (in class mode every folder) and the
+uploads (:class:`Survey`);
 :func:`scan` the job files alone; :func:`stat_entry` looks at one of them;
 :class:`Readiness` decides when a file seen there is complete;
 :class:`Arrivals` remembers when the daemon first saw each entry. All pure:
@@ -12,6 +13,7 @@ across restarts).
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .names import IGNORED_SUFFIXES, is_job_name
+from .names import DONE_DIR, FAILED_DIR, IGNORED_SUFFIXES, WORK_DIR, is_job_name
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Candidate:
     owner: int | None = None
     #: Its inode: a file renamed over the name is another file (the claim checks it took the one offered).
     ino: int | None = None
-    #: A folder under a job's name: never a job, set aside once ``drop_box_grace_s`` has passed.
+    #: A folder (under a job's name; in class mode any): never a job, set aside once ``drop_box_grace_s`` has passed.
     folder: bool = False
 
 
@@ -45,27 +47,37 @@ class Survey:
     #: Job files, oldest first (mtime, then name): links and other non-regular files too (refused at claim, so
     #: they do not sit in the inbox for ever).
     jobs: list[Candidate]
-    #: Folders under job names (``mkdir hw1.txt``): the name is blocked while one is there.
+    #: Folders under job names (``mkdir hw1.txt``: the name is blocked while one is there); with ``every_folder``
+    #: (class mode) every folder but the spool's own, whatever its name (a student's ``.team``: a teammate's file
+    #: copied into it could be renamed into the inbox, a job in the teammate's name).
     folders: list[Candidate]
     #: Uploads: regular files whose names end ``.part``, ``.tmp`` or ``~``, hidden or not (never jobs).
     uploads: list[Candidate]
 
 
-def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> Survey:
-    """What lies in ``inbox`` (:class:`Survey`), from one listing; stat never follows a link."""
+#: The spool's own folders, which an inbox without ``state_dir`` holds.
+_SPOOL_FOLDERS = frozenset((WORK_DIR, DONE_DIR, FAILED_DIR))
+
+
+def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir, every_folder: bool = False) -> Survey:
+    """What lies in ``inbox`` (:class:`Survey`), from one listing; stat never follows a link. ``every_folder``:
+    its folders of any name, but the spool's own (``.work``, ``.done``, ``.failed``, this process's user's)."""
     jobs, folders, uploads = [], [], []
     try:
         with scandir(inbox) as it:
             for entry in it:
                 name = entry.name
                 job = is_job_name(name)
-                if not job and not name.endswith(IGNORED_SUFFIXES):
-                    continue
+                upload = not job and name.endswith(IGNORED_SUFFIXES)
                 try:
-                    folder = job and entry.is_dir(follow_symlinks=False)
+                    folder = (job or every_folder) and entry.is_dir(follow_symlinks=False)
+                    if not (job or upload or folder):
+                        continue
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # claimed or removed meanwhile
+                if folder and name in _SPOOL_FOLDERS and info.st_uid == os.geteuid():
+                    continue  # an inbox without state_dir keeps them there (or kept them, before it)
                 cand = Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino, folder)
                 if folder:
                     folders.append(cand)
@@ -122,6 +134,12 @@ class Arrivals:
         self._first[cand.name] = (cand.ino, now)
         self._complete.discard(cand.name)
         return now
+
+    def hidden(self, name: str, ino: int | None) -> None:
+        """The entry ``ino`` now lies under ``name``, set aside in place (a folder mmd may not move out of the
+        inbox, renamed there): it is never judged again (first seen "never": no bound passes), so that it is
+        not set aside, and its owner told, at every bound."""
+        self._first[name] = (ino, math.inf)
 
     def completed(self, name: str) -> None:
         """The entry seen under ``name`` was found complete: a job from now on (one waiting for its turn may look
