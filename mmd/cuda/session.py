@@ -448,16 +448,24 @@ class GpuSession:
                 copy.height = matrix.rows
                 copy(self._stream)
 
-    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
-        """A new host array with ``matrix``'s contents (waits for the stream)."""
+    def download(self, matrix: DeviceMatrix, slot: str = "c", out: np.ndarray | None = None) -> np.ndarray:
+        """``matrix``'s contents in ``out`` (else a new host array), waiting for the stream. An ``out`` from
+        :meth:`host_empty` of a device matrix without padding is copied into straight, with no staging copy."""
         self._check_thread()
-        out = np.empty((matrix.rows, matrix.cols), np.float32)
+        if out is None:
+            out = np.empty((matrix.rows, matrix.cols), np.float32)
+        if out.shape != (matrix.rows, matrix.cols):
+            raise ValueError(f"download: out is {out.shape}, the matrix {matrix.rows}x{matrix.cols}")
         if out.size == 0:
             return out
         with self.converting(f"copying {out.nbytes / _MIB:.1f} MiB from the device"):
             if matrix.mode == "managed":
                 self._stream.synchronize()
                 np.copyto(out, matrix.handle[: matrix.rows, : matrix.cols])
+                return out
+            if matrix.mode == "device" and self.is_pinned(out) and out.flags.c_contiguous:
+                self._cuda.memcpy_dtoh_async(out, matrix.handle, self._stream)
+                self._stream.synchronize()
                 return out
             staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
             if matrix.mode == "device":
