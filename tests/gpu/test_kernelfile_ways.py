@@ -78,7 +78,9 @@ def test_bench_runs_kernel_files_beside_mmds_naive_and_refuses_tile_64(tmp_path:
             assert row["status"] == "ok", row["reason"]
             assert row["kernel_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
             assert float(row["rel_error"]) < 1e-6 and "Fake" not in row["device"]
-            assert float(row["cuda_median_ms"]) > 0 and row["compile_median_ms"] != ""
+            assert float(row["cuda_median_ms"]) > 0
+            # each (file, tile) is compiled once, by its first case (size 32 comes first): that row has the time
+            assert any(r["compile_median_ms"] != "" for r in rows if (r["kernel"], r["tile"]) == (name, tile))
         refused = by[(name, "64", "256")]
         assert refused["status"] == "refused" and "tile 64 needs 4096 threads per block" in refused["reason"]
     assert by[("naive", "64", "256")]["status"] == "refused"
