@@ -141,9 +141,6 @@ class LaunchProcess:
                 stderr=subprocess.PIPE,
                 pass_fds=(child_end,),
                 close_fds=True,
-                # A launch process runs one job: with the driver's lazy loading, its one launch would load the
-                # kernel inside the timed kernel phase; eager loading does it when the cubin is loaded, untimed.
-                env={**os.environ, "CUDA_MODULE_LOADING": "EAGER"},
             )
         finally:
             os.close(child_end)
