@@ -7,14 +7,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from mmd import config, cpus
 
 ROOT = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +94,29 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition"):
         if time.monotonic() > end:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.01)
+
+
+def alongside(main: Callable[[], T], drive: Callable[[], None], then: Callable[[], None], timeout: float = 30) -> T:
+    """Run ``main()`` in this thread while ``drive()`` runs in another, which calls ``then()`` when it ends,
+    failed or not (stopping or releasing what ``main`` waits on); return what ``main`` returned and re-raise
+    what ``drive`` raised (pytest.fail raises a BaseException)."""
+    failures: list[BaseException] = []
+
+    def driver() -> None:
+        try:
+            drive()
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            then()
+
+    thread = threading.Thread(target=driver, daemon=True)
+    thread.start()
+    result = main()
+    thread.join(timeout)
+    if failures:
+        raise failures[0]
+    return result
 
 
 def run_mmd(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):

@@ -22,7 +22,7 @@ from mmd.generate import input_chunks, random_matrix
 
 from . import classbox
 from .classbox import Box
-from .conftest import wait_for
+from .conftest import alongside, wait_for
 
 users, students, grader, box = classbox.users, classbox.students, classbox.grader, classbox.box  # the fixtures
 # The users and groups have fixed names, made and removed once per session: two pytest workers would
@@ -961,24 +961,14 @@ def test_a_small_drop_swapped_for_a_big_one_is_given_back_and_runs_alone(box, st
         workerhooks.partial(classbox.swap_at_claim, "s.txt", str(staged)),
     )
     bobs = [box.outbox / bob.login / f"b{i:02d}.timing.yaml" for i in range(12)]
-    failures: list[BaseException] = []
 
-    def release_once_bobs_are_done() -> None:
-        try:
-            wait_for(lambda: all(p.exists() for p in bobs), 30, "bob's jobs while alice's big one is held")
-        except BaseException as exc:  # pytest.fail raises a BaseException
-            failures.append(exc)
-        finally:
-            release.touch()
+    def bobs_are_done() -> None:
+        wait_for(lambda: all(p.exists() for p in bobs), 30, "bob's jobs while alice's big one is held")
 
-    import threading
+    def serve() -> int:
+        return daemon.Daemon(class_settings(box, devices=(0, 1)), worker_setup=setup).serve(once=True)
 
-    driver = threading.Thread(target=release_once_bobs_are_done, daemon=True)
-    driver.start()
-    assert daemon.Daemon(class_settings(box, devices=(0, 1)), worker_setup=setup).serve(once=True) == 0
-    driver.join(10)
-    if failures:
-        raise failures[0]
+    assert alongside(serve, bobs_are_done, release.touch, 10) == 0
     side = yaml.safe_load((box.outbox / alice.login / "s.timing.yaml").read_text())
     assert side["status"] == "ok" and side["shape"] == {"m": 200, "k": 200, "n": 200}, "the big input, run once"
     assert not (box.outbox / alice.login / "s.1.out").exists() and not staged.exists()

@@ -254,31 +254,20 @@ def test_a_main_loop_out_of_descriptors_logs_pauses_and_serves_on(tmp_path):
     pause, never a traceback: the daemon serves the next job."""
     from mmd import config, daemon, spool
 
-    from .conftest import wait_for
+    from .conftest import alongside, wait_for
 
     s = config.Settings(inbox=tmp_path / "inbox", outbox=tmp_path / "outbox", backend="cpu", devices=[0],
                         quiet_seconds=0.05, rescan_seconds=0.05)  # fmt: skip
     spool.Spool(s.inbox, s.outbox).prepare()
     ops = OutOfDescriptors(s.inbox)
     d = daemon.Daemon(s, ops=ops)
-    failures: list[BaseException] = []
 
     def drive() -> None:
-        try:
-            wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon")
-            ops.left = 3
-            wait_for(lambda: ops.hits == 3, 30, "three rescans out of descriptors")
-            (s.inbox / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
-            wait_for(lambda: (s.inbox / ".done" / "m.txt").exists(), 30, "the next job")
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            d.request_stop("test")
+        wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon")
+        ops.left = 3
+        wait_for(lambda: ops.hits == 3, 30, "three rescans out of descriptors")
+        (s.inbox / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
+        wait_for(lambda: (s.inbox / ".done" / "m.txt").exists(), 30, "the next job")
 
-    driver = threading.Thread(target=drive, daemon=True)
-    driver.start()
-    assert d.serve() == 0
-    driver.join(30)
-    if failures:
-        raise failures[0]
+    assert alongside(d.serve, drive, lambda: d.request_stop("test")) == 0
     assert (s.outbox / "m.out").read_bytes() == b"2\n 19.00 22.00\n 43.00 50.00\n"

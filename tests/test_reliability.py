@@ -20,7 +20,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from mmd import config, daemon, record, spool
 from mmd.daemon import observer
 
 from . import workerhooks
-from .conftest import LoggedProcess, mmd_env, run_mmd
+from .conftest import LoggedProcess, alongside, mmd_env, run_mmd
 from .test_daemon import ENV, Served, check_ok, error_of, make_input, names, served, wait_for, work_files
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
@@ -58,23 +57,12 @@ def serve_with(settings: config.Settings, action, timeout: float = 120, worker_s
     ``worker_setup``: a hook of tests/workerhooks.py each worker process calls first (its faults and fakes).
     """
     d = daemon.Daemon(settings, worker_setup=worker_setup)
-    failures: list[BaseException] = []
 
     def drive() -> None:
-        try:
-            wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon to serve")
-            action(d)
-        except BaseException as exc:  # pytest.fail raises a BaseException
-            failures.append(exc)
-        finally:
-            d.request_stop("test")
+        wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon to serve")
+        action(d)
 
-    driver = threading.Thread(target=drive, daemon=True)
-    driver.start()
-    assert d.serve() == 0
-    driver.join(timeout)
-    if failures:
-        raise failures[0]
+    assert alongside(d.serve, drive, lambda: d.request_stop("test"), timeout) == 0
     return d
 
 

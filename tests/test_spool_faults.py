@@ -599,9 +599,7 @@ def test_once_stops_with_status_1_and_the_next_run_serves_the_held_job(tmp_path)
 
 def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_path):
     """Issue 15's read-only outbox, in process: held (not failed), served after the pause, no restart."""
-    import threading
-
-    from .conftest import wait_for
+    from .conftest import alongside, wait_for
 
     s = _settings(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
@@ -609,30 +607,19 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
     for step, op in (("reservation", "open_exclusive"), ("output", "open_exclusive")):
         ops.arm(step, op, errno.EROFS)
     d = daemon.Daemon(s, ops=ops)
-    failures: list[BaseException] = []
 
     def drive() -> None:
-        try:
-            wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon")
-            (s.inbox / "m.txt").write_text(GOOD)
-            wait_for(lambda: spool.held_jobs(s.inbox), 30, "the hold")
-            assert not (s.inbox / ".failed").exists()
-            wait_for(lambda: [h.holds for h in spool.held_jobs(s.inbox)] >= [2], 30, "a retry after the pause")
-            ops.clear()
-            wait_for(lambda: (s.inbox / ".done" / "m.txt").exists(), 30, "the job once the outbox is writable")
-            (s.inbox / "n.txt").write_text(GOOD)
-            wait_for(lambda: (s.inbox / ".done" / "n.txt").exists(), 30, "a later job")
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            d.request_stop("test")
+        wait_for(lambda: d.state.snapshot()["status"] == "serving", 30, "the daemon")
+        (s.inbox / "m.txt").write_text(GOOD)
+        wait_for(lambda: spool.held_jobs(s.inbox), 30, "the hold")
+        assert not (s.inbox / ".failed").exists()
+        wait_for(lambda: [h.holds for h in spool.held_jobs(s.inbox)] >= [2], 30, "a retry after the pause")
+        ops.clear()
+        wait_for(lambda: (s.inbox / ".done" / "m.txt").exists(), 30, "the job once the outbox is writable")
+        (s.inbox / "n.txt").write_text(GOOD)
+        wait_for(lambda: (s.inbox / ".done" / "n.txt").exists(), 30, "a later job")
 
-    driver = threading.Thread(target=drive, daemon=True)
-    driver.start()
-    assert d.serve() == 0
-    driver.join(30)
-    if failures:
-        raise failures[0]
+    assert alongside(d.serve, drive, lambda: d.request_stop("test")) == 0
     assert sorted(p.name for p in s.outbox.iterdir()) == ["m.out", "m.timing.yaml", "n.out", "n.timing.yaml"]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from mmd.daemon.common import GROUP_INPUT_BYTES
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks
-from .conftest import mmd_env, wait_for
+from .conftest import alongside, mmd_env, wait_for
 
 #: A square input of this size is big (over GROUP_INPUT_BYTES): a worker is given it alone, and nothing else
 #: while it runs.
@@ -153,23 +152,14 @@ def test_no_job_waits_behind_a_big_one_while_another_worker_is_idle(tmp_path):
         workerhooks.partial(workerhooks.hold_jobs_until, str(release), ("j00.txt",)),
         workerhooks.partial(workerhooks.log_jobs, str(jobs)),  # logs before the hold
     )
-    failures: list[BaseException] = []
 
-    def release_once_all_started() -> None:
-        try:
-            wait_for(lambda: len(started(jobs)) >= 6, 60, "every job to start while j00 is held")
-        except BaseException as exc:  # pytest.fail raises a BaseException
-            failures.append(exc)
-        finally:
-            release.touch()
+    def all_started() -> None:
+        wait_for(lambda: len(started(jobs)) >= 6, 60, "every job to start while j00 is held")
 
-    driver = threading.Thread(target=release_once_all_started, daemon=True)
-    driver.start()
-    d = daemon.Daemon(settings_for(tmp_path, devices=(0, 1)), worker_setup=setup)
-    assert d.serve(once=True) == 0
-    driver.join(10)
-    if failures:
-        raise failures[0]
+    def serve() -> int:
+        return daemon.Daemon(settings_for(tmp_path, devices=(0, 1)), worker_setup=setup).serve(once=True)
+
+    assert alongside(serve, all_started, release.touch, 10) == 0
     order = started(jobs)
     first_device = next(device for name, device, _ in order if name == "j00.txt")
     rest = [(name, device) for name, device, _ in order if name != "j00.txt"]
