@@ -8,20 +8,29 @@ elsewhere each is spawned. This module stands outside :mod:`mmd.daemon`
 worker's start) then run while the command imports the daemon and scans its
 spool. The fork server starts before the daemon tightens its umask, so each
 worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
+
+What every child process of mmd shares (the workers, and a kernel file's launch process) is here too:
+dying with its parent (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 import multiprocessing
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from multiprocessing import forkserver, spawn
 from typing import Any
 
 from .errors import WorkerStartError
+
+#: prctl's option that sends this process a signal when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 #: What the fork server imports once, so that every worker it forks has it already.
 PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
@@ -92,3 +101,16 @@ def _cannot_start(why: str | None) -> WorkerStartError:
         f"workers cannot start: {said} (a service cannot run one under /home or /root: systemd/README.md)",
         {"interpreter": real},
     )
+
+
+def die_with_parent(parent: int) -> None:
+    """Be sent SIGKILL when ``parent``, the process that started this one, ends (Linux's PR_SET_PDEATHSIG);
+    nothing where prctl is missing (not Linux)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent was gone before the call took effect
+        os._exit(1)
+

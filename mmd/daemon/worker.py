@@ -37,8 +37,6 @@ business: a worker ignores them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import signal
 from collections.abc import Callable
@@ -58,6 +56,7 @@ from ..job import Job, describe
 from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, refuse, run_job
 from ..record import Context, now_iso
+from ..spawning import die_with_parent
 from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
@@ -518,26 +517,6 @@ def _device_name(backend: Backend) -> str | None:
 # -- the worker process ---------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Be killed when the process that forked us ends (Linux's PR_SET_PDEATHSIG).
-
-    The fork server that forks workers exits when the daemon does, kill -9
-    included; without this a worker would go on with its job while the next
-    daemon resumes the same job from ``.work``.
-    """
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return  # not Linux: the pipe's end (EOF) stops the worker after its job instead
-    if os.getppid() != parent:  # the parent was gone before the call took effect
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
 def _prepare(backend: Backend, settings: Settings) -> None:
     """Make ready what the first job would pay for, within ``warm_up_mib``; a failure only costs the first job."""
     log = get_logger()
@@ -593,7 +572,10 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     """
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the main process's business (a terminal's Ctrl-C reaches us too)
-    _die_with_parent()
+    # The fork server exits when the daemon does, kill -9 included: a worker left going on with its job would
+    # race the next daemon, which resumes the same job from .work. (Not Linux: the pipe's end stops it after
+    # its job instead.)
+    die_with_parent(os.getppid())
     tighten_umask()
     if spec.setup is not None:
         spec.setup()

@@ -23,23 +23,14 @@ import json
 import os
 import re
 import resource
-import signal
 import sys
 from typing import Any, BinaryIO
 
-#: prctl's option that sends this process a signal when its parent dies.
-_PR_SET_PDEATHSIG = 1
+from ..spawning import die_with_parent
+
 #: CUresult codes the driver knows descriptions of are below this.
 _MAX_CODE = 1000
 _NAME = re.compile(r"CUDA_ERROR_[A-Z0-9_]+")
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL when the parent dies: a kernel left spinning would hold the GPU with no one to stop it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before prctl took hold
-        os._exit(1)
 
 
 def _flush_c_stdout() -> None:
@@ -150,7 +141,7 @@ def _fault(control: _Control, error: dict[str, Any]) -> None:
 def main() -> None:
     control_fd, device = int(sys.argv[1]), int(sys.argv[2])
     parent = int(sys.argv[3])
-    _die_with_parent(parent)
+    die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     control = _Control(control_fd)
     from ..errors import MmdError
