@@ -9,8 +9,9 @@ worker's start) then run while the command imports the daemon and scans its
 spool. The fork server starts before the daemon tightens its umask, so each
 worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
 
-What every child process of mmd shares (the workers, and a kernel file's launch process) is here too:
-dying with its parent (:func:`die_with_parent`).
+What every child process of mmd shares (the workers, and a kernel file's compile and launch processes)
+is here too: dying with its parent (:func:`die_with_parent`), and the words for how one ended
+(:func:`exit_status`).
 """
 
 from __future__ import annotations
@@ -114,3 +115,14 @@ def die_with_parent(parent: int) -> None:
     if os.getppid() != parent:  # the parent was gone before the call took effect
         os._exit(1)
 
+
+def exit_status(returncode: int | None) -> str:
+    """How a child process ended, in words: ``exit status 3``, ``SIGKILL`` (``not ended``: None)."""
+    if returncode is None:
+        return "not ended"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"

@@ -65,3 +65,11 @@ def test_a_fork_server_that_dies_ends_serve_with_one_line_and_status_78(tmp_path
     done = serve(tmp_path, [SERVE_WITH_PRELOAD, "dies_on_import"], once=True, PYTHONPATH=str(tmp_path))
     last = assert_one_line_78(done, tmp_path)
     assert "the processes that start them do not answer" in last
+
+
+def test_exit_status_says_how_a_child_ended():
+    from mmd.spawning import exit_status
+
+    assert [exit_status(r) for r in (None, 0, 3, -9, -200)] == [
+        "not ended", "exit status 0", "exit status 3", "SIGKILL", "signal 200"
+    ]  # fmt: skip

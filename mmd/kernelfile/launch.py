@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, KernelLaunchError
 from ..kernels import DeviceLimits
+from ..spawning import exit_status
 
 #: The most bytes of a kernel's printf output kept (the rest is counted and dropped).
 PRINTF_CAP = 4096
@@ -235,7 +235,7 @@ class LaunchProcess:
 
     def _died(self, doing: str) -> KernelLaunchError:
         status = self._reap()
-        why = _status(status)
+        why = exit_status(status)
         last = self._stderr.done(1.0).decode("utf-8", "replace").strip().splitlines()
         tail = f": {last[-1]}" if last else ""
         return KernelLaunchError(
@@ -348,14 +348,3 @@ def _write_all(fd: int, view: memoryview) -> None:
     view = view.cast("B")
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _status(returncode: int | None) -> str:
-    if returncode is None:
-        return "not ended"
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit status {returncode}"

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..cuda.compiler import KernelCache
 from ..errors import KernelFileError, MissingExtra
 from ..resources import install_hint
+from ..spawning import exit_status
 from .nvrtc_child import OUT_OF_MEMORY
 from .reading import KernelFile
 from .sandbox import HEADERS, HEADERS_DIGEST
@@ -174,7 +175,7 @@ def _run_child(name: str, source: str, opts: list[str], limits: CompileLimits) -
         elif done.returncode in (OUT_OF_MEMORY, -signal.SIGABRT):  # SIGABRT: NVRTC's std::bad_alloc
             reason = f"ran out of its {mib} MiB of memory"
         else:
-            reason = f"stopped with {_status(done.returncode)}"
+            reason = f"stopped with {exit_status(done.returncode)}"
         raise KernelFileError(f"{name}: compiling {reason}; it was stopped", {"file": name})
     head, _, cubin = done.stdout.partition(b"\n")
     answer = json.loads(head)
@@ -202,12 +203,3 @@ def compiler_lines(log: str, name: str) -> list[str]:
         if found and found.group("file") == name:
             out.append(f"{name}:{found.group('line')}: {found.group('message')}")
     return out
-
-
-def _status(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit status {returncode}"
