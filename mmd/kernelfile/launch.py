@@ -42,7 +42,6 @@ REAP_S = 5.0
 #: Bytes a pipe between parent and child is asked to hold (Linux's default for unprivileged users at most):
 #: fewer system calls for the operands and the product.
 PIPE_BYTES = 1 << 20
-_F_SETPIPE_SZ = 1031
 
 #: pycuda's argument code per role of a kernel's parameter (:data:`~.signature.ROLES`).
 _CODES = {"A": "P", "B": "P", "C": "P", "alpha": "f", "beta": "f"}
@@ -119,7 +118,7 @@ class _Drain:
 
 def _widen(fd: int) -> None:
     with contextlib.suppress(OSError):  # a smaller pipe only costs more system calls
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
 class LaunchProcess:
