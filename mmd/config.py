@@ -183,6 +183,10 @@ class Settings:
     #: (never in place of one of mmd's own kernels), as `mmd run --kernel-file` does. Folders only the admin may
     #: write, outside the inbox and outbox. Empty (the default): names pick mmd's own kernels only
     kernel_folders: tuple[Path, ...] = ()
+    #: class mode: students may hand in kernels of their own (NAME.cu dropped in the inbox, kept in state_dir/kernels)
+    #: and their jobs run them (NAME@kernel=p1.txt: their own p1.cu, never a classmate's or in place of one of
+    #: mmd's own kernels). Off (the default): a hand-in is refused with a sidecar saying so
+    student_kernels: bool = False
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
     metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
     #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so
@@ -471,6 +475,10 @@ def _validated(s: Settings, origin: str) -> Settings:
     if s.class_mode and s.shared_inbox:
         raise ConfigError(
             f"{origin}: {at('class_mode')} does not combine with shared_inbox yet: serve a class from one box"
+        )
+    if s.student_kernels and not s.class_mode:
+        raise ConfigError(
+            f"{origin}: {at('student_kernels')} needs class_mode: students hand in kernels to a class box"
         )
     name_rule(s.name_settings, origin)
     if s.kernel_cache is not None and not s.kernel_cache:

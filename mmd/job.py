@@ -28,6 +28,7 @@ from . import jobname
 from .backends.base import MultiplyRequest
 from .config import COMMAND_LINE, Settings
 from .errors import JobNameError, MmdError
+from .kernelfile.store import KernelStore
 from .record import Context
 
 
@@ -67,6 +68,16 @@ def new_id() -> str:
     return os.urandom(6).hex()
 
 
+def _own(base: Settings, context: Context | None) -> jobname.OwnKernels | None:
+    """The kernels the job's submitter handed in, where the service lets students' kernels run
+    (``student_kernels``; class mode); None: no one's."""
+    submitter = context.submitter if context is not None else None
+    if not (base.student_kernels and base.class_mode and base.state_dir is not None and submitter):
+        return None
+    store = KernelStore.of(base.state_dir)
+    return lambda name: store.pick(submitter, name)
+
+
 def describe(
     input: Path,
     output: Path,
@@ -93,7 +104,7 @@ def describe(
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     settings, overrides = base, {}
     try:
-        parsed = jobname.parse(name if name is not None else input.name, base.kernel_folders)
+        parsed = jobname.parse(name if name is not None else input.name, base.kernel_folders, _own(base, context))
         overrides = parsed.overrides
         _check_conflicts(jobname.settings_of(overrides), given)
         if kernel_file is not None and "kernel" in overrides:

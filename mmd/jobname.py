@@ -61,15 +61,27 @@ def _kernel(value: str) -> str:
     return kernels.get(value).name
 
 
-def _kernel_in(value: str, folders: Sequence[Path]) -> Path | None:
-    """The kernel file ``kernel=value`` picks in ``folders``; None where it names one of mmd's own kernels
-    (KernelError where it names neither)."""
+#: A student's own handed-in kernels: NAME -> the path of its current version (None: they handed in none).
+OwnKernels = Callable[[str], Path | None]
+
+
+def _kernel_in(value: str, folders: Sequence[Path], own: OwnKernels | None = None) -> Path | None:
+    """The kernel file ``kernel=value`` picks: the student's ``own`` first, then ``folders``; None where it
+    names one of mmd's own kernels (KernelError where it names none of them)."""
+    if own is not None and value not in kernels.NAMES and (found := own(value)) is not None:
+        return found  # never in place of one of mmd's own kernels: those names are not looked up
     found = in_folders(value, folders)
     if found is not None:
         return found
     try:
         _kernel(value)
     except KernelError as exc:
+        if own is not None and FOLDER_NAME.fullmatch(value):
+            raise KernelError(
+                f"{exc.reason}, or a kernel of yours: you have handed in no {value}{SUFFIX}"
+                + (" and no kernel folder (kernel_folders) holds one" if folders else ""),
+                dict(exc.details),
+            ) from None
         if folders and FOLDER_NAME.fullmatch(value):
             raise KernelError(
                 f"{exc.reason}, or a kernel folder's file: no kernel folder (kernel_folders) holds {value}{SUFFIX}",
@@ -154,14 +166,15 @@ def check_allowed(overrides: dict[str, Any], base: Settings) -> None:
         )
 
 
-def parse(name: str, kernel_folders: Sequence[Path] = ()) -> JobName:
+def parse(name: str, kernel_folders: Sequence[Path] = (), own: OwnKernels | None = None) -> JobName:
     """Split ``name`` into its output stem and its per-job settings.
 
     ``m.txt`` → (``m``, {}); ``m@kernel=aplus,tile=16.txt`` → (``m@kernel=aplus,tile=16``,
     {kernel: aplus, tile: 16}). Raises JobNameError for an unknown key, a value outside
     its allowed set, a repeated key or a malformed list; the message names the fix.
     ``kernel=NAME`` that is none of mmd's own kernels picks ``NAME.cu`` of ``kernel_folders``
-    (:attr:`JobName.kernel_file`; the overrides keep ``kernel: NAME``).
+    (:attr:`JobName.kernel_file`; the overrides keep ``kernel: NAME``); a student's ``own`` handed-in kernel
+    of that name goes first (its current version's path: :meth:`mmd.kernelfile.store.KernelStore.pick`).
     """
     stem = stem_of(name)
     _name, mark, spec = stem.partition(SETTINGS_MARK)
@@ -179,7 +192,7 @@ def parse(name: str, kernel_folders: Sequence[Path] = ()) -> JobName:
         if key in overrides:
             raise JobNameError(f"setting {key!r} is given twice in the file name", {"key": key})
         try:
-            if key == "kernel" and (kernel_file := _kernel_in(value, kernel_folders)) is not None:
+            if key == "kernel" and (kernel_file := _kernel_in(value, kernel_folders, own)) is not None:
                 overrides[key] = value  # a kernel folder's file's name, not a setting's value: the job carries it
             else:
                 overrides[key] = _VALIDATORS[key](value)

@@ -237,6 +237,60 @@ class ErrorRecord:
     status: Literal["error"] = field(default="error", metadata=_doc("error"))
 
 
+@dataclass(frozen=True)
+class TileFacts:
+    """One tile of the course's, as a hand-in runs at it."""
+
+    tile: int = field(metadata=_doc("the tile"))
+    runs: bool = field(
+        metadata=_doc("whether jobs may run the kernel at it (it launches on every CUDA GPU, and built)")
+    )
+    detail: str = field(metadata=_doc("its block and what NVRTC built, or why it cannot run there"))
+
+
+@dataclass(frozen=True)
+class HandInRecord:
+    """``outbox/<login>/<NAME>.handin.yaml``: a kernel a student handed in (``NAME.cu`` in the inbox), kept
+    or refused."""
+
+    handin: str = field(metadata=_doc("the file handed in (NAME.cu)"))
+    kernel: str = field(metadata=_doc("what a job names to run it: NAME@kernel=<kernel>.txt"))
+    received_at: str = field(metadata=_doc("when mmd took it from the inbox (UTC, ISO 8601)"))
+    reason: str | None = field(default=None, metadata=_doc("why it was refused (one line)", omit=True))
+    errors: list[str] | None = field(
+        default=None,
+        metadata=_doc("the compiler's lines on the file (FILE:LINE: message), where it did not build", omit=True),
+    )
+    sha256: str | None = field(default=None, metadata=_doc("the sha256 of NAME.cu", omit=True))
+    version: str | None = field(
+        default=None, metadata=_doc("the version kept: the sha256 of NAME.cu and NAME.kernel.yaml", omit=True)
+    )
+    entry: str | None = field(default=None, metadata=_doc("the __global__ function jobs run", omit=True))
+    signature: str | None = field(default=None, metadata=_doc("the signature mmd knew it by, or declared", omit=True))
+    parameters: list[str] | None = field(default=None, metadata=_doc("each parameter and its role", omit=True))
+    declared_in: str | None = field(
+        default=None, metadata=_doc("where its declaration was read (empty: the defaults)", omit=True)
+    )
+    precision: str | None = field(default=None, metadata=_doc("the arithmetic its declaration says", omit=True))
+    tiles: list[TileFacts] | None = field(default=None, metadata=_doc("each course tile: whether it runs", omit=True))
+    warnings: list[str] | None = field(default=None, metadata=_doc("the compiler's warnings", omit=True))
+    submitter: str | None = field(default=None, metadata=_doc("who handed it in: its owner's login", omit=True))
+    mmd_version: str = field(default=__version__, metadata=_doc("the mmd that wrote it"))
+    status: Literal["kept", "refused"] = field(
+        default="kept", metadata=_doc("kept (jobs may name it) or refused (the earlier version, if any, stays)")
+    )
+
+
+#: A hand-in's answer: ``outbox/<login>/<NAME>.handin.yaml``.
+HANDIN_SUFFIX = ".handin.yaml"
+
+
+def dumps_handin(record: HandInRecord) -> bytes:
+    """A hand-in's sidecar: block-style YAML in the record's own key order."""
+    text = yaml.dump(as_dict(record), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return text.encode("utf-8")
+
+
 Record = TimingRecord | ErrorRecord
 
 #: The order keys are written in: status first, then each record's own fields.
@@ -649,12 +703,15 @@ def _object_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) every sidecar follows: one of the two records."""
     defs: dict[str, Any] = {}
-    one_of = [_schema(TimingRecord, defs), _schema(ErrorRecord, defs)]
+    one_of = [_schema(TimingRecord, defs), _schema(ErrorRecord, defs), _schema(HandInRecord, defs)]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://mmd.invalid/sidecar.schema.json",
         "title": "mmd sidecar",
-        "description": "A job's <stem>.timing.yaml (status ok) or <stem>.error.yaml (status error).",
+        "description": (
+            "A job's <stem>.timing.yaml (status ok) or <stem>.error.yaml (status error), or a hand-in's "
+            "<NAME>.handin.yaml (status kept or refused)."
+        ),
         "oneOf": one_of,
         "$defs": defs,
     }
@@ -707,8 +764,11 @@ def markdown() -> str:
         "outbox/*.yaml`).",
         "",
         "Times are milliseconds; a phase a backend does not have is null (the cpu has no `h2d`).",
+        "",
+        "In class mode a kernel a student hands in (`NAME.cu` dropped in the inbox) is answered by",
+        "`<NAME>.handin.yaml` in their outbox folder (status `kept` or `refused`): the schema validates it too.",
     ]
-    for cls in (TimingRecord, ErrorRecord):
+    for cls in (TimingRecord, ErrorRecord, HandInRecord):
         lines += ["", f"## {cls.__name__}: {(cls.__doc__ or '').strip().replace('``', '`')}", ""]
         lines += ["| key | type | present | meaning |", "| --- | --- | --- | --- |"]
         lines += _rows(cls, "", False)

@@ -2,7 +2,8 @@
 
 A student's share of the spool's disk is everything mmd keeps for them: the
 outputs and sidecars in ``outbox/<login>`` and their inputs archived in
-``state_dir``'s ``.done`` and ``.failed``. :class:`Ledger` counts it in
+``state_dir``'s ``.done`` and ``.failed``, and the kernels they handed in (every version the kernel store keeps,
+:mod:`mmd.kernelfile.store`). :class:`Ledger` counts it in
 allocated bytes (``st_blocks`` × 512: a 6-byte file takes a 4 KiB block) and
 in files, per login, in ``state_dir/.ledger``:
 
@@ -44,6 +45,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..kernelfile.store import STORE_DIR, VERSIONS_DIR
 from ..submitters import login_of
 from .common import Shared, entries
 
@@ -208,6 +210,8 @@ class Ledger:
                     info = os.lstat(path)
                     if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
                         usage[folder.name] += usage_of(info)
+        for student, _path, info in kept_kernels(shared.private / STORE_DIR):
+            usage[student] += usage_of(info)
         logged = {(e.path, e.ino) for _, log in self.logs() for e in self.read_log(log)}
         for folder in (shared.done, shared.failed):
             for path in entries(folder):
@@ -239,6 +243,17 @@ class Ledger:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o700)
         self._ready.add(folder)
+
+
+def kept_kernels(store: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """Every file the kernel store (:mod:`mmd.kernelfile.store`) keeps: (its student's login, it, its lstat)."""
+    for own in entries(store):
+        for version in entries(own / VERSIONS_DIR):
+            for path in entries(version):
+                with contextlib.suppress(OSError):
+                    info = os.lstat(path)
+                    if stat.S_ISREG(info.st_mode):
+                        yield own.name, path, info
 
 
 def _line(used: Usage) -> bytes:

@@ -1,8 +1,8 @@
 """What waits in the inbox, and when a file there is completely written.
 
 :func:`survey` lists the inbox once: the job files waiting (:class:`Candidate`),
-oldest first, the folders under job names (in class mode every folder) and the
-uploads (:class:`Survey`);
+oldest first, the folders under job names (in class mode every folder), the
+uploads and the kernels handed in (:class:`Survey`);
 :func:`scan` the job files alone; :func:`stat_entry` looks at one of them;
 :class:`Readiness` decides when a file seen there is complete;
 :class:`Arrivals` remembers when the daemon first saw each entry. All pure:
@@ -18,10 +18,11 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .handins import is_handin
 from .names import DONE_DIR, FAILED_DIR, IGNORED_SUFFIXES, WORK_DIR, is_job_name
 
 
@@ -53,6 +54,8 @@ class Survey:
     folders: list[Candidate]
     #: Uploads: regular files whose names end ``.part``, ``.tmp`` or ``~``, hidden or not (never jobs).
     uploads: list[Candidate]
+    #: Kernels handed in: ``NAME.cu`` (:func:`~.handins.is_handin`), any kind of entry, oldest first (never jobs).
+    handins: list[Candidate] = field(default_factory=list)
 
 
 #: The spool's own folders, which an inbox without ``state_dir`` holds.
@@ -62,16 +65,17 @@ _SPOOL_FOLDERS = frozenset((WORK_DIR, DONE_DIR, FAILED_DIR))
 def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir, every_folder: bool = False) -> Survey:
     """What lies in ``inbox`` (:class:`Survey`), from one listing; stat never follows a link. ``every_folder``:
     its folders of any name, but the spool's own (``.work``, ``.done``, ``.failed``, this process's user's)."""
-    jobs, folders, uploads = [], [], []
+    jobs, folders, uploads, handins = [], [], [], []
     try:
         with scandir(inbox) as it:
             for entry in it:
                 name = entry.name
-                job = is_job_name(name)
+                handin = is_handin(name)
+                job = is_job_name(name) and not handin
                 upload = not job and name.endswith(IGNORED_SUFFIXES)
                 try:
-                    folder = (job or every_folder) and entry.is_dir(follow_symlinks=False)
-                    if not (job or upload or folder):
+                    folder = (job or handin or every_folder) and entry.is_dir(follow_symlinks=False)
+                    if not (job or upload or folder or handin):
                         continue
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
@@ -83,12 +87,15 @@ def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir, every_folde
                     folders.append(cand)
                 elif job:
                     jobs.append(cand)
+                elif handin:
+                    handins.append(cand)
                 elif stat.S_ISREG(info.st_mode):
                     uploads.append(cand)
     except FileNotFoundError:
         return Survey([], [], [])
     jobs.sort(key=lambda c: (c.mtime_ns, c.name))
-    return Survey(jobs, folders, uploads)
+    handins.sort(key=lambda c: (c.mtime_ns, c.name))
+    return Survey(jobs, folders, uploads, handins)
 
 
 def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:

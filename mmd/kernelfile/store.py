@@ -1,0 +1,112 @@
+"""A class's handed-in kernels: mmd's own copies, one namespace per student, every version a queued job may need.
+
+The store is ``state_dir/kernels`` (mmd's private folder: no student can list or read it). Each student has a
+folder of their own, ``kernels/<login>``, in which
+
+* ``.v/<version>/NAME.cu`` (and ``NAME.kernel.yaml`` where one was handed in) is one version, kept under the
+  sha256 of what was handed in (:func:`version_of`): a file mmd wrote itself, 0600;
+* ``NAME.cu`` is the current version: a symbolic link to ``.v/<version>/NAME.cu``, replaced by a rename, so
+  that a job that looks it up sees the old version or the new one, whole.
+
+A job that names ``NAME`` is given the version's own path (:meth:`KernelStore.pick`): a later hand-in of the
+same name changes the link, never that version, so the job runs what it was queued with. A student's jobs look
+in their own folder only, and :func:`mmd.kernelchoice.in_folders` never looks there for one of mmd's own kernel
+names: no one runs another's kernel, and no hand-in shadows a built-in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import write_atomic
+from ..kernelchoice import FOLDER_NAME, SUFFIX
+from .reading import SIDECAR_SUFFIX
+
+#: The store's folder in state_dir.
+STORE_DIR = "kernels"
+#: A student's folder of kept versions.
+VERSIONS_DIR = ".v"
+
+
+def version_of(source: bytes, declaration: bytes | None) -> str:
+    """A hand-in's version: the sha256 of its ``.cu`` and of its ``.kernel.yaml`` (where there is one), each
+    length-prefixed so that no two hand-ins share one."""
+    h = hashlib.sha256()
+    for part in (source, declaration):
+        h.update(b"-" if part is None else f"{len(part)}:".encode() + part)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A hand-in as the store keeps it."""
+
+    #: ``NAME`` (the file's stem): what jobs name.
+    name: str
+    version: str
+    #: The version's ``NAME.cu``.
+    path: Path
+    #: Every file the store wrote for it (what counts toward the student's quota); empty where this version
+    #: was kept already.
+    written: tuple[Path, ...]
+
+
+class KernelStore:
+    """The handed-in kernels under ``root`` (``state_dir/kernels``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def of(cls, state_dir: Path) -> KernelStore:
+        return cls(state_dir / STORE_DIR)
+
+    def folder(self, login: str) -> Path:
+        """``login``'s own folder: the one kernel folder their jobs look in."""
+        return self.root / login
+
+    def keep(self, login: str, name: str, source: bytes, declaration: bytes | None) -> Kept:
+        """Keep a hand-in of ``NAME`` (``source``: its ``.cu``; ``declaration``: its ``.kernel.yaml``) as
+        ``login``'s current version. Raises OutputError where it cannot be written."""
+        if not FOLDER_NAME.fullmatch(name):
+            raise ValueError(f"not a kernel's name: {name!r}")
+        version = version_of(source, declaration)
+        own = self.folder(login)
+        where = own / VERSIONS_DIR / version
+        for folder in (self.root, own, own / VERSIONS_DIR):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        written: list[Path] = []
+        path = where / (name + SUFFIX)
+        if not path.is_file():
+            where.mkdir(mode=0o700, exist_ok=True)
+            parts = [(path, source)]
+            if declaration is not None:
+                parts.append((where / (name + SIDECAR_SUFFIX), declaration))
+            for target, data in parts:
+                write_atomic(target, [data])
+                os.chmod(target, 0o600)
+                written.append(target)
+        link = own / (name + SUFFIX)
+        temporary = own / f".{name}.{os.getpid()}.link"
+        temporary.unlink(missing_ok=True)
+        os.symlink(os.path.join(VERSIONS_DIR, version, name + SUFFIX), temporary)
+        os.replace(temporary, link)
+        return Kept(name, version, path, tuple(written))
+
+    def pick(self, login: str, name: str) -> Path | None:
+        """The current version of ``login``'s ``NAME`` (its own ``NAME.cu`` in ``.v``); None where they have
+        handed in none, or ``name`` is not a kernel folder's name."""
+        if not FOLDER_NAME.fullmatch(name):
+            return None
+        own = self.folder(login)
+        try:
+            target = os.readlink(own / (name + SUFFIX))
+        except OSError:
+            return None
+        path = (own / target).resolve()
+        if path.parent.parent != (own / VERSIONS_DIR).resolve() or not path.is_file():
+            return None  # mmd writes every link itself; anything else is not followed
+        return path

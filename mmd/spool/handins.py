@@ -1,0 +1,186 @@
+"""A kernel a student hands in (class mode): ``NAME.cu`` dropped in the inbox, judged, kept, answered.
+
+:func:`is_handin` tells a hand-in's name from a job's (the drop box's survey lists hand-ins apart);
+:func:`receive` takes one from the inbox as its owner's: reads it (and its ``NAME.kernel.yaml`` beside it, where
+the same student dropped one) without following a link, reads it as a kernel file (the include guard and the
+declaration: :func:`mmd.kernelfile.reading.parse_kernel`), checks each course tile against the limits of every
+CUDA GPU (:data:`mmd.kernels.COMMON_LIMITS`: no GPU is needed) and compiles it there with NVRTC (in a child
+process under limits, :mod:`mmd.kernelfile.nvrtc`), keeps it in the store (:mod:`mmd.kernelfile.store`, counted
+toward the student's quota in the ledger) and answers with ``outbox/<login>/NAME.handin.yaml``
+(:class:`mmd.record.HandInRecord`): what mmd understood and the tiles it runs at, or why not (the compiler's
+lines on the author's own file). A refused hand-in leaves the version kept before it, if any, current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import kernels
+from ..atomic import write_atomic
+from ..errors import KernelFileError, MmdError
+from ..kernelchoice import FOLDER_NAME, SUFFIX
+from ..kernelfile.nvrtc import compile_kernel
+from ..kernelfile.reading import MAX_SOURCE_BYTES, SIDECAR_SUFFIX, KernelFile, parse_kernel
+from ..kernelfile.store import KernelStore
+from ..record import HANDIN_SUFFIX, HandInRecord, TileFacts, dumps_handin, now_iso
+from ..submitters import login_of
+from .ledger import Ledger, Usage, usage_of
+
+#: The architecture a hand-in is built for where no GPU is asked (the lab's H100s).
+ARCH = "sm_90"
+#: The largest declaration beside a kernel file mmd reads.
+MAX_DECLARATION_BYTES = 64 << 10
+
+
+def is_handin(name: str) -> bool:
+    """Whether inbox entry ``name`` is a kernel handed in: ``NAME.cu`` with ``NAME`` a kernel's name."""
+    return name.endswith(SUFFIX) and bool(FOLDER_NAME.fullmatch(name[: -len(SUFFIX)]))
+
+
+@dataclass(frozen=True)
+class HandInSettings:
+    """What a hand-in needs of the service's settings."""
+
+    #: ``student_kernels``: whether students' own kernels may run on the service at all.
+    allowed: bool
+    #: Where compiled kernels are kept (None: no disk cache).
+    kernel_cache: Path | None = None
+    #: The tiles it is checked and built at.
+    tiles: tuple[int, ...] = kernels.TILES
+
+
+class _Refused(MmdError):
+    kind = "kernel-file"
+
+
+def _read_own(path: Path, owner: int, most: int) -> bytes:
+    """``path``'s bytes, where it is a regular file of ``owner``'s (never through a link); _Refused otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _Refused(f"{path.name}: cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+            raise _Refused(f"{path.name}: not a file of its dropper's own")
+        data = f.read(most + 1)
+    if len(data) > most:
+        raise _Refused(f"{path.name}: more than {most} bytes")
+    return data
+
+
+def _declaration(inbox: Path, name: str, owner: int) -> tuple[Path, bytes | None]:
+    """``NAME.kernel.yaml`` where its dropper left one beside ``NAME.cu`` (another's under that name is not theirs:
+    left to the drop box's rules)."""
+    path = inbox / (name + SIDECAR_SUFFIX)
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return path, None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+        return path, None
+    return path, _read_own(path, owner, MAX_DECLARATION_BYTES)
+
+
+def _tiles(kf: KernelFile, settings: HandInSettings) -> tuple[list[TileFacts], list[str]]:
+    """Each tile: whether it launches on every CUDA GPU and builds there (KernelFileError: the compiler's
+    lines, where it does not build at a tile it launches at), and the compiler's warnings."""
+    facts, warnings = [], []
+    for tile in settings.tiles:
+        try:
+            kf.check_launch(tile, kernels.COMMON_LIMITS)
+        except MmdError as exc:
+            facts.append(TileFacts(tile, False, exc.reason))
+            continue
+        built = compile_kernel(kf, tile, ARCH, settings.kernel_cache)
+        x, y, z = kf.declaration.block_dims(tile)
+        facts.append(TileFacts(tile, True, f"block {x}x{y}x{z}; built for {ARCH}"))
+        warnings += [w for w in built.warnings if w not in warnings]
+    return facts, warnings
+
+
+def receive(
+    inbox: Path,
+    name: str,
+    owner: int,
+    outbox_folder: Path,
+    store: KernelStore,
+    settings: HandInSettings,
+    ledger: Ledger | None = None,
+) -> HandInRecord:
+    """Take hand-in ``name`` (``NAME.cu``, dropped by ``owner``) from ``inbox``, keep it where it is good, and
+    answer in ``outbox_folder`` (``NAME.handin.yaml``). The inbox's files are removed either way. Raises
+    OutputError where the answer cannot be written."""
+    stem = name[: -len(SUFFIX)]
+    login = login_of(owner)
+    received = now_iso()
+    source_path = inbox / name
+    declaration_path = inbox / (stem + SIDECAR_SUFFIX)
+    record: HandInRecord
+    try:
+        if not settings.allowed:
+            raise _Refused(
+                "this service runs no students' kernels (setting student_kernels): ask the admin; "
+                "mmd's own kernels stay yours to pick (NAME@kernel=naive.txt)"
+            )
+        if stem in kernels.NAMES:
+            raise _Refused(
+                f"{name}: {stem} is one of mmd's own kernels, which NAME@kernel={stem}.txt always runs: "
+                "give yours another name"
+            )
+        source = _read_own(source_path, owner, MAX_SOURCE_BYTES)
+        declaration_path, declaration = _declaration(inbox, stem, owner)
+        kf = parse_kernel(
+            source,
+            name,
+            None if declaration is None else declaration.decode("utf-8", "replace"),
+            declaration_path.name,
+        )
+        tiles, warnings = _tiles(kf, settings)
+        if not any(t.runs for t in tiles):
+            raise _Refused(f"{name}: it runs at none of the tiles {', '.join(map(str, settings.tiles))}")
+        kept = store.keep(login, stem, source, declaration)
+        if ledger is not None:
+            used = Usage()
+            for path in kept.written:
+                with contextlib.suppress(OSError):
+                    used += usage_of(os.lstat(path))
+            ledger.add(login, used)
+        params = [f"{p.name} {role}" for p, role in zip(kf.kernel.parameters, kf.roles, strict=True)]
+        record = HandInRecord(
+            handin=name,
+            kernel=stem,
+            received_at=received,
+            submitter=login,
+            sha256=kf.sha256,
+            version=kept.version,
+            entry=kf.kernel.name,
+            signature=kf.signature,
+            parameters=params,
+            declared_in=kf.declared_in,
+            precision=kf.declaration.precision,
+            tiles=tiles,
+            warnings=warnings or None,
+        )
+    except (KernelFileError, _Refused) as exc:
+        errors = exc.details.get("errors") if isinstance(exc, KernelFileError) else None
+        record = HandInRecord(
+            handin=name,
+            kernel=stem,
+            received_at=received,
+            submitter=login,
+            reason=exc.reason,
+            errors=list(errors) if isinstance(errors, list) else None,
+            status="refused",
+        )
+    finally:
+        for path in (source_path, declaration_path):
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == owner:
+                    os.unlink(path)
+    write_atomic(outbox_folder / (stem + HANDIN_SUFFIX), [dumps_handin(record)])
+    return record

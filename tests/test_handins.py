@@ -1,0 +1,181 @@
+"""A student hands in a kernel (class mode, ``student_kernels``): NAME.cu dropped in the inbox, compiled as theirs,
+kept in mmd's store, answered with ``NAME.handin.yaml``; their jobs name it, no one else's do.
+
+Real Unix accounts (tests/classbox.py): the hand-in is a student's own file in the class's drop box. NVRTC needs
+no GPU, so every hand-in compiles here as on the lab box (the ``nvrtc`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mmd.config import Settings
+from mmd.errors import ConfigError, KernelError
+from mmd.job import describe
+from mmd.kernelfile.store import KernelStore
+from mmd.record import Context
+from mmd.spool import Candidate, survey
+from mmd.spool.common import Shared
+from mmd.spool.handins import HandInSettings, is_handin, receive
+from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
+
+from . import classbox
+from .classbox import Box, Student
+
+users, students, box = classbox.users, classbox.students, classbox.box  # the fixtures
+
+#: Each hand-in compiles in a child process (NVRTC under limits); the students are real accounts.
+pytestmark = [pytest.mark.serial, pytest.mark.process]
+
+P1 = (
+    "__global__ void MatrixMulKernel(float* Md, float* Nd, float* Pd, int Width) {\n"
+    "    int Row = blockIdx.y * TILE_WIDTH + threadIdx.y;\n"
+    "    int Col = blockIdx.x * TILE_WIDTH + threadIdx.x;\n"
+    "    float s = 0;\n"
+    "    for (int k = 0; k < Width; ++k) s += Md[Row * Width + k] * Nd[k * Width + Col];\n"
+    "    Pd[Row * Width + Col] = s;\n"
+    "}\n"
+)
+BROKEN = P1.replace("float s = 0;", "float s = 0\n")
+
+
+def _settings(b: Box, allowed: bool = True) -> Settings:
+    return Settings(inbox=b.inbox, outbox=b.outbox, state_dir=b.state, class_mode=True, student_kernels=allowed)
+
+
+def _hand_in(b: Box, who: Student, name: str, text: str, allowed: bool = True, cache: Path | None = None) -> dict:
+    """``who`` drops ``name`` in the inbox by the docs' recipe; mmd takes it as the daemon does; its answer."""
+    who.drop(b.inbox, name, text)
+    shared = Shared(b.inbox, b.outbox, state_dir=b.state, class_mode=True)
+    receive(b.inbox, name, who.uid, shared.make_output_folder(who.uid), KernelStore.of(b.state),
+            HandInSettings(allowed, cache), Ledger(shared))  # fmt: skip
+    stem = name.removesuffix(".cu")
+    return yaml.safe_load((b.outbox / who.login / f"{stem}.handin.yaml").read_text())
+
+
+def _job(b: Box, who: Student, name: str, allowed: bool = True):
+    return describe(b.inbox / name, b.outbox / "x.out", _settings(b, allowed), context=Context(submitter=who.login))
+
+
+def test_a_hand_in_is_kept_and_answered_with_what_mmd_understood_and_the_tiles_it_runs(box, students, tmp_path):
+    alice, _ = students
+    answer = _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    assert answer["status"] == "kept" and answer["handin"] == "p1.cu" and answer["kernel"] == "p1"
+    assert answer["entry"] == "MatrixMulKernel" and answer["submitter"] == alice.login
+    assert answer["parameters"] == ["Md A", "Nd B", "Pd C", "Width width"]
+    assert [(t["tile"], t["runs"]) for t in answer["tiles"]] == [(4, True), (8, True), (16, True), (32, True)]
+    assert answer["tiles"][3]["detail"] == "block 32x32x1; built for sm_90"
+    assert not (box.inbox / "p1.cu").exists()  # taken: the name is free for the next hand-in
+
+
+def test_a_broken_hand_in_is_answered_with_the_compilers_lines_on_the_authors_file(box, students, tmp_path):
+    alice, _ = students
+    answer = _hand_in(box, alice, "p1.cu", BROKEN, cache=tmp_path)
+    assert answer["status"] == "refused" and "tiles" not in answer and "version" not in answer
+    assert answer["errors"] and all(line.startswith("p1.cu:") for line in answer["errors"])
+    assert answer["errors"][0] == 'p1.cu:6: error: expected a ";"'
+    assert answer["reason"] == answer["errors"][0]
+    assert KernelStore.of(box.state).pick(alice.login, "p1") is None
+
+
+def test_a_students_job_names_their_own_kernel_and_no_one_elses(box, students, tmp_path):
+    alice, bob = students
+    _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    job = _job(box, alice, "hw1@kernel=p1.txt")
+    assert job.refusal is None and job.kernel_file is not None and job.kernel_file.read_text() == P1
+    assert job.kernel_file.is_relative_to(box.state / "kernels" / alice.login)
+    other = _job(box, bob, "hw1@kernel=p1.txt")
+    assert isinstance(other.refusal, Exception) and other.kernel_file is None
+    assert "you have handed in no p1.cu" in other.refusal.reason
+    builtin = _job(box, alice, "hw1@kernel=naive.txt")
+    assert builtin.refusal is None and builtin.kernel_file is None and builtin.settings.kernel == "naive"
+    off = _job(box, alice, "hw1@kernel=p1.txt", allowed=False)  # the admin turned students' kernels off
+    assert isinstance(off.refusal, KernelError) or off.refusal is not None
+    assert off.kernel_file is None
+
+
+def test_a_hand_in_under_a_built_in_kernels_name_is_refused(box, students, tmp_path):
+    alice, _ = students
+    answer = _hand_in(box, alice, "naive.cu", P1, cache=tmp_path)
+    assert answer["status"] == "refused" and "one of mmd's own kernels" in answer["reason"]
+    assert KernelStore.of(box.state).pick(alice.login, "naive") is None
+
+
+def test_no_student_can_read_or_list_the_store(box, students, tmp_path):
+    alice, bob = students
+    _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    box.state.chmod(0o755)  # even where an admin opened state_dir, the store is mmd's alone
+    own = box.state / "kernels" / alice.login
+    path = KernelStore.of(box.state).pick(alice.login, "p1")
+    assert path is not None and stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == os.geteuid()
+    for folder in (box.state / "kernels", own, path.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for who in (alice, bob):
+        assert who.run('cat "$1"', str(own / "p1.cu"), check=False).returncode != 0
+        assert who.run('ls "$1"', str(box.state / "kernels"), check=False).returncode != 0
+
+
+def test_a_new_hand_in_replaces_the_old_and_a_queued_job_keeps_its_version(box, students, tmp_path):
+    alice, _ = students
+    first = _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    queued = _job(box, alice, "hw1@kernel=p1.txt")
+    second = _hand_in(box, alice, "p1.cu", P1.replace("float s = 0;", "float s = 0.0f;"), cache=tmp_path)
+    assert second["status"] == "kept" and second["version"] != first["version"]
+    assert queued.kernel_file is not None and queued.kernel_file.parent.name == first["version"]
+    assert queued.kernel_file.read_text() == P1  # the version it was queued with, by its hash
+    later = _job(box, alice, "hw1@kernel=p1.txt")
+    assert later.kernel_file is not None and later.kernel_file.parent.name == second["version"]
+    refused = _hand_in(box, alice, "p1.cu", BROKEN, cache=tmp_path)
+    assert refused["status"] == "refused"
+    now = _job(box, alice, "hw1@kernel=p1.txt")  # a refused hand-in leaves the kept one current
+    assert now.kernel_file == later.kernel_file
+
+
+def test_with_students_kernels_off_a_hand_in_is_refused_with_a_sidecar_saying_so(box, students, tmp_path):
+    alice, _ = students
+    answer = _hand_in(box, alice, "p1.cu", P1, allowed=False, cache=tmp_path)
+    assert answer["status"] == "refused" and "(setting student_kernels)" in answer["reason"]
+    assert not (box.inbox / "p1.cu").exists() and not (box.state / "kernels").exists()
+    assert Settings().student_kernels is False
+
+
+def test_the_store_counts_toward_the_students_quota_and_a_recount_finds_it(box, students, tmp_path):
+    alice, bob = students
+    shared = Shared(box.inbox, box.outbox, state_dir=box.state, class_mode=True)
+    ledger = Ledger(shared)
+    _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    _hand_in(box, alice, "p1.cu", P1 + "// v2\n", cache=tmp_path)
+    kept = [(login, path) for login, path, _ in kept_kernels(box.state / "kernels")]
+    assert len(kept) == 2 and {login for login, _ in kept} == {alice.login}
+    store = Usage()
+    for _, path in kept:
+        store += usage_of(os.lstat(path))
+    counted = ledger.usage(alice.login)
+    assert counted == store  # the sidecars in outbox/alice are mmd's to count at a recount, the store at once
+    answers = Usage()
+    for path in (box.outbox / alice.login).iterdir():
+        answers += usage_of(os.lstat(path))
+    assert ledger.recount()[alice.login] == store + answers
+    assert ledger.usage(bob.login) == Usage()
+
+
+def test_the_drop_box_tells_hand_ins_from_jobs(tmp_path):
+    for name in ("p1.cu", "my_kernel-2.cu"):
+        assert is_handin(name)
+    for name in ("p1.txt", "p1.cu.part", ".p1.cu", "a b.cu", "p1.kernel.yaml", ".cu"):
+        assert not is_handin(name)
+    for name in ("p1.cu", "hw1.txt"):
+        (tmp_path / name).write_text("x")
+    seen = survey(tmp_path)
+    assert [c.name for c in seen.jobs] == ["hw1.txt"] and [c.name for c in seen.handins] == ["p1.cu"]
+    assert all(isinstance(c, Candidate) for c in seen.handins)
+
+
+def test_students_kernels_need_class_mode():
+    with pytest.raises(ConfigError, match="student_kernels needs class_mode"):
+        Settings().replace(student_kernels=True)
