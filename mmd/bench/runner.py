@@ -239,7 +239,7 @@ class _Runner:
                     printed,
                     inputs.ref,
                     tolerance.PRINT_HALF_UNIT + inputs.allowed_for(choice.precision),
-                    "0.005 + " + verify.TOLERANCES[choice.precision],
+                    tolerance.tolerance_of(None, choice.precision),
                 )
                 if not report.ok:
                     raise Wrong(report.summary())
