@@ -36,10 +36,13 @@ class Student:
     uid: int
     gid: int
 
+    def argv(self, *command: str) -> list[str]:
+        """The argv that runs ``command`` as this student: their uid, their groups, an empty environment."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--reset-env", *command]
+
     def run(self, script: str, *args: str, umask: str = "022", check: bool = True) -> subprocess.CompletedProcess:
         """``sh -c script`` as this student (their uid, their groups), in /tmp, with ``umask``."""
-        argv = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--reset-env",
-                "sh", "-c", f"umask {umask}; {script}", "sh", *args]  # fmt: skip
+        argv = self.argv("sh", "-c", f"umask {umask}; {script}", "sh", *args)
         return subprocess.run(argv, cwd="/tmp", capture_output=True, text=True, timeout=60, check=check)
 
     def drop(self, inbox: Path, name: str, text: str, umask: str = "022") -> None:

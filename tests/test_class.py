@@ -57,9 +57,7 @@ def test_a_student_squatting_the_lock_and_planting_names_stops_nothing(box, stud
     """A flock held on ``inbox/.mmd.lock``, and ``.failed``, ``.work``, ``.done`` planted: the daemon's own
     names are in its state folder, which no student can enter, and jobs run."""
     mallory, alice = students
-    holder = subprocess.Popen(
-        ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env",
-         "flock", str(box.inbox / ".mmd.lock"), "sleep", "60"])  # fmt: skip
+    holder = subprocess.Popen(mallory.argv("flock", str(box.inbox / ".mmd.lock"), "sleep", "60"))
     try:
         wait_for(lambda: (box.inbox / ".mmd.lock").exists(), 10, "the squatter's lock")
         mallory.run('mkdir "$1/.failed" "$1/.work" "$1/.done" && touch "$1/.mmd-state.json"', str(box.inbox))
@@ -726,9 +724,11 @@ def test_a_student_holding_idle_connections_silences_no_one_elses_status(box, st
     proc, sock = start_class_daemon(box, MMD_CONTROL_CONNECTIONS_PER_USER="8")
     try:
         holder = subprocess.Popen(
-            ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env",
-             "/usr/bin/python3", "-c", HOLDER, str(sock), "40", "8"],
-            cwd="/tmp", stdout=subprocess.PIPE, text=True)  # fmt: skip
+            mallory.argv("/usr/bin/python3", "-c", HOLDER, str(sock), "40", "8"),
+            cwd="/tmp",
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(1.0)  # her connections are open, and the first have not timed out yet
         for _ in range(5):
             for who in (grader, alice):
@@ -750,9 +750,11 @@ def test_a_student_asking_back_to_back_is_rate_limited_and_slows_no_one_else(box
     proc, sock = start_class_daemon(box, MMD_CONTROL_REQUESTS_PER_S="5")
     try:
         hammer = subprocess.Popen(
-            ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env",
-             "/usr/bin/python3", "-c", HAMMER, str(sock), "4", "3"],
-            cwd="/tmp", stdout=subprocess.PIPE, text=True)  # fmt: skip
+            mallory.argv("/usr/bin/python3", "-c", HAMMER, str(sock), "4", "3"),
+            cwd="/tmp",
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(0.5)
         for _ in range(6):
             took, answer = timed_ask(alice, sock, '{"op": "status"}')

@@ -175,9 +175,8 @@ def test_a_file_kept_open_and_written_to_is_set_aside_after_the_bound(box, stude
     alice, mallory = students
     proc, _sock = start_class_daemon(box, MMD_DROP_BOX_GRACE_S="3", **FAST)
     writer = subprocess.Popen(
-        ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--init-groups", "--reset-env", "sh", "-c",
-         'exec 3>"$1"; i=0; while [ $i -lt 60 ]; do printf x >&3; sleep 0.5; i=$((i+1)); done',
-         "sh", str(box.inbox / "hw1.txt")], cwd="/tmp", start_new_session=True)  # fmt: skip
+        mallory.argv("sh", "-c", 'exec 3>"$1"; i=0; while [ $i -lt 60 ]; do printf x >&3; sleep 0.5; i=$((i+1)); done',
+                     "sh", str(box.inbox / "hw1.txt")), cwd="/tmp", start_new_session=True)  # fmt: skip
     try:
         wait_for(lambda: not os.path.lexists(box.inbox / "hw1.txt"), 20, "the file held open to be set aside")
         assert writer.poll() is None, "the writer still writes, into the file set aside"
