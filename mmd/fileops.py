@@ -135,7 +135,8 @@ OPS = FileOps()
 
 
 def write_all(ops: FileOps, fd: int, data: bytes | memoryview) -> None:
-    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
-    view = memoryview(data)
+    """Write all of ``data`` (any contiguous buffer: a numpy array's too) to ``fd`` (``os.write`` may write less
+    than it is given)."""
+    view = memoryview(data).cast("B")  # os.write counts bytes: slice by bytes, whatever the items are
     while view:
         view = view[ops.write(fd, view) :]

@@ -101,3 +101,23 @@ def test_a_commit_syncs_every_file_before_it_renames_any_and_starts_their_writeb
     assert steps == []
     group.publish()
     assert [s for s, _ in steps] == ["fsync", "replace"]
+
+
+def test_write_all_writes_every_byte_of_an_array_given_in_short_writes(tmp_path):
+    """write_all counts what os.write wrote in bytes, also for a buffer of 4-byte floats (the kernel-file launch
+    process is sent its operands so)."""
+    import numpy as np
+
+    from mmd.fileops import write_all
+
+    class Short(FileOps):
+        def write(self, fd: int, data: bytes | memoryview) -> int:
+            return super().write(fd, memoryview(data)[:5])
+
+    a = np.arange(7, dtype=np.float32)
+    fd = os.open(tmp_path / "a", os.O_WRONLY | os.O_CREAT)
+    try:
+        write_all(Short(), fd, a.data)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "a").read_bytes() == a.tobytes()

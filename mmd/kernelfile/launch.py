@@ -26,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import BackendUnavailable, KernelLaunchError
+from ..fileops import OPS, write_all
 from ..kernels import DeviceLimits
 from ..spawning import exit_status
 
@@ -281,7 +282,7 @@ class LaunchProcess:
                 a.data,
                 b.data,
             ):
-                _write_all(stdin.fileno(), piece)
+                write_all(OPS, stdin.fileno(), piece)
             stdin.close()
         except BrokenPipeError:
             raise self._died("taking the job") from None
@@ -341,9 +342,3 @@ class LaunchProcess:
                     stream.close()
         with contextlib.suppress(OSError):
             os.close(self._control)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    view = view.cast("B")
-    while view:
-        view = view[os.write(fd, view) :]
