@@ -122,7 +122,7 @@ def test_cli_accuracy(tmp_path, monkeypatch, capsys):
 def test_report_renders_graph4_and_the_accuracy_tables(swept, tmp_path):
     rendered = report.render(swept.folder, tmp_path / "rep")
     png, svg = tmp_path / "rep" / "graph4_accuracy.png", tmp_path / "rep" / "graph4_accuracy.svg"
-    assert png in rendered.files and svg in rendered.files and len(rendered.files) == 9
+    assert png in rendered.files and svg in rendered.files and len(rendered.files) == 10
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(ET.parse(svg).getroot().iter())) > 50  # drawn, not an empty canvas
     # The figure itself: log-log, per kernel an RMS line (solid) and a max line (dashed) of one colour.

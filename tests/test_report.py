@@ -86,7 +86,7 @@ def test_renders_every_graph_and_summary(gpu_results, tmp_path):
     assert png_size(tmp_path / "rep" / "graph1_overall.png") == (900, 500)
     assert png_size(tmp_path / "rep" / "graph3_sizes.png") == (1200, 500)
     assert rendered.summary.read_text().startswith("# mmd benchmark report")
-    assert len(rendered.files) == 7
+    assert len(rendered.files) == 8  # and report.html
 
 
 def test_summary_numbers_match_the_csv(gpu_results, tmp_path):

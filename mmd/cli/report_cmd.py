@@ -1,4 +1,4 @@
-"""``mmd report RESULTS``: the course's graphs and summary.md from bench results or job sidecars."""
+"""``mmd report RESULTS``: the course's graphs, summary.md and report.html from bench results or job sidecars."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Render graph 1 (overall time by tile), graph 2 (CUDA time by tile), graph 3 (kernel time and "
             "GFLOP/s by size), graph 4 (error against float64 by K, where `mmd bench --accuracy` measured it) "
-            "as PNG and SVG, and summary.md, from RESULTS: a results.csv or results.yaml "
+            "as PNG and SVG, summary.md, and report.html (the graphs and the speed-up tables as one self-contained, "
+            "sortable web page), from RESULTS: a results.csv or results.yaml "
             "from `mmd bench`, the folder holding one, or a folder of job sidecars (*.timing.yaml, *.error.yaml)."
         ),
     )

@@ -25,15 +25,17 @@ Output, in PNG and SVG (matplotlib, Agg):
    --accuracy``): each kernel's max (dashed) and RMS (solid) relative error
    against float64 over K, log-log.
 
-and ``summary.md``: the tables behind the graphs, every kernel by size (time
+``summary.md``: the tables behind the graphs, every kernel by size (time
 and its noise, TFLOP/s, ratio to cuBLAS SGEMM, error, SM clock), speed-up
 over the cpu backend and over naive, efficiency against cuBLAS and the fp32
-peak, and every refused, wrong or skipped case with its reason.
+peak, and every refused, wrong or skipped case with its reason; and ``report.html``
+(:mod:`.page`): the graphs and the speed-up tables as one self-contained, sortable web page.
 
 The package, by concept: :mod:`.load` (reading results and sidecars),
 :mod:`.sweeps` (what the graphs read out of the rows), :mod:`.figures` (the
 graphs), :mod:`.summary` (summary.md) and :mod:`.compare` (two runs side by
-side, for ``mmd bench --compare``); :func:`render` puts them together.
+side, for ``mmd bench --compare``), :mod:`.page` (the web pages: this report's, and a class's graded
+kernels); :func:`render` puts them together.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OutputError
-from . import figures
+from . import figures, page
 from .compare import CaseComparison, Comparison, Ratio, compare, row_noise
 from .load import ReportError, Results, load
 from .summary import ACCURACY_GRAPH, GRAPH_FILES, Sections, summary_markdown
@@ -71,8 +73,13 @@ __all__ = [
     "peak_for",
     "render",
     "figures",
+    "page",
     "row_noise",
 ]
+
+
+#: The report's web page, beside summary.md.
+PAGE_FILE = "report.html"
 
 
 @dataclass
@@ -117,7 +124,8 @@ def render(
     size: int | None = None,
     peak_tflops: float | None = None,
 ) -> Rendered:
-    """Render graphs 1-3 (and 4 where there is an accuracy sweep; PNG and SVG) and summary.md from ``source``.
+    """Render graphs 1-3 (and 4 where there is an accuracy sweep; PNG and SVG), summary.md and report.html
+    from ``source``.
 
     ``out`` defaults to :func:`default_folder`. Raises MissingExtra, before any work, where matplotlib (the
     ``report`` extra) is not installed.
@@ -158,4 +166,8 @@ def render(
     summary = out / "summary.md"
     summary.write_text(summary_markdown(shown, accuracy), encoding="utf-8")
     files.append(summary)
+    pngs = {p.name: p.read_bytes() for p in files if p.suffix == ".png"}
+    html_page = out / PAGE_FILE
+    html_page.write_text(page.bench_page(shown, pngs), encoding="utf-8")
+    files.append(html_page)
     return Rendered(out, files, summary, sweep.size, shown.tile)

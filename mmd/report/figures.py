@@ -9,6 +9,7 @@ powers of ten, which left one label on an axis of data within one decade).
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -64,6 +65,13 @@ def save(fig: Any, out: Path, stem: str) -> list[Path]:
     fig.savefig(png, format="png")
     fig.savefig(svg, format="svg", metadata={"Date": None})
     return [png, svg]
+
+
+def png_bytes(fig: Any, dpi: float | None = None) -> bytes:
+    """``fig`` as PNG, for a page that carries its graphs inline."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi)
+    return buf.getvalue()
 
 
 def _no_data(ax: Any, text: str) -> None:
@@ -324,3 +332,51 @@ def accuracy_figure(sweep: dict[str, list[AccuracyRow]], where: str) -> Any:
     ax.grid(alpha=0.3, which="both")
     _readable_categories(fig)
     return fig
+
+
+def student_figures(
+    kernels: dict[str, tuple[dict[int, float], dict[int, float]]], size: int, tile: int
+) -> tuple[Any, Any]:
+    """A student's two course graphs from ``kernels``: name -> (kernel ms by tile at ``size``, kernel ms by size
+    at ``tile``). Graph 1: a group of bars per tile, a bar per kernel; graph 2: time against size, log-log."""
+    colors = _colors(kernels)
+    # A handed-in kernel's name is the student's: a ``$`` in it would start matplotlib's mathtext.
+    label = {name: name.replace("$", r"\$") for name in kernels}
+    by_tile = _figure(5.0, 3.0)
+    ax = by_tile.subplots()
+    ax.set_title(f"Graph 1: kernel time at {size}×{size}", fontsize=10)
+    tiles = sorted({t for times, _ in kernels.values() for t in times})
+    if not tiles:
+        _no_data(ax, "no timed results")
+    width = 0.8 / max(len(kernels), 1)
+    for bi, (name, (times, _)) in enumerate(kernels.items()):
+        xs = [ti - 0.4 + width * (bi + 0.5) for ti, t in enumerate(tiles) if t in times]
+        ax.bar(xs, [times[t] for t in tiles if t in times], width, color=colors[name], label=label[name])
+    ax.set_xticks(range(len(tiles)), [f"{t}×{t}" for t in tiles])
+    ax.set_xlabel("tile", fontsize=8)
+    ax.set_ylabel("kernel time (ms)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    by_size = _figure(5.0, 3.0)
+    ax = by_size.subplots()
+    ax.set_title(f"Graph 2: kernel time against size (tile {tile})", fontsize=10)
+    sizes = sorted({z for _, times in kernels.values() for z in times})
+    shown: list[float | None] = []
+    for name, (_, times) in kernels.items():
+        zs = sorted(times)
+        ax.plot(zs, [times[z] for z in zs], marker="o", color=colors[name], label=label[name])
+        shown += [times[z] for z in zs]
+    if sizes:
+        _categories(ax.xaxis, sizes)
+        set_log_axis(ax.yaxis, shown)
+    else:
+        _no_data(ax, "no timed results")
+    ax.set_xlabel("N", fontsize=8)
+    ax.set_ylabel("kernel time (ms)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3, which="both")
+    for fig in (by_tile, by_size):
+        for a in fig.axes:
+            if a.get_legend_handles_labels()[0]:
+                a.legend(fontsize=7)
+    return by_tile, by_size

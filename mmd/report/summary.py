@@ -60,13 +60,26 @@ def _tile(row: BenchRow) -> str:
     return "" if row.tile is None else str(row.tile)
 
 
+@dataclass
+class Table:
+    """A table of the report, as data: summary.md writes it in Markdown, the report's page in HTML."""
+
+    header: list[str]
+    rows: list[list[str]]
+
+
+def markdown_table(table: Table) -> list[str]:
+    return _table(table.header, table.rows)
+
+
 def _table(header: list[str], body: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
     return [*lines, ""]
 
 
-def _sweep_table(sweep: TileSweep, phase: str, fallback_kernel: bool = False) -> list[str]:
+def sweep_table(sweep: TileSweep, phase: str, fallback_kernel: bool = False) -> Table:
+    """Graph 1's (``overall``) or graph 2's (``cuda``) numbers: median [min–max] ms per kernel and tile."""
     cols = [(f"tile {t}", t) for t in sweep.tiles] + ([("no tile", None)] if sweep.untiled_kernels else [])
     body = []
     for name in sweep.tiled_kernels + sweep.untiled_kernels:
@@ -82,16 +95,17 @@ def _sweep_table(sweep: TileSweep, phase: str, fallback_kernel: bool = False) ->
             text = _cell(row, use)
             cells.append(f"{text} (kernel)" if use != phase and text not in ("", "–") else text)
         body.append([name, *cells])
-    return _table(["kernel", *[c[0] for c in cols]], body)
+    return Table(["kernel", *[c[0] for c in cols]], body)
 
 
-def _ratio_table(
+def ratio_table(
     sweeps: dict[str, list[BenchRow]],
     base: dict[int, float],
     value: Callable[[BenchRow], float | None],
     invert: bool = False,
     fmt: str = "{:.2f}×",
-) -> list[str]:
+) -> Table:
+    """Each kernel's ``base / value`` (``value / base`` where ``invert``) by size."""
     sizes = sorted({sized(r) for rows in sweeps.values() for r in rows})
     body = []
     for name, rows in sweeps.items():
@@ -101,7 +115,7 @@ def _ratio_table(
             v, b = by_size.get(s), base.get(s)
             cells.append("" if not v or not b else fmt.format(v / b if invert else b / v))
         body.append([name, *cells])
-    return _table(["kernel", *[str(s) for s in sizes]], body)
+    return Table(["kernel", *[str(s) for s in sizes]], body)
 
 
 def _head(results: Results) -> list[str]:
@@ -163,9 +177,9 @@ def _what(name: str, files: dict[str, BenchRow]) -> str:
 def _graphs(s: Sections) -> list[str]:
     size = s.sweep.size
     out = [f"## Graph 1: overall time at {size}×{size} (ms)", "", f"![graph 1]({GRAPH_FILES[0]})", ""]
-    out += _sweep_table(s.sweep, "overall")
+    out += markdown_table(sweep_table(s.sweep, "overall"))
     out += [f"## Graph 2: CUDA time at {size}×{size} (ms)", "", f"![graph 2]({GRAPH_FILES[1]})", ""]
-    out += _sweep_table(s.sweep, "cuda", fallback_kernel=True)
+    out += markdown_table(sweep_table(s.sweep, "cuda", fallback_kernel=True))
     where = f"tile {s.tile}" if s.tile is not None else "any tile"
     out += [f"## Graph 3: kernel time and GFLOP/s against size ({where})", "", f"![graph 3]({GRAPH_FILES[2]})", ""]
     sizes = s.sizes
@@ -211,22 +225,28 @@ def _kernel_table(s: Sections) -> list[str]:
     return out + _table(header, body)
 
 
+def naive_kernel(s: Sections) -> str:
+    """The kernel the speed-ups are over: mmd's naive, or where a run has kernel files and not it, the first of
+    them (the course's P1, which P2 and P-last are measured against)."""
+    files = [name for name in kernel_files(s.results.rows) if name in s.sweeps]
+    return "naive" if "naive" in s.sweeps or not files else files[0]
+
+
 def _speedups(s: Sections) -> list[str]:
     out = ["## Speed-up over the cpu backend", ""]
     if "cpu" in s.sweeps:
         for phase in ("overall", "kernel"):
             out += [f"{phase} time: cpu {phase} / kernel {phase} (higher is faster):", ""]
-            out += _ratio_table(s.sweeps, s.base("cpu", phase), functools.partial(BenchRow.median, phase=phase))
+            out += markdown_table(
+                ratio_table(s.sweeps, s.base("cpu", phase), functools.partial(BenchRow.median, phase=phase))
+            )
     else:
         out += ["No cpu results to compare with.", ""]
-    # The course's naive kernel is mmd's naive, or where a run has kernel files and not it, the first of them (the
-    # course's P1, which P2 and P-last are measured against).
-    files = [name for name in kernel_files(s.results.rows) if name in s.sweeps]
-    naive = "naive" if "naive" in s.sweeps or not files else files[0]
+    naive = naive_kernel(s)
     out += [f"## Speed-up over {naive}", ""]
     if naive in s.sweeps:
         out += [f"kernel time: {naive} kernel / kernel (higher is faster):", ""]
-        out += _ratio_table(s.sweeps, s.base(naive, "kernel"), lambda r: r.median("kernel"))
+        out += markdown_table(ratio_table(s.sweeps, s.base(naive, "kernel"), lambda r: r.median("kernel")))
         if naive != "naive":
             out += [f"{naive} is the first kernel file of this run; mmd's own naive did not run.", ""]
     else:
@@ -238,14 +258,16 @@ def _efficiency(s: Sections) -> list[str]:
     out = ["## Efficiency", ""]
     if "cublas" in s.sweeps:
         out += ["Against cuBLAS: cuBLAS kernel time / kernel time (100% = as fast as cuBLAS):", ""]
-        out += _ratio_table(s.sweeps, s.base("cublas", "kernel"), lambda r: r.median("kernel"), fmt="{:.1%}")
+        out += markdown_table(
+            ratio_table(s.sweeps, s.base("cublas", "kernel"), lambda r: r.median("kernel"), fmt="{:.1%}")
+        )
     else:
         out += ["No cuBLAS results to compare with.", ""]
     if s.peak is not None:
         tflops, label = s.peak
         peak_gflops = {z: tflops * 1000 for z in s.sizes}
         out += [f"Against the fp32 peak of the {label} ({tflops:g} TFLOP/s): GFLOP/s / peak:", ""]
-        out += _ratio_table(s.sweeps, peak_gflops, lambda r: r.gflops, invert=True, fmt="{:.1%}")
+        out += markdown_table(ratio_table(s.sweeps, peak_gflops, lambda r: r.gflops, invert=True, fmt="{:.1%}"))
     else:
         out += ["The GPU's fp32 peak is not known for this device (give --peak-tflops).", ""]
     return out
