@@ -24,8 +24,9 @@ import os
 import re
 import resource
 import sys
-from typing import Any, BinaryIO
+from typing import Any
 
+from ..fileops import OPS, write_all
 from ..spawning import die_with_parent
 
 #: CUresult codes the driver knows descriptions of are below this.
@@ -64,14 +65,12 @@ def error_name(text: str) -> str | None:
 
 class _Control:
     def __init__(self, fd: int) -> None:
-        self.out: BinaryIO = os.fdopen(fd, "wb", buffering=0)
+        self.fd = fd
 
     def send(self, message: dict[str, Any], payload: memoryview | None = None) -> None:
-        self.out.write(json.dumps(message).encode() + b"\n")
+        write_all(OPS, self.fd, json.dumps(message).encode() + b"\n")
         if payload is not None:
-            view = payload.cast("B")
-            while view:
-                view = view[self.out.write(view) or 0 :]
+            write_all(OPS, self.fd, payload)
 
 
 def _read_job(fd: int) -> dict[str, Any]:
