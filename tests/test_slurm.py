@@ -51,6 +51,15 @@ def task_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def on_path(tmp_path: Path, name: str, script: str, path: str) -> str:
+    """Write ``script`` as the command ``name`` in ``tmp_path/bin``; ``path`` with that folder first."""
+    command = tmp_path / "bin" / name
+    command.parent.mkdir(exist_ok=True)
+    command.write_text(script)
+    command.chmod(0o755)
+    return f"{command.parent}{os.pathsep}{path}"
+
+
 def cpu_options(**kw) -> slurm.ArrayOptions:
     return slurm.ArrayOptions(**{"settings": (("backend", "cpu"),), "mmd": (sys.executable, "-m", "mmd"), **kw})
 
@@ -497,11 +506,8 @@ def test_submit_without_sbatch_is_one_line(tmp_path):
 def test_submit_runs_sbatch_and_prints_the_job_id(tmp_path):
     (tmp_path / "jobs").mkdir()
     make_input(tmp_path / "jobs" / "m.txt", 4, 1)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "sbatch"
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "args"))}\necho "4242;mmdtest"\n')
-    fake.chmod(0o755)
+    args = shlex.quote(str(tmp_path / "args"))
+    sbatch = f'#!/bin/sh\nprintf "%s\\n" "$@" > {args}\necho "4242;mmdtest"\n'
     r = run_mmd(
         "submit",
         "--slurm",
@@ -512,7 +518,7 @@ def test_submit_runs_sbatch_and_prints_the_job_id(tmp_path):
         "s/job.sbatch",
         "--submit",
         cwd=tmp_path,
-        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+        env={"PATH": on_path(tmp_path, "sbatch", sbatch, os.environ["PATH"])},
     )
     assert r.returncode == 0, r.stderr
     assert "submitted job array 4242" in r.stdout
@@ -524,15 +530,11 @@ def test_submit_that_sbatch_refuses_leaves_nothing(tmp_path):
     """No controller: sbatch is there but fails. The submission never reached Slurm, so nothing of it stays."""
     (tmp_path / "jobs").mkdir()
     make_input(tmp_path / "jobs" / "m.txt", 4, 1)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "sbatch"
-    fake.write_text(
+    sbatch = (
         "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact slurm controller "
         "(connect failure)' >&2\nexit 1\n"
     )
-    fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {"PATH": on_path(tmp_path, "sbatch", sbatch, os.environ["PATH"])}
     r = run_mmd("submit", "--slurm", "jobs", "--outbox", "out", "--submit", cwd=tmp_path, env=env)
     assert r.returncode == 1
     assert "mmd submit: sbatch refused the script: " in r.stderr and "Unable to contact slurm controller" in r.stderr
@@ -825,14 +827,9 @@ def test_real_slurm_runs_the_kernel_files_copy_in_every_task(tmp_path):
     inputs = {name: integer_input(jobs / name, 6 + i, i) for i, name in enumerate(("a.txt", "b.txt"))}
     source = kernel_file(tmp_path / "hw")
     # the node's mmd over the stand-in GPU: slurm_up.sh's GPUs are device files, not GPUs
-    wrapper = tmp_path / "bin" / "mmd-fakegpu"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        f'#!/bin/sh\nPYTHONPATH={shlex.quote(FAKE_GPU_PATH)} exec {shlex.quote(sys.executable)} -m mmd "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = f'#!/bin/sh\nPYTHONPATH={shlex.quote(FAKE_GPU_PATH)} exec {shlex.quote(sys.executable)} -m mmd "$@"\n'
     env = cluster_env()
-    env["PATH"] = f"{wrapper.parent}{os.pathsep}{env['PATH']}"
+    env["PATH"] = on_path(tmp_path, "mmd-fakegpu", wrapper, env["PATH"])
     r = run_mmd(
         "submit", "--slurm", "jobs", "--outbox", "out", "--kernel-file", str(source), "--tile", "8", "--time",
         "00:05:00", "--mmd", "mmd-fakegpu", "--submit", cwd=tmp_path, env=env,
@@ -856,12 +853,10 @@ def test_real_slurm_runs_the_kernel_files_copy_in_every_task(tmp_path):
 def test_real_slurm_passes_only_what_mmd_needs(tmp_path):
     (tmp_path / "jobs").mkdir()
     make_input(tmp_path / "jobs" / "m.txt", 4, 1)
-    wrapper = tmp_path / "bin" / "mmd-env"  # --mmd: a command of the user's choosing, which shows its environment
-    wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\nenv > {shlex.quote(str(tmp_path / "env.txt"))}\nexec mmd "$@"\n')
-    wrapper.chmod(0o755)
+    # --mmd: a command of the user's choosing, which shows its environment
+    wrapper = f'#!/bin/sh\nenv > {shlex.quote(str(tmp_path / "env.txt"))}\nexec mmd "$@"\n'
     env = cluster_env(CANARY_SECRET="s3cret", MMD_TILE="8", MMD_KERNEL="tiled")
-    env["PATH"] = f"{wrapper.parent}{os.pathsep}{env['PATH']}"
+    env["PATH"] = on_path(tmp_path, "mmd-env", wrapper, env["PATH"])
     _, [job] = submit_real(tmp_path, "--mmd", "mmd-env", env=env)
     wait_done([job])
     got = dict(ln.split("=", 1) for ln in (tmp_path / "env.txt").read_text().splitlines() if "=" in ln)
