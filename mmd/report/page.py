@@ -366,10 +366,13 @@ def _link(results: ClassResults, index: int) -> Html:
 def class_page(results: ClassResults, graphs: bool = True) -> str:
     """The class's page: the class table (a row per student and kernel), a leaderboard per kernel kind, and each
     student's part (their table and two course graphs, where ``graphs``)."""
+    return _class_page(results, [_student_section(results, i, graphs) for i in range(len(results.students))])
+
+
+def _class_page(results: ClassResults, parts: list[Section]) -> str:
     rows = [_row(results, _link(results, i), k) for i, s in enumerate(results.students) for k in s.kernels]
     table = Section("Class table", "class", tables=[HtmlTable(_header(results), rows)])
-    students = Section("Students", "students")
-    students.subsections = [_student_section(results, i, graphs) for i in range(len(results.students))]
+    students = Section("Students", "students", subsections=parts)
     intro = [f"{len(results.students)} students. Click a column's header to sort by it."]
     return page(results.title, [table, *_leaderboards(results), students], intro)
 
@@ -379,7 +382,11 @@ def student_page(results: ClassResults, name: str, graphs: bool = True) -> str:
     index = next((i for i, s in enumerate(results.students) if s.name == name), None)
     if index is None:
         raise ValueError(f"no student {name!r} in {results.title}")
-    return page(f"{results.title}: {name}", [_student_section(results, index, graphs)])
+    return _student_page(results, _student_section(results, index, graphs))
+
+
+def _student_page(results: ClassResults, part: Section) -> str:
+    return page(f"{results.title}: {part.heading}", [part])
 
 
 def student_file(index: int, name: str) -> str:
@@ -388,13 +395,15 @@ def student_file(index: int, name: str) -> str:
 
 
 def write_class(results: ClassResults, folder: Path) -> list[Path]:
-    """``folder/index.html`` (the class page) and ``folder/students/NNN-name.html`` (a page per student)."""
+    """``folder/index.html`` (the class page) and ``folder/students/NNN-name.html`` (a page per student), each
+    student's graphs drawn once for both."""
+    parts = [_student_section(results, i, True) for i in range(len(results.students))]
     (folder / "students").mkdir(parents=True, exist_ok=True)
     index = folder / "index.html"
-    index.write_text(class_page(results), encoding="utf-8")
+    index.write_text(_class_page(results, parts), encoding="utf-8")
     files = [index]
-    for i, s in enumerate(results.students):
-        path = folder / "students" / student_file(i, s.name)
-        path.write_text(student_page(results, s.name), encoding="utf-8")
+    for i, part in enumerate(parts):
+        path = folder / "students" / student_file(i, results.students[i].name)
+        path.write_text(_student_page(results, part), encoding="utf-8")
         files.append(path)
     return files
