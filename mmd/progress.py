@@ -36,6 +36,21 @@ TITLE_WIDTH = 24
 BAR_WIDTH = 16
 
 
+def _cut(title: str) -> str:
+    """``title`` within :data:`TITLE_WIDTH`, an ellipsis where it was cut."""
+    return title if len(title) <= TITLE_WIDTH else title[: TITLE_WIDTH - 1] + "…"
+
+
+def _counting(title: str, total: int, stream: TextIO | None, width: int | None) -> tuple[Any, Any]:
+    """A started bar of ``title`` that counts to ``total`` and shows its task's description; and that task."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(title), BarColumn(BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn())
+    started = bar(*columns, TextColumn("{task.description}"), stream=stream, width=width)
+    started.start()
+    return started, started.add_task("", total=total)
+
+
 class Count:
     """Things done one by one, out of ``total``, on a terminal: a bar of ``title`` that counts them and names
     the last one done. With ``shown`` False every call does nothing. :meth:`advance` may be called from
@@ -44,7 +59,7 @@ class Count:
     def __init__(
         self, title: str, total: int, *, shown: bool, stream: TextIO | None = None, width: int | None = None
     ) -> None:
-        self.title = title if len(title) <= TITLE_WIDTH else title[: TITLE_WIDTH - 1] + "…"
+        self.title = _cut(title)
         self.total = total
         self.shown = shown
         self.stream = stream
@@ -54,12 +69,7 @@ class Count:
 
     def __enter__(self) -> Count:
         if self.shown:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn(self.title), BarColumn(BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn())
-            self._bar = bar(*columns, TextColumn("{task.description}"), stream=self.stream, width=self.width)
-            self._bar.start()
-            self._task = self._bar.add_task("", total=self.total)
+            self._bar, self._task = _counting(self.title, self.total, self.stream, self.width)
         return self
 
     def advance(self, done: str = "") -> None:
@@ -89,7 +99,7 @@ class Steps:
         stream: TextIO | None = None,
         width: int | None = None,
     ) -> None:
-        self.title = title if len(title) <= TITLE_WIDTH else title[: TITLE_WIDTH - 1] + "…"
+        self.title = _cut(title)
         self.steps = tuple(steps)
         self.labels = dict(steps)
         self.shown = shown
@@ -101,12 +111,7 @@ class Steps:
 
     def __enter__(self) -> Steps:
         if self.shown:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn(self.title), BarColumn(BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn())
-            self._bar = bar(*columns, TextColumn("{task.description}"), stream=self.stream, width=self.width)
-            self._bar.start()
-            self._task = self._bar.add_task("", total=len(self.steps))
+            self._bar, self._task = _counting(self.title, len(self.steps), self.stream, self.width)
         return self
 
     def step(self, name: str) -> None:
