@@ -28,6 +28,7 @@ from . import jobname
 from .backends.base import MultiplyRequest
 from .config import COMMAND_LINE, Settings
 from .errors import JobNameError, MmdError
+from .kernelchoice import SUFFIX
 from .kernelfile.store import KernelStore
 from .record import Context
 
@@ -68,14 +69,20 @@ def new_id() -> str:
     return os.urandom(6).hex()
 
 
-def _own(base: Settings, context: Context | None) -> jobname.OwnKernels | None:
-    """The kernels the job's submitter handed in, where the service lets students' kernels run
-    (``student_kernels``; class mode); None: no one's."""
-    submitter = context.submitter if context is not None else None
+def own_kernels(base: Settings, submitter: str | None, pinned: Path | None = None) -> jobname.OwnKernels | None:
+    """The kernels ``submitter`` handed in, where the service lets students' kernels run (``student_kernels``;
+    class mode); None: no one's. ``pinned``: a version of one of them (``.v/<version>/NAME.cu``) picked when the
+    job was queued: ``NAME`` picks it, whatever was handed in since."""
     if not (base.student_kernels and base.class_mode and base.state_dir is not None and submitter):
         return None
     store = KernelStore.of(base.state_dir)
-    return lambda name: store.pick(submitter, name)
+
+    def pick(name: str) -> Path | None:
+        if pinned is not None and pinned.name == name + SUFFIX and pinned.is_file():
+            return pinned
+        return store.pick(submitter, name)
+
+    return pick
 
 
 def describe(
@@ -90,6 +97,7 @@ def describe(
     context: Context | None = None,
     refusal: MmdError | None = None,
     kernel_file: Path | None = None,
+    pinned: Path | None = None,
 ) -> Job:
     """The job for ``input``, its settings resolved from ``base``, the name's settings and ``flags``.
 
@@ -98,13 +106,18 @@ def describe(
     ``flags`` are command-line settings for this one job (None values: not
     given). ``refusal``: a reason the caller already has to refuse the job.
     ``kernel_file``: the kernel file the command line gives (``--kernel-file``);
-    a name's ``kernel=NAME`` picks one from ``base.kernel_folders``.
+    a name's ``kernel=NAME`` picks one from ``base.kernel_folders``, or the submitter's own handed-in kernel
+    (``pinned``: the version picked when the job was queued; :func:`own_kernels`).
     Never raises for what the name says: see :attr:`Job.refusal`.
     """
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     settings, overrides = base, {}
     try:
-        parsed = jobname.parse(name if name is not None else input.name, base.kernel_folders, _own(base, context))
+        parsed = jobname.parse(
+            name if name is not None else input.name,
+            base.kernel_folders,
+            own_kernels(base, context.submitter if context else None, pinned),
+        )
         overrides = parsed.overrides
         _check_conflicts(jobname.settings_of(overrides), given)
         if kernel_file is not None and "kernel" in overrides:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
 
 from . import classbox
 from .classbox import Box, Student
+from .conftest import wait_for
+from .test_class import held_for, small_input, start_class_daemon, stop_class_daemon
+from .test_daemon import check_ok, error_of
+from .test_kernelfile_run import SQUARE, fake_gpu, integer_input
 
 users, students, box = classbox.users, classbox.students, classbox.box  # the fixtures
 
@@ -179,3 +184,67 @@ def test_the_drop_box_tells_hand_ins_from_jobs(tmp_path):
 def test_students_kernels_need_class_mode():
     with pytest.raises(ConfigError, match="student_kernels needs class_mode"):
         Settings().replace(student_kernels=True)
+
+
+def test_the_daemon_takes_a_hand_in_and_runs_the_students_jobs_on_it_and_no_one_elses(box, students, tmp_path):
+    """A real class daemon (the stand-in GPU, tests/fakegpu, runs the kernel named square): Alice's p1.cu is
+    answered in her outbox folder; her hw1@kernel=p1.txt runs it; Bob's names no p1 of his; naive is mmd's own."""
+    alice, bob = students
+    proc, _sock = start_class_daemon(box, **fake_gpu(MMD_STUDENT_KERNELS="true"))
+    try:
+        alice.drop(box.inbox, "p1.cu", SQUARE)
+        answer = box.outbox / alice.login / "p1.handin.yaml"
+        wait_for(answer.exists, 60, "the hand-in's answer")
+        kept = yaml.safe_load(answer.read_text())
+        assert kept["status"] == "kept" and kept["entry"] == "square", kept
+        assert not list((box.outbox / alice.login).glob("p1.*.yaml"))[1:]  # its answer alone: never run as a job
+        inputs = {}
+        for who, stem in ((alice, "hw1@kernel=p1,tile=4"), (bob, "hw1@kernel=p1"), (alice, "hw2@kernel=naive")):
+            inputs[who.login, stem] = integer_input(tmp_path / "in.txt", 8, 8, 8, seed=len(inputs))
+            who.drop(box.inbox, f"{stem}.txt", (tmp_path / "in.txt").read_text())
+        mine, theirs = box.outbox / alice.login, box.outbox / bob.login
+        wait_for(lambda: len(list(mine.glob("hw*.yaml"))) == 2 and len(list(theirs.glob("hw*.yaml"))) == 1, 60,
+                 "three sidecars")  # fmt: skip
+        ran = check_ok(mine, "hw1@kernel=p1,tile=4", *inputs[alice.login, "hw1@kernel=p1,tile=4"])
+        assert ran["kernel"] == "p1.cu" and ran["kernel_file"]["sha256"] == kept["sha256"]
+        builtin = check_ok(mine, "hw2@kernel=naive", *inputs[alice.login, "hw2@kernel=naive"])
+        assert builtin["requested"]["kernel"] == "naive" and "kernel_file" not in builtin  # mmd's own (the cpu's)
+        refused = error_of(theirs, "hw1@kernel=p1")["error"]
+        assert refused["kind"] == "jobname" and "you have handed in no p1.cu" in refused["reason"]
+    finally:
+        stop_class_daemon(box, proc)
+
+
+def test_a_job_queued_before_a_new_hand_in_runs_the_version_it_was_queued_with(box, students, tmp_path):
+    """One worker, held by Bob's job: Alice's hw1@kernel=p1 waits in the queue while she hands in a new p1.cu
+    (answered at once: hand-ins are not jobs); once the worker is free her job runs the version it was queued
+    with, by its hash, and her next job the new one."""
+    alice, bob = students
+    release = box.root / "release"
+    proc, _sock = start_class_daemon(box, held_for(bob, release),
+                                     **fake_gpu(MMD_STUDENT_KERNELS="true", MMD_DEVICES="0"))  # fmt: skip
+    try:
+        answer = box.outbox / alice.login / "p1.handin.yaml"
+        alice.drop(box.inbox, "p1.cu", SQUARE)
+        wait_for(answer.exists, 60, "the first hand-in's answer")
+        first = yaml.safe_load(answer.read_text())
+        bob.drop(box.inbox, "hold.txt", small_input())
+        wait_for(lambda: not (box.inbox / "hold.txt").exists(), 30, "Bob's job to hold the worker")
+        a, b = integer_input(tmp_path / "in.txt", 8, 8, 8)
+        alice.drop(box.inbox, "hw1@kernel=p1,tile=4.txt", (tmp_path / "in.txt").read_text())
+        time.sleep(0.5)  # offered to the scheduler: queued behind Bob's job
+        alice.drop(box.inbox, "p1.cu", SQUARE + "// the second version\n")
+        wait_for(lambda: yaml.safe_load(answer.read_text())["version"] != first["version"], 60, "the second answer")
+        second = yaml.safe_load(answer.read_text())
+        assert not (box.outbox / alice.login / "hw1@kernel=p1,tile=4.timing.yaml").exists()  # still queued
+        release.touch()
+        mine = box.outbox / alice.login
+        wait_for(lambda: (mine / "hw1@kernel=p1,tile=4.timing.yaml").exists(), 60, "Alice's job")
+        ran = check_ok(mine, "hw1@kernel=p1,tile=4", a, b)
+        assert ran["kernel_file"]["sha256"] == first["sha256"] != second["sha256"]
+        alice.drop(box.inbox, "hw2@kernel=p1,tile=4.txt", (tmp_path / "in.txt").read_text())
+        wait_for(lambda: (mine / "hw2@kernel=p1,tile=4.timing.yaml").exists(), 60, "Alice's next job")
+        assert check_ok(mine, "hw2@kernel=p1,tile=4", a, b)["kernel_file"]["sha256"] == second["sha256"]
+    finally:
+        release.touch()
+        stop_class_daemon(box, proc)

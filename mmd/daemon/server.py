@@ -39,13 +39,13 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import atomic, inboxfs, record, spawning
+from .. import atomic, inboxfs, jobname, record, spawning
 from ..backends import worker_devices
 from ..config import Settings, graders_gids, host_id_of, listen_address
 from ..errors import ConfigError, JobTimeout, MmdError, OutputError, SpoolError
 from ..fileops import OPS, FileOps
 from ..hooks import Hooks, JobEnd
-from ..job import describe, new_id
+from ..job import describe, new_id, own_kernels
 from ..logs import get_logger
 from ..metrics import Metrics
 from ..notify import Notifier, WatchdogPinger
@@ -53,11 +53,13 @@ from ..pipeline import refuse
 from ..record import now_iso
 from ..spool import Arrival, Arrivals, Candidate, Claim, Readiness, Spool, Survey, Usage, shown, state_name
 from ..spool.archive import refused_keep
+from ..spool.handins import is_handin
 from ..submitters import login_of
 from . import common
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
 from .control import Running
 from .desk import Desk
+from .handins import HandInDesk
 from .local import Limits, LocalSocket
 from .lock import SpoolLock, lock_holder
 from .mailbox import Mailbox, Waits
@@ -161,6 +163,8 @@ class Daemon:
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
         #: What the control socket's askers are answered (their own jobs).
         self.desk = Desk(self.spool, self.scheduler, self.workers, self, graders_gids(settings))
+        #: Where the kernels students hand in are taken, off the main loop.
+        self.handins = HandInDesk(settings, self.spool.private, self.log)
 
     def _charge(self, t: record.Tally) -> None:
         """Count a finished job's time toward its submitter's share (the scheduler's fair share)."""
@@ -525,13 +529,28 @@ class Daemon:
         self._arrivals.completed(name)
         if self.paused():
             return  # it stays in the inbox; the rescan after the pause takes it
+        if is_handin(name):
+            self.handins.take(cand, self.settings)
+            return
         full = self.scheduler.full
-        self.scheduler.offer(name, cand.size, _submitter(cand.owner), cand)
+        self.scheduler.offer(name, cand.size, _submitter(cand.owner), self._pin(cand))
         if self.scheduler.full and not full:
             self.log.warning(
                 "queue full; later files wait in the inbox for a rescan", max_queue=self.settings.max_queue
             )
             self.state.update(backlog=True)
+
+    def _pin(self, cand: Candidate) -> Candidate:
+        """``cand``, with the version of its submitter's own kernel its name picks now (students' kernels): a
+        hand-in of that name while it waits does not change what it runs."""
+        own = own_kernels(self.settings, _submitter(cand.owner))
+        if own is None or "@" not in cand.name:
+            return cand
+        try:
+            picked = jobname.parse(cand.name, (), own).kernel_file
+        except MmdError:
+            return cand  # refused when its worker reads the name, saying why
+        return cand if picked is None else dataclasses.replace(cand, kernel=picked)
 
     def _rescan(self) -> int:
         """Offer every waiting file; returns how many job files wait (not counting broken ones).
@@ -544,6 +563,7 @@ class Daemon:
         survey = self.spool.survey()
         scanned = survey.jobs
         found: list[Candidate] = []
+        found_names: set[str] = set()  # hand-ins waiting to be complete (never jobs)
         complete: dict[str | None, list[tuple[float, Candidate]]] = {}
         unfinished: list[tuple[float, Candidate]] = []
         for cand in scanned:
@@ -559,12 +579,18 @@ class Daemon:
                     complete.setdefault(submitter, []).append((arrived, cand))
             elif not self._arrivals.is_complete(cand.name):
                 unfinished.append((arrived, cand))
-        self._arrivals.keep({c.name for c in (*scanned, *survey.folders, *survey.uploads)})
+        for cand in survey.handins:
+            if self._readiness.observe(cand.name, cand.size, cand.mtime_ns):
+                self._readiness.forget(cand.name)
+                if not self.paused():
+                    self.handins.take(cand, self.settings)
+            found_names.add(cand.name)
+        self._arrivals.keep({c.name for c in (*scanned, *survey.folders, *survey.uploads, *survey.handins)})
         first = sorted(complete, key=lambda s: (min(a for a, _ in complete[s]), str(s)))
         groups = {s: [c for _, c in sorted(complete[s], key=lambda ac: ac[0])] for s in first}
         for cand in self.scheduler.by_share(groups, now):
-            self.scheduler.offer(cand.name, cand.size, _submitter(cand.owner), cand)
-        known = {c.name for c in found}
+            self.scheduler.offer(cand.name, cand.size, _submitter(cand.owner), self._pin(cand))
+        known = {c.name for c in found} | found_names
         for name in self._readiness.pending:
             if name not in known:
                 self._readiness.forget(name)
@@ -846,6 +872,7 @@ class Daemon:
             if observer is not None:
                 observer.stop()
             self.workers.stop(self._on_event, STUCK_AFTER)
+            self.handins.close()
             self.spool.drop_spares()
             if pinger is not None:
                 pinger.stop()

@@ -60,6 +60,7 @@ from ..spawning import die_with_parent
 from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
+from ..spool.handins import is_handin
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
@@ -132,6 +133,8 @@ class Runner:
         # its first backend's fallback goes in Ready, for the daemon to say once for all workers
         self.backends = BackendPool(device, log_fallback=False)
         self._pending: list[_Pending] = []
+        #: The handed-in kernel version the job in hand was queued with (:attr:`Candidate.kernel`).
+        self._pinned: Path | None = None
         #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
         #: the worker's start, or it would run without its kept buffers and device memory for good.
         self._rewarm = False
@@ -197,6 +200,8 @@ class Runner:
                     return
             else:
                 claim = order.claim
+            # the version of the submitter's own kernel its name picked when it was queued (students' kernels)
+            self._pinned = order.seen.kernel if isinstance(order, Run) and order.seen is not None else None
             self._begin(order.seq, claim, more_waiting)
         except Exception as exc:  # the job boundary: a job never kills the worker
             self._failed(order.seq, name, claim, exc)
@@ -219,6 +224,7 @@ class Runner:
             return True
         if claim is None:
             return False
+        self._pinned = None  # claimed as it arrived: its name picks the version current now
         watched = Watched(watch.seq, name, claim.submitter, claim.size)
         if _small(claim.size):
             # Told when it ends: a message now would wake the main process in the middle of a lone job, and
@@ -282,6 +288,7 @@ class Runner:
             started=claim.started,
             context=self._context(claim),
             refusal=refusal,
+            pinned=self._pinned,
         )
 
     def _run(self, seq: int, claim: Claim, more_waiting: bool) -> None:
@@ -555,7 +562,9 @@ class Watching:
         if orders_waiting():
             return False
         for hint in hints:
-            if isinstance(hint, Arrived) and hint.complete and runner.take(self.order, hint.name):
+            if not isinstance(hint, Arrived) or not hint.complete or is_handin(hint.name):
+                continue  # a kernel handed in is never a job: the main process, which saw it too, takes it
+            if runner.take(self.order, hint.name):
                 self.end()
                 return True
         return False

@@ -39,6 +39,9 @@ class Candidate:
     ino: int | None = None
     #: A folder (under a job's name; in class mode any): never a job, set aside once ``drop_box_grace_s`` has passed.
     folder: bool = False
+    #: The version of its submitter's own handed-in kernel its name picked when the daemon offered it (class mode,
+    #: ``student_kernels``): the job runs that one, whatever was handed in since.
+    kernel: Path | None = None
 
 
 @dataclass(frozen=True)
