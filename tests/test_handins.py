@@ -174,10 +174,11 @@ def test_the_drop_box_tells_hand_ins_from_jobs(tmp_path):
         assert is_handin(name)
     for name in ("p1.txt", "p1.cu.part", ".p1.cu", "a b.cu", "p1.kernel.yaml", ".cu"):
         assert not is_handin(name)
-    for name in ("p1.cu", "hw1.txt"):
+    for name in ("p1.cu", "hw1.txt", "p1.kernel.yaml"):
         (tmp_path / name).write_text("x")
     seen = survey(tmp_path)
     assert [c.name for c in seen.jobs] == ["hw1.txt"] and [c.name for c in seen.handins] == ["p1.cu"]
+    assert [c.name for c in seen.uploads] == ["p1.kernel.yaml"]  # waits for its kernel; swept as an upload
     assert all(isinstance(c, Candidate) for c in seen.handins)
 
 
@@ -247,4 +248,25 @@ def test_a_job_queued_before_a_new_hand_in_runs_the_version_it_was_queued_with(b
         assert check_ok(mine, "hw2@kernel=p1,tile=4", a, b)["kernel_file"]["sha256"] == second["sha256"]
     finally:
         release.touch()
+        stop_class_daemon(box, proc)
+
+
+def test_the_daemon_takes_a_declaration_dropped_before_its_kernel_with_it(box, students):
+    """Alice drops p2.kernel.yaml, then p2.cu (docs/examples' notebook: its parameters are declared): the
+    declaration is never a job; it waits for its kernel, which reads it."""
+    alice, _ = students
+    proc, _sock = start_class_daemon(box, MMD_STUDENT_KERNELS="true")
+    try:
+        examples = Path(__file__).resolve().parent.parent / "docs" / "examples"
+        alice.drop(box.inbox, "p2.kernel.yaml", (examples / "notebook.kernel.yaml").read_text())
+        time.sleep(0.5)  # seen alone first: an arrival of its own
+        alice.drop(box.inbox, "p2.cu", (examples / "notebook.cu").read_text())
+        mine = box.outbox / alice.login
+        wait_for((mine / "p2.handin.yaml").exists, 60, "the hand-in's answer")
+        answer = yaml.safe_load((mine / "p2.handin.yaml").read_text())
+        assert answer["status"] == "kept" and answer["declared_in"] == "p2.kernel.yaml", answer
+        assert answer["signature"] == "declared"
+        assert sorted(p.name for p in mine.iterdir()) == ["p2.handin.yaml"]  # no error sidecar of a "job"
+        assert not list(box.inbox.iterdir())
+    finally:
         stop_class_daemon(box, proc)

@@ -53,7 +53,7 @@ from ..pipeline import refuse
 from ..record import now_iso
 from ..spool import Arrival, Arrivals, Candidate, Claim, Readiness, Spool, Survey, Usage, shown, state_name
 from ..spool.archive import refused_keep
-from ..spool.handins import is_handin
+from ..spool.handins import is_declaration, is_handin
 from ..submitters import login_of
 from . import common
 from .common import HEARTBEAT, MAX_PAUSE, STOP_GRACE_S, STUCK_AFTER, SUPERVISE_S, tighten_umask
@@ -532,6 +532,8 @@ class Daemon:
         if is_handin(name):
             self.handins.take(cand, self.settings)
             return
+        if is_declaration(name):
+            return  # its NAME.cu takes it; the rescans sweep one left alone as an upload
         full = self.scheduler.full
         self.scheduler.offer(name, cand.size, _submitter(cand.owner), self._pin(cand))
         if self.scheduler.full and not full:

@@ -60,7 +60,7 @@ from ..spawning import die_with_parent
 from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
-from ..spool.handins import is_handin
+from ..spool.handins import is_declaration, is_handin
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
@@ -562,7 +562,7 @@ class Watching:
         if orders_waiting():
             return False
         for hint in hints:
-            if not isinstance(hint, Arrived) or not hint.complete or is_handin(hint.name):
+            if not isinstance(hint, Arrived) or not hint.complete or is_handin(hint.name) or is_declaration(hint.name):
                 continue  # a kernel handed in is never a job: the main process, which saw it too, takes it
             if runner.take(self.order, hint.name):
                 self.end()

@@ -41,6 +41,12 @@ def is_handin(name: str) -> bool:
     return name.endswith(SUFFIX) and bool(FOLDER_NAME.fullmatch(name[: -len(SUFFIX)]))
 
 
+def is_declaration(name: str) -> bool:
+    """Whether inbox entry ``name`` is a hand-in's declaration (``NAME.kernel.yaml``), dropped before its
+    ``NAME.cu``: never a job; it waits for its kernel, and one no kernel takes is removed as an upload is."""
+    return name.endswith(SIDECAR_SUFFIX) and bool(FOLDER_NAME.fullmatch(name[: -len(SIDECAR_SUFFIX)]))
+
+
 @dataclass(frozen=True)
 class HandInSettings:
     """What a hand-in needs of the service's settings."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .handins import is_handin
+from .handins import is_declaration, is_handin
 from .names import DONE_DIR, FAILED_DIR, IGNORED_SUFFIXES, WORK_DIR, is_job_name
 
 
@@ -55,7 +55,8 @@ class Survey:
     #: (class mode) every folder but the spool's own, whatever its name (a student's ``.team``: a teammate's file
     #: copied into it could be renamed into the inbox, a job in the teammate's name).
     folders: list[Candidate]
-    #: Uploads: regular files whose names end ``.part``, ``.tmp`` or ``~``, hidden or not (never jobs).
+    #: Uploads: regular files whose names end ``.part``, ``.tmp`` or ``~``, hidden or not, and hand-ins'
+    #: declarations (``NAME.kernel.yaml``) waiting for their kernel (never jobs).
     uploads: list[Candidate]
     #: Kernels handed in: ``NAME.cu`` (:func:`~.handins.is_handin`), any kind of entry, oldest first (never jobs).
     handins: list[Candidate] = field(default_factory=list)
@@ -74,8 +75,9 @@ def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir, every_folde
             for entry in it:
                 name = entry.name
                 handin = is_handin(name)
-                job = is_job_name(name) and not handin
-                upload = not job and name.endswith(IGNORED_SUFFIXES)
+                declaration = is_declaration(name)  # waits for its NAME.cu: swept as an upload is
+                job = is_job_name(name) and not handin and not declaration
+                upload = not job and (declaration or name.endswith(IGNORED_SUFFIXES))
                 try:
                     folder = (job or handin or every_folder) and entry.is_dir(follow_symlinks=False)
                     if not (job or upload or folder or handin):
