@@ -53,12 +53,14 @@ def _settings(b: Box, allowed: bool = True) -> Settings:
     return Settings(inbox=b.inbox, outbox=b.outbox, state_dir=b.state, class_mode=True, student_kernels=allowed)
 
 
-def _hand_in(b: Box, who: Student, name: str, text: str, allowed: bool = True, cache: Path | None = None) -> dict:
+def _hand_in(
+    b: Box, who: Student, name: str, text: str, allowed: bool = True, cache: Path | None = None, **limits: int
+) -> dict:
     """``who`` drops ``name`` in the inbox by the docs' recipe; mmd takes it as the daemon does; its answer."""
     who.drop(b.inbox, name, text)
     shared = Shared(b.inbox, b.outbox, state_dir=b.state, class_mode=True)
     receive(b.inbox, name, who.uid, shared.make_output_folder(who.uid), KernelStore.of(b.state),
-            HandInSettings(allowed, cache), Ledger(shared))  # fmt: skip
+            HandInSettings(allowed, cache, **limits), Ledger(shared))  # fmt: skip
     stem = name.removesuffix(".cu")
     return yaml.safe_load((b.outbox / who.login / f"{stem}.handin.yaml").read_text())
 
@@ -160,13 +162,19 @@ def test_the_store_counts_toward_the_students_quota_and_a_recount_finds_it(box, 
     store = Usage()
     for _, path in kept:
         store += usage_of(os.lstat(path))
-    counted = ledger.usage(alice.login)
-    assert counted == store  # the sidecars in outbox/alice are mmd's to count at a recount, the store at once
     answers = Usage()
     for path in (box.outbox / alice.login).iterdir():
         answers += usage_of(os.lstat(path))
+    assert answers.files == 1  # p1.handin.yaml, the second answer in place of the first
+    assert ledger.usage(alice.login) == store + answers  # counted as they are kept, each answer in place of the last
     assert ledger.recount()[alice.login] == store + answers
     assert ledger.usage(bob.login) == Usage()
+    full = _hand_in(box, alice, "p3.cu", P1, cache=tmp_path, max_files=ledger.usage(alice.login).files)
+    assert full["status"] == "refused" and "(outputs, sidecars, inputs, kernels; max_submitter_files)" in full["reason"]
+    over = _hand_in(box, alice, "p3.cu", P1, cache=tmp_path, max_bytes=ledger.usage(alice.login).bytes + 4095)
+    assert over["status"] == "refused" and "bytes (max_submitter_bytes); remove some" in over["reason"]
+    assert KernelStore.of(box.state).pick(alice.login, "p3") is None
+    assert _hand_in(box, bob, "p3.cu", P1, cache=tmp_path, max_files=2)["status"] == "kept"  # his share, not hers
 
 
 def test_the_drop_box_tells_hand_ins_from_jobs(tmp_path):

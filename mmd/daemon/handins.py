@@ -43,7 +43,8 @@ class HandInDesk:
         if cand.name in self._pending or cand.owner is None:
             return
         allowed = settings.student_kernels and settings.class_mode and settings.state_dir is not None
-        judged = HandInSettings(allowed, kernel_cache_dir(settings))
+        judged = HandInSettings(allowed, kernel_cache_dir(settings), max_bytes=settings.max_submitter_bytes,
+                                max_files=settings.max_submitter_files)  # fmt: skip
         self._pending[cand.name] = self._pool.submit(self._receive, cand, cand.owner, judged)
 
     def _receive(self, cand: Candidate, owner: int, settings: HandInSettings) -> None:

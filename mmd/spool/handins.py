@@ -57,6 +57,9 @@ class HandInSettings:
     kernel_cache: Path | None = None
     #: The tiles it is checked and built at.
     tiles: tuple[int, ...] = kernels.TILES
+    #: ``max_submitter_bytes`` and ``max_submitter_files``: what one student may keep (None: no bound).
+    max_bytes: int | None = None
+    max_files: int | None = None
 
 
 class _Refused(MmdError):
@@ -109,6 +112,23 @@ def _tiles(kf: KernelFile, settings: HandInSettings) -> tuple[list[TileFacts], l
     return facts, warnings
 
 
+def _check_room(used: Usage, parts: list[bytes | None], settings: HandInSettings) -> None:
+    """_Refused where keeping ``parts`` would take the student past their share (as a job is refused: the
+    ledger's count, blocks of 4 KiB at least)."""
+    kept = [part for part in parts if part is not None]
+    more = Usage(sum(-(-max(len(part), 1) // 4096) * 4096 for part in kept), len(kept))
+    if settings.max_bytes is not None and used.bytes + more.bytes > settings.max_bytes:
+        raise _Refused(
+            f"what mmd keeps for you (outputs, sidecars, inputs, kernels) takes {used.bytes} of your "
+            f"{settings.max_bytes} bytes (max_submitter_bytes); remove some with mmd rm"
+        )
+    if settings.max_files is not None and used.files + more.files > settings.max_files:
+        raise _Refused(
+            f"you keep {used.files} files of your {settings.max_files} (outputs, sidecars, inputs, kernels; "
+            "max_submitter_files); remove some with mmd rm"
+        )
+
+
 def receive(
     inbox: Path,
     name: str,
@@ -149,12 +169,13 @@ def receive(
         tiles, warnings = _tiles(kf, settings)
         if not any(t.runs for t in tiles):
             raise _Refused(f"{name}: it runs at none of the tiles {', '.join(map(str, settings.tiles))}")
+        if ledger is not None:
+            _check_room(ledger.usage(login), [source, declaration], settings)
         kept = store.keep(login, stem, source, declaration)
         if ledger is not None:
             used = Usage()
             for path in kept.written:
-                with contextlib.suppress(OSError):
-                    used += usage_of(os.lstat(path))
+                used += _usage(path)
             ledger.add(login, used)
         params = [f"{p.name} {role}" for p, role in zip(kf.kernel.parameters, kf.roles, strict=True)]
         record = HandInRecord(
@@ -188,5 +209,16 @@ def receive(
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_uid == owner:
                     os.unlink(path)
-    write_atomic(outbox_folder / (stem + HANDIN_SUFFIX), [dumps_handin(record)])
+    answer = outbox_folder / (stem + HANDIN_SUFFIX)
+    before = _usage(answer)
+    write_atomic(answer, [dumps_handin(record)])
+    if ledger is not None:  # the answer replaces the one before it: counted as a job's sidecar is
+        ledger.add(login, _usage(answer) + -before)
     return record
+
+
+def _usage(path: Path) -> Usage:
+    try:
+        return usage_of(os.lstat(path))
+    except OSError:
+        return Usage()
