@@ -278,3 +278,30 @@ def test_the_daemon_takes_a_declaration_dropped_before_its_kernel_with_it(box, s
         assert not list(box.inbox.iterdir())
     finally:
         stop_class_daemon(box, proc)
+
+
+def test_retention_removes_old_versions_but_the_current_one_and_uncounts_them(box, students, tmp_path):
+    """Versions kept more than retention_days ago go (by when mmd wrote them), but each name's current one,
+    however old; the ledger stops counting what went."""
+    from mmd.daemon.handins import HandInDesk
+    from mmd.logs import get_logger
+
+    alice, _ = students
+    first = _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    second = _hand_in(box, alice, "p1.cu", P1 + "// v2\n", cache=tmp_path)
+    old = time.time() - 200 * 86400
+    for _login, path, _info in kept_kernels(box.state / "kernels"):
+        os.utime(path, (old, old))
+    ledger = Ledger(Shared(box.inbox, box.outbox, state_dir=box.state, class_mode=True))
+    before = ledger.usage(alice.login)
+    going = Usage()
+    for _login, path, info in kept_kernels(box.state / "kernels"):
+        if path.parent.name == first["version"]:
+            going += usage_of(info)
+    desk = HandInDesk(_settings(box), box.state, get_logger())
+    desk.sweep(120 * 86400)
+    desk.close()
+    left = [path for _login, path, _info in kept_kernels(box.state / "kernels")]
+    assert [p.parent.name for p in left] == [second["version"]] != [first["version"]]
+    assert KernelStore.of(box.state).pick(alice.login, "p1") == left[0]
+    assert going.files == 1 and ledger.usage(alice.login) == before + -going

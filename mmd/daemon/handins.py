@@ -10,6 +10,7 @@ touched. A hand-in the thread is still on is not handed to it again.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ..kernelfile.store import KernelStore
 from ..spool import Candidate, shown
 from ..spool.common import Shared
 from ..spool.handins import HandInSettings, receive
-from ..spool.ledger import Ledger
+from ..spool.ledger import Ledger, usage_of
 from ..submitters import login_of
 
 
@@ -62,6 +63,19 @@ class HandInDesk:
             return
         self._log.info("kernel handed in", file=shown(cand.name), submitter=login_of(owner), status=answer.status,
                        **({"reason": answer.reason} if answer.reason else {"version": answer.version}))  # fmt: skip
+
+    def sweep(self, max_age_s: float) -> None:
+        """Retention: remove the kept versions older than ``max_age_s`` that are no name's current one, on the
+        desk's own thread (never beside a hand-in that may keep one of them again), each uncounted."""
+        self._pool.submit(self._sweep, max_age_s)
+
+    def _sweep(self, max_age_s: float) -> None:
+        gone = self._store.sweep(max_age_s, time.time())
+        if self._ledger is not None:
+            for login, _path, info in gone:
+                self._ledger.add(login, -usage_of(info))
+        if gone:
+            self._log.info("removed kept kernel versions older than retention_days", files=len(gone))
 
     def close(self) -> None:
         """Finish the hand-in in hand (a compile is bounded by its limits) and take no more."""

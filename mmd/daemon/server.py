@@ -709,6 +709,7 @@ class Daemon:
         if self.settings.retention_days is not None and now - self._kept >= common.RETENTION_SWEEP_S:
             self._kept = now
             old = self.spool.sweep_old(self.settings.retention_days * 86400)
+            self.handins.sweep(self.settings.retention_days * 86400)
             if old:
                 self.log.info("removed what is older than retention_days", files=len(old),
                               retention_days=self.settings.retention_days)  # fmt: skip

@@ -16,6 +16,7 @@ names: no one runs another's kernel, and no hand-in shadows a built-in.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -96,6 +97,33 @@ class KernelStore:
         os.replace(temporary, link)
         return Kept(name, version, path, tuple(written))
 
+    def sweep(self, max_age_s: float, now: float) -> list[tuple[str, Path, os.stat_result]]:
+        """Remove the versions kept more than ``max_age_s`` before ``now`` (by when mmd wrote them: its own
+        files' mtime) that are no name's current one (retention); returns what went: (login, file, its lstat).
+        A job still queued with a version so removed runs its name's current one."""
+        gone: list[tuple[str, Path, os.stat_result]] = []
+        for own in _listed(self.root):
+            current = set()
+            for link in _listed(own):
+                with contextlib.suppress(OSError):
+                    current.add(os.path.normpath(own / os.readlink(link)).rsplit(os.sep, 2)[-2])
+            for version in _listed(own / VERSIONS_DIR):
+                if version.name in current:
+                    continue
+                try:
+                    files = [(path, os.lstat(path)) for path in _listed(version)]
+                except OSError:
+                    continue
+                if any(now - info.st_mtime < max_age_s for _, info in files):
+                    continue
+                for path, info in files:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                        gone.append((own.name, path, info))
+                with contextlib.suppress(OSError):
+                    version.rmdir()
+        return gone
+
     def pick(self, login: str, name: str) -> Path | None:
         """The current version of ``login``'s ``NAME`` (its own ``NAME.cu`` in ``.v``); None where they have
         handed in none, or ``name`` is not a kernel folder's name."""
@@ -110,3 +138,11 @@ class KernelStore:
         if path.parent.parent != (own / VERSIONS_DIR).resolve() or not path.is_file():
             return None  # mmd writes every link itself; anything else is not followed
         return path
+
+
+def _listed(folder: Path) -> list[Path]:
+    """The entries of ``folder`` but hidden ones (none where it is missing or not a folder)."""
+    try:
+        return [folder / name for name in sorted(os.listdir(folder)) if not name.startswith(".")]
+    except OSError:
+        return []
