@@ -88,6 +88,10 @@ def test_a_broken_hand_in_is_answered_with_the_compilers_lines_on_the_authors_fi
     assert answer["errors"][0] == 'p1.cu:6: error: expected a ";"'
     assert answer["reason"] == answer["errors"][0]
     assert KernelStore.of(box.state).pick(alice.login, "p1") is None
+    alice.rename_in(box.inbox, "p1.kernel.yaml", b"arguments: [A, B, C, \xff]\n")
+    answer = _hand_in(box, alice, "p1.cu", P1, cache=tmp_path)
+    assert answer["status"] == "refused" and answer["reason"] == "p1.kernel.yaml: cannot be read: not UTF-8 text"
+    assert not (box.inbox / "p1.kernel.yaml").exists()  # taken with its kernel, refused or not
 
 
 def test_a_students_job_names_their_own_kernel_and_no_one_elses(box, students, tmp_path):

@@ -61,6 +61,9 @@ class HandInDesk:
             self._log.error("cannot take a kernel handed in", file=shown(cand.name), submitter=login_of(owner),
                             reason=exc.reason)  # fmt: skip
             return
+        except Exception as exc:  # the thread's boundary, as a worker's job's: it goes on to the next hand-in
+            self._log.exception("internal error in a hand-in", file=shown(cand.name), error=repr(exc))
+            return
         self._log.info("kernel handed in", file=shown(cand.name), submitter=login_of(owner), status=answer.status,
                        **({"reason": answer.reason} if answer.reason else {"version": answer.version}))  # fmt: skip
 

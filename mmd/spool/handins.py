@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import kernels
 from ..atomic import write_atomic
-from ..errors import KernelFileError, MmdError
+from ..errors import KernelFileError, MmdError, OutputError
 from ..kernelchoice import FOLDER_NAME, SUFFIX
 from ..kernelfile.nvrtc import compile_kernel
 from ..kernelfile.reading import MAX_SOURCE_BYTES, SIDECAR_SUFFIX, KernelFile, parse_kernel
@@ -62,23 +62,20 @@ class HandInSettings:
     max_files: int | None = None
 
 
-class _Refused(MmdError):
-    kind = "kernel-file"
-
-
 def _read_own(path: Path, owner: int, most: int) -> bytes:
-    """``path``'s bytes, where it is a regular file of ``owner``'s (never through a link); _Refused otherwise."""
+    """``path``'s bytes, where it is a regular file of ``owner``'s (never through a link); KernelFileError
+    otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise _Refused(f"{path.name}: cannot be read: {exc.strerror}") from None
+        raise KernelFileError(f"{path.name}: cannot be read: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
-            raise _Refused(f"{path.name}: not a file of its dropper's own")
+            raise KernelFileError(f"{path.name}: not a file of its dropper's own")
         data = f.read(most + 1)
     if len(data) > most:
-        raise _Refused(f"{path.name}: more than {most} bytes")
+        raise KernelFileError(f"{path.name}: more than {most} bytes")
     return data
 
 
@@ -113,17 +110,17 @@ def _tiles(kf: KernelFile, settings: HandInSettings) -> tuple[list[TileFacts], l
 
 
 def _check_room(used: Usage, parts: list[bytes | None], settings: HandInSettings) -> None:
-    """_Refused where keeping ``parts`` would take the student past their share (as a job is refused: the
+    """KernelFileError where keeping ``parts`` would take the student past their share (as a job is refused: the
     ledger's count, blocks of 4 KiB at least)."""
     kept = [part for part in parts if part is not None]
     more = Usage(sum(-(-max(len(part), 1) // 4096) * 4096 for part in kept), len(kept))
     if settings.max_bytes is not None and used.bytes + more.bytes > settings.max_bytes:
-        raise _Refused(
+        raise KernelFileError(
             f"what mmd keeps for you (outputs, sidecars, inputs, kernels) takes {used.bytes} of your "
             f"{settings.max_bytes} bytes (max_submitter_bytes); remove some with mmd rm"
         )
     if settings.max_files is not None and used.files + more.files > settings.max_files:
-        raise _Refused(
+        raise KernelFileError(
             f"you keep {used.files} files of your {settings.max_files} (outputs, sidecars, inputs, kernels; "
             "max_submitter_files); remove some with mmd rm"
         )
@@ -149,29 +146,32 @@ def receive(
     record: HandInRecord
     try:
         if not settings.allowed:
-            raise _Refused(
+            raise KernelFileError(
                 "this service runs no students' kernels (setting student_kernels): ask the admin; "
                 "mmd's own kernels stay yours to pick (NAME@kernel=naive.txt)"
             )
         if stem in kernels.NAMES:
-            raise _Refused(
+            raise KernelFileError(
                 f"{name}: {stem} is one of mmd's own kernels, which NAME@kernel={stem}.txt always runs: "
                 "give yours another name"
             )
         source = _read_own(source_path, owner, MAX_SOURCE_BYTES)
         declaration_path, declaration = _declaration(inbox, stem, owner)
-        kf = parse_kernel(
-            source,
-            name,
-            None if declaration is None else declaration.decode("utf-8", "replace"),
-            declaration_path.name,
-        )
+        try:
+            text = None if declaration is None else declaration.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KernelFileError(f"{declaration_path.name}: cannot be read: not UTF-8 text") from None
+        kf = parse_kernel(source, name, text, declaration_path.name)
         tiles, warnings = _tiles(kf, settings)
         if not any(t.runs for t in tiles):
-            raise _Refused(f"{name}: it runs at none of the tiles {', '.join(map(str, settings.tiles))}")
+            raise KernelFileError(f"{name}: it runs at none of the tiles {', '.join(map(str, settings.tiles))}")
         if ledger is not None:
             _check_room(ledger.usage(login), [source, declaration], settings)
-        kept = store.keep(login, stem, source, declaration)
+        try:
+            kept = store.keep(login, stem, source, declaration)
+        except (OSError, OutputError) as exc:
+            why = exc.reason if isinstance(exc, OutputError) else exc.strerror
+            raise KernelFileError(f"{name}: mmd cannot keep it now ({why}); hand it in again later") from None
         if ledger is not None:
             used = Usage()
             for path in kept.written:
@@ -193,8 +193,8 @@ def receive(
             tiles=tiles,
             warnings=warnings or None,
         )
-    except (KernelFileError, _Refused) as exc:
-        errors = exc.details.get("errors") if isinstance(exc, KernelFileError) else None
+    except KernelFileError as exc:
+        errors = exc.details.get("errors")
         record = HandInRecord(
             handin=name,
             kernel=stem,
