@@ -27,7 +27,7 @@ from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
 
 from . import classbox
 from .classbox import Box, Student
-from .conftest import wait_for
+from .conftest import run_mmd, wait_for
 from .test_class import held_for, small_input, start_class_daemon, stop_class_daemon
 from .test_daemon import check_ok, error_of
 from .test_kernelfile_run import SQUARE, fake_gpu, integer_input
@@ -60,7 +60,7 @@ def _hand_in(
     who.drop(b.inbox, name, text)
     shared = Shared(b.inbox, b.outbox, state_dir=b.state, class_mode=True)
     receive(b.inbox, name, who.uid, shared.make_output_folder(who.uid), KernelStore.of(b.state),
-            HandInSettings(allowed, cache, **limits), Ledger(shared))  # fmt: skip
+            HandInSettings(allowed, cache, **limits), Ledger(shared), failed=shared.failed)  # fmt: skip
     stem = name.removesuffix(".cu")
     return yaml.safe_load((b.outbox / who.login / f"{stem}.handin.yaml").read_text())
 
@@ -152,6 +152,7 @@ def test_with_students_kernels_off_a_hand_in_is_refused_with_a_sidecar_saying_so
     answer = _hand_in(box, alice, "p1.cu", P1, allowed=False, cache=tmp_path)
     assert answer["status"] == "refused" and "(setting student_kernels)" in answer["reason"]
     assert not (box.inbox / "p1.cu").exists() and not (box.state / "kernels").exists()
+    assert [p.read_text() for p in (box.state / ".failed").glob("p1.*.cu")] == [P1], "archived as a refused input"
     assert Settings().student_kernels is False
 
 
@@ -309,3 +310,17 @@ def test_retention_removes_old_versions_but_the_current_one_and_uncounts_them(bo
     assert [p.parent.name for p in left] == [second["version"]] != [first["version"]]
     assert KernelStore.of(box.state).pick(alice.login, "p1") == left[0]
     assert going.files == 1 and ledger.usage(alice.login) == before + -going
+
+
+def test_a_personal_daemon_keeps_a_kernel_dropped_in_its_inbox_as_a_refused_input(tmp_path):
+    """No setting lets a personal inbox run a kernel handed in: the .cu is answered as refused and kept in
+    .failed, as a refused job's input is; nothing dropped is lost."""
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "outbox").mkdir()
+    (tmp_path / "inbox" / "p1.cu").write_text(P1)
+    done = run_mmd("serve", "--once", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    answer = yaml.safe_load((tmp_path / "outbox" / "p1.handin.yaml").read_text())
+    assert answer["status"] == "refused" and "(setting student_kernels)" in answer["reason"]
+    kept = list((tmp_path / "inbox" / ".failed").glob("p1.*.cu"))
+    assert [p.read_text() for p in kept] == [P1], os.listdir(tmp_path / "inbox")

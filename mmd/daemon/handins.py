@@ -56,7 +56,16 @@ class HandInDesk:
             return
         try:
             folder = self._shared.make_output_folder(owner)
-            answer = receive(self._shared.inbox, cand.name, owner, folder, self._store, settings, self._ledger)
+            answer = receive(
+                self._shared.inbox,
+                cand.name,
+                owner,
+                folder,
+                self._store,
+                settings,
+                self._ledger,
+                failed=self._shared.failed,
+            )
         except MmdError as exc:
             self._log.error("cannot take a kernel handed in", file=shown(cand.name), submitter=login_of(owner),
                             reason=exc.reason)  # fmt: skip

@@ -29,6 +29,7 @@ from ..kernelfile.store import KernelStore
 from ..record import HANDIN_SUFFIX, HandInRecord, TileFacts, dumps_handin, now_iso
 from ..submitters import login_of
 from .ledger import Ledger, Usage, usage_of
+from .names import archive_name
 
 #: The architecture a hand-in is built for where no GPU is asked (the lab's H100s).
 ARCH = "sm_90"
@@ -134,16 +135,20 @@ def receive(
     store: KernelStore,
     settings: HandInSettings,
     ledger: Ledger | None = None,
+    *,
+    failed: Path,
 ) -> HandInRecord:
     """Take hand-in ``name`` (``NAME.cu``, dropped by ``owner``) from ``inbox``, keep it where it is good, and
-    answer in ``outbox_folder`` (``NAME.handin.yaml``). The inbox's files are removed either way. Raises
+    answer in ``outbox_folder`` (``NAME.handin.yaml``). The inbox's files leave it either way: a kept one is
+    removed (the store has mmd's copy), a refused one is archived in ``failed`` as a refused job's input is,
+    so that nothing dropped is lost (a personal inbox's ``.cu``, which no setting lets run, among them). Raises
     OutputError where the answer cannot be written."""
     stem = name[: -len(SUFFIX)]
     login = login_of(owner)
     received = now_iso()
     source_path = inbox / name
     declaration_path = inbox / (stem + SIDECAR_SUFFIX)
-    record: HandInRecord
+    record: HandInRecord | None = None
     try:
         if not settings.allowed:
             raise KernelFileError(
@@ -205,10 +210,17 @@ def receive(
             status="refused",
         )
     finally:
+        tag = os.urandom(6).hex()
         for path in (source_path, declaration_path):
             with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid == owner:
+                if os.lstat(path).st_uid != owner:
+                    continue
+                if record is None or record.status == "refused":  # refused, or an error on the way: kept
+                    failed.mkdir(mode=0o700, exist_ok=True)
+                    os.rename(path, failed / archive_name(path.name, tag))
+                else:
                     os.unlink(path)
+    assert record is not None  # set on every way that does not raise
     answer = outbox_folder / (stem + HANDIN_SUFFIX)
     before = _usage(answer)
     write_atomic(answer, [dumps_handin(record)])
