@@ -31,6 +31,7 @@ def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "j.txt").write_text("1\n2\n3\n")
     (tmp_path / "plain").write_text("not a folder\n")
+    (tmp_path / "bad.cu").write_text("not a kernel\n")
     (tmp_path / "notresults.csv").write_text("this,is\nnot,mmd\n")
     (tmp_path / "results.csv").write_text(",".join(COLUMNS) + "\n")  # mmd bench's columns, no rows
     os.mkfifo(tmp_path / "fifo")
@@ -54,6 +55,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("check: no output", ["check"], USAGE, "required"),
     ("collect: no folders", ["collect"], USAGE, "required"),
     ("kernels: bad flag", ["kernels", "--frob"], USAGE, "unrecognized"),
+    ("hand-in: no file", ["hand-in"], USAGE, "required"),
     ("serve: bad observer", ["serve", "--observer", "x"], USAGE, "invalid choice"),
     ("status: bad flag", ["status", "--frob"], USAGE, "unrecognized"),
     ("cancel: no job", ["cancel"], USAGE, "required"),
@@ -78,6 +80,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("collect: missing hand-in", ["collect", "nope", "graded"], USAGE, "nope: No such file"),
     ("collect: hand-in a file", ["collect", "plain", "graded"], USAGE, "not a folder"),
     ("collect: copy exists", ["collect", "jobs", "plain"], USAGE, "exists: collect into a new folder"),
+    ("hand-in: missing file", ["hand-in", "nope.cu", "--inbox", "jobs"], USAGE, "nope.cu: no such file"),
+    ("hand-in: not NAME.cu", ["hand-in", "m.txt", "--inbox", "jobs"], USAGE, "a hand-in is NAME.cu"),
+    ("hand-in: mmd's own name", ["hand-in", "naive.cu", "--inbox", "jobs"], USAGE, "one of mmd's own kernels"),
+    ("hand-in: inbox missing", ["hand-in", "bad.cu"], USAGE, "the inbox inbox: no such folder"),
     ("status: inbox a file", ["status", "--inbox", "plain"], USAGE, "not a folder"),
     ("status: inbox missing", ["status", "--inbox", "nope"], USAGE, "no such folder"),
     ("submit: folder missing", ["submit", "--slurm", "nope/"], USAGE, "no such folder"),
@@ -93,6 +99,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("kernels: missing config", ["kernels", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("serve: inbox missing", ["serve", "--inbox", "nope", "--once"], CONFIG, "does not exist"),
     ("bench: missing config", ["bench", "--config", "nope.yaml"], CONFIG, "cannot read config"),
+    ("hand-in: missing config", ["hand-in", "bad.cu", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("config: missing config", ["config", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("cancel: no control socket", ["cancel", "m.txt"], CONFIG, "no control_socket is set"),
     ("rm: no control socket", ["rm", "m.out"], CONFIG, "no control_socket is set"),
@@ -104,6 +111,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("submit: outbox under a file", ["submit", "--slurm", "jobs", "--outbox", "plain/out"], FAILED, "cannot write"),
     ("bench: out under a file", ["bench", "--backend", "cpu", "--sizes", "8", "--out", "plain/b"], FAILED, "cannot"),
     ("report: out under a file", ["report", "{results}", "--out", "plain/r"], FAILED, "cannot make"),
+    ("hand-in: not a kernel", ["hand-in", "bad.cu", "--inbox", "jobs"], FAILED, "bad.cu: no __global__ function"),
 ]
 
 

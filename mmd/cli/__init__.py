@@ -23,8 +23,8 @@ from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = (
-    "run", "gen", "check", "collect", "kernels", "serve", "status", "cancel", "rm", "submit", "bench", "report",
-    "config", "completion",
+    "run", "gen", "check", "collect", "kernels", "hand-in", "serve", "status", "cancel", "rm", "submit", "bench",
+    "report", "config", "completion",
 )  # fmt: skip
 
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.commands = sub.choices
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f".{name}_cmd", __name__)
+            module = importlib.import_module(f".{name.replace('-', '_')}_cmd", __name__)  # hand-in: hand_in_cmd
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.startswith(__name__):
                 continue  # a command not built yet in this tree
