@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mmd.cli.status_cmd import render_mine
 from mmd.config import Settings
 from mmd.errors import ConfigError, KernelError
 from mmd.job import describe
@@ -28,7 +29,7 @@ from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
 from . import classbox
 from .classbox import Box, Student
 from .conftest import run_mmd, wait_for
-from .test_class import held_for, small_input, start_class_daemon, stop_class_daemon
+from .test_class import asks, held_for, small_input, start_class_daemon, stop_class_daemon
 from .test_daemon import check_ok, error_of
 from .test_kernelfile_run import SQUARE, fake_gpu, integer_input
 
@@ -261,6 +262,35 @@ def test_a_job_queued_before_a_new_hand_in_runs_the_version_it_was_queued_with(b
         assert check_ok(mine, "hw2@kernel=p1,tile=4", a, b)["kernel_file"]["sha256"] == second["sha256"]
     finally:
         release.touch()
+        stop_class_daemon(box, proc)
+
+
+def test_a_students_status_lists_their_own_kernels_and_no_one_elses(box, students):
+    """Alice hands in p1.cu, Bob p2.cu: each one's status (the control socket, asked as them) lists their own
+    kernel with its version and when it was handed in, and `mmd status` prints it; root's lists no one's."""
+    from mmd.daemon.local import ask
+
+    alice, bob = students
+    proc, sock = start_class_daemon(box, MMD_STUDENT_KERNELS="true")
+    try:
+        for who, name in ((alice, "p1.cu"), (bob, "p2.cu")):
+            who.drop(box.inbox, name, P1)
+        answers = {}
+        for who, stem in ((alice, "p1"), (bob, "p2")):
+            path = box.outbox / who.login / f"{stem}.handin.yaml"
+            wait_for(path.exists, 60, f"{who.login}'s hand-in answer")
+            answers[who.login] = yaml.safe_load(path.read_text())
+            assert answers[who.login]["status"] == "kept", answers[who.login]
+        for who, stem in ((alice, "p1"), (bob, "p2")):
+            mine = asks(who, sock, '{"op": "status"}')
+            assert [(k["name"], k["version"]) for k in mine["kernels"]] == [(stem, answers[who.login]["version"])]
+            assert mine["kernels"][0]["handed_in"][:16] >= answers[who.login]["received_at"][:16]
+            assert mine["kernels_total"] == 1
+            line = render_mine(mine).splitlines()[-1]
+            when = mine["kernels"][0]["handed_in"][:16].replace("T", " ")
+            assert line == f"your kernels: {stem} (version {answers[who.login]['version'][:8]}, handed in {when})"
+        assert "kernels" not in ask(sock, {"op": "status"})  # root's status: everyone's jobs, no one's kernels
+    finally:
         stop_class_daemon(box, proc)
 
 

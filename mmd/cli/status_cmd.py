@@ -23,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="show the daemon serving the inbox",
         description="Show whether a daemon serves the inbox, what it is doing and what it did last. A user who "
         "cannot read the daemon's state_dir (a class's student) asks its control_socket instead and is shown "
-        "their own jobs, with their places in the queue. Exit status: 0 a daemon serves the inbox, 3 none "
-        "does, 1 the daemon refused the request (too many of yours at once), 2 bad usage or an inbox that is "
-        "missing or not a folder.",
+        "their own jobs, with their places in the queue, and the kernels they handed in. Exit status: 0 a daemon "
+        "serves the inbox, 3 none does, 1 the daemon refused the request (too many of yours at once), 2 bad usage "
+        "or an inbox that is missing or not a folder.",
     )
     add_config_option(p, service=True)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
@@ -99,6 +99,14 @@ def render_mine(answer: dict[str, Any]) -> str:
         else:
             where = "being handed to a worker"
         lines.append(f"  {job['state']:8} {job['file']}{ident}: {where}")
+    kernels = answer.get("kernels") or []
+    if kernels:
+        listed = ", ".join(
+            f"{k['name']} (version {k['version'][:8]}, handed in {k['handed_in'][:16].replace('T', ' ')})"
+            for k in kernels
+        )
+        more = answer.get("kernels_total", len(kernels)) - len(kernels)
+        lines.append(f"your kernels: {listed}" + (f" and {more} more" if more > 0 else ""))
     return "\n".join(lines)
 
 

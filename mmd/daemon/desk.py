@@ -7,7 +7,10 @@ job and may cancel any. Runs on the main loop (it reads the queue and the
 workers as they are), so a student's request costs their own jobs and the
 jobs in hand, never the whole queue nor a look at the inbox's files; the
 stopping itself is the server's (:class:`Stops`), as for a job past its
-time limit, and lands only on the job that was checked.
+time limit, and lands only on the job that was checked. A student's status
+also lists the kernels they handed in (class mode): one listing of their own
+folder in the store, at most :data:`~mmd.kernelfile.store.SHOWN_HANDINS` of
+them; root's and a grader's lists no one's.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JobCancelled, MmdError
-from ..record import ERROR_SUFFIX, TIMING_SUFFIX
+from ..kernelfile.store import KernelStore
+from ..record import ERROR_SUFFIX, TIMING_SUFFIX, now_iso
 from ..spool import CLAIM_SUFFIX, OUTPUT_SUFFIX, Claim, Spool, shown
 from ..submitters import login_of
 from .messages import Asked, Resume, Run
@@ -80,6 +84,7 @@ class Desk:
         self.workers = workers
         self.stops = stops
         self.graders = set(graders)
+        self.store = KernelStore.of(spool.private)
 
     def answer(self, asked: Asked) -> dict[str, Any]:
         """The answer to one request; never raises (a fault is an answer that says so)."""
@@ -146,13 +151,20 @@ class Desk:
     def _status(self, uid: int) -> dict[str, Any]:
         you, everyone = login_of(uid), self.sees_all(uid)
         shown_jobs = self.jobs(you, everyone=everyone, limit=SHOWN_QUEUE if everyone else None)
-        return {
+        out = {
             "ok": True,
             "serving": True,
             "you": you,
             "jobs": [j.shown() for j in shown_jobs],
             "queued_total": self.scheduler.waiting,
         }
+        if self.spool.class_mode and not everyone:
+            kernels, total = self.store.current(you)
+            out["kernels"] = [
+                {"name": k.name, "version": k.version, "handed_in": now_iso(k.handed_in)} for k in kernels
+            ]
+            out["kernels_total"] = total
+        return out
 
     def _cancel(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:
         key = "job" if "job" in request else "file"

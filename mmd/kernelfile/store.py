@@ -41,6 +41,21 @@ def version_of(source: bytes, declaration: bytes | None) -> str:
     return h.hexdigest()
 
 
+#: The most hand-ins of one student a status lists (by name); the rest are counted.
+SHOWN_HANDINS = 100
+
+
+@dataclass(frozen=True)
+class Current:
+    """A student's current hand-in of one name, as their status shows it."""
+
+    name: str
+    version: str
+    #: When it was handed in: its link's mtime (every hand-in of the name, even of the same version, renames
+    #: a new link onto it).
+    handed_in: float
+
+
 @dataclass(frozen=True)
 class Kept:
     """A hand-in as the store keeps it."""
@@ -123,6 +138,23 @@ class KernelStore:
                 with contextlib.suppress(OSError):
                     version.rmdir()
         return gone
+
+    def current(self, login: str, limit: int = SHOWN_HANDINS) -> tuple[list[Current], int]:
+        """``login``'s current hand-ins, the first ``limit`` by name, and how many they have: one listing of
+        their own folder (never another's) and a readlink and lstat of each one shown."""
+        try:
+            names = sorted(n for n in os.listdir(self.folder(login)) if n.endswith(SUFFIX) and not n.startswith("."))
+        except OSError:
+            return [], 0
+        out: list[Current] = []
+        for entry in names[:limit]:
+            link = self.folder(login) / entry
+            try:
+                version, info = os.readlink(link).split(os.sep)[-2], os.lstat(link)
+            except (OSError, IndexError):
+                continue  # replaced or removed meanwhile
+            out.append(Current(entry.removesuffix(SUFFIX), version, info.st_mtime))
+        return out, len(names)
 
     def pick(self, login: str, name: str) -> Path | None:
         """The current version of ``login``'s ``NAME`` (its own ``NAME.cu`` in ``.v``); None where they have
