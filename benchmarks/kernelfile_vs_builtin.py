@@ -7,11 +7,11 @@ Three measurements, on one GPU, the two taking turns:
 
 * **CUDA phases** (malloc, h2d, kernel, d2h, free and their sum, by CUDA events) of one product at
   ``--size`` with a warm compile cache, the built-in through a CudaBackend in this process (its operands in
-  page-locked memory, as a job's are), the kernel file through a KernelFileBackend (a launch process per
-  product): medians of ``--repeat`` after one warm-up each;
+  page-locked memory, as a job's are), the kernel file through a KernelFileBackend (its launch process
+  kept for its products): medians of ``--repeat`` after one warm-up each;
 * **mmd run**: the wall time of a one-shot ``mmd run`` process of an input of that size, ``--kernel tiled``
-  (the default text path, and ``text_path: host`` as a kernel file's job has) against ``--kernel-file``:
-  medians of ``--repeat``;
+  against ``--kernel-file``, each on the default (GPU) text path and on ``text_path: host``: medians of
+  ``--repeat``;
 * **first compile**: NVRTC compiles of docs/examples/naive.cu at the tile into an empty cache.
 
 The table printed last holds each figure beside the issue's target: phases within 5% or 5 ms, a one-shot
@@ -96,6 +96,7 @@ def runs(src: Path, tile: int, repeat: int, cache: Path, work: Path) -> dict[str
         "built-in tiled": (["--kernel", "tiled", "--tile", str(tile)], env),
         "built-in tiled, host text": (["--kernel", "tiled", "--tile", str(tile)], host),
         "kernel file tiled.cu": (["--kernel-file", str(EXAMPLES / "tiled.cu"), "--tile", str(tile)], env),
+        "kernel file, host text": (["--kernel-file", str(EXAMPLES / "tiled.cu"), "--tile", str(tile)], host),
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
     for args, e in ways.values():  # warm-up: compile caches, the page cache
@@ -152,9 +153,9 @@ def main() -> int:
     for name, t in wall.items():
         print(f"{name:<28}{t:>8.3f}")
     gap = wall["kernel file tiled.cu"] - wall["built-in tiled"]
-    gap_host = wall["kernel file tiled.cu"] - wall["built-in tiled, host text"]
+    gap_host = wall["kernel file, host text"] - wall["built-in tiled, host text"]
     verdict = "meets" if gap <= 0.3 else "MISSES"
-    print(f"kernel file - built-in: {gap:+.3f} s ({verdict} 0.3 s); against the same host text path: {gap_host:+.3f} s")
+    print(f"kernel file - built-in: {gap:+.3f} s ({verdict} 0.3 s); on the host text path both: {gap_host:+.3f} s")
     print(f"\nfirst compile of naive.cu (NVRTC, sm_90, empty cache): {', '.join(f'{t:.3f}' for t in compiles)} s")
     print(f"first compile: {'meets' if compiles[0] <= 1.0 else 'MISSES'} the 1 s target")
     return 0

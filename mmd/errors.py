@@ -55,6 +55,19 @@ class MmdError(Exception):
         """The error as plain data for the error sidecar."""
         return {"kind": self.kind, "reason": self.reason, **self.details}
 
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> MmdError:
+        """The error :meth:`as_dict` described, as its own type (another process's, such as a kernel file's
+        launch process): the class of its ``kind``, else a plain MmdError."""
+        details = {key: value for key, value in data.items() if key not in ("kind", "reason")}
+        kinds: dict[str, type[MmdError]] = {}
+        todo: list[type[MmdError]] = [MmdError]
+        while todo:
+            cls = todo.pop()
+            kinds.setdefault(cls.kind, cls)
+            todo.extend(cls.__subclasses__())
+        return kinds.get(str(data.get("kind")), MmdError)(str(data.get("reason", "failed")), details)
+
 
 @dataclass(eq=False)
 class InputFormatError(MmdError):

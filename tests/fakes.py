@@ -32,7 +32,7 @@ from mmd.cuda.compiler import Compiled
 from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import DEVICE_CACHE_CAP_BYTES, DeviceCache, DeviceMatrix, device_bytes
 from mmd.cuda.session import launch_build
-from mmd.cuda.text import TextResult, kept_buffers
+from mmd.cuda.text import Multiply, TextResult, kept_buffers
 
 LIMITS = registry.DeviceLimits(
     max_threads_per_block=1024,
@@ -108,15 +108,18 @@ class FakeText:
         for slot, nbytes in kept_buffers(n).items():
             self.session.reserve_host(slot, nbytes)
 
-    def multiply_text(
-        self, data: bytes | memoryview, header: textformat.Header, kernel: Compiled | None, *, tf32: bool = False
-    ) -> TextResult:
+    def multiply_text(self, data: bytes | memoryview, header: textformat.Header, multiply: Multiply) -> TextResult:
         self.calls += 1
         matrices = textformat.parse(data, header)
-        c = self.session.product(matrices.a, matrices.b, kernel, tf32)
+        s = self.session
+        a, b = (DeviceMatrix("device", *x.shape, x.shape[1], 0, x) for x in (matrices.a, matrices.b))
+        c = DeviceMatrix("device", header.m, header.n, header.n, 0, np.full((header.m, header.n), np.nan, np.float32))
+        timer = FakeTimer(s)
+        multiply(a, b, c, timer)
+        product: np.ndarray = c.handle
         return TextResult(
-            chunks=list(textformat.emit_chunks(c)),
-            c=c,
+            chunks=list(textformat.emit_chunks(product)),
+            c=product,
             phases_ms={k: PHASE_MS[k] for k in ("malloc", "h2d", "parse_gpu", "kernel", "emit_gpu", "d2h", "free")},
             stage_ms={"parse": 7.0, "multiply": 3.0, "emit": 8.0},
         )

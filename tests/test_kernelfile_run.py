@@ -250,3 +250,106 @@ def test_mmd_check_holds_a_kernel_file_to_its_declared_precision(tmp_path: Path)
     checked = run_mmd("check", str(tmp_path / "a.out"), "--input", str(src), cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "(0.005 + (2^-9 + 4·sqrt(K)·eps)·|A||B|)" in checked.stdout  # held to TF32's tolerance
+
+
+# -- one backend, one kept launch process ---------------------------------------------------------------------
+
+
+def launch_children() -> set[int]:
+    """The pids of this process's kernel-file launch processes that are alive (not zombies)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == os.getpid() and state != "Z" and b"mmd.kernelfile.launch_child" in command:
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def on_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch processes started by this test process run over the fake driver."""
+    monkeypatch.setenv("PYTHONPATH", fake_gpu()["PYTHONPATH"])
+
+
+def test_one_backend_keeps_its_launch_process_until_a_fault(tmp_path: Path, on_fake_gpu: None) -> None:
+    from mmd.backends.base import MultiplyRequest
+    from mmd.backends.kernelfile import KernelFileBackend, KernelFileSettings
+    from mmd.errors import KernelLaunchError
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(-4, 5, (8, 8)).astype(np.float32), rng.integers(-4, 5, (8, 8)).astype(np.float32)
+    backend = KernelFileBackend(kernel(tmp_path, "p1.cu"), KernelFileSettings())
+    try:
+        first = backend.multiply(a, b, MultiplyRequest(tile=4))
+        (kept,) = launch_children()
+        second = backend.multiply(a + 1, b, MultiplyRequest(tile=8))
+        assert launch_children() == {kept}
+        assert np.array_equal(first.c, a @ b) and np.array_equal(second.c, (a + 1) @ b)
+    finally:
+        backend.close()
+    assert launch_children() == set()
+
+    faulty = KernelFileBackend(kernel(tmp_path, "f.cu", entry="fault"), KernelFileSettings())
+    try:
+        (before,) = launch_children()
+        with pytest.raises(KernelLaunchError, match="illegal memory access"):
+            faulty.multiply(a, b, MultiplyRequest(tile=4))
+        assert launch_children() == set()  # a fault ends the process: its context is unusable
+        with pytest.raises(KernelLaunchError, match="illegal memory access"):
+            faulty.multiply(a, b, MultiplyRequest(tile=4))  # a fresh process took the next launch
+        assert before not in launch_children()
+    finally:
+        faulty.close()
+
+
+def test_a_kept_process_counts_each_jobs_printf_alone(tmp_path: Path, on_fake_gpu: None) -> None:
+    from mmd.backends.base import MultiplyRequest
+    from mmd.backends.kernelfile import KernelFileBackend, KernelFileSettings
+
+    a = np.ones((4, 4), np.float32)
+    backend = KernelFileBackend(kernel(tmp_path, "n.cu", entry="noisy"), KernelFileSettings())
+    try:
+        for _ in range(2):
+            notes = backend.multiply(a, a, MultiplyRequest(tile=4)).notes
+            assert [n[:36] for n in notes if n.startswith("device printf")] == ["device printf wrote 100000 bytes, th"]
+    finally:
+        backend.close()
+
+
+def test_each_error_kind_crosses_from_the_launch_process_as_its_own_type() -> None:
+    from mmd import errors
+
+    classes: list[type[errors.MmdError]] = []
+    todo: list[type[errors.MmdError]] = [errors.MmdError]
+    while todo:
+        classes.append(todo.pop())
+        todo.extend(classes[-1].__subclasses__())
+    kinds = [cls.kind for cls in classes]
+    assert len(kinds) == len(set(kinds)), "one kind per error type"
+    sent = errors.InputFormatError("line 3: not a number", line=3, value="x1")
+    got = errors.MmdError.from_dict(sent.as_dict())
+    assert type(got) is errors.InputFormatError and got.as_dict() == sent.as_dict()
+    assert type(errors.MmdError.from_dict({"kind": "no such kind", "reason": "r"})) is errors.MmdError
+
+
+def test_shared_memory_holds_what_one_side_wrote_for_the_other(tmp_path: Path) -> None:
+    from mmd.kernelfile.exchange import Shared
+
+    one = Shared(64)
+    view = one.array(16, (4, 2))
+    view[:] = 7.0
+    other = Shared(fd=os.dup(one.fd), writable=False)  # as the launch process maps what it was sent
+    assert np.array_equal(other.array(16, (4, 2)), np.full((4, 2), 7.0, np.float32))
+    assert one.holds(view) and one.offset_of(view) == 16 and not one.holds(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="past the shared memory"):
+        one.array(60, 2)
+    one.close()
+    other.close()
+    assert view[0, 0] == 7.0  # an array outlives the descriptor: the mapping stays while it is used

@@ -33,7 +33,7 @@ from ..config import MEMORY_MODES
 from ..cuda.compiler import Compiled
 from ..cuda.libcuda import HostMemory
 from ..cuda.memory import DeviceMatrix
-from ..cuda.text import TextResult, Timer, fits, text_bytes
+from ..cuda.text import Multiply, TextResult, Timer, fits, text_bytes
 from ..errors import CudaError, KernelError, MmdError
 from ..record import TextFacts
 from ..textformat import Header
@@ -56,9 +56,7 @@ class TextEngine(Protocol):
 
     def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]: ...
     def prepare(self, n: int) -> None: ...
-    def multiply_text(
-        self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
-    ) -> TextResult: ...
+    def multiply_text(self, data: bytes | memoryview, header: Header, multiply: Multiply) -> TextResult: ...
 
 
 class Session(Protocol):
@@ -278,7 +276,13 @@ class CudaBackend(Backend, DeviceText):
         _parse, _emit, built_ms = self._guarded(text.functions)
         if built_ms is not None:
             timings["compile"] = timings.get("compile", 0.0) + built_ms
-        result = self._guarded(lambda: text.multiply_text(data, header, compiled, tf32=_tf32(spec)))
+        session, tf32 = self._session, _tf32(spec)
+
+        def multiply(a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, timer: Timer) -> None:
+            with timer.phase("kernel"):
+                session.multiply(compiled, a, b, c, tf32=tf32)
+
+        result = self._guarded(lambda: text.multiply_text(data, header, multiply))
         phases = result.phases_ms
         for phase in CUDA_PHASES:
             timings[phase] = phases.get(phase, 0.0)

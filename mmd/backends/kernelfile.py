@@ -1,12 +1,15 @@
 """The kernel-file backend: a ``.cu`` file anyone wrote (``mmd run --kernel-file``), run as mmd's own kernels are.
 
 The file is read and guarded by :mod:`mmd.kernelfile`; each job checks the tile (against every CUDA GPU's
-limits first, so tile 64 is refused on any machine, then against the device's), pads the operands to what
-the kernel needs (refusing padded sizes past ``max_dim`` or ``max_memory_bytes`` before allocating them),
+limits first, so tile 64 is refused on any machine, then against the device's), works out the padding the
+kernel needs (refusing padded sizes past ``max_dim`` or ``max_memory_bytes`` before allocating them),
 compiles through NVRTC and the kernel cache, and launches in a process of its own
 (:class:`~mmd.kernelfile.launch.LaunchProcess`), which times the course's five phases with CUDA events as
-the cuda backend does. That process is started when the backend is made, so its imports and CUDA context
-are made while the job's input is read, and it serves one job: the next gets a fresh one.
+the cuda backend does. A large input goes through that process's GPU text path, as the cuda backend's does
+(:class:`~mmd.backends.base.DeviceText`): the file's bytes are read into memory the process maps, and the
+output's bytes come back the same way. The process is started when the backend is made, so its imports
+and CUDA context are made while the first job's input is read; it is kept for this backend's next job
+(one kernel file, one submitter) while it is sound, and replaced after a fault or a time limit.
 """
 
 from __future__ import annotations
@@ -14,17 +17,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .. import kernels as registry
+from ..cuda.text import fits
 from ..errors import KernelError, KernelFileError
-from ..kernelfile.launch import Launch, LaunchProcess, arguments
+from ..kernelfile.exchange import Shared
+from ..kernelfile.launch import Launch, LaunchProcess, Ran, arguments
 from ..kernelfile.nvrtc import CompileLimits, compile_kernel
 from ..kernelfile.padding import check_padded, crop, pad_operands, padded_shape
 from ..kernelfile.reading import read_kernel_file
-from ..record import KernelFileFacts, Shape
-from .base import CUDA_PHASES, Backend, MultiplyRequest, Product
+from ..record import KernelFileFacts, Shape, TextFacts
+from ..textformat import Header
+from .base import CUDA_PHASES, INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product, TextProduct
 
 #: Compiler warnings a job's sidecar notes at most.
 MAX_WARNING_NOTES = 5
@@ -43,8 +50,19 @@ class KernelFileSettings:
     max_memory_bytes: int | None = None
 
 
-class KernelFileBackend(Backend):
-    """Run the kernel of the file at ``path`` on a GPU, one child process per job."""
+@dataclass
+class _Prepared:
+    """A job made ready to launch: its process, the launch, the compile's warnings and time."""
+
+    process: LaunchProcess
+    device: str
+    launch: Launch
+    warnings: list[str]
+    timings: dict[str, float]
+
+
+class KernelFileBackend(Backend, DeviceText):
+    """Run the kernel of the file at ``path`` on a GPU, in a child process kept for this backend's jobs."""
 
     name = "cuda"
 
@@ -53,98 +71,163 @@ class KernelFileBackend(Backend):
         self.settings = settings
         self._device_name: str | None = None
         self._process: LaunchProcess | None = LaunchProcess(settings.device, self.kernel.name)
+        #: The memory the current job's input was read into (:meth:`host_array`), shared with the process.
+        self._input: Shared | None = None
 
-    def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
-        """A·B by the file's kernel at ``request.tile``, padded and cropped; every phase timed (ms)."""
-        kf, decl = self.kernel, self.kernel.declaration
-        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-            raise KernelError(
-                f"cannot multiply a {'×'.join(map(str, a.shape))} matrix by a {'×'.join(map(str, b.shape))} one",
-                {"a_shape": list(a.shape), "b_shape": list(b.shape)},
-            )
+    def _check_shapes(self, m: int, k: int, n: int, request: MultiplyRequest) -> None:
+        kf = self.kernel
         if request.memory != "device":
             raise KernelFileError(
                 f"{kf.name}: a kernel file runs in device memory only, not {request.memory}",
                 {"kernel_file": kf.name, "memory": request.memory},
             )
-        tile = request.tile
-        (m, k), n = a.shape, b.shape[1]
-        kf.check_launch(tile, registry.COMMON_LIMITS)  # tile 64 is refused on any machine, before anything starts
-        need = decl.requirement(tile)
-        settings = self.settings
-        check_padded(m, k, n, need, settings.max_dim, settings.max_memory_bytes)
-        process = self._process or LaunchProcess(settings.device, kf.name)
-        self._process = None  # one job per process: the next job gets a fresh one
-        try:
-            device, limits = process.ready()
-            self._device_name = device
-            kf.check_launch(tile, limits)
-            mp, kp, np_ = padded_shape(m, k, n, need)
-            grid = decl.grid_dims(mp, np_, tile)
-            registry.check_grid_dims(kf.name, mp, np_, tile, grid, limits)
-            timings: dict[str, float] = {}
-            start = time.perf_counter()
-            built = compile_kernel(kf, tile, limits.arch, settings.kernel_cache, CompileLimits())
-            if built.compiled:
-                timings["compile"] = (time.perf_counter() - start) * 1e3
-            pa, pb = pad_operands(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), need)
-            launch = Launch(
-                cubin=built.cubin,
-                symbol=built.symbol,
-                arguments=arguments(kf.roles, mp, kp, np_),
-                grid=grid,
-                block=decl.block_dims(tile),
-                dynamic_shared=decl.dynamic_shared(tile),
-            )
-            ran = process.run(launch, np.ascontiguousarray(pa), np.ascontiguousarray(pb), settings.launch_timeout_s)
-        finally:
-            process.close()
-        timings.update(ran.timings_ms)
-        timings["cuda"] = sum(timings[phase] for phase in CUDA_PHASES)
-        notes = [warning for warning in built.warnings[:MAX_WARNING_NOTES]]
+        kf.check_launch(request.tile, registry.COMMON_LIMITS)  # tile 64 is refused on any machine, before anything
+        need = kf.declaration.requirement(request.tile)
+        check_padded(m, k, n, need, self.settings.max_dim, self.settings.max_memory_bytes)
+
+    def _prepare(self, m: int, k: int, n: int, tile: int) -> _Prepared:
+        """The launch process (the kept one while it is sound), the tile checked against its device, the
+        kernel compiled (or taken from the cache) and its launch for the padded sizes."""
+        kf, decl = self.kernel, self.kernel.declaration
+        if self._process is None or not self._process.alive:
+            self._process = LaunchProcess(self.settings.device, kf.name)
+        process = self._process
+        device, limits = process.ready()
+        self._device_name = device
+        kf.check_launch(tile, limits)
+        mp, kp, np_ = padded_shape(m, k, n, decl.requirement(tile))
+        grid = decl.grid_dims(mp, np_, tile)
+        registry.check_grid_dims(kf.name, mp, np_, tile, grid, limits)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        built = compile_kernel(kf, tile, limits.arch, self.settings.kernel_cache, CompileLimits())
+        if built.compiled:
+            timings["compile"] = (time.perf_counter() - start) * 1e3
+        launch = Launch(
+            cubin=built.cubin,
+            symbol=built.symbol,
+            arguments=arguments(kf.roles, mp, kp, np_),
+            grid=grid,
+            block=decl.block_dims(tile),
+            dynamic_shared=decl.dynamic_shared(tile),
+            padded=(mp, kp, np_),
+        )
+        return _Prepared(process, device, launch, list(built.warnings[:MAX_WARNING_NOTES]), timings)
+
+    def _product(self, job: _Prepared, ran: Ran, m: int, k: int, n: int, tile: int) -> dict[str, Any]:
+        """What a Product of this job holds beyond C: its kernel, timings, notes and facts."""
+        kf = self.kernel
+        timings = {**job.timings, **ran.timings_ms}
+        timings["cuda"] = sum(timings.get(phase, 0.0) for phase in CUDA_PHASES)
+        notes = [*job.warnings, *ran.notes]
         if ran.printf_bytes:
             shown = ran.printf.decode("utf-8", "replace")
             kept = "" if len(ran.printf) == ran.printf_bytes else f", the first {len(ran.printf)} kept"
             notes.append(f"device printf wrote {ran.printf_bytes} bytes{kept}:\n{shown}")
+        mp, kp, np_ = job.launch.padded
         padded = (mp, kp, np_) != (m, k, n)
-        return Product(
-            c=crop(ran.c, m, n),
-            kernel=kf.name,
-            tile=tile if decl.uses_tile else None,
-            memory=request.memory,
-            device=device,
-            timings_ms=timings,
-            notes=notes,
-            kernel_file=KernelFileFacts(
+        return {
+            "kernel": kf.name,
+            "tile": tile if kf.declaration.uses_tile else None,
+            "memory": "device",
+            "device": job.device,
+            "timings_ms": timings,
+            "notes": notes,
+            "kernel_file": KernelFileFacts(
                 name=kf.name,
                 sha256=kf.sha256,
                 entry=kf.kernel.name,
                 signature=kf.signature,
-                precision=decl.precision,
+                precision=kf.declaration.precision,
                 padded=Shape(mp, kp, np_) if padded else None,
+            ),
+        }
+
+    def multiply(self, a: np.ndarray, b: np.ndarray, request: MultiplyRequest) -> Product:
+        """A·B by the file's kernel at ``request.tile``, padded and cropped; every phase timed (ms)."""
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise KernelError(
+                f"cannot multiply a {'×'.join(map(str, a.shape))} matrix by a {'×'.join(map(str, b.shape))} one",
+                {"a_shape": list(a.shape), "b_shape": list(b.shape)},
+            )
+        (m, k), n = a.shape, b.shape[1]
+        self._check_shapes(m, k, n, request)
+        job = self._prepare(m, k, n, request.tile)
+        need = self.kernel.declaration.requirement(request.tile)
+        pa, pb = pad_operands(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), need)
+        ran = job.process.run(job.launch, pa, pb, self.settings.launch_timeout_s)
+        return Product(c=crop(ran.c, m, n), **self._product(job, ran, m, k, n, request.tile))
+
+    # -- the GPU text path, in the launch process ---------------------------------------------------------
+
+    def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
+        """The input's bytes go in memory the launch process maps (no copy on the way there); other
+        buffers are plain memory."""
+        if slot != INPUT_SLOT:
+            return np.empty(shape, dtype)
+        if self._input is not None:
+            self._input.close()
+        self._input = Shared(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        return self._input.array(0, shape, dtype)
+
+    def device_text(self) -> DeviceText:
+        return self
+
+    def accepts(self, header: Header, nbytes: int, request: MultiplyRequest) -> bool:
+        """Device memory, and offsets within the text kernels' int32."""
+        return request.memory == "device" and fits(header, nbytes)
+
+    def multiply_text(self, data: bytes | memoryview, header: Header, request: MultiplyRequest) -> TextProduct:
+        """Parse ``data`` on the GPU, multiply by the file's kernel (padded on the device where it needs it),
+        format the product there: all in the launch process."""
+        m, k, n = header.m, header.k, header.n
+        self._check_shapes(m, k, n, request)
+        job = self._prepare(m, k, n, request.tile)
+        shared, self._input = self._input, None
+        try:
+            ran = job.process.run_text(
+                job.launch, memoryview(data).cast("B"), header, self.settings.launch_timeout_s, shared
+            )
+        finally:
+            if shared is not None:
+                shared.close()
+        text = ran.text
+        return TextProduct(
+            c=ran.c,
+            **self._product(job, ran, m, k, n, request.tile),
+            chunks=ran.chunks,
+            stage_ms=ran.stage_ms,
+            text=TextFacts(
+                path="gpu",
+                parse_gpu=text.get("parse_gpu"),
+                emit_gpu=text.get("emit_gpu"),
+                host_parse=text.get("host_parse"),
+                exotic_runs=text.get("exotic_runs"),
             ),
         )
 
     def start(self) -> None:
-        """Have the next job's launch process started and ready (its imports and CUDA context made), and wait for
-        it: a benchmark calls this before it times a call, so that the call's time is the job's and not a process's
+        """Have the launch process started and ready (its imports and CUDA context made), and wait for it: a
+        benchmark calls this before it times a call, so that the call's time is the job's and not a process's
         start, as a built-in kernel's context is made before its calls are timed. BackendUnavailable where it
         cannot have a GPU."""
-        process = self._process or LaunchProcess(self.settings.device, self.kernel.name)
-        self._process = None
+        if self._process is None or not self._process.alive:
+            self._process = LaunchProcess(self.settings.device, self.kernel.name)
         try:
-            self._device_name = process.ready()[0]
+            self._device_name = self._process.ready()[0]
         except BaseException:
-            process.close()
+            self.close()
             raise
-        self._process = process
 
     def device_name(self) -> str:
         """The GPU, as the launch process's driver names it (once one has started)."""
         return self._device_name or "a CUDA GPU"
 
     def close(self) -> None:
-        """Kill a launch process no job used. Idempotent."""
+        """Kill the launch process and drop the shared input. Idempotent."""
         if self._process is not None:
             self._process.close()
             self._process = None
+        if self._input is not None:
+            self._input.close()
+            self._input = None

@@ -494,6 +494,22 @@ class GpuSession:
             else:
                 self._cuda.memset_d32_async(matrix.ptr, word, matrix.rows * matrix.ld, self._stream)
 
+    def copy_matrix(self, dst: DeviceMatrix, src: DeviceMatrix) -> None:
+        """``src``'s rows×cols into ``dst``'s top-left corner, device to device on the session's stream (a kernel
+        file's padding: ``dst`` at least as big)."""
+        self._check_thread()
+        if src.rows == 0 or src.cols == 0:
+            return
+        with self.converting("copying device memory"):
+            copy = self._cuda.Memcpy2D()
+            copy.set_src_device(src.ptr)
+            copy.src_pitch = src.ld * FLOAT_BYTES
+            copy.set_dst_device(dst.ptr)
+            copy.dst_pitch = dst.ld * FLOAT_BYTES
+            copy.width_in_bytes = src.cols * FLOAT_BYTES
+            copy.height = src.rows
+            copy(self._stream)
+
     # -- page-locked host memory and raw buffers (the text path) -------------
 
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:

@@ -15,7 +15,8 @@
    byte, a malformed number, too few or too many values, a value beyond
    float32) makes the host parser parse the file, so the message, line and
    value are exactly those of the host path.
-3. ``kernel``: the requested matmul kernel on the parsed buffers in place.
+3. ``kernel``: the caller's :class:`Multiply` step on the parsed buffers in place: the requested
+   matmul kernel (the cuda backend's), or a kernel file's launch with its padding (its launch process's).
 4. ``emit_gpu``: ``kernels/text_emit.cu`` writes the ``%6.2f`` text (lengths,
    a prefix sum, bytes). A product holding a value beyond the kernel's digit
    loop (10^16 or more, rare) is formatted by ``textformat`` on the host, as
@@ -46,7 +47,7 @@ from .. import textformat
 from ..kernels import TEXT_KERNEL_FILES
 from ..resources import kernels_dir
 from ..textformat import Header
-from .compiler import Compiled, Module
+from .compiler import Module
 from .memory import DeviceMatrix
 
 #: The text kernels' sources (not matmul kernels: the registry lists them apart).
@@ -172,11 +173,15 @@ class TextDevice(Protocol):
     def is_pinned(self, host: np.ndarray) -> bool: ...
     def record_event(self) -> Any: ...
     def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None: ...
-    def multiply(
-        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
-    ) -> None: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
+
+
+class Multiply(Protocol):
+    """The job's multiply on parsed A and B into C, on the session's stream; it times its own phases on
+    ``timer`` (``kernel`` at least)."""
+
+    def __call__(self, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, timer: Timer) -> None: ...
 
 
 class GpuText:
@@ -200,11 +205,8 @@ class GpuText:
         for slot, nbytes in kept_buffers(n).items():
             self.session.reserve_host(slot, nbytes)
 
-    def multiply_text(
-        self, data: bytes | memoryview, header: Header, kernel: Compiled | None, *, tf32: bool = False
-    ) -> TextResult:
-        """Parse ``data`` on the device, multiply with ``kernel`` (None: cuBLAS, ``tf32``: in its TF32 mode),
-        format C; see the module doc.
+    def multiply_text(self, data: bytes | memoryview, header: Header, multiply: Multiply) -> TextResult:
+        """Parse ``data`` on the device, multiply by ``multiply``, format C; see the module doc.
 
         Raises InputFormatError exactly as ``textformat.parse``.
         """
@@ -305,11 +307,10 @@ class GpuText:
             t1 = time.perf_counter()
             stage["parse"] = (t1 - t0) * 1e3
 
-            with timer.phase("kernel"):
-                s.multiply(
-                    kernel, DeviceMatrix("device", m, k, k, a), DeviceMatrix("device", k, n, n, b),
-                    DeviceMatrix("device", m, n, n, c), tf32=tf32,
-                )  # fmt: skip
+            multiply(
+                DeviceMatrix("device", m, k, k, a), DeviceMatrix("device", k, n, n, b),
+                DeviceMatrix("device", m, n, n, c), timer,
+            )  # fmt: skip
             s.synchronize()
             t2 = time.perf_counter()
             stage["multiply"] = (t2 - t1) * 1e3

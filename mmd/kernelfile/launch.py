@@ -1,21 +1,33 @@
-"""Running a kernel file's launch in a process of its own (:mod:`.launch_child`), held to a time limit.
+"""Running a kernel file's launches in a process of its own (:mod:`.launch_child`), each held to a time limit.
 
 A kernel file is anyone's code: it runs in a child process with its own CUDA context, never in the
-process that serves other jobs, and that child runs one job and ends, so every buffer its kernel can
-reach holds only that job's data (a fresh context's allocations, C zeroed before the launch). The parent
-(the job's process) sends the padded operands over a pipe, the child answers with the product and the
-five phases' CUDA-event timings. A launch past its time limit is stopped by killing the child (its
-context goes with it); a fault comes back with CUDA's error name; the kernel's ``printf`` output is kept
-up to :data:`PRINTF_CAP` bytes.
+process that serves other jobs. One :class:`LaunchProcess` serves one backend, that is one kernel file for
+one submitter (a daemon's job, a one-shot run, one student's kernel in a grading), and it is kept for that
+backend's next launch only while it is sound: a fault, a time limit or an error ends it, and the next
+launch starts a fresh one. Every buffer its kernel can reach holds that submitter's data only (its own
+context's allocations; C zeroed before each launch).
+
+The parent and the child talk over a Unix socket of whole messages (``SOCK_SEQPACKET``): a JSON object
+each, with the memory files (:class:`~.exchange.Shared`) that hold the job's bytes passed alongside. A job
+is one of two kinds: ``arrays`` (padded A and B, and room for C, in one memory file: ``mmd bench``,
+``mmd grade`` and the host text path) or ``text`` (the input file's bytes: the child parses, multiplies and
+formats on the GPU as the cuda backend's text path does, and answers with a memory file of C and the
+output's text). The child says ``launching`` before the launch and ``ran`` once the kernel has finished,
+so that the parent can hold the launch to its time limit and kill the child past it; a fault comes back
+with CUDA's error name; the kernel's ``printf`` output, read from the child's standard output, is kept up
+to :data:`PRINTF_CAP` bytes a job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -25,23 +37,25 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import BackendUnavailable, KernelLaunchError
-from ..fileops import OPS, write_all
+from ..errors import KernelLaunchError, MmdError
 from ..kernels import DeviceLimits
 from ..spawning import exit_status
+from ..textformat import Header
+from .exchange import Shared
 
-#: The most bytes of a kernel's printf output kept (the rest is counted and dropped).
+#: The most bytes of a kernel's printf output kept per job (the rest is counted and dropped).
 PRINTF_CAP = 4096
 #: The most bytes of the child's own error output kept, for a child that dies unexplained.
 STDERR_CAP = 8192
-#: How long a child may take to start (its imports, the CUDA context) and to move a job's data.
+#: How long a child may take to start (its imports, the CUDA context) and to take a job in (parse included).
 START_S = 60.0
-#: How long the copies back and the answer may take once the kernel has run.
+#: How long the copies back, the formatting and the answer may take once the kernel has run.
 ANSWER_S = 60.0
 #: How long a killed child is waited for (a context spinning in a kernel takes the driver a moment).
 REAP_S = 5.0
-#: Bytes a pipe between parent and child is asked to hold (Linux's default for unprivileged users at most):
-#: fewer system calls for the operands and the product.
+#: The largest message either side sends (a job's or an answer's JSON; the bytes travel in memory files).
+MESSAGE_BYTES = 1 << 20
+#: Bytes the printf pipe is asked to hold (Linux's default for unprivileged users at most).
 PIPE_BYTES = 1 << 20
 
 #: pycuda's argument code per role of a kernel's parameter (:data:`~.signature.ROLES`).
@@ -50,7 +64,7 @@ _CODES = {"A": "P", "B": "P", "C": "P", "alpha": "f", "beta": "f"}
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of a compiled kernel file on padded operands."""
+    """One launch of a compiled kernel file on operands padded to (mp, kp, np_)."""
 
     cubin: bytes
     symbol: str
@@ -59,10 +73,23 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_shared: int
+    padded: tuple[int, int, int]
 
     @property
     def signature(self) -> str:
         return "".join(code for code, _ in self.arguments)
+
+    def message(self) -> dict[str, Any]:
+        """What the child needs of it, the cubin aside."""
+        return {
+            "symbol": self.symbol,
+            "signature": self.signature,
+            "arguments": [list(arg) for arg in self.arguments],
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "dynamic_shared": self.dynamic_shared,
+            "padded": list(self.padded),
+        }
 
 
 def arguments(roles: tuple[str, ...], mp: int, kp: int, np_: int) -> tuple[tuple[str, Any], ...]:
@@ -83,12 +110,20 @@ def arguments(roles: tuple[str, ...], mp: int, kp: int, np_: int) -> tuple[tuple
 
 @dataclass
 class Ran:
-    """What the child gave back: the padded product, the phases' milliseconds, the kernel's printf output."""
+    """What the child gave back: the product (padded for an ``arrays`` job, cropped for a ``text`` one), the
+    phases' milliseconds and the kernel's printf output; a ``text`` job's output bytes and what made them."""
 
     c: np.ndarray
     timings_ms: dict[str, float]
     printf: bytes = b""
     printf_bytes: int = 0
+    #: The output file's bytes, header line first (``text`` jobs).
+    chunks: list[memoryview] = field(default_factory=list)
+    #: The child's wall-clock ``parse`` and ``emit`` (``text`` jobs).
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: The GPU text path's facts (``parse_gpu``, ``emit_gpu``, ``host_parse``, ``exotic_runs``).
+    text: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +133,6 @@ class _Drain:
     stream: IO[bytes]
     cap: int
     kept: bytearray = field(default_factory=bytearray)
-    total: int = 0
 
     def __post_init__(self) -> None:
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -107,7 +141,6 @@ class _Drain:
     def _read(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             while chunk := os.read(self.stream.fileno(), 1 << 16):
-                self.total += len(chunk)
                 room = self.cap - len(self.kept)
                 if room > 0:
                     self.kept += chunk[:room]
@@ -117,92 +150,100 @@ class _Drain:
         return bytes(self.kept)
 
 
-def _widen(fd: int) -> None:
-    with contextlib.suppress(OSError):  # a smaller pipe only costs more system calls
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-
-
 class LaunchProcess:
-    """A child process with its own CUDA context on ``device``, for one job: started at once, so that its
-    imports and context are made while the job's input is read.
+    """A child process with its own CUDA context on ``device``, serving one backend's launches: started at
+    once, so that its imports and context are made while the first job's input is read.
 
-    :meth:`ready` waits for it (the device's limits and name); :meth:`run` runs one launch and leaves it
-    ended; :meth:`close` kills it wherever it is. ``label`` names the kernel in messages.
+    :meth:`ready` waits for it (the device's name and limits); :meth:`run` and :meth:`run_text` run one job
+    each; :attr:`alive` says whether it can take another; :meth:`close` kills it wherever it is. ``label``
+    names the kernel in messages.
     """
 
     def __init__(self, device: int, label: str) -> None:
         self.label = label
-        control, child_end = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "mmd.kernelfile.launch_child", str(child_end), str(device), str(os.getpid())],
-                stdin=subprocess.PIPE,
+                [
+                    sys.executable,
+                    "-m",
+                    __package__ + ".launch_child",
+                    *map(str, (theirs.fileno(), device, os.getpid())),
+                ],
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(child_end,),
+                pass_fds=(theirs.fileno(),),
                 close_fds=True,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
-            os.close(child_end)
-        self._control = control
-        os.set_blocking(control, False)
-        _widen(control)
-        assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
-        _widen(self._proc.stdin.fileno())
-        self._printf = _Drain(self._proc.stdout, PRINTF_CAP)
+            theirs.close()
+        self._sock = ours
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._stdout: int | None = self._proc.stdout.fileno()
+        os.set_blocking(self._stdout, False)
+        with contextlib.suppress(OSError):  # a smaller pipe only means more wake-ups
+            fcntl.fcntl(self._stdout, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._stderr = _Drain(self._proc.stderr, STDERR_CAP)
-        self._buffer = bytearray()
+        self._printf = bytearray()
+        self._printf_bytes = 0
         self._ready: tuple[str, DeviceLimits] | None = None
         self._closed = False
 
-    # -- the control pipe ---------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """Whether it can take another job (not closed: no fault, no time limit, no death so far)."""
+        return not self._closed
 
-    def _fill(self, deadline: float) -> bool:
-        """Read what the control pipe holds into the buffer, waiting until ``deadline``; False at its end."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        readable, _, _ = select.select([self._control], [], [], left)
-        if not readable:
-            raise TimeoutError
-        try:
-            chunk = os.read(self._control, 1 << 20)
-        except BlockingIOError:
-            return True
-        self._buffer += chunk
-        return bool(chunk)
+    # -- messages -----------------------------------------------------------------------------------------
 
-    def _message(self, deadline: float) -> dict[str, Any]:
-        while b"\n" not in self._buffer:
-            if not self._fill(deadline):
-                raise EOFError
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    def _payload(self, out: np.ndarray, deadline: float) -> None:
-        view = out.data.cast("B")
-        have = min(len(self._buffer), len(view))
-        view[:have] = self._buffer[:have]
-        del self._buffer[:have]
-        at = have
-        while at < len(view):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._control], [], [], left)[0]:
-                raise TimeoutError
+    def _read_printf(self) -> None:
+        """Take what the kernel's printf has written so far (the first PRINTF_CAP bytes of a job kept)."""
+        while self._stdout is not None:
             try:
-                got = os.readv(self._control, [view[at:]])
+                chunk = os.read(self._stdout, 1 << 16)
             except BlockingIOError:
-                continue
-            if not got:
-                raise EOFError
-            at += got
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._stdout = None  # the child has gone: its end of the pipe is closed
+                return
+            self._printf_bytes += len(chunk)
+            room = PRINTF_CAP - len(self._printf)
+            if room > 0:
+                self._printf += chunk[:room]
 
-    def _expect(self, key: str, deadline: float, doing: str) -> dict[str, Any]:
+    def _receive(self, deadline: float) -> tuple[dict[str, Any], list[int]]:
+        """The child's next message and the descriptors that came with it, reading printf output meanwhile;
+        TimeoutError past ``deadline``, EOFError where the child has gone."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            waiting = [self._sock] + ([self._stdout] if self._stdout is not None else [])
+            readable, _, _ = select.select(waiting, [], [], left)
+            if self._stdout is not None and self._stdout in readable:
+                self._read_printf()
+            if self._sock in readable:
+                try:
+                    data, fds, _, _ = socket.recv_fds(self._sock, MESSAGE_BYTES, 2)
+                except ConnectionResetError:
+                    data, fds = b"", []
+                if not data:
+                    for fd in fds:
+                        os.close(fd)
+                    raise EOFError
+                message: dict[str, Any] = json.loads(data)
+                return message, fds
+
+    def _expect(self, key: str, deadline: float, doing: str) -> tuple[dict[str, Any], list[int]]:
         """The next message, which must hold ``key``; the child's error, its death or a timeout raised."""
         try:
-            message = self._message(deadline)
+            message, fds = self._receive(deadline)
         except EOFError:
             raise self._died(doing) from None
         except TimeoutError:
@@ -211,30 +252,35 @@ class LaunchProcess:
                 f"{self.label}: its process did not answer while {doing} (it was stopped)",
                 {"kernel_file": self.label, "during": doing},
             ) from None
-        if "error" in message:
-            raise self._fault(message["error"])
-        if key not in message:
+        if "error" in message or key not in message:
+            for fd in fds:
+                os.close(fd)
+            if "error" in message:
+                raise self._fault(message["error"])
             self.close()
             raise KernelLaunchError(f"{self.label}: its process answered out of turn while {doing}")
-        return message
+        return message[key], fds
 
-    def _fault(self, error: dict[str, Any]) -> BackendUnavailable | KernelLaunchError:
+    def _fault(self, error: dict[str, Any]) -> MmdError:
+        """The child's error as the job's: a driver's fault as KernelLaunchError with CUDA's error name, any
+        other (the input's, no GPU) as its own type. The child has gone or goes: it is closed."""
+        self._read_printf()
         self.close()
-        reason = str(error.get("reason", "failed"))
-        if error.get("kind") == BackendUnavailable.kind:
-            return BackendUnavailable(reason, {"kernel_file": self.label})
         name = error.get("cuda_error")
+        if not name and error.get("kind") not in ("cuda", KernelLaunchError.kind):
+            return MmdError.from_dict(error)
+        reason = str(error.get("reason", "failed"))
         details = {"kernel_file": self.label, **({"cuda_error": name} if name else {})}
         if "during" in error:
             details["during"] = error["during"]
-        printf = self._printf.done(1.0)
-        if printf:
-            details["printf"] = printf.decode("utf-8", "replace")
+        if self._printf:
+            details["printf"] = bytes(self._printf).decode("utf-8", "replace")
         said = f"{name} ({reason})" if name else reason
         return KernelLaunchError(f"{self.label} failed on the GPU: {said}", details)
 
     def _died(self, doing: str) -> KernelLaunchError:
         status = self._reap()
+        self.close()
         why = exit_status(status)
         last = self._stderr.done(1.0).decode("utf-8", "replace").strip().splitlines()
         tail = f": {last[-1]}" if last else ""
@@ -243,53 +289,37 @@ class LaunchProcess:
             {"kernel_file": self.label, "during": doing, "status": why},
         )
 
-    # -- the job ------------------------------------------------------------------------------------------
+    # -- jobs ---------------------------------------------------------------------------------------------
 
     def ready(self) -> tuple[str, DeviceLimits]:
         """(the device's name, its limits) once the child has its context; BackendUnavailable where it
         cannot have one (no pycuda, no GPU), KernelLaunchError where it died."""
         if self._ready is None:
-            message = self._expect("ready", time.monotonic() + START_S, "starting")["ready"]
+            message, _ = self._expect("ready", time.monotonic() + START_S, "starting")
             raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in message["limits"].items()}
-            limits = DeviceLimits(**raw)
-            self._ready = (str(message["device"]), limits)
+            self._ready = (str(message["device"]), DeviceLimits(**raw))
         return self._ready
 
-    def run(self, launch: Launch, a: np.ndarray, b: np.ndarray, limit_s: float) -> Ran:
-        """``launch`` on (padded) ``a`` and ``b``: the padded product and the phases' times. The kernel may run
-        ``limit_s`` seconds; past them the child is killed and KernelLaunchError raised."""
+    def _job(self, job: dict[str, Any], data: Shared, cubin: bytes, limit_s: float) -> tuple[dict[str, Any], list[int]]:
+        """Send ``job`` with ``data`` and the cubin; hold the launch to ``limit_s``; the child's answer."""
         self.ready()
-        (mp, kp), np_ = a.shape, b.shape[1]
-        job = {
-            "cubin_bytes": len(launch.cubin),
-            "symbol": launch.symbol,
-            "signature": launch.signature,
-            "arguments": [list(arg) for arg in launch.arguments],
-            "grid": list(launch.grid),
-            "block": list(launch.block),
-            "dynamic_shared": launch.dynamic_shared,
-            "a_shape": [mp, kp],
-            "b_shape": [kp, np_],
-        }
-        stdin = self._proc.stdin
-        assert stdin is not None
+        if self._closed:
+            raise KernelLaunchError(f"{self.label}: its launch process has ended")
+        self._printf, self._printf_bytes = bytearray(), 0
+        code = Shared(len(cubin))
         try:
-            head = json.dumps(job).encode()
-            for piece in (
-                memoryview(len(head).to_bytes(8, "big")),
-                memoryview(head),
-                memoryview(launch.cubin),
-                a.data,
-                b.data,
-            ):
-                write_all(OPS, stdin.fileno(), piece)
-            stdin.close()
-        except BrokenPipeError:
+            code.bytes_at(0, len(cubin))[:] = cubin
+            socket.send_fds(self._sock, [json.dumps(job).encode()], [data.fd, code.fd])
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                raise
             raise self._died("taking the job") from None
-        self._expect("launching", time.monotonic() + START_S, "loading the kernel and copying the operands")
+        finally:
+            code.close()
+        self._expect("launching", time.monotonic() + START_S, "loading the kernel and its operands")
         started = time.monotonic()
         try:
-            self._message_after_launch(started + limit_s)
+            self._expect_ran(started + limit_s)
         except TimeoutError:
             self.close()  # killed and reaped: the context is gone
             stopped = round(time.monotonic() - started, 3)
@@ -298,25 +328,85 @@ class LaunchProcess:
                 "its process was killed",
                 {"kernel_file": self.label, "limit_s": limit_s, "stopped_after_s": stopped},
             ) from None
-        answer = self._expect("timings", time.monotonic() + ANSWER_S, "copying the product back")
-        c = np.empty((mp, np_), np.float32)
-        try:
-            self._payload(c, time.monotonic() + ANSWER_S)
-        except (EOFError, TimeoutError):
-            raise self._died("copying the product back") from None
-        self._reap()
-        printf = self._printf.done(REAP_S)
-        timings = {str(k): float(v) for k, v in answer["timings"].items()}
-        return Ran(c, timings, printf, self._printf.total)
+        self._read_printf()  # the child flushed the kernel's printf before it said ``ran``
+        return self._expect("done", time.monotonic() + ANSWER_S, "copying the product back")
 
-    def _message_after_launch(self, deadline: float) -> None:
+    def _expect_ran(self, deadline: float) -> None:
         """Wait for ``ran`` until ``deadline`` (TimeoutError past it); the child's error or death raised."""
         try:
-            message = self._message(deadline)
+            message, fds = self._receive(deadline)
         except EOFError:
             raise self._died("running the kernel") from None
+        for fd in fds:
+            os.close(fd)
         if "error" in message:
             raise self._fault(message["error"])
+
+    def _printed(self) -> tuple[bytes, int]:
+        return bytes(self._printf), self._printf_bytes
+
+    def run(self, launch: Launch, a: np.ndarray, b: np.ndarray, limit_s: float) -> Ran:
+        """``launch`` on padded ``a`` and ``b``: the padded product (a view of memory shared with the child) and
+        the phases' times. The kernel may run ``limit_s`` seconds; past them the child is killed and
+        KernelLaunchError raised."""
+        mp, np_ = a.shape[0], b.shape[1]
+        sizes = (a.nbytes, b.nbytes, mp * np_ * 4)
+        shared = Shared(sum(sizes))
+        try:
+            np.copyto(shared.array(0, a.shape), a)
+            np.copyto(shared.array(sizes[0], b.shape), b)
+            c = shared.array(sizes[0] + sizes[1], (mp, np_))
+            done, fds = self._job({"arrays": launch.message()}, shared, launch.cubin, limit_s)
+        finally:
+            shared.close()
+        for fd in fds:
+            os.close(fd)
+        printf, printed = self._printed()
+        return Ran(c, {str(k): float(v) for k, v in done["timings"].items()}, printf, printed)
+
+    def run_text(self, launch: Launch, data: memoryview, header: Header, limit_s: float, shared: Shared | None) -> Ran:
+        """``launch`` on the matrices of an input file's bytes ``data`` (``header`` parsed), parsed, padded,
+        multiplied and formatted in the child as the cuda backend's text path does: the output's bytes, the
+        (cropped) product and the phases' times. ``shared``: the memory ``data`` was read into, where it lies
+        there (else it is copied into new shared memory)."""
+        own = None
+        if shared is None or not shared.holds(data):
+            own = shared = Shared(len(data))
+            shared.bytes_at(0, len(data))[:] = data
+        try:
+            job = {"text": {**launch.message(), "offset": shared.offset_of(data), "nbytes": len(data),
+                            "header": dataclasses.asdict(header)}}  # fmt: skip
+            done, fds = self._job(job, shared, launch.cubin, limit_s)
+        finally:
+            if own is not None:
+                own.close()
+        try:
+            out = Shared(fd=fds[0], writable=False)
+        except (IndexError, OSError):
+            for fd in fds:
+                os.close(fd)
+            self.close()
+            raise KernelLaunchError(f"{self.label}: its process gave no output") from None
+        try:
+            m, n = header.m, header.n
+            c = out.array(0, (m, n))
+            text = out.bytes_at(c.nbytes, int(done["text_bytes"]))
+        except ValueError:
+            self.close()
+            raise KernelLaunchError(f"{self.label}: its process gave an output of the wrong size") from None
+        finally:
+            out.close()
+        printf, printed = self._printed()
+        return Ran(
+            c,
+            {str(k): float(v) for k, v in done["timings"].items()},
+            printf,
+            printed,
+            chunks=[text],
+            stage_ms={str(k): float(v) for k, v in done["stage"].items()},
+            notes=[str(note) for note in done["notes"]],
+            text=dict(done["text"]),
+        )
 
     def _reap(self) -> int | None:
         try:
@@ -336,9 +426,10 @@ class LaunchProcess:
             self._proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(REAP_S)
-        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+        self._read_printf()
+        for stream in (self._proc.stdout, self._proc.stderr):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:
                     stream.close()
-        with contextlib.suppress(OSError):
-            os.close(self._control)
+        self._stdout = None
+        self._sock.close()

@@ -1,37 +1,47 @@
-"""The process a kernel file's launch runs in (started by :mod:`.launch`): one CUDA context, one job, then gone.
+"""The process a kernel file's launches run in (started by :mod:`.launch`): one CUDA context, one submitter.
 
-Run as ``python -m mmd.kernelfile.launch_child CONTROL_FD DEVICE``. It opens a
-:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` and says on ``CONTROL_FD`` that it is ready (with the
-device's limits); then it reads one job on its standard input (a JSON line, the cubin, A, B), runs the
-course's five timed phases as the cuda backend does (``malloc`` includes zeroing C, which some kernels
-add into), and answers on ``CONTROL_FD``: each message one JSON line, the product's bytes after the last.
-It says ``launching`` before the launch and ``ran`` once the kernel has finished, so that the parent can
-hold the launch to its time limit and kill this process past it.
+Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID``. It opens a
+:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` and says on the socket that it is ready (with the
+device's limits); then it takes jobs until the parent closes the socket, each a JSON message with two
+memory files (the job's bytes, the cubin):
 
-Its standard output is the kernel's: device ``printf`` writes there (the parent keeps the first bytes).
-A driver error ends the job with CUDA's own error name (``CUDA_ERROR_ILLEGAL_ADDRESS``): pycuda's
-messages carry the driver's description of an error, which the driver itself maps back to the name.
-The process leaves with ``os._exit``: after a fault its context is unusable, and a clean close would
-only fail; the driver frees everything the process held as it ends.
+* ``arrays``: padded A and B and room for C. It runs the course's five timed phases as the cuda backend
+  does (``malloc`` includes zeroing C, which some kernels add into) and writes C into the job's memory.
+* ``text``: an input file's bytes. :class:`~mmd.cuda.text.GpuText` parses them on the GPU, the kernel
+  multiplies (padded on the device where it needs it: A's padded columns +0.0, B's padded rows -0.0, as
+  :mod:`.padding` explains) and GpuText formats the product; the answer brings a new memory file holding
+  C and then the output's bytes.
+
+It says ``launching`` before the launch and ``ran`` once the kernel has finished (its printf flushed), so
+that the parent can hold the launch to its time limit and kill this process past it, then ``done``.
+
+Its standard output is the kernel's: device ``printf`` writes there. A driver error ends the process
+with CUDA's own error name (``CUDA_ERROR_ILLEGAL_ADDRESS``): pycuda's messages carry the driver's
+description of an error, which the driver itself maps back to the name. Any error ends it: after a fault
+its context is unusable, and the parent starts a fresh process for the next job. It leaves with
+``os._exit``: the driver frees everything the process held as it ends.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import resource
+import socket
 import sys
 from typing import Any
 
-from ..fileops import OPS, write_all
 from ..spawning import die_with_parent
 
 #: CUresult codes the driver knows descriptions of are below this.
 _MAX_CODE = 1000
 _NAME = re.compile(r"CUDA_ERROR_[A-Z0-9_]+")
+#: The largest job message taken (the bytes travel in memory files).
+_MESSAGE_BYTES = 1 << 20
 
 
 def _flush_c_stdout() -> None:
@@ -63,47 +73,63 @@ def error_name(text: str) -> str | None:
     return best[1] if best is not None else None
 
 
-class _Control:
+class _Socket:
     def __init__(self, fd: int) -> None:
-        self.fd = fd
+        self.sock = socket.socket(fileno=fd)
 
-    def send(self, message: dict[str, Any], payload: memoryview | None = None) -> None:
-        write_all(OPS, self.fd, json.dumps(message).encode() + b"\n")
-        if payload is not None:
-            write_all(OPS, self.fd, payload)
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        socket.send_fds(self.sock, [json.dumps(message).encode()], fds or [])
 
-
-def _read_job(fd: int) -> dict[str, Any]:
-    """The job's JSON, after its length (8 bytes, big-endian)."""
-    size = bytearray(8)
-    _read_into(fd, memoryview(size))
-    text = bytearray(int.from_bytes(size, "big"))
-    _read_into(fd, memoryview(text))
-    job: dict[str, Any] = json.loads(text)
-    return job
+    def receive(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The next job and its descriptors; None once the parent has closed its end."""
+        data, fds, _, _ = socket.recv_fds(self.sock, _MESSAGE_BYTES, 2)
+        if not data:
+            return None
+        job: dict[str, Any] = json.loads(data)
+        return job, fds
 
 
-def _read_into(fd: int, view: memoryview) -> None:
-    view = view.cast("B")
-    while view:
-        got = os.readv(fd, [view])
-        if not got:
-            raise EOFError("the parent closed the job's pipe")
-        view = view[got:]
+class _Kernels:
+    """The cubins loaded in this context, by their hash and entry: a kept process loads each build once."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.loaded: dict[tuple[str, str], Any] = {}
+
+    def function(self, cubin: bytes, job: dict[str, Any]) -> Any:
+        key = (hashlib.sha256(cubin).hexdigest(), job["symbol"])
+        if key not in self.loaded:
+            self.loaded[key] = self.session.load_cubin(cubin, job["symbol"], job["signature"], job["dynamic_shared"])
+        return self.loaded[key]
 
 
-def _run(session: Any, job: dict[str, Any], stdin: int, control: _Control) -> None:
+def _launch(session: Any, function: Any, job: dict[str, Any], a: Any, b: Any, c: Any, control: _Socket) -> None:
+    """The kernel on device matrices a, b, c, queued, waited for, said ``launching`` before and ``ran`` after."""
+    pointers = {"A": a.ptr, "B": b.ptr, "C": c.ptr}
+    args = tuple(pointers[value] if kind == "P" else value for kind, value in job["arguments"])
+    control.send({"launching": True})
+    session.launch(function, tuple(job["grid"]), tuple(job["block"]), args, job["dynamic_shared"])
+
+
+def _ran(session: Any, control: _Socket) -> None:
+    session.synchronize()  # the kernel has finished (or faulted): the parent's clock stops here
+    _flush_c_stdout()
+    control.send({"ran": True})
+
+
+def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin: bytes, control: _Socket) -> None:
     import numpy as np
 
-    cubin = bytearray(job["cubin_bytes"])
-    _read_into(stdin, memoryview(cubin))
-    (mp, kp), (_, np_) = job["a_shape"], job["b_shape"]
-    function = session.load_cubin(bytes(cubin), job["symbol"], job["signature"], job["dynamic_shared"])
-    a = session.host_empty((mp, kp), np.float32, slot="a")
-    b = session.host_empty((kp, np_), np.float32, slot="b")
-    _read_into(stdin, memoryview(a))
-    _read_into(stdin, memoryview(b))
-    c = session.host_empty((mp, np_), np.float32, slot="c")  # page-locked before the clock starts, as a, b
+    mp, kp, np_ = job["padded"]
+    a = data.array(0, (mp, kp))
+    b = data.array(a.nbytes, (kp, np_))
+    c_out = data.array(a.nbytes + b.nbytes, (mp, np_))
+    function = kernels.function(cubin, job)
+    staged = {
+        name: session.host_empty(x.shape, np.float32, slot=name) for name, x in (("a", a), ("b", b), ("c", c_out))
+    }
+    np.copyto(staged["a"], a)  # page-locked before the clock starts, as the cuda backend's operands are
+    np.copyto(staged["b"], b)
     timer = session.phase_timer()
     held = []
     with timer.phase("malloc"):
@@ -112,28 +138,84 @@ def _run(session: Any, job: dict[str, Any], stdin: int, control: _Control) -> No
         da, db, dc = held
         session.fill(dc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
     with timer.phase("h2d", follows=True):
-        session.upload(da, a, "a")
-        session.upload(db, b, "b")
-    pointers = {"A": da.ptr, "B": db.ptr, "C": dc.ptr}
-    args = tuple(pointers[value] if kind == "P" else value for kind, value in job["arguments"])
-    control.send({"launching": True})
+        session.upload(da, staged["a"], "a")
+        session.upload(db, staged["b"], "b")
     with timer.phase("kernel", follows=True):
-        session.launch(function, tuple(job["grid"]), tuple(job["block"]), args, job["dynamic_shared"])
-    session.synchronize()  # the kernel has finished (or faulted): the parent's clock stops here
-    _flush_c_stdout()
-    control.send({"ran": True})
+        _launch(session, function, job, da, db, dc, control)
+    _ran(session, control)
     with timer.phase("d2h", follows=True):
-        session.download(dc, "c", out=c)
+        session.download(dc, "c", out=staged["c"])
     with timer.phase("free", follows=True):
         while held:
             session.free(held.pop())
-    timings = timer.elapsed_ms()
-    control.send({"timings": timings, "c_bytes": c.nbytes}, memoryview(c))
+    np.copyto(c_out, staged["c"])
+    control.send({"done": {"timings": timer.elapsed_ms()}})
 
 
-def _fault(control: _Control, error: dict[str, Any]) -> None:
+def _text(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin: bytes, control: _Socket) -> None:
+    import numpy as np
+
+    from ..cuda.memory import DeviceMatrix
+    from ..cuda.text import Timer
+    from ..textformat import Header
+    from .exchange import Shared
+
+    header = Header(**job["header"])
+    mp, kp, np_ = job["padded"]
+    function = kernels.function(cubin, job)
+    body = data.bytes_at(job["offset"], job["nbytes"])
+
+    def multiply(a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, timer: Timer) -> None:
+        padded = (mp, kp, np_) != (a.rows, a.cols, b.cols)
+        held: list[DeviceMatrix] = []
+        try:
+            with timer.phase("malloc"):
+                if padded:
+                    held = [session.alloc("device", rows, cols) for rows, cols in ((mp, kp), (kp, np_), (mp, np_))]
+                pa, pb, pc = held if padded else (a, b, c)
+                session.fill(pc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
+            if padded:
+                with timer.phase("pad_gpu"):
+                    session.fill(pa, 0.0)
+                    session.fill(pb, -0.0)  # against A's +0.0 each padded term is -0.0: no sum's bits change
+                    session.copy_matrix(pa, a)
+                    session.copy_matrix(pb, b)
+            with timer.phase("kernel"):
+                _launch(session, function, job, pa, pb, pc, control)
+            _ran(session, control)
+            if padded:
+                with timer.phase("pad_gpu"):
+                    session.copy_matrix(c, dataclasses.replace(pc, rows=c.rows, cols=c.cols))
+        finally:
+            with timer.phase("free"):
+                while held:
+                    session.free(held.pop())
+
+    result = session.text().multiply_text(body, header, multiply)
+    sizes = [memoryview(chunk).nbytes for chunk in result.chunks]
+    out = Shared(result.c.nbytes + sum(sizes))
+    try:
+        np.copyto(out.array(0, result.c.shape), result.c)
+        at = result.c.nbytes
+        for chunk, size in zip(result.chunks, sizes, strict=True):
+            out.bytes_at(at, size)[:] = memoryview(chunk).cast("B")
+            at += size
+        phases = result.phases_ms
+        facts = {
+            "parse_gpu": round(phases.get("parse_gpu", 0.0), 3),
+            "emit_gpu": round(phases.get("emit_gpu", 0.0), 3),
+            "host_parse": result.host_parse,
+            "exotic_runs": result.exotic_runs,
+        }
+        done = {"timings": phases, "stage": result.stage_ms, "notes": result.notes, "text": facts}
+        control.send({"done": {**done, "text_bytes": sum(sizes)}}, [out.fd])
+    finally:
+        out.close()
+
+
+def _fault(control: _Socket, error: dict[str, Any]) -> None:
     _flush_c_stdout()
-    found = error_name(str(error.get("reason", "")))
+    found = error_name(str(error.get("reason", ""))) if error.get("kind") in (None, "cuda", "kernel-launch") else None
     control.send({"error": {**error, **({"cuda_error": found} if found else {})}})
 
 
@@ -142,7 +224,7 @@ def main() -> None:
     parent = int(sys.argv[3])
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    control = _Control(control_fd)
+    control = _Socket(control_fd)
     from ..errors import MmdError
 
     try:
@@ -150,19 +232,35 @@ def main() -> None:
 
         session = GpuSession(device)
     except MmdError as exc:
-        control.send({"error": {**exc.as_dict()}})
+        control.send({"error": exc.as_dict()})
         os._exit(0)
     control.send({"ready": {"device": session.device_name(), "limits": dataclasses.asdict(session.limits)}})
-    stdin = sys.stdin.fileno()
-    try:
-        job = _read_job(stdin)
-        _run(session, job, stdin, control)
-    except EOFError:
-        os._exit(0)
-    except MmdError as exc:
-        _fault(control, exc.as_dict())
-    except Exception as exc:  # a driver error no session call turned into mmd's (pycuda's own)
-        _fault(control, {"kind": "cuda", "reason": " ".join(str(exc).split()) or type(exc).__name__})
+    from .exchange import Shared
+
+    kernels = _Kernels(session)
+    while True:
+        try:
+            got = control.receive()
+        except OSError:
+            got = None
+        if got is None:
+            os._exit(0)
+        job, fds = got
+        try:
+            data, code = Shared(fd=fds[0]), Shared(fd=fds[1], writable=False)
+            cubin = bytes(code.bytes_at(0, code.nbytes))
+            code.close()
+            if "arrays" in job:
+                _arrays(session, kernels, job["arrays"], data, cubin, control)
+            else:
+                _text(session, kernels, job["text"], data, cubin, control)
+            data.close()
+        except MmdError as exc:
+            _fault(control, exc.as_dict())
+            break
+        except Exception as exc:  # a driver error no session call turned into mmd's (pycuda's own)
+            _fault(control, {"kind": "cuda", "reason": " ".join(str(exc).split()) or type(exc).__name__})
+            break
     sys.stderr.flush()
     os._exit(0)
 

@@ -236,3 +236,33 @@ def test_the_worked_examples_run(tmp_path: Path, cache: Path, made: list[KernelF
         b = KernelFileBackend(path, KernelFileSettings(kernel_cache=cache))
         made.append(b)
         assert_right(run(b, a, m, 16), a, m, path.name)
+
+
+@pytest.mark.parametrize("shape", [(512, 512, 512), (300, 257, 190)], ids=["square", "padded"])
+def test_a_large_input_takes_the_gpu_text_path_in_the_launch_process(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """An input past the text path's threshold is parsed, multiplied (padded on the device where the kernel needs it)
+    and formatted in the launch process: the bytes of mmd's own naive kernel and of the host text path."""
+    pytest.importorskip("pycuda", reason="pycuda is not installed")
+    src = tmp_path / "a.txt"
+    done = run_mmd("gen", "--shape", *map(str, shape), "--seed", "5", "-o", str(src), "-q")
+    assert done.returncode == 0, done.stderr
+    k = tmp_path / "p1.cu"
+    k.write_text(NAIVE, encoding="utf-8")
+    outs = {}
+    for name, how, extra in (
+        ("file-gpu", ["--kernel-file", str(k)], {}),
+        ("file-host", ["--kernel-file", str(k)], {"MMD_TEXT_PATH": "host"}),
+        ("own", ["--kernel", "naive"], {}),
+    ):
+        out = tmp_path / f"{name}.out"
+        ran = run_mmd("run", str(src), *how, "--tile", "16", "-o", str(out), env={"MMD_BACKEND": "cuda", **extra})
+        assert ran.returncode == 0, ran.stderr
+        outs[name] = out.read_bytes()
+    assert outs["file-gpu"] == outs["own"] == outs["file-host"]
+    import yaml
+
+    rec = yaml.safe_load((tmp_path / "file-gpu.timing.yaml").read_text(encoding="utf-8"))
+    assert rec["text"]["path"] == "gpu" and not rec["text"].get("host_parse")
+    padded = rec["kernel_file"]["padded"]
+    assert (padded is None) == (shape[0] == 512), padded
+    assert all(rec["timings_ms"][p] is not None for p in CUDA_PHASES)

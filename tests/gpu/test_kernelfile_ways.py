@@ -139,3 +139,40 @@ def test_a_slurm_task_runs_the_kernel_files_copy(tmp_path: Path) -> None:
     assert out.read_bytes() == b"".join(textformat.emit_chunks(np.matmul(a, b)))
     rec = yaml.safe_load(out.with_name(out.stem + ".timing.yaml").read_text())
     assert rec["kernel"] == "p1.cu" and rec["kernel_file"]["padded"] == {"m": 272, "k": 272, "n": 272}
+
+
+def test_other_workers_serve_the_next_job_while_a_kernel_spins(tmp_path: Path) -> None:
+    """A kernel that never ends holds one worker until its time limit; a 32×32 job dropped meanwhile is served by
+    another within a second."""
+    folder = tmp_path / "kernels"
+    course_files(folder)
+    (folder / "spin.cu").write_text(SPIN, encoding="utf-8")
+    d = Served(
+        tmp_path, MMD_BACKEND="cuda", MMD_WORKERS_PER_DEVICE="2", MMD_DEVICES="0", MMD_KERNEL_FOLDERS=str(folder),
+        MMD_KERNEL_FILE_LAUNCH_TIMEOUT_S="3",
+    )  # fmt: skip
+    try:
+        d.wait_serving()
+        for stem in ("w1", "w2"):  # both workers warm
+            integer_input(tmp_path / f"{stem}.src", 32, 1)
+            os.replace(tmp_path / f"{stem}.src", d.inbox / f"{stem}.txt")
+        wait_for(lambda: len(list(d.outbox.glob("w*.timing.yaml"))) == 2, 120, "the warm-up jobs")
+        integer_input(tmp_path / "s.src", 64, 2)
+        os.replace(tmp_path / "s.src", d.inbox / "s@kernel=spin.txt")
+        time.sleep(1.0)  # the spinning kernel is launched (its process started, compiled, copied in)
+        served = []
+        for i in range(3):
+            a, b = integer_input(tmp_path / f"n{i}.src", 32, 10 + i)
+            dropped = time.time()
+            os.replace(tmp_path / f"n{i}.src", d.inbox / f"n{i}.txt")
+            wait_for(lambda i=i: (d.outbox / f"n{i}.timing.yaml").exists(), 10, f"job n{i}")
+            served.append(time.time() - dropped)
+            assert (d.outbox / f"n{i}.out").read_bytes() == b"".join(textformat.emit_chunks(np.matmul(a, b)))
+        spinning = not (d.outbox / "s@kernel=spin.error.yaml").exists()
+        print(f"\n32x32 jobs while a kernel spun: drop->sidecar {', '.join(f'{s * 1e3:.1f}' for s in served)} ms "
+              f"(spinning still at the last: {spinning})")  # fmt: skip
+        assert spinning and max(served) <= 1.0
+        wait_for(lambda: (d.outbox / "s@kernel=spin.error.yaml").exists(), 30, "the spinning job's refusal")
+        assert d.stop() == 0, d.logs()
+    finally:
+        d.kill()

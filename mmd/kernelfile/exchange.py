@@ -1,0 +1,71 @@
+"""A job's bytes shared with a kernel file's launch process: an anonymous memory file both processes map.
+
+The operands or the input's text go to the launch process, and the product or the output's text come
+back, without a pipe's copies: one side fills a mapping of a memory file (``memfd_create``), hands its
+descriptor over the control socket (``SCM_RIGHTS``), and the other maps the same pages. A memory file
+rather than :mod:`multiprocessing.shared_memory`: it has no name in ``/dev/shm`` that another user
+could open or a killed process could leave behind, and it goes with its last descriptor and mapping.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+
+class Shared:
+    """A memory file of ``nbytes`` (new), or the one behind ``fd`` (received: this object owns ``fd``), mapped.
+
+    Arrays from :meth:`array` are views of the mapping and keep it alive after :meth:`close`."""
+
+    def __init__(self, nbytes: int = 0, fd: int | None = None, *, writable: bool = True) -> None:
+        if fd is None:
+            fd = os.memfd_create("mmd-job", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, nbytes)
+            except OSError:
+                os.close(fd)
+                raise
+        self.fd = fd
+        self.nbytes = os.fstat(fd).st_size
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self._map = mmap.mmap(fd, self.nbytes, access=access) if self.nbytes else None  # mmap refuses 0 bytes
+
+    def array(self, offset: int, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A view of ``shape`` × ``dtype`` at byte ``offset`` (checked against the file's size)."""
+        count = int(np.prod(shape))
+        size = count * np.dtype(dtype).itemsize
+        if offset < 0 or offset + size > self.nbytes:
+            raise ValueError(f"{size} bytes at {offset} are past the shared memory's {self.nbytes}")
+        if self._map is None:
+            return np.empty(shape, dtype)
+        return np.frombuffer(self._map, dtype, count, offset).reshape(shape)
+
+    def bytes_at(self, offset: int, nbytes: int) -> memoryview:
+        """``nbytes`` bytes at ``offset``, as a memoryview of the mapping."""
+        return self.array(offset, nbytes, np.uint8).data.cast("B")
+
+    def holds(self, view: np.ndarray | memoryview) -> bool:
+        """Whether ``view`` lies inside this mapping (then it need not be copied to be shared)."""
+        if self._map is None:
+            return False
+        whole = np.frombuffer(self._map, np.uint8)
+        start = whole.__array_interface__["data"][0]
+        there = np.frombuffer(view, np.uint8) if isinstance(view, memoryview) else view.view(np.uint8).reshape(-1)
+        at = there.__array_interface__["data"][0]
+        return start <= at and at + there.nbytes <= start + whole.nbytes
+
+    def offset_of(self, view: np.ndarray | memoryview) -> int:
+        """The byte offset of ``view`` (one :meth:`holds`) in the mapping."""
+        whole = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)
+        there = np.frombuffer(view, np.uint8) if isinstance(view, memoryview) else view.view(np.uint8).reshape(-1)
+        return int(there.__array_interface__["data"][0] - whole.__array_interface__["data"][0])
+
+    def close(self) -> None:
+        """Close the descriptor; the mapping goes once no array uses it. Idempotent."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
