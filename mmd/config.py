@@ -88,8 +88,8 @@ class Settings:
     device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for `mmd run` and `mmd bench`
     #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
     devices: tuple[int, ...] | None = None
-    #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (about 0.5 GiB of
-    #: the GPU's memory each; docs/daemon.md); the cpu backend runs one worker per usable core
+    #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (what each holds of
+    #: the GPU's memory: docs/daemon.md); the cpu backend runs one worker per usable core
     workers_per_device: int = 8
     #: `mmd serve` on a GPU: page-locked host memory (MiB) each worker sets aside once it is ready, so that the
     #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (480: 4166×4166,

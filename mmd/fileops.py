@@ -37,8 +37,8 @@ _SYNC_FILE_RANGE_WRITE = 2
 #: Flags of a new file that must not exist yet and is never opened through a link planted at its name.
 EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 #: Flags of an existing file of mmd's own written anew from its start, never through a link. Not O_TRUNC:
-#: emptying a file frees its blocks, which is costly on the project's VM (ext4 mounted with ``discard``);
-#: the writer cuts the file to what it wrote instead (:meth:`FileOps.truncate`), which frees nothing.
+#: emptying a file frees its blocks, which is costly on a disk mounted with ``discard`` (docs/daemon.md, "What
+#: limits what"); the writer cuts the file to what it wrote instead (:meth:`FileOps.truncate`), which frees nothing.
 REWRITE = os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 

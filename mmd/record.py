@@ -446,8 +446,8 @@ def from_dict(cls: type, data: Mapping[str, Any], where: str = "record") -> Any:
 
 # -- sidecar files ------------------------------------------------------------------
 
-#: libyaml's dumper when PyYAML was built with it: the same bytes, five times faster,
-#: and the sidecar is the largest fixed cost of a small job.
+#: libyaml's dumper when PyYAML was built with it: the same bytes, several times faster, and the sidecar is
+#: the largest fixed cost of a small job.
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -461,8 +461,8 @@ def dumps(record: Record) -> bytes:
     return text.encode("utf-8")
 
 
-# PyYAML spends most of a small job's sidecar (about 0.3 ms of a 2 ms job on the project's VM) building
-# and resolving nodes in Python. Nearly every sidecar holds only mappings, lists of scalars, numbers and
+# PyYAML spends most of a small job's sidecar time building and resolving nodes in Python (a small job's CPU
+# time: docs/daemon.md, "What limits what"). Nearly every sidecar holds only mappings, lists of scalars, numbers and
 # short strings of safe characters, which YAML writes one way only, so mmd writes those itself, straight
 # from the record's fields (as_dict's walk of every value cost as much again), and leaves anything else (a
 # long or unusual string, an empty container) to PyYAML. Tests hold the two to the same bytes

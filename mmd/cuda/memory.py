@@ -25,7 +25,7 @@ DEVICE_CACHE_BLOCK_BYTES = 256 * 1024
 DEVICE_CACHE_MIN_BLOCK = 4 * 1024
 #: The most device memory one session's cache holds. A job holds three blocks at once, so three of every
 #: size class (4 KiB to 256 KiB) take 1.5 MiB: in steady use nothing is evicted and this is only a bound,
-#: 3% of the ~525 MiB a worker's CUDA context holds already (docs/daemon.md).
+#: a small share of what a worker's CUDA context holds already (docs/daemon.md gives both).
 DEVICE_CACHE_CAP_BYTES = 16 * 1024 * 1024
 
 H = TypeVar("H")

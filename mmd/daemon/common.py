@@ -20,7 +20,7 @@ MAX_PAUSE = 300.0
 #: left must not block the jobs behind it. One whose error sidecar cannot be written stays held.
 MAX_OUTPUT_ATTEMPTS = 3
 #: While serving, the outbox is listed for stale reservations at most this often (seconds), at a
-#: rescan: a listing of a big outbox is not free (about 0.1 s per 100,000 files).
+#: rescan: a listing of a big outbox is not free (its time grows with the outbox's files).
 RESERVATION_SWEEP_SECONDS = 60.0
 #: How often the outbox and the archives are walked for what is older than ``retention_days``.
 RETENTION_SWEEP_S = 3600.0

@@ -84,8 +84,8 @@ class HostTextPath(TextPath):
 
 
 #: With ``text_path: auto``, an input smaller than this is parsed and formatted on the host: the GPU
-#: text path's fixed cost (its launches, events and staging: parse 0.63 ms and emit 0.43 ms for a 32×32
-#: job on an H100) is more than the C accelerator needs for the whole of such a file.
+#: text path's fixed cost (its launches, events and staging; docs/textpath.md gives it) is more than the C
+#: accelerator needs for the whole of such a file.
 GPU_TEXT_MIN_BYTES = 256 * 1024
 
 
