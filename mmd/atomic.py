@@ -1,8 +1,17 @@
-"""Atomic file commits: write to a hidden temporary file in the target's folder, fsync, rename.
+"""Atomic file commits: every file mmd writes for others to read goes through :class:`Staged` (a job's output
+and sidecar, published together) or :func:`write_atomic` (one file).
 
-A reader (a grader's diff, the daemon's next scan) sees either no file or the
-whole file, never a part. The temporary name starts with ``.`` and ends with
-``.tmp`` so that mmd's own inbox scanner and most tools ignore it.
+A file is written in full under a hidden temporary name in its destination's
+folder and then renamed onto its name, so a reader (a grader's diff, the
+daemon's next scan, a student's browser) sees at every instant the old file
+(or none) or the whole new one, never a part; a failure at any step removes
+the temporary. The temporary's name is :func:`temporary_name`'s, the one
+scheme: ``<name>[.<n>][.<host>].<pid>.tmp`` with a ``.`` in front unless
+``<name>`` is hidden already, so that the inbox's scanner and most tools pass
+it by, and a start-up sweep knows whose it is (:func:`temporary_pid`) and
+removes it once that process is gone. Whether a commit is fsynced is the
+caller's to say, per call (``durable``): outputs, sidecars and the records a
+restart reads are; a status file, a report or a cache entry need not be.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +34,12 @@ from .fileops import HAS_SYNCFS, OPS, FileOps
 _host: str | None = None
 #: The longest file name (bytes) most filesystems take.
 NAME_MAX = 255
+#: A temporary's name, whatever its host: the pid of the process it is for is the number before ``.tmp``.
+_TEMPORARY = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
+#: The temporaries this process has open now: a second commit of one name at once takes the next free one,
+#: and a file of a name not in here is a leftover (a killed process's with this pid, or planted) to remove.
+_in_use: set[Path] = set()
+_in_use_lock = threading.Lock()
 
 
 def set_host(host_id: str | None) -> None:
@@ -32,20 +48,56 @@ def set_host(host_id: str | None) -> None:
     _host = host_id
 
 
-def temporary_name(name: str, host: str | None = None, pid: int | None = None) -> str:
-    """The hidden temporary a commit of ``name`` writes first: ``.<name>[.<host>].<pid>.tmp``.
+def temporary_name(name: str, host: str | None = None, pid: int | None = None, serial: int = 0) -> str:
+    """The hidden temporary a commit of ``name`` writes first: ``.<name>[.<serial>][.<host>].<pid>.tmp``, without
+    the leading ``.`` where ``name`` is hidden already.
 
-    Where that would not fit NAME_MAX (a long name plus a host id), the name
-    part is 16 hex digits of its sha256 instead: still one temporary per name
-    and process, and still matched by the sweep's pattern.
+    ``serial`` tells apart commits of one name at once in one process (0:
+    none). Where the name would not fit NAME_MAX (a long name plus a host
+    id), the name part is 16 hex digits of its sha256 instead: still one
+    temporary per name and process, and still matched by the sweep's pattern.
     """
     host = _host if host is None else host
-    tag = f"{host}.{os.getpid() if pid is None else pid}" if host else f"{os.getpid() if pid is None else pid}"
-    tmp = f".{name}.{tag}.tmp"
+    tag = ".".join(str(part) for part in (serial or None, host, os.getpid() if pid is None else pid) if part)
+    hidden = name if name.startswith(".") else f".{name}"
+    tmp = f"{hidden}.{tag}.tmp"
     if len(tmp.encode("utf-8", "surrogateescape")) > NAME_MAX:
         digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         tmp = f".{digest}.{tag}.tmp"
     return tmp
+
+
+def temporary_pid(name: str, host: str | None = None) -> int | None:
+    """The pid of the process whose temporary ``name`` is (:func:`temporary_name`'s); None for any other name,
+    and with ``host``, for any other host's."""
+    pattern = _TEMPORARY if host is None else re.compile(r"\..+\." + re.escape(host) + r"\.(?P<pid>[0-9]+)\.tmp")
+    match = pattern.fullmatch(name)
+    return int(match["pid"]) if match else None
+
+
+def _take_temporary(path: Path, pid: int | None) -> Path:
+    """The temporary for a commit of ``path`` now, marked in use by this process until :func:`_give_back`."""
+    with _in_use_lock:
+        serial = 0
+        while (tmp := path.parent / temporary_name(path.name, pid=pid, serial=serial)) in _in_use:
+            serial += 1
+        _in_use.add(tmp)
+    return tmp
+
+
+def _give_back(tmp: Path) -> None:
+    with _in_use_lock:
+        _in_use.discard(tmp)
+
+
+def _forget_in_child() -> None:
+    """A forked child writes temporaries of its own pid, and may be forked while another thread held the lock."""
+    global _in_use_lock
+    _in_use_lock = threading.Lock()
+    _in_use.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @dataclass(frozen=True)
@@ -115,9 +167,9 @@ def fsync_folder(folder: Path) -> None:
 
 
 #: From this many files on, :func:`publish` syncs the filesystem once (``syncfs``) instead of
-#: fsyncing each file: on the project's ext4 VM, 100 small files took 2.3 ms with one syncfs
-#: against 17 ms fsynced one by one, and 2 files the same either way. Fewer files (a lone job's
-#: output and sidecar) are fsynced each, so that they never wait for other writers' dirty data.
+#: fsyncing each file: one sync of many small files costs far less than their fsyncs one by one,
+#: and for two files the two ways cost the same (docs/daemon.md, "Group commit"). Fewer files (a lone
+#: job's output and sidecar) are fsynced each, so that they never wait for other writers' dirty data.
 SYNCFS_FROM_FILES = 3
 
 
@@ -141,8 +193,8 @@ class Staged:
     made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
     publishes several commits at once with one sync for all of them (group
     commit). Any OSError leaves no temporary behind and is raised as
-    OutputError. ``ops`` does the file operations (the tests inject faults
-    through it).
+    OutputError, its OSError as its ``__cause__``. ``ops`` does the file
+    operations (the tests inject faults through it).
     """
 
     def __init__(self, *, durable: bool = True, group: bool = False, ops: FileOps = OPS) -> None:
@@ -153,15 +205,18 @@ class Staged:
         self.ops = ops
         self._files: list[_File] = []
 
-    def write(self, path: Path, chunks: Iterable[bytes], *, replace: bool = True) -> Written:
-        """Write ``chunks`` to ``path``'s temporary; its size and sha256 (``replace``: as write_atomic's)."""
+    def write(
+        self, path: Path, chunks: Iterable[bytes], *, replace: bool = True, mode: int = 0o644, pid: int | None = None
+    ) -> Written:
+        """Write ``chunks`` to ``path``'s temporary; its size and sha256 (``replace``, ``mode``, ``pid``: as
+        write_atomic's)."""
         hasher = StreamHash()
         size = 0
         ops = self.ops
-        tmp = path.parent / temporary_name(path.name)
+        tmp = _take_temporary(path, pid)
         fd: int | None = None
         try:
-            fd = _create_exclusive(tmp, ops)
+            fd = _create_exclusive(tmp, ops, mode)
             for chunk in chunks:
                 view = memoryview(chunk)
                 hasher.update(view)
@@ -180,8 +235,9 @@ class Staged:
                     ops.close(fd)
             hasher.hexdigest()
             _unlink_quietly(tmp, ops)
+            _give_back(tmp)
             if isinstance(exc, OSError):
-                raise _output_error(path, exc) from None
+                raise _output_error(path, exc) from exc
             raise
         self._files.append(_File(fd, tmp, path, replace))
         return Written(path=path, bytes=size, sha256=hasher.hexdigest())
@@ -198,6 +254,7 @@ class Staged:
                 with contextlib.suppress(OSError):
                     self.ops.close(f.fd)
             _unlink_quietly(f.tmp, self.ops)
+            _give_back(f.tmp)
         self._files.clear()
 
     def publish(self) -> None:
@@ -218,29 +275,31 @@ class Staged:
                 try:
                     self.ops.fsync(f.fd)
                 except OSError as exc:
-                    raise _output_error(f.path, exc) from None  # discard() closes it
+                    raise _output_error(f.path, exc) from exc  # discard() closes it
             fd, f.fd = f.fd, None
             try:
                 self.ops.close(fd)
             except OSError as exc:
-                raise _output_error(f.path, exc) from None
+                raise _output_error(f.path, exc) from exc
 
     def _rename_all(self) -> set[Path]:
         """Rename every temporary onto its name, in order; the folders renamed into."""
         folders = set()
         while self._files:
             f = self._files[0]
-            try:
-                if f.replace:
+            if f.replace:
+                try:
                     self.ops.replace(f.tmp, f.path)
-                else:
-                    self.ops.link(f.tmp, f.path)  # fails with FileExistsError if the name was taken
+                except OSError as exc:
+                    raise _output_error(f.path, exc) from exc
+            else:
+                self.ops.link(f.tmp, f.path)  # the caller's to judge: FileExistsError if the name was taken
+                # Published: a temporary that cannot be removed now is only a second name of the file,
+                # swept with this process's temporaries.
+                with contextlib.suppress(OSError):
                     self.ops.unlink(f.tmp)
-            except OSError as exc:
-                if isinstance(exc, FileExistsError):
-                    raise
-                raise _output_error(f.path, exc) from None
             self._files.pop(0)
+            _give_back(f.tmp)
             folders.add(f.path.parent)
         return folders
 
@@ -261,6 +320,7 @@ def publish(commits: Sequence[Staged]) -> list[OutputError | None]:
             first.ops.syncfs(some.path.parent)
         except OSError as exc:
             error = _output_error(some.path.parent, exc)
+            error.__cause__ = exc
             for c in commits:
                 c.discard()
             return [error] * len(commits)
@@ -297,33 +357,46 @@ def write_atomic(
     *,
     durable: bool = True,
     replace: bool = True,
+    mode: int = 0o644,
+    pid: int | None = None,
     ops: FileOps = OPS,
 ) -> Written:
     """Write ``chunks`` to ``path`` atomically and return its size and sha256.
 
-    With ``replace=False`` an existing ``path`` is never overwritten: the
-    commit uses ``link`` + ``unlink`` so that a name taken meanwhile raises
-    FileExistsError instead of being replaced. Any OSError (disk full,
-    permissions) leaves no partial file behind and is raised as OutputError.
-    ``ops`` does the file operations (the tests inject faults through it).
+    ``durable``: the file is fsynced before its rename and its folder after
+    (what a restart reads: outputs, sidecars, the spool's records); without,
+    nothing is synced (a status file, a report, a cache). With
+    ``replace=False`` an existing ``path`` is never overwritten: the commit
+    uses ``link`` + ``unlink``, and a refused link raises its own OSError,
+    for the caller to take another way: FileExistsError for a name taken
+    meanwhile (never replaced), EPERM, EOPNOTSUPP and the like for a
+    filesystem without hard links. ``mode``: the new file's
+    permission bits, less the umask, as ``open`` gives them (from its
+    creation on: no reader ever sees more); an old file's are not kept.
+    ``pid``: the process the temporary is named for (default this one's;
+    the sweep removes it once that process is gone). Any OSError (disk
+    full, permissions) leaves no partial file behind and is raised as
+    OutputError, the OSError as its ``__cause__``. ``ops`` does the file
+    operations (the tests inject faults through it).
     """
     staged = Staged(durable=durable, ops=ops)
-    written = staged.write(path, chunks, replace=replace)
+    written = staged.write(path, chunks, replace=replace, mode=mode, pid=pid)
     staged.publish()
     return written
 
 
-def _create_exclusive(tmp: Path, ops: FileOps) -> int:
+def _create_exclusive(tmp: Path, ops: FileOps, mode: int) -> int:
     """Open a new temporary file, never through a link planted at its name.
 
-    A leftover of the same name (a crashed process with our pid) is removed
-    once and the open retried; a second collision is an error.
+    A leftover of the same name (a crashed process with our pid: no commit
+    of this process has it in use) is removed once and the open retried; a
+    second collision is an error.
     """
     try:
-        return ops.open_exclusive(tmp)
+        return ops.open_exclusive(tmp, mode)
     except FileExistsError:
         ops.unlink(tmp)  # removes a planted link itself, never its target
-        return ops.open_exclusive(tmp)
+        return ops.open_exclusive(tmp, mode)
 
 
 def _unlink_quietly(path: Path, ops: FileOps = OPS) -> None:

@@ -1,9 +1,10 @@
 import hashlib
 import os
+import stat
 
 import pytest
 
-from mmd.atomic import Staged, write_atomic
+from mmd.atomic import NAME_MAX, Staged, temporary_name, temporary_pid, write_atomic
 from mmd.errors import OutputError
 from mmd.fileops import FileOps
 
@@ -121,3 +122,158 @@ def test_write_all_writes_every_byte_of_an_array_given_in_short_writes(tmp_path)
     finally:
         os.close(fd)
     assert (tmp_path / "a").read_bytes() == a.tobytes()
+
+
+# ---------------------------------------------------------------------------
+# the one helper's guarantees
+
+
+class Watching(FileOps):
+    """Fails the ``fail_at``-th file operation (0: none) with ENOSPC; before each operation, checks that the
+    destination holds the old bytes or the whole new ones (``None``: no file)."""
+
+    def __init__(self, target, allowed, fail_at: int = 0) -> None:
+        self.target, self.allowed, self.fail_at, self.calls, self.failed = target, allowed, fail_at, 0, ""
+
+    def _step(self, op: str = "") -> None:
+        seen = self.target.read_bytes() if self.target.exists() else None
+        assert seen in self.allowed, f"a reader saw {seen!r}"
+        self.calls += 1
+        if self.calls == self.fail_at:
+            self.failed = op
+            raise OSError(28, "No space left on device")
+
+    def open_exclusive(self, path, mode=0o644):
+        self._step("open_exclusive")
+        return super().open_exclusive(path, mode)
+
+    def write(self, fd, data):
+        self._step("write")
+        return super().write(fd, data)
+
+    def start_writeback(self, fd):
+        self._step("start_writeback")
+        super().start_writeback(fd)
+
+    def fsync(self, fd):
+        self._step("fsync")
+        super().fsync(fd)
+
+    def close(self, fd):
+        self._step("close")
+        super().close(fd)
+
+    def replace(self, src, dst):
+        self._step("replace")
+        super().replace(src, dst)
+
+    def link(self, src, dst):
+        self._step("link")
+        super().link(src, dst)
+
+    def unlink(self, path):
+        self._step("unlink")
+        super().unlink(path)
+
+
+@pytest.mark.parametrize("replace", [True, False])
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_destination_is_the_old_file_or_the_whole_new_one_whichever_operation_fails(tmp_path, durable, replace):
+    """At every step of a commit, and after a failure at any one of them, a reader finds the old file (none, for
+    a commit that never replaces) or the whole new one, and no temporary is left."""
+    target = tmp_path / "out.txt"
+    old = None if not replace else b"old result\n"
+    new = b"new result, longer than the old\n" * 1000
+    chunks = [new[:1000], new[1000:]]
+    whole = Watching(target, {old, new})
+    if old is not None:
+        target.write_bytes(old)
+    write_atomic(target, chunks, durable=durable, replace=replace, ops=whole)
+    assert target.read_bytes() == new and os.listdir(tmp_path) == ["out.txt"]
+    for fail_at in range(1, whole.calls + 1):
+        target.unlink(missing_ok=True)
+        if old is not None:
+            target.write_bytes(old)
+        ops = Watching(target, {old, new}, fail_at)
+        try:
+            write_atomic(target, chunks, durable=durable, replace=replace, ops=ops)
+        except OutputError as exc:
+            assert isinstance(exc.__cause__, OSError) and exc.__cause__.errno == 28
+        except OSError as exc:  # a refused link, as it is: the caller's to judge (a name taken, no hard links)
+            assert not replace and ops.failed == "link" and exc.errno == 28
+        else:  # only the unlink of the temporary once it is linked: published, the temporary a second name of it
+            assert not replace and ops.failed == "unlink" and target.read_bytes() == new
+            [left] = set(os.listdir(tmp_path)) - {"out.txt"}
+            assert os.path.samefile(tmp_path / left, target)
+            continue
+        ops._step()  # once more, after the failure
+        assert os.listdir(tmp_path) == (["out.txt"] if target.exists() else []), f"failing call {fail_at}"
+
+
+def test_two_commits_of_one_name_at_once_in_one_process_never_mix(tmp_path):
+    """A second commit of a name while the first is still in its temporary (another thread, a staged job) takes
+    a temporary of its own: neither takes the other's for a dead process's leftover, and the destination is
+    always one of them whole."""
+    target = tmp_path / "out.txt"
+    first = Staged()
+    first.write(target, [b"first, whole\n"])
+
+    def second_chunks():
+        yield b"second, "
+        first.publish()  # the first is published while the second is half written
+        assert target.read_bytes() == b"first, whole\n"
+        yield b"whole\n"
+
+    write_atomic(target, second_chunks())
+    assert target.read_bytes() == b"second, whole\n"
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o644, 0o755])
+def test_the_file_has_the_permission_bits_the_caller_asks_from_its_creation_on(tmp_path, mode):
+    """The mode is the temporary's from its open (a reader never meets wider bits and a chmod after), less the
+    umask; the old file's bits are not kept."""
+    target = tmp_path / "out.txt"
+    target.write_bytes(b"old")
+    target.chmod(0o666)
+    opened = []
+
+    class Looking(FileOps):
+        def write(self, fd: int, data: bytes | memoryview) -> int:
+            opened.append(stat.S_IMODE(os.fstat(fd).st_mode))
+            return super().write(fd, data)
+
+    old_umask = os.umask(0o022)
+    try:
+        write_atomic(target, [b"new"], mode=mode, ops=Looking())
+        assert stat.S_IMODE(target.stat().st_mode) == opened[0] == mode & ~0o022
+        os.umask(0o077)
+        write_atomic(target, [b"newer"], mode=mode)
+        assert stat.S_IMODE(target.stat().st_mode) == mode & ~0o077
+    finally:
+        os.umask(old_umask)
+    assert write_atomic(tmp_path / "plain", [b"x"]) and stat.S_IMODE((tmp_path / "plain").stat().st_mode) == 0o644
+
+
+def test_the_temporary_name_is_hidden_in_the_destinations_folder_and_says_whose_it_is():
+    """``.<name>[.<n>][.<host>].<pid>.tmp``, the leading dot only where the name is not hidden already; the
+    sweep reads the pid back, and a host's sweep only its own."""
+    assert temporary_name("m.out", host="", pid=42) == ".m.out.42.tmp"
+    assert temporary_name(".mmd-state.json", host="", pid=42) == ".mmd-state.json.42.tmp"
+    assert temporary_name("m.out", host="node0", pid=42, serial=2) == ".m.out.2.node0.42.tmp"
+    long = temporary_name("é" * 120, host="node0", pid=42)
+    assert len(long.encode()) <= NAME_MAX and long.startswith(".") and long.endswith(".node0.42.tmp")
+    for name in (".m.out.42.tmp", ".m.out.2.node0.42.tmp", long, ".mmd-state.json.42.tmp"):
+        assert temporary_pid(name) == 42
+    assert temporary_pid(".m.out.node0.42.tmp", host="node0") == 42
+    assert temporary_pid(".m.out.node1.42.tmp", host="node0") is None
+    for name in ("m.out", ".m.out", "m.out.42.tmp", ".notes.tmp", ".m.out.42.tmp~"):
+        assert temporary_pid(name) is None
+
+
+def test_a_leftover_temporary_of_this_pid_is_replaced_and_none_is_left_after_a_commit(tmp_path):
+    """A killed process with this pid left its temporary: the next commit of the name writes a new one."""
+    target = tmp_path / "out.txt"
+    (tmp_path / temporary_name("out.txt")).write_bytes(b"a killed writer's half")
+    write_atomic(target, [b"whole"])
+    assert target.read_bytes() == b"whole" and os.listdir(tmp_path) == ["out.txt"]

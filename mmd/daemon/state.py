@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -12,6 +11,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_atomic
+from ..errors import OutputError
 from ..logs import get_logger
 from ..record import now_iso
 from ..spool import Spool, held_jobs, pid_alive, state_name
@@ -102,37 +103,12 @@ class State:
         snap = self.snapshot()
         self._dirty = False
         self._written = time.monotonic()
+        # Not durable: a status for `mmd status`, written again within STATE_EVERY; in the inbox, which users
+        # write, so through the commit's temporary, never a link planted there.
         try:
-            _write_state(self.path, json.dumps(snap, indent=1).encode() + b"\n")
-        except OSError as exc:
-            get_logger().warning("cannot write the state file", reason=exc.strerror or str(exc))
-
-
-def _write_state(path: Path, data: bytes) -> None:
-    """Write the state file in the inbox, which users can write too.
-
-    The temporary is created with ``O_EXCL | O_NOFOLLOW``: a link planted
-    under its name is removed, never written through (write_atomic's
-    ``O_TRUNC`` open would write into the link's target).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
+            write_atomic(self.path, [json.dumps(snap, indent=1).encode() + b"\n"], durable=False)
+        except OutputError as exc:
+            get_logger().warning("cannot write the state file", reason=exc.reason)
 
 
 def read_state(private: Path, host_id: str | None = None) -> dict[str, Any] | None:

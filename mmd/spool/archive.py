@@ -3,7 +3,7 @@
 :meth:`Archive.archive` moves a finished job's file out of ``.work`` (never
 over an older one of that name), drops its output reservation and makes its
 emptied folder the next claim's spare. :meth:`Archive.sweep_temporaries`
-removes, at start, the commit temporaries (``.<name>.<pid>.tmp``) of
+removes, at start, the commit temporaries (:func:`mmd.atomic.temporary_name`'s) of
 processes that are gone. Whether a job finished, so that only its archive is
 left to do, is :func:`mmd.spool.claims.finished`'s to say.
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import time
 from pathlib import Path
 
 from .. import record
+from ..atomic import temporary_pid
 from ..errors import SpoolError
 from ..textcore import HEADER_WINDOW
 from .claims import Claim, Claims, InHand, spare_folder_pid
@@ -31,9 +31,6 @@ from .common import Shared, entries, strerror
 from .ledger import Ledger, Usage, usage_of
 from .names import MAX_NAME_BYTES, OUTPUT_SUFFIX, archive_name, arrivals_name, names_of, shown, state_name
 from .reservations import Reservations, pid_alive
-
-# write_atomic's temporaries: .<name>.<pid>.tmp (.<name>.<host>.<pid>.tmp on a shared inbox)
-_TMP_RE = re.compile(r"\..+\.(?P<pid>[0-9]+)\.tmp")
 
 
 class Archive:
@@ -140,13 +137,7 @@ class Archive:
                     os.close(fd)
                 note = (f"\n# mmd: kept the first {len(head)} of this input's {size} bytes (archive_refused_bytes); "
                         f"submitted by {claim.submitter} (uid {claim.owner})\n").encode()  # fmt: skip
-                tmp = folder / f".{target.name}.{os.getpid()}.tmp"
-                shared.write_new(tmp, head + note)
-                try:
-                    shared.ops.rename(tmp, target)
-                except OSError:
-                    shared.unlink_quietly(tmp)
-                    raise
+                shared.commit(target, head + note)
             shared.ops.unlink(claim.path)
         except OSError as exc:
             raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {strerror(exc)}") from None
@@ -203,8 +194,9 @@ class Archive:
         return None
 
     def sweep_temporaries(self) -> list[Path]:
-        """Remove commit temporaries (``.<name>.<pid>.tmp``), spare reservations (``.work/..spare<k>.claim.<pid>.tmp``)
-        and spare job folders (``.work/.spare.<pid>.<k>``) of processes that are gone.
+        """Remove commit temporaries (:func:`mmd.atomic.temporary_name`'s, ``.<name>.<pid>.tmp``), spare
+        reservations (``.work/..spare<k>.claim.<pid>.tmp``) and spare job folders (``.work/.spare.<pid>.<k>``) of
+        processes that are gone.
 
         In the outbox, this host's ``.work`` and ``.failed`` (mmd's alone; there a refused input's head is
         written under such a name) every such name; in the folder of the state
@@ -214,15 +206,16 @@ class Archive:
         """
         shared = self.shared
         removed = []
-        host_id = shared.host_id
-        own = re.compile(r"\..+\." + re.escape(host_id) + r"\.(?P<pid>[0-9]+)\.tmp") if host_id else _TMP_RE
-        own_files = (f".{state_name(host_id)}.", f".{arrivals_name(host_id)}.")
+        # The state file's and the record's temporaries, however many dots lead them (an older mmd's had two).
+        own_files = tuple(
+            f"{name.lstrip('.')}." for name in (state_name(shared.host_id), arrivals_name(shared.host_id))
+        )
         for folder in (*shared.output_folders(), shared.work, shared.failed, shared.private):
             for path in entries(folder):
-                match = (_TMP_RE if folder == shared.private else own).fullmatch(path.name)
-                if folder == shared.private and not path.name.startswith(own_files):
+                if folder == shared.private and not path.name.lstrip(".").startswith(own_files):
                     continue
-                if match and int(match["pid"]) != os.getpid() and not pid_alive(int(match["pid"])):
+                pid = temporary_pid(path.name, None if folder == shared.private else shared.host_id)
+                if pid is not None and pid != os.getpid() and not pid_alive(pid):
                     with contextlib.suppress(OSError):
                         path.unlink()
                         removed.append(path)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import record
-from ..atomic import fsync_folder
 from ..errors import SpoolError
 from .claims import Claim, InHand, owned_by
 from .common import Shared, entries, strerror
@@ -143,18 +142,14 @@ class AttemptLog:
         return new
 
     def _write_attempts(self, claim: Claim, attempts: Attempts) -> None:
-        shared = self.shared
-        folder = claim.path.parent
-        path = folder / ATTEMPTS_NAME
-        tmp = folder / f"{ATTEMPTS_NAME}.{shared.owner_pid}.tmp"
+        """Commit ``attempts`` durably; its temporary carries the owner's pid, so that a worker killed while
+        writing it leaves one the next worker of that daemon writes over."""
+        data = json.dumps(dataclasses.asdict(attempts)).encode()
         try:
-            shared.write_new(tmp, json.dumps(dataclasses.asdict(attempts)).encode(), durable=True)
-            shared.ops.replace(tmp, path)
+            self.shared.commit(claim.path.parent / ATTEMPTS_NAME, data, durable=True, pid=self.shared.owner_pid)
         except OSError as exc:
-            shared.unlink_quietly(tmp)
             why = strerror(exc)
             raise SpoolError(f"cannot record the attempts of {shown(claim.name)} in {WORK_DIR}: {why}") from None
-        fsync_folder(folder)
 
     def discard_outputs(self, claim: Claim) -> list[str]:
         """Remove what ``claim``'s job committed to the outbox before it is held; the names that could not be.

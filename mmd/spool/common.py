@@ -3,8 +3,8 @@
 One :class:`Shared` is made by :class:`mmd.spool.Spool` and handed to each
 part (claims, reservations, attempts, archive). It makes and checks the
 spool's dot folders on first use (:meth:`Shared.folder`, :meth:`Shared.prepare`)
-and does the small file steps several parts need (a new file written in
-full, a quiet unlink) through ``ops``, the :class:`~mmd.fileops.FileOps`
+and does the small file steps several parts need (a file committed
+atomically, a quiet unlink) through ``ops``, the :class:`~mmd.fileops.FileOps`
 every file operation that moves a job goes through (the tests inject faults
 there).
 """
@@ -19,8 +19,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .. import acl, record
-from ..errors import SpoolError
-from ..fileops import OPS, FileOps, write_all
+from ..atomic import write_atomic
+from ..errors import OutputError, SpoolError
+from ..fileops import OPS, FileOps
 from ..submitters import login_of
 from .names import DONE_DIR, FAILED_DIR, OUTPUT_SUFFIX, WORK_DIR
 
@@ -263,25 +264,16 @@ class Shared:
         return moved
 
     # -- small file steps, through ops --
-    def write_new(self, path: Path, data: bytes, durable: bool = False) -> None:
-        """A new file ``path`` holding ``data`` (a leftover of ours of that name is replaced); OSError on failure."""
+    def commit(
+        self, path: Path, data: bytes, *, durable: bool = False, mode: int = 0o644, pid: int | None = None
+    ) -> None:
+        """``path`` holding ``data``, committed by :func:`mmd.atomic.write_atomic` through ``ops`` (``durable``,
+        ``mode``, ``pid``: as its); the OSError behind a failure is raised, for the spool's own messages."""
         try:
-            fd = self.ops.open_exclusive(path)
-        except FileExistsError:  # a temporary of a killed process with our pid: never through a link
-            self.ops.unlink(path)
-            fd = self.ops.open_exclusive(path)
-        try:
-            write_all(self.ops, fd, data)
-            if durable:
-                self.ops.fsync(fd)
-        except BaseException:
-            self.close_quietly(fd)
-            self.unlink_quietly(path)
-            raise
-        try:
-            self.ops.close(fd)
-        except OSError:
-            self.unlink_quietly(path)
+            write_atomic(path, [data], durable=durable, mode=mode, pid=pid, ops=self.ops)
+        except OutputError as exc:
+            if isinstance(exc.__cause__, OSError):
+                raise exc.__cause__ from None
             raise
 
     def unlink_quietly(self, path: Path | None) -> None:

@@ -230,9 +230,7 @@ class Ledger:
                 if path.name not in usage:
                     path.unlink()
             for login, used in usage.items():
-                tmp = self._usage / f".{login}.tmp"
-                tmp.write_bytes(_line(used))
-                os.replace(tmp, self._usage / login)
+                self.shared.commit(self._usage / login, _line(used), mode=0o600)
         return dict(usage)
 
     def _made(self, folder: Path) -> None:

@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..atomic import temporary_name
-from ..errors import SpoolError
+from ..atomic import temporary_name, write_atomic
+from ..errors import OutputError, SpoolError
 from ..fileops import write_all
 from .claims import Claim, InHand, owned_by
 from .common import Shared, entries, strerror
@@ -42,7 +42,7 @@ from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, re
 #: mmd writes a reservation in full before it takes its name, so an empty one is only what an older mmd
 #: (or a filesystem without hard links) leaves when killed between creating and writing it. Such a
 #: reservation that no job of this host maps to is stale once it is this old (seconds): its content
-#: cannot say whose it is, and a live writer fills it within microseconds.
+#: cannot say whose it is, and a live writer fills it right after it creates it.
 EMPTY_RESERVATION_GRACE_S = 60.0
 #: What ``link`` says on a filesystem without hard links (the reservation is then created in place).
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
@@ -141,44 +141,58 @@ class Reservations:
     def _create_reservation(self, path: Path, job_id: str) -> bool:
         """Take reservation ``path`` for ``job_id``; False when another job holds it.
 
-        The reservation is written in full under a temporary name (a spare
-        of this process's, written anew, else a new file) and then linked to
-        its own name (``link`` fails when the name exists, as ``O_EXCL``
-        does), so no one ever sees it empty: a kill between creating and
-        writing it leaves only a temporary, which the start-up sweep removes.
-        Where the filesystem has no hard links it is created ``O_EXCL`` in
-        place and written. A missing outbox is made again.
+        The reservation is written in full and then linked to its own name
+        (``link`` fails when the name exists, as ``O_EXCL`` does), so no one
+        ever sees it empty: a spare of this process's written anew, else a
+        commit that never replaces (:func:`mmd.atomic.write_atomic`); a kill
+        before the link leaves only a temporary, which the start-up sweep
+        removes. Where the filesystem has no hard links it is created
+        ``O_EXCL`` in place and written. A missing outbox is made again.
         """
-        shared = self.shared
         text = self._reservation_text(job_id)
-        tmp = self._rewritten(path.parent, text)
-        spare = tmp is not None
-        if tmp is None:
-            tmp = path.with_name(temporary_name(path.name))
-            try:
-                try:
-                    shared.write_new(tmp, text)
-                except FileNotFoundError:  # the outbox was deleted under us: make it again
-                    if path.parent != shared.outbox:  # a submitter's folder: made again, with its ACL, next time
-                        shared.forget_folder(path.parent)
-                        raise
-                    shared.outbox.mkdir(parents=True, exist_ok=True)
-                    shared.write_new(tmp, text)
-            except OSError as exc:
-                raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
+        spare = self._rewritten(path.parent, text)
         try:
-            shared.ops.link(tmp, path)
+            if spare is not None:
+                return self._link_spare(spare, path)
+            self._commit_new(path, text)
         except FileExistsError:
-            if spare:
-                self._spares.append(tmp)  # kept for the next version tried
-                tmp = None
             return False
-        except OSError as exc:
+        except OSError as exc:  # the link refused
             if exc.errno not in _NO_LINKS:
                 raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
             return self._create_in_place(path, text)
-        finally:
-            shared.unlink_quietly(tmp)  # a name only: the file lives on as the reservation
+        return True
+
+    def _commit_new(self, path: Path, text: bytes) -> None:
+        """Reservation ``path`` holding ``text``, committed without ever replacing one: OSError when the link is
+        refused (FileExistsError: it is taken), SpoolError when the outbox refuses the file."""
+        shared = self.shared
+        for again in (True, False):
+            try:
+                write_atomic(path, [text], durable=False, replace=False, ops=shared.ops)
+                return
+            except OutputError as exc:
+                missing = isinstance(exc.__cause__, FileNotFoundError)  # the outbox was deleted under us
+                if missing and again and path.parent == shared.outbox:
+                    shared.outbox.mkdir(parents=True, exist_ok=True)
+                    continue
+                if missing:  # a submitter's folder: made again, with its ACL, next time
+                    shared.forget_folder(path.parent)
+                why = strerror(exc.__cause__) if isinstance(exc.__cause__, OSError) else exc.reason
+                raise SpoolError(f"cannot reserve {path.name} in the outbox: {why}") from None
+
+    def _link_spare(self, spare: Path, path: Path) -> bool:
+        """Spare ``spare``, holding its reservation's text, linked to ``path``; False when ``path`` is taken
+        (the spare is kept for the next version tried). OSError when the link fails otherwise."""
+        try:
+            self.shared.ops.link(spare, path)
+        except FileExistsError:
+            self._spares.append(spare)
+            return False
+        except OSError:
+            self.shared.unlink_quietly(spare)
+            raise
+        self.shared.unlink_quietly(spare)  # a name only: the file lives on as the reservation
         return True
 
     def _rewritten(self, folder: Path, text: bytes) -> Path | None:
@@ -236,12 +250,9 @@ class Reservations:
             raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
         if not stat.S_ISREG(info.st_mode) or info.st_size:
             return False  # another job's, or not mmd's
-        tmp = path.with_name(temporary_name(path.name))
         try:
-            shared.write_new(tmp, self._reservation_text(job_id))
-            shared.ops.replace(tmp, path)
+            shared.commit(path, self._reservation_text(job_id))
         except OSError as exc:
-            shared.unlink_quietly(tmp)
             raise SpoolError(f"cannot reserve {path.name} in the outbox: {strerror(exc)}") from None
         held = read_reservation(path)
         return held is not None and held[0] == job_id
@@ -328,8 +339,9 @@ class Reservations:
     def _retire(self, path: Path) -> None:
         """Drop the reservation at ``path``: kept as a spare of this process (see the module), else removed."""
         if len(self._spares) < SPARES and self._near(path.parent):
-            if not self._names:  # the names this process's spares may take (temporaries': swept once it is gone)
-                self._names = [self.shared.work / temporary_name(f".spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
+            if not self._names:  # this process's temporaries' names (swept once it is gone), of names no
+                # reservation has (a job's stem is never hidden)
+                self._names = [self.shared.work / temporary_name(f"..spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
             taken = set(self._spares)
             spare = next(p for p in self._names if p not in taken)
             try:
