@@ -70,9 +70,12 @@ class KernelFileBackend(Backend, DeviceText):
         self.kernel = read_kernel_file(path)
         self.settings = settings
         self._device_name: str | None = None
-        self._process: LaunchProcess | None = LaunchProcess(settings.device, self.kernel.name)
+        self._process: LaunchProcess | None = self._fresh()
         #: The memory the current job's input was read into (:meth:`host_array`), shared with the process.
         self._input: Shared | None = None
+
+    def _fresh(self) -> LaunchProcess:
+        return LaunchProcess(self.settings.device, self.kernel.name, self.settings.kernel_cache)
 
     def _check_shapes(self, m: int, k: int, n: int, request: MultiplyRequest) -> None:
         kf = self.kernel
@@ -90,7 +93,7 @@ class KernelFileBackend(Backend, DeviceText):
         kernel compiled (or taken from the cache) and its launch for the padded sizes."""
         kf, decl = self.kernel, self.kernel.declaration
         if self._process is None or not self._process.alive:
-            self._process = LaunchProcess(self.settings.device, kf.name)
+            self._process = self._fresh()
         process = self._process
         device, limits = process.ready()
         self._device_name = device
@@ -212,7 +215,7 @@ class KernelFileBackend(Backend, DeviceText):
         start, as a built-in kernel's context is made before its calls are timed. BackendUnavailable where it
         cannot have a GPU."""
         if self._process is None or not self._process.alive:
-            self._process = LaunchProcess(self.settings.device, self.kernel.name)
+            self._process = self._fresh()
         try:
             self._device_name = self._process.ready()[0]
         except BaseException:

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -152,15 +153,18 @@ class _Drain:
 
 class LaunchProcess:
     """A child process with its own CUDA context on ``device``, serving one backend's launches: started at
-    once, so that its imports and context are made while the first job's input is read.
+    once, so that its imports and context are made while the first job's input is read. ``kernel_cache``:
+    where mmd's own text kernels are built and kept.
 
     :meth:`ready` waits for it (the device's name and limits); :meth:`run` and :meth:`run_text` run one job
     each; :attr:`alive` says whether it can take another; :meth:`close` kills it wherever it is. ``label``
     names the kernel in messages.
     """
 
-    def __init__(self, device: int, label: str) -> None:
+    def __init__(self, device: int, label: str, kernel_cache: Path | None = None) -> None:
         self.label = label
+        # mmd's own text kernels come from the kernel cache as the worker's do (built there once, not per process)
+        cache = str(kernel_cache) if kernel_cache is not None else ""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
@@ -169,6 +173,7 @@ class LaunchProcess:
                     "-m",
                     __package__ + ".launch_child",
                     *map(str, (theirs.fileno(), device, os.getpid())),
+                    cache,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -1,9 +1,9 @@
 """The process a kernel file's launches run in (started by :mod:`.launch`): one CUDA context, one submitter.
 
-Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID``. It opens a
-:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` and says on the socket that it is ready (with the
-device's limits); then it takes jobs until the parent closes the socket, each a JSON message with two
-memory files (the job's bytes, the cubin):
+Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNEL_CACHE``. It opens a
+:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none where
+empty) and says on the socket that it is ready (with the device's limits); then it takes jobs until the
+parent closes the socket, each a JSON message with two memory files (the job's bytes, the cubin):
 
 * ``arrays``: padded A and B and room for C. It runs the course's five timed phases as the cuda backend
   does (``malloc`` includes zeroing C, which some kernels add into) and writes C into the job's memory.
@@ -33,6 +33,7 @@ import re
 import resource
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..spawning import die_with_parent
@@ -221,7 +222,7 @@ def _fault(control: _Socket, error: dict[str, Any]) -> None:
 
 def main() -> None:
     control_fd, device = int(sys.argv[1]), int(sys.argv[2])
-    parent = int(sys.argv[3])
+    parent, cache = int(sys.argv[3]), sys.argv[4]
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     control = _Socket(control_fd)
@@ -230,7 +231,7 @@ def main() -> None:
     try:
         from ..cuda.session import GpuSession
 
-        session = GpuSession(device)
+        session = GpuSession(device, Path(cache) if cache else None)
     except MmdError as exc:
         control.send({"error": exc.as_dict()})
         os._exit(0)
