@@ -181,6 +181,9 @@ class ArrayOptions:
     gpus: int | None = None
     #: The kernel file every task runs (``mmd run --kernel-file``): copied beside the script, and the copy run.
     kernel_file: Path | None = None
+    #: What each task runs after ``mmd``, given ``-o OUTPUT -- INPUT`` (a manifest line and an outputs line):
+    #: ``mmd run`` by default; ``mmd grade`` names its own (mmd.grade.array: a student's folder, their part).
+    command: tuple[str, ...] = ("run",)
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,7 @@ def render_script(plan: Plan) -> str:
         lines.append(f"#SBATCH --gres={o.gres}")
     given = dict(o.passed)
     lines += [f"#SBATCH --{p.name}={given[p.name]}" for p in PASSED_OPTIONS if p.name in given]
-    run = shlex.join([*o.mmd, "run"])
+    run = shlex.join([*o.mmd, *o.command])
     kernel: list[str] = []
     if plan.kernel is not None and plan.kernel_copy is not None:
         run += ' --kernel-file "$kernel_file"'
@@ -375,7 +378,8 @@ def render_script(plan: Plan) -> str:
         exports.append(f"export MMD_CONFIG={shlex.quote(str(o.config))}")
     lines += [
         f"# Written by mmd {__version__} (mmd submit): {n} job file(s), one array task each.",
-        "# Task i runs `mmd run` on line i+1 of the manifest, writing the output on line i+1 of the outputs list.",
+        f"# Task i runs `mmd {o.command[0]}` on line i+1 of the manifest, writing the output on line i+1 of the "
+        "outputs list.",
         "# Its argument is the array's offset into the manifest (0 when not given): a folder larger",
         "# than MaxArraySize is submitted as several arrays of this script.",
         "# Without Slurm, run one task by hand: SLURM_ARRAY_TASK_ID=0 bash THIS_SCRIPT",

@@ -80,6 +80,11 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("collect: missing hand-in", ["collect", "nope", "graded"], USAGE, "nope: No such file"),
     ("collect: hand-in a file", ["collect", "plain", "graded"], USAGE, "not a folder"),
     ("collect: copy exists", ["collect", "jobs", "plain"], USAGE, "exists: collect into a new folder"),
+    ("grade: no kernels", ["grade"], USAGE, "give KERNELS and --tests TESTS"),
+    ("grade: kernels a file", ["grade", "plain", "--tests", "jobs"], USAGE, "not a folder of students' folders"),
+    ("grade: tests missing", ["grade", "jobs", "--tests", "nope"], USAGE, "/nope: not a folder"),
+    ("grade: bad deadline", ["grade", "jobs", "--tests", "jobs", "--deadline", "x"], USAGE, "not an ISO 8601 time"),
+    ("grade: not a gather folder", ["grade", "--gather", "jobs"], USAGE, "not an mmd grade --slurm folder"),
     ("hand-in: missing file", ["hand-in", "nope.cu", "--inbox", "jobs"], USAGE, "nope.cu: no such file"),
     ("hand-in: not NAME.cu", ["hand-in", "m.txt", "--inbox", "jobs"], USAGE, "a hand-in is NAME.cu"),
     ("hand-in: mmd's own name", ["hand-in", "naive.cu", "--inbox", "jobs"], USAGE, "one of mmd's own kernels"),
@@ -112,6 +117,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("bench: out under a file", ["bench", "--backend", "cpu", "--sizes", "8", "--out", "plain/b"], FAILED, "cannot"),
     ("report: out under a file", ["report", "{results}", "--out", "plain/r"], FAILED, "cannot make"),
     ("hand-in: not a kernel", ["hand-in", "bad.cu", "--inbox", "jobs"], FAILED, "bad.cu: no __global__ function"),
+    ("grade: no GPU", ["grade", "jobs", "--tests", "jobs"], FAILED, "mmd grade: "),
 ]
 
 

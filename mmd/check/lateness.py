@@ -70,11 +70,16 @@ class Source(str, Enum):
 
     COLLECTED = "collected"  # the arrival mmd collect recorded in the grader's copy
     CTIME = "ctime"  # its files' inode change time, where they lie
+    RECEIVED = "received"  # when the service received a hand-in: its store's record (mmd grade)
     NONE = "none"  # no time the grader can trust: never in time
 
 
 #: How a reason names each source.
-_SAID = {Source.COLLECTED: "as mmd collect recorded it", Source.CTIME: "its files' ctime"}
+_SAID = {
+    Source.COLLECTED: "as mmd collect recorded it",
+    Source.CTIME: "its files' ctime",
+    Source.RECEIVED: "when the service received it",
+}
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = (
-    "run", "gen", "check", "collect", "kernels", "hand-in", "serve", "status", "cancel", "rm", "submit", "bench",
-    "report", "config", "completion",
+    "run", "gen", "check", "collect", "grade", "kernels", "hand-in", "serve", "status", "cancel", "rm", "submit",
+    "bench", "report", "config", "completion",
 )  # fmt: skip
 
 

@@ -5,6 +5,12 @@ The launch process (:mod:`mmd.kernelfile.launch_child`) runs as it does on a GPU
 memory by address, copies are copies, and a "kernel" (a real cubin, compiled by NVRTC) is run by its
 entry's name: ``square`` computes C = A·B with numpy in float32, ``spin`` never ends, ``fault`` fails as
 an illegal address does (at the next wait), ``noisy`` prints 100 KB as device printf does and computes.
+Cheats, each a square kernel otherwise: ``wrong`` computes and adds 1 to C's first value; ``writes_nan``
+computes and writes NaN there; ``replay`` keeps each product it computed (taking :data:`REPLAY_COMPUTE_S`
+to compute it) and returns the kept one, at once, when the same inputs come again; ``stale`` keeps its
+first product of each size and returns it for any later inputs of that size (a kernel that replays an
+earlier product whatever it is given). What they keep lives as long as the launch process does: across
+its launches where it serves several, as device memory would.
 Tests put this folder first on the launch process's PYTHONPATH (tests/test_kernelfile_run.py).
 """
 
@@ -29,6 +35,10 @@ class LaunchError(Error):
 _memory: dict[int, np.ndarray] = {}
 _addresses = itertools.count(1 << 20, 1 << 20)
 _sticky: list[str] = []
+#: What ``replay`` and ``stale`` keep between launches (their __device__ globals).
+_kept: dict[object, np.ndarray] = {}
+#: How long ``replay`` takes to compute a product (what it saves by replaying one).
+REPLAY_COMPUTE_S = 0.05
 
 
 def init() -> None:
@@ -188,7 +198,22 @@ class _Function:
         n = int(width)
         left = _floats(a)[: n * n].reshape(n, n)
         right = _floats(b)[: n * n].reshape(n, n)
-        _floats(c)[: n * n].reshape(n, n)[:] += np.matmul(left, right)
+        out = _floats(c)[: n * n].reshape(n, n)
+        if "replay" in self.symbol:
+            key = ("replay", n, left.tobytes(), right.tobytes())
+            if key not in _kept:
+                time.sleep(REPLAY_COMPUTE_S)
+                _kept[key] = np.matmul(left, right)
+            out[:] += _kept[key]
+            return
+        if "stale" in self.symbol:
+            out[:] += _kept.setdefault(("stale", n), np.matmul(left, right))
+            return
+        out[:] += np.matmul(left, right)
+        if "wrong" in self.symbol:
+            out[0, 0] += 1
+        if "writes_nan" in self.symbol:
+            out[0, 0] = np.nan
 
 
 class _Module:

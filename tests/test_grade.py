@@ -1,0 +1,290 @@
+"""`mmd grade`: a class's kernel files graded, over the stand-in driver (tests/fakegpu/pycuda), as real processes.
+
+The launch process is real (a process of its own per kernel, through the real GpuSession); only the driver is
+the stand-in, which runs a kernel by its entry's name: ``square`` is right, ``wrong``, ``writes_nan``,
+``replay`` and ``stale`` are the cheats (tests/fakegpu/pycuda/driver.py). tests/gpu/test_grade.py grades real
+kernels, cheats included, on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmd import textformat
+from mmd.grade.grader import GradePlan
+from mmd.kernelfile.store import KernelStore
+
+from .conftest import run_mmd
+from .test_kernelfile_run import SQUARE, fake_gpu, integer_input, kernel
+
+pytestmark = pytest.mark.process
+
+#: What the fake's ``replay`` takes to compute a product (tests/fakegpu/pycuda/driver.py's REPLAY_COMPUTE_S).
+REPLAY_COMPUTE_MS = 50.0
+
+#: A small plan: every test at tiles 8 and 64, timed at 16 (tile 32, then tiles 4, 8, 16).
+SMALL = ("--tiles", "8", "64", "--sizes", "16")
+
+
+def data_sets(root: Path) -> Path:
+    tests = root / "tests"
+    tests.mkdir()
+    integer_input(tests / "sq8.txt", 8, 8, 8)
+    a, b = integer_input(tests / "rect.txt", 5, 7, 3, seed=2)
+    (tests / "rect.out").write_bytes(textformat.emit(np.matmul(a, b)))  # an expected output: judged against it
+    return tests
+
+
+def grade(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return run_mmd("grade", *args, cwd=cwd, env=fake_gpu(**env), timeout=300)
+
+
+def cases(report: dict, student: str) -> dict[str, dict]:
+    (mine,) = [s for s in report["students"] if s["student"] == student]
+    return {r["name"]: r for r in mine["results"]}
+
+
+def test_the_course_plan_is_the_course_s() -> None:
+    plan = GradePlan()
+    assert plan.tiles == (4, 8, 16, 32, 64)
+    assert plan.timed() == [(32, 32), (256, 32), (512, 32), (1024, 32), (2048, 32), (4096, 32),
+                            (4096, 4), (4096, 8), (4096, 16)]  # fmt: skip
+
+
+def test_a_class_is_graded_as_mmd_check_reports(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    handin = tmp_path / "handin"
+    for who in ("alice", "bob"):
+        (handin / who).mkdir(parents=True)
+    kernel(handin / "alice", "p1.cu")
+    kernel(handin / "alice", "p2.cu", entry="wrong")
+    kernel(handin / "bob", "p1.cu", entry="writes_nan")
+    (handin / "bob" / "bad.cu").write_text(SQUARE.replace("Width) {", "Width) { oops;"), encoding="utf-8")
+    (handin / "bob" / "README.txt").write_text("not a kernel", encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = grade(
+        "handin", "--tests", str(tests), *SMALL, "--repeats", "2", "--json", str(out / "g.json"),
+        "--junit", str(out / "g.xml"), "--page", str(out / "page"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # wrong kernels fail the run, as wrong outputs fail mmd check
+    report = json.loads((out / "g.json").read_text())
+    alice, bob = cases(report, "alice"), cases(report, "bob")
+
+    assert alice["p1.cu:sq8@tile=8"]["status"] == "ok" and alice["p1.cu:rect@tile=8"]["status"] == "ok"
+    assert alice["p1.cu:rect@tile=8"]["reference"].endswith("rect.out")  # its expected output judged it
+    tile64 = alice["p1.cu:sq8@tile=64"]
+    assert tile64["status"] == "ok" and tile64["reason"].startswith("refused before launch: tile 64 needs 4096")
+    for timed in ("timed 16x16x16@tile=32", "timed 16x16x16@tile=4", "timed 16x16x16@tile=8", "timed 16x16x16@tile=16"):
+        assert alice[f"p1.cu:{timed}"]["status"] == "ok"
+    wrong = alice["p2.cu:sq8@tile=8"]
+    assert wrong["status"] == "mismatch" and "1 outside tolerance" in wrong["reason"]
+    assert alice["p2.cu:timed 16x16x16@tile=32"]["reason"].startswith("timed launch 1 (fresh inputs):")
+    nan = bob["p1.cu:sq8@tile=8"]
+    assert nan["status"] == "mismatch" and "not finite" in nan["reason"]  # NaN is wrong, never a wildcard
+    assert "not finite" in bob["p1.cu:timed 16x16x16@tile=32"]["reason"]
+    refused = bob["bad.cu:sq8@tile=8"]
+    assert refused["status"] == "refused" and refused["reason"].startswith('bad.cu:1: error: identifier "oops"')
+    assert all(r["status"] == "refused" for name, r in bob.items() if name.startswith("bad.cu:"))
+    assert bob["README.txt"]["status"] == "extra"
+
+    (p1,) = [k for s in report["grade"]["students"] if s["student"] == "alice" for k in s["kernels"]
+             if k["kernel"] == "p1.cu"]  # fmt: skip
+    timed = [c for c in p1["cases"] if c["kind"] == "timed"]
+    assert [(c["shape"][0], c["tile"]) for c in timed] == [(16, 32), (16, 4), (16, 8), (16, 16)]
+    for c in timed:
+        assert 1 <= len(c["kernel_ms"]) <= 2 and len(c["cuda_ms"]) == len(c["kernel_ms"])
+        assert c["kernel_median_ms"] == pytest.approx(float(np.median(c["kernel_ms"])))
+        assert c["cuda_median_ms"] >= c["kernel_median_ms"]
+    assert p1["correct"] is True and p1["sha256"] and not p1["late"]
+
+    # one JUnit test case per student × kernel × test × tile, and one per timed case; extras are none
+    suites = {s.find("properties/property[@name='student']").get("value"): s
+              for s in ET.parse(out / "g.xml").getroot()}  # fmt: skip
+    names = [c.get("name") for c in suites["alice"].iter("testcase")]
+    assert len(names) == 2 * (2 * 2 + 4) and "p1.cu:rect@tile=64" in names
+    assert len(list(suites["bob"].iter("testcase"))) == 2 * (2 * 2 + 4)
+    assert suites["alice"].get("failures") == str(2 * 2 + 4 - 2)  # p2's: all but tile 64's two
+
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:3] == ["alice", "p1.cu", "yes"] for line in lines)  # the timing table
+    assert any(line.split()[:3] == ["bob", "bad.cu", "not"] for line in lines)
+    page = (out / "page" / "index.html").read_text()
+    assert "refused before launch" in page and "WRONG" in page
+
+
+def test_every_timed_launch_gets_fresh_inputs_so_a_replay_is_never_timed(tmp_path: Path) -> None:
+    """The fake's ``replay`` answers at once when its inputs repeat (in its one launch process): a grader that
+    timed the same inputs again would time no work. Every timed launch here computed (its kernel time is the
+    fake's compute time), and each product was right."""
+    tests = data_sets(tmp_path)
+    (tmp_path / "handin" / "carol").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "carol", "r.cu", entry="replay")
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "16", "--repeats", "3",
+                 "--json", str(tmp_path / "g.json"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (part,) = json.loads((tmp_path / "g.json").read_text())["grade"]["students"]
+    timed = [c for c in part["kernels"][0]["cases"] if c["kind"] == "timed"]
+    assert len(timed) == 4
+    for c in timed:
+        assert len(c["kernel_ms"]) == 3
+        assert min(c["kernel_ms"]) >= REPLAY_COMPUTE_MS * 0.9, c
+
+
+def test_a_kernel_that_replays_an_earlier_product_is_caught(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    (tmp_path / "handin" / "dave").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "dave", "s.cu", entry="stale")
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "16", "--repeats", "3",
+                 "--json", str(tmp_path / "g.json"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    dave = cases(json.loads((tmp_path / "g.json").read_text()), "dave")
+    timed = [r for name, r in dave.items() if "timed" in name]
+    assert timed and all(r["status"] == "mismatch" and "fresh inputs" in r["reason"] for r in timed)
+
+
+def _aged(path: Path, when: datetime) -> None:
+    os.utime(path, (when.timestamp(), when.timestamp()), follow_symlinks=False)
+
+
+def test_a_plain_folder_is_late_by_ctime_not_mtime(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    (tmp_path / "handin" / "erin").mkdir(parents=True)
+    k = kernel(tmp_path / "handin" / "erin", "p1.cu")
+    deadline = datetime.now(timezone.utc) - timedelta(minutes=5)
+    _aged(k, deadline - timedelta(days=3))  # an mtime set back by its author: not what is judged
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "--deadline", deadline.isoformat(),
+                 "--json", str(tmp_path / "g.json"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr  # late hand-ins are graded
+    report = json.loads((tmp_path / "g.json").read_text())
+    case = cases(report, "erin")["p1.cu:sq8@tile=8"]
+    assert case["status"] == "ok" and case["arrived_by"] == "ctime"
+    assert case["reason"].startswith("late: arrived ") and "its files' ctime" in case["reason"]
+    assert report["grade"]["students"][0]["kernels"][0]["late"] is True
+
+
+def test_the_store_is_late_by_when_the_service_received_it(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    (tmp_path / "state").mkdir()
+    store = KernelStore(tmp_path / "state" / "kernels")
+    deadline = datetime.now(timezone.utc) - timedelta(hours=1)
+    store.keep("fay", "p1", SQUARE.encode(), None)
+    store.keep("gus", "p1", SQUARE.replace("square", "wrong").encode(), None)
+    _aged(store.folder("fay") / "p1.cu", deadline - timedelta(hours=1))  # received in time
+    for path in store.folder("gus").rglob("*.cu"):  # received late, its version's mtime set back: not judged
+        _aged(path, deadline - timedelta(days=1))
+    _aged(store.folder("gus") / "p1.cu", deadline + timedelta(minutes=10))
+    done = grade(str(store.root), "--store", "--tests", str(tests), "--tiles", "8", "--sizes",
+                 "--deadline", deadline.isoformat(), "--json", str(tmp_path / "g.json"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads((tmp_path / "g.json").read_text())
+    fay, gus = cases(report, "fay")["p1.cu:sq8@tile=8"], cases(report, "gus")["p1.cu:sq8@tile=8"]
+    assert fay["status"] == "ok" and fay["reason"] == "" and fay["arrived_by"] == "received"
+    assert gus["status"] == "mismatch" and "late: arrived" in gus["reason"]
+    assert "when the service received it" in gus["reason"]
+
+
+HOSTILE = ['<script>alert("s")', "a&b 'q' \"d\"", "tab\there", "new\nline", "]]>x<!--", "\x1b[31mred"]
+
+
+def test_hostile_names_keep_every_report_well_formed_and_no_path_escapes(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    handin = tmp_path / "handin"
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    kernel(secret, "p1.cu")
+    (secret / "leak.kernel.yaml").write_text("SECRET-TEXT: 1\n", encoding="utf-8")
+    for name in HOSTILE:
+        (handin / name).mkdir(parents=True)
+        kernel(handin / name, f"{name}.cu")
+    (handin / "linked").symlink_to(secret)  # a student's folder that is a link: never followed
+    (handin / "mallory").mkdir()
+    (handin / "mallory" / "p1.cu").symlink_to(secret / "p1.cu")
+    kernel(handin / "mallory", "leak.cu")
+    (handin / "mallory" / "leak.kernel.yaml").symlink_to(secret / "leak.kernel.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "--json", str(out / "g.json"),
+                 "--junit", str(out / "g.xml"), "--page", str(out / "page"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # the links are failures, as in mmd check
+    report = json.loads((out / "g.json").read_text())
+    assert len(report["students"]) == len(HOSTILE) + 2
+    linked = cases(report, "linked")["linked"]
+    assert linked["status"] == "not-a-file" and "link" in linked["reason"]
+    mallory = cases(report, "mallory")
+    assert mallory["p1.cu"]["status"] == "not-a-file" and mallory["leak.cu"]["status"] == "not-a-file"
+    assert not any(name.startswith("p1.cu:") for name in mallory)
+    ET.parse(out / "g.xml")  # well-formed, whatever the names
+    html = "".join(p.read_text() for p in (out / "page").rglob("*.html"))
+    everything = (out / "g.json").read_text() + (out / "g.xml").read_text() + html
+    assert "SECRET-TEXT" not in everything  # the linked declaration was never read
+    assert "\x1b" not in everything
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+    pages = sorted(p.name for p in (out / "page" / "students").iterdir())
+    assert len(pages) == len(HOSTILE) + 2 and all("/" not in p and not p.startswith(".") for p in pages)
+    for name in HOSTILE:
+        graded = [r for s in report["students"] for r in s["results"] if r["name"].endswith(":sq8@tile=8")]
+        assert any(r["status"] == "ok" for r in graded), name
+    assert sorted(p.name for p in out.iterdir()) == ["g.json", "g.xml", "page"]
+
+
+def test_without_a_gpu_nothing_is_marked(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    (tmp_path / "handin" / "hal").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "hal", "p1.cu")
+    done = run_mmd("grade", "handin", "--tests", str(tests), "--json", str(tmp_path / "g.json"), cwd=tmp_path)
+    assert done.returncode == 1 and "mmd grade:" in done.stderr
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_slurm_array_of_one_task_per_student_then_gather(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    handin = tmp_path / "handin"
+    for who, entry in (("ivy", "square"), ("jon", "wrong"), ("new\nline", "square")):
+        (handin / who).mkdir(parents=True)
+        kernel(handin / who, "p1.cu", entry=entry)
+    mmd = f"{sys.executable} -m mmd"
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "--slurm", str(tmp_path / "grading"),
+                 "--mmd", mmd, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "left out 'new\\nline'" in done.stderr
+    script = tmp_path / "grading" / "grade.sbatch"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MMD_", "SLURM_"))}
+    env["PYTHONPATH"] = fake_gpu()["PYTHONPATH"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for task in range(2):
+        ran = subprocess.run(["bash", str(script)], cwd=elsewhere, env={**env, "SLURM_ARRAY_TASK_ID": str(task)},
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+    assert sorted(p.name for p in (tmp_path / "grading" / "parts").iterdir()) == ["0000.json", "0001.json"]
+    gathered = grade("--gather", str(tmp_path / "grading"), "--json", str(tmp_path / "g.json"), "--junit",
+                     str(tmp_path / "g.xml"), cwd=tmp_path)  # fmt: skip
+    assert gathered.returncode == 1, gathered.stderr  # jon's kernel is wrong
+    report = json.loads((tmp_path / "g.json").read_text())
+    assert cases(report, "ivy")["p1.cu:sq8@tile=8"]["status"] == "ok"
+    assert cases(report, "jon")["p1.cu:sq8@tile=8"]["status"] == "mismatch"
+    ET.parse(tmp_path / "g.xml")
+    (tmp_path / "grading" / "parts" / "0001.json").unlink()  # a task that never ran: its student is not graded
+    again = grade("--gather", str(tmp_path / "grading"), "--json", str(tmp_path / "g.json"), cwd=tmp_path)
+    assert again.returncode == 2
+    assert "wrote no part" in cases(json.loads((tmp_path / "g.json").read_text()), "jon")["jon"]["reason"]
+
+
+def test_tests_that_are_no_test_are_said(tmp_path: Path) -> None:
+    tests = data_sets(tmp_path)
+    (tests / "orphan.out").write_bytes(b"1\n  1.00\n")
+    (tmp_path / "handin" / "kim").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "kim", "p1.cu")
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "not a test: orphan.out: an expected output with no input orphan.txt" in done.stderr
