@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import __version__
+from .atomic import write_atomic
 from .config import Settings
 from .errors import MmdError, OutputError, UnreadableError, UsageError
 from .jobname import stem_of
@@ -562,10 +563,13 @@ def write(plan: Plan) -> Written:
         manifest = manifest_bytes([t.input for t in plan.tasks])
         outputs = manifest_bytes([t.output for t in plan.tasks])
         script = render_script(plan)
-        for where, data in ((plan.manifest, manifest), (plan.outputs, outputs), (plan.script, script.encode())):
+        for where, data, mode in (
+            (plan.manifest, manifest, 0o644),
+            (plan.outputs, outputs, 0o644),
+            (plan.script, script.encode(), 0o755),
+        ):
+            write_atomic(where, [data], durable=False, mode=mode)
             files.append(where)
-            where.write_bytes(data)
-        plan.script.chmod(0o755)
         if plan.kernel is not None:
             where = plan.kernel_folder
             _copy_kernel(plan.kernel, where, folders, files)
@@ -601,8 +605,8 @@ def _copy_kernel(kernel: KernelChoice, folder: Path, folders: list[Path], files:
     if declaration.is_file():
         copies.append((folder / declaration.name, declaration.read_bytes()))
     for where, content in copies:
+        write_atomic(where, [content], durable=False)
         files.append(where)
-        where.write_bytes(content)
 
 
 def _run(argv: list[str], what: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

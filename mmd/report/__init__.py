@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import write_atomic
 from ..errors import OutputError
 from . import figures, page
 from .compare import CaseComparison, Comparison, Ratio, compare, row_noise
@@ -164,10 +165,10 @@ def render(
         files += figures.save(fig, out, ACCURACY_GRAPH.removesuffix(".png"))
         accuracy = ACCURACY_GRAPH
     summary = out / "summary.md"
-    summary.write_text(summary_markdown(shown, accuracy), encoding="utf-8")
+    write_atomic(summary, [summary_markdown(shown, accuracy).encode()], durable=False)
     files.append(summary)
     pngs = {p.name: p.read_bytes() for p in files if p.suffix == ".png"}
     html_page = out / PAGE_FILE
-    html_page.write_text(page.bench_page(shown, pngs), encoding="utf-8")
+    write_atomic(html_page, [page.bench_page(shown, pngs).encode()], durable=False)
     files.append(html_page)
     return Rendered(out, files, summary, sweep.size, shown.tile)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import kernels as registry
+from ..atomic import write_atomic
 from ..bench.rows import AccuracyRow, BenchRow
 from ..errors import MissingExtra
 from ..resources import install_hint
@@ -62,8 +63,10 @@ def _colors(names: Iterable[str]) -> dict[str, Any]:
 def save(fig: Any, out: Path, stem: str) -> list[Path]:
     """``out/<stem>.png`` and ``.svg`` (the SVG without a date, so that the same data gives the same bytes)."""
     png, svg = out / f"{stem}.png", out / f"{stem}.svg"
-    fig.savefig(png, format="png")
-    fig.savefig(svg, format="svg", metadata={"Date": None})
+    for path, options in ((png, {"format": "png"}), (svg, {"format": "svg", "metadata": {"Date": None}})):
+        buf = io.BytesIO()
+        fig.savefig(buf, **options)
+        write_atomic(path, [buf.getvalue()], durable=False)
     return [png, svg]
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic import write_atomic
 from ..bench.rows import BenchRow
 from .summary import GRAPH_FILES, Sections, Table, naive_kernel, ratio_table, sweep_table
 
@@ -400,10 +401,10 @@ def write_class(results: ClassResults, folder: Path) -> list[Path]:
     parts = [_student_section(results, i, True) for i in range(len(results.students))]
     (folder / "students").mkdir(parents=True, exist_ok=True)
     index = folder / "index.html"
-    index.write_text(_class_page(results, parts), encoding="utf-8")
+    write_atomic(index, [_class_page(results, parts).encode()], durable=False)
     files = [index]
     for i, part in enumerate(parts):
         path = folder / "students" / student_file(i, results.students[i].name)
-        path.write_text(_student_page(results, part), encoding="utf-8")
+        write_atomic(path, [_student_page(results, part).encode()], durable=False)
         files.append(path)
     return files
