@@ -18,7 +18,6 @@ from typing import Any
 
 from ..atomic import write_atomic
 from ..check import reports
-from ..check.lateness import shown_time
 from ..check.results import Options, Result, Run, Status, shown
 from ..report.page import ClassResults, KernelResult, StudentResult
 from .grader import GradePlan
@@ -175,7 +174,3 @@ def _tile64(k: KernelGrade) -> str:
     if all(c.reason.startswith("refused before launch") for c in cases):
         return "refused before launch"
     return "ran: right" if all(c.status is Status.OK for c in cases) else "ran: WRONG"
-
-
-def deadline_line(deadline: datetime | None) -> str:
-    return "" if deadline is None else f"deadline {shown_time(deadline)}"
