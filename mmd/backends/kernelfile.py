@@ -66,11 +66,12 @@ class KernelFileBackend(Backend, DeviceText):
 
     name = "cuda"
 
-    def __init__(self, path: Path, settings: KernelFileSettings) -> None:
+    def __init__(self, path: Path, settings: KernelFileSettings, process: LaunchProcess | None = None) -> None:
         self.kernel = read_kernel_file(path)
         self.settings = settings
         self._device_name: str | None = None
-        self._process: LaunchProcess | None = self._fresh()
+        #: ``process``: one started for this backend beforehand (``mmd run`` starts it before its imports)
+        self._process: LaunchProcess | None = process or self._fresh()
         #: The memory the current job's input was read into (:meth:`host_array`), shared with the process.
         self._input: Shared | None = None
 
@@ -164,13 +165,15 @@ class KernelFileBackend(Backend, DeviceText):
     # -- the GPU text path, in the launch process ---------------------------------------------------------
 
     def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
-        """The input's bytes go in memory the launch process maps (no copy on the way there); other
-        buffers are plain memory."""
+        """The input's bytes go in memory the launch process made and page-locked for them (no copy on the way
+        there); other buffers are plain memory."""
         if slot != INPUT_SLOT:
             return np.empty(shape, dtype)
         if self._input is not None:
             self._input.close()
-        self._input = Shared(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        if self._process is None or not self._process.alive:
+            self._process = self._fresh()
+        self._input = self._process.input_memory(int(np.prod(shape)) * np.dtype(dtype).itemsize)
         return self._input.array(0, shape, dtype)
 
     def device_text(self) -> DeviceText:

@@ -18,6 +18,7 @@ from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_f
 if TYPE_CHECKING:
     from .. import config
     from ..cuda.libcuda import ContextWarmer
+    from ..kernelfile.launch import LaunchProcess
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -134,8 +135,9 @@ def _run_file(
     shown: str,
 ) -> int:
     """The job of ``src``, called ``shown`` in what is printed."""
-    # a kernel file's own process makes its context: this one makes none
+    # a kernel file's own process makes its context (started now, beside this one's imports): this one makes none
     warmer = _warm_gpu(settings, src) if args.kernel_file is None else None
+    launch = _start_launch(settings, src, args.kernel_file) if args.kernel_file is not None else None
     # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
     # buffers to it; in a caller's process (tests, scripts) they are released here
     release = not args.exiting
@@ -143,10 +145,14 @@ def _run_file(
         configure_logs(base, quiet=not args.verbose)
         bar = _shows_bar(args, src)
         own = args.kernel_file
-        return _run_to(src, shown, output, base, flags, bar=bar, warmer=warmer, release=release, kernel_file=own)
+        return _run_to(
+            src, shown, output, base, flags, bar=bar, warmer=warmer, release=release, kernel_file=own, launch=launch
+        )  # fmt: skip
     finally:
         if warmer is not None and release:
             warmer.release()
+        if launch is not None:
+            launch.close()  # the job's backend closed it; one no job took is killed here
 
 
 def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
@@ -160,6 +166,18 @@ def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
     return ContextWarmer(settings.device, host_bytes=src.stat().st_size)
 
 
+def _start_launch(settings: config.Settings, src: Path, kernel_file: Path) -> LaunchProcess:
+    """The kernel file's launch process, started now so that its imports and CUDA context are made beside this
+    process's, with the input's memory made in it where the input will take the GPU text path."""
+    from ..config import kernel_cache_dir
+    from ..kernelfile.launch import LaunchProcess
+    from ..pipeline.textpaths import device_wanted
+
+    size = src.stat().st_size
+    wanted = size if device_wanted(settings.text_path, size) else 0
+    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), input_bytes=wanted)
+
+
 def _run_to(
     src: Path,
     shown: str,
@@ -170,18 +188,20 @@ def _run_to(
     warmer: ContextWarmer | None,
     release: bool,
     kernel_file: Path | None,
+    launch: LaunchProcess | None,
 ) -> int:
     if output is not None:
         return _run(
-            src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release, kernel_file=kernel_file
-        )
+            src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release,
+            kernel_file=kernel_file, launch=launch,
+        )  # fmt: skip
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
         product = Path(folder) / src.with_suffix(".out").name
         status = _run(
             src, shown, product, base, flags, show=False, bar=bar, warmer=warmer, release=release,
-            kernel_file=kernel_file,
+            kernel_file=kernel_file, launch=launch,
         )  # fmt: skip
         if status == EXIT_OK:
             with open(product, "rb") as fh:
@@ -216,11 +236,14 @@ def _run(
     warmer: ContextWarmer | None,
     release: bool,
     kernel_file: Path | None = None,
+    launch: LaunchProcess | None = None,
 ) -> int:
     """Run the job, ``shown`` its input's name in a refusal; ``show``: print where its output and sidecar are
     (else print only a refusal); ``bar``: draw its phases on stderr; ``warmer``: the GPU started beside, and
     the input's page-locked memory; ``release``: close the backends when done (else the process's end
-    releases them); ``kernel_file``: the kernel to run, in a process of its own (None: the settings')."""
+    releases them); ``kernel_file``: the kernel to run, in a process of its own (None: the settings'), ``launch``
+    that process where it was started beforehand (its job takes it where its device and kernel cache are the
+    job's)."""
     from ..backends import BackendPool  # numpy and the pipeline: only for this command
     from ..backends.base import INPUT_SLOT, Backend
     from ..job import describe
@@ -245,9 +268,19 @@ def _run(
             backend.adopt_host(INPUT_SLOT, memory)
         return backend
 
+    def kernel_file_for(path: Path, settings: config.Settings) -> Backend:
+        from ..config import kernel_cache_dir
+        from ..pipeline import kernel_file_backend
+
+        ours = launch is not None and (launch.device, launch.kernel_cache) == (
+            settings.device,
+            kernel_cache_dir(settings),
+        )
+        return kernel_file_backend(path, settings, launch if ours else None)
+
     try:
         with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
-            result = run_job(job, backend_for, steps.step)
+            result = run_job(job, backend_for, steps.step, kernel_file_for=kernel_file_for)
     finally:
         if release:
             pool.close()

@@ -531,6 +531,14 @@ class GpuSession:
         view = (ctypes.c_uint8 * memory.nbytes).from_address(memory.address)
         self._pinned.adopt(f"host:{slot}", np.ctypeslib.as_array(view), memory.free)
 
+    def adopt_mapped(self, slot: str, host: np.ndarray) -> None:
+        """Page-lock ``host`` (bytes mapped from a memory file another process maps too: a kernel file's input)
+        where it lies, and make it :meth:`host_empty`'s ``slot``; it is unlocked when the session closes."""
+        self._check_thread()
+        with self.converting(f"page-locking {host.nbytes / _MIB:.1f} MiB of host memory"):
+            registered = self._cuda.register_host_memory(host)
+        self._pinned.adopt(f"host:{slot}", registered, registered.base.unregister)
+
     def reserve_host(self, slot: str, nbytes: int) -> None:
         """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
         self._check_thread()

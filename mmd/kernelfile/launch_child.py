@@ -153,6 +153,17 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
     control.send({"done": {"timings": timer.elapsed_ms()}})
 
 
+def _prepare(session: Any, nbytes: int, control: _Socket) -> Any:
+    """Memory for the next ``text`` job's input, page-locked here and handed to the parent, which reads the file
+    into it: the device copies it in with no staging."""
+    from .exchange import Shared
+
+    memory = Shared(nbytes)
+    session.adopt_mapped("input", memory.array(0, nbytes, "u1"))
+    control.send({"prepared": {"nbytes": nbytes}}, [memory.fd])
+    return memory
+
+
 def _text(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin: bytes, control: _Socket) -> None:
     import numpy as np
 
@@ -239,6 +250,7 @@ def main() -> None:
     from .exchange import Shared
 
     kernels = _Kernels(session)
+    prepared = None
     while True:
         try:
             got = control.receive()
@@ -248,13 +260,17 @@ def main() -> None:
             os._exit(0)
         job, fds = got
         try:
+            if "prepare" in job:
+                prepared = _prepare(session, int(job["prepare"]["nbytes"]), control)
+                continue
             data, code = Shared(fd=fds[0]), Shared(fd=fds[1], writable=False)
             cubin = bytes(code.bytes_at(0, code.nbytes))
             code.close()
             if "arrays" in job:
                 _arrays(session, kernels, job["arrays"], data, cubin, control)
             else:
-                _text(session, kernels, job["text"], data, cubin, control)
+                mine = prepared if job["text"].get("prepared") and prepared is not None else data
+                _text(session, kernels, job["text"], mine, cubin, control)
             data.close()
         except MmdError as exc:
             _fault(control, exc.as_dict())

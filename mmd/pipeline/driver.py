@@ -7,8 +7,9 @@ becomes a refusal (:mod:`.refusal`), written as ``<stem>.error.yaml`` beside
 the output path, and nothing is written to the output path itself.
 
 A job whose kernel is a file (:attr:`Job.kernel_file`) runs on a
-:class:`~mmd.backends.kernelfile.KernelFileBackend` made for it here, whatever
-way it came in: its kernel runs in a process of its own, never on the caller's
+:class:`~mmd.backends.kernelfile.KernelFileBackend` made for it here (by
+:func:`kernel_file_backend`, or a caller's :data:`KernelFileFor`), whatever way
+it came in: its kernel runs in a process of its own, never on the caller's
 backend (a daemon worker's CUDA context serves other users' jobs).
 """
 
@@ -39,9 +40,13 @@ from .watch import PhaseHook, ignore_phase
 
 if TYPE_CHECKING:
     from ..backends.kernelfile import KernelFileBackend
+    from ..kernelfile.launch import LaunchProcess
 
 #: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
 BackendFor = Callable[[Settings], Backend]
+#: Makes the backend of a kernel file's job (its path, the job's settings): :func:`kernel_file_backend`, or one
+#: that hands it a launch process started beforehand (``mmd run``). The job closes it.
+KernelFileFor = Callable[[Path, Settings], Backend]
 
 
 @dataclass
@@ -83,6 +88,7 @@ def run_job(
     ops: FileOps = OPS,
     staged: Staged | None = None,
     room: Room | None = None,
+    kernel_file_for: KernelFileFor | None = None,
 ) -> JobResult:
     """Run ``job`` end to end and commit its output and sidecar; never raises MmdError.
 
@@ -91,7 +97,8 @@ def run_job(
     ``staged``: write the output and sidecar (or the error sidecar) there and
     leave their publishing to the caller (a worker's group commit); the
     result then says what the job will be once published. ``room``: the
-    most its output may take now (the daemon's quota and disk reserve).
+    most its output may take now (the daemon's quota and disk reserve). ``kernel_file_for``: makes a
+    kernel file's backend (default :func:`kernel_file_backend`).
     """
     timings: dict[str, float] = {}
     facts = _Facts(job)
@@ -101,7 +108,7 @@ def run_job(
             raise job.refusal
         backend: Backend
         if job.kernel_file is not None:
-            backend = own = kernel_file_backend(job.kernel_file, job.settings)
+            backend = own = (kernel_file_for or kernel_file_backend)(job.kernel_file, job.settings)
         else:
             backend = backend_for(job.settings)
         facts.backend = backend.name
@@ -113,10 +120,10 @@ def run_job(
             own.close()  # its launch process: never left behind
 
 
-def kernel_file_backend(path: Path, settings: Settings) -> KernelFileBackend:
+def kernel_file_backend(path: Path, settings: Settings, process: LaunchProcess | None = None) -> KernelFileBackend:
     """The backend that runs ``path``'s kernel for jobs of ``settings``: their device, kernel cache and limits, each
     launch held to the smaller of ``kernel_file_launch_timeout_s`` and ``job_timeout_s`` (KernelFileError: the
-    file is refused)."""
+    file is refused); ``process``: its launch process, started beforehand for these settings."""
     from ..backends.kernelfile import KernelFileBackend, KernelFileSettings  # the launch's modules: only for one
 
     return KernelFileBackend(
@@ -128,6 +135,7 @@ def kernel_file_backend(path: Path, settings: Settings) -> KernelFileBackend:
             max_dim=settings.max_dim,
             max_memory_bytes=limits_for(settings).max_memory_bytes,
         ),
+        process,
     )
 
 

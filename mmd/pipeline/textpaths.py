@@ -112,11 +112,17 @@ class DeviceTextPath(TextPath):
         return Computed(product.chunks, product, product.text, made, stage)
 
 
+def device_wanted(text_path: str, nbytes: int) -> bool:
+    """Whether an input of ``nbytes`` goes through a backend's device path (where it has one) with
+    ``text_path``: asked for, or (``auto``) not small."""
+    return text_path == "gpu" or (text_path == "auto" and nbytes >= GPU_TEXT_MIN_BYTES)
+
+
 def choose(backend: Backend, request: MultiplyRequest, nbytes: int) -> TextPath:
     """The path for an input of ``nbytes``: the device path when the request allows it, the backend has one and
     (with ``text_path: auto``) the input is not small, else the host path. A small input then never goes
     through the device path's page-locked buffer, which only the device's parser needs."""
-    if request.text_path == "host" or (request.text_path == "auto" and nbytes < GPU_TEXT_MIN_BYTES):
+    if not device_wanted(request.text_path, nbytes):
         return HostTextPath(backend)
     device = backend.device_text()
     return DeviceTextPath(backend, device) if device is not None else HostTextPath(backend)
