@@ -799,6 +799,76 @@ def test_a_students_status_costs_their_own_jobs_not_the_whole_queue(box, student
         stop_class_daemon(box, proc)
 
 
+def test_a_students_status_shows_their_places_by_share_and_how_long_theirs_has_run_and_a_graders_counts(
+    box, students, grader
+):
+    """One worker. Bob's b0 has run (he has used the worker), his big b1 runs (held), his b2 waits; Alice drops
+    a1 and a2 after b2. Alice's status: her two jobs at places 1 and 2, before Bob's older b2 (fair share: she
+    has used nothing), and nothing of his; Bob's: b1 running, for longer at each ask, and b2 at place 3; `mmd
+    status` prints each as such. The grader's text is counts only. Then the worker runs them in those places."""
+    from mmd.cli.status_cmd import render_mine
+    from mmd.daemon.local import ask
+
+    alice, bob = students
+    release = box.root / "release"
+    proc, sock = start_class_daemon(box, f"partial(workerhooks.hold_jobs_until, {str(release)!r}, ('b1.txt',))",
+                                    MMD_DEVICES="0", MMD_GRADERS_GROUP=classbox.GRADERS)  # fmt: skip
+    try:
+        bob.drop(box.inbox, "b0.txt", small_input(70))
+        wait_for((box.outbox / bob.login / "b0.timing.yaml").exists, 30, "bob's first job")
+        bob.rename_in(box.inbox, "b1.txt", big_input(71))
+        wait_for(lambda: [j["state"] for j in asks(bob, sock, '{"op": "status"}')["jobs"]] == ["running"], 30,
+                 "b1 running")  # fmt: skip
+        bob.rename_in(box.inbox, "b2.txt", big_input(72))
+        wait_for(lambda: ask(sock, {"op": "status"})["queued_total"] == 1, 30, "b2 queued")
+        for n, name in enumerate(("a1.txt", "a2.txt"), 2):
+            alice.drop(box.inbox, name, small_input(73 + n))
+            wait_for(lambda n=n: ask(sock, {"op": "status"})["queued_total"] == n, 30, f"{name} queued")
+
+        mine = asks(alice, sock, '{"op": "status"}')
+        assert mine["everyone"] is False and mine["queued_total"] == 3
+        assert [(j["file"], j["state"], j["position"]) for j in mine["jobs"]] == [
+            ("a1.txt", "queued", 1),
+            ("a2.txt", "queued", 2),
+        ]
+        shown = render_mine(mine)
+        assert "place 1 in the queue (0 jobs start before it)" in shown and "(1 job starts before it)" in shown
+        assert "b1" not in shown and "b2" not in shown
+
+        first = asks(bob, sock, '{"op": "status"}')
+        time.sleep(0.3)
+        then = asks(bob, sock, '{"op": "status"}')
+        assert [(j["file"], j["state"], j.get("position")) for j in then["jobs"]] == [
+            ("b1.txt", "running", None),
+            ("b2.txt", "queued", 3),
+        ]
+        assert then["jobs"][0]["running_s"] >= first["jobs"][0]["running_s"] + 0.3
+        running, queued = render_mine(then).splitlines()[1:3]
+        took = then["jobs"][0]["running_s"]
+        assert running.startswith("  running  b1.txt (job ") and f"running for {took:.1f} s" in running
+        assert queued.startswith("  queued   b2.txt") and queued.endswith(
+            "place 3 in the queue (2 jobs start before it)"
+        )
+        assert "a1" not in render_mine(then)
+
+        theirs = asks(grader, sock, '{"op": "status"}')
+        assert theirs["everyone"] is True and len(theirs["jobs"]) == 4
+        shown = render_mine(theirs)
+        assert shown.endswith(": 1 running, 0 handed to a worker, 3 queued") and grader.login in shown
+        assert not [name for name in ("a1", "a2", "b1", "b2") if name in shown]
+
+        release.touch()
+        done = {}
+        for who, stem in ((alice, "a1"), (alice, "a2"), (bob, "b2")):
+            path = box.outbox / who.login / f"{stem}.timing.yaml"
+            wait_for(path.exists, 60, stem)
+            done[stem] = yaml.safe_load(path.read_text())["finished_at"]
+        assert done["a1"] <= done["a2"] < done["b2"], done
+    finally:
+        release.touch()
+        stop_class_daemon(box, proc)
+
+
 def test_a_cancel_whose_worker_moved_on_stops_nothing_of_anothers(box, students):
     """Alice's a1 and Bob's b1 are one worker's group. Alice cancels a1 while it runs, and (made certain by
     a hook of the main loop) the worker moves on to Bob's b1 between the desk's check and the stop: the stop

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,18 +87,28 @@ def print_metrics(settings: Settings) -> int:
 
 
 def render_mine(answer: dict[str, Any]) -> str:
-    """The control socket's answer (one user's jobs) as a few lines for a terminal."""
+    """The control socket's answer as a few lines for a terminal: a student's own jobs (each queued one with its
+    place, each running one with how long it has run) and kernels; for a grader, who is answered every job, the
+    counts only (``--json`` lists the jobs)."""
     jobs = answer.get("jobs", [])
+    if answer.get("everyone"):
+        states = Counter(job["state"] for job in jobs)
+        return (f"mmd serves the class; you ({answer.get('you')}) see every job (mmd status --json lists them): "
+                f"{states['running']} running, {states['starting']} handed to a worker, "
+                f"{answer.get('queued_total', 0)} queued")  # fmt: skip
     lines = [f"mmd serves you ({answer.get('you')}): {len(jobs)} job(s) of yours, {answer.get('queued_total', 0)} "
              f"queued in all"]  # fmt: skip
     for job in jobs:
         ident = f" (job {job['job']})" if job.get("job") else ""
         if job["state"] == "running":
-            where = f"{job.get('running_s', 0):.1f} s, in {job.get('phase')}"
+            phase = f", in {job['phase']}" if job.get("phase") else ""
+            where = f"running for {job.get('running_s', 0):.1f} s{phase}"
         elif job["state"] == "queued":
-            where = f"place {job['position']} in the queue"
+            before = job["position"] - 1
+            ahead = "1 job starts" if before == 1 else f"{before} jobs start"
+            where = f"place {job['position']} in the queue ({ahead} before it)"
         else:
-            where = "being handed to a worker"
+            where = "handed to a worker"
         lines.append(f"  {job['state']:8} {job['file']}{ident}: {where}")
     kernels = answer.get("kernels") or []
     if kernels:

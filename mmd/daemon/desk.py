@@ -155,6 +155,7 @@ class Desk:
             "ok": True,
             "serving": True,
             "you": you,
+            "everyone": everyone,  # every job (root, mmd, a grader), else the asker's own
             "jobs": [j.shown() for j in shown_jobs],
             "queued_total": self.scheduler.waiting,
         }

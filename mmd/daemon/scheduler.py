@@ -47,6 +47,7 @@ item's, chosen at its offer, or its claim's).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -345,23 +346,25 @@ class Scheduler:
     def places(self, submitter: str | None, now: float = 0.0) -> list[tuple[int, Item]]:
         """``submitter``'s jobs not yet given to a worker, each with its place in :meth:`queued`'s order (1:
         next), at the cost of their own jobs and the number of submitters, never of the whole queue: what a
-        student's status costs."""
+        student's status costs. Each queue is in :meth:`_share_key`'s order already, so another's queue goes
+        wholly before theirs, wholly after, or (a tie of use) interleaved, where it is bisected by that key."""
         out = [(place, item) for place, item in enumerate(self._resumes, 1) if item.submitter == submitter]
         mine = self._names.get(submitter)
         if not mine:
             return out
-        use = self.usage.of(submitter, now)
+        key = functools.partial(self._share_key, now=now)
+        first, last = key(mine[0]), key(mine[-1])
         ahead = len(self._resumes)
-        tied: list[deque[Item]] = []  # submitters whose use equals theirs: their names go by arrival
+        between: list[deque[Item]] = []  # others' queues whose names go among theirs
         for other, queue in self._names.items():
-            if other != submitter and queue:
-                theirs = self.usage.of(other, now)
-                if theirs < use:
-                    ahead += len(queue)
-                elif theirs == use:
-                    tied.append(queue)
+            if other == submitter or not queue:
+                continue
+            if key(queue[-1]) < first:
+                ahead += len(queue)
+            elif key(queue[0]) < last:
+                between.append(queue)
         for index, item in enumerate(mine):
-            earlier = sum(bisect.bisect_left(queue, item.seq, key=lambda i: i.seq) for queue in tied)
+            earlier = sum(bisect.bisect_left(queue, key(item), key=key) for queue in between)
             out.append((ahead + earlier + index + 1, item))
         return out
 
