@@ -299,6 +299,16 @@ class Driver:
         finally:
             self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
+    def host_register(self, address: int, nbytes: int) -> Callable[[], None]:
+        """Page-lock ``nbytes`` of host memory at ``address`` (memory this process maps: a memory file's) in the
+        current context; the callable returned unlocks it, in the same context."""
+        self._check(self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 0), "page-locking")
+
+        def unregister() -> None:
+            self._check(self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "unlocking page-locked memory")
+
+        return unregister
+
     def release_primary_context(self, device: int) -> None:
         """Give back one hold on ``device``'s primary context."""
         self._check(self.lib.cuDevicePrimaryCtxRelease_v2(self._device(device)), "releasing a context")

@@ -535,9 +535,8 @@ class GpuSession:
         """Page-lock ``host`` (bytes mapped from a memory file another process maps too: a kernel file's input)
         where it lies, and make it :meth:`host_empty`'s ``slot``; it is unlocked when the session closes."""
         self._check_thread()
-        with self.converting(f"page-locking {host.nbytes / _MIB:.1f} MiB of host memory"):
-            registered = self._cuda.register_host_memory(host)
-        self._pinned.adopt(f"host:{slot}", registered, registered.base.unregister)
+        unlock = self._driver().host_register(host.ctypes.data, host.nbytes)  # pycuda's wrapper fails on mmap'd arrays
+        self._pinned.adopt(f"host:{slot}", host, unlock)
 
     def reserve_host(self, slot: str, nbytes: int) -> None:
         """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
