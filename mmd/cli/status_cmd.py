@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cannot read the daemon's state_dir (a class's student) asks its control_socket instead and is shown "
         "their own jobs (each queued one with its place in the queue, each running one with how long it has run) "
         "and the kernels they handed in; a grader is shown the counts (--json lists every job). Exit status: 0 a "
-        "daemon serves the inbox, 3 none does, 1 the daemon refused the request (too many of yours at once), 2 bad usage "
-        "or an inbox that is missing or not a folder.",
+        "daemon serves the inbox, 3 none does, 1 the daemon refused the request (too many of yours at once), 2 bad "
+        "usage or an inbox that is missing or not a folder.",
     )
     add_config_option(p, service=True)
     p.add_argument("--inbox", type=Path, help="inbox folder (default: from the config, else inbox)")
