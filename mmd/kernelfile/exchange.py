@@ -17,11 +17,14 @@ import numpy as np
 
 
 class Shared:
-    """A memory file of ``nbytes`` (new), or the one behind ``fd`` (received: this object owns ``fd``), mapped.
+    """A memory file of ``nbytes`` (new), or the one behind ``fd`` (received: this object owns ``fd``), mapped
+    (``populate``: its pages made at once).
 
     Arrays from :meth:`array` are views of the mapping and keep it alive after :meth:`close`."""
 
-    def __init__(self, nbytes: int = 0, fd: int | None = None, *, writable: bool = True) -> None:
+    def __init__(
+        self, nbytes: int = 0, fd: int | None = None, *, writable: bool = True, populate: bool = False
+    ) -> None:
         if fd is None:
             fd = os.memfd_create("mmd-job", os.MFD_CLOEXEC)
             try:
@@ -31,8 +34,10 @@ class Shared:
                 raise
         self.fd = fd
         self.nbytes = os.fstat(fd).st_size
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        self._map = mmap.mmap(fd, self.nbytes, access=access) if self.nbytes else None  # mmap refuses 0 bytes
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        # populate: the pages are made now (on the caller's thread), not as a reader first touches them
+        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+        self._map = mmap.mmap(fd, self.nbytes, flags=flags, prot=prot) if self.nbytes else None  # mmap refuses 0
 
     def array(self, offset: int, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A view of ``shape`` × ``dtype`` at byte ``offset`` (checked against the file's size)."""

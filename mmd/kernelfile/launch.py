@@ -177,6 +177,7 @@ class LaunchProcess:
                     __package__ + ".launch_child",
                     *map(str, (theirs.fileno(), device, os.getpid())),
                     cache,
+                    str(max(input_bytes, 0)),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -201,9 +202,7 @@ class LaunchProcess:
         self._ready: tuple[str, DeviceLimits] | None = None
         self._closed = False
         #: Bytes of input memory asked of the child and not yet taken (:meth:`input_memory`).
-        self._asked = 0
-        if input_bytes > 0:
-            self._ask(input_bytes)
+        self._asked = max(input_bytes, 0)  # the child makes it as it starts (its command line says the size)
 
     @property
     def alive(self) -> bool:

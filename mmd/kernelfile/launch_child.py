@@ -1,9 +1,12 @@
 """The process a kernel file's launches run in (started by :mod:`.launch`): one CUDA context, one submitter.
 
-Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNEL_CACHE``. It opens a
-:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none where
-empty) and says on the socket that it is ready (with the device's limits); then it takes jobs until the
-parent closes the socket, each a JSON message with two memory files (the job's bytes, the cubin):
+Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNEL_CACHE INPUT_BYTES``. It
+opens a :class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none
+where empty; the context made on a thread beside its imports) and says on the socket that it is ready (with
+the device's limits); where ``INPUT_BYTES`` is not 0 it then hands over the first job's input memory (made
+and faulted in beside the imports too, page-locked once the context is there). Then it takes messages
+until the parent closes the socket: ``prepare`` (input memory for the next job) or a job, a JSON message
+with two memory files (the job's bytes, the cubin):
 
 * ``arrays``: padded A and B and room for C. It runs the course's five timed phases as the cuda backend
   does (``malloc`` includes zeroing C, which some kernels add into) and writes C into the job's memory.
@@ -33,6 +36,7 @@ import re
 import resource
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -153,14 +157,11 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
     control.send({"done": {"timings": timer.elapsed_ms()}})
 
 
-def _prepare(session: Any, nbytes: int, control: _Socket) -> Any:
-    """Memory for the next ``text`` job's input, page-locked here and handed to the parent, which reads the file
-    into it: the device copies it in with no staging."""
-    from .exchange import Shared
-
-    memory = Shared(nbytes)
-    session.adopt_mapped("input", memory.array(0, nbytes, "u1"))
-    control.send({"prepared": {"nbytes": nbytes}}, [memory.fd])
+def _prepare(session: Any, memory: Any, control: _Socket) -> Any:
+    """``memory`` (a new :class:`~.exchange.Shared`) for the next ``text`` job's input, page-locked here and
+    handed to the parent, which reads the file into it: the device copies it in with no staging."""
+    session.adopt_mapped("input", memory.array(0, memory.nbytes, "u1"))
+    control.send({"prepared": {"nbytes": memory.nbytes}}, [memory.fd])
     return memory
 
 
@@ -233,9 +234,19 @@ def _fault(control: _Socket, error: dict[str, Any]) -> None:
 
 def main() -> None:
     control_fd, device = int(sys.argv[1]), int(sys.argv[2])
-    parent, cache = int(sys.argv[3]), sys.argv[4]
+    parent, cache, input_bytes = int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    from ..cuda.libcuda import ContextWarmer
+    from .exchange import Shared
+
+    # The driver's start and the context (pycuda retains the same primary context), and the input's memory
+    # faulted in, on threads beside the imports below: the parent is waiting for both.
+    warmer = ContextWarmer(device)
+    early: list[Shared] = []
+    filler = threading.Thread(target=lambda: early.append(Shared(input_bytes, populate=True)), daemon=True)
+    if input_bytes:
+        filler.start()
     control = _Socket(control_fd)
     from ..errors import MmdError
 
@@ -246,11 +257,18 @@ def main() -> None:
     except MmdError as exc:
         control.send({"error": exc.as_dict()})
         os._exit(0)
+    finally:
+        warmer.release()  # pycuda holds the context now
     control.send({"ready": {"device": session.device_name(), "limits": dataclasses.asdict(session.limits)}})
-    from .exchange import Shared
-
     kernels = _Kernels(session)
     prepared = None
+    if input_bytes:
+        filler.join()
+        try:
+            prepared = _prepare(session, early.pop() if early else Shared(input_bytes), control)
+        except MmdError as exc:
+            _fault(control, exc.as_dict())
+            os._exit(0)
     while True:
         try:
             got = control.receive()
@@ -261,7 +279,7 @@ def main() -> None:
         job, fds = got
         try:
             if "prepare" in job:
-                prepared = _prepare(session, int(job["prepare"]["nbytes"]), control)
+                prepared = _prepare(session, Shared(int(job["prepare"]["nbytes"])), control)
                 continue
             data, code = Shared(fd=fds[0]), Shared(fd=fds[1], writable=False)
             cubin = bytes(code.bytes_at(0, code.nbytes))
