@@ -122,6 +122,33 @@ def test_a_class_is_graded_as_mmd_check_reports(tmp_path: Path) -> None:
     assert "refused before launch" in page and "WRONG" in page
 
 
+def test_correctness_runs_kernels_side_by_side_and_no_timed_launch_beside_any_other(tmp_path: Path) -> None:
+    """Phase 1 checks two kernels at once (--workers 2): launches of different kernels (launch processes) overlap.
+    Phase 2 times one kernel at a time: no timed launch (a product 40 wide or more; the tests' are 8 and 16)
+    overlaps any other launch of the grading."""
+    tests = data_sets(tmp_path)
+    for who in ("lee", "max", "ned"):
+        (tmp_path / "handin" / who).mkdir(parents=True)
+        kernel(tmp_path / "handin" / who, "p1.cu", entry="logs")
+    log = tmp_path / "launches.log"
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "16", "--sizes", "40", "--repeats", "2",
+                 "--workers", "2", "--json", str(tmp_path / "g.json"), cwd=tmp_path,
+                 FAKEGPU_LAUNCH_LOG=str(log))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    launches = [(int(pid), int(n), float(began), float(ended))
+                for pid, n, began, ended in (line.split() for line in log.read_text().splitlines())]  # fmt: skip
+    timed = [x for x in launches if x[1] >= 40]
+    checks = [x for x in launches if x[1] < 40]
+    assert len(checks) == 3 * 2 * 2 and len(timed) == 3 * 4 * 2  # 2 launches a case: 0.2 s of kernel time
+    for t in timed:
+        beside = [x for x in launches if x is not t and x[2] < t[3] and t[2] < x[3]]
+        assert not beside, (t, beside)
+    assert any(x[0] != y[0] and x[2] < y[3] and y[2] < x[3] for x in checks for y in checks)
+    assert "phase 1, compile and correctness (2 workers):" in done.stdout
+    assert "phase 2, timed cases (one kernel at a time):" in done.stdout
+    assert len({c["name"] for c in json.loads((tmp_path / "g.json").read_text())["students"][0]["results"]}) == 8
+
+
 def test_every_timed_launch_gets_fresh_inputs_so_a_replay_is_never_timed(tmp_path: Path) -> None:
     """The fake's ``replay`` answers at once when its inputs repeat (in its one launch process): a grader that
     timed the same inputs again would time no work. Every timed launch here computed (its kernel time is the

@@ -6,7 +6,9 @@ memory by address, copies are copies, and a "kernel" (a real cubin, compiled by 
 entry's name: ``square`` computes C = A·B with numpy in float32, ``spin`` never ends, ``fault`` fails as
 an illegal address does (at the next wait), ``noisy`` prints 100 KB as device printf does and computes.
 Cheats, each a square kernel otherwise: ``wrong`` computes and adds 1 to C's first value; ``writes_nan``
-computes and writes NaN there; ``replay`` keeps each product it computed (taking :data:`REPLAY_COMPUTE_S`
+computes and writes NaN there; ``logs`` takes :data:`LOGGED_LAUNCH_S` and appends its process id, the
+product's width and when it started and ended (``time.monotonic``) to the file named by ``$FAKEGPU_LAUNCH_LOG``
+(to see which launches ran beside which); ``replay`` keeps each product it computed (taking :data:`REPLAY_COMPUTE_S`
 to compute it) and returns the kept one, at once, when the same inputs come again; ``stale`` keeps its
 first product of each size and returns it for any later inputs of that size (a kernel that replays an
 earlier product whatever it is given). What they keep lives as long as the launch process does: across
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import time
 from typing import Any
 
@@ -39,6 +42,8 @@ _sticky: list[str] = []
 _kept: dict[object, np.ndarray] = {}
 #: How long ``replay`` takes to compute a product (what it saves by replaying one).
 REPLAY_COMPUTE_S = 0.05
+#: How long each ``logs`` launch takes.
+LOGGED_LAUNCH_S = 0.1
 
 
 def init() -> None:
@@ -196,6 +201,11 @@ class _Function:
                 libc.printf(b"%s\n", b"x" * 99)
         a, b, c, width = args
         n = int(width)
+        if "logs" in self.symbol:
+            began = time.monotonic()
+            time.sleep(LOGGED_LAUNCH_S)
+            with open(os.environ["FAKEGPU_LAUNCH_LOG"], "a", encoding="ascii") as log:
+                log.write(f"{os.getpid()} {n} {began} {time.monotonic()}\n")
         left = _floats(a)[: n * n].reshape(n, n)
         right = _floats(b)[: n * n].reshape(n, n)
         out = _floats(c)[: n * n].reshape(n, n)
