@@ -81,6 +81,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="timed launches at most per case, fewer once 0.2 s of kernel time is measured "
                    "(default: 3)")  # fmt: skip
+    p.add_argument("--workers", type=int, metavar="N", help="kernels compiled and checked for correctness at once "
+                   "(default: min(8, CPU cores)); the timed cases run one kernel at a time, whatever N is")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no line per kernel graded on stderr")
     add_config_option(p)
     where = p.add_mutually_exclusive_group()
@@ -148,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
     if args.part is not None:
         return grading.grade_part(request, request.kernels, args.part, settings)
     grading.check_outputs(outputs)
-    return grading.grade_class(request, settings, outputs)
+    from ..grade.grader import default_workers
+
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: give 1 or more")
+    return grading.grade_class(request, settings, outputs, workers)
 
 
 def _slurm(args: argparse.Namespace, request: Request) -> int:

@@ -1,6 +1,6 @@
 """One kernel graded as the course's instructor grades it: compiled, checked over TESTS, timed, every product checked.
 
-For each kernel a student handed in (:class:`~.handins.Handin`), in one kernel-file backend
+For each kernel a student handed in (:class:`~.handins.Handin`), in kernel-file backends
 (:func:`mmd.pipeline.kernel_file_backend`: the kernel runs in a launch process of its own, never in this one):
 
 1. compiled at the first tile of the plan its file allows (a compile refusal fails every case of the kernel
@@ -16,14 +16,21 @@ For each kernel a student handed in (:class:`~.handins.Handin`), in one kernel-f
    :attr:`GradePlan.repeats` launches, fewer once :attr:`GradePlan.enough_ms` of kernel time is measured,
    and reports the medians of the CUDA kernel time and of the five phases' total.
 
+A class is graded in two phases (:func:`grade_class`): steps 1 and 2 for several kernels at once, then step 3
+one kernel at a time in a fresh launch process, with nothing else of the grading on the GPU beside its launches
+(only CPU work overlaps them: the next kernel's process starting, the next inputs made, earlier products checked).
+
 Every kernel is held to fp32's tolerance: a declaration's ``precision`` does not widen a grade's.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -106,39 +113,149 @@ def probe(settings: Settings) -> tuple[str, str]:
     return name, limits.arch
 
 
-def grade_student(student: Student, grading: Grading, device: str) -> StudentGrade:
-    """Each of ``student``'s kernels graded."""
+def default_workers() -> int:
+    """Phase 1's workers: a kernel each, up to 8 (each holds a launch process and its CUDA context)."""
+    return min(8, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Where a grading's time went: phase 1 (compile and correctness, ``workers`` kernels at once) and phase 2
+    (the timed cases, one kernel at a time), in seconds."""
+
+    workers: int
+    correctness_s: float
+    timing_s: float
+
+    def line(self) -> str:
+        return (
+            f"phase 1, compile and correctness ({self.workers} worker{'s' if self.workers != 1 else ''}): "
+            f"{self.correctness_s:.2f} s; phase 2, timed cases (one kernel at a time): {self.timing_s:.2f} s"
+        )
+
+
+@dataclass
+class _Checked:
+    """A kernel after phase 1: its correctness cases, or its whole grade where none of it ran."""
+
+    handin: Handin
+    late: bool
+    sha256: str | None
+    cases: list[Case]
+    seconds: float
+    refused: KernelGrade | None = None
+
+
+def grade_class(
+    students: Sequence[Student], grading: Grading, device: str, workers: int
+) -> tuple[list[StudentGrade], Phases]:
+    """Each of ``students``' kernels graded in two phases, their grades in the students' order.
+
+    Phase 1 compiles and checks every kernel over the tests, ``workers`` kernels at once: their launches share
+    the GPU, and no time of theirs counts. Phase 2 times the kernels that compiled, one after another, each in a
+    fresh launch process (phase 1's are closed: each holds a CUDA context), no other launch of the grading
+    beside its timed ones; the next kernel's process starts while the current one is timed."""
     start = time.perf_counter()
-    grades = []
-    for handin in student.handins:
-        grade = grade_kernel(handin, grading)
-        grading.told(student.name, grade)
-        grades.append(grade)
-    return StudentGrade(
-        student.name, tuple(grades), student.skipped, student.problem, student.unreadable, device,
-        time.perf_counter() - start,
-    )  # fmt: skip
+    workers = max(1, workers)
+    with ThreadPoolExecutor(workers, "mmd-grade-correct") as pool:
+        checked = list(pool.map(lambda h: _correctness(h, grading), [h for s in students for h in s.handins]))
+    middle = time.perf_counter()
+    kernels = zip(checked, _timing(checked, grading), strict=True)
+    parts = []
+    for s in students:
+        grades = []
+        took = 0.0
+        for c, (grade, timing_s) in itertools.islice(kernels, len(s.handins)):
+            grading.told(s.name, grade)
+            grades.append(grade)
+            took += c.seconds + timing_s
+        parts.append(StudentGrade(s.name, tuple(grades), s.skipped, s.problem, s.unreadable, device, took))
+    return parts, Phases(workers, middle - start, time.perf_counter() - middle)
 
 
-def grade_kernel(handin: Handin, grading: Grading) -> KernelGrade:
-    """``handin`` compiled, checked over the tests and timed. BackendUnavailable where the GPU went."""
+def _correctness(handin: Handin, grading: Grading) -> _Checked:
+    """Phase 1 of ``handin``: compiled, and checked over the tests at every tile of the plan."""
+    start = time.perf_counter()
     deadline = grading.deadline
     late = deadline is not None and not handin.arrival.in_time(deadline)
     try:
         backend = kernel_file_backend(handin.path, grading.settings)
     except KernelFileError as exc:
-        return _refused(handin, None, late, exc.reason, grading)
+        return _Checked(handin, late, None, [], 0.0, _refused(handin, None, late, exc.reason, grading))
     try:
         sha256 = backend.kernel.sha256
         why = _compiles(backend, grading)
         if why:
-            return _refused(handin, sha256, late, why, grading)
+            return _Checked(handin, late, sha256, [], 0.0, _refused(handin, sha256, late, why, grading))
         cases = [_test_case(backend, test, tile) for test in grading.tests for tile in grading.plan.tiles]
-        rng = np.random.default_rng(secrets.randbits(128))
-        cases += [_timed_case(backend, size, tile, grading.plan, rng) for size, tile in grading.plan.timed()]
     finally:
         backend.close()
-    return KernelGrade(handin.kernel, sha256, handin.arrival, late, tuple(cases), precision=PRECISION)
+    return _Checked(handin, late, sha256, cases, time.perf_counter() - start)
+
+
+def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[KernelGrade, float]]:
+    """Phase 2: each kernel's grade (and the seconds its timing took), in order; the timed cases of one kernel
+    at a time, while the next one's launch process starts."""
+    pairs = grading.plan.timed()
+    timed = [c for c in checked if c.refused is None] if pairs else []
+    with (
+        ThreadPoolExecutor(1, "mmd-grade-start") as starter,
+        ThreadPoolExecutor(1, "mmd-grade-inputs") as maker,
+        ThreadPoolExecutor(_CHECKERS, "mmd-grade-freivalds") as checks,
+    ):
+        inputs = _FreshInputs(maker)
+        if pairs:
+            inputs.ahead(pairs[0][0])
+        starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
+        upcoming = timed[1:]
+        try:
+            for c in checked:
+                if c.refused is not None or not pairs:
+                    yield c.refused or _graded(c, []), 0.0
+                    continue
+                start = time.perf_counter()
+                made = starting.pop(0).result()
+                if upcoming:
+                    starting.append(starter.submit(_timing_backend, upcoming.pop(0), grading.settings))
+                if isinstance(made, str):
+                    cases = _refused_timing(made, grading.plan)
+                else:
+                    try:
+                        cases = _timed_cases(made, grading.plan, inputs, checks)
+                    finally:
+                        made.close()
+                yield _graded(c, cases), time.perf_counter() - start
+        finally:
+            for pending in starting:
+                made = pending.result()
+                if not isinstance(made, str):
+                    made.close()
+
+
+def _graded(checked: _Checked, timed: list[Case]) -> KernelGrade:
+    h = checked.handin
+    return KernelGrade(h.kernel, checked.sha256, h.arrival, checked.late, (*checked.cases, *timed), precision=PRECISION)
+
+
+#: Threads that check timed launches' products (Freivalds' check), while the next launch runs.
+_CHECKERS = 2
+
+
+def _timing_backend(checked: _Checked, settings: Settings) -> KernelFileBackend | str:
+    """A fresh backend (its launch process starting) for the kernel phase 1 checked; why not where the file is
+    gone or changed since (phase 2 times the kernel phase 1 judged, or none)."""
+    try:
+        backend = kernel_file_backend(checked.handin.path, settings)
+    except KernelFileError as exc:
+        return exc.reason
+    if backend.kernel.sha256 != checked.sha256:
+        backend.close()
+        return f"{checked.handin.kernel}: changed while it was graded"
+    return backend
+
+
+def _refused_timing(why: str, plan: GradePlan) -> list[Case]:
+    return [Case("timed", _shape_name(s), (s, s, s), tile, Status.REFUSED, why) for s, tile in plan.timed()]
 
 
 def _compiles(backend: KernelFileBackend, grading: Grading) -> str:
@@ -165,7 +282,7 @@ def _refused(handin: Handin, sha256: str | None, late: bool, why: str, grading: 
         for t in grading.tests
         for tile in grading.plan.tiles
     ]
-    cases += [Case("timed", _shape_name(s), (s, s, s), tile, Status.REFUSED, why) for s, tile in grading.plan.timed()]
+    cases += _refused_timing(why, grading.plan)
     return KernelGrade(handin.kernel, sha256, handin.arrival, late, tuple(cases), refused=why, precision=PRECISION)
 
 
@@ -203,29 +320,100 @@ def _test_case(backend: KernelFileBackend, test: Test, tile: int) -> Case:
     return _timed(case, start)
 
 
-def _timed_case(backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, rng: np.random.Generator) -> Case:
+class _FreshInputs:
+    """Fresh inputs made a launch ahead, in ``pool``'s one thread with a Generator of its own (seeded from the
+    operating system: no one can know it), while the current launch runs; none is ever given twice."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._rng = np.random.default_rng(secrets.randbits(128))  # used in the pool's one thread only
+        self._next: tuple[int, Future[tuple[np.ndarray, np.ndarray]]] | None = None
+
+    def ahead(self, size: int) -> None:
+        """Start making inputs of ``size`` (those being made for another size are dropped)."""
+        if self._next is None or self._next[0] != size:
+            self._next = (size, self._pool.submit(fresh_inputs, self._rng, size, size, size))
+
+    def take(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs of ``size``: those made ahead, else new ones."""
+        ahead, self._next = self._next, None
+        if ahead is not None and ahead[0] == size:
+            return ahead[1].result()
+        return self._pool.submit(fresh_inputs, self._rng, size, size, size).result()
+
+
+def _timed_cases(
+    backend: KernelFileBackend, plan: GradePlan, inputs: _FreshInputs, checks: ThreadPoolExecutor
+) -> list[Case]:
+    """The plan's timed cases of one kernel, in order. Each launch's product is checked in ``checks`` while the
+    next launch runs; a case is decided once all its launches' checks are in."""
+    pairs = plan.timed()
+    sizes = [s for s, _ in pairs[1:]] + [s for s, _ in pairs[:1]]  # after the last: the next kernel's first
+    pending = [_timed_launches(backend, size, tile, plan, inputs, checks, then) for (size, tile), then in
+               zip(pairs, sizes, strict=True)]  # fmt: skip
+    return [p.decided() for p in pending]
+
+
+@dataclass
+class _Launches:
+    """A timed case's launches so far: each one's (kernel ms, cuda ms, its product's check), and what stopped
+    them where a launch was refused or faulted."""
+
+    case: Case
+    launches: list[tuple[float, float, Future[tuple[str, str]]]]
+    stopped: tuple[Status, str] | None
+    seconds: float
+
+    def failed(self) -> bool:
+        return any(check.done() and check.result()[0] for _, _, check in self.launches)
+
+    def decided(self) -> Case:
+        """The case, once every check is in: wrong at the first launch whose product is wrong (as though it
+        had stopped there), else refused where a launch was, else timed."""
+        start = time.perf_counter()
+        case = self.case
+        for launch, (_, _, check) in enumerate(self.launches, 1):
+            wrong, detail = check.result()
+            if wrong:
+                said = f"timed launch {launch} (fresh inputs): {wrong}"
+                return self._took(_with(case, Status.MISMATCH, said, detail or said), start)
+        if self.stopped is not None:
+            return self._took(_with(case, *self.stopped), start)
+        kernel_ms = [k for k, _, _ in self.launches]
+        cuda_ms = [c for _, c, _ in self.launches]
+        detail = (
+            f"kernel {np.median(kernel_ms):.4f} ms, cuda {np.median(cuda_ms):.4f} ms: medians of {len(kernel_ms)} "
+            "timed launches, each on fresh inputs, each product checked"
+        )
+        return self._took(replace(case, detail=detail, kernel_ms=tuple(kernel_ms), cuda_ms=tuple(cuda_ms)), start)
+
+    def _took(self, case: Case, start: float) -> Case:
+        return replace(case, seconds=self.seconds + time.perf_counter() - start)
+
+
+def _timed_launches(
+    backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, inputs: _FreshInputs,
+    checks: ThreadPoolExecutor, then: int,
+) -> _Launches:  # fmt: skip
+    """Up to ``plan.repeats`` launches on fresh inputs (fewer once ``plan.enough_ms`` of kernel time is measured
+    or a product is found wrong); the inputs of the next launch (of ``then``'s size after the last) are made
+    while each runs."""
     start = time.perf_counter()
     case = Case("timed", _shape_name(size), (size, size, size), tile, Status.OK)
-    kernel_ms: list[float] = []
-    cuda_ms: list[float] = []
+    done = _Launches(case, [], None, 0.0)
     for launch in range(1, plan.repeats + 1):
-        a, b = fresh_inputs(rng, size, size, size)
+        a, b = inputs.take(size)
+        inputs.ahead(size if launch < plan.repeats else then)
         status, reason, product = _multiply(backend, a, b, tile)
         if product is None:
-            return _timed(_with(case, status, reason), start)
-        wrong, detail = _fresh_check(product.c, a, b)
-        if wrong:
-            said = f"timed launch {launch} (fresh inputs): {wrong}"
-            return _timed(_with(case, Status.MISMATCH, said, detail or said), start)
-        kernel_ms.append(float(product.timings_ms["kernel"]))
-        cuda_ms.append(float(product.timings_ms["cuda"]))
-        if sum(kernel_ms) >= plan.enough_ms:
+            done.stopped = (status, reason)
             break
-    detail = (
-        f"kernel {np.median(kernel_ms):.4f} ms, cuda {np.median(cuda_ms):.4f} ms: medians of {len(kernel_ms)} "
-        "timed launches, each on fresh inputs, each product checked"
-    )
-    return _timed(replace(case, detail=detail, kernel_ms=tuple(kernel_ms), cuda_ms=tuple(cuda_ms)), start)
+        check = checks.submit(_fresh_check, product.c, a, b)
+        done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"]), check))
+        if sum(k for k, _, _ in done.launches) >= plan.enough_ms or done.failed():
+            break
+    done.seconds = time.perf_counter() - start
+    return done
 
 
 def fresh_inputs(rng: np.random.Generator, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:

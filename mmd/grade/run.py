@@ -16,9 +16,9 @@ from ..check import reports as check_reports
 from ..check.results import shown, tally_line
 from ..config import Settings
 from ..textcore import printable
-from . import handins, reports, testset
+from . import grader, handins, reports, testset
 from .array import Request
-from .grader import Grading, grade_student, probe
+from .grader import Grading, Phases, probe
 from .records import KernelGrade, StudentGrade
 
 
@@ -57,24 +57,27 @@ def _grading(request: Request, settings: Settings, quiet: bool) -> tuple[Grading
     return Grading(tests, request.plan, settings, arch, request.deadline, _say(quiet)), device
 
 
-def grade_class(request: Request, settings: Settings, outputs: Outputs) -> int:
-    """Every student of ``request.kernels`` graded here, then reported."""
+def grade_class(request: Request, settings: Settings, outputs: Outputs, workers: int) -> int:
+    """Every student of ``request.kernels`` graded here (phase 1 with ``workers`` kernels at once), then
+    reported."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
     folders, skipped = handins.class_folders(request.kernels)
     grading, device = _grading(request, settings, outputs.quiet)
     tz = None if request.deadline is None else request.deadline.tzinfo
-    students = [grade_student(handins.student(path, request.store, tz), grading, device) for _, path in folders]
+    graded = [handins.student(path, request.store, tz) for _, path in folders]
+    students, phases = grader.grade_class(graded, grading, device, workers)
     students += [StudentGrade(name, problem=why) for name, why in skipped]
     return report(request, students, device, [t.name for t in grading.tests], outputs, time.perf_counter() - start,
-                  started)  # fmt: skip
+                  started, phases)  # fmt: skip
 
 
 def grade_part(request: Request, folder: Path, part: Path, settings: Settings) -> int:
     """One student's folder graded and their part written to ``part`` (a Slurm task's work)."""
     grading, device = _grading(request, settings, True)
     tz = None if request.deadline is None else request.deadline.tzinfo
-    graded = grade_student(handins.student(folder, request.store, tz), grading, device)
+    (graded,), _ = grader.grade_class([handins.student(folder, request.store, tz)], grading, device,
+                                      grader.default_workers())  # fmt: skip
     write_atomic(part, [(json.dumps(graded.as_dict(), indent=2, allow_nan=False) + "\n").encode("utf-8")])
     kernels = ", ".join(f"{shown(k.kernel)} {'right' if k.correct else 'not right'}" for k in graded.kernels)
     print(f"mmd grade: {shown(graded.student)}: {kernels or graded.problem or 'no kernel file'} -> {part}")
@@ -83,9 +86,10 @@ def grade_part(request: Request, folder: Path, part: Path, settings: Settings) -
 
 def report(
     request: Request, students: Sequence[StudentGrade], device: str, tests: Sequence[str], outputs: Outputs,
-    seconds: float, started: str,
+    seconds: float, started: str, phases: Phases | None = None,
 ) -> int:  # fmt: skip
-    """The table, JSON, JUnit and page of a class's grades; the exit status (mmd check's)."""
+    """The table, JSON, JUnit and page of a class's grades (and where its time went: ``phases``, where graded
+    here); the exit status (mmd check's)."""
     run = reports.run_of(students, request.kernels, request.tests, request.deadline, seconds, started)
     print(check_reports.table(run.results))
     print()
@@ -97,6 +101,8 @@ def report(
     where = printable(str(request.tests))
     print(f"{checked} cases of {len(students)} students graded against {where}: {tally} ({seconds:.2f} s on "
           f"{shown(device)})")  # fmt: skip
+    if phases is not None:
+        print(phases.line())
     grade = reports.grade_dict(students, request.plan, tests, device)
     if outputs.json is not None:
         reports.write_json(run, grade, outputs.json)
