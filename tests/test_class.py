@@ -816,9 +816,10 @@ def test_a_students_status_shows_their_places_by_share_and_how_long_theirs_has_r
     try:
         bob.drop(box.inbox, "b0.txt", small_input(70))
         wait_for((box.outbox / bob.login / "b0.timing.yaml").exists, 30, "bob's first job")
+        wait_for(lambda: asks(bob, sock, '{"op": "status"}')["jobs"] == [], 30, "b0 ended (and charged)")
         bob.rename_in(box.inbox, "b1.txt", big_input(71))
-        wait_for(lambda: [j["state"] for j in asks(bob, sock, '{"op": "status"}')["jobs"]] == ["running"], 30,
-                 "b1 running")  # fmt: skip
+        wait_for(lambda: [(j["file"], j["state"]) for j in asks(bob, sock, '{"op": "status"}')["jobs"]]
+                 == [("b1.txt", "running")], 30, "b1 running")  # fmt: skip
         bob.rename_in(box.inbox, "b2.txt", big_input(72))
         wait_for(lambda: ask(sock, {"op": "status"})["queued_total"] == 1, 30, "b2 queued")
         for n, name in enumerate(("a1.txt", "a2.txt"), 2):
