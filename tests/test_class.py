@@ -834,7 +834,7 @@ def test_a_students_status_shows_their_places_by_share_and_how_long_theirs_has_r
         ]
         shown = render_mine(mine)
         assert "place 1 in the queue (0 jobs start before it)" in shown and "(1 job starts before it)" in shown
-        assert "b1" not in shown and "b2" not in shown
+        assert "b1.txt" not in shown and "b2.txt" not in shown
 
         first = asks(bob, sock, '{"op": "status"}')
         time.sleep(0.3)
@@ -850,7 +850,7 @@ def test_a_students_status_shows_their_places_by_share_and_how_long_theirs_has_r
         assert queued.startswith("  queued   b2.txt") and queued.endswith(
             "place 3 in the queue (2 jobs start before it)"
         )
-        assert "a1" not in render_mine(then)
+        assert "a1.txt" not in render_mine(then) and "a2.txt" not in render_mine(then)
 
         theirs = asks(grader, sock, '{"op": "status"}')
         assert theirs["everyone"] is True and len(theirs["jobs"]) == 4
