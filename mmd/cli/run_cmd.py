@@ -171,7 +171,7 @@ def _start_launch(settings: config.Settings, src: Path, kernel_file: Path) -> La
     process's, with the input's memory made in it where the input will take the GPU text path."""
     from ..config import kernel_cache_dir
     from ..kernelfile.launch import LaunchProcess
-    from ..pipeline.textpaths import device_wanted
+    from ..textcore import device_wanted
 
     size = src.stat().st_size
     wanted = size if device_wanted(settings.text_path, size) else 0

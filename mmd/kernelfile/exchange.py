@@ -5,15 +5,18 @@ back, without a pipe's copies: one side fills a mapping of a memory file (``memf
 descriptor over the control socket (``SCM_RIGHTS``), and the other maps the same pages. A memory file
 rather than :mod:`multiprocessing.shared_memory`: it has no name in ``/dev/shm`` that another user
 could open or a killed process could leave behind, and it goes with its last descriptor and mapping.
+
+numpy is imported where arrays are made: starting a launch process (:mod:`.launch`) imports nothing heavy.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Shared:
@@ -39,8 +42,10 @@ class Shared:
         flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
         self._map = mmap.mmap(fd, self.nbytes, flags=flags, prot=prot) if self.nbytes else None  # mmap refuses 0
 
-    def array(self, offset: int, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    def array(self, offset: int, shape: int | tuple[int, ...], dtype: Any = "float32") -> np.ndarray:
         """A view of ``shape`` × ``dtype`` at byte ``offset`` (checked against the file's size)."""
+        import numpy as np
+
         count = int(np.prod(shape))
         size = count * np.dtype(dtype).itemsize
         if offset < 0 or offset + size > self.nbytes:
@@ -51,10 +56,12 @@ class Shared:
 
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
         """``nbytes`` bytes at ``offset``, as a memoryview of the mapping."""
-        return self.array(offset, nbytes, np.uint8).data.cast("B")
+        return self.array(offset, nbytes, "uint8").data.cast("B")
 
     def holds(self, view: np.ndarray | memoryview) -> bool:
         """Whether ``view`` lies inside this mapping (then it need not be copied to be shared)."""
+        import numpy as np
+
         if self._map is None:
             return False
         whole = np.frombuffer(self._map, np.uint8)
@@ -65,6 +72,8 @@ class Shared:
 
     def offset_of(self, view: np.ndarray | memoryview) -> int:
         """The byte offset of ``view`` (one :meth:`holds`) in the mapping."""
+        import numpy as np
+
         whole = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)
         there = np.frombuffer(view, np.uint8) if isinstance(view, memoryview) else view.view(np.uint8).reshape(-1)
         return int(there.__array_interface__["data"][0] - whole.__array_interface__["data"][0])

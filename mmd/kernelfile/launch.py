@@ -16,6 +16,9 @@ output's text). The child says ``launching`` before the launch and ``ran`` once 
 so that the parent can hold the launch to its time limit and kill the child past it; a fault comes back
 with CUDA's error name; the kernel's ``printf`` output, read from the child's standard output, is kept up
 to :data:`PRINTF_CAP` bytes a job.
+
+Starting one imports nothing heavy (numpy comes where a job needs it): ``mmd run`` starts its launch process
+before its own imports, so that both run side by side.
 """
 
 from __future__ import annotations
@@ -34,15 +37,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import KernelLaunchError, MmdError
-from ..kernels import DeviceLimits
 from ..spawning import exit_status
-from ..textformat import Header
 from .exchange import Shared
+
+if TYPE_CHECKING:  # numpy, the kernel registry and the text format are imported where they are used (below)
+    import numpy as np
+
+    from ..kernels import DeviceLimits
+    from ..textformat import Header
 
 #: The most bytes of a kernel's printf output kept per job (the rest is counted and dropped).
 PRINTF_CAP = 4096
@@ -306,6 +311,8 @@ class LaunchProcess:
         """(the device's name, its limits) once the child has its context; BackendUnavailable where it
         cannot have one (no pycuda, no GPU), KernelLaunchError where it died."""
         if self._ready is None:
+            from ..kernels import DeviceLimits
+
             message, _ = self._expect("ready", time.monotonic() + START_S, "starting")
             raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in message["limits"].items()}
             self._ready = (str(message["device"]), DeviceLimits(**raw))
@@ -387,6 +394,8 @@ class LaunchProcess:
         """``launch`` on padded ``a`` and ``b``: the padded product (a view of memory shared with the child) and
         the phases' times. The kernel may run ``limit_s`` seconds; past them the child is killed and
         KernelLaunchError raised."""
+        import numpy as np
+
         mp, np_ = a.shape[0], b.shape[1]
         sizes = (a.nbytes, b.nbytes, mp * np_ * 4)
         shared = Shared(sum(sizes))

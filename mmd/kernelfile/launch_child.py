@@ -238,11 +238,12 @@ def main() -> None:
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     from ..cuda.libcuda import ContextWarmer
-    from .exchange import Shared
 
     # The driver's start and the context (pycuda retains the same primary context), and the input's memory
-    # faulted in, on threads beside the imports below: the parent is waiting for both.
+    # faulted in, on threads beside the imports below (numpy's first): the parent is waiting for both.
     warmer = ContextWarmer(device)
+    from .exchange import Shared
+
     early: list[Shared] = []
     filler = threading.Thread(target=lambda: early.append(Shared(input_bytes, populate=True)), daemon=True)
     if input_bytes:
