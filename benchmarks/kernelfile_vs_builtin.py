@@ -12,7 +12,9 @@ Three measurements, on one GPU, the two taking turns:
 * **mmd run**: the wall time of a one-shot ``mmd run`` process of an input of that size, ``--kernel tiled``
   against ``--kernel-file``, each on the default (GPU) text path and on ``text_path: host``: medians of
   ``--repeat``;
-* **first compile**: NVRTC compiles of docs/examples/naive.cu at the tile into an empty cache.
+* **first compile**: NVRTC compiles of docs/examples/naive.cu at the tile into an empty cache;
+* **timeline** (``--timeline``): one more ``mmd run`` of each way, its steps and its launch process's
+  (benchmarks/trace/sitecustomize.py) in milliseconds from the moment the run was started.
 
 The table printed last holds each figure beside the issue's target: phases within 5% or 5 ms, a one-shot
 run within 0.3 s, a first compile within 1 s.
@@ -114,6 +116,23 @@ def runs(src: Path, tile: int, repeat: int, cache: Path, work: Path) -> tuple[di
     return {name: statistics.median(t) for name, t in times.items()}, stages
 
 
+TRACE = Path(__file__).resolve().parent / "trace"
+
+
+def timeline(src: Path, args: list[str], env: dict[str, str], work: Path) -> list[str]:
+    """One ``mmd run`` traced: each event as ``ms pid event``, from the moment it was started."""
+    log = work / "trace.log"
+    log.unlink(missing_ok=True)
+    traced = {**env, "MMDBENCH_TRACE_FILE": str(log), "PYTHONPATH": os.pathsep.join([str(TRACE), env["PYTHONPATH"]])}
+    start = time.time()
+    took = one_shot(src, args, traced, work / "trace.out")
+    lines = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        pid, at, event = line.split(" ", 2)
+        lines.append(f"{(float(at) - start) * 1e3:8.1f} {pid:>8} {event}")
+    return [*lines, f"{took * 1e3:8.1f} {'':>8} the run's process has ended"]
+
+
 def launch_starts(nbytes: int, count: int, cache: Path) -> list[tuple[float, float]]:
     """(seconds to the launch process's ready, then to its page-locked input memory of ``nbytes``) of ``count``
     fresh launch processes, as ``mmd run --kernel-file`` starts one."""
@@ -154,6 +173,7 @@ def main() -> int:
     parser.add_argument("--tile", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workdir", type=Path, help="where the input and outputs go (default: a temporary folder)")
+    parser.add_argument("--timeline", action="store_true", help="print a traced run of each way")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mmd-kernelfile-bench-") as tmp:
         work = args.workdir or Path(tmp)
@@ -168,6 +188,12 @@ def main() -> int:
             check=True,
         )
         wall, stages = runs(src, args.tile, args.repeat, cache, work)
+        if args.timeline:
+            env = child_env(MMD_BACKEND="cuda", MMD_KERNEL_CACHE=str(cache), PYTHONPATH=PYTHONPATH)
+            for name, way in (("built-in tiled", ["--kernel", "tiled"]), ("kernel file", ["--kernel-file",
+                              str(EXAMPLES / "tiled.cu")])):  # fmt: skip
+                print(f"\ntimeline of mmd run, {name} (ms from its start, pid, event):")
+                print("\n".join(timeline(src, [*way, "--tile", str(args.tile)], env, work)))
         starts = launch_starts(src.stat().st_size, 3, cache)
     print(f"\n{args.size}x{args.size}x{args.size} at tile {args.tile}, medians of {args.repeat}")
     print(f"{'CUDA phase (ms)':<18}{'built-in':>12}{'kernel file':>14}{'diff':>10}  target: within 5% or 5 ms")

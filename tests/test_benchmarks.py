@@ -34,6 +34,7 @@ TINY: dict[str, list[str]] = {
         *("--sizes", "32", "--repeat", "1", "--small", "4", "--bursts", "1", "--drops", "2", "--first", "1"),
         *("--backend", "cpu", "--kernel", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
+    "grade_class.py": ["--students", "1", "--sizes", "32", "--workdir", "{tmp}/work"],
     "crash.py": ["--rounds", "1", "--jobs", "2", "--size", "8", "--min", "0.1", "--max", "0.2"],
     "kernelfile_vs_builtin.py": ["--size", "64", "--repeat", "1", "--workdir", "{tmp}/work"],
     "lone_steps.py": ["--rounds", "1", "--drops", "2", "--work", "{tmp}/work", "--out", "{tmp}"],
@@ -56,6 +57,7 @@ MODULES = {
         "bench_devices.py",
         "bench_wholejob.py",
         "crash.py",
+        "grade_class.py",
         "kernelfile_vs_builtin.py",
         "reference_gpu.py",
         "soak.py",
@@ -69,6 +71,7 @@ NEEDS = {
     # a GPU (the driver's nvidia-smi stands for one): they time the GPU against itself or the CPU
     "reference_gpu.py": "nvidia-smi",
     "kernelfile_vs_builtin.py": "nvidia-smi",
+    "grade_class.py": "nvidia-smi",
     "sgemm_ncu.py": "nvidia-smi",
 }
 
