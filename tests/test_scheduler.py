@@ -230,25 +230,6 @@ def test_a_drained_worker_goes_to_whoever_is_first_by_share():
     assert names(s.assign([Load(0, 0), Load(1, 1, all_small=False)], now=5.0)) == [(0, "small")]
 
 
-def test_a_name_a_worker_took_on_its_watch_leaves_the_queue_and_stays_held():
-    """A watching worker claims an arrival itself (mmd.daemon.messages.Watch): seen here first, the name leaves
-    the queue; seen after, it is held all the same, so that a file dropped again under its name while it runs
-    is looked at once it ends. A resume of the same name (a held job in .work) is not touched."""
-    s = Scheduler(max_queue=100)
-    s.resume([claim("m.txt")])
-    s.offer("m.txt", SMALL)  # held already: the resume's name
-    s.offer("a.txt", SMALL)
-    s.took("a.txt", "job-a")
-    assert [i.name for i in s.queued()] == ["m.txt"], "the resume stays; a.txt is in hand"
-    assert s.held == 2
-    assert not s.offer("a.txt", SMALL), "dropped again while it runs: looked at when it ends"
-    assert s.ended("job-a") is True
-    s.took("b.txt", "job-b")  # taken before it was ever offered here
-    assert s.held == 2 and not s.offer("b.txt", SMALL)
-    assert s.ended("job-b") is True and s.ended("job-b") is False
-    assert s.held == 1
-
-
 def test_one_submitters_big_jobs_hold_no_more_workers_than_the_cap_and_a_classmate_finds_one():
     """Mallory drops as many big jobs as there are workers on an idle daemon: with a cap of one she gets one
     worker; Alice's small job, dropped after, takes the other at once. Her second big job goes once the first

@@ -28,17 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
 from mmd import config, daemon, spool
 from mmd.daemon import Control, Runner
-from mmd.daemon.common import GROUP_INPUT_BYTES
-from mmd.daemon.messages import Ended, Kept, Resume, Run, Watch, Watched
-from mmd.daemon.worker import Watching
+from mmd.daemon.messages import Kept, Resume, Run
 from mmd.fileops import OPERATIONS, FileOps
-from mmd.generate import input_chunks, random_matrix
 from mmd.job import new_id
 
 #: The errnos a lab box's disk gives: read-only remount, full, wrong owner or mode, not permitted, failing.
@@ -635,102 +631,3 @@ def test_a_restart_resumes_a_held_job_under_its_plain_name(tmp_path):
     assert daemon.Daemon(s, ops=ops).serve(once=True) == 0
     assert sorted(p.name for p in s.outbox.iterdir()) == ["m.out", "m.timing.yaml"]
     assert yaml.safe_load((s.outbox / "m.timing.yaml").read_text())["resumed"] is True
-
-
-# ---------------------------------------------------------------------------
-# a worker on a watch (mmd.daemon.messages.Watch): the same claim and job, told to the daemon differently
-
-
-class Told(Rig):
-    """A rig whose events note which sidecars the outbox held when each was told."""
-
-    def start(self) -> None:
-        super().start()
-        self.told: list[tuple[Any, list[str]]] = []
-
-        def report(event: Any) -> None:
-            self.told.append((event, sorted(p.name for p in self.outbox.glob("*.yaml"))))
-
-        self.runner = Runner(self.settings, self.spool, report, Control.new(multiprocessing))
-
-    def take(self, name: str) -> tuple[bool, Watch]:
-        self.seq += 1
-        watch = Watch(self.seq, new_id())
-        return self.runner.take(watch, name), watch
-
-
-def big_input() -> str:
-    """A valid input over GROUP_INPUT_BYTES (a big job: its worker is told of it at once)."""
-    rng = np.random.default_rng(5)
-    a, b = random_matrix(rng, 200, 200), random_matrix(rng, 200, 200)
-    text = b"".join(input_chunks(a, b, square=True)).decode()
-    assert len(text) > GROUP_INPUT_BYTES
-    return text
-
-
-def test_a_watch_runs_what_it_takes_and_tells_before_any_other_event_of_the_job(tmp_path):
-    """A small job is told with its end (a message in the middle of a lone job would wake the daemon's main
-    process); a big one at once, so that the status shows it from its start; a refused one like any other."""
-    rig = Told(tmp_path)
-    rig.drop("s.txt", GOOD)
-    rig.drop("bad.txt", BAD)
-    rig.drop("big.txt", big_input())
-    for name in ("s.txt", "bad.txt", "big.txt"):
-        took, watch = rig.take(name)
-        assert took
-        (watched, before), (ended, after) = rig.told[-2:]
-        assert watched == Watched(watch.seq, name)
-        assert isinstance(ended, Ended) and ended.seq == watch.seq and ended.end.job == watch.job_id
-        stem = name.removesuffix(".txt")
-        if name == "big.txt":
-            assert f"{stem}.timing.yaml" not in before and f"{stem}.timing.yaml" in after
-        else:
-            assert before == after, "told when it ended"
-    assert [e.end.status for e, _ in rig.told if isinstance(e, Ended)] == ["ok", "error", "ok"]
-    assert (rig.outbox / "s.out").read_bytes() == GOOD_OUT
-    assert {rig.fate(n) for n in ("s.txt", "big.txt")} == {"done"} and rig.fate("bad.txt") == "failed"
-    rig.close()
-
-
-def test_a_watch_takes_nothing_that_is_gone_a_folder_or_held_back(tmp_path):
-    rig = Told(tmp_path)
-    (rig.inbox / "dir.txt").mkdir()
-    rig.drop("held.txt", GOOD)
-    rig.runner.control.hold_new = True
-    assert [rig.take(n)[0] for n in ("gone.txt", "dir.txt", "held.txt")] == [False, False, False]
-    assert rig.told == [], "nothing to tell: the watch goes on"
-    assert rig.fate("held.txt") == "inbox"
-    rig.runner.control.hold_new = False
-    assert rig.take("held.txt")[0] and rig.fate("held.txt") == "done"
-    rig.close()
-
-
-@pytest.mark.parametrize("err", ["EACCES", "EIO"])
-def test_a_watch_whose_claim_fails_ends_and_leaves_the_file_to_the_daemon(tmp_path, err):
-    """The claim's rename refused: the watch ends with nothing taken (the daemon's main process gives the file
-    as an order, whose claim fails the same way and marks it broken until the next rescan)."""
-    rig = Told(tmp_path)
-    rig.drop("m.txt", GOOD)
-    rig.ops.arm("claim", "rename", ERRNOS[err])
-    took, watch = rig.take("m.txt")
-    assert took and [e for e, _ in rig.told] == [Watched(watch.seq, None)]
-    assert rig.fate("m.txt") == "inbox"
-    rig.ops.clear()
-    rig.drain()
-    assert rig.fate("m.txt") == "done"
-    rig.close()
-
-
-def test_a_watch_takes_no_arrival_while_an_order_waits(tmp_path):
-    """An order sent before an arrival (new settings) must reach it first: with one waiting, the watch takes
-    nothing of what it read (the main process saw it too and gives it once the watch has ended)."""
-    rig = Told(tmp_path)
-    watching = Watching.start(Watch(1, new_id()), rig.spool, rig.runner.control)
-    assert watching is not None
-    rig.drop("m.txt", GOOD)
-    assert not watching.take_one(rig.runner, lambda: True)
-    assert rig.told == [] and rig.fate("m.txt") == "inbox"
-    rig.drop("n.txt", GOOD)
-    assert watching.take_one(rig.runner, lambda: False)
-    assert next(e for e, _ in rig.told) == Watched(1, "n.txt") and rig.fate("n.txt") == "done"
-    rig.close()

@@ -73,36 +73,6 @@ def log_jobs(path: str) -> None:
     _patch_run_job(wrap)
 
 
-def log_watches(path: str) -> None:
-    """Each watch a worker starts appends ``watch <pid>`` to ``path``, each arrival it takes on one ``took
-    <input name> <pid>`` (once its job is done), and each watch that ends ``unwatch <pid>``."""
-    from mmd.daemon import worker
-
-    def note(line: str) -> None:
-        with open(path, "a") as fh:
-            fh.write(f"{line} {os.getpid()}\n")
-
-    class Noted(worker.InboxWatch):
-        def __init__(self, inbox: Path) -> None:
-            super().__init__(inbox)
-            note("watch")
-
-        def stop(self) -> None:
-            super().stop()
-            note("unwatch")
-
-    real = worker.Runner.take
-
-    def take(self: Any, watch: Any, name: str) -> bool:
-        took = real(self, watch, name)
-        if took:
-            note(f"took {name}")
-        return took
-
-    worker.InboxWatch = Noted  # type: ignore[misc]
-    worker.Runner.take = take  # type: ignore[method-assign]
-
-
 def slow_start(marker: str, seconds: float) -> None:
     """Every worker but the first to start (the one that makes ``marker``) sleeps ``seconds`` before it opens
     its backend: the daemon serves on one worker while it waits for the others."""
@@ -307,7 +277,6 @@ __all__ = [
     "jumpy_wall_clock",
     "launcher",
     "log_jobs",
-    "log_watches",
     "meet",
     "move_on_after_the_desk_looks",
     "partial",

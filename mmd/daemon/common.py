@@ -47,7 +47,3 @@ STOP_GRACE_S = 1.0
 #: While a worker has jobs in hand, the main loop looks at its control block at least this often
 #: (seconds): a job's own limit is known only once it has started, and a job may start at any moment.
 SUPERVISE_S = 0.05
-#: While a worker watches for the next arrival (:class:`~.messages.Watch`), what else waits is held back this
-#: long (seconds) for its answer, which normally comes within a millisecond, before it is asked to stop: a
-#: file it cannot see (found by a rescan, dropped on another host) waits no longer than this.
-WATCH_GRACE_S = 0.01

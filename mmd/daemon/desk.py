@@ -116,18 +116,11 @@ class Desk:
         """``submitter``'s jobs (``everyone``: every job, the queue's first ``limit``), running and handed to
         workers first, then the queue in its order. A submitter's cost their own jobs and the jobs in hand,
         never the whole queue: the queue's items and the workers' orders say whose each is, and no file is
-        looked at (but the one a watch took, while it runs untold, on an idle daemon)."""
+        looked at."""
         out: list[Job] = []
         for index, w in enumerate(self.workers.handles):
             running = w.control.running()
             owner = login_of(running.owner) if running is not None and running.owner is not None else None
-            # A job taken on a watch and not told yet (a small job tells at its end): found by the watch's job id.
-            job_id = w.taken_on_watch()
-            if job_id is not None and running is not None and (everyone or owner == submitter):
-                taken = next((c for c in self.spool.in_work() if c.job_id == job_id), None)
-                if taken is not None:
-                    out.append(Job("running", taken.name, owner, job_id, worker=index, seq=running.seq,
-                                   since=running.started, phase=running.phase, claimed=True))  # fmt: skip
             for seq, order in w.in_hand.items():
                 if isinstance(order, Run):
                     name, job_id, whose = order.name, order.job_id, w.submitters.get(seq)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import Settings
@@ -104,26 +104,6 @@ class Resume:
 
 
 @dataclass(frozen=True)
-class Watch:
-    """Watch the inbox and claim the next complete arrival yourself, under ``job_id``, then run it (a lone
-    arrival on an idle daemon then costs no hop through the main process); answered by :class:`Watched`.
-
-    Sent only while nothing waits: the job the worker takes is the one the scheduler would have given it.
-    Any order ends the watch first.
-    """
-
-    seq: int
-    job_id: str
-
-
-@dataclass(frozen=True)
-class StopWatching:
-    """End watch ``seq`` (something waits, or new jobs are held back); a watch already ended ignores it."""
-
-    seq: int
-
-
-@dataclass(frozen=True)
 class Configure:
     """New settings (SIGHUP); ``reopen``: close the backends so that the next job opens them anew."""
 
@@ -141,7 +121,7 @@ class Quit:
     """Finish what is in hand, close the backends and exit."""
 
 
-Order = Run | Resume | Watch | StopWatching | Configure | InboxRemade | Quit
+Order = Run | Resume | Configure | InboxRemade | Quit
 
 # -- events: worker -> main process ---------------------------------------------------
 
@@ -204,20 +184,7 @@ class Kept:
     committed: bool
 
 
-@dataclass(frozen=True)
-class Watched:
-    """Watch ``seq`` ended: its worker claimed ``name`` under the watch's job id, and runs it as order ``seq``
-    (its :class:`Ended`, :class:`NotRun` or :class:`Kept` follows), or took nothing (``name`` None)."""
-
-    seq: int
-    name: str | None
-    #: Who dropped what it took, and its size (the scheduler counts a big job toward its submitter's workers):
-    #: facts of the file, not of the answer.
-    submitter: str | None = field(default=None, compare=False)
-    size: int | None = field(default=None, compare=False)
-
-
-Event = Ready | StartFailed | Watched | Ended | NotRun | Kept
+Event = Ready | StartFailed | Ended | NotRun | Kept
 
 
 @dataclass(frozen=True)

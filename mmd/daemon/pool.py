@@ -1,4 +1,4 @@
-"""The main process's side of the worker processes: start, order, read, watch, stop, replace.
+"""The main process's side of the worker processes: start, order, read, stop, replace.
 
 Workers start as :mod:`mmd.spawning` says (a fork server that has imported
 the pipeline once, so a replacement starts in a fraction of a fresh
@@ -39,9 +39,6 @@ from .messages import (
     Resume,
     Run,
     StartFailed,
-    StopWatching,
-    Watch,
-    Watched,
     WorkerSpec,
 )
 from .scheduler import Load
@@ -70,9 +67,6 @@ class WorkerHandle:
         #: Who submitted each job in hand, as the scheduler knew it when it gave the job (a login; None: not
         #: known): a status shows a submitter's jobs without looking at their files.
         self.submitters: dict[int, str | None] = {}
-        #: The watch it is on (:class:`~.messages.Watch`) until it answers; not a job in hand until it takes one.
-        self.watching: Watch | None = None
-        self._stop_asked = False
         self.ready: Ready | None = None
         self.failed: StartFailed | None = None
         self._seq = 0
@@ -107,37 +101,12 @@ class WorkerHandle:
         here: its death is found by :meth:`alive`."""
         if isinstance(order, (Run, Resume)):
             self.in_hand[order.seq] = order
-        elif isinstance(order, Watch):
-            self.watching, self._stop_asked = order, False
         with contextlib.suppress(OSError, EOFError):
             self.conn.send(order)
 
-    def watch_taken(self) -> bool:
-        """Whether it runs a job it took on its watch, not yet told (a small job says so when it ends)."""
-        if self.watching is None:
-            return False
-        running = self.control.running()
-        return running is not None and running.seq == self.watching.seq
-
-    def taken_on_watch(self) -> str | None:
-        """The job id of the job it took on its watch and runs, not yet told (None: there is none)."""
-        watch = self.watching
-        return watch.job_id if watch is not None and self.watch_taken() else None
-
-    def watch(self, job_id: str) -> None:
-        """Put it on a :class:`~.messages.Watch`: it claims the next arrival itself, as job ``job_id``."""
-        self.send(Watch(self.next_seq(), job_id))
-
-    def stop_watching(self) -> None:
-        """Ask it to end its watch (once); its :class:`~.messages.Watched` answers."""
-        if self.watching is not None and not self._stop_asked:
-            self._stop_asked = True
-            self.send(StopWatching(self.watching.seq))
-
-    def events(self) -> list[tuple[Event, Run | Resume | Watch | None]]:
+    def events(self) -> list[tuple[Event, Run | Resume | None]]:
         """Every event waiting in the pipe (none when it is empty or closed), each with the order it answers
-        (which is no longer in hand), or None. A watch that took a job becomes that job's :class:`Run`, in
-        hand."""
+        (which is no longer in hand), or None."""
         received: list[Event] = []
         try:
             while self.conn.poll():
@@ -145,14 +114,10 @@ class WorkerHandle:
                 received.append(event)
         except (EOFError, OSError):
             pass
-        out: list[tuple[Event, Run | Resume | Watch | None]] = []
+        out: list[tuple[Event, Run | Resume | None]] = []
         for event in received:
-            order: Run | Resume | Watch | None = None
-            if isinstance(event, Watched):
-                order, self.watching = self.watching, None
-                if order is not None and event.name is not None:
-                    self.in_hand[event.seq] = Run(event.seq, event.name, order.job_id)
-            elif isinstance(event, (Ended, NotRun, Kept)):
+            order: Run | Resume | None = None
+            if isinstance(event, (Ended, NotRun, Kept)):
                 order = self.in_hand.pop(event.seq, None)
                 self.small.discard(event.seq)
                 self.submitters.pop(event.seq, None)
@@ -218,7 +183,7 @@ def _signal(pid: int, sig: int) -> None:
 
 
 class WorkerPool:
-    """The daemon's workers together: started, given jobs, read, watched and stopped as one.
+    """The daemon's workers together: started, given jobs, read and stopped as one.
 
     What to do about what a worker says or suffers (a job ended, a worker
     dead or past its limit) is the daemon's policy (:mod:`.server`); the pool
@@ -264,24 +229,8 @@ class WorkerPool:
         loads = []
         for w in self.handles:
             if w.ready is not None:
-                # A worker on a watch counts as busy: it may be running what it took, not yet told.
-                busy = len(w.in_hand) + (w.watching is not None)
-                loads.append(Load(w.index, busy, all_small=w.watching is None and len(w.small) == len(w.in_hand)))
+                loads.append(Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand)))
         return loads
-
-    def watch_open(self) -> bool:
-        """Whether a worker is on a watch and has not taken a job on it yet (as far as its control block says)."""
-        return any(w.watching is not None and not w.watch_taken() for w in self.handles)
-
-    def stop_watching(self) -> None:
-        for w in self.handles:
-            w.stop_watching()
-
-    def idle(self) -> WorkerHandle | None:
-        """The first ready worker when no worker has a job in hand or a watch (None: one has)."""
-        if any(w.in_hand or w.watching is not None for w in self.handles):
-            return None
-        return next((w for w in self.handles if w.ready is not None), None)
 
     def give(self, index: int, order: Run | Resume, small: bool, submitter: str | None) -> None:
         w = self.handles[index]
@@ -292,7 +241,7 @@ class WorkerPool:
 
     def events(
         self, ready: Collection[object] | None = None
-    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | Watch | None]]:
+    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
         """Every event waiting from every worker (``ready``: from those whose pipe is in it, what ``wait``
         found readable), each with its worker and the order it answers."""
         for w in list(self.handles):
@@ -316,12 +265,9 @@ class WorkerPool:
         return out
 
     def hold_new(self, hold: bool) -> None:
-        """Tell every worker not to claim the names it was given (a pause, a stop), or to claim them again; a
-        hold ends the watches."""
+        """Tell every worker not to claim the names it was given (a pause, a stop), or to claim them again."""
         for w in self.handles:
             w.control.hold_new = hold
-        if hold:
-            self.stop_watching()
 
     def broadcast(self, order: Order) -> None:
         for w in self.handles:
@@ -346,18 +292,13 @@ class WorkerPool:
                 return False, f"worker {w.index} (device {w.device}) has not turned for {now - beat:.0f} s"
         return True, ""
 
-    def current(self, name_of: Callable[[str], str | None]) -> list[tuple[int, dict[str, Any] | None]]:
+    def current(self) -> list[tuple[int, dict[str, Any] | None]]:
         """The workers whose job in hand changed since the last call: (index, the job as the state file
-        shows it, or None when idle). ``name_of(job id)``: the inbox name of a job taken on a watch and not
-        told yet (a small job tells at its end), looked up only while one runs."""
+        shows it, or None when idle)."""
         changed = []
         for w in self.handles:
             running = w.control.running()
             order = w.in_hand.get(running.seq) if running is not None else None
-            taken = w.taken_on_watch() if order is None else None
-            if taken is not None and running is not None:
-                name = name_of(taken)
-                order = Run(running.seq, name, taken) if name is not None else None
             current = shown_as = None
             if order is not None and running is not None:
                 name = order.name if isinstance(order, Run) else order.claim.name
@@ -369,7 +310,7 @@ class WorkerPool:
                 changed.append((w.index, shown_as))
         return changed
 
-    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | Watch | None], None], wait_s: float) -> None:
+    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | None], None], wait_s: float) -> None:
         """The jobs in hand finish (names given and not claimed stay in the inbox), then each worker quits;
         ``on_event`` is told what they say meanwhile. Waits at most ``wait_s`` for a worker that neither
         runs nor answers."""

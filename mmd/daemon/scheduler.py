@@ -200,19 +200,6 @@ class Scheduler:
         rounds = itertools.zip_longest(*(groups[submitter] for submitter in order))
         return [x for turn in rounds for x in turn if x is not None]
 
-    def took(self, name: str, job_id: str, submitter: str | None = None, size: int | None = None) -> None:
-        """A worker claimed inbox file ``name`` on its own (a watch), as job ``job_id``: in hand from now, no
-        longer waiting."""
-        key = (submitter, name)
-        queue = self._names.get(submitter)
-        if queue:
-            for item in queue:
-                if item.name == name and item.claim is None:
-                    queue.remove(item)
-                    break
-        self._hold(key)
-        self._give(Item(name, size=size, submitter=submitter, job_id=job_id))
-
     def resume(self, claims: Iterable[Claim]) -> None:
         """Jobs in ``.work`` to run (or archive) again; they go before any new name."""
         for claim in claims:

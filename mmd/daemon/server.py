@@ -81,8 +81,6 @@ from .messages import (
     Run,
     StartFailed,
     StopRequested,
-    Watch,
-    Watched,
     WorkerSpec,
     Writing,
 )
@@ -148,9 +146,6 @@ class Daemon:
         self._beat = time.monotonic()
         self._paused_until = 0.0  # monotonic: no new job before (the outbox refused a result)
         self._rescan_now = False
-        #: Arrivals held back while a worker watches (:meth:`_watch`), and since when something is held back.
-        self._deferred: list[Arrived] = []
-        self._held_since: float | None = None
         self._once_failed: str | None = None  # with --once: why the drain stopped early
         self._lock: SpoolLock | None = None
         self._observer: Watcher | None = None
@@ -262,25 +257,8 @@ class Daemon:
         return self._lock.fds() if self._lock is not None else []
 
     def _dispatch(self) -> None:
-        if self.workers.watch_open():
-            # Nothing goes out until the watch is answered (its worker is most likely taking what waits); it is
-            # asked to end once something has waited WATCH_GRACE_S.
-            if self.scheduler.waiting or self._deferred:
-                now = time.monotonic()
-                if self._held_since is None:
-                    self._held_since = now
-                elif now - self._held_since >= common.WATCH_GRACE_S:
-                    # An arrival already taken (its event read late, under a later watch) waits for nothing.
-                    self._deferred = [h for h in self._deferred if self.spool.stat(h.name) is not None]
-                    if self._deferred or self.scheduler.waiting:
-                        self.workers.stop_watching()
-                    self._held_since = None  # looked at again in WATCH_GRACE_S, not at every turn
-            return
-        if self._deferred or self._held_since is not None:
-            self._release()  # its worker runs what it took (a small job tells when it ends): the rest goes on
         if not self.scheduler.waiting:
             self.state.update(queue=0)
-            self._watch()
             return
         if self.paused() or self._stopping is not None:
             return
@@ -295,32 +273,10 @@ class Daemon:
             self.workers.give(index, order, item.small, item.submitter)
         self.state.update(queue=self.scheduler.waiting)
 
-    def _watch(self) -> None:
-        """With nothing waiting and every worker idle, put one on a watch: it claims the next arrival itself,
-        so that a lone job skips the hop through this process (where the inbox is watched with inotify).
-        Arrivals seen here meanwhile wait for its answer, or for the job it took to start (:meth:`_release`)."""
-        watcher = self._observer
-        if watcher is None or not watcher.waitables() or self.paused() or self._stopping is not None:
-            return
-        w = self.workers.idle()
-        if w is None:
-            return
-        job_id = new_id()
-        self.spool.expect(job_id)  # in hand before its claim, as a Run's
-        w.watch(job_id)
-
     # -- events from workers --
-    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | Watch | None = None) -> None:
+    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | None = None) -> None:
         """One event of worker ``w``; ``order``: the order it answers (its inbox name is what the scheduler
         holds: a job claimed under a safe name reports that name, not the one it was dropped under)."""
-        if isinstance(event, Watched):
-            if isinstance(order, Watch):
-                if event.name is not None:
-                    self.scheduler.took(event.name, order.job_id, event.submitter, event.size)
-                else:
-                    self.spool.forget(order.job_id)
-            self._release()
-            return
         held = order.name if isinstance(order, Run) else order.claim.name if isinstance(order, Resume) else None
         if isinstance(event, Ended):
             self._output_failures = 0  # the outbox took this job's sidecar: whatever refused before has passed
@@ -356,13 +312,6 @@ class Daemon:
                 self.log.info("backend fallback", note=event.fallback, device_index=w.device)
         elif isinstance(event, StartFailed):
             self.log.error("a worker cannot open its backend", worker=w.index, reason=event.error.reason)
-
-    def _release(self) -> None:
-        """The arrivals held back for a watch are looked at now (the one it took is gone from the inbox)."""
-        self._held_since = None
-        deferred, self._deferred = self._deferred, []
-        for hint in deferred:
-            self._offer(hint.name, hint.complete)
 
     def _ended(self, job_id: str, name: str, broken: bool = False) -> None:
         """Job ``job_id`` (of inbox name ``name``) ended or was not run: ``name`` is looked at again when a file
@@ -428,9 +377,7 @@ class Daemon:
         w.join()
         for event, order in w.events():
             self._on_event(w, event, order)
-        left: dict[int, Run | Resume | Watch] = {**w.in_hand}
-        if w.watching is not None:  # it may have claimed an arrival and died before saying so
-            left[w.watching.seq] = w.watching
+        left: dict[int, Run | Resume] = {**w.in_hand}
         w.close()
         ended_for = left.get(running.seq) if stopped is not None and running is not None else None
         ids = {order.claim.job_id if isinstance(order, Resume) else order.job_id: order for order in left.values()}
@@ -440,9 +387,6 @@ class Daemon:
             claim = found.get(job_id)
             if claim is None:  # never claimed (or archived already): the name is the inbox's again, queued anew
                 self.spool.forget(job_id)
-                if isinstance(order, Watch):
-                    self._rescan_now = True  # whatever arrived while it watched
-                    continue
                 name = order.name if isinstance(order, Run) else order.claim.name
                 self.scheduler.ended(job_id)
                 self._offer(name, complete=True)
@@ -462,8 +406,6 @@ class Daemon:
             self.log.info("removed a temporary left by a stopped worker", path=str(path))
         fresh = self.workers.replace(i)
         self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
-        if not self.workers.watch_open():
-            self._release()
 
     def _excuse(self, claim: Claim) -> None:
         """``claim``'s start ended through no fault of its own (its worker was ended for another job): not
@@ -673,10 +615,7 @@ class Daemon:
 
     def _handle(self, hint: Hint) -> None:
         if isinstance(hint, Arrived):
-            if self.workers.watch_open():
-                self._deferred.append(hint)  # most likely the watching worker's: looked at once it answers
-            else:
-                self._offer(hint.name, hint.complete)
+            self._offer(hint.name, hint.complete)
         elif isinstance(hint, Writing):
             self._readiness.writing(hint.name)
         elif isinstance(hint, Asked):
@@ -953,12 +892,8 @@ class Daemon:
 
     def _show_current(self) -> None:
         """Each worker's job in hand, for the state file (when it changed)."""
-        for index, current in self.workers.current(self._name_in_work):
+        for index, current in self.workers.current():
             self.state.worker(index, current=current)
-
-    def _name_in_work(self, job_id: str) -> str | None:
-        """The name job ``job_id`` was claimed under, from ``.work`` (None: not there)."""
-        return next((c.name for c in self.spool.in_work() if c.job_id == job_id), None)
 
     def _loop(self, once: bool) -> int:
         """:meth:`_turns` until it returns; a turn that found no descriptor left (EMFILE, ENFILE: this
@@ -990,8 +925,6 @@ class Daemon:
                 if due is not None:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
-            if self._held_since is not None:
-                waits.append(self._held_since + common.WATCH_GRACE_S - now)
             watcher = self._observer
             watched = watcher.waitables() if watcher is not None else []
             # The mailbox is readable as a descriptor; so is the inbox's inotify watch, read here, not by a thread.

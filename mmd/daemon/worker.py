@@ -14,13 +14,6 @@ outbox refuses what the job has to write (its reservation, output or
 sidecar) or left when its archive fails, and taken back by the daemon after
 a pause that doubles with each failure in a row (docs/reliability.md).
 
-**The watch.** On an idle daemon the main process puts one worker on a
-:class:`~.messages.Watch`: it watches the inbox itself and claims the next
-complete arrival under the watch's job id (:meth:`Runner.take`), so that a
-lone job costs no order through the main process (docs/daemon.md,
-"Processes"). It tells what it took (:class:`~.messages.Watched`) at once
-for a big input, and for a small one just before the job's end.
-
 **Group commit.** A small job (input under :data:`GROUP_INPUT_BYTES`) whose
 worker has more orders waiting does not publish at once: its output and
 sidecar wait in their temporaries, and the batch is published together,
@@ -41,7 +34,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +53,9 @@ from ..spawning import die_with_parent
 from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
-from ..spool.handins import is_declaration, is_handin
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
-    Arrived,
     Configure,
     Ended,
     Event,
@@ -77,12 +68,8 @@ from .messages import (
     Resume,
     Run,
     StartFailed,
-    StopWatching,
-    Watch,
-    Watched,
     WorkerSpec,
 )
-from .observer import InboxWatch
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
 Reporter = Callable[[Event], None]
@@ -123,9 +110,8 @@ class Runner:
     ) -> None:
         self.settings = settings
         self.spool = spool
-        self._report = report
-        #: A watch's :class:`Watched`, said before the next event (a small job's, when it ends).
-        self._untold: Watched | None = None
+        #: Tells the main process an event.
+        self.report = report
         self.control = control
         self.device = device
         self.host_id = host_id
@@ -138,13 +124,6 @@ class Runner:
         #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
         #: the worker's start, or it would run without its kept buffers and device memory for good.
         self._rewarm = False
-
-    def report(self, event: Event) -> None:
-        """Tell the main process ``event`` (after the watch's answer still untold)."""
-        if self._untold is not None:
-            untold, self._untold = self._untold, None
-            self._report(untold)
-        self._report(event)
 
     # -- backends --
     def backend(self, settings: Settings) -> Backend:
@@ -205,38 +184,6 @@ class Runner:
             self._begin(order.seq, claim, more_waiting)
         except Exception as exc:  # the job boundary: a job never kills the worker
             self._failed(order.seq, name, claim, exc)
-
-    def take(self, watch: Watch, name: str) -> bool:
-        """Claim ``name``, an arrival this worker saw while on ``watch``, and run it as order ``watch.seq``;
-        False when it is not taken (gone, a folder, claimed by another, or new jobs are held back). The
-        main process is told (:class:`Watched`) before anything else of the job. A name whose claim fails is
-        left to the main process (it is in the inbox, or in ``.work`` to take back): the watch ends."""
-        if self.control.hold_new:
-            return False
-        try:
-            if self.spool.stat(name) is None:
-                return False
-            claim = self.spool.claim(name, job_id=watch.job_id)
-        except (OSError, SpoolError) as exc:
-            reason = exc.reason if isinstance(exc, SpoolError) else str(exc)
-            get_logger(file=shown(name)).error("cannot claim", reason=reason)
-            self.report(Watched(watch.seq, None))
-            return True
-        if claim is None:
-            return False
-        self._pinned = None  # claimed as it arrived: its name picks the version current now
-        watched = Watched(watch.seq, name, claim.submitter, claim.size)
-        if _small(claim.size):
-            # Told when it ends: a message now would wake the main process in the middle of a lone job, and
-            # its supervisor reads what runs from the control block meanwhile.
-            self._untold = watched
-        else:
-            self.report(watched)  # at once: the status shows a long job from its start
-        try:
-            self._begin(watch.seq, claim, False)
-        except Exception as exc:  # the job boundary, as in process()
-            self._failed(watch.seq, name, claim, exc)
-        return True
 
     def _begin(self, seq: int, claim: Claim, more_waiting: bool) -> None:
         """Run a claimed job, timed against its limit from here."""
@@ -536,43 +483,6 @@ def _prepare(backend: Backend, settings: Settings) -> None:
         log.info("warmed up", pinned_mib=round(held / (1 << 20), 1))
 
 
-@dataclass
-class Watching:
-    """A :class:`Watch` in progress: the order, and the inotify watch on the inbox it waits on."""
-
-    order: Watch
-    lookout: InboxWatch
-
-    @classmethod
-    def start(cls, order: Watch, spool: Spool, control: Control) -> Watching | None:
-        """Watch the inbox for ``order`` (None: new jobs are held back, or the kernel refused a watch)."""
-        if control.hold_new:
-            return None
-        try:
-            return cls(order, InboxWatch(spool.inbox))
-        except OSError as exc:
-            get_logger().warning("cannot watch the inbox; the main process gives the next job", reason=str(exc))
-            return None
-
-    def take_one(self, runner: Runner, orders_waiting: Callable[[], bool]) -> bool:
-        """Take and run the first complete arrival that can be claimed; True when the watch has ended (a job
-        taken, or a claim that failed). Nothing is taken while an order waits: one sent before these arrivals
-        (new settings) must reach them first, so they are left to the main process, which saw them too."""
-        hints = self.lookout.take()  # read before the orders are looked at: an order sent before them shows
-        if orders_waiting():
-            return False
-        for hint in hints:
-            if not isinstance(hint, Arrived) or not hint.complete or is_handin(hint.name) or is_declaration(hint.name):
-                continue  # a kernel handed in is never a job: the main process, which saw it too, takes it
-            if runner.take(self.order, hint.name):
-                self.end()
-                return True
-        return False
-
-    def end(self) -> None:
-        self.lookout.stop()
-
-
 def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any]) -> None:
     """A worker process's life: open the backend, then run orders until told to quit or the pipe closes.
 
@@ -613,38 +523,12 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
         report(Ready(backend.name, _device_name(backend), runner.backends.notes[-1] if runner.backends.notes else None))
         runner.backends.log_fallback = True  # a backend opened anew (new settings) says its own
         _prepare(backend, settings)
-        watching: Watching | None = None
         while True:
             control.beat()
-            if watching is None:
-                if not conn.poll(1.0):
-                    runner.flush()
-                    continue
-            else:
-                ready = wait([*watching.lookout.waitables(), conn], 1.0)
-                if not ready:
-                    continue
-                if conn not in ready:
-                    if watching.take_one(runner, conn.poll):
-                        watching = None
-                    continue
+            if not conn.poll(1.0):
+                runner.flush()
+                continue
             order: Order = conn.recv()
-            if watching is not None:
-                if isinstance(order, StopWatching) and order.seq != watching.order.seq:
-                    continue  # a stop for a watch already ended
-                # Any order ends the watch, and is read before the arrivals (new settings must reach the
-                # jobs after them). A stop first takes an arrival already seen: it may have been sent for it.
-                if not (isinstance(order, StopWatching) and watching.take_one(runner, conn.poll)):
-                    watching.end()
-                    runner.report(Watched(watching.order.seq, None))
-                watching = None
-            if isinstance(order, StopWatching):
-                continue
-            if isinstance(order, Watch):
-                watching = Watching.start(order, spool, control)
-                if watching is None:
-                    runner.report(Watched(order.seq, None))
-                continue
             if isinstance(order, Quit):
                 break
             if isinstance(order, Configure):
