@@ -13,15 +13,21 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mmd import textformat
+from mmd.check.results import Status
+from mmd.grade import reports
 from mmd.grade.grader import GradePlan
+from mmd.grade.records import CUBLAS, NAIVE, NO_TILE, Case, KernelGrade, Reference, StudentGrade
 from mmd.kernelfile.store import KernelStore
+from mmd.report import page
 
 from .conftest import run_mmd
 from .test_kernelfile_run import SQUARE, fake_gpu, integer_input, kernel
@@ -315,3 +321,79 @@ def test_tests_that_are_no_test_are_said(tmp_path: Path) -> None:
     done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "not a test: orphan.out: an expected output with no input orphan.txt" in done.stderr
+
+
+def _timed(size: int, tile: int, *ms: float) -> Case:
+    return Case("timed", f"{size}x{size}x{size}", (size, size, size), tile, Status.OK, kernel_ms=ms, cuda_ms=ms)
+
+
+def _graded(name: str, *cases: Case) -> KernelGrade:
+    return KernelGrade(name, "0" * 64, None, False, cases)
+
+
+class _ClassTable(HTMLParser):
+    """The rows of the class page's class table (``#class``), each a list of its cells' texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.header: list[str] = []
+        self.rows: list[list[str]] = []
+        self._in_class = self._in_body = self._in_th = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "section" and ("id", "class") in attrs:
+            self._in_class = True
+        elif self._in_class and tag == "tbody":
+            self._in_body = True
+        elif self._in_body and tag == "tr":
+            self.rows.append([])
+        elif self._in_body and tag == "td":
+            self.rows[-1].append("")
+        elif self._in_class and tag == "th":
+            self._in_th = True
+            self.header.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tbody" and self._in_body:
+            self._in_body = self._in_class = False
+        self._in_th = self._in_th and tag != "th"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_th:
+            self.header[-1] += data
+        elif self._in_body and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data
+
+
+def test_the_page_shows_each_time_over_naive_and_as_a_fraction_of_cublas_from_the_records() -> None:
+    """A generated class: each kernel's headline time (the largest size at the size sweep's tile) over mmd's naive
+    kernel's and as a fraction of cuBLAS's at the same size and tile, both timed in the student's session; blank,
+    never zero, where the records hold no such figure (no cuBLAS there, no references at all, a wrong kernel)."""
+    plan = GradePlan(tiles=(8,), sizes=(16, 64), sizes_at_tile=32, timing_tiles=(8, 32))
+    naive = Reference(NAIVE, (_timed(64, 32, 29.0, 30.0, 31.0), _timed(64, 8, 90.0), _timed(16, 32, 1.0)))
+    cublas = Reference(CUBLAS, (_timed(64, NO_TILE, 3.0),))
+    tiled = _graded("tiled.cu", _timed(16, 32, 0.5), _timed(64, 32, 12.0, 11.0, 13.0), _timed(64, 8, 40.0))
+    slow = _graded("naive.cu", _timed(64, 32, 60.0))
+    wrong = _graded("wrong.cu", replace(_timed(64, 32), status=Status.MISMATCH, reason="timed launch 1: wrong"))
+    students = [
+        StudentGrade("ann", (tiled, slow, wrong), references=(naive, cublas)),
+        StudentGrade("ben", (tiled,), references=(naive,)),  # a session that timed no cuBLAS
+        StudentGrade("cal", (tiled,)),  # none: a part graded before references were timed
+    ]
+    gathered = [StudentGrade.from_dict(json.loads(json.dumps(s.as_dict()))) for s in students]
+    assert gathered == students  # a Slurm task's part keeps its session's references
+    results = reports.class_results("hw1", gathered, plan)
+    ratios = [(k.kernel, k.over_naive, k.over_cublas) for s in results.students for k in s.kernels]
+    assert ratios == [("tiled.cu", 2.5, 0.25), ("naive.cu", 0.5, 0.05), ("wrong.cu", None, None),
+                      ("tiled.cu", 2.5, None), ("tiled.cu", None, None)]  # fmt: skip
+    table = _ClassTable()
+    table.feed(page.class_page(results, graphs=False))
+    assert table.header[:8] == ["student", "kernel", "kind", "correct", "tile 64", "ms (64, tile 32)", "× naive",
+                                "of cuBLAS"]  # fmt: skip
+    assert [row[:2] + row[5:8] for row in table.rows] == [
+        ["ann", "tiled.cu", "12.000", "2.50×", "25.0%"],
+        ["ann", "naive.cu", "60.000", "0.50×", "5.0%"],
+        ["ann", "wrong.cu", "", "", ""],
+        ["ben", "tiled.cu", "12.000", "2.50×", ""],
+        ["cal", "tiled.cu", "12.000", "", ""],
+    ]

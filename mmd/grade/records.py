@@ -149,6 +149,38 @@ class KernelGrade:
         )
 
 
+#: The reference kernels' names, as mmd's registry and ``mmd bench`` name them: what the page's "× naive" and
+#: "of cuBLAS" divide.
+NAIVE, CUBLAS = "naive", "cublas"
+
+#: A timed case's tile for a kernel that has none (cuBLAS): its time stands at every tile of its size.
+NO_TILE = 0
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One of mmd's own kernels (:data:`NAIVE`, :data:`CUBLAS`) timed in the same session and on the same GPU as a
+    student's kernels: what their times are ratios of."""
+
+    kernel: str
+    #: Its timed cases, as a student's kernel's (``kind`` "timed"; :data:`NO_TILE` where it has no tile).
+    cases: tuple[Case, ...]
+
+    def median_at(self, size: int, tile: int) -> float | None:
+        """Its median kernel time (ms) at ``size`` and ``tile`` (a kernel without a tile: at ``size``)."""
+        for c in self.cases:
+            if c.kind == "timed" and c.shape[0] == size and c.tile in (tile, NO_TILE) and c.status is Status.OK:
+                return c.kernel_median
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "cases": [c.as_dict() for c in self.cases]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Reference:
+        return cls(kernel=str(d["kernel"]), cases=tuple(Case.from_dict(c) for c in d["cases"]))
+
+
 @dataclass(frozen=True)
 class StudentGrade:
     """A student's part: each of their kernels graded, and what could not be (their folder unreadable)."""
@@ -163,6 +195,11 @@ class StudentGrade:
     unreadable: bool = False
     device: str = ""
     seconds: float = 0.0
+    #: mmd's own kernels timed in the same session and on the same GPU (a Slurm task's own), where they were.
+    references: tuple[Reference, ...] = ()
+
+    def reference(self, kernel: str) -> Reference | None:
+        return next((r for r in self.references if r.kernel == kernel), None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -174,6 +211,7 @@ class StudentGrade:
             "seconds": round(self.seconds, 6),
             "skipped": [list(s) for s in self.skipped],
             "kernels": [k.as_dict() for k in self.kernels],
+            "references": [r.as_dict() for r in self.references],
         }
 
     @classmethod
@@ -188,4 +226,5 @@ class StudentGrade:
             unreadable=bool(d["unreadable"]),
             device=str(d["device"]),
             seconds=float(d["seconds"]),
+            references=tuple(Reference.from_dict(r) for r in d.get("references", ())),
         )

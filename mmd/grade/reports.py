@@ -21,7 +21,7 @@ from ..check import reports
 from ..check.results import Options, Result, Run, Status, shown
 from ..report.page import ClassResults, KernelResult, StudentResult
 from .grader import GradePlan
-from .records import Case, KernelGrade, StudentGrade
+from .records import CUBLAS, NAIVE, Case, KernelGrade, StudentGrade
 
 #: The tile whose refusal the page's "tile 64" column tells.
 TILE_64 = 64
@@ -142,14 +142,15 @@ def class_results(title: str, students: Sequence[StudentGrade], plan: GradePlan)
     size = max(plan.sizes) if plan.sizes else 0
     return ClassResults(
         title,
-        [StudentResult(shown(s.student), [_kernel_result(k, plan, size) for k in s.kernels]) for s in students],
+        [StudentResult(shown(s.student), [_kernel_result(s, k, plan, size) for k in s.kernels]) for s in students],
         size=size,
         tile=plan.sizes_at_tile,
     )
 
 
-def _kernel_result(k: KernelGrade, plan: GradePlan, size: int) -> KernelResult:
+def _kernel_result(s: StudentGrade, k: KernelGrade, plan: GradePlan, size: int) -> KernelResult:
     timed = [c for c in k.cases if c.kind == "timed" and c.kernel_median is not None]
+    theirs = next((c.kernel_median for c in timed if c.shape[0] == size and c.tile == plan.sizes_at_tile), None)
     failed = next((c for c in k.cases if c.status is not Status.OK), None)
     message = k.refused or ("" if failed is None else f"{failed.label}: {failed.reason}")
     return KernelResult(
@@ -162,8 +163,20 @@ def _kernel_result(k: KernelGrade, plan: GradePlan, size: int) -> KernelResult:
         by_size_ms={
             c.shape[0]: c.kernel_median for c in timed if c.tile == plan.sizes_at_tile and c.kernel_median is not None
         },
+        over_naive=_ratio(s, NAIVE, theirs, size, plan.sizes_at_tile),
+        over_cublas=_ratio(s, CUBLAS, theirs, size, plan.sizes_at_tile),
         late=k.late,
     )
+
+
+def _ratio(s: StudentGrade, reference: str, theirs: float | None, size: int, tile: int) -> float | None:
+    """``reference``'s kernel time over ``theirs`` at the headline's size and tile, timed in the same session
+    (above 1: theirs is faster); None where either time is not in the records (the page leaves it blank)."""
+    kept = s.reference(reference)
+    base = None if kept is None else kept.median_at(size, tile)
+    if base is None or not theirs:
+        return None
+    return base / theirs
 
 
 def _tile64(k: KernelGrade) -> str:
