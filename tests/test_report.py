@@ -12,6 +12,7 @@ import pytest
 
 from mmd import bench, report, resources
 from mmd.backends import CpuBackend, MultiplyRequest
+from mmd.bench.rows import AccuracyRow
 from mmd.cli import main
 from mmd.generate import input_chunks, random_matrix
 from mmd.report.sweeps import size_sweep
@@ -452,3 +453,31 @@ def test_the_report_of_an_outbox_goes_beside_it_never_into_it(tmp_path, capsys, 
     assert main(["report", str(out), "-o", str(tmp_path / "elsewhere")]) == 0
     assert (tmp_path / "elsewhere" / "summary.md").is_file() and sorted(p.name for p in out.iterdir()) == before
     assert str(tmp_path / "elsewhere" / "summary.md") in capsys.readouterr().out
+
+
+#: Names with characters the graphs' font (DejaVu Sans) lacks: CJK (drawn in a font that has them where one is
+#: installed, else escaped), and a private use character that one of matplotlib's own fonts (STIX) draws.
+UNDRAWN = ("行列.cu", "田中 由紀", "\ue000x")
+
+
+def test_a_name_of_characters_the_font_lacks_is_drawn_without_a_warning():
+    """matplotlib warns "Glyph ... missing from font(s)" (an error under -W error) and draws a box for each
+    character its font lacks. A kernel's or a student's name is drawn in a font that has its characters where
+    one is installed, else with those characters as escapes (``\\u884c``), never as boxes."""
+    from matplotlib import font_manager, ft2font
+
+    from mmd.report import figures
+
+    by_tile, by_size = figures.student_figures({n: ({8: 2.0, 16: 1.0}, {64: 1.0, 128: 6.0}) for n in UNDRAWN}, 128, 16)
+    for fig in (by_tile, by_size):
+        figures.png_bytes(fig, 72)
+        (legend,) = [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+        for text, name in zip(legend.get_texts(), UNDRAWN, strict=True):
+            shown = text.get_text()
+            files = [font_manager.findfont(font_manager.FontProperties(family=[f])) for f in text.get_fontfamily()]
+            has = set().union(*(ft2font.FT2Font(f).get_charmap() for f in files))
+            assert all(ord(c) in has for c in shown), (name, shown)
+            assert all(c in shown or f"\\u{ord(c):04x}" in shown for c in name), (name, shown)
+    sweep = {n: [AccuracyRow(kernel=n, backend="cuda", m=8, k=k, n=8, rms_rel_error=1e-7, max_rel_error=1e-6)
+                 for k in (8, 16)] for n in UNDRAWN}  # fmt: skip
+    figures.png_bytes(figures.accuracy_figure(sweep, "M = 16"), 72)

@@ -9,9 +9,11 @@ powers of ten, which left one label on an axis of data within one decade).
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,86 @@ def _colors(names: Iterable[str]) -> dict[str, Any]:
     cmap = colormaps["tab10" if len(colored) <= 10 else "tab20"]
     colors = {n: cmap(i % cmap.N) for i, n in enumerate(colored)}
     return {n: colors.get(n, "black") for n in shown}
+
+
+#: Fonts of placeholder boxes (matplotlib's own last resort): they hold every character and draw none of them.
+_PLACEHOLDER_FONTS = frozenset({"Last Resort High-Efficiency"})
+
+
+def _chars(path: str) -> frozenset[int]:
+    from matplotlib import ft2font
+
+    return frozenset(ft2font.FT2Font(path).get_charmap())
+
+
+@functools.cache
+def _own_font() -> tuple[str, frozenset[int]]:
+    """The graphs' font (matplotlib's default, DejaVu Sans) and the characters it draws."""
+    from matplotlib import font_manager
+
+    path = font_manager.findfont(font_manager.FontProperties())
+    return path, _chars(path)
+
+
+@functools.cache
+def _other_fonts() -> tuple[tuple[str, frozenset[int]], ...]:
+    """Every other installed font's family and the characters it draws, by family name (the same choice on every
+    run); read only once a name holds a character the graphs' font lacks."""
+    from matplotlib import font_manager
+
+    own, _ = _own_font()
+    fonts = []
+    for entry in sorted(font_manager.fontManager.ttflist, key=lambda e: (e.name, e.fname)):
+        if entry.fname == own or entry.name in _PLACEHOLDER_FONTS:
+            continue
+        try:
+            fonts.append((entry.name, _chars(entry.fname)))
+        except (OSError, RuntimeError):  # a font file FreeType cannot read: not one to draw with
+            continue
+    return tuple(fonts)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Names (kernels', students': anyone's) as a graph draws them, and the fonts to draw them in."""
+
+    text: dict[str, str]
+    #: The graphs' own font first, then a font for each character it lacks, where one is installed.
+    families: tuple[str, ...]
+
+
+def labels(names: Iterable[str]) -> Labels:
+    """``names`` as drawn: a ``$`` escaped (it would start matplotlib's mathtext), and each character that no
+    installed font draws written as its escape (``\\u884c``): matplotlib would warn and draw a box for it."""
+    from matplotlib import rcParams
+
+    _, own = _own_font()
+    families: list[str] = list(rcParams["font.family"])
+    text = {}
+    for name in names:
+        drawn = []
+        for c in name.replace("$", r"\$"):
+            if ord(c) not in own:
+                family = next((f for f, chars in _other_fonts() if ord(c) in chars), None)
+                if family is None:
+                    c = f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+                elif family not in families:
+                    families.append(family)
+            drawn.append(c)
+        text[name] = "".join(drawn)
+    return Labels(text, tuple(families))
+
+
+def _legend(ax: Any, shown: Labels, fontsize: float, handles: list[Any] | None = None) -> None:
+    """``ax``'s legend, its texts in ``shown``'s fonts (matplotlib falls back along the list character by
+    character)."""
+    from matplotlib.font_manager import FontProperties
+
+    prop = FontProperties(family=list(shown.families), size=fontsize)
+    if handles is None:
+        ax.legend(prop=prop)
+    else:
+        ax.legend(handles=handles, prop=prop)
 
 
 def save(fig: Any, out: Path, stem: str) -> list[Path]:
@@ -200,6 +282,7 @@ def bars_figure(sweep: TileSweep, value: BarPhase, title: str, ylabel: str, log:
         _no_data(ax, f"no results at size {sweep.size}")
         return fig
     colors = _colors(kernels)
+    shown_as = labels(kernels)
     groups: list[tuple[str, int | None, list[str]]] = [(f"{t}×{t}", t, sweep.tiled_kernels) for t in sweep.tiles]
     if sweep.untiled_kernels:
         groups.append(("no tile", None, sweep.untiled_kernels))
@@ -230,12 +313,13 @@ def bars_figure(sweep: TileSweep, value: BarPhase, title: str, ylabel: str, log:
             if is_kernel:
                 kernel_time.add(name)
             yerr = [[spread.median - bar[0]], [bar[1] - spread.median]]
-            label = None if name in labelled else name
+            label = None if name in labelled else shown_as.text[name]
             ax.bar(x, spread.median, width, color=colors[name], yerr=yerr, capsize=2, label=label)
             labelled.add(name)
             shown += list(bar)
             if tile is None and sweep.tiles:  # the same value as a line across the tile groups
                 ax.axhline(spread.median, color=colors[name], linestyle=":", linewidth=1)
+    kernel_time = {shown_as.text[name] for name in kernel_time}
     for handle in ax.get_legend_handles_labels()[0]:
         if handle.get_label() in kernel_time:
             handle.set_label(f"{handle.get_label()} (kernel time)")
@@ -245,7 +329,7 @@ def bars_figure(sweep: TileSweep, value: BarPhase, title: str, ylabel: str, log:
     if log:
         set_log_axis(ax.yaxis, shown)
     if labelled:
-        ax.legend(fontsize=8)
+        _legend(ax, shown_as, 8)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -261,6 +345,7 @@ def size_figure(sweeps: dict[str, list[BenchRow]], tile: int | None, peak: tuple
         _no_data(ax_g, "no results")
         return fig
     colors = _colors(sweeps)
+    shown_as = labels(sweeps)
     times: list[float | None] = []
     rates: list[float | None] = []
     for name, rows in sweeps.items():
@@ -271,7 +356,7 @@ def size_figure(sweeps: dict[str, list[BenchRow]], tile: int | None, peak: tuple
             linestyle="--" if ref else "-",
             marker="o",
             linewidth=2 if ref else 1.5,
-            label=name,
+            label=shown_as.text[name],
         )
         kernel_ms = [r.median("kernel") for r in rows]
         rate = [r.gflops for r in rows]
@@ -293,7 +378,7 @@ def size_figure(sweeps: dict[str, list[BenchRow]], tile: int | None, peak: tuple
         set_log_axis(ax.yaxis, values)
         ax.set_xlabel("N (N×N times N×N)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _legend(ax, shown_as, 8)
     _readable_categories(fig)
     return fig
 
@@ -314,12 +399,13 @@ def accuracy_figure(sweep: dict[str, list[AccuracyRow]], where: str) -> Any:
         _no_data(ax, "no accuracy results")
         return fig
     colors = _colors(sweep)
+    shown_as = labels(sweep)
     errors: list[float | None] = []
     for name, rows in sweep.items():
         ks = [r.k for r in rows]
         color = "black" if name == "cublas" else colors[name]  # cuBLAS SGEMM: the reference, as in graph 3
         rms, top = [r.rms_rel_error for r in rows], [r.max_rel_error for r in rows]
-        ax.plot(ks, _gaps(rms), color=color, linestyle="-", marker="o", label=name)
+        ax.plot(ks, _gaps(rms), color=color, linestyle="-", marker="o", label=shown_as.text[name])
         ax.plot(ks, _gaps(top), color=color, linestyle="--", marker=".")
         errors += rms + top
     _categories(ax.xaxis, sorted({r.k for rows in sweep.values() for r in rows}))
@@ -331,7 +417,7 @@ def accuracy_figure(sweep: dict[str, list[AccuracyRow]], where: str) -> Any:
         Line2D([], [], color="gray", linestyle="-", label="RMS: ‖C − ref‖ / ‖ref‖"),
         Line2D([], [], color="gray", linestyle="--", label="max: max|C − ref| / max|ref|"),
     ]
-    ax.legend(handles=handles, fontsize=8)
+    _legend(ax, shown_as, 8, handles)
     ax.grid(alpha=0.3, which="both")
     _readable_categories(fig)
     return fig
@@ -343,8 +429,8 @@ def student_figures(
     """A student's two course graphs from ``kernels``: name -> (kernel ms by tile at ``size``, kernel ms by size
     at ``tile``). Graph 1: a group of bars per tile, a bar per kernel; graph 2: time against size, log-log."""
     colors = _colors(kernels)
-    # A handed-in kernel's name is the student's: a ``$`` in it would start matplotlib's mathtext.
-    label = {name: name.replace("$", r"\$") for name in kernels}
+    shown_as = labels(kernels)
+    label = shown_as.text
     by_tile = _figure(5.0, 3.0)
     ax = by_tile.subplots()
     ax.set_title(f"Graph 1: kernel time at {size}×{size}", fontsize=10)
@@ -381,5 +467,5 @@ def student_figures(
     for fig in (by_tile, by_size):
         for a in fig.axes:
             if a.get_legend_handles_labels()[0]:
-                a.legend(fontsize=7)
+                _legend(a, shown_as, 7)
     return by_tile, by_size
