@@ -133,7 +133,7 @@
  * dynamic shared memory STAGES * (BM * BK + BK * BN) * 4 + 1024 + 16 * STAGES
  * = 197696 bytes; A and B 16-byte aligned with ld a multiple of 4 floats.
  * mmd's tc1 on sm_90a is this build with TMA_TF32 = 1 (arch_variants, above), and the cp.async
- * build wherever A or B is not 16-byte aligned (mmd/cuda/session.py, launch_build).
+ * build wherever A or B is not 16-byte aligned (mmd/cuda/stream.py, launch_build).
  * ptxas (nvcc 13.0, sm_90a): 186 registers, 0 spills.
  *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:

@@ -55,7 +55,7 @@ SOURCE, LIBRARY, HOST = "source", "library", "host"
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What a device allows one block; read from the device by :mod:`mmd.cuda.session`."""
+    """What a device allows one block; read from the device by :mod:`mmd.cuda.device`."""
 
     max_threads_per_block: int
     max_shared_per_block: int

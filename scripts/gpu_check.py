@@ -51,7 +51,7 @@ def print_versions(backend: CudaBackend) -> None:
         f"limits: {limits.max_threads_per_block} threads, {limits.max_shared_per_block} B shared, "
         f"{limits.max_registers_per_block} registers per block; {limits.total_memory / 2**30:.1f} GiB"
     )
-    print(f"versions: {session.versions()} python {platform.python_version()} numpy {np.__version__}")
+    print(f"versions: {session.device.versions()} python {platform.python_version()} numpy {np.__version__}")
     nvcc = shutil.which("nvcc")
     print(f"nvcc: {nvcc} {sh(nvcc, '--version').splitlines()[-1] if nvcc else ''}")
     query = "--query-gpu=name,driver_version,clocks.sm,clocks.mem"
@@ -79,12 +79,12 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
     rng = np.random.default_rng(2026)
     a = rng.uniform(-1, 1, (size, size)).astype(np.float32)
     b = rng.uniform(-1, 1, (size, size)).astype(np.float32)
-    da, db, dc = (session.alloc("device", size, size) for _ in range(3))
+    da, db, dc = (session.memory.alloc("device", size, size) for _ in range(3))
     rows: list[dict] = []
     try:
-        session.upload(da, a, "a")
-        session.upload(db, b, "b")
-        session.synchronize()
+        session.memory.upload(da, a, "a")
+        session.memory.upload(db, b, "b")
+        session.stream.synchronize()
         reference = np.empty(0)
         cases = [("cublas", None)]
         for k in registry.SOURCE_KERNELS:
@@ -94,25 +94,25 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
             if not spec.compiled:
 
                 def step(tf32: bool = spec.precision == "tf32") -> None:
-                    session.multiply(None, da, db, dc, tf32=tf32)
+                    session.stream.multiply(None, da, db, dc, tf32=tf32)
 
                 regs = None
             else:
-                compiled, _ = session.compile(spec, tile or 0)
+                compiled, _ = session.modules.compile(spec, tile or 0)
                 regs = compiled.registers
 
                 def step(compiled=compiled) -> None:
-                    session.multiply(compiled, da, db, dc)
+                    session.stream.multiply(compiled, da, db, dc)
 
-            session.fill(dc, float("nan"))
+            session.memory.fill(dc, float("nan"))
             step()  # warm-up
             times = []
             for _ in range(repeats):
-                timer = session.phase_timer()
+                timer = session.stream.phase_timer()
                 with timer.phase("kernel"):
                     step()
                 times.append(timer.elapsed_ms()["kernel"])
-            c = session.download(dc, "c")
+            c = session.memory.download(dc, "c")
             if kernel == "cublas":
                 reference = c.astype(np.float64)
                 # cuBLAS itself against float64 on a band of rows (the whole
@@ -134,7 +134,7 @@ def time_kernels(backend: CudaBackend, size: int, repeats: int) -> list[dict]:
             )
     finally:
         for matrix in (da, db, dc):
-            session.free(matrix)
+            session.memory.free(matrix)
     return rows
 
 

@@ -1,9 +1,10 @@
-"""The one fake GPU: a session that stands in for :class:`mmd.cuda.session.GpuSession` with numpy.
+"""The one fake GPU: a session that stands in for :class:`mmd.cuda.session.GpuSession` with numpy, part for
+part (``device``, ``modules``, ``memory``, ``stream``, ``text``), counting what they did on the session.
 
 The real :class:`mmd.backends.cuda.CudaBackend` runs on it, so the tests on
 a CPU-only machine exercise the backend's own logic: phase accounting,
 compile-once, the tile check before any allocation, freeing on every error
-path, the text path, the text path, the device cache (the real :class:`~mmd.cuda.memory.DeviceCache`
+path, the text path, the device cache (the real :class:`~mmd.cuda.pools.DeviceCache`
 over numpy blocks) and the conversion of driver errors. ``fail_at`` names a
 step that raises a driver error; ``fault`` decides, per product, whether the
 "kernel" faults (an illegal address: the backend must reopen). cuBLAS's TF32
@@ -30,8 +31,9 @@ from mmd import textformat
 from mmd.backends.cuda import CudaBackend
 from mmd.cuda.compiler import Compiled
 from mmd.cuda.libcuda import HostMemory
-from mmd.cuda.memory import DEVICE_CACHE_CAP_BYTES, DeviceCache, DeviceMatrix, device_bytes
-from mmd.cuda.session import launch_build
+from mmd.cuda.memory import DeviceMatrix, device_bytes
+from mmd.cuda.pools import DEVICE_CACHE_CAP_BYTES, DeviceCache
+from mmd.cuda.stream import launch_build
 from mmd.cuda.text import Multiply, TextResult, kept_buffers
 
 LIMITS = registry.DeviceLimits(
@@ -106,7 +108,7 @@ class FakeText:
     def prepare(self, n: int) -> None:
         self.functions()
         for slot, nbytes in kept_buffers(n).items():
-            self.session.reserve_host(slot, nbytes)
+            self.session.memory.reserve_host(slot, nbytes)
 
     def multiply_text(self, data: bytes | memoryview, header: textformat.Header, multiply: Multiply) -> TextResult:
         self.calls += 1
@@ -125,8 +127,147 @@ class FakeText:
         )
 
 
+class FakeDevice:
+    """``session.device``: :data:`LIMITS` (a test may set others), the fake's name, its free memory."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+        self.limits = LIMITS
+
+    def name(self) -> str:
+        s = self.session
+        return f"{s.name} {s.ordinal} (sm_90)" if s.name == "Fake GPU" else s.name
+
+    def versions(self) -> dict[str, str]:
+        return {"driver": "0.0", "pycuda_built_for": "0.0", "pycuda": "fake"}
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.session.free_bytes, LIMITS.total_memory
+
+
+class FakeModules:
+    """``session.modules``: registry kernels "built" once each, counted."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+
+    def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]:
+        """Like Modules.compile: built (True) the first time, cached after."""
+        s = self.session
+        s.maybe_fail("compile")
+        spec = spec.for_arch(s.device.limits.arch)  # as Modules.compile: tc1's TMA build on sm_90
+        key = (spec.name, tile if spec.uses_tile else 0, spec.macros)
+        built = key not in s.built
+        if built:
+            s.compiles += 1  # a TMA build and its fallback are built together: one compile
+            s.built[key] = Compiled(spec, tile, None, s.registers, 0, 0, COMPILE_MS)
+        return s.built[key], built
+
+
+class FakeMemory:
+    """``session.memory``: device matrices as numpy arrays (the device cache the real one over numpy blocks),
+    page-locked memory as plain arrays; every call counted on the session."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+
+    def keep_device_memory(self, cap_bytes: int = DEVICE_CACHE_CAP_BYTES) -> None:
+        s = self.session
+        if s.device_cache is None:
+            s.device_cache = DeviceCache(self._make_block, self._free_block, cap_bytes=cap_bytes)
+
+    def keeps(self, mode: str, rows: int, cols: int) -> bool:
+        cache = self.session.device_cache
+        return mode == "device" and cache is not None and cache.holds_size(device_bytes(rows, cols))
+
+    def _make_block(self, nbytes: int) -> np.ndarray:
+        block = np.full(nbytes // 4, np.nan, np.float32)
+        self.session.live_blocks[id(block)] = block
+        return block
+
+    def _free_block(self, block: np.ndarray) -> None:
+        del self.session.live_blocks[id(block)]
+
+    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
+        s = self.session
+        if s.fail_at == "alloc" and s.allocs == 1:  # the second allocation fails
+            raise MemoryError("cuMemAlloc failed: out of memory")
+        s.allocs += 1
+        if s.device_cache is not None and self.keeps(mode, rows, cols):
+            block, reused = s.device_cache.take(device_bytes(rows, cols))
+            view = block[: rows * cols].reshape(rows, cols)  # its .base is the block, given back by free
+            return DeviceMatrix(mode, rows, cols, cols, 0, view, cached=True, reused=reused)
+        return DeviceMatrix(mode, rows, cols, cols, 0, np.full((rows, cols), np.nan, np.float32))
+
+    def free(self, matrix: DeviceMatrix) -> None:
+        s = self.session
+        s.frees += 1
+        s.maybe_fail("free")
+        if matrix.cached and s.device_cache is not None:
+            s.device_cache.give(device_bytes(matrix.rows, matrix.cols), matrix.handle.base)
+
+    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
+        self.session.maybe_fail("upload")
+        matrix.handle[...] = host
+
+    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
+        self.session.maybe_fail("download")
+        out: np.ndarray = matrix.handle.copy()
+        return out
+
+    def flush_l2(self) -> None:
+        s = self.session
+        s.maybe_fail("flush_l2")
+        s.flushes += 1
+        s.events.append("flush_l2")
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        self.session.adopted[slot] = memory
+
+    def reserve_host(self, slot: str, nbytes: int) -> None:
+        s = self.session
+        s.maybe_fail("reserve_host")
+        s.reserved[slot] = max(nbytes, s.reserved.get(slot, 0))
+
+    def pinned_bytes(self) -> int:
+        return sum(self.session.reserved.values())
+
+
+class FakeStream:
+    """``session.stream``: products by numpy (cuBLAS's TF32 mode rounding its operands), fake timers."""
+
+    def __init__(self, session: FakeSession) -> None:
+        self.session = session
+
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None:
+        s = self.session
+        s.maybe_fail("sgemm" if kernel is None else "launch")
+        if kernel is not None:
+            s.launched.append(launch_build(kernel.spec, a, b))
+        c.handle[...] = s.product(a.handle, b.handle, kernel, tf32)
+
+    def phase_timer(self) -> FakeTimer:
+        return FakeTimer(self.session)
+
+    def synchronize(self) -> None:
+        self.session.maybe_fail("synchronize")
+
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        s = self.session
+        s.maybe_fail("reference")
+        if threading.get_ident() != s.thread:
+            raise DriverError("used from another thread than the one that opened it")
+        out: np.ndarray = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+        return out
+
+
 class FakeSession:
-    """numpy behind the session interface the CUDA backend uses."""
+    """numpy behind the session's parts the CUDA backend uses; what they did is counted here."""
 
     errors = (DriverError, MemoryError)
     #: Every session made, in order (per test: see the ``fake_gpu`` fixture).
@@ -144,9 +285,8 @@ class FakeSession:
         kernel_ms: Callable[[str, int | None, int], float] | None = None,
         name: str = "Fake GPU",
     ) -> None:
-        self.device = device
+        self.ordinal = device
         self.thread = threading.get_ident()
-        self.limits = LIMITS
         self.fail_at = fail_at
         #: Page-locked bytes set aside by slot (reserve_host).
         self.reserved: dict[str, int] = {}
@@ -172,11 +312,15 @@ class FakeSession:
         #: "product" and "flush_l2", in the order they happened.
         self.events: list[str] = []
         self.built: dict[Any, Compiled] = {}
-        #: The build each registry kernel's product ran with (GpuSession.multiply's choice: TMA build or fallback).
+        #: The build each registry kernel's product ran with (Stream.multiply's choice: TMA build or fallback).
         self.launched: list[registry.KernelSpec] = []
         self.closed = False
         self.free_bytes = 10 * 2**30
-        self._text = FakeText(self)
+        self.device = FakeDevice(self)
+        self.modules = FakeModules(self)
+        self.memory = FakeMemory(self)
+        self.stream = FakeStream(self)
+        self.text = FakeText(self)
         FakeSession.made.append(self)
 
     def maybe_fail(self, step: str) -> None:
@@ -197,112 +341,6 @@ class FakeSession:
         if self.tamper is not None:
             self.tamper(name, c)
         return c
-
-    def device_name(self) -> str:
-        return f"{self.name} {self.device} (sm_90)" if self.name == "Fake GPU" else self.name
-
-    def versions(self) -> dict[str, str]:
-        return {"driver": "0.0", "pycuda_built_for": "0.0", "pycuda": "fake"}
-
-    def mem_info(self) -> tuple[int, int]:
-        return self.free_bytes, LIMITS.total_memory
-
-    def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]:
-        """Like GpuSession.compile: built (True) the first time, cached after."""
-        self.maybe_fail("compile")
-        spec = spec.for_arch(self.limits.arch)  # as GpuSession.compile: tc1's TMA build on sm_90
-        key = (spec.name, tile if spec.uses_tile else 0, spec.macros)
-        built = key not in self.built
-        if built:
-            self.compiles += 1  # a TMA build and its fallback are built together: one compile
-            self.built[key] = Compiled(spec, tile, None, self.registers, 0, 0, COMPILE_MS)
-        return self.built[key], built
-
-    def keep_device_memory(self, cap_bytes: int = DEVICE_CACHE_CAP_BYTES) -> None:
-        if self.device_cache is None:
-            self.device_cache = DeviceCache(self._make_block, self._free_block, cap_bytes=cap_bytes)
-
-    def keeps(self, mode: str, rows: int, cols: int) -> bool:
-        cache = self.device_cache
-        return mode == "device" and cache is not None and cache.holds_size(device_bytes(rows, cols))
-
-    def _make_block(self, nbytes: int) -> np.ndarray:
-        block = np.full(nbytes // 4, np.nan, np.float32)
-        self.live_blocks[id(block)] = block
-        return block
-
-    def _free_block(self, block: np.ndarray) -> None:
-        del self.live_blocks[id(block)]
-
-    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
-        if self.fail_at == "alloc" and self.allocs == 1:  # the second allocation fails
-            raise MemoryError("cuMemAlloc failed: out of memory")
-        self.allocs += 1
-        if self.device_cache is not None and self.keeps(mode, rows, cols):
-            block, reused = self.device_cache.take(device_bytes(rows, cols))
-            view = block[: rows * cols].reshape(rows, cols)  # its .base is the block, given back by free
-            return DeviceMatrix(mode, rows, cols, cols, 0, view, cached=True, reused=reused)
-        return DeviceMatrix(mode, rows, cols, cols, 0, np.full((rows, cols), np.nan, np.float32))
-
-    def free(self, matrix: DeviceMatrix) -> None:
-        self.frees += 1
-        self.maybe_fail("free")
-        if matrix.cached and self.device_cache is not None:
-            self.device_cache.give(device_bytes(matrix.rows, matrix.cols), matrix.handle.base)
-
-    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
-        self.maybe_fail("upload")
-        matrix.handle[...] = host
-
-    def multiply(
-        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
-    ) -> None:
-        self.maybe_fail("sgemm" if kernel is None else "launch")
-        if kernel is not None:
-            self.launched.append(launch_build(kernel.spec, a, b))
-        c.handle[...] = self.product(a.handle, b.handle, kernel, tf32)
-
-    def flush_l2(self) -> None:
-        self.maybe_fail("flush_l2")
-        self.flushes += 1
-        self.events.append("flush_l2")
-
-    def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray:
-        self.maybe_fail("download")
-        out: np.ndarray = matrix.handle.copy()
-        return out
-
-    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def adopt_host(self, slot: str, memory: HostMemory) -> None:
-        self.adopted[slot] = memory
-
-    def reserve_host(self, slot: str, nbytes: int) -> None:
-        self.maybe_fail("reserve_host")
-        self.reserved[slot] = max(nbytes, self.reserved.get(slot, 0))
-
-    def pinned_bytes(self) -> int:
-        return sum(self.reserved.values())
-
-    def phase_timer(self) -> FakeTimer:
-        return FakeTimer(self)
-
-    def synchronize(self) -> None:
-        self.maybe_fail("synchronize")
-
-    def text(self) -> FakeText:
-        return self._text
-
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        self.maybe_fail("reference")
-        self._check_thread()
-        out: np.ndarray = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
-        return out
-
-    def _check_thread(self) -> None:
-        if threading.get_ident() != self.thread:
-            raise DriverError("used from another thread than the one that opened it")
 
     def close(self) -> None:
         self.closed = True

@@ -18,7 +18,7 @@ from mmd.backends.base import CUDA_PHASES, INPUT_SLOT, MultiplyRequest, input_by
 from mmd.backends.cpu import CpuBackend
 from mmd.backends.cuda import CudaBackend, prepared_size
 from mmd.cuda.libcuda import HostMemory
-from mmd.cuda.memory import PinnedPool
+from mmd.cuda.pools import PinnedPool
 from mmd.cuda.text import text_bytes
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
 
@@ -260,7 +260,7 @@ def test_l2_flush_comes_between_the_copies_and_the_kernel_untimed():
     cublas = backend.multiply(a, b, MultiplyRequest(kernel="cublas", flush_l2=True))
     # cuBLAS's warm-up product (untimed, first use of the shape) is not flushed before; the timed one is.
     assert session.events[-3:] == ["product", "flush_l2", "product"] and cublas.kernel == "cublas"
-    assert session.limits.l2_cache_bytes == 50 * 2**20
+    assert session.device.limits.l2_cache_bytes == 50 * 2**20
 
 
 def test_prepare_sets_aside_the_largest_square_job_the_budget_holds():
@@ -270,8 +270,8 @@ def test_prepare_sets_aside_the_largest_square_job_the_budget_holds():
     n = prepared_size(default)
     assert n >= 4096  # the default warm_up_mib covers the course's largest size
     assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": text_bytes(n)}
-    assert held == session.pinned_bytes() <= default
-    assert session.text().built  # the text kernels are loaded too
+    assert held == session.memory.pinned_bytes() <= default
+    assert session.text.built  # the text kernels are loaded too
 
 
 def test_prepare_with_no_budget_holds_nothing_and_a_failure_is_a_cuda_error():
@@ -326,7 +326,7 @@ def test_the_cuda_backend_gives_adopted_memory_to_its_session_and_the_cpu_frees_
     assert freed == [1]
 
 
-# -- a worker's device cache: small jobs keep their device memory for the next (mmd.cuda.memory.DeviceCache) --
+# -- a worker's device cache: small jobs keep their device memory for the next (mmd.cuda.pools.DeviceCache) --
 
 CACHE_NOTE = "malloc/free timed the device cache, not cuMemAlloc (reused {}/3, kept {}/3)"
 
@@ -406,8 +406,8 @@ def test_a_small_shape_is_checked_and_looked_up_once_and_another_request_or_shap
     backend, session = backend_with()
     backend.prepare(0)
     looked: list[int] = []
-    compile_ = session.compile
-    monkeypatch.setattr(session, "compile", lambda spec, tile: looked.append(tile) or compile_(spec, tile))
+    compile_ = session.modules.compile
+    monkeypatch.setattr(session.modules, "compile", lambda spec, tile: looked.append(tile) or compile_(spec, tile))
     a, b = operands(32, 32, 32)
     products = [backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=16)) for _ in range(3)]
     assert looked == [16] and ["compile" in p.timings_ms for p in products] == [True, False, False]

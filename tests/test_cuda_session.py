@@ -1,115 +1,112 @@
-"""GpuSession's pieces that run without a GPU: the phase timer over stand-in CUDA events."""
+"""The real GpuSession and its parts, over the stand-in driver (tests/fakegpu/pycuda), in a process of its own.
+
+The stand-in's device memory is host memory and its ``square`` kernel computes C += A·B, so a job through
+the parts (``session.memory``, ``session.modules``, ``session.stream``) gives a checkable product; the
+session's rules (one thread, nothing after close, close once) are checked the same way. tests/gpu runs the
+parts on a GPU.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
-from mmd.cuda.session import PhaseTimer
+from .conftest import ROOT
+
+pytestmark = pytest.mark.process
+
+FAKE_GPU = str(ROOT / "tests" / "fakegpu")
 
 
-class Event:
-    """A CUDA event: stamped by a shared clock when recorded; its elapsed time is read after the stream is."""
-
-    made = 0
-
-    def __init__(self) -> None:
-        Event.made += 1
-        self.stamp: float | None = None
-        self.done = False
-        self.stream: Stream | None = None
-
-    def record(self, stream: Stream) -> Event:
-        assert self.stream is None or self.done, "recorded again before the stream ran past it"
-        stream.clock += 1.0
-        self.stamp, self.done, self.stream = stream.clock, False, stream
-        stream.recorded.append(self)
-        return self
-
-    def synchronize(self) -> None:
-        """Waits for this event and, the stream being in order, for every event recorded before it."""
-        assert self.stream is not None
-        recorded = self.stream.recorded
-        for event in recorded[: len(recorded) - recorded[::-1].index(self)]:
-            event.done = True
-
-    def time_till(self, end: Event) -> float:
-        assert self.done and end.done, "read before the stream ran past it"
-        assert self.stamp is not None and end.stamp is not None
-        return end.stamp - self.stamp
+def run_with_fake_driver(code: str) -> None:
+    """Run ``code`` in a fresh interpreter whose pycuda is the stand-in; it fails by raising."""
+    env = {**os.environ, "PYTHONPATH": FAKE_GPU + os.pathsep + str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
-class Stream:
-    def __init__(self) -> None:
-        self.clock = 0.0
-        self.recorded: list[Event] = []
+def test_a_job_through_the_sessions_parts_gives_the_product_and_times_its_phases():
+    run_with_fake_driver(
+        """
+        import numpy as np
+        from mmd.cuda.session import GpuSession
+
+        session = GpuSession(0)
+        assert session.device.name() == "Fake GPU (sm_90)"
+        assert session.device.limits.l2_cache_bytes == 50 << 20
+        assert session.device.mem_info() == (70 << 30, 80 << 30)
+        a = np.arange(16, dtype=np.float32).reshape(4, 4)
+        b = np.eye(4, dtype=np.float32)[::-1] * 2
+        function = session.modules.load_cubin(b"\\x7fELF stand-in", "square", "PPPi")
+        timer = session.stream.phase_timer()
+        with timer.phase("malloc"):
+            da, db, dc = (session.memory.alloc("device", 4, 4) for _ in range(3))
+            session.memory.fill(dc, 0.0)
+        with timer.phase("h2d", follows=True):
+            session.memory.upload(da, a, "a")
+            session.memory.upload(db, b, "b")
+        with timer.phase("kernel", follows=True):
+            session.stream.launch(function, (1, 1, 1), (4, 4, 1), (da.ptr, db.ptr, dc.ptr, np.int32(4)), 0)
+        session.stream.synchronize()
+        out = session.memory.host_empty((4, 4), np.float32, slot="c")
+        assert session.memory.is_pinned(out) and session.memory.pinned_bytes() >= out.nbytes
+        with timer.phase("d2h", follows=True):
+            session.memory.download(dc, "c", out=out)
+        with timer.phase("free", follows=True):
+            for matrix in (da, db, dc):
+                session.memory.free(matrix)
+        assert np.array_equal(out, a @ b), out
+        assert set(timer.elapsed_ms()) == {"malloc", "h2d", "kernel", "d2h", "free"}
+        session.close()
+        """
+    )
 
 
-class Cuda:
-    Event = Event
+def test_the_session_is_used_in_the_thread_that_opened_it_and_not_after_close():
+    run_with_fake_driver(
+        """
+        import threading
+        from mmd.cuda.session import GpuSession
+        from mmd.errors import CudaError
 
+        session = GpuSession(0)
+        raised = []
 
-def job(timer: PhaseTimer, stream: Stream) -> dict[str, float]:
-    """The backend's five phases, with one unrecorded step between h2d and kernel and a second h2d."""
-    for name in ("malloc", "h2d", "kernel", "d2h", "h2d", "free"):
-        with timer.phase(name):
-            stream.clock += {"kernel": 10.0}.get(name, 2.0)
-    return timer.elapsed_ms()
+        def elsewhere():
+            try:
+                session.memory.alloc("device", 2, 2)
+            except CudaError as exc:
+                raised.append(exc.reason)
 
-
-def test_phases_are_timed_as_before_and_their_events_are_made_once_per_session():
-    Event.made = 0
-    stream = Stream()
-    spare: list[Any] = []
-    first = job(PhaseTimer(Cuda, stream, spare), stream)
-    assert Event.made == 12 and len(spare) == 12
-    # each phase: its own time, plus the one clock tick its end event's recording takes
-    assert first == {"malloc": 3.0, "h2d": 6.0, "kernel": 11.0, "d2h": 3.0, "free": 3.0}
-    for _ in range(5):
-        assert job(PhaseTimer(Cuda, stream, spare), stream) == first
-    assert Event.made == 12 and len(spare) == 12
-
-
-def test_phases_that_follow_share_their_boundary_events_and_time_the_same():
-    Event.made = 0
-    stream = Stream()
-    spare: list[Any] = []
-    apart = job(PhaseTimer(Cuda, stream, spare), stream)
-    made = Event.made
-    timer = PhaseTimer(Cuda, stream, spare)
-    for name in ("malloc", "h2d", "kernel", "d2h", "h2d", "free"):
-        with timer.phase(name, follows=name != "malloc"):
-            stream.clock += {"kernel": 10.0}.get(name, 2.0)
-    assert timer.elapsed_ms() == apart  # the event a phase no longer records was its own clock tick
-    assert Event.made == made and len(spare) == 12  # 7 recorded, each given back once
-    assert len(set(map(id, stream.recorded[-7:]))) == 7
-
-
-def test_a_phase_after_a_failed_one_records_its_own_start():
-    stream = Stream()
-    timer = PhaseTimer(Cuda, stream, [])
-    with timer.phase("malloc"):
-        stream.clock += 2.0
-    with pytest.raises(RuntimeError), timer.phase("h2d", follows=True):
-        raise RuntimeError("cuMemcpy failed")
-    with timer.phase("kernel", follows=True):
-        stream.clock += 10.0
-    assert timer.elapsed_ms() == {"malloc": 3.0, "kernel": 11.0}
-
-
-def test_events_of_a_timer_not_read_are_not_reused():
-    """A job that failed midway never reads its timer: its events may still be pending, so none is spare."""
-    stream = Stream()
-    spare: list[Any] = []
-    timer = PhaseTimer(Cuda, stream, spare)
-    with pytest.raises(RuntimeError), timer.phase("malloc"):
-        raise RuntimeError("cuMemAlloc failed")
-    with timer.phase("h2d"):
-        pass
-    assert spare == []
-    other = PhaseTimer(Cuda, stream, spare)
-    with other.phase("kernel"):
-        pass
-    assert set(map(id, stream.recorded[-2:])).isdisjoint(map(id, stream.recorded[:-2]))
-    assert other.elapsed_ms() == {"kernel": 1.0} and len(spare) == 2
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert raised == [
+            "the CUDA session was opened in another thread; open, use and close it in one thread"
+        ], raised
+        session.memory.free(session.memory.alloc("device", 2, 2))  # its own thread may
+        session.close()
+        session.close()  # a second close does nothing
+        for use in (
+            lambda: session.memory.alloc("device", 2, 2),
+            lambda: session.modules.load_cubin(b"\\x7fELF", "square", "PPPi"),
+            lambda: session.memory.host_empty(4),
+        ):
+            try:
+                use()
+            except CudaError as exc:
+                assert exc.reason == "the CUDA session is closed", exc.reason
+            else:
+                raise AssertionError("a closed session was used")
+        """
+    )

@@ -15,7 +15,7 @@ from mmd.backends.base import MultiplyRequest
 from mmd.cuda import libcuda
 from mmd.cuda.libcuda import Int, Pointer, TensorMap, TileMap
 from mmd.cuda.memory import DeviceMatrix
-from mmd.cuda.session import launch_build
+from mmd.cuda.stream import launch_build
 from mmd.errors import CudaError, KernelError
 
 from . import fakes
@@ -138,7 +138,7 @@ def test_encode_refuses_an_unaligned_matrix_before_the_driver_sees_it() -> None:
         driver.encode(0x1004, tile)
 
 
-# -- which build GpuSession.multiply launches: the TMA build where the copy engine can read A and B ----------------
+# -- which build Stream.multiply launches: the TMA build where the copy engine can read A and B ----------------
 
 
 def _matrix(rows: int, cols: int, ld: int, ptr: int) -> DeviceMatrix:

@@ -87,7 +87,7 @@ def test_auto_chooses_the_host_path_for_a_small_input_so_it_is_read_into_no_page
 def test_device_path_runs_and_records_its_parts(tmp_path):
     backend, session = cuda_backend()
     result, out = run(tmp_path, b"2\r\n1 2\r\n3 4\r\n0.5 0 0 -0.001", backend)
-    assert result.ok and session.text().calls == 1
+    assert result.ok and session.text.calls == 1
     assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
     rec = yaml.safe_load(result.sidecar.read_text())
     assert rec["text"] == {
@@ -102,10 +102,10 @@ def test_device_path_runs_and_records_its_parts(tmp_path):
 def test_device_path_hands_other_memory_modes_to_the_host_path(tmp_path):
     backend, session = cuda_backend()
     result, out = run(tmp_path, b"1\n2\n3\n", backend, MultiplyRequest(kernel="tiled", tile=16, memory="pitched"))
-    assert result.ok and session.text().calls == 0 and out.read_bytes() == b"1\n  6.00\n"
+    assert result.ok and session.text.calls == 0 and out.read_bytes() == b"1\n  6.00\n"
     assert plain(result)["text"] == {"path": "host"}
     result, _ = run(tmp_path, b"1\n2\n3\n", backend, MultiplyRequest(kernel="tiled", tile=16, text_path="host"))
-    assert result.ok and session.text().calls == 0 and plain(result)["text"] == {"path": "host"}
+    assert result.ok and session.text.calls == 0 and plain(result)["text"] == {"path": "host"}
 
 
 def test_device_path_errors_are_the_host_parsers(tmp_path):
@@ -120,11 +120,11 @@ def test_auto_leaves_a_small_input_to_the_host_and_takes_a_big_one_to_the_device
     backend, session = cuda_backend()
     auto = MultiplyRequest(kernel="tiled", tile=16)
     small, out = run(tmp_path, b"2\n1 2\n3 4\n0.5 0 0 -0.001", backend, auto)
-    assert small.ok and session.text().calls == 0 and plain(small)["text"] == {"path": "host"}
+    assert small.ok and session.text.calls == 0 and plain(small)["text"] == {"path": "host"}
     assert out.read_bytes() == b"2\n  0.50 -0.00\n  1.50 -0.00\n"
     n = 160  # 2·160² values of "-d.dd " and more: over GPU_TEXT_MIN_BYTES
     values = np.random.default_rng(3).integers(-999, 999, 2 * n * n) / 100
     text = f"{n}\n".encode() + " ".join(f"{v:.2f}" for v in values).encode()
     assert len(text) >= GPU_TEXT_MIN_BYTES
     big, _ = run(tmp_path, text, backend, auto)
-    assert big.ok and session.text().calls == 1 and plain(big)["text"]["path"] == "gpu"
+    assert big.ok and session.text.calls == 1 and plain(big)["text"]["path"] == "gpu"

@@ -49,7 +49,7 @@ def test_refused_before_ampere_with_the_reason():
         registry.check_launch("cublas_tf32", 32, turing)
     registry.check_launch("cublas", 32, turing)  # SGEMM runs anywhere
     backend, session = cuda_backend()
-    session.limits = turing
+    session.device.limits = turing
     a, b = uniform(4, 4, 4)
     with pytest.raises(KernelError, match="TF32 tensor cores"):
         backend.multiply(a, b, MultiplyRequest(kernel="cublas_tf32"))

@@ -140,7 +140,7 @@ def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = No
     and its warm-up's keeping of device memory, append ``open|keep|close <device> <pid>`` to ``log``."""
     from mmd import backends
 
-    from .fakes import FakeSession, fake_gpu_opener
+    from .fakes import FakeMemory, FakeSession, fake_gpu_opener
 
     def fault(a: Any, b: Any) -> bool:
         return fault_shape is not None and a.shape == (fault_shape, fault_shape)
@@ -156,18 +156,18 @@ def fake_gpus(log: str, fault_shape: int | None = None, fail_at: str | None = No
 
     def close(self: Any) -> None:
         with open(log, "a") as fh:
-            fh.write(f"close {self.device} {os.getpid()}\n")
+            fh.write(f"close {self.ordinal} {os.getpid()}\n")
         real_close(self)
 
-    real_keep = FakeSession.keep_device_memory
+    real_keep = FakeMemory.keep_device_memory
 
     def keep(self: Any, *args: Any, **kw: Any) -> None:
         with open(log, "a") as fh:
-            fh.write(f"keep {self.device} {os.getpid()}\n")
+            fh.write(f"keep {self.session.ordinal} {os.getpid()}\n")
         real_keep(self, *args, **kw)
 
     FakeSession.close = close  # type: ignore[method-assign]
-    FakeSession.keep_device_memory = keep  # type: ignore[method-assign]
+    FakeMemory.keep_device_memory = keep  # type: ignore[method-assign]
     backends.open_backend = open_backend
 
 

@@ -59,34 +59,64 @@ class TextEngine(Protocol):
     def multiply_text(self, data: bytes | memoryview, header: Header, multiply: Multiply) -> TextResult: ...
 
 
-class Session(Protocol):
-    """What the backend needs of one GPU (:class:`mmd.cuda.session.GpuSession`)."""
+class SessionDevice(Protocol):
+    """What the backend needs of a session's device facts (:class:`mmd.cuda.device.Device`)."""
 
-    limits: registry.DeviceLimits
-    errors: tuple[type[BaseException], ...]
-
-    def device_name(self) -> str: ...
+    @property
+    def limits(self) -> registry.DeviceLimits: ...
+    def name(self) -> str: ...
     def versions(self) -> dict[str, str]: ...
     def mem_info(self) -> tuple[int, int]: ...
+
+
+class SessionModules(Protocol):
+    """What the backend needs of a session's modules (:class:`mmd.cuda.modules.Modules`)."""
+
     def compile(self, spec: registry.KernelSpec, tile: int) -> tuple[Compiled, bool]: ...
+
+
+class SessionMemory(Protocol):
+    """What the backend needs of a session's memory (:class:`mmd.cuda.memory.Memory`)."""
+
     def keep_device_memory(self) -> None: ...
     def keeps(self, mode: str, rows: int, cols: int) -> bool: ...
     def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix: ...
     def free(self, matrix: DeviceMatrix) -> None: ...
     def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None: ...
     def download(self, matrix: DeviceMatrix, slot: str = "c") -> np.ndarray: ...
-    def multiply(
-        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
-    ) -> None: ...
     def flush_l2(self) -> None: ...
     def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
     def reserve_host(self, slot: str, nbytes: int) -> None: ...
     def adopt_host(self, slot: str, memory: HostMemory) -> None: ...
     def pinned_bytes(self) -> int: ...
+
+
+class SessionStream(Protocol):
+    """What the backend needs of a session's stream (:class:`mmd.cuda.stream.Stream`)."""
+
+    def multiply(
+        self, kernel: Compiled | None, a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, *, tf32: bool = False
+    ) -> None: ...
     def phase_timer(self) -> Timer: ...
     def synchronize(self) -> None: ...
-    def text(self) -> TextEngine: ...
     def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
+
+
+class Session(Protocol):
+    """What the backend needs of one GPU (:class:`mmd.cuda.session.GpuSession`): its parts."""
+
+    errors: tuple[type[BaseException], ...]
+
+    @property
+    def device(self) -> SessionDevice: ...
+    @property
+    def modules(self) -> SessionModules: ...
+    @property
+    def memory(self) -> SessionMemory: ...
+    @property
+    def stream(self) -> SessionStream: ...
+    @property
+    def text(self) -> TextEngine: ...
     def close(self) -> None: ...
 
 
@@ -125,25 +155,25 @@ class CudaBackend(Backend, DeviceText):
     @property
     def limits(self) -> registry.DeviceLimits:
         """The device's launch limits."""
-        return self._session.limits
+        return self._session.device.limits
 
     def device_name(self) -> str:
         """``"NVIDIA H100 80GB HBM3 (sm_90)"``."""
-        return self._session.device_name()
+        return self._session.device.name()
 
     def versions(self) -> dict[str, str]:
         """Driver, toolkit (as pycuda was built) and pycuda versions."""
-        return self._session.versions()
+        return self._session.device.versions()
 
     def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """A·B in float64 on the device (cuBLAS DGEMM): the reference `mmd check` compares with."""
         self._check_usable()
-        return self._guarded(functools.partial(self._session.reference, a, b))
+        return self._guarded(functools.partial(self._session.stream.reference, a, b))
 
     def memory_used(self) -> int | None:
         """Bytes of the device's memory in use (by every process on it)."""
         try:
-            free, total = self._session.mem_info()
+            free, total = self._session.device.mem_info()
         except self._session.errors:
             return None
         return total - free
@@ -186,14 +216,14 @@ class CudaBackend(Backend, DeviceText):
                 f"unknown memory mode {request.memory!r}; choose one of {', '.join(MEMORY_MODES)}",
                 details={"memory": request.memory},
             )
-        limits = self._session.limits
+        limits = self._session.device.limits
         spec = spec.for_shape(m, n, limits)  # fixed-block kernels: the variant tuned for this shape
         registry.check_launch(spec, request.tile, limits)
         registry.check_grid(spec, m, n, request.tile, limits)
         timings: dict[str, float] = {}
         compiled = None
         if spec.compiled:
-            compiled, built_now = self._guarded(lambda: self._session.compile(spec, request.tile))
+            compiled, built_now = self._guarded(lambda: self._session.modules.compile(spec, request.tile))
             if built_now:
                 timings["compile"] = compiled.compile_ms
             registry.check_launch(spec, request.tile, limits, registers_per_thread=compiled.registers)
@@ -223,9 +253,9 @@ class CudaBackend(Backend, DeviceText):
         held: list[DeviceMatrix] = []
         try:
             for rows, cols in ((m, k), (k, n), (m, n)):
-                held.append(self._guarded(functools.partial(session.alloc, "device", rows, cols)))
-            self._guarded(lambda: session.multiply(None, *held, tf32=tf32))
-            self._guarded(session.synchronize)
+                held.append(self._guarded(functools.partial(session.memory.alloc, "device", rows, cols)))
+            self._guarded(lambda: session.stream.multiply(None, *held, tf32=tf32))
+            self._guarded(session.stream.synchronize)
         finally:
             self._release(held)
         self._warm.add((m, k, n, tf32))
@@ -236,12 +266,12 @@ class CudaBackend(Backend, DeviceText):
     def host_array(self, shape: int | tuple[int, ...], dtype: Any, slot: str) -> np.ndarray:
         """Page-locked memory, one buffer per slot reused from job to job: h2d copies straight from it."""
         self._check_usable()
-        return self._session.host_empty(shape, dtype, slot=slot)
+        return self._session.memory.host_empty(shape, dtype, slot=slot)
 
     def adopt_host(self, slot: str, memory: HostMemory) -> None:
         """``memory`` becomes the session's page-locked ``slot``, freed when the backend closes."""
         self._check_usable()
-        self._session.adopt_host(slot, memory)
+        self._session.memory.adopt_host(slot, memory)
 
     def prepare(self, budget: int) -> int:
         """The text kernels loaded, and the page-locked buffers of the largest square job whose input, C and
@@ -252,11 +282,12 @@ class CudaBackend(Backend, DeviceText):
         n = prepared_size(budget)
 
         def step() -> int:
-            self._session.keep_device_memory()
-            self._session.text().prepare(n)
+            session = self._session
+            session.memory.keep_device_memory()
+            session.text.prepare(n)
             if n:
-                self._session.reserve_host(INPUT_SLOT, input_bytes(n))
-            return self._session.pinned_bytes()
+                session.memory.reserve_host(INPUT_SLOT, input_bytes(n))
+            return session.memory.pinned_bytes()
 
         return self._guarded(step)
 
@@ -272,15 +303,15 @@ class CudaBackend(Backend, DeviceText):
         self._check_usable()
         m, k, n = header.m, header.k, header.n
         spec, compiled, timings = self._prepare(request, m, k, n)
-        text = self._session.text()
+        text = self._session.text
         _parse, _emit, built_ms = self._guarded(text.functions)
         if built_ms is not None:
             timings["compile"] = timings.get("compile", 0.0) + built_ms
-        session, tf32 = self._session, _tf32(spec)
+        stream, tf32 = self._session.stream, _tf32(spec)
 
         def multiply(a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, timer: Timer) -> None:
             with timer.phase("kernel"):
-                session.multiply(compiled, a, b, c, tf32=tf32)
+                stream.multiply(compiled, a, b, c, tf32=tf32)
 
         result = self._guarded(lambda: text.multiply_text(data, header, multiply))
         phases = result.phases_ms
@@ -318,30 +349,30 @@ class CudaBackend(Backend, DeviceText):
     ) -> np.ndarray:
         """The five timed phases; ``timings`` gets their milliseconds, ``notes`` what they timed when the
         session's cache served them."""
-        session = self._session
+        memory, stream = self._session.memory, self._session.stream
         m, k = a.shape
         n = b.shape[1]
-        timer = session.phase_timer()
+        timer = stream.phase_timer()
         held: list[DeviceMatrix] = []
         try:
             with timer.phase("malloc"):
                 for rows, cols in ((m, k), (k, n), (m, n)):
-                    held.append(session.alloc(request.memory, rows, cols))
+                    held.append(memory.alloc(request.memory, rows, cols))
             da, db, dc = held
             cache_note = _cache_note(held)
             # Back to back, each phase starting at the last one's end event, but for the L2's flush.
             with timer.phase("h2d", follows=True):
-                session.upload(da, a, "a")
-                session.upload(db, b, "b")
+                memory.upload(da, a, "a")
+                memory.upload(db, b, "b")
             if request.flush_l2:  # between the phases: the copies just left A and B in the L2
-                session.flush_l2()
+                memory.flush_l2()
             with timer.phase("kernel", follows=not request.flush_l2):
-                session.multiply(compiled, da, db, dc, tf32=_tf32(spec))
+                stream.multiply(compiled, da, db, dc, tf32=_tf32(spec))
             with timer.phase("d2h", follows=True):
-                c = session.download(dc, "c")
+                c = memory.download(dc, "c")
             with timer.phase("free", follows=True):
                 while held:
-                    session.free(held.pop())
+                    memory.free(held.pop())
             timings.update(timer.elapsed_ms())
             if cache_note:
                 notes.append(cache_note)
@@ -355,7 +386,7 @@ class CudaBackend(Backend, DeviceText):
             matrix = held.pop()
             # the job's own error is the one to report
             with contextlib.suppress(Exception):
-                self._session.free(matrix)
+                self._session.memory.free(matrix)
 
     def _guarded(self, step: Callable[[], T]) -> T:
         """Run ``step``, turning stray driver errors into CudaError."""
@@ -369,7 +400,7 @@ class CudaBackend(Backend, DeviceText):
 
     def _kept(self, memory: str, m: int, k: int, n: int) -> bool:
         """Whether the session's cache serves all three matrices of an m×k×n job."""
-        return all(self._session.keeps(memory, rows, cols) for rows, cols in ((m, k), (k, n), (m, n)))
+        return all(self._session.memory.keeps(memory, rows, cols) for rows, cols in ((m, k), (k, n), (m, n)))
 
     def _check_memory(self, memory: str, m: int, k: int, n: int) -> None:
         """Refuse a job whose three matrices cannot fit in free device memory.
@@ -379,7 +410,7 @@ class CudaBackend(Backend, DeviceText):
         refused as clearly.
         """
         need = (m * k + k * n + m * n) * registry.FLOAT_BYTES
-        free, _total = self._guarded(self._session.mem_info)
+        free, _total = self._guarded(self._session.device.mem_info)
         if need > free:
             raise CudaError(
                 f"the job needs {need / _MIB:.0f} MiB of {memory} memory; "

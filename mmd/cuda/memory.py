@@ -1,34 +1,24 @@
-"""Device matrices, the session's cache of small device allocations, and its page-locked host buffers."""
+"""Device and page-locked host memory: device matrices, raw device buffers, the copies between them, and
+what a session keeps from job to job (:mod:`.pools`)."""
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict, deque
-from collections.abc import Callable
+import contextlib
+import ctypes
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
+from ..errors import KernelError
 from ..kernels import FLOAT_BYTES
+from .driver import Context
+from .libcuda import HostMemory
+from .pools import DEVICE_CACHE_CAP_BYTES, DeviceCache, PinnedPool
 
-#: A cached page-locked buffer is reused for a request down to this fraction
-#: of its size; smaller requests get a fresh, smaller buffer.
-PINNED_REUSE_FRACTION = 0.25
-
-#: The largest device allocation a worker's session keeps for the next job: a 256×256 matrix. Up to here a
-#: job's three cuMemAlloc and cuMemFree calls (cuMemFree also waits for the device) are a large share of its
-#: CUDA time, its copies and kernel being small; every job the host text path takes under ``text_path: auto``
-#: (inputs under 256 KiB) is well within it, and beyond it a job's own work outgrows its allocations.
-DEVICE_CACHE_BLOCK_BYTES = 256 * 1024
-#: The smallest block the cache makes: the sizes of tiny jobs (1×1 to 32×32) share one size class.
-DEVICE_CACHE_MIN_BLOCK = 4 * 1024
-#: The most device memory one session's cache holds. A job holds three blocks at once, so three of every
-#: size class (4 KiB to 256 KiB) take 1.5 MiB: in steady use nothing is evicted and this is only a bound,
-#: a small share of what a worker's CUDA context holds already (docs/daemon.md gives both).
-DEVICE_CACHE_CAP_BYTES = 16 * 1024 * 1024
-
-H = TypeVar("H")
+_MIB = 1024 * 1024
+#: flush_l2 writes at least this much, should a device report no L2 size.
+_MIN_FLUSH_BYTES = 64 * _MIB
 
 
 @dataclass
@@ -61,187 +51,272 @@ def device_bytes(rows: int, cols: int) -> int:
     return max(rows * cols, 1) * FLOAT_BYTES
 
 
-def size_class(nbytes: int) -> int:
-    """The block :class:`DeviceCache` makes for a request of ``nbytes``: the next power of two, at least
-    :data:`DEVICE_CACHE_MIN_BLOCK`. Neighbouring sizes share blocks (a class's jobs are not all 32×32),
-    at the cost of at most half a block each."""
-    return max(DEVICE_CACHE_MIN_BLOCK, 1 << (max(nbytes, 1) - 1).bit_length())
+class Memory:
+    """``session.memory``: every allocation, copy and fill of a session, on its stream, and the memory it keeps
+    (page-locked buffers by slot; small device allocations once :meth:`keep_device_memory` is called), freed
+    at :meth:`close`."""
 
+    def __init__(self, context: Context, l2_cache_bytes: int) -> None:
+        self._context = context
+        self._l2_cache_bytes = l2_cache_bytes
+        cuda = context.cuda
+        self._pinned = PinnedPool(lambda nbytes: cuda.pagelocked_empty(nbytes, np.uint8), _free_host)
+        #: Small device allocations kept from job to job; None until :meth:`keep_device_memory`.
+        self._device_cache: DeviceCache[Any] | None = None
+        self._flush: Any = None  # flush_l2's scratch buffer
 
-class DeviceCache(Generic[H]):
-    """Small device allocations kept by size class from one job for the next, instead of being freed.
+    # -- device matrices -------------------------------------------------------
 
-    ``allocate(nbytes)`` makes a block (cuMemAlloc), ``release(block)`` frees
-    one (cuMemFree). :meth:`take` hands out a kept block of the request's
-    :func:`size_class` when there is one, else a new one; :meth:`give` keeps a
-    block given back, freeing the oldest kept blocks first while the cache
-    would hold more than ``cap_bytes``. Requests above ``block_bytes`` are not
-    the cache's (:meth:`holds_size`). Every block is the caller's between
-    :meth:`take` and :meth:`give`; :meth:`close` frees what the cache holds.
+    def keep_device_memory(self, cap_bytes: int = DEVICE_CACHE_CAP_BYTES) -> None:
+        """From now on keep small ``device`` allocations for the next job instead of freeing them
+        (:class:`~mmd.cuda.pools.DeviceCache`, holding at most ``cap_bytes``; freed at :meth:`close`).
 
-    Reuse is safe without waiting for the device because one session queues
-    all its work on one stream: a block's next user's copies and kernels run
-    after its last user's.
-    """
+        For a process that runs job after job (a daemon's worker): its small jobs' ``malloc`` and ``free``
+        then time the cache, not cuMemAlloc and cuMemFree. A session that runs one job gains nothing."""
+        self._context.check()
+        if self._device_cache is None:
+            self._device_cache = DeviceCache(self._context.cuda.mem_alloc, _free_device, cap_bytes=cap_bytes)
 
-    def __init__(
-        self,
-        allocate: Callable[[int], H],
-        release: Callable[[H], None],
-        *,
-        block_bytes: int = DEVICE_CACHE_BLOCK_BYTES,
-        cap_bytes: int = DEVICE_CACHE_CAP_BYTES,
-    ) -> None:
-        if size_class(block_bytes) > cap_bytes:
-            raise ValueError(f"a cache of {cap_bytes} bytes cannot hold one block of {size_class(block_bytes)}")
-        self._allocate = allocate
-        self._release = release
-        self.block_bytes = block_bytes
-        self.cap_bytes = cap_bytes
-        #: Kept blocks, oldest given back first: sequence number → (size class, block).
-        self._kept: OrderedDict[int, tuple[int, H]] = OrderedDict()
-        #: Each size class's kept blocks' sequence numbers, oldest first.
-        self._by_size: dict[int, deque[int]] = {}
-        self._seq = 0
-        self._held = 0
+    def keeps(self, mode: str, rows: int, cols: int) -> bool:
+        """Whether :meth:`alloc` takes a rows×cols matrix in ``mode`` memory from the session's cache."""
+        cache = self._device_cache
+        return mode == "device" and cache is not None and cache.holds_size(device_bytes(rows, cols))
 
-    def holds_size(self, nbytes: int) -> bool:
-        """Whether a request of ``nbytes`` is the cache's (else the caller allocates and frees it itself)."""
-        return nbytes <= self.block_bytes
+    def cached_device_bytes(self) -> int:
+        """Device memory the session's cache holds now (0 when it keeps none)."""
+        return 0 if self._device_cache is None else self._device_cache.held_bytes
 
-    @property
-    def held_bytes(self) -> int:
-        """Device memory the cache holds now (blocks handed out are not counted)."""
-        return self._held
+    def alloc(self, mode: str, rows: int, cols: int) -> DeviceMatrix:
+        """A rows×cols float32 matrix in device, pitched or managed memory (small device ones from the
+        session's cache, when it keeps one: :meth:`keep_device_memory`)."""
+        self._context.check()
+        nbytes = rows * cols * FLOAT_BYTES
+        with self._context.converting(f"allocating {nbytes / _MIB:.1f} MiB of {mode} memory"):
+            cuda = self._context.cuda
+            if mode == "device":
+                if self._device_cache is not None and self.keeps(mode, rows, cols):
+                    handle, reused = self._device_cache.take(device_bytes(rows, cols))
+                    return DeviceMatrix(mode, rows, cols, cols, int(handle), handle, cached=True, reused=reused)
+                handle = cuda.mem_alloc(device_bytes(rows, cols))
+                return DeviceMatrix(mode, rows, cols, cols, int(handle), handle)
+            if mode == "pitched":
+                handle, pitch = cuda.mem_alloc_pitch(max(cols, 1) * FLOAT_BYTES, max(rows, 1), FLOAT_BYTES)
+                return DeviceMatrix(mode, rows, cols, pitch // FLOAT_BYTES, int(handle), handle)
+            if mode == "managed":
+                array = cuda.managed_empty((max(rows, 1), max(cols, 1)), np.float32, "C", cuda.mem_attach_flags.GLOBAL)
+                ptr = int(array.base.get_device_pointer())
+                return DeviceMatrix(mode, rows, cols, max(cols, 1), ptr, array)
+        raise KernelError(f"unknown memory mode {mode!r}; choose device, pitched or managed")
 
-    def take(self, nbytes: int) -> tuple[H, bool]:
-        """A block of at least ``nbytes`` and whether it was kept from before (True) or allocated now.
+    def free(self, matrix: DeviceMatrix) -> None:
+        """Release a matrix's memory now (not at garbage collection); one from the session's cache goes back
+        there."""
+        self._context.check()
+        with self._context.converting(f"freeing {matrix.mode} memory"):
+            if matrix.cached and self._device_cache is not None:
+                self._device_cache.give(device_bytes(matrix.rows, matrix.cols), matrix.handle)
+            elif matrix.mode == "managed":
+                matrix.handle.base.free()
+            else:
+                matrix.handle.free()
 
-        A failed allocation raises what ``allocate`` raised and leaves the cache as it was.
+    def upload(self, matrix: DeviceMatrix, host: np.ndarray, slot: str) -> None:
+        """Copy ``host`` (rows×cols float32) into ``matrix`` on the session's stream."""
+        self._context.check()
+        if host.size == 0:
+            return
+        with self._context.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
+            if matrix.mode == "managed":
+                self._context.stream.synchronize()
+                np.copyto(matrix.handle[: matrix.rows, : matrix.cols], host)
+                return
+            if self.is_pinned(host) and host.flags.c_contiguous:
+                staging = host  # already page-locked (host_empty): copy straight from it
+            else:
+                staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
+                np.copyto(staging, host)
+            if matrix.mode == "device":
+                self._context.cuda.memcpy_htod_async(matrix.handle, staging, self._context.stream)
+            else:
+                copy = self._context.cuda.Memcpy2D()
+                copy.set_src_host(staging)
+                copy.src_pitch = matrix.cols * FLOAT_BYTES
+                copy.set_dst_device(matrix.handle)
+                copy.dst_pitch = matrix.ld * FLOAT_BYTES
+                copy.width_in_bytes = matrix.cols * FLOAT_BYTES
+                copy.height = matrix.rows
+                copy(self._context.stream)
+
+    def download(self, matrix: DeviceMatrix, slot: str = "c", out: np.ndarray | None = None) -> np.ndarray:
+        """``matrix``'s contents in ``out`` (else a new host array), waiting for the stream. An ``out`` from
+        :meth:`host_empty` of a device matrix without padding is copied into straight, with no staging copy."""
+        self._context.check()
+        if out is None:
+            out = np.empty((matrix.rows, matrix.cols), np.float32)
+        if out.shape != (matrix.rows, matrix.cols):
+            raise ValueError(f"download: out is {out.shape}, the matrix {matrix.rows}x{matrix.cols}")
+        if out.size == 0:
+            return out
+        with self._context.converting(f"copying {out.nbytes / _MIB:.1f} MiB from the device"):
+            if matrix.mode == "managed":
+                self._context.stream.synchronize()
+                np.copyto(out, matrix.handle[: matrix.rows, : matrix.cols])
+                return out
+            if matrix.mode == "device" and self.is_pinned(out) and out.flags.c_contiguous:
+                self._context.cuda.memcpy_dtoh_async(out, matrix.handle, self._context.stream)
+                self._context.stream.synchronize()
+                return out
+            staging = self._pinned.get(f"stage:{slot}", (matrix.rows, matrix.cols))
+            if matrix.mode == "device":
+                self._context.cuda.memcpy_dtoh_async(staging, matrix.handle, self._context.stream)
+            else:
+                copy = self._context.cuda.Memcpy2D()
+                copy.set_src_device(matrix.handle)
+                copy.src_pitch = matrix.ld * FLOAT_BYTES
+                copy.set_dst_host(staging)
+                copy.dst_pitch = matrix.cols * FLOAT_BYTES
+                copy.width_in_bytes = matrix.cols * FLOAT_BYTES
+                copy.height = matrix.rows
+                copy(self._context.stream)
+            self._context.stream.synchronize()
+            np.copyto(out, staging)
+        return out
+
+    def fill(self, matrix: DeviceMatrix, value: float) -> None:
+        """Set every element (padding included) to ``value``: poison for tests."""
+        self._context.check()
+        with self._context.converting("filling device memory"):
+            word = int(np.array(value, np.float32).view(np.uint32))
+            if matrix.mode == "managed":
+                self._context.stream.synchronize()
+                matrix.handle.fill(value)
+            else:
+                self._context.cuda.memset_d32_async(matrix.ptr, word, matrix.rows * matrix.ld, self._context.stream)
+
+    def copy_matrix(self, dst: DeviceMatrix, src: DeviceMatrix) -> None:
+        """``src``'s rows×cols into ``dst``'s top-left corner, device to device on the session's stream (a kernel
+        file's padding: ``dst`` at least as big)."""
+        self._context.check()
+        if src.rows == 0 or src.cols == 0:
+            return
+        with self._context.converting("copying device memory"):
+            copy = self._context.cuda.Memcpy2D()
+            copy.set_src_device(src.ptr)
+            copy.src_pitch = src.ld * FLOAT_BYTES
+            copy.set_dst_device(dst.ptr)
+            copy.dst_pitch = dst.ld * FLOAT_BYTES
+            copy.width_in_bytes = src.cols * FLOAT_BYTES
+            copy.height = src.rows
+            copy(self._context.stream)
+
+    # -- page-locked host memory and raw buffers (the text path) -------------
+
+    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray:
+        """A page-locked array of ``shape``, reused by ``slot`` (valid until the slot's next use).
+
+        Arrays from here go to the device without a staging copy
+        (:meth:`upload` checks :meth:`is_pinned`); the host parser can write
+        into one directly (``textformat.parse(..., out=...)``).
         """
-        size = size_class(nbytes)
-        waiting = self._by_size.get(size)
-        if waiting:
-            # The newest block of its class: the oldest stay oldest, so eviction order is kept.
-            _, block = self._kept.pop(waiting.pop())
-            self._held -= size
-            return block, True
-        return self._allocate(size), False
+        self._context.check()
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with self._context.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
+            return self._pinned.get(f"host:{slot}", shape, dtype)
 
-    def give(self, nbytes: int, block: H) -> None:
-        """Keep ``block`` (taken for ``nbytes``) for a later :meth:`take`; free the oldest kept blocks first
-        while the cache would hold more than its cap (what their ``release`` raises is raised, once the
-        cache has dropped them)."""
-        size = size_class(nbytes)
-        self._seq += 1
-        self._kept[self._seq] = (size, block)
-        self._by_size.setdefault(size, deque()).append(self._seq)
-        self._held += size
-        while self._held > self.cap_bytes:
-            _, (old_size, old) = self._kept.popitem(last=False)
-            self._by_size[old_size].popleft()  # the oldest of its class, since it is the oldest of all
-            self._held -= old_size
-            self._release(old)
+    def adopt_host(self, slot: str, memory: HostMemory) -> None:
+        """Make page-locked ``memory`` made through the driver (:class:`~mmd.cuda.libcuda.ContextWarmer`)
+        :meth:`host_empty`'s ``slot``; it is freed when the session closes."""
+        self._context.check()
+        view = (ctypes.c_uint8 * memory.nbytes).from_address(memory.address)
+        self._pinned.adopt(f"host:{slot}", np.ctypeslib.as_array(view), memory.free)
+
+    def adopt_mapped(self, slot: str, host: np.ndarray) -> None:
+        """Page-lock ``host`` (bytes mapped from a memory file another process maps too: a kernel file's input)
+        where it lies, and make it :meth:`host_empty`'s ``slot``; it is unlocked when the session closes."""
+        self._context.check()
+        # libcuda's, not pycuda's: pycuda's wrapper fails on mmap'd arrays
+        unlock = self._context.driver().host_register(host.ctypes.data, host.nbytes)
+        self._pinned.adopt(f"host:{slot}", host, unlock)
+
+    def reserve_host(self, slot: str, nbytes: int) -> None:
+        """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
+        self._context.check()
+        with self._context.converting(f"allocating {nbytes / _MIB:.1f} MiB of page-locked memory"):
+            self._pinned.reserve(f"host:{slot}", nbytes)
+
+    def pinned_bytes(self) -> int:
+        """Page-locked host memory this session holds now."""
+        return self._pinned.held_bytes
+
+    def is_pinned(self, host: np.ndarray) -> bool:
+        """Whether ``host`` lies inside one of this session's page-locked buffers."""
+        return self._pinned.holds(host)
+
+    def mem_alloc(self, nbytes: int) -> Any:
+        """Raw device memory (``int(handle)`` is its address); free with :meth:`mem_free`."""
+        self._context.check()
+        with self._context.converting(f"allocating {nbytes / _MIB:.1f} MiB of device memory"):
+            return self._context.cuda.mem_alloc(max(int(nbytes), 1))
+
+    def mem_free(self, handle: Any) -> None:
+        """Release raw device memory now."""
+        self._context.check()
+        with self._context.converting("freeing device memory"):
+            handle.free()
+
+    def memset8(self, ptr: int, value: int, nbytes: int) -> None:
+        """Set ``nbytes`` bytes at ``ptr`` to ``value`` on the session's stream."""
+        if nbytes > 0:
+            with self._context.converting("setting device memory"):
+                self._context.cuda.memset_d8_async(int(ptr), int(value), int(nbytes), self._context.stream)
+
+    def copy_htod(self, ptr: int, host: np.ndarray) -> None:
+        """Copy ``host`` (page-locked for an asynchronous copy) to ``ptr`` on the stream."""
+        if host.nbytes:
+            with self._context.converting(f"copying {host.nbytes / _MIB:.1f} MiB to the device"):
+                self._context.cuda.memcpy_htod_async(int(ptr), host, self._context.stream)
+
+    def copy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        """Copy ``host.nbytes`` bytes from ``ptr`` into ``host`` on the stream (page-locked: asynchronous)."""
+        if host.nbytes:
+            with self._context.converting(f"copying {host.nbytes / _MIB:.1f} MiB from the device"):
+                self._context.cuda.memcpy_dtoh_async(host, int(ptr), self._context.stream)
+
+    def flush_l2(self) -> None:
+        """Evict the L2 cache, as nvbench does before each timed launch: write a scratch buffer twice its size.
+
+        Twice, because the L2 is not a strict LRU: writing only its size can leave
+        lines of the operands behind. The buffer is made on first use and kept;
+        the memset is queued on the session's stream, so it lands between the
+        phases around it without being timed by them.
+        """
+        self._context.check()
+        nbytes = max(2 * self._l2_cache_bytes, _MIN_FLUSH_BYTES)
+        if self._flush is None:
+            self._flush = self.mem_alloc(nbytes)
+        self.memset8(int(self._flush), 0, nbytes)
 
     def close(self) -> None:
-        """Free every kept block; a block whose release fails is dropped too, and the first failure is raised
-        after all were tried."""
-        kept = [block for _, block in self._kept.values()]
-        self._kept.clear()
-        self._by_size.clear()
-        self._held = 0
-        first: Exception | None = None
-        for block in kept:
-            try:
-                self._release(block)
-            except Exception as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        """Free the page-locked buffers, the flush buffer and the device cache (the session is closing: what
+        was handed out is invalid after this). Nothing is to be done about a failed free, here."""
+        with contextlib.suppress(Exception):
+            self._pinned.free_all()
+        if self._flush is not None:
+            with contextlib.suppress(Exception):
+                self._flush.free()
+            self._flush = None
+        if self._device_cache is not None:
+            with contextlib.suppress(Exception):
+                self._device_cache.close()
+            self._device_cache = None
 
 
-class PinnedPool:
-    """Page-locked host buffers kept by slot name and reused from job to job.
-
-    Allocating page-locked memory costs milliseconds per hundred megabytes,
-    so a buffer stays with its slot while requests fit it; a request much
-    smaller than the buffer gets a fresh one (a huge buffer is not held
-    for small jobs), except down to what :meth:`reserve` set aside for the
-    slot. ``allocate(nbytes)`` is pycuda's ``pagelocked_empty`` for bytes,
-    ``release(buffer)`` frees one now. A buffer made elsewhere
-    (:meth:`adopt`) is freed its own way, when the pool is.
-    """
-
-    def __init__(self, allocate: Callable[[int], np.ndarray], release: Callable[[np.ndarray], None]) -> None:
-        self._allocate = allocate
-        self._release = release
-        self._buffers: dict[str, np.ndarray] = {}
-        #: Each buffer's address range, kept beside it: :meth:`holds` runs for every copy to the device, and
-        #: numpy makes a dict each time it is asked for an array's address.
-        self._spans: dict[str, tuple[int, int]] = {}
-        self._reserved: dict[str, int] = {}
-        #: Buffers made elsewhere, by their address: how each is freed (kept after its slot drops it, since a
-        #: view of it may still be in use, until free_all).
-        self._adopted: dict[int, tuple[np.ndarray, Callable[[], None]]] = {}
-
-    def adopt(self, slot: str, buffer: np.ndarray, free: Callable[[], None]) -> None:
-        """Make ``buffer`` (page-locked bytes made elsewhere) ``slot``'s; ``free()`` releases it with the pool."""
-        self._keep(slot, buffer)
-        self._adopted[_address(buffer)] = (buffer, free)
-
-    def reserve(self, slot: str, nbytes: int) -> None:
-        """Allocate ``slot`` now, at least ``nbytes``, and keep at least that much for it from now on."""
-        self._reserved[slot] = nbytes
-        self.get(slot, nbytes, np.uint8)
-
-    @property
-    def held_bytes(self) -> int:
-        """Page-locked bytes the pool holds now."""
-        return sum(buf.nbytes for buf in self._buffers.values())
-
-    def get(self, slot: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """A page-locked array of ``shape`` in ``slot`` (valid until the slot's next use)."""
-        dtype = np.dtype(dtype)
-        count = shape if isinstance(shape, int) else math.prod(shape)
-        need = max(count * dtype.itemsize, 1)
-        buf = self._buffers.get(slot)
-        floor = self._reserved.get(slot, 0)
-        if buf is None or buf.nbytes < need or (buf.nbytes > floor and need < buf.nbytes * PINNED_REUSE_FRACTION):
-            # The old buffer is dropped, not freed: views handed out earlier stay valid until they go.
-            self._buffers.pop(slot, None)
-            self._spans.pop(slot, None)
-            buf = self._allocate(max(need, floor))
-            self._keep(slot, buf)
-        view: np.ndarray = buf[: count * dtype.itemsize].view(dtype).reshape(shape)
-        return view
-
-    def holds(self, host: np.ndarray) -> bool:
-        """Whether ``host`` lies inside one of the pool's buffers (so it can be copied asynchronously)."""
-        if not isinstance(host, np.ndarray) or host.size == 0:
-            return False
-        start = _address(host)
-        end = start + host.nbytes
-        return any(lo <= start and end <= hi for lo, hi in self._spans.values())
-
-    def _keep(self, slot: str, buffer: np.ndarray) -> None:
-        self._buffers[slot] = buffer
-        lo = _address(buffer)
-        self._spans[slot] = (lo, lo + buffer.nbytes)
-
-    def free_all(self) -> None:
-        """Release every buffer now (the session is closing: views handed out are invalid after this)."""
-        for buf in self._buffers.values():
-            if _address(buf) not in self._adopted:
-                self._release(buf)
-        self._buffers.clear()
-        self._spans.clear()
-        adopted = list(self._adopted.values())
-        self._adopted.clear()
-        for _, free in adopted:
-            free()
+def _free_device(handle: Any) -> None:
+    """Release device memory now (a pycuda DeviceAllocation)."""
+    handle.free()
 
 
-def _address(array: np.ndarray) -> int:
-    """Where ``array``'s first byte lies."""
-    address: int = array.__array_interface__["data"][0]
-    return address
+def _free_host(buffer: np.ndarray) -> None:
+    """Release a page-locked buffer now (pycuda's HostAllocation behind the array)."""
+    allocation: Any = buffer.base
+    allocation.free()

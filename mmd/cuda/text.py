@@ -1,12 +1,13 @@
 """The GPU text path: upload an input's bytes, parse, multiply and format on the device, download text.
 
-:meth:`GpuText.multiply_text` runs a whole job's middle on one
-:class:`mmd.cuda.session.GpuSession` (every device call goes through the session):
+:meth:`GpuText.multiply_text` runs a whole job's middle on the parts of one
+:class:`mmd.cuda.session.GpuSession` (every device call goes through them):
 
 1. ``h2d``: the body bytes (after the header line) go to the device, padded
    with spaces to whole blocks, from page-locked memory (the pipeline reads
-   the file straight into :meth:`GpuSession.host_empty` memory; other bytes
-   are staged through a page-locked ring, copied while earlier pieces upload).
+   the file straight into :meth:`~mmd.cuda.memory.Memory.host_empty` memory;
+   other bytes are staged through a page-locked ring, copied while earlier
+   pieces upload).
 2. ``parse_gpu``: ``kernels/text_parse.cu`` finds the runs, classifies and
    counts them, scans the counts and converts the values into A and B.
    Runs only the exact host rule can convert (exponents, long mantissas,
@@ -35,10 +36,9 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,8 +47,9 @@ from .. import textformat
 from ..kernels import TEXT_KERNEL_FILES
 from ..resources import kernels_dir
 from ..textformat import Header
-from .compiler import Module
-from .memory import DeviceMatrix
+from .memory import DeviceMatrix, Memory
+from .modules import Modules
+from .stream import Stream
 
 #: The text kernels' sources (not matmul kernels: the registry lists them apart).
 PARSE_FILE, EMIT_FILE = TEXT_KERNEL_FILES
@@ -137,7 +138,7 @@ class TextResult:
 
 class Timer(Protocol):
     """Named CUDA-event phases (several of one name are summed; one that ``follows`` starts where the last
-    ended); :class:`~mmd.cuda.session.PhaseTimer` on a GPU."""
+    ended); :class:`~mmd.cuda.stream.PhaseTimer` on a GPU."""
 
     def phase(self, name: str, *, follows: bool = False) -> AbstractContextManager[None]: ...
     def elapsed_ms(self) -> dict[str, float]: ...
@@ -157,26 +158,6 @@ def kept_buffers(n: int) -> dict[str, int]:
     return {C_SLOT: 4 * n * n, TEXT_SLOT: text_bytes(n)} if n > 0 else {}
 
 
-class TextDevice(Protocol):
-    """What the text path needs of a GPU session (:class:`mmd.cuda.session.GpuSession`)."""
-
-    def module(
-        self, source: Path, defines: Mapping[str, int], entries: Mapping[str, str], arch: str | None = None
-    ) -> tuple[Module, bool]: ...
-    def mem_alloc(self, nbytes: int) -> Any: ...
-    def mem_free(self, handle: Any) -> None: ...
-    def memset8(self, ptr: int, value: int, nbytes: int) -> None: ...
-    def copy_htod(self, ptr: int, host: np.ndarray) -> None: ...
-    def copy_dtoh(self, host: np.ndarray, ptr: int) -> None: ...
-    def host_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32, slot: str = "host") -> np.ndarray: ...
-    def reserve_host(self, slot: str, nbytes: int) -> None: ...
-    def is_pinned(self, host: np.ndarray) -> bool: ...
-    def record_event(self) -> Any: ...
-    def call(self, function: Any, blocks: int, threads: int, *args: Any) -> None: ...
-    def phase_timer(self) -> Timer: ...
-    def synchronize(self) -> None: ...
-
-
 class Multiply(Protocol):
     """The job's multiply on parsed A and B into C, on the session's stream; it times its own phases on
     ``timer`` (``kernel`` at least)."""
@@ -185,16 +166,18 @@ class Multiply(Protocol):
 
 
 class GpuText:
-    """The text kernels on one session, built on first use."""
+    """``session.text``: the text kernels on one session's parts, built on first use."""
 
-    def __init__(self, session: TextDevice) -> None:
-        self.session = session
+    def __init__(self, modules: Modules, memory: Memory, stream: Stream) -> None:
+        self._modules = modules
+        self._memory = memory
+        self._stream = stream
 
     def functions(self) -> tuple[dict[str, Any], dict[str, Any], float | None]:
         """The parse and emit entry points, and the milliseconds spent loading them now (None: loaded before)."""
         folder = kernels_dir()
-        parse, new1 = self.session.module(folder / PARSE_FILE, *SOURCES[PARSE_FILE])
-        emit, new2 = self.session.module(folder / EMIT_FILE, *SOURCES[EMIT_FILE])
+        parse, new1 = self._modules.module(folder / PARSE_FILE, *SOURCES[PARSE_FILE])
+        emit, new2 = self._modules.module(folder / EMIT_FILE, *SOURCES[EMIT_FILE])
         built = [m.load_ms for m, new in ((parse, new1), (emit, new2)) if new]
         return parse.functions, emit.functions, (sum(built) if built else None)
 
@@ -203,14 +186,14 @@ class GpuText:
         its C and its text (:func:`text_bytes`; wider fields take a bigger buffer when they come)."""
         self.functions()
         for slot, nbytes in kept_buffers(n).items():
-            self.session.reserve_host(slot, nbytes)
+            self._memory.reserve_host(slot, nbytes)
 
     def multiply_text(self, data: bytes | memoryview, header: Header, multiply: Multiply) -> TextResult:
         """Parse ``data`` on the device, multiply by ``multiply``, format C; see the module doc.
 
         Raises InputFormatError exactly as ``textformat.parse``.
         """
-        s = self.session
+        mem, run = self._memory, self._stream
         pf, ef, _ = self.functions()
         m, k, n = header.m, header.k, header.n
         na, nb, nc = m * k, k * n, m * n
@@ -219,27 +202,27 @@ class GpuText:
         nbody = len(body)
         byte_blocks = _blocks(nbody, BYTES_PER_BLOCK)
         padded = byte_blocks * BYTES_PER_BLOCK + BYTES_PER_BLOCK
-        timer = s.phase_timer()
+        timer = run.phase_timer()
         held: list[Any] = []
         result_notes: list[str] = []
         stage: dict[str, float] = {}
 
         def alloc(nbytes: int) -> int:
-            handle = s.mem_alloc(nbytes)
+            handle = mem.mem_alloc(nbytes)
             held.append(handle)
             return int(handle)
 
         def scan(values: int, count: int, out: int, sums: int) -> None:
             """out = exclusive prefix sum of int32 values[0, count) (out may be values); total at sums[blocks]."""
             blocks = _blocks(count, ITEMS_PER_BLOCK)
-            s.call(pf["scan_count"], blocks, THREADS, values, np.int32(count), sums)
-            s.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(blocks))
-            s.call(pf["scan_write"], blocks, THREADS, values, np.int32(count), sums, out)
+            run.call(pf["scan_count"], blocks, THREADS, values, np.int32(count), sums)
+            run.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(blocks))
+            run.call(pf["scan_write"], blocks, THREADS, values, np.int32(count), sums, out)
 
         def read_int(ptr: int, dtype: Any = np.int32, count: int = 1) -> np.ndarray:
-            host = s.host_empty(count, dtype, slot="small")
-            s.copy_dtoh(host, ptr)
-            s.synchronize()
+            host = mem.host_empty(count, dtype, slot="small")
+            mem.copy_dtoh(host, ptr)
+            run.synchronize()
             return host.copy()
 
         t0 = time.perf_counter()
@@ -254,9 +237,9 @@ class GpuText:
             with timer.phase("h2d"):
                 self._upload(body, text)
             with timer.phase("parse_gpu"):
-                s.memset8(text + nbody, 0x20, padded - nbody)
-                s.call(pf["run_starts_count"], byte_blocks, THREADS, text, sums)
-                s.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(byte_blocks))
+                mem.memset8(text + nbody, 0x20, padded - nbody)
+                run.call(pf["run_starts_count"], byte_blocks, THREADS, text, sums)
+                run.call(pf["scan_block_sums"], 1, THREADS, sums, np.int32(byte_blocks))
             nruns = int(read_int(sums + 4 * byte_blocks)[0])
             host_parse = nruns == 0
             exotic_count = 0
@@ -268,10 +251,10 @@ class GpuText:
                     exotic = alloc(8 * EXOTIC_CAP)
                     run_sums = alloc(4 * (_blocks(nruns, ITEMS_PER_BLOCK) + 2))
                 with timer.phase("parse_gpu"):
-                    s.memset8(status, 0, 8 * 4)
-                    s.memset8(status, 0xFF, 8)  # STATUS_BAD: no bad run yet
-                    s.call(pf["run_starts_write"], byte_blocks, THREADS, text, sums, starts)
-                    s.call(pf["runs_classify"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
+                    mem.memset8(status, 0, 8 * 4)
+                    mem.memset8(status, 0xFF, 8)  # STATUS_BAD: no bad run yet
+                    run.call(pf["run_starts_write"], byte_blocks, THREADS, text, sums, starts)
+                    run.call(pf["runs_classify"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
                            np.int32(nruns), counts, status, exotic, np.int32(EXOTIC_CAP))  # fmt: skip
                 st = read_int(status, np.uint64, 2)
                 exotic_count = int(st[1])
@@ -287,23 +270,23 @@ class GpuText:
                 host_parse = total != na + nb
             if not host_parse:
                 with timer.phase("parse_gpu"):
-                    s.call(pf["runs_convert"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
+                    run.call(pf["runs_convert"], _blocks(nruns, THREADS), THREADS, text, np.int32(nbody), starts,
                            np.int32(nruns), counts, first, a, np.int32(na), b, np.int32(nb))  # fmt: skip
                     if exotic_values is not None:
                         ex_runs, ex_j, ex_vals = exotic_values
                         ptrs = [alloc(arr.nbytes) for arr in (ex_runs, ex_j, ex_vals)]
                         for ptr, arr in zip(ptrs, (ex_runs, ex_j, ex_vals), strict=True):
-                            s.copy_htod(ptr, arr)  # pageable: copied before the call returns
-                        s.call(pf["scatter_values"], _blocks(ex_vals.size, THREADS), THREADS, *ptrs,
+                            mem.copy_htod(ptr, arr)  # pageable: copied before the call returns
+                        run.call(pf["scatter_values"], _blocks(ex_vals.size, THREADS), THREADS, *ptrs,
                                np.int32(ex_vals.size), first, a, np.int32(na), b, np.int32(nb))  # fmt: skip
             else:
                 # The host parser words the error (or, should it accept the file, supplies the values).
                 matrices = textformat.parse(view, header)
                 result_notes.append("the gpu parse handed this input to the host parser")
                 with timer.phase("h2d"):
-                    s.copy_htod(a, np.ascontiguousarray(matrices.a))
-                    s.copy_htod(b, np.ascontiguousarray(matrices.b))
-            s.synchronize()
+                    mem.copy_htod(a, np.ascontiguousarray(matrices.a))
+                    mem.copy_htod(b, np.ascontiguousarray(matrices.b))
+            run.synchronize()
             t1 = time.perf_counter()
             stage["parse"] = (t1 - t0) * 1e3
 
@@ -311,26 +294,26 @@ class GpuText:
                 DeviceMatrix("device", m, k, k, a), DeviceMatrix("device", k, n, n, b),
                 DeviceMatrix("device", m, n, n, c), timer,
             )  # fmt: skip
-            s.synchronize()
+            run.synchronize()
             t2 = time.perf_counter()
             stage["multiply"] = (t2 - t1) * 1e3
 
             with timer.phase("emit_gpu"):
-                s.memset8(status, 0, 8)
+                mem.memset8(status, 0, 8)
                 lengths = alloc(4 * nc)
-                s.call(ef["emit_lengths"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
+                run.call(ef["emit_lengths"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n), np.int32(n),
                        lengths, status)  # fmt: skip
                 scan(lengths, nc, lengths, sums)
             unformatted = int(read_int(status, np.uint64)[0])
             size = int(read_int(sums + 4 * _blocks(nc, ITEMS_PER_BLOCK))[0])
-            c_host = s.host_empty((m, n), np.float32, slot=C_SLOT)
+            c_host = mem.host_empty((m, n), np.float32, slot=C_SLOT)
             chunks: list[Any]
             if unformatted:
                 # Values the kernel does not format: the host refuses a product that is not finite, and
                 # formats one with values of 10^16 or more (rare) itself, printf's bytes as on the host path.
                 with timer.phase("d2h"):
-                    s.copy_dtoh(c_host, c)
-                s.synchronize()
+                    mem.copy_dtoh(c_host, c)
+                run.synchronize()
                 textformat.check_product(c_host)
                 chunks = list(textformat.emit_chunks(c_host))
                 result_notes.append(
@@ -340,17 +323,17 @@ class GpuText:
                 with timer.phase("malloc"):
                     out = alloc(size)
                 with timer.phase("emit_gpu"):
-                    s.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n),
+                    run.call(ef["emit_write"], _blocks(nc, THREADS), THREADS, c, np.int32(m), np.int32(n),
                            np.int32(n), lengths, out)  # fmt: skip
-                text_host = s.host_empty(size, np.uint8, slot=TEXT_SLOT)
+                text_host = mem.host_empty(size, np.uint8, slot=TEXT_SLOT)
                 with timer.phase("d2h"):
-                    s.copy_dtoh(text_host, out)
-                    s.copy_dtoh(c_host, c)
-                s.synchronize()
+                    mem.copy_dtoh(text_host, out)
+                    mem.copy_dtoh(c_host, c)
+                run.synchronize()
                 chunks = [header_line(m, n), text_host.data]
             with timer.phase("free"):
                 while held:
-                    s.mem_free(held.pop())
+                    mem.mem_free(held.pop())
             phases = timer.elapsed_ms()
             stage["emit"] = (time.perf_counter() - t2) * 1e3
             return TextResult(
@@ -366,16 +349,16 @@ class GpuText:
             while held:
                 handle = held.pop()
                 with contextlib.suppress(Exception):  # the job's own error is the one to report
-                    s.mem_free(handle)
+                    mem.mem_free(handle)
 
     def _upload(self, body: memoryview, text: int) -> None:
         """Copy the body to the device: straight from page-locked memory, else through a staging ring."""
-        s = self.session
+        mem, run = self._memory, self._stream
         host = np.frombuffer(body, dtype=np.uint8)
-        if s.is_pinned(host):
-            s.copy_htod(text, host)
+        if mem.is_pinned(host):
+            mem.copy_htod(text, host)
             return
-        ring = [s.host_empty(STAGE_CHUNK, np.uint8, slot=f"stage{i}") for i in range(2)]
+        ring = [mem.host_empty(STAGE_CHUNK, np.uint8, slot=f"stage{i}") for i in range(2)]
         done: list[Any] = [None, None]
         for i, lo in enumerate(range(0, host.size, STAGE_CHUNK)):
             piece = host[lo : lo + STAGE_CHUNK]
@@ -384,8 +367,8 @@ class GpuText:
                 done[slot].synchronize()
             staged = ring[slot][: piece.size]
             np.copyto(staged, piece)
-            s.copy_htod(text + lo, staged)
-            done[slot] = s.record_event()
+            mem.copy_htod(text + lo, staged)
+            done[slot] = run.record_event()
 
     def _exotic(
         self,
@@ -400,10 +383,10 @@ class GpuText:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Convert the listed runs with the host's exact rule: (run, index in run, value) arrays to scatter
         once the counts are scanned; None when one run is an error (the host parser then words it)."""
-        s = self.session
-        pairs = s.host_empty(2 * count, np.int32, slot="exotic")
-        s.copy_dtoh(pairs, exotic)
-        s.synchronize()
+        mem, run = self._memory, self._stream
+        pairs = mem.host_empty(2 * count, np.int32, slot="exotic")
+        mem.copy_dtoh(pairs, exotic)
+        run.synchronize()
         pairs = pairs.reshape(count, 2).copy()
         body = view[header.body_offset :]
         runs: list[int] = []
@@ -425,10 +408,10 @@ class GpuText:
         ptr_runs = alloc(run_arr.nbytes)
         ptr_cnt = alloc(cnt.nbytes)
         with timer.phase("parse_gpu"):
-            s.copy_htod(ptr_runs, run_arr)
-            s.copy_htod(ptr_cnt, cnt)
-            s.call(pf["set_counts"], _blocks(count, THREADS), THREADS, ptr_runs, ptr_cnt, np.int32(count), counts)
-        s.synchronize()
+            mem.copy_htod(ptr_runs, run_arr)
+            mem.copy_htod(ptr_cnt, cnt)
+            run.call(pf["set_counts"], _blocks(count, THREADS), THREADS, ptr_runs, ptr_cnt, np.int32(count), counts)
+        run.synchronize()
         return (
             np.repeat(run_arr, cnt).astype(np.int32),
             np.array(js, np.int32),

@@ -104,7 +104,9 @@ class _Kernels:
     def function(self, cubin: bytes, job: dict[str, Any]) -> Any:
         key = (hashlib.sha256(cubin).hexdigest(), job["symbol"])
         if key not in self.loaded:
-            self.loaded[key] = self.session.load_cubin(cubin, job["symbol"], job["signature"], job["dynamic_shared"])
+            self.loaded[key] = self.session.modules.load_cubin(
+                cubin, job["symbol"], job["signature"], job["dynamic_shared"]
+            )
         return self.loaded[key]
 
 
@@ -113,11 +115,11 @@ def _launch(session: Any, function: Any, job: dict[str, Any], a: Any, b: Any, c:
     pointers = {"A": a.ptr, "B": b.ptr, "C": c.ptr}
     args = tuple(pointers[value] if kind == "P" else value for kind, value in job["arguments"])
     control.send({"launching": True})
-    session.launch(function, tuple(job["grid"]), tuple(job["block"]), args, job["dynamic_shared"])
+    session.stream.launch(function, tuple(job["grid"]), tuple(job["block"]), args, job["dynamic_shared"])
 
 
 def _ran(session: Any, control: _Socket) -> None:
-    session.synchronize()  # the kernel has finished (or faulted): the parent's clock stops here
+    session.stream.synchronize()  # the kernel has finished (or faulted): the parent's clock stops here
     _flush_c_stdout()
     control.send({"ran": True})
 
@@ -131,28 +133,29 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
     c_out = data.array(a.nbytes + b.nbytes, (mp, np_))
     function = kernels.function(cubin, job)
     staged = {
-        name: session.host_empty(x.shape, np.float32, slot=name) for name, x in (("a", a), ("b", b), ("c", c_out))
+        name: session.memory.host_empty(x.shape, np.float32, slot=name)
+        for name, x in (("a", a), ("b", b), ("c", c_out))
     }
     np.copyto(staged["a"], a)  # page-locked before the clock starts, as the cuda backend's operands are
     np.copyto(staged["b"], b)
-    timer = session.phase_timer()
+    timer = session.stream.phase_timer()
     held = []
     with timer.phase("malloc"):
         for rows, cols in ((mp, kp), (kp, np_), (mp, np_)):
-            held.append(session.alloc("device", rows, cols))
+            held.append(session.memory.alloc("device", rows, cols))
         da, db, dc = held
-        session.fill(dc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
+        session.memory.fill(dc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
     with timer.phase("h2d", follows=True):
-        session.upload(da, staged["a"], "a")
-        session.upload(db, staged["b"], "b")
+        session.memory.upload(da, staged["a"], "a")
+        session.memory.upload(db, staged["b"], "b")
     with timer.phase("kernel", follows=True):
         _launch(session, function, job, da, db, dc, control)
     _ran(session, control)
     with timer.phase("d2h", follows=True):
-        session.download(dc, "c", out=staged["c"])
+        session.memory.download(dc, "c", out=staged["c"])
     with timer.phase("free", follows=True):
         while held:
-            session.free(held.pop())
+            session.memory.free(held.pop())
     np.copyto(c_out, staged["c"])
     control.send({"done": {"timings": timer.elapsed_ms()}})
 
@@ -160,7 +163,7 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
 def _prepare(session: Any, memory: Any, control: _Socket) -> Any:
     """``memory`` (a new :class:`~.exchange.Shared`) for the next ``text`` job's input, page-locked here and
     handed to the parent, which reads the file into it: the device copies it in with no staging."""
-    session.adopt_mapped("input", memory.array(0, memory.nbytes, "u1"))
+    session.memory.adopt_mapped("input", memory.array(0, memory.nbytes, "u1"))
     control.send({"prepared": {"nbytes": memory.nbytes}}, [memory.fd])
     return memory
 
@@ -184,27 +187,29 @@ def _text(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin
         try:
             with timer.phase("malloc"):
                 if padded:
-                    held = [session.alloc("device", rows, cols) for rows, cols in ((mp, kp), (kp, np_), (mp, np_))]
+                    held = [
+                        session.memory.alloc("device", rows, cols) for rows, cols in ((mp, kp), (kp, np_), (mp, np_))
+                    ]
                 pa, pb, pc = held if padded else (a, b, c)
-                session.fill(pc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
+                session.memory.fill(pc, 0.0)  # every launch starts from a zero C: some kernels add into it (+=)
             if padded:
                 with timer.phase("pad_gpu"):
-                    session.fill(pa, 0.0)
-                    session.fill(pb, -0.0)  # against A's +0.0 each padded term is -0.0: no sum's bits change
-                    session.copy_matrix(pa, a)
-                    session.copy_matrix(pb, b)
+                    session.memory.fill(pa, 0.0)
+                    session.memory.fill(pb, -0.0)  # against A's +0.0 each padded term is -0.0: no sum's bits change
+                    session.memory.copy_matrix(pa, a)
+                    session.memory.copy_matrix(pb, b)
             with timer.phase("kernel"):
                 _launch(session, function, job, pa, pb, pc, control)
             _ran(session, control)
             if padded:
                 with timer.phase("pad_gpu"):
-                    session.copy_matrix(c, dataclasses.replace(pc, rows=c.rows, cols=c.cols))
+                    session.memory.copy_matrix(c, dataclasses.replace(pc, rows=c.rows, cols=c.cols))
         finally:
             with timer.phase("free"):
                 while held:
-                    session.free(held.pop())
+                    session.memory.free(held.pop())
 
-    result = session.text().multiply_text(body, header, multiply)
+    result = session.text.multiply_text(body, header, multiply)
     sizes = [memoryview(chunk).nbytes for chunk in result.chunks]
     out = Shared(result.c.nbytes + sum(sizes))
     try:
@@ -260,7 +265,7 @@ def main() -> None:
         os._exit(0)
     finally:
         warmer.release()  # pycuda holds the context now
-    control.send({"ready": {"device": session.device_name(), "limits": dataclasses.asdict(session.limits)}})
+    control.send({"ready": {"device": session.device.name(), "limits": dataclasses.asdict(session.device.limits)}})
     kernels = _Kernels(session)
     prepared = None
     if input_bytes:

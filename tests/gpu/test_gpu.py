@@ -72,24 +72,24 @@ def poisoned_product(
     m, k = a.shape
     n = b.shape[1]
     if not isinstance(kernel, registry.KernelSpec):
-        spec = spec.for_shape(m, n, session.limits)
+        spec = spec.for_shape(m, n, session.device.limits)
     held = []
     try:
         for rows, cols in ((m, k), (k, n), (m, n)):
-            held.append(session.alloc(memory, rows, cols))
+            held.append(session.memory.alloc(memory, rows, cols))
         da, db, dc = held
-        session.upload(da, a, "a")
-        session.upload(db, b, "b")
-        session.fill(dc, float("nan"))
+        session.memory.upload(da, a, "a")
+        session.memory.upload(db, b, "b")
+        session.memory.fill(dc, float("nan"))
         if spec.compiled:
-            compiled, _ = session.compile(spec, tile)
-            session.multiply(compiled, da, db, dc)
+            compiled, _ = session.modules.compile(spec, tile)
+            session.stream.multiply(compiled, da, db, dc)
         else:  # cuBLAS, in its TF32 mode for cublas_tf32
-            session.multiply(None, da, db, dc, tf32=spec.precision == "tf32")
-        return session.download(dc, "c")
+            session.stream.multiply(None, da, db, dc, tf32=spec.precision == "tf32")
+        return session.memory.download(dc, "c")
     finally:
         for matrix in held:
-            session.free(matrix)
+            session.memory.free(matrix)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=size_id)
@@ -131,9 +131,9 @@ def test_cublas_tf32_mode_is_tf32_and_sgemm_stays_fp32_after_it(cuda_backend):
 
 def test_l2_flush_between_h2d_and_kernel(cuda_backend):
     session = cuda_backend.session
-    assert session.limits.l2_cache_bytes > 0
-    session.flush_l2()
-    session.flush_l2()  # the scratch buffer is made once and reused
+    assert session.device.limits.l2_cache_bytes > 0
+    session.memory.flush_l2()
+    session.memory.flush_l2()  # the scratch buffer is made once and reused
     a, b = operands(300, 200, 100, seed=12)
     product = cuda_backend.multiply(a, b, MultiplyRequest(kernel="fast", flush_l2=True))
     assert_close(product.c, a, b, "fast after an L2 flush")
@@ -171,10 +171,10 @@ FIXED = [n for n in registry.SOURCE_KERNELS if not registry.get(n).uses_tile]
 @pytest.mark.parametrize("kernel", TILED)
 def test_tile_64_refused_before_allocation(cuda_backend, kernel):
     a, b = operands(128, 128, 128, seed=5)
-    free_before, _ = cuda_backend.session.mem_info()
+    free_before, _ = cuda_backend.session.device.mem_info()
     with pytest.raises(TileError, match=r"^tile 64 needs 4096 threads per block; this GPU allows 1024$"):
         cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=64))
-    free_after, _ = cuda_backend.session.mem_info()
+    free_after, _ = cuda_backend.session.device.mem_info()
     assert free_after == free_before
 
 
@@ -199,12 +199,12 @@ def test_device_memory_returns_to_start_after_100_jobs(cuda_backend):
     for kernel in kernels:  # warm up: modules loaded, cuBLAS handle made
         for memory in MEMORY_MODES:
             cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
-    free_before, _ = cuda_backend.session.mem_info()
+    free_before, _ = cuda_backend.session.device.mem_info()
     for job in range(100):
         kernel = kernels[job % len(kernels)]
         memory = MEMORY_MODES[job % len(MEMORY_MODES)]
         cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16, memory=memory))
-    free_after, _ = cuda_backend.session.mem_info()
+    free_after, _ = cuda_backend.session.device.mem_info()
     lost = free_before - free_after
     assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned after 100 jobs"
 
@@ -214,9 +214,9 @@ def test_a_worker_s_device_cache_stays_within_its_cap_and_close_frees_it(cuda_ba
     while open, its jobs still right and saying so, and all of it back after close."""
     from mmd import config
     from mmd.backends.cuda import CudaBackend
-    from mmd.cuda.memory import DEVICE_CACHE_CAP_BYTES
+    from mmd.cuda.pools import DEVICE_CACHE_CAP_BYTES
 
-    free_before, _ = cuda_backend.session.mem_info()
+    free_before, _ = cuda_backend.session.device.mem_info()
     backend = CudaBackend(device=0, kernel_cache=config.kernel_cache_dir(config.Settings()))
     try:
         backend.prepare(0)
@@ -227,36 +227,36 @@ def test_a_worker_s_device_cache_stays_within_its_cap_and_close_frees_it(cuda_ba
             product = backend.multiply(a, b, MultiplyRequest(kernel=kernel, tile=16))
             assert_close(product.c, a, b, f"{kernel} {size_id(size)} from the cache", registry.get(kernel).precision)
             assert len(product.notes) == 1 and "timed the device cache" in product.notes[0]
-            assert backend.session.cached_device_bytes() <= DEVICE_CACHE_CAP_BYTES
+            assert backend.session.memory.cached_device_bytes() <= DEVICE_CACHE_CAP_BYTES
         assert "(reused 3/3, kept 3/3)" in product.notes[0]
     finally:
         backend.close()
-    lost = free_before - cuda_backend.session.mem_info()[0]
+    lost = free_before - cuda_backend.session.device.mem_info()[0]
     assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned by close"
 
 
 def test_device_memory_the_cache_holds_is_freed_at_close(cuda_backend):
     """Filled far past the driver's noise (a cap raised for the test), the cache gives it all back at close."""
-    from mmd.cuda.memory import DEVICE_CACHE_BLOCK_BYTES
+    from mmd.cuda.pools import DEVICE_CACHE_BLOCK_BYTES
     from mmd.cuda.session import GpuSession
 
     blocks = 4 * DRIVER_NOISE // DEVICE_CACHE_BLOCK_BYTES
-    free_before, _ = cuda_backend.session.mem_info()
+    free_before, _ = cuda_backend.session.device.mem_info()
     session = GpuSession(0)
     try:
-        session.keep_device_memory(cap_bytes=blocks * DEVICE_CACHE_BLOCK_BYTES)
-        held = [session.alloc("device", 256, 256) for _ in range(blocks)]
+        session.memory.keep_device_memory(cap_bytes=blocks * DEVICE_CACHE_BLOCK_BYTES)
+        held = [session.memory.alloc("device", 256, 256) for _ in range(blocks)]
         for matrix in held:
-            session.free(matrix)
-        assert session.cached_device_bytes() == blocks * DEVICE_CACHE_BLOCK_BYTES
-        kept = free_before - session.mem_info()[0]
+            session.memory.free(matrix)
+        assert session.memory.cached_device_bytes() == blocks * DEVICE_CACHE_BLOCK_BYTES
+        kept = free_before - session.device.mem_info()[0]
         assert kept > 3 * DRIVER_NOISE, f"only {kept / 2**20:.1f} MiB held by a cache of {blocks} blocks"
-        again = session.alloc("device", 200, 300)  # the same size class: a kept block
+        again = session.memory.alloc("device", 200, 300)  # the same size class: a kept block
         assert again.reused and again.ptr in {m.ptr for m in held}
-        session.free(again)
+        session.memory.free(again)
     finally:
         session.close()
-    lost = free_before - cuda_backend.session.mem_info()[0]
+    lost = free_before - cuda_backend.session.device.mem_info()[0]
     assert lost < DRIVER_NOISE, f"{lost / 2**20:.1f} MiB not returned by close"
 
 
@@ -264,11 +264,11 @@ def test_driver_out_of_memory_becomes_cuda_error(cuda_backend):
     from mmd.errors import CudaError
 
     session = cuda_backend.session
-    free_before, total = session.mem_info()
+    free_before, total = session.device.mem_info()
     rows = total // (4 * 100_000) + 1  # one plain allocation larger than the whole card
     with pytest.raises(CudaError, match=r"allocating .* MiB of device memory failed"):
-        session.alloc("device", rows, 100_000)
-    assert session.mem_info()[0] >= free_before - DRIVER_NOISE
+        session.memory.alloc("device", rows, 100_000)
+    assert session.device.mem_info()[0] >= free_before - DRIVER_NOISE
 
 
 def test_a_second_backend_in_another_thread(cuda_backend):
@@ -322,16 +322,16 @@ TC1_SIZES = [(1, 1, 1), (1, 4, 4), (7, 8, 12), (33, 32, 36), (33, 33, 33), (37, 
 
 
 def tc1_build(session, memory: str, m: int, k: int, n: int) -> registry.KernelSpec:
-    """The build GpuSession.multiply launches for tc1 on matrices of this mode and shape."""
-    from mmd.cuda.session import launch_build
+    """The build session.stream.multiply launches for tc1 on matrices of this mode and shape."""
+    from mmd.cuda.stream import launch_build
 
-    held = [session.alloc(memory, rows, cols) for rows, cols in ((m, k), (k, n))]
+    held = [session.memory.alloc(memory, rows, cols) for rows, cols in ((m, k), (k, n))]
     try:
-        compiled, _ = session.compile(registry.get("tc1"), 0)
+        compiled, _ = session.modules.compile(registry.get("tc1"), 0)
         return launch_build(compiled.spec, *held)
     finally:
         for matrix in held:
-            session.free(matrix)
+            session.memory.free(matrix)
 
 
 @pytest.mark.parametrize("size", TC1_SIZES, ids=size_id)
@@ -340,7 +340,7 @@ def test_tc1_takes_the_tma_build_where_it_can_and_is_right_everywhere(cuda_backe
     session = cuda_backend.session
     m, k, n = size
     build = tc1_build(session, memory, m, k, n)
-    hopper = session.limits.arch == "sm_90"
+    hopper = session.device.limits.arch == "sm_90"
     rows_aligned = memory == "pitched" or (k % 4 == 0 and n % 4 == 0)
     assert (build.tensor_maps is not None) == (hopper and rows_aligned), f"{memory} {size_id(size)}: {build.variant}"
     a, b = operands(m, k, n, seed=hash((memory, size)) % 2**32)
@@ -356,7 +356,7 @@ def test_tc1_on_views_of_any_alignment(cuda_backend, a_off, b_off, a_pad, b_pad)
     """A and B as views into larger matrices, starting ``*_off`` floats in, rows ``*_pad`` floats longer:
     the copy engine reads only 16-byte aligned rows, and tc1 is right at every alignment."""
     from mmd.cuda.memory import DeviceMatrix
-    from mmd.cuda.session import launch_build
+    from mmd.cuda.stream import launch_build
 
     session = cuda_backend.session
     m, k, n = 300, 260, 200
@@ -365,28 +365,32 @@ def test_tc1_on_views_of_any_alignment(cuda_backend, a_off, b_off, a_pad, b_pad)
     big_a = np.full((m, lda), np.nan, np.float32)
     big_b = np.full((k, ldb), np.nan, np.float32)
     big_a[:, a_off : a_off + k], big_b[:, b_off : b_off + n] = a, b
-    held = [session.alloc("device", *big_a.shape), session.alloc("device", *big_b.shape), session.alloc("device", m, n)]
+    held = [
+        session.memory.alloc("device", *big_a.shape),
+        session.memory.alloc("device", *big_b.shape),
+        session.memory.alloc("device", m, n),
+    ]
     try:
         da, db, dc = held
-        session.upload(da, big_a, "a")
-        session.upload(db, big_b, "b")
-        session.fill(dc, float("nan"))
+        session.memory.upload(da, big_a, "a")
+        session.memory.upload(db, big_b, "b")
+        session.memory.fill(dc, float("nan"))
         va = DeviceMatrix("device", m, k, lda, da.ptr + 4 * a_off)
         vb = DeviceMatrix("device", k, n, ldb, db.ptr + 4 * b_off)
-        compiled, _ = session.compile(registry.get("tc1"), 0)
-        tma = session.limits.arch == "sm_90" and all(x % 4 == 0 for x in (a_off, b_off, lda, ldb))
+        compiled, _ = session.modules.compile(registry.get("tc1"), 0)
+        tma = session.device.limits.arch == "sm_90" and all(x % 4 == 0 for x in (a_off, b_off, lda, ldb))
         assert (launch_build(compiled.spec, va, vb).tensor_maps is not None) == tma
-        session.multiply(compiled, va, vb, dc)
-        c = session.download(dc, "c")
+        session.stream.multiply(compiled, va, vb, dc)
+        c = session.memory.download(dc, "c")
     finally:
         for matrix in held:
-            session.free(matrix)
+            session.memory.free(matrix)
     assert_close(c, a, b, f"tc1 on views at offsets {a_off}, {b_off}, ld {lda}, {ldb}", "tf32")
 
 
 def test_tc1s_tma_build_has_cublas_tf32s_error(cuda_backend):
     """The copy engine rounds both operands to TF32 (to nearest), as cuBLAS TF32 does: the same error class."""
-    if cuda_backend.session.limits.arch != "sm_90":
+    if cuda_backend.session.device.limits.arch != "sm_90":
         pytest.skip("the TMA build is sm_90a's")
     a, b = operands(1024, 1024, 1024, seed=33)
     ours = assert_close(poisoned_product(cuda_backend, "tc1", 0, "device", a, b), a, b, "tc1", "tf32")

@@ -1,4 +1,4 @@
-"""The session's cache of small device allocations (mmd.cuda.memory.DeviceCache), on the CPU.
+"""The session's cache of small device allocations (mmd.cuda.pools.DeviceCache), on the CPU.
 
 Blocks are plain records made and freed by callables that log what they did,
 so each test sees exactly which allocations and frees the GPU would have had.
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd.cuda.memory import (
+from mmd.cuda.memory import device_bytes
+from mmd.cuda.pools import (
     DEVICE_CACHE_BLOCK_BYTES,
     DEVICE_CACHE_CAP_BYTES,
     DEVICE_CACHE_MIN_BLOCK,
     DeviceCache,
-    device_bytes,
     size_class,
 )
 
