@@ -21,8 +21,8 @@ import dataclasses
 import difflib
 import os
 import re
-import shlex
 import socket
+import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -32,8 +32,19 @@ from typing import Any
 import yaml
 
 from . import kernels
-from .errors import ConfigError, MmdError, UsageError
-from .hooks import HOOK_VARIABLES
+from .errors import ConfigError, UsageError
+from .settingrules import (
+    Invalid,
+    OneOf,
+    Rule,
+    at_least_one,
+    between,
+    not_negative,
+    positive,
+    positive_or_null,
+    seconds,
+    setting,
+)
 
 #: The project's config, relative to the working directory: the nearest file layer.
 LOCAL_CONFIG = Path("config/mmd.yaml")
@@ -66,37 +77,124 @@ NAME_KEYS: dict[str, str] = {
     "timeout": "job_timeout_s",
 }
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "backend": BACKENDS,
-    "memory": MEMORY_MODES,
-    "text_path": TEXT_PATHS,
-    "observer": ("auto", "inotify", "polling"),
-    "log_format": ("auto", "json", "console"),
-    "log_level": ("debug", "info", "warning", "error"),
-}
+
+# -- the checks of mmd's own settings (Settings names each on its field) --------------------------
+
+#: What a host id may hold: it becomes part of file names in the shared inbox.
+HOST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _host_id(value: str) -> None:
+    if not HOST_ID_RE.fullmatch(value) or value in (".", ".."):
+        raise Invalid(f"may hold letters, digits, '.', '_' and '-' (1 to 64), got {value!r}")
+
+
+_LISTEN = "must be HOST:PORT (say 127.0.0.1:9817)"
+
+
+def listen_address(value: str, where: str = "metrics_listen") -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets) → (host, port); ConfigError otherwise."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where} {_LISTEN}, got {value!r}")
+    return host, int(port)
+
+
+def _listening(value: str) -> None:
+    try:
+        listen_address(value)
+    except ConfigError:
+        raise Invalid(f"{_LISTEN}, got {value!r}") from None
+
+
+def _cache_folder(value: str) -> None:
+    if not value:
+        raise Invalid("must be auto, a folder or null")
+
+
+def _class_box(s: Settings) -> None:
+    if s.class_mode and s.state_dir is None:
+        raise Invalid(
+            "needs state_dir: a folder only the service may write, on the inbox's filesystem, for its lock, state "
+            "and claimed jobs (docs/operations.md)"
+        )
+    if s.class_mode and s.shared_inbox:
+        raise Invalid("does not combine with shared_inbox yet: serve a class from one box")
+
+
+def _handed_in(s: Settings) -> None:
+    if s.student_kernels and not s.class_mode:
+        raise Invalid("needs class_mode: students hand in kernels to a class box")
+
+
+def _longer_than_quiet(s: Settings) -> None:
+    if not s.drop_box_grace_s > s.quiet_seconds:
+        raise Invalid(f"must be longer than quiet_seconds ({s.quiet_seconds})")
+
+
+def _admins_alone(s: Settings) -> None:
+    for folder in s.kernel_folders:
+        # whoever may drop a file there could pick it by name and have the service compile and run it
+        for name in ("inbox", "outbox", "state_dir"):
+            other = getattr(s, name)
+            if other is not None and _within(folder, other):
+                raise Invalid(
+                    f"{folder} is in the {name} ({other}): a kernel folder is the admin's alone, never a folder "
+                    "others may write",
+                    sep=": ",
+                )
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or in it, by their absolute paths (nothing is read from the filesystem)."""
+    a, b = Path(os.path.abspath(inner)), Path(os.path.abspath(outer))
+    return a == b or b in a.parents
+
+
+def name_rule(items: tuple[str, ...] | None) -> dict[str, frozenset[Any] | None]:
+    """``name_settings`` as a rule: name key → the values a name may pick (None: any); a key not in it may
+    not be set. Each value is read and judged as the setting it sets (Invalid naming the item)."""
+    rule: dict[str, frozenset[Any] | None] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if key not in NAME_KEYS:
+            raise Invalid(f"unknown setting {key!r} ({_unknown(key, tuple(NAME_KEYS))})", sep=": ")
+        picks: frozenset[Any] | None = None
+        if eq:
+            try:
+                picks = frozenset({read_value(NAME_KEYS[key], value, key)})
+            except ConfigError as exc:
+                raise Invalid(exc.reason, dict(exc.details), sep=": ") from None
+        known = rule.get(key, frozenset())
+        rule[key] = None if picks is None or known is None else known | picks
+    return rule
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything mmd can be told. Field comments are the documentation."""
+    """Everything mmd can be told. Field comments are the documentation; each field's checks are on it
+    (:func:`setting`), its type is read from its annotation."""
 
     # -- the job --
-    backend: str = "auto"  # auto: cuda when it works, else cpu (and say so)
-    kernel: str = "tiled"  # a name from `mmd kernels`
-    tile: int = 32  # threads per block edge; 64 is refused on every current GPU
-    memory: str = "device"  # device | pitched | managed
+    backend: str = setting("auto", OneOf(BACKENDS))  # auto: cuda when it works, else cpu (and say so)
+    kernel: str = setting("tiled", kernels.get)  # a name from `mmd kernels` (the registry judges it)
+    tile: int = setting(32, kernels.check_tile)  # threads per block edge; 64 is refused on every current GPU
+    memory: str = setting("device", OneOf(MEMORY_MODES))  # device | pitched | managed
     device: int = 0  # CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for `mmd run` and `mmd bench`
     #: `mmd serve`: one worker per device ordinal; None (`all`): every visible GPU (one worker on the cpu backend)
     devices: tuple[int, ...] | None = None
     #: `mmd serve` on a GPU: worker processes per device, each with its own CUDA context (what each holds of
     #: the GPU's memory: docs/daemon.md); the cpu backend runs one worker per usable core
-    workers_per_device: int = 8
+    workers_per_device: int = setting(8, between(1, 64))
     #: `mmd serve` on a GPU: page-locked host memory (MiB) each worker sets aside once it is ready, so that the
     #: first big job runs as fast as the tenth: the buffers of the largest square job that fit (480: 4166×4166,
     #: above the course's 4096); 0: none until jobs come. Host memory only: no GPU memory is held (docs/daemon.md)
-    warm_up_mib: int = 480
-    kernel_cache: str | None = "auto"  # compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
-    text_path: str = "auto"  # auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
+    warm_up_mib: int = setting(480, not_negative)
+    #: compiled kernels; auto: $XDG_CACHE_HOME/mmd/kernels (~/.cache/...); null: off
+    kernel_cache: str | None = setting("auto", _cache_folder)
+    #: auto: on the GPU when the backend can and the input is 256 KiB or more | host | gpu
+    text_path: str = setting("auto", OneOf(TEXT_PATHS))
     # -- the spool (relative paths are taken from the working directory) --
     inbox: Path = Path("inbox")
     outbox: Path = Path("outbox")
@@ -108,106 +206,113 @@ class Settings:
     state_dir: Path | None = None
     #: a class shares the box: state_dir is required, an input its group or others could change is refused,
     #: and each student's outputs go to outbox/<login>, readable by that student and graders_group only (ACLs)
-    class_mode: bool = False
+    class_mode: bool = setting(False, relation=_class_box)
     graders_group: str | None = None  # class mode: the group that reads every student's outputs; null: none
     #: where `mmd status`, `mmd cancel` and `mmd rm` ask the daemon (an AF_UNIX socket any local user may
     #: reach; each is answered only about their own jobs); null: no socket
     control_socket: Path | None = None
     #: connections one user may hold open to control_socket at once; one more is refused at once, so a student
     #: holding idle ones holds up no one else (root and the service's own user: no cap)
-    control_connections_per_user: int = 8
+    control_connections_per_user: int = setting(8, positive)
     #: requests a second one user's requests reach the daemon at: a burst of two seconds' worth at once, then
     #: each waits its turn (root and the service's own user: no cap)
-    control_requests_per_s: float = 5.0
+    control_requests_per_s: float = setting(5.0, positive)
     # -- limits --
-    max_memory_bytes: int | None = None  # None: the machine's physical memory
-    max_file_bytes: int | None = None  # largest input file; None: the memory limit (it is read whole)
+    max_memory_bytes: int | None = setting(None, positive_or_null)  # None: the machine's physical memory
+    #: largest input file; None: the memory limit (it is read whole)
+    max_file_bytes: int | None = setting(None, positive_or_null)
     #: an input may take at most this many bytes per value its header promises (a number and the blanks
     #: around it, on average) plus 1 MiB; larger is refused unread. None: no such bound
-    max_bytes_per_value: int | None = 64
-    max_dim: int | None = None  # largest M, K or N a job may have; None: no limit
+    max_bytes_per_value: int | None = setting(64, positive_or_null)
+    max_dim: int | None = setting(None, positive_or_null)  # largest M, K or N a job may have; None: no limit
     #: the largest output a job may make, judged from its header (6-byte fields: the least its shape makes)
     #: and refused unread; 1 GiB serves the course's largest, 8192 (about 470 MB). None: no limit
-    max_output_bytes: int | None = 1 << 30
+    max_output_bytes: int | None = setting(1 << 30, positive_or_null)
     #: class_mode: an output may be at most this many times its input, or output_ratio_floor_bytes, whichever
     #: is larger: every course size passes, a 66 KB `6000 1 6000` (216 MB out) does not. None: no such bound
-    max_output_ratio: float | None = 16.0
-    output_ratio_floor_bytes: int = 8 << 20  # class_mode: an output this small is never refused for its ratio
+    max_output_ratio: float | None = setting(16.0, positive_or_null)
+    #: class_mode: an output this small is never refused for its ratio
+    output_ratio_floor_bytes: int = setting(8 << 20, not_negative)
     #: class_mode: the most one student's outputs, sidecars and archived inputs may take (allocated blocks: a
     #: tiny file takes 4 KiB); a job that would pass it is refused, and `mmd rm` or retention makes room.
     #: null: no quota
-    max_submitter_bytes: int | None = 2 << 30
+    max_submitter_bytes: int | None = setting(2 << 30, positive_or_null)
     #: class_mode: the most files (outputs, sidecars, archived inputs: three a job) one student may keep; a job
     #: past it is refused as max_submitter_bytes's are. null: no such bound
-    max_submitter_files: int | None = 30_000
+    max_submitter_files: int | None = setting(30_000, positive_or_null)
     #: class_mode: a refused input is archived only up to this many of its first bytes (a note says so), and
     #: one refused unread (from its header) up to 64 KiB at most. null: refused inputs read are kept whole
-    archive_refused_bytes: int | None = 1 << 20
+    archive_refused_bytes: int | None = setting(1 << 20, not_negative)
     #: free space the daemon keeps on the outbox's disk for everyone: a job whose output would eat into it
     #: is refused (a class box's installer sets 1 GiB). null: none, a full disk holds jobs until it has room
-    min_free_bytes: int | None = None
+    min_free_bytes: int | None = setting(None, not_negative)
     #: free inodes the daemon keeps on the outbox's disk for everyone (where it counts them): a job is refused
     #: while fewer are free. null: none
-    min_free_inodes: int | None = 10_000
+    min_free_inodes: int | None = setting(10_000, not_negative)
     #: outputs, sidecars and archived inputs older than this are removed (hourly); null: kept for ever
-    retention_days: float | None = None
-    max_queue: int = 100_000  # jobs waiting in the daemon's queue
+    retention_days: float | None = setting(None, positive_or_null)
+    max_queue: int = setting(100_000, positive)  # jobs waiting in the daemon's queue
     #: the most files of one submitter the daemon's queue holds (waiting or in hand); the rest wait in the inbox,
     #: so that one student's flood leaves the queue room for everyone else's. null: only max_queue bounds them
-    max_waiting_per_submitter: int | None = 10_000
+    max_waiting_per_submitter: int | None = setting(10_000, positive_or_null)
     #: the most workers one submitter's big jobs (inputs over 256 KiB) may hold at once, so that a classmate's
     #: small job always finds a worker (a job in hand is never preempted). null: half the workers, rounded up,
     #: with class_mode; no cap without
-    max_workers_per_submitter: int | None = None
+    max_workers_per_submitter: int | None = setting(None, positive_or_null)
     # -- the daemon --
-    observer: str = "auto"  # auto | inotify | polling (network filesystems)
-    rescan_seconds: float = 5.0  # full inbox rescan period; events are only hints
-    quiet_seconds: float = 0.5  # size/mtime unchanged this long => file complete (if no write was seen)
+    #: auto | inotify | polling (network filesystems)
+    observer: str = setting("auto", OneOf(("auto", "inotify", "polling")))
+    rescan_seconds: float = setting(5.0, seconds)  # full inbox rescan period; events are only hints
+    #: size/mtime unchanged this long => file complete (if no write was seen)
+    quiet_seconds: float = setting(0.5, seconds)
     #: an upload (a regular file named *.part, *.tmp or *~) this long after the daemon first saw it is removed:
     #: it died, or its name was taken to block someone else's upload (never judged by its mtime)
-    upload_max_age_s: float = 86400.0
+    upload_max_age_s: float = setting(86400.0, seconds)
     #: a folder under a job's name (`mkdir hw1.txt`), or a file still not completely written this long after the
     #: daemon first saw it, is set aside out of the name's way (into state_dir's .failed) and its owner gets an
     #: error sidecar saying why; judged by the daemon's clock, never the file's mtime. Longer than quiet_seconds
-    drop_box_grace_s: float = 600.0
-    poll_seconds: float = 1.0  # polling observer period
+    drop_box_grace_s: float = setting(600.0, relation=_longer_than_quiet)
+    poll_seconds: float = setting(1.0, seconds)  # polling observer period
     shared_inbox: bool = False  # several hosts serve one inbox on a shared filesystem (docs/cluster.md)
-    host_id: str | None = None  # this host's name in a shared inbox; None: the hostname
+    host_id: str | None = setting(None, _host_id)  # this host's name in a shared inbox; None: the hostname
     # -- the service (docs/operations.md) --
-    job_timeout_s: float = 3600.0  # a job running longer is stopped and failed (`timeout`); per job: NAME@timeout=600
-    max_attempts: int = 3  # a job that killed the daemon this many times is failed, not started again
+    #: a job running longer is stopped and failed (`timeout`); per job: NAME@timeout=600
+    job_timeout_s: float = setting(3600.0, seconds)
+    #: a job that killed the daemon this many times is failed, not started again
+    max_attempts: int = setting(3, at_least_one)
     #: the longest one launch of a kernel file may run: past it, its process (and CUDA context) is killed and the
     #: job refused; never more than the job's own time limit, job_timeout_s
-    kernel_file_launch_timeout_s: float = 5.0
+    kernel_file_launch_timeout_s: float = setting(5.0, seconds)
     #: folders of kernel files a job's name may pick: NAME@kernel=p1.txt runs p1.cu of the first folder holding one
     #: (never in place of one of mmd's own kernels), as `mmd run --kernel-file` does. Folders only the admin may
     #: write, outside the inbox and outbox. Empty (the default): names pick mmd's own kernels only
-    kernel_folders: tuple[Path, ...] = ()
+    kernel_folders: tuple[Path, ...] = setting((), relation=_admins_alone)
     #: class mode: students may hand in kernels of their own (NAME.cu dropped in the inbox, kept in state_dir/kernels)
     #: and their jobs run them (NAME@kernel=p1.txt: their own p1.cu, never a classmate's or in place of one of
     #: mmd's own kernels). Off (the default): a hand-in is refused with a sidecar saying so
-    student_kernels: bool = False
+    student_kernels: bool = setting(False, relation=_handed_in)
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
-    metrics_seconds: float = 5.0  # the metrics file is rewritten this often, and after each job
+    metrics_seconds: float = setting(5.0, seconds)  # the metrics file is rewritten this often, and after each job
     #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so
     #: `up == 0` fires); the unit allows loopback only. null: no endpoint
-    metrics_listen: str | None = None
+    metrics_listen: str | None = setting(None, _listening)
     on_done: tuple[str, ...] | None = None  # a command (argv list, no shell) run after each job with an output
     on_error: tuple[str, ...] | None = None  # a command run after each refused job
-    hook_timeout_s: float = 30.0  # a hook still running after this long is killed (the job is not affected)
+    #: a hook still running after this long is killed (the job is not affected)
+    hook_timeout_s: float = setting(30.0, seconds)
     #: the least time limit a name may set: a job stopped at its limit costs its worker, ended and started
     #: again (a fresh process, on a GPU a fresh CUDA context: about a second), so smaller ones would let a
     #: name spend the box's time on restarts
-    min_name_timeout_s: float = 1.0
+    min_name_timeout_s: float = setting(1.0, seconds)
     #: what a file name may set: a key alone (``tile``) lets it pick any value, ``key=value`` items only
     #: those values (``[kernel=tiled, kernel=fast, timeout]``); null: names set nothing. ``timeout`` may only
     #: lower job_timeout_s, whatever this says
-    name_settings: tuple[str, ...] | None = tuple(NAME_KEYS)
+    name_settings: tuple[str, ...] | None = setting(tuple(NAME_KEYS), name_rule)
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
-    log_format: str = "auto"  # auto: console on a terminal, JSON otherwise
-    log_level: str = "info"
+    log_format: str = setting("auto", OneOf(("auto", "json", "console")))  # auto: console on a terminal, JSON otherwise
+    log_level: str = setting("info", OneOf(("debug", "info", "warning", "error")))
     #: Where the settings came from, for messages (not a setting): the layers applied, lowest first.
     sources: tuple[str, ...] = field(default=("defaults",), compare=False)
     #: Setting → the layer that set it (a file's path, ENVIRONMENT, COMMAND_LINE...); absent: the default.
@@ -222,10 +327,10 @@ class Settings:
         """A copy with ``changes`` applied and validated (None values are ignored)."""
         clean = {k: v for k, v in changes.items() if v is not None}
         origins = {**self.origins, **dict.fromkeys(clean, OVERRIDE)}
-        return _validated(dataclasses.replace(self, **clean, origins=origins), OVERRIDE)
+        return _related(dataclasses.replace(self, **_read(clean, OVERRIDE, True), origins=origins), OVERRIDE)
 
     def with_values(self, values: Mapping[str, Any], origin: str) -> Settings:
-        """A copy with ``values`` (setting → raw value, as a file or variable gives it) coerced, applied
+        """A copy with ``values`` (setting → raw value, as a file or variable gives it) read, applied
         and validated; ``origin`` names where they came from in messages and in :attr:`sources`."""
         return _apply(self, values, origin)
 
@@ -238,75 +343,78 @@ class Settings:
 DEFAULT = "default"
 #: The origin of a setting the program changed (:meth:`Settings.replace`).
 OVERRIDE = "override"
+#: The origin of settings from ``MMD_*`` variables; their messages name the variable.
+ENVIRONMENT = "environment"
+#: The origin of settings given as flags: their errors are usage errors.
+COMMAND_LINE = "command line"
 
-_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
-_FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("sources", "origins")}
+_HINTS = typing.get_type_hints(Settings)
+_RULES = {f.name: Rule.of(_HINTS[f.name], f) for f in fields(Settings) if f.name not in ("sources", "origins")}
 #: Every setting's name, in the order Settings declares them.
-NAMES: tuple[str, ...] = tuple(_FIELDS)
+NAMES: tuple[str, ...] = tuple(_RULES)
+#: The settings that take one of a few words, and the words (the CLI's choices).
+CHOICES: dict[str, tuple[str, ...]] = {
+    name: check.choices for name, rule in _RULES.items() for check in rule.checks if isinstance(check, OneOf)
+}
+
+
+def read_value(name: str, value: Any, label: str | None = None, *, typed: bool = False) -> Any:
+    """Setting ``name``'s value as one layer gives it, read as the setting's type and judged by its checks
+    (those between settings aside): what a config file's, a variable's, a flag's and a file name's
+    ``key=value`` all go through. ``typed``: ``value`` is YAML's (with numbers and booleans of its own, so
+    text is not read as one); else it is text. ConfigError, worded after ``label`` (default: ``name``)."""
+    return _RULES[name].read(name, value, label or name, typed)
+
+
+def _label(origin: str) -> Callable[[str], str]:
+    """How messages name setting ``name`` given from ``origin``: the variable for the environment."""
+    if origin == ENVIRONMENT:
+        return lambda name: f"MMD_{name.upper()}"
+    return lambda name: name
+
+
+def _read(values: Mapping[str, Any], origin: str, typed: bool = False) -> dict[str, Any]:
+    """``values`` from one layer, each read as its setting's (ConfigError naming the origin)."""
+    at = _label(origin)
+    out = {}
+    for key, value in values.items():
+        if key not in _RULES:
+            raise ConfigError(f"{origin}: unknown setting {key!r} ({_unknown(key, NAMES)})")
+        try:
+            out[key] = read_value(key, value, at(key), typed=typed)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc.reason}", dict(exc.details)) from None
+    return out
+
+
+def _related(s: Settings, origin: str) -> Settings:
+    """``s``, once the rules between settings hold (ConfigError naming the origin)."""
+    for name, rule in _RULES.items():
+        if rule.relation is not None:
+            try:
+                rule.relation(s)
+            except Invalid as exc:
+                raise ConfigError(f"{origin}: {_label(origin)(name)}{exc.sep}{exc.reason}") from None
+    return s
+
+
+def _apply(base: Settings, values: Mapping[str, Any], origin: str, typed: bool = False) -> Settings:
+    try:
+        changes = _read(values, origin, typed)
+        origins = {**base.origins, **dict.fromkeys(changes, origin)}
+        merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin), origins=origins)
+        return _related(merged, origin)
+    except ConfigError as exc:
+        if origin == COMMAND_LINE and not isinstance(exc, UsageError):
+            raise UsageError(exc.reason, dict(exc.details)) from None
+        raise
 
 
 def _unknown(name: str, known: Sequence[str], label: Callable[[str], str] = str) -> str:
     """What to say of an unknown name: the known ones it is close to, else them all (each as ``label`` has it)."""
     close = difflib.get_close_matches(name, known, n=3)
     return f"did you mean {' or '.join(map(label, close))}?" if close else f"known: {', '.join(map(label, known))}"
-
-
-#: What a host id may hold: it becomes part of file names in the shared inbox.
-HOST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
-def _devices(value: Any, where: str) -> tuple[int, ...] | None:
-    """``devices``: a list of ordinals (YAML list, or ``0,1`` / ``[0, 1]`` from the environment); all/null: None."""
-    if isinstance(value, str):
-        text = value.strip().strip("[]").strip()
-        if text.lower() in ("all", "auto"):
-            return None
-        value = [v for v in re.split(r"[,\s]+", text) if v]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ConfigError(f"{where} must be a list of device ordinals or all, got {value!r}")
-    out = []
-    for item in value:
-        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and item.isdigit())):
-            raise ConfigError(f"{where} must be a list of device ordinals or all, got {value!r}")
-        out.append(int(item))
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{where} names a device twice: {out}")
-    return tuple(out)
-
-
-def _argv(value: Any, where: str) -> tuple[str, ...]:
-    """A command as an argv list: a YAML list of strings, or a string split as a shell would (never run by one)."""
-    if isinstance(value, str):
-        try:
-            value = shlex.split(value)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where} must be a command: a list of strings (program first), got {value!r}")
-    return tuple(value)
-
-
-def _folders(value: Any, where: str) -> tuple[Path, ...]:
-    """Folders: a YAML list of paths, or text with one path per ``:`` (as PATH; an environment variable)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [part for part in value.split(os.pathsep) if part]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, Path)) and str(v) for v in value):
-        raise ConfigError(f"{where} must be a list of folders, got {value!r}")
-    return tuple(Path(v) for v in value)
-
-
-def listen_address(value: str, where: str = "metrics_listen") -> tuple[str, int]:
-    """``HOST:PORT`` (an IPv6 host in brackets) → (host, port); ConfigError otherwise."""
-    host, sep, port = value.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{where} must be HOST:PORT (say 127.0.0.1:9817), got {value!r}")
-    return host, int(port)
 
 
 def graders_gids(settings: Settings) -> tuple[int, ...]:
@@ -348,198 +456,6 @@ def kernel_cache_dir(settings: Settings, environ: Mapping[str, str] | None = Non
     return Path(base) / "mmd" / "kernels"
 
 
-#: The origin of settings from ``MMD_*`` variables; their messages name the variable.
-ENVIRONMENT = "environment"
-
-
-def _label(origin: str) -> Callable[[str], str]:
-    """How messages name setting ``name`` given from ``origin``: the variable for the environment."""
-    if origin == ENVIRONMENT:
-        return lambda name: f"MMD_{name.upper()}"
-    return lambda name: name
-
-
-def _coerce(name: str, value: Any, origin: str, typed: bool = False) -> Any:
-    """Convert ``value`` to the type of setting ``name`` or raise ConfigError.
-
-    ``typed``: ``value`` comes from YAML, which has numbers and booleans of its own, so text is not
-    parsed as one (else it comes from text: the environment, a file name, a flag).
-    """
-    ftype = str(_FIELDS[name].type)
-    where = f"{origin}: {_label(origin)(name)}"
-    if name == "devices":
-        return None if value is None else _devices(value, where)
-    if ftype.startswith("tuple[str"):
-        return None if value is None else _argv(value, where)
-    if ftype.startswith("tuple[Path"):
-        return _folders(value, where)
-    if value is None:
-        if "None" in ftype:
-            return None
-        raise ConfigError(f"{where} must not be empty")
-    try:
-        if typed and isinstance(value, str) and not ftype.startswith(("str", "Path")):
-            raise ValueError
-        if ftype == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-                return _BOOL_WORDS[value.strip().lower()]
-            raise ValueError
-        if ftype.startswith("int"):
-            if isinstance(value, bool) or (isinstance(value, float) and (typed or not value.is_integer())):
-                raise ValueError
-            return int(str(value).replace("_", "")) if isinstance(value, str) else int(value)
-        if ftype.startswith("float"):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if ftype.startswith("Path"):
-            if not isinstance(value, (str, Path)) or str(value) == "":
-                raise ValueError
-            return Path(value)
-        if ftype.startswith("str"):
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where} must be {ftype.replace(' | None', ' or null')}, got {value!r}") from None
-    raise AssertionError(f"unhandled setting type {ftype}")
-
-
-def _validated(s: Settings, origin: str) -> Settings:
-    at = _label(origin)
-    for name, allowed in CHOICES.items():
-        value = getattr(s, name)
-        if value not in allowed:
-            raise ConfigError(f"{origin}: {at(name)} must be one of {', '.join(allowed)}, got {value!r}")
-    for name, check in (("kernel", lambda: kernels.get(s.kernel)), ("tile", lambda: kernels.check_tile(s.tile))):
-        try:  # the registry is the one judge of kernel names and tiles
-            check()
-        except MmdError as exc:
-            where = f"{at(name)}: " if origin == ENVIRONMENT else ""
-            raise ConfigError(f"{origin}: {where}{exc.reason}", dict(exc.details)) from None
-    for name in (
-        "rescan_seconds",
-        "quiet_seconds",
-        "poll_seconds",
-        "job_timeout_s",
-        "metrics_seconds",
-        "hook_timeout_s",
-        "upload_max_age_s",
-        "min_name_timeout_s",
-        "control_connections_per_user",
-        "control_requests_per_s",
-    ):
-        if getattr(s, name) <= 0:
-            raise ConfigError(f"{origin}: {at(name)} must be positive")
-    if s.kernel_file_launch_timeout_s <= 0:
-        raise ConfigError(f"{origin}: {at('kernel_file_launch_timeout_s')} must be positive")
-    if s.drop_box_grace_s <= s.quiet_seconds:
-        raise ConfigError(f"{origin}: {at('drop_box_grace_s')} must be longer than quiet_seconds ({s.quiet_seconds})")
-    if s.max_attempts < 1:
-        raise ConfigError(f"{origin}: {at('max_attempts')} must be at least 1")
-    for name in ("max_memory_bytes", "max_file_bytes", "max_bytes_per_value", "max_dim", "max_output_bytes",
-                 "max_submitter_bytes", "max_submitter_files", "retention_days", "max_waiting_per_submitter",
-                 "max_workers_per_submitter"):  # fmt: skip
-        value = getattr(s, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"{origin}: {at(name)} must be positive or null")
-    if s.max_output_ratio is not None and s.max_output_ratio <= 0:
-        raise ConfigError(f"{origin}: {at('max_output_ratio')} must be positive or null")
-    for name in ("min_free_bytes", "min_free_inodes", "archive_refused_bytes"):
-        value = getattr(s, name)
-        if value is not None and value < 0:
-            raise ConfigError(f"{origin}: {at(name)} must not be negative")
-    if s.output_ratio_floor_bytes < 0:
-        raise ConfigError(f"{origin}: {at('output_ratio_floor_bytes')} must not be negative")
-    if s.max_queue <= 0:
-        raise ConfigError(f"{origin}: {at('max_queue')} must be positive")
-    if s.warm_up_mib < 0:
-        raise ConfigError(f"{origin}: {at('warm_up_mib')} must not be negative, got {s.warm_up_mib}")
-    if not 1 <= s.workers_per_device <= 64:
-        raise ConfigError(f"{origin}: {at('workers_per_device')} must be 1 to 64, got {s.workers_per_device}")
-    if s.devices is not None and (not s.devices or any(d < 0 for d in s.devices)):
-        raise ConfigError(f"{origin}: {at('devices')} must be device ordinals (0, 1, ...), got {list(s.devices)}")
-    if s.host_id is not None and (not HOST_ID_RE.fullmatch(s.host_id) or s.host_id in (".", "..")):
-        raise ConfigError(
-            f"{origin}: {at('host_id')} may hold letters, digits, '.', '_' and '-' (1 to 64), got {s.host_id!r}"
-        )
-    if s.metrics_listen is not None:
-        listen_address(s.metrics_listen, f"{origin}: {at('metrics_listen')}")
-    if s.class_mode and s.state_dir is None:
-        raise ConfigError(
-            f"{origin}: {at('class_mode')} needs state_dir: a folder only the service may write, on the inbox's "
-            "filesystem, for its lock, state and claimed jobs (docs/operations.md)"
-        )
-    if s.class_mode and s.shared_inbox:
-        raise ConfigError(
-            f"{origin}: {at('class_mode')} does not combine with shared_inbox yet: serve a class from one box"
-        )
-    if s.student_kernels and not s.class_mode:
-        raise ConfigError(
-            f"{origin}: {at('student_kernels')} needs class_mode: students hand in kernels to a class box"
-        )
-    name_rule(s.name_settings, origin)
-    if s.kernel_cache is not None and not s.kernel_cache:
-        raise ConfigError(f"{origin}: {at('kernel_cache')} must be auto, a folder or null")
-    for folder in s.kernel_folders:
-        # whoever may drop a file there could pick it by name and have the service compile and run it
-        for name in ("inbox", "outbox", "state_dir"):
-            other = getattr(s, name)
-            if other is not None and _within(folder, other):
-                raise ConfigError(
-                    f"{origin}: {at('kernel_folders')}: {folder} is in the {name} ({other}): a kernel folder is the "
-                    "admin's alone, never a folder others may write"
-                )
-    return s
-
-
-def _within(inner: Path, outer: Path) -> bool:
-    """Whether ``inner`` is ``outer`` or in it, by their absolute paths (nothing is read from the filesystem)."""
-    a, b = Path(os.path.abspath(inner)), Path(os.path.abspath(outer))
-    return a == b or b in a.parents
-
-
-def name_rule(items: tuple[str, ...] | None, origin: str = "name_settings") -> dict[str, frozenset[Any] | None]:
-    """``name_settings`` as a rule: name key → the values a name may pick (None: any); a key not in it may
-    not be set. Each value is judged as the setting it sets is (ConfigError naming the item)."""
-    rule: dict[str, frozenset[Any] | None] = {}
-    for item in items or ():
-        key, eq, value = item.partition("=")
-        where = f"{origin}: name_settings"
-        if key not in NAME_KEYS:
-            raise ConfigError(f"{where}: unknown setting {key!r} ({_unknown(key, tuple(NAME_KEYS))})")
-        picks: frozenset[Any] | None = None
-        if eq:
-            setting = NAME_KEYS[key]
-            one = _validated(dataclasses.replace(Settings(), **{setting: _coerce(setting, value, where)}), where)
-            picks = frozenset({getattr(one, setting)})
-        known = rule.get(key, frozenset())
-        rule[key] = None if picks is None or known is None else known | picks
-    return rule
-
-
-#: The origin of settings given as flags: their errors are usage errors.
-COMMAND_LINE = "command line"
-
-
-def _apply(base: Settings, values: Mapping[str, Any], origin: str, typed: bool = False) -> Settings:
-    try:
-        changes = {}
-        for key, value in values.items():
-            if key not in _FIELDS:
-                raise ConfigError(f"{origin}: unknown setting {key!r} ({_unknown(key, NAMES)})")
-            changes[key] = _coerce(key, value, origin, typed)
-        origins = {**base.origins, **dict.fromkeys(changes, origin)}
-        merged = dataclasses.replace(base, **changes, sources=(*base.sources, origin), origins=origins)
-        return _validated(merged, origin)
-    except ConfigError as exc:
-        if origin == COMMAND_LINE and not isinstance(exc, UsageError):
-            raise UsageError(exc.reason, dict(exc.details)) from None
-        raise
-
-
 def read_file(path: Path) -> dict[str, Any]:
     """Read a YAML config file into a mapping (empty file: no settings)."""
     try:
@@ -562,6 +478,18 @@ def read_file(path: Path) -> dict[str, Any]:
 #: ``MMD_*`` variables that are not settings: the config file, where libcublas is, and the
 #: switch that turns the C text accelerator off (read where each is used).
 NOT_SETTINGS = frozenset({"MMD_CONFIG", "MMD_CUBLAS", "MMD_NO_C"})
+#: The variables a hook is told a job's facts in (:mod:`mmd.hooks`): not settings either, so a hook may run
+#: mmd itself.
+HOOK_VARIABLES: tuple[str, ...] = (
+    "MMD_JOB_ID",
+    "MMD_JOB_STATUS",
+    "MMD_JOB_INPUT",
+    "MMD_JOB_OUTPUT",
+    "MMD_JOB_SIDECAR",
+    "MMD_JOB_REASON",
+    "MMD_JOB_KERNEL",
+    "MMD_JOB_SUBMITTER",
+)
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
@@ -569,10 +497,9 @@ def env_values(environ: Mapping[str, str]) -> dict[str, str | None]:
     ``MMD_*`` variable is ignored with an :class:`UnknownVariableWarning`."""
     out: dict[str, str | None] = {}
     for key, value in environ.items():
-        # A hook's own variables are not settings either, so a hook may run mmd itself.
         if key.startswith("MMD_") and key not in NOT_SETTINGS and key not in HOOK_VARIABLES:
             name = key[4:].lower()
-            if name not in _FIELDS:
+            if name not in _RULES:
                 hint = _unknown(name, NAMES, _label(ENVIRONMENT))
                 warnings.warn(f"{key} is not an mmd setting; ignored ({hint})", UnknownVariableWarning, stacklevel=2)
                 continue

@@ -17,17 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The variables a hook is told the job's facts in (``mmd.config`` never reads them as settings).
-HOOK_VARIABLES: tuple[str, ...] = (
-    "MMD_JOB_ID",
-    "MMD_JOB_STATUS",
-    "MMD_JOB_INPUT",
-    "MMD_JOB_OUTPUT",
-    "MMD_JOB_SIDECAR",
-    "MMD_JOB_REASON",
-    "MMD_JOB_KERNEL",
-    "MMD_JOB_SUBMITTER",
-)
+from .config import HOOK_VARIABLES
+from .logs import get_logger
 
 
 @dataclass(frozen=True)
@@ -69,8 +60,6 @@ class HookResult:
 
 def run_hook(argv: Sequence[str], end: JobEnd, timeout: float, environ: Mapping[str, str] | None = None) -> HookResult:
     """Run ``argv`` for ``end`` (no shell) and wait at most ``timeout`` seconds; never raises."""
-    from .logs import get_logger  # structlog, once a hook runs: config imports this module for its names
-
     env = {**(os.environ if environ is None else environ), **end.environ()}
     log = get_logger(job=end.job, hook=argv[0])
     try:

@@ -5,25 +5,25 @@ The part of the stem after the first ``@`` is a comma-separated list of
 The output keeps the whole stem (``NAME@kernel=aplus,tile=16.out``), so a
 student can drop the same matrix under several names and compare.
 
-Keys come from a fixed set and values are judged where every setting is
-(the kernel registry for kernels and tiles, the settings' choices for the
-rest): anything else is a :class:`~mmd.errors.JobNameError`, refused like
-bad input (with an error sidecar). Pure functions: nothing here touches the
+Keys come from a fixed set (:data:`mmd.config.NAME_KEYS`) and each value is
+read by the code that reads the config file's values
+(:func:`mmd.config.read_value`: its setting's type and checks): anything else
+is a :class:`~mmd.errors.JobNameError`, refused like bad input (with an error
+sidecar). Pure functions: nothing here touches the
 filesystem, but for a kernel name looked up in the kernel folders a service
 allows (``kernel_folders``; :func:`mmd.kernelchoice.in_folders`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
 from . import kernels
-from .config import CHOICES, NAME_KEYS, Settings, name_rule
-from .errors import JobNameError, KernelError, MmdError
+from .config import NAME_KEYS, Settings, name_rule, read_value
+from .errors import ConfigError, JobNameError, KernelError, MmdError
 from .kernelchoice import FOLDER_NAME, SUFFIX, in_folders
 
 #: What can be set in a name, in the order they are reported.
@@ -31,9 +31,6 @@ KEYS: tuple[str, ...] = tuple(NAME_KEYS)
 
 #: Separators: NAME ``@`` key ``=`` value ``,`` key ``=`` value.
 SETTINGS_MARK, ITEM_SEP, VALUE_SEP = "@", ",", "="
-
-_TILE_RE = re.compile(r"[0-9]+")
-_SECONDS_RE = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ def stem_of(name: str) -> str:
 def _kernel(value: str) -> str:
     if value.endswith(".cu"):  # a name is anyone's to choose: it never names a file to compile
         raise JobNameError(f"kernel {value!r}: a file name cannot name a kernel file; give it to mmd run --kernel-file")
-    return kernels.get(value).name
+    return str(read_value("kernel", value))
 
 
 #: A student's own handed-in kernels: NAME -> the path of its current version (None: they handed in none).
@@ -67,7 +64,7 @@ OwnKernels = Callable[[str], Path | None]
 
 def _kernel_in(value: str, folders: Sequence[Path], own: OwnKernels | None = None) -> Path | None:
     """The kernel file ``kernel=value`` picks: the student's ``own`` first, then ``folders``; None where it
-    names one of mmd's own kernels (KernelError where it names none of them)."""
+    names one of mmd's own kernels (an MmdError where it names none of them)."""
     if own is not None and value not in kernels.NAMES and (found := own(value)) is not None:
         return found  # never in place of one of mmd's own kernels: those names are not looked up
     found = in_folders(value, folders)
@@ -75,7 +72,7 @@ def _kernel_in(value: str, folders: Sequence[Path], own: OwnKernels | None = Non
         return found
     try:
         _kernel(value)
-    except KernelError as exc:
+    except ConfigError as exc:
         if own is not None and FOLDER_NAME.fullmatch(value):
             raise KernelError(
                 f"{exc.reason}, or a kernel of yours: you have handed in no {value}{SUFFIX}"
@@ -89,40 +86,6 @@ def _kernel_in(value: str, folders: Sequence[Path], own: OwnKernels | None = Non
             ) from None
         raise
     return None
-
-
-def _tile(value: str) -> int:
-    if not _TILE_RE.fullmatch(value):
-        raise JobNameError(f"tile {value!r} must be a whole number from 1 to {kernels.MAX_TILE}", {"tile": value})
-    return kernels.check_tile(int(value))
-
-
-def _seconds(value: str) -> float:
-    if not _SECONDS_RE.fullmatch(value) or float(value) <= 0:
-        raise JobNameError(f"timeout {value!r} must be a positive number of seconds", {"timeout": value})
-    return float(value)
-
-
-def _choice(key: str) -> Callable[[str], str]:
-    allowed = CHOICES[key]
-
-    def check(value: str) -> str:
-        if value not in allowed:
-            raise JobNameError(
-                f"{key} {value!r} must be one of {', '.join(allowed)}", {key: value, "choices": list(allowed)}
-            )
-        return value
-
-    return check
-
-
-_VALIDATORS: dict[str, Callable[[str], Any]] = {
-    "kernel": _kernel,
-    "tile": _tile,
-    "backend": _choice("backend"),
-    "memory": _choice("memory"),
-    "timeout": _seconds,
-}
 
 
 def settings_of(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -187,15 +150,16 @@ def parse(name: str, kernel_folders: Sequence[Path] = (), own: OwnKernels | None
         key, eq, value = item.partition(VALUE_SEP)
         if not eq or not key or not value:
             raise JobNameError(f"{item!r} in the file name is not key=value ({hint})", {"item": item})
-        if key not in _VALIDATORS:
+        if key not in NAME_KEYS:
             raise JobNameError(f"unknown setting {key!r} in the file name ({hint})", {"key": key})
         if key in overrides:
             raise JobNameError(f"setting {key!r} is given twice in the file name", {"key": key})
         try:
-            if key == "kernel" and (kernel_file := _kernel_in(value, kernel_folders, own)) is not None:
-                overrides[key] = value  # a kernel folder's file's name, not a setting's value: the job carries it
+            if key == "kernel":  # one of mmd's kernels, or a kernel file's name (then the job carries the file)
+                kernel_file = _kernel_in(value, kernel_folders, own)
+                overrides[key] = value
             else:
-                overrides[key] = _VALIDATORS[key](value)
+                overrides[key] = read_value(NAME_KEYS[key], value, key)
         except MmdError as exc:
             raise JobNameError(f"in the file name: {exc.reason}", dict(exc.details)) from None
     return JobName(name, stem, {k: overrides[k] for k in KEYS if k in overrides}, kernel_file)

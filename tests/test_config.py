@@ -113,6 +113,39 @@ def test_text_sources_are_still_parsed():
     assert config.load(None, environ={"MMD_JOB_TIMEOUT_S": "60"}).job_timeout_s == 60.0
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
+def test_not_a_number_is_no_limit(tmp_path, value):
+    """``MMD_JOB_TIMEOUT_S=nan`` passed every check (no comparison with NaN is true) and became the limit."""
+    with pytest.raises(ConfigError, match=f"environment: MMD_JOB_TIMEOUT_S must be float, got '{value}'"):
+        config.load(None, environ={"MMD_JOB_TIMEOUT_S": value})
+    with pytest.raises(ConfigError, match="max_output_ratio must be float or null, got nan"):
+        config.load(write(tmp_path, "max_output_ratio: .nan\n"), environ={})
+
+
+def test_each_setting_s_rules_are_on_its_field():
+    """The checks sat in a function of their own (names listed by hand, types matched by annotation text)."""
+    assert config.CHOICES == {
+        "backend": ("auto", "cpu", "cuda"),
+        "memory": ("device", "pitched", "managed"),
+        "text_path": ("auto", "host", "gpu"),
+        "observer": ("auto", "inotify", "polling"),
+        "log_format": ("auto", "json", "console"),
+        "log_level": ("debug", "info", "warning", "error"),
+    }
+    with pytest.raises(ConfigError, match=r"^test: warm_up_mib must not be negative, got -1$"):
+        config.Settings().with_values({"warm_up_mib": -1}, "test")
+    with pytest.raises(ConfigError, match=r"^test: workers_per_device must be 1 to 64, got 65$"):
+        config.Settings().with_values({"workers_per_device": "65"}, "test")
+    with pytest.raises(ConfigError, match=r"^test: devices must be device ordinals \(0, 1, \.\.\.\), got \[-1\]$"):
+        config.Settings().with_values({"devices": [-1]}, "test")
+    with pytest.raises(ConfigError, match=r"^test: rescan_seconds must be a positive number of seconds, got 0\.0$"):
+        config.Settings().with_values({"rescan_seconds": "0"}, "test")
+    with pytest.raises(ConfigError, match=r"^environment: MMD_METRICS_LISTEN must be HOST:PORT \(say 127"):
+        config.load(None, environ={"MMD_METRICS_LISTEN": "9817"})
+    with pytest.raises(ConfigError, match=r"^test: kernel_folders: /s/k is in the inbox \(/s\): a kernel folder is"):
+        config.Settings().with_values({"inbox": "/s", "kernel_folders": ["/s/k"]}, "test")
+
+
 def _home(tmp_path: Path, text: str | None) -> Path:
     folder = tmp_path / "xdg"
     if text is not None:

@@ -38,9 +38,12 @@ def test_all_keys_in_canonical_order():
         ("m@tile=0.txt", "from 1 to 1024"),
         ("m@tile=2048.txt", "from 1 to 1024"),
         ("m@tile=-4.txt", "from 1 to 1024"),
-        ("m@tile=x.txt", "from 1 to 1024"),
-        ("m@backend=tpu.txt", "backend 'tpu'"),
-        ("m@memory=host.txt", "memory 'host'"),
+        ("m@tile=x.txt", "tile must be int, got 'x'"),
+        ("m@tile=1.5.txt", "tile must be int, got '1.5'"),
+        ("m@backend=tpu.txt", "backend must be one of auto, cpu, cuda, got 'tpu'"),
+        ("m@memory=host.txt", "memory must be one of device, pitched, managed, got 'host'"),
+        ("m@timeout=-1.txt", "timeout must be a positive number of seconds, got -1.0"),
+        ("m@timeout=nan.txt", "timeout must be float, got 'nan'"),
         ("m@tile=8,tile=16.txt", "given twice"),
         ("m@tile=8,.txt", "not key=value"),
         ("m@lab.txt", "not key=value"),
@@ -71,6 +74,26 @@ def test_the_registry_words_a_bad_kernel_or_tile_for_a_name_as_for_a_config():
     registry_s = by_config.value.reason.removeprefix("environment: MMD_KERNEL: ")
     assert by_name.value.reason == "in the file name: " + registry_s
     assert by_name.value.details["choices"] == by_config.value.details["choices"]
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [("tile", "x"), ("tile", "16.0"), ("backend", "tpu"), ("memory", "host"), ("timeout", "-1"), ("timeout", "nan"),
+     ("timeout", "soon")],
+)  # fmt: skip
+def test_a_name_s_value_is_read_as_the_same_setting_s_variable_is(key, text):
+    """One reading of each setting: a name's ``key=value`` gets the words an ``MMD_*`` variable's value gets
+    (the name had readers of its own: ``tile 'x' must be a whole number``, where MMD_TILE said ``must be int``;
+    the registry's words for kernels and tiles: the test above)."""
+    from mmd import config
+
+    setting = config.NAME_KEYS[key]
+    with pytest.raises(JobNameError) as by_name:
+        jobname.parse(f"m@{key}={text}.txt")
+    with pytest.raises(config.ConfigError) as by_variable:
+        config.load(None, environ={f"MMD_{setting.upper()}": text})
+    said = by_variable.value.reason.removeprefix("environment: ")
+    assert by_name.value.reason.removeprefix("in the file name: ") == said.replace(f"MMD_{setting.upper()}", key)
 
 
 def test_stem_of_never_raises():
