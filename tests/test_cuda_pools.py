@@ -241,3 +241,22 @@ def test_any_sequence_of_takes_and_gives_keeps_the_books(steps, cap):
     cache.close()
     assert sorted(b.number for b in device.released) == list(range(len(device.made)))
     assert cache.held_bytes == 0
+
+
+def test_an_adopted_buffer_dropped_from_its_slot_is_freed_once_and_not_again_at_close():
+    """A kernel file's launch process adopts each job's input memory (page-locked where it lies): the last job's
+    must be unlocked when the next one's comes, not kept, locked, until the process ends."""
+    import numpy as np
+
+    from mmd.cuda.pools import PinnedPool
+
+    freed: list[str] = []
+    pool = PinnedPool(lambda nbytes: np.empty(nbytes, np.uint8), lambda buf: freed.append("pool's own"))
+    first, second = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    pool.adopt("input", first, lambda: freed.append("first"))
+    pool.drop("input")
+    assert freed == ["first"] and not pool.holds(first)
+    pool.adopt("input", second, lambda: freed.append("second"))
+    pool.drop("other")  # a slot with nothing in it: nothing to do
+    pool.free_all()
+    assert freed == ["first", "second"]

@@ -238,6 +238,11 @@ class Memory:
         unlock = self._context.driver().host_register(host.ctypes.data, host.nbytes)
         self._pinned.adopt(f"host:{slot}", host, unlock)
 
+    def drop_host(self, slot: str) -> None:
+        """Free (or unlock, where adopted) :meth:`host_empty`'s ``slot`` now: no view of it is in use any more."""
+        self._context.check()
+        self._pinned.drop(f"host:{slot}")
+
     def reserve_host(self, slot: str, nbytes: int) -> None:
         """Allocate :meth:`host_empty`'s ``slot`` now, and keep at least ``nbytes`` for it from now on."""
         self._context.check()

@@ -157,6 +157,18 @@ class PinnedPool:
         self._keep(slot, buffer)
         self._adopted[_address(buffer)] = (buffer, free)
 
+    def drop(self, slot: str) -> None:
+        """Free ``slot``'s buffer now, adopted or the pool's own (the caller holds no view of it any more)."""
+        buf = self._buffers.pop(slot, None)
+        self._spans.pop(slot, None)
+        if buf is None:
+            return
+        adopted = self._adopted.pop(_address(buf), None)
+        if adopted is not None:
+            adopted[1]()
+        else:
+            self._release(buf)
+
     def reserve(self, slot: str, nbytes: int) -> None:
         """Allocate ``slot`` now, at least ``nbytes``, and keep at least that much for it from now on."""
         self._reserved[slot] = nbytes

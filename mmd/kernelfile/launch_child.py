@@ -162,7 +162,9 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
 
 def _prepare(session: Any, memory: Any, control: _Socket) -> Any:
     """``memory`` (a new :class:`~.exchange.Shared`) for the next ``text`` job's input, page-locked here and
-    handed to the parent, which reads the file into it: the device copies it in with no staging."""
+    handed to the parent, which reads the file into it: the device copies it in with no staging. The last job's
+    input memory, done with, is unlocked first (a kept process would otherwise hold every job's locked)."""
+    session.memory.drop_host("input")
     session.memory.adopt_mapped("input", memory.array(0, memory.nbytes, "u1"))
     control.send({"prepared": {"nbytes": memory.nbytes}}, [memory.fd])
     return memory
