@@ -137,10 +137,11 @@ def _run_file(
     """The job of ``src``, called ``shown`` in what is printed."""
     # a kernel file's own process makes its context (started now, beside this one's imports): this one makes none
     warmer = _warm_gpu(settings, src) if args.kernel_file is None else None
-    launch = _start_launch(settings, src, args.kernel_file) if args.kernel_file is not None else None
     # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
-    # buffers to it; in a caller's process (tests, scripts) they are released here
+    # buffers to it, and the killed launch process to the system; in a caller's process (tests, scripts) they
+    # are released here
     release = not args.exiting
+    launch = _start_launch(settings, src, args.kernel_file, release) if args.kernel_file is not None else None
     try:
         configure_logs(base, quiet=not args.verbose)
         bar = _shows_bar(args, src)
@@ -166,16 +167,17 @@ def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
     return ContextWarmer(settings.device, host_bytes=src.stat().st_size)
 
 
-def _start_launch(settings: config.Settings, src: Path, kernel_file: Path) -> LaunchProcess:
+def _start_launch(settings: config.Settings, src: Path, kernel_file: Path, reap: bool) -> LaunchProcess:
     """The kernel file's launch process, started now so that its imports and CUDA context are made beside this
-    process's, with the input's memory made in it where the input will take the GPU text path."""
+    process's, with the input's memory made in it where the input will take the GPU text path; ``reap``: closing
+    it waits for it to end."""
     from ..config import kernel_cache_dir
     from ..kernelfile.launch import LaunchProcess
     from ..textcore import device_wanted
 
     size = src.stat().st_size
     wanted = size if device_wanted(settings.text_path, size) else 0
-    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), input_bytes=wanted)
+    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), input_bytes=wanted, reap=reap)
 
 
 def _run_to(

@@ -163,12 +163,17 @@ class LaunchProcess:
     for memory the child page-locks for it as soon as it has its context (:meth:`input_memory`).
 
     :meth:`ready` waits for it (the device's name and limits); :meth:`run` and :meth:`run_text` run one job
-    each; :attr:`alive` says whether it can take another; :meth:`close` kills it wherever it is. ``label``
-    names the kernel in messages.
+    each; :attr:`alive` says whether it can take another; :meth:`close` kills it wherever it is (and waits for
+    it, unless ``reap`` is False). ``label`` names the kernel in messages.
     """
 
-    def __init__(self, device: int, label: str, kernel_cache: Path | None = None, input_bytes: int = 0) -> None:
+    def __init__(
+        self, device: int, label: str, kernel_cache: Path | None = None, input_bytes: int = 0, *, reap: bool = True
+    ) -> None:
         self.label = label
+        #: Whether :meth:`close` waits for the killed child (False: a caller whose own process ends next leaves
+        #: it to the system, and does not wait out the driver's teardown of the child's context).
+        self.reap = reap
         self.device = device
         self.kernel_cache = kernel_cache
         # mmd's own text kernels come from the kernel cache as the worker's do (built there once, not per process)
@@ -472,8 +477,9 @@ class LaunchProcess:
         self._closed = True
         with contextlib.suppress(OSError):
             self._proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(REAP_S)
+        if self.reap:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(REAP_S)
         self._read_printf()
         for stream in (self._proc.stdout, self._proc.stderr):
             with contextlib.suppress(OSError, ValueError):
