@@ -201,9 +201,10 @@ def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[Ker
     with (
         ThreadPoolExecutor(1, "mmd-grade-start") as starter,
         ThreadPoolExecutor(1, "mmd-grade-inputs") as maker,
+        ThreadPoolExecutor(_MAKERS, "mmd-grade-input-rows") as rows,
         ThreadPoolExecutor(_CHECKERS, "mmd-grade-freivalds") as checks,
     ):
-        inputs = _FreshInputs(maker)
+        inputs = _FreshInputs(maker, rows)
         if pairs:
             inputs.ahead(pairs[0][0])
         starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
@@ -237,8 +238,10 @@ def _graded(checked: _Checked, timed: list[Case]) -> KernelGrade:
     return KernelGrade(h.kernel, checked.sha256, h.arrival, checked.late, (*checked.cases, *timed), precision=PRECISION)
 
 
-#: Threads that check timed launches' products (Freivalds' check), while the next launch runs.
-_CHECKERS = 2
+#: Threads that check timed launches' products (Freivalds' check, in C without the GIL) while the next launches
+#: run, and threads that make fresh inputs: half the cores each, 2 to 8 (CPU work beside the timed launches,
+#: which time the GPU alone).
+_CHECKERS = _MAKERS = max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _timing_backend(checked: _Checked, settings: Settings) -> KernelFileBackend | str:
@@ -321,25 +324,31 @@ def _test_case(backend: KernelFileBackend, test: Test, tile: int) -> Case:
 
 
 class _FreshInputs:
-    """Fresh inputs made a launch ahead, in ``pool``'s one thread with a Generator of its own (seeded from the
-    operating system: no one can know it), while the current launch runs; none is ever given twice."""
+    """Fresh inputs made a launch ahead, in ``pool``'s one thread, their rows filled in ``rows``' threads by
+    Generators of their own (seeded from the operating system: no one can know them), while the current launch
+    runs; none is ever given twice."""
 
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, rows: ThreadPoolExecutor) -> None:
         self._pool = pool
-        self._rng = np.random.default_rng(secrets.randbits(128))  # used in the pool's one thread only
+        self._rows = rows
+        # one Generator per part of a matrix, each used by one thread at a time (fresh_inputs waits for its parts)
+        self._rngs = np.random.default_rng(secrets.randbits(128)).spawn(_MAKERS)
         self._next: tuple[int, Future[tuple[np.ndarray, np.ndarray]]] | None = None
+
+    def _make(self, size: int) -> Future[tuple[np.ndarray, np.ndarray]]:
+        return self._pool.submit(fresh_inputs, self._rngs, size, size, size, self._rows)
 
     def ahead(self, size: int) -> None:
         """Start making inputs of ``size`` (those being made for another size are dropped)."""
         if self._next is None or self._next[0] != size:
-            self._next = (size, self._pool.submit(fresh_inputs, self._rng, size, size, size))
+            self._next = (size, self._make(size))
 
     def take(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         """Inputs of ``size``: those made ahead, else new ones."""
         ahead, self._next = self._next, None
         if ahead is not None and ahead[0] == size:
             return ahead[1].result()
-        return self._pool.submit(fresh_inputs, self._rng, size, size, size).result()
+        return self._make(size).result()
 
 
 def _timed_cases(
@@ -416,15 +425,23 @@ def _timed_launches(
     return done
 
 
-def fresh_inputs(rng: np.random.Generator, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A and B of new random values in [-1, 1) (float32, made in place: cheap at 4096)."""
-    out = []
-    for rows, cols in ((m, k), (k, n)):
-        x = rng.random((rows, cols), dtype=np.float32)
-        x *= 2
-        x -= 1
-        out.append(x)
-    return out[0], out[1]
+def fresh_inputs(
+    rngs: Sequence[np.random.Generator], m: int, k: int, n: int, pool: ThreadPoolExecutor
+) -> tuple[np.ndarray, np.ndarray]:
+    """A and B of new random values in [-1, 1) (float32, made in place), each cut into as many row parts as
+    ``rngs`` has Generators, the parts filled at once in ``pool`` (numpy fills without the GIL)."""
+    a, b = np.empty((m, k), np.float32), np.empty((k, n), np.float32)
+    for x in (a, b):
+        parts = np.array_split(x, len(rngs))
+        for done in [pool.submit(_fill, rng, part) for rng, part in zip(rngs, parts, strict=True)]:
+            done.result()
+    return a, b
+
+
+def _fill(rng: np.random.Generator, x: np.ndarray) -> None:
+    rng.random(out=x, dtype=np.float32)
+    x *= 2
+    x -= 1
 
 
 def _fresh_check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[str, str]:
