@@ -154,21 +154,23 @@ def _within(inner: Path, outer: Path) -> bool:
 
 def name_rule(items: tuple[str, ...] | None) -> dict[str, frozenset[Any] | None]:
     """``name_settings`` as a rule: name key → the values a name may pick (None: any); a key not in it may
-    not be set. Each value is read and judged as the setting it sets (Invalid naming the item)."""
+    not be set. Each value is read and judged as the setting it sets (ConfigError naming the item)."""
     rule: dict[str, frozenset[Any] | None] = {}
     for item in items or ():
         key, eq, value = item.partition("=")
         if key not in NAME_KEYS:
-            raise Invalid(f"unknown setting {key!r} ({_unknown(key, tuple(NAME_KEYS))})", sep=": ")
-        picks: frozenset[Any] | None = None
-        if eq:
-            try:
-                picks = frozenset({read_value(NAME_KEYS[key], value, key)})
-            except ConfigError as exc:
-                raise Invalid(exc.reason, dict(exc.details), sep=": ") from None
+            raise ConfigError(f"unknown setting {key!r} ({_unknown(key, tuple(NAME_KEYS))})")
+        picks = frozenset({read_value(NAME_KEYS[key], value, key)}) if eq else None
         known = rule.get(key, frozenset())
         rule[key] = None if picks is None or known is None else known | picks
     return rule
+
+
+def _name_rule(items: tuple[str, ...]) -> None:
+    try:
+        name_rule(items)
+    except ConfigError as exc:
+        raise Invalid(exc.reason, dict(exc.details), sep=": ") from None
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,7 @@ class Settings:
     #: what a file name may set: a key alone (``tile``) lets it pick any value, ``key=value`` items only
     #: those values (``[kernel=tiled, kernel=fast, timeout]``); null: names set nothing. ``timeout`` may only
     #: lower job_timeout_s, whatever this says
-    name_settings: tuple[str, ...] | None = setting(tuple(NAME_KEYS), name_rule)
+    name_settings: tuple[str, ...] | None = setting(tuple(NAME_KEYS), _name_rule)
     # -- durability --
     durable: bool = True  # fsync outputs and sidecars before they count as committed
     # -- logs --
@@ -395,7 +397,7 @@ def _related(s: Settings, origin: str) -> Settings:
             try:
                 rule.relation(s)
             except Invalid as exc:
-                raise ConfigError(f"{origin}: {_label(origin)(name)}{exc.sep}{exc.reason}") from None
+                raise ConfigError(f"{origin}: {_label(origin)(name)}{exc.sep}{exc.says}") from None
     return s
 
 

@@ -23,13 +23,14 @@ from typing import Any, TypeVar, Union
 from .errors import ConfigError, MmdError
 
 
-class Invalid(ConfigError):
-    """A value its setting refuses: ``reason`` is what follows the setting's name in the message (after
-    ``sep``), so that a file, a variable and a file name each put their own name for it first."""
+class Invalid(Exception):
+    """A value its setting refuses, as a check or reader says it (:meth:`Rule.read` makes it a ConfigError):
+    ``says`` follows the setting's name in the message (after ``sep``), so that a file, a variable and a file
+    name each put their own name for the setting first."""
 
     def __init__(self, says: str, details: dict[str, Any] | None = None, *, sep: str = " ") -> None:
-        super().__init__(says, details or {})
-        self.sep = sep
+        super().__init__(says)
+        self.says, self.details, self.sep = says, details or {}, sep
 
 
 #: A check of one setting's value (never of a null): raises Invalid, or the registry's MmdError (kernels, tiles).
@@ -218,7 +219,7 @@ class Rule:
                     check(out)
             return out
         except Invalid as exc:
-            raise ConfigError(f"{label}{exc.sep}{exc.reason}", {label: value, **exc.details}) from None
+            raise ConfigError(f"{label}{exc.sep}{exc.says}", {label: value, **exc.details}) from None
         except MmdError as exc:  # the registry's own words (kernels, tiles) name the setting already
             where = f"{label}: " if label != name else ""
             raise ConfigError(f"{where}{exc.reason}", dict(exc.details)) from None
