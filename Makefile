@@ -57,9 +57,9 @@ check: $(STAMP)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
-## docs: regenerate docs/sidecar.md and docs/sidecar.schema.json from mmd/record.py
+## docs: regenerate docs/sidecar.md and docs/sidecar.schema.json from mmd/record/
 docs: $(STAMP)
-	$(BIN)/python -m mmd.record docs
+	$(BIN)/python -m mmd.record.published docs
 
 ## gpu-test: the GPU tests (skip cleanly where there is no GPU or pycuda)
 gpu-test: $(STAMP)

@@ -24,12 +24,12 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="session")
 def sidecar_validator():
-    """A JSON Schema validator for mmd's sidecars (docs/sidecar.schema.json, generated from mmd.record)."""
+    """A JSON Schema validator for mmd's sidecars (docs/sidecar.schema.json, generated from mmd.record's records)."""
     import jsonschema
 
-    from mmd import record
+    from mmd.record import published
 
-    schema = record.json_schema()
+    schema = published.json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 

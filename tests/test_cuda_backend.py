@@ -359,14 +359,14 @@ def test_a_prepared_backend_reuses_small_jobs_device_memory_and_says_so():
 def test_the_cache_note_leaves_the_sidecar_to_mmd_s_own_writer():
     """The note is on every small GPU job's sidecar: a note PyYAML must write (a long line, a quote, ": ") sent
     the whole sidecar through PyYAML, a quarter of such a job's Python on the H200 box."""
-    from mmd import record
+    from mmd.record import writer
 
     backend, _session = backend_with()
     backend.prepare(0)
     a, b = operands(32, 32, 32)
     notes = [backend.multiply(a, b, MultiplyRequest(kernel="tiled", tile=8)).notes[0] for _ in range(2)]
     for note in notes:
-        assert record._plain_yaml({"notes": [note]}) == f"notes:\n- {note}\n"
+        assert writer._plain_yaml({"notes": [note]}) == f"notes:\n- {note}\n"
 
 
 def test_a_reused_block_holds_the_last_job_s_values_and_the_next_job_overwrites_them():

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import xmlschema
 
-from mmd import accel, record, textcore, textformat
+from mmd import accel, textcore, textformat
 from mmd.check import full, jobs, lateness, pairing, reports, results
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
+from mmd.record import reader
 
 from .conftest import blocks_of, run_mmd
 from .fakes import tf32_round
@@ -931,7 +932,7 @@ def _tf32_served(root: Path, kernel: str) -> tuple[Path, Path]:
     (out / "t.out").write_bytes(textformat.emit(c))
     sidecar = out / "t.timing.yaml"
     sidecar.write_text(re.sub(r"(?m)^kernel: .*$", f"kernel: {kernel}", sidecar.read_text()))
-    assert record.read(sidecar).kernel == kernel
+    assert reader.read(sidecar).kernel == kernel
     return tests, out
 
 

@@ -21,6 +21,7 @@ import yaml
 from mmd import record, textformat
 from mmd.check.jobs import precision_of
 from mmd.check.pairing import read_sidecar
+from mmd.record import reader
 
 from .conftest import ROOT, run_mmd
 
@@ -173,7 +174,7 @@ def test_a_kernel_file_runs_padded_and_cropped_as_the_cpu_prints_it(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     expected = b"".join(textformat.emit_chunks(np.matmul(a, b)))
     assert (tmp_path / "a.out").read_bytes() == expected
-    rec = record.read(tmp_path / "a.timing.yaml")
+    rec = reader.read(tmp_path / "a.timing.yaml")
     assert isinstance(rec, record.TimingRecord)
     assert rec.kernel == "p1.cu" and rec.tile == 8 and rec.backend == "cuda" and rec.device.startswith("Fake GPU")
     facts = rec.kernel_file

@@ -26,6 +26,7 @@ from mmd.errors import ConfigError, KernelError
 from mmd.job import describe
 from mmd.kernelchoice import KernelChoice, in_folders
 from mmd.pipeline import run_job
+from mmd.record import reader
 
 from .conftest import ROOT, run_mmd, wait_for
 from .fakes import FakeNvml, cuda_backend
@@ -110,7 +111,7 @@ def test_mmd_run_runs_the_file_a_name_picks(tmp_path: Path) -> None:
     done = run_mmd("run", str(src), cwd=tmp_path, env=fake_gpu(MMD_KERNEL_FOLDERS=str(folder)))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "a@kernel=p1,tile=8.out").read_bytes() == b"".join(textformat.emit_chunks(np.matmul(a, b)))
-    rec = record.read(tmp_path / "a@kernel=p1,tile=8.timing.yaml")
+    rec = reader.read(tmp_path / "a@kernel=p1,tile=8.timing.yaml")
     assert isinstance(rec, record.TimingRecord)
     assert rec.kernel == "p1.cu" and rec.tile == 8 and rec.device.startswith("Fake GPU")
     assert rec.kernel_file is not None and rec.kernel_file.sha256 == hashlib.sha256(k.read_bytes()).hexdigest()

@@ -13,6 +13,7 @@ from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.config import Settings
 from mmd.job import describe
 from mmd.pipeline import run_job
+from mmd.record import writer
 
 from .conftest import plain, run_file
 from .fakes import cuda_backend
@@ -181,7 +182,7 @@ def test_sidecar_bytes_are_the_same_with_and_without_libyaml():
     )
     data = record.as_dict(rec)
     assert yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True).encode() == (
-        record.dumps(rec)
+        writer.dumps(rec)
     )
 
 

@@ -1,4 +1,5 @@
-"""The sidecar's one definition (mmd.record): written, read back, its schema and table current."""
+"""The sidecar's one definition (mmd.record): written (writer), read back (reader), its schema and table current
+(published)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mmd import record
-from mmd.record import ErrorRecord, FileFacts, TimingRecord
+from mmd.record import ErrorRecord, FileFacts, TimingRecord, published, reader, writer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -51,19 +52,21 @@ def refusal() -> ErrorRecord:
 
 
 def test_the_published_schema_and_table_are_current():
-    assert json.loads((DOCS / "sidecar.schema.json").read_text()) == record.json_schema(), (
-        "docs/sidecar.schema.json is stale: run python -m mmd.record docs"
+    assert json.loads((DOCS / "sidecar.schema.json").read_text()) == published.json_schema(), (
+        "docs/sidecar.schema.json is stale: run python -m mmd.record.published docs"
     )
-    assert (DOCS / "sidecar.md").read_text() == record.markdown(), "docs/sidecar.md is stale: python -m mmd.record"
+    assert (DOCS / "sidecar.md").read_text() == published.markdown(), (
+        "docs/sidecar.md is stale: run python -m mmd.record.published docs"
+    )
 
 
 @pytest.mark.parametrize("rec", [timing(), refusal()], ids=["timing", "error"])
 def test_written_records_read_back_equal_and_follow_the_schema(tmp_path, rec):
     path = tmp_path / "m.yaml"
-    path.write_bytes(record.dumps(rec))
+    path.write_bytes(writer.dumps(rec))
     data = yaml.safe_load(path.read_text())
-    jsonschema.validate(data, record.json_schema())
-    assert record.read(path) == rec
+    jsonschema.validate(data, published.json_schema())
+    assert reader.read(path) == rec
     assert next(iter(data)) == "status"
 
 
@@ -89,17 +92,17 @@ def test_context_and_error_details_sit_beside_the_records_own_keys():
 def test_the_schema_refuses_what_mmd_never_writes(change):
     data = {**record.as_dict(timing()), **change}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(data, record.json_schema())
+        jsonschema.validate(data, published.json_schema())
 
 
 def test_read_refuses_a_file_that_is_not_a_sidecar(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("status: pending\n")
     with pytest.raises(ValueError, match="status must be ok or error"):
-        record.read(path)
+        reader.read(path)
     path.write_text("- 1\n")
     with pytest.raises(ValueError, match="not a sidecar mapping"):
-        record.read(path)
+        reader.read(path)
 
 
 def test_timing_keys_are_the_timings_fields_in_order():
@@ -154,7 +157,7 @@ _TREES = st.recursive(
 @given(_TREES)
 def test_plain_sidecars_are_written_as_pyyaml_writes_them(data):
     """Where mmd writes a sidecar's YAML itself, the bytes are PyYAML's (else it leaves them to PyYAML)."""
-    ours = record._plain_yaml(data)
+    ours = writer._plain_yaml(data)
     if ours is not None:
         assert ours == yaml.dump(data, Dumper=yaml.SafeDumper, sort_keys=False, default_flow_style=False,
                                  allow_unicode=True)  # fmt: skip
@@ -190,12 +193,12 @@ def test_a_record_is_written_as_pyyaml_writes_its_plain_data(context, details, n
                                          timings_ms=record.timings({"read": value}), context=context)  # fmt: skip
     else:
         rec = dataclasses.replace(timing(), notes=notes, gflops=value, context=context)
-    assert record.dumps(rec) == _pyyaml(rec)
+    assert writer.dumps(rec) == _pyyaml(rec)
 
 
 def test_every_usual_sidecar_is_written_by_mmd_itself(tmp_path):
     """A timing record as the pipeline makes it takes the fast path (the test above holds its bytes)."""
     rec = timing()
-    assert record._plain_yaml(record.as_dict(rec)) is not None
-    assert record.dumps(rec) == yaml.dump(record.as_dict(rec), Dumper=yaml.SafeDumper, sort_keys=False,
+    assert writer._plain_yaml(record.as_dict(rec)) is not None
+    assert writer.dumps(rec) == yaml.dump(record.as_dict(rec), Dumper=yaml.SafeDumper, sort_keys=False,
                                           default_flow_style=False, allow_unicode=True).encode()  # fmt: skip

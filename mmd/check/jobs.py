@@ -482,10 +482,11 @@ def _refusal_reason(path: Path) -> str:
     import yaml
 
     from .. import record
+    from ..record.reader import parse
 
     name = textcore.printable(path.name)
     try:
-        refusal = record.parse(bytes(textcore.read_bytes(path, follow=False)), path)
+        refusal = parse(bytes(textcore.read_bytes(path, follow=False)), path)
     except NotRegularFile:
         raise
     except (UnreadableError, ValueError, yaml.YAMLError) as exc:

@@ -191,13 +191,14 @@ def read_sidecar(path: Path) -> Sidecar | None:
     import yaml
 
     from .. import record
+    from ..record.reader import parse
 
     sidecar = path if path.name.endswith(record.ERROR_SUFFIX) else record.timing_path(path)
     try:
         data = textcore.read_bytes(sidecar, follow=False)
         if len(data) > SIDECAR_MAX_BYTES:
             return None
-        rec = record.parse(bytes(data), sidecar)
+        rec = parse(bytes(data), sidecar)
     except (UnreadableError, ValueError, yaml.YAMLError):  # NotRegularFile is an UnreadableError
         return None
     try:

@@ -33,6 +33,7 @@ from ..fileops import OPS, FileOps
 from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
+from ..record.writer import dumps
 from .reading import Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
@@ -248,7 +249,7 @@ def _run(
     sidecar = record.timing_path(job.output)
     # The sidecar is committed last: its presence means the job is complete.
     try:
-        commit.write(sidecar, [record.dumps(rec)])
+        commit.write(sidecar, [dumps(rec)])
         if staged is None:
             commit.publish()
     except BaseException:

@@ -21,6 +21,7 @@ from ..errors import MmdError, OutputError
 from ..fileops import OPS, FileOps
 from ..logs import get_logger
 from ..record import Context, ErrorFacts, ErrorRecord, FileFacts, Requested, Shape
+from ..record.writer import dumps
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def commit(
     path = record.error_path(refusal.output)
     try:
         commit = staged if staged is not None else Staged(durable=durable, ops=ops)
-        commit.write(path, [record.dumps(rec)])
+        commit.write(path, [dumps(rec)])
         if staged is None:
             commit.publish()
     except (OutputError, yaml.YAMLError) as exc:

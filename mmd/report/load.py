@@ -14,7 +14,8 @@ import yaml
 from ..bench.rows import AccuracyRow, BenchRow, RowType, from_cells
 from ..bench.stats import gflops, phase_quartiles, phase_stats
 from ..errors import UnreadableError
-from ..record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, TimingRecord, read
+from ..record import ERROR_SUFFIX, TIMING_SUFFIX, ErrorRecord, TimingRecord
+from ..record.reader import read
 
 
 class ReportError(UnreadableError):

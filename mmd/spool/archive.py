@@ -22,9 +22,9 @@ import stat
 import time
 from pathlib import Path
 
-from .. import record
 from ..atomic import temporary_pid
 from ..errors import SpoolError
+from ..record.reader import load_dict
 from ..textcore import HEADER_WINDOW
 from .claims import Claim, Claims, InHand, spare_folder_pid
 from .common import Shared, entries, strerror
@@ -173,7 +173,7 @@ class Archive:
         input's name and size), under its job's name, else its plain name if it is ``owner``'s and of that size."""
         for ok, sidecar in zip((True, False), names_of(output)[1:], strict=True):
             try:
-                found = record.load_dict(sidecar)
+                found = load_dict(sidecar)
                 job, facts = found["job"], found["input"]
                 name, size = facts["name"], facts.get("bytes")
             except (OSError, ValueError, KeyError, TypeError):

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import record
 from ..errors import SpoolError
 from ..job import new_id
 from ..jobname import stem_of
+from ..record.reader import load_dict
 from ..submitters import login_of
 from .common import Shared, entries, strerror
 from .names import (
@@ -115,7 +115,7 @@ def finished(claim: Claim) -> tuple[bool, Path] | None:
     _output, timing, error = names_of(claim.output)
     for ok, path in ((True, timing), (False, error)):
         try:
-            found = record.load_dict(path)
+            found = load_dict(path)
         except Exception:  # missing, unreadable or not YAML: not this job's
             continue
         if found.get("job") == claim.job_id:
@@ -132,7 +132,7 @@ def took_seen(claim: Claim, seen: Candidate) -> bool:
 def owned_by(claim: Claim, path: Path) -> bool:
     """Whether the sidecar at ``path`` was written by ``claim``'s job (it carries the job id)."""
     try:
-        return record.load_dict(path).get("job") == claim.job_id
+        return load_dict(path).get("job") == claim.job_id
     except Exception:  # missing, unreadable or not YAML: not this job's
         return False
 

@@ -26,7 +26,8 @@ from ..kernelchoice import FOLDER_NAME, SUFFIX
 from ..kernelfile.nvrtc import compile_kernel
 from ..kernelfile.reading import MAX_SOURCE_BYTES, SIDECAR_SUFFIX, KernelFile, parse_kernel
 from ..kernelfile.store import KernelStore
-from ..record import HANDIN_SUFFIX, HandInRecord, TileFacts, dumps_handin, now_iso
+from ..record import HANDIN_SUFFIX, HandInRecord, TileFacts, now_iso
+from ..record.writer import dumps_handin
 from ..submitters import login_of
 from .ledger import Ledger, Usage, usage_of
 from .names import archive_name
