@@ -27,22 +27,12 @@ from mmd.spool.ledger import Ledger
 from . import classbox
 from .classbox import Box, Student
 from .test_class import class_settings, serve_once
+from .test_handins import P1  # the course's first kernel, as a student writes it
 
 users, students, box = classbox.users, classbox.students, classbox.box  # the fixtures
 
 #: Real accounts (made once per session: the serial tier), and each hand-in compiles in a child process.
 pytestmark = [pytest.mark.serial, pytest.mark.process]
-
-#: The course's first kernel, as a student writes it.
-P1 = (
-    "__global__ void MatrixMulKernel(float* Md, float* Nd, float* Pd, int Width) {\n"
-    "    int Row = blockIdx.y * TILE_WIDTH + threadIdx.y;\n"
-    "    int Col = blockIdx.x * TILE_WIDTH + threadIdx.x;\n"
-    "    float s = 0;\n"
-    "    for (int k = 0; k < Width; ++k) s += Md[Row * Width + k] * Nd[k * Width + Col];\n"
-    "    Pd[Row * Width + Col] = s;\n"
-    "}\n"
-)
 
 
 def answer_of(b: Box, who: Student, stem: str) -> dict:
