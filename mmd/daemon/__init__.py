@@ -2,13 +2,22 @@
 
 One concept per module:
 
-* :mod:`.server`: :class:`Daemon`, the main process's loop, signals, time limits and notify;
+* :mod:`.server`: :class:`Daemon`, the main process's loop: hints, orders and events;
+* :mod:`.service`: what the daemon holds while it serves, each a context manager (lock, signals, systemd ...);
+* :mod:`.intake`: inbox entries become jobs waiting in the scheduler (or are judged: set aside, removed);
 * :mod:`.scheduler`: which job goes to which worker next (no threads, no files);
+* :mod:`.supervisor`: a job past its time limit or cancelled ends with its worker; a dead worker's jobs go on;
+* :mod:`.ends`: a job's end booked (state file, metrics, fair share, hooks), and a claimed job refused;
+* :mod:`.upkeep`: the main loop's chores (held jobs taken back, sweeps, the metrics file);
+* :mod:`.backoff`: pauses that double with each failure in a row;
+* :mod:`.inbox`: the inbox folder, watched, and followed when it is made again;
 * :mod:`.messages`: the typed hints, orders and events between the parts;
 * :mod:`.pool`: the main process's side of the worker processes (:class:`~.pool.WorkerPool`);
 * :mod:`.worker`: a worker process, and its :class:`~.worker.Runner`, which claims, runs
   (:func:`mmd.pipeline.run_job`) and archives each job, and commits small ones in groups;
 * :mod:`.control`: a worker's job in hand, in shared memory, for its supervisor;
+* :mod:`.local` and :mod:`.desk`: the control socket, and what its askers are answered (their own jobs);
+* :mod:`.handins`: the kernels students hand in, taken off the main loop;
 * :mod:`.mailbox`: hints from threads and signal handlers, readable as a descriptor;
 * :mod:`.observer`: filesystem events become hints;
 * :mod:`.lock`: one daemon per inbox (one per host on a shared inbox);

@@ -6,7 +6,7 @@ root, the service's own user and members of ``graders_group`` see every
 job and may cancel any. Runs on the main loop (it reads the queue and the
 workers as they are), so a student's request costs their own jobs and the
 jobs in hand, never the whole queue nor a look at the inbox's files; the
-stopping itself is the server's (:class:`Stops`), as for a job past its
+stopping itself is the supervisor's (:class:`Stops`), as for a job past its
 time limit, and lands only on the job that was checked. A student's status
 also lists the kernels they handed in (class mode): one listing of their own
 folder in the store, at most :data:`~mmd.kernelfile.store.SHOWN_HANDINS` of
@@ -36,11 +36,15 @@ SHOWN_QUEUE = 1000
 
 
 class Stops(Protocol):
-    """The server's ways to end a job that a request cancels."""
+    """How a running job that a request cancels is ended (:class:`~.supervisor.Supervisor`)."""
 
     def stop_running(self, worker: int, seq: int, error: MmdError) -> bool:
         """End worker ``worker`` for its job ``seq`` (which gets ``error``'s sidecar), as for a time limit;
         False, and nothing done, when the worker no longer runs that job."""
+
+
+class Refusals(Protocol):
+    """How a claimed job that a request cancels is ended (:class:`~.ends.Ends`)."""
 
     def refuse_claimed(self, claim: Claim, error: MmdError, device: int | None) -> None:
         """Give a claimed job that no worker has its error sidecar, and archive it."""
@@ -77,12 +81,19 @@ class Job:
 
 class Desk:
     def __init__(
-        self, spool: Spool, scheduler: Scheduler, workers: WorkerPool, stops: Stops, graders: Sequence[int] = ()
+        self,
+        spool: Spool,
+        scheduler: Scheduler,
+        workers: WorkerPool,
+        stops: Stops,
+        refusals: Refusals,
+        graders: Sequence[int] = (),
     ) -> None:
         self.spool = spool
         self.scheduler = scheduler
         self.workers = workers
         self.stops = stops
+        self.refusals = refusals
         self.graders = set(graders)
         self.store = KernelStore.of(spool.private)
 
@@ -184,7 +195,7 @@ class Desk:
             item = self.scheduler.cancel(job.file, job.submitter) if job.state == "queued" else None
             if item is None or item.claim is None:
                 return again
-            self.stops.refuse_claimed(item.claim, error, None)
+            self.refusals.refuse_claimed(item.claim, error, None)
             return {"ok": True, "cancelled": shown(job.file), "job": job.job, "was": "queued"}
         # Still a file in the inbox (queued here, or handed to a worker that has not claimed it yet): claimed here
         # and refused, so its worker finds nothing to claim. Its owner is judged again once it is ours: a file
@@ -196,7 +207,7 @@ class Desk:
         if claim.owner != uid and not everyone:
             self.scheduler.resume([claim])
             return mine
-        self.stops.refuse_claimed(claim, error, None)
+        self.refusals.refuse_claimed(claim, error, None)
         return {"ok": True, "cancelled": shown(job.file), "job": claim.job_id, "was": "queued"}
 
     def _rm(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:

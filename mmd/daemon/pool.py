@@ -43,6 +43,9 @@ from .messages import (
 )
 from .scheduler import Load
 
+#: What the main process does with a worker's event (and the order it answers, or None).
+OnEvent = Callable[["WorkerHandle", Event, Run | Resume | None], None]
+
 #: How long a stop waits for a worker's control block (held by the worker for a few writes at a job's start
 #: and end; a worker killed while it held it never gives it back).
 FREEZE_S = 1.0
@@ -310,7 +313,7 @@ class WorkerPool:
                 changed.append((w.index, shown_as))
         return changed
 
-    def stop(self, on_event: Callable[[WorkerHandle, Event, Run | Resume | None], None], wait_s: float) -> None:
+    def stop(self, on_event: OnEvent, wait_s: float) -> None:
         """The jobs in hand finish (names given and not claimed stay in the inbox), then each worker quits;
         ``on_event`` is told what they say meanwhile. Waits at most ``wait_s`` for a worker that neither
         runs nor answers."""
