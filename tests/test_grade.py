@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from mmd import textformat
+from mmd.bench.clock import ClockSample
 from mmd.check.results import Status
 from mmd.grade import reports
 from mmd.grade.grader import GradePlan
@@ -52,6 +53,11 @@ def data_sets(root: Path) -> Path:
 
 def grade(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return run_mmd("grade", *args, cwd=cwd, env=fake_gpu(**env), timeout=300)
+
+
+def stopped_by_the_plan(plan: GradePlan, kernel_ms: list[float]) -> bool:
+    """Whether a timed case's launches stopped where the plan says: enough with the last, not before it."""
+    return plan.enough(kernel_ms) and not plan.enough(kernel_ms[:-1])
 
 
 def cases(report: dict, student: str) -> dict[str, dict]:
@@ -108,7 +114,7 @@ def test_a_class_is_graded_as_mmd_check_reports(tmp_path: Path) -> None:
     timed = [c for c in p1["cases"] if c["kind"] == "timed"]
     assert [(c["shape"][0], c["tile"]) for c in timed] == [(16, 32), (16, 4), (16, 8), (16, 16)]
     for c in timed:
-        assert 1 <= len(c["kernel_ms"]) <= 2 and len(c["cuda_ms"]) == len(c["kernel_ms"])
+        assert stopped_by_the_plan(GradePlan(repeats=2), c["kernel_ms"]) and len(c["cuda_ms"]) == len(c["kernel_ms"])
         assert c["kernel_median_ms"] == pytest.approx(float(np.median(c["kernel_ms"])))
         assert c["cuda_median_ms"] >= c["kernel_median_ms"]
     assert p1["correct"] is True and p1["sha256"] and not p1["late"]
@@ -169,7 +175,7 @@ def test_every_timed_launch_gets_fresh_inputs_so_a_replay_is_never_timed(tmp_pat
     timed = [c for c in part["kernels"][0]["cases"] if c["kind"] == "timed"]
     assert len(timed) == 4
     for c in timed:
-        assert len(c["kernel_ms"]) == 3
+        assert stopped_by_the_plan(GradePlan(repeats=3), c["kernel_ms"])
         assert min(c["kernel_ms"]) >= REPLAY_COMPUTE_MS * 0.9, c
 
 
@@ -397,3 +403,56 @@ def test_the_page_shows_each_time_over_naive_and_as_a_fraction_of_cublas_from_th
         ["ben", "tiled.cu", "12.000", "2.50×", ""],
         ["cal", "tiled.cu", "12.000", "", ""],
     ]
+
+
+def test_a_case_repeats_until_its_median_is_known_or_enough_time_is_measured() -> None:
+    """At least ``repeats`` launches; then more until the kernel median's noise (as mmd bench measures it) is under
+    ``noise``, or ``enough_ms`` of kernel time is in, or ``max_repeats`` launches ran."""
+    plan = GradePlan(repeats=3, noise=0.02, enough_ms=200.0, max_repeats=6)
+    assert not plan.enough([10.0, 10.0])  # fewer than the least
+    assert plan.enough([10.0, 10.0, 10.1])  # steady: the median is known
+    assert not plan.enough([10.0, 14.0, 10.1])  # noisy, and 34 ms is not enough time
+    assert plan.enough([80.0, 120.0, 60.0])  # noisy, but 260 ms of kernel time
+    assert plan.enough([10.0, 14.0, 10.1, 15.0, 9.0, 13.0])  # the most
+    with pytest.raises(ValueError):
+        GradePlan(repeats=11, max_repeats=10)
+
+
+class _Neighbour:
+    """The GPU as NVML reads it: another process on it at the first reading only (the grading's own timed
+    launch process is the one process there after it)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self) -> ClockSample:
+        self.reads += 1
+        return ClockSample(1755.0, 1980.0, 0, 2 if self.reads == 1 else 1)
+
+
+def test_a_timed_case_that_another_process_disturbed_runs_again_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    """The first timed case's window saw a process on the GPU that is not the grading's: it runs again, its times
+    are the second window's, and it says so (windows 2, not disturbed at the end); every case carries the GPU's
+    SM clock and its noise."""
+    from mmd import config
+    from mmd.grade import grader, handins, testset
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent / "fakegpu"), os.environ.get(
+        "PYTHONPATH", "")]))  # fmt: skip
+    tests, _ = testset.load(data_sets(tmp_path))
+    (tmp_path / "handin" / "ann").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "ann", "p1.cu")
+    settings = config.Settings(kernel_cache=str(tmp_path / "cache"))
+    _, limits = grader.probe(settings)
+    plan = GradePlan(tiles=(8,), sizes=(16,), timing_tiles=(8,), repeats=2)
+    grading = grader.Grading(tests, plan, settings, limits.arch, clock=_Neighbour())
+    (part,), _ = grader.grade_class([handins.student(tmp_path / "handin" / "ann", False)], grading, "fake", 1)
+    timed = [c for c in part.kernels[0].cases if c.kind == "timed"]
+    assert [(c.tile, c.status, c.windows, c.disturbed) for c in timed] == [
+        (32, Status.OK, 2, False),
+        (8, Status.OK, 1, False),
+    ]
+    assert all(c.sm_clock_mhz == 1755.0 and c.gpu_processes == 1 and c.noise is not None for c in timed[1:])
+    assert "run 2 times: another process used the GPU" in timed[0].detail and "SM clock 1755" in timed[0].detail
+    again = json.loads(json.dumps(part.as_dict()))
+    assert StudentGrade.from_dict(again).as_dict() == again  # a Slurm part keeps them

@@ -79,8 +79,13 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="timed sizes: each at tile 32, the largest at tiles 4 to 32 (default: the course's, "
                    "%(default)s; none: no timing)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, metavar="N",
-                   help="timed launches at most per case, fewer once 0.2 s of kernel time is measured "
-                   "(default: 3)")  # fmt: skip
+                   help="timed launches at least per case, then more until the kernel median's noise is under "
+                   "--noise or 0.2 s of kernel time is measured (default: 3)")  # fmt: skip
+    p.add_argument("--noise", type=float, default=2.0, metavar="PCT",
+                   help="the kernel median's noise (half its 95%% confidence interval) a case repeats to get "
+                   "under (default: 2)")  # fmt: skip
+    p.add_argument("--max-repeats", type=int, default=10, metavar="N",
+                   help="timed launches at most per case (default: 10)")  # fmt: skip
     p.add_argument("--workers", type=int, metavar="N", help="kernels compiled and checked for correctness at once "
                    "(default: min(8, CPU cores)); the timed cases run one kernel at a time, whatever N is")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no line per kernel graded on stderr")
@@ -120,7 +125,8 @@ def _request(args: argparse.Namespace) -> Request:
         except ValueError:
             raise UsageError(f"--deadline {args.deadline!r}: not an ISO 8601 time (2025-03-14T23:59)") from None
     try:
-        plan = GradePlan(tiles=tuple(args.tiles), sizes=tuple(args.sizes), repeats=args.repeats)
+        plan = GradePlan(tiles=tuple(args.tiles), sizes=tuple(args.sizes), repeats=args.repeats,
+                         noise=args.noise / 100, max_repeats=args.max_repeats)  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return Request(args.kernels.absolute(), args.tests.absolute(), args.store, deadline, plan)

@@ -55,27 +55,12 @@ class Request:
             "tests": str(self.tests),
             "store": self.store,
             "deadline": None if self.deadline is None else shown_time(self.deadline),
-            "plan": {
-                "tiles": list(p.tiles),
-                "sizes": list(p.sizes),
-                "sizes_at_tile": p.sizes_at_tile,
-                "timing_tiles": list(p.timing_tiles),
-                "repeats": p.repeats,
-                "enough_ms": p.enough_ms,
-            },
+            "plan": p.as_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Request:
-        p = d["plan"]
-        plan = GradePlan(
-            tiles=tuple(int(t) for t in p["tiles"]),
-            sizes=tuple(int(s) for s in p["sizes"]),
-            sizes_at_tile=int(p["sizes_at_tile"]),
-            timing_tiles=tuple(int(t) for t in p["timing_tiles"]),
-            repeats=int(p["repeats"]),
-            enough_ms=float(p["enough_ms"]),
-        )
+        plan = GradePlan.from_dict(d["plan"])
         deadline = None if d["deadline"] is None else parse_time(d["deadline"])
         return cls(Path(d["kernels"]), Path(d["tests"]), bool(d["store"]), deadline, plan)
 
@@ -84,6 +69,7 @@ class Request:
         p = self.plan
         args = ["grade", "--tests", str(self.tests)]
         args += ["--tiles", *map(str, p.tiles), "--sizes", *map(str, p.sizes), "--repeats", str(p.repeats)]
+        args += ["--noise", f"{100 * p.noise:g}", "--max-repeats", str(p.max_repeats)]
         if self.store:
             args.append("--store")
         if self.deadline is not None:

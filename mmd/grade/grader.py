@@ -33,13 +33,16 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
 from .. import kernels as registry
 from ..backends.base import MultiplyRequest, Product
 from ..backends.kernelfile import KernelFileBackend
+from ..bench.clock import ClockReader, ClockWatch
 from ..bench.plan import COURSE_SIZES, COURSE_SIZES_AT_TILE, COURSE_TILES
+from ..bench.stats import noise_of, settled
 from ..check import full
 from ..check.quick import fresh_seed
 from ..check.results import Status
@@ -66,16 +69,58 @@ class GradePlan:
     sizes: tuple[int, ...] = COURSE_SIZES
     sizes_at_tile: int = COURSE_SIZES_AT_TILE
     timing_tiles: tuple[int, ...] = registry.TILES
-    #: Timed launches at most per case ...
+    #: Timed launches at least per case, then more until the kernel median's noise (half its 95% confidence
+    #: interval, as ``mmd bench`` measures it) is under ``noise`` ...
     repeats: int = 3
-    #: ... and no more once this much kernel time (ms) is measured in the case.
+    noise: float = 0.02
+    #: ... or this much kernel time (ms) is measured in the case, or ``max_repeats`` launches ran.
     enough_ms: float = 200.0
+    max_repeats: int = 10
+    #: A case during which another process used the GPU runs again, in up to this many windows in all.
+    windows: int = 3
 
     def __post_init__(self) -> None:
         if not self.tiles or min(self.tiles) < 1 or (self.sizes and min(self.sizes) < 1):
             raise ValueError("tiles and sizes must be positive")
-        if self.repeats < 1 or not self.enough_ms > 0:
-            raise ValueError("repeats must be at least 1 and enough_ms positive")
+        if not 1 <= self.repeats <= self.max_repeats or not self.enough_ms > 0 or not self.noise > 0:
+            raise ValueError("repeats must be from 1 to max_repeats, and enough_ms and noise positive")
+        if self.windows < 1:
+            raise ValueError("windows must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tiles": list(self.tiles),
+            "sizes": list(self.sizes),
+            "sizes_at_tile": self.sizes_at_tile,
+            "timing_tiles": list(self.timing_tiles),
+            "repeats": self.repeats,
+            "noise": self.noise,
+            "enough_ms": self.enough_ms,
+            "max_repeats": self.max_repeats,
+            "windows": self.windows,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GradePlan:
+        return cls(
+            tiles=tuple(int(t) for t in d["tiles"]),
+            sizes=tuple(int(s) for s in d["sizes"]),
+            sizes_at_tile=int(d["sizes_at_tile"]),
+            timing_tiles=tuple(int(t) for t in d["timing_tiles"]),
+            repeats=int(d["repeats"]),
+            noise=float(d["noise"]),
+            enough_ms=float(d["enough_ms"]),
+            max_repeats=int(d["max_repeats"]),
+            windows=int(d["windows"]),
+        )
+
+    def enough(self, kernel_ms: Sequence[float]) -> bool:
+        """Whether a case's launches so far (their kernel times) are enough: the least, and a settled median or
+        enough time measured; or the most."""
+        if len(kernel_ms) >= self.max_repeats:
+            return True
+        samples = [{"kernel": ms} for ms in kernel_ms]
+        return len(kernel_ms) >= self.repeats and (settled(samples, self.noise) or sum(kernel_ms) >= self.enough_ms)
 
     def timed(self) -> list[tuple[int, int]]:
         """(size, tile) of each timed case, without repeats: the size sweep, then the tile sweep."""
@@ -98,19 +143,20 @@ class Grading:
     deadline: datetime | None = None
     #: Told of each kernel graded.
     told: Callable[[str, KernelGrade], None] = field(default=lambda student, grade: None)
+    #: Reads the GPU's clock and the processes using it while a case is timed (None: nothing to read it with).
+    clock: ClockReader | None = None
 
 
-def probe(settings: Settings) -> tuple[str, str]:
-    """(the GPU's name, its architecture), from a launch process of the kernel files' kind; BackendUnavailable
+def probe(settings: Settings) -> tuple[str, registry.DeviceLimits]:
+    """(the GPU's name, its limits), from a launch process of the kernel files' kind; BackendUnavailable
     where there is none (no pycuda, no GPU): grading stops before any kernel is marked for it."""
     from ..kernelfile.launch import LaunchProcess  # a process of its own: only to grade
 
     process = LaunchProcess(settings.device, "mmd grade")
     try:
-        name, limits = process.ready()
+        return process.ready()
     finally:
         process.close()
-    return name, limits.arch
 
 
 def default_workers() -> int:
@@ -221,8 +267,10 @@ def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[Ker
                 if isinstance(made, str):
                     cases = _refused_timing(made, grading.plan)
                 else:
+                    # the GPU's processes of the grading's own: the timed one, and the next one's starting beside it
+                    window = _Window(grading.clock, 1 + len(starting))
                     try:
-                        cases = _timed_cases(made, grading.plan, inputs, checks)
+                        cases = _timed_cases(made, grading.plan, inputs, checks, window)
                     finally:
                         made.close()
                 yield _graded(c, cases), time.perf_counter() - start
@@ -351,78 +399,128 @@ class _FreshInputs:
         return self._make(size).result()
 
 
+@dataclass(frozen=True)
+class _Window:
+    """How a timed case's launches are watched: the GPU's reader (None: not watched), and how many processes on
+    the GPU are the grading's own (more is another's, and the window is disturbed)."""
+
+    clock: ClockReader | None
+    own_processes: int
+
+    def watch(self) -> ClockWatch:
+        return ClockWatch(self.clock, own_processes=self.own_processes)
+
+
 def _timed_cases(
-    backend: KernelFileBackend, plan: GradePlan, inputs: _FreshInputs, checks: ThreadPoolExecutor
+    backend: KernelFileBackend, plan: GradePlan, inputs: _FreshInputs, checks: ThreadPoolExecutor, window: _Window
 ) -> list[Case]:
     """The plan's timed cases of one kernel, in order. Each launch's product is checked in ``checks`` while the
     next launch runs; a case is decided once all its launches' checks are in."""
     pairs = plan.timed()
     sizes = [s for s, _ in pairs[1:]] + [s for s, _ in pairs[:1]]  # after the last: the next kernel's first
-    pending = [_timed_launches(backend, size, tile, plan, inputs, checks, then) for (size, tile), then in
+    pending = [_timed_case(backend, size, tile, plan, inputs, checks, then, window) for (size, tile), then in
                zip(pairs, sizes, strict=True)]  # fmt: skip
     return [p.decided() for p in pending]
 
 
 @dataclass
 class _Launches:
-    """A timed case's launches so far: each one's (kernel ms, cuda ms, its product's check), and what stopped
-    them where a launch was refused or faulted."""
+    """A timed case's launches so far: each one's (kernel ms, cuda ms) in the window kept, every launch's
+    product check (of every window: a wrong product is wrong in any), what stopped them where a launch was
+    refused or faulted, and what the GPU did during the window kept."""
 
     case: Case
-    launches: list[tuple[float, float, Future[tuple[str, str]]]]
-    stopped: tuple[Status, str] | None
-    seconds: float
+    launches: list[tuple[float, float]] = field(default_factory=list)
+    checks: list[Future[tuple[str, str]]] = field(default_factory=list)
+    stopped: tuple[Status, str] | None = None
+    seconds: float = 0.0
+    gpu: dict[str, Any] = field(default_factory=dict)
+    windows: int = 0
 
     def failed(self) -> bool:
-        return any(check.done() and check.result()[0] for _, _, check in self.launches)
+        return any(check.done() and check.result()[0] for check in self.checks)
+
+    def disturbed(self) -> bool:
+        """Whether another process used the GPU during the last window (unknown: not)."""
+        return bool(self.gpu.get("gpu_busy"))
 
     def decided(self) -> Case:
         """The case, once every check is in: wrong at the first launch whose product is wrong (as though it
         had stopped there), else refused where a launch was, else timed."""
         start = time.perf_counter()
         case = self.case
-        for launch, (_, _, check) in enumerate(self.launches, 1):
+        for launch, check in enumerate(self.checks, 1):
             wrong, detail = check.result()
             if wrong:
                 said = f"timed launch {launch} (fresh inputs): {wrong}"
                 return self._took(_with(case, Status.MISMATCH, said, detail or said), start)
         if self.stopped is not None:
             return self._took(_with(case, *self.stopped), start)
-        kernel_ms = [k for k, _, _ in self.launches]
-        cuda_ms = [c for _, c, _ in self.launches]
-        detail = (
-            f"kernel {np.median(kernel_ms):.4f} ms, cuda {np.median(cuda_ms):.4f} ms: medians of {len(kernel_ms)} "
-            "timed launches, each on fresh inputs, each product checked"
-        )
-        return self._took(replace(case, detail=detail, kernel_ms=tuple(kernel_ms), cuda_ms=tuple(cuda_ms)), start)
+        kernel_ms = [k for k, _ in self.launches]
+        cuda_ms = [c for _, c in self.launches]
+        noise = noise_of([{"kernel": k} for k in kernel_ms], "kernel")
+        parts = [f"kernel {np.median(kernel_ms):.4f} ms (noise {100 * (noise or 0):.1f}%), cuda "
+                f"{np.median(cuda_ms):.4f} ms: medians of {len(kernel_ms)} timed launches, each on fresh inputs, "
+                "each product checked"]  # fmt: skip
+        if self.gpu.get("sm_clock_mhz") is not None:
+            parts.append(f"SM clock {self.gpu['sm_clock_mhz']:g} MHz{' (throttled)' if self.gpu['throttled'] else ''}")
+        if self.windows > 1:
+            parts.append(f"run {self.windows} times: another process used the GPU"
+                        + (" every time" if self.disturbed() else ""))  # fmt: skip
+        timed = replace(case, detail="; ".join(parts), kernel_ms=tuple(kernel_ms), cuda_ms=tuple(cuda_ms),
+                        noise=noise, sm_clock_mhz=self.gpu.get("sm_clock_mhz"), throttled=self.gpu.get("throttled"),
+                        gpu_processes=self.gpu.get("gpu_processes"), windows=self.windows,
+                        disturbed=self.disturbed())  # fmt: skip
+        return self._took(timed, start)
 
     def _took(self, case: Case, start: float) -> Case:
         return replace(case, seconds=self.seconds + time.perf_counter() - start)
 
 
-def _timed_launches(
+def _timed_case(
     backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, inputs: _FreshInputs,
-    checks: ThreadPoolExecutor, then: int,
+    checks: ThreadPoolExecutor, then: int, window: _Window,
 ) -> _Launches:  # fmt: skip
-    """Up to ``plan.repeats`` launches on fresh inputs (fewer once ``plan.enough_ms`` of kernel time is measured
-    or a product is found wrong); the inputs of the next launch (of ``then``'s size after the last) are made
-    while each runs."""
+    """A timed case's launches, in windows watched for other processes on the GPU: one where another used it is
+    run again (up to ``plan.windows`` in all; the last one's times are kept)."""
     start = time.perf_counter()
-    case = Case("timed", _shape_name(size), (size, size, size), tile, Status.OK)
-    done = _Launches(case, [], None, 0.0)
-    for launch in range(1, plan.repeats + 1):
-        a, b = inputs.take(size)
-        inputs.ahead(size if launch < plan.repeats else then)
-        status, reason, product = _multiply(backend, a, b, tile)
-        if product is None:
-            done.stopped = (status, reason)
-            break
-        check = checks.submit(_fresh_check, product.c, a, b)
-        done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"]), check))
-        if sum(k for k, _, _ in done.launches) >= plan.enough_ms or done.failed():
+    done = _Launches(Case("timed", _shape_name(size), (size, size, size), tile, Status.OK))
+    while done.windows < plan.windows:
+        done.windows += 1
+        done.launches = []
+        watch = window.watch()
+        with watch:
+            _timed_launches(backend, size, tile, plan, inputs, checks, then, done)
+        facts = watch.summary()
+        processes = facts["gpu_processes"]
+        done.gpu = {**facts, "gpu_busy": processes is not None and processes > window.own_processes}
+        if not done.disturbed() or done.stopped is not None or done.failed():
             break
     done.seconds = time.perf_counter() - start
     return done
+
+
+def _timed_launches(
+    backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, inputs: _FreshInputs,
+    checks: ThreadPoolExecutor, then: int, done: _Launches,
+) -> None:  # fmt: skip
+    """Launches on fresh inputs into ``done`` until :meth:`GradePlan.enough` (or a product is found wrong, or a
+    launch is refused); the inputs of the next launch (of ``then``'s size after the last) are made while each
+    runs."""
+    while True:
+        a, b = inputs.take(size)
+        # made while this one runs: another launch's, unless this one is surely the last
+        inputs.ahead(then if len(done.launches) + 1 >= plan.max_repeats else size)
+        status, reason, product = _multiply(backend, a, b, tile)
+        if product is None:
+            inputs.ahead(then)
+            done.stopped = (status, reason)
+            return
+        done.checks.append(checks.submit(_fresh_check, product.c, a, b))
+        done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"])))
+        if plan.enough([k for k, _ in done.launches]) or done.failed():
+            inputs.ahead(then)
+            return
 
 
 def fresh_inputs(

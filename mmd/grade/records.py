@@ -37,6 +37,15 @@ class Case:
     seconds: float = 0.0
     #: Where the test's reference lies (its input, or its expected output), as given.
     reference: str | None = None
+    #: A timed case's kernel median noise (half its 95% confidence interval, over it), the GPU's median SM
+    #: clock and whether it throttled, the most processes seen on the GPU, the windows it took (a window during
+    #: which another process used the GPU runs again) and whether the last was disturbed too (None: unknown).
+    noise: float | None = None
+    sm_clock_mhz: float | None = None
+    throttled: bool | None = None
+    gpu_processes: int | None = None
+    windows: int = 0
+    disturbed: bool = False
 
     @property
     def label(self) -> str:
@@ -68,6 +77,12 @@ class Case:
             "cuda_median_ms": self.cuda_median,
             "seconds": round(self.seconds, 6),
             "reference": self.reference,
+            "noise": self.noise,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "throttled": self.throttled,
+            "gpu_processes": self.gpu_processes,
+            "windows": self.windows,
+            "disturbed": self.disturbed,
         }
 
     @classmethod
@@ -86,6 +101,12 @@ class Case:
             cuda_ms=tuple(float(x) for x in d["cuda_ms"]),
             seconds=float(d["seconds"]),
             reference=None if d["reference"] is None else str(d["reference"]),
+            noise=None if d["noise"] is None else float(d["noise"]),
+            sm_clock_mhz=None if d["sm_clock_mhz"] is None else float(d["sm_clock_mhz"]),
+            throttled=None if d["throttled"] is None else bool(d["throttled"]),
+            gpu_processes=None if d["gpu_processes"] is None else int(d["gpu_processes"]),
+            windows=int(d["windows"]),
+            disturbed=bool(d["disturbed"]),
         )
 
 

@@ -107,14 +107,7 @@ def grade_dict(students: Sequence[StudentGrade], plan: GradePlan, tests: Sequenc
     return {
         "device": device,
         "tests": list(tests),
-        "plan": {
-            "tiles": list(plan.tiles),
-            "sizes": list(plan.sizes),
-            "sizes_at_tile": plan.sizes_at_tile,
-            "timing_tiles": list(plan.timing_tiles),
-            "repeats": plan.repeats,
-            "enough_ms": plan.enough_ms,
-        },
+        "plan": plan.as_dict(),
         "students": [s.as_dict() for s in students],
     }
 

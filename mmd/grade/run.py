@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..atomic import write_atomic
+from ..bench.clock import Nvml
 from ..check import reports as check_reports
 from ..check.results import shown, tally_line
 from ..config import Settings
@@ -53,8 +54,9 @@ def _grading(request: Request, settings: Settings, quiet: bool) -> tuple[Grading
     tests, unusable = testset.load(request.tests)
     for u in unusable:
         print(f"mmd grade: not a test: {printable(u.reason)}", file=sys.stderr)
-    device, arch = probe(settings)  # no GPU: refused here, before any kernel is marked for it
-    return Grading(tests, request.plan, settings, arch, request.deadline, _say(quiet)), device
+    device, limits = probe(settings)  # no GPU: refused here, before any kernel is marked for it
+    clock = Nvml.find(settings.device, limits.pci_bus_id)
+    return Grading(tests, request.plan, settings, limits.arch, request.deadline, _say(quiet), clock), device
 
 
 def grade_class(request: Request, settings: Settings, outputs: Outputs, workers: int) -> int:
