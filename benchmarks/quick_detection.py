@@ -35,8 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mmd import textformat as tf
-from mmd.check import full as verify
-from mmd.check import quick, tolerance
+from mmd.check import quick, quickarrays, tolerance
 from mmd.generate import random_matrix
 
 
@@ -77,7 +76,7 @@ def figures(big: int, seeds: int) -> None:
         out = printed(a @ b)
         s = np.abs(a) @ np.abs(b)
         allowance = tolerance.PRINT_HALF_UNIT + tolerance.fp32_factor(n) * float(np.median(s))
-        reports = [verify.quick_of(out, a, b, seed=seed) for seed in range(seeds if n < big else min(seeds, 10))]
+        reports = [quickarrays.quick_of(out, a, b, seed=seed) for seed in range(seeds if n < big else min(seeds, 10))]
         assert all(r.ok for r in reports)
         print(f"| {n} | {allowance:.3g} | {reports[0].catches:.3g} | {max(r.worst_ratio for r in reports):.2g} |")
 
@@ -112,7 +111,7 @@ def honest(seeds: int) -> None:
                     float(np.max(np.linalg.norm(f, axis=0) / (unit * np.linalg.norm(s, axis=0)))),
                 )
                 out = printed(c)
-                reports = [verify.quick_of(out, a, b, seed=seed) for seed in range(seeds)]
+                reports = [quickarrays.quick_of(out, a, b, seed=seed) for seed in range(seeds)]
                 worst = max(r.worst_ratio for r in reports)
                 refused = sum(not r.ok for r in reports)
                 print(f"| {n} | {family} | {order} | {rho:.3f} | {worst:.2g} | {refused} |")
@@ -142,11 +141,11 @@ def issue_case(seeds: int) -> None:
     rng = np.random.default_rng(30)
     a, b = random_matrix(rng, 1024, 1024), random_matrix(rng, 1024, 1024)
     out = printed(a @ b)
-    bound = verify.quick_of(out, a, b, seed=0).bound
+    bound = quickarrays.quick_of(out, a, b, seed=0).bound
     for delta in (0.5, 1.0, 1.5, 2.0, 3.0, 4.5):
         bad = out.copy()
         bad[417] += delta
-        refused = sum(not verify.quick_of(bad, a, b, seed=seed).ok for seed in range(seeds))
+        refused = sum(not quickarrays.quick_of(bad, a, b, seed=seed).ok for seed in range(seeds))
         print(f"| {delta:g} | {refused} of {seeds} | {quick.caught(delta * 32 / bound, 16):.3g} |")
 
 

@@ -5,8 +5,8 @@ setup.py builds ``mmd._fasttext`` (the text format's parsers and emitters) and `
 asks :func:`text` and :func:`passes` here, at each use, so that one assignment to :data:`ON`
 (tests) or ``MMD_NO_C=1`` (in the environment, before the import) switches every path at once.
 Off, the text format takes its exact pure-Python path (:mod:`mmd.textformat`) and the checks
-their plain numpy passes (:mod:`mmd.check.full`): the fallback, and the oracle the tests compare
-the C paths against.
+their plain numpy passes (:mod:`mmd.check.full`, :mod:`mmd.check.modelcheck`,
+:mod:`mmd.check.quickarrays`): the fallback, and the oracle the tests compare the C paths against.
 """
 
 from __future__ import annotations

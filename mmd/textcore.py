@@ -303,8 +303,8 @@ _B = TypeVar("_B", bound=_Block)
 
 class RowBlocks:
     """An output's rows in blocks of ``step``, any block read on any thread into a buffer of its own
-    by the C parser (on, see :func:`mmd.accel.text`), one thread a block: mmd.check.full's workers read each
-    block beside its own rows of the product (this is a :class:`mmd.check.full.Rows`), and the output
+    by the C parser (on, see :func:`mmd.accel.text`), one thread a block: mmd.check.product's workers read each
+    block beside its own rows of the product (this is a :class:`mmd.check.product.Rows`), and the output
     is never held whole. Where every block begins and ends is found first (one newline search a
     row); a fault found then (rows missing, bytes after the last row) or in a block (:meth:`read`)
     calls ``on_fault``, which raises the fault's error."""

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pytest
 
-from mmd import config, cpus
+from mmd import accel, config, cpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -236,6 +236,18 @@ def plain(result) -> dict:
 
 def blocks_of(monkeypatch: pytest.MonkeyPatch, elems: int) -> None:
     """The checks' blocks of rows at most ``elems`` elements: a thread's (mmd.cpus.BLOCK_ELEMS) and each of
-    mmd.check.full's workers' (mmd.cpus.WORKER_BLOCK_ELEMS)."""
+    mmd.check.product's workers' (mmd.cpus.WORKER_BLOCK_ELEMS)."""
     monkeypatch.setattr(cpus, "BLOCK_ELEMS", elems)
     monkeypatch.setattr(cpus, "WORKER_BLOCK_ELEMS", elems)
+
+
+@pytest.fixture(scope="module", params=["c", "numpy"])
+def check_passes(request):
+    """A module's tests through mmd._fastcheck's passes, then through the numpy ones (module-scoped:
+    hypothesis refuses function-scoped fixtures); ``pytestmark = pytest.mark.usefixtures("check_passes")``."""
+    if request.param == "c" and accel.fastcheck is None:
+        pytest.skip("mmd._fastcheck is not built")
+    old = accel.ON
+    accel.ON = request.param == "c"
+    yield request.param
+    accel.ON = old

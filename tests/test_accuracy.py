@@ -10,7 +10,7 @@ import yaml
 
 from mmd import bench, report
 from mmd.backends import CpuBackend
-from mmd.check import full as verify
+from mmd.check.product import reference
 from mmd.cli import main
 from mmd.report.sweeps import accuracy_sweep
 
@@ -67,7 +67,7 @@ def test_accuracy_csv_and_yaml(swept):
 def test_error_stats_definitions():
     a, b = bench.accuracy_inputs(20, 50, 30, seed=4)
     assert a.dtype == b.dtype == np.float32 and a.min() >= -1 and a.max() <= 1 and a.min() < -0.9
-    ref = verify.reference(a, b)
+    ref = reference(a, b)
     c = (ref + 1e-3 * np.abs(ref).max()).astype(np.float32)  # every element off by 1e-3 of the largest
     got = bench.error_stats(c, ref)
     assert got["max_rel_error"] == pytest.approx(1e-3, rel=1e-3)

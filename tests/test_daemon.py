@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from mmd import daemon, record, spool, textformat
-from mmd.check import full as verify
+from mmd.check import full
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks
@@ -94,7 +94,7 @@ def make_input(path: Path, m: int, k: int, n: int, seed: int) -> tuple[np.ndarra
 def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray, input_name: str | None = None) -> dict:
     out = outbox / f"{stem}.out"
     values = textformat.parse_output(out.read_bytes())
-    report = verify.against_inputs(values, a, b)
+    report = full.against_inputs(values, a, b)
     assert report.ok, f"{stem}: {report.summary()}"
     rec = yaml.safe_load(record.timing_path(out).read_text())
     assert rec["status"] == "ok" and rec["output"]["name"] == out.name

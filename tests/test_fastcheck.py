@@ -1,8 +1,8 @@
-"""Tests for mmd._fastcheck, the C passes of mmd.full.
+"""Tests for mmd._fastcheck, the C passes of mmd.check's value checks.
 
 Every check is made five ways on the same inputs: through the C passes
 (their AVX2 kernels where the CPU has AVX2, and their two-double kernels),
-each as mmd.check.full calls them and split over two threads on every size
+each as mmd.check's full and quick checks call them and split over two threads on every size
 (``_SPLIT_ELEMS`` 0), and through the numpy passes (the flag
 ``accel.ON`` switched off). The reports must agree exactly in their decisions, counts,
 positions and largest error; the sums (relative error, the quick check's
@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from mmd import accel
 from mmd import textformat as tf
-from mmd.check import full, quick, tolerance
+from mmd.check import full, quick, quickarrays, tolerance
 from mmd.generate import random_matrix
 
-from .test_verify import same_report
+from .test_check_full import same_report
 
 fc = accel.fastcheck
 pytestmark = pytest.mark.skipif(fc is None, reason="mmd._fastcheck is not built (no C compiler at install time)")
@@ -158,7 +158,7 @@ def test_quick_same_both_ways(shape, seed, plant, vectors, tol):
     rng = np.random.default_rng(seed)
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     out = _planted(_printed(a, b), a, b, plant, rng)
-    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
+    cs, numpy_ = _ways(lambda: quickarrays.quick_of(out, a, b, seed=seed % 100, vectors=vectors, tol=tol))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -175,7 +175,7 @@ def test_projections_of_any_matrix_same_both_ways(dtype, layout):
         a, b = np.asfortranarray(a), np.asfortranarray(b)
     elif layout == "strided":
         a, b = np.repeat(a, 2, axis=1)[:, ::2], np.repeat(b, 2, axis=1)[:, ::2]
-    cs, numpy_ = _ways(lambda: full.project(a, b, seed=3))
+    cs, numpy_ = _ways(lambda: quickarrays.project(a, b, seed=3))
     for got in cs:
         for name in ("x_t", "y", "abx_t", "yab", "row_sum", "row_max", "col_sum", "col_max", "a_row_ssq", "b_col_ssq"):
             np.testing.assert_allclose(getattr(got, name), getattr(numpy_, name), rtol=1e-12, atol=1e-9, err_msg=name)
@@ -186,7 +186,7 @@ def test_more_vectors_than_the_c_passes_take_go_through_numpy():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 6, 7), random_matrix(rng, 7, 5)
     out = _printed(a, b)
-    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b, vectors=fc.MAX_VECTORS + 1))
+    cs, numpy_ = _ways(lambda: quickarrays.quick_of(out, a, b, vectors=fc.MAX_VECTORS + 1))
     assert all(c == numpy_ for c in cs)
 
 
@@ -201,7 +201,7 @@ def test_big_enough_to_split_by_default_same_both_ways():
     cs, numpy_ = _ways(lambda: full.against_output(out, np.round(out, 1)))
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
-    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b))
+    cs, numpy_ = _ways(lambda: quickarrays.quick_of(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 
@@ -241,7 +241,7 @@ def test_an_empty_inner_dimension_same_both_ways():
     for c in cs:
         same_report(c, numpy_, rtol=1e-12)
     assert not numpy_.ok and numpy_.worst == (1, 2)
-    cs, numpy_ = _ways(lambda: full.quick_of(out, a, b))
+    cs, numpy_ = _ways(lambda: quickarrays.quick_of(out, a, b))
     for c in cs:
         _same_quick(c, numpy_)
 

@@ -18,7 +18,7 @@ import pytest
 import xmlschema
 
 from mmd import accel, textcore, textformat
-from mmd.check import full, jobs, lateness, pairing, reports, results
+from mmd.check import jobs, lateness, pairing, reports, results, tolerance
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
 from mmd.errors import ExitStatus, UnreadableError
@@ -946,7 +946,7 @@ def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     [r] = run.results
     assert (r.status, r.kernel) == (Status.OK, "tc1"), r
     assert r.reason == "kernel tc1 is TF32: held to TF32's tolerance"
-    assert full.TOLERANCES["tf32"] in r.detail
+    assert tolerance.TOLERANCES["tf32"] in r.detail
     assert "kernel tc1 is TF32" in reports.table(run.results)
     data = reports.run_dict(run)["results"][0]
     assert (data["kernel"], data["precision"]) == ("tc1", "tf32")
@@ -959,7 +959,7 @@ def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     tests, out = _tf32_served(tmp_path / "fp32", "tc3")
     [r] = jobs.check_folder(out, tests, Options()).results
     assert (r.status, r.kernel) == (Status.MISMATCH, "tc3"), r
-    assert full.TOLERANCES["fp32"] in r.detail
+    assert tolerance.TOLERANCES["fp32"] in r.detail
 
 
 @pytest.mark.slow  # a real daemon's run
@@ -971,7 +971,7 @@ def test_quick_holds_a_tf32_kernel_s_output_to_tf32_s_bound(tmp_path):
         [r] = jobs.check_folder(out, tests, quick_options).results
         assert (r.status, r.kernel, r.precision) == (Status.OK, "tc1", "tf32"), r
         assert "kernel tc1 is TF32: held to TF32's tolerance" in r.reason
-        assert full.TOLERANCES["tf32"] in r.detail
+        assert tolerance.TOLERANCES["tf32"] in r.detail
         one = jobs.check_file(out / "t.out", tests / "t.txt", quick_options).results[0]
         assert (one.status, one.kernel, one.precision) == (Status.OK, "tc1", "tf32"), one
     tests, out = _tf32_served(tmp_path / "fp32", "tc3")

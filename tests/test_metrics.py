@@ -191,7 +191,7 @@ def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_n
     import numpy as np
 
     from mmd import textformat
-    from mmd.check import full as verify
+    from mmd.check import full
     from mmd.generate import input_chunks, random_matrix
 
     from .conftest import LoggedProcess, mmd_env, wait_for
@@ -221,7 +221,7 @@ def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_n
         os.rename(tmp_path / "m.src", tmp_path / "inbox" / "m.txt")
         wait_for(lambda: (tmp_path / "outbox" / "m.timing.yaml").exists(), 30, "the job, served meanwhile")
         got = textformat.parse_output((tmp_path / "outbox" / "m.out").read_bytes())
-        assert verify.against_inputs(got, a, b).ok
+        assert full.against_inputs(got, a, b).ok
         assert proc.proc.poll() is None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 64
     finally:
         for s in held:

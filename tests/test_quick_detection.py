@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmd import textformat as tf
-from mmd.check import full as verify
-from mmd.check import quick, tolerance
+from mmd.check import full, quick, quickarrays, tolerance
 from mmd.generate import random_matrix
 
 
@@ -53,11 +52,11 @@ def test_errors_of_the_stated_size_are_refused(m, k, n, pattern):
     a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
     exact = _exact(a, b)
     for seed in range(10):
-        clean = verify.quick_of(exact, a, b, seed=seed)
+        clean = quickarrays.quick_of(exact, a, b, seed=seed)
         assert clean.ok and clean.catches > 0
         assert f"catches any row or column off by >= {clean.catches:.3g} rms (chance >= 1 - 1e-06)" in clean.summary()
         err = _planted((m, n), pattern, clean.catches, rng)
-        got = verify.quick_of(exact + err, a, b, seed=seed)
+        got = quickarrays.quick_of(exact + err, a, b, seed=seed)
         assert not got.ok, (pattern, seed, got.summary())
         where = {("row", int(i)) for i in np.flatnonzero(err.any(axis=1))}
         where |= {("column", int(j)) for j in np.flatnonzero(err.any(axis=0))}
@@ -69,14 +68,14 @@ def test_a_refusal_without_sums_states_no_figure():
     a, b = random_matrix(rng, 4, 5), random_matrix(rng, 5, 6)
     out = _exact(a, b)
     out[1, 2] = np.nan
-    for r in (verify.quick_of(out, a, b), verify.quick_of(out[:3], a, b)):
+    for r in (quickarrays.quick_of(out, a, b), quickarrays.quick_of(out[:3], a, b)):
         assert not r.ok and r.catches == 0 and "catches" not in r.summary()
 
 
 def test_the_figure_is_the_bound_times_the_reach():
     rng = np.random.default_rng(1)
     a, b = random_matrix(rng, 40, 50), random_matrix(rng, 50, 60)
-    r = verify.quick_of(_exact(a, b), a, b, seed=3, tol=0.5)
+    r = quickarrays.quick_of(_exact(a, b), a, b, seed=3, tol=0.5)
     # with a constant tol, a row's bound is z·sqrt(n)·(h + tol) and a column's z·sqrt(m)·(h + tol) (up
     # to float64's margin): an rms of z·(h + tol) for both
     assert r.catches == pytest.approx(quick.reach(16) * r.z * (tolerance.PRINT_HALF_UNIT + 0.5), rel=1e-9)
@@ -91,13 +90,13 @@ def test_a_miss_has_the_chi_square_laws_chance(chance):
     rng = np.random.default_rng(7)
     a, b = random_matrix(rng, 64, 64), random_matrix(rng, 64, 64)
     exact = _exact(a, b)
-    bound = verify.quick_of(exact, a, b, seed=0, tol=0.5).bound  # every row's and column's, with a constant tol
+    bound = quickarrays.quick_of(exact, a, b, seed=0, tol=0.5).bound  # every row's and column's, with a constant tol
     rho = quick.reach(16, miss=1 - chance)
     assert quick.caught(rho, 16) == pytest.approx(chance)
     bad = exact.copy()
     bad[5] += rho * bound / 8  # 64 values of rho·bound/8: norm rho·bound
     trials = 300
-    refused = sum(not verify.quick_of(bad, a, b, seed=seed, tol=0.5).ok for seed in range(trials))
+    refused = sum(not quickarrays.quick_of(bad, a, b, seed=seed, tol=0.5).ok for seed in range(trials))
     spread = 4.5 * math.sqrt(trials * chance * (1 - chance))
     assert abs(refused - trials * chance) <= spread, refused
 
@@ -130,17 +129,17 @@ def test_the_1024_row_shifted_by_one_from_issue_30():
     out = tf.parse_output(tf.emit(a @ b))
     bad = out.copy()
     bad[417] += 1.0
-    clean = verify.quick_of(out, a, b, seed=1)
+    clean = quickarrays.quick_of(out, a, b, seed=1)
     assert clean.ok and 4.0 < clean.catches < 5.0
     row_rms = math.sqrt(np.mean((bad[417] - _exact(a, b)[417]) ** 2))
     assert row_rms == pytest.approx(1.0, abs=1e-3)
     # the law's chance at the largest bound (the row's own is at most that): a lower bound on its own
     assert quick.caught(row_rms * 32 / clean.bound, 16) == pytest.approx(0.031, abs=0.005)
-    refused = sum(not verify.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
+    refused = sum(not quickarrays.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
     assert 1 <= refused <= 8
     bad[417] += 1.0  # rms 2.0: the law gives at least 0.97
     assert quick.caught(2 * row_rms * 32 / clean.bound, 16) > 0.97
-    assert all(not verify.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
+    assert all(not quickarrays.quick_of(bad, a, b, seed=seed).ok for seed in range(40))
 
 
 FAMILIES = {
@@ -179,6 +178,6 @@ def test_honest_fp32_products_always_pass(shape, family, order, data_seed, seed)
         a, b = random_matrix(rng, m, k, *FAMILIES[family]), random_matrix(rng, k, n, *FAMILIES[family])
     product = a @ b if order == "numpy" else _sequential(a, b)
     out = tf.parse_output(tf.emit(product))
-    assert verify.against_inputs(out, a, b).ok
-    r = verify.quick_of(out, a, b, seed=seed)
+    assert full.against_inputs(out, a, b).ok
+    r = quickarrays.quick_of(out, a, b, seed=seed)
     assert r.ok, r.summary()

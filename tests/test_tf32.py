@@ -9,7 +9,8 @@ import pytest
 from mmd import bench, textformat
 from mmd import kernels as registry
 from mmd.backends.base import MultiplyRequest
-from mmd.check import full as verify
+from mmd.check import full, tolerance
+from mmd.check.product import reference
 from mmd.errors import KernelError
 from mmd.generate import input_chunks
 
@@ -18,7 +19,7 @@ from .fakes import cuda_backend, tf32_round
 
 def rel_errors(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """(max, rms) relative error against float64: max|C − ref| / max|ref|, ‖C − ref‖ / ‖ref‖."""
-    ref = verify.reference(a, b)
+    ref = reference(a, b)
     diff = c.astype(np.float64) - ref
     return float(np.abs(diff).max() / np.abs(ref).max()), float(np.linalg.norm(diff) / np.linalg.norm(ref))
 
@@ -104,12 +105,12 @@ def test_the_device_text_path_keeps_the_math_mode():
 def test_tf32_tolerance_takes_a_tf32_product_that_fp32_refuses():
     for n in (16, 256):
         a, b = bench.make_inputs(n, n, n)
-        ref = verify.reference(a, b)
-        fp32 = verify.fp32_tolerance(a, b)
-        tf32 = verify.tf32_tolerance(fp32, n)
+        ref = reference(a, b)
+        fp32 = full.fp32_tolerance(a, b)
+        tf32 = full.tf32_tolerance(fp32, n)
         c = tf32_round(a) @ tf32_round(b)
-        assert not bench.check_product(c, ref, fp32, verify.TOLERANCES["fp32"]).ok
-        report = bench.check_product(c, ref, tf32, verify.TOLERANCES["tf32"])
+        assert not bench.check_product(c, ref, fp32, tolerance.TOLERANCES["fp32"]).ok
+        report = bench.check_product(c, ref, tf32, tolerance.TOLERANCES["tf32"])
         assert report.ok, report.summary()
         # Truncated operands (the worst a TF32 path does) pass too; a kernel reading B's rows off by one,
         # or losing one element's sum, does not.
@@ -121,7 +122,7 @@ def test_tf32_tolerance_takes_a_tf32_product_that_fp32_refuses():
         c[n // 2, 3] = 0.0
         assert bench.check_product(c, ref, tf32, "").mismatches == 1
         # Same (|A||B|)-shaped allowance, wider by a fixed amount: 2^-9 on top of fp32's factor.
-        np.testing.assert_allclose(tf32 - fp32, verify.TF32_OPERAND_ERROR * fp32 / (4 * np.sqrt(n) * 2.0**-23))
+        np.testing.assert_allclose(tf32 - fp32, tolerance.TF32_OPERAND_ERROR * fp32 / (4 * np.sqrt(n) * 2.0**-23))
 
 
 def test_the_bench_checks_tf32_kernels_against_the_tf32_tolerance(tmp_path):

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import kernels as registry
 from ..backends.base import Backend, MultiplyRequest
-from ..check import full as verify
-from ..check.full import reference
+from ..check import full
+from ..check.product import reference
 from ..errors import MmdError
 from ..kernelchoice import KernelChoice
 from .checking import check_product
@@ -77,7 +77,7 @@ def run_accuracy(
     for k in plan.accuracy_ks:
         a, b = accuracy_inputs(mn, k, mn, plan.seed)
         ref = reference(a, b)
-        allowed = verify.fp32_tolerance(a, b)
+        allowed = full.fp32_tolerance(a, b)
         for choice in accuracy_kernels(plan, backend):
             tile = plan.sizes_at_tile if choice.uses_tile else None
             use = backend_for(choice, backend, host, files or {})

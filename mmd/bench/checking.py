@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ..check import compare as tally
-from ..check import full as verify
-from ..check.full import reference
+from ..check import full
+from ..check.product import reference
 from ..generate import random_matrix
 
 
@@ -31,14 +31,14 @@ class Inputs:
     @classmethod
     def of(cls, a: np.ndarray, b: np.ndarray) -> Inputs:
         """``a`` and ``b`` with their float64 product and fp32's tolerance."""
-        return cls(a, b, reference(a, b), verify.fp32_tolerance(a, b))
+        return cls(a, b, reference(a, b), full.fp32_tolerance(a, b))
 
     def allowed_for(self, precision: str) -> np.ndarray:
         """The elementwise tolerance for a kernel of ``precision`` (TF32's made on first use)."""
         if precision != "tf32":
             return self.allowed
         if self._tf32 is None:
-            self._tf32 = verify.tf32_tolerance(self.allowed, self.a.shape[1])
+            self._tf32 = full.tf32_tolerance(self.allowed, self.a.shape[1])
         return self._tf32
 
 

@@ -21,7 +21,6 @@ from ..atomic import write_atomic
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
 from ..backends.cpu import CpuBackend
 from ..backends.kernelfile import KernelFileBackend
-from ..check import full as verify
 from ..check import tolerance
 from ..config import Settings
 from ..errors import KernelLaunchError, MmdError
@@ -249,7 +248,7 @@ class _Runner:
                 path.unlink(missing_ok=True)
 
     def _check(self, c: np.ndarray, inputs: Inputs, precision: str, checked: _Checked) -> None:
-        report = check_product(c, inputs.ref, inputs.allowed_for(precision), verify.TOLERANCES[precision])
+        report = check_product(c, inputs.ref, inputs.allowed_for(precision), tolerance.TOLERANCES[precision])
         checked.max_abs_error = float(f"{report.max_abs_error:.6g}")
         checked.rel_error = float(f"{report.rel_error:.6g}")
         if not report.ok:

@@ -6,8 +6,8 @@ adds up a rule's totals block by block, as one pass over the whole gives them.
 :func:`against_output_blocks` compares two outputs a block of rows at a time
 through a :data:`UniformPass`: :func:`c_uniform` (mmd._fastcheck over plain
 buffers) or mmd.check.full's numpy pass. So ``mmd check OUT EXPECTED`` with the C
-accelerators reads, compares and reports without importing numpy (0.15-0.2 s
-on the 2-core VM, 0.3-0.5 s on the GPU machine).
+accelerators reads, compares and reports without importing numpy, whose import
+would be most of its time (docs/grading.md, "Speed", has the times).
 """
 
 from __future__ import annotations

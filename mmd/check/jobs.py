@@ -34,9 +34,10 @@ from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Job, Options, Result, Run, Sta
 if TYPE_CHECKING:
     import numpy as np
 
-# numpy and the modules built on it (mmd.textformat, mmd.check.full) are imported where a check needs
-# them: --quick by the C accelerators does without, and one output's quick check then starts without
-# numpy's 0.2-0.5 s (docs/grading.md). So are yaml and mmd.record (a folder's refusals).
+# numpy and the modules built on it (mmd.textformat, mmd.check.full and its parts) are imported where a
+# check needs them: --quick by the C accelerators does without, and one output's quick check then starts
+# without paying for numpy's import (docs/grading.md, "Speed", times it). So are yaml and mmd.record (a
+# folder's refusals).
 
 # ---------------------------------------------------------------------------
 # reading
@@ -298,9 +299,9 @@ class _Rows:
 
     def sums(self, shape: tuple[int, int], seed: int) -> Future[quick.OutputSums]:
         """--quick's sums of the output (started by the first call), made on the second thread as its
-        rows are read a block of rows at a time: the output is never held whole (its 134 MB of fresh
-        pages at 4096 cost the 2-core VM 0.3-0.9 s of system time in four runs of six, side by side).
-        By the C parser and passes where they are on (no numpy), else by :func:`mmd.check.full.output_sums`."""
+        rows are read a block of rows at a time: the output is never held whole (faulting in a large
+        output's fresh pages costs system time; docs/grading.md, "Speed", times ``--quick``).
+        By the C parser and passes where they are on (no numpy), else by :func:`mmd.check.quickarrays.output_sums`."""
         if self.summing is None:
             self.summing = self._start_sums(shape, seed)
         return self.summing
@@ -309,10 +310,10 @@ class _Rows:
         if _quick_by_c():
             return self.pool.submit(self._c_sums, shape, seed)
         from .. import textformat
-        from . import full
+        from . import quickarrays
 
         blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
-        return self.pool.submit(full.output_sums, blocks, shape, seed)
+        return self.pool.submit(quickarrays.output_sums, blocks, shape, seed)
 
     def _c_sums(self, shape: tuple[int, int], seed: int) -> quick.OutputSums:
         sums = quick.OutputSums.start(shape, seed)
@@ -368,7 +369,7 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
     and then its projections (sooner than after the input: docs/grading.md). Otherwise the input is parsed first,
     alone (the product needs all of it). Numpy's product is made a block of rows at a time, each
-    block beside the same rows of the output, read then by the C parser (:meth:`full.Product.pairs`,
+    block beside the same rows of the output, read then by the C parser (:meth:`mmd.check.product.Product.pairs`,
     :class:`mmd.textcore.RowBlocks`): the output is never held whole. Beside a product another device makes
     (``options.gemm``), or without the C parser, the output is read whole on a second thread while
     the product is made. The output's faults come first, as if it had been read
@@ -405,19 +406,19 @@ def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[in
             catches=verdict.catches or None,
             precision=precision,
         )
-    from . import full
+    from . import full, product
 
     a, b = inputs.arrays()
     in_blocks = options.gemm is None and accel.text() is not None and m * n > 0
     if not in_blocks:
         rows.start()
-    product = full.product(a, b, options.gemm)  # another device's product while the output's rows are read
-    source: full.Rows
+    prod = product.product(a, b, options.gemm)  # another device's product while the output's rows are read
+    source: product.Rows
     if in_blocks:
         source = textcore.RowBlocks(data, worker_rows(*shape), lambda: _output_fault(data))
     else:
-        source = full.WholeRows(rows.result())
-    return _values_result(job, shape, full.against_product(source, product, options.tol, precision), precision)
+        source = product.WholeRows(rows.result())
+    return _values_result(job, shape, full.against_product(source, prod, options.tol, precision), precision)
 
 
 def _input_shape(path: Path) -> tuple[int, int] | None:
@@ -447,9 +448,9 @@ def _projections(inputs: _Input, seed: int) -> quick.Projections:
     """--quick's side of A and B: by the C passes where they are on (no numpy), else by numpy's."""
     if _quick_by_c():
         return quick.project(inputs.a, inputs.b, inputs.shape, seed)
-    from . import full
+    from . import quickarrays
 
-    return full.project(*inputs.arrays(), seed)
+    return quickarrays.project(*inputs.arrays(), seed)
 
 
 def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport, precision: str = "fp32") -> Result:

@@ -39,7 +39,7 @@ The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
 reads plain buffers: :func:`project` (A and B's side) and :class:`OutputSums`
 (C's, a block of rows at a time), and then :func:`verdict`, O((m + n)·v) in
 Python. None of it needs numpy, so ``mmd check --quick`` of one output runs
-without importing it. :mod:`mmd.check.full` makes the same sums in numpy where
+without importing it. :mod:`mmd.check.quickarrays` makes the same sums in numpy where
 the C passes are not built; both feed :func:`verdict`.
 
 Every series here is a flat ``array('d')`` in C order: ``x_t`` is vectors×n

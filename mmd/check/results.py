@@ -21,7 +21,7 @@ from .lateness import Arrival, shown_time
 from .quick import caught_phrase, fresh_seed
 
 if TYPE_CHECKING:
-    from .full import Gemm
+    from .product import Gemm
 
 #: Every text a report shows (file names, which students choose; reasons, which quote their files):
 #: escaped so that it can neither move a terminal's cursor nor break XML 1.0 or UTF-8.

@@ -34,8 +34,8 @@ def described(tol: float | None) -> str:
 #: What TF32 operands add to a product's error, relative to |A|·|B|: each operand is off by less
 #: than one TF32 unit, 2^-10 of it (truncation, the worst a TF32 path does; rounding halves it),
 #: so each term a·b by less than 2·2^-10 + 2^-20 of |a·b|. A worst case, not a statistical one:
-#: TF32's error is the operands' rounding, which no fp32 model of the sums covers (measured: a
-#: product of TF32-rounded operands in numpy exceeds the fp32 tolerance by 2.3× at N = 2048, 51× at 64).
+#: TF32's error is the operands' rounding, which no fp32 model of the sums covers (a product of
+#: TF32-rounded operands exceeds the fp32 tolerance, by more at small N: docs/bench.md has the figures).
 TF32_OPERAND_ERROR = 2.0**-9 + 2.0**-20
 
 #: The tolerance each precision (:data:`mmd.kernels.PRECISIONS`) is checked against, in words.

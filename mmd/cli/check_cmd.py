@@ -100,9 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("auto", "cpu", "gpu"),
         default="cpu",
         help="where the float64 product is made: numpy's BLAS (cpu), cuBLAS DGEMM (gpu), or the GPU when one is "
-        "usable (auto); default: %(default)s. The GPU costs about 1 s more per command (its start-up) and pays "
-        "only where numpy's product takes longer than that: on a 16-core H200 box from about 7500 (8192: 2.4 s "
-        "against 2.9 s; 4096: 1.7 s against 0.9 s; see docs/grading.md)",
+        "usable (auto); default: %(default)s. The GPU's start-up costs each command time, so it pays only at "
+        "sizes where numpy's product takes longer than that start-up, which depends on the CPU (docs/grading.md "
+        "has the figures)",
     )
     p.set_defaults(func=run)
 

@@ -10,7 +10,7 @@ For each kernel a student handed in (:class:`~.handins.Handin`), in kernel-file 
    kernel with a thread per output) is refused before launch and recorded as such, not as a wrong answer;
 3. timed over the course's plan (each size at tile 32, the largest size at tiles 4 to 32). Every timed launch
    is given fresh random inputs, made here from a seed no one can know, and its product is checked
-   (Freivalds' check, :func:`mmd.check.full.quick_of`, with a fresh seed too; a value that is not finite is
+   (Freivalds' check, :func:`mmd.check.quickarrays.quick_of`, with a fresh seed too; a value that is not finite is
    wrong): a kernel that replays an earlier product, or one it kept for inputs it saw before, is caught as
    wrong, and one that computes what it is given is timed computing it. A case repeats up to
    :attr:`GradePlan.repeats` launches, fewer once :attr:`GradePlan.enough_ms` of kernel time is measured,
@@ -43,7 +43,7 @@ from ..backends.kernelfile import KernelFileBackend
 from ..bench.clock import ClockReader, ClockWatch
 from ..bench.plan import COURSE_SIZES, COURSE_SIZES_AT_TILE, COURSE_TILES
 from ..bench.stats import noise_of, settled
-from ..check import full
+from ..check import quickarrays
 from ..check.quick import fresh_seed
 from ..check.results import Status
 from ..config import Settings, kernel_cache_dir
@@ -549,7 +549,7 @@ def _fresh_check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[str, str]
         check_product(c)
     except ProductRangeError as exc:
         return exc.reason, ""
-    report = full.quick_of(c, a, b, seed=fresh_seed())
+    report = quickarrays.quick_of(c, a, b, seed=fresh_seed())
     return report.reason(), report.summary()
 
 

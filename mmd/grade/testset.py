@@ -20,6 +20,7 @@ from .. import textformat
 from ..check import full
 from ..check.compare import CheckReport
 from ..check.pairing import pair_folder
+from ..check.product import Product, WholeRows, reference
 from ..errors import InputFormatError, UnreadableError
 from ..textcore import printable
 
@@ -39,7 +40,7 @@ class Test:
     #: The expected output's values, where one is given.
     want: np.ndarray | None
     #: The inputs' float64 product, where no expected output is (made once, kept for every kernel).
-    product: full.Product | None
+    product: Product | None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -58,7 +59,7 @@ class Test:
         if self.want is not None:
             return full.against_output(printed, self.want, EXPECTED_TOL)
         assert self.product is not None
-        return full.against_product(full.WholeRows.of(printed), self.product, None, precision)
+        return full.against_product(WholeRows.of(printed), self.product, None, precision)
 
 
 @dataclass(frozen=True)
@@ -114,5 +115,5 @@ def _test(name: str, src: Path, expected: Path | None) -> Test:
                 f"{a.shape[0]}x{b.shape[1]}"
             )
     else:
-        product = full.Product(a64, b64, full.reference(a64, b64))
+        product = Product(a64, b64, reference(a64, b64))
     return Test(name, src, expected, a, b, want, product)

@@ -16,7 +16,7 @@ import pytest
 from mmd import kernels as registry
 from mmd import textformat
 from mmd.backends.base import CUDA_PHASES, MultiplyRequest
-from mmd.check import full as verify
+from mmd.check import tolerance
 from mmd.config import MEMORY_MODES
 from mmd.errors import TileError
 
@@ -54,7 +54,7 @@ def assert_close(c: np.ndarray, a: np.ndarray, b: np.ndarray, what: str, precisi
     assert c.shape == ref.shape, what
     assert np.isfinite(c).all(), f"{what}: {np.count_nonzero(~np.isfinite(c))} elements unwritten (NaN)"
     err = float(np.linalg.norm(c - ref) / max(np.linalg.norm(ref), 1e-30))
-    bound = 1e-5 * math.sqrt(a.shape[1]) + (verify.TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
+    bound = 1e-5 * math.sqrt(a.shape[1]) + (tolerance.TF32_OPERAND_ERROR if precision == "tf32" else 0.0)
     assert err < bound, f"{what}: relative error {err:.2e} >= {bound:.2e}"
     return err
 
