@@ -123,6 +123,6 @@ def test_fast_defaults_in_the_registry_are_the_files_own():
 
 
 def test_every_tuned_variant_is_registered():
-    for gpu, classes in registry.tuning("fast").items():
+    for gpu, classes in registry.get("fast").tuned().items():
         for cls, label in classes.items():
             assert label in {v.label for v in registry.get("fast").variants}, (gpu, cls)

@@ -9,7 +9,9 @@ import yaml
 
 from mmd import kernels as registry
 from mmd.errors import KernelFileError
-from mmd.kernelfile.declaration import KEYS, OWN_KEYS, Declaration, Expr, TensorMaps, from_mapping, parse_yaml
+from mmd.kernelfile.declaration import KEYS, OWN_KEYS, Declaration, TensorMaps
+from mmd.kernelfile.declaring import from_mapping, parse_yaml
+from mmd.kernelfile.expressions import Expr
 from mmd.kernelfile.reading import KernelFile, parse_kernel, read_kernel_file
 from mmd.kernelfile.signature import KNOWN
 
@@ -99,6 +101,17 @@ sgemm2DBlocktiling(int M, int N, int K, float alpha, const float *A, const float
     assert kf.name_expression(0) == "sgemm2DBlocktiling<128, 128, 8, 8, 8>"
     d = kf.declaration
     assert not d.uses_tile and d.threads_per_block(0) == 256 and d.outputs(0) == 64 and kf.macros(0) == {}
+
+
+def test_a_template_parameters_default_may_hold_commas() -> None:
+    """A default's own commas (inside its brackets) part no parameters: the names are the template's two."""
+    text = """// mmd:
+//   template: {BN: 64, BM: 32}
+template <int BN = std::integral_constant<int, 64>::value, int BM = 32>
+__global__ void k(float* A, float* B, float* C, int W) { C[0] = A[0] * B[0]; }
+"""
+    kf = parse(text)
+    assert kf.kernel.template == ("BN", "BM") and kf.name_expression(16) == "k<64, 32>"
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from mmd import kernels as registry
+from mmd import kernelspec
 from mmd.errors import KernelError, TileError
-from mmd.kernelfile.declaration import in_header
-from mmd.kernels import KernelSpec, TensorMaps, Variant
+from mmd.kernelfile.declaration import TensorMaps
+from mmd.kernelfile.declaring import in_header
+from mmd.kernelspec import KernelSpec, Variant
 from mmd.resources import kernels_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -476,13 +478,13 @@ def test_fast_picks_its_variant_by_shape_class():
 
 def test_a_tuning_entry_that_names_no_variant_is_an_error(tmp_path, monkeypatch):
     (tmp_path / "fast.tune.yaml").write_text("NVIDIA X:\n  large:\n    params: 999x999_bogus\n")
-    monkeypatch.setattr(registry, "kernels_dir", lambda: tmp_path)
-    registry.tuning.cache_clear()
+    monkeypatch.setattr(kernelspec, "kernels_dir", lambda: tmp_path)
+    kernelspec.tuning.cache_clear()
     try:
         with pytest.raises(KernelError, match="names variant '999x999_bogus', which fast does not have"):
-            registry.tuning("fast")
+            registry.get("fast").tuned()
     finally:
-        registry.tuning.cache_clear()
+        kernelspec.tuning.cache_clear()
 
 
 def test_fast_variants_take_their_geometry_from_their_macros():
@@ -522,7 +524,7 @@ def test_tc1_on_sm_90_is_the_tma_build_with_tf32_maps_and_the_cp_async_build_beh
     macros = dict(tma.macros)
     assert (macros["TMA"], macros["TMA_TF32"], macros["CLUSTER_N"]) == (1, 1, 1)
     assert tma.arch_for("sm_90") == "sm_90a" and tma.variant == "tma"
-    assert tma.tensor_maps == registry.TensorMaps(a_box=(256, 32), b_box=(32, 32), swizzle=128, tf32=True)
+    assert tma.tensor_maps == TensorMaps(a_box=(256, 32), b_box=(32, 32), swizzle=128, tf32=True)
     assert tma.dynamic_shared_bytes == 197696 and tma.cluster_x == 1
     assert tma.block_tile == tc1.block_tile and tma.grid(4095, 1000, 0) == tc1.grid(4095, 1000, 0)
     fallback = tma.fallback
@@ -553,7 +555,7 @@ def test_the_tma_builds_geometry_covers_every_output_without_a_spare_block(m, n)
 @pytest.mark.parametrize("cluster", [1, 2])
 def test_a_tma_builds_maps_follow_its_macros(cluster):
     maps = registry.variant("tc1", "x", TMA=1, CLUSTER_N=cluster).tensor_maps
-    assert maps == registry.TensorMaps(a_box=(256 // cluster, 32), b_box=(32, 32), tf32=False)
+    assert maps == TensorMaps(a_box=(256 // cluster, 32), b_box=(32, 32), tf32=False)
     assert registry.variant("tc1", "x").tensor_maps is None
 
 

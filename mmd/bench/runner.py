@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,8 @@ import numpy as np
 
 from .. import textformat
 from ..atomic import write_atomic
+from ..backends import open_backend
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
-from ..backends.cpu import CpuBackend
 from ..backends.kernelfile import KernelFileBackend
 from ..check import tolerance
 from ..config import Settings
@@ -49,6 +49,27 @@ class _Checked:
     text_path: str | None = None
     #: The GPU a job through files ran on, as its sidecar says (a kernel file's job's own process names it).
     device: str | None = None
+
+
+@dataclass
+class _Call:
+    """What each call of one case is made of, in memory or through files, and what its checks found."""
+
+    backend: Backend
+    request: MultiplyRequest
+    inputs: Inputs
+    choice: KernelChoice
+    checked: _Checked = field(default_factory=_Checked)
+
+    def check(self, c: np.ndarray) -> None:
+        """Hold ``c`` to the float64 product within the precision's tolerance (Wrong where it is not); the
+        errors go into :attr:`checked`."""
+        precision = self.choice.precision
+        report = check_product(c, self.inputs.ref, self.inputs.allowed_for(precision), tolerance.TOLERANCES[precision])
+        self.checked.max_abs_error = float(f"{report.max_abs_error:.6g}")
+        self.checked.rel_error = float(f"{report.rel_error:.6g}")
+        if not report.ok:
+            raise Wrong(report.summary())
 
 
 def _compile_of(timings: Sample) -> list[float]:
@@ -128,8 +149,8 @@ class _Runner:
             text_path=plan.text_path,
             flush_l2=plan.flush_l2 and not plan.through_files,  # warm-ups too: they run as the timed calls do
         )
-        inputs = self.inputs(case)
-        checked = _Checked()
+        call = _Call(backend, request, self.inputs(case), choice)
+        timed = self._through_files if plan.through_files else self._in_memory
         samples: list[dict[str, float]] = []
         compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
         # a kernel file's launch process is the benchmark's own, beside this one's context (if it has one)
@@ -139,26 +160,28 @@ class _Runner:
             for i in range(plan.warmup):
                 if ready is not None:
                     ready()
-                compiles += _compile_of(self._call(backend, request, inputs, choice, check=i == 0, checked=checked))
+                compiles += _compile_of(timed(call, check=i == 0))
             with watch:
                 while len(samples) < plan.cap:
                     first = not plan.warmup and not samples
                     if ready is not None:
                         ready()
-                    timings = self._call(backend, request, inputs, choice, check=first, checked=checked)
+                    timings = timed(call, check=first)
                     compiles += _compile_of(timings)
                     samples.append(timings)
                     if plan.adaptive and len(samples) >= plan.repeats and settled(samples, plan.noise):
                         break
         except Wrong as exc:
-            return replace(row, **dataclasses.asdict(checked), status="wrong", reason=str(exc))
+            return replace(row, **dataclasses.asdict(call.checked), status="wrong", reason=str(exc))
         except KernelLaunchError as exc:  # a kernel file faulted, or ran past its time limit: not a refusal
-            return replace(row, **dataclasses.asdict(checked), status="error", reason=exc.reason)
+            return replace(row, **dataclasses.asdict(call.checked), status="error", reason=exc.reason)
         except MmdError as exc:
-            return replace(row, **dataclasses.asdict(checked), status="refused", reason=exc.reason)
+            return replace(row, **dataclasses.asdict(call.checked), status="refused", reason=exc.reason)
         except Exception as exc:  # a bug must not cost the rest of a long run
             traceback.print_exc(file=sys.stderr)
-            return replace(row, **dataclasses.asdict(checked), status="error", reason=f"{type(exc).__name__}: {exc}")
+            return replace(
+                row, **dataclasses.asdict(call.checked), status="error", reason=f"{type(exc).__name__}: {exc}"
+            )
         phases = phase_stats(samples)
         if "compile" not in phases and compiles:
             phases.update(phase_stats([{"compile": c} for c in compiles]))
@@ -166,7 +189,7 @@ class _Runner:
         kernel_noise = noise_of(samples, "kernel")
         return replace(
             row,
-            **dataclasses.asdict(checked),
+            **dataclasses.asdict(call.checked),
             repeats=len(samples),
             phases=phases,
             quartiles=phase_quartiles(samples),
@@ -178,36 +201,17 @@ class _Runner:
             **watch.summary(),
         )
 
-    def _call(
-        self,
-        backend: Backend,
-        request: MultiplyRequest,
-        inputs: Inputs,
-        choice: KernelChoice,
-        *,
-        check: bool,
-        checked: _Checked,
-    ) -> dict[str, float]:
-        if not self.plan.through_files:
-            t0 = time.perf_counter()
-            product = backend.multiply(inputs.a, inputs.b, request)
-            wall = (time.perf_counter() - t0) * 1e3
-            if check:
-                self._check(product.c, inputs, choice.precision, checked)
-            return {**_with_cuda(product.timings_ms), "overall": wall}
-        return self._call_files(backend, request, inputs, choice, check=check, checked=checked)
+    def _in_memory(self, call: _Call, *, check: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        product = call.backend.multiply(call.inputs.a, call.inputs.b, call.request)
+        wall = (time.perf_counter() - t0) * 1e3
+        if check:
+            call.check(product.c)
+        return {**_with_cuda(product.timings_ms), "overall": wall}
 
-    def _call_files(
-        self,
-        backend: Backend,
-        request: MultiplyRequest,
-        inputs: Inputs,
-        choice: KernelChoice,
-        *,
-        check: bool,
-        checked: _Checked,
-    ) -> dict[str, float]:
+    def _through_files(self, call: _Call, *, check: bool) -> dict[str, float]:
         assert self.workdir is not None
+        inputs, request, choice = call.inputs, call.request, call.choice
         if inputs.text is None:
             inputs.text = self.workdir / f"in-{inputs.a.shape[0]}x{inputs.a.shape[1]}x{inputs.b.shape[1]}.txt"
             write_atomic(inputs.text, input_chunks(inputs.a, inputs.b, square=True), durable=False)
@@ -215,21 +219,21 @@ class _Runner:
         # A kernel file's job is run as `mmd run --kernel-file` runs it: the pipeline makes its backend.
         kernel = {} if choice.is_file else {"kernel": choice.name}
         settings = self.settings.with_values(
-            {"backend": backend.name, **kernel, "tile": request.tile, "memory": request.memory,
+            {"backend": call.backend.name, **kernel, "tile": request.tile, "memory": request.memory,
              "text_path": request.text_path},
             "mmd bench",
         )  # fmt: skip
         job = describe(inputs.text, output, settings, kernel_file=choice.path)
-        result = run_job(job, lambda _settings: backend)
+        result = run_job(job, lambda _settings: call.backend)
         try:
             if not isinstance(result.record, TimingRecord):
                 assert result.error is not None
                 raise result.error
-            checked.text_path = result.record.text.path
-            checked.device = result.record.device
+            call.checked.text_path = result.record.text.path
+            call.checked.device = result.record.device
             if check:
                 assert result.product is not None
-                self._check(result.product.c, inputs, choice.precision, checked)
+                call.check(result.product.c)
                 try:
                     printed = textformat.parse_output(output.read_bytes())
                 except MmdError as exc:
@@ -247,13 +251,6 @@ class _Runner:
             for path in (output, result.sidecar):
                 path.unlink(missing_ok=True)
 
-    def _check(self, c: np.ndarray, inputs: Inputs, precision: str, checked: _Checked) -> None:
-        report = check_product(c, inputs.ref, inputs.allowed_for(precision), tolerance.TOLERANCES[precision])
-        checked.max_abs_error = float(f"{report.max_abs_error:.6g}")
-        checked.rel_error = float(f"{report.rel_error:.6g}")
-        if not report.ok:
-            raise Wrong(report.summary())
-
 
 def run_plan(
     plan: Plan,
@@ -270,8 +267,8 @@ def run_plan(
 ) -> BenchRun:
     """Run every case of ``plan``; results go to ``folder`` (default: a new ``out/<timestamp>``).
 
-    GPU kernels run on ``backend``; the ``cpu`` kernel runs on ``host`` (a
-    :class:`CpuBackend` by default); each kernel file on a backend of its own
+    GPU kernels run on ``backend``; the ``cpu`` kernel runs on ``host`` (the
+    cpu backend by default); each kernel file on a backend of its own
     (:func:`mmd.pipeline.kernel_file_backend`: a fresh process per call, its
     device, kernel cache and launch time limit from ``settings``, which jobs
     through files also run with; default: mmd's defaults). ``clock`` reads
@@ -281,7 +278,7 @@ def run_plan(
     case; ``run.complete`` is set when every case has run.
     """
     progress = progress or NullProgress()
-    host = host or (backend if backend.name == "cpu" else CpuBackend())
+    host = host or (backend if backend.name == "cpu" else open_backend("cpu")[0])
     folder = folder if folder is not None else new_folder(out)
     folder.mkdir(parents=True, exist_ok=True)
     run = BenchRun(folder, plan, env if env is not None else environment(backend))

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import progress
 from ..errors import KernelFileError, MmdError, UnreadableError, UsageError
+from ..launchlimits import COMMON_LIMITS, DeviceLimits
 from .common import add_config_option, options_later
-
-if TYPE_CHECKING:
-    from .. import kernels
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +44,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     add_config_option(p)
 
 
-def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
+def build(args: argparse.Namespace, limits: DeviceLimits) -> int:
     """Compile every build into the cache; one line per failure, a summary last."""
     from .. import config
     from ..cuda.builds import build_all, every_build
@@ -72,22 +69,22 @@ def build(args: argparse.Namespace, limits: kernels.DeviceLimits) -> int:
     return 1 if failed else 0
 
 
-def _device_limits(device: int) -> tuple[kernels.DeviceLimits, str]:
-    from .. import kernels
+def _device_limits(device: int) -> tuple[DeviceLimits, str]:
+    from ..backends import open_backend
+    from ..backends.cuda import CudaBackend
 
     try:
-        from ..backends.cuda import CudaBackend
-
-        backend = CudaBackend(device)
+        backend, _ = open_backend("cuda", device)
     except MmdError as exc:
-        return kernels.COMMON_LIMITS, f"no GPU here ({exc.reason}); tiles checked against the limits of every CUDA GPU"
+        return COMMON_LIMITS, f"no GPU here ({exc.reason}); tiles checked against the limits of every CUDA GPU"
     try:
+        assert isinstance(backend, CudaBackend)  # what open_backend("cuda") opens, or it raises
         return backend.limits, f"device {device}: {backend.device_name()}"
     finally:
         backend.close()
 
 
-def describe_file(args: argparse.Namespace, limits: kernels.DeviceLimits, where: str) -> int:
+def describe_file(args: argparse.Namespace, limits: DeviceLimits, where: str) -> int:
     """What mmd understood of the kernel file ``args.file``, the tiles ``limits`` let it launch, and a compile at
     each of them into the kernel cache; exit status 1 where the file is refused or a compile fails."""
     from .. import config
@@ -186,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 except MmdError as exc:
                     refused.append(f"{tile} ({exc.reason})")
             tiles = "tiles " + ", ".join(ok) + (f"; refused: {'; '.join(refused)}" if refused else "")
-        elif limits is kernels.COMMON_LIMITS and (spec.dynamic_shared_bytes or spec.min_compute_capability > (0, 0)):
+        elif limits is COMMON_LIMITS and (spec.dynamic_shared_bytes or spec.min_compute_capability > (0, 0)):
             need = ".".join(map(str, spec.min_compute_capability))
             shared = spec.shared_bytes(0) + spec.dynamic_shared_bytes
             tiles = f"no tile; needs {spec.requirement or 'a newer GPU'} (compute capability {need}+)"

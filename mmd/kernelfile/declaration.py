@@ -1,35 +1,24 @@
-"""The declaration: one vocabulary for what a kernel takes and how it is launched, read from YAML.
+"""The declaration: one vocabulary for what a kernel takes and how it is launched.
 
 A declaration sits in a kernel file's header comment, under a line ``mmd:``, or in a same-stem
-``NAME.kernel.yaml`` beside a file its author cannot edit. Sizes are expressions in the tile ``T``
-and in the declaration's own ``defines`` and ``template`` names (``2*T``, ``BM*BN/(TM*TN)``,
-``2 if DOUBLE_BUFFER else 1``); a kernel with no declaration is one thread per output in T×T blocks over
-(columns, rows), its sizes multiples of T. mmd's own kernels (``kernels/*.cu``) are declared in the same
-vocabulary, with the fields only they may use (:data:`OWN_KEYS`: their place in the registry, their
-description, architecture and shape-class variants, tensor maps, clusters): :mod:`mmd.kernels` builds
-its entries from them. docs/kernels.md ("Writing a kernel mmd can run") shows each field.
+``NAME.kernel.yaml`` beside a file its author cannot edit (:mod:`.declaring` reads it). Sizes are
+expressions (:mod:`.expressions`) in the tile ``T`` and in the declaration's own ``defines`` and
+``template`` names (``2*T``, ``BM*BN/(TM*TN)``, ``2 if DOUBLE_BUFFER else 1``); a kernel with no
+declaration is one thread per output in T×T blocks over (columns, rows), its sizes multiples of T. mmd's
+own kernels (``kernels/*.cu``) are declared in the same vocabulary, with the fields only they may use
+(:data:`OWN_KEYS`: their place in the registry, their description, architecture and shape-class variants,
+tensor maps, clusters): :mod:`mmd.kernels` builds its entries from them. docs/kernels.md ("Writing a
+kernel mmd can run") shows each field.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import operator
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from ..errors import KernelFileError
+from .expressions import NAME, ONE, ZERO, Expr, T
 from .roles import ROLES
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from .lexer import Lexed
 
 #: The arithmetic a kernel's product has: ``fp32`` (fp32 operands, fp32 sums, or better: tc3's
 #: 3xTF32) or ``tf32`` (operands rounded to TF32's 10 mantissa bits on the tensor cores).
@@ -37,119 +26,11 @@ if TYPE_CHECKING:
 #: TF32 tensor-core math mode.
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32")
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_BINARY: dict[type[ast.operator], str] = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//"}
-_COMPARE: dict[type[ast.cmpop], Callable[[int, int], bool]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-}  # fmt: skip
-_GRAMMAR = "integers, names, + - * /, comparisons, and/or/not, X if C else Y and brackets"
 #: The grid's axes, what each may walk.
 AXES = ("columns", "rows")
 
-
-@functools.cache
-def _parse(text: str) -> ast.expr:
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        raise ValueError(f"{text!r} is not an expression of T ({_GRAMMAR})") from None
-    for node in ast.walk(tree):
-        ok = isinstance(node, ast.Name | ast.BinOp | ast.UnaryOp | ast.BoolOp | ast.Compare | ast.IfExp | ast.Load)
-        ok = ok or type(node) in _BINARY or type(node) in _COMPARE
-        ok = ok or isinstance(node, ast.USub | ast.Not | ast.And | ast.Or)
-        ok = ok or (isinstance(node, ast.Constant) and type(node.value) is int)
-        if not ok:
-            raise ValueError(f"{text!r} is not an expression of T ({_GRAMMAR})")
-    return tree
-
-
-@dataclass(frozen=True)
-class Expr:
-    """An integer expression of the tile ``T`` and declared names; C's integer division, 1 for true."""
-
-    text: str
-
-    def __post_init__(self) -> None:
-        _parse(self.text)
-
-    @classmethod
-    def of(cls, value: object) -> Expr:
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(f"{value!r} is not a whole number or an expression of T")
-        return cls(str(value))
-
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset(n.id for n in ast.walk(_parse(self.text)) if isinstance(n, ast.Name))
-
-    def value(self, env: Mapping[str, int]) -> int:
-        return _evaluate(_parse(self.text), env, self.text)
-
-
-def _evaluate(node: ast.expr, env: Mapping[str, int], text: str) -> int:
-    if isinstance(node, ast.Constant):
-        assert isinstance(node.value, int)
-        return node.value
-    if isinstance(node, ast.Name):
-        return env[node.id]
-    if isinstance(node, ast.UnaryOp):
-        operand = _evaluate(node.operand, env, text)
-        return int(not operand) if isinstance(node.op, ast.Not) else -operand
-    if isinstance(node, ast.BoolOp):
-        result = 0
-        for part in node.values:  # Python's short circuit: the deciding value
-            result = _evaluate(part, env, text)
-            if bool(result) != isinstance(node.op, ast.And):
-                break
-        return result
-    if isinstance(node, ast.Compare):
-        left = _evaluate(node.left, env, text)
-        for relation, comparator in zip(node.ops, node.comparators, strict=True):
-            right = _evaluate(comparator, env, text)
-            if not _COMPARE[type(relation)](left, right):
-                return 0
-            left = right
-        return 1
-    if isinstance(node, ast.IfExp):
-        return _evaluate(node.body if _evaluate(node.test, env, text) else node.orelse, env, text)
-    assert isinstance(node, ast.BinOp)
-    left, right = _evaluate(node.left, env, text), _evaluate(node.right, env, text)
-    op = _BINARY[type(node.op)]
-    if op in ("/", "//"):
-        if right == 0:
-            raise ValueError(f"{text} divides by zero at {dict(env)}")
-        return abs(left) // abs(right) * (1 if (left >= 0) == (right >= 0) else -1)
-    return {"+": left + right, "-": left - right, "*": left * right}[op]
-
-
-def _exprs(value: object, what: str, count: tuple[int, ...]) -> tuple[Expr, ...]:
-    items = value if isinstance(value, list | tuple) else [value]
-    if len(items) not in count:
-        raise ValueError(f"{what} takes {' or '.join(map(str, count))} values, got {len(items)}")
-    return tuple(Expr.of(v) for v in items)
-
-
-def _named(value: object, what: str) -> tuple[tuple[str, Expr], ...]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{what} is a mapping of names to values (BM: 128)")
-    out = []
-    for key, v in value.items():
-        if not isinstance(key, str) or not _NAME.match(key):
-            raise ValueError(f"{what}: {key!r} is not a name")
-        out.append((key, Expr.of(v)))
-    return tuple(out)
-
-
-def _texts(value: object, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{what} is a list of names")
-    return tuple(value)
-
-
-T = Expr("T")
-ONE = Expr("1")
-ZERO = Expr("0")
+#: The tensor maps' swizzle unless a declaration says otherwise: the tensor cores' pattern.
+_SWIZZLE = Expr("128")
 
 
 @dataclass(frozen=True)
@@ -190,7 +71,7 @@ class TensorMapsDeclaration:
     a_box: tuple[Expr, Expr]
     b_box: tuple[Expr, Expr]
     when: Expr = ONE
-    swizzle: Expr = Expr("128")
+    swizzle: Expr = _SWIZZLE
     tf32: Expr = ZERO
 
     @property
@@ -280,7 +161,7 @@ class Declaration:
 
     def __post_init__(self) -> None:
         for name in (self.entry, self.tile_macro):
-            if name is not None and not _NAME.match(name):
+            if name is not None and not NAME.match(name):
                 raise ValueError(f"{name!r} is not a C identifier")
         if self.arguments is not None:
             check_arguments(self.arguments)
@@ -304,7 +185,7 @@ class Declaration:
         if len(own) != len(self.defines) + len(self.template) or "T" in own or self.tile_macro in own:
             raise ValueError("defines and template names must differ from each other, from T and from tile_macro")
         for name in self.switches:
-            if not _NAME.match(name) or name in own or name in ("T", self.tile_macro):
+            if not NAME.match(name) or name in own or name in ("T", self.tile_macro):
                 raise ValueError(f"switches: {name!r} is not a name apart from the defines, template, T, tile_macro")
         for name, expr in (*self.defines, *self.template):
             if expr.names - {"T"}:
@@ -490,186 +371,3 @@ def check_arguments(roles: tuple[str, ...]) -> None:
         raise ValueError("arguments name width (a square kernel's one size) beside M, K or N")
     if "width" not in roles and sizes != {"M", "K", "N"}:
         raise ValueError("arguments must name M, K and N (or width, for a square kernel)")
-
-
-def from_mapping(data: object, origin: str, own: bool = False) -> Declaration:
-    """A declaration from parsed YAML; KernelFileError naming ``origin`` and the field at fault.
-
-    ``own``: one of mmd's own kernels, which may set :data:`OWN_KEYS`; anyone else's file is refused them.
-    """
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise KernelFileError(f"{origin}: a declaration is a mapping of {', '.join(KEYS)}", {"origin": origin})
-    unknown = [str(k) for k in data if k not in KEYS]
-    if unknown:
-        raise KernelFileError(
-            f"{origin}: declaration has no field {', '.join(unknown)} (fields: {', '.join(KEYS)})", {"origin": origin}
-        )
-    theirs = [str(k) for k in data if k in OWN_KEYS] if not own else []
-    if theirs:
-        raise KernelFileError(
-            f"{origin}: declaration {', '.join(theirs)}: for mmd's own kernels only (kernels/*.cu)",
-            {"origin": origin, "field": theirs[0]},
-        )
-    values: dict[str, Any] = {}
-    key = ""
-    try:
-        for key, value in data.items():
-            values[key] = _field(key, value)
-        return Declaration(**values, origin=origin)
-    except ValueError as exc:
-        where = f"{key}: " if key and not str(exc).startswith(key) else ""
-        raise KernelFileError(f"{origin}: declaration {where}{exc}", {"origin": origin, "field": key}) from None
-
-
-def _field(key: str, value: object) -> object:
-    if key in ("entry", "tile_macro"):
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{value!r} is not a name")
-        return value
-    if key in ("description", "needs"):
-        if not isinstance(value, str):
-            raise ValueError("is one line of text")
-        return value
-    if key == "arguments":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError("a list of roles, one per parameter in order ([A, B, C, width])")
-        return tuple(value)
-    if key == "block":
-        exprs = _exprs(value, key, (1, 2, 3))
-        return (*exprs, *(ONE,) * (3 - len(exprs)))
-    if key == "block_tile":
-        return _exprs(value, key + " (rows, columns, depth)", (3,))
-    if key == "thread_tile":
-        return _exprs(value, key + " (rows, columns)", (2,))
-    if key in ("outputs_per_thread", "shared_bytes", "dynamic_shared_bytes", "cluster_x"):
-        return None if value is None and key in ("outputs_per_thread", "shared_bytes") else Expr.of(value)
-    if key == "grid":
-        if not isinstance(value, list) or len(value) != 2:
-            raise ValueError("[columns, rows] or [rows, columns]")
-        return tuple(value)
-    if key in ("template", "defines"):
-        return _named(value, key)
-    if key in ("arch_specific", "switches"):
-        return _texts(value, key)
-    if key == "min_compute_capability":
-        return tuple(value) if isinstance(value, list) else (value,)
-    if key == "requires":
-        if not isinstance(value, Mapping) or not all(isinstance(r, str) for r in value.values()):
-            raise ValueError("is a mapping of conditions to the reason each gives where it fails")
-        return tuple((Expr.of(cond), reason) for cond, reason in value.items())
-    if key == "tensor_maps":
-        return _maps(value)
-    if key == "variants":
-        if not isinstance(value, list):
-            raise ValueError("is a list of variants ({label: NAME, classes: [small], defines: {BM: 64}})")
-        return tuple(_variant(v, classes=True) for v in value)
-    if key == "arch_variants":
-        if not isinstance(value, Mapping) or not all(isinstance(t, str) for t in value):
-            raise ValueError("is a mapping of nvcc targets to variants (sm_90a: {label: NAME, defines: {...}})")
-        return tuple((target, _variant(v, classes=False)) for target, v in value.items())
-    return value  # multiples, exact, course, rung, precision: checked by the dataclass
-
-
-def _variant(value: object, classes: bool) -> VariantDeclaration:
-    keys = ("label", "defines", "classes") if classes else ("label", "defines")
-    if not isinstance(value, Mapping) or not isinstance(value.get("label"), str) or set(value) - set(keys):
-        raise ValueError(f"a variant is a mapping of {', '.join(keys)}, with a label")
-    return VariantDeclaration(
-        label=value["label"],
-        defines=_named(value.get("defines", {}), "defines"),
-        classes=_texts(value.get("classes", []), "classes"),
-    )
-
-
-def _maps(value: object) -> TensorMapsDeclaration:
-    keys = ("a_box", "b_box", "when", "swizzle", "tf32")
-    if not isinstance(value, Mapping) or set(value) - set(keys) or not {"a_box", "b_box"} <= set(value):
-        raise ValueError(f"is a mapping of {', '.join(keys)}, with a_box and b_box")
-    a_rows, a_cols = _exprs(value["a_box"], "a_box (rows, columns)", (2,))
-    b_rows, b_cols = _exprs(value["b_box"], "b_box (rows, columns)", (2,))
-    return TensorMapsDeclaration(
-        a_box=(a_rows, a_cols),
-        b_box=(b_rows, b_cols),
-        when=Expr.of(value.get("when", 1)),
-        swizzle=Expr.of(value.get("swizzle", 128)),
-        tf32=Expr.of(value.get("tf32", 0)),
-    )
-
-
-def parse_yaml(text: str, origin: str) -> Declaration:
-    """A declaration from a ``NAME.kernel.yaml``'s text (anyone's: :data:`OWN_KEYS` are refused)."""
-    return from_mapping(_load(text, origin), origin)
-
-
-_MMD_LINE = re.compile(r"(\s*)mmd:(.*)\Z")
-
-
-def in_comments(lexed: Lexed, file: str, own: bool = False) -> Declaration | None:
-    """The declaration under a ``mmd:`` line of a comment, or None; two such comments are refused."""
-    return _declared(((c.text, c.line, c.style) for c in lexed.comments), file, own)
-
-
-def in_header(text: str, file: str) -> Declaration | None:
-    """The declaration in the block comment ``text`` opens with: one of mmd's own kernels (``kernels/*.cu``),
-    whose declaration may set :data:`OWN_KEYS`. The registry reads every kernel's on each start, so that
-    comment is taken as it stands, not lexed: mmd's own files need no guard against a comment read two ways."""
-    end = text.find("*/")
-    if not text.startswith("/*") or end < 0:
-        return None
-    return _declared([(text[2:end], 1, "/*")], file, own=True)
-
-
-def _declared(comments: Iterable[tuple[str, int, str]], file: str, own: bool) -> Declaration | None:
-    """The declaration in ``comments`` (each its text, first line and style)."""
-    found: list[tuple[str, int]] = []
-    for text, first, style in comments:
-        lines = _undecorated(text, style)
-        for offset, line in enumerate(lines):
-            head = _MMD_LINE.match(line)
-            if head is None:
-                continue
-            indent = len(head.group(1))
-            body = [line[indent:]]
-            for more in lines[offset + 1 :]:
-                if more.strip() and len(more) - len(more.lstrip()) <= indent:
-                    break
-                body.append(more[indent:] if more.strip() else "")
-            found.append(("\n".join(body), first + offset))
-    if not found:
-        return None
-    if len(found) > 1:
-        shown = ", ".join(str(at) for _, at in found)
-        raise KernelFileError(f"{file}: two declarations (mmd: on lines {shown}); keep one", {"file": file})
-    text, at = found[0]
-    origin = f"{file}:{at}"
-    data = _load(text, origin)
-    return from_mapping(data.get("mmd") if isinstance(data, dict) else data, origin, own)
-
-
-#: libyaml's loader where PyYAML has it: the registry parses every kernel's declaration on each start.
-_LOADER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
-
-
-def _load(text: str, origin: str) -> object:
-    try:
-        return yaml.load(text, Loader=_LOADER)
-    except yaml.YAMLError as exc:
-        problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) and exc.problem else "not valid YAML"
-        raise KernelFileError(f"{origin}: declaration is not valid YAML ({problem})", {"origin": origin}) from None
-
-
-def _strip_slashes(text: str) -> str:
-    return text[1:] if text.startswith(" ") else text
-
-
-def _undecorated(text: str, style: str) -> list[str]:
-    """A comment's lines without its markers: ``// `` and a leading `` * `` column of a block comment."""
-    lines = text.split("\n")
-    if style == "//":
-        return [_strip_slashes(line) for line in lines]
-    starred = [ln for ln in lines[1:] if ln.strip() and ln.strip() != "*"]
-    if starred and all(re.match(r"\s*\*(?!/)", ln) for ln in starred):
-        lines = [lines[0], *(re.sub(r"^\s*\* ?", "", ln) if ln.strip() else "" for ln in lines[1:])]
-    return lines

@@ -1,7 +1,7 @@
 """A ``.cu`` file read as a kernel mmd can run: its entry, what each parameter is, its geometry, its tile.
 
 :func:`read_kernel_file` checks the file's includes (:mod:`.sandbox`) before anything else, finds its
-``__global__`` functions (:mod:`.signature`), reads its declaration (:mod:`.declaration`) from the header
+``__global__`` functions (:mod:`.signature`), reads its declaration (:mod:`.declaring`) from the header
 comment or a same-stem ``NAME.kernel.yaml``, and tells whether the file fixes its tile macro itself
 (``#define TILE_WIDTH 32`` outside ``#ifndef TILE_WIDTH``: it then runs only at that tile). Every refusal
 is a :class:`~mmd.errors.KernelFileError` with a one-line reason.
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelFileError
-from ..kernels import DeviceLimits, check_block
-from ..kernels import check_tile as check_tile_setting
-from . import declaration as decl
+from ..launchlimits import DeviceLimits, check_block
+from ..launchlimits import check_tile as check_tile_setting
 from . import sandbox
 from .declaration import Declaration
+from .declaring import in_comments, parse_yaml
 from .lexer import IDENT, Lexed, Token, code_tokens, directives, lex, normalise, refuse
 from .signature import Kernel, check_roles, kernels, known_roles, unknown_reason
 
@@ -76,7 +76,8 @@ class KernelFile:
 
     def check_launch(self, tile: int, limits: DeviceLimits) -> None:
         """:meth:`check_tile`, then TileError where a block at ``tile`` passes ``limits`` (threads, shared memory),
-        worded as for mmd's own kernels (:func:`mmd.kernels.check_block`: "tile 64 needs 4096 threads per block")."""
+        worded as for mmd's own kernels (:func:`mmd.launchlimits.check_block`: "tile 64 needs 4096 threads per
+        block")."""
         check_tile_setting(tile)
         self.check_tile(tile)
         decl = self.declaration
@@ -176,7 +177,7 @@ def parse_kernel(
 def _declaration(lexed: Lexed, name: str, sidecar: str | None, sidecar_name: str, own: bool) -> tuple[Declaration, str]:
     """The file's declaration and where it was read; ``own``: one of mmd's own kernels (its header may set
     :data:`~.declaration.OWN_KEYS`)."""
-    inside = decl.in_comments(lexed, name, own)
+    inside = in_comments(lexed, name, own)
     if inside is not None and sidecar is not None:
         raise KernelFileError(
             f"{name}: declared twice, in {inside.origin} and in {sidecar_name}; keep one", {"file": name}
@@ -184,7 +185,7 @@ def _declaration(lexed: Lexed, name: str, sidecar: str | None, sidecar_name: str
     if inside is not None:
         return inside, inside.origin
     if sidecar is not None:
-        return decl.parse_yaml(sidecar, sidecar_name), sidecar_name
+        return parse_yaml(sidecar, sidecar_name), sidecar_name
     return Declaration(), ""
 
 

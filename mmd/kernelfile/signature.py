@@ -94,22 +94,28 @@ def _kernel_at(toks: list[Token], at: int) -> Kernel | None:
     )
 
 
-def _matching(toks: list[Token], open_at: int) -> int:
-    """The index of the bracket that closes the one at ``open_at`` (the last token where none does)."""
-    pairs = {"(": ")", "<": ">", "[": "]", "{": "}"}
-    opener, closer = toks[open_at].text, pairs[toks[open_at].text]
+_OPENERS = {"(": ")", "<": ">", "[": "]", "{": "}"}
+_CLOSERS = {close: open_ for open_, close in _OPENERS.items()}
+
+
+def _matching(toks: list[Token], at: int) -> int:
+    """The index of the bracket that pairs with the one at ``at``: forward from an opening bracket, backward from
+    a closing one (the last or the first token where none does)."""
+    here = toks[at].text
+    there, step, stop = (_OPENERS[here], 1, len(toks)) if here in _OPENERS else (_CLOSERS[here], -1, -1)
     depth = 0
-    for k in range(open_at, len(toks)):
-        if toks[k].text == opener:
+    for k in range(at, stop, step):
+        if toks[k].text == here:
             depth += 1
-        elif toks[k].text == closer:
+        elif toks[k].text == there:
             depth -= 1
             if depth == 0:
                 return k
-    return len(toks) - 1
+    return stop - step
 
 
-def _parameters(toks: list[Token]) -> tuple[Parameter, ...]:
+def _items(toks: list[Token]) -> list[list[Token]]:
+    """A bracketed list's items: ``toks`` split at the commas outside any inner brackets."""
     groups: list[list[Token]] = [[]]
     depth = 0
     for tok in toks:
@@ -121,6 +127,11 @@ def _parameters(toks: list[Token]) -> tuple[Parameter, ...]:
             groups.append([])
         else:
             groups[-1].append(tok)
+    return groups
+
+
+def _parameters(toks: list[Token]) -> tuple[Parameter, ...]:
+    groups = _items(toks)
     if groups == [[]] or (len(groups) == 1 and [t.text for t in groups[0]] == ["void"]):
         return ()
     return tuple(_parameter(g) for g in groups if g)
@@ -150,31 +161,21 @@ def _template_before(toks: list[Token], at: int) -> tuple[str, ...]:
         j -= 1
     if j < 0 or toks[j].text != ">":
         return ()
-    depth = 0
-    for k in range(j, -1, -1):
-        if toks[k].text == ">":
-            depth += 1
-        elif toks[k].text == "<":
-            depth -= 1
-            if depth == 0:
-                if k == 0 or toks[k - 1].text != "template":
-                    return ()
-                return tuple(_template_names(toks[k + 1 : j]))
-    return ()
+    k = _matching(toks, j)
+    if k == 0 or toks[k].text != "<" or toks[k - 1].text != "template":
+        return ()
+    return tuple(_template_names(toks[k + 1 : j]))
 
 
 def _template_names(toks: list[Token]) -> list[str]:
+    """Each template parameter's name: the last word before its default, if it has one."""
     names: list[str] = []
-    group: list[Token] = []
-    for tok in [*toks, Token(PUNCT, ",", 0, 0, False)]:
-        if tok.text == ",":
-            before_default = group[: [t.text for t in group].index("=")] if any(t.text == "=" for t in group) else group
-            idents = [t.text for t in before_default if t.kind == IDENT]
-            if idents:
-                names.append(idents[-1])
-            group = []
-        else:
-            group.append(tok)
+    for group in _items(toks):
+        texts = [t.text for t in group]
+        before_default = group[: texts.index("=")] if "=" in texts else group
+        idents = [t.text for t in before_default if t.kind == IDENT]
+        if idents:
+            names.append(idents[-1])
     return names
 
 
