@@ -72,7 +72,7 @@ class Ends:
     ) -> None:
         """A claimed job no worker holds (its worker ended for it, or cancelled in the queue): its error
         sidecar (``error``'s kind and reason), archived to ``.failed``. ``set_aside``: an inbox entry that is not
-        a job, already moved out of its name's way (:meth:`~.intake.Intake.set_aside`): its sidecar's
+        a job, already moved out of its name's way (by :meth:`~.intake.Intake.rescan`): its sidecar's
         reservation is dropped."""
         settings = self.settings()
         log = self.log.bind(job=claim.job_id, file=shown(claim.name), submitter=claim.submitter)

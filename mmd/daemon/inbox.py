@@ -14,7 +14,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from ..config import Settings
 from ..spool import Spool
@@ -50,7 +50,7 @@ class Inbox:
         finally:
             self._unwatch()
 
-    def check(self, settings: Settings) -> str | None:
+    def check(self, settings: Settings) -> Literal["gone", "remade"] | None:
         """Look whether the folder at the inbox's path is still the one served: None when it is (or is still
         gone), ``"gone"`` the first time it is not there, ``"remade"`` once another stands there, now served:
         the spool's folders made, the lock taken again (SpoolError: another daemon has it), watched anew."""

@@ -58,14 +58,14 @@ class Intake:
         #: When each file becomes complete.
         self.readiness = Readiness(settings().quiet_seconds)
         #: When this daemon (or the one before it, for what waits to be judged) first saw each inbox entry.
-        self.arrivals = Arrivals()
+        self._arrivals = Arrivals()
         #: The part of it last written to state_dir (what waits to be judged), and whether that write failed.
         self._arrivals_kept: dict[str, Arrival] = {}
         self._arrivals_failed = False
 
     def start(self) -> None:
         """Read back the first sightings a daemon before this one kept (what waited to be judged keeps its age)."""
-        self.arrivals = Arrivals(self.spool.read_arrivals())
+        self._arrivals = Arrivals(self.spool.read_arrivals())
 
     def _paused(self) -> bool:
         return self.pause.paused(time.monotonic())
@@ -79,8 +79,8 @@ class Intake:
         if not complete and not self.readiness.observe(name, cand.size, cand.mtime_ns):
             return
         self.readiness.forget(name)
-        self.arrivals.seen(cand, time.time())
-        self.arrivals.completed(name)
+        self._arrivals.seen(cand, time.time())
+        self._arrivals.completed(name)
         if self._paused():
             return  # it stays in the inbox; the rescan after the pause takes it
         if is_handin(name):
@@ -141,13 +141,13 @@ class Intake:
             if self.scheduler.is_broken(cand.name, submitter):
                 continue
             found.append(cand)
-            arrived = self.arrivals.seen(cand, wall)
+            arrived = self._arrivals.seen(cand, wall)
             if self.readiness.observe(cand.name, cand.size, cand.mtime_ns):
                 self.readiness.forget(cand.name)
-                self.arrivals.completed(cand.name)
+                self._arrivals.completed(cand.name)
                 if not paused:
                     complete.setdefault(submitter, []).append((arrived, cand))
-            elif not self.arrivals.is_complete(cand.name):
+            elif not self._arrivals.is_complete(cand.name):
                 unfinished.append((arrived, cand))
         for cand in survey.handins:
             if self.readiness.observe(cand.name, cand.size, cand.mtime_ns):
@@ -155,7 +155,7 @@ class Intake:
                 if not paused:
                     self.handins.take(cand, self.settings())
             found_names.add(cand.name)
-        self.arrivals.keep({c.name for c in (*scanned, *survey.folders, *survey.uploads, *survey.handins)})
+        self._arrivals.keep({c.name for c in (*scanned, *survey.folders, *survey.uploads, *survey.handins)})
         first = sorted(complete, key=lambda s: (min(a for a, _ in complete[s]), str(s)))
         groups = {s: [c for _, c in sorted(complete[s], key=lambda ac: ac[0])] for s in first}
         for cand in self.scheduler.by_share(groups, now):
@@ -170,7 +170,7 @@ class Intake:
     def _judge(self, survey: Survey, unfinished: list[tuple[float, Candidate]], wall: float) -> int:
         """What lies in the inbox that is not a job, judged by its age since this daemon (or the one before it)
         first saw it, never by its mtime: a folder under a job's name, or a file ``unfinished`` (still being
-        written: (first seen, it)), is set aside after ``drop_box_grace_s`` (:meth:`set_aside`), an upload
+        written: (first seen, it)), is set aside after ``drop_box_grace_s`` (:meth:`_set_aside`), an upload
         removed after ``upload_max_age_s``. The first sightings of what waits are kept in state_dir for the next
         start. Returns how many job files were set aside."""
         settings = self.settings()
@@ -185,18 +185,18 @@ class Intake:
         )
         waiting: set[str] = set()
         for cand in survey.folders:
-            if wall - self.arrivals.seen(cand, wall) < grace:
+            if wall - self._arrivals.seen(cand, wall) < grace:
                 waiting.add(cand.name)
             else:
-                self.set_aside(cand, folder)
+                self._set_aside(cand, folder)
         set_aside = 0
         for arrived, cand in unfinished:
             if wall - arrived < grace:
                 waiting.add(cand.name)
-            elif self.set_aside(cand, writing):
+            elif self._set_aside(cand, writing):
                 set_aside += 1
         for cand in survey.uploads:
-            if wall - self.arrivals.seen(cand, wall) < max_age:
+            if wall - self._arrivals.seen(cand, wall) < max_age:
                 waiting.add(cand.name)
             elif self.spool.remove_upload(cand):
                 self.log.info("removed an upload nobody finished", file=shown(cand.name),
@@ -204,7 +204,7 @@ class Intake:
         self._keep_arrivals(waiting)
         return set_aside
 
-    def set_aside(self, cand: Candidate, why: str) -> bool:
+    def _set_aside(self, cand: Candidate, why: str) -> bool:
         """Move inbox entry ``cand`` (not a job) out of its name's way, its owner told ``why`` by an error sidecar
         (kind ``spool``); False when it was gone or another meanwhile, or could not be moved (logged)."""
         try:
@@ -215,7 +215,7 @@ class Intake:
         if claim is None:
             return False
         if claim.path.parent == self.spool.inbox:  # hidden in place (mmd may not move it out): judged once only
-            self.arrivals.hidden(claim.path.name, claim.ino)
+            self._arrivals.hidden(claim.path.name, claim.ino)
         self.readiness.forget(cand.name)
         error = SpoolError(f"{shown(cand.name)} {why}")
         if claim.reservation is None:  # the outbox refused even the name of its note
@@ -228,7 +228,7 @@ class Intake:
 
     def _keep_arrivals(self, waiting: set[str]) -> None:
         """Write the first sightings of ``waiting`` (what is still to be judged) to state_dir when they changed."""
-        record = self.arrivals.record(waiting)
+        record = self._arrivals.record(waiting)
         if record == self._arrivals_kept:
             return
         try:
