@@ -1,7 +1,7 @@
 """Benchmark ``mmd check`` against the targets of issue 14 (run on purpose, never as a test).
 
 Usage: python benchmarks/bench_check.py [--size 4096] [--folder 50 512] [--repeat 5] [--workdir DIR]
-                                        [--tree LABEL=PATH ...]
+                                        [--tree NAME=PATH ...]
 
 In one run, with every case repeated and the repetitions interleaved (so a
 busy neighbour slows every case alike; every other round in reverse order),
@@ -15,9 +15,9 @@ medians of --repeat runs:
   last value 0.01 off (both parsed);
 * ``python -m mmd check OUTBOX --inputs DIR``: a folder of 50 outputs of 512;
 
-(each of these also for every ``--tree LABEL=PATH``, another checkout of mmd
+(each of these also for every ``--tree NAME=PATH``, another checkout of mmd
 with its accelerator built, e.g. ``git worktree add /tmp/check-before main``:
-its rows, marked ``[LABEL]``, run in the same rounds, so old and new are
+its rows, marked ``[NAME]``, run in the same rounds, so old and new are
 compared side by side) and, to show where the time goes, ``python -m mmd check --help`` (the start-up
 every command pays) and the library calls behind each case in this process. Each tree's
 modules are compiled to bytecode first, as an installed mmd's are.
@@ -32,7 +32,6 @@ import argparse
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,17 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import harness  # beside this script: its folder is first on sys.path
 import numpy as np
+from child_env import child_env
+from harness import ROOT, median
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from child_env import child_env  # noqa: E402
-
-from mmd import accel, textcore, textformat  # noqa: E402
-from mmd.atomic import write_atomic  # noqa: E402
-from mmd.check import full, jobs, results  # noqa: E402
-from mmd.generate import input_chunks, random_matrix  # noqa: E402
+from mmd import accel, textcore, textformat
+from mmd.atomic import write_atomic
+from mmd.check import full, jobs, results
 
 #: Seconds a case is allowed, from the medians of the others.
 Limit = Callable[[dict[str, float]], float]
@@ -100,36 +96,19 @@ def cold_product(a_path: Path, b_path: Path) -> Callable[[], float]:
     return run
 
 
-def make_pair(folder: Path, name: str, n: int, seed: int) -> tuple[Path, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a, b = random_matrix(rng, n, n), random_matrix(rng, n, n)
-    path = folder / f"{name}.txt"
-    write_atomic(path, input_chunks(a, b, square=True), durable=False)
-    return path, a, b
-
-
-def _tree(text: str) -> tuple[str, Path]:
-    label, sep, path = text.partition("=")
-    if not sep or not label or not (Path(path) / "mmd" / "__init__.py").is_file():
-        raise argparse.ArgumentTypeError(f"give LABEL=PATH, PATH a checkout of mmd: {text!r}")
-    return label, Path(path).resolve()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--folder", type=int, nargs=2, default=(50, 512), metavar=("COUNT", "N"))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", type=Path, help="keep the files here (default: a temporary folder)")
-    ap.add_argument(
-        "--tree",
-        action="append",
-        default=[],
-        type=_tree,
-        metavar="LABEL=PATH",
-        help="also run the process cases with the mmd of this checkout (its accelerator built), in the same rounds",
+    harness.add_tree_options(
+        ap,
+        "also run the process cases with the mmd of this checkout (its accelerator built), in the same rounds",
+        no_now=False,
     )
     args = ap.parse_args()
+    args.tree = harness.trees(ap, args.tree)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_check."))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -143,7 +122,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
     n = args.size
     count, small = args.folder
     print(f"setting up in {work} ...", flush=True)
-    src, a, b = make_pair(work, "m", n, 1)
+    src = work / "m.txt"
+    a, b = harness.write_input(src, n, n, n, 1)
     out = work / "m.out"
     if not out.exists():
         mmd_process("run", str(src), "-o", str(out), "--backend", "cpu")()
@@ -156,22 +136,22 @@ def run(args: argparse.Namespace, work: Path) -> None:
     for d in (tests, outbox):
         d.mkdir(exist_ok=True)
     for i in range(count):
-        _, sa, sb = make_pair(tests, f"t{i:02d}", small, 100 + i)
+        sa, sb = harness.write_input(tests / f"t{i:02d}.txt", small, small, small, 100 + i)
         write_atomic(outbox / f"t{i:02d}.out", [textformat.emit(sa @ sb)], durable=False)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     np.save(work / "a.npy", a)
     np.save(work / "b.npy", b)
     values = textformat.parse_output(out.read_bytes())
     opts = results.Options()
-    trees: list[tuple[str, Path]] = [("", ROOT), *args.tree]
+    trees: list[tuple[str, Path]] = args.tree
     for _, tree in trees:  # bytecode, as pip leaves an installed mmd: no process compiles its modules
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mmd")], check=True)
 
     def processes(name: str, argv: tuple[str, ...], target: str = "", limit: Limit | None = None) -> list[Case]:
         """One case per tree, the same command."""
         return [
-            Case(f"{name} [{label}]" if label else name, mmd_process(*argv, tree=tree), target, limit)
-            for label, tree in trees
+            Case(name if tree_name == "now" else f"{name} [{tree_name}]", mmd_process(*argv, tree=tree), target, limit)
+            for tree_name, tree in trees
         ]
 
     product_limit: Limit = lambda med: med[f"float64 numpy product, {n}"] + 0.5  # noqa: E731
@@ -235,7 +215,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             took = time.perf_counter() - t
             c.times = [*(c.times or []), own if isinstance(own, float) else took]
     load1 = os.getloadavg()
-    med = {c.name: statistics.median(c.times or [0.0]) for c in cases}
+    med = {c.name: median(c.times or [0.0]) for c in cases}
     check = f"mmd check OUT --input IN, {n}"
     against_fresh = f"  the same, against the fresh product, {n}"
     med[against_fresh] = med[check]

@@ -86,7 +86,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_wholejob import OUT, ROOT, SMALL, Served, Tree, make_input, med, pct, tree_env
+import harness  # beside this script: its folder is first on sys.path
+from harness import OUT, SMALL, Served, Tree, median, pct, square_input
 
 CASES = ("burst", "drops", "flood", "backlog", "big", "timeout")
 #: The flood's files belong to this uid (nobody), the one file dropped after them to the caller: two submitters.
@@ -406,7 +407,7 @@ class Bench:
         path = self.work / f"in-{n}.txt"
         if not path.exists():
             t0 = time.perf_counter()
-            make_input(path, n, n)
+            square_input(path, n, n)
             print(f"  made {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
         return path
 
@@ -454,12 +455,12 @@ class Bench:
             self.results[s.name]["burst"] = {
                 "files": n,
                 "jobs_per_s": v,
-                "median": med(v),
+                "median": median(v),
                 "min": min(v),
                 "max": max(v),
                 "errors": errors[s.name],
                 "cpu": cpu[s.name],
-                **{k: med([c[k] for c in cpu[s.name]]) for k in cpu[s.name][0]},
+                **{k: median([c[k] for c in cpu[s.name]]) for k in cpu[s.name][0]},
             }
 
     # 2b. flood
@@ -550,19 +551,19 @@ class Bench:
                 clear(s)  # its input and output are big: gone before the next
         for s in daemons:
             v, o, ph = lat[s.name], overall[s.name], phases[s.name]
-            ph_median = {k: med([p[k] for p in ph if k in p]) for k in ph[0]}
+            ph_median = {k: median([p[k] for p in ph if k in p]) for k in ph[0]}
             self.results[s.name]["big"] = {
                 "n": self.args.big,
                 "drop_to_sidecar_ms": v,
-                "median_ms": med(v),
+                "median_ms": median(v),
                 "min_ms": min(v),
                 "overall_ms": o,
-                "overall_median_ms": med(o),
+                "overall_median_ms": median(o),
                 "phases_median_ms": ph_median,
             }
             shown = ", ".join(f"{k} {x:.1f}" for k, x in ph_median.items())
-            print(f"  {s.name} big {self.args.big}: median {med(v):.1f} ms, overall {med(o):.1f} ms; its sidecars' "
-                  f"phases (median ms): {shown}", flush=True)  # fmt: skip
+            print(f"  {s.name} big {self.args.big}: median {median(v):.1f} ms, overall {median(o):.1f} ms; "
+                  f"its sidecars' phases (median ms): {shown}", flush=True)  # fmt: skip
 
     # 3. backlog
     def backlog(self) -> None:
@@ -590,7 +591,7 @@ class Bench:
             self.results[t.name]["backlog"] = {
                 "files": n,
                 "rounds": v,
-                **{k: med([x[k] for x in v]) for k in v[0]},
+                **{k: median([x[k] for x in v]) for k in v[0]},
             }
 
     def backlog_round(self, s: Served, stems: list[str]) -> dict[str, float]:
@@ -689,7 +690,7 @@ class Bench:
                 r["rss_ratio"] = r["rss_after_mb"] / r["rss_before_mb"] if r["rss_before_mb"] else float("nan")
                 r["family_before"] = f"{r['processes_before']}/{r['threads_before']}"
                 r["family_after"] = f"{r['processes_after']}/{r['threads_after']}"
-                r["stop_median_ms"] = med(r.get("stop_ms", []))
+                r["stop_median_ms"] = median(r.get("stop_ms", []))
                 r["timeouts"] = sum(1 for k in r["kinds"] if k == "timeout")
                 r["dropped"] = len(r["kinds"])
                 r["alive"] = s.proc is not None and s.proc.poll() is None
@@ -814,16 +815,6 @@ def table(results: dict[str, dict[str, Any]], backend: str) -> list[str]:
     return lines
 
 
-#: Put on each tree's PYTHONPATH (``--no-isolate``: not): a tree imports mmd only from its own folder.
-#: The venv's editable install of mmd adds a finder that answers for ``mmd.X`` where the tree has no
-#: ``mmd/X``: an older tree without its compiled ``_fasttext`` would run the venv tree's instead.
-ISOLATE = """import sys
-
-sys.meta_path[:] = [
-    f for f in sys.meta_path if not (getattr(f, "__module__", "").startswith("__editable__") and "mmd" in f.__module__)
-]
-"""
-
 #: Run with each tree's env: where its mmd and its C text path come from.
 PROBE = (
     "import importlib.util as u, mmd; s = u.find_spec('mmd._fasttext'); "
@@ -873,8 +864,7 @@ def machine(trees: list[Tree], work: Path) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
-    ap.add_argument("--no-now", action="store_true", help="leave out the tree this file is in")
+    harness.add_tree_options(ap, "another checkout to measure")
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--burst", type=int, default=2000, help="32x32 files renamed in at once")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the burst")
@@ -886,15 +876,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5, help="drops of the big job")
     ap.add_argument("--timeouts", type=int, default=10, help=f"jobs named t{{i}}{TIMEOUT_NAME}.txt")
     ap.add_argument("--timeout-size", type=int, default=4096, help="N of those jobs and of the big job after them")
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--kernel", default=None, help="MMD_KERNEL (default: unset on cpu, fast on cuda)")
-    ap.add_argument("--site", default="", help="extra PYTHONPATH entry (the device machine's wheels)")
+    harness.add_served_options(ap, wait=600.0, work="spools, inputs, caches")
     ap.add_argument("--no-isolate", action="store_true", help="let the venv's editable mmd fill a tree's gaps")
     ap.add_argument("--waiter", choices=("inotify", "poll"), default="inotify",
                     help="how a wait for one sidecar waits: inotify, or os.path.exists every 0.1 ms")  # fmt: skip
-    ap.add_argument("--wait", type=float, default=600.0, help="the longest any one wait may take, s")
-    ap.add_argument("--work", type=Path, default=None, help="spools, inputs, caches (default: a new /tmp folder)")
-    ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
     ap.add_argument("--out", type=Path, default=OUT, help="where daemon.json goes")
     ap.add_argument("--set", action="append", default=[], metavar="TREE:KEY=VALUE",
                     help="a setting for one tree's daemon (MMD_KEY=VALUE), e.g. w4:WORKERS_PER_DEVICE=4; "
@@ -905,31 +890,19 @@ def main() -> int:
             ap.error(f"--{opt.replace('_', '-')} must be at least 1")
     if args.backlog < 20 and "backlog" in args.cases:
         ap.error("--backlog must be at least 20 (a tenth of it is measured)")
-    specs = []
-    for spec in args.tree:
-        name, eq, path = spec.partition("=")
-        if not eq or not name or not path or not Path(path, "mmd").is_dir():
-            ap.error(f"--tree {spec}: NAME=PATH of a checkout (PATH/mmd must exist)")
-        specs.append((name, Path(path).resolve()))
-    if not args.no_now:
-        specs.append(("now", ROOT))
+    specs = harness.trees(ap, args.tree, now=not args.no_now)
     names = [n for n, _ in specs]
-    if not specs or len(set(names)) != len(names):
-        ap.error(f"the trees need distinct names, at least one: {names}")
     global WAITER
     WAITER = args.waiter
-    kernel = args.kernel if args.kernel is not None else ("fast" if args.backend == "cuda" else None)
+    kernel = harness.served_kernel(args.backend, args.kernel)
 
     made_work = args.work is None or not args.work.exists()
     work = (args.work or Path(tempfile.mkdtemp(prefix="mmd-daemon-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     before = set(os.listdir(work))
-    trees = []
     site = args.site
     if not args.no_isolate:
-        (work / "isolate").mkdir(exist_ok=True)
-        (work / "isolate" / "sitecustomize.py").write_text(ISOLATE)
-        site = os.pathsep.join(p for p in (str(work / "isolate"), args.site) if p)
+        site = os.pathsep.join(p for p in (str(harness.isolating_site(work / "isolate")), args.site) if p)
     extra: dict[str, dict[str, str]] = {}
     for spec in args.set:
         tree, colon, setting = spec.partition(":")
@@ -937,12 +910,7 @@ def main() -> int:
         if not colon or not eq or tree not in names or not key:
             ap.error(f"--set {spec}: TREE:KEY=VALUE with TREE one of {names}")
         extra.setdefault(tree, {})[f"MMD_{key.upper()}"] = value
-    for name, path in specs:
-        env = tree_env(path, work, name, args.backend, kernel or "", site)
-        if kernel is None:
-            del env["MMD_KERNEL"]  # the tree's own default
-        env.update(extra.get(name, {}))
-        trees.append(Tree(name, path, env))
+    trees = harness.served_trees(specs, work, args.backend, kernel, site, extra)
 
     facts = machine(trees, work)
     print(f"bench_daemon: {', '.join(args.cases)}; backend {args.backend}, kernel {kernel or '(unset)'}; "
@@ -971,27 +939,18 @@ def main() -> int:
     t_start = time.time()
     failed: str | None = None  # a wait that ran out or a daemon that died: what was measured is still reported
     try:
-        shared = [c for c in ("burst", "drops", "flood", "big") if c in args.cases]
+        # the cases on one set of warm daemons, in this order; then those that start daemons of their own
+        on_warm = {"burst": bench.burst, "drops": bench.drops, "flood": bench.flood, "big": bench.big}
+        shared = [c for c in on_warm if c in args.cases]
         if shared:
             with bench.warm_daemons("main", "/".join(shared)) as daemons:
-                if "burst" in args.cases:
-                    print("burst", flush=True)
-                    bench.burst(daemons)
-                if "drops" in args.cases:
-                    print("drops", flush=True)
-                    bench.drops(daemons)
-                if "flood" in args.cases:
-                    print("flood", flush=True)
-                    bench.flood(daemons)
-                if "big" in args.cases:
-                    print("big", flush=True)
-                    bench.big(daemons)
-        if "backlog" in args.cases:
-            print("backlog", flush=True)
-            bench.backlog()
-        if "timeout" in args.cases:
-            print("timeout", flush=True)
-            bench.timeout()
+                for case in shared:
+                    print(case, flush=True)
+                    on_warm[case](daemons)
+        for case, run_case in (("backlog", bench.backlog), ("timeout", bench.timeout)):
+            if case in args.cases:
+                print(case, flush=True)
+                run_case()
     except SystemExit as exc:
         failed = str(exc.code)
         print(failed, file=sys.stderr, flush=True)

@@ -37,7 +37,6 @@ import collections
 import datetime as dt
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,13 +44,28 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
+import harness  # beside this script: its folder is first on sys.path
 import yaml
 from child_env import child_env
-
-from mmd.generate import input_chunks, random_matrix
+from harness import Column, Table, median
 
 PHASES = ("read", "parse", "kernel", "emit", "write", "overall")
+
+
+THROUGHPUT = Table(
+    (
+        Column("devices", 8, "<"),
+        Column("ok", 3),
+        Column("err", 3),
+        Column("wall s", 7, spec=".2f"),
+        Column("batch j/s", 9, spec=".2f"),
+        Column("steady j/s", 10, spec=".2f"),
+        Column("(jobs)", 6),
+        Column("speed-up", 8),
+        Column(" jobs per device", 0, "<"),
+    )
+)
+PHASE_TABLE = Table((Column("devices", 8, "<"), *(Column(k, 8, spec=".1f") for k in (*PHASES, "other"))))
 
 
 def serve_once(root: Path, devices: str, args: argparse.Namespace, cache: Path) -> float:
@@ -90,12 +104,10 @@ def throughput(recs: list[dict]) -> tuple[float, float, int]:
 
 
 def phases(recs: list[dict]) -> dict[str, float]:
-    out = {}
-    for key in PHASES:
-        vals = [r["timings_ms"].get(key) for r in recs if r["timings_ms"].get(key) is not None]
-        out[key] = statistics.median(vals) if vals else float("nan")
-    others = [r["timings_ms"]["overall"] - sum(r["timings_ms"].get(k) or 0.0 for k in PHASES[:-1]) for r in recs]
-    out["other"] = statistics.median(others) if others else float("nan")
+    out = {key: median(r["timings_ms"][key] for r in recs if r["timings_ms"].get(key) is not None) for key in PHASES}
+    out["other"] = median(
+        r["timings_ms"]["overall"] - sum(r["timings_ms"].get(k) or 0.0 for k in PHASES[:-1]) for r in recs
+    )
     return out
 
 
@@ -154,17 +166,13 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="mmd-devices-"))
     cache = base / "kernels"
     t0 = time.perf_counter()
-    rng = np.random.default_rng(1)
     source = base / "m.txt"
-    with open(source, "wb") as fh:
-        for chunk in input_chunks(random_matrix(rng, args.n, args.n), random_matrix(rng, args.n, args.n), square=True):
-            fh.write(chunk)
+    harness.write_input(source, args.n, args.n, args.n, 1)
     print(f"generated {args.n}x{args.n} pair: {source.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
     warm = base / "warm"
     (warm / "inbox").mkdir(parents=True)
     (warm / "outbox").mkdir()  # mmd serve makes no folder it is not told to (--create)
-    small = random_matrix(rng, 64, 64)
-    (warm / "inbox" / "w.txt").write_bytes(b"".join(input_chunks(small, small, square=True)))
+    (warm / "inbox" / "w.txt").write_bytes(harness.input_bytes(64, 64, 64, 2))
     serve_once(warm, args.devices[-1], args, cache)
     shutil.rmtree(warm)
     probe = gil_probe(source, args, cache, args.gil_probe, base) if args.gil_probe else []
@@ -193,21 +201,15 @@ def main() -> int:
         print(line)
     what = f"{args.jobs} jobs of {args.n}^3, backend {args.backend}, kernel {args.kernel}"
     print(f"\n{what}; device: {rows[0]['device']}")
-    print(
-        f"{'devices':8} {'ok':>3} {'err':>3} {'wall s':>7} {'batch j/s':>9} {'steady j/s':>10} {'(jobs)':>6} "
-        f"{'speed-up':>8}  jobs per device"
-    )
+    print(THROUGHPUT.header())
     for r in rows:
-        print(
-            f"[{r['devices']}]".ljust(8),
-            f"{r['ok']:>3} {r['bad']:>3} {r['wall']:7.2f} {r['batch']:9.2f} {r['steady']:10.2f} {r['counted']:>6} "
-            f"{r['steady'] / rows[0]['steady']:7.2f}x  {dict(sorted(r['per'].items()))}",
-        )
+        per = dict(sorted(r["per"].items()))
+        print(THROUGHPUT.row(f"[{r['devices']}]", r["ok"], r["bad"], r["wall"], r["batch"], r["steady"], r["counted"],
+                             f"{r['steady'] / rows[0]['steady']:7.2f}x", per))  # fmt: skip
     print("\nper-job medians, ms (other = overall - read - parse - kernel - emit - write)")
-    print(f"{'devices':8} " + " ".join(f"{k:>8}" for k in (*PHASES, "other")))
+    print(PHASE_TABLE.header())
     for r in rows:
-        cells = " ".join(f"{r['ph'].get(k, float('nan')):8.1f}" for k in (*PHASES, "other"))
-        print(f"[{r['devices']}]".ljust(8), cells)
+        print(PHASE_TABLE.row(f"[{r['devices']}]", *(r["ph"].get(k, float("nan")) for k in (*PHASES, "other"))))
     return 0
 
 

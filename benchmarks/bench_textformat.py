@@ -2,9 +2,9 @@
 
 Usage: python benchmarks/bench_textformat.py [--sizes 1024 4096] [--repeat 3]
 
-For each size N: an N×N pair of float32 inputs uniform in [-10, 10], written
-with '%.2f' (like the course's input files), is parsed by numpy.loadtxt and by
-mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
+For each size N: an N×N input as ``mmd gen`` writes it (two decimals in
+[-10, 10], '%.2f', like the course's input files) is parsed by numpy.loadtxt
+and by mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
 and by mmd's emit. mmd is timed twice: on its numpy path (``parse``/``emit``,
 the switch mmd.accel.ON off, as with MMD_NO_C=1) and with the C
 accelerator mmd._fasttext (``parse (C)``/``emit (C)``, when it is built).
@@ -17,46 +17,33 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import harness  # beside this script: its folder is first on sys.path
 import numpy as np
+from harness import ROOT, Column, Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from mmd import accel  # noqa: E402
-from mmd import textformat as tf  # noqa: E402
+from mmd import accel
+from mmd import textformat as tf
 
 
 def make_input(n: int, seed: int = 0) -> tuple[bytes, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a = rng.uniform(-10, 10, (n, n)).astype(np.float32)
-    b = rng.uniform(-10, 10, (n, n)).astype(np.float32)
-    buf = io.BytesIO()
-    buf.write(b"%d\n" % n)
-    for mat in (a, b):
-        # '%.2f' text, row by row (savetxt is fine for *generating* the input)
-        np.savetxt(buf, mat, fmt="%.2f", delimiter=" ")
-    return buf.getvalue(), a @ b
+    """An N×N input's bytes and its product."""
+    a, b = harness.input_pair(n, n, n, seed)
+    return harness.input_bytes(n, n, n, seed), a @ b
 
 
 def timed(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    """Median seconds of ``repeat`` calls."""
+    return harness.median(harness.seconds(fn, repeat))
 
 
 CHILD = r"""
 import io, resource, sys, numpy as np
 sys.path.insert(0, {root!r})
-from mmd import textcore, textformat as tf
+from mmd import accel, textformat as tf
 case, path = sys.argv[1], sys.argv[2]
 accel.ON = case.endswith(' (C)')
 case = case.replace(' (C)', '')
@@ -144,22 +131,37 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    mb = lambda v: "-" if v is None else f"{v / 1e6:.0f}"  # noqa: E731
-    print(f"{'N':>5} {'case':<9} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'speed-up':>8} {'peak RSS +MB':>12}")
+    print(TABLE.header())
     for r in rows:
-        for case, size, base in (
-            ("loadtxt", r["in_mb"], None),
-            ("parse", r["in_mb"], "loadtxt"),
-            ("parse (C)", r["in_mb"], "loadtxt"),
-            ("savetxt", r["out_mb"], None),
-            ("emit", r["out_mb"], "savetxt"),
-            ("emit (C)", r["out_mb"], "savetxt"),
-        ):
+        for case, size_key, base in CASES:
             if case not in r:
                 continue
-            t = r[case]
+            t, size = r[case], r[size_key]
             up = f"{r[base] / t:.2f}x" if base else ""
-            print(f"{r['n']:>5} {case:<9} {size:>7.1f} {t:>8.3f} {size / t:>7.0f} {up:>8} {mb(r['rss'].get(case)):>12}")
+            rss = r["rss"].get(case)
+            print(TABLE.row(r["n"], case, size, t, size / t, up, None if rss is None else rss / 1e6))
+
+
+#: (case, its size column, the case it is a speed-up over).
+CASES = (
+    ("loadtxt", "in_mb", None),
+    ("parse", "in_mb", "loadtxt"),
+    ("parse (C)", "in_mb", "loadtxt"),
+    ("savetxt", "out_mb", None),
+    ("emit", "out_mb", "savetxt"),
+    ("emit (C)", "out_mb", "savetxt"),
+)
+TABLE = Table(
+    (
+        Column("N", 5),
+        Column("case", 9, "<"),
+        Column("MB", 7, spec=".1f"),
+        Column("seconds", 8, spec=".3f"),
+        Column("MB/s", 7, spec=".0f"),
+        Column("speed-up", 8),
+        Column("peak RSS +MB", 12, spec=".0f"),
+    )
+)
 
 
 if __name__ == "__main__":

@@ -43,80 +43,22 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness  # beside this script: its folder is first on sys.path
 import numpy as np
-from child_env import child_env
+from harness import OUT, ROOT, SMALL, Served, Tree, median, pct, square_input, tree_env
 
-ROOT = Path(__file__).resolve().parent.parent
-#: Where the benches write what they measured unless told (--out): $OUT, else bench/ (ignored by git).
-OUT = Path(os.environ.get("OUT") or ROOT / "bench")
 PHASES = ("read", "parse", "compile", "malloc", "h2d", "kernel", "d2h", "free", "cuda", "emit", "write", "overall")
 
 
-# -- inputs ----------------------------------------------------------------------
-
-
-def make_input(path: Path, n: int, seed: int) -> Path:
-    """An N×N pair as `mmd gen` writes it (values with two decimals, never zero)."""
-    if not path.exists():
-        rng = np.random.default_rng(seed)
-        a = (rng.integers(1, 2001, size=(n, n)) * rng.choice([-1, 1], size=(n, n)) / 100).astype(np.float32)
-        b = (rng.integers(1, 2001, size=(n, n)) * rng.choice([-1, 1], size=(n, n)) / 100).astype(np.float32)
-        with open(path, "w") as fh:
-            fh.write(f"{n}\n")
-            for mat in (a, b):
-                np.savetxt(fh, mat, fmt="%.2f", delimiter=" ")
-    return path
-
-
-def med(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
 # -- one tree, through its command line ----------------------------------------
-
-
-@dataclass
-class Tree:
-    name: str
-    path: Path
-    env: dict[str, str] = field(default_factory=dict)
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "mmd", *args]
-
-    def run(self, *args: str, cwd: Path, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess]:
-        t0 = time.perf_counter()
-        done = subprocess.run(self.argv(*args), cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
-        return time.perf_counter() - t0, done
-
-
-def tree_env(tree: Path, work: Path, name: str, backend: str, kernel: str, extra_path: str) -> dict[str, str]:
-    return child_env(
-        PYTHONPATH=os.pathsep.join(p for p in (str(tree), extra_path) if p),
-        MMD_BACKEND=backend,
-        MMD_KERNEL=kernel,
-        MMD_LOG_FORMAT="json",
-        MMD_LOG_LEVEL="warning",
-        MMD_QUIET_SECONDS="0.05",
-        MMD_RESCAN_SECONDS="1",
-        XDG_CACHE_HOME=str(work / f"cache-{name}"),  # each tree fills its own kernel cache
-    )
 
 
 def sidecar_timings(path: Path) -> dict[str, float]:
@@ -141,83 +83,9 @@ def one_shot(tree: Tree, work: Path, src: Path) -> tuple[float, dict[str, float]
 def summary(key: str, samples: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
     """Medians of (latency, phases) samples: ``key`` for the latency, then each phase."""
     return {
-        key: med([s[0] for s in samples]),
-        **{k: med([s[1][k] for s in samples if k in s[1]]) for k in PHASES},
+        key: median(s[0] for s in samples),
+        **{k: median(s[1][k] for s in samples if k in s[1]) for k in PHASES},
     }
-
-
-class Served:
-    """One `mmd serve` of a tree on a fresh spool (``root``: default ``work/spool-NAME``).
-
-    ``start=False`` makes the spool only (a backlog can be put in its inbox
-    first); :meth:`start` starts the daemon.
-    """
-
-    def __init__(self, tree: Tree, work: Path, root: Path | None = None, start: bool = True) -> None:
-        self.name = tree.name
-        self.tree = tree
-        self.root = root or work / f"spool-{tree.name}"
-        shutil.rmtree(self.root, ignore_errors=True)
-        (self.root / "inbox").mkdir(parents=True)
-        (self.root / "outbox").mkdir()
-        (self.root / "src").mkdir()
-        self.log: Any = None
-        self.proc: subprocess.Popen | None = None
-        self.count = 0
-        if start:
-            self.start()
-
-    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen:
-        self.log = open(self.root / "daemon.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.tree.argv("serve"), cwd=self.root, env={**self.tree.env, **(env or {})},
-                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
-        return self.proc
-
-    def start_ready(self, timeout: float = 120) -> float:
-        """Start the daemon as systemd would (NOTIFY_SOCKET) and wait for its READY=1; returns that moment."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        path = self.root / "notify.sock"
-        path.unlink(missing_ok=True)
-        sock.bind(str(path))
-        sock.settimeout(timeout)
-        try:
-            self.start({"NOTIFY_SOCKET": str(path)})
-            while True:
-                if b"READY=1" in sock.recv(4096).split(b"\n"):
-                    return time.perf_counter()
-        finally:
-            sock.close()
-
-    def drop(self, data: bytes, stem: str | None = None) -> tuple[float, Path]:
-        """Rename one complete file into the inbox; returns (time of the rename, its timing sidecar)."""
-        self.count += 1
-        stem = stem or f"j{self.count:06d}"
-        src = self.root / "src" / f"{stem}.txt"
-        src.write_bytes(data)
-        t0 = time.perf_counter()
-        os.rename(src, self.root / "inbox" / f"{stem}.txt")
-        return t0, self.root / "outbox" / f"{stem}.timing.yaml"
-
-    @staticmethod
-    def wait(sidecar: Path, timeout: float = 300) -> float:
-        end = time.perf_counter() + timeout
-        while not sidecar.exists():
-            if time.perf_counter() > end:
-                raise SystemExit(f"no {sidecar.name} after {timeout} s")
-            time.sleep(0.0002)
-        return time.perf_counter()
-
-    def stop(self) -> None:
-        """SIGTERM (the job in hand finishes), then SIGKILL after 30 s; safe to call twice."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        if self.log is not None:
-            self.log.close()
 
 
 def daemon_job(served: Served, data: bytes, stem: str) -> tuple[float, dict[str, float]]:
@@ -228,12 +96,6 @@ def daemon_job(served: Served, data: bytes, stem: str) -> tuple[float, dict[str,
     for p in served.root.glob("outbox/*.out"):
         p.unlink()
     return (done - t0) * 1e3, timings
-
-
-#: 32×32 pair, as small jobs use it.
-SMALL = b"32\n" + b"\n".join(
-    b" ".join(b"%.2f" % v for v in row) for row in np.random.default_rng(7).integers(1, 999, (64, 32)) / 100
-)
 
 
 def small_drop(served: Served) -> tuple[float, dict[str, float]]:
@@ -262,13 +124,7 @@ def small_burst(served: Served, burst: int, round_: int) -> float:
 
 def timed(fn: Any, repeat: int = 5) -> float:
     """Median milliseconds of ``fn()`` (one call first, untimed)."""
-    fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return med(out)
+    return median(harness.seconds(fn, repeat, warmup=1)) * 1e3
 
 
 def floors(src: Path, out_bytes: int, work: Path, kernel_cu: Path | None) -> dict[str, float]:
@@ -360,14 +216,15 @@ def floors(src: Path, out_bytes: int, work: Path, kernel_cu: Path | None) -> dic
                 b.record(stream)
                 b.synchronize()
                 times.append(a.time_till(b))
-            return med(times[1:])
+            return median(times[1:])
 
         f["h2d_in"] = copy(lambda: cuda.memcpy_htod_async(dev_in, pinned, stream))
         f["d2h_out"] = copy(lambda: cuda.memcpy_dtoh_async(host_out, dev_out, stream))
-        if kernel_cu is not None and shutil.which("nvcc"):
+        nvcc = harness.tool("nvcc")
+        if kernel_cu is not None and nvcc:
             major, minor = cuda.Device(0).compute_capability()
             cubin = work / "floor.cubin"
-            subprocess.run(["nvcc", "--cubin", f"-arch=sm_{major}{minor}", "-O3", "-o", str(cubin), str(kernel_cu)],
+            subprocess.run([nvcc, "--cubin", f"-arch=sm_{major}{minor}", "-O3", "-o", str(cubin), str(kernel_cu)],
                            check=True)  # fmt: skip
             blob = cubin.read_bytes()
             f["module_load"] = timed(lambda: cuda.module_from_buffer(blob), 10)
@@ -430,7 +287,7 @@ def table(results: dict[str, Any], floors_by_size: dict[int, dict[str, float]], 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
+    harness.add_tree_options(ap, "another checkout to measure", no_now=False)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--small", type=int, nargs="*", default=[1000, 3000], help="32x32 files renamed in at once")
@@ -445,9 +302,8 @@ def main() -> int:
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="mmd-wholejob-"))
     work.mkdir(parents=True, exist_ok=True)
-    trees = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1]).resolve()) for spec in args.tree]
-    trees.append(("now", ROOT))
-    inputs = {n: make_input(work / f"in-{n}.txt", n, n) for n in args.sizes}
+    trees = harness.trees(ap, args.tree)
+    inputs = {n: square_input(work / f"in-{n}.txt", n, n) for n in args.sizes}
     # Every measurement goes round the trees in turn, so that a slow spell of
     # the machine (writeback, a neighbour) falls on all of them alike.
     built = [Tree(name, path, tree_env(path, work, name, args.backend, args.kernel, args.site)) for name, path in trees]
@@ -506,7 +362,7 @@ def main() -> int:
             results[s.name]["small"] = {
                 "p50_ms": pct(lat, 50),
                 "p95_ms": pct(lat, 95),
-                **{f"jobs_per_s_{b}": med(rates[s.name][b]) for b in args.small},
+                **{f"jobs_per_s_{b}": median(rates[s.name][b]) for b in args.small},
                 **phases,
             }
             print(f"{s.name} small: {json.dumps(results[s.name]['small'])}", flush=True)

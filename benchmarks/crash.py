@@ -28,14 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import harness  # beside this script: its folder is first on sys.path
+from child_env import child_env
+from harness import ROOT
 
-from child_env import child_env  # noqa: E402
-
-from mmd import textformat  # noqa: E402
-from mmd.check import full  # noqa: E402
-from mmd.generate import input_chunks, random_matrix  # noqa: E402
+from mmd import textformat
+from mmd.check import full
 
 
 def env(backend: str) -> dict[str, str]:
@@ -59,8 +57,6 @@ def main() -> int:
     ap.add_argument("--backend", default="cpu")
     args = ap.parse_args()
 
-    import numpy as np
-
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="mmd-crash-"))
     inbox, outbox, stage = root / "inbox", root / "outbox", root / "stage"
@@ -72,10 +68,8 @@ def main() -> int:
     for round_ in range(args.rounds):
         for j in range(args.jobs):
             stem = f"r{round_:03d}_{j}"
-            gen = np.random.default_rng(round_ * 1000 + j)
-            a = random_matrix(gen, args.size, args.size)
-            b = random_matrix(gen, args.size, args.size)
-            (stage / f"{stem}.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
+            n = args.size
+            a, b = harness.write_input(stage / f"{stem}.txt", n, n, n, round_ * 1000 + j)
             os.rename(stage / f"{stem}.txt", inbox / f"{stem}.txt")
             inputs[stem] = (a, b)
         with open(root / f"daemon-{round_:03d}.log", "w") as log:

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import struct
 import sys
 import tempfile
@@ -34,11 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_daemon import DONE, ISOLATE, wait_one
-from bench_wholejob import OUT, SMALL, Served, Tree, tree_env
-
-ROOT = Path(__file__).resolve().parent.parent
+import harness  # beside this script: its folder is first on sys.path
+from bench_daemon import DONE, wait_one
+from harness import OUT, SMALL, Served, Tree
 
 #: Appended to the isolating sitecustomize: the stamps, when MMD_BENCH_STAMPS names a folder.
 STAMPER = """
@@ -180,7 +177,7 @@ def table(rows: dict[str, list[dict[str, float]]]) -> list[str]:
         cells = []
         for n in names:
             v = [r[step] for r in rows[n] if step in r]
-            cells.append(f"{statistics.median(v):12.3f}" if v else f"{'-':>12s}")
+            cells.append(f"{harness.median(v):12.3f}" if v else f"{'-':>12s}")
         lines.append(f"{step:32s}" + "".join(cells))
     lines.append(f"{'drops':32s}" + "".join(f"{len(rows[n]):12d}" for n in names))
     return lines
@@ -188,44 +185,22 @@ def table(rows: dict[str, list[dict[str, float]]]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="another checkout to measure")
-    ap.add_argument("--no-now", action="store_true", help="leave out the tree this file is in")
+    harness.add_tree_options(ap, "another checkout to measure")
     ap.add_argument("--rounds", type=int, default=3, help="fresh daemons per tree, in turn")
     ap.add_argument("--drops", type=int, default=100, help="32x32 files dropped one at a time in each round")
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--kernel", default=None, help="MMD_KERNEL (default: unset on cpu, fast on cuda)")
-    ap.add_argument("--site", default="", help="extra PYTHONPATH entry (the device machine's wheels)")
-    ap.add_argument("--wait", type=float, default=120.0, help="the longest any one wait may take, s")
-    ap.add_argument("--work", type=Path, default=None, help="spools and stamps (default: a new /tmp folder)")
-    ap.add_argument("--keep", action="store_true", help="keep what was made under --work")
+    harness.add_served_options(ap, wait=120.0, work="spools and stamps")
     ap.add_argument("--out", type=Path, default=OUT, help="where steps.json goes")
     args = ap.parse_args()
     if args.rounds < 1 or args.drops < 1:
         ap.error("--rounds and --drops must be at least 1")
-    specs = []
-    for spec in args.tree:
-        name, eq, path = spec.partition("=")
-        if not eq or not name or not Path(path, "mmd").is_dir():
-            ap.error(f"--tree {spec}: NAME=PATH of a checkout (PATH/mmd must exist)")
-        specs.append((name, Path(path).resolve()))
-    if not args.no_now:
-        specs.append(("now", ROOT))
-    if not specs or len({n for n, _ in specs}) != len(specs):
-        ap.error("the trees need distinct names, at least one")
-    kernel = args.kernel if args.kernel is not None else ("fast" if args.backend == "cuda" else None)
+    specs = harness.trees(ap, args.tree, now=not args.no_now)
+    kernel = harness.served_kernel(args.backend, args.kernel)
     work = (args.work or Path(tempfile.mkdtemp(prefix="mmd-steps-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    site = work / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(ISOLATE + STAMPER)
-    trees = []
-    for name, path in specs:
-        env = tree_env(
-            path, work, name, args.backend, kernel or "", os.pathsep.join(p for p in (str(site), args.site) if p)
-        )
-        if kernel is None:
-            del env["MMD_KERNEL"]  # the tree's own default
-        trees.append(Tree(name, path, env))
+    site = harness.isolating_site(work / "site", STAMPER)
+    trees = harness.served_trees(
+        specs, work, args.backend, kernel, os.pathsep.join(p for p in (str(site), args.site) if p)
+    )
     print(f"lone_steps: backend {args.backend}, {args.rounds} rounds x {args.drops} drops; work {work}")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     rows: dict[str, list[dict[str, float]]] = {t.name: [] for t in trees}
@@ -234,7 +209,7 @@ def main() -> int:
             for t in trees:
                 got = one_round(t, work, r, args.drops, args.wait)
                 rows[t.name] += got
-                seen = statistics.median(g["seen"] for g in got)
+                seen = harness.median(g["seen"] for g in got)
                 print(f"  round {r} {t.name}: drop->sidecar seen p50 {seen:.3f} ms", flush=True)
     finally:
         if not args.keep:

@@ -14,7 +14,6 @@ transfers), and numpy's float64 product, at each size. Run on purpose, never as 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,9 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from child_env import child_env
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, median  # beside this script: its folder is first on sys.path
 
 
 def mmd(*args: str) -> float:
@@ -40,7 +37,7 @@ def mmd(*args: str) -> float:
 
 
 def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):6.3f} s (min {min(xs):.3f}, max {max(xs):.3f})"
+    return f"{median(xs):6.3f} s (min {min(xs):.3f}, max {max(xs):.3f})"
 
 
 def main() -> int:
@@ -66,7 +63,7 @@ def main() -> int:
         for r in range(args.repeat):
             for where in ("cpu", "gpu") if r % 2 == 0 else ("gpu", "cpu"):
                 times[where].append(mmd("check", str(out), "--input", str(src), "--reference", where))
-        cpu, gpu = (statistics.median(times[w]) for w in ("cpu", "gpu"))
+        cpu, gpu = (median(times[w]) for w in ("cpu", "gpu"))
         print(
             f"{n:6}  --reference cpu {spread(times['cpu'])}   --reference gpu {spread(times['gpu'])}"
             f"   gpu/cpu {gpu / cpu:.2f}",

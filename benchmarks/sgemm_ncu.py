@@ -10,18 +10,19 @@ LABEL is a registered ``fast`` variant (kernels/fast.cu's declaration) or one of
 the best set at the shape in a ladder run's ``results.json`` (``--results``), else fast.cu's defaults.
 Each kernel is launched --launches times, fast first (under ncu: 2, a warm-up and the one worth reading;
 the filter leaves out CuPy's kernels that make the inputs); it prints both kernels' times (CUDA events,
-median after two warm-up launches).
+median after two warm-up launches, one where --launches is 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import sgemm_ladder as ladder  # beside this script: its folder is first on sys.path
+import harness  # beside this script: its folder is first on sys.path
+import sgemm_ladder as ladder
+from harness import Mat
 
 
 def best_label(results: Path, shape: str) -> str | None:
@@ -49,31 +50,25 @@ def main() -> int:
     v = ladder.Variant(fast.with_variant(sets[label]), label, tunable=True)
     build = Path("/tmp/sgemm_ncu_build")
     build.mkdir(parents=True, exist_ok=True)
-    ladder.compile_variant(v, build)
+    harness.compile_build(v, build, ())
     if not v.report["ok"]:
         print(v.report["log"], file=sys.stderr)
         return 1
     import cupy as cp
-    import numpy as np
 
-    v.function = cp.RawModule(path=str(v.cubin)).get_function("mmd_fast")
+    v.function = harness.load(cp, v)
     cp.random.seed(1)
-    a, b = (ladder.Mat(cp, n, n, n, 0, "rand") for _ in range(2))
-    c = ladder.Mat(cp, n, n, n, 0, "nan")
+    a, b = (Mat.packed(cp, n, n, "rand") for _ in range(2))
+    c = Mat.packed(cp, n, n, "nan")
     runs = {
-        f"fast {label}": lambda: ladder.launch(v, a, b, c, n, n, n, np),
+        f"fast {label}": lambda: harness.launch(v, a, b, c, n, n, n),
         "cublas sgemm": lambda: cp.matmul(a.view, b.view, out=c.view),
     }
+    warmup = min(2, args.launches - 1)  # every launch is one ncu profiles: --launches in all
     for name, fn in runs.items():
-        times = []
-        for _ in range(args.launches):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end))
-        print(f"{name}: {statistics.median(times[2:] or times):.3f} ms at {n}^3 ({len(times)} launches)", flush=True)
+        reps = args.launches - warmup
+        t = harness.time_events(cp, [fn], warmup=warmup, batch=reps, min_reps=reps, max_reps=reps)
+        print(f"{name}: {t.ms:.3f} ms at {n}^3 ({args.launches} launches)", flush=True)
     return 0
 
 

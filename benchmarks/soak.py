@@ -28,20 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from child_env import child_env  # noqa: E402
-
-from mmd.generate import input_chunks, random_matrix  # noqa: E402
-
-
-def write_job(path: Path, m: int, k: int, n: int, seed: int) -> None:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    a, b = random_matrix(rng, m, k), random_matrix(rng, k, n)
-    path.write_bytes(b"".join(input_chunks(a, b, square=(m == k == n))))
+from child_env import child_env
+from harness import ROOT, write_input  # beside this script: its folder is first on sys.path
 
 
 def proc_sample(pid: int) -> tuple[int, int]:
@@ -87,13 +75,13 @@ def main() -> int:
     end = t0 + args.minutes * 60
     next_sample = t0
     if args.full:
-        write_job(stage / "big4096.txt", 4096, 4096, 4096, 7)
+        write_input(stage / "big4096.txt", 4096, 4096, 4096, 7)
         os.rename(stage / "big4096.txt", inbox / "big4096.txt")
         (inbox / "line100mb.txt").write_bytes(b"2\n" + b"7" * (100 << 20))
         dropped += 2
         expected_bad += 1
         for i in range(100):
-            write_job(stage / f"full{i}.txt", 8, 8, 8, i)
+            write_input(stage / f"full{i}.txt", 8, 8, 8, i)
             os.rename(stage / f"full{i}.txt", inbox / f"full{i}.txt")
             dropped += 1
     while time.monotonic() < end:
@@ -106,10 +94,10 @@ def main() -> int:
         kind = rng.random()
         name = f"s{i:07d}.txt"
         if kind < 0.80:
-            write_job(stage / name, rng.randint(2, 24), rng.randint(2, 24), rng.randint(2, 24), i)
+            write_input(stage / name, rng.randint(2, 24), rng.randint(2, 24), rng.randint(2, 24), i)
             os.rename(stage / name, inbox / name)
         elif kind < 0.90:
-            write_job(inbox / name, 6, 6, 6, i)
+            write_input(inbox / name, 6, 6, 6, i)
         else:
             expected_bad += 1
             bad = rng.choice(["value", "empty", "symlink", "hardlink", "name"])

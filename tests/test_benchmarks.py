@@ -50,14 +50,28 @@ TINY: dict[str, list[str]] = {
 
 #: Modules the scripts import, not scripts: run through those that import them.
 MODULES = {
-    "ladder_common.py": ("sgemm_ladder.py", "tc_ladder.py"),
-    # the environment of every mmd process a benchmark starts (bench_daemon and lone_steps: bench_wholejob's)
+    # inputs, timing, tables, --tree, the ladders' builds and matrices (docs/bench.md, "The scripts")
+    "harness.py": (
+        "bench_check.py",
+        "bench_daemon.py",
+        "bench_devices.py",
+        "bench_textformat.py",
+        "bench_wholejob.py",
+        "crash.py",
+        "lone_steps.py",
+        "reference_gpu.py",
+        "sgemm_ladder.py",
+        "sgemm_ncu.py",
+        "soak.py",
+        "tc_ladder.py",
+    ),
+    # the environment of every mmd process a benchmark starts (the served trees': harness.tree_env's)
     "child_env.py": (
         "bench_check.py",
         "bench_devices.py",
-        "bench_wholejob.py",
         "crash.py",
         "grade_class.py",
+        "harness.py",
         "kernelfile_vs_builtin.py",
         "reference_gpu.py",
         "soak.py",
@@ -114,3 +128,22 @@ def test_the_benchmark_runs_in_its_tiny_mode(script: str, tmp_path: Path) -> Non
     env = mmd_env(XDG_CONFIG_HOME=str(host))
     del env["MMD_CONFIG"]  # the script's own environment keeps its processes off the host's config
     runs_in_its_tiny_mode(script, tmp_path, env)
+
+
+def test_bench_textformat_measures_each_cases_peak_memory(tmp_path: Path) -> None:
+    """--rss runs each case in a process of its own: every row has its peak RSS growth (the child once lacked an
+    import, and every row said "-")."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_textformat.py"), "--sizes", "16", "--repeat", "1", "--rss"],
+        cwd=tmp_path,
+        env=mmd_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, *rows = done.stdout.splitlines()
+    assert header.endswith("peak RSS +MB")
+    assert len(rows) >= 4
+    for row in rows:
+        assert row.split()[-1].isdigit(), row

@@ -130,7 +130,7 @@ def test_no_module_reaches_into_another_modules_private_names(module):
             )
 
 
-#: The files that run as scripts; a module beside them that they import (benchmarks/ladder_common.py) has no
+#: The files that run as scripts; a module beside them that they import (benchmarks/harness.py) has no
 #: ``__main__`` block and is tested through them.
 SCRIPTS = sorted(
     p
