@@ -1,5 +1,6 @@
 """Atomic file commits: every file mmd writes for others to read goes through :class:`Staged` (a job's output
-and sidecar, published together) or :func:`write_atomic` (one file).
+and sidecar, published together) or :func:`write_atomic` (one file), and a symbolic link it replaces through
+:func:`link_atomic`.
 
 A file is written in full under a hidden temporary name in its destination's
 folder and then renamed onto its name, so a reader (a grader's diff, the
@@ -383,6 +384,29 @@ def write_atomic(
     written = staged.write(path, chunks, replace=replace, mode=mode, pid=pid)
     staged.publish()
     return written
+
+
+def link_atomic(path: Path, target: str, *, durable: bool = True, ops: FileOps = OPS) -> None:
+    """Point the symbolic link ``path`` at ``target`` atomically: a link made under :func:`temporary_name`'s
+    name and renamed onto ``path``, so that a reader follows the old link or the new one, never none.
+
+    ``durable``: the folder is fsynced after the rename. Any OSError leaves no temporary behind and is raised
+    as OutputError, the OSError as its ``__cause__``."""
+    tmp = _take_temporary(path, None)
+    try:
+        try:
+            os.symlink(target, tmp)
+        except FileExistsError:  # a leftover of a crashed process with our pid
+            ops.unlink(tmp)
+            os.symlink(target, tmp)
+        ops.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp, ops)
+        raise _output_error(path, exc) from exc
+    finally:
+        _give_back(tmp)
+    if durable:
+        fsync_folder(path.parent)
 
 
 def _create_exclusive(tmp: Path, ops: FileOps, mode: int) -> int:

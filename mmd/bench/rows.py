@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from ..atomic import write_atomic
 from ..record import TIMING_KEYS
 
 #: Every phase, in the order they happen (the sidecar's timing keys).
@@ -342,5 +343,5 @@ def main(argv: list[str] | None = None) -> int:
     """Rewrite the column tables of docs/bench.md (run from the repository root)."""
     args = sys.argv[1:] if argv is None else argv
     doc = Path(args[0]) if args else Path("docs/bench.md")
-    doc.write_text(with_tables(doc.read_text(encoding="utf-8")), encoding="utf-8")
+    write_atomic(doc, [with_tables(doc.read_text(encoding="utf-8")).encode()], durable=False)
     return 0

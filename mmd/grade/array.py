@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import slurm
+from ..atomic import write_atomic
 from ..check.lateness import parse_time, shown_time
-from ..errors import OutputError, UsageError
+from ..errors import UsageError
 from ..textcore import printable
 from .grader import GradePlan
 from .records import StudentGrade
@@ -99,10 +100,7 @@ def write(
     options = replace(options, command=request.task_arguments())
     plan = slurm.Plan(tasks, parts, folder / SCRIPT_NAME, options)
     written = slurm.write(plan)
-    try:
-        (folder / REQUEST_NAME).write_text(json.dumps(request.as_dict(), indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"cannot write {folder / REQUEST_NAME}: {exc.strerror}") from None
+    write_atomic(folder / REQUEST_NAME, [(json.dumps(request.as_dict(), indent=2) + "\n").encode()], durable=False)
     return written, left_out
 
 

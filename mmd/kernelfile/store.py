@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import write_atomic
+from ..atomic import link_atomic, write_atomic
 from ..kernelchoice import FOLDER_NAME, SUFFIX
 from .reading import SIDECAR_SUFFIX
 
@@ -102,14 +102,9 @@ class KernelStore:
             if declaration is not None:
                 parts.append((where / (name + SIDECAR_SUFFIX), declaration))
             for target, data in parts:
-                write_atomic(target, [data])
-                os.chmod(target, 0o600)
+                write_atomic(target, [data], mode=0o600)
                 written.append(target)
-        link = own / (name + SUFFIX)
-        temporary = own / f".{name}.{os.getpid()}.link"
-        temporary.unlink(missing_ok=True)
-        os.symlink(os.path.join(VERSIONS_DIR, version, name + SUFFIX), temporary)
-        os.replace(temporary, link)
+        link_atomic(own / (name + SUFFIX), os.path.join(VERSIONS_DIR, version, name + SUFFIX))
         return Kept(name, version, path, tuple(written))
 
     def sweep(self, max_age_s: float, now: float) -> list[tuple[str, Path, os.stat_result]]:
