@@ -293,6 +293,10 @@ class Settings:
     #: and their jobs run them (NAME@kernel=p1.txt: their own p1.cu, never a classmate's or in place of one of
     #: mmd's own kernels). Off (the default): a hand-in is refused with a sidecar saying so
     student_kernels: bool = setting(False, relation=_handed_in)
+    #: class mode: the GPU time (seconds) each student's own kernels may use on the service, every launch counted
+    #: from its start to its end, its fault or its kill; a job of theirs that would run one past it is refused
+    #: (`limit`), and one running may overrun it by one launch's time limit. null (the default): no bound
+    student_kernel_gpu_s: float | None = setting(None, positive_or_null)
     metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector); null: none
     metrics_seconds: float = setting(5.0, seconds)  # the metrics file is rewritten this often, and after each job
     #: HOST:PORT where Prometheus scrapes the same metrics over HTTP (a dead daemon's scrape fails, so

@@ -354,3 +354,36 @@ def test_a_personal_daemon_keeps_a_kernel_dropped_in_its_inbox_as_a_refused_inpu
     assert answer["status"] == "refused" and "(setting student_kernels)" in answer["reason"]
     kept = list((tmp_path / "inbox" / ".failed").glob("p1.*.cu"))
     assert [p.read_text() for p in kept] == [P1], os.listdir(tmp_path / "inbox")
+
+
+def test_a_students_kernels_stop_at_their_gpu_time_and_no_one_elses_do(box, students, tmp_path):
+    """student_kernel_gpu_s: 0.8 s, each launch held to 0.5 s. Alice's kernel spins: her first two jobs are killed
+    at their limit (0.5 s charged each, the second while under her 0.8), her third is refused unrun (`limit`,
+    saying what she used); mmd's own kernels still run for her, and Bob's kernel for him."""
+    alice, bob = students
+    proc, _sock = start_class_daemon(box, **fake_gpu(MMD_STUDENT_KERNELS="true", MMD_DEVICES="0",
+                                                     MMD_KERNEL_FILE_LAUNCH_TIMEOUT_S="0.5",
+                                                     MMD_STUDENT_KERNEL_GPU_S="0.8"))  # fmt: skip
+    try:
+        alice.drop(box.inbox, "s.cu", SQUARE.replace("square", "spin"))
+        bob.drop(box.inbox, "p1.cu", SQUARE)
+        for who, stem in ((alice, "s"), (bob, "p1")):
+            wait_for((box.outbox / who.login / f"{stem}.handin.yaml").exists, 60, f"{who.login}'s hand-in")
+        mine, theirs = box.outbox / alice.login, box.outbox / bob.login
+        for n in (1, 2, 3):
+            alice.drop(box.inbox, f"hw{n}@kernel=s,tile=4.txt", small_input(n))
+            wait_for((mine / f"hw{n}@kernel=s,tile=4.error.yaml").exists, 60, f"Alice's hw{n}")
+        killed = [error_of(mine, f"hw{n}@kernel=s,tile=4")["error"] for n in (1, 2)]
+        assert [e["kind"] for e in killed] == ["kernel-launch", "kernel-launch"], killed
+        over = error_of(mine, "hw3@kernel=s,tile=4")["error"]
+        assert over["kind"] == "limit" and "student_kernel_gpu_s" in over["reason"], over
+        assert 1.0 <= over["used_s"] < 1.5 and over["student_kernel_gpu_s"] == 0.8
+        a, b = integer_input(tmp_path / "a.txt", 8, 8, 8, seed=4)
+        alice.drop(box.inbox, "hw4@kernel=naive.txt", (tmp_path / "a.txt").read_text())
+        bob.drop(box.inbox, "hw1@kernel=p1,tile=4.txt", (tmp_path / "a.txt").read_text())
+        wait_for(lambda: (mine / "hw4@kernel=naive.timing.yaml").exists()
+                 and (theirs / "hw1@kernel=p1,tile=4.timing.yaml").exists(), 60, "mmd's kernel and Bob's")  # fmt: skip
+        check_ok(mine, "hw4@kernel=naive", a, b)
+        check_ok(theirs, "hw1@kernel=p1,tile=4", a, b)
+    finally:
+        stop_class_daemon(box, proc)

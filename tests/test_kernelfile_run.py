@@ -310,6 +310,35 @@ def test_one_backend_keeps_its_launch_process_until_a_fault(tmp_path: Path, on_f
         faulty.close()
 
 
+def test_a_backend_counts_the_seconds_its_kernels_held_the_gpu_a_killed_one_s_included(
+    tmp_path: Path, on_fake_gpu: None
+) -> None:
+    """What a student's GPU time is charged by: every launch from its start to its end, its fault or its kill,
+    over every launch process the backend used (a killed one's too)."""
+    from mmd.backends.base import MultiplyRequest
+    from mmd.backends.kernelfile import KernelFileBackend, KernelFileSettings
+    from mmd.errors import KernelLaunchError
+
+    a = np.ones((4, 4), np.float32)
+    backend = KernelFileBackend(kernel(tmp_path, "s.cu", entry="spin"), KernelFileSettings(launch_timeout_s=0.5))
+    try:
+        assert backend.launched_s == 0.0
+        for _ in range(2):
+            with pytest.raises(KernelLaunchError, match="ran past its time limit"):
+                backend.multiply(a, a, MultiplyRequest(tile=4))
+        assert 1.0 <= backend.launched_s < 2.0  # two launches killed at 0.5 s, each in a process of its own
+    finally:
+        backend.close()
+    assert 1.0 <= backend.launched_s < 2.0  # closing keeps the count
+
+    fine = KernelFileBackend(kernel(tmp_path, "p1.cu"), KernelFileSettings())
+    try:
+        fine.multiply(a, a, MultiplyRequest(tile=4))
+        assert 0.0 < fine.launched_s < 0.5
+    finally:
+        fine.close()
+
+
 def test_a_kept_process_counts_each_jobs_printf_alone(tmp_path: Path, on_fake_gpu: None) -> None:
     from mmd.backends.base import MultiplyRequest
     from mmd.backends.kernelfile import KernelFileBackend, KernelFileSettings

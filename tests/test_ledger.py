@@ -30,3 +30,28 @@ def test_counts_changed_by_several_processes_at_once_lose_nothing(tmp_path):
     assert ledger.usage("bob") == Usage()
     ledger.add("alice", -Usage(4 * 300 * 4096 + 1, 5000))  # never below zero
     assert ledger.usage("alice") == Usage()
+
+
+def _charge_many(private: str, times: int) -> None:
+    folder = Path(private)
+    ledger = Ledger(Shared(folder, folder, state_dir=folder, class_mode=True))
+    for _ in range(times):
+        ledger.charge_gpu("alice", 0.25)
+
+
+def test_gpu_seconds_charged_by_several_processes_add_up_and_outlive_a_recount(tmp_path):
+    """The GPU time a student's kernels used (student_kernel_gpu_s): charged by each worker after a job, under the
+    file's lock; history, not what lies on disk, so a daemon's start (the recount) keeps it."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_charge_many, args=(str(tmp_path), 100)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    ledger = Ledger(Shared(tmp_path, tmp_path, state_dir=tmp_path, class_mode=True))
+    assert ledger.gpu_seconds("alice") == 75.0 and ledger.gpu_seconds("bob") == 0.0
+    ledger.recount()
+    assert ledger.gpu_seconds("alice") == 75.0
+    ledger.charge_gpu("bob", 0.0)  # nothing used: nothing written
+    assert not (ledger.root / "gpu" / "bob").exists()

@@ -74,9 +74,24 @@ class KernelFileBackend(Backend, DeviceText):
         self._process: LaunchProcess | None = process or self._fresh()
         #: The memory the current job's input was read into (:meth:`host_array`), shared with the process.
         self._input: Shared | None = None
+        #: Seconds the launch processes this backend closed or replaced held the GPU (:attr:`launched_s`).
+        self._spent = 0.0
 
     def _fresh(self) -> LaunchProcess:
         return LaunchProcess(self.settings.device, self.kernel.name, self.settings.kernel_cache)
+
+    def _live(self) -> LaunchProcess:
+        """The launch process: the kept one while it is sound, else a fresh one."""
+        if self._process is None or not self._process.alive:
+            if self._process is not None:
+                self._spent += self._process.launched_s
+            self._process = self._fresh()
+        return self._process
+
+    @property
+    def launched_s(self) -> float:
+        """Seconds this backend's kernels held the GPU, every launch counted (a fault's and a kill's too)."""
+        return self._spent + (self._process.launched_s if self._process is not None else 0.0)
 
     def _check_shapes(self, m: int, k: int, n: int, request: MultiplyRequest) -> None:
         kf = self.kernel
@@ -93,9 +108,7 @@ class KernelFileBackend(Backend, DeviceText):
         """The launch process (the kept one while it is sound), the tile checked against its device, the
         kernel compiled (or taken from the cache) and its launch for the padded sizes."""
         kf, decl = self.kernel, self.kernel.declaration
-        if self._process is None or not self._process.alive:
-            self._process = self._fresh()
-        process = self._process
+        process = self._live()
         device, limits = process.ready()
         self._device_name = device
         kf.check_launch(tile, limits)
@@ -171,9 +184,7 @@ class KernelFileBackend(Backend, DeviceText):
             return np.empty(shape, dtype)
         if self._input is not None:
             self._input.close()
-        if self._process is None or not self._process.alive:
-            self._process = self._fresh()
-        self._input = self._process.input_memory(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self._input = self._live().input_memory(int(np.prod(shape)) * np.dtype(dtype).itemsize)
         return self._input.array(0, shape, dtype)
 
     def device_text(self) -> DeviceText:
@@ -233,6 +244,7 @@ class KernelFileBackend(Backend, DeviceText):
         """Kill the launch process and drop the shared input. Idempotent."""
         if self._process is not None:
             self._process.close()
+            self._spent += self._process.launched_s
             self._process = None
         if self._input is not None:
             self._input.close()

@@ -42,17 +42,20 @@ from .. import atomic, record
 from ..atomic import Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
+from ..backends.kernelfile import KernelFileBackend
 from ..config import Settings, graders_gids
-from ..errors import CrashedError, CudaError, InternalError, MmdError, OutputError, SpoolError
+from ..errors import CrashedError, CudaError, InternalError, LimitError, MmdError, OutputError, SpoolError
 from ..hooks import JobEnd
 from ..job import Job, describe
 from ..logs import configure, get_logger
-from ..pipeline import JobResult, Room, refuse, run_job
+from ..pipeline import JobResult, Room, kernel_file_backend, refuse, run_job
 from ..record import Context, now_iso
 from ..spawning import die_with_parent
 from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
+from ..spool.ledger import Ledger
+from ..submitters import login_of
 from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
@@ -92,6 +95,30 @@ class _Pending:
     job: Job
     result: JobResult
     staged: Staged
+
+
+@dataclass(frozen=True)
+class _GpuBudget:
+    """A student's GPU time for their own kernels (``student_kernel_gpu_s``), read and charged in the ledger."""
+
+    ledger: Ledger
+    login: str
+    most: float
+
+    def refusal(self) -> LimitError | None:
+        """The job's refusal where their kernels have used all of it (a job that starts under it may overrun it
+        by its launches' time limits)."""
+        used = self.ledger.gpu_seconds(self.login)
+        if used < self.most:
+            return None
+        return LimitError(
+            f"your kernels have used {used:.1f} s of GPU time, all of the {self.most:g} s each student's may use "
+            "(student_kernel_gpu_s); mmd's own kernels still run for you",
+            {"used_s": round(used, 3), "student_kernel_gpu_s": self.most},
+        )
+
+    def charge(self, seconds: float) -> None:
+        self.ledger.charge_gpu(self.login, seconds)
 
 
 class Runner:
@@ -276,6 +303,11 @@ class Runner:
                 )
                 self._log(claim).error("a job that kills its worker: failed", attempts=starts - 1)
         job = self._job(claim, refusal)
+        budget = self._gpu_budget(claim, job)
+        if budget is not None and refusal is None:
+            refusal = budget.refusal()
+            if refusal is not None:
+                job = self._job(claim, refusal)
         self.control.limit(job.settings.job_timeout_s)  # the name may set its own
         small = refusal is not None or _small(claim.size)
         if not small:
@@ -283,7 +315,16 @@ class Runner:
         group = small and more_waiting and job.settings.durable
         staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
         room = self._room(claim, job.settings) if refusal is None else None
-        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room)
+        made: list[KernelFileBackend] = []  # the job's kernel-file backend, for the GPU time it used
+
+        def kernel_file_for(path: Path, settings: Settings) -> Backend:
+            made.append(kernel_file_backend(path, settings))
+            return made[-1]
+
+        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room,
+                         kernel_file_for=kernel_file_for)  # fmt: skip
+        if budget is not None:
+            budget.charge(sum(backend.launched_s for backend in made))
         if isinstance(result.error, CudaError):
             # A fault inside a kernel (an illegal address) leaves the CUDA context unusable:
             # drop this worker's backends; the next job opens a fresh context.
@@ -295,6 +336,15 @@ class Runner:
                 self.flush()
             return
         self._conclude(seq, claim, result)
+
+    def _gpu_budget(self, claim: Claim, job: Job) -> _GpuBudget | None:
+        """The GPU time its submitter's own kernels may still use, where the job runs one (its name picked their
+        handed-in kernel) and the service bounds it (``student_kernel_gpu_s``)."""
+        most = job.settings.student_kernel_gpu_s
+        ledger = self.spool.ledger
+        if most is None or ledger is None or claim.owner is None or self._pinned is None or job.kernel_file is None:
+            return None
+        return _GpuBudget(ledger, login_of(claim.owner), most)
 
     def _room(self, claim: Claim, settings: Settings) -> Room | None:
         """What the job's output may take now (None: no bound): the disk's free space less the reserve kept for

@@ -211,6 +211,9 @@ class LaunchProcess:
         self._printf_bytes = 0
         self._ready: tuple[str, DeviceLimits] | None = None
         self._closed = False
+        #: Seconds its kernels held the GPU: from each launch to its end, its fault or its kill (what a student's
+        #: GPU time is charged by).
+        self.launched_s = 0.0
         #: Bytes of input memory asked of the child and not yet taken (:meth:`input_memory`).
         self._asked = max(input_bytes, 0)  # the child makes it as it starts (its command line says the size)
 
@@ -371,6 +374,7 @@ class LaunchProcess:
         try:
             self._expect_ran(started + limit_s)
         except TimeoutError:
+            self.launched_s += time.monotonic() - started
             self.close()  # killed and reaped: the context is gone
             stopped = round(time.monotonic() - started, 3)
             raise KernelLaunchError(
@@ -378,6 +382,10 @@ class LaunchProcess:
                 "its process was killed",
                 {"kernel_file": self.label, "limit_s": limit_s, "stopped_after_s": stopped},
             ) from None
+        except BaseException:
+            self.launched_s += time.monotonic() - started  # a fault: the GPU was the kernel's until then
+            raise
+        self.launched_s += time.monotonic() - started
         self._read_printf()  # the child flushed the kernel's printf before it said ``ran``
         return self._expect("done", time.monotonic() + ANSWER_S, "copying the product back")
 

@@ -168,9 +168,10 @@ class Spool:
         self._reservations = Reservations(self._shared, self._hand)
         self._claims = Claims(self._shared, self._hand, self._reservations.reserve, self._reservations.release)
         self._attempts = AttemptLog(self._shared, self._hand)
-        #: Class mode (a state_dir is then set): what each submitter keeps, counted as it comes and goes.
-        self._ledger = Ledger(self._shared) if class_mode and state_dir is not None else None
-        self._archive = Archive(self._shared, self._hand, self._claims, self._reservations, self._ledger)
+        #: Class mode (a state_dir is then set): what each submitter keeps, counted as it comes and goes, and the GPU
+        #: time their own kernels used.
+        self.ledger = Ledger(self._shared) if class_mode and state_dir is not None else None
+        self._archive = Archive(self._shared, self._hand, self._claims, self._reservations, self.ledger)
         self._dropbox = DropBox(self._shared, self._hand, self._reservations.reserve)
 
     # -- folders --
@@ -380,11 +381,11 @@ class Spool:
     def usage(self, owner: int) -> Usage | None:
         """What the service keeps for ``owner`` (a uid): outputs, sidecars, archived inputs (None: not counted,
         outside class mode)."""
-        return None if self._ledger is None else self._ledger.usage(login_of(owner))
+        return None if self.ledger is None else self.ledger.usage(login_of(owner))
 
     def recount(self) -> dict[str, Usage]:
         """Count what each submitter keeps anew from the folders (at the start, before any worker runs)."""
-        return {} if self._ledger is None else self._ledger.recount()
+        return {} if self.ledger is None else self.ledger.recount()
 
     def remove_output(self, owner: int, base: str) -> list[str]:
         """Remove ``owner``'s output ``base`` (``base.out`` and its sidecars) and the input kept of its job;

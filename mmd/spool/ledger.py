@@ -11,6 +11,9 @@ in files, per login, in ``state_dir/.ledger``:
   by whichever process changes what the login keeps (a worker as it
   archives a job, the main process for ``mmd rm`` and retention): a job's
   quota check reads one small file, never a listing of the student's folder;
+* ``gpu/<login>``: the seconds the login's own kernels (kernel files they handed in) held the GPU, charged by
+  the worker after each such job, under ``flock`` as usage is: what ``student_kernel_gpu_s`` bounds. History,
+  not what lies on disk: a recount keeps it (the admin removes the file to give a student their time back);
 * ``archived/<hour>``: one JSON line per archived input (its folder, name,
   inode and the daemon's clock when it archived it), appended
   (``O_APPEND``), so that retention judges an input by when mmd archived it.
@@ -93,6 +96,7 @@ class Ledger:
         self.shared = shared
         self.root = shared.private / LEDGER_DIR
         self._usage = self.root / "usage"
+        self._gpu = self.root / "gpu"
         self._log = self.root / "archived"
         self._ready: set[Path] = set()
 
@@ -123,6 +127,35 @@ class Ledger:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 now = _parse(os.pread(fd, 64, 0)) + change
                 os.pwrite(fd, _line(Usage(max(now.bytes, 0), max(now.files, 0))), 0)
+            finally:
+                os.close(fd)
+
+    # -- GPU time of students' kernels --
+    def gpu_seconds(self, login: str) -> float:
+        """Seconds ``login``'s own kernels have held the GPU (0 where nothing is charged, or it cannot be read)."""
+        try:
+            fd = os.open(self._gpu / login, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return 0.0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return _seconds(os.pread(fd, 64, 0))
+        except OSError:
+            return 0.0
+        finally:
+            os.close(fd)
+
+    def charge_gpu(self, login: str, seconds: float) -> None:
+        """Charge ``seconds`` of GPU time to ``login``'s kernels; a charge that cannot be written is lost (logged by
+        the caller's job as used; never a job's failure)."""
+        if not seconds > 0:
+            return
+        with contextlib.suppress(OSError):
+            self._made(self._gpu)
+            fd = os.open(self._gpu / login, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.pwrite(fd, b"%20.6f\n" % (_seconds(os.pread(fd, 64, 0)) + seconds), 0)
             finally:
                 os.close(fd)
 
@@ -267,3 +300,11 @@ def _parse(text: bytes) -> Usage:
         return Usage(int(parts[0]), int(parts[1]))
     except ValueError:
         return Usage()
+
+
+def _seconds(text: bytes) -> float:
+    try:
+        seconds = float(text.split()[0]) if text.strip() else 0.0
+    except ValueError:
+        return 0.0
+    return seconds if seconds >= 0 else 0.0
