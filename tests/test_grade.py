@@ -456,3 +456,28 @@ def test_a_timed_case_that_another_process_disturbed_runs_again_and_says_so(tmp_
     assert "run 2 times: another process used the GPU" in timed[0].detail and "SM clock 1755" in timed[0].detail
     again = json.loads(json.dumps(part.as_dict()))
     assert StudentGrade.from_dict(again).as_dict() == again  # a Slurm part keeps them
+
+
+def test_mmd_s_naive_kernel_is_timed_in_the_same_session_so_the_page_gives_each_time_over_naive(tmp_path: Path) -> None:
+    """Phase 2 times mmd's own naive kernel over the same timed cases (fresh inputs, checked), on the same GPU,
+    before the students' kernels: every part carries it, and the page's × naive is filled. cuBLAS is timed where
+    the box has it; here (no cuBLAS library) its column stays blank."""
+    tests = data_sets(tmp_path)
+    for who in ("ann", "ben"):
+        (tmp_path / "handin" / who).mkdir(parents=True)
+        kernel(tmp_path / "handin" / who, "p1.cu")
+    done = grade("handin", "--tests", str(tests), "--tiles", "8", "--sizes", "16", "--json", str(tmp_path / "g.json"),
+                 "--page", str(tmp_path / "page"), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    parts = json.loads((tmp_path / "g.json").read_text())["grade"]["students"]
+    for part in parts:
+        (naive,) = [r for r in part["references"] if r["kernel"] == NAIVE]
+        assert [(c["shape"][0], c["tile"], c["status"]) for c in naive["cases"]] == [
+            (16, 32, "ok"), (16, 4, "ok"), (16, 8, "ok"), (16, 16, "ok")]  # fmt: skip
+        assert all(c["kernel_median_ms"] > 0 and len(c["kernel_ms"]) >= 3 for c in naive["cases"])
+    results = reports.class_results("hw1", [StudentGrade.from_dict(p) for p in parts], GradePlan(sizes=(16,)))
+    assert all(k.over_naive is not None and k.over_naive > 0 for s in results.students for k in s.kernels)
+    table = _ClassTable()
+    table.feed((tmp_path / "page" / "index.html").read_text(encoding="utf-8"))
+    column = table.header.index("× naive")
+    assert all(row[column].endswith("×") for row in table.rows)

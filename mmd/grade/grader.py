@@ -12,9 +12,10 @@ For each kernel a student handed in (:class:`~.handins.Handin`), in kernel-file 
    is given fresh random inputs, made here from a seed no one can know, and its product is checked
    (Freivalds' check, :func:`mmd.check.quickarrays.quick_of`, with a fresh seed too; a value that is not finite is
    wrong): a kernel that replays an earlier product, or one it kept for inputs it saw before, is caught as
-   wrong, and one that computes what it is given is timed computing it. A case repeats up to
-   :attr:`GradePlan.repeats` launches, fewer once :attr:`GradePlan.enough_ms` of kernel time is measured,
-   and reports the medians of the CUDA kernel time and of the five phases' total.
+   wrong, and one that computes what it is given is timed computing it. A case runs :meth:`GradePlan.enough`
+   launches (the least, then until its kernel median is known or enough time is measured), watched by NVML: a
+   case another process used the GPU during runs again (:attr:`GradePlan.windows`). It reports the medians of
+   the CUDA kernel time and of the five phases' total, with its noise and what the GPU did.
 
 A class is graded in two phases (:func:`grade_class`): steps 1 and 2 for several kernels at once, then step 3
 one kernel at a time in a fresh launch process, with nothing else of the grading on the GPU beside its launches
@@ -38,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from .. import kernels as registry
-from ..backends.base import MultiplyRequest, Product
+from ..backends import open_backend
+from ..backends.base import Backend, MultiplyRequest, Product
 from ..backends.kernelfile import KernelFileBackend
 from ..bench.clock import ClockReader, ClockWatch
 from ..bench.plan import COURSE_SIZES, COURSE_SIZES_AT_TILE, COURSE_TILES
@@ -52,7 +54,7 @@ from ..kernelfile.nvrtc import CompileLimits, compile_kernel
 from ..pipeline import kernel_file_backend
 from ..textformat import check_product
 from .handins import Handin, Student
-from .records import Case, KernelGrade, StudentGrade
+from .records import CUBLAS, NAIVE, NO_TILE, Case, KernelGrade, Reference, StudentGrade
 from .testset import Test
 
 #: The arithmetic every kernel is graded in.
@@ -206,7 +208,8 @@ def grade_class(
     with ThreadPoolExecutor(workers, "mmd-grade-correct") as pool:
         checked = list(pool.map(lambda h: _correctness(h, grading), [h for s in students for h in s.handins]))
     middle = time.perf_counter()
-    kernels = zip(checked, _timing(checked, grading), strict=True)
+    references: list[Reference] = []  # filled before the first kernel's grade comes
+    kernels = zip(checked, _timing(checked, grading, references), strict=True)
     parts = []
     for s in students:
         grades = []
@@ -215,7 +218,8 @@ def grade_class(
             grading.told(s.name, grade)
             grades.append(grade)
             took += c.seconds + timing_s
-        parts.append(StudentGrade(s.name, tuple(grades), s.skipped, s.problem, s.unreadable, device, took))
+        parts.append(StudentGrade(s.name, tuple(grades), s.skipped, s.problem, s.unreadable, device, took,
+                                  tuple(references)))  # fmt: skip
     return parts, Phases(workers, middle - start, time.perf_counter() - middle)
 
 
@@ -239,9 +243,12 @@ def _correctness(handin: Handin, grading: Grading) -> _Checked:
     return _Checked(handin, late, sha256, cases, time.perf_counter() - start)
 
 
-def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[KernelGrade, float]]:
+def _timing(
+    checked: Sequence[_Checked], grading: Grading, references: list[Reference]
+) -> Iterator[tuple[KernelGrade, float]]:
     """Phase 2: each kernel's grade (and the seconds its timing took), in order; the timed cases of one kernel
-    at a time, while the next one's launch process starts."""
+    at a time, while the next one's launch process starts. First, mmd's own reference kernels are timed
+    (into ``references``) as the first kernel's process starts."""
     pairs = grading.plan.timed()
     timed = [c for c in checked if c.refused is None] if pairs else []
     with (
@@ -256,6 +263,9 @@ def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[Ker
         starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
         upcoming = timed[1:]
         try:
+            if timed:
+                # this process's context (mmd's own kernels) and the first kernel's process starting beside it
+                references += _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2))
             for c in checked:
                 if c.refused is not None or not pairs:
                     yield c.refused or _graded(c, []), 0.0
@@ -268,9 +278,9 @@ def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[Ker
                     cases = _refused_timing(made, grading.plan)
                 else:
                     # the GPU's processes of the grading's own: the timed one, and the next one's starting beside it
-                    window = _Window(grading.clock, 1 + len(starting))
+                    timing = _Timing(grading.plan, inputs, checks, grading.clock, 1 + len(starting))
                     try:
-                        cases = _timed_cases(made, grading.plan, inputs, checks, window)
+                        cases = _timed_cases(made, timing, pairs)
                     finally:
                         made.close()
                 yield _graded(c, cases), time.perf_counter() - start
@@ -279,6 +289,29 @@ def _timing(checked: Sequence[_Checked], grading: Grading) -> Iterator[tuple[Ker
                 made = pending.result()
                 if not isinstance(made, str):
                     made.close()
+
+
+def _references(grading: Grading, timing: _Timing) -> list[Reference]:
+    """mmd's naive kernel over the plan's timed cases and cuBLAS SGEMM at each size (:data:`NO_TILE`), timed on
+    the grading's GPU by the cuda backend, in this process (mmd's own code: no process of its own), with the same
+    fresh inputs and checks; none where that backend cannot open (their ratios are then left blank)."""
+    try:
+        backend, _ = open_backend("cuda", grading.settings.device, kernel_cache_dir(grading.settings))
+    except MmdError:
+        return []
+    out = []
+    try:
+        for kernel, pairs in (
+            (NAIVE, grading.plan.timed()),
+            (CUBLAS, [(s, NO_TILE) for s in sorted(grading.plan.sizes)]),
+        ):
+            try:
+                out.append(Reference(kernel, tuple(_timed_cases(backend, timing, pairs, kernel))))
+            except BackendUnavailable:
+                continue  # a library this box lacks (cuBLAS): that ratio is left blank
+    finally:
+        backend.close()
+    return out
 
 
 def _graded(checked: _Checked, timed: list[Case]) -> KernelGrade:
@@ -342,12 +375,12 @@ def _shape_name(size: int) -> str:
 
 
 def _multiply(
-    backend: KernelFileBackend, a: np.ndarray, b: np.ndarray, tile: int
+    backend: Backend, a: np.ndarray, b: np.ndarray, request: MultiplyRequest
 ) -> tuple[Status, str, Product | None]:
     """(status, reason, product) of one launch: a tile no GPU launches is refused before launch (ok: not the
     kernel's fault), any other refusal or fault is the kernel's."""
     try:
-        return Status.OK, "", backend.multiply(a, b, MultiplyRequest(tile=tile))
+        return Status.OK, "", backend.multiply(a, b, request)
     except TileError as exc:
         return Status.OK, f"refused before launch: {exc.reason}", None
     except BackendUnavailable:
@@ -358,7 +391,7 @@ def _multiply(
 
 def _test_case(backend: KernelFileBackend, test: Test, tile: int) -> Case:
     start = time.perf_counter()
-    status, reason, product = _multiply(backend, test.a, test.b, tile)
+    status, reason, product = _multiply(backend, test.a, test.b, MultiplyRequest(tile=tile))
     case = Case("test", test.name, test.shape, tile, status, reason, reference=str(test.reference))
     if product is None:
         return _timed(case, start)
@@ -400,26 +433,32 @@ class _FreshInputs:
 
 
 @dataclass(frozen=True)
-class _Window:
-    """How a timed case's launches are watched: the GPU's reader (None: not watched), and how many processes on
-    the GPU are the grading's own (more is another's, and the window is disturbed)."""
+class _Timing:
+    """What every timed case of phase 2 shares: the plan, the fresh inputs, the checkers, and how launches are
+    watched: the GPU's reader (None: not watched) and how many processes on the GPU are the grading's own (more is
+    another's, and the window is disturbed)."""
 
+    plan: GradePlan
+    inputs: _FreshInputs
+    checks: ThreadPoolExecutor
     clock: ClockReader | None
-    own_processes: int
+    own_processes: int = 1
 
     def watch(self) -> ClockWatch:
         return ClockWatch(self.clock, own_processes=self.own_processes)
 
 
-def _timed_cases(
-    backend: KernelFileBackend, plan: GradePlan, inputs: _FreshInputs, checks: ThreadPoolExecutor, window: _Window
-) -> list[Case]:
-    """The plan's timed cases of one kernel, in order. Each launch's product is checked in ``checks`` while the
-    next launch runs; a case is decided once all its launches' checks are in."""
-    pairs = plan.timed()
-    sizes = [s for s, _ in pairs[1:]] + [s for s, _ in pairs[:1]]  # after the last: the next kernel's first
-    pending = [_timed_case(backend, size, tile, plan, inputs, checks, then, window) for (size, tile), then in
-               zip(pairs, sizes, strict=True)]  # fmt: skip
+def _timed_cases(backend: Backend, timing: _Timing, pairs: Sequence[tuple[int, int]], kernel: str = "") -> list[Case]:
+    """The timed cases (size, tile) of one kernel (``kernel``: one of mmd's own by name; empty: the backend's
+    kernel file), in order. Each launch's product is checked while the next launch runs; a case is decided once
+    all its launches' checks are in. A tile of :data:`NO_TILE` (cuBLAS's) runs at the plan's sweep tile."""
+    sizes = [s for s, _ in pairs[1:]] + [s for s, _ in timing.plan.timed()[:1]]  # after the last: the next kernel's
+    pending = []
+    for (size, tile), then in zip(pairs, sizes, strict=True):
+        request = MultiplyRequest(kernel=kernel, tile=tile or timing.plan.sizes_at_tile) if kernel else \
+            MultiplyRequest(tile=tile)  # fmt: skip
+        pending.append(_timed_case(backend, request, Case("timed", _shape_name(size), (size, size, size), tile,
+                                                          Status.OK), then, timing))  # fmt: skip
     return [p.decided() for p in pending]
 
 
@@ -477,23 +516,20 @@ class _Launches:
         return replace(case, seconds=self.seconds + time.perf_counter() - start)
 
 
-def _timed_case(
-    backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, inputs: _FreshInputs,
-    checks: ThreadPoolExecutor, then: int, window: _Window,
-) -> _Launches:  # fmt: skip
+def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: int, timing: _Timing) -> _Launches:
     """A timed case's launches, in windows watched for other processes on the GPU: one where another used it is
     run again (up to ``plan.windows`` in all; the last one's times are kept)."""
     start = time.perf_counter()
-    done = _Launches(Case("timed", _shape_name(size), (size, size, size), tile, Status.OK))
-    while done.windows < plan.windows:
+    done = _Launches(case)
+    while done.windows < timing.plan.windows:
         done.windows += 1
         done.launches = []
-        watch = window.watch()
+        watch = timing.watch()
         with watch:
-            _timed_launches(backend, size, tile, plan, inputs, checks, then, done)
+            _timed_launches(backend, request, case.shape[0], then, timing, done)
         facts = watch.summary()
         processes = facts["gpu_processes"]
-        done.gpu = {**facts, "gpu_busy": processes is not None and processes > window.own_processes}
+        done.gpu = {**facts, "gpu_busy": processes is not None and processes > timing.own_processes}
         if not done.disturbed() or done.stopped is not None or done.failed():
             break
     done.seconds = time.perf_counter() - start
@@ -501,22 +537,22 @@ def _timed_case(
 
 
 def _timed_launches(
-    backend: KernelFileBackend, size: int, tile: int, plan: GradePlan, inputs: _FreshInputs,
-    checks: ThreadPoolExecutor, then: int, done: _Launches,
-) -> None:  # fmt: skip
+    backend: Backend, request: MultiplyRequest, size: int, then: int, timing: _Timing, done: _Launches
+) -> None:
     """Launches on fresh inputs into ``done`` until :meth:`GradePlan.enough` (or a product is found wrong, or a
     launch is refused); the inputs of the next launch (of ``then``'s size after the last) are made while each
     runs."""
+    plan, inputs = timing.plan, timing.inputs
     while True:
         a, b = inputs.take(size)
         # made while this one runs: another launch's, unless this one is surely the last
         inputs.ahead(then if len(done.launches) + 1 >= plan.max_repeats else size)
-        status, reason, product = _multiply(backend, a, b, tile)
+        status, reason, product = _multiply(backend, a, b, request)
         if product is None:
             inputs.ahead(then)
             done.stopped = (status, reason)
             return
-        done.checks.append(checks.submit(_fresh_check, product.c, a, b))
+        done.checks.append(timing.checks.submit(_fresh_check, product.c, a, b))
         done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"])))
         if plan.enough([k for k, _ in done.launches]) or done.failed():
             inputs.ahead(then)

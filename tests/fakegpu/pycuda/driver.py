@@ -3,7 +3,8 @@
 The launch process (:mod:`mmd.kernelfile.launch_child`) runs as it does on a GPU, through the real
 :class:`~mmd.cuda.session.GpuSession`; only the driver underneath is this: device memory is host
 memory by address, copies are copies, and a "kernel" (a real cubin, compiled by NVRTC) is run by its
-entry's name: ``square`` computes C = A·B with numpy in float32, ``spin`` never ends, ``fault`` fails as
+entry's name: ``square`` computes C = A·B with numpy in float32 (and so does any of mmd's own, ``mmd_*``, with
+its rectangular arguments), ``spin`` never ends, ``fault`` fails as
 an illegal address does (at the next wait), ``noisy`` prints 100 KB as device printf does and computes.
 Cheats, each a square kernel otherwise: ``wrong`` computes and adds 1 to C's first value; ``writes_nan``
 computes and writes NaN there; ``logs`` takes :data:`LOGGED_LAUNCH_S` and appends its process id, the
@@ -179,6 +180,11 @@ def _floats(ptr: int) -> np.ndarray:
 
 
 class _Function:
+    #: What pycuda reports of a compiled function (mmd records it of its own kernels).
+    num_regs = 32
+    shared_size_bytes = 0
+    local_size_bytes = 0
+
     def __init__(self, symbol: str) -> None:
         self.symbol = symbol
 
@@ -199,6 +205,12 @@ class _Function:
             libc = ctypes.CDLL(None)
             for _ in range(1000):
                 libc.printf(b"%s\n", b"x" * 99)
+        if self.symbol.startswith("mmd_"):  # one of mmd's own (the cuda backend's): (A, B, C, m, k, n, lda, ldb, ldc)
+            a, b, c, m, k, n, lda, ldb, ldc = (int(x) for x in args)
+            left = _floats(a)[: m * lda].reshape(m, lda)[:, :k]
+            right = _floats(b)[: k * ldb].reshape(k, ldb)[:, :n]
+            _floats(c)[: m * ldc].reshape(m, ldc)[:, :n] = np.matmul(left, right)
+            return
         a, b, c, width = args
         n = int(width)
         if "logs" in self.symbol:
