@@ -45,7 +45,7 @@ import numpy as np
 from child_env import child_env
 from harness import ROOT, median
 
-from mmd import accel, textcore, textformat
+from mmd import accel, textcore, textformat, textoutput
 from mmd.atomic import write_atomic
 from mmd.check import full, jobs, results
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     np.save(work / "a.npy", a)
     np.save(work / "b.npy", b)
-    values = textformat.parse_output(out.read_bytes())
+    values = textoutput.parse_output(out.read_bytes())
     opts = results.Options()
     trees: list[tuple[str, Path]] = args.tree
     for _, tree in trees:  # bytecode, as pip leaves an installed mmd: no process compiles its modules
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             lambda: jobs.check_file(out, out2, results.Options(against="expected")),
         ),
         Case(f"  in-process: folder, {count} x {small}", lambda: jobs.check_folder(outbox, tests, opts)),
-        Case(f"  in-process: parse_output, {n}", lambda: textformat.parse_output(memoryview(textcore.read_bytes(out)))),
+        Case(f"  in-process: parse_output, {n}", lambda: textoutput.parse_output(memoryview(textcore.read_bytes(out)))),
         Case(f"  in-process: parse input, {n}", lambda: textformat.parse(memoryview(textcore.read_bytes(src)))),
         Case(f"  in-process: rule beyond the product, {n}", lambda: full.against_inputs(values, a, b)),
     ]

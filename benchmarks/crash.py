@@ -32,7 +32,7 @@ import harness  # beside this script: its folder is first on sys.path
 from child_env import child_env
 from harness import ROOT
 
-from mmd import textformat
+from mmd import textoutput
 from mmd.check import full
 
 
@@ -105,7 +105,7 @@ def main() -> int:
         if not out.exists() or not (outbox / f"{stem}.timing.yaml").exists():
             problems.append(f"{stem}: no output or sidecar under its plain name")
             continue
-        report = full.against_inputs(textformat.parse_output(out.read_bytes()), a, b)
+        report = full.against_inputs(textoutput.parse_output(out.read_bytes()), a, b)
         if not report.ok:
             problems.append(f"{stem}: {report.summary()}")
     names = os.listdir(outbox)

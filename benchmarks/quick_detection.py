@@ -35,13 +35,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mmd import textformat as tf
+from mmd import textoutput
 from mmd.check import quick, quickarrays, tolerance
 from mmd.generate import random_matrix
 
 
 def printed(c: np.ndarray) -> np.ndarray:
     """The values an mmd output of ``c`` holds: ``%6.2f``, read back."""
-    return tf.parse_output(tf.emit(c))
+    return textoutput.parse_output(tf.emit(c))
 
 
 def exact(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1188,7 +1188,7 @@ format_input_rows(PyObject *Py_UNUSED(self), PyObject *args)
  */
 enum { OF_OK = 0, OF_FIELD = 1, OF_WIDTH = 2, OF_LARGE = 3, OF_COUNT = 4, OF_NEWLINE = 5, OF_EXTRA = 6, OF_ROWS = 7 };
 
-/* mmd.textformat's HUNDREDTHS_DIGITS and FLOAT32_DIGITS (FLT_MAX's 39 digits). */
+/* mmd.textoutput's HUNDREDTHS_DIGITS and mmd.textformat's FLOAT32_DIGITS (FLT_MAX's 39 digits). */
 #define OUT_INT_DIGITS 13
 #define OUT_MAX_DIGITS 39
 

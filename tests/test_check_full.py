@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import accel
+from mmd import accel, textoutput
 from mmd import textformat as tf
 from mmd.check import compare, full, modelcheck, product, quickarrays, tolerance
 from mmd.cpus import worker_rows
@@ -44,7 +44,7 @@ def _old_against_inputs(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> compar
 
 def printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The values a correct mmd output holds: the float32 product, printed %6.2f and read back."""
-    return tf.parse_output(tf.emit(a @ b))
+    return textoutput.parse_output(tf.emit(a @ b))
 
 
 def same_report(got: compare.CheckReport, want: compare.CheckReport, rtol: float = 1e-9) -> None:

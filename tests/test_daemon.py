@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import daemon, record, spool, textformat
+from mmd import daemon, record, spool, textoutput
 from mmd.check import full
 from mmd.generate import input_chunks, random_matrix
 
@@ -93,7 +93,7 @@ def make_input(path: Path, m: int, k: int, n: int, seed: int) -> tuple[np.ndarra
 
 def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray, input_name: str | None = None) -> dict:
     out = outbox / f"{stem}.out"
-    values = textformat.parse_output(out.read_bytes())
+    values = textoutput.parse_output(out.read_bytes())
     report = full.against_inputs(values, a, b)
     assert report.ok, f"{stem}: {report.summary()}"
     rec = yaml.safe_load(record.timing_path(out).read_text())

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import accel
+from mmd import accel, textoutput
 from mmd import textformat as tf
 from mmd.check import full, quick, quickarrays, tolerance
 from mmd.generate import random_matrix
@@ -71,7 +71,7 @@ def _same_quick(got: quick.QuickReport, want: quick.QuickReport) -> None:
 
 
 def _printed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return tf.parse_output(tf.emit(a @ b))
+    return textoutput.parse_output(tf.emit(a @ b))
 
 
 _PLANTS = ["none", "near", "nan", "inf", "zeros", "wrong everywhere", "row", "column"]

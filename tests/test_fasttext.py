@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmd import accel, textcore
+from mmd import accel, textcore, textoutput
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
@@ -640,7 +640,7 @@ class _OutSplit:
 def _output_outcome(data: bytes):
     """('ok', value bits, signs) or ('error', message, line, value, column)."""
     try:
-        got = tf.parse_output(data)
+        got = textoutput.parse_output(data)
     except InputFormatError as e:
         return ("error", str(e), e.line, e.value, e.details.get("column"))
     assert got.dtype == np.float64 and got.flags.c_contiguous
@@ -785,7 +785,7 @@ def test_row_blocks_read_on_threads_in_any_order(step):
     rng = np.random.default_rng(step)
     vals = (rng.standard_normal((41, 13)) * 300).astype(np.float32)
     text = tf.emit(vals)
-    want = tf.parse_output(text)
+    want = textoutput.parse_output(text)
 
     class Fault(Exception):
         pass
@@ -837,7 +837,7 @@ def test_output_values_three_ways(m, n, data):
     got = _output_three_ways(raw)
     assert got[0] == "ok"
     want = np.array([[float("%.2f" % float(v)) for v in row] for row in c])
-    np.testing.assert_array_equal(tf.parse_output(raw).view(np.uint64), want.view(np.uint64))
+    np.testing.assert_array_equal(textoutput.parse_output(raw).view(np.uint64), want.view(np.uint64))
 
 
 _out_junk = st.sampled_from([" ", "  ", "-", "0", "7", ".", "\n", "\t", "\r", "x", "+", "e", "\x00", "1.00", "-0.00"])
@@ -984,7 +984,7 @@ def test_wide_fields_three_ways(m, n, data):
     c = np.array(vals, dtype=np.float32).reshape(m, n)
     raw = tf.emit(c)
     assert _output_three_ways(raw)[0] == "ok"
-    np.testing.assert_array_equal(tf.parse_output(raw), [[float(b"%.2f" % float(v)) for v in row] for row in c])
+    np.testing.assert_array_equal(textoutput.parse_output(raw), [[float(b"%.2f" % float(v)) for v in row] for row in c])
     wide_at = [i for i, v in enumerate(c.reshape(-1)) if abs(float(v)) >= 1e13]
     if not wide_at:
         return
@@ -1015,7 +1015,7 @@ def test_wide_output_values_exact(wide):
     got = _output_three_ways(raw)
     assert got[0] == "ok"
     want = np.array([[float(b"%.2f" % v) for v in row] for row in c])
-    np.testing.assert_array_equal(tf.parse_output(raw).view(np.uint64), want.view(np.uint64))
+    np.testing.assert_array_equal(textoutput.parse_output(raw).view(np.uint64), want.view(np.uint64))
 
 
 @pytest.mark.parametrize(

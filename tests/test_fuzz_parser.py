@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmd import accel, pipeline, textformat
+from mmd import accel, pipeline, textformat, textoutput
 from mmd.errors import InputFormatError, LimitError
 
 #: Thousands of generated inputs: left out of `make quick`, run by `make test`.
@@ -127,7 +127,7 @@ def test_whitespace_bomb_is_linear():
 def read_output(data: bytes) -> tuple:
     """('ok', value bits) or ('input', message): anything else raised fails the test."""
     try:
-        got = textformat.parse_output(data)
+        got = textoutput.parse_output(data)
     except InputFormatError as exc:
         assert exc.reason and isinstance(exc.reason, str)
         return ("input", exc.reason)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import xmlschema
 
-from mmd import accel, textcore, textformat
+from mmd import accel, textcore, textformat, textoutput
 from mmd.check import jobs, lateness, pairing, reports, results, tolerance
 from mmd.check import quick as quickcheck
 from mmd.check.results import Job, Options, Status
@@ -358,10 +358,10 @@ def test_an_expected_output_with_the_output_s_bytes_is_not_parsed_again(tmp_path
     near.write_bytes(text[:-2] + b"%d\n" % (last + 1 if last < 9 else last - 1))  # the last value off by 0.01
     calls: list[str] = []
     # the C route checks by textcore.output_ok and reads by textcore.output_rows; the numpy route by
-    # textformat's check_output and parse_output
+    # textoutput's check_output and parse_output
     for mod, name in (
-        (textformat, "parse_output"),
-        (textformat, "check_output"),
+        (textoutput, "parse_output"),
+        (textoutput, "check_output"),
         (textcore, "output_ok"),
         (textcore, "output_rows"),
     ):
@@ -398,7 +398,7 @@ def test_two_outputs_in_blocks_report_as_whole(tmp_path, monkeypatch, block):
     blocks_of(monkeypatch, block)
     out, _ = _pair(tmp_path, 30, 20, 25)
     text = out.read_bytes()
-    vals = textformat.parse_output(text)
+    vals = textoutput.parse_output(text)
     rng = np.random.default_rng(1)
     cases = {
         "near": (text, textformat.emit((vals + rng.choice([0, 0, 0.01, -0.01], vals.shape)).astype(np.float32))),
@@ -443,7 +443,7 @@ def test_check_against_an_input_in_blocks_reports_as_whole(tmp_path, monkeypatch
     one block of the whole gives it."""
     out, src = _pair(tmp_path, 30, 20, 25)
     text = out.read_bytes()
-    vals = textformat.parse_output(text)
+    vals = textoutput.parse_output(text)
     few = vals.copy()
     few[[3, 17, 29], [0, 11, 24]] += [0.5, -2.0, 40.0]
     cases = {
@@ -501,7 +501,7 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
     blocks_of(monkeypatch, block)
     out, src = _pair(tmp_path, 30, 20, 25)
     text = out.read_bytes()
-    vals = textformat.parse_output(text)
+    vals = textoutput.parse_output(text)
     spoilt = {"a value": (3, 11, 40.0), "a row": (17, slice(None), 2.0), "a column": (slice(None), 24, -2.0)}
     cases = {"right": text, "a fault late": _spoil(text, 27), "a row too many": text + text[-176:]}
     for name, (i, j, delta) in spoilt.items():

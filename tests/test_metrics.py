@@ -190,7 +190,7 @@ def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_n
     and the daemon serves a job meanwhile."""
     import numpy as np
 
-    from mmd import textformat
+    from mmd import textoutput
     from mmd.check import full
     from mmd.generate import input_chunks, random_matrix
 
@@ -220,7 +220,7 @@ def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_n
         (tmp_path / "m.src").write_bytes(b"".join(input_chunks(a, b, square=True)))
         os.rename(tmp_path / "m.src", tmp_path / "inbox" / "m.txt")
         wait_for(lambda: (tmp_path / "outbox" / "m.timing.yaml").exists(), 30, "the job, served meanwhile")
-        got = textformat.parse_output((tmp_path / "outbox" / "m.out").read_bytes())
+        got = textoutput.parse_output((tmp_path / "outbox" / "m.out").read_bytes())
         assert full.against_inputs(got, a, b).ok
         assert proc.proc.poll() is None and len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < 64
     finally:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import textformat
+from mmd import textoutput
 from mmd.check import full
 from mmd.generate import input_chunks, random_matrix
 
@@ -50,7 +50,7 @@ def sidecar(path: Path) -> dict:
 
 def check_ok(outbox: Path, stem: str, a: np.ndarray, b: np.ndarray) -> None:
     assert sidecar(outbox / f"{stem}.timing.yaml")["status"] == "ok"
-    report = full.against_inputs(textformat.parse_output((outbox / f"{stem}.out").read_bytes()), a, b)
+    report = full.against_inputs(textoutput.parse_output((outbox / f"{stem}.out").read_bytes()), a, b)
     assert report.ok, report.summary()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import record, textformat
+from mmd import record, textformat, textoutput
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.config import Settings
 from mmd.job import describe
@@ -327,7 +327,7 @@ def test_every_finite_product_is_written_as_printf_writes_it_and_checks_as_right
         text.split(b"\n")[1]
         == b"340282346638528859811704183484516925440.00-340282346638528859811704183484516925440.009999999827968.00"
     )
-    assert textformat.parse_output(text).tolist() == [[float(b"%.2f" % float(v)) for v in row] for row in mat]
+    assert textoutput.parse_output(text).tolist() == [[float(b"%.2f" % float(v)) for v in row] for row in mat]
     assert result.record.output.bytes == len(text)
 
 

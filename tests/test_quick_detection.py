@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmd import textformat as tf
+from mmd import textoutput
 from mmd.check import full, quick, quickarrays, tolerance
 from mmd.generate import random_matrix
 
@@ -126,7 +127,7 @@ def test_the_1024_row_shifted_by_one_from_issue_30():
     every value of a row (docs/quick-detection.md). Shifted by +2.0, it is refused at every seed."""
     rng = np.random.default_rng(30)
     a, b = random_matrix(rng, 1024, 1024), random_matrix(rng, 1024, 1024)
-    out = tf.parse_output(tf.emit(a @ b))
+    out = textoutput.parse_output(tf.emit(a @ b))
     bad = out.copy()
     bad[417] += 1.0
     clean = quickarrays.quick_of(out, a, b, seed=1)
@@ -177,7 +178,7 @@ def test_honest_fp32_products_always_pass(shape, family, order, data_seed, seed)
     else:
         a, b = random_matrix(rng, m, k, *FAMILIES[family]), random_matrix(rng, k, n, *FAMILIES[family])
     product = a @ b if order == "numpy" else _sequential(a, b)
-    out = tf.parse_output(tf.emit(product))
+    out = textoutput.parse_output(tf.emit(product))
     assert full.against_inputs(out, a, b).ok
     r = quickarrays.quick_of(out, a, b, seed=seed)
     assert r.ok, r.summary()

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import config, spool, textformat
+from mmd import config, spool, textoutput
 from mmd.check import full
 from mmd.generate import input_chunks, random_matrix
 
@@ -138,7 +138,7 @@ def assert_each_exactly_once(root: Path, inputs: dict, daemons: list[Proc]) -> N
         assert rec["status"] == "ok" and rec["input"]["name"] == f"{stem}.txt"
         assert rec["output"]["name"] == f"{stem}.out"
         jobs.add(rec["job"])
-        report = full.against_inputs(textformat.parse_output((outbox / f"{stem}.out").read_bytes()), a, b)
+        report = full.against_inputs(textoutput.parse_output((outbox / f"{stem}.out").read_bytes()), a, b)
         assert report.ok, f"{stem}: {report.summary()}"
     assert len(jobs) == len(inputs)
     assert sorted(os.listdir(inbox / ".done")) == sorted(f"{s}.txt" for s in inputs), "archived once each"
@@ -318,7 +318,7 @@ def test_a_starting_daemon_leaves_another_hosts_job_in_hand_alone(tmp_path, proc
     (tmp_path / "release").write_text("")
     wait_for(lambda: (outbox / "held.timing.yaml").exists(), 60, "the holder to finish")
     assert holder.stop() == 0
-    assert full.against_inputs(textformat.parse_output((outbox / "held.out").read_bytes()), a, b).ok
+    assert full.against_inputs(textoutput.parse_output((outbox / "held.out").read_bytes()), a, b).ok
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import slurm, textformat
+from mmd import slurm, textformat, textoutput
 from mmd.check import full
 from mmd.errors import KernelFileError, OutputError, UnreadableError, UsageError
 from mmd.generate import input_chunks, random_matrix
@@ -251,7 +251,7 @@ def test_every_task_of_the_array_runs_its_file(tmp_path):
         assert r.returncode == 0, r.stderr
     for task in plan.tasks:
         a, b = inputs[task.input.name]
-        report = full.against_inputs(textformat.parse_output(task.output.read_bytes()), a, b)
+        report = full.against_inputs(textoutput.parse_output(task.output.read_bytes()), a, b)
         assert report.ok, f"{task.input.name}: {report.summary()}"
         rec = yaml.safe_load(task.output.with_name(task.output.stem + ".timing.yaml").read_text())
         assert rec["status"] == "ok" and rec["backend"] == "cpu"
@@ -701,7 +701,7 @@ def test_real_slurm_runs_good_refused_and_rectangular_inputs(tmp_path, request_g
     for name, (a, b) in inputs.items():
         out = tmp_path / "out" / (name[: -len(".txt")] + ".out")
         assert out.exists(), f"{out} missing: {[p.read_text() for p in (tmp_path / 'out').rglob('*.log')]}"
-        assert full.against_inputs(textformat.parse_output(out.read_bytes()), a, b).ok
+        assert full.against_inputs(textoutput.parse_output(out.read_bytes()), a, b).ok
         rec = yaml.safe_load(out.with_name(out.stem + ".timing.yaml").read_text())
         assert rec["status"] == "ok" and rec["backend"] == "cpu"
     assert yaml.safe_load((tmp_path / "out" / "bad.error.yaml").read_text())["status"] == "error"
@@ -792,7 +792,7 @@ def test_real_slurm_splits_a_folder_larger_than_max_array_size(tmp_path):
     wait_done(arrays)
     for name, (a, b) in inputs.items():
         out = tmp_path / "out" / (name[:-4] + ".out")
-        assert full.against_inputs(textformat.parse_output(out.read_bytes()), a, b).ok, name
+        assert full.against_inputs(textoutput.parse_output(out.read_bytes()), a, b).ok, name
     shown = status(tmp_path, arrays[1])
     assert shown.returncode == 0 and f"ok {limit + 2}, refused 0, missing 0; failed 0" in shown.stdout
     assert f"{arrays[1]}_1\tCOMPLETED exit 0\tmmd: ok\tm{limit + 1:02d}.txt" in shown.stdout

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmd import accel, textcore
+from mmd import accel, textcore, textoutput
 from mmd import textformat as tf
 from mmd.errors import InputFormatError, ProductRangeError
 
@@ -423,7 +423,7 @@ def test_round_trip_hypothesis(m, n, data):
     vals = data.draw(st.lists(st.floats(-1e5, 1e5, width=32), min_size=m * n, max_size=m * n))
     c = np.array(vals, dtype=np.float32).reshape(m, n)
     out = tf.emit(c)
-    back = tf.parse_output(out)
+    back = textoutput.parse_output(out)
     want = np.array([[float("%.2f" % float(v)) for v in row] for row in c])
     np.testing.assert_array_equal(back, want)
     # the output rows read as input (n x n ... use it as A with k = n)
@@ -439,22 +439,22 @@ def test_round_trip_hypothesis(m, n, data):
 
 def test_parse_output_ok():
     c = np.array([[1.5, -2.25, 1000.0], [0.0, -0.0, 123456.0]], dtype=np.float32)
-    got = tf.parse_output(tf.emit(c))
+    got = textoutput.parse_output(tf.emit(c))
     assert got.dtype == np.float64 and got.shape == (2, 3)
     np.testing.assert_array_equal(got, [[1.5, -2.25, 1000.0], [0.0, -0.0, 123456.0]])
-    sq = tf.parse_output(b"1\n  3.14\n")
+    sq = textoutput.parse_output(b"1\n  3.14\n")
     assert sq[0, 0] == 3.14
 
 
 def _out_err(data: bytes) -> InputFormatError:
     with pytest.raises(InputFormatError) as info:
-        tf.parse_output(data)
+        textoutput.parse_output(data)
     return info.value
 
 
 def test_parse_output_strict():
     good = b"2 3\n  1.00  2.00  3.00\n  4.00  5.00  6.00\n"
-    assert tf.parse_output(good).shape == (2, 3)
+    assert textoutput.parse_output(good).shape == (2, 3)
     e = _out_err(b"2 3\n  1.00  2.00\n  4.00  5.00  6.00\n")
     assert e.line == 2 and "expected 3 fields, found 2" in str(e)
     e = _out_err(b"2 3\n  1.00  2.00  3.00\n  4.00  5.00  6.00")
@@ -487,7 +487,7 @@ def test_parse_output_wide_touching():
     c = np.array([[-2133.45, 1234.5, 100.0, -0.004]], dtype=np.float32)
     out = tf.emit(c)
     assert out == b"1 4\n-2133.451234.50100.00 -0.00\n"
-    np.testing.assert_array_equal(tf.parse_output(out), [[-2133.45, 1234.5, 100.0, -0.0]])
+    np.testing.assert_array_equal(textoutput.parse_output(out), [[-2133.45, 1234.5, 100.0, -0.0]])
 
 
 def test_references_agree_small():
@@ -583,11 +583,11 @@ def test_parse_output_first_fault_wins(accelerator):
 
 
 def test_parse_output_largest_values(accelerator):
-    got = tf.parse_output(b"1 3\n9999999999999.99-9999999999999.99 -0.00\n")
+    got = textoutput.parse_output(b"1 3\n9999999999999.99-9999999999999.99 -0.00\n")
     assert got.tolist() == [[9999999999999.99, -9999999999999.99, -0.0]]
     assert np.signbit(got[0, 2])
     c = np.array([[3e12, -0.004, 123456.78]], dtype=np.float32)
-    np.testing.assert_array_equal(tf.parse_output(tf.emit(c)), [[float("%.2f" % float(v)) for v in c[0]]])
+    np.testing.assert_array_equal(textoutput.parse_output(tf.emit(c)), [[float("%.2f" % float(v)) for v in c[0]]])
 
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -600,11 +600,11 @@ def test_mmd_check_reads_every_float32_mmd_writes(accelerator):
     c = np.array([WIDE, [-v for v in WIDE]], dtype=np.float32)
     out = tf.emit(c)
     assert out.split(b"\n")[1].startswith(b"340282346638528859811704183484516925440.00-3402823466385288")
-    got = tf.parse_output(out)
+    got = textoutput.parse_output(out)
     assert got.tolist() == c.astype(np.float64).tolist()
-    assert tf.check_output(out) == (2, len(WIDE))
+    assert textoutput.check_output(out) == (2, len(WIDE))
     smallest = np.nextafter(np.float32(1e13), np.float32(np.inf))  # the least float32 of 14 digits
-    assert tf.parse_output(b"1 2\n10000000876544.00-10000000876544.00\n").tolist() == [
+    assert textoutput.parse_output(b"1 2\n10000000876544.00-10000000876544.00\n").tolist() == [
         [float(smallest), -float(smallest)]
     ]
 
@@ -673,7 +673,7 @@ def test_every_finite_float32_is_written_as_printf_writes_it(accelerator, libc_p
     assert want == b"".join(b"%6.2f" % float(v) for v in c[0])
     out = tf.emit(c)
     assert out.split(b"\n", 1)[1] == want + b"\n"
-    assert tf.parse_output(out).tolist() == [[float(b"%.2f" % float(v)) for v in c[0]]]  # the printed decimals
+    assert textoutput.parse_output(out).tolist() == [[float(b"%.2f" % float(v)) for v in c[0]]]  # the printed decimals
 
 
 def test_the_widest_fields_are_printf_s(c_printf):

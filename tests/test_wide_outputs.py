@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mmd import config, daemon, textformat
+from mmd import config, daemon, textformat, textoutput
 
 from .conftest import run_mmd
 
@@ -85,7 +85,7 @@ def test_a_one_shot_daemon_writes_wide_fields_and_judges_the_real_size(tmp_path)
     assert r.returncode == 0, r.stderr
     widest = (outbox / "widest.out").read_bytes()
     assert widest == textformat.format_reference(WIDEST)
-    assert textformat.parse_output(widest).tolist() == WIDEST.astype(np.float64).tolist()
+    assert textoutput.parse_output(widest).tolist() == WIDEST.astype(np.float64).tolist()
     error = error_of(outbox, "wide")
     assert error["kind"] == "limit" and error["output_bytes"] == 19243 and not (outbox / "wide.out").exists()
     assert error_of(outbox, "inf")["kind"] == "overflow"

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import textformat
+from .. import textoutput
 from ..atomic import write_atomic
 from ..backends import open_backend
 from ..backends.base import CUDA_PHASES, Backend, MultiplyRequest
@@ -235,7 +235,7 @@ class _Runner:
                 assert result.product is not None
                 call.check(result.product.c)
                 try:
-                    printed = textformat.parse_output(output.read_bytes())
+                    printed = textoutput.parse_output(output.read_bytes())
                 except MmdError as exc:
                     raise Wrong(f"the output file is malformed: {exc.reason}") from None
                 report = check_product(

@@ -129,19 +129,19 @@ class _ExpectedFault(Exception):
 
 
 def _output_fault(data: memoryview) -> NoReturn:
-    """Raise an output's first fault, worded (by mmd.textformat: this imports numpy)."""
-    from .. import textformat
+    """Raise an output's first fault, worded (by mmd.textoutput: this imports numpy)."""
+    from .. import textoutput
 
-    textformat.raise_output_fault(data)
+    textoutput.raise_output_fault(data)
 
 
 def _check_output(data: memoryview) -> None:
     """Raise the output's InputFormatError, if it has one: by the C parser where it is on (no numpy,
-    nothing kept), the fault worded by mmd.textformat."""
+    nothing kept), the fault worded by mmd.textoutput."""
     if accel.text() is None or not textcore.output_ok(data):
-        from .. import textformat
+        from .. import textoutput
 
-        textformat.check_output(data)
+        textoutput.check_output(data)
 
 
 def _output_blocks(data: memoryview, rows: int) -> Iterator[tuple[int, Any, int]]:
@@ -151,9 +151,9 @@ def _output_blocks(data: memoryview, rows: int) -> Iterator[tuple[int, Any, int]
     if accel.text() is not None:
         yield from textcore.output_rows(data, rows, lambda: _output_fault(data))
         return
-    from .. import textformat
+    from .. import textoutput
 
-    for r0, block in textformat.output_blocks(data, rows):
+    for r0, block in textoutput.output_blocks(data, rows):
         yield r0, block.reshape(-1), block.shape[0]
 
 
@@ -278,9 +278,9 @@ class _Rows:
 
     def start(self) -> None:
         if self.future is None:
-            from .. import textformat
+            from .. import textoutput
 
-            self.future = self.pool.submit(textformat.parse_output, self.data)
+            self.future = self.pool.submit(textoutput.parse_output, self.data)
 
     def result(self) -> np.ndarray:
         """The values; raises the output's InputFormatError."""
@@ -309,10 +309,10 @@ class _Rows:
     def _start_sums(self, shape: tuple[int, int], seed: int) -> Future[quick.OutputSums]:
         if _quick_by_c():
             return self.pool.submit(self._c_sums, shape, seed)
-        from .. import textformat
+        from .. import textoutput
         from . import quickarrays
 
-        blocks = textformat.output_blocks(self.data, block_rows(shape[1]))
+        blocks = textoutput.output_blocks(self.data, block_rows(shape[1]))
         return self.pool.submit(quickarrays.output_sums, blocks, shape, seed)
 
     def _c_sums(self, shape: tuple[int, int], seed: int) -> quick.OutputSums:
@@ -333,7 +333,7 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
 
     The output's faults come first, as if it had been read first: before any fault of the
     expected output or of the shapes is reported, the rest of the output is checked
-    (:func:`textformat.check_output`, which raises its InputFormatError). An expected output with
+    (:func:`textoutput.check_output`, which raises its InputFormatError). An expected output with
     the output's very bytes means the same values, all finite (the format has no NaN): right
     everywhere at any tolerance of 0 or more, with no values read (a grader comparing a run with
     an earlier one meets them often).

@@ -83,7 +83,7 @@ def output_sums(
 ) -> quick.OutputSums:
     """The output's side of the quick check (:class:`mmd.check.quick.OutputSums`) from consecutive
     blocks of rows (first row, rows): no block is needed once it has been summed, so an output read
-    a block at a time (:func:`mmd.textformat.output_blocks`) is never held whole. By mmd._fastcheck
+    a block at a time (:func:`mmd.textoutput.output_blocks`) is never held whole. By mmd._fastcheck
     where it is usable, else plain numpy a block at a time (the fallback and oracle)."""
     m, n = shape
     sums = quick.OutputSums.start(shape, seed, vectors)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import textformat
+from .. import textformat, textoutput
 from ..check import full
 from ..check.compare import CheckReport
 from ..check.pairing import pair_folder
@@ -55,7 +55,7 @@ class Test:
         """``c`` (a kernel's float32 product) as ``mmd check`` judges the output it prints. Raises
         ProductRangeError where a value is not finite."""
         textformat.check_product(c)
-        printed = textformat.parse_output(textformat.emit(c))
+        printed = textoutput.parse_output(textformat.emit(c))
         if self.want is not None:
             return full.against_output(printed, self.want, EXPECTED_TOL)
         assert self.product is not None
@@ -105,7 +105,7 @@ def _test(name: str, src: Path, expected: Path | None) -> Test:
     want = product = None
     if expected is not None:
         try:
-            want = textformat.parse_output(_read(expected, "expected output"))
+            want = textoutput.parse_output(_read(expected, "expected output"))
         except InputFormatError as exc:
             raise UnreadableError(f"expected output {printable(str(expected))}: {exc.reason}") from None
         if want.shape != (a.shape[0], b.shape[1]):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mmd import kernels as registry
-from mmd import textformat
+from mmd import textoutput
 from mmd.backends import CpuBackend
 from mmd.backends.base import MultiplyRequest
 from mmd.record import as_dict
@@ -89,7 +89,7 @@ def test_every_finite_float32_is_printf_s_through_every_exact_kernel(
     assert np.array_equal(np.array(result.product.c).view(np.uint32), mat.view(np.uint32)), "I·M is not M"
     text = out.read_bytes()
     assert text == printf_output(mat, c_printf)
-    assert textformat.parse_output(text).tolist() == [[float(b"%.2f" % float(v)) for v in row] for row in mat]
+    assert textoutput.parse_output(text).tolist() == [[float(b"%.2f" % float(v)) for v in row] for row in mat]
     host_formatted = any(HOST_FORMATS in note for note in rec.get("notes") or [])
     assert host_formatted == (text_path == "gpu" and bool((np.abs(mat) >= 1e16).any()))
 
