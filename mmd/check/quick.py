@@ -30,9 +30,9 @@ that factor, :attr:`QuickReport.catches` it as an rms per element of the
 worst-bounded row or column. With 16 vectors and miss = 10⁻⁶ the factor is
 1/q^½ = 0.83, and ‖E_i‖ must reach 8.0 σ_i (at m = n = 1024). σ_i itself
 cannot shrink: honest sequential fp32 sums of constant matrices (every
-element off alike, as a naive or tiled kernel sums) already reach 0.99 of
-the full check's per-element allowance at K = 1024, so a row of such a
-product has ‖E_i‖ near σ_i. A single value off by δ moves its row and its
+element off alike, as a naive or tiled kernel sums) come close to the full
+check's per-element allowance (docs/grading.md, "How it was measured", has
+the figures), so a row of such a product has ‖E_i‖ near σ_i. A single value off by δ moves its row and its
 column by δ each: two independent chances.
 
 The work is O(n²) passes over A, B and C in :mod:`mmd._fastcheck`, which
