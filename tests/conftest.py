@@ -56,6 +56,51 @@ def _sidecars_follow_the_schema(request: pytest.FixtureRequest, sidecar_validato
 
 
 #: An XDG_CONFIG_HOME with no mmd config in it: tests never read the caller's ~/.config/mmd/mmd.yaml.
+#: Values that stress ``%6.2f``: zeros of both signs, ties and near-ties at the hundredths, the sub-cent
+#: values that round to 0.00 or -0.00, the widths where a field grows, float32's extremes and subnormals.
+#: The one list the text format's tests (the C emitter, the Python reference) draw from.
+SPECIAL_VALUES = [
+    0.0,
+    0.125,
+    0.375,
+    2.675,
+    -2.675,
+    0.005,
+    -0.005,
+    0.015,
+    -0.001,
+    -0.004999,
+    0.004999,
+    1000.0,
+    -100.0,
+    -99.995,
+    999.995,
+    123456.78,
+    -123456.78,
+    1e20,
+    -1e20,
+    3e38,
+    -3e38,
+    1.5,
+    99.99,
+    -9999.99,
+    10000000.0,
+    1e-30,
+    12345678.0,
+    25000000000000.0,
+    1000000000000000.0,
+    999000000000000.0,
+    0.5,
+    -0.5,
+    0.045,
+    0.055,
+    -1e-30,
+    1.4e-45,
+    -1.4e-45,
+    3.4028235e38,
+    -3.4028235e38,
+]
+
 NO_USER_CONFIG = str(ROOT / "tests" / "no-such-config-home")
 
 

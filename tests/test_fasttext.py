@@ -23,6 +23,7 @@ from mmd import accel, textcore, textoutput
 from mmd import textformat as tf
 from mmd.errors import InputFormatError
 
+from .conftest import SPECIAL_VALUES
 from .test_textformat import BAD_TOKENS, VALUE_FORMS
 
 ft = accel.fasttext
@@ -488,42 +489,7 @@ def test_corrupted_inputs_same_outcome(m, k, n, data):
 
 
 def _emit_specials() -> np.ndarray:
-    vals = [
-        0.0,
-        -0.0,
-        0.125,
-        0.375,
-        2.675,
-        -2.675,
-        0.005,
-        -0.005,
-        0.015,
-        -0.001,
-        -0.004999,
-        1000.0,
-        -100.0,
-        -99.995,
-        999.995,
-        123456.78,
-        1e20,
-        -1e20,
-        3e38,
-        -3e38,
-        1e7,
-        1e-30,
-        -1e-30,
-        2.5e13,
-        1e15,
-        9.99e14,
-        0.5,
-        -0.5,
-        0.045,
-        0.055,
-        1.4e-45,
-        -1.4e-45,
-        3.4028235e38,
-        -3.4028235e38,
-    ]
+    vals = list(SPECIAL_VALUES)
     vals += [k / 8 for k in range(-400, 400)]  # ties at every hundredth that float32 holds
     vals += [(k + 0.5) / 100 for k in range(-300, 300)]  # near-ties
     # around the internal boundaries |x*100| = 2^52 and 2^63

@@ -15,51 +15,14 @@ from mmd import accel, textcore, textoutput
 from mmd import textformat as tf
 from mmd.errors import InputFormatError, ProductRangeError
 
+from .conftest import SPECIAL_VALUES
+
 # ---------------------------------------------------------------------------
 # emit
 
 
-SPECIAL = [
-    0.0,
-    -0.0,
-    0.125,
-    0.375,
-    2.675,
-    -2.675,
-    0.005,
-    -0.005,
-    0.015,
-    -0.001,
-    -0.004999,
-    0.004999,
-    1000.0,
-    -100.0,
-    -99.995,
-    999.995,
-    123456.78,
-    -123456.78,
-    1e20,
-    -1e20,
-    3e38,
-    -3e38,
-    1.5,
-    99.99,
-    -9999.99,
-    1e7,
-    1e-30,
-    12345678.0,
-    2.5e13,
-    1e15,
-    9.99e14,
-    0.5,
-    -0.5,
-    0.045,
-    0.055,
-]
-
-
 def _specials() -> np.ndarray:
-    vals = [np.float32(v) for v in SPECIAL]
+    vals = [np.float32(v) for v in SPECIAL_VALUES]
     # ties: k/100 + 0.005 that are exact in float32 (multiples of 1/8 etc.)
     vals += [np.float32(k / 8) for k in range(-200, 200)]
     return np.array(vals, dtype=np.float32)
