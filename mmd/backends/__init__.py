@@ -67,7 +67,7 @@ class BackendPool:
     """The backends one thread has opened, by setting: a job asks for one by its settings, all close together.
 
     A backend belongs to the thread that opened it (a CUDA context), so each
-    worker thread, and `mmd run`, has its own pool.
+    worker thread, and `mmd run` (:class:`mmd.oneshot.OneShot`), has its own pool.
     """
 
     def __init__(self, device: int | None = None, *, log_fallback: bool = True) -> None:

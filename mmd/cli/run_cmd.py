@@ -17,8 +17,7 @@ from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_f
 
 if TYPE_CHECKING:
     from .. import config
-    from ..cuda.libcuda import ContextWarmer
-    from ..kernelfile.launch import LaunchProcess
+    from ..oneshot import OneShot
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -135,91 +134,30 @@ def _run_file(
     shown: str,
 ) -> int:
     """The job of ``src``, called ``shown`` in what is printed."""
-    # a kernel file's own process makes its context (started now, beside this one's imports): this one makes none
-    warmer = _warm_gpu(settings, src) if args.kernel_file is None else None
-    # args.exiting: the process ends with this command (mmd.cli.main), which leaves the GPU's context and
-    # buffers to it, and the killed launch process to the system; in a caller's process (tests, scripts) they
-    # are released here
-    release = not args.exiting
-    launch = _start_launch(settings, src, args.kernel_file, release) if args.kernel_file is not None else None
-    try:
+    from ..oneshot import OneShot
+
+    # started before numpy and the pipeline are imported, so that the GPU's context, or the kernel file's launch
+    # process, is made beside those imports; args.exiting: the process ends with this command (mmd.cli.main),
+    # and what the job holds is left to its end
+    with OneShot(settings, src, args.kernel_file, release=not args.exiting) as shot:
         configure_logs(base, quiet=not args.verbose)
-        bar = _shows_bar(args, src)
-        own = args.kernel_file
-        return _run_to(
-            src, shown, output, base, flags, bar=bar, warmer=warmer, release=release, kernel_file=own, launch=launch
-        )  # fmt: skip
-    finally:
-        if warmer is not None and release:
-            warmer.release()
-        if launch is not None:
-            launch.close()  # the job's backend closed it; one no job took is killed here
-
-
-def _warm_gpu(settings: config.Settings, src: Path) -> ContextWarmer | None:
-    """Where the job may run on a GPU: its context started, and the page-locked memory the input is read into
-    made, beside the imports (the driver's own work, which would otherwise come first and then hold up
-    the read)."""
-    if settings.backend == "cpu":
-        return None
-    from ..cuda.libcuda import ContextWarmer
-
-    return ContextWarmer(settings.device, host_bytes=src.stat().st_size)
-
-
-def _start_launch(settings: config.Settings, src: Path, kernel_file: Path, reap: bool) -> LaunchProcess:
-    """The kernel file's launch process, started now so that its imports and CUDA context are made beside this
-    process's, with the input's memory made in it where the input will take the GPU text path; ``reap``: closing
-    it waits for it to end."""
-    from ..config import kernel_cache_dir
-    from ..kernelfile.launch import LaunchProcess
-    from ..textcore import device_wanted
-
-    size = src.stat().st_size
-    wanted = size if device_wanted(settings.text_path, size) else 0
-    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), input_bytes=wanted, reap=reap)
+        return _run_to(shot, shown, output, base, flags, bar=_shows_bar(args, src))
 
 
 def _run_to(
-    src: Path,
-    shown: str,
-    output: Path | None,
-    base: config.Settings,
-    flags: dict[str, Any],
-    bar: bool,
-    warmer: ContextWarmer | None,
-    release: bool,
-    kernel_file: Path | None,
-    launch: LaunchProcess | None,
+    shot: OneShot, shown: str, output: Path | None, base: config.Settings, flags: dict[str, Any], bar: bool
 ) -> int:
     if output is not None:
-        return _run(
-            src, shown, output, base, flags, show=True, bar=bar, warmer=warmer, release=release,
-            kernel_file=kernel_file, launch=launch,
-        )  # fmt: skip
+        return _run(shot, shown, output, base, flags, show=True, bar=bar)
     # -o -: the job is written as every job is, into a private folder, and its product copied out, so that
     # the pipeline's commit stays the one way a job's output is made; its sidecar goes with the folder.
     with tempfile.TemporaryDirectory(prefix="mmd-run-") as folder:
-        product = Path(folder) / src.with_suffix(".out").name
-        status = _run(
-            src, shown, product, base, flags, show=False, bar=bar, warmer=warmer, release=release,
-            kernel_file=kernel_file, launch=launch,
-        )  # fmt: skip
+        product = Path(folder) / shot.src.with_suffix(".out").name
+        status = _run(shot, shown, product, base, flags, show=False, bar=bar)
         if status == EXIT_OK:
             with open(product, "rb") as fh:
                 paths.to_stdout(iter(lambda: fh.read(1 << 20), b""))
         return status
-
-
-def _cuda_runs_here() -> None:
-    """UsageError, before any job runs, where the cuda backend cannot: no pycuda, no NVIDIA driver."""
-    from ..cuda import driver
-    from ..errors import BackendUnavailable
-
-    try:
-        driver.load()
-    except BackendUnavailable as exc:
-        raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
 
 
 def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
@@ -228,64 +166,21 @@ def _shows_bar(args: argparse.Namespace, src: Path) -> bool:
 
 
 def _run(
-    src: Path,
+    shot: OneShot,
     shown: str,
     output: Path,
     base: config.Settings,
     flags: dict[str, Any],
     show: bool,
     bar: bool,
-    warmer: ContextWarmer | None,
-    release: bool,
-    kernel_file: Path | None = None,
-    launch: LaunchProcess | None = None,
 ) -> int:
     """Run the job, ``shown`` its input's name in a refusal; ``show``: print where its output and sidecar are
-    (else print only a refusal); ``bar``: draw its phases on stderr; ``warmer``: the GPU started beside, and
-    the input's page-locked memory; ``release``: close the backends when done (else the process's end
-    releases them); ``kernel_file``: the kernel to run, in a process of its own (None: the settings'), ``launch``
-    that process where it was started beforehand (its job takes it where its device and kernel cache are the
-    job's)."""
-    from ..backends import BackendPool  # numpy and the pipeline: only for this command
-    from ..backends.base import INPUT_SLOT, Backend
-    from ..job import describe
-    from ..jobname import settings_of
-    from ..pipeline import run_job
+    (else print only a refusal); ``bar``: draw its phases on stderr."""
     from ..record import TimingRecord
 
-    job = describe(src, output, base, flags=flags, kernel_file=kernel_file)
-    if (
-        job.kernel_file is None
-        and job.refusal is None
-        and job.settings.backend == "cuda"
-        and "backend" not in settings_of(dict(job.name_settings))
-    ):
-        _cuda_runs_here()  # asked by the command line or the config, not by the file: theirs to change
-    pool = BackendPool()
-
-    def backend_for(settings: config.Settings) -> Backend:
-        backend = pool.get(settings)
-        memory = warmer.take_host_memory() if warmer is not None else None
-        if memory is not None:
-            backend.adopt_host(INPUT_SLOT, memory)
-        return backend
-
-    def kernel_file_for(path: Path, settings: config.Settings) -> Backend:
-        from ..config import kernel_cache_dir
-        from ..pipeline import kernel_file_backend
-
-        ours = launch is not None and (launch.device, launch.kernel_cache) == (
-            settings.device,
-            kernel_cache_dir(settings),
-        )
-        return kernel_file_backend(path, settings, launch if ours else None)
-
-    try:
-        with progress.Steps(f"mmd run {src.name}", PHASES, shown=bar) as steps:
-            result = run_job(job, backend_for, steps.step, kernel_file_for=kernel_file_for)
-    finally:
-        if release:
-            pool.close()
+    job = shot.describe(output, base, flags)
+    with progress.Steps(f"mmd run {shot.src.name}", PHASES, shown=bar) as steps:
+        result = shot.run(job, steps.step)
     if not isinstance(result.record, TimingRecord):
         assert result.error is not None
         where = "not kept" if not show else "not written" if result.sidecar_failed else str(result.sidecar)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 #: Opens (or hands out an open) backend for a job's settings; BackendUnavailable when it cannot.
 BackendFor = Callable[[Settings], Backend]
 #: Makes the backend of a kernel file's job (its path, the job's settings): :func:`kernel_file_backend`, or one
-#: that hands it a launch process started beforehand (``mmd run``). The job closes it.
+#: that hands it a launch process started beforehand (``mmd run``'s :class:`mmd.oneshot.OneShot`). The job
+#: closes it.
 KernelFileFor = Callable[[Path, Settings], Backend]
 
 
