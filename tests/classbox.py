@@ -185,13 +185,13 @@ def team_folder(path: Path) -> Path:
 def swap_at_claim(name: str, staged: str) -> None:
     """A worker hook: the first claim of inbox ``name`` finds ``staged`` renamed over it just before (a student's
     rename between the offer of a small drop and its claim, made certain)."""
-    from mmd.spool import Spool
+    from mmd.spool import Claims
 
-    real = Spool.claim
+    real = Claims.claim
 
     def claim(self: Any, inbox_name: str, job_id: str | None = None) -> Any:
         if inbox_name == name and os.path.exists(staged):
-            os.rename(staged, self.inbox / name)
+            os.rename(staged, self.shared.inbox / name)
         return real(self, inbox_name, job_id)
 
-    Spool.claim = claim
+    Claims.claim = claim

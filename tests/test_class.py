@@ -368,7 +368,7 @@ def test_a_flood_from_one_student_delays_another_by_about_a_group_of_jobs(box, s
 def test_a_full_quota_refuses_that_students_next_job_only_until_they_make_room(box, students):
     """max_submitter_bytes: what mmd keeps for Alice fills hers, so her next job is refused before any work with
     how to make room; Bob's goes on; once she removes an output (and with it its input), hers runs again."""
-    from mmd.spool import Spool
+    from mmd.spool import Shared, Spool
 
     alice, bob = students
     settings = class_settings(box, max_submitter_bytes=40_000)
@@ -381,9 +381,9 @@ def test_a_full_quota_refuses_that_students_next_job_only_until_they_make_room(b
     error = yaml.safe_load((box.outbox / alice.login / "a2.error.yaml").read_text())["error"]
     assert error["kind"] == "limit" and error["setting"] == "max_submitter_bytes" and "mmd rm" in error["reason"]
     assert (box.outbox / bob.login / "b1.out").exists()
-    spool = Spool(box.inbox, box.outbox, state_dir=box.state, class_mode=True)
+    spool = Spool(Shared(box.inbox, box.outbox, state_dir=box.state, class_mode=True))
     for base in ("a1", "a2"):  # as `mmd rm a1.out a2.error.yaml` does
-        assert spool.remove_output(alice.uid, base)
+        assert spool.archive.remove_output(alice.uid, base)
     alice.drop(box.inbox, "a3.txt", small_input(19, n=40))
     assert serve_once(settings) == 0
     assert (box.outbox / alice.login / "a3.out").exists()
@@ -1124,12 +1124,12 @@ def test_on_a_filesystem_of_its_own_the_inbox_takes_a_teammates_file_only_as_its
 
 def kept_by(b: Box, who) -> tuple[int, int]:
     """What the ledger counts for ``who`` now (allocated bytes, files), and it must be what a recount finds."""
-    from mmd.spool import Spool
+    from mmd.spool import Shared, Spool
 
-    spool = Spool(b.inbox, b.outbox, state_dir=b.state, class_mode=True)
-    counted = spool.usage(who.uid)
-    assert counted is not None
-    recounted = spool.recount().get(who.login)
+    ledger = Spool(Shared(b.inbox, b.outbox, state_dir=b.state, class_mode=True)).ledger
+    assert ledger is not None
+    counted = ledger.usage(who.login)
+    recounted = ledger.recount().get(who.login)
     assert recounted == counted, "the counts kept as files came and went differ from a recount"
     return counted.bytes, counted.files
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mmd.daemon.local import Bucket, Limits
 from mmd.daemon.scheduler import Load, Scheduler
-from mmd.spool import Claim, Spool
+from mmd.spool import Claim, Shared, Spool
 
 SUBMITTERS = ("ann", "bob", "cy", None)
 
@@ -60,19 +60,19 @@ def test_a_bucket_lets_a_burst_through_then_one_request_per_period():
 def test_a_start_cut_short_for_another_job_is_excused_and_crashes_still_count(tmp_path):
     """A job that had run in a group when its worker was ended for another job: its next start counts as its
     first unfinished one (a job never excused counts a crash); a real crash after that still counts."""
-    spool = Spool(tmp_path / "in", tmp_path / "out")
-    spool.prepare()
+    spool = Spool(Shared(tmp_path / "in", tmp_path / "out"))
+    spool.shared.prepare()
     claims = {}
     for name in ("excused.txt", "crashed.txt"):
-        (spool.inbox / name).write_text("1 1 1\n2\n3\n")
-        claims[name] = spool.claim(name)
-    spool.excuse(claims["excused.txt"])
-    again = {c.name: c for c in spool.in_work()}  # as a worker's recovery finds them
-    assert spool.attempt(again["crashed.txt"]) == 2
-    assert spool.attempt(again["excused.txt"]) == 1
-    assert spool.attempt(again["excused.txt"]) == 2  # that start never ended: its worker died running it
-    spool.excuse(again["excused.txt"])
-    assert spool.attempt(again["excused.txt"]) == 2  # the crash still counts, the excused start does not
+        (spool.shared.inbox / name).write_text("1 1 1\n2\n3\n")
+        claims[name] = spool.claims.claim(name)
+    spool.attempts.excuse(claims["excused.txt"])
+    again = {c.name: c for c in spool.claims.in_work()}  # as a worker's recovery finds them
+    assert spool.attempts.record_start(again["crashed.txt"]) == 2
+    assert spool.attempts.record_start(again["excused.txt"]) == 1
+    assert spool.attempts.record_start(again["excused.txt"]) == 2  # that start never ended: its worker died running it
+    spool.attempts.excuse(again["excused.txt"])
+    assert spool.attempts.record_start(again["excused.txt"]) == 2  # the crash still counts, the excused start does not
 
 
 #: A control socket alone in a process of its own with 64 descriptors; its main loop answers at once.

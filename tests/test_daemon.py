@@ -318,10 +318,10 @@ def test_kill9_then_restart_loses_and_doubles_nothing(tmp_path, served):
 @pytest.mark.parametrize("stage", ["nothing", "output", "output+sidecar"])
 def test_recovery_at_each_commit_stage(tmp_path, stage):
     """A job killed before its output, after its output, or after its sidecar ends with exactly one result."""
-    s = spool.Spool(tmp_path / "inbox", tmp_path / "outbox")
-    s.prepare()
-    a, b = make_input(s.inbox / "m.txt", 6, 4, 5, 3)
-    claim = s.claim("m.txt")
+    s = spool.Spool(spool.Shared(tmp_path / "inbox", tmp_path / "outbox"))
+    s.shared.prepare()
+    a, b = make_input(s.shared.inbox / "m.txt", 6, 4, 5, 3)
+    claim = s.claims.claim("m.txt")
     if stage != "nothing":
         claim.output.write_text("half-committed by the killed daemon")
     if stage == "output+sidecar":
@@ -337,15 +337,15 @@ def test_recovery_at_each_commit_stage(tmp_path, stage):
 
     r = run_mmd("serve", "--once", cwd=tmp_path, env=ENV)
     assert r.returncode == 0, r.stderr
-    rec = check_ok(s.outbox, "m", a, b, input_name="m.txt")
+    rec = check_ok(s.shared.outbox, "m", a, b, input_name="m.txt")
     assert rec["job"] == claim.job_id
     if stage == "output+sidecar":
         assert record.timing_path(claim.output).read_bytes() == before  # only the archive was left
     else:
         assert rec["resumed"] is True
-    assert names(s.outbox) == {"m.out", "m.timing.yaml"}
-    assert names(s.inbox / ".done") == {"m.txt"}
-    assert work_files(s.inbox) == []
+    assert names(s.shared.outbox) == {"m.out", "m.timing.yaml"}
+    assert names(s.shared.inbox / ".done") == {"m.txt"}
+    assert work_files(s.shared.inbox) == []
 
 
 @pytest.mark.serial  # a wall-clock bound on the shutdown: alone on the machine

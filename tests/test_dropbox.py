@@ -24,7 +24,7 @@ import yaml
 from mmd import config
 from mmd.errors import ConfigError
 from mmd.fileops import OPS, FileOps
-from mmd.spool import Arrivals, Candidate, Spool, survey
+from mmd.spool import Arrivals, Candidate, Scanner, Shared, Spool
 
 from . import classbox, workerhooks
 from .classbox import Box
@@ -53,7 +53,7 @@ def test_the_upload_recipe_run_against_a_squatting_folder_hands_the_file_to_no_o
     file goes nowhere near Mallory's folder, and its upload, left under its unguessable name, is Alice's alone.
     Before, `mv $tmp inbox/hw1.txt` moved Alice's file into Mallory's folder, where it never ran."""
     alice, mallory = students
-    Spool(box.inbox, box.outbox, state_dir=box.state, class_mode=True).prepare()  # the drop box's ACL, as served
+    Shared(box.inbox, box.outbox, state_dir=box.state, class_mode=True).prepare()  # the drop box's ACL, as served
     _squat_folder(box, mallory, "hw1.txt")
     r = alice.upload(box.inbox, "hw1.txt", small_input(70), check=False)
     assert r.returncode != 0, r
@@ -248,14 +248,14 @@ def test_a_survey_tells_jobs_folders_and_uploads_apart(tmp_path):
     (tmp_path / "dir.part").mkdir()
     (tmp_path / ".work").mkdir()
     (tmp_path / "link.txt").symlink_to("/etc")
-    found = survey(tmp_path)
+    found = Scanner(tmp_path).survey()
     assert found.jobs[0].name == "a.txt", "oldest mtime first"
     assert {c.name for c in found.jobs} == {"a.txt", "b.txt", "link.txt"}
     assert [(c.name, c.folder) for c in found.folders] == [("hw1.txt", True)]
     assert {c.name for c in found.uploads} == {"up.part", ".hidden.tmp"}
     (tmp_path / ".team").mkdir()
     (tmp_path / ".dotfile").write_text("x")
-    every = survey(tmp_path, every_folder=True)  # class mode: every folder but the spool's own (.work, ours)
+    every = Scanner(tmp_path, every_folder=True).survey()  # class mode: every folder but the spool's own (.work, ours)
     assert sorted(c.name for c in every.folders) == [".team", "dir.part", "hw1.txt"]
     assert every.jobs == found.jobs and {c.name for c in every.uploads} == {"up.part", ".hidden.tmp"}
 
@@ -276,11 +276,11 @@ def test_arrivals_keep_the_first_sighting_of_an_entry_and_a_new_inode_is_a_new_a
 
 def test_the_record_of_arrivals_survives_as_written_and_a_planted_or_broken_one_is_not_read(tmp_path):
     inbox, outbox, state = tmp_path / "in", tmp_path / "out", tmp_path / "state"
-    spool = Spool(inbox, outbox, state_dir=state)
-    spool.prepare()
+    spool = Spool(Shared(inbox, outbox, state_dir=state))
+    spool.shared.prepare()
     odd = os.fsdecode(b"bad\xffname.txt")
-    spool.write_arrivals({"hw1.txt": (5, 1.5), odd: (None, 2.5), ".team.tag": (9, math.inf)})
-    assert Spool(inbox, outbox, state_dir=state).read_arrivals() == {
+    spool.dropbox.write_arrivals({"hw1.txt": (5, 1.5), odd: (None, 2.5), ".team.tag": (9, math.inf)})
+    assert Spool(Shared(inbox, outbox, state_dir=state)).dropbox.read_arrivals() == {
         "hw1.txt": (5, 1.5),
         odd: (None, 2.5),
         ".team.tag": (9, math.inf),
@@ -288,11 +288,11 @@ def test_the_record_of_arrivals_survives_as_written_and_a_planted_or_broken_one_
     path = state / ".mmd-arrivals.json"
     assert not [p for p in state.iterdir() if p.name.endswith(".tmp")]
     path.write_text("{not json")
-    assert spool.read_arrivals() == {}
+    assert spool.dropbox.read_arrivals() == {}
     path.unlink()
     (tmp_path / "planted.json").write_text(json.dumps({"version": 1, "seen": [["hw1.txt", 5, 0.0]]}))
     path.symlink_to(tmp_path / "planted.json")
-    assert spool.read_arrivals() == {}
+    assert spool.dropbox.read_arrivals() == {}
 
 
 class _NoMovingFolders(FileOps):
@@ -306,25 +306,25 @@ class _NoMovingFolders(FileOps):
 
 def test_a_folder_mmd_may_not_move_out_is_hidden_in_place_under_an_unguessable_name(tmp_path):
     inbox, outbox, state = tmp_path / "in", tmp_path / "out", tmp_path / "state"
-    spool = Spool(inbox, outbox, state_dir=state, ops=_NoMovingFolders())
-    spool.prepare()
+    spool = Spool(Shared(inbox, outbox, state_dir=state, ops=_NoMovingFolders()))
+    spool.shared.prepare()
     (inbox / "hw1.txt").mkdir()
-    [folder] = spool.survey().folders
-    claim = spool.set_aside(folder, "0123456789ab")
+    [folder] = spool.scanner.survey().folders
+    claim = spool.dropbox.set_aside(folder, "0123456789ab")
     assert claim is not None and re.fullmatch(r"\.hw1\.[0-9a-f]{16}\.txt", claim.path.name) and claim.path.is_dir()
     assert claim.path.parent == inbox and "0123456789ab" not in claim.path.name, "the job id (in its note) names it"
     assert claim.reservation == outbox / ".hw1.claim" and claim.output == outbox / "hw1.out"
-    assert spool.survey().folders == [] and spool.scan() == []
-    spool.release(claim)
+    assert spool.scanner.survey().folders == [] and spool.scanner.scan() == []
+    spool.reservations.release(claim)
     (inbox / "f.txt").write_text("x")
-    [held] = spool.scan()
-    moved = spool.set_aside(held, "ba9876543210")
+    [held] = spool.scanner.scan()
+    moved = spool.dropbox.set_aside(held, "ba9876543210")
     assert moved is not None and moved.path == state / ".failed" / "f.ba9876543210.txt"
     (inbox / "g.txt").write_text("x")
-    [seen] = spool.scan()
+    [seen] = spool.scanner.scan()
     (inbox / ".g.part").write_text("y")
     (inbox / ".g.part").rename(inbox / "g.txt")  # another file under the name since: judged again, not set aside
-    assert spool.set_aside(seen, "aaaaaaaaaaaa") is None and (inbox / "g.txt").exists()
+    assert spool.dropbox.set_aside(seen, "aaaaaaaaaaaa") is None and (inbox / "g.txt").exists()
 
 
 def test_a_drop_box_grace_no_longer_than_quiet_seconds_is_a_config_error():

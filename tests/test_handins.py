@@ -21,7 +21,7 @@ from mmd.errors import ConfigError, KernelError
 from mmd.job import describe
 from mmd.kernelfile.store import KernelStore
 from mmd.record import Context
-from mmd.spool import Candidate, survey
+from mmd.spool import Candidate, Scanner
 from mmd.spool.common import Shared
 from mmd.spool.handins import HandInSettings, is_handin, receive
 from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
@@ -190,7 +190,7 @@ def test_the_drop_box_tells_hand_ins_from_jobs(tmp_path):
         assert not is_handin(name)
     for name in ("p1.cu", "hw1.txt", "p1.kernel.yaml"):
         (tmp_path / name).write_text("x")
-    seen = survey(tmp_path)
+    seen = Scanner(tmp_path).survey()
     assert [c.name for c in seen.jobs] == ["hw1.txt"] and [c.name for c in seen.handins] == ["p1.cu"]
     assert [c.name for c in seen.uploads] == ["p1.kernel.yaml"]  # waits for its kernel; swept as an upload
     assert all(isinstance(c, Candidate) for c in seen.handins)

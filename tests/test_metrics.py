@@ -258,7 +258,7 @@ def test_a_main_loop_out_of_descriptors_logs_pauses_and_serves_on(tmp_path):
 
     s = config.Settings(inbox=tmp_path / "inbox", outbox=tmp_path / "outbox", backend="cpu", devices=[0],
                         quiet_seconds=0.05, rescan_seconds=0.05)  # fmt: skip
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     ops = OutOfDescriptors(s.inbox)
     d = daemon.Daemon(s, ops=ops)
 

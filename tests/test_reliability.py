@@ -119,8 +119,8 @@ def test_lost_events_are_found_by_the_periodic_rescan(tmp_path, monkeypatch):
 
     def act(d: daemon.Daemon) -> None:
         for i in range(50):
-            inputs[f"o{i}"] = small(d.spool.inbox / f"o{i}.txt", i)
-        wait_for(lambda: len(names(d.spool.inbox / ".done")) == 50, 60, "50 jobs found by rescans")
+            inputs[f"o{i}"] = small(d.spool.shared.inbox / f"o{i}.txt", i)
+        wait_for(lambda: len(names(d.spool.shared.inbox / ".done")) == 50, 60, "50 jobs found by rescans")
 
     s = settings_for(tmp_path, rescan_seconds=0.5, observer="inotify")
     s.inbox.mkdir()
@@ -137,8 +137,8 @@ def test_an_inotify_queue_overflow_scans_the_inbox_at_once(tmp_path, monkeypatch
 
     def act(d: daemon.Daemon) -> None:
         for i in range(5):
-            inputs[f"v{i}"] = small(d.spool.inbox / f"v{i}.txt", i)
-            wait_for(lambda i=i: (d.spool.inbox / ".done" / f"v{i}.txt").exists(), 30, f"v{i} found by a scan")
+            inputs[f"v{i}"] = small(d.spool.shared.inbox / f"v{i}.txt", i)
+            wait_for(lambda i=i: (d.spool.shared.inbox / ".done" / f"v{i}.txt").exists(), 30, f"v{i} found by a scan")
 
     s = settings_for(tmp_path, rescan_seconds=3600, observer="inotify")
     s.inbox.mkdir()
@@ -253,9 +253,9 @@ def test_output_that_never_fits_is_failed_after_three_attempts_and_others_run(tm
     inputs = {}
 
     def act(d: daemon.Daemon) -> None:
-        small(d.spool.inbox / "big.txt", 9)
+        small(d.spool.shared.inbox / "big.txt", 9)
         for i in range(3):
-            inputs[f"f{i}"] = small(d.spool.inbox / f"f{i}.txt", i)
+            inputs[f"f{i}"] = small(d.spool.shared.inbox / f"f{i}.txt", i)
         # big's archive ends it: its error sidecar is also committed (and removed again) at each hold before
         wait_for(lambda: "big.txt" in names(inbox / ".failed") and len(names(inbox / ".done")) == 3, 60, "all jobs")
 
@@ -497,7 +497,7 @@ def test_stale_reservations_are_swept_at_start_and_while_serving(tmp_path, monke
     the rescans while serving, and the job gets its plain name."""
     monkeypatch.setattr(daemon.common, "RESERVATION_SWEEP_SECONDS", 0.0)  # the full sweep at every rescan
     s = settings_for(tmp_path, rescan_seconds=0.1)
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     at_start = s.outbox / ".a.claim"
     at_start.write_text("")  # a kill between create and write, long ago; no job of ours maps to it
     os.utime(at_start, (time.time() - 3600, time.time() - 3600))
@@ -550,7 +550,7 @@ def test_outbox_deleted_is_made_again(tmp_path):
     inbox.mkdir()
     a, b = small(inbox / "m.txt", 1)
     s = settings_for(tmp_path)
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     shutil.rmtree(s.outbox)
     assert daemon.Daemon(s).serve(once=True) == 0
     check_ok(s.outbox, "m", a, b)

@@ -170,12 +170,12 @@ def test_claim_race_between_threads_has_one_winner(tmp_path):
     won: list[list[spool.Claim]] = [[] for _ in range(claimers)]
 
     def claim_all(k: int) -> None:
-        s = spool.Spool(inbox, outbox)  # one Spool per "daemon"
+        s = spool.Spool(spool.Shared(inbox, outbox))  # one Spool per "daemon"
         order = names[:]
         random.Random(k).shuffle(order)
         barrier.wait()
         for name in order:
-            c = s.claim(name)
+            c = s.claims.claim(name)
             if c is not None:
                 won[k].append(c)
 
@@ -192,11 +192,11 @@ def test_claim_race_between_threads_has_one_winner(tmp_path):
 
 
 def _claim_in_process(inbox: str, outbox: str, names: list[str], seed: int, go, results) -> None:
-    s = spool.Spool(Path(inbox), Path(outbox))
+    s = spool.Spool(spool.Shared(Path(inbox), Path(outbox)))
     order = names[:]
     random.Random(seed).shuffle(order)
     go.wait()
-    results.put([c.name for name in order if (c := s.claim(name)) is not None])
+    results.put([c.name for name in order if (c := s.claims.claim(name)) is not None])
 
 
 def test_claim_race_between_processes_has_one_winner(tmp_path):
@@ -230,8 +230,8 @@ def test_two_daemons_claiming_the_same_stem_get_two_outputs(tmp_path):
     outbox.mkdir()
     for name in ("m.txt", "m.dat"):
         (inbox / name).write_text("1\n1\n1\n")
-    first = spool.Spool(inbox, outbox).claim("m.txt")
-    second = spool.Spool(inbox, outbox).claim("m.dat")
+    first = spool.Spool(spool.Shared(inbox, outbox)).claims.claim("m.txt")
+    second = spool.Spool(spool.Shared(inbox, outbox)).claims.claim("m.dat")
     assert first is not None and second is not None
     assert first.output != second.output
     assert sorted(p.name for p in outbox.iterdir()) == [".m.1.claim", ".m.claim"]
@@ -365,7 +365,8 @@ def test_each_host_sweeps_only_its_own_temporaries(tmp_path):
     state_theirs = inbox / f"..mmd-state.node1.json.{dead}.tmp"
     for p in (mine, theirs, state_mine, state_theirs):
         p.write_text("")
-    assert sorted(spool.Spool(inbox, outbox, "node0").sweep_temporaries()) == sorted([mine, state_mine])
+    node0 = spool.Spool(spool.Shared(inbox, outbox, "node0"))
+    assert sorted(node0.archive.sweep_temporaries()) == sorted([mine, state_mine])
     assert theirs.exists() and state_theirs.exists()
 
 
@@ -374,14 +375,15 @@ def test_archive_never_replaces_and_reservations_go_with_the_job(tmp_path):
     inbox.mkdir()
     outbox.mkdir()
     (inbox / "m.txt").write_text("first")
-    first = spool.Spool(inbox, outbox, "node0").claim("m.txt")
+    first = spool.Spool(spool.Shared(inbox, outbox, "node0")).claims.claim("m.txt")
     (inbox / "m.txt").write_text("second")
-    second = spool.Spool(inbox, outbox, "node1").claim("m.txt")
+    second = spool.Spool(spool.Shared(inbox, outbox, "node1")).claims.claim("m.txt")
     assert first is not None and second is not None
     assert first.path.parent.parent.name == "node0" and second.path.parent.parent.name == "node1"
     assert (first.output.name, second.output.name) == ("m.out", "m.1.out")
-    done = [spool.Spool(inbox, outbox, h).archive(c, True) for h, c in (("node0", first), ("node1", second))]
+    hosts = (("node0", first), ("node1", second))
+    done = [spool.Spool(spool.Shared(inbox, outbox, h)).archive.add(c, True) for h, c in hosts]
     assert [p.name for p in done] == ["m.txt", f"m.{second.job_id}.txt"]
     assert [p.read_text() for p in done] == ["first", "second"]
     assert not [p for p in outbox.iterdir() if p.name.endswith(".claim")], "reservations dropped at the archive"
-    assert spool.Spool(inbox, outbox, "node0").resumable() == []
+    assert spool.Spool(spool.Shared(inbox, outbox, "node0")).claims.resumable() == []

@@ -227,13 +227,13 @@ class Rig:
 
     def start(self) -> None:
         """A daemon starting: a fresh spool and worker; what an earlier one left in .work is resumed."""
-        self.spool = spool.Spool(self.inbox, self.outbox, ops=self.ops)
-        self.spool.prepare()
+        self.spool = spool.Spool(spool.Shared(self.inbox, self.outbox, ops=self.ops))
+        self.spool.shared.prepare()
         self.events: list[Any] = []
         self.runner = Runner(self.settings, self.spool, self.events.append, Control.new(multiprocessing))
         self.seq = 0
-        resumed = self.spool.resumable()
-        self.spool.sweep_reservations(resumed)
+        resumed = self.spool.claims.resumable()
+        self.spool.reservations.sweep(resumed)
         for claim in resumed:
             self.resume(claim)
 
@@ -256,14 +256,14 @@ class Rig:
     def drain(self) -> None:
         """What the daemon does after its pause: take back what it left in .work, sweep, claim what waits."""
         for _ in range(10):
-            back = self.spool.take_back()
+            back = self.spool.claims.take_back()
             for claim in back:
                 self.resume(claim)
-            self.spool.sweep_reservations()
-            waiting = [c.name for c in self.spool.scan()]
+            self.spool.reservations.sweep(self.spool.claims.in_work())
+            waiting = [c.name for c in self.spool.scanner.scan()]
             for name in waiting:
                 self.run(name)
-            if not back and not waiting and not self.spool.left:
+            if not back and not waiting and not self.spool.in_hand.left:
                 return
         raise AssertionError("jobs still pending after 10 rounds")
 
@@ -393,14 +393,14 @@ def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, e
     try:
         name, text = ("bad.txt", BAD) if step == "error-sidecar" else ("a.txt", GOOD)
         if step in ("release", "archive") or (step, op) == ("claim", "mkdir"):
-            rig.spool.forget_folders()  # .done, .failed and .work are made (and so failed) on first use
+            rig.spool.shared.forget_folders()  # .done, .failed and .work are made (and so failed) on first use
         if step == "release" and op == "unlink":  # the attempts record of a job held once before
             rig.ops.arm("output", "replace", errno.ENOSPC)
             rig.drop(name, text)
             rig.run(name)
             rig.ops.clear()
             fault = rig.ops.arm(step, op, ERRNOS[err])
-            [claim] = rig.spool.take_back()
+            [claim] = rig.spool.claims.take_back()
             rig.resume(claim)
         else:
             if step == "hold":
@@ -442,7 +442,7 @@ def test_the_matrix_covers_every_operation_of_every_step(tmp_path):
     the matrix, so a new file operation in a step cannot go untested."""
     rig = Rig(tmp_path)
     try:
-        rig.spool.forget_folders()
+        rig.spool.shared.forget_folders()
         rig.drop("a.txt", GOOD)
         rig.drop("bad.txt", BAD)
         rig.run("a.txt")
@@ -484,7 +484,7 @@ def test_an_output_that_never_fits_is_failed_after_three_attempts_while_the_outb
         rig.run("big.txt")
         for _ in ("the second attempt", "the third"):
             assert rig.fate("big.txt") == "held"
-            [claim] = rig.spool.take_back()
+            [claim] = rig.spool.claims.take_back()
             rig.resume(claim)
         assert rig.fate("big.txt") == "failed"
         rec = yaml.safe_load((rig.outbox / "big.error.yaml").read_text())
@@ -506,7 +506,7 @@ def test_a_job_whose_error_sidecar_cannot_be_written_is_never_failed_without_one
             rig.ops.arm(step, "open_exclusive", errno.EROFS)
         rig.run("a.txt")
         for _ in range(5):
-            [claim] = rig.spool.take_back()
+            [claim] = rig.spool.claims.take_back()
             rig.resume(claim)
             assert rig.fate("a.txt") == "held"
         [job] = spool.held_jobs(rig.inbox)
@@ -581,7 +581,7 @@ def _settings(root: Path, **kw: Any) -> config.Settings:
 def test_once_stops_with_status_1_and_the_next_run_serves_the_held_job(tmp_path):
     s = _settings(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
     ops.arm("output", "replace", errno.EROFS)
     assert daemon.Daemon(s, ops=ops).serve(once=True) == 1
@@ -599,7 +599,7 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
 
     s = _settings(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     for step, op in (("reservation", "open_exclusive"), ("output", "open_exclusive")):
         ops.arm(step, op, errno.EROFS)
     d = daemon.Daemon(s, ops=ops)
@@ -622,7 +622,7 @@ def test_a_serving_daemon_takes_a_held_job_back_once_the_outbox_is_writable(tmp_
 def test_a_restart_resumes_a_held_job_under_its_plain_name(tmp_path):
     s = _settings(tmp_path)
     ops = FaultyOps(s.inbox, s.outbox, shared=tmp_path / "faults.json")
-    spool.Spool(s.inbox, s.outbox).prepare()
+    spool.Shared(s.inbox, s.outbox).prepare()
     (s.inbox / "m.txt").write_text(GOOD)
     ops.arm("reservation", "write", errno.ENOSPC)  # the outbox full to the last byte at the claim
     assert daemon.Daemon(s, ops=ops).serve(once=True) == 1

@@ -95,7 +95,7 @@ class Desk:
         self.stops = stops
         self.refusals = refusals
         self.graders = set(graders)
-        self.store = KernelStore.of(spool.private)
+        self.store = KernelStore.of(spool.shared.private)
 
     def answer(self, asked: Asked) -> dict[str, Any]:
         """The answer to one request; never raises (a fault is an answer that says so)."""
@@ -163,7 +163,7 @@ class Desk:
             "jobs": [j.shown() for j in shown_jobs],
             "queued_total": self.scheduler.waiting,
         }
-        if self.spool.class_mode and not everyone:
+        if self.spool.shared.class_mode and not everyone:
             kernels, total = self.store.current(you)
             out["kernels"] = [
                 {"name": k.name, "version": k.version, "handed_in": now_iso(k.handed_in)} for k in kernels
@@ -201,7 +201,7 @@ class Desk:
         # and refused, so its worker finds nothing to claim. Its owner is judged again once it is ours: a file
         # put in its place meanwhile by someone else is not theirs to cancel, and runs.
         self.scheduler.cancel(job.file, job.submitter)
-        claim = self.spool.claim(job.file)
+        claim = self.spool.claims.claim(job.file)
         if claim is None:
             return again
         if claim.owner != uid and not everyone:
@@ -212,17 +212,17 @@ class Desk:
 
     def _rm(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:
         name = request.get("name")
-        if not self.spool.class_mode:
+        if not self.spool.shared.class_mode:
             return _no("mmd rm is for a class's box (class_mode): here the outbox is yours to clean")
         if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or "\0" in name:
             return _no("rm needs the name of one of your outputs or sidecars (no folder)")
         base = next((name[: -len(s)] for s in (OUTPUT_SUFFIX, TIMING_SUFFIX, ERROR_SUFFIX) if name.endswith(s)), None)
         if not base:
             return _no(f"{shown(name)} is not an output or sidecar name (NAME.out, .timing.yaml, .error.yaml)")
-        folder = self.spool.output_folder(uid)
+        folder = self.spool.shared.output_folder(uid)
         if os.path.lexists(folder / f".{base}{CLAIM_SUFFIX}"):
             return _no(f"a job is writing {shown(base)}{OUTPUT_SUFFIX}; cancel it first")
-        removed = self.spool.remove_output(uid, base)  # and the input kept of it, uncounted from their share
+        removed = self.spool.archive.remove_output(uid, base)  # and the input kept of it, uncounted from their share
         if not removed:
             return _no(f"you have no {shown(base)}{OUTPUT_SUFFIX} or sidecar")
         return {"ok": True, "removed": [shown(n) for n in removed]}

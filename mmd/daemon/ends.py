@@ -53,7 +53,7 @@ class Ends:
 
     def ended(self, event: Ended, worker: int) -> None:
         """Book the end worker ``worker`` reported."""
-        self.spool.forget(event.end.job)
+        self.spool.in_hand.forget(event.end.job)
         self.state.finished(event.entry, worker=worker)
         if event.tally is not None:
             self.metrics.job_ended(event.tally)
@@ -79,17 +79,17 @@ class Ends:
         context = record.Context(device_index=device, submitter=claim.submitter)
         job = describe(claim.path, claim.output, settings, name=claim.original or claim.name,
                        job_id=claim.job_id, started=claim.started, context=context)  # fmt: skip
-        result = refuse(job, error, {"overall": overall_ms}, ops=self.spool.ops)
+        result = refuse(job, error, {"overall": overall_ms}, ops=self.spool.shared.ops)
         counted = record.tally(result.record)
         self._charge(counted)
         if set_aside:
-            self.spool.release(claim)
+            self.spool.reservations.release(claim)
         else:
             try:
-                self.spool.archive(claim, False, refused_keep(settings.archive_refused_bytes, False))
+                self.spool.archive.add(claim, False, refused_keep(settings.archive_refused_bytes, False))
             except MmdError as exc:
                 log.error("cannot archive", reason=exc.reason)
-                self.spool.leave(claim)
+                self.spool.in_hand.leave(claim)
         log.error("set aside" if set_aside else "job stopped", kind=error.kind, reason=error.reason,
                   **({"path": str(claim.path)} if set_aside else {}))  # fmt: skip
         self.state.finished(
@@ -108,4 +108,4 @@ class Ends:
         self.hooks.ended(JobEnd(claim.job_id, "error", shown(claim.original or claim.name), None, result.sidecar,
                                 error.reason, submitter=claim.submitter or ""))  # fmt: skip
         self.scheduler.ended(claim.job_id)
-        self.spool.forget(claim.job_id)
+        self.spool.in_hand.forget(claim.job_id)

@@ -39,7 +39,7 @@ class Inbox:
 
     def served(self) -> None:
         """The folder at the inbox's path now is the one served (at the start, once it is made and locked)."""
-        self._ident = _identity(self.spool.inbox)
+        self._ident = _identity(self.spool.shared.inbox)
 
     @contextlib.contextmanager
     def watched(self, settings: Settings) -> Iterator[str]:
@@ -54,19 +54,19 @@ class Inbox:
         """Look whether the folder at the inbox's path is still the one served: None when it is (or is still
         gone), ``"gone"`` the first time it is not there, ``"remade"`` once another stands there, now served:
         the spool's folders made, the lock taken again (SpoolError: another daemon has it), watched anew."""
-        ident = _identity(self.spool.inbox)
+        ident = _identity(self.spool.shared.inbox)
         if ident == self._ident:
             return None
         if ident is None:
             gone, self._gone = self._gone, True
             if gone:
                 return None
-            self.log.error("the inbox is gone; waiting for it to be made again", inbox=str(self.spool.inbox))
+            self.log.error("the inbox is gone; waiting for it to be made again", inbox=str(self.spool.shared.inbox))
             return "gone"
-        self.log.warning("the inbox was made again; serving the new folder", inbox=str(self.spool.inbox))
+        self.log.warning("the inbox was made again; serving the new folder", inbox=str(self.spool.shared.inbox))
         self._gone, self._ident = False, ident
-        self.spool.forget_folders()
-        self.spool.prepare()
+        self.spool.shared.forget_folders()
+        self.spool.shared.prepare()
         self.lock.release()
         self.lock.acquire()
         if self.watcher is not None:
@@ -75,7 +75,7 @@ class Inbox:
         return "remade"
 
     def _watch(self, settings: Settings) -> str:
-        self.watcher, kind = make_observer(settings.observer, self.spool.inbox, self.post, settings.poll_seconds,
+        self.watcher, kind = make_observer(settings.observer, self.spool.shared.inbox, self.post, settings.poll_seconds,
                                            self.log)  # fmt: skip
         return kind
 

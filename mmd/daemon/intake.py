@@ -65,14 +65,14 @@ class Intake:
 
     def start(self) -> None:
         """Read back the first sightings a daemon before this one kept (what waited to be judged keeps its age)."""
-        self._arrivals = Arrivals(self.spool.read_arrivals())
+        self._arrivals = Arrivals(self.spool.dropbox.read_arrivals())
 
     def _paused(self) -> bool:
         return self.pause.paused(time.monotonic())
 
     def offer(self, name: str, complete: bool) -> None:
         """A hint that ``name`` may be a job; give it to the scheduler when it is complete."""
-        cand = self.spool.stat(name)
+        cand = self.spool.scanner.stat(name)
         if cand is None:
             self.readiness.forget(name)
             return
@@ -130,7 +130,7 @@ class Intake:
         """
         now, wall = time.monotonic(), time.time()
         paused = self._paused()
-        survey = self.spool.survey()
+        survey = self.spool.scanner.survey()
         scanned = survey.jobs
         found: list[Candidate] = []
         found_names: set[str] = set()  # hand-ins waiting to be complete (never jobs)
@@ -198,7 +198,7 @@ class Intake:
         for cand in survey.uploads:
             if wall - self._arrivals.seen(cand, wall) < max_age:
                 waiting.add(cand.name)
-            elif self.spool.remove_upload(cand):
+            elif self.spool.dropbox.remove_upload(cand):
                 self.log.info("removed an upload nobody finished", file=shown(cand.name),
                               submitter=submitter_of(cand.owner))  # fmt: skip
         self._keep_arrivals(waiting)
@@ -208,20 +208,20 @@ class Intake:
         """Move inbox entry ``cand`` (not a job) out of its name's way, its owner told ``why`` by an error sidecar
         (kind ``spool``); False when it was gone or another meanwhile, or could not be moved (logged)."""
         try:
-            claim = self.spool.set_aside(cand, new_id())
+            claim = self.spool.dropbox.set_aside(cand, new_id())
         except SpoolError as exc:
             self.log.error("cannot set aside what holds a name in the inbox", file=shown(cand.name), reason=exc.reason)
             return False
         if claim is None:
             return False
-        if claim.path.parent == self.spool.inbox:  # hidden in place (mmd may not move it out): judged once only
+        if claim.path.parent == self.spool.shared.inbox:  # hidden in place (mmd may not move it out): judged once only
             self._arrivals.hidden(claim.path.name, claim.ino)
         self.readiness.forget(cand.name)
         error = SpoolError(f"{shown(cand.name)} {why}")
         if claim.reservation is None:  # the outbox refused even the name of its note
             self.log.error("set aside", file=shown(cand.name), submitter=claim.submitter, path=str(claim.path),
                            reason=error.reason, note=claim.unreserved)  # fmt: skip
-            self.spool.forget(claim.job_id)
+            self.spool.in_hand.forget(claim.job_id)
         else:
             self.ends.refuse_claimed(claim, error, None, set_aside=True)
         return True
@@ -232,7 +232,7 @@ class Intake:
         if record == self._arrivals_kept:
             return
         try:
-            self.spool.write_arrivals(record)
+            self.spool.dropbox.write_arrivals(record)
         except OutputError as exc:
             if not self._arrivals_failed:
                 self.log.warning("cannot keep the inbox's arrivals for the next start", reason=exc.reason)

@@ -52,7 +52,7 @@ from ..logs import get_logger
 from ..metrics import Metrics
 from ..notify import Notifier
 from ..record import now_iso
-from ..spool import Spool, state_name
+from ..spool import Shared, Spool, state_name
 from . import service
 from .backoff import FD_PAUSE_MAX_S, FD_PAUSE_S, Backoff
 from .common import HEARTBEAT, MAX_PAUSE, STUCK_AFTER, SUPERVISE_S
@@ -112,12 +112,12 @@ class Daemon:
         #: Called first in each worker process (a top-level function: the tests install fakes through it).
         self.worker_setup = worker_setup
         graders = graders_gids(settings)
-        self.spool = Spool(settings.inbox, settings.outbox, self.host_id, ops, state_dir=settings.state_dir,
-                           class_mode=settings.class_mode, graders=graders)  # fmt: skip
+        self.spool = Spool(Shared(settings.inbox, settings.outbox, self.host_id, ops, state_dir=settings.state_dir,
+                                  class_mode=settings.class_mode, graders=graders))  # fmt: skip
         self.mailbox = Mailbox()
         self._waits = Waits()
         self.state = State(
-            self.spool.private / state_name(self.host_id),
+            self.spool.shared.private / state_name(self.host_id),
             inbox=str(settings.inbox.resolve()),
             outbox=str(settings.outbox.resolve()),
             backend=settings.backend,
@@ -127,13 +127,13 @@ class Daemon:
         )
         self.log = get_logger()
         self.scheduler = Scheduler(settings.max_queue, max_waiting=settings.max_waiting_per_submitter)
-        self._lock = SpoolLock(self.spool.private, self.host_id)
+        self._lock = SpoolLock(self.spool.shared.private, self.host_id)
         #: The worker processes (made when serving starts), each holding the daemon's lock files.
         self.workers = WorkerPool(None, self._spec, self._lock.fds)
         self.metrics = Metrics(settings.metrics_file, settings.metrics_seconds)
         self.hooks = Hooks(settings.on_done, settings.on_error, settings.hook_timeout_s)
         #: Where the kernels students hand in are taken, off the main loop.
-        self.handins = HandInDesk(settings, self.spool.private, self.log)
+        self.handins = HandInDesk(settings, self.spool.shared.private, self.log)
         #: No new job while it lasts: the outbox refused a result (rescan_seconds, doubled for each in a row).
         self.pause = Backoff(MAX_PAUSE)
 
@@ -190,7 +190,7 @@ class Daemon:
                                                      self.log))  # fmt: skip
             service.take_over(self.spool, self.log)
             self.intake.start()
-            resumed = self.spool.resumable()
+            resumed = self.spool.claims.resumable()
             self.upkeep.start(resumed)
             self.scheduler.resume(resumed)
             stack.callback(self.spool.drop_spares)
@@ -204,7 +204,7 @@ class Daemon:
             self._start_workers(kind, self.intake.rescan(), len(resumed))
             self.state.update(status="serving", observer=kind)
             self._say_serving()
-            notifier.ready(f"serving {self.spool.inbox}")
+            notifier.ready(f"serving {self.spool.shared.inbox}")
             self.metrics.up.set(1)
             watchdog.start()
             return self._loop(once)
@@ -235,8 +235,8 @@ class Daemon:
         self._serving = functools.partial(
             self.log.info,
             "serving",
-            inbox=str(self.spool.inbox),
-            outbox=str(self.spool.outbox),
+            inbox=str(self.spool.shared.inbox),
+            outbox=str(self.spool.shared.outbox),
             observer=kind,
             backend=self.settings.backend,
             workers=len(devices),
@@ -303,7 +303,7 @@ class Daemon:
                 order = Resume(seq, item.claim)
             else:
                 order = Run(seq, item.name, item.job_id, item.seen)
-                self.spool.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
+                self.spool.in_hand.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
             self.workers.give(index, order, item.small, item.submitter)
         self.state.update(queue=self.scheduler.waiting)
 
@@ -323,10 +323,10 @@ class Daemon:
                 self.intake.offer(event.name, complete=True)
         elif isinstance(event, NotRun):
             if isinstance(order, Run):
-                self.spool.forget(order.job_id)
+                self.spool.in_hand.forget(order.job_id)
                 self.intake.ended(order.job_id, event.name, broken=event.broken)
         elif isinstance(event, Kept):
-            self.spool.leave(event.claim)
+            self.spool.in_hand.leave(event.claim)
             if event.committed:
                 self.pause.passed()
             self._pause(event.reason)
@@ -477,7 +477,7 @@ class Daemon:
                     self.upkeep.tend(now)
                 found = self.intake.rescan()
                 next_rescan = now + period
-                if once and not self.scheduler.held and not found and not self.spool.left:
+                if once and not self.scheduler.held and not found and not self.spool.in_hand.left:
                     return 0
             # Orders first: a worker found dead or overdue below gives back what it was given, and a name given
             # from an inbox found replaced is not claimed.

@@ -52,13 +52,13 @@ def tightened_umask() -> Iterator[None]:
 def locked(spool: Spool, lock: SpoolLock, create_folders: bool) -> Iterator[None]:
     """The spool's folders made (the inbox and outbox themselves only with ``create_folders``) and ``lock`` held."""
     if not create_folders:
-        for what, folder in (("inbox", spool.inbox), ("outbox", spool.outbox)):
+        for what, folder in (("inbox", spool.shared.inbox), ("outbox", spool.shared.outbox)):
             if not folder.is_dir():
                 raise ConfigError(
                     f"the {what} folder {str(folder)!r} does not exist; make it, fix the path, or give --create "
                     "(create_folders: true) to have mmd make it"
                 )
-    spool.prepare()
+    spool.shared.prepare()
     lock.acquire()
     try:
         yield
@@ -167,10 +167,10 @@ def take_over(spool: Spool, log: Any) -> None:
     """What a daemon does to the spool once it holds the lock, before it looks at any job: the temporaries of
     killed processes removed, the job folders of an inbox-only layout's daemon adopted, what each submitter keeps
     counted (class mode; then kept up to date), the inbox's filesystem looked at (class mode)."""
-    for path in spool.sweep_temporaries():
+    for path in spool.archive.sweep_temporaries():
         log.info("removed a temporary left by a killed process", path=str(path))
     _adopt_inbox_folders(spool, log)
-    kept = spool.recount()
+    kept = {} if spool.ledger is None else spool.ledger.recount()
     if kept:
         total = sum(kept.values(), Usage())
         log.info("counted what the service keeps for each submitter", submitters=len(kept), files=total.files,
@@ -182,9 +182,9 @@ def _adopt_inbox_folders(spool: Spool, log: Any) -> None:
     """With a state_dir: take over the jobs a daemon of the inbox-only layout kept in the inbox, and in class
     mode set aside the outputs it left in the outbox itself (once no such daemon runs: its lock is in the
     inbox)."""
-    if spool.private == spool.inbox:
+    if spool.shared.private == spool.shared.inbox:
         return
-    holder = lock_holder(spool.inbox)
+    holder = lock_holder(spool.shared.inbox)
     if holder is not None:
         log.warning(
             "the inbox's own lock is held (a daemon without state_dir, or a user): its .work, .done and "
@@ -192,10 +192,10 @@ def _adopt_inbox_folders(spool: Spool, log: Any) -> None:
             pid=holder if holder > 0 else None,
         )
         return
-    moved = spool.adopt_inbox_folders()
+    moved = spool.shared.adopt_inbox_folders()
     if moved:
         log.info("moved the inbox's job folders into the state folder", moved=moved)
-    aside = spool.set_aside_shared_outputs()
+    aside = spool.shared.set_aside_shared_outputs()
     if aside:
         log.warning("class mode: outputs from before it set aside, out of the class's reach",
                     folder=".before-class-mode", files=len(aside))  # fmt: skip
@@ -204,10 +204,10 @@ def _adopt_inbox_folders(spool: Spool, log: Any) -> None:
 def _check_inbox_filesystem(spool: Spool, log: Any) -> None:
     """Class mode: warn when a file can reach the inbox by a rename from a folder where one student may move
     another's (a job in its owner's name; mmd.inboxfs). A warning only: the fix is the admin's (a mount)."""
-    if not spool.class_mode:
+    if not spool.shared.class_mode:
         return
     try:
-        found = inboxfs.check(spool.inbox)
+        found = inboxfs.check(spool.shared.inbox)
     except OSError as exc:
         log.warning("cannot look at the inbox's filesystem", reason=exc.strerror or str(exc))
         return

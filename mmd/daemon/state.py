@@ -15,7 +15,7 @@ from ..atomic import write_atomic
 from ..errors import OutputError
 from ..logs import get_logger
 from ..record import now_iso
-from ..spool import Spool, held_jobs, pid_alive, state_name
+from ..spool import Scanner, held_jobs, pid_alive, state_name
 from .common import RECENT_JOBS, STATE_EVERY
 from .lock import host_daemons, lock_holder
 
@@ -142,7 +142,7 @@ def status_of(inbox: Path, host_id: str | None = None, state_dir: Path | None = 
         state = own[0]["state"]
         pid = own[0]["pid"]
     serving = single or any(h["serving"] for h in hosts)
-    waiting = sum(1 for _ in Spool(inbox, inbox).scan())
+    waiting = len(Scanner(inbox).scan())
     return {
         "inbox": str(inbox),
         "serving": serving,

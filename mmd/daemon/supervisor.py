@@ -100,12 +100,12 @@ class Supervisor:
         w.close()
         ended_for = left.get(running.seq) if stopped is not None and running is not None else None
         ids = {order.claim.job_id if isinstance(order, Resume) else order.job_id: order for order in left.values()}
-        found = {c.job_id: c for c in self.spool.in_work() if c.job_id in ids}
+        found = {c.job_id: c for c in self.spool.claims.in_work() if c.job_id in ids}
         resume = []
         for job_id, order in ids.items():
             claim = found.get(job_id)
             if claim is None:  # never claimed (or archived already): the name is the inbox's again, queued anew
-                self.spool.forget(job_id)
+                self.spool.in_hand.forget(job_id)
                 name = order.name if isinstance(order, Run) else order.claim.name
                 self.scheduler.ended(job_id)
                 self.intake.offer(name, complete=True)
@@ -121,7 +121,7 @@ class Supervisor:
         for claim in resume:
             self.scheduler.ended(claim.job_id)
         self.scheduler.resume(resume)
-        for path in self.spool.sweep_temporaries():
+        for path in self.spool.archive.sweep_temporaries():
             self.log.info("removed a temporary left by a stopped worker", path=str(path))
         fresh = self.workers.replace(i)
         self.state.worker(fresh.index, device_index=fresh.device, current=None, pid=fresh.pid)
@@ -130,7 +130,7 @@ class Supervisor:
         """``claim``'s start ended through no fault of its own (its worker was ended for another job): not
         counted toward ``max_attempts``."""
         try:
-            self.spool.excuse(claim)
+            self.spool.attempts.excuse(claim)
         except SpoolError as exc:  # then its start counts as a crashed one
             self.log.warning("cannot record that a job's start was not its fault", job=claim.job_id,
                              file=shown(claim.name), reason=exc.reason)  # fmt: skip

@@ -46,7 +46,7 @@ class Upkeep:
 
     def start(self, resumed: list[Claim]) -> None:
         """At the start, with ``resumed`` the jobs found in ``.work``: the reservations of dead daemons swept."""
-        for path in self.spool.sweep_reservations(resumed):
+        for path in self.spool.reservations.sweep(resumed):
             self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
         self._swept = time.monotonic()
 
@@ -54,15 +54,15 @@ class Upkeep:
         """At a rescan, out of a pause: take back the jobs left in ``.work`` (held ones first, before any new
         name), and sweep stale reservations and, with ``retention_days``, what is older (each at most every
         its period); the uploads are judged at each rescan (:meth:`~.intake.Intake.rescan`)."""
-        self.scheduler.resume(self.spool.take_back())
+        self.scheduler.resume(self.spool.claims.take_back())
         if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
             self._swept = now
-            for path in self.spool.sweep_reservations():
+            for path in self.spool.reservations.sweep(self.spool.claims.in_work()):
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
         days = self.settings().retention_days
         if days is not None and now - self._kept >= common.RETENTION_SWEEP_S:
             self._kept = now
-            old = self.spool.sweep_old(days * 86400)
+            old = self.spool.archive.sweep_old(days * 86400)
             self.handins.sweep(days * 86400)
             if old:
                 self.log.info("removed what is older than retention_days", files=len(old), retention_days=days)
@@ -73,7 +73,7 @@ class Upkeep:
         metrics = self.metrics
         if metrics.path is None or (not force and (metrics.due_in() or 0) > 0):
             return
-        waiting = self.spool.scan()
+        waiting = self.spool.scanner.scan()
         metrics.queue.set(self.scheduler.waiting)
         metrics.waiting.set(len(waiting))
         oldest = min((c.mtime_ns for c in waiting), default=None)

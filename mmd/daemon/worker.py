@@ -51,7 +51,7 @@ from ..logs import configure, get_logger
 from ..pipeline import JobResult, Room, kernel_file_backend, refuse, run_job
 from ..record import Context, now_iso
 from ..spawning import die_with_parent
-from ..spool import Attempts, Candidate, Claim, Spool, Usage, shown
+from ..spool import Attempts, Candidate, Claim, Shared, Spool, Usage, finished, shown
 from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
 from ..spool.ledger import Ledger
@@ -184,7 +184,7 @@ class Runner:
                     self.report(NotRun(order.seq, order.name, reason="held back"))
                     return
                 try:
-                    claim = self.spool.claim(order.name, job_id=order.job_id)
+                    claim = self.spool.claims.claim(order.name, job_id=order.job_id)
                 except SpoolError as exc:
                     # Still in the inbox, tried again at a later rescan (or, claimed but not
                     # examinable, left in .work and taken back after the pause).
@@ -201,7 +201,7 @@ class Runner:
                     # given again by what it is.
                     self._log(claim).warning("the claimed file is not the one offered under its name; given back",
                                              offered_bytes=order.seen.size, claimed_bytes=claim.size)  # fmt: skip
-                    self.spool.forget(claim.job_id)
+                    self.spool.in_hand.forget(claim.job_id)
                     self.report(NotRun(order.seq, order.name, claimed=claim))
                     return
             else:
@@ -228,11 +228,11 @@ class Runner:
         log.exception("internal error in job", error=repr(exc))
         if claim is not None:
             try:
-                refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.ops)
+                refused = refuse(self._job(claim), InternalError.from_exception(exc), ops=self.spool.shared.ops)
                 self._conclude(seq, claim, refused)
             except Exception as again:  # its refusal failed too: keep the job in .work for later
                 log.exception("cannot refuse the job; it stays in .work", error=repr(again))
-                self.spool.leave(claim)
+                self.spool.in_hand.leave(claim)
                 self.report(Kept(seq, claim, f"internal error: {again!r}", committed=False))
 
     def _log(self, claim: Claim) -> Any:
@@ -269,19 +269,19 @@ class Runner:
         spool = self.spool
         if claim.resumed or claim.again:
             log = self._log(claim)
-            finished = spool.finished(claim)
-            if finished is not None:
-                ok, path = finished
+            done = finished(claim)
+            if done is not None:
+                ok, path = done
                 if self._archive(seq, claim, ok, committed=True):
                     log.info("job was already finished; archived", sidecar=path.name, status="ok" if ok else "error")
                     self._ended(seq, claim, ok, path, None)
                 return
-            settled = spool.settle(claim)
+            settled = spool.reservations.settle(claim)
             if settled.output != claim.output:
                 log.warning("its output version was taken meanwhile; moved", output=settled.output.name)
             claim = settled
             if claim.again:
-                log.info("taking a held job back", **_hold_facts(spool.attempts(claim)))
+                log.info("taking a held job back", **_hold_facts(spool.attempts.read(claim)))
             else:
                 log.info("resuming job left by an earlier daemon")
         if claim.reservation is None:
@@ -293,7 +293,7 @@ class Runner:
             problem = claim.problem or "is not a regular file (a link, folder or device); mmd does not follow it"
             refusal = SpoolError(f"{shown(claim.original or claim.name)} {problem}")
         else:
-            starts = spool.attempt(claim)
+            starts = spool.attempts.record_start(claim)
             limit = self.settings.max_attempts
             if starts > limit:
                 refusal = CrashedError(
@@ -313,7 +313,7 @@ class Runner:
         if not small:
             self.flush()  # a big job's batch-mates do not wait for it
         group = small and more_waiting and job.settings.durable
-        staged = Staged(durable=job.settings.durable, group=True, ops=spool.ops) if group else None
+        staged = Staged(durable=job.settings.durable, group=True, ops=spool.shared.ops) if group else None
         room = self._room(claim, job.settings) if refusal is None else None
         made: list[KernelFileBackend] = []  # the job's kernel-file backend, for the GPU time it used
 
@@ -321,7 +321,7 @@ class Runner:
             made.append(kernel_file_backend(path, settings))
             return made[-1]
 
-        result = run_job(job, self.backend, self.control.phase, ops=spool.ops, staged=staged, room=room,
+        result = run_job(job, self.backend, self.control.phase, ops=spool.shared.ops, staged=staged, room=room,
                          kernel_file_for=kernel_file_for)  # fmt: skip
         if budget is not None:
             budget.charge(sum(backend.launched_s for backend in made))
@@ -357,7 +357,7 @@ class Runner:
                 try:
                     st = os.statvfs(claim.output.parent)
                 except FileNotFoundError:  # a submitter's folder removed: its job makes it again
-                    st = os.statvfs(self.spool.outbox)
+                    st = os.statvfs(self.spool.shared.outbox)
                 if settings.min_free_bytes is not None:
                     free = st.f_bavail * st.f_frsize
                     rooms.append(Room(free - settings.min_free_bytes,
@@ -368,7 +368,8 @@ class Runner:
                     rooms.append(Room(-1, f"the outbox's disk has {st.f_favail} inodes free and keeps "
                                       f"{settings.min_free_inodes} for everyone (min_free_inodes)",
                                       "min_free_inodes"))  # fmt: skip
-        used = self.spool.usage(claim.owner) if settings.class_mode and claim.owner is not None else None
+        ledger = self.spool.ledger
+        used = ledger.usage(claim.submitter) if ledger is not None and claim.submitter is not None else None
         if used is not None:
             # This worker's jobs of the same submitter waiting for their group's commit are not counted yet.
             mine = [p.claim for p in self._pending if p.claim.owner == claim.owner]
@@ -395,12 +396,12 @@ class Runner:
             result = p.result
             if error is not None:
                 # The same as an output the outbox refused on a lone commit: its error sidecar, then a hold.
-                result = refuse(p.job, error, ops=self.spool.ops)
+                result = refuse(p.job, error, ops=self.spool.shared.ops)
             try:
                 self._conclude(p.seq, p.claim, result)
             except Exception as exc:  # the job boundary, as in process()
                 self._log(p.claim).exception("internal error in job", error=repr(exc))
-                self.spool.leave(p.claim)
+                self.spool.in_hand.leave(p.claim)
                 self.report(Kept(p.seq, p.claim, f"internal error: {exc!r}", committed=False))
 
     def _conclude(self, seq: int, claim: Claim, result: JobResult) -> None:
@@ -418,7 +419,7 @@ class Runner:
         if output_failed or result.sidecar_failed is not None:
             # Held for what the outbox refused: the output, else the error sidecar (not the refusal's reason).
             reason = result.error.reason if output_failed and result.error is not None else str(result.sidecar_failed)
-            tries = self.spool.attempts(claim).output_failures + (1 if output_failed else 0)
+            tries = self.spool.attempts.read(claim).output_failures + (1 if output_failed else 0)
             if not (output_failed and result.sidecar_failed is None and tries >= MAX_OUTPUT_ATTEMPTS):
                 self._hold(seq, claim, reason, output_failed=output_failed)
                 return
@@ -434,12 +435,12 @@ class Runner:
         first: nothing half done stays visible.
         """
         spool, log = self.spool, self._log(claim)
-        stuck = spool.discard_outputs(claim)
+        stuck = spool.attempts.discard_outputs(claim)
         if stuck:
             log.warning("cannot remove what the held job committed; it is replaced when it runs again", names=stuck)
         facts: dict[str, Any] = {}
         try:
-            facts = _hold_facts(spool.hold(claim, reason, output_failed=output_failed))
+            facts = _hold_facts(spool.attempts.hold(claim, reason, output_failed=output_failed))
         except SpoolError as err:  # the hold stands; only its count is lost
             log.warning("cannot record the hold in .work", reason=err.reason)
         log.error("the outbox refused the job; held in .work, tried again after a pause", reason=reason, **facts)
@@ -449,9 +450,9 @@ class Runner:
         """Archive the job (a refused input only up to ``archive_refused_bytes``, less where it was refused
         ``unread``); when that fails it is left in ``.work``, archived when taken back after a pause."""
         try:
-            self.spool.archive(claim, ok, None if ok else refused_keep(self.settings.archive_refused_bytes, unread))
+            self.spool.archive.add(claim, ok, None if ok else refused_keep(self.settings.archive_refused_bytes, unread))
         except SpoolError as exc:
-            self.spool.leave(claim)
+            self.spool.in_hand.leave(claim)
             self._log(claim).error("cannot archive; the job stays in .work and is archived later", reason=exc.reason)
             self.report(Kept(seq, claim, exc.reason, committed=committed))
             return False
@@ -551,9 +552,9 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     settings = spec.settings
     configure(settings.log_format, settings.log_level)
     atomic.set_host(spec.host_id)
-    spool = Spool(settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid,
-                  state_dir=settings.state_dir, class_mode=settings.class_mode,
-                  graders=graders_gids(settings))  # fmt: skip
+    spool = Spool(Shared(settings.inbox, settings.outbox, spec.host_id, spec.ops, owner_pid=spec.owner_pid,
+                         state_dir=settings.state_dir, class_mode=settings.class_mode,
+                         graders=graders_gids(settings)))  # fmt: skip
 
     def report(event: Event) -> None:
         try:
@@ -586,7 +587,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
                 continue
             if isinstance(order, InboxRemade):
                 runner.flush()
-                spool.forget_folders()
+                spool.shared.forget_folders()
                 continue
             runner.process(order, more_waiting=conn.poll())
             if not conn.poll():

@@ -1,6 +1,6 @@
 """A job's end in the inbox: its claimed file archived to ``.done`` or ``.failed``, and the commit temporaries swept.
 
-:meth:`Archive.archive` moves a finished job's file out of ``.work`` (never
+:meth:`Archive.add` moves a finished job's file out of ``.work`` (never
 over an older one of that name), drops its output reservation and makes its
 emptied folder the next claim's spare. :meth:`Archive.sweep_temporaries`
 removes, at start, the commit temporaries (:func:`mmd.atomic.temporary_name`'s) of
@@ -46,12 +46,12 @@ class Archive:
         #: Class mode: what each submitter keeps, counted as jobs are archived and their files removed.
         self.ledger = ledger
 
-    def archive(self, claim: Claim, ok: bool, keep: int | None = None) -> Path:
+    def add(self, claim: Claim, ok: bool, keep: int | None = None) -> Path:
         """Move the claimed file to ``.done`` (ok) or ``.failed``; never over an older one. ``keep`` (class mode,
         a refused input): keep only that many of its first bytes (:meth:`_keep_head`).
 
         Raises SpoolError when it cannot: the file is then still in
-        ``.work`` (the caller leaves it there for :meth:`mmd.spool.Spool.take_back`).
+        ``.work`` (the caller leaves it there for :meth:`.Claims.take_back`).
         """
         shared = self.shared
         try:
@@ -143,10 +143,11 @@ class Archive:
             raise SpoolError(f"cannot archive {shown(claim.name)} to {folder}: {strerror(exc)}") from None
         return target
 
-    def remove_output(self, folder: Path, base: str, owner: int) -> list[str]:
-        """Remove ``base``'s output and sidecars from ``folder`` (``owner``'s, in class mode: ``mmd rm``), and the
-        input mmd kept of that job (named by its sidecar); uncount them. Returns what went: the names, and
-        ``input NAME`` for the input. Only regular files of mmd's (or, for the input, the owner's) go."""
+    def remove_output(self, owner: int, base: str) -> list[str]:
+        """Remove ``base``'s output and sidecars from ``owner``'s output folder (``mmd rm``), and the input mmd
+        kept of that job (named by its sidecar); uncount them. Returns what went: the names, and ``input NAME``
+        for the input. Only regular files of mmd's (or, for the input, the owner's) go."""
+        folder = self.shared.output_folder(owner)
         output = folder / (base + OUTPUT_SUFFIX)
         gone: list[str] = []
         gone_usage = Usage()

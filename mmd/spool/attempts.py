@@ -3,10 +3,10 @@
 Outbox trouble (a reservation, an output or a sidecar it cannot write) is
 not the input's fault: the job is *held*. What it committed is removed
 (:meth:`AttemptLog.discard_outputs`), it stays claimed in ``.work`` with its
-reservation, left for :meth:`mmd.spool.Spool.take_back`, and the hold and its
+reservation, left for :meth:`.Claims.take_back`, and the hold and its
 reason are recorded beside it (:data:`~mmd.spool.names.ATTEMPTS_NAME`,
 :class:`Attempts`), with every start after the first
-(:meth:`AttemptLog.attempt`): what the daemon's limits on crashing and on
+(:meth:`AttemptLog.record_start`): what the daemon's limits on crashing and on
 failing jobs count. A start cut short when the job's worker was ended for
 another job is excused (:meth:`AttemptLog.excuse`): not the job's fault.
 :func:`held_jobs` reads the records back for `mmd status`, with no daemon
@@ -38,7 +38,7 @@ class Attempts:
     archive.
     """
 
-    #: :meth:`AttemptLog.attempt` calls: how often the job was started (or resumed).
+    #: :meth:`AttemptLog.record_start` calls: how often the job was started (or resumed).
     starts: int = 0
     #: Of those starts, how many ended cleanly: in a hold, or excused (its worker was ended for another job).
     settled: int = 0
@@ -79,11 +79,11 @@ class AttemptLog:
         self.shared = shared
         self.hand = hand
 
-    def attempts(self, claim: Claim) -> Attempts:
+    def read(self, claim: Claim) -> Attempts:
         """``claim``'s record of starts and holds (all zero before the first)."""
         return read_attempts(claim.path.parent / ATTEMPTS_NAME) or Attempts()
 
-    def attempt(self, claim: Claim) -> int:
+    def record_start(self, claim: Claim) -> int:
         """Record one more start of ``claim``'s job, durably, before it runs; returns its unfinished starts.
 
         The count returned is how many of the job's starts did not end
@@ -97,7 +97,7 @@ class AttemptLog:
         """
         if not claim.resumed and not claim.again:
             return 1  # a fresh claim's folder holds no record (the spare is emptied): the claim is the first start
-        now = self.attempts(claim)
+        now = self.read(claim)
         if now.starts == 0:
             if not claim.resumed:
                 return 1  # the claim itself is the first start: small jobs pay no fsync for a record
@@ -115,8 +115,8 @@ class AttemptLog:
         durably; the hold stands even when it cannot be (SpoolError is then
         raised after the hold is in place).
         """
-        now = self.attempts(claim)
-        starts = max(now.starts, 1)  # a first start is not written (see attempt)
+        now = self.read(claim)
+        starts = max(now.starts, 1)  # a first start is not written (see record_start)
         new = dataclasses.replace(
             now,
             starts=starts,
@@ -135,8 +135,8 @@ class AttemptLog:
         to stop another job (a cancel, a time limit) after this one had run, its group's commit pending. That
         start counts as settled, as a hold's does; the job's earlier crashes still count. Raises SpoolError
         when it cannot be written (the start then counts as a crash)."""
-        now = self.attempts(claim)
-        starts = max(now.starts, 1)  # a first start is not written (see attempt)
+        now = self.read(claim)
+        starts = max(now.starts, 1)  # a first start is not written (see record_start)
         new = dataclasses.replace(now, starts=starts, settled=min(starts, now.settled + 1))
         self._write_attempts(claim, new)
         return new

@@ -1,7 +1,8 @@
 """What the spool's parts share: its folders, its file operations, its lock and the pid it writes as owner.
 
-One :class:`Shared` is made by :class:`mmd.spool.Spool` and handed to each
-part (claims, reservations, attempts, archive). It makes and checks the
+One :class:`Shared` is handed to :class:`mmd.spool.Spool`, which makes each
+part over it (claims, reservations, attempts, archive ...); callers read the
+folders from it (``spool.shared.inbox``). It makes and checks the
 spool's dot folders on first use (:meth:`Shared.folder`, :meth:`Shared.prepare`)
 and does the small file steps several parts need (a file committed
 atomically, a quiet unlink) through ``ops``, the :class:`~mmd.fileops.FileOps`

@@ -1,12 +1,12 @@
 """What waits in the inbox, and when a file there is completely written.
 
-:func:`survey` lists the inbox once: the job files waiting (:class:`Candidate`),
+:meth:`Scanner.survey` lists the inbox once: the job files waiting (:class:`Candidate`),
 oldest first, the folders under job names (in class mode every folder), the
 uploads and the kernels handed in (:class:`Survey`);
-:func:`scan` the job files alone; :func:`stat_entry` looks at one of them;
+:meth:`Scanner.scan` the job files alone; :meth:`Scanner.stat` looks at one of them;
 :class:`Readiness` decides when a file seen there is complete;
 :class:`Arrivals` remembers when the daemon first saw each entry. All pure:
-:func:`survey` takes its ``scandir``, :class:`Readiness` its clocks and
+:class:`Scanner` takes its ``scandir``, :class:`Readiness` its clocks and
 :class:`Arrivals` the time as parameters (:mod:`.dropbox` keeps its record
 across restarts).
 """
@@ -66,57 +66,73 @@ class Survey:
 _SPOOL_FOLDERS = frozenset((WORK_DIR, DONE_DIR, FAILED_DIR))
 
 
-def survey(inbox: Path, scandir: Callable[[Path], Any] = os.scandir, every_folder: bool = False) -> Survey:
-    """What lies in ``inbox`` (:class:`Survey`), from one listing; stat never follows a link. ``every_folder``:
-    its folders of any name, but the spool's own (``.work``, ``.done``, ``.failed``, this process's user's)."""
-    jobs, folders, uploads, handins = [], [], [], []
-    try:
-        with scandir(inbox) as it:
-            for entry in it:
-                name = entry.name
-                handin = is_handin(name)
-                declaration = is_declaration(name)  # waits for its NAME.cu: swept as an upload is
-                job = is_job_name(name) and not handin and not declaration
-                upload = not job and (declaration or name.endswith(IGNORED_SUFFIXES))
-                try:
-                    folder = (job or handin or every_folder) and entry.is_dir(follow_symlinks=False)
-                    if not (job or upload or folder or handin):
-                        continue
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # claimed or removed meanwhile
-                if folder and name in _SPOOL_FOLDERS and info.st_uid == os.geteuid():
-                    continue  # an inbox without state_dir keeps them there (or kept them, before it)
-                cand = Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino, folder)
-                if folder:
-                    folders.append(cand)
-                elif job:
-                    jobs.append(cand)
-                elif handin:
-                    handins.append(cand)
-                elif stat.S_ISREG(info.st_mode):
-                    uploads.append(cand)
-    except FileNotFoundError:
-        return Survey([], [], [])
-    jobs.sort(key=lambda c: (c.mtime_ns, c.name))
-    handins.sort(key=lambda c: (c.mtime_ns, c.name))
-    return Survey(jobs, folders, uploads, handins)
+@dataclass(frozen=True)
+class Scanner:
+    """What lies in one inbox, listed through ``scandir`` (a spool's: its :class:`~mmd.fileops.FileOps`'s, where
+    the tests inject faults); stat never follows a link.
 
+    ``every_folder`` (class mode): the survey takes in the inbox's folders of
+    any name, but the spool's own (``.work``, ``.done``, ``.failed``, this
+    process's user's): one in a drop box lets its owner rename a classmate's
+    file copied into it into the inbox, a job in the classmate's name. Not
+    without class mode: a personal inbox's owner is its only user, and a
+    folder there holds only files its owner may move in anyway.
+    """
 
-def scan(inbox: Path, scandir: Callable[[Path], Any] = os.scandir) -> list[Candidate]:
-    """Job files in ``inbox``, oldest first (mtime, then name); folders are skipped (:func:`survey`'s jobs)."""
-    return survey(inbox, scandir).jobs
+    inbox: Path
+    scandir: Callable[[Path], Any] = os.scandir
+    every_folder: bool = False
 
+    def survey(self) -> Survey:
+        """What lies in the inbox (:class:`Survey`), from one listing."""
+        every_folder = self.every_folder
+        jobs, folders, uploads, handins = [], [], [], []
+        try:
+            with self.scandir(self.inbox) as it:
+                for entry in it:
+                    name = entry.name
+                    handin = is_handin(name)
+                    declaration = is_declaration(name)  # waits for its NAME.cu: swept as an upload is
+                    job = is_job_name(name) and not handin and not declaration
+                    upload = not job and (declaration or name.endswith(IGNORED_SUFFIXES))
+                    try:
+                        folder = (job or handin or every_folder) and entry.is_dir(follow_symlinks=False)
+                        if not (job or upload or folder or handin):
+                            continue
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # claimed or removed meanwhile
+                    if folder and name in _SPOOL_FOLDERS and info.st_uid == os.geteuid():
+                        continue  # an inbox without state_dir keeps them there (or kept them, before it)
+                    cand = Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino, folder)
+                    if folder:
+                        folders.append(cand)
+                    elif job:
+                        jobs.append(cand)
+                    elif handin:
+                        handins.append(cand)
+                    elif stat.S_ISREG(info.st_mode):
+                        uploads.append(cand)
+        except FileNotFoundError:
+            return Survey([], [], [])
+        jobs.sort(key=lambda c: (c.mtime_ns, c.name))
+        handins.sort(key=lambda c: (c.mtime_ns, c.name))
+        return Survey(jobs, folders, uploads, handins)
 
-def stat_entry(inbox: Path, name: str) -> Candidate | None:
-    """The inbox entry ``name`` if it is still there and not a folder."""
-    try:
-        info = os.lstat(inbox / name)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if stat.S_ISDIR(info.st_mode):
-        return None
-    return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino)
+    def scan(self) -> list[Candidate]:
+        """Job files in the inbox, oldest first (mtime, then name); folders are skipped (the survey's jobs, folders
+        of other names never looked at)."""
+        return Scanner(self.inbox, self.scandir).survey().jobs
+
+    def stat(self, name: str) -> Candidate | None:
+        """The inbox entry ``name`` if it is still there and not a folder."""
+        try:
+            info = os.lstat(self.inbox / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISDIR(info.st_mode):
+            return None
+        return Candidate(name, info.st_size, info.st_mtime_ns, info.st_uid, info.st_ino)
 
 
 #: What :class:`Arrivals` knows of one name: (its entry's inode, when the daemon first saw that entry there).
