@@ -49,7 +49,7 @@ test-serial: $(STAMP)
 
 ## quick: the edit loop, in parallel: no real processes, daemons or nvcc, nothing slow, nothing serial
 quick: $(STAMP)
-	$(BIN)/pytest -q -x -n auto -m "not slow and not process and not serial" --ignore=tests/gpu
+	$(BIN)/pytest -q -x -n auto -m "not integration and not serial" --ignore=tests/gpu
 
 ## check: lint (ruff check, ruff format --check) and type-check (mypy); `make test` runs it first
 check: $(STAMP)

@@ -118,7 +118,7 @@ def test_cli_accuracy(tmp_path, monkeypatch, capsys):
 # -- the report: graph 4 and the tables ------------------------------------------------------------
 
 
-@pytest.mark.process  # matplotlib: left out of `make quick`
+@pytest.mark.integration  # matplotlib: left out of `make quick`
 def test_report_renders_graph4_and_the_accuracy_tables(swept, tmp_path):
     rendered = report.render(swept.folder, tmp_path / "rep")
     png, svg = tmp_path / "rep" / "graph4_accuracy.png", tmp_path / "rep" / "graph4_accuracy.svg"
@@ -160,7 +160,7 @@ def test_report_renders_graph4_and_the_accuracy_tables(swept, tmp_path):
     assert tolerance["cublas_tf32"]["fp32's tolerance"] == "outside at K = 8, 32, 128"
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_report_every_kernel_by_size(swept, tmp_path):
     from .test_report import table
 

@@ -16,7 +16,7 @@ import pytest
 from .conftest import ROOT, mmd_env
 
 # A benchmark times what it runs and starts daemons and workers of its own: alone on the machine.
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 BENCHMARKS = ROOT / "benchmarks"
 

@@ -23,7 +23,7 @@ from mmd.generate import input_chunks, random_matrix
 from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd
 
 # Every test here runs `mmd check` as a real process (left out of `make quick`).
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 
 def _pair(folder: Path, name: str, m: int, k: int, n: int, seed: int) -> tuple[Path, Path]:

@@ -32,7 +32,7 @@ from .test_handins import P1  # the course's first kernel, as a student writes i
 users, students, box = classbox.users, classbox.students, classbox.box  # the fixtures
 
 #: Real accounts (made once per session: the serial tier), and each hand-in compiles in a child process.
-pytestmark = [pytest.mark.serial, pytest.mark.process]
+pytestmark = [pytest.mark.serial, pytest.mark.integration]
 
 
 def answer_of(b: Box, who: Student, stem: str) -> dict:

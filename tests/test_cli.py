@@ -15,7 +15,7 @@ from mmd import textformat
 from .conftest import ROOT, mmd_env, run_mmd
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_gen_run_check_round_trip(tmp_path):
     src = tmp_path / "m.txt"
     r = run_mmd("gen", "--shape", "9", "13", "7", "--seed", "5", "-o", str(src))
@@ -32,7 +32,7 @@ def test_gen_run_check_round_trip(tmp_path):
     assert r.returncode == 0 and "format ok" in r.stdout and "ok:" in r.stdout
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_gen_is_reproducible_with_a_seed(tmp_path):
     for name in ("a.txt", "b.txt"):
         assert run_mmd("gen", "16", "--seed", "1", "-o", str(tmp_path / name)).returncode == 0
@@ -40,7 +40,7 @@ def test_gen_is_reproducible_with_a_seed(tmp_path):
     assert (tmp_path / "a.txt").read_bytes().startswith(b"16\n")
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_run_refusal_is_one_line_and_nonzero(tmp_path):
     src = tmp_path / "bad.txt"
     src.write_text("2\n1 2 3\n4 x 6\n")
@@ -53,7 +53,7 @@ def test_run_refusal_is_one_line_and_nonzero(tmp_path):
     assert (tmp_path / "bad.error.yaml").exists()
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("2\n1 2\n3 4\n1 0\n0 1\n")
@@ -71,7 +71,7 @@ def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
     assert run_mmd("check", str(good), str(good)).returncode == 0
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_usage_errors_are_one_line(tmp_path):
     r = run_mmd("run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -93,7 +93,7 @@ def test_usage_errors_are_one_line(tmp_path):
     assert r.returncode != 0 and "give either N or --shape" in r.stderr
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_bad_config_is_one_line(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tiel: 3\n")
@@ -104,7 +104,7 @@ def test_bad_config_is_one_line(tmp_path):
     assert r.stderr.count("\n") == 1
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -115,7 +115,7 @@ def test_cuda_backend_without_gpu_is_refused_cleanly(tmp_path):
         assert "pycuda" in r.stderr or "CUDA" in r.stderr
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_cuda_asked_where_it_cannot_run_is_refused_before_the_job(tmp_path):
     """--backend cuda (or MMD_BACKEND=cuda) without pycuda is the command line's fault: exit 2, nothing written.
     A file whose own name asks for cuda is a job the input asked for: refused with its error sidecar."""
@@ -135,7 +135,7 @@ def test_cuda_asked_where_it_cannot_run_is_refused_before_the_job(tmp_path):
     assert r.returncode == 1 and (tmp_path / "n@backend=cuda.error.yaml").exists(), r.stderr
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -151,7 +151,7 @@ def test_a_successful_run_prints_its_result_and_nothing_on_stderr(tmp_path):
         assert r.returncode == 0 and "using the cpu backend" in r.stderr
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_run_refuses_a_bad_name_as_the_daemon_does(tmp_path):
     src = tmp_path / "a@kernel=bogus.txt"
     src.write_text("1\n2\n3\n")
@@ -162,7 +162,7 @@ def test_run_refuses_a_bad_name_as_the_daemon_does(tmp_path):
     assert err["error"]["kind"] == "jobname" and not (tmp_path / "a@kernel=bogus.out").exists()
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_run_takes_the_backend_from_the_name_without_trying_the_gpu(tmp_path):
     src = tmp_path / "b@backend=cpu.txt"
     src.write_text("1\n2\n3\n")
@@ -174,7 +174,7 @@ def test_run_takes_the_backend_from_the_name_without_trying_the_gpu(tmp_path):
     assert rec["backend"] == "cpu" and rec["name_settings"] == {"backend": "cpu"}
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
     src = tmp_path / "c@tile=8.txt"
     src.write_text("1\n2\n3\n")
@@ -183,7 +183,7 @@ def test_a_flag_may_repeat_a_name_setting_never_contradict_it(tmp_path):
     assert r.returncode == 1 and "the file name sets tile=8 but the command line gives --tile 16" in r.stderr
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_python_dash_m_and_version():
     r = run_mmd("--version")
     assert r.returncode == 0 and r.stdout.startswith("mmd ")
@@ -205,7 +205,7 @@ def test_job_request_and_limits_carry_every_job_setting(tmp_path):
     assert limits.max_dim == 100 and limits.max_memory_bytes == config.physical_memory_bytes()
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_an_unknown_flag_is_reported_by_its_sub_command(tmp_path):
     r = run_mmd("serve", "--frob", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("mmd serve: unrecognized arguments: --frob")
@@ -214,7 +214,7 @@ def test_an_unknown_flag_is_reported_by_its_sub_command(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("mmd: ")
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_make_demo_twice_shows_the_job_it_just_ran(tmp_path):
     """Issue 15: run twice, the demo showed the first run's sidecar (the new job went to sample.1.*)."""
     import shutil
@@ -234,7 +234,7 @@ def test_make_demo_twice_shows_the_job_it_just_ran(tmp_path):
     assert shown == yaml.safe_load((tmp_path / "outbox" / "sample.1.timing.yaml").read_text())
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
     """Issue 15: with no GPU `mmd kernels` said "this GPU allows 1024"; the limits are every CUDA GPU's then."""
     r = run_mmd("kernels", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
@@ -244,7 +244,7 @@ def test_kernels_without_a_gpu_names_no_gpu_s_limits(tmp_path):
     assert "this GPU allows" not in r.stdout and "no CUDA GPU allows more than 1024" in r.stdout
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_kernels_say_shared_memory_only_where_a_kernel_needs_some(tmp_path):
     """cublas_tf32 was said to need "0 bytes of shared memory per block"."""
     r = run_mmd("kernels", cwd=tmp_path, env={"MMD_BACKEND": "auto"})
@@ -269,7 +269,7 @@ def test_a_sub_command_s_options_are_added_when_it_is_parsed_or_shown():
         build_parser().parse_args(["bench", "--plan", "nope"])
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_dash_means_stdout_for_gen_and_run(tmp_path):
     r = run_mmd("gen", "4", "--seed", "3", "-o", "-", cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "" and list(tmp_path.iterdir()) == []
@@ -281,7 +281,7 @@ def test_dash_means_stdout_for_gen_and_run(tmp_path):
     assert r.stdout.encode() == textformat.format_reference(mats.a @ mats.b)
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_a_second_run_does_not_replace_the_first_output_unless_forced(tmp_path):
     src = tmp_path / "x.txt"
     src.write_text("1\n2\n3\n")
@@ -294,14 +294,14 @@ def test_a_second_run_does_not_replace_the_first_output_unless_forced(tmp_path):
     assert (tmp_path / "x.out").read_text() == "1\n  6.00\n"
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_mmd_alone_prints_its_commands():
     r = run_mmd()
     assert r.returncode == 2 and r.stdout == "" and "usage: mmd" in r.stderr and "Traceback" not in r.stderr
     assert all(name in r.stderr for name in ("run", "gen", "check", "serve", "status"))
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
     """As root, `mmd run /dev/null` wrote /dev/null.error.yaml; a FIFO hung the run."""
     import os
@@ -313,7 +313,7 @@ def test_run_on_a_device_or_fifo_refuses_and_writes_nothing_beside_it(tmp_path):
     assert not os.path.exists("/dev/null.error.yaml") and os.listdir(tmp_path) == ["f.txt"]
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
     src = tmp_path / "m.txt"
     src.write_text("1\n2\n3\n")
@@ -324,7 +324,7 @@ def test_a_stray_mmd_variable_is_one_warning_line_not_a_failure(tmp_path):
     assert r.returncode == 78 and r.stderr == "mmd run: configuration: environment: MMD_TILE must be int, got 'abc'\n"
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_help_is_plain_text_and_names_every_option():
     r = run_mmd("status", "--help")
     assert r.returncode == 0 and "``" not in r.stdout and ":class:" not in r.stdout
@@ -372,7 +372,7 @@ def test_mmd_run_leaves_its_backends_to_the_process_end_only_when_the_process_en
     assert cli.main(["gen", "4", "--seed", "1", "-q", "-o", str(tmp_path / "n.txt")], exiting=exiting) == 0
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_run_dash_reads_the_input_from_stdin(tmp_path):
     """`mmd run -`: the input from a pipe, the product to stdout and no sidecar, or to -o FILE with its sidecar."""
     data = run_mmd("gen", "5", "--seed", "2", "-o", "-").stdout.encode()
@@ -399,7 +399,7 @@ def test_run_dash_reads_the_input_from_stdin(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.out", "m.timing.yaml"]
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])  # PYTHONUNBUFFERED
 @pytest.mark.parametrize(
     "argv",
@@ -447,7 +447,7 @@ def test_help_names_the_commands_or_shows_one(capsys):
     assert "usage: mmd run" in run_help
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_serve_says_serving_before_any_job_and_its_fallback_once(tmp_path):
     """Three workers falling back from auto to the cpu: one "backend fallback" line, then "serving", then jobs."""
     (tmp_path / "in").mkdir()

@@ -10,7 +10,7 @@ import pytest
 
 from .conftest import run_mmd
 
-pytestmark = [pytest.mark.process]
+pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")

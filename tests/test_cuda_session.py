@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 FAKE_GPU = str(ROOT / "tests" / "fakegpu")
 

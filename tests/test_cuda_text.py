@@ -19,7 +19,7 @@ NVCC = shutil.which("nvcc")
 SOURCES = text.SOURCES
 
 
-@pytest.mark.process  # nvcc
+@pytest.mark.integration  # nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_text_kernels_compile_for_sm90(name, tmp_path):

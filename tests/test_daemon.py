@@ -26,7 +26,7 @@ from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, run_mmd, wait_for
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 ENV = {
     "MMD_LOG_FORMAT": "json",
@@ -177,7 +177,7 @@ def test_once_on_empty_inbox_returns_at_once(tmp_path):
     assert (tmp_path / "in").is_dir() and (tmp_path / "out").is_dir()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_200_files_by_cp_and_slow_writers(tmp_path, served):
     stage = tmp_path / "stage"
     stage.mkdir()
@@ -295,7 +295,7 @@ def test_a_writer_that_pauses_is_waited_for_until_it_closes(tmp_path, served):
     assert d.stop() == 0
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_kill9_then_restart_loses_and_doubles_nothing(tmp_path, served):
     inbox = tmp_path / "inbox"
     inbox.mkdir()

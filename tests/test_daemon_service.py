@@ -17,7 +17,7 @@ from mmd import config, daemon, spawning
 from mmd.errors import ConfigError
 
 #: A daemon in this process: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 
 def open_fds() -> set[str]:

@@ -36,7 +36,7 @@ def _tool(name: str) -> str | None:
 
 NVCC = _tool("nvcc")
 CUOBJDUMP = _tool("cuobjdump")
-pytestmark = [pytest.mark.skipif(NVCC is None, reason="nvcc is not installed"), pytest.mark.process]
+pytestmark = [pytest.mark.skipif(NVCC is None, reason="nvcc is not installed"), pytest.mark.integration]
 
 
 CASES = [

@@ -105,7 +105,7 @@ def _planted(out: np.ndarray, a: np.ndarray, b: np.ndarray, plant: str, rng: np.
 shapes = st.tuples(st.integers(1, 24), st.integers(1, 40), st.integers(1, 24))
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=80, deadline=None)
 @given(shapes, st.integers(0, 2**32 - 1), st.sampled_from(_PLANTS))
 def test_full_check_same_both_ways(shape, seed, plant):

@@ -235,7 +235,7 @@ def _check_values(raw: bytes, toks: list[str]) -> None:
     assert fast.a.flags.c_contiguous and fast.b.flags.c_contiguous
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.data())
 def test_parse_hypothesis_three_ways(m, k, n, data):
@@ -290,7 +290,7 @@ def _is_float(token: str) -> bool:
     return True
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=150, deadline=None)
 @given(st.integers(2, 12), st.integers(2, 12), st.integers(2, 12), st.data())
 def test_parse_course_windows(m, k, n, data):
@@ -467,7 +467,7 @@ def test_count_and_misc_refusals_same_message(raw):
 _junk = st.sampled_from(["x", "e", "E", ".", "-", "+", "1e", "\x00", "\x0b", "é", "e99", "1e39", "0x", ",", "_"])
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.data())
 def test_corrupted_inputs_same_outcome(m, k, n, data):
@@ -809,7 +809,7 @@ def test_output_values_three_ways(m, n, data):
 _out_junk = st.sampled_from([" ", "  ", "-", "0", "7", ".", "\n", "\t", "\r", "x", "+", "e", "\x00", "1.00", "-0.00"])
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=400, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.data())
 def test_corrupted_outputs_same_outcome(m, n, data):
@@ -831,7 +831,7 @@ def test_corrupted_outputs_same_outcome(m, n, data):
     _output_three_ways(bytes(raw))
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 3), st.integers(8, 40), st.data())
 def test_corrupted_wide_outputs_same_outcome(m, n, data):

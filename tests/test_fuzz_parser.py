@@ -23,7 +23,7 @@ from mmd import accel, pipeline, textformat, textoutput
 from mmd.errors import InputFormatError, LimitError
 
 #: Thousands of generated inputs: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 LIMITS = pipeline.Limits(max_memory_bytes=64 << 20, max_file_bytes=1 << 20)
 #: Bytes of working memory allowed beyond the input and the promised matrices.

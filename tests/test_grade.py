@@ -33,7 +33,7 @@ from mmd.report import page
 from .conftest import run_mmd
 from .test_kernelfile_run import SQUARE, fake_gpu, integer_input, kernel
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 #: What the fake's ``replay`` takes to compute a product (tests/fakegpu/pycuda/driver.py's REPLAY_COMPUTE_S).
 REPLAY_COMPUTE_MS = 50.0

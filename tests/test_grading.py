@@ -720,7 +720,7 @@ def _serve(root: Path, name: str, body: bytes) -> None:
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
     """x.txt processed, then a corrected x.txt dropped: the daemon wrote x.1.out, which is graded (its
     sidecar's input is the test's bytes, and it is the newest); x.out is superseded, not a mismatch."""
@@ -750,7 +750,7 @@ def test_a_resubmission_is_graded_and_the_output_before_it_superseded(tmp_path):
     assert cases["x (x.out)"].find("skipped").attrib == {"type": "superseded", "message": "superseded by x.1.out"}
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 def test_before_grades_what_arrived_before_the_deadline(tmp_path):
     """The daemon's outbox judged by its files' ctime: what its commit stamped, which nobody sets back."""
     tests = tmp_path / "tests"
@@ -936,7 +936,7 @@ def _tf32_served(root: Path, kernel: str) -> tuple[Path, Path]:
     return tests, out
 
 
-@pytest.mark.slow  # seconds of examples or of real runs: left out of `make quick`
+@pytest.mark.integration  # seconds of examples or of real runs: left out of `make quick`
 def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     """Every output the daemon writes as ok checks as right: a TF32 kernel's (tc1, by its sidecar) is held to
     TF32's tolerance, and the table, the JSON and the JUnit say so; the same bytes from an fp32 kernel
@@ -962,7 +962,7 @@ def test_a_tf32_kernel_s_output_is_held_to_tf32_s_tolerance(tmp_path):
     assert tolerance.TOLERANCES["fp32"] in r.detail
 
 
-@pytest.mark.slow  # a real daemon's run
+@pytest.mark.integration  # a real daemon's run
 def test_quick_holds_a_tf32_kernel_s_output_to_tf32_s_bound(tmp_path):
     """--quick reads the producing kernel from the sidecar, as the full check does: a TF32 kernel's output
     passes against TF32's bound, and the table says so; the same bytes from an fp32 kernel are refused."""

@@ -24,7 +24,7 @@ def inbox(tmp_path: Path) -> Path:
     return tmp_path / "inbox"
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_a_hand_in_leaves_its_file_alone_at_its_name_readable_by_the_service_only(inbox):
     r = run_mmd("hand-in", "p1.cu", "--inbox", str(inbox), cwd=inbox.parent)
     assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -36,7 +36,7 @@ from .test_kernelfile_run import SQUARE, fake_gpu, integer_input
 users, students, box = classbox.users, classbox.students, classbox.box  # the fixtures
 
 #: Each hand-in compiles in a child process (NVRTC under limits); the students are real accounts.
-pytestmark = [pytest.mark.serial, pytest.mark.process]
+pytestmark = [pytest.mark.serial, pytest.mark.integration]
 
 P1 = (
     "__global__ void MatrixMulKernel(float* Md, float* Nd, float* Pd, int Width) {\n"

@@ -139,7 +139,7 @@ SCRIPTS = sorted(
 )
 
 
-@pytest.mark.process  # runs real processes
+@pytest.mark.integration  # runs real processes
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_benchmark_and_script_starts(script):
     """They run on purpose, rarely, often on another machine: at least they must import and take --help."""
@@ -186,13 +186,13 @@ def _run_python(*args: str) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.mark.process  # runs real processes
+@pytest.mark.integration  # runs real processes
 def test_building_the_command_line_imports_no_command():
     out = _run_python("-c", "import sys, mmd.cli; mmd.cli.build_parser(); print(*sorted(sys.modules))")
     assert _heavy(set(out.split())) == []
 
 
-@pytest.mark.process  # runs real processes
+@pytest.mark.integration  # runs real processes
 def test_mmd_check_help_imports_nothing_heavy():
     # sys.modules, not -X importtime: importlib.import_module (how the sub-commands are found) is not timed
     code = "import sys\nfrom mmd.cli import main\ntry:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass\n"
@@ -201,7 +201,7 @@ def test_mmd_check_help_imports_nothing_heavy():
     assert _heavy(set(out.split())) == []
 
 
-@pytest.mark.process  # runs real processes
+@pytest.mark.integration  # runs real processes
 def test_the_one_shot_gpu_warmer_starts_before_numpy_is_imported():
     # mmd run starts the GPU's context (or a kernel file's launch process) beside its imports: the modules it
     # starts from import no numpy (they did through mmd.cuda's package __init__, which held the context back by

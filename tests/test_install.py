@@ -28,7 +28,7 @@ from mmd import accel, resources
 ROOT = Path(__file__).resolve().parent.parent
 
 # The installer makes the service's system user and groups (fixed names) and a venv: alone on the machine.
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from mmd.kernelfile.reading import parse_kernel, read_kernel_file
 from .conftest import ROOT
 
 #: Each compile is a child process (NVRTC under limits), as nvcc's are: left out of `make quick`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.cu"))
 KERNEL = "__global__ void k(float* M, float* N, float* P, int Width) { P[threadIdx.x] = M[0] * N[0]; }\n"

@@ -25,7 +25,7 @@ from mmd.record import reader
 
 from .conftest import ROOT, run_mmd
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 FAKE_GPU = str(ROOT / "tests" / "fakegpu")
 

@@ -33,7 +33,7 @@ from .fakes import FakeNvml, cuda_backend
 from .test_daemon import Served, check_ok, error_of
 from .test_kernelfile_run import FAKE_GPU, fake_gpu, integer_input, kernel
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 EXAMPLES = ROOT / "docs" / "examples"
 

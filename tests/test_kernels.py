@@ -432,7 +432,7 @@ def _write_report(reports: dict[tuple[str, int], tuple[int, str]]) -> None:
     REPORT.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(("name", "tile"), CASES, ids=[f"{n}-{t}" for n, t in CASES])
 def test_kernel_compiles_without_spills(ptxas_reports, name, tile):
     rc, text = ptxas_reports[(name, tile)]
@@ -450,7 +450,7 @@ def test_kernel_compiles_without_spills(ptxas_reports, name, tile):
     assert (int(smem.group(1)) if smem else 0) == spec.shared_bytes(tile)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_kernel_without_tile_does_not_compile(tmp_path):
     if NVCC is None:
         pytest.skip("nvcc is not installed")

@@ -29,7 +29,7 @@ from .conftest import run_mmd
 
 users, students = classbox.users, classbox.students  # the fixtures of the real accounts' tests
 
-pytestmark = pytest.mark.process  # real `mmd check` and `mmd collect` processes
+pytestmark = pytest.mark.integration  # real `mmd check` and `mmd collect` processes
 
 #: Longer than the kernel's clock tick (ctime is stamped from a clock that lags by up to one, 1-10 ms).
 TICK_S = 0.05

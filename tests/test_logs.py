@@ -73,7 +73,7 @@ def _logged_on_a_terminal(tmp_path: Path, **env: str) -> bytes:
     return got
 
 
-@pytest.mark.process  # runs mmd as a real process
+@pytest.mark.integration  # runs mmd as a real process
 def test_no_color_keeps_the_console_logs_plain(tmp_path):
     """https://no-color.org: NO_COLOR set and not empty: no colour, whatever the terminal."""
     coloured = _logged_on_a_terminal(tmp_path)

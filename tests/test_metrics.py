@@ -182,7 +182,7 @@ runpy.run_module("mmd", run_name="__main__")
 """
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_idle_connections_to_the_endpoint_neither_take_the_daemons_descriptors_nor_keep_a_scrape_out(tmp_path):
     """Issue 44: a student held idle connections to metrics_listen until the daemon had no descriptor left and
     its main loop died (EMFILE). Here the daemon may have 256 and 400 connections are opened and held: the
@@ -248,7 +248,7 @@ class OutOfDescriptors(FileOps):
         return super().scandir(path)
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_a_main_loop_out_of_descriptors_logs_pauses_and_serves_on(tmp_path):
     """EMFILE in the main loop's rescan (the listing of the inbox) is logged and the loop taken up again after a
     pause, never a traceback: the daemon serves the next job."""

@@ -13,7 +13,7 @@ import pytest
 from .conftest import mmd_env
 from .test_kernelfile_run import fake_gpu, integer_input, kernel
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 #: What the start must come before: the imports it is made to run beside.
 LATER = ("numpy", "pycuda", "mmd.pipeline", "mmd.backends", "mmd.job", "mmd.textformat")

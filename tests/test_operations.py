@@ -31,7 +31,7 @@ from mmd.generate import input_chunks, random_matrix
 from . import workerhooks
 from .conftest import ROOT, LoggedProcess, mmd_env, run_mmd, wait_for
 
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 UNIT = ROOT / "systemd" / "mmd.service"
 ENV = {"MMD_LOG_FORMAT": "json", "MMD_BACKEND": "cpu", "MMD_QUIET_SECONDS": "0.2", "MMD_RESCAN_SECONDS": "0.5"}

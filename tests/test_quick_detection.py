@@ -118,7 +118,7 @@ def test_chi_square_tails():
     assert quick.chi2_cdf(x, 16) == pytest.approx((x / 2) ** 8 / math.factorial(8), rel=1e-3)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_1024_row_shifted_by_one_from_issue_30():
     """One row of a right 1024 output (values in [-10, 10]) shifted by +1.0: 3 times the per-value
     tolerance, and 0.23 of what --quick promises to catch. The chance it is refused is the χ² law's

@@ -34,7 +34,7 @@ from .conftest import LoggedProcess, alongside, mmd_env, run_mmd
 from .test_daemon import ENV, Served, check_ok, error_of, make_input, names, served, wait_for, work_files
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 #: RELIABILITY_FULL=1 runs the full-size cases (a 4096 job, a 100 MB line) instead of the CI scale.
 FULL = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
@@ -86,7 +86,7 @@ def small(path: Path, seed: int, m: int = 3, k: int = 4, n: int = 2):
 # load
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_burst_of_2000_files_none_lost(tmp_path, served):
     """2,000 files in one burst (half renamed in, half written in place); events alone must take them all."""
     inbox, stage = tmp_path / "inbox", tmp_path / "stage"
@@ -147,7 +147,7 @@ def test_an_inotify_queue_overflow_scans_the_inbox_at_once(tmp_path, monkeypatch
         check_ok(s.outbox, stem, a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_big_job_interleaved_with_100_small(tmp_path, served):
     """A 1024 job (4096 with RELIABILITY_FULL=1) and 100 small ones dropped while it runs."""
     size = 4096 if FULL else 1024
@@ -183,7 +183,7 @@ def test_max_queue_leaves_the_rest_in_the_inbox_for_a_rescan(tmp_path):
 
 
 @pytest.mark.serial  # kill -9 rounds timed to land at chosen moments: alone on the machine
-@pytest.mark.slow
+@pytest.mark.integration
 def test_kill9_at_random_points_30_rounds(tmp_path):
     """30 daemons killed with SIGKILL at random moments (start-up, claim, reservation, commit, archive); then one
     drains. Every job exactly once under its plain name: no ``.1`` name (there is no collision), and no
@@ -302,7 +302,7 @@ def reservations(outbox: Path) -> list[str]:
     return [p.name for p in outbox.iterdir() if p.name.endswith(spool.CLAIM_SUFFIX)]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_real_full_tmpfs_outbox(tmp_path, served):
     """A 1 MiB tmpfs outbox: a result too big for it is failed with the reason and the small ones are served.
     Then the disk is filled to the last byte before a job is claimed (issue 15: "cannot claim", the input left
@@ -346,7 +346,7 @@ def test_real_full_tmpfs_outbox(tmp_path, served):
         subprocess.run(["umount", "-l", str(outbox)], capture_output=True)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_read_only_outbox_holds_the_job_until_it_is_writable_again(tmp_path, served):
     """Issue 15: with the outbox remounted read-only a valid job's input went to .failed with no error sidecar,
     and it was never served once the outbox was writable again. Now it is held in .work (``mmd status`` says
@@ -449,7 +449,7 @@ def _staged(staged: Path, sources: list[Path]) -> str:
     return os.pathsep.join(map(str, entries))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_unwritable_outbox_for_a_daemon_of_another_user(tmp_path):
     """The systemd set-up's usual case: the daemon runs as its own user and a dropped file belongs to whoever
     dropped it. Issue 15: with the outbox not writable, putting the file back into the inbox failed with EPERM
@@ -642,7 +642,7 @@ def test_limits_refuse_with_clear_reasons(tmp_path):
     check_ok(tmp_path / "outbox", "fine", *ok)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_file_growing_while_it_is_read(tmp_path, served):
     """A writer keeps appending after its first close (the close is what inotify reports)."""
     inbox = tmp_path / "inbox"

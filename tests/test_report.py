@@ -22,7 +22,7 @@ from .fakes import cuda_backend
 from .test_bench import fake_gpu, read_csv
 
 #: matplotlib renders every graph: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 GRAPHS = ("graph1_overall", "graph2_cuda", "graph3_sizes")
 

@@ -22,7 +22,7 @@ from mmd.report.page import ClassResults, KernelResult, StudentResult
 
 from .test_bench import fake_gpu
 
-pytestmark = pytest.mark.process  # a real browser, and matplotlib draws every student's graphs
+pytestmark = pytest.mark.integration  # a real browser, and matplotlib draws every student's graphs
 
 CHROMIUM = "/usr/bin/chromium"
 KINDS = ("naive", "tiled", "4-outputs")

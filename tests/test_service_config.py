@@ -24,7 +24,7 @@ from mmd import config
 from .conftest import mmd_env
 from .test_benchmarks import runs_in_its_tiny_mode
 
-pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 #: The real file, taken before the suite's fixture points config.SYSTEM_CONFIG elsewhere for each test.
 SYSTEM_CONFIG = config.SYSTEM_CONFIG

@@ -41,7 +41,7 @@ from . import workerhooks
 from .conftest import LoggedProcess, mmd_env, wait_for
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 #: Whether the daemon has the shared-inbox setting this file's contract is written for.
 SHARED = "shared_inbox" in {f.name for f in dataclasses.fields(config.Settings)}
@@ -241,7 +241,7 @@ def test_two_daemons_claiming_the_same_stem_get_two_outputs(tmp_path):
 # daemons
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_daemons_without_their_lock_share_an_inbox(tmp_path, procs):
     """The protocol alone: 4 daemons (lock patched away), started together, 300 files."""
     (tmp_path / "inbox").mkdir()
@@ -256,7 +256,7 @@ def test_daemons_without_their_lock_share_an_inbox(tmp_path, procs):
     assert_each_exactly_once(tmp_path, inputs, daemons)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_several_daemons_serve_one_inbox(tmp_path, procs):
     """The shared-inbox contract: 4 real `mmd serve` processes, each its own host, two of them
     started while the others already work; 300 files; each exactly once."""

@@ -30,7 +30,7 @@ from .conftest import ROOT, run_mmd
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
 # The real-Slurm tests share one cluster, whose MaxArraySize and throttle they count on: alone.
-pytestmark = [pytest.mark.process, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 #: File names a user may well have: spaces, a leading dash, shell syntax, quotes, non-ASCII.
 HOSTILE = ["-rf x.txt", "a b.txt", "$(touch PWNED).txt", "it's `x`.txt", "--help.txt", "tab\there.txt", "ünï.txt"]
@@ -684,7 +684,7 @@ def rectangular_input(path: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 @pytest.mark.parametrize("request_gpu", [(), ("--gpus", "1")], ids=["gres", "gpus"])
 def test_real_slurm_runs_good_refused_and_rectangular_inputs(tmp_path, request_gpu):
@@ -718,7 +718,7 @@ def test_real_slurm_runs_good_refused_and_rectangular_inputs(tmp_path, request_g
     assert "ok 3, refused 1, missing 0; failed 1" in shown.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_task_without_mmd_is_failed_and_its_output_missing(tmp_path):
     (tmp_path / "jobs").mkdir()
@@ -734,7 +734,7 @@ def test_real_slurm_task_without_mmd_is_failed_and_its_output_missing(tmp_path):
     assert "is not a command on" in log and "mmd submit --mmd" in log
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_resubmitting_does_not_redo_finished_jobs(tmp_path):
     jobs = tmp_path / "jobs"
@@ -758,7 +758,7 @@ def test_real_slurm_resubmitting_does_not_redo_finished_jobs(tmp_path):
     assert (tmp_path / "out" / "bad.1.error.yaml").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_scancel_leaves_no_half_written_output(tmp_path):
     jobs = tmp_path / "jobs"
@@ -779,7 +779,7 @@ def test_real_slurm_scancel_leaves_no_half_written_output(tmp_path):
     assert shown.returncode == 1 and "CANCELLED" in shown.stdout and "mmd: missing" in shown.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_splits_a_folder_larger_than_max_array_size(tmp_path):
     limit = slurm.max_array_size()
@@ -798,7 +798,7 @@ def test_real_slurm_splits_a_folder_larger_than_max_array_size(tmp_path):
     assert f"{arrays[1]}_1\tCOMPLETED exit 0\tmmd: ok\tm{limit + 1:02d}.txt" in shown.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_honours_the_throttle(tmp_path):
     jobs = tmp_path / "jobs"
@@ -819,7 +819,7 @@ def test_real_slurm_honours_the_throttle(tmp_path):
     assert len(list((tmp_path / "out").glob("*.out"))) == 4
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_runs_the_kernel_files_copy_in_every_task(tmp_path):
     jobs = tmp_path / "jobs"
@@ -848,7 +848,7 @@ def test_real_slurm_runs_the_kernel_files_copy_in_every_task(tmp_path):
     assert shown.returncode == 0 and "ok 2, refused 0, missing 0; failed 0" in shown.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_passes_only_what_mmd_needs(tmp_path):
     (tmp_path / "jobs").mkdir()
@@ -866,7 +866,7 @@ def test_real_slurm_passes_only_what_mmd_needs(tmp_path):
     assert (tmp_path / "out" / "m.out").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @real_slurm
 def test_real_slurm_takes_the_sites_options_and_a_refusal_leaves_nothing(tmp_path):
     (tmp_path / "jobs").mkdir()

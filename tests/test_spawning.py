@@ -12,7 +12,7 @@ from mmd.errors import ExitStatus
 
 from .conftest import mmd_env
 
-pytestmark = [pytest.mark.process]
+pytestmark = [pytest.mark.integration]
 
 #: ``mmd ARGS`` with the interpreter the fork server runs (``multiprocessing.set_executable``) set to argv[1]:
 #: what a venv made from an interpreter the service user cannot run (a pyenv under /root) does to its workers.

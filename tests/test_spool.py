@@ -580,7 +580,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_the_attempt_count_survives_kill_9(tmp_path):
     """Each start is on disk before attempts.record_start() returns: a process killed at once leaves it counted."""
     import subprocess

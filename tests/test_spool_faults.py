@@ -386,7 +386,7 @@ def expected(step: str, op: str, err: int) -> str:
 @pytest.mark.parametrize(("step", "op"), list(MATRIX), ids=[f"{s}-{o}" for s, o in MATRIX])
 @pytest.mark.parametrize(
     "recovery",
-    ["take-back", pytest.param("restart", marks=pytest.mark.slow)],  # the same faults; `make test` runs both
+    ["take-back", pytest.param("restart", marks=pytest.mark.integration)],  # the same faults; `make test` runs both
 )
 def test_each_operation_of_each_step_fails_with_each_errno(tmp_path, step, op, err, recovery):
     rig = Rig(tmp_path)

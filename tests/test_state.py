@@ -79,7 +79,7 @@ def test_the_state_says_the_backend_the_workers_opened_not_the_one_asked_for(tmp
     assert state.snapshot()["backend"] == "cpu, cuda"
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_status_of_a_daemon_that_fell_back_to_the_cpu_says_cpu(tmp_path):
     """A real daemon asked for ``auto`` on a machine without a working GPU (or told no device works)."""
     from .conftest import run_mmd
@@ -91,7 +91,7 @@ def test_status_of_a_daemon_that_fell_back_to_the_cpu_says_cpu(tmp_path):
     assert state is not None and state["backend"] == "cpu"
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_status_metrics_finds_the_metrics_file_from_the_daemons_state(tmp_path):
     """`mmd status --metrics` given only the inbox (no config): the daemon's state file names its metrics_file."""
     from .conftest import run_mmd
@@ -106,7 +106,7 @@ def test_status_metrics_finds_the_metrics_file_from_the_daemons_state(tmp_path):
     assert r.stdout == metrics.read_text() and "mmd_up" in r.stdout
 
 
-@pytest.mark.process
+@pytest.mark.integration
 def test_status_metrics_says_how_to_name_the_file_where_no_daemon_wrote_one(tmp_path):
     from .conftest import run_mmd
 

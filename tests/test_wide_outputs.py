@@ -15,7 +15,7 @@ from mmd import config, daemon, textformat, textoutput
 from .conftest import run_mmd
 
 #: Real processes and daemons: left out of `make quick`, run by `make test`.
-pytestmark = pytest.mark.process
+pytestmark = pytest.mark.integration
 
 FLT_MAX = float(np.finfo(np.float32).max)
 #: A product of the widest fields: FLT_MAX's 39 digits before the point, negatives, 10^13 and on.

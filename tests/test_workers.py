@@ -235,7 +235,7 @@ def test_bench_devices_counts_throughput_from_the_sidecars(monkeypatch):
     assert ph["overall"] == 1000.0 and ph["other"] == pytest.approx(520.0)
 
 
-@pytest.mark.process
+@pytest.mark.integration
 @pytest.mark.parametrize("fail", [None, "reserve_host"])
 def test_a_gpu_worker_warms_up_once_ready_and_a_failed_warm_up_costs_only_that(tmp_path, fail):
     """Each GPU worker sets aside the buffers warm_up_mib allows as soon as it is ready (issue 33's first
