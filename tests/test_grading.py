@@ -20,7 +20,7 @@ import xmlschema
 from mmd import accel, textcore, textformat, textoutput
 from mmd.check import jobs, lateness, pairing, reports, results, tolerance
 from mmd.check import quick as quickcheck
-from mmd.check.results import Job, Options, Status
+from mmd.check.results import Options, Pairing, Status
 from mmd.errors import ExitStatus, UnreadableError
 from mmd.generate import input_chunks, random_matrix
 from mmd.record import reader
@@ -292,9 +292,9 @@ def test_pairing_ignores_hidden_files_and_other_suffixes(tmp_path):
         (ref / name).write_text("")
     paired = pairing.pair_folder(out, ref, "inputs")
     assert paired == [
-        Job("w", None, None, out / "w.error.yaml"),
-        Job("x", out / "x.out", ref / "x.txt", None),
-        Job("y", None, ref / "y.txt", None),
+        Pairing("w", None, None, out / "w.error.yaml"),
+        Pairing("x", out / "x.out", ref / "x.txt", None),
+        Pairing("y", None, ref / "y.txt", None),
     ]
     assert jobs.check_job(paired[0], Options()).reason == "w.error.yaml: no w.txt to check it against"
 
@@ -658,7 +658,7 @@ def test_every_status_in_junit_is_valid(folder, tmp_path):
         JUNIT_SCHEMA.validate(tmp_path / "r.xml")
 
 
-def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> Job:
+def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> Pairing:
     """x.txt and an output x.out far from its product (off by about 20 everywhere) that passes --quick
     at seed 0: the product plus an error that seed 0's vectors cannot see (E·x = 0 and yᵀ·E = 0 for
     each of its x and y). Anyone can make it in O(n²) from the public vectors; the product here
@@ -675,7 +675,7 @@ def _forged_for_seed_0(folder: Path, m: int = 96, k: int = 80, n: int = 112) -> 
     e -= (e @ qx) @ qx.T
     out = folder / "x.out"
     out.write_bytes(textformat.emit((a.astype(np.float64) @ b + e).astype(np.float32)))
-    return Job("x", out, src)
+    return Pairing("x", out, src)
 
 
 def test_a_forgery_for_seed_0_fails_under_the_default_seed(tmp_path):

@@ -29,7 +29,7 @@ from ..cpus import block_rows, usable_cores, worker_rows
 from ..errors import InputFormatError, NotRegularFile, UnreadableError
 from . import compare, quick
 from .pairing import class_jobs, pair_folder, read_sidecar
-from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Job, Options, Result, Run, Status
+from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Options, Pairing, Result, Run, Status
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,7 +199,7 @@ def _paired_blocks(
 # checking
 
 
-def check_job(job: Job, options: Options) -> Result:
+def check_job(job: Pairing, options: Options) -> Result:
     """Check one job; every outcome is a :class:`Result` (nothing raises for a bad file)."""
     start = time.perf_counter()
     try:
@@ -213,7 +213,7 @@ def _with_seconds(r: Result, seconds: float) -> Result:
     return dataclasses.replace(r, seconds=seconds)
 
 
-def _result(job: Job, status: Status, **fields: Any) -> Result:
+def _result(job: Pairing, status: Status, **fields: Any) -> Result:
     return Result(
         name=job.name,
         status=status,
@@ -238,7 +238,7 @@ def precision_of(kernel: str | None, declared: str | None = None) -> str:
     return kernels.get(kernel).precision if kernel in kernels.NAMES else "fp32"
 
 
-def _check(job: Job, options: Options) -> Result:
+def _check(job: Pairing, options: Options) -> Result:
     if job.aside is not None:
         return _result(job, job.aside.status, reason=job.aside.reason)
     if job.reference is None:
@@ -322,12 +322,12 @@ class _Rows:
         return sums
 
 
-def _shape_mismatch(job: Job, shape: tuple[int, int], want: tuple[int, int]) -> Result:
+def _shape_mismatch(job: Pairing, shape: tuple[int, int], want: tuple[int, int]) -> Result:
     reason = f"shape {shape[0]}x{shape[1]}, expected {want[0]}x{want[1]}"
     return _result(job, Status.MISMATCH, shape=shape, reason=reason)
 
 
-def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple[int, int]) -> Result:
+def _against_expected(job: Pairing, options: Options, data: memoryview, shape: tuple[int, int]) -> Result:
     """The output against an expected output, both read a block of rows at a time
     (:func:`mmd.cpus.block_rows`) and compared as they come: neither is held whole.
 
@@ -363,7 +363,7 @@ def _against_expected(job: Job, options: Options, data: memoryview, shape: tuple
         return _result(job, Status.ERROR, shape=shape, reason=exc.reason)
 
 
-def _against_input(job: Job, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
+def _against_input(job: Pairing, options: Options, data: memoryview, shape: tuple[int, int], rows: _Rows) -> Result:
     """The output (its rows read on a second thread) against its input.
 
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
@@ -453,7 +453,9 @@ def _projections(inputs: _Input, seed: int) -> quick.Projections:
     return quickarrays.project(*inputs.arrays(), seed)
 
 
-def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport, precision: str = "fp32") -> Result:
+def _values_result(
+    job: Pairing, shape: tuple[int, int], report: compare.CheckReport, precision: str = "fp32"
+) -> Result:
     reason = ""
     if not report.ok:
         m, n = report.shape
@@ -465,7 +467,7 @@ def _values_result(job: Job, shape: tuple[int, int], report: compare.CheckReport
     return _result(job, status, shape=shape, max_error=err, reason=reason, detail=report.summary(), precision=precision)
 
 
-def _held_to(job: Job, precision: str, reason: str) -> str:
+def _held_to(job: Pairing, precision: str, reason: str) -> str:
     """``reason``, with the tolerance a TF32 kernel's output was held to: a grader must see that it was
     wider, and why."""
     if precision != "tf32":
@@ -507,7 +509,7 @@ class Progress(Protocol):
 
 
 def check_jobs(
-    jobs: Sequence[Job], options: Options, workers: int | None = None, progress: Progress | None = None
+    jobs: Sequence[Pairing], options: Options, workers: int | None = None, progress: Progress | None = None
 ) -> list[Result]:
     """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order, each told to
     ``progress`` as it ends."""
@@ -569,7 +571,7 @@ def check_file(output: Path, reference: Path, options: Options) -> Run:
         sidecar = read_sidecar(output)
         kernel = None if sidecar is None else sidecar.kernel
         precision = None if sidecar is None else sidecar.precision
-    result = check_job(Job(name or output.name, output, reference, kernel=kernel, precision=precision), options)
+    result = check_job(Pairing(name or output.name, output, reference, kernel=kernel, precision=precision), options)
     return Run(output, reference, options, (result,), time.perf_counter() - start, started)
 
 

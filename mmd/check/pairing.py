@@ -24,7 +24,7 @@ from pathlib import Path
 from .. import textcore
 from ..errors import UnreadableError, UsageError
 from .lateness import Arrival, Clock, Source, parse_time, shown_time
-from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Aside, Job, Status, shown
+from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Aside, Pairing, Status, shown
 
 #: The largest sidecar read for pairing: mmd's are about 2 KB; a student's file is not parsed beyond this.
 SIDECAR_MAX_BYTES = 64 * 1024
@@ -84,7 +84,7 @@ def pair(
     refs: Mapping[str, Path],
     ref_sha256: Mapping[str, str],
     before: datetime | None = None,
-) -> list[Job]:
+) -> list[Pairing]:
     """The jobs of a folder's outputs and error sidecars (``found``) against the references ``refs`` (job
     name -> input or expected output), sorted by name; pure.
 
@@ -103,7 +103,7 @@ def pair(
         same = by_sha.get(sha, []) if sha else []
         name = f.name if not same or f.name in same else same[0]
         answers.setdefault(name, []).append(f)
-    jobs: list[Job] = []
+    jobs: list[Pairing] = []
     for name in sorted(set(refs) | set(answers)):
         ref = refs.get(name)
         mine = sorted(answers.get(name, []), key=_newest_first)
@@ -116,7 +116,7 @@ def pair(
             jobs.append(_job(name, in_time[0], ref))
         else:
             reason = None if before is None else f"no output and no error sidecar arrived before {shown_time(before)}"
-            jobs.append(Job(name, None, ref, aside=Aside(Status.MISSING, reason) if reason else None))
+            jobs.append(Pairing(name, None, ref, aside=Aside(Status.MISSING, reason) if reason else None))
         why = f"superseded by {in_time[0].path.name}" if in_time else ""
         jobs.extend(_job(name, f, ref, Aside(Status.SUPERSEDED, why)) for f in in_time[1:])
         for f in late:
@@ -129,12 +129,12 @@ def _arrival(found: Found) -> Arrival:
     return found.arrival or Arrival(Source.NONE, why="its arrival was not judged")
 
 
-def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Job:
+def _job(name: str, found: Found, ref: Path | None, aside: Aside | None = None) -> Pairing:
     if found.refusal:
-        return Job(name, None, ref, found.path, aside, arrival=found.arrival)
+        return Pairing(name, None, ref, found.path, aside, arrival=found.arrival)
     kernel = found.sidecar.kernel if found.sidecar is not None else None
     precision = found.sidecar.precision if found.sidecar is not None else None
-    return Job(name, found.path, ref, None, aside, kernel=kernel, precision=precision, arrival=found.arrival)
+    return Pairing(name, found.path, ref, None, aside, kernel=kernel, precision=precision, arrival=found.arrival)
 
 
 def _found(folder: Path, clock: Clock | None) -> list[Found]:
@@ -159,7 +159,7 @@ def _clock(folder: Path, before: datetime | None) -> Clock | None:
         raise UnreadableError(f"cannot read {folder}: {exc.strerror}") from None
 
 
-def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Job]:
+def pair_folder(outbox: Path, reference: Path, against: str, before: datetime | None = None) -> list[Pairing]:
     """The jobs of ``outbox`` against the folder ``reference`` (:func:`pair`), sorted by name. Raises
     UnreadableError."""
     ref_suffix = OUTPUT_SUFFIX if against == "expected" else INPUT_SUFFIX
@@ -224,7 +224,7 @@ def _names(folder: Path, suffix: str) -> Iterable[tuple[str, Path]]:
 
 def class_jobs(
     folder: Path, reference: Path, against: str, before: datetime | None = None, roster: Sequence[str] | None = None
-) -> list[Job]:
+) -> list[Pairing]:
     """Every student's jobs (:func:`pair`), by login. The students are ``folder``'s entries (each looked at
     with ``lstat``: a real folder is a student's; a link, FIFO or device named like one is reported as
     not-a-file and never followed) and the logins of ``roster`` (one with no folder has every test
@@ -247,7 +247,7 @@ def class_jobs(
     clock = _clock(folder, before)
     found = {login: _found(folder / login, clock) for login, mode in students.items() if stat.S_ISDIR(mode)}
     sha256s = _sha256s(refs, [f for mine in found.values() for f in mine], against)
-    jobs: list[Job] = []
+    jobs: list[Pairing] = []
     for login in sorted(set(students) | named):
         mode = students.get(login)
         if login in found:
@@ -256,11 +256,11 @@ def class_jobs(
             if mode is not None:
                 path = folder / login
                 why = Aside(Status.NOT_A_FILE, textcore.not_regular(path, mode).reason)
-                mine = [Job(login, path, None, aside=why)]
+                mine = [Pairing(login, path, None, aside=why)]
             else:
                 mine = []
             why = Aside(Status.MISSING, f"no folder {login}")
-            mine += [Job(name, None, ref, aside=why) for name, ref in sorted(refs.items())]
+            mine += [Pairing(name, None, ref, aside=why) for name, ref in sorted(refs.items())]
         jobs += [dataclasses.replace(job, student=login) for job in mine]
     return jobs
 

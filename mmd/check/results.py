@@ -78,7 +78,7 @@ class Aside:
 
 
 @dataclass(frozen=True)
-class Job:
+class Pairing:
     """One pairing of an output with its reference, as found in the folders."""
 
     name: str

@@ -51,7 +51,7 @@ class Refusals(Protocol):
 
 
 @dataclass(frozen=True)
-class Job:
+class ShownJob:
     """A job as the desk sees it: in the queue, handed to a worker, or running."""
 
     state: str  # queued | starting | running
@@ -123,12 +123,12 @@ class Desk:
         return bool(self.graders & set(os.getgrouplist(entry.pw_name, entry.pw_gid)))
 
     # -- the jobs --
-    def jobs(self, submitter: str | None, *, everyone: bool = False, limit: int | None = None) -> list[Job]:
+    def jobs(self, submitter: str | None, *, everyone: bool = False, limit: int | None = None) -> list[ShownJob]:
         """``submitter``'s jobs (``everyone``: every job, the queue's first ``limit``), running and handed to
         workers first, then the queue in its order. A submitter's cost their own jobs and the jobs in hand,
         never the whole queue: the queue's items and the workers' orders say whose each is, and no file is
         looked at."""
-        out: list[Job] = []
+        out: list[ShownJob] = []
         for index, w in enumerate(self.workers.handles):
             running = w.control.running()
             owner = login_of(running.owner) if running is not None and running.owner is not None else None
@@ -140,16 +140,18 @@ class Desk:
                 if running is not None and running.seq == seq:
                     whose = owner if running.owner is not None else whose
                     if everyone or whose == submitter:
-                        out.append(Job("running", name, whose, job_id, worker=index, seq=seq, since=running.started,
-                                       phase=running.phase, claimed=True))  # fmt: skip
+                        out.append(ShownJob("running", name, whose, job_id, worker=index, seq=seq,
+                                            since=running.started, phase=running.phase, claimed=True))  # fmt: skip
                 elif everyone or whose == submitter:
-                    out.append(Job("starting", name, whose, job_id, worker=index, claimed=isinstance(order, Resume)))
+                    out.append(
+                        ShownJob("starting", name, whose, job_id, worker=index, claimed=isinstance(order, Resume))
+                    )
         now = time.monotonic()
         queued = enumerate(self.scheduler.queued(now, limit), 1) if everyone else self.scheduler.places(submitter, now)
         for position, item in queued:
             claimed = item.claim.job_id if item.claim is not None else None
-            out.append(Job("queued", item.name, item.submitter, claimed, position=position,
-                           claimed=item.claim is not None))  # fmt: skip
+            out.append(ShownJob("queued", item.name, item.submitter, claimed, position=position,
+                                claimed=item.claim is not None))  # fmt: skip
         return out
 
     def _status(self, uid: int) -> dict[str, Any]:
