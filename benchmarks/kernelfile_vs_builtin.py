@@ -133,20 +133,18 @@ def timeline(src: Path, args: list[str], env: dict[str, str], work: Path) -> lis
     return [*lines, f"{took * 1e3:8.1f} {'':>8} the run's process has ended"]
 
 
-def launch_starts(nbytes: int, count: int, cache: Path) -> list[tuple[float, float]]:
-    """(seconds to the launch process's ready, then to its page-locked input memory of ``nbytes``) of ``count``
-    fresh launch processes, as ``mmd run --kernel-file`` starts one."""
+def launch_starts(count: int, cache: Path) -> list[float]:
+    """Seconds to the launch process's ready of ``count`` fresh launch processes, as ``mmd run --kernel-file``
+    starts one."""
     from mmd.kernelfile.launch import LaunchProcess
 
     out = []
     for _ in range(count):
         start = time.perf_counter()
-        process = LaunchProcess(0, "bench", cache, input_bytes=nbytes)
+        process = LaunchProcess(0, "bench", cache)
         try:
             process.ready()
-            ready = time.perf_counter() - start
-            process.input_memory(nbytes).close()
-            out.append((ready, time.perf_counter() - start - ready))
+            out.append(time.perf_counter() - start)
         finally:
             process.close()
     return out
@@ -194,7 +192,7 @@ def main() -> int:
                               str(EXAMPLES / "tiled.cu")])):  # fmt: skip
                 print(f"\ntimeline of mmd run, {name} (ms from its start, pid, event):")
                 print("\n".join(timeline(src, [*way, "--tile", str(args.tile)], env, work)))
-        starts = launch_starts(src.stat().st_size, 3, cache)
+        starts = launch_starts(3, cache)
     print(f"\n{args.size}x{args.size}x{args.size} at tile {args.tile}, medians of {args.repeat}")
     print(f"{'CUDA phase (ms)':<18}{'built-in':>12}{'kernel file':>14}{'diff':>10}  target: within 5% or 5 ms")
     for p in PHASES:
@@ -210,8 +208,7 @@ def main() -> int:
     gap_host = wall["kernel file, host text"] - wall["built-in tiled, host text"]
     verdict = "meets" if gap <= 0.3 else "MISSES"
     print(f"kernel file - built-in: {gap:+.3f} s ({verdict} 0.3 s); on the host text path both: {gap_host:+.3f} s")
-    shown = ", ".join(f"{r:.3f} + {m:.3f}" for r, m in starts)
-    print(f"\na launch process's start: ready + the input's page-locked memory (s): {shown}")
+    print(f"\na launch process's start, to ready (s): {', '.join(f'{r:.3f}' for r in starts)}")
     print(f"\nfirst compile of naive.cu (NVRTC, sm_90, empty cache): {', '.join(f'{t:.3f}' for t in compiles)} s")
     print(f"first compile: {'meets' if compiles[0] <= 1.0 else 'MISSES'} the 1 s target")
     return 0

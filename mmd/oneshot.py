@@ -47,7 +47,7 @@ class OneShot:
         self._launch: LaunchProcess | None = None
         if kernel_file is not None:
             # its own process makes its context: this one makes none
-            self._launch = _launch_process(settings, src, kernel_file, reap=release)
+            self._launch = _launch_process(settings, kernel_file, reap=release)
         elif settings.backend != "cpu":
             from .cuda.libcuda import ContextWarmer
 
@@ -133,12 +133,8 @@ def _cuda_runs_here() -> None:
         raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
 
 
-def _launch_process(settings: Settings, src: Path, kernel_file: Path, *, reap: bool) -> LaunchProcess:
-    """``kernel_file``'s launch process, started now, with the input's memory asked of it where the input will
-    take the GPU text path."""
+def _launch_process(settings: Settings, kernel_file: Path, *, reap: bool) -> LaunchProcess:
+    """``kernel_file``'s launch process, started now."""
     from .kernelfile.launch import LaunchProcess
-    from .textcore import device_wanted
 
-    size = src.stat().st_size
-    wanted = size if device_wanted(settings.text_path, size) else 0
-    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), input_bytes=wanted, reap=reap)
+    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), reap=reap)

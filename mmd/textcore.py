@@ -31,18 +31,6 @@ WORKERS = min(8, usable_cores())
 #: Characters of an offending value shown in an error.
 MAX_SHOWN = 40
 
-#: With ``text_path: auto``, an input smaller than this is parsed and formatted on the host: the GPU
-#: text path's fixed cost (its launches, events and staging; docs/textpath.md gives it) is more than the C
-#: accelerator needs for the whole of such a file.
-GPU_TEXT_MIN_BYTES = 256 * 1024
-
-
-def device_wanted(text_path: str, nbytes: int) -> bool:
-    """Whether an input of ``nbytes`` goes through a backend's device path (where it has one) with
-    ``text_path``: asked for, or (``auto``) not small. Here, numpy-free, so that ``mmd run`` can tell its
-    launch process before its own imports."""
-    return text_path == "gpu" or (text_path == "auto" and nbytes >= GPU_TEXT_MIN_BYTES)
-
 
 @dataclass(frozen=True)
 class Header:

@@ -84,5 +84,5 @@ def test_a_kernel_files_launch_process_is_started_before_numpy_and_the_pipeline_
     (start,) = starts([str(src), "--kernel-file", str(k), "--tile", "4"], exiting, tmp_path, fake_gpu())
     assert start["start"] == "LaunchProcess" and start["loaded"] == []
     # a process that ends with the job leaves its killed launch process to the system
-    assert start["kwargs"] == {"input_bytes": 0, "reap": not exiting}
+    assert start["kwargs"] == {"reap": not exiting}
     assert (tmp_path / "a.out").exists()

@@ -10,8 +10,7 @@ import yaml
 
 from mmd.backends import CpuBackend, MultiplyRequest
 from mmd.pipeline import Limits, read_input
-from mmd.pipeline.textpaths import DeviceTextPath, HostTextPath, choose
-from mmd.textcore import GPU_TEXT_MIN_BYTES
+from mmd.pipeline.textpaths import GPU_TEXT_MIN_BYTES, DeviceTextPath, HostTextPath, choose
 
 from .conftest import plain, run_file
 from .fakes import cuda_backend

@@ -23,7 +23,6 @@ POINTS = {
     "mmd.kernelfile.launch": (
         "LaunchProcess.__init__",
         "LaunchProcess.ready",
-        "LaunchProcess.input_memory",
         "LaunchProcess.run_text",
         "LaunchProcess.close",
     ),
@@ -95,7 +94,7 @@ if FILE:
     _send_fds = socket.send_fds
 
     def _traced_send(sock: Any, buffers: Any, fds: Any, *args: Any) -> int:
-        # the launch process's messages (ready, prepared, launching, ran, done) and the parent's jobs
+        # the launch process's messages (ready, launching, ran, done) and the parent's jobs
         first = bytes(buffers[0][:40]).decode("utf-8", "replace").split('"')
         mark(f"send {first[1] if len(first) > 1 else '?'}")
         return _send_fds(sock, buffers, fds, *args)

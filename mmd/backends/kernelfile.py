@@ -184,7 +184,8 @@ class KernelFileBackend(Backend, DeviceText):
             return np.empty(shape, dtype)
         if self._input is not None:
             self._input.close()
-        self._input = self._live().input_memory(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        # made (its pages faulted in) and read into here, while the launch process starts; it page-locks it
+        self._input = Shared(int(np.prod(shape)) * np.dtype(dtype).itemsize, populate=True)
         return self._input.array(0, shape, dtype)
 
     def device_text(self) -> DeviceText:

@@ -159,17 +159,14 @@ class _Drain:
 class LaunchProcess:
     """A child process with its own CUDA context on ``device``, serving one backend's launches: started at
     once, so that its imports and context are made while the first job's input is read. ``kernel_cache``:
-    where mmd's own text kernels are built and kept; ``input_bytes``: the size of the first job's input,
-    for memory the child page-locks for it as soon as it has its context (:meth:`input_memory`).
+    where mmd's own text kernels are built and kept.
 
     :meth:`ready` waits for it (the device's name and limits); :meth:`run` and :meth:`run_text` run one job
     each; :attr:`alive` says whether it can take another; :meth:`close` kills it wherever it is (and waits for
     it, unless ``reap`` is False). ``label`` names the kernel in messages.
     """
 
-    def __init__(
-        self, device: int, label: str, kernel_cache: Path | None = None, input_bytes: int = 0, *, reap: bool = True
-    ) -> None:
+    def __init__(self, device: int, label: str, kernel_cache: Path | None = None, *, reap: bool = True) -> None:
         self.label = label
         #: Whether :meth:`close` waits for the killed child (False: a caller whose own process ends next leaves
         #: it to the system, and does not wait out the driver's teardown of the child's context).
@@ -187,7 +184,6 @@ class LaunchProcess:
                     __package__ + ".launch_child",
                     *map(str, (theirs.fileno(), device, os.getpid())),
                     cache,
-                    str(max(input_bytes, 0)),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -214,8 +210,6 @@ class LaunchProcess:
         #: Seconds its kernels held the GPU: from each launch to its end, its fault or its kill (what a student's
         #: GPU time is charged by).
         self.launched_s = 0.0
-        #: Bytes of input memory asked of the child and not yet taken (:meth:`input_memory`).
-        self._asked = max(input_bytes, 0)  # the child makes it as it starts (its command line says the size)
 
     @property
     def alive(self) -> bool:
@@ -326,38 +320,11 @@ class LaunchProcess:
             self._ready = (str(message["device"]), DeviceLimits(**raw))
         return self._ready
 
-    def _ask(self, nbytes: int) -> None:
-        try:
-            self._sock.send(json.dumps({"prepare": {"nbytes": nbytes}}).encode())
-        except OSError as exc:
-            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
-                raise
-            raise self._died("taking the job") from None
-        self._asked = nbytes
-
-    def input_memory(self, nbytes: int) -> Shared:
-        """``nbytes`` of memory for a ``text`` job's input, made and page-locked by the child (asked for when
-        the process started, where it was told the size), so that the file is read straight into it and the
-        child copies it to the device with no staging."""
-        self.ready()
-        if self._asked < nbytes:
-            self._ask(nbytes)
-        _, fds = self._expect("prepared", time.monotonic() + START_S, "making the input's memory")
-        self._asked = 0
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            self.close()
-            raise KernelLaunchError(f"{self.label}: its process gave no input memory")
-        return Shared(fd=fds[0])
-
     def _job(self, job: dict[str, Any], data: Shared, cubin: bytes, limit_s: float) -> tuple[dict[str, Any], list[int]]:
         """Send ``job`` with ``data`` and the cubin; hold the launch to ``limit_s``; the child's answer."""
         self.ready()
         if self._closed:
             raise KernelLaunchError(f"{self.label}: its launch process has ended")
-        if self._asked:  # input memory asked for and not taken: the child answers before it takes the job
-            self.input_memory(self._asked).close()
         self._printf, self._printf_bytes = bytearray(), 0
         code = Shared(len(cubin))
         try:
@@ -427,16 +394,16 @@ class LaunchProcess:
     def run_text(self, launch: Launch, data: memoryview, header: Header, limit_s: float, shared: Shared | None) -> Ran:
         """``launch`` on the matrices of an input file's bytes ``data`` (``header`` parsed), parsed, padded,
         multiplied and formatted in the child as the cuda backend's text path does: the output's bytes, the
-        (cropped) product and the phases' times. ``shared``: the child's input memory (:meth:`input_memory`)
-        ``data`` was read into, where it lies there (else it is copied into new shared memory)."""
+        (cropped) product and the phases' times. ``shared``: the memory file ``data`` was read into, where it lies
+        there (else it is copied into a new one): the child page-locks it where it lies and copies it to the device
+        with no staging."""
         own = None
-        prepared = shared is not None and shared.holds(data)
-        if shared is None or not prepared:
+        if shared is None or not shared.holds(data):
             own = shared = Shared(len(data))
             shared.bytes_at(0, len(data))[:] = data
         try:
             job = {"text": {**launch.message(), "offset": shared.offset_of(data), "nbytes": len(data),
-                            "header": dataclasses.asdict(header), "prepared": prepared}}  # fmt: skip
+                            "header": dataclasses.asdict(header)}}  # fmt: skip
             done, fds = self._job(job, shared, launch.cubin, limit_s)
         finally:
             if own is not None:

@@ -1,18 +1,17 @@
 """The process a kernel file's launches run in (started by :mod:`.launch`): one CUDA context, one submitter.
 
-Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNEL_CACHE INPUT_BYTES``. It
-opens a :class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none
-where empty; the context made on a thread beside its imports) and says on the socket that it is ready (with
-the device's limits); where ``INPUT_BYTES`` is not 0 it then hands over the first job's input memory (made
-and faulted in beside the imports too, page-locked once the context is there). Then it takes messages
-until the parent closes the socket: ``prepare`` (input memory for the next job) or a job, a JSON message
-with two memory files (the job's bytes, the cubin):
+Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNEL_CACHE``. It opens a
+:class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none where
+empty; the context made on a thread beside its imports) and says on the socket that it is ready (with the
+device's limits). Then it takes jobs until the parent closes the socket, each a JSON message with two memory
+files (the job's bytes, the cubin):
 
 * ``arrays``: padded A and B and room for C. It runs the course's five timed phases as the cuda backend
   does (``malloc`` includes zeroing C, which some kernels add into) and writes C into the job's memory.
-* ``text``: an input file's bytes. :class:`~mmd.cuda.text.GpuText` parses them on the GPU, the kernel
-  multiplies (padded on the device where it needs it: A's padded columns +0.0, B's padded rows -0.0, as
-  :mod:`.padding` explains) and GpuText formats the product; the answer brings a new memory file holding
+* ``text``: an input file's bytes, in the memory file the parent read the file into (page-locked here where
+  it lies, so that the device copies it with no staging). :class:`~mmd.cuda.text.GpuText` parses them on the
+  GPU, the kernel multiplies (padded on the device where it needs it: A's padded columns +0.0, B's padded rows
+  -0.0, as :mod:`.padding` explains) and GpuText formats the product; the answer brings a new memory file holding
   C and then the output's bytes.
 
 It says ``launching`` before the launch and ``ran`` once the kernel has finished (its printf flushed), so
@@ -36,7 +35,6 @@ import re
 import resource
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -160,16 +158,6 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
     control.send({"done": {"timings": timer.elapsed_ms()}})
 
 
-def _prepare(session: Any, memory: Any, control: _Socket) -> Any:
-    """``memory`` (a new :class:`~.exchange.Shared`) for the next ``text`` job's input, page-locked here and
-    handed to the parent, which reads the file into it: the device copies it in with no staging. The last job's
-    input memory, done with, is unlocked first (a kept process would otherwise hold every job's locked)."""
-    session.memory.drop_host("input")
-    session.memory.adopt_mapped("input", memory.array(0, memory.nbytes, "u1"))
-    control.send({"prepared": {"nbytes": memory.nbytes}}, [memory.fd])
-    return memory
-
-
 def _text(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin: bytes, control: _Socket) -> None:
     import numpy as np
 
@@ -181,6 +169,10 @@ def _text(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cubin
     header = Header(**job["header"])
     mp, kp, np_ = job["padded"]
     function = kernels.function(cubin, job)
+    # the input's memory file, page-locked where it lies (the last job's unlocked: a kept process would otherwise
+    # hold every job's locked): the device copies it in with no staging
+    session.memory.drop_host("input")
+    session.memory.adopt_mapped("input", data.array(0, data.nbytes, "u1"))
     body = data.bytes_at(job["offset"], job["nbytes"])
 
     def multiply(a: DeviceMatrix, b: DeviceMatrix, c: DeviceMatrix, timer: Timer) -> None:
@@ -241,20 +233,16 @@ def _fault(control: _Socket, error: dict[str, Any]) -> None:
 
 def main() -> None:
     control_fd, device = int(sys.argv[1]), int(sys.argv[2])
-    parent, cache, input_bytes = int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    parent, cache = int(sys.argv[3]), sys.argv[4]
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     from ..cuda.libcuda import ContextWarmer
 
-    # The driver's start and the context (pycuda retains the same primary context), and the input's memory
-    # faulted in, on threads beside the imports below (numpy's first): the parent is waiting for both.
+    # The driver's start and the context (pycuda retains the same primary context) on a thread beside the imports
+    # below (numpy's first): the parent is waiting for it.
     warmer = ContextWarmer(device)
     from .exchange import Shared
 
-    early: list[Shared] = []
-    filler = threading.Thread(target=lambda: early.append(Shared(input_bytes, populate=True)), daemon=True)
-    if input_bytes:
-        filler.start()
     control = _Socket(control_fd)
     from ..errors import MmdError
 
@@ -269,14 +257,6 @@ def main() -> None:
         warmer.release()  # pycuda holds the context now
     control.send({"ready": {"device": session.device.name(), "limits": dataclasses.asdict(session.device.limits)}})
     kernels = _Kernels(session)
-    prepared = None
-    if input_bytes:
-        filler.join()
-        try:
-            prepared = _prepare(session, early.pop() if early else Shared(input_bytes), control)
-        except MmdError as exc:
-            _fault(control, exc.as_dict())
-            os._exit(0)
     while True:
         try:
             got = control.receive()
@@ -286,17 +266,13 @@ def main() -> None:
             os._exit(0)
         job, fds = got
         try:
-            if "prepare" in job:
-                prepared = _prepare(session, Shared(int(job["prepare"]["nbytes"])), control)
-                continue
             data, code = Shared(fd=fds[0]), Shared(fd=fds[1], writable=False)
             cubin = bytes(code.bytes_at(0, code.nbytes))
             code.close()
             if "arrays" in job:
                 _arrays(session, kernels, job["arrays"], data, cubin, control)
             else:
-                mine = prepared if job["text"].get("prepared") and prepared is not None else data
-                _text(session, kernels, job["text"], mine, cubin, control)
+                _text(session, kernels, job["text"], data, cubin, control)
             data.close()
         except MmdError as exc:
             _fault(control, exc.as_dict())

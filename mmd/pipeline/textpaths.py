@@ -24,7 +24,6 @@ import numpy as np
 from .. import textformat
 from ..backends.base import INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product
 from ..record import TextFacts
-from ..textcore import device_wanted
 from ..textformat import Header
 
 
@@ -105,6 +104,18 @@ class DeviceTextPath(TextPath):
         stage = {"parse": product.stage_ms.get("parse", 0.0), "emit": product.stage_ms.get("emit", 0.0)}
         made = textformat.OutputSize(sum(memoryview(chunk).nbytes for chunk in product.chunks))  # in memory, unwritten
         return Computed(product.chunks, product, product.text, made, stage)
+
+
+#: With ``text_path: auto``, an input smaller than this is parsed and formatted on the host: the GPU
+#: text path's fixed cost (its launches, events and staging; docs/textpath.md gives it) is more than the C
+#: accelerator needs for the whole of such a file.
+GPU_TEXT_MIN_BYTES = 256 * 1024
+
+
+def device_wanted(text_path: str, nbytes: int) -> bool:
+    """Whether an input of ``nbytes`` goes through a backend's device path (where it has one) with
+    ``text_path``: asked for, or (``auto``) not small."""
+    return text_path == "gpu" or (text_path == "auto" and nbytes >= GPU_TEXT_MIN_BYTES)
 
 
 def choose(backend: Backend, request: MultiplyRequest, nbytes: int) -> TextPath:
