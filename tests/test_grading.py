@@ -547,7 +547,7 @@ def test_quick_by_the_c_route_reports_as_numpy_s(tmp_path, monkeypatch, block):
 SECRET = b"ta-token-3f9a1c SECRET\n"
 
 
-def _reports(run: results.Run, tmp_path: Path) -> bytes:
+def _reports(run: results.CheckRun, tmp_path: Path) -> bytes:
     """Everything the run shows a grader: the table, the summary, the JUnit and JSON files."""
     reports.write_junit(run, tmp_path / "r.xml")
     reports.write_json(run, tmp_path / "r.json")

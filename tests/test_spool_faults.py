@@ -33,7 +33,7 @@ import yaml
 
 from mmd import config, daemon, spool
 from mmd.daemon import Control, Runner
-from mmd.daemon.messages import Kept, Resume, Run
+from mmd.daemon.messages import Kept, Resume, RunOrder
 from mmd.fileops import OPERATIONS, FileOps
 from mmd.job import new_id
 
@@ -251,7 +251,7 @@ class Rig:
 
     def run(self, name: str) -> None:
         self.seq += 1
-        self.runner.process(Run(self.seq, name, new_id()))
+        self.runner.process(RunOrder(self.seq, name, new_id()))
 
     def drain(self) -> None:
         """What the daemon does after its pause: take back what it left in .work, sweep, claim what waits."""
@@ -526,7 +526,7 @@ def run_group(rig: Rig, names: list[str]) -> None:
     """Run ``names`` as a worker does when more orders wait behind each (the last flushes the group)."""
     for name in names:
         rig.seq += 1
-        rig.runner.process(Run(rig.seq, name, new_id()), more_waiting=True)
+        rig.runner.process(RunOrder(rig.seq, name, new_id()), more_waiting=True)
     rig.runner.flush()
 
 

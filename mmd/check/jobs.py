@@ -29,7 +29,7 @@ from ..cpus import block_rows, usable_cores, worker_rows
 from ..errors import InputFormatError, NotRegularFile, UnreadableError
 from . import compare, quick
 from .pairing import class_jobs, pair_folder, read_sidecar
-from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, Options, Pairing, Result, Run, Status
+from .results import INPUT_SUFFIX, OUTPUT_SUFFIX, CheckRun, Options, Pairing, Result, Status
 
 if TYPE_CHECKING:
     import numpy as np
@@ -533,13 +533,13 @@ def check_jobs(
 
 def check_folder(
     outbox: Path, reference: Path, options: Options, workers: int | None = None, progress: Progress | None = None
-) -> Run:
+) -> CheckRun:
     """Pair and check a whole outbox against a folder of inputs or expected outputs."""
     started = _now()
     start = time.perf_counter()
     jobs = pair_folder(outbox, reference, options.against, options.before)
     results = check_jobs(jobs, options, workers, progress)
-    return Run(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
+    return CheckRun(outbox, reference, options, tuple(results), time.perf_counter() - start, started)
 
 
 def check_class(
@@ -549,7 +549,7 @@ def check_class(
     roster: Sequence[str] | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
-) -> Run:
+) -> CheckRun:
     """Check a class's ``folder``, a sub-folder per student (``handin/<login>/``, class mode's
     ``outbox/<login>/``), each against the same inputs or expected outputs: the jobs of every student
     (:func:`class_jobs`) in one pool."""
@@ -557,10 +557,10 @@ def check_class(
     start = time.perf_counter()
     jobs = class_jobs(folder, reference, options.against, options.before, roster)
     results = check_jobs(jobs, options, workers, progress)
-    return Run(folder, reference, options, tuple(results), time.perf_counter() - start, started, by_student=True)
+    return CheckRun(folder, reference, options, tuple(results), time.perf_counter() - start, started, by_student=True)
 
 
-def check_file(output: Path, reference: Path, options: Options) -> Run:
+def check_file(output: Path, reference: Path, options: Options) -> CheckRun:
     """Check one output against one input or expected output."""
     started = _now()
     start = time.perf_counter()
@@ -572,7 +572,7 @@ def check_file(output: Path, reference: Path, options: Options) -> Run:
         kernel = None if sidecar is None else sidecar.kernel
         precision = None if sidecar is None else sidecar.precision
     result = check_job(Pairing(name or output.name, output, reference, kernel=kernel, precision=precision), options)
-    return Run(output, reference, options, (result,), time.perf_counter() - start, started)
+    return CheckRun(output, reference, options, (result,), time.perf_counter() - start, started)
 
 
 def _now() -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from .lateness import shown_time
-from .results import FAILED, SET_ASIDE, Result, Run, Status, counts_of, exit_status_of, shown
+from .results import FAILED, SET_ASIDE, CheckRun, Result, Status, counts_of, exit_status_of, shown
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
@@ -53,7 +53,7 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def junit_xml(run: Run) -> ET.Element:
+def junit_xml(run: CheckRun) -> ET.Element:
     """The run as JUnit XML: one testcase per test (failures; errors; a test's superseded and late files as
     skipped) in one testsuite, or in a class's run one testsuite per student. Extra files, which answer no
     test, are no test cases: each suite's ``extra`` property counts them (the table and the JSON name them)."""
@@ -90,7 +90,7 @@ def _junit_totals(results: Sequence[Result], seconds: float) -> dict[str, str]:
 
 
 def _junit_suite(
-    root: ET.Element, run: Run, name: str, results: Sequence[Result], seconds: float, extra: list[tuple[str, str]]
+    root: ET.Element, run: CheckRun, name: str, results: Sequence[Result], seconds: float, extra: list[tuple[str, str]]
 ) -> None:
     import socket
     import xml.etree.ElementTree as ET
@@ -144,7 +144,7 @@ def _junit_suite(
         ET.SubElement(case, "system-out").text = "\n".join([*paths, shown(r.detail)]).rstrip("\n")
 
 
-def write_junit(run: Run, path: Path) -> None:
+def write_junit(run: CheckRun, path: Path) -> None:
     """Write :func:`junit_xml` to ``path`` (atomically)."""
     import xml.etree.ElementTree as ET
 
@@ -154,7 +154,7 @@ def write_junit(run: Run, path: Path) -> None:
     write_atomic(path, [b"<?xml version='1.0' encoding='utf-8'?>\n", body.encode("utf-8"), b"\n"], durable=False)
 
 
-def run_dict(run: Run) -> dict[str, Any]:
+def run_dict(run: CheckRun) -> dict[str, Any]:
     """The run as plain data (what ``--json`` writes)."""
     o = run.options
     return {
@@ -187,7 +187,7 @@ def _student_dict(login: str, results: Sequence[Result]) -> dict[str, Any]:
     }
 
 
-def write_json(run: Run, path: Path) -> None:
+def write_json(run: CheckRun, path: Path) -> None:
     """Write :func:`run_dict` to ``path`` as JSON (atomically)."""
     import json
 

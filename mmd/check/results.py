@@ -148,7 +148,7 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Run:
+class CheckRun:
     """Every result of one ``mmd check``."""
 
     outbox: Path

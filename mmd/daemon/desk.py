@@ -27,7 +27,7 @@ from ..kernelfile.store import KernelStore
 from ..record import ERROR_SUFFIX, TIMING_SUFFIX, now_iso
 from ..spool import CLAIM_SUFFIX, OUTPUT_SUFFIX, Claim, Spool, shown
 from ..submitters import login_of
-from .messages import Asked, Resume, Run
+from .messages import Asked, Resume, RunOrder
 from .pool import WorkerPool
 from .scheduler import Scheduler
 
@@ -133,7 +133,7 @@ class Desk:
             running = w.control.running()
             owner = login_of(running.owner) if running is not None and running.owner is not None else None
             for seq, order in w.in_hand.items():
-                if isinstance(order, Run):
+                if isinstance(order, RunOrder):
                     name, job_id, whose = order.name, order.job_id, w.submitters.get(seq)
                 else:
                     name, job_id, whose = order.claim.name, order.claim.job_id, order.claim.submitter

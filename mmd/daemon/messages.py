@@ -82,7 +82,7 @@ Hint = Arrived | Writing | Asked | InboxChanged | Overflowed | StopRequested | R
 
 
 @dataclass(frozen=True)
-class Run:
+class RunOrder:
     """Claim inbox ``name`` under ``job_id`` (chosen by the main process, so it is in hand before the claim) and
     run it; ``seq`` numbers the orders of one worker."""
 
@@ -121,7 +121,7 @@ class Quit:
     """Finish what is in hand, close the backends and exit."""
 
 
-Order = Run | Resume | Configure | InboxRemade | Quit
+Order = RunOrder | Resume | Configure | InboxRemade | Quit
 
 # -- events: worker -> main process ---------------------------------------------------
 

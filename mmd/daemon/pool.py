@@ -37,14 +37,14 @@ from .messages import (
     Quit,
     Ready,
     Resume,
-    Run,
+    RunOrder,
     StartFailed,
     WorkerSpec,
 )
 from .scheduler import Load
 
 #: What the main process does with a worker's event (and the order it answers, or None).
-OnEvent = Callable[["WorkerHandle", Event, Run | Resume | None], None]
+OnEvent = Callable[["WorkerHandle", Event, RunOrder | Resume | None], None]
 
 #: How long a stop waits for a worker's control block (held by the worker for a few writes at a job's start
 #: and end; a worker killed while it held it never gives it back).
@@ -64,7 +64,7 @@ class WorkerHandle:
         )
         self._child: Connection | None = child
         #: Orders sent and not yet answered, in the order sent.
-        self.in_hand: dict[int, Run | Resume] = {}
+        self.in_hand: dict[int, RunOrder | Resume] = {}
         #: Of those, how many are small (a big one in hand means no more are given).
         self.small: set[int] = set()
         #: Who submitted each job in hand, as the scheduler knew it when it gave the job (a login; None: not
@@ -102,12 +102,12 @@ class WorkerHandle:
     def send(self, order: Order) -> None:
         """Send an order (a job's is kept in hand until it is answered); a dead worker's pipe is not an error
         here: its death is found by :meth:`alive`."""
-        if isinstance(order, (Run, Resume)):
+        if isinstance(order, (RunOrder, Resume)):
             self.in_hand[order.seq] = order
         with contextlib.suppress(OSError, EOFError):
             self.conn.send(order)
 
-    def events(self) -> list[tuple[Event, Run | Resume | None]]:
+    def events(self) -> list[tuple[Event, RunOrder | Resume | None]]:
         """Every event waiting in the pipe (none when it is empty or closed), each with the order it answers
         (which is no longer in hand), or None."""
         received: list[Event] = []
@@ -117,9 +117,9 @@ class WorkerHandle:
                 received.append(event)
         except (EOFError, OSError):
             pass
-        out: list[tuple[Event, Run | Resume | None]] = []
+        out: list[tuple[Event, RunOrder | Resume | None]] = []
         for event in received:
-            order: Run | Resume | None = None
+            order: RunOrder | Resume | None = None
             if isinstance(event, (Ended, NotRun, Kept)):
                 order = self.in_hand.pop(event.seq, None)
                 self.small.discard(event.seq)
@@ -235,7 +235,7 @@ class WorkerPool:
                 loads.append(Load(w.index, len(w.in_hand), all_small=len(w.small) == len(w.in_hand)))
         return loads
 
-    def give(self, index: int, order: Run | Resume, small: bool, submitter: str | None) -> None:
+    def give(self, index: int, order: RunOrder | Resume, small: bool, submitter: str | None) -> None:
         w = self.handles[index]
         w.send(order)
         w.submitters[order.seq] = submitter
@@ -244,7 +244,7 @@ class WorkerPool:
 
     def events(
         self, ready: Collection[object] | None = None
-    ) -> Iterator[tuple[WorkerHandle, Event, Run | Resume | None]]:
+    ) -> Iterator[tuple[WorkerHandle, Event, RunOrder | Resume | None]]:
         """Every event waiting from every worker (``ready``: from those whose pipe is in it, what ``wait``
         found readable), each with its worker and the order it answers."""
         for w in list(self.handles):
@@ -304,8 +304,8 @@ class WorkerPool:
             order = w.in_hand.get(running.seq) if running is not None else None
             current = shown_as = None
             if order is not None and running is not None:
-                name = order.name if isinstance(order, Run) else order.claim.name
-                job = order.job_id if isinstance(order, Run) else order.claim.job_id
+                name = order.name if isinstance(order, RunOrder) else order.claim.name
+                job = order.job_id if isinstance(order, RunOrder) else order.claim.job_id
                 current = {"job": job, "file": shown(name), "since": running.started, "phase": running.phase}
                 shown_as = {**current, "since": now_iso(time.time() - (time.monotonic() - running.started))}
             if self._shown.get(w.index) != current:

@@ -79,7 +79,7 @@ from .messages import (
     Ready,
     ReloadRequested,
     Resume,
-    Run,
+    RunOrder,
     StartFailed,
     StopRequested,
     WorkerSpec,
@@ -298,31 +298,31 @@ class Daemon:
             return
         for index, item in self.scheduler.assign(self.workers.loads(), time.monotonic()):
             seq = self.workers.handles[index].next_seq()
-            order: Run | Resume
+            order: RunOrder | Resume
             if item.claim is not None:
                 order = Resume(seq, item.claim)
             else:
-                order = Run(seq, item.name, item.job_id, item.seen)
+                order = RunOrder(seq, item.name, item.job_id, item.seen)
                 self.spool.in_hand.expect(order.job_id)  # in hand before its claim: a sweep never takes its reservation
             self.workers.give(index, order, item.small, item.submitter)
         self.state.update(queue=self.scheduler.waiting)
 
-    def _on_event(self, w: WorkerHandle, event: Event, order: Run | Resume | None = None) -> None:
+    def _on_event(self, w: WorkerHandle, event: Event, order: RunOrder | Resume | None = None) -> None:
         """One event of worker ``w``; ``order``: the order it answers (its inbox name is what the scheduler
         holds: a job claimed under a safe name reports that name, not the one it was dropped under)."""
-        held = order.name if isinstance(order, Run) else order.claim.name if isinstance(order, Resume) else None
+        held = order.name if isinstance(order, RunOrder) else order.claim.name if isinstance(order, Resume) else None
         if isinstance(event, Ended):
             self.pause.passed()  # the outbox took this job's sidecar: whatever refused before has passed
             self.ends.ended(event, w.index)
             self.intake.ended(event.end.job, held or str(event.entry["file"]))
         elif isinstance(event, NotRun) and event.claimed is not None:
             # Claimed, but another file than the one offered: it waits again, by its real size and owner.
-            again = isinstance(order, Run) and self.scheduler.ended(order.job_id)
+            again = isinstance(order, RunOrder) and self.scheduler.ended(order.job_id)
             self.scheduler.returned(event.claimed)
             if again:
                 self.intake.offer(event.name, complete=True)
         elif isinstance(event, NotRun):
-            if isinstance(order, Run):
+            if isinstance(order, RunOrder):
                 self.spool.in_hand.forget(order.job_id)
                 self.intake.ended(order.job_id, event.name, broken=event.broken)
         elif isinstance(event, Kept):

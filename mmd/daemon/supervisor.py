@@ -25,7 +25,7 @@ from .common import STOP_GRACE_S
 from .control import Running
 from .ends import Ends
 from .intake import Intake
-from .messages import Resume, Run
+from .messages import Resume, RunOrder
 from .pool import OnEvent, WorkerPool
 from .scheduler import Scheduler
 from .state import State
@@ -96,7 +96,7 @@ class Supervisor:
         w.join()
         for event, order in w.events():
             self.on_event(w, event, order)
-        left: dict[int, Run | Resume] = {**w.in_hand}
+        left: dict[int, RunOrder | Resume] = {**w.in_hand}
         w.close()
         ended_for = left.get(running.seq) if stopped is not None and running is not None else None
         ids = {order.claim.job_id if isinstance(order, Resume) else order.job_id: order for order in left.values()}
@@ -106,7 +106,7 @@ class Supervisor:
             claim = found.get(job_id)
             if claim is None:  # never claimed (or archived already): the name is the inbox's again, queued anew
                 self.spool.in_hand.forget(job_id)
-                name = order.name if isinstance(order, Run) else order.claim.name
+                name = order.name if isinstance(order, RunOrder) else order.claim.name
                 self.scheduler.ended(job_id)
                 self.intake.offer(name, complete=True)
             elif order is ended_for and running is not None and stopped is not None:

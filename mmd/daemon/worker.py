@@ -69,7 +69,7 @@ from .messages import (
     Quit,
     Ready,
     Resume,
-    Run,
+    RunOrder,
     StartFailed,
     WorkerSpec,
 )
@@ -173,13 +173,13 @@ class Runner:
             self._reopen()
 
     # -- orders --
-    def process(self, order: Run | Resume, more_waiting: bool = False) -> None:
+    def process(self, order: RunOrder | Resume, more_waiting: bool = False) -> None:
         """One job, claim to archive (or hold); ``more_waiting``: another order is queued behind it (its
         commit may wait for a group). Nothing it raises escapes."""
-        name = order.name if isinstance(order, Run) else order.claim.name
+        name = order.name if isinstance(order, RunOrder) else order.claim.name
         claim: Claim | None = None
         try:
-            if isinstance(order, Run):
+            if isinstance(order, RunOrder):
                 if self.control.hold_new:
                     self.report(NotRun(order.seq, order.name, reason="held back"))
                     return
@@ -207,7 +207,7 @@ class Runner:
             else:
                 claim = order.claim
             # the version of the submitter's own kernel its name picked when it was queued (students' kernels)
-            self._pinned = order.seen.kernel if isinstance(order, Run) and order.seen is not None else None
+            self._pinned = order.seen.kernel if isinstance(order, RunOrder) and order.seen is not None else None
             self._begin(order.seq, claim, more_waiting)
         except Exception as exc:  # the job boundary: a job never kills the worker
             self._failed(order.seq, name, claim, exc)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..atomic import write_atomic
 from ..check import reports
-from ..check.results import Options, Result, Run, Status, shown
+from ..check.results import CheckRun, Options, Result, Status, shown
 from ..report.page import ClassResults, KernelResult, StudentResult
 from .grader import GradePlan
 from .records import CUBLAS, NAIVE, Case, KernelGrade, StudentGrade
@@ -70,10 +70,12 @@ def _case_result(student: str, k: KernelGrade, c: Case, deadline: datetime | Non
 def run_of(
     students: Sequence[StudentGrade], kernels: Path, tests: Path, deadline: datetime | None, seconds: float,
     started_at: str,
-) -> Run:  # fmt: skip
+) -> CheckRun:  # fmt: skip
     """The class's grades as one ``mmd check`` run of a class (a test suite per student)."""
     options = Options(against="inputs", before=deadline, seed=0)
-    return Run(kernels, tests, options, tuple(results_of(students, deadline)), seconds, started_at, by_student=True)
+    return CheckRun(
+        kernels, tests, options, tuple(results_of(students, deadline)), seconds, started_at, by_student=True
+    )
 
 
 def timing_table(students: Sequence[StudentGrade], plan: GradePlan) -> str:
@@ -112,7 +114,7 @@ def grade_dict(students: Sequence[StudentGrade], plan: GradePlan, tests: Sequenc
     }
 
 
-def write_json(run: Run, grade: dict[str, Any], path: Path) -> None:
+def write_json(run: CheckRun, grade: dict[str, Any], path: Path) -> None:
     """``mmd check``'s JSON of ``run`` with ``grade`` beside it (atomically); every name escaped."""
     data = {**reports.run_dict(run), "grade": _shown(grade)}
     write_atomic(path, [(json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8")], durable=False)
