@@ -1,7 +1,7 @@
 """The elementwise checks' report and totals, without numpy.
 
 :class:`CheckReport` is what every value check gives (:mod:`mmd.check.full`'s
-against a product, and two outputs compared here or there). :class:`Tally`
+against a product, and two outputs compared here or there). :class:`ElementwiseTotals`
 adds up a rule's totals block by block, as one pass over the whole gives them.
 :func:`against_output_blocks` compares two outputs a block of rows at a time
 through a :data:`UniformPass`: :func:`c_uniform` (mmd._fastcheck over plain
@@ -84,7 +84,7 @@ def summed_report(
 
 
 @dataclass
-class Tally:
+class ElementwiseTotals:
     """An elementwise rule's totals over blocks of rows, combined as one pass over the whole gives them."""
 
     mismatches: int = 0
@@ -135,7 +135,7 @@ def against_output_blocks(
     """One output against another, elementwise (both printed, so ``tol`` apart at most, 0.01 by
     default), over blocks of rows: (first row, output rows, expected rows, rows), each flat float64.
     Two outputs read a block at a time are never held whole."""
-    tally = Tally()
+    tally = ElementwiseTotals()
     n = shape[1]
     for r0, out, expected, rows in blocks:
         tally.add_uniform(out, expected, rows, n, tol * (1 + 1e-9), r0 * n, uniform)

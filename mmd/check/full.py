@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import accel
 from . import compare
-from .compare import CheckReport, Tally, same_values
+from .compare import CheckReport, ElementwiseTotals, same_values
 from .modelcheck import ModelCheck
 from .product import Gemm, Product, Rows, WholeRows, product
 from .tolerance import FACTOR, PRINT_HALF_UNIT, TF32_OPERAND_ERROR, fp32_factor, tolerance_of
@@ -90,7 +90,7 @@ def against_product(out: Rows, prod: Product, tol: float | None = None, precisio
         return _report(np.zeros(prod.shape), np.zeros(prod.shape), 0.0, tolerance)
     if tol is None:
         return ModelCheck(out, prod, precision).report(tolerance)
-    totals = Tally()
+    totals = ElementwiseTotals()
     n = prod.shape[1]
     for r0, got, ref in prod.pairs(out):
         rows = ref.shape[0]
@@ -117,7 +117,7 @@ def _uniform_report(out: np.ndarray, ref: np.ndarray, allowed: float, tolerance:
     if out.shape != ref.shape or out.size == 0:
         return _report(out, ref, allowed, tolerance)
     m, n = (int(x) for x in out.shape)
-    totals = Tally()
+    totals = ElementwiseTotals()
     totals.add_uniform(out.reshape(-1), ref.reshape(-1), m, n, allowed, 0, uniform_pass)
     return totals.report((m, n), tolerance)
 

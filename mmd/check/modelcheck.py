@@ -18,7 +18,7 @@ from types import ModuleType
 import numpy as np
 
 from .. import accel
-from .compare import CheckReport, Tally, nan_max, summed_report
+from .compare import CheckReport, ElementwiseTotals, nan_max, summed_report
 from .product import Product, Rows
 from .tolerance import PRINT_HALF_UNIT, U64, model_factor
 
@@ -231,7 +231,7 @@ class ModelCheck:
     def _in_full(self, tolerance: str) -> CheckReport:
         """The rule with S made in full, a block of rows at a time beside the reference's."""
         abs_b = np.abs(self.b64)
-        totals = Tally()
+        totals = ElementwiseTotals()
         for r0, out, ref in self.prod.pairs(self.out):
             rows = ref.shape[0]
             allowed = PRINT_HALF_UNIT + self.c * (np.abs(self.a64[r0 : r0 + rows]) @ abs_b)
