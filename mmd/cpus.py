@@ -16,7 +16,7 @@ def usable_cores() -> int:
 
 
 #: Elements the checks take at a time on one thread, 2^20 per usable core: a block of rows of a
-#: product made elsewhere (a GPU's, as mmd.check.product.Product.pairs hands it out), and of the outputs
+#: product made elsewhere (a GPU's, as mmd.check.product.Float64Product.pairs hands it out), and of the outputs
 #: mmd.check.jobs reads a block at a time (two outputs compared, --quick's sums); 512 rows of a 4096
 #: matrix on 2 cores, all of it on 16. Here, with no numpy, so that --quick by the C passes can read it.
 BLOCK_ELEMS = (1 << 20) * usable_cores()

@@ -21,15 +21,15 @@ from .conftest import blocks_of
 pytestmark = pytest.mark.usefixtures("check_passes")  # every test by the C passes, then by numpy's
 
 
-def _blocks(prod: product.Product) -> list[tuple[int, np.ndarray]]:
-    """(r0, a copy of rows r0.. of A·B) for the product's blocks of rows, as :meth:`product.Product.pairs`
+def _blocks(prod: product.Float64Product) -> list[tuple[int, np.ndarray]]:
+    """(r0, a copy of rows r0.. of A·B) for the product's blocks of rows, as :meth:`product.Float64Product.pairs`
     hands them out beside an output's (here zeros)."""
     rows = product.WholeRows(np.zeros(prod.shape))
     return [(r0, ref.copy()) for r0, _, ref in prod.pairs(rows)]
 
 
 def reference_in_blocks(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`product.Product.pairs`),
+    """A·B in float64 as the full check makes it: in its blocks of rows (:meth:`product.Float64Product.pairs`),
     whose GEMMs may round unlike one GEMM of the whole (test_product_blocks_round_as_a_gemm bounds by how much)."""
     blocks = [blk for _, blk in _blocks(product.product(a, b))]
     return np.concatenate(blocks) if blocks else np.zeros((a.shape[0], b.shape[1]))
@@ -120,7 +120,7 @@ def test_pairs_of_no_rows():
 
 
 def test_pairs_run_blas_on_one_thread_and_give_it_back(monkeypatch):
-    """While any :meth:`product.Product.pairs` runs (two at once here, on two threads that outlive them, as
+    """While any :meth:`product.Float64Product.pairs` runs (two at once here, on two threads that outlive them, as
     a folder's checks run them), numpy's BLAS has one thread, its workers one product block each; the
     last one done, or failed, on whichever thread, gives the threads back."""
     from concurrent.futures import ThreadPoolExecutor

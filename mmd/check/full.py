@@ -25,7 +25,7 @@ from .. import accel
 from . import compare
 from .compare import CheckReport, ElementwiseTotals, same_values
 from .modelcheck import ModelCheck
-from .product import Gemm, Product, Rows, WholeRows, product
+from .product import Float64Product, Gemm, Rows, WholeRows, product
 from .tolerance import FACTOR, PRINT_HALF_UNIT, TF32_OPERAND_ERROR, fp32_factor, tolerance_of
 
 
@@ -80,7 +80,7 @@ def against_inputs(
     return against_product(WholeRows.of(out), product(a, b, gemm), tol)
 
 
-def against_product(out: Rows, prod: Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
+def against_product(out: Rows, prod: Float64Product, tol: float | None = None, precision: str = "fp32") -> CheckReport:
     """:func:`against_inputs` with the product's inputs at hand, the output's values read by ``out``; a
     ``precision`` of ``tf32`` (a TF32 kernel's product) widens the model by :data:`TF32_OPERAND_ERROR`."""
     tolerance = tolerance_of(tol, precision)

@@ -369,7 +369,7 @@ def _against_input(job: Pairing, options: Options, data: memoryview, shape: tupl
     For --quick the output's sums start at once, a block of rows at a time, beside the input's read
     and then its projections (sooner than after the input: docs/grading.md). Otherwise the input is parsed first,
     alone (the product needs all of it). Numpy's product is made a block of rows at a time, each
-    block beside the same rows of the output, read then by the C parser (:meth:`mmd.check.product.Product.pairs`,
+    block beside the same rows of the output, read then by the C parser (:meth:`mmd.check.product.Float64Product.pairs`,
     :class:`mmd.textcore.RowBlocks`): the output is never held whole. Beside a product another device makes
     (``options.gemm``), or without the C parser, the output is read whole on a second thread while
     the product is made. The output's faults come first, as if it had been read

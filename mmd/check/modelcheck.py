@@ -1,6 +1,6 @@
 """The full check's rule under the fp32 model, |out − ref| ≤ 0.005 + c·S with S = |A|·|B|, without
 computing all of S: cheap bounds on S decide most elements as the product's blocks come
-(:meth:`mmd.check.product.Product.pairs`), and S is summed only where they cannot.
+(:meth:`mmd.check.product.Float64Product.pairs`), and S is summed only where they cannot.
 
 :class:`ModelCheck` is what :func:`mmd.check.full.against_product` runs when no ``tol`` replaces the
 model; c is :func:`mmd.check.tolerance.model_factor`'s. Its passes are mmd._fastcheck's where it is
@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import accel
 from .compare import CheckReport, ElementwiseTotals, nan_max, summed_report
-from .product import Product, Rows
+from .product import Float64Product, Rows
 from .tolerance import PRINT_HALF_UNIT, U64, model_factor
 
 #: Columns of A (rows of B) summed for the cheap lower bound of |A|·|B|.
@@ -92,10 +92,10 @@ class ModelCheck:
     undecided (a result wrong everywhere), S is made in full too, a block of
     rows at a time beside the product's, as it always was before these bounds.
     The reference comes a block of rows at a time beside the output's
-    (:meth:`Product.pairs`), each block sieved as it comes.
+    (:meth:`Float64Product.pairs`), each block sieved as it comes.
     """
 
-    def __init__(self, out: Rows, prod: Product, precision: str = "fp32") -> None:
+    def __init__(self, out: Rows, prod: Float64Product, precision: str = "fp32") -> None:
         self.out, self.prod, self.a64, self.b64 = out, prod, prod.a64, prod.b64
         m, k = self.a64.shape
         n = self.b64.shape[1]

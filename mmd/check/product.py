@@ -1,7 +1,7 @@
 """The float64 product an output is checked against: made by numpy's BLAS a block of rows at a time
 beside the output's rows, or whole by a float64 GEMM elsewhere (a GPU's).
 
-:func:`reference` is A·B whole; :func:`product` gives a :class:`Product`, whose :meth:`Product.pairs`
+:func:`reference` is A·B whole; :func:`product` gives a :class:`Float64Product`, whose :meth:`Float64Product.pairs`
 hands out (first row, the output's rows, the same rows of A·B) block by block, as the full check
 (:mod:`mmd.check.full`) reads them. The output's side is a :class:`Rows`: one held whole
 (:class:`WholeRows`), or one parsed a block at a time (:class:`mmd.textcore.RowBlocks`).
@@ -40,7 +40,7 @@ def reference(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> np.ndar
 
 
 class Rows(Protocol):
-    """An output's values (float64), a block of rows at a time, as :meth:`Product.pairs` reads them:
+    """An output's values (float64), a block of rows at a time, as :meth:`Float64Product.pairs` reads them:
     from several threads at once, each block into a buffer of its own."""
 
     @property
@@ -71,7 +71,7 @@ class WholeRows:
 
 
 class _OneBlasThread:
-    """numpy's BLAS on one thread while any :meth:`Product.pairs` runs (several at once in a folder's
+    """numpy's BLAS on one thread while any :meth:`Float64Product.pairs` runs (several at once in a folder's
     checks): its workers run a product block each, one per core. A BLAS of several threads beside
     them would spin its idle threads after every call and stall its busy ones behind the workers'
     reads (docs/grading.md, "Speed", times ``mmd check`` as it runs with this). threadpoolctl finds
@@ -110,7 +110,7 @@ _ONE_BLAS_THREAD = _OneBlasThread()
 
 
 @dataclass(frozen=True)
-class Product:
+class Float64Product:
     """A and B in float64, and their product A·B: whole where a GEMM elsewhere made it (``ref``,
     a GPU's, say), else made by numpy's BLAS a block of rows at a time beside the output's rows
     (:meth:`pairs`)."""
@@ -174,12 +174,12 @@ class Product:
                     pending.append(pool.submit(block, i + workers))
 
 
-def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Product:
-    """:class:`Product` of ``a`` and ``b``: ``gemm``'s whole product (:func:`reference`) when one is
+def product(a: np.ndarray, b: np.ndarray, gemm: Gemm | None = None) -> Float64Product:
+    """:class:`Float64Product` of ``a`` and ``b``: ``gemm``'s whole product (:func:`reference`) when one is
     given, else one made in blocks as the check reads it. Arrays already float64 are not copied
     (mmd.check.jobs parses inputs so)."""
     with ThreadPoolExecutor(max_workers=2) as pool:  # two big conversions where needed, one per core
         a64, b64 = pool.map(lambda x: np.asarray(x, dtype=np.float64), (a, b))
     if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
         raise ValueError(f"cannot multiply {a64.shape} by {b64.shape}")
-    return Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))
+    return Float64Product(a64, b64, None if gemm is None else reference(a64, b64, gemm))

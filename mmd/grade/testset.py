@@ -20,7 +20,7 @@ from .. import textformat, textoutput
 from ..check import full
 from ..check.compare import CheckReport
 from ..check.pairing import pair_folder
-from ..check.product import Product, WholeRows, reference
+from ..check.product import Float64Product, WholeRows, reference
 from ..errors import InputFormatError, UnreadableError
 from ..textcore import printable
 
@@ -40,7 +40,7 @@ class Test:
     #: The expected output's values, where one is given.
     want: np.ndarray | None
     #: The inputs' float64 product, where no expected output is (made once, kept for every kernel).
-    product: Product | None
+    product: Float64Product | None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -115,5 +115,5 @@ def _test(name: str, src: Path, expected: Path | None) -> Test:
                 f"{a.shape[0]}x{b.shape[1]}"
             )
     else:
-        product = Product(a64, b64, reference(a64, b64))
+        product = Float64Product(a64, b64, reference(a64, b64))
     return Test(name, src, expected, a, b, want, product)
