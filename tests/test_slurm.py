@@ -107,7 +107,7 @@ def test_outputs_are_versioned_like_the_daemons(tmp_path):
 # the script's text
 
 
-def plan_for(tmp_path: Path, names: list[str], options: slurm.ArrayOptions) -> slurm.Plan:
+def plan_for(tmp_path: Path, names: list[str], options: slurm.ArrayOptions) -> slurm.ArrayPlan:
     jobs = tmp_path / "jobs"
     jobs.mkdir(exist_ok=True)
     for name in names:

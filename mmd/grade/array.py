@@ -98,7 +98,7 @@ def write(
     parts = folder / PARTS_DIR
     tasks = [slurm.Task(Path(os.path.abspath(path)), parts / f"{i:04d}.json") for i, path in enumerate(kept)]
     options = replace(options, command=request.task_arguments())
-    plan = slurm.Plan(tasks, parts, folder / SCRIPT_NAME, options)
+    plan = slurm.ArrayPlan(tasks, parts, folder / SCRIPT_NAME, options)
     written = slurm.write(plan)
     write_atomic(folder / REQUEST_NAME, [(json.dumps(request.as_dict(), indent=2) + "\n").encode()], durable=False)
     return written, left_out
@@ -109,7 +109,7 @@ def gather(folder: Path) -> tuple[Request, list[StudentGrade]]:
     part is missing or unreadable is not graded, with why. UsageError where it is no such folder."""
     try:
         request = Request.from_dict(json.loads((folder / REQUEST_NAME).read_text(encoding="utf-8")))
-        plan = slurm.Plan([], folder / PARTS_DIR, folder / SCRIPT_NAME, slurm.ArrayOptions())
+        plan = slurm.ArrayPlan([], folder / PARTS_DIR, folder / SCRIPT_NAME, slurm.ArrayOptions())
         manifest = plan.manifest.read_bytes().splitlines()
         outputs = plan.outputs.read_bytes().splitlines()
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -35,7 +35,7 @@ from ..jobname import stem_of
 from ..kernelchoice import KernelChoice
 from ..record import error_path, timing_path
 from ..spool import entry_problem, is_job_name, names_of, output_path, resolve_output, safe_name
-from .script import ArrayOptions, Plan, SubmitError, Task, check_options, manifest_bytes, render_script
+from .script import ArrayOptions, ArrayPlan, SubmitError, Task, check_options, manifest_bytes, render_script
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def make_plan(
     options: ArrayOptions,
     script: Path | None = None,
     done: Mapping[Path, Path] | None = None,
-) -> tuple[Plan, Listing]:
+) -> tuple[ArrayPlan, Listing]:
     """List ``folder`` and plan one task per job file not in ``done``; nothing is written.
 
     The returned listing's ``skipped`` names the files left out, and why."""
@@ -161,7 +161,7 @@ def make_plan(
     kernel = None
     if options.kernel_file is not None:  # a file mmd refuses is refused now, not in every task
         kernel = KernelChoice.of_file(Path(os.path.abspath(options.kernel_file)))
-    plan = Plan(plan_tasks(todo, outbox), outbox, script, options, own_folder, kernel)
+    plan = ArrayPlan(plan_tasks(todo, outbox), outbox, script, options, own_folder, kernel)
     if todo:
         render_script(plan)  # refuse bad paths before anything is written
     return plan, listing
@@ -171,7 +171,7 @@ def make_plan(
 class Written:
     """A plan as :func:`write` wrote it: its script where it went, and what the write made."""
 
-    plan: Plan
+    plan: ArrayPlan
     folders: tuple[Path, ...]  # the folders it created, outermost first
     files: tuple[Path, ...]
 
@@ -216,7 +216,7 @@ def _own_folder(first: Path, created: list[Path]) -> Path:
         return folder
 
 
-def write(plan: Plan) -> Written:
+def write(plan: ArrayPlan) -> Written:
     """Write the manifest, the outputs list and the script (executable); create outbox and logs.
 
     OutputError when one cannot be written (a file in the way, no permission); what it made

@@ -130,7 +130,7 @@ class ArrayOptions:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ArrayPlan:
     """A submission: its tasks and where its files go."""
 
     tasks: list[Task]
@@ -221,7 +221,7 @@ def _sbatch_path(what: str, path: Path) -> str:
     return text
 
 
-def render_script(plan: Plan) -> str:
+def render_script(plan: ArrayPlan) -> str:
     """The sbatch script's text."""
     o = plan.options
     check_options(o)
