@@ -498,7 +498,7 @@ def _refusal_reason(path: Path) -> str:
     return f"refused: {textcore.printable(reason)} ({name})" if reason else f"refused ({name})"
 
 
-class Progress(Protocol):
+class CheckProgress(Protocol):
     """Told of a folder's checks as they go (``mmd check`` draws a bar on a terminal)."""
 
     def start(self, total: int) -> None:
@@ -509,7 +509,7 @@ class Progress(Protocol):
 
 
 def check_jobs(
-    jobs: Sequence[Pairing], options: Options, workers: int | None = None, progress: Progress | None = None
+    jobs: Sequence[Pairing], options: Options, workers: int | None = None, progress: CheckProgress | None = None
 ) -> list[Result]:
     """Check ``jobs`` on ``workers`` threads (default: one per core); results in the jobs' order, each told to
     ``progress`` as it ends."""
@@ -532,7 +532,7 @@ def check_jobs(
 
 
 def check_folder(
-    outbox: Path, reference: Path, options: Options, workers: int | None = None, progress: Progress | None = None
+    outbox: Path, reference: Path, options: Options, workers: int | None = None, progress: CheckProgress | None = None
 ) -> CheckRun:
     """Pair and check a whole outbox against a folder of inputs or expected outputs."""
     started = _now()
@@ -548,7 +548,7 @@ def check_class(
     options: Options,
     roster: Sequence[str] | None = None,
     workers: int | None = None,
-    progress: Progress | None = None,
+    progress: CheckProgress | None = None,
 ) -> CheckRun:
     """Check a class's ``folder``, a sub-folder per student (``handin/<login>/``, class mode's
     ``outbox/<login>/``), each against the same inputs or expected outputs: the jobs of every student

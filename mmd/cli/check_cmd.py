@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ExitStatus, MmdError, UsageError
 
 if TYPE_CHECKING:
-    from ..check.jobs import Progress
+    from ..check.jobs import CheckProgress
     from ..check.results import Result
 
 EPILOG = """\
@@ -206,7 +206,7 @@ def _check(args: argparse.Namespace, reference: Path, options: Any) -> int:
 
 
 @contextlib.contextmanager
-def _progress(quiet: bool) -> Iterator[Progress | None]:
+def _progress(quiet: bool) -> Iterator[CheckProgress | None]:
     """A progress bar on stderr where it is a terminal (and not --quiet): nothing otherwise, so that a
     script or a pipe reads only the table."""
     from .. import progress
@@ -222,7 +222,7 @@ def _progress(quiet: bool) -> Iterator[Progress | None]:
 
 
 class _Bar:
-    """mmd.check.jobs.Progress drawn by rich."""
+    """mmd.check.jobs.CheckProgress drawn by rich."""
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
