@@ -2,7 +2,7 @@
 
 No job logic lives here. Each sub-command is a module with ``register(sub)``
 that adds its parser and sets ``func(args) -> int``; what a sub-command runs
-is imported when it runs (cli.common says why).
+is imported when it runs (cli.options says why).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import ConfigError, ExitStatus, MmdError, UsageError
-from .common import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
+from .options import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
 
 #: Sub-command modules, in the order `mmd --help` lists them.
 COMMANDS: tuple[str, ...] = (

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UnreadableError, UsageError
 from . import paths
-from .common import add_config_option, options_later, settings_from
+from .options import add_config_option, options_later, settings_from
 
 if TYPE_CHECKING:
     from ..kernelchoice import KernelChoice

@@ -7,7 +7,7 @@ import re
 import sys
 
 from ..errors import ExitStatus
-from .common import NotServing, add_config_option, ask_daemon, load_settings
+from .options import NotServing, add_config_option, ask_daemon, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

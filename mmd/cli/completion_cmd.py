@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import shtab
 
     from . import build_parser
-    from .common import Parser
+    from .options import Parser
 
     parser = build_parser()
     assert isinstance(parser, Parser)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import add_job_options, job_flags, load_settings, options_later
+from .options import add_job_options, job_flags, load_settings, options_later
 
 if TYPE_CHECKING:
     from .. import config

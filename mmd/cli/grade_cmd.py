@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .common import add_config_option, options_later
+from .options import add_config_option, options_later
 
 if TYPE_CHECKING:
     from ..grade.array import Request
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     request = _request(args)
     if args.slurm is not None:
         return _slurm(args, request)
-    from .common import load_settings
+    from .options import load_settings
 
     settings = load_settings(args)
     if args.part is not None:

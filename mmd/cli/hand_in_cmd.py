@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 
 from ..errors import KernelFileError, SpoolError, UnreadableError, UsageError
-from .common import add_config_option, load_settings
+from .options import add_config_option, load_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import KernelFileError, MmdError, UnreadableError, UsageError
 from ..launchlimits import COMMON_LIMITS, DeviceLimits
-from .common import add_config_option, options_later
+from .options import add_config_option, options_later
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .. import progress
 from ..errors import ExitStatus, UnreadableError, UsageError
 from . import paths
-from .common import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
+from .options import EXIT_FAILED, EXIT_OK, add_job_options, configure_logs, job_flags, options_later
 
 if TYPE_CHECKING:
     from .. import config

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import add_job_options, options_later, settings_from
+from .options import add_job_options, options_later, settings_from
 
 if TYPE_CHECKING:
     from .. import config

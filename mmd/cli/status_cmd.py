@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ExitStatus, UsageError
 from . import paths
-from .common import NotServing, add_config_option, ask_daemon, load_settings
+from .options import NotServing, add_config_option, ask_daemon, load_settings
 
 if TYPE_CHECKING:
     from ..config import Settings

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UnreadableError
 from . import paths
-from .common import options_later
+from .options import options_later
 
 if TYPE_CHECKING:
     from .. import slurm
