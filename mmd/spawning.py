@@ -7,7 +7,7 @@ elsewhere each is spawned. This module stands outside :mod:`mmd.daemon`
 ``mmd serve`` can start the fork server first: its imports (most of a
 worker's start) then run while the command imports the daemon and scans its
 spool. The fork server starts before the daemon tightens its umask, so each
-worker tightens its own (:func:`mmd.daemon.common.tighten_umask`).
+worker tightens its own (:func:`mmd.daemon.tunables.tighten_umask`).
 
 What every child process of mmd shares (the workers, and a kernel file's compile and launch processes)
 is here too: dying with its parent (:func:`die_with_parent`), and the words for how one ended

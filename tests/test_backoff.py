@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mmd.daemon.backoff import FD_PAUSE_MAX_S, FD_PAUSE_S, Backoff
-from mmd.daemon.common import MAX_PAUSE
+from mmd.daemon.tunables import MAX_PAUSE
 
 
 def test_the_outbox_pause_doubles_until_a_success_and_is_over_when_its_time_has_passed():

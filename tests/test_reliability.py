@@ -495,7 +495,7 @@ def test_stale_reservations_are_swept_at_start_and_while_serving(tmp_path, monke
     """Issue 15: a stale ``.x.claim`` was never swept, so ``x.txt`` came out as ``x.1.out`` with no collision
     note and the plain name stayed blocked for good. Now one left by a dead daemon is swept at start and at
     the rescans while serving, and the job gets its plain name."""
-    monkeypatch.setattr(daemon.common, "RESERVATION_SWEEP_SECONDS", 0.0)  # the full sweep at every rescan
+    monkeypatch.setattr(daemon.tunables, "RESERVATION_SWEEP_SECONDS", 0.0)  # the full sweep at every rescan
     s = settings_for(tmp_path, rescan_seconds=0.1)
     spool.Shared(s.inbox, s.outbox).prepare()
     at_start = s.outbox / ".a.claim"

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mmd.daemon import Item, Load, Scheduler
-from mmd.daemon.common import GROUP_INPUT_BYTES, MAX_GROUP
+from mmd.daemon.tunables import GROUP_INPUT_BYTES, MAX_GROUP
 from mmd.spool import Claim
 
 SMALL, BIG = 6_000, 200_000_000

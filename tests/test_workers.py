@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from mmd import backends, config, daemon
-from mmd.daemon.common import GROUP_INPUT_BYTES
+from mmd.daemon.tunables import GROUP_INPUT_BYTES
 from mmd.generate import input_chunks, random_matrix
 
 from . import workerhooks

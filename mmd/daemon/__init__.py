@@ -22,18 +22,18 @@ One concept per module:
 * :mod:`.observer`: filesystem events become hints;
 * :mod:`.lock`: one daemon per inbox (one per host on a shared inbox);
 * :mod:`.state`: the state file behind `mmd status`;
-* :mod:`.common`: tunables.
+* :mod:`.tunables`: tunables.
 
 The names below are the package's public face; import them from here.
 """
 
-from .common import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STUCK_AFTER, UMASK_BITS
 from .control import Control
 from .lock import SpoolLock, host_daemons, lock_holder
 from .observer import Hints, InboxWatch, hint_of, make_observer
 from .scheduler import Item, Load, Scheduler
 from .server import Daemon
 from .state import State, read_state, status_of
+from .tunables import HEARTBEAT, MAX_OUTPUT_ATTEMPTS, MAX_PAUSE, RECENT_JOBS, STUCK_AFTER, UMASK_BITS
 from .worker import Reporter, Runner
 
 __all__ = [

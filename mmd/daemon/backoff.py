@@ -2,7 +2,7 @@
 
 The daemon takes no new job for a while after the outbox refused a result
 (``rescan_seconds``, doubled for each refusal in a row, up to
-:data:`~.common.MAX_PAUSE`), and its main loop pauses after a turn that
+:data:`~.tunables.MAX_PAUSE`), and its main loop pauses after a turn that
 found no file descriptor left (:data:`FD_PAUSE_S`, doubled while it happens
 again soon, up to :data:`FD_PAUSE_MAX_S`).
 """

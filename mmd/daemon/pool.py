@@ -26,7 +26,6 @@ from .. import spawning
 from ..record import now_iso
 from ..spool import shown
 from . import worker
-from .common import HEARTBEAT, STOP_GRACE_S
 from .control import Control, Running
 from .messages import (
     Ended,
@@ -42,6 +41,7 @@ from .messages import (
     WorkerSpec,
 )
 from .scheduler import Load
+from .tunables import HEARTBEAT, STOP_GRACE_S
 
 #: What the main process does with a worker's event (and the order it answers, or None).
 OnEvent = Callable[["WorkerHandle", Event, RunOrder | Resume | None], None]

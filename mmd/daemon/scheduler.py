@@ -16,7 +16,7 @@ load and the time. The rules:
   in arrival order;
 * a worker with nothing in hand takes the next job, whatever its size; a
   worker that has only small jobs in hand may be given more small ones, up
-  to :data:`~.common.MAX_GROUP` (it runs them one after another and commits
+  to :data:`~.tunables.MAX_GROUP` (it runs them one after another and commits
   them together); a big job waits for an idle worker, and a worker with a big
   job in hand is given nothing more, so that small jobs never queue behind a
   big one while another worker is free;
@@ -58,7 +58,7 @@ from typing import TypeVar
 
 from ..job import new_id
 from ..spool import Candidate, Claim
-from .common import GROUP_INPUT_BYTES, MAX_GROUP
+from .tunables import GROUP_INPUT_BYTES, MAX_GROUP
 
 T = TypeVar("T")
 #: A job's key: (its submitter, its inbox name).

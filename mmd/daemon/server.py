@@ -55,7 +55,6 @@ from ..record import now_iso
 from ..spool import Shared, Spool, state_name
 from . import service
 from .backoff import FD_PAUSE_MAX_S, FD_PAUSE_S, Backoff
-from .common import HEARTBEAT, MAX_PAUSE, STUCK_AFTER, SUPERVISE_S
 from .desk import Desk
 from .ends import Ends
 from .handins import HandInDesk
@@ -89,6 +88,7 @@ from .pool import WorkerHandle, WorkerPool
 from .scheduler import Scheduler, workers_per_submitter
 from .state import State
 from .supervisor import Supervisor
+from .tunables import HEARTBEAT, MAX_PAUSE, STUCK_AFTER, SUPERVISE_S
 from .upkeep import Upkeep
 
 

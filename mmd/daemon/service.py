@@ -27,11 +27,11 @@ from ..hooks import Hooks
 from ..metrics import Metrics
 from ..notify import HealthCheck, Notifier, WatchdogPinger
 from ..spool import Spool, Usage
-from .common import STUCK_AFTER, tighten_umask
 from .lock import SpoolLock, lock_holder
 from .messages import Hint, ReloadRequested, StopRequested
 from .pool import OnEvent, WorkerPool
 from .state import State
+from .tunables import STUCK_AFTER, tighten_umask
 
 #: Settings a reload (SIGHUP) does not change: they need a restart.
 RESTART_ONLY = ("devices", "workers_per_device", "shared_inbox", "host_id", "max_queue", "state_dir", "class_mode",
@@ -40,7 +40,7 @@ RESTART_ONLY = ("devices", "workers_per_device", "shared_inbox", "host_id", "max
 
 @contextlib.contextmanager
 def tightened_umask() -> Iterator[None]:
-    """This process's umask tightened (:func:`~.common.tighten_umask`) while serving, given back after."""
+    """This process's umask tightened (:func:`~.tunables.tighten_umask`) while serving, given back after."""
     old = tighten_umask()
     try:
         yield

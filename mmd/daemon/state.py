@@ -16,8 +16,8 @@ from ..errors import OutputError
 from ..logs import get_logger
 from ..record import now_iso
 from ..spool import Scanner, held_jobs, pid_alive, state_name
-from .common import RECENT_JOBS, STATE_EVERY
 from .lock import host_daemons, lock_holder
+from .tunables import RECENT_JOBS, STATE_EVERY
 
 
 class State:

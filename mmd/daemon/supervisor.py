@@ -2,7 +2,7 @@
 go on without it.
 
 A worker is ended for a job (SIGTERM, SIGKILL after
-:data:`~.common.STOP_GRACE_S`) only while its control block shows it
+:data:`~.tunables.STOP_GRACE_S`) only while its control block shows it
 running that very job (:meth:`~.pool.WorkerHandle.stop_job`). Once a
 worker is gone, whatever the cause, its jobs are sorted out
 (:meth:`Supervisor.recover`): the one it was ended for gets its error
@@ -21,7 +21,6 @@ from typing import Any
 from .. import record
 from ..errors import JobTimeout, MmdError, SpoolError
 from ..spool import Claim, Spool, shown
-from .common import STOP_GRACE_S
 from .control import Running
 from .ends import Ends
 from .intake import Intake
@@ -29,6 +28,7 @@ from .messages import Resume, RunOrder
 from .pool import OnEvent, WorkerPool
 from .scheduler import Scheduler
 from .state import State
+from .tunables import STOP_GRACE_S
 
 
 class Supervisor:

@@ -3,8 +3,8 @@ metrics file when it is due.
 
 Each sweep lists a whole folder, so each has a period of its own: the
 outbox's reservations at most every
-:data:`~.common.RESERVATION_SWEEP_SECONDS`, what is older than
-``retention_days`` every :data:`~.common.RETENTION_SWEEP_S`; the metrics
+:data:`~.tunables.RESERVATION_SWEEP_SECONDS`, what is older than
+``retention_days`` every :data:`~.tunables.RETENTION_SWEEP_S`; the metrics
 (which list the inbox) every ``metrics_seconds``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Settings
 from ..metrics import Metrics
 from ..spool import Claim, Spool
-from . import common
+from . import tunables
 from .handins import HandInDesk
 from .scheduler import Scheduler
 
@@ -55,12 +55,12 @@ class Upkeep:
         name), and sweep stale reservations and, with ``retention_days``, what is older (each at most every
         its period); the uploads are judged at each rescan (:meth:`~.intake.Intake.rescan`)."""
         self.scheduler.resume(self.spool.claims.take_back())
-        if now - self._swept >= common.RESERVATION_SWEEP_SECONDS:
+        if now - self._swept >= tunables.RESERVATION_SWEEP_SECONDS:
             self._swept = now
             for path in self.spool.reservations.sweep(self.spool.claims.in_work()):
                 self.log.info("removed a stale output reservation left by a dead daemon", path=str(path))
         days = self.settings().retention_days
-        if days is not None and now - self._kept >= common.RETENTION_SWEEP_S:
+        if days is not None and now - self._kept >= tunables.RETENTION_SWEEP_S:
             self._kept = now
             old = self.spool.archive.sweep_old(days * 86400)
             self.handins.sweep(days * 86400)

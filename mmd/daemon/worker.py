@@ -56,7 +56,6 @@ from ..spool.archive import refused_keep
 from ..spool.claims import took_seen
 from ..spool.ledger import Ledger
 from ..submitters import login_of
-from .common import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 from .control import Control
 from .messages import (
     Configure,
@@ -73,6 +72,7 @@ from .messages import (
     StartFailed,
     WorkerSpec,
 )
+from .tunables import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
 Reporter = Callable[[Event], None]

@@ -194,7 +194,7 @@ class InHand:
 
 
 #: Emptied job folders a process keeps to take for its next claims (``.work/.spare.<pid>.<k>``): a group
-#: commit's worth (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs are all claimed before the first is
+#: commit's worth (:data:`mmd.daemon.tunables.MAX_GROUP`), whose jobs are all claimed before the first is
 #: archived. A folder removed per job would make new files slow (see :mod:`mmd.spool.reservations`).
 SPARE_FOLDERS = 16
 
