@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..pipeline.watch import PHASES
+from ..pipeline.phases import PHASES
 
 _SEQ, _STARTED, _LIMIT, _PHASE, _BEAT, _HOLD, _OWNER = range(7)
 _SIZE = 7

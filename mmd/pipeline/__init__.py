@@ -7,9 +7,9 @@
 """
 
 from .driver import BackendFor, JobResult, kernel_file_backend, refuse, run_job
+from .phases import PHASES, PhaseHook
 from .reading import Limits, Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal
-from .watch import PHASES, PhaseHook
 
 __all__ = [
     "BackendFor",

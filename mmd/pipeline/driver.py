@@ -34,10 +34,10 @@ from ..job import Job
 from ..logs import get_logger
 from ..record import FileFacts, Record, Requested, Shape, TimingRecord
 from ..record.writer import dumps
+from .phases import PhaseHook, ignore_phase
 from .reading import Room, check_header, check_output_size, limits_for, read_header, read_input
 from .refusal import Refusal, commit
 from .textpaths import choose
-from .watch import PhaseHook, ignore_phase
 
 if TYPE_CHECKING:
     from ..backends.kernelfile import KernelFileBackend
