@@ -640,13 +640,13 @@ def _nvml(ordinal: int, pci_bus_id: str) -> Any:
 
 
 def clock(cp: Any, own_processes: int = 1) -> Any:
-    """A fresh :class:`mmd.bench.clock.ClockWatch` of CuPy's current GPU (NVML, found by PCI bus id): ``with``
+    """A fresh :class:`mmd.bench.clock.ClockSampler` of CuPy's current GPU (NVML, found by PCI bus id): ``with``
     it around a timing, then its ``summary()`` (``sm_clock_mhz``, ``throttled``, ``throttle_reasons``, the
-    load and the GPU's processes, ``busy`` beyond ``own_processes``). One watch times one case."""
-    from mmd.bench.clock import ClockWatch
+    load and the GPU's processes, ``busy`` beyond ``own_processes``). One sampler times one case."""
+    from mmd.bench.clock import ClockSampler
 
     dev = cp.cuda.Device()
-    return ClockWatch(_nvml(dev.id, dev.pci_bus_id), own_processes=own_processes)
+    return ClockSampler(_nvml(dev.id, dev.pci_bus_id), own_processes=own_processes)
 
 
 def clock_now(cp: Any) -> tuple[float | None, float | None]:

@@ -241,13 +241,13 @@ def time_shape(cp: Any, shape: tuple[int, int, int], builds: list[Variant], l2: 
 
     def timed(fn: Any) -> dict:
         """fn(a, b, c) over the sets: its timing, the clock meanwhile, and the error of set 0's C after."""
-        watch = harness.clock(cp)
-        with watch:
+        sampler = harness.clock(cp)
+        with sampler:
             t = harness.time_events(cp, [partial(fn, *s) for s in sets], batch=reps, min_reps=reps, max_reps=reps)
         fn(*sets[0])
         cp.cuda.runtime.deviceSynchronize()
         err = harness.errors(cp, sets[0][2].view.astype(cp.float64), ref)["max"]
-        return {"shape": name, **t.row(), "tflops": flop / t.ms / 1e9, "err": err, **watch.summary()}
+        return {"shape": name, **t.row(), "tflops": flop / t.ms / 1e9, "err": err, **sampler.summary()}
 
     def cublas(a: Mat, b: Mat, c: Mat) -> None:
         cp.matmul(a.view, b.view, out=c.view)

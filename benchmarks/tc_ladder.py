@@ -367,10 +367,10 @@ def run_check_worker(label: str, quick: bool, out: Path) -> dict:
 def timed(cp: Any, fn: Callable[[], object], flush: Callable[[], None], own_processes: int = 1) -> dict:
     """fn's launches timed (each alone, the L2 flushed first) with the SM clock meanwhile; ``own_processes``: this
     run's processes on the GPU (the TF32 worker's parent is the second)."""
-    watch = harness.clock(cp, own_processes)
-    with watch:
+    sampler = harness.clock(cp, own_processes)
+    with sampler:
         t = harness.time_events(cp, [fn], flush)
-    return {**t.row(), **watch.summary()}
+    return {**t.row(), **sampler.summary()}
 
 
 def timed_row(cp, flush, case, label, kernel, fn, say) -> dict:

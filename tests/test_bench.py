@@ -396,7 +396,7 @@ def test_the_gpu_is_read_through_nvml_found_by_its_bus_id_never_by_a_process():
     assert bench.Nvml.find(0, "", lib=older).read() == bench.ClockSample(1980.0, 1980.0, None, processes=None)
     assert bench.Nvml.find(0, "", lib=FakeNvml(present=False)) is None  # no driver: no reader, the case runs
     clock = bench.Nvml.find(0, "", lib=nvml)
-    with bench.ClockWatch(clock, interval=0.01):
+    with bench.ClockSampler(clock, interval=0.01):
         pass
     assert "nvmlShutdown" not in nvml.calls
     import inspect

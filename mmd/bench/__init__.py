@@ -35,7 +35,7 @@ copies and the kernel of every call (``flush_l2``), calls go on from
 ``repeats`` until the kernel median's noise (:func:`median_noise`) is under
 ``noise`` or ``max_repeats`` calls are made, and the SM clock, the GPU's
 processes and the machine's load are read while they run
-(:class:`ClockWatch`), so a throttled case, and one that ran on a busy
+(:class:`ClockSampler`), so a throttled case, and one that ran on a busy
 machine, is flagged.
 
 Results are rewritten after every case, so an interrupted run keeps what it
@@ -54,7 +54,7 @@ through NVML, and the load),
 from . import clock
 from .accuracy import ACCURACY_REFERENCES, accuracy_inputs, accuracy_kernels, error_stats, run_accuracy
 from .checking import check_product, make_inputs
-from .clock import LOW_CLOCK, THROTTLE_REASONS, ClockReader, ClockSample, ClockWatch, Nvml
+from .clock import LOW_CLOCK, THROTTLE_REASONS, ClockReader, ClockSample, ClockSampler, Nvml
 from .machine import environment
 from .plan import (
     ACCURACY_KS,
@@ -122,7 +122,7 @@ __all__ = [
     "Case",
     "ClockReader",
     "ClockSample",
-    "ClockWatch",
+    "ClockSampler",
     "NullProgress",
     "Nvml",
     "Plan",

@@ -130,7 +130,7 @@ def load_average() -> float:
 
 
 @dataclass
-class ClockWatch:
+class ClockSampler:
     """Reads the GPU (a :class:`ClockReader`, where the case runs on one) and the machine's load in a thread
     while a case's timed calls run.
 
@@ -168,7 +168,7 @@ class ClockWatch:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def __enter__(self) -> ClockWatch:
+    def __enter__(self) -> ClockSampler:
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="mmd-bench-clock", daemon=True)
         self._thread.start()

@@ -31,7 +31,7 @@ from ..pipeline import kernel_file_backend, run_job
 from ..record import TimingRecord
 from .accuracy import run_accuracy
 from .checking import Inputs, Wrong, check_product, make_inputs
-from .clock import ClockReader, ClockWatch, load_average
+from .clock import ClockReader, ClockSampler, load_average
 from .machine import environment
 from .plan import Case, Plan, backend_for, cannot_run
 from .progress import NullProgress, ProgressSink
@@ -155,13 +155,13 @@ class _Runner:
         compiles: list[float] = []  # a kernel is built once, usually in the warm-up: keep that time
         # a kernel file's launch process is the benchmark's own, beside this one's context (if it has one)
         own = 1 + (choice.is_file and self.backend.name != "cpu")
-        watch = ClockWatch(self.clock if choice.on_gpu else None, load=self.load, own_processes=own)
+        sampler = ClockSampler(self.clock if choice.on_gpu else None, load=self.load, own_processes=own)
         try:
             for i in range(plan.warmup):
                 if ready is not None:
                     ready()
                 compiles += _compile_of(timed(call, check=i == 0))
-            with watch:
+            with sampler:
                 while len(samples) < plan.cap:
                     first = not plan.warmup and not samples
                     if ready is not None:
@@ -198,7 +198,7 @@ class _Runner:
             overall_noise=noise_of(samples, "overall"),
             # the loop's own test, not the rounded figure
             converged=settled(samples, plan.noise) if plan.adaptive and kernel_noise is not None else None,
-            **watch.summary(),
+            **sampler.summary(),
         )
 
     def _in_memory(self, call: _Call, *, check: bool) -> dict[str, float]:

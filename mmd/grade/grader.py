@@ -13,7 +13,7 @@ For each kernel a student handed in (:class:`~.handins.Handin`), in kernel-file 
    (Freivalds' check, :func:`mmd.check.quickarrays.quick_of`, with a fresh seed too; a value that is not finite is
    wrong): a kernel that replays an earlier product, or one it kept for inputs it saw before, is caught as
    wrong, and one that computes what it is given is timed computing it. A case runs :meth:`GradePlan.enough`
-   launches (the least, then until its kernel median is known or enough time is measured), watched by NVML: a
+   launches (the least, then until its kernel median is known or enough time is measured), sampled by NVML: a
    case another process used the GPU during runs again (:attr:`GradePlan.windows`). It reports the medians of
    the CUDA kernel time and of the five phases' total, with its noise and what the GPU did.
 
@@ -42,7 +42,7 @@ from .. import kernels as registry
 from ..backends import open_backend
 from ..backends.base import Backend, MultiplyRequest, Product
 from ..backends.kernelfile import KernelFileBackend
-from ..bench.clock import ClockReader, ClockWatch
+from ..bench.clock import ClockReader, ClockSampler
 from ..bench.plan import COURSE_SIZES, COURSE_SIZES_AT_TILE, COURSE_TILES
 from ..bench.stats import noise_of, settled
 from ..check import quickarrays
@@ -435,7 +435,7 @@ class _FreshInputs:
 @dataclass(frozen=True)
 class _Timing:
     """What every timed case of phase 2 shares: the plan, the fresh inputs, the checkers, and how launches are
-    watched: the GPU's reader (None: not watched) and how many processes on the GPU are the grading's own (more is
+    sampled: the GPU's reader (None: not sampled) and how many processes on the GPU are the grading's own (more is
     another's, and the window is disturbed)."""
 
     plan: GradePlan
@@ -444,8 +444,8 @@ class _Timing:
     clock: ClockReader | None
     own_processes: int = 1
 
-    def watch(self) -> ClockWatch:
-        return ClockWatch(self.clock, own_processes=self.own_processes)
+    def sampler(self) -> ClockSampler:
+        return ClockSampler(self.clock, own_processes=self.own_processes)
 
 
 def _timed_cases(backend: Backend, timing: _Timing, pairs: Sequence[tuple[int, int]], kernel: str = "") -> list[Case]:
@@ -517,17 +517,17 @@ class _Launches:
 
 
 def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: int, timing: _Timing) -> _Launches:
-    """A timed case's launches, in windows watched for other processes on the GPU: one where another used it is
+    """A timed case's launches, in windows sampled for other processes on the GPU: one where another used it is
     run again (up to ``plan.windows`` in all; the last one's times are kept)."""
     start = time.perf_counter()
     done = _Launches(case)
     while done.windows < timing.plan.windows:
         done.windows += 1
         done.launches = []
-        watch = timing.watch()
-        with watch:
+        sampler = timing.sampler()
+        with sampler:
             _timed_launches(backend, request, case.shape[0], then, timing, done)
-        facts = watch.summary()
+        facts = sampler.summary()
         processes = facts["gpu_processes"]
         done.gpu = {**facts, "gpu_busy": processes is not None and processes > timing.own_processes}
         if not done.disturbed() or done.stopped is not None or done.failed():

@@ -21,7 +21,7 @@ def test_nvml_finds_the_cuda_backends_gpu_by_bus_id_and_reads_its_clock_and_this
     assert sample is not None and sample.sm_mhz is not None and sample.sm_mhz > 0
     assert sample.max_sm_mhz is not None and sample.max_sm_mhz >= sample.sm_mhz
     assert sample.processes is not None and sample.processes >= 1
-    with bench.ClockWatch(reader, interval=0.05) as watch:
+    with bench.ClockSampler(reader, interval=0.05) as sampler:
         cuda_backend.multiply(a, a, MultiplyRequest(kernel="tiled", tile=16))
-    summary = watch.summary()
+    summary = sampler.summary()
     assert summary["sm_clock_mhz"] > 0 and summary["gpu_processes"] >= 1 and summary["load_avg"] is not None
