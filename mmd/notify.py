@@ -3,9 +3,10 @@
 A datagram of ``KEY=value`` lines to the ``AF_UNIX`` socket systemd names in
 ``NOTIFY_SOCKET`` (a path, or ``@name`` for the abstract namespace). Without
 that variable every call is a no-op, so the daemon calls it unconditionally.
-The watchdog pinger sends ``WATCHDOG=1`` at half of ``WATCHDOG_USEC`` only
-while a health check passes: a worker that died or a loop that stopped
-turning stops the pings, and systemd restarts the service.
+The pinger (:class:`AlivePinger`) tells systemd's watchdog the service is
+alive: it sends ``WATCHDOG=1`` at half of ``WATCHDOG_USEC`` only while a
+health check passes: a worker that died or a loop that stopped turning stops
+the pings, and systemd restarts the service.
 """
 
 from __future__ import annotations
@@ -87,11 +88,12 @@ class Notifier:
             self._sock = None
 
 
-class WatchdogPinger(threading.Thread):
-    """Sends ``WATCHDOG=1`` every ``period`` seconds while ``healthy()`` says so."""
+class AlivePinger(threading.Thread):
+    """Tells systemd's watchdog the service is alive: ``WATCHDOG=1`` every ``period`` seconds while ``healthy()``
+    says so."""
 
     def __init__(self, notifier: Notifier, period: float, healthy: HealthCheck) -> None:
-        super().__init__(name="mmd-watchdog", daemon=True)
+        super().__init__(name="mmd-alive", daemon=True)
         self.notifier = notifier
         self.period = period
         self.healthy = healthy
@@ -102,7 +104,7 @@ class WatchdogPinger(threading.Thread):
     @classmethod
     def start_for(
         cls, notifier: Notifier, healthy: HealthCheck, environ: Mapping[str, str] | None = None
-    ) -> WatchdogPinger | None:
+    ) -> AlivePinger | None:
         """Start a pinger at half the systemd watchdog period; None when there is no watchdog."""
         seconds = watchdog_seconds(environ)
         if seconds is None or not notifier.enabled:

@@ -93,7 +93,7 @@ def test_pinger_pings_while_healthy_and_stops_when_not(fake_systemd):
     env, receive = fake_systemd
     n = notify.Notifier(env)
     health = {"ok": True}
-    pinger = notify.WatchdogPinger.start_for(
+    pinger = notify.AlivePinger.start_for(
         n, lambda: (health["ok"], "" if health["ok"] else "worker stuck"), {**env, "WATCHDOG_USEC": "40000"}
     )
     assert pinger is not None and pinger.period == pytest.approx(0.02)
@@ -117,5 +117,5 @@ def test_pinger_pings_while_healthy_and_stops_when_not(fake_systemd):
 def test_no_pinger_without_watchdog(fake_systemd):
     env, _ = fake_systemd
     n = notify.Notifier(env)
-    assert notify.WatchdogPinger.start_for(n, lambda: (True, ""), env) is None
+    assert notify.AlivePinger.start_for(n, lambda: (True, ""), env) is None
     n.close()

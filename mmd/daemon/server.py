@@ -195,7 +195,7 @@ class Daemon:
             self.scheduler.resume(resumed)
             stack.callback(self.spool.drop_spares)
             stack.callback(self.handins.close)
-            watchdog = stack.enter_context(service.WatchdogPings(notifier, self.health))
+            pings = stack.enter_context(service.AlivePings(notifier, self.health))
             # The jobs in hand finish once the observer and the control socket (entered below) are closed.
             stack.enter_context(service.draining(self.workers, self._on_event, self.state, notifier))
             kind = "once" if once else stack.enter_context(self.inbox.watched(self.settings))
@@ -206,7 +206,7 @@ class Daemon:
             self._say_serving()
             notifier.ready(f"serving {self.spool.shared.inbox}")
             self.metrics.up.set(1)
-            watchdog.start()
+            pings.start()
             return self._loop(once)
 
     def _listen(self, stack: contextlib.ExitStack) -> None:

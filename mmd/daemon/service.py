@@ -25,7 +25,7 @@ from ..config import Settings
 from ..errors import ConfigError
 from ..hooks import Hooks
 from ..metrics import Metrics
-from ..notify import HealthCheck, Notifier, WatchdogPinger
+from ..notify import AlivePinger, HealthCheck, Notifier
 from ..spool import Spool, Usage
 from .lock import SpoolLock, lock_holder
 from .messages import Hint, ReloadRequested, StopRequested
@@ -143,19 +143,19 @@ def draining(workers: WorkerPool, on_event: OnEvent, state: State, notifier: Not
         workers.stop(on_event, STUCK_AFTER)
 
 
-class WatchdogPings:
-    """systemd's watchdog pings (:class:`~mmd.notify.WatchdogPinger`), from :meth:`start` (at READY=1) until the
+class AlivePings:
+    """systemd's watchdog pings (:class:`~mmd.notify.AlivePinger`), from :meth:`start` (at READY=1) until the
     context's exit. Entered before the workers are, so that the pings go on while the jobs in hand finish."""
 
     def __init__(self, notifier: Notifier, healthy: HealthCheck) -> None:
         self.notifier = notifier
         self.healthy = healthy
-        self._pinger: WatchdogPinger | None = None
+        self._pinger: AlivePinger | None = None
 
     def start(self) -> None:
-        self._pinger = WatchdogPinger.start_for(self.notifier, self.healthy)
+        self._pinger = AlivePinger.start_for(self.notifier, self.healthy)
 
-    def __enter__(self) -> WatchdogPings:
+    def __enter__(self) -> AlivePings:
         return self
 
     def __exit__(self, *exc: object) -> None:
