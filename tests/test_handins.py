@@ -361,9 +361,9 @@ def test_a_students_kernels_stop_at_their_gpu_time_and_no_one_elses_do(box, stud
     at their limit (0.5 s charged each, the second while under her 0.8), her third is refused unrun (`limit`,
     saying what she used); mmd's own kernels still run for her, and Bob's kernel for him."""
     alice, bob = students
-    proc, _sock = start_class_daemon(box, **fake_gpu(MMD_STUDENT_KERNELS="true", MMD_DEVICES="0",
-                                                     MMD_KERNEL_FILE_LAUNCH_TIMEOUT_S="0.5",
-                                                     MMD_STUDENT_KERNEL_GPU_S="0.8"))  # fmt: skip
+    proc, sock = start_class_daemon(box, **fake_gpu(MMD_STUDENT_KERNELS="true", MMD_DEVICES="0",
+                                                    MMD_KERNEL_FILE_LAUNCH_TIMEOUT_S="0.5",
+                                                    MMD_STUDENT_KERNEL_GPU_S="0.8"))  # fmt: skip
     try:
         alice.drop(box.inbox, "s.cu", SQUARE.replace("square", "spin"))
         bob.drop(box.inbox, "p1.cu", SQUARE)
@@ -378,6 +378,11 @@ def test_a_students_kernels_stop_at_their_gpu_time_and_no_one_elses_do(box, stud
         over = error_of(mine, "hw3@kernel=s,tile=4")["error"]
         assert over["kind"] == "limit" and "student_kernel_gpu_s" in over["reason"], over
         assert 1.0 <= over["used_s"] < 1.5 and over["student_kernel_gpu_s"] == 0.8
+        mine_now, bobs = asks(alice, sock, '{"op": "status"}'), asks(bob, sock, '{"op": "status"}')
+        assert mine_now["kernel_gpu_s"] == over["used_s"] and mine_now["kernel_gpu_limit_s"] == 0.8
+        assert f"your kernels have used {over['used_s']:.1f} s of GPU time of the 0.8 s you may use" in render_mine(
+            mine_now)  # fmt: skip
+        assert bobs["kernel_gpu_s"] == 0.0  # Bob's kernel has not run yet
         a, b = integer_input(tmp_path / "a.txt", 8, 8, 8, seed=4)
         alice.drop(box.inbox, "hw4@kernel=naive.txt", (tmp_path / "a.txt").read_text())
         bob.drop(box.inbox, "hw1@kernel=p1,tile=4.txt", (tmp_path / "a.txt").read_text())

@@ -119,6 +119,10 @@ def render_mine(answer: dict[str, Any]) -> str:
         )
         more = answer.get("kernels_total", len(kernels)) - len(kernels)
         lines.append(f"your kernels: {listed}" + (f" and {more} more" if more > 0 else ""))
+    used, most = answer.get("kernel_gpu_s"), answer.get("kernel_gpu_limit_s")
+    if used or most is not None:
+        of = f" of the {most:g} s you may use (student_kernel_gpu_s)" if most is not None else ""
+        lines.append(f"your kernels have used {used or 0:.1f} s of GPU time{of}")
     return "\n".join(lines)
 
 

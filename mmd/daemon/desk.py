@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import pwd
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..config import Settings
 from ..errors import JobCancelled, MmdError
 from ..kernelfile.store import KernelStore
 from ..record import ERROR_SUFFIX, TIMING_SUFFIX, now_iso
@@ -87,8 +88,11 @@ class Desk:
         workers: WorkerPool,
         stops: Stops,
         refusals: Refusals,
+        settings: Callable[[], Settings],
         graders: Sequence[int] = (),
     ) -> None:
+        #: The settings in effect (a reload changes them): the bounds a student is told of.
+        self.settings = settings
         self.spool = spool
         self.scheduler = scheduler
         self.workers = workers
@@ -171,6 +175,10 @@ class Desk:
                 {"name": k.name, "version": k.version, "handed_in": now_iso(k.handed_in)} for k in kernels
             ]
             out["kernels_total"] = total
+            if self.spool.ledger is not None:
+                # the GPU time their own kernels used, and what they may (student_kernel_gpu_s; None: no bound)
+                out["kernel_gpu_s"] = round(self.spool.ledger.gpu_seconds(you), 3)
+                out["kernel_gpu_limit_s"] = self.settings().student_kernel_gpu_s
         return out
 
     def _cancel(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:

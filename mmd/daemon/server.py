@@ -147,7 +147,7 @@ class Daemon:
         self.supervisor = Supervisor(self.workers, self.spool, self.scheduler, self.intake, self.ends, self.state,
                                      self._on_event, self.log)  # fmt: skip
         #: What the control socket's askers are answered (their own jobs).
-        self.desk = Desk(self.spool, self.scheduler, self.workers, self.supervisor, self.ends, graders)
+        self.desk = Desk(self.spool, self.scheduler, self.workers, self.supervisor, self.ends, current, graders)
         #: The inbox folder: watched, and followed when it is made again.
         self.inbox = Inbox(self.spool, self._lock, self.mailbox.post, self.log)
         self._local: LocalSocket | None = None  # the control socket, while serving
