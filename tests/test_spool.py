@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -118,7 +119,7 @@ def jobs_in(work):
 
 
 def spares(work):
-    """The emptied job folders kept for later claims: the shared spare and this process's own."""
+    """The emptied job folders this process keeps for its later claims."""
     return sorted(p for p in work.iterdir() if p.name.startswith(spool.SPARE_DIR))
 
 
@@ -227,7 +228,7 @@ def test_a_group_frees_no_inode_its_reservations_and_folders_are_used_again(tmp_
     assert os.listdir(s.shared.outbox) == [], "the outbox shows its readers results only: the spares are in .work"
     assert group("b") == first  # the same inodes, written anew
     assert not [p for p in s.shared.outbox.iterdir() if p.name.endswith(CLAIM_SUFFIX)], "every reservation released"
-    s.drop_spares()
+    s.spares.drop()
     assert kept() == []
     dead = subprocess.Popen(["true"])  # a pid that has exited
     dead.wait()
@@ -567,6 +568,36 @@ def test_an_archived_job_leaves_no_record_for_the_next_one(tmp_path):
     _drop(s.shared.inbox, "n.txt")
     n = s.claims.claim("n.txt")  # in the spare folder m.txt's job left
     assert n.path.parent.name.startswith(n.job_id) and s.attempts.read(n) == spool.Attempts()
+
+
+def test_a_folder_whose_record_cannot_be_removed_is_no_later_jobs(tmp_path):
+    """An archived job's folder whose attempts record cannot be removed (EIO) is never a later claim's: a later
+    job held once counts its own hold only; the record is removed at the next release."""
+
+    class RecordStays(FileOps):
+        fail = True
+
+        def unlink(self, path: Path) -> None:
+            if self.fail and path.name == spool.ATTEMPTS_NAME:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+            super().unlink(path)
+
+    ops = RecordStays()
+    s = Spool(Shared(tmp_path / "in", tmp_path / "out", ops=ops))
+    s.shared.prepare()
+    _drop(s.shared.inbox, "a.txt")
+    s.attempts.hold(s.claims.claim("a.txt"), "cannot write out/a.out: No space left on device", output_failed=True)
+    [a] = s.claims.take_back()
+    s.archive.add(a, True)  # done; its folder keeps the record of its hold
+    ops.fail = False
+    _drop(s.shared.inbox, "b.txt")
+    b = s.claims.claim("b.txt")
+    held = s.attempts.hold(b, "cannot write out/b.out: No space left on device", output_failed=True)
+    assert (held.holds, held.output_failures) == (1, 1)
+    [b] = s.claims.take_back()
+    s.archive.add(b, True)
+    assert [p for p in s.shared.work.rglob("*") if p.parent != s.shared.work] == []  # every job folder empty
+    assert spool.held_jobs(s.shared.inbox) == []
 
 
 ATTEMPT_THEN_KILL = """

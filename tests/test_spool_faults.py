@@ -126,7 +126,7 @@ class FaultyOps(FileOps):
         if first == work or (first.parent == work and op == "mkdir"):
             return "claim"  # .work, or a job folder
         if first.parent == work:  # a job folder: the spare renamed to it, or it renamed on
-            if first.name.startswith(spool.SPARE_DIR):  # the shared spare, or one of a process's own
+            if first.name.startswith(spool.SPARE_DIR):  # one of the process's spare folders
                 return "claim"
             return "release" if op == "rmdir" or paths[-1].name.startswith(spool.SPARE_DIR) else "claim"
         if first.parent.parent == work:  # in a job folder
@@ -364,7 +364,7 @@ MATRIX: dict[tuple[str, str], str] = {
     ("archive", "link"): "done",  # another user's file under fs.protected_hardlinks (EPERM): renamed
     ("archive", "rename"): "done",  # only when link is refused
     ("archive", "unlink"): "left",
-    ("release", "rename"): "done",  # the emptied folder kept as the spare; else removed
+    ("release", "rename"): "done",  # the emptied folder kept as a spare; else removed
     ("release", "rmdir"): "done",
     ("release", "unlink"): "done",  # the attempts record of a job that was held
     ("hold", "open_exclusive"): "held",  # the hold stands; only its count is lost

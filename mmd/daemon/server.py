@@ -193,7 +193,7 @@ class Daemon:
             resumed = self.spool.claims.resumable()
             self.upkeep.start(resumed)
             self.scheduler.resume(resumed)
-            stack.callback(self.spool.drop_spares)
+            stack.callback(self.spool.spares.drop)
             stack.callback(self.handins.close)
             pings = stack.enter_context(service.AlivePings(notifier, self.health))
             # The jobs in hand finish once the observer and the control socket (entered below) are closed.

@@ -488,11 +488,11 @@ class Runner:
         return None
 
     def close(self, flush: bool = True) -> None:
-        """Publish what waits for a group commit and remove the spare reservations (unless the daemon is gone:
-        the next one sweeps them), close the backends."""
+        """Publish what waits for a group commit and remove the spool's spares (unless the daemon is gone: the
+        next one sweeps them), close the backends."""
         if flush:
             self.flush()
-            self.spool.drop_spares()
+            self.spool.spares.drop()
         self.backends.close()
 
 

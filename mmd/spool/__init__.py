@@ -34,6 +34,8 @@ the parts (``spool.claims.claim(name)``, ``spool.attempts.hold(claim, why)``); o
 * :mod:`.claims`: the claim and the :class:`Claim` record, the jobs in hand (:class:`InHand`), taking jobs from
   ``.work`` (:class:`Claims`);
 * :mod:`.reservations`: the outbox reservations of output versions, and their sweep (:class:`Reservations`);
+* :mod:`.spares`: the released reservations and emptied job folders a process keeps instead of freeing them, and
+  why (:class:`Spares`);
 * :mod:`.attempts`: a claimed job's starts and holds (:class:`AttemptLog`, :class:`Attempts`), the held jobs;
 * :mod:`.archive`: archiving a job to ``.done``/``.failed``, removing outputs, retention, sweeping dead
   processes' temporaries (:class:`Archive`);
@@ -88,6 +90,7 @@ from .names import (
 )
 from .reservations import EMPTY_RESERVATION_GRACE_S, Reservations, pid_alive, read_reservation
 from .scanning import Arrival, Arrivals, Candidate, Readiness, Scanner, Survey
+from .spares import Spares
 
 __all__ = [
     "ATTEMPTS_NAME",
@@ -120,6 +123,7 @@ __all__ = [
     "Reservations",
     "Scanner",
     "Shared",
+    "Spares",
     "Spool",
     "Survey",
     "Usage",
@@ -158,6 +162,8 @@ class Spool:
       take back;
     * :attr:`claims` (:class:`Claims`): the claim, the jobs a start resumes, those taken back, what is in ``.work``;
     * :attr:`reservations` (:class:`Reservations`): the outbox's reserved output versions, and their sweep;
+    * :attr:`spares` (:class:`Spares`): the released reservations and emptied job folders this process keeps to
+      use again (``spool.spares.drop()`` when it stops serving);
     * :attr:`attempts` (:class:`AttemptLog`): a claimed job's starts and holds;
     * :attr:`archive` (:class:`Archive`): archiving a job, removing outputs, retention, the temporaries' sweep;
     * :attr:`dropbox` (:class:`DropBox`): what lies in the inbox that is not a job, and the record of arrivals;
@@ -173,19 +179,11 @@ class Spool:
         self.shared = shared
         self.scanner = Scanner(shared.inbox, shared.ops.scandir, every_folder=shared.class_mode)
         self.in_hand = InHand(shared.lock)
-        self.reservations = Reservations(shared, self.in_hand)
-        self.claims = Claims(shared, self.in_hand, self.reservations.reserve, self.reservations.release)
+        self.spares = Spares(shared)
+        self.reservations = Reservations(shared, self.in_hand, self.spares)
+        self.claims = Claims(shared, self.in_hand, self.reservations.reserve, self.reservations.release, self.spares)
         self.attempts = AttemptLog(shared, self.in_hand)
         #: Class mode with a state folder (where its records are kept, out of the class's reach); else None.
         self.ledger = Ledger(shared) if shared.class_mode and shared.private != shared.inbox else None
         self.archive = Archive(shared, self.in_hand, self.claims, self.reservations, self.ledger)
         self.dropbox = DropBox(shared, self.in_hand, self.reservations.reserve)
-
-    def drop_spares(self) -> None:
-        """Remove this process's spare reservations and job folders (kept to be used again while it serves).
-
-        The spool's own: the spares are two parts' (the reservations' and the
-        claims'), and a process that stops serving drops both.
-        """
-        self.reservations.drop_spares()
-        self.claims.drop_spares()

@@ -2,7 +2,7 @@
 
 :meth:`Archive.add` moves a finished job's file out of ``.work`` (never
 over an older one of that name), drops its output reservation and makes its
-emptied folder the next claim's spare. :meth:`Archive.sweep_temporaries`
+emptied folder a spare for a later claim. :meth:`Archive.sweep_temporaries`
 removes, at start, the commit temporaries (:func:`mmd.atomic.temporary_name`'s) of
 processes that are gone. Whether a job finished, so that only its archive is
 left to do, is :func:`mmd.spool.claims.finished`'s to say.
@@ -26,11 +26,12 @@ from ..atomic import temporary_pid
 from ..errors import SpoolError
 from ..record.reader import load_dict
 from ..textcore import HEADER_WINDOW
-from .claims import Claim, Claims, InHand, spare_folder_pid
+from .claims import Claim, Claims, InHand
 from .common import Shared, entries, strerror
 from .ledger import Ledger, Usage, usage_of
 from .names import MAX_NAME_BYTES, OUTPUT_SUFFIX, archive_name, arrivals_name, names_of, shown, state_name
 from .reservations import Reservations, pid_alive
+from .spares import spare_folder_pid
 
 
 class Archive:

@@ -43,7 +43,6 @@ from ..submitters import login_of
 from .common import Shared, entries, strerror
 from .names import (
     OUTPUT_SUFFIX,
-    SPARE_DIR,
     WORK_DIR,
     claim_path,
     entry_problem,
@@ -56,6 +55,7 @@ from .names import (
     writable_problem,
 )
 from .scanning import Candidate
+from .spares import Spares
 
 
 @dataclass(frozen=True)
@@ -193,19 +193,6 @@ class InHand:
             return len(self._left)
 
 
-#: Emptied job folders a process keeps to take for its next claims (``.work/.spare.<pid>.<k>``): a group
-#: commit's worth (:data:`mmd.daemon.tunables.MAX_GROUP`), whose jobs are all claimed before the first is
-#: archived. A folder removed per job would make new files slow (see :mod:`mmd.spool.reservations`).
-SPARE_FOLDERS = 16
-
-
-def spare_folder_pid(name: str) -> int | None:
-    """The pid in a process's spare folder's name (``.spare.<pid>.<k>``); None for any other name."""
-    head, _, k = name.rpartition(".")
-    spare, _, pid = head.partition(f"{SPARE_DIR}.")
-    return int(pid) if not spare and pid.isdigit() and k.isdigit() else None
-
-
 class Reserve(Protocol):
     """Reserves the first free output version of a stem for a job: (version, names in the way, reservation);
     ``looked``: a version to try first (and the names in the way of earlier ones), without looking first."""
@@ -222,14 +209,14 @@ Release = Callable[[Claim], None]
 class Claims:
     """Taking jobs into ``.work`` and back from it: the claim, the jobs a start resumes, those taken back."""
 
-    def __init__(self, shared: Shared, hand: InHand, reserve: Reserve, release: Release) -> None:
+    def __init__(self, shared: Shared, hand: InHand, reserve: Reserve, release: Release, spares: Spares) -> None:
         self.shared = shared
         self.hand = hand
         self.reserve = reserve
         self.release = release
-        #: This process's emptied job folders, taken first for its next claims, and the names they may take.
-        self._spares: list[Path] = []
-        self._spare_names: list[Path] = []
+        self.spares = spares
+        #: Emptied job folders whose dot files could not all be removed: tried again at the next release.
+        self._unemptied: list[Path] = []
 
     # -- claim --
     def claim(self, name: str, job_id: str | None = None) -> Claim | None:
@@ -341,70 +328,45 @@ class Claims:
         return dataclasses.replace(claim, **self._looks(info), **changes)
 
     def _job_folder(self, name: str) -> Path:
-        """An empty ``.work/<name>``: a spare folder of this process's renamed, else the shared spare, else
-        a new one (a mkdir costs more on ext4)."""
-        shared = self.shared
-        folder = shared.folder(shared.work) / name
-        while self._spares:
-            try:
-                shared.ops.rename(self._spares.pop(), folder)
-            except FileNotFoundError:
-                continue  # swept meanwhile
-            return folder
-        try:
-            shared.ops.rename(shared.work / SPARE_DIR, folder)
-        except FileNotFoundError:
-            shared.ops.mkdir(folder)
+        """An empty ``.work/<name>``: a spare folder of this process's renamed (:class:`~.spares.Spares`), else
+        a new one."""
+        folder = self.shared.folder(self.shared.work) / name
+        if not self.spares.take_folder(folder):
+            self.shared.ops.mkdir(folder)
         return folder
 
     def release_folder(self, folder: Path) -> None:
-        """Keep an emptied job folder as a spare of this process's, else as the shared spare (replacing an
-        empty one), else remove it.
+        """Keep an emptied job folder as a spare of this process's (:class:`~.spares.Spares`), else remove it.
 
         mmd's own dot files in it (the attempts record, a killed write's
-        temporary) are removed first; a folder that still holds anything else
-        is left for the next start's recovery, never made a spare.
+        temporary) are removed first. Where one cannot be, the folder stays as
+        it is (no claim may take a folder holding another job's record) and is
+        tried again at this process's next release. A folder that still holds
+        anything else is left for the next start's recovery, never made a spare.
         """
+        again, self._unemptied = self._unemptied, []
+        for each in (folder, *again):
+            self._release(each)
+
+    def _release(self, folder: Path) -> None:
+        """One folder of :meth:`release_folder`'s."""
         shared = self.shared
         try:
             with os.scandir(folder) as it:
                 names = [e.name for e in it]
         except OSError:
             return
-        emptied = True
         for name in names:
             if not name.startswith("."):
                 return
             try:
                 shared.ops.unlink(folder / name)
             except OSError:
-                emptied = False  # the shared spare's next claim tries again
-        if emptied and len(self._spares) < SPARE_FOLDERS:
-            if not self._spare_names:
-                pid = os.getpid()
-                self._spare_names = [shared.work / f"{SPARE_DIR}.{pid}.{k}" for k in range(SPARE_FOLDERS)]
-            taken = set(self._spares)
-            spare = next(p for p in self._spare_names if p not in taken)
-            try:
-                shared.ops.rename(folder, spare)
-            except OSError:
-                pass  # the shared spare instead
-            else:
-                self._spares.append(spare)
+                self._unemptied.append(folder)
                 return
-        try:
-            shared.ops.rename(folder, shared.work / SPARE_DIR)
-        except OSError:
+        if not self.spares.keep_folder(folder):
             with contextlib.suppress(OSError):
                 shared.ops.rmdir(folder)
-
-    def drop_spares(self) -> None:
-        """Remove this process's spare folders (it stops serving; a killed one's are swept with its
-        temporaries)."""
-        for spare in self._spares:
-            with contextlib.suppress(OSError):
-                self.shared.ops.rmdir(spare)
-        self._spares.clear()
 
     # -- jobs in .work --
     def resumable(self) -> list[Claim]:

@@ -9,17 +9,8 @@ whose daemon is gone are swept at start (:meth:`Reservations.sweep`).
 While it exists no other job writes that version, so a job's output name
 stays its own across a kill -9 and a hold.
 
-A released reservation is not removed but renamed to a spare of this
-process in this host's ``.work`` (a commit temporary's name: swept once the
-process is gone), out of the sight of the outbox's readers, and written anew
-for a later job: on ext4 without a journal (the project's VM) a freed inode
-makes every new file made after it, for the next several seconds, step over
-it, so a file freed per job made each job's new files cost more the faster
-jobs came. A spare is written over from its start and then cut to its new
-text, never emptied first: that would free its block, which is costly there
-too (the VM's ext4 is mounted with ``discard``). Where ``.work`` is on
-another filesystem than the output folder (a rename cannot cross), released
-reservations are removed.
+A released reservation is kept as a spare of this process and written anew
+for a later job (:class:`~mmd.spool.spares.Spares`, which says why).
 """
 
 from __future__ import annotations
@@ -32,12 +23,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..atomic import temporary_name, write_atomic
+from ..atomic import write_atomic
 from ..errors import OutputError, SpoolError
 from ..fileops import write_all
 from .claims import Claim, InHand, owned_by
 from .common import Shared, entries, strerror
 from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, resolve_output, work_folder_name
+from .spares import Spares
 
 #: mmd writes a reservation in full before it takes its name, so an empty one is only what an older mmd
 #: (or a filesystem without hard links) leaves when killed between creating and writing it. Such a
@@ -46,9 +38,6 @@ from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, re
 EMPTY_RESERVATION_GRACE_S = 60.0
 #: What ``link`` says on a filesystem without hard links (the reservation is then created in place).
 _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS})
-#: Released reservations a process keeps to write anew: a group commit's worth
-#: (:data:`mmd.daemon.common.MAX_GROUP`), whose jobs release theirs one after another.
-SPARES = 16
 
 
 #: More than a reservation holds (``<job> <host> <pid>``; a host id is a short name).
@@ -91,13 +80,10 @@ def pid_alive(pid: int) -> bool:
 class Reservations:
     """The outbox reservations of one spool's jobs."""
 
-    def __init__(self, shared: Shared, hand: InHand) -> None:
+    def __init__(self, shared: Shared, hand: InHand, spares: Spares) -> None:
         self.shared = shared
         self.hand = hand
-        #: This process's released reservations in ``.work``, to be written anew (see the module).
-        self._spares: list[Path] = []
-        self._names: list[Path] = []
-        self._near_work: dict[Path, bool] = {}  # output folder → whether it is on .work's filesystem
+        self.spares = spares
 
     def reserve(
         self, stem: str, job_id: str, owner: int | None = None, looked: tuple[int, list[str]] | None = None
@@ -150,7 +136,7 @@ class Reservations:
         ``O_EXCL`` in place and written. A missing outbox is made again.
         """
         text = self._reservation_text(job_id)
-        spare = self._rewritten(path.parent, text)
+        spare = self.spares.reservation(path.parent, text)
         try:
             if spare is not None:
                 return self._link_spare(spare, path)
@@ -187,39 +173,13 @@ class Reservations:
         try:
             self.shared.ops.link(spare, path)
         except FileExistsError:
-            self._spares.append(spare)
+            self.spares.put_back(spare)
             return False
         except OSError:
             self.shared.unlink_quietly(spare)
             raise
         self.shared.unlink_quietly(spare)  # a name only: the file lives on as the reservation
         return True
-
-    def _rewritten(self, folder: Path, text: bytes) -> Path | None:
-        """A spare reservation of this process in ``folder`` holding ``text`` now; None when there is none (or
-        it cannot be written: the caller makes a new one, and reports what the outbox says)."""
-        if not self._spares or not self._near(folder):
-            return None
-        spare = self._spares.pop()
-        shared = self.shared
-        try:
-            fd = shared.ops.open_rewrite(spare)
-        except OSError:
-            shared.unlink_quietly(spare)
-            return None
-        try:
-            write_all(shared.ops, fd, text)
-            shared.ops.truncate(fd, len(text))  # what an earlier, longer text left past it (mostly nothing)
-        except OSError:
-            shared.close_quietly(fd)
-            shared.unlink_quietly(spare)
-            return None
-        try:
-            shared.ops.close(fd)
-        except OSError:
-            shared.unlink_quietly(spare)
-            return None
-        return spare
 
     def _create_in_place(self, path: Path, text: bytes) -> bool:
         """The reservation created ``O_EXCL`` and written (no hard links here); False when it exists."""
@@ -319,39 +279,10 @@ class Reservations:
         if held is not None and held[0] == claim.job_id:
             self._retire(path)
 
-    def _near(self, folder: Path) -> bool:
-        """Whether output folder ``folder`` is on the filesystem of this host's ``.work``, where the spares are."""
-        near = self._near_work.get(folder)
-        if near is None:
-            try:
-                near = os.stat(folder).st_dev == os.stat(self.shared.folder(self.shared.work)).st_dev
-            except (OSError, SpoolError):
-                return False  # looked at again next time
-            self._near_work[folder] = near
-        return near
-
-    def drop_spares(self) -> None:
-        """Remove this process's spares (it stops serving; a killed one's are swept as its temporaries)."""
-        for spare in self._spares:
-            self.shared.unlink_quietly(spare)
-        self._spares.clear()
-
     def _retire(self, path: Path) -> None:
-        """Drop the reservation at ``path``: kept as a spare of this process (see the module), else removed."""
-        if len(self._spares) < SPARES and self._near(path.parent):
-            if not self._names:  # this process's temporaries' names (swept once it is gone), of names no
-                # reservation has (a job's stem is never hidden)
-                self._names = [self.shared.work / temporary_name(f"..spare{k}{CLAIM_SUFFIX}") for k in range(SPARES)]
-            taken = set(self._spares)
-            spare = next(p for p in self._names if p not in taken)
-            try:
-                self.shared.ops.rename(path, spare)
-            except OSError:
-                pass  # removed instead
-            else:
-                self._spares.append(spare)
-                return
-        self.shared.unlink_quietly(path)
+        """Drop the reservation at ``path``: kept as a spare of this process, else removed."""
+        if not self.spares.keep_reservation(path):
+            self.shared.unlink_quietly(path)
 
     def sweep(self, work: Iterable[Claim]) -> list[Path]:
         """Remove reservations left by dead daemons of this host; returns those removed.
