@@ -20,9 +20,9 @@ from mmd.job import describe
 from mmd.kernelfile.store import KernelStore
 from mmd.kernels import NAMES
 from mmd.record import Context
-from mmd.spool.common import Shared
 from mmd.spool.handins import HandInSettings, receive
 from mmd.spool.ledger import Ledger
+from mmd.spool.shared import Shared
 
 from . import classbox
 from .classbox import Box, Student

@@ -22,9 +22,9 @@ from mmd.job import describe
 from mmd.kernelfile.store import KernelStore
 from mmd.record import Context
 from mmd.spool import Candidate, Scanner
-from mmd.spool.common import Shared
 from mmd.spool.handins import HandInSettings, is_handin, receive
 from mmd.spool.ledger import Ledger, Usage, kept_kernels, usage_of
+from mmd.spool.shared import Shared
 
 from . import classbox
 from .classbox import Box, Student

@@ -5,8 +5,8 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from mmd.spool.common import Shared
 from mmd.spool.ledger import Ledger, Usage
+from mmd.spool.shared import Shared
 
 
 def _add_many(private: str, times: int) -> None:

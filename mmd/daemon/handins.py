@@ -19,9 +19,9 @@ from ..config import Settings, graders_gids, kernel_cache_dir
 from ..errors import MmdError
 from ..kernelfile.store import KernelStore
 from ..spool import Candidate, shown
-from ..spool.common import Shared
 from ..spool.handins import HandInSettings, receive
 from ..spool.ledger import Ledger, usage_of
+from ..spool.shared import Shared
 from ..submitters import login_of
 
 

@@ -43,7 +43,7 @@ the parts (``spool.claims.claim(name)``, ``spool.attempts.hold(claim, why)``); o
   (:class:`Ledger`);
 * :mod:`.dropbox`: what lies in the inbox that is not a job (set aside, or removed), the record of arrivals
   (:class:`DropBox`);
-* :mod:`.common`: what the parts share (:class:`Shared`: the folders, the file operations, the lock, the owner
+* :mod:`.shared`: what the parts share (:class:`Shared`: the folders, the file operations, the lock, the owner
   pid).
 
 Every file operation that moves a job goes through a :class:`~mmd.fileops.FileOps`
@@ -57,7 +57,6 @@ from __future__ import annotations
 from .archive import Archive
 from .attempts import AttemptLog, Attempts, HeldJob, held_jobs, read_attempts
 from .claims import Claim, Claims, InHand, finished, owned_by
-from .common import Shared, entries
 from .dropbox import DropBox
 from .ledger import Ledger, Usage
 from .names import (
@@ -90,6 +89,7 @@ from .names import (
 )
 from .reservations import EMPTY_RESERVATION_GRACE_S, Reservations, pid_alive, read_reservation
 from .scanning import Arrival, Arrivals, Candidate, Readiness, Scanner, Survey
+from .shared import Shared, entries
 from .spares import Spares
 
 __all__ = [

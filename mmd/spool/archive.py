@@ -27,10 +27,10 @@ from ..errors import SpoolError
 from ..record.reader import load_dict
 from ..textcore import HEADER_WINDOW
 from .claims import Claim, Claims, InHand
-from .common import Shared, entries, strerror
 from .ledger import Ledger, Usage, usage_of
 from .names import MAX_NAME_BYTES, OUTPUT_SUFFIX, archive_name, arrivals_name, names_of, shown, state_name
 from .reservations import Reservations, pid_alive
+from .shared import Shared, entries, strerror
 from .spares import spare_folder_pid
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from .. import record
 from ..errors import SpoolError
 from .claims import Claim, InHand, owned_by
-from .common import Shared, entries, strerror
 from .names import ATTEMPTS_NAME, SPARE_DIR, WORK_DIR, names_of, parse_work_folder, shown
 from .reservations import read_reservation
+from .shared import Shared, entries, strerror
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from ..job import new_id
 from ..jobname import stem_of
 from ..record.reader import load_dict
 from ..submitters import login_of
-from .common import Shared, entries, strerror
 from .names import (
     OUTPUT_SUFFIX,
     WORK_DIR,
@@ -55,6 +54,7 @@ from .names import (
     writable_problem,
 )
 from .scanning import Candidate
+from .shared import Shared, entries, strerror
 from .spares import Spares
 
 

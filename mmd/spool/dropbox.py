@@ -23,9 +23,9 @@ from ..atomic import write_atomic
 from ..errors import MmdError, SpoolError
 from ..jobname import stem_of
 from .claims import Claim, InHand
-from .common import Shared, strerror
 from .names import archive_name, arrivals_name, output_path, safe_name, shown
 from .scanning import Arrival, Candidate
+from .shared import Shared, strerror
 
 #: The record's format; a record of another is not read (its entries are seen again from now).
 _VERSION = 1

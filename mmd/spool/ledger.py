@@ -50,7 +50,7 @@ from pathlib import Path
 
 from ..kernelfile.store import STORE_DIR, VERSIONS_DIR
 from ..submitters import login_of
-from .common import Shared, entries
+from .shared import Shared, entries
 
 LEDGER_DIR = ".ledger"
 #: The span of one log of archived inputs: retention removes a log's inputs once all of them are due.

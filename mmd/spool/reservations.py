@@ -27,8 +27,8 @@ from ..atomic import write_atomic
 from ..errors import OutputError, SpoolError
 from ..fileops import write_all
 from .claims import Claim, InHand, owned_by
-from .common import Shared, entries, strerror
 from .names import CLAIM_SUFFIX, WORK_DIR, claim_path, names_of, output_path, resolve_output, work_folder_name
+from .shared import Shared, entries, strerror
 from .spares import Spares
 
 #: mmd writes a reservation in full before it takes its name, so an empty one is only what an older mmd

@@ -33,8 +33,8 @@ from pathlib import Path
 from ..atomic import temporary_name
 from ..errors import SpoolError
 from ..fileops import write_all
-from .common import Shared
 from .names import CLAIM_SUFFIX, SPARE_DIR
+from .shared import Shared
 
 #: Spares of each kind a process keeps: a group commit's worth (:data:`mmd.daemon.tunables.MAX_GROUP`), whose
 #: jobs are all claimed before the first is archived, and release theirs one after another.
