@@ -455,8 +455,8 @@ def _timed_cases(backend: Backend, timing: _Timing, pairs: Sequence[tuple[int, i
     sizes = [s for s, _ in pairs[1:]] + [s for s, _ in timing.plan.timed()[:1]]  # after the last: the next kernel's
     pending = []
     for (size, tile), then in zip(pairs, sizes, strict=True):
-        request = MultiplyRequest(kernel=kernel, tile=tile or timing.plan.sizes_at_tile) if kernel else \
-            MultiplyRequest(tile=tile)  # fmt: skip
+        # a kernel file's backend runs its own kernel whatever the request names
+        request = MultiplyRequest(kernel=kernel or MultiplyRequest.kernel, tile=tile or timing.plan.sizes_at_tile)
         pending.append(_timed_case(backend, request, Case("timed", _shape_name(size), (size, size, size), tile,
                                                           Status.OK), then, timing))  # fmt: skip
     return [p.decided() for p in pending]
