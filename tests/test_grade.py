@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from mmd import textformat
-from mmd.bench.clock import ClockSample
 from mmd.check.results import Status
 from mmd.grade import reports
 from mmd.grade.grader import GradePlan
@@ -418,44 +417,84 @@ def test_a_case_repeats_until_its_median_is_known_or_enough_time_is_measured() -
         GradePlan(repeats=11, max_repeats=10)
 
 
-class _Neighbour:
-    """The GPU as NVML reads it: another process on it at the first reading only (the grading's own timed
-    launch process is the one process there after it)."""
+#: One kernel graded in a process of its own (the stand-in driver importable there, as in ``mmd grade``: the
+#: references' cuda backend opens in that process), the GPU read by a clock that sees the grading's own processes
+#: (the grading's, which keeps the context it timed mmd's own kernels in, and the timed kernel's) and, where
+#: argv[2] is "stranger", another at the first reading after the student's kernel's first timed launch (the clock
+#: is read in phase 2 only): prints each timed case's and reference case's facts.
+_GRADE_WITH_CLOCK = """
+import json, sys
+from pathlib import Path
+from mmd import config
+from mmd.backends.kernelfile import KernelFileBackend
+from mmd.bench.clock import ClockSample
+from mmd.grade import grader, handins, testset
+from mmd.grade.grader import GradePlan
+from mmd.grade.records import StudentGrade
 
-    def __init__(self) -> None:
-        self.reads = 0
+class Clock:
+    read_yet = False
+    timed_launches = 0
+    stranger = sys.argv[2] == "stranger"
+    def read(self):
+        self.read_yet = True
+        seen = self.stranger and self.timed_launches > 0
+        self.stranger = self.stranger and not seen
+        return ClockSample(1755.0, 1980.0, 0, 3 if seen else 2)
 
-    def read(self) -> ClockSample:
-        self.reads += 1
-        return ClockSample(1755.0, 1980.0, 0, 2 if self.reads == 1 else 1)
+clock = Clock()
+multiply = KernelFileBackend.multiply
+def counted(self, a, b, request):
+    clock.timed_launches += clock.read_yet
+    return multiply(self, a, b, request)
+KernelFileBackend.multiply = counted
+
+root = Path(sys.argv[1])
+tests, _ = testset.load(root / "tests")
+settings = config.Settings(kernel_cache=str(root / "cache"))
+_, limits = grader.probe(settings)
+plan = GradePlan(tiles=(8,), sizes=(16,), timing_tiles=(8,), repeats=2)
+grading = grader.Grading(tests, plan, settings, limits.arch, clock=clock)
+(part,), _ = grader.grade_class([handins.student(root / "handin" / "ann", False)], grading, "fake", 1)
+def facts(cases):
+    return [[c.tile, c.status.value, c.windows, c.disturbed, c.gpu_processes, c.sm_clock_mhz, c.noise is not None,
+             c.detail or c.reason] for c in cases if c.kind == "timed"]
+print(json.dumps({"timed": facts(part.kernels[0].cases), "references": [facts(r.cases) for r in part.references],
+                  "round_trip": StudentGrade.from_dict(json.loads(json.dumps(part.as_dict()))).as_dict()
+                  == json.loads(json.dumps(part.as_dict()))}))
+"""
 
 
-def test_a_timed_case_that_another_process_disturbed_runs_again_and_says_so(tmp_path: Path, monkeypatch) -> None:
+def graded_with_clock(tmp_path: Path, stranger: bool) -> dict:
+    data_sets(tmp_path)
+    (tmp_path / "handin" / "ann").mkdir(parents=True)
+    kernel(tmp_path / "handin" / "ann", "p1.cu")
+    done = subprocess.run([sys.executable, "-c", _GRADE_WITH_CLOCK, str(tmp_path), "stranger" if stranger else "-"],
+                          env=fake_gpu(), capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_quiet_gpu_times_every_case_in_one_window(tmp_path: Path) -> None:
+    """The GPU lists the grading's process (it timed mmd's own kernels, and holds its context to the end) beside
+    the timed kernel's: that is no other process's use, and every case, the references' too, runs in one
+    window."""
+    got = graded_with_clock(tmp_path, stranger=False)
+    assert [t[2:5] for t in got["timed"]] == [[1, False, 2]] * 2
+    # mmd's own kernels (run where this box's nvcc builds them) are never run again either
+    assert got["references"] and all(t[2] <= 1 and not t[3] for r in got["references"] for t in r)
+
+
+def test_a_timed_case_that_another_process_disturbed_runs_again_and_says_so(tmp_path: Path) -> None:
     """The first timed case's window saw a process on the GPU that is not the grading's: it runs again, its times
     are the second window's, and it says so (windows 2, not disturbed at the end); every case carries the GPU's
     SM clock and its noise."""
-    from mmd import config
-    from mmd.grade import grader, handins, testset
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent / "fakegpu"), os.environ.get(
-        "PYTHONPATH", "")]))  # fmt: skip
-    tests, _ = testset.load(data_sets(tmp_path))
-    (tmp_path / "handin" / "ann").mkdir(parents=True)
-    kernel(tmp_path / "handin" / "ann", "p1.cu")
-    settings = config.Settings(kernel_cache=str(tmp_path / "cache"))
-    _, limits = grader.probe(settings)
-    plan = GradePlan(tiles=(8,), sizes=(16,), timing_tiles=(8,), repeats=2)
-    grading = grader.Grading(tests, plan, settings, limits.arch, clock=_Neighbour())
-    (part,), _ = grader.grade_class([handins.student(tmp_path / "handin" / "ann", False)], grading, "fake", 1)
-    timed = [c for c in part.kernels[0].cases if c.kind == "timed"]
-    assert [(c.tile, c.status, c.windows, c.disturbed) for c in timed] == [
-        (32, Status.OK, 2, False),
-        (8, Status.OK, 1, False),
-    ]
-    assert all(c.sm_clock_mhz == 1755.0 and c.gpu_processes == 1 and c.noise is not None for c in timed[1:])
-    assert "run 2 times: another process used the GPU" in timed[0].detail and "SM clock 1755" in timed[0].detail
-    again = json.loads(json.dumps(part.as_dict()))
-    assert StudentGrade.from_dict(again).as_dict() == again  # a Slurm part keeps them
+    got = graded_with_clock(tmp_path, stranger=True)
+    timed = got["timed"]
+    assert [t[:4] for t in timed] == [[32, "ok", 2, False], [8, "ok", 1, False]]
+    assert all(t[4] == 2 and t[5] == 1755.0 and t[6] for t in timed[1:])
+    assert "run 2 times: another process used the GPU" in timed[0][7] and "SM clock 1755" in timed[0][7]
+    assert got["round_trip"]  # a Slurm part keeps them
 
 
 def test_mmd_s_naive_kernel_is_timed_in_the_same_session_so_the_page_gives_each_time_over_naive(tmp_path: Path) -> None:

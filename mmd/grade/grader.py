@@ -262,10 +262,14 @@ def _timing(
             inputs.ahead(pairs[0][0])
         starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
         upcoming = timed[1:]
+        # the GPU's processes of the grading's own beside a timed kernel's: this one once it has opened a context
+        # for mmd's own kernels (it keeps it to the end), and the next kernel's process starting
+        this = 0
         try:
             if timed:
-                # this process's context (mmd's own kernels) and the first kernel's process starting beside it
-                references += _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2))
+                found = _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2))
+                this = int(found is not None)
+                references += found or []
             for c in checked:
                 if c.refused is not None or not pairs:
                     yield c.refused or _graded(c, []), 0.0
@@ -277,8 +281,7 @@ def _timing(
                 if isinstance(made, str):
                     cases = _refused_timing(made, grading.plan)
                 else:
-                    # the GPU's processes of the grading's own: the timed one, and the next one's starting beside it
-                    timing = _Timing(grading.plan, inputs, checks, grading.clock, 1 + len(starting))
+                    timing = _Timing(grading.plan, inputs, checks, grading.clock, this + 1 + len(starting))
                     try:
                         cases = _timed_cases(made, timing, pairs)
                     finally:
@@ -291,14 +294,16 @@ def _timing(
                     made.close()
 
 
-def _references(grading: Grading, timing: _Timing) -> list[Reference]:
+def _references(grading: Grading, timing: _Timing) -> list[Reference] | None:
     """mmd's naive kernel over the plan's timed cases and cuBLAS SGEMM at each size (:data:`NO_TILE`), timed on
     the grading's GPU by the cuda backend, in this process (mmd's own code: no process of its own), with the same
-    fresh inputs and checks; none where that backend cannot open (their ratios are then left blank)."""
+    fresh inputs and checks; None where that backend cannot open (this process then holds no CUDA context, and
+    the ratios are left blank). Closing the backend pops its context but keeps the process's hold on it: the
+    GPU lists this process to the end."""
     try:
         backend, _ = open_backend("cuda", grading.settings.device, kernel_cache_dir(grading.settings))
     except MmdError:
-        return []
+        return None
     out = []
     try:
         for kernel, pairs in (

@@ -118,6 +118,12 @@ def test_the_course_kernels_are_right_and_every_cheat_is_caught(tmp_path: Path) 
     stale_timed = [c for c in kernels[("cheat", "stale.cu")]["cases"] if c["kind"] == "timed"]
     assert all(c["status"] == "mismatch" and "fresh inputs" in c["reason"] for c in stale_timed)
 
+    # nothing else used this GPU: every case that ran was timed in one window (the grading's own processes,
+    # its own context for mmd's kernels included, are not another's)
+    ran = [c for k in kernels.values() for c in k["cases"] if c["kind"] == "timed" and c.get("windows")]
+    ran += [c for s in report["grade"]["students"] for r in s["references"] for c in r["cases"] if c.get("windows")]
+    assert ran and all(c["windows"] == 1 and not c["disturbed"] for c in ran), [c for c in ran if c["windows"] > 1][:2]
+
     # the replay cheat never met the same inputs twice: it computed every timed launch, as the naive kernel does
     replay, naive = kernels[("cheat", "replay.cu")], kernels[("course", "naive.cu")]
     assert replay["correct"] is True
