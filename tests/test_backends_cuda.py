@@ -444,3 +444,20 @@ def test_a_failed_job_gives_its_cached_memory_back_and_close_frees_it(step):
     assert session.device_cache.held_bytes == 4096 * len(session.live_blocks) == 4096 * session.allocs
     backend.close()
     assert session.live_blocks == {}
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "tma"),
+    [(64, 64, 64, True), (37, 52, 28, True), (1, 4, 4, True), (37, 53, 28, False), (37, 52, 29, False)],
+)
+def test_tc1_through_the_backend_takes_the_tma_build_where_it_can(m: int, k: int, n: int, tma: bool) -> None:
+    backend, session = cuda_backend()
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    first = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
+    second = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
+    assert "compile" in first.timings_ms and "compile" not in second.timings_ms and session.compiles == 1
+    assert [s.tensor_maps is not None for s in session.launched] == [tma, tma]
+    assert {s.name for s in session.launched} == {"tc1"} and first.kernel == "tc1"
+    np.testing.assert_allclose(first.c, a @ b, rtol=1e-5, atol=1e-5)

@@ -1,12 +1,17 @@
-"""The session stream's phase timer (mmd.cuda.stream.PhaseTimer), on the CPU: stand-in CUDA events."""
+"""mmd.cuda.stream on the CPU: the phase timer (PhaseTimer) with stand-in CUDA events, and which build a launch takes
+where a TMA build has a fallback (launch_build)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mmd.cuda.stream import PhaseTimer
+from mmd import kernels as registry
+from mmd.cuda.memory import DeviceMatrix
+from mmd.cuda.stream import PhaseTimer, launch_build
 
 
 class Event:
@@ -113,3 +118,32 @@ def test_events_of_a_timer_not_read_are_not_reused():
         pass
     assert set(map(id, stream.recorded[-2:])).isdisjoint(map(id, stream.recorded[:-2]))
     assert other.elapsed_ms() == {"kernel": 1.0} and len(spare) == 2
+
+
+# -- which build Stream.multiply launches: the TMA build where the copy engine can read A and B ----------------
+
+
+def _matrix(rows: int, cols: int, ld: int, ptr: int) -> DeviceMatrix:
+    return DeviceMatrix("device", rows, cols, ld, ptr)
+
+
+@given(
+    a_off=st.integers(0, 15), b_off=st.integers(0, 15), a_pad=st.integers(0, 7), b_pad=st.integers(0, 7),
+    k=st.integers(0, 70), n=st.integers(1, 70),
+)  # fmt: skip
+def test_the_tma_build_runs_exactly_where_both_operands_are_16_byte_aligned(
+    a_off: int, b_off: int, a_pad: int, b_pad: int, k: int, n: int
+) -> None:
+    tma = registry.get("tc1").for_arch("sm_90")
+    a = _matrix(33, k, k + a_pad, 0x7F0000000000 + 4 * a_off)
+    b = _matrix(k, n, n + b_pad, 0x7F0000100000 + 4 * b_off)
+    aligned = a_off % 4 == 0 and b_off % 4 == 0 and (k + a_pad) % 4 == 0 and (n + b_pad) % 4 == 0 and k >= 1
+    chosen = launch_build(tma, a, b)
+    assert chosen is (tma if aligned else tma.fallback)
+    assert (chosen.tensor_maps is not None) == aligned
+
+
+@pytest.mark.parametrize("kernel", ["tc1", "tc3", "fast", "tiled"])
+def test_builds_without_tensor_maps_are_launched_as_they_are(kernel: str) -> None:
+    spec = registry.get(kernel)
+    assert launch_build(spec, _matrix(7, 5, 5, 4), _matrix(5, 3, 3, 4)) is spec

@@ -1,24 +1,21 @@
-"""mmd.cuda.libcuda's pure parts: tensor-map geometry, kernel-argument packing, launch configs; and which build
-the session launches where a TMA build has a fallback (no GPU)."""
+"""mmd.cuda.libcuda, without a GPU: its pure parts (tensor-map geometry, kernel-argument packing, launch configs),
+the driver wrapper's errors, and ContextWarmer (the driver started and the primary context made on a thread, held
+until released) against a stand-in libcuda compiled here that records the calls."""
 
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mmd import kernels as registry
-from mmd.backends.base import MultiplyRequest
 from mmd.cuda import libcuda
-from mmd.cuda.libcuda import Int, Pointer, TensorMap, TileMap
-from mmd.cuda.memory import DeviceMatrix
-from mmd.cuda.stream import launch_build
+from mmd.cuda.libcuda import ContextWarmer, Driver, Int, Pointer, TensorMap, TileMap
 from mmd.errors import CudaError, KernelError
-
-from . import fakes
 
 
 def test_matrix_map_is_innermost_first_in_bytes() -> None:
@@ -126,59 +123,96 @@ class _FakeLib:
 
 
 def test_a_failing_driver_call_is_a_cuda_error_with_the_drivers_name() -> None:
-    driver = libcuda.Driver(_FakeLib(1))
+    driver = Driver(_FakeLib(1))
     with pytest.raises(CudaError, match="loading a module failed: CUDA error 1"):
         driver.load_module(b"\0")
 
 
 def test_encode_refuses_an_unaligned_matrix_before_the_driver_sees_it() -> None:
-    driver = libcuda.Driver(_FakeLib(0))
+    driver = Driver(_FakeLib(0))
     tile = libcuda.matrix_map(8, 8, 8, 8, 8, 0)
     with pytest.raises(KernelError, match="16-byte boundary"):
         driver.encode(0x1004, tile)
 
 
-# -- which build Stream.multiply launches: the TMA build where the copy engine can read A and B ----------------
+# -- ContextWarmer, against a stand-in libcuda compiled here (the real one needs a GPU) ----------------------------
+
+FAKE_LIBCUDA = r"""
+int inits, retained, released, device_asked = -1, fail_init;
+int cuInit(unsigned flags) { inits++; return fail_init ? 100 : 0; }
+int cuDeviceGet(int *dev, int ordinal) { device_asked = ordinal; *dev = ordinal; return ordinal > 3 ? 101 : 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { retained++; *ctx = (void *)1; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int dev) { released++; return 0; }
+int cuGetErrorName(int code, const char **name) { *name = "CUDA_ERROR_FAKE"; return 0; }
+#include <stdlib.h>
+int pushed, popped, allocated, freed, fail_alloc;
+int cuCtxPushCurrent_v2(void *ctx) { pushed++; return 0; }
+int cuCtxPopCurrent_v2(void **ctx) { popped++; return 0; }
+int cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+    if (fail_alloc) return 2;
+    allocated += (int)n; *p = malloc(n); return 0;
+}
+int cuMemFreeHost(void *p) { freed++; free(p); return 0; }
+"""
 
 
-def _matrix(rows: int, cols: int, ld: int, ptr: int) -> DeviceMatrix:
-    return DeviceMatrix("device", rows, cols, ld, ptr)
+@pytest.fixture
+def lib(tmp_path: Path) -> ctypes.CDLL:
+    """The stand-in libcuda, built for this test."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
+    so = tmp_path / "libfakecuda.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(tmp_path / "fake.c")], check=True)
+    return ctypes.CDLL(str(so))
 
 
-@given(
-    a_off=st.integers(0, 15), b_off=st.integers(0, 15), a_pad=st.integers(0, 7), b_pad=st.integers(0, 7),
-    k=st.integers(0, 70), n=st.integers(1, 70),
-)  # fmt: skip
-def test_the_tma_build_runs_exactly_where_both_operands_are_16_byte_aligned(
-    a_off: int, b_off: int, a_pad: int, b_pad: int, k: int, n: int
-) -> None:
-    tma = registry.get("tc1").for_arch("sm_90")
-    a = _matrix(33, k, k + a_pad, 0x7F0000000000 + 4 * a_off)
-    b = _matrix(k, n, n + b_pad, 0x7F0000100000 + 4 * b_off)
-    aligned = a_off % 4 == 0 and b_off % 4 == 0 and (k + a_pad) % 4 == 0 and (n + b_pad) % 4 == 0 and k >= 1
-    chosen = launch_build(tma, a, b)
-    assert chosen is (tma if aligned else tma.fallback)
-    assert (chosen.tensor_maps is not None) == aligned
+def counter(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.c_int.in_dll(lib, name).value
 
 
-@pytest.mark.parametrize("kernel", ["tc1", "tc3", "fast", "tiled"])
-def test_builds_without_tensor_maps_are_launched_as_they_are(kernel: str) -> None:
-    spec = registry.get(kernel)
-    assert launch_build(spec, _matrix(7, 5, 5, 4), _matrix(5, 3, 3, 4)) is spec
+def test_the_context_is_made_on_the_device_asked_and_released_once(lib: ctypes.CDLL) -> None:
+    warmer = ContextWarmer(2, driver=lambda: Driver(lib))
+    warmer.release()
+    assert (counter(lib, "inits"), counter(lib, "device_asked")) == (1, 2)
+    assert (counter(lib, "retained"), counter(lib, "released")) == (1, 1)
+    warmer.release()  # a second release gives back nothing more
+    assert counter(lib, "released") == 1
 
 
-@pytest.mark.parametrize(
-    ("m", "k", "n", "tma"),
-    [(64, 64, 64, True), (37, 52, 28, True), (1, 4, 4, True), (37, 53, 28, False), (37, 52, 29, False)],
-)
-def test_tc1_through_the_backend_takes_the_tma_build_where_it_can(m: int, k: int, n: int, tma: bool) -> None:
-    backend, session = fakes.cuda_backend()
-    rng = np.random.default_rng(1)
-    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-    first = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
-    second = backend.multiply(a, b, MultiplyRequest(kernel="tc1"))
-    assert "compile" in first.timings_ms and "compile" not in second.timings_ms and session.compiles == 1
-    assert [s.tensor_maps is not None for s in session.launched] == [tma, tma]
-    assert {s.name for s in session.launched} == {"tc1"} and first.kernel == "tc1"
-    np.testing.assert_allclose(first.c, a @ b, rtol=1e-5, atol=1e-5)
+def test_a_driver_that_fails_holds_nothing(lib: ctypes.CDLL) -> None:
+    ctypes.c_int.in_dll(lib, "fail_init").value = 1
+    ContextWarmer(0, driver=lambda: Driver(lib)).release()
+    assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
+
+
+def test_no_such_device_holds_nothing(lib: ctypes.CDLL) -> None:
+    ContextWarmer(7, driver=lambda: Driver(lib)).release()
+    assert (counter(lib, "retained"), counter(lib, "released")) == (0, 0)
+
+
+def test_no_driver_library_is_no_error():
+    ContextWarmer(0, driver=lambda: Driver(ctypes.CDLL("libmmd-no-such-cuda.so.1"))).release()
+
+
+def test_the_input_s_page_locked_memory_is_made_in_the_context_and_freed_once(lib: ctypes.CDLL) -> None:
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=4096)
+    memory = warmer.take_host_memory()
+    assert memory is not None and memory.nbytes == 4096 and counter(lib, "allocated") == 4096
+    assert warmer.take_host_memory() is None  # taken once
+    warmer.release()
+    assert counter(lib, "freed") == 0  # the taker frees what it took
+    memory.free()
+    assert counter(lib, "freed") == 1
+    assert counter(lib, "pushed") == counter(lib, "popped") == 2  # the context current for each call, then not
+
+
+def test_memory_no_one_took_is_freed_at_release_and_a_failed_allocation_costs_nothing(lib: ctypes.CDLL) -> None:
+    ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64).release()
+    assert (counter(lib, "allocated"), counter(lib, "freed"), counter(lib, "released")) == (64, 1, 1)
+    ctypes.c_int.in_dll(lib, "fail_alloc").value = 1
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64)
+    assert warmer.take_host_memory() is None
+    warmer.release()
+    assert counter(lib, "pushed") == counter(lib, "popped")
