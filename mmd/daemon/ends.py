@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import record
@@ -29,27 +30,18 @@ from .scheduler import Scheduler
 from .state import State
 
 
+@dataclass(eq=False)
 class Ends:
     """Books each job's end; refuses claimed jobs that no worker holds (:meth:`refuse_claimed`)."""
 
-    def __init__(
-        self,
-        settings: Callable[[], Settings],
-        spool: Spool,
-        scheduler: Scheduler,
-        state: State,
-        metrics: Metrics,
-        hooks: Hooks,
-        log: Any,
-    ) -> None:
-        #: The daemon's settings now (a reload changes them).
-        self.settings = settings
-        self.spool = spool
-        self.scheduler = scheduler
-        self.state = state
-        self.metrics = metrics
-        self.hooks = hooks
-        self.log = log
+    #: The daemon's settings now (a reload changes them).
+    settings: Callable[[], Settings]
+    spool: Spool
+    scheduler: Scheduler
+    state: State
+    metrics: Metrics
+    hooks: Hooks
+    log: Any
 
     def ended(self, event: Ended, worker: int) -> None:
         """Book the end worker ``worker`` reported."""

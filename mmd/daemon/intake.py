@@ -31,37 +31,30 @@ from .scheduler import Scheduler
 from .state import State
 
 
+@dataclasses.dataclass(eq=False)
 class Intake:
     """Inbox entries, as hints and rescans name them, offered to the scheduler (or judged: set aside, removed)."""
 
-    def __init__(
-        self,
-        settings: Callable[[], Settings],
-        spool: Spool,
-        scheduler: Scheduler,
-        handins: HandInDesk,
-        pause: Backoff,
-        ends: Ends,
-        state: State,
-        log: Any,
-    ) -> None:
-        #: The daemon's settings now (a reload changes them).
-        self.settings = settings
-        self.spool = spool
-        self.scheduler = scheduler
-        self.handins = handins
-        #: The outbox's pause: while it lasts, a complete file stays in the inbox (the rescan after it takes it).
-        self.pause = pause
-        self.ends = ends
-        self.state = state
-        self.log = log
-        #: When each file becomes complete.
-        self.readiness = Readiness(settings().quiet_seconds)
-        #: When this daemon (or the one before it, for what waits to be judged) first saw each inbox entry.
-        self._arrivals = Arrivals()
-        #: The part of it last written to state_dir (what waits to be judged), and whether that write failed.
-        self._arrivals_kept: dict[str, Arrival] = {}
-        self._arrivals_failed = False
+    #: The daemon's settings now (a reload changes them).
+    settings: Callable[[], Settings]
+    spool: Spool
+    scheduler: Scheduler
+    handins: HandInDesk
+    #: The outbox's pause: while it lasts, a complete file stays in the inbox (the rescan after it takes it).
+    pause: Backoff
+    ends: Ends
+    state: State
+    log: Any
+    #: When each file becomes complete.
+    readiness: Readiness = dataclasses.field(init=False)
+    #: When this daemon (or the one before it, for what waits to be judged) first saw each inbox entry.
+    _arrivals: Arrivals = dataclasses.field(default_factory=Arrivals, init=False)
+    #: The part of it last written to state_dir (what waits to be judged), and whether that write failed.
+    _arrivals_kept: dict[str, Arrival] = dataclasses.field(default_factory=dict, init=False)
+    _arrivals_failed: bool = dataclasses.field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.readiness = Readiness(self.settings().quiet_seconds)
 
     def start(self) -> None:
         """Read back the first sightings a daemon before this one kept (what waited to be judged keeps its age)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
@@ -22,27 +23,19 @@ from .handins import HandInDesk
 from .scheduler import Scheduler
 
 
+@dataclass(eq=False)
 class Upkeep:
     """When each sweep last ran, and the chores."""
 
-    def __init__(
-        self,
-        settings: Callable[[], Settings],
-        spool: Spool,
-        scheduler: Scheduler,
-        handins: HandInDesk,
-        metrics: Metrics,
-        log: Any,
-    ) -> None:
-        #: The daemon's settings now (a reload changes them).
-        self.settings = settings
-        self.spool = spool
-        self.scheduler = scheduler
-        self.handins = handins
-        self.metrics = metrics
-        self.log = log
-        self._swept = 0.0  # monotonic: the last full sweep of the outbox's reservations
-        self._kept = float("-inf")  # monotonic: the last retention sweep
+    #: The daemon's settings now (a reload changes them).
+    settings: Callable[[], Settings]
+    spool: Spool
+    scheduler: Scheduler
+    handins: HandInDesk
+    metrics: Metrics
+    log: Any
+    _swept: float = field(default=0.0, init=False)  # monotonic: the last full sweep of the outbox's reservations
+    _kept: float = field(default=float("-inf"), init=False)  # monotonic: the last retention sweep
 
     def start(self, resumed: list[Claim]) -> None:
         """At the start, with ``resumed`` the jobs found in ``.work``: the reservations of dead daemons swept."""
