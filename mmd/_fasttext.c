@@ -571,9 +571,9 @@ parse_forward(const unsigned char *lo, const unsigned char *hi, const dest_t *ds
 }
 
 /*
- * A scratch buffer, plain malloc: no huge-page advice, which on the 2-core VM
- * cost 0.7-1.0 s per 268 MB where the kernel had to compact memory to follow
- * it (mmd.textcore.buffer says more).
+ * A scratch buffer, plain malloc: no huge-page advice, which costs far more
+ * where the kernel has to compact memory to follow it (mmd.textcore.buffer
+ * says more).
  */
 static float *
 scratch_alloc(size_t size)
@@ -648,8 +648,8 @@ run_parts(void *parts, size_t size, int count, void *(*fn)(void *))
 /*
  * Runs (tokens between whitespace) in [lo, hi), where lo starts a run or is
  * whitespace: a value each, unless a run is touching %6.2f fields. Counted
- * 64 bytes at a time where SSE2 is (about 5 GB/s on one core), so that
- * every part of a body knows where its values go before it reads them.
+ * 64 bytes at a time where SSE2 is, so that every part of a body knows
+ * where its values go before it reads them.
  */
 static Py_ssize_t
 count_runs(const unsigned char *lo, const unsigned char *hi)
@@ -701,9 +701,8 @@ parse_in_place(const unsigned char *data, part_t *part, int parts, const dest_t 
     Py_ssize_t s = 0;
     for (int i = 0; i < parts; i++)
         cnt[i] = (count_t){part[i].lo, part[i].hi, 0};
-    /* the last part's count is the rest of the total (its read checks it), so it is not counted: a
-       4096 input read in two parts took 0.20-0.23 s of CPU against 0.25-0.26 s counting both (2-core
-       VM, medians of 5 in each of three alternating processes) */
+    /* the last part's count is the rest of the total (its read checks it), so it is not counted:
+       counting it would read that part once more, on the threads the reads wait for */
     run_parts(cnt, sizeof(count_t), parts - 1, count_main);
     for (int i = 0; i < parts - 1; i++)
         s += cnt[i].runs;
@@ -1235,9 +1234,9 @@ out_fault(ofault_t *f, int kind, const unsigned char *base, const unsigned char 
  * One row of n fields in the common case, a 64-byte window at a time: 0
  * when anything is unusual, and out_rows's byte loop then reads the row
  * again and names its fault, so this path needs no fault of its own. It is
- * hand-written because reading outputs is most of what mmd check does: the
- * byte loop alone read a 4096 output in 0.26 s on one core here, this path
- * in 0.21 s (benchmarks/bench_check.py; the masks replace a test per byte).
+ * hand-written because reading outputs is most of what mmd check does, and
+ * the masks replace a test per byte (benchmarks/bench_check.py times it;
+ * docs/grading.md, "Speed").
  *
  * A field's '.' is its first, and the field ends two bytes after it: the
  * bytes before the '.' must be spaces, then an optional '-', then digits
@@ -1346,10 +1345,9 @@ out_batch_avx2(const unsigned char *const *at, const unsigned char *nd, const un
 /*
  * out_row_fast with the grammar of every field of a window checked at once
  * on its byte masks (only the width and the digit count a field at a time),
- * and the values made by out_batch_avx2, OUT_BATCH fields at a time: on one
- * core of the 2-core VM a 4096 output was read in 0.123 s, against 0.194 s
- * by out_row_fast (min of 4, side by side in one process, values the same
- * to the bit).
+ * and the values made by out_batch_avx2, OUT_BATCH fields at a time, the
+ * values the same to the bit as out_row_fast's (docs/textformat.md, "C
+ * accelerator", has the two paths' speed).
  */
 AVX2_TARGET static int
 out_row_avx2(const unsigned char **pp, const unsigned char *hi, Py_ssize_t n, double *o)

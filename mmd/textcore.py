@@ -196,7 +196,7 @@ def buffer(size: int) -> mmap.mmap | bytearray:
     times slower where the kernel compacts memory to make them, while small pages cost the same
     every time (numpy asks for huge pages for its big arrays). A shared mapping (mmap's default) is
     shmem, slower still. A smaller one is heap memory, which the next job reuses: a folder of small
-    jobs would otherwise map fresh pages for each (docs/grading.md, "Memory", has the figures)."""
+    jobs would otherwise map fresh pages for each."""
     if size < MAP_BUFFER_BYTES:
         return bytearray(size)
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

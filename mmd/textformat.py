@@ -223,8 +223,8 @@ def _word_c_refusal(data: bytes | memoryview, start: int, out: np.ndarray, statu
 def values_array(count: int, dtype: Any) -> np.ndarray:
     """An array for ``count`` values (a file's, a product's block; its contents undefined): a big one
     over :func:`mmd.textcore.buffer`'s memory (zeros), as numpy's own would ask the kernel for huge
-    pages (see there); a smaller one numpy's, heap memory that the next job reuses: a folder of small
-    outputs, every array over fresh mapped memory, was slower (docs/grading.md, "Memory")."""
+    pages (see there); a smaller one numpy's, heap memory that the next job reuses, where fresh mapped
+    memory for every array would cost a folder of small outputs a page fault per page each time."""
     dt = np.dtype(dtype)
     if count * dt.itemsize < textcore.MAP_BUFFER_BYTES:
         return np.empty(count, dt)
