@@ -62,6 +62,25 @@ def make_class(work: Path, students: int, sizes: list[int]) -> tuple[Path, Path]
     return tests, handin
 
 
+def phase_two_cases(grades: dict) -> str:
+    """Where phase 2's time went: per timed case (size, tile), over every kernel, the seconds each took (median and
+    sum), its launches (median) and the windows it ran in (the most)."""
+    rows: dict[tuple[int, int], list[dict]] = {}
+    for student in grades["grade"]["students"]:
+        for kernel in student["kernels"]:
+            for case in kernel["cases"]:
+                if case["kind"] == "timed":
+                    rows.setdefault((case["shape"][0], case["tile"]), []).append(case)
+    lines = [f"{'timed case':<14}{'kernels':>8}{'median s':>10}{'sum s':>8}{'launches':>10}{'windows':>9}"]
+    for (size, tile), cases in sorted(rows.items()):
+        seconds = [c["seconds"] for c in cases]
+        launches = [len(c.get("kernel_ms") or ()) for c in cases]
+        windows = max(c.get("windows") or 0 for c in cases)
+        lines.append(f"{f'{size} tile {tile}':<14}{len(cases):>8}{np.median(seconds):>10.3f}{sum(seconds):>8.1f}"
+                     f"{np.median(launches):>10.0f}{windows:>9}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=20)
@@ -98,6 +117,7 @@ def main() -> int:
     for kernel, (right, other) in sorted(counts.items()):
         print(f"  {kernel:<16} cases right {right}, not right {other}")
     print("\n".join(phases))
+    print(phase_two_cases(grades))
     target = TARGET_S_PER_STUDENT * args.students
     print(f"mmd grade: {took:.1f} s ({'meets' if took <= target else 'MISSES'} {target:.0f} s, 5 min per 20 students)")
     return 0

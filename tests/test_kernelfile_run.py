@@ -383,3 +383,28 @@ def test_shared_memory_holds_what_one_side_wrote_for_the_other(tmp_path: Path) -
     one.close()
     other.close()
     assert view[0, 0] == 7.0  # an array outlives the descriptor: the mapping stays while it is used
+
+
+def test_operands_made_in_the_launch_layout_go_to_the_launch_as_they_lie(tmp_path: Path, on_fake_gpu: None) -> None:
+    """A and B made in an Operands are sent without a copy, and the product comes back in its own room for C;
+    arrays made elsewhere (a copy of them too) are copied into a fresh memory file."""
+    from mmd.backends.base import MultiplyRequest
+    from mmd.backends.kernelfile import KernelFileBackend, KernelFileSettings
+    from mmd.kernelfile.exchange import Operands
+
+    ops = Operands(8, 8, 8)
+    ops.a[:] = np.arange(64, dtype=np.float32).reshape(8, 8) % 5
+    ops.b[:] = np.arange(64, dtype=np.float32).reshape(8, 8) % 3 - 1
+    assert Operands.of(ops.a, ops.b) is ops
+    assert Operands.of(ops.a.copy(), ops.b) is None and Operands.of(ops.a[:4], ops.b) is None
+    want = ops.a.astype(np.float64) @ ops.b
+    backend = KernelFileBackend(kernel(tmp_path, "p1.cu"), KernelFileSettings())
+    try:
+        laid = backend.multiply(ops.a, ops.b, MultiplyRequest(tile=4))
+        copied = backend.multiply(ops.a.copy(), ops.b.copy(), MultiplyRequest(tile=4))
+    finally:
+        backend.close()
+        ops.close()
+    assert laid.c is ops.c or np.shares_memory(laid.c, ops.c)
+    assert not np.shares_memory(copied.c, ops.c)
+    assert np.array_equal(laid.c, want) and np.array_equal(copied.c, want)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,14 +44,13 @@ from ..backends.kernelfile import KernelFileBackend
 from ..bench.clock import ClockReader, ClockSampler
 from ..bench.plan import COURSE_SIZES, COURSE_SIZES_AT_TILE, COURSE_TILES
 from ..bench.stats import noise_of, settled
-from ..check import quickarrays
-from ..check.quick import fresh_seed
 from ..check.results import Status
 from ..config import Settings, kernel_cache_dir
 from ..errors import BackendUnavailable, KernelFileError, MmdError, ProductRangeError, TileError
+from ..kernelfile.exchange import Operands
 from ..kernelfile.nvrtc import CompileLimits, compile_kernel
 from ..pipeline import kernel_file_backend
-from ..textformat import check_product
+from .fresh import CHECKERS, FreshInputs, fresh_check
 from .handins import Handin, Student
 from .records import CUBLAS, NAIVE, NO_TILE, Case, KernelGrade, Reference, StudentGrade
 from .testset import Test
@@ -237,33 +235,45 @@ def _correctness(handin: Handin, grading: Grading) -> _Checked:
         why = _compiles(backend, grading)
         if why:
             return _Checked(handin, late, sha256, [], 0.0, _refused(handin, sha256, late, why, grading))
-        cases = [_test_case(backend, test, tile) for test in grading.tests for tile in grading.plan.tiles]
+        cases = [case for test in grading.tests for case in _test_cases(backend, test, grading.plan.tiles)]
     finally:
         backend.close()
     return _Checked(handin, late, sha256, cases, time.perf_counter() - start)
+
+
+def _test_cases(backend: KernelFileBackend, test: Test, tiles: Sequence[int]) -> list[Case]:
+    """``test`` at each tile, its operands copied once into memory the launch process reads them from (each
+    launch's product lands there too, judged before the next launch)."""
+    ops = Operands(*test.shape)
+    try:
+        ops.a[:], ops.b[:] = test.a, test.b
+        return [_test_case(backend, replace(test, a=ops.a, b=ops.b), tile) for tile in tiles]
+    finally:
+        ops.close()
 
 
 def _timing(
     checked: Sequence[_Checked], grading: Grading, references: list[Reference]
 ) -> Iterator[tuple[KernelGrade, float]]:
     """Phase 2: each kernel's grade (and the seconds its timing took), in order; the timed cases of one kernel
-    at a time, while the next one's launch process starts. First, mmd's own reference kernels are timed
-    (into ``references``) as the first kernel's process starts."""
+    at a time, while the next one's launch process starts and the last one's is killed and waited for. First,
+    mmd's own reference kernels are timed (into ``references``) as the first kernel's process starts."""
     pairs = grading.plan.timed()
     timed = [c for c in checked if c.refused is None] if pairs else []
+    closing: list[Future[None]] = []
     with (
         ThreadPoolExecutor(1, "mmd-grade-start") as starter,
-        ThreadPoolExecutor(1, "mmd-grade-inputs") as maker,
-        ThreadPoolExecutor(_MAKERS, "mmd-grade-input-rows") as rows,
-        ThreadPoolExecutor(_CHECKERS, "mmd-grade-freivalds") as checks,
+        ThreadPoolExecutor(2, "mmd-grade-close") as closer,
+        FreshInputs() as inputs,
+        ThreadPoolExecutor(CHECKERS, "mmd-grade-freivalds") as checks,
     ):
-        inputs = _FreshInputs(maker, rows)
         if pairs:
             inputs.ahead(pairs[0][0])
         starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
         upcoming = timed[1:]
         # the GPU's processes of the grading's own beside a timed kernel's: this one once it has opened a context
-        # for mmd's own kernels (it keeps it to the end), and the next kernel's process starting
+        # for mmd's own kernels (it keeps it to the end), the next kernel's process starting and the last one's
+        # going (killed: it runs nothing while the driver tears its context down)
         this = 0
         try:
             if timed:
@@ -281,11 +291,12 @@ def _timing(
                 if isinstance(made, str):
                     cases = _refused_timing(made, grading.plan)
                 else:
-                    timing = _Timing(grading.plan, inputs, checks, grading.clock, this + 1 + len(starting))
+                    closing = [f for f in closing if not f.done()]
+                    own = this + 1 + len(starting) + len(closing)
                     try:
-                        cases = _timed_cases(made, timing, pairs)
+                        cases = _timed_cases(made, _Timing(grading.plan, inputs, checks, grading.clock, own), pairs)
                     finally:
-                        made.close()
+                        closing.append(closer.submit(made.close))
                 yield _graded(c, cases), time.perf_counter() - start
         finally:
             for pending in starting:
@@ -322,12 +333,6 @@ def _references(grading: Grading, timing: _Timing) -> list[Reference] | None:
 def _graded(checked: _Checked, timed: list[Case]) -> KernelGrade:
     h = checked.handin
     return KernelGrade(h.kernel, checked.sha256, h.arrival, checked.late, (*checked.cases, *timed), precision=PRECISION)
-
-
-#: Threads that check timed launches' products (Freivalds' check, in C without the GIL) while the next launches
-#: run, and threads that make fresh inputs: half the cores each, 2 to 8 (CPU work beside the timed launches,
-#: which time the GPU alone).
-_CHECKERS = _MAKERS = max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _timing_backend(checked: _Checked, settings: Settings) -> KernelFileBackend | str:
@@ -409,34 +414,6 @@ def _test_case(backend: KernelFileBackend, test: Test, tile: int) -> Case:
     return _timed(case, start)
 
 
-class _FreshInputs:
-    """Fresh inputs made a launch ahead, in ``pool``'s one thread, their rows filled in ``rows``' threads by
-    Generators of their own (seeded from the operating system: no one can know them), while the current launch
-    runs; none is ever given twice."""
-
-    def __init__(self, pool: ThreadPoolExecutor, rows: ThreadPoolExecutor) -> None:
-        self._pool = pool
-        self._rows = rows
-        # one Generator per part of a matrix, each used by one thread at a time (fresh_inputs waits for its parts)
-        self._rngs = np.random.default_rng(secrets.randbits(128)).spawn(_MAKERS)
-        self._next: tuple[int, Future[tuple[np.ndarray, np.ndarray]]] | None = None
-
-    def _make(self, size: int) -> Future[tuple[np.ndarray, np.ndarray]]:
-        return self._pool.submit(fresh_inputs, self._rngs, size, size, size, self._rows)
-
-    def ahead(self, size: int) -> None:
-        """Start making inputs of ``size`` (those being made for another size are dropped)."""
-        if self._next is None or self._next[0] != size:
-            self._next = (size, self._make(size))
-
-    def take(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Inputs of ``size``: those made ahead, else new ones."""
-        ahead, self._next = self._next, None
-        if ahead is not None and ahead[0] == size:
-            return ahead[1].result()
-        return self._make(size).result()
-
-
 @dataclass(frozen=True)
 class _Timing:
     """What every timed case of phase 2 shares: the plan, the fresh inputs, the checkers, and how launches are
@@ -444,7 +421,7 @@ class _Timing:
     another's, and the window is disturbed)."""
 
     plan: GradePlan
-    inputs: _FreshInputs
+    inputs: FreshInputs
     checks: ThreadPoolExecutor
     clock: ClockReader | None
     own_processes: int = 1
@@ -549,49 +526,23 @@ def _timed_launches(
     runs."""
     plan, inputs = timing.plan, timing.inputs
     while True:
-        a, b = inputs.take(size)
+        ops = inputs.take(size)
+        a, b = ops.a, ops.b
         # made while this one runs: another launch's, unless this one is surely the last
         inputs.ahead(then if len(done.launches) + 1 >= plan.max_repeats else size)
-        status, reason, product = _multiply(backend, a, b, request)
+        try:
+            status, reason, product = _multiply(backend, a, b, request)
+        finally:
+            ops.close()  # its arrays (the product too) keep the memory while they are checked
         if product is None:
             inputs.ahead(then)
             done.stopped = (status, reason)
             return
-        done.checks.append(timing.checks.submit(_fresh_check, product.c, a, b))
+        done.checks.append(timing.checks.submit(fresh_check, product.c, a, b))
         done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"])))
         if plan.enough([k for k, _ in done.launches]) or done.failed():
             inputs.ahead(then)
             return
-
-
-def fresh_inputs(
-    rngs: Sequence[np.random.Generator], m: int, k: int, n: int, pool: ThreadPoolExecutor
-) -> tuple[np.ndarray, np.ndarray]:
-    """A and B of new random values in [-1, 1) (float32, made in place), each cut into as many row parts as
-    ``rngs`` has Generators, the parts filled at once in ``pool`` (numpy fills without the GIL)."""
-    a, b = np.empty((m, k), np.float32), np.empty((k, n), np.float32)
-    for x in (a, b):
-        parts = np.array_split(x, len(rngs))
-        for done in [pool.submit(_fill, rng, part) for rng, part in zip(rngs, parts, strict=True)]:
-            done.result()
-    return a, b
-
-
-def _fill(rng: np.random.Generator, x: np.ndarray) -> None:
-    rng.random(out=x, dtype=np.float32)
-    x *= 2
-    x -= 1
-
-
-def _fresh_check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[str, str]:
-    """(why ``c`` is not A·B, the check's summary line); why is empty where it is. A value that is not finite
-    is wrong at once; else Freivalds' check, with a fresh seed, judges it."""
-    try:
-        check_product(c)
-    except ProductRangeError as exc:
-        return exc.reason, ""
-    report = quickarrays.quick_of(c, a, b, seed=fresh_seed())
-    return report.reason(), report.summary()
 
 
 def _with(case: Case, status: Status, reason: str, detail: str = "", max_error: float | None = None) -> Case:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -83,3 +84,35 @@ class Shared:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class Operands:
+    """An ``arrays`` job's memory file, laid out as the launch process reads it: A (m×k) at 0, B (k×n) after
+    it, room for C (m×n) after B; ``a``, ``b``, ``c`` are views of it (its pages made at once: ``populate``).
+
+    A caller that makes its operands here (``mmd grade``'s fresh inputs, made ahead on a thread of their own)
+    spares the launch the copy into a new memory file: :meth:`of` finds them again from the arrays alone, as
+    long as this object lives. Each product lands in its own memory file's C, so a product still being checked
+    is never overwritten by the next launch's."""
+
+    def __init__(self, m: int, k: int, n: int) -> None:
+        sizes = (m * k * 4, k * n * 4, m * n * 4)
+        self.shared = Shared(sum(sizes), populate=True)
+        self.a = self.shared.array(0, (m, k))
+        self.b = self.shared.array(sizes[0], (k, n))
+        self.c = self.shared.array(sizes[0] + sizes[1], (m, n))
+        _LAID_OUT[id(self.a)] = self
+
+    @staticmethod
+    def of(a: np.ndarray, b: np.ndarray) -> Operands | None:
+        """The live Operands whose A and B are ``a`` and ``b`` themselves (not copies, not views of them)."""
+        found = _LAID_OUT.get(id(a))
+        return found if found is not None and found.a is a and found.b is b else None
+
+    def close(self) -> None:
+        """Close the descriptor (the arrays keep the mapping while they are used). Idempotent."""
+        self.shared.close()
+
+
+#: Operands by their A's id, while they live (an id is checked against the array itself: ids are reused).
+_LAID_OUT: weakref.WeakValueDictionary[int, Operands] = weakref.WeakValueDictionary()

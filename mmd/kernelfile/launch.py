@@ -41,7 +41,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import KernelLaunchError, MmdError
 from ..spawning import exit_status
-from .exchange import Shared
+from .exchange import Operands, Shared
 
 if TYPE_CHECKING:  # numpy, the kernel registry and the text format are imported where they are used (below)
     import numpy as np
@@ -373,23 +373,25 @@ class LaunchProcess:
     def run(self, launch: Launch, a: np.ndarray, b: np.ndarray, limit_s: float) -> Ran:
         """``launch`` on padded ``a`` and ``b``: the padded product (a view of memory shared with the child) and
         the phases' times. The kernel may run ``limit_s`` seconds; past them the child is killed and
-        KernelLaunchError raised."""
+        KernelLaunchError raised. Operands made in an :class:`~.exchange.Operands` go as they lie, others are
+        copied into one."""
         import numpy as np
 
-        mp, np_ = a.shape[0], b.shape[1]
-        sizes = (a.nbytes, b.nbytes, mp * np_ * 4)
-        shared = Shared(sum(sizes))
+        ops = Operands.of(a, b)
+        own = ops is None
+        if ops is None:  # made elsewhere: copied into a memory file of the layout the child reads
+            ops = Operands(a.shape[0], a.shape[1], b.shape[1])
+            np.copyto(ops.a, a)
+            np.copyto(ops.b, b)
         try:
-            np.copyto(shared.array(0, a.shape), a)
-            np.copyto(shared.array(sizes[0], b.shape), b)
-            c = shared.array(sizes[0] + sizes[1], (mp, np_))
-            done, fds = self._job({"arrays": launch.message()}, shared, launch.cubin, limit_s)
+            done, fds = self._job({"arrays": launch.message()}, ops.shared, launch.cubin, limit_s)
         finally:
-            shared.close()
+            if own:
+                ops.close()
         for fd in fds:
             os.close(fd)
         printf, printed = self._printed()
-        return Ran(c, {str(k): float(v) for k, v in done["timings"].items()}, printf, printed)
+        return Ran(ops.c, {str(k): float(v) for k, v in done["timings"].items()}, printf, printed)
 
     def run_text(self, launch: Launch, data: memoryview, header: Header, limit_s: float, shared: Shared | None) -> Ran:
         """``launch`` on the matrices of an input file's bytes ``data`` (``header`` parsed), parsed, padded,

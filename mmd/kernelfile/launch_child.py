@@ -266,7 +266,8 @@ def main() -> None:
             os._exit(0)
         job, fds = got
         try:
-            data, code = Shared(fd=fds[0]), Shared(fd=fds[1], writable=False)
+            # the job's pages mapped in one call rather than one fault at a time
+            data, code = Shared(fd=fds[0], populate=True), Shared(fd=fds[1], writable=False)
             cubin = bytes(code.bytes_at(0, code.nbytes))
             code.close()
             if "arrays" in job:

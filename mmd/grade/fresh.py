@@ -1,0 +1,100 @@
+"""Fresh inputs for every timed launch of a grading, and the check of each product: what makes a replayed or
+remembered product fail (no input is ever given twice, no one can know the next)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..check import quickarrays
+from ..check.quick import fresh_seed
+from ..errors import ProductRangeError
+from ..kernelfile.exchange import Operands
+from ..textformat import check_product
+
+#: Threads that check timed launches' products (Freivalds' check, in C without the GIL) while the next launches
+#: run, and threads that make fresh inputs: half the cores each, 2 to 8 (CPU work beside the timed launches,
+#: which time the GPU alone).
+CHECKERS = MAKERS = max(2, min(8, (os.cpu_count() or 2) // 2))
+
+
+class FreshInputs:
+    """Fresh inputs made a launch ahead on a thread of their own, their rows filled on :data:`MAKERS` threads by
+    Generators of their own (seeded from the operating system: no one can know them), while the current launch
+    runs; none is ever given twice. A context manager: leaving it stops its threads and drops what was made
+    ahead."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, "mmd-grade-inputs")
+        self._rows = ThreadPoolExecutor(MAKERS, "mmd-grade-input-rows")
+        # one Generator per part of a matrix, each used by one thread at a time (fresh_inputs waits for its parts)
+        self._rngs = np.random.default_rng(secrets.randbits(128)).spawn(MAKERS)
+        self._next: tuple[int, Future[Operands]] | None = None
+
+    def __enter__(self) -> FreshInputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
+        self._pool.shutdown()
+        self._rows.shutdown()
+
+    def _make(self, size: int) -> Future[Operands]:
+        return self._pool.submit(fresh_inputs, self._rngs, size, size, size, self._rows)
+
+    def _drop(self) -> None:
+        if self._next is not None:
+            self._next[1].add_done_callback(_closed)
+            self._next = None
+
+    def ahead(self, size: int) -> None:
+        """Start making inputs of ``size`` (those being made for another size are dropped)."""
+        if self._next is None or self._next[0] != size:
+            self._drop()
+            self._next = (size, self._make(size))
+
+    def take(self, size: int) -> Operands:
+        """Inputs of ``size`` (the caller closes them): those made ahead, else new ones."""
+        if self._next is not None and self._next[0] == size:
+            ahead, self._next = self._next[1], None
+            return ahead.result()
+        self._drop()
+        return self._make(size).result()
+
+
+def _closed(made: Future[Operands]) -> None:
+    if made.exception() is None:
+        made.result().close()
+
+
+def fresh_inputs(rngs: Sequence[np.random.Generator], m: int, k: int, n: int, pool: ThreadPoolExecutor) -> Operands:
+    """A and B of new random values in [-1, 1) (float32, made in place), each cut into as many row parts as
+    ``rngs`` has Generators, the parts filled at once in ``pool`` (numpy fills without the GIL). They are made
+    where a kernel file's launch process reads them (with room for its product): no copy on the launch's way."""
+    ops = Operands(m, k, n)
+    for x in (ops.a, ops.b):
+        parts = np.array_split(x, len(rngs))
+        for done in [pool.submit(_fill, rng, part) for rng, part in zip(rngs, parts, strict=True)]:
+            done.result()
+    return ops
+
+
+def _fill(rng: np.random.Generator, x: np.ndarray) -> None:
+    rng.random(out=x, dtype=np.float32)
+    x *= 2
+    x -= 1
+
+
+def fresh_check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[str, str]:
+    """(why ``c`` is not A·B, the check's summary line); why is empty where it is. A value that is not finite
+    is wrong at once; else Freivalds' check, with a fresh seed, judges it."""
+    try:
+        check_product(c)
+    except ProductRangeError as exc:
+        return exc.reason, ""
+    report = quickarrays.quick_of(c, a, b, seed=fresh_seed())
+    return report.reason(), report.summary()
