@@ -3,6 +3,7 @@ architecture doc's module table."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -115,3 +116,26 @@ def test_the_architecture_doc_names_every_module():
     listed = set(re.findall(r"^\| `(mmd/[\w/]+\.py)` \|", text, flags=re.M))
     present = {str(p.relative_to(ROOT)) for p in (ROOT / "mmd").rglob("*.py") if "__pycache__" not in p.parts}
     assert listed == present, (sorted(present - listed), sorted(listed - present))
+
+
+#: A Sphinx role in a docstring (``:class:`~.x.Y```), shown in the table as code (`Y`: ``~`` keeps the last name).
+ROLE = re.compile(r":[a-z]+:`(~?)\.?([^`]+)`")
+
+
+def first_sentence(path: Path) -> str:
+    """The first sentence of ``path``'s docstring, as the module table shows it (roles as code, ``x`` as `x`)."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = re.match(r"(.+?[.!?])(?=\s|$)", paragraph)
+    text = sentence.group(1) if sentence else paragraph
+    text = ROLE.sub(lambda m: "`" + (m.group(2).rpartition(".")[2] if m.group(1) else m.group(2)) + "`", text)
+    return text.replace("``", "`")
+
+
+def test_each_module_row_is_the_first_sentence_of_its_docstring():
+    """The table says what each module's docstring says (its one home), so that neither drifts from the other."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(mmd/[\w/]+\.py)` \| (.*) \|$", text, flags=re.M))
+    wanted = {name: first_sentence(ROOT / name).replace("|", "\\|") for name in rows if (ROOT / name).is_file()}
+    drifted = [f"| `{name}` | {wanted[name]} |" for name in sorted(wanted) if rows[name] != wanted[name]]
+    assert not drifted, "docs/architecture.md's rows should read:\n" + "\n".join(drifted)
