@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import shutil
 import sys
@@ -124,18 +125,26 @@ def test_an_unwritable_cache_only_costs_compile_time(tmp_path):
     assert built and cubin == CUBIN + b"src"
 
 
-def _fill(folder: str, go, results) -> None:
-    c = KernelCache(folder, build=fake_build(delay=0.05), version=lambda: "v")
+def _fill(folder: str, go, results, log: str) -> None:
+    def build(source, options, arch, include_dirs):
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(0.3)  # long enough that every process asks while the first compiles
+        return CUBIN + source.encode()
+
+    c = KernelCache(folder, build=build, version=lambda: "v")
     go.wait()
     cubin, built = c.get("src", ["-O3"], "sm_90")
     results.put((cubin == CUBIN + b"src", built))
 
 
-def test_processes_racing_to_fill_one_key_leave_one_valid_file(tmp_path):
-    folder = tmp_path / "k"
+def test_processes_asking_for_one_missing_entry_at_once_compile_it_once(tmp_path):
+    """A daemon's workers all start at once and all want the same kernels: one process compiles each, the
+    others wait for it and load its cubin (issue 48: not every worker compiling the same kernel)."""
+    folder, log = tmp_path / "k", tmp_path / "builds.log"
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     go, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_fill, args=(str(folder), go, results)) for _ in range(6)]
+    procs = [ctx.Process(target=_fill, args=(str(folder), go, results, str(log))) for _ in range(6)]
     for p in procs:
         p.start()
     go.set()
@@ -143,10 +152,11 @@ def test_processes_racing_to_fill_one_key_leave_one_valid_file(tmp_path):
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    assert all(ok for ok, _ in got)
-    assert sum(built for _, built in got) >= 2, "the processes did race"
-    files = list(folder.iterdir())
-    assert [f.suffix for f in files] == [".cubin"], f"one entry, no temporaries: {files}"
+    assert all(ok for ok, _ in got), "each process got the whole cubin"
+    assert len(log.read_text().splitlines()) == 1, "compiled once, by one process"
+    assert sum(built for _, built in got) == 1
+    files = sorted(folder.iterdir())
+    assert [f.suffix for f in files] == [".cubin"], f"one entry, no temporaries or locks left: {files}"
     assert KernelCache.read(files[0]) == CUBIN + b"src"
 
 

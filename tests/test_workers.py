@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,8 +183,8 @@ def test_no_job_waits_behind_a_big_one_while_another_worker_is_idle(tmp_path):
 
 def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path):
     """A CUDA error (a sticky one leaves the context unusable): the job is refused, the backend closed and
-    reopened in the same worker, warmed up again as at the worker's start (its kept buffers and small jobs'
-    device memory went with the old one), and the next job runs."""
+    reopened in the same worker for the next job, and that fresh backend warmed up again once no order waits
+    (its kept buffers and small jobs' device memory went with the old one), never on the job's path."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     rng = np.random.default_rng(5)
@@ -191,7 +194,11 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path):
     (inbox / "b_good.txt").write_bytes(b"".join(input_chunks(a, b, square=True)))
     os.utime(inbox / "a_bad.txt", ns=(10**18, 10**18))
     gpus = tmp_path / "gpus.log"
-    setup = workerhooks.partial(workerhooks.fake_gpus, str(gpus), fault_shape=5)  # 5×5 products fault
+    setup = workerhooks.partial(
+        workerhooks.chain,
+        workerhooks.partial(workerhooks.fake_gpus, str(gpus), fault_shape=5),  # 5×5 products fault
+        workerhooks.partial(workerhooks.log_jobs, str(gpus)),  # each job's start, in the same log
+    )
     assert daemon.Daemon(settings_for(tmp_path, devices=(0,)), worker_setup=setup).serve(once=True) == 0
     err = yaml.safe_load((tmp_path / "outbox" / "a_bad.error.yaml").read_text())
     assert err["error"]["kind"] == "cuda" and err["device_index"] == 0
@@ -200,12 +207,16 @@ def test_worker_reopens_its_backend_after_a_cuda_error(tmp_path):
     log = sessions(gpus)
     assert [(what, device) for what, device, _ in log] == [
         ("open", 0),
-        ("keep", 0),
+        ("a_bad.txt", 0),
         ("close", 0),
+        ("b_good.txt", 0),  # logged as it starts: its backend is opened in the job
         ("open", 0),
         ("keep", 0),
         ("close", 0),
-    ], "opened and warmed up at start, closed after the CUDA error, reopened and warmed up for the next job, closed"
+    ], (
+        "opened at start, the jobs waiting run before any warm-up, closed after the CUDA error, reopened for "
+        "the next job, warmed up once no order waits, closed"
+    )
     assert len({pid for _, _, pid in log}) == 1, "the same worker reopened it (the error did not cost the worker)"
 
 
@@ -235,28 +246,94 @@ def test_bench_devices_counts_throughput_from_the_sidecars(monkeypatch):
     assert ph["overall"] == 1000.0 and ph["other"] == pytest.approx(520.0)
 
 
+def serving(tmp_path: Path, setup: str, **env: str) -> tuple[subprocess.Popen, Path, Any]:
+    """``mmd serve --create`` in ``tmp_path`` as a process whose workers call ``setup`` first (a
+    tests/workerhooks.py expression), its log (JSON lines) in ``daemon.log``, and READY=1 awaited on a
+    NOTIFY_SOCKET of its own: (the process, its log, a function that waits for READY=1 and returns when it came)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(60)
+    full = mmd_env(MMD_LOG_FORMAT="json", MMD_QUIET_SECONDS="0.05", NOTIFY_SOCKET=str(tmp_path / "notify.sock"), **env)
+    log = tmp_path / "daemon.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(workerhooks.launcher(setup, "serve", "--create"), cwd=tmp_path, env=full,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def ready() -> float:
+        try:
+            while b"READY=1" not in sock.recv(4096).split(b"\n"):
+                pass
+            return time.monotonic()
+        finally:
+            sock.close()
+
+    return proc, log, ready
+
+
+def stopped(proc: subprocess.Popen, signals: int = 1) -> int:
+    """SIGTERM ``signals`` times (a second one ends the workers at once), then its exit status."""
+    for _ in range(signals):
+        proc.terminate()
+        time.sleep(0.2)
+    return proc.wait(60)
+
+
+def logged(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.mark.integration
+def test_the_first_worker_ready_takes_the_first_job_while_another_still_starts(tmp_path):
+    """A fresh daemon's first job goes to the first worker that has opened its backend, and runs before that
+    worker's warm-up, while another worker has not even opened its backend; READY=1 comes with the first
+    worker, and a file dropped then is served by it too (issue 48: a fresh daemon's first job)."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    make_inputs(inbox, 1)
+    gpus, first = tmp_path / "gpus.log", tmp_path / "first-worker"
+    setup = (
+        f"partial(workerhooks.chain, partial(workerhooks.slow_start, {str(first)!r}, 120), "
+        f"partial(workerhooks.fake_gpus, {str(gpus)!r}), partial(workerhooks.log_jobs, {str(gpus)!r}))"
+    )
+    proc, _, ready = serving(tmp_path, setup, MMD_DEVICES="0", MMD_WORKERS_PER_DEVICE="2", MMD_WARM_UP_MIB="8")
+    try:
+        ready()
+        outbox = tmp_path / "outbox"
+        wait_for(lambda: (outbox / "j00.timing.yaml").exists(), 60, "the first job's sidecar")
+        staged = tmp_path / "j01.txt"
+        staged.write_bytes((inbox / ".done" / "j00.txt").read_bytes())
+        os.rename(staged, inbox / "j01.txt")
+        wait_for(lambda: (outbox / "j01.timing.yaml").exists(), 60, "the sidecar of a job dropped after READY=1")
+        wait_for(lambda: ("keep", 0) in [(w, d) for w, d, _ in sessions(gpus)], 60, "the first worker's warm-up")
+        log_lines = sessions(gpus)
+    finally:
+        assert stopped(proc, signals=2) == 1, "the second SIGTERM ends the worker still asleep at once"
+    assert [what for what, _, _ in log_lines] == ["open", "j00.txt", "keep", "j01.txt"], (
+        "one worker opened its backend and ran both jobs, the first before its warm-up (made once no order "
+        "waited); the other never opened one"
+    )
+    assert len({pid for _, _, pid in log_lines}) == 1
+    assert all(yaml.safe_load((outbox / f"{s}.timing.yaml").read_text())["status"] == "ok" for s in ("j00", "j01"))
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("fail", [None, "reserve_host"])
-def test_a_gpu_worker_warms_up_once_ready_and_a_failed_warm_up_costs_only_that(tmp_path, fail):
-    """Each GPU worker sets aside the buffers warm_up_mib allows as soon as it is ready (issue 33's first
-    job); a warm-up that fails is logged and the worker serves as it would have without one. A process, so
-    that its workers' log is its own."""
+def test_a_gpu_worker_warms_up_once_and_a_failed_warm_up_costs_only_that(tmp_path, fail):
+    """Each GPU worker sets aside the buffers warm_up_mib allows once no order waits (issue 33's first job); a
+    warm-up that fails is logged and the worker serves as it would have without one. A process, so that its
+    workers' log is its own."""
     (tmp_path / "inbox").mkdir()
     make_inputs(tmp_path / "inbox", 3)
     setup = f"partial(workerhooks.fake_gpus, {str(tmp_path / 'gpus.log')!r}, None, {fail!r})"
-    env = mmd_env(
-        MMD_LOG_FORMAT="json",
-        MMD_DEVICES="0",
-        MMD_WORKERS_PER_DEVICE="2",
-        MMD_WARM_UP_MIB="8",
-        MMD_QUIET_SECONDS="0.05",
-    )
-    done = subprocess.run(workerhooks.launcher(setup, "serve", "--once", "--create"), cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
-    warmed = [e for e in events if str(e.get("event")).startswith(("warmed up", "warm-up failed"))]
     want = "warmed up" if fail is None else "warm-up failed; the first job pays for its buffers"
+    proc, log, ready = serving(tmp_path, setup, MMD_DEVICES="0", MMD_WORKERS_PER_DEVICE="2", MMD_WARM_UP_MIB="8")
+    try:
+        ready()
+        wait_for(lambda: len(list((tmp_path / "outbox").glob("*.timing.yaml"))) == 3, 60, "the three jobs")
+        wait_for(lambda: sum(e["event"] == want for e in logged(log)) == 2, 60, "each worker's warm-up")
+    finally:
+        assert stopped(proc) == 0
+    warmed = [e for e in logged(log) if str(e.get("event")).startswith(("warmed up", "warm-up failed"))]
     assert [e["event"] for e in warmed] == [want, want], "once by each worker"
     assert all(("pinned_mib" in e, "reason" in e) == (fail is None, fail is not None) for e in warmed)
     recs = sidecars(tmp_path / "outbox")

@@ -4,7 +4,10 @@ Every ``.cu`` mmd loads (the registry's matmul kernels and the text kernels)
 goes through :meth:`KernelCache.get`: one file per (source, headers, options,
 arch, nvcc), written through a temporary and a rename, so several processes
 (daemons, workers) filling the same entry leave one whole file, and an entry
-that is cut short or corrupt is rebuilt.
+that is cut short or corrupt is rebuilt. A missing entry is compiled once:
+the process that compiles it holds a lock on it (``flock``), and the others
+that want it meanwhile (a daemon's workers, all starting at once) wait and
+load what it stored.
 
 nvcc is called directly (not through pycuda, whose ``compile`` does the same
 with a temporary folder): so kernels compile, and the cache can be filled
@@ -15,13 +18,15 @@ its path, size and time stamp instead of asking it its version).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,8 +106,9 @@ class KernelCache:
     ``folder/<key>.cubin``, where the key is the sha256 of the source, the
     headers in the include folders, the options, the arch and the nvcc
     identity. An entry is written with :func:`mmd.atomic.write_atomic` (a
-    temporary of this process, then a rename): processes racing to fill one
-    key each write a whole file and the last rename wins, never a mix. Each
+    temporary of this process, then a rename), and compiled under a lock of
+    its own (:func:`_compiling`): of the processes that miss one key at once,
+    one compiles and the others wait for it and load its file. Each
     entry carries the sha256 of its cubin, so a short or corrupt one (a full
     disk, a copy cut off) is ignored and rebuilt. ``folder`` None: no disk
     cache, every session compiles. ``build`` and ``version`` are the compiler
@@ -157,12 +163,18 @@ class KernelCache:
         """(cubin, whether it was compiled now); ``refresh``: compile even when an entry exists."""
         opts, dirs = list(options), [str(d) for d in include_dirs]
         path = self.path(self.key(source, opts, arch, dirs))
-        if path is not None and not refresh:
+        if path is None:
+            return self._build(source, opts, arch, dirs), True
+        if not refresh:
             cached = self.read(path)
             if cached is not None:
                 return cached, False
-        cubin = self._build(source, opts, arch, dirs)
-        if path is not None:
+        with _compiling(path):
+            if not refresh:  # another process may have compiled it while this one waited
+                cached = self.read(path)
+                if cached is not None:
+                    return cached, False
+            cubin = self._build(source, opts, arch, dirs)
             self._store(path, cubin)
         return cubin, True
 
@@ -174,6 +186,29 @@ class KernelCache:
             write_atomic(path, [head, cubin], durable=False)
         except (OSError, MmdError):
             pass
+
+
+@contextlib.contextmanager
+def _compiling(entry: Path) -> Iterator[None]:
+    """Hold the lock of cache entry ``entry`` (``.<name>.lock`` beside it, ``flock``): one process compiles an
+    entry at a time. The lock file is removed when left (unless another has taken its name meanwhile), so a
+    cache holds cubins only; a waiter on a removed one re-reads the entry before it compiles, and finds it. A
+    cache where no lock can be made (unwritable) is filled without one: each process compiles for itself."""
+    lock = entry.with_name(f".{entry.name}.lock")
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                os.unlink(lock)
+        os.close(fd)  # releases the lock
 
 
 @dataclass

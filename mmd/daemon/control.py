@@ -86,6 +86,11 @@ class Control:
     def beat(self) -> None:
         self.array[_BEAT] = time.monotonic()
 
+    def off_loop(self) -> None:
+        """The worker leaves its loop for a while outside any job (its warm-up, which may wait for a compile):
+        as before its first beat, it is not judged stuck until it beats again."""
+        self.array[_BEAT] = 0.0
+
     @property
     def hold_new(self) -> bool:
         return bool(self.array[_HOLD])

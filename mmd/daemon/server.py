@@ -225,7 +225,7 @@ class Daemon:
 
     def _start_workers(self, kind: str, waiting: int, resumed: int) -> None:
         """Start the workers (last: each start waits for the fork server's imports, which have run meanwhile) and
-        wait until each has opened its backend, giving jobs to each as it is ready."""
+        wait until the first has opened its backend, giving it the jobs waiting (the others are taken as they come)."""
         devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
         self.workers.start(devices)
         self._cap_submitters()
@@ -248,14 +248,13 @@ class Daemon:
         self._await_workers()
 
     def _await_workers(self) -> None:
-        """Wait until every worker has opened its backend (or failed to: SpoolError, the daemon cannot serve).
-
-        Jobs are dispatched as each worker becomes ready, so the first one
-        does not wait for the last to start.
+        """Wait until the first worker has opened its backend (or one failed to: SpoolError, the daemon cannot
+        serve), and give it the jobs waiting; the main loop takes each of the others as it becomes ready (the
+        supervisor ends the daemon when one cannot start), so that nothing waits for the last to start.
         """
         while True:
             pending = [w for w in self.workers if w.ready is None]
-            if not pending:
+            if len(pending) < len(self.workers):
                 return
             wait([w.conn for w in pending] + [self.mailbox], timeout=HEARTBEAT)
             for w, event, order in self.workers.events():

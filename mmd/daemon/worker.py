@@ -72,7 +72,8 @@ from .messages import (
     StartFailed,
     WorkerSpec,
 )
-from .tunables import GROUP_INPUT_BYTES, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
+from .tunables import GROUP_INPUT_BYTES, HEARTBEAT, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
+from .warmup import ORDER_WAIT_S, WarmUp
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
 Reporter = Callable[[Event], None]
@@ -145,26 +146,18 @@ class Runner:
         self.workers = workers
         # its first backend's fallback goes in Ready, for the daemon to say once for all workers
         self.backends = BackendPool(device, log_fallback=False)
+        #: The warm-up of the backend in use, made while no order waits (:mod:`.warmup`).
+        self.warm_up = WarmUp(self.backends, control)
         self._pending: list[_Pending] = []
         #: The handed-in kernel version the job in hand was queued with (:attr:`Candidate.kernel`).
         self._pinned: Path | None = None
-        #: The backends were closed (a CUDA error, new settings): the one opened next is warmed up again, as at
-        #: the worker's start, or it would run without its kept buffers and device memory for good.
-        self._rewarm = False
 
     # -- backends --
-    def backend(self, settings: Settings) -> Backend:
-        """The backend ``settings`` ask for, opened once in this process and kept."""
-        backend = self.backends.get(settings)
-        if self._rewarm:
-            self._rewarm = False
-            _prepare(backend, settings)
-        return backend
-
     def _reopen(self) -> None:
-        """Close this worker's backends; the next job opens (and warms up) a fresh one."""
+        """Close this worker's backends; the next job opens a fresh one, warmed up again once no order waits
+        (or it would run without its kept buffers and device memory for good)."""
         self.backends.close()
-        self._rewarm = True
+        self.warm_up.due = True
 
     def configure(self, order: Configure) -> None:
         self.flush()
@@ -321,7 +314,7 @@ class Runner:
             made.append(kernel_file_backend(path, settings))
             return made[-1]
 
-        result = run_job(job, self.backend, self.control.phase, ops=spool.shared.ops, staged=staged, room=room,
+        result = run_job(job, self.backends.get, self.control.phase, ops=spool.shared.ops, staged=staged, room=room,
                          kernel_file_for=kernel_file_for)  # fmt: skip
         if budget is not None:
             budget.charge(sum(backend.launched_s for backend in made))
@@ -522,20 +515,9 @@ def _device_name(backend: Backend) -> str | None:
 # -- the worker process ---------------------------------------------------------------
 
 
-def _prepare(backend: Backend, settings: Settings) -> None:
-    """Make ready what the first job would pay for, within ``warm_up_mib``; a failure only costs the first job."""
-    log = get_logger()
-    try:
-        held = backend.prepare(settings.warm_up_mib << 20)
-    except MmdError as exc:
-        log.warning("warm-up failed; the first job pays for its buffers", reason=exc.reason)
-        return
-    if held:
-        log.info("warmed up", pinned_mib=round(held / (1 << 20), 1))
-
-
 def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any]) -> None:
-    """A worker process's life: open the backend, then run orders until told to quit or the pipe closes.
+    """A worker process's life: open the backend, say Ready, then run orders until told to quit or the pipe
+    closes, warming the backend up once no order waits (:mod:`.warmup`).
 
     ``held``: the daemon's lock files, kept open (never read) for the worker's life, so that no other daemon
     takes the inbox while this worker may still touch it.
@@ -567,18 +549,22 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     gone = False
     try:
         try:
-            backend = runner.backend(settings)
+            backend = runner.backends.get(settings)
         except MmdError as exc:
             report(StartFailed(exc))
             return
         report(Ready(backend.name, _device_name(backend), runner.backends.notes[-1] if runner.backends.notes else None))
         runner.backends.log_fallback = True  # a backend opened anew (new settings) says its own
-        _prepare(backend, settings)
+        runner.warm_up.due = True
+        wait = ORDER_WAIT_S  # the main process answers Ready with the jobs waiting: they go before the warm-up
         while True:
             control.beat()
-            if not conn.poll(1.0):
+            if not conn.poll(wait):
                 runner.flush()
+                runner.warm_up.run(runner.settings)
+                wait = HEARTBEAT
                 continue
+            wait = HEARTBEAT
             order: Order = conn.recv()
             if isinstance(order, Quit):
                 break
@@ -592,6 +578,7 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
             runner.process(order, more_waiting=conn.poll())
             if not conn.poll():
                 runner.flush()
+                runner.warm_up.run(runner.settings)
     except (DaemonGone, EOFError, OSError):
         gone = True  # the main process is gone: nothing left to report to, nothing more to commit
     finally:
