@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_textformat.py [--sizes 1024 4096] [--repeat 3]
 For each size N: an N×N input as ``mmd gen`` writes it (two decimals in
 [-10, 10], '%.2f', like the course's input files) is parsed by numpy.loadtxt
 and by mmd's parse; the product is written by numpy.savetxt(fmt='%6.2f', delimiter='')
-and by mmd's emit. mmd is timed twice: on its numpy path (``parse``/``emit``,
+and by mmd's emit. mmd is timed twice: on its exact Python path (``parse``/``emit``,
 the switch mmd.accel.ON off, as with MMD_NO_C=1) and with the C
 accelerator mmd._fasttext (``parse (C)``/``emit (C)``, when it is built).
 Median of --repeat runs; peak RSS growth is measured in a fresh subprocess per

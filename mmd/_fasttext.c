@@ -1346,8 +1346,8 @@ out_batch_avx2(const unsigned char *const *at, const unsigned char *nd, const un
  * out_row_fast with the grammar of every field of a window checked at once
  * on its byte masks (only the width and the digit count a field at a time),
  * and the values made by out_batch_avx2, OUT_BATCH fields at a time, the
- * values the same to the bit as out_row_fast's (docs/textformat.md, "C
- * accelerator", has the two paths' speed).
+ * values the same to the bit as out_row_fast's (benchmarks/bench_check.py
+ * times reading outputs; docs/grading.md, "Speed").
  */
 AVX2_TARGET static int
 out_row_avx2(const unsigned char **pp, const unsigned char *hi, Py_ssize_t n, double *o)
