@@ -17,7 +17,7 @@ every inode freed in the last several seconds (``find_inode_bit`` →
 cost more the faster jobs came; and a freed block costs a discard there
 (``discard`` mount), so a spare is written over from its start and then cut
 to its new text, never emptied first. Without either kind of spare a burst
-of small jobs there is slower than issue 47's targets allow: docs/daemon.md
+of small jobs there is slower than the daemon's targets allow: docs/daemon.md
 ("No file freed per job") gives the measurements and their log.
 
 Where ``.work`` is on another filesystem than an output folder (a rename
