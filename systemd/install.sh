@@ -27,7 +27,9 @@
 # package at the version of the lock (constraints.txt);
 # /opt/mmd/current -> that release, /opt/mmd/venv and /opt/mmd/src through it; the spool's filesystem
 # (--spool-image) and folders, then the check that no student may move another's file into the inbox
-# (mmd.inboxfs: it prints what it found); /etc/mmd/mmd.yaml for a class box (only when there is none); the unit. The release is built first,
+# (mmd.inboxfs: it prints what it found); /etc/mmd/mmd.yaml for a class box (only when there is none); the unit;
+# with CUDA, the configured kernel and the text kernels built into /var/cache/mmd (`mmd kernels --build
+# --configured`, as the service user). The release is built first,
 # and only when it is whole is anything else touched: a failed build (pycuda, say) leaves the host
 # as it was, the previous release serving. Run it again to upgrade, then `systemctl restart mmd`.
 # POSIX ACLs are not set here: the daemon sets the ones it needs at every start (mmd/acl.py).
@@ -263,7 +265,17 @@ for old in "$opt"/releases/*; do
     act "rm -rf $(q "$old")"
 done
 
-# --- 6. systemd, where it runs ---
+# --- 6. the kernels the service runs, built into its cache: a fresh service then compiles nothing ---
+if [ "$cuda" = yes ]; then
+    # CacheDirectory=mmd's folder, the service user's as systemd makes it; the build runs as that user, with the
+    # service's config (its kernel and tile), the nvcc the service finds (systemd's PATH; the cache's key names
+    # it) and this GPU's architecture. No GPU here: the service builds them.
+    act "install -d -o $(q "$user") -g $(q "$group") -m 0755 $(q "$root/var/cache/mmd")"
+    act "runuser -u $(q "$user") -- env -u CUDA_HOME -u CUDA_PATH PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CACHE_DIRECTORY=$(q "$root/var/cache/mmd") MMD_CONFIG=$(q "$config") $(q "$rel/venv/bin/mmd") kernels --build --configured" ||
+        note "the service's kernels were not built here (no GPU?): the service compiles them at its first jobs, once each"
+fi
+
+# --- 7. systemd, where it runs ---
 if [ -d "$root/run/systemd/system" ]; then
     act "systemctl daemon-reload"
     note "start it with: systemctl enable --now mmd (or systemctl restart mmd to upgrade)"

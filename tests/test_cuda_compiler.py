@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mmd import config
-from mmd.cuda.builds import build_all, every_build
+from mmd.cuda.builds import build_all, configured_builds, every_build
 from mmd.cuda.compiler import KernelCache, macro_options
 from mmd.resources import kernels_dir
 
@@ -178,3 +178,40 @@ def test_every_build_holds_the_build_an_architecture_launches_in_a_kernel_s_plac
     tc1 = [b for b in every_build("sm_90") if b.source.name == "tc1.cu"]
     assert [b.defines.get("TMA", 0) for b in tc1] == [0, 1] and {b.arch for b in tc1} == {"sm_90a"}
     assert [b.defines.get("TMA", 0) for b in every_build("sm_80") if b.source.name == "tc1.cu"] == [0]
+
+
+def test_configured_builds_are_the_settings_kernel_at_their_tile_and_the_text_kernels():
+    """What the installer builds into the service's cache: what a daemon with its settings loads, no more."""
+    text = ["text_parse.cu", "text_emit.cu"]
+    assert [b.label for b in configured_builds("sm_90", "tiled", 16)] == ["tiled tile 16", *text]
+    fast = [b.label for b in every_build("sm_90") if b.source.name == "fast.cu"]
+    assert [b.label for b in configured_builds("sm_90", "fast", 32)] == [*fast, *text], "every variant, no tile"
+    tc1 = configured_builds("sm_90", "tc1", 32)
+    assert [b.defines.get("TMA", 0) for b in tc1 if b.source.name == "tc1.cu"] == [0, 1], "the TMA build and its own"
+    assert [b.label for b in configured_builds("sm_90", "cublas", 32)] == text
+    assert {b.arch for b in configured_builds("sm_80", "tiled", 32)} == {"sm_80"}
+
+
+def test_kernels_build_configured_fills_the_cache_with_the_settings_kernel(tmp_path, monkeypatch, capsys):
+    """`mmd kernels --build --configured` (the installer's step) builds the settings' kernel at their tile and the
+    text kernels, and nothing else; a second run finds them all cached."""
+    from mmd.cli import main
+    from mmd.errors import ExitStatus
+
+    fake = tmp_path / "bin" / "nvcc"  # writes a cubin of its own where it is told
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\necho cubin > "$out"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("MMD_CONFIG", os.devnull)
+    monkeypatch.setenv("MMD_KERNEL", "tiled")
+    monkeypatch.setenv("MMD_TILE", "16")
+    cache = tmp_path / "cache"
+    argv = ["kernels", "--build", "--configured", "--arch", "sm_90", "--cache", str(cache)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.endswith(f"3 builds for sm_90: 3 compiled, 0 already cached, 0 failed; {cache}\n")
+    assert len(list(cache.glob("*.cubin"))) == 3
+    assert main(argv) == 0
+    assert capsys.readouterr().out.endswith(f"3 builds for sm_90: 0 compiled, 3 already cached, 0 failed; {cache}\n")
+    assert main(["kernels", "--configured"]) == ExitStatus.USAGE
+    assert "give --build too" in capsys.readouterr().err

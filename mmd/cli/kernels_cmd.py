@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="List the registered kernels, the tiles each accepts on this GPU (or on any CUDA GPU where "
         "there is none) and where their sources are. With --build, compile every build of every kernel (each "
         "course tile, each tuned variant) and the text kernels with nvcc into the kernel cache, so that the "
-        "daemon's first jobs load them instead of compiling; no GPU is needed for that. With FILE, a kernel file "
+        "daemon's first jobs load them instead of compiling; no GPU is needed for that (with --arch); with "
+        "--configured too, only the settings' kernel at their tile and the text kernels. With FILE, a kernel file "
         "(.cu): what mmd understood of it (entry, signature, geometry), the tiles this GPU can launch and why any "
         "other is refused, and a compile at each into the kernel cache. Exit status 1 when a source is missing, a "
         "kernel file is refused or a build fails.",
@@ -39,15 +40,22 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     p.add_argument("--tiles", type=int, nargs="+", default=[*kernels.TILES, 64], help="tiles to check")
     p.add_argument("--build", action="store_true", help="compile every build into the kernel cache")
+    p.add_argument(
+        "--configured",
+        action="store_true",
+        help="with --build: only what a daemon with these settings loads (their kernel at their tile, and the text "
+        "kernels), as the service's installer builds them",
+    )
     p.add_argument("--arch", help="target for --build, e.g. sm_90 (default: this GPU's)")
     p.add_argument("--cache", type=Path, help="cache folder for --build (default: the kernel_cache setting)")
     add_config_option(p)
 
 
 def build(args: argparse.Namespace, limits: DeviceLimits) -> int:
-    """Compile every build into the cache; one line per failure, a summary last."""
+    """Compile every build (``--configured``: the settings' kernel at their tile, and the text kernels) into the
+    cache; one line per failure, a summary last."""
     from .. import config
-    from ..cuda.builds import build_all, every_build
+    from ..cuda.builds import build_all, configured_builds, every_build
     from ..cuda.compiler import KernelCache
 
     arch = args.arch or (limits.arch if limits.compute_capability != (0, 0) else None)
@@ -55,7 +63,7 @@ def build(args: argparse.Namespace, limits: DeviceLimits) -> int:
         raise UsageError("no GPU here to take the architecture from: give --arch (sm_90 for an H100 or H200)")
     settings = config.load(args.config)
     folder = args.cache if args.cache is not None else config.kernel_cache_dir(settings)
-    builds = every_build(arch)
+    builds = configured_builds(arch, settings.kernel, settings.tile) if args.configured else every_build(arch)
     with progress.Count(f"building for {arch}", len(builds), shown=progress.on_terminal()) as count:
         results = build_all(KernelCache(folder), builds, done=lambda r: count.advance(r.build.label))
     for r in results:
@@ -154,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     from ..resources import kernels_dir
 
     config.load(args.config)  # a config named but unreadable or wrong is refused, --build or not
+    if args.configured and not args.build:
+        raise UsageError("--configured says which builds --build compiles: give --build too")
     limits, where = _device_limits(args.device)
     if args.file is not None:
         if args.build:

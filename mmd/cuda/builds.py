@@ -1,7 +1,9 @@
 """Every build mmd can load, and building them ahead of time into the kernel cache.
 
 The list is the registry's (each kernel at each course tile, each tuned
-variant) and the text path's sources; each build goes through the same
+variant) and the text path's sources, or what a daemon configured for one
+kernel at one tile loads (what the installer builds into the service's
+cache); each build goes through the same
 :meth:`KernelCache.get` as a session's, so `mmd kernels --build` fills the
 cache a daemon then loads from (a warm first job), and compile-checks every
 source on a machine with nvcc and no GPU.
@@ -34,17 +36,29 @@ class Build:
 
 def every_build(arch: str, tiles: Iterable[int] = registry.TILES) -> list[Build]:
     """Every registered kernel's builds (each tile, each variant) and the text kernels, for ``arch``."""
+    return [b for name in registry.SOURCE_KERNELS for b in _kernel_builds(name, arch, tiles)] + _text_builds(arch)
+
+
+def configured_builds(arch: str, kernel: str, tile: int) -> list[Build]:
+    """What a daemon that runs ``kernel`` at ``tile`` loads, for ``arch``: that kernel's builds (each variant) and
+    the text kernels; the text kernels alone for a kernel without a CUDA source (cuBLAS, the CPU's)."""
+    own = _kernel_builds(kernel, arch, (tile,)) if kernel in registry.SOURCE_KERNELS else []
+    return own + _text_builds(arch)
+
+
+def _kernel_builds(name: str, arch: str, tiles: Iterable[int]) -> list[Build]:
     out = []
-    for name in registry.SOURCE_KERNELS:
-        # each build, and the one the device's architecture launches in its place (tc1's TMA build on sm_90)
-        for spec in dict.fromkeys(b for own in registry.get(name).builds() for b in (own, own.for_arch(arch))):
-            assert spec.source is not None
-            for tile in tiles if spec.uses_tile else (0,):
-                where = f"tile {tile}" if spec.uses_tile else (spec.variant or "default")
-                out.append(Build(f"{spec.name} {where}", spec.source, spec.defines(tile), spec.arch_for(arch)))
-    for name, (defines, _entries) in SOURCES.items():
-        out.append(Build(name, kernels_dir() / name, dict(defines), arch))
+    # each build, and the one the device's architecture launches in its place (tc1's TMA build on sm_90)
+    for spec in dict.fromkeys(b for own in registry.get(name).builds() for b in (own, own.for_arch(arch))):
+        assert spec.source is not None
+        for tile in tiles if spec.uses_tile else (0,):
+            where = f"tile {tile}" if spec.uses_tile else (spec.variant or "default")
+            out.append(Build(f"{spec.name} {where}", spec.source, spec.defines(tile), spec.arch_for(arch)))
     return out
+
+
+def _text_builds(arch: str) -> list[Build]:
+    return [Build(name, kernels_dir() / name, dict(defines), arch) for name, (defines, _entries) in SOURCES.items()]
 
 
 @dataclass(frozen=True)
