@@ -47,7 +47,7 @@ class OneShot:
         self._launch: LaunchProcess | None = None
         if kernel_file is not None:
             # its own process makes its context: this one makes none
-            self._launch = _launch_process(settings, kernel_file, reap=release)
+            self._launch = _launch_process(settings, kernel_file, src, reap=release)
         elif settings.backend != "cpu":
             from .cuda.libcuda import ContextWarmer
 
@@ -133,8 +133,9 @@ def _cuda_runs_here() -> None:
         raise UsageError(f"the cuda backend cannot run here: {exc.reason}") from None
 
 
-def _launch_process(settings: Settings, kernel_file: Path, *, reap: bool) -> LaunchProcess:
-    """``kernel_file``'s launch process, started now."""
+def _launch_process(settings: Settings, kernel_file: Path, src: Path, *, reap: bool) -> LaunchProcess:
+    """``kernel_file``'s launch process, started now, making the memory of ``src``'s bytes as it starts."""
     from .kernelfile.launch import LaunchProcess
 
-    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), reap=reap)
+    size = src.stat().st_size
+    return LaunchProcess(settings.device, kernel_file.name, kernel_cache_dir(settings), reap=reap, host_bytes=size)

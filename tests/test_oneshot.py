@@ -83,6 +83,7 @@ def test_a_kernel_files_launch_process_is_started_before_numpy_and_the_pipeline_
     k = kernel(tmp_path, "p1.cu")
     (start,) = starts([str(src), "--kernel-file", str(k), "--tile", "4"], exiting, tmp_path, fake_gpu())
     assert start["start"] == "LaunchProcess" and start["loaded"] == []
-    # a process that ends with the job leaves its killed launch process to the system
-    assert start["kwargs"] == {"reap": not exiting}
+    # a process that ends with the job leaves its killed launch process to the system; the launch process makes
+    # the input's memory (its size) as it starts, as the context warmer does
+    assert start["kwargs"] == {"reap": not exiting, "host_bytes": src.stat().st_size}
     assert (tmp_path / "a.out").exists()

@@ -184,8 +184,10 @@ class KernelFileBackend(Backend, DeviceText):
             return np.empty(shape, dtype)
         if self._input is not None:
             self._input.close()
-        # made (its pages faulted in) and read into here, while the launch process starts; it page-locks it
-        self._input = Shared(int(np.prod(shape)) * np.dtype(dtype).itemsize, populate=True)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        # a one-shot's: made and page-locked by the launch process as it started; else made (its pages faulted
+        # in) and read into here, while the launch process starts, which page-locks it
+        self._input = self._live().input_memory(nbytes) or Shared(nbytes, populate=True)
         return self._input.array(0, shape, dtype)
 
     def device_text(self) -> DeviceText:

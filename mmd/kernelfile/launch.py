@@ -166,8 +166,14 @@ class LaunchProcess:
     it, unless ``reap`` is False). ``label`` names the kernel in messages.
     """
 
-    def __init__(self, device: int, label: str, kernel_cache: Path | None = None, *, reap: bool = True) -> None:
+    def __init__(
+        self, device: int, label: str, kernel_cache: Path | None = None, *, reap: bool = True, host_bytes: int = 0
+    ) -> None:
         self.label = label
+        #: A one-shot's input file's size: the child makes its input's memory, page-locked, before the job
+        #: (:meth:`input_memory`), and its answer's; 0: each job brings its own.
+        self.host_bytes = host_bytes
+        self._premade: Shared | None = None
         #: Whether :meth:`close` waits for the killed child (False: a caller whose own process ends next leaves
         #: it to the system, and does not wait out the driver's teardown of the child's context).
         self.reap = reap
@@ -184,6 +190,7 @@ class LaunchProcess:
                     __package__ + ".launch_child",
                     *map(str, (theirs.fileno(), device, os.getpid())),
                     cache,
+                    str(host_bytes),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -315,10 +322,24 @@ class LaunchProcess:
         if self._ready is None:
             from ..kernels import DeviceLimits
 
-            message, _ = self._expect("ready", time.monotonic() + START_S, "starting")
+            message, fds = self._expect("ready", time.monotonic() + START_S, "starting")
+            if fds:  # the one-shot's input memory, page-locked there: its pages exist, mapped in one call
+                self._premade = Shared(fd=fds[0], populate=True)
             raw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in message["limits"].items()}
             self._ready = (str(message["device"]), DeviceLimits(**raw))
         return self._ready
+
+    def input_memory(self, nbytes: int) -> Shared | None:
+        """The memory the child made for a one-shot's input (:attr:`host_bytes`), once, where ``nbytes`` fit it
+        (waiting for the child's start); None where it made none (the caller makes its own)."""
+        if not self.host_bytes:
+            return None
+        self.ready()
+        premade, self._premade = self._premade, None
+        if premade is not None and premade.nbytes < nbytes:
+            premade.close()
+            return None
+        return premade
 
     def _job(self, job: dict[str, Any], data: Shared, cubin: bytes, limit_s: float) -> tuple[dict[str, Any], list[int]]:
         """Send ``job`` with ``data`` and the cubin; hold the launch to ``limit_s``; the child's answer."""
@@ -418,9 +439,8 @@ class LaunchProcess:
             self.close()
             raise KernelLaunchError(f"{self.label}: its process gave no output") from None
         try:
-            m, n = header.m, header.n
-            c = out.array(0, (m, n))
-            text = out.bytes_at(c.nbytes, int(done["text_bytes"]))
+            c = out.array(int(done["c_at"]), (header.m, header.n))
+            text = out.bytes_at(int(done["text_at"]), int(done["text_bytes"]))
         except ValueError:
             self.close()
             raise KernelLaunchError(f"{self.label}: its process gave an output of the wrong size") from None
