@@ -28,6 +28,10 @@ TINY: dict[str, list[str]] = {
         *("--repeat", "1"),
         *("--timeouts", "1", "--timeout-size", "64", "--backend", "cpu", "--work", "{tmp}/work", "--out", "{tmp}"),
     ],
+    "bench_first_job.py": [
+        *("--workers", "1", "--caches", "empty", "--rounds", "1", "--backend", "cpu"),
+        *("--work", "{tmp}/work", "--out", "{tmp}"),
+    ],
     "bench_devices.py": ["--n", "32", "--jobs", "2", "--devices", "0", "--backend", "cpu", "--kernel", "cpu"],
     "bench_textformat.py": ["--sizes", "16", "--repeat", "1"],
     "bench_wholejob.py": [
@@ -55,6 +59,7 @@ MODULES = {
         "bench_check.py",
         "bench_daemon.py",
         "bench_devices.py",
+        "bench_first_job.py",
         "bench_textformat.py",
         "bench_wholejob.py",
         "crash.py",
