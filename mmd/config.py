@@ -219,6 +219,9 @@ class Settings:
     #: requests a second one user's requests reach the daemon at: a burst of two seconds' worth at once, then
     #: each waits its turn (root and the service's own user: no cap)
     control_requests_per_s: float = setting(5.0, positive)
+    #: the longest a grader's timed window (`mmd grade --service`) keeps new jobs off a device's workers: it ends
+    #: at its release or after this many seconds, whichever comes first; a job dropped meanwhile waits it out
+    grade_window_max_s: float = setting(2.0, seconds)
     # -- limits --
     max_memory_bytes: int | None = setting(None, positive_or_null)  # None: the machine's physical memory
     #: largest input file; None: the memory limit (it is read whole)

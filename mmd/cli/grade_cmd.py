@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import ConfigError, ExitStatus, UsageError
 from .options import add_config_option, options_later
 
 if TYPE_CHECKING:
@@ -24,6 +24,9 @@ EPILOG = """\
                                      a Slurm array of one task per student, each writing its part
   mmd grade --gather grading/ --junit grades.xml --page page/
                                      the parts, once the tasks are done, reported as above
+  mmd grade /var/lib/mmd/kernels --store --tests tests/ --service
+                                     on the class's box, its service serving students' jobs between the timed
+                                     cases (a grader: graders_group)
 
 Each kernel is compiled, run on every test of TESTS (x.txt, with x.out as its
 expected output where there is one) at every tile of the course (4 to 64; a
@@ -36,8 +39,9 @@ files' ctime in a hand-in folder (not their mtime, which anyone can set).
 
 exit status:
   0  every case of every kernel right
-  1  a kernel refused, wrong, or not graded; no GPU
+  1  a kernel refused, wrong, or not graded; no GPU; --service: the service refused a window
   2  usage, or a file that cannot be read
+  3  --service: no daemon answers on the control_socket
 """
 
 
@@ -90,6 +94,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    "(default: min(8, CPU cores)); the timed cases run one kernel at a time, whatever N is")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no line per kernel graded on stderr")
     add_config_option(p)
+    p.add_argument("--service", action="store_true",
+                   help="grade beside the class's service (its settings, /etc/mmd/mmd.yaml too): each timed case "
+                   "in a window the service's GPU work waits out, its students' jobs served between windows; a "
+                   "grader's (graders_group)")  # fmt: skip
     where = p.add_mutually_exclusive_group()
     where.add_argument("--slurm", type=Path, metavar="DIR",
                        help="write a Slurm array of one task per student into the new folder DIR")  # fmt: skip
@@ -148,11 +156,13 @@ def run(args: argparse.Namespace) -> int:
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         return grading.report(request, students, device, tests, outputs, sum(s.seconds for s in students), started)
     request = _request(args)
+    if args.service and (args.slurm is not None or args.part is not None):
+        raise UsageError("--service grades here, beside the class's service: not with --slurm or --part")
     if args.slurm is not None:
         return _slurm(args, request)
     from .options import load_settings
 
-    settings = load_settings(args)
+    settings = load_settings(args)  # with --service (args.service), as the service's commands read them
     if args.part is not None:
         return grading.grade_part(request, request.kernels, args.part, settings)
     grading.check_outputs(outputs)
@@ -161,7 +171,23 @@ def run(args: argparse.Namespace) -> int:
     workers = default_workers() if args.workers is None else args.workers
     if workers < 1:
         raise UsageError(f"--workers {workers}: give 1 or more")
-    return grading.grade_class(request, settings, outputs, workers)
+    if not args.service:
+        return grading.grade_class(request, settings, outputs, workers)
+    from ..grade import service
+
+    if settings.control_socket is None:
+        raise ConfigError('--service: no control_socket is set: the service is asked over it (docs/operations.md, '
+                          '"A class on one box")')  # fmt: skip
+    windows = service.ServiceWindows(settings.control_socket, settings.device)
+    try:
+        windows.check()
+    except (OSError, ValueError) as exc:
+        print(f"mmd grade: no daemon answers on {settings.control_socket} ({exc})", file=sys.stderr)
+        return ExitStatus.NOT_SERVING
+    except service.Refused as exc:
+        print(f"mmd grade: the service refused a window: {exc}", file=sys.stderr)
+        return ExitStatus.FAILED
+    return grading.grade_class(request, settings, outputs, workers, windows)
 
 
 def _slurm(args: argparse.Namespace, request: Request) -> int:

@@ -15,6 +15,14 @@ asks the main loop (an :class:`~.messages.Asked` hint, answered through a
 future) and writes: what the answer says is decided where the queue and the
 workers are.
 
+A grader's window (``{"op": "window", "device": D, "seconds": S}``,
+:mod:`.windows`) is the one request whose connection outlives its answer:
+once granted, the connection holds the window until its asker sends
+``{"op": "release"}`` (answered, then closed), closes it, or is
+``S`` + :data:`REQUEST_S` seconds late; the socket names each window it
+carries (never the asker), and tells the main loop of its release however
+the connection ends.
+
 **Many clients at once, each user their share.** One thread serves every
 connection through a ``selectors`` loop and never waits on any one of them.
 Each user (the peer's uid) may hold :attr:`Limits.connections` at once (one
@@ -48,6 +56,7 @@ from typing import Any
 from ..config import Settings
 from ..errors import ConfigError
 from .messages import Asked, Hint
+from .windows import new_token
 
 #: The longest request read (a name is at most 255 bytes; JSON escapes at most ×6).
 MAX_REQUEST = 4096
@@ -60,7 +69,7 @@ BURST_S = 2.0
 #: The most connections served at once, every user's together (root's and the service's aside): a bound on the
 #: descriptors the socket may take, however many accounts ask.
 MAX_CONNECTIONS = 512
-OPS = ("status", "cancel", "rm")
+OPS = ("status", "cancel", "rm", "window")
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,8 @@ class _Conn:
     reply: concurrent.futures.Future[dict[str, Any]] | None = None
     out: memoryview | None = None
     events: int = 0  # what the selector watches it for (0: nothing, while it waits for its turn or its answer)
+    window: str | None = None  # the window it asks for or holds (released when the connection ends)
+    holding: bool = False  # its window is granted: the connection waits for its release
 
 
 @dataclass
@@ -316,11 +327,17 @@ class LocalSocket:
                 self._drop(sel, conn)  # gone without a word
                 return
             try:
-                conn.request = _parse(bytes(conn.data))
+                conn.request = _parse(bytes(conn.data), ("release",) if conn.holding else OPS)
             except ValueError as exc:
                 self._answer(sel, conn, {"ok": False, "error": str(exc)})
                 return
             self._watch(sel, conn, 0)
+            if conn.holding:  # its release: at once, whatever its user's rate (it ends a hold on the GPU)
+                conn.request, conn.window, conn.holding = {"op": "release", "window": conn.window}, None, False
+                self._ask(conn, time.monotonic())
+                return
+            if conn.request["op"] == "window":
+                conn.window = conn.request["window"] = new_token()
             self._admit(sel, conn, time.monotonic())
 
     def _admit(self, sel: selectors.BaseSelector, conn: _Conn, now: float) -> None:
@@ -345,9 +362,15 @@ class LocalSocket:
         self.hints(Asked(conn.request.get("op", ""), conn.uid, conn.request, conn.reply))
 
     def _answer(self, sel: selectors.BaseSelector, conn: _Conn, answer: dict[str, Any]) -> None:
+        conn.holding = conn.window is not None and conn.reply is not None and answer.get("granted") is True
+        if conn.holding:  # its asker has the window's seconds and one request's time to release it
+            conn.deadline = time.monotonic() + float(answer["seconds"]) + REQUEST_S
+        elif conn.reply is not None and conn.reply.done():
+            conn.window = None  # refused by the main loop, which holds nothing of it
         conn.reply = None
         conn.out = memoryview(_line(answer))
-        conn.deadline = time.monotonic() + REQUEST_S
+        if not conn.holding:
+            conn.deadline = time.monotonic() + REQUEST_S
         self._watch(sel, conn, selectors.EVENT_WRITE)
 
     def _write(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
@@ -360,7 +383,13 @@ class LocalSocket:
             self._drop(sel, conn)
             return
         conn.out = conn.out[sent:]
-        if not conn.out:
+        if conn.out:
+            return
+        if conn.holding:  # a window granted: its release comes on this connection
+            conn.out, conn.request = None, None
+            conn.data.clear()
+            self._watch(sel, conn, selectors.EVENT_READ)
+        else:
             self._drop(sel, conn)
 
     def _drop(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
@@ -369,6 +398,9 @@ class LocalSocket:
         self._conns.discard(conn)
         self._watch(sel, conn, 0)
         conn.sock.close()
+        if conn.window is not None:  # gone without releasing its window (or before it was granted): released here
+            release = {"op": "release", "window": conn.window}
+            self.hints(Asked("release", conn.uid, release, concurrent.futures.Future()))
         user = self._users[conn.uid]
         user.connections -= 1
         with contextlib.suppress(ValueError):
@@ -402,13 +434,13 @@ def peer_uid(conn: socket.socket) -> int:
     return uid
 
 
-def _parse(data: bytes) -> dict[str, Any]:
+def _parse(data: bytes, ops: tuple[str, ...]) -> dict[str, Any]:
     try:
         request = json.loads(data.split(b"\n", 1)[0])
     except ValueError:
         raise ValueError("a request is one JSON object on one line") from None
-    if not isinstance(request, dict) or request.get("op") not in OPS:
-        raise ValueError(f"a request is a JSON object whose op is one of {', '.join(OPS)}")
+    if not isinstance(request, dict) or request.get("op") not in ops:
+        raise ValueError(f"a request is a JSON object whose op is one of {', '.join(ops)}")
     return request
 
 
@@ -422,13 +454,44 @@ def ask(path: Path, request: dict[str, Any], timeout: float = ANSWER_S + REQUEST
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        return _exchange(sock, request, path)
+
+
+def ask_window(path: Path, device: int, seconds: float) -> tuple[socket.socket | None, dict[str, Any]]:
+    """Ask the daemon at ``path`` for a window on ``device`` (:mod:`.windows`): (the connection that holds it,
+    the grant), or (None, the refusal: ``again`` where it may be asked again); OSError when no daemon answers."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(ANSWER_S + REQUEST_S)
+        sock.connect(str(path))
+        answer = _exchange(sock, {"op": "window", "device": device, "seconds": seconds}, path)
+    except BaseException:
+        sock.close()
+        raise
+    if answer.get("granted") is not True:
+        sock.close()
+        return None, answer
+    return sock, answer
+
+
+def release_window(sock: socket.socket) -> dict[str, Any] | None:
+    """Release the window ``sock`` holds, and close it: the daemon's answer (``expired``: its time was up first),
+    or None where it gave none (it is gone)."""
+    with sock:
+        try:
+            return _exchange(sock, {"op": "release"}, "the control socket")
+        except (OSError, ValueError):
+            return None
+
+
+def _exchange(sock: socket.socket, request: dict[str, Any], path: object) -> dict[str, Any]:
+    sock.sendall(json.dumps(request).encode() + b"\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
     answer = json.loads(data) if data else None
     if not isinstance(answer, dict):
         raise OSError(f"the daemon at {path} gave no answer")

@@ -148,7 +148,7 @@ class Scheduler:
         self.max_workers = max_workers
         self._resumes: deque[Item] = deque()
         self._names: dict[str | None, deque[Item]] = {}  # by submitter, each in arrival order
-        self._arrivals = itertools.count()
+        self._arrived = 0  # names offered so far: the next one's seq
         self._held: set[Key] = set()  # keys waiting or in hand
         self._per: Counter[str | None] = Counter()  # held keys by submitter
         self._again: set[Key] = set()  # offered again while held: looked at once more when they end
@@ -171,6 +171,10 @@ class Scheduler:
             if not self._per[key[0]]:
                 del self._per[key[0]]
 
+    def _arrive(self) -> int:
+        self._arrived += 1
+        return self._arrived - 1
+
     # -- what arrives --
     def offer(self, name: str, size: int | None, submitter: str | None = None, seen: Candidate | None = None) -> bool:
         """A complete inbox file (``seen``: as a stat saw it); False when it is not taken now (held already,
@@ -188,7 +192,7 @@ class Scheduler:
             self._full = True
             return False
         self._hold(key)
-        item = Item(name, size=size, submitter=submitter, seq=next(self._arrivals), seen=seen)
+        item = Item(name, size=size, submitter=submitter, seq=self._arrive(), seen=seen)
         self._names.setdefault(submitter, deque()).append(item)
         return True
 
@@ -213,7 +217,7 @@ class Scheduler:
         (a small drop swapped for a big one): it waits again as its submitter's newest arrival, by its claim's
         size (to run alone when big, within the cap), not before the names as a resume does."""
         self._hold((claim.submitter, claim.name))
-        item = Item(claim.name, claim=claim, size=claim.size, submitter=claim.submitter, seq=next(self._arrivals),
+        item = Item(claim.name, claim=claim, size=claim.size, submitter=claim.submitter, seq=self._arrive(),
                     job_id=claim.job_id)  # fmt: skip
         self._names.setdefault(claim.submitter, deque()).append(item)
 
@@ -244,6 +248,18 @@ class Scheduler:
             self._again.discard(key)
             return not broken
         return False
+
+    def arrivals(self) -> int:
+        """A mark of this moment among the arrivals: every name offered from now on has a ``seq`` at or past it."""
+        return self._arrived
+
+    def waiting_before(self, mark: int, use: float, now: float) -> bool:
+        """Whether a job waits that goes before a grader's window asked at ``mark`` (:meth:`arrivals`) by a grader
+        whose use lately is ``use``: a resume, a name that arrived before the window was asked (between two windows
+        every job queued meanwhile is served), or one whose submitter has used less (the fair share)."""
+        if self._resumes:
+            return True
+        return any(q and (q[0].seq < mark or self.usage.of(q[0].submitter, now) < use) for q in self._names.values())
 
     def forgive(self) -> None:
         """Broken names may be tried again (at a rescan)."""

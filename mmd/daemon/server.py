@@ -90,6 +90,7 @@ from .state import State
 from .supervisor import Supervisor
 from .tunables import HEARTBEAT, MAX_PAUSE, STUCK_AFTER, SUPERVISE_S
 from .upkeep import Upkeep
+from .windows import WINDOW_OPS, Windows
 
 
 class Daemon:
@@ -148,6 +149,8 @@ class Daemon:
                                      self._on_event, self.log)  # fmt: skip
         #: What the control socket's askers are answered (their own jobs).
         self.desk = Desk(self.spool, self.scheduler, self.workers, self.supervisor, self.ends, current, graders)
+        #: Graders' timed windows: a device's workers given no new job while one is held (``mmd grade --service``).
+        self.windows = Windows(self.scheduler, self.workers, self.desk.sees_all, current, self.log)
         #: The inbox folder: watched, and followed when it is made again.
         self.inbox = Inbox(self.spool, self._lock, self.mailbox.post, self.log)
         self._local: LocalSocket | None = None  # the control socket, while serving
@@ -295,7 +298,8 @@ class Daemon:
             return
         if self.pause.paused(time.monotonic()) or self._stopping is not None:
             return
-        for index, item in self.scheduler.assign(self.workers.loads(), time.monotonic()):
+        now = time.monotonic()
+        for index, item in self.scheduler.assign(self.windows.free(self.workers.loads(), now), now):
             seq = self.workers.handles[index].next_seq()
             order: RunOrder | Resume
             if item.claim is not None:
@@ -360,6 +364,8 @@ class Daemon:
             self.intake.offer(hint.name, hint.complete)
         elif isinstance(hint, Writing):
             self.intake.readiness.writing(hint.name)
+        elif isinstance(hint, Asked) and hint.op in WINDOW_OPS:
+            self.windows.asked(hint, time.monotonic())
         elif isinstance(hint, Asked):
             if not hint.reply.done():  # the asker may have given up waiting
                 hint.reply.set_result(self.desk.answer(hint))
@@ -434,7 +440,8 @@ class Daemon:
             waits = [next_rescan - now, HEARTBEAT]
             if self.pause.paused(now):
                 waits.append(self.pause.until - now)
-            for due in (self.intake.readiness.due_in(), self.state.due_in(), self.metrics.due_in()):
+            for due in (self.intake.readiness.due_in(), self.state.due_in(), self.metrics.due_in(),
+                        self.windows.due_in(now)):  # fmt: skip
                 if due is not None:
                     waits.append(due)
             waits += self.workers.waits(now, SUPERVISE_S)
@@ -479,7 +486,8 @@ class Daemon:
                 if once and not self.scheduler.held and not found and not self.spool.in_hand.left:
                     return 0
             # Orders first: a worker found dead or overdue below gives back what it was given, and a name given
-            # from an inbox found replaced is not claimed.
+            # from an inbox found replaced is not claimed. A window's time up, its device takes jobs again.
+            self.windows.tend(now)
             self._dispatch()
             self._check_inbox()
             self.supervisor.check(now, stopping=self._stopping is not None)

@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -53,6 +54,7 @@ from ..pipeline import kernel_file_backend
 from .fresh import CHECKERS, FreshInputs, fresh_check
 from .handins import Handin, Student
 from .records import CUBLAS, NAIVE, NO_TILE, Case, KernelGrade, Reference, StudentGrade
+from .service import Held, alone
 from .testset import Test
 
 #: The arithmetic every kernel is graded in.
@@ -145,6 +147,9 @@ class Grading:
     told: Callable[[str, KernelGrade], None] = field(default=lambda student, grade: None)
     #: Reads the GPU's clock and the processes using it while a case is timed (None: nothing to read it with).
     clock: ClockReader | None = None
+    #: Each timed case's window: asked of the class's service with ``--service`` (its other GPU work waits it out),
+    #: else nothing to ask; what it yields says which GPU processes are the service's and whether it was kept.
+    window: Callable[[], AbstractContextManager[Held]] = field(default=alone)
 
 
 def probe(settings: Settings) -> tuple[str, registry.DeviceLimits]:
@@ -277,7 +282,7 @@ def _timing(
         this = 0
         try:
             if timed:
-                found = _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2))
+                found = _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2, grading.window))
                 this = int(found is not None)
                 references += found or []
             for c in checked:
@@ -294,7 +299,8 @@ def _timing(
                     closing = [f for f in closing if not f.done()]
                     own = this + 1 + len(starting) + len(closing)
                     try:
-                        cases = _timed_cases(made, _Timing(grading.plan, inputs, checks, grading.clock, own), pairs)
+                        timing = _Timing(grading.plan, inputs, checks, grading.clock, own, grading.window)
+                        cases = _timed_cases(made, timing, pairs)
                     finally:
                         closing.append(closer.submit(made.close))
                 yield _graded(c, cases), time.perf_counter() - start
@@ -425,6 +431,7 @@ class _Timing:
     checks: ThreadPoolExecutor
     clock: ClockReader | None
     own_processes: int = 1
+    window: Callable[[], AbstractContextManager[Held]] = alone
 
     def sampler(self) -> ClockSampler:
         return ClockSampler(self.clock, own_processes=self.own_processes)
@@ -499,19 +506,21 @@ class _Launches:
 
 
 def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: int, timing: _Timing) -> _Launches:
-    """A timed case's launches, in windows sampled for other processes on the GPU: one where another used it is
-    run again (up to ``plan.windows`` in all; the last one's times are kept)."""
+    """A timed case's launches, in windows sampled for other processes on the GPU (each held on the class's
+    service with ``--service``): one where another used it, or whose hold ended before it did, is run again (up to
+    ``plan.windows`` in all; the last one's times are kept)."""
     start = time.perf_counter()
     done = _Launches(case)
     while done.windows < timing.plan.windows:
         done.windows += 1
         done.launches = []
         sampler = timing.sampler()
-        with sampler:
+        with timing.window() as held, sampler:
             _timed_launches(backend, request, case.shape[0], then, timing, done)
         facts = sampler.summary()
         processes = facts["gpu_processes"]
-        done.gpu = {**facts, "gpu_busy": processes is not None and processes > timing.own_processes}
+        others = processes is not None and processes > timing.own_processes + held.own_processes
+        done.gpu = {**facts, "gpu_busy": others or not held.kept}
         if not done.disturbed() or done.stopped is not None or done.failed():
             break
     done.seconds = time.perf_counter() - start

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +22,7 @@ from . import grader, handins, reports, testset
 from .array import Request
 from .grader import Grading, Phases, probe
 from .records import KernelGrade, StudentGrade
+from .service import Held, alone
 
 
 @dataclass(frozen=True)
@@ -50,22 +52,25 @@ def _say(quiet: bool) -> Callable[[str, KernelGrade], None]:
     return told
 
 
-def _grading(request: Request, settings: Settings, quiet: bool) -> tuple[Grading, str]:
+Window = Callable[[], AbstractContextManager[Held]]
+
+
+def _grading(request: Request, settings: Settings, quiet: bool, window: Window = alone) -> tuple[Grading, str]:
     tests, unusable = testset.load(request.tests)
     for u in unusable:
         print(f"mmd grade: not a test: {printable(u.reason)}", file=sys.stderr)
     device, limits = probe(settings)  # no GPU: refused here, before any kernel is marked for it
     clock = Nvml.find(settings.device, limits.pci_bus_id)
-    return Grading(tests, request.plan, settings, limits.arch, request.deadline, _say(quiet), clock), device
+    return Grading(tests, request.plan, settings, limits.arch, request.deadline, _say(quiet), clock, window), device
 
 
-def grade_class(request: Request, settings: Settings, outputs: Outputs, workers: int) -> int:
-    """Every student of ``request.kernels`` graded here (phase 1 with ``workers`` kernels at once), then
-    reported."""
+def grade_class(request: Request, settings: Settings, outputs: Outputs, workers: int, window: Window = alone) -> int:
+    """Every student of ``request.kernels`` graded here (phase 1 with ``workers`` kernels at once; each timed
+    case in a ``window``: the class's service's with ``--service``), then reported."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
     folders, skipped = handins.class_folders(request.kernels)
-    grading, device = _grading(request, settings, outputs.quiet)
+    grading, device = _grading(request, settings, outputs.quiet, window)
     tz = None if request.deadline is None else request.deadline.tzinfo
     graded = [handins.student(path, request.store, tz) for _, path in folders]
     students, phases = grader.grade_class(graded, grading, device, workers)
