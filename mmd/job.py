@@ -49,6 +49,9 @@ class Job:
     name_settings: Mapping[str, Any] = field(default_factory=dict)
     #: ``time.perf_counter()`` when the job began (the daemon's claim): ``overall`` counts from here.
     started: float = field(default_factory=time.perf_counter)
+    #: ``time.time()`` when its input arrived, the sidecar's ``turnaround_ms`` counts from here: the daemon's
+    #: first sight of the file, or the job's start where no ``started`` is given (``mmd run``); None: not known.
+    arrived: float | None = None
     #: How the job came in (the daemon's facts), recorded in its sidecar.
     context: Context = field(default_factory=Context)
     #: Why the job is refused before its input is read (a bad name, a conflicting flag, a link ...).
@@ -94,6 +97,7 @@ def describe(
     name: str | None = None,
     job_id: str | None = None,
     started: float | None = None,
+    arrived: float | None = None,
     context: Context | None = None,
     refusal: MmdError | None = None,
     kernel_file: Path | None = None,
@@ -146,6 +150,7 @@ def describe(
         settings=settings,
         name_settings=dict(overrides),
         started=time.perf_counter() if started is None else started,
+        arrived=time.time() if arrived is None and started is None else arrived,
         context=context,
         refusal=refusal,
         kernel_file=kernel_file,

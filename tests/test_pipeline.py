@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -458,3 +459,37 @@ def test_in_class_mode_a_small_input_cannot_make_a_huge_output(tmp_path):
     assert job(tmp_path, ratio_1000, name="personal.txt")[0].ok, "outside class mode only max_output_bytes holds"
     small = wide_input(1000, 1000)  # 11 KB in, 6 MB out: under the 8 MiB floor
     assert job(tmp_path, small, name="small.txt", class_mode=True, state_dir=str(state))[0].ok
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_turnaround_counts_from_the_arrival_overall_from_the_start(tmp_path, monkeypatch, refused):
+    """Issue 48: a sidecar's turnaround_ms is the job's time from its input's arrival (wall clock) to the record's
+    making, beside overall, which keeps counting from the job's start (the claim)."""
+    src = tmp_path / "m.txt"
+    src.write_text("1\n2\n3\n" if not refused else "1\n2\n")
+    now = 1_800_000_000.0
+    monkeypatch.setattr("mmd.pipeline.driver.time.time", lambda: now)
+    settings = Settings(backend="cpu", kernel="cpu", durable=False)
+    j = describe(src, tmp_path / "m.out", settings, started=0.0, arrived=now - 2.5)
+    result = run_job(j, lambda s: CpuBackend())
+    assert result.ok is not refused
+    rec = yaml.safe_load(result.sidecar.read_text())
+    assert rec["turnaround_ms"] == 2500.0
+    assert rec["timings_ms"]["overall"] > 1e6, "overall still counts from started (perf_counter 0: long ago)"
+    unknown = describe(src, tmp_path / "n.out", settings, started=0.0)
+    assert "turnaround_ms" not in yaml.safe_load(run_job(unknown, lambda s: CpuBackend()).sidecar.read_text()), (
+        "no arrival known (a job an earlier daemon claimed): no field"
+    )
+
+
+def test_a_job_without_a_given_start_arrives_at_its_start(tmp_path):
+    """`mmd run`'s job (no start given): it arrives when it starts, so turnaround_ms holds overall and the
+    sidecar's making; a daemon's job (its claim's start given) arrives only when told."""
+    before = time.time()
+    j = describe(tmp_path / "m.txt", tmp_path / "m.out", Settings())
+    assert j.arrived is not None and before <= j.arrived <= time.time()
+    assert describe(tmp_path / "m.txt", tmp_path / "m.out", Settings(), started=1.0).arrived is None
+    assert describe(tmp_path / "m.txt", tmp_path / "m.out", Settings(), started=1.0, arrived=5.0).arrived == 5.0
+    _, _, out = job(tmp_path, "1\n2\n3\n")
+    rec = yaml.safe_load(record.timing_path(out).read_text())
+    assert rec["turnaround_ms"] >= rec["timings_ms"]["overall"]

@@ -338,3 +338,30 @@ def test_a_gpu_worker_warms_up_once_and_a_failed_warm_up_costs_only_that(tmp_pat
     assert all(("pinned_mib" in e, "reason" in e) == (fail is None, fail is not None) for e in warmed)
     recs = sidecars(tmp_path / "outbox")
     assert len(recs) == 3 and all(r["status"] == "ok" for r in recs.values())
+
+
+def test_the_sidecar_counts_a_jobs_wait_in_the_queue_in_its_turnaround_not_in_overall(tmp_path):
+    """Issue 48: turnaround_ms counts from when the daemon first saw the file, so a job that waited behind
+    another (held 0.5 s in the one worker) has that wait in it; overall keeps counting from its claim."""
+    (tmp_path / "inbox").mkdir()
+    make_inputs(tmp_path / "inbox", 2)
+    release, log = tmp_path / "release", tmp_path / "jobs.log"
+    setup = workerhooks.partial(
+        workerhooks.chain,
+        workerhooks.partial(workerhooks.hold_jobs_until, str(release), ("j00.txt",)),
+        workerhooks.partial(workerhooks.log_jobs, str(log)),  # logs before the hold
+    )
+
+    def serve() -> int:
+        return daemon.Daemon(settings_for(tmp_path, devices=(0,)), worker_setup=setup).serve(once=True)
+
+    def hold() -> None:
+        wait_for(lambda: started(log), 30, "j00 to start")
+        time.sleep(0.5)
+
+    assert alongside(serve, hold, release.touch, 30) == 0
+    recs = sidecars(tmp_path / "outbox")
+    first, second = (recs[s] for s in ("j00", "j01"))
+    assert first["turnaround_ms"] >= first["timings_ms"]["overall"] >= 400, "j00 was held in its job"
+    assert second["timings_ms"]["overall"] < 400, "j01 ran at once from its claim"
+    assert second["turnaround_ms"] - second["timings_ms"]["overall"] >= 400, "j01 waited behind j00 for its claim"

@@ -72,7 +72,7 @@ class Intake:
         if not complete and not self.readiness.observe(name, cand.size, cand.mtime_ns):
             return
         self.readiness.forget(name)
-        self._arrivals.seen(cand, time.time())
+        cand = dataclasses.replace(cand, arrived=self._arrivals.seen(cand, time.time()))
         self._arrivals.completed(name)
         if self._paused():
             return  # it stays in the inbox; the rescan after the pause takes it
@@ -139,7 +139,7 @@ class Intake:
                 self.readiness.forget(cand.name)
                 self._arrivals.completed(cand.name)
                 if not paused:
-                    complete.setdefault(submitter, []).append((arrived, cand))
+                    complete.setdefault(submitter, []).append((arrived, dataclasses.replace(cand, arrived=arrived)))
             elif not self._arrivals.is_complete(cand.name):
                 unfinished.append((arrived, cand))
         for cand in survey.handins:

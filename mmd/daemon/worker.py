@@ -151,6 +151,8 @@ class Runner:
         self._pending: list[_Pending] = []
         #: The handed-in kernel version the job in hand was queued with (:attr:`Candidate.kernel`).
         self._pinned: Path | None = None
+        #: When the daemon first saw the job in hand's input (:attr:`Candidate.arrived`; None: not known).
+        self._arrived: float | None = None
 
     # -- backends --
     def _reopen(self) -> None:
@@ -199,8 +201,10 @@ class Runner:
                     return
             else:
                 claim = order.claim
-            # the version of the submitter's own kernel its name picked when it was queued (students' kernels)
-            self._pinned = order.seen.kernel if isinstance(order, RunOrder) and order.seen is not None else None
+            # the version of the submitter's own kernel its name picked when it was queued (students' kernels), and
+            # when the daemon first saw the file
+            seen = order.seen if isinstance(order, RunOrder) else None
+            self._pinned, self._arrived = (seen.kernel, seen.arrived) if seen is not None else (None, None)
             self._begin(order.seq, claim, more_waiting)
         except Exception as exc:  # the job boundary: a job never kills the worker
             self._failed(order.seq, name, claim, exc)
@@ -253,6 +257,7 @@ class Runner:
             name=claim.original or claim.name,
             job_id=claim.job_id,
             started=claim.started,
+            arrived=self._arrived,
             context=self._context(claim),
             refusal=refusal,
             pinned=self._pinned,

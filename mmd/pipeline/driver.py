@@ -82,6 +82,11 @@ def _since(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def _turnaround(job: Job) -> float | None:
+    """Milliseconds since ``job``'s input arrived (wall clock: the daemon's main process saw it), to the µs."""
+    return None if job.arrived is None else round((time.time() - job.arrived) * 1e3, 3)
+
+
 def run_job(
     job: Job,
     backend_for: BackendFor,
@@ -244,6 +249,7 @@ def _run(
         gflops=round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None,
         notes=list(product.notes) or None,
         kernel_file=product.kernel_file,
+        turnaround_ms=_turnaround(job),
         context=job.context,
         finished_at=record.now_iso(),
     )
@@ -293,6 +299,7 @@ def _refuse(
         backend=facts.backend,
         requested=facts.requested,
         context=job.context,
+        turnaround_ms=_turnaround(job),
     )
     done = commit(refusal, durable=job.settings.durable, ops=ops, staged=staged)
     _logger(job).warning("job refused", status="error", kind=exc.kind, reason=exc.reason)

@@ -38,6 +38,8 @@ class Refusal:
     backend: str | None = None
     requested: Requested | None = None
     context: Context = field(default_factory=Context)
+    #: Milliseconds since the input arrived (the record's ``turnaround_ms``); None: not known.
+    turnaround_ms: float | None = None
 
     def to_record(self) -> ErrorRecord:
         return ErrorRecord(
@@ -49,6 +51,7 @@ class Refusal:
             backend=self.backend,
             requested=self.requested,
             timings_ms=record.timings(self.timings),
+            turnaround_ms=self.turnaround_ms,
             context=self.context,
             finished_at=record.now_iso(),
         )

@@ -210,6 +210,15 @@ class TimingRecord:
     kernel_file: KernelFileFacts | None = field(
         default=None, metadata=_doc("the kernel file that ran, where one did (then kernel is its name)", omit=True)
     )
+    turnaround_ms: float | None = field(
+        default=None,
+        metadata=_doc(
+            "milliseconds from the input's arrival to this record's making (its sync and rename follow): the "
+            "job's time as its user sees it, beside overall (from the claim); arrival is the daemon's first sight "
+            "of the file (none for a job an earlier daemon had claimed), mmd run's start of the job",
+            omit=True,
+        ),
+    )
     context: Context = field(default_factory=Context, metadata=_doc("how the job came in", flatten=True))
     mmd_version: str = field(default=__version__, metadata=_doc("the mmd that wrote it"))
     finished_at: str = field(default="", metadata=_doc("when the record was committed (UTC, ISO 8601)"))
@@ -230,6 +239,9 @@ class ErrorRecord:
         default=None, metadata=_doc("what the job asked for, when its settings were read", omit=True)
     )
     timings_ms: Timings = field(default_factory=lambda: Timings(), metadata=_doc("milliseconds per phase so far"))
+    turnaround_ms: float | None = field(
+        default=None, metadata=_doc("milliseconds from the input's arrival to this record's making", omit=True)
+    )
     context: Context = field(default_factory=Context, metadata=_doc("how the job came in", flatten=True))
     mmd_version: str = field(default=__version__, metadata=_doc("the mmd that wrote it"))
     finished_at: str = field(default="", metadata=_doc("when the record was committed (UTC, ISO 8601)"))

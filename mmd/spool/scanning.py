@@ -42,6 +42,9 @@ class Candidate:
     #: The version of its submitter's own handed-in kernel its name picked when the daemon offered it (class mode,
     #: ``student_kernels``): the job runs that one, whatever was handed in since.
     kernel: Path | None = None
+    #: When the daemon first saw it (``time.time()``), as offered to the scheduler: its sidecar's turnaround
+    #: counts from here. None: not known.
+    arrived: float | None = None
 
 
 @dataclass(frozen=True)
