@@ -428,9 +428,11 @@ from pathlib import Path
 from mmd import config
 from mmd.backends.kernelfile import KernelFileBackend
 from mmd.bench.clock import ClockSample
-from mmd.grade import grader, handins, testset
+from mmd.grade import fresh, grader, handins, testset
 from mmd.grade.grader import GradePlan
 from mmd.grade.records import StudentGrade
+
+fresh.GONE_S = 0.0  # this clock lists a process exactly while it lives
 
 class Clock:
     read_yet = False
@@ -520,3 +522,31 @@ def test_mmd_s_naive_kernel_is_timed_in_the_same_session_so_the_page_gives_each_
     table.feed((tmp_path / "page" / "index.html").read_text(encoding="utf-8"))
     column = table.header.index("× naive")
     assert all(row[column].endswith("×") for row in table.rows)
+
+
+def test_a_launch_process_going_or_just_gone_is_the_gradings_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML lists a process a moment after it has ended: one being closed, or closed less than GONE_S ago, counts
+    among the grading's own processes; after that it does not."""
+    import threading
+    import time
+
+    from mmd.grade import fresh
+
+    monkeypatch.setattr(fresh, "GONE_S", 0.2)
+    going = fresh.Going()
+    closing, release = threading.Event(), threading.Event()
+
+    class Slow:
+        def close(self) -> None:
+            closing.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=going.close, args=(Slow(),))
+    worker.start()
+    closing.wait(5)
+    assert going.count() == 1
+    release.set()
+    worker.join()
+    assert going.count() == 1  # gone, but maybe still listed
+    time.sleep(0.25)
+    assert going.count() == 0

@@ -1,12 +1,16 @@
 """Fresh inputs for every timed launch of a grading, and the check of each product: what makes a replayed or
-remembered product fail (no input is ever given twice, no one can know the next)."""
+remembered product fail (no input is ever given twice, no one can know the next); and the grading's launch
+processes that are going, which the GPU may still list."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
@@ -98,3 +102,38 @@ def fresh_check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[str, str]:
         return exc.reason, ""
     report = quickarrays.quick_of(c, a, b, seed=fresh_seed())
     return report.reason(), report.summary()
+
+
+#: How long after a launch process has gone the GPU may still list it (NVML's list lags a process's end).
+GONE_S = 1.0
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Going:
+    """The grading's launch processes being closed, and those closed less than :data:`GONE_S` ago: the GPU may
+    list them, and they are the grading's own, not another's. Thread-safe (phase 1 closes from its workers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closing = 0
+        self._ends: list[float] = []
+
+    def close(self, backend: Closable) -> None:
+        """Close ``backend`` (its launch process killed and waited for), counted while it goes."""
+        with self._lock:
+            self._closing += 1
+        try:
+            backend.close()
+        finally:
+            with self._lock:
+                self._closing -= 1
+                self._ends.append(time.monotonic())
+
+    def count(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            self._ends = [t for t in self._ends if now - t < GONE_S]
+            return self._closing + len(self._ends)

@@ -51,7 +51,7 @@ from ..errors import BackendUnavailable, KernelFileError, MmdError, ProductRange
 from ..kernelfile.exchange import Operands
 from ..kernelfile.nvrtc import CompileLimits, compile_kernel
 from ..pipeline import kernel_file_backend
-from .fresh import CHECKERS, FreshInputs, fresh_check
+from .fresh import CHECKERS, FreshInputs, Going, fresh_check
 from .handins import Handin, Student
 from .records import CUBLAS, NAIVE, NO_TILE, Case, KernelGrade, Reference, StudentGrade
 from .service import Held, alone
@@ -208,11 +208,13 @@ def grade_class(
     beside its timed ones; the next kernel's process starts while the current one is timed."""
     start = time.perf_counter()
     workers = max(1, workers)
+    going = Going()
     with ThreadPoolExecutor(workers, "mmd-grade-correct") as pool:
-        checked = list(pool.map(lambda h: _correctness(h, grading), [h for s in students for h in s.handins]))
+        handins = [h for s in students for h in s.handins]
+        checked = list(pool.map(lambda h: _correctness(h, grading, going), handins))
     middle = time.perf_counter()
     references: list[Reference] = []  # filled before the first kernel's grade comes
-    kernels = zip(checked, _timing(checked, grading, references), strict=True)
+    kernels = zip(checked, _timing(checked, grading, references, going), strict=True)
     parts = []
     for s in students:
         grades = []
@@ -226,8 +228,9 @@ def grade_class(
     return parts, Phases(workers, middle - start, time.perf_counter() - middle)
 
 
-def _correctness(handin: Handin, grading: Grading) -> _Checked:
-    """Phase 1 of ``handin``: compiled, and checked over the tests at every tile of the plan."""
+def _correctness(handin: Handin, grading: Grading, going: Going) -> _Checked:
+    """Phase 1 of ``handin``: compiled, and checked over the tests at every tile of the plan (its launch process
+    closed through ``going``)."""
     start = time.perf_counter()
     deadline = grading.deadline
     late = deadline is not None and not handin.arrival.in_time(deadline)
@@ -242,7 +245,7 @@ def _correctness(handin: Handin, grading: Grading) -> _Checked:
             return _Checked(handin, late, sha256, [], 0.0, _refused(handin, sha256, late, why, grading))
         cases = [case for test in grading.tests for case in _test_cases(backend, test, grading.plan.tiles)]
     finally:
-        backend.close()
+        going.close(backend)
     return _Checked(handin, late, sha256, cases, time.perf_counter() - start)
 
 
@@ -258,14 +261,13 @@ def _test_cases(backend: KernelFileBackend, test: Test, tiles: Sequence[int]) ->
 
 
 def _timing(
-    checked: Sequence[_Checked], grading: Grading, references: list[Reference]
+    checked: Sequence[_Checked], grading: Grading, references: list[Reference], going: Going
 ) -> Iterator[tuple[KernelGrade, float]]:
     """Phase 2: each kernel's grade (and the seconds its timing took), in order; the timed cases of one kernel
     at a time, while the next one's launch process starts and the last one's is killed and waited for. First,
     mmd's own reference kernels are timed (into ``references``) as the first kernel's process starts."""
     pairs = grading.plan.timed()
     timed = [c for c in checked if c.refused is None] if pairs else []
-    closing: list[Future[None]] = []
     with (
         ThreadPoolExecutor(1, "mmd-grade-start") as starter,
         ThreadPoolExecutor(2, "mmd-grade-close") as closer,
@@ -276,14 +278,19 @@ def _timing(
             inputs.ahead(pairs[0][0])
         starting = [starter.submit(_timing_backend, c, grading.settings) for c in timed[:1]]
         upcoming = timed[1:]
-        # the GPU's processes of the grading's own beside a timed kernel's: this one once it has opened a context
-        # for mmd's own kernels (it keeps it to the end), the next kernel's process starting and the last one's
-        # going (killed: it runs nothing while the driver tears its context down)
-        this = 0
+        # the GPU's processes of the grading's own beside a timed kernel's, as each window starts: this one once it
+        # has opened a context for mmd's own kernels (it keeps it to the end), the next kernel's process starting
+        # and the last ones going (killed: they run nothing while the driver tears their contexts down)
+        this = kernel = 0
+
+        def own() -> int:
+            return this + kernel + len(starting) + going.count()
+
         try:
             if timed:
-                found = _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, 2, grading.window))
-                this = int(found is not None)
+                this = 1  # timing mmd's own kernels, beside the first kernel's process starting
+                found = _references(grading, _Timing(grading.plan, inputs, checks, grading.clock, own, grading.window))
+                this, kernel = int(found is not None), 1
                 references += found or []
             for c in checked:
                 if c.refused is not None or not pairs:
@@ -296,13 +303,11 @@ def _timing(
                 if isinstance(made, str):
                     cases = _refused_timing(made, grading.plan)
                 else:
-                    closing = [f for f in closing if not f.done()]
-                    own = this + 1 + len(starting) + len(closing)
                     try:
                         timing = _Timing(grading.plan, inputs, checks, grading.clock, own, grading.window)
                         cases = _timed_cases(made, timing, pairs)
                     finally:
-                        closing.append(closer.submit(made.close))
+                        closer.submit(going.close, made)
                 yield _graded(c, cases), time.perf_counter() - start
         finally:
             for pending in starting:
@@ -430,11 +435,9 @@ class _Timing:
     inputs: FreshInputs
     checks: ThreadPoolExecutor
     clock: ClockReader | None
-    own_processes: int = 1
+    #: How many there are as a window starts.
+    own_processes: Callable[[], int]
     window: Callable[[], AbstractContextManager[Held]] = alone
-
-    def sampler(self) -> ClockSampler:
-        return ClockSampler(self.clock, own_processes=self.own_processes)
 
 
 def _timed_cases(backend: Backend, timing: _Timing, pairs: Sequence[tuple[int, int]], kernel: str = "") -> list[Case]:
@@ -514,12 +517,13 @@ def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: in
     while done.windows < timing.plan.windows:
         done.windows += 1
         done.launches = []
-        sampler = timing.sampler()
+        own = timing.own_processes()
+        sampler = ClockSampler(timing.clock, own_processes=own)
         with timing.window() as held, sampler:
             _timed_launches(backend, request, case.shape[0], then, timing, done)
         facts = sampler.summary()
         processes = facts["gpu_processes"]
-        others = processes is not None and processes > timing.own_processes + held.own_processes
+        others = processes is not None and processes > own + held.own_processes
         done.gpu = {**facts, "gpu_busy": others or not held.kept}
         if not done.disturbed() or done.stopped is not None or done.failed():
             break

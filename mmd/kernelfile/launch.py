@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # numpy, the kernel registry and the text format are imported
 PRINTF_CAP = 4096
 #: The most bytes of the child's own error output kept, for a child that dies unexplained.
 STDERR_CAP = 8192
+#: The lines of a dead child's error output its error carries.
+STDERR_LINES = 20
 #: How long a child may take to start (its imports, the CUDA context) and to take a job in (parse included).
 START_S = 60.0
 #: How long the copies back, the formatting and the answer may take once the kernel has run.
@@ -309,9 +311,11 @@ class LaunchProcess:
         why = exit_status(status)
         last = self._stderr.done(1.0).decode("utf-8", "replace").strip().splitlines()
         tail = f": {last[-1]}" if last else ""
+        # the error output's end (a crash's traceback) goes with the error, to the job's error sidecar
+        said = {"stderr": "\n".join(last[-STDERR_LINES:])} if last else {}
         return KernelLaunchError(
             f"{self.label}: its process ended while {doing} ({why}){tail}",
-            {"kernel_file": self.label, "during": doing, "status": why},
+            {"kernel_file": self.label, "during": doing, "status": why, **said},
         )
 
     # -- jobs ---------------------------------------------------------------------------------------------

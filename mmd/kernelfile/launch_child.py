@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import faulthandler
 import hashlib
 import json
 import os
@@ -331,6 +332,7 @@ def main() -> None:
     parent, cache, host_bytes = int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    faulthandler.enable()  # a crash (the driver's, a library's) says where on the error output the parent keeps
     from ..cuda.libcuda import ContextWarmer
 
     # The driver's start and the context (pycuda retains the same primary context) on a thread beside the imports
