@@ -40,6 +40,9 @@ def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 #: (what, argv, status, a piece of the message). ``{fifo}``: the FIFO; ``/dev/null``: a character device.
+#: `mmd grade --service` of a class (the options it needs, as an error path gives them).
+GRADE_SERVICE = ["grade", "jobs", "--tests", "jobs", "--service"]
+
 CASES: list[tuple[str, list[str], int, str]] = [
     # -- usage: the command line is wrong or incomplete --
     ("no command", [], USAGE, "usage: mmd"),
@@ -85,6 +88,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("grade: tests missing", ["grade", "jobs", "--tests", "nope"], USAGE, "/nope: not a folder"),
     ("grade: bad deadline", ["grade", "jobs", "--tests", "jobs", "--deadline", "x"], USAGE, "not an ISO 8601 time"),
     ("grade: not a gather folder", ["grade", "--gather", "jobs"], USAGE, "not an mmd grade --slurm folder"),
+    ("grade --service: with --slurm", [*GRADE_SERVICE, "--slurm", "s"], USAGE, "not with --slurm"),
     ("hand-in: missing file", ["hand-in", "nope.cu", "--inbox", "jobs"], USAGE, "nope.cu: no such file"),
     ("hand-in: not NAME.cu", ["hand-in", "m.txt", "--inbox", "jobs"], USAGE, "a hand-in is NAME.cu"),
     ("hand-in: mmd's own name", ["hand-in", "naive.cu", "--inbox", "jobs"], USAGE, "one of mmd's own kernels"),
@@ -108,9 +112,11 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("config: missing config", ["config", "--config", "nope.yaml"], CONFIG, "cannot read config"),
     ("cancel: no control socket", ["cancel", "m.txt"], CONFIG, "no control_socket is set"),
     ("rm: no control socket", ["rm", "m.out"], CONFIG, "no control_socket is set"),
+    ("grade --service: no control socket", GRADE_SERVICE, CONFIG, "no control_socket is set"),
     # -- no daemon answers --
     ("cancel: nobody answers", ["cancel", "m.txt", "--config", "{socketless}"], NOT_SERVING, "no daemon answers"),
     ("rm: nobody answers", ["rm", "m.out", "--config", "{socketless}"], NOT_SERVING, "no daemon answers"),
+    ("grade --service: nobody answers", [*GRADE_SERVICE, "--config", "{socketless}"], NOT_SERVING, "no daemon answers"),
     # -- the command ran and failed --
     ("gen: beyond memory", ["gen", "100000", "-o", "huge.txt"], FAILED, "memory"),
     ("submit: outbox under a file", ["submit", "--slurm", "jobs", "--outbox", "plain/out"], FAILED, "cannot write"),

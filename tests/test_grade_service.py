@@ -238,6 +238,27 @@ def test_grading_beside_the_service_serves_students_jobs_between_windows(box, st
     assert latencies and max(latencies) < 2.0, latencies  # generous: 2 cores shared with the grading's compiles
 
 
+def test_a_timed_case_longer_than_the_services_window_is_disturbed_and_not_run_again(box, tmp_path) -> None:
+    """The service's windows end almost at once (grade_window_max_s 0.001): every timed case's hold ends before its
+    launches do, so the service's work may have run beside them: each is disturbed, in one window (another would end
+    the same way), and graded all the same."""
+    proc, sock = start_class_daemon(box, MMD_GRADE_WINDOW_MAX_S="0.001")
+    try:
+        tests = data_sets(tmp_path)
+        (tmp_path / "handin" / "ann").mkdir(parents=True)
+        kernel(tmp_path / "handin" / "ann", "p1.cu")
+        done = run_mmd("grade", "handin", "--tests", str(tests), "--tiles", "8", "--sizes", "16", "--service",
+                       "--json", str(tmp_path / "g.json"), cwd=tmp_path, env=fake_gpu(MMD_CONTROL_SOCKET=str(sock)),
+                       timeout=300)  # fmt: skip
+    finally:
+        stop_class_daemon(box, proc)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (part,) = json.loads((tmp_path / "g.json").read_text())["grade"]["students"]
+    timed = [c for k in part["kernels"] for c in k["cases"] if c["kind"] == "timed"]
+    timed += [c for r in part["references"] for c in r["cases"]]
+    assert timed and all(c["disturbed"] and c["windows"] == 1 and c["status"] == "ok" for c in timed), timed[:2]
+
+
 def test_grading_beside_no_service_stops_before_any_kernel(tmp_path: Path) -> None:
     """``--service`` where no daemon answers on the control socket: exit status 3, nothing graded; without a
     control_socket: bad configuration (78)."""

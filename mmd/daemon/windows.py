@@ -113,16 +113,16 @@ class Windows:
             return _no("no window of yours is open here")
         expired = window.over is not None
         if not expired:
-            self._end(window, now)
+            self._end(window, now, "released")
         return {"ok": True, "released": True, "expired": expired,
                 "held_s": round((window.over or now) - window.granted, 6)}  # fmt: skip
 
-    def _end(self, window: Window, now: float) -> None:
-        """The device serves jobs again; the time it was held is the grader's."""
+    def _end(self, window: Window, now: float, why: str) -> None:
+        """The device serves jobs again (``why``: released, or its time up); the time it was held is the grader's."""
         assert window.granted is not None
         window.over = now
         self.scheduler.charge(window.login, now - window.granted, now)
-        self.log.debug("grader's window over", grader=window.login, device_index=window.device,
+        self.log.debug("grader's window over", grader=window.login, device_index=window.device, why=why,
                        held_s=round(now - window.granted, 6))  # fmt: skip
 
     # -- the main loop's turn --
@@ -157,7 +157,7 @@ class Windows:
         device granted once nothing goes before it and the device's workers are idle."""
         for window in self._held.values():
             if window.over is None and window.granted is not None and now >= window.granted + window.seconds:
-                self._end(window, now)
+                self._end(window, now, "time up")
         for window in [w for w in self._asked if now - w.asked >= WAIT_S or w.reply.done()]:
             self._asked.remove(window)
             _answer(window.reply, {"ok": False, "again": True,

@@ -510,8 +510,9 @@ class _Launches:
 
 def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: int, timing: _Timing) -> _Launches:
     """A timed case's launches, in windows sampled for other processes on the GPU (each held on the class's
-    service with ``--service``): one where another used it, or whose hold ended before it did, is run again (up to
-    ``plan.windows`` in all; the last one's times are kept)."""
+    service with ``--service``): one where another used it is run again (up to ``plan.windows`` in all; the last
+    one's times are kept). One whose hold on the service ended first (its time up, or the service gone) is
+    disturbed, and not run again: another would end the same way."""
     start = time.perf_counter()
     done = _Launches(case)
     while done.windows < timing.plan.windows:
@@ -525,7 +526,7 @@ def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: in
         processes = facts["gpu_processes"]
         others = processes is not None and processes > own + held.own_processes
         done.gpu = {**facts, "gpu_busy": others or not held.kept}
-        if not done.disturbed() or done.stopped is not None or done.failed():
+        if not done.disturbed() or done.stopped is not None or done.failed() or not held.kept:
             break
     done.seconds = time.perf_counter() - start
     return done
