@@ -29,8 +29,9 @@ CHECKERS = MAKERS = max(2, min(8, (os.cpu_count() or 2) // 2))
 class FreshInputs:
     """Fresh inputs made a launch ahead on a thread of their own, their rows filled on :data:`MAKERS` threads by
     Generators of their own (seeded from the operating system: no one can know them), while the current launch
-    runs; none is ever given twice. A context manager: leaving it stops its threads and drops what was made
-    ahead."""
+    runs; none is ever given twice. The memory they lie in is used again (:meth:`done_with`) once nothing reads
+    the last ones: new values, and no page faults on the timed path. A context manager: leaving it stops its
+    threads and closes every memory file it made."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, "mmd-grade-inputs")
@@ -38,6 +39,10 @@ class FreshInputs:
         # one Generator per part of a matrix, each used by one thread at a time (fresh_inputs waits for its parts)
         self._rngs = np.random.default_rng(secrets.randbits(128)).spawn(MAKERS)
         self._next: tuple[int, Future[Operands]] | None = None
+        self._lock = threading.Lock()
+        #: Memory of each size whose inputs nothing reads any more, and every one made (closed at the end).
+        self._spare: dict[int, list[Operands]] = {}
+        self._made: list[Operands] = []
 
     def __enter__(self) -> FreshInputs:
         return self
@@ -46,14 +51,31 @@ class FreshInputs:
         self._drop()
         self._pool.shutdown()
         self._rows.shutdown()
+        with self._lock:
+            for ops in self._made:
+                ops.close()
 
     def _make(self, size: int) -> Future[Operands]:
-        return self._pool.submit(fresh_inputs, self._rngs, size, size, size, self._rows)
+        with self._lock:
+            spare = self._spare.get(size)
+            ops = spare.pop() if spare else None
+        return self._pool.submit(self._fresh, size, ops)
+
+    def _fresh(self, size: int, ops: Operands | None) -> Operands:
+        if ops is None:
+            ops = Operands(size, size, size)
+            with self._lock:
+                self._made.append(ops)
+        return fresh_inputs(self._rngs, ops, self._rows)
 
     def _drop(self) -> None:
         if self._next is not None:
-            self._next[1].add_done_callback(_closed)
+            self._next[1].add_done_callback(self._dropped)
             self._next = None
+
+    def _dropped(self, made: Future[Operands]) -> None:
+        if made.exception() is None:
+            self.done_with(made.result())
 
     def ahead(self, size: int) -> None:
         """Start making inputs of ``size`` (those being made for another size are dropped)."""
@@ -62,24 +84,23 @@ class FreshInputs:
             self._next = (size, self._make(size))
 
     def take(self, size: int) -> Operands:
-        """Inputs of ``size`` (the caller closes them): those made ahead, else new ones."""
+        """Inputs of ``size`` (given back with :meth:`done_with`): those made ahead, else new ones."""
         if self._next is not None and self._next[0] == size:
             ahead, self._next = self._next[1], None
             return ahead.result()
         self._drop()
         return self._make(size).result()
 
+    def done_with(self, ops: Operands) -> None:
+        """``ops`` back, for new inputs of a later launch: nothing reads them (or their product) any more."""
+        with self._lock:
+            self._spare.setdefault(ops.a.shape[0], []).append(ops)
 
-def _closed(made: Future[Operands]) -> None:
-    if made.exception() is None:
-        made.result().close()
 
-
-def fresh_inputs(rngs: Sequence[np.random.Generator], m: int, k: int, n: int, pool: ThreadPoolExecutor) -> Operands:
-    """A and B of new random values in [-1, 1) (float32, made in place), each cut into as many row parts as
-    ``rngs`` has Generators, the parts filled at once in ``pool`` (numpy fills without the GIL). They are made
+def fresh_inputs(rngs: Sequence[np.random.Generator], ops: Operands, pool: ThreadPoolExecutor) -> Operands:
+    """``ops``' A and B filled with new random values in [-1, 1) (float32, in place), each cut into as many row
+    parts as ``rngs`` has Generators, the parts filled at once in ``pool`` (numpy fills without the GIL). They lie
     where a kernel file's launch process reads them (with room for its product): no copy on the launch's way."""
-    ops = Operands(m, k, n)
     for x in (ops.a, ops.b):
         parts = np.array_split(x, len(rngs))
         for done in [pool.submit(_fill, rng, part) for rng, part in zip(rngs, parts, strict=True)]:

@@ -26,6 +26,7 @@ Every kernel is held to fp32's tolerance: a declaration's ``precision`` does not
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -546,17 +547,25 @@ def _timed_launches(
         inputs.ahead(then if len(done.launches) + 1 >= plan.max_repeats else size)
         try:
             status, reason, product = _multiply(backend, a, b, request)
-        finally:
-            ops.close()  # its arrays (the product too) keep the memory while they are checked
+        except BaseException:
+            inputs.done_with(ops)
+            raise
         if product is None:
+            inputs.done_with(ops)
             inputs.ahead(then)
             done.stopped = (status, reason)
             return
-        done.checks.append(timing.checks.submit(fresh_check, product.c, a, b))
+        check = timing.checks.submit(fresh_check, product.c, a, b)
+        check.add_done_callback(functools.partial(_checked, inputs, ops))
+        done.checks.append(check)
         done.launches.append((float(product.timings_ms["kernel"]), float(product.timings_ms["cuda"])))
         if plan.enough([k for k, _ in done.launches]) or done.failed():
             inputs.ahead(then)
             return
+
+
+def _checked(inputs: FreshInputs, ops: Operands, check: Future[tuple[str, str]]) -> None:
+    inputs.done_with(ops)  # its product (there, for a kernel file) checked: nothing reads them any more
 
 
 def _with(case: Case, status: Status, reason: str, detail: str = "", max_error: float | None = None) -> Case:
