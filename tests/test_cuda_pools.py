@@ -260,28 +260,3 @@ def test_an_adopted_buffer_dropped_from_its_slot_is_freed_once_and_not_again_at_
     pool.drop("other")  # a slot with nothing in it: nothing to do
     pool.free_all()
     assert freed == ["first", "second"]
-
-
-def test_a_shared_slot_lands_in_its_owners_buffer_and_is_never_freed_alone():
-    """A kernel file's launch process downloads C and the output's text into parts of one buffer its job's
-    process maps: those slots are views, freed with the owner only, once."""
-    import numpy as np
-
-    from mmd.cuda.pools import PinnedPool
-
-    freed: list[str] = []
-    pool = PinnedPool(lambda nbytes: np.zeros(nbytes, np.uint8), lambda buf: freed.append(f"own {buf.nbytes}"))
-    answer = np.zeros(1024, np.uint8)
-    pool.adopt("answer", answer, lambda: freed.append("answer"))
-    pool.share("c", "answer", 512, 256)
-    c = pool.get("c", 64, np.float32)
-    c[:] = 2.5
-    assert np.array_equal(answer[512:768].view(np.float32), np.full(64, 2.5, np.float32)) and pool.holds(c)
-    with pytest.raises(ValueError, match="not inside"):
-        pool.share("text", "answer", 1000, 100)
-    pool.drop("c")
-    assert freed == []  # a view: nothing to free
-    pool.share("c", "answer", 8, 64)
-    pool.get("c", 128, np.uint8)  # more than the view holds: a buffer of the pool's own, the view let go
-    pool.free_all()
-    assert sorted(freed) == ["answer", "own 128"]

@@ -238,13 +238,6 @@ class Memory:
         unlock = self._context.driver().host_register(host.ctypes.data, host.nbytes)
         self._pinned.adopt(f"host:{slot}", host, unlock)
 
-    def share_host(self, slot: str, within: str, offset: int, nbytes: int) -> None:
-        """Make ``nbytes`` at ``offset`` of slot ``within``'s page-locked buffer :meth:`host_empty`'s ``slot``
-        too: what is downloaded into ``slot`` lands in ``within``'s memory (a kernel file's answer to its job's
-        process). ``within`` keeps the memory; dropping ``slot`` frees nothing."""
-        self._context.check()
-        self._pinned.share(f"host:{slot}", f"host:{within}", offset, nbytes)
-
     def drop_host(self, slot: str) -> None:
         """Free (or unlock, where adopted) :meth:`host_empty`'s ``slot`` now: no view of it is in use any more."""
         self._context.check()

@@ -151,30 +151,17 @@ class PinnedPool:
         #: Buffers made elsewhere, by their address: how each is freed (kept after its slot drops it, since a
         #: view of it may still be in use, until free_all).
         self._adopted: dict[int, tuple[np.ndarray, Callable[[], None]]] = {}
-        #: Slots whose buffer is a part of another slot's (:meth:`share`): freed with that one, never alone.
-        self._views: set[str] = set()
 
     def adopt(self, slot: str, buffer: np.ndarray, free: Callable[[], None]) -> None:
         """Make ``buffer`` (page-locked bytes made elsewhere) ``slot``'s; ``free()`` releases it with the pool."""
         self._keep(slot, buffer)
         self._adopted[_address(buffer)] = (buffer, free)
 
-    def share(self, slot: str, within: str, offset: int, nbytes: int) -> None:
-        """Make ``nbytes`` at ``offset`` of ``within``'s buffer ``slot``'s too (until either is dropped or
-        replaced: ``within`` keeps the memory)."""
-        whole = self._buffers[within]
-        if offset < 0 or nbytes <= 0 or offset + nbytes > whole.nbytes:
-            raise ValueError(f"{nbytes} bytes at {offset} are not inside slot {within!r}'s {whole.nbytes}")
-        self.drop(slot)
-        self._keep(slot, whole[offset : offset + nbytes])
-        self._views.add(slot)
-
     def drop(self, slot: str) -> None:
         """Free ``slot``'s buffer now, adopted or the pool's own (the caller holds no view of it any more)."""
         buf = self._buffers.pop(slot, None)
         self._spans.pop(slot, None)
-        if buf is None or slot in self._views:
-            self._views.discard(slot)
+        if buf is None:
             return
         adopted = self._adopted.pop(_address(buf), None)
         if adopted is not None:
@@ -203,7 +190,6 @@ class PinnedPool:
             # The old buffer is dropped, not freed: views handed out earlier stay valid until they go.
             self._buffers.pop(slot, None)
             self._spans.pop(slot, None)
-            self._views.discard(slot)
             buf = self._allocate(max(need, floor))
             self._keep(slot, buf)
         view: np.ndarray = buf[: count * dtype.itemsize].view(dtype).reshape(shape)
@@ -224,12 +210,11 @@ class PinnedPool:
 
     def free_all(self) -> None:
         """Release every buffer now (the session is closing: views handed out are invalid after this)."""
-        for slot, buf in self._buffers.items():
-            if slot not in self._views and _address(buf) not in self._adopted:
+        for buf in self._buffers.values():
+            if _address(buf) not in self._adopted:
                 self._release(buf)
         self._buffers.clear()
         self._spans.clear()
-        self._views.clear()
         adopted = list(self._adopted.values())
         self._adopted.clear()
         for _, free in adopted:

@@ -173,7 +173,7 @@ class LaunchProcess:
     ) -> None:
         self.label = label
         #: A one-shot's input file's size: the child makes its input's memory, page-locked, before the job
-        #: (:meth:`input_memory`), and its answer's; 0: each job brings its own.
+        #: (:meth:`input_memory`); 0: each job brings its own.
         self.host_bytes = host_bytes
         self._premade: Shared | None = None
         #: Whether :meth:`close` waits for the killed child (False: a caller whose own process ends next leaves
@@ -443,8 +443,8 @@ class LaunchProcess:
             self.close()
             raise KernelLaunchError(f"{self.label}: its process gave no output") from None
         try:
-            c = out.array(int(done["c_at"]), (header.m, header.n))
-            text = out.bytes_at(int(done["text_at"]), int(done["text_bytes"]))
+            c = out.array(0, (header.m, header.n))
+            text = out.bytes_at(c.nbytes, int(done["text_bytes"]))
         except ValueError:
             self.close()
             raise KernelLaunchError(f"{self.label}: its process gave an output of the wrong size") from None

@@ -4,9 +4,9 @@ Run as ``python -m mmd.kernelfile.launch_child SOCKET_FD DEVICE PARENT_PID KERNE
 a :class:`~mmd.cuda.session.GpuSession` on ``DEVICE`` (mmd's text kernels from ``KERNEL_CACHE``, none where
 empty; the context made on a thread beside its imports) and says on the socket that it is ready (with the
 device's limits). A one-shot's child (``HOST_BYTES``: its input file's size, else 0) first makes the input's
-memory file, page-locked, and sends it with ``ready``; then, while its job's process reads the input into it,
-the answer's, which the text path downloads C and the output's text into. Then it takes jobs until the parent
-closes the socket, each a JSON message with two memory files (the job's bytes, the cubin):
+memory file, page-locked, and sends it with ``ready``: its job's process reads the input into it. Then it takes
+jobs until the parent closes the socket, each a JSON message with two memory files (the job's bytes, the
+cubin):
 
 * ``arrays``: padded A and B and room for C. It runs the course's five timed phases as the cuda backend
   does (``malloc`` includes zeroing C, which some kernels add into) and writes C into the job's memory.
@@ -14,8 +14,7 @@ closes the socket, each a JSON message with two memory files (the job's bytes, t
   it lies, so that the device copies it with no staging; a one-shot's since the start).
   :class:`~mmd.cuda.text.GpuText` parses them on the GPU, the kernel multiplies (padded on the device where it
   needs it: A's padded columns +0.0, B's padded rows -0.0, as :mod:`.padding` explains) and GpuText formats the
-  product; the answer brings the memory file holding
-  C and the output's bytes (at the offsets it gives): a one-shot's premade answer, else a new one.
+  product; the answer brings a new memory file holding C and then the output's bytes.
 
 It says ``launching`` before the launch and ``ran`` once the kernel has finished (its printf flushed), so
 that the parent can hold the launch to its time limit and kill this process past it, then ``done``.
@@ -29,7 +28,6 @@ its context is unusable, and the parent starts a fresh process for the next job.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import faulthandler
@@ -41,12 +39,9 @@ import resource
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..spawning import die_with_parent
-
-if TYPE_CHECKING:
-    from .exchange import Shared
 
 #: CUresult codes the driver knows descriptions of are below this.
 _MAX_CODE = 1000
@@ -167,10 +162,8 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
 
 
 class _Premade:
-    """A one-shot's memory, made before its job while its job's process reads the input: the input's (sent with
-    ``ready``: that process reads the file into it) and the answer's (C and the output's text are downloaded
-    into it), both page-locked here once, both of the input file's size (an output, C included, is about as
-    large). Each serves the first job that fits it."""
+    """A one-shot's input memory, made before its job: a memory file of the input file's size, page-locked here
+    once and sent with ``ready``; its job's process reads the input into it. It serves the job that brings it."""
 
     def __init__(self, session: Any, nbytes: int) -> None:
         from .exchange import Shared
@@ -178,42 +171,15 @@ class _Premade:
         self.input = Shared(nbytes, populate=True)
         self._identity = _identity(self.input.fd)
         session.memory.adopt_mapped("input", self.input.array(0, nbytes, "u1"))
-        self.answer: Shared | None = None
-
-    def make_answer(self, session: Any) -> None:
-        from .exchange import Shared
-
-        answer = Shared(self.input.nbytes, populate=True)
-        session.memory.adopt_mapped(_ANSWER, answer.array(0, answer.nbytes, "u1"))
-        self.answer = answer
 
     def holds(self, fd: int) -> bool:
         """Whether ``fd`` is the premade input's memory file (the job's process read its input into it)."""
-        return self.input is not None and _identity(fd) == self._identity
-
-
-#: The page-locked slot of a premade answer.
-_ANSWER = "answer"
+        return _identity(fd) == self._identity
 
 
 def _identity(fd: int) -> tuple[int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
-
-
-def _laid_out(session: Any, answer: Shared, m: int, n: int) -> int:
-    """Lay C and the output's text into the premade ``answer``: the header line at 0, the text's slot after it,
-    C's slot at the end; the header's length (0: they do not fit, and the text path uses slots of its own)."""
-    from ..cuda.text import C_SLOT, TEXT_SLOT, header_line
-
-    head = header_line(m, n)
-    c_at = (answer.nbytes - 4 * m * n) // 256 * 256
-    if c_at <= 2 * len(head):
-        return 0
-    answer.bytes_at(0, len(head))[:] = head
-    session.memory.share_host(C_SLOT, _ANSWER, c_at, 4 * m * n)
-    session.memory.share_host(TEXT_SLOT, _ANSWER, len(head), c_at - len(head))
-    return len(head)
 
 
 def _text(
@@ -223,20 +189,16 @@ def _text(
     import numpy as np
 
     from ..cuda.memory import DeviceMatrix
-    from ..cuda.text import C_SLOT, TEXT_SLOT, Timer
+    from ..cuda.text import Timer
     from ..textformat import Header
     from .exchange import Shared
 
     header = Header(**job["header"])
     mp, kp, np_ = job["padded"]
     function = kernels.function(cubin, job)
-    answer: Shared | None = None
-    head = 0
     if premade is not None and premade.holds(data_fd):  # page-locked here since the start
         os.close(data_fd)
         body = premade.input.bytes_at(job["offset"], job["nbytes"])
-        answer, premade.answer = premade.answer, None
-        head = _laid_out(session, answer, header.m, header.n) if answer is not None else 0
     else:
         # the input's memory file, page-locked where it lies (the last job's unlocked: a kept process would
         # otherwise hold every job's locked): the device copies it in with no staging
@@ -274,12 +236,7 @@ def _text(
                 while held:
                     session.memory.free(held.pop())
 
-    try:
-        result = session.text.multiply_text(body, header, multiply)
-    finally:
-        if head:  # the answer's parts are the job's process's from now on
-            session.memory.drop_host(C_SLOT)
-            session.memory.drop_host(TEXT_SLOT)
+    result = session.text.multiply_text(body, header, multiply)
     phases = result.phases_ms
     facts = {
         "parse_gpu": round(phases.get("parse_gpu", 0.0), 3),
@@ -288,13 +245,6 @@ def _text(
         "exotic_runs": result.exotic_runs,
     }
     done = {"timings": phases, "stage": result.stage_ms, "notes": result.notes, "text": facts}
-    text = memoryview(result.chunks[-1]).cast("B")
-    landed = answer is not None and head and len(result.chunks) == 2 and answer.holds(result.c)
-    if answer is not None and landed and answer.offset_of(text) == head:
-        # downloaded where the job's process reads them: nothing to copy
-        at = {"c_at": answer.offset_of(result.c), "text_at": 0, "text_bytes": head + text.nbytes}
-        control.send({"done": {**done, **at}}, [answer.fd])
-        return
     sizes = [memoryview(chunk).nbytes for chunk in result.chunks]
     out = Shared(result.c.nbytes + sum(sizes))
     try:
@@ -303,7 +253,7 @@ def _text(
         for chunk, size in zip(result.chunks, sizes, strict=True):
             out.bytes_at(at, size)[:] = memoryview(chunk).cast("B")
             at += size
-        control.send({"done": {**done, "c_at": 0, "text_at": result.c.nbytes, "text_bytes": sum(sizes)}}, [out.fd])
+        control.send({"done": {**done, "text_bytes": sum(sizes)}}, [out.fd])
     finally:
         out.close()
 
@@ -355,10 +305,6 @@ def main() -> None:
     premade = _premade(session, host_bytes)
     ready = {"device": session.device.name(), "limits": dataclasses.asdict(session.device.limits)}
     control.send({"ready": ready}, [premade.input.fd] if premade is not None else [])
-    if premade is not None:
-        # made while the job's process reads the input; where it cannot be, the answer comes in memory made for it
-        with contextlib.suppress(MmdError, OSError):
-            premade.make_answer(session)
     kernels = _Kernels(session)
     while True:
         try:
