@@ -567,4 +567,4 @@ def test_fresh_inputs_reuse_their_memory_with_new_values_once_given_back() -> No
         inputs.done_with(first)
         again = inputs.take(64)
         assert again is first and not np.array_equal(again.a, seen)
-        assert -1 <= again.a.min() and again.a.max() < 1
+        assert again.a.min() >= -1 and again.a.max() < 1
