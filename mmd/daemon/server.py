@@ -251,10 +251,8 @@ class Daemon:
         self._await_workers()
 
     def _await_workers(self) -> None:
-        """Wait until the first worker has opened its backend (or one failed to: SpoolError, the daemon cannot
-        serve), and give it the jobs waiting; the main loop takes each of the others as it becomes ready (the
-        supervisor ends the daemon when one cannot start), so that nothing waits for the last to start.
-        """
+        """Wait for the first worker to open its backend (one that fails to: SpoolError) and give it the jobs
+        waiting; the main loop takes the others as they come (the supervisor ends the daemon if one cannot)."""
         while True:
             pending = [w for w in self.workers if w.ready is None]
             if len(pending) < len(self.workers):
