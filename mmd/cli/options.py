@@ -11,11 +11,14 @@ config, the kernel registry or the benchmark adds them through
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 from ..errors import ExitStatus
+
+#: A namespace of the caller's own class (argparse's overloads).
+_N = TypeVar("_N")
 
 if TYPE_CHECKING:
     from .. import config
@@ -45,9 +48,16 @@ class Parser(argparse.ArgumentParser):
         while self.later:
             self.later.pop(0)(self)
 
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
+    # argparse's own overloads, so that this override has its shape
+    @overload
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
         self.add_later_options()  # a sub-command's parser is parsed with this call too
         return super().parse_known_args(args, namespace)
 
