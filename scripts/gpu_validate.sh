@@ -15,6 +15,11 @@
 # daemon    benchmarks/bench_daemon.py on the cuda backend beside .wholejob/prev; workers per device 1/4/8;
 #           the GPU memory an idle daemon holds with 1, 2, 4 and 8 workers (one CUDA context each)
 # ladder    `mmd bench --plan ladder --accuracy --report` (fast, tc1, tc3, cuBLAS SGEMM and TF32, 1024..8192)
+# students  students' kernels: a kernel file's one-shot beside the built-in (benchmarks/kernelfile_vs_builtin.py),
+#           a class of 20 graded (benchmarks/grade_class.py), and a class graded beside the service while
+#           students drop 32x32 jobs (tests/gpu/test_grade_service.py)
+# first     benchmarks/bench_first_job.py: a fresh daemon's first 32x32 job, 1 and 8 workers, the kernel built
+#           (beside .wholejob/prev when it is there)
 #
 # Each stage prints a compact summary last; full logs go to $OUT/<stage>.log.
 set -uo pipefail
@@ -166,6 +171,25 @@ stage_ladder() {
         >"$OUT/ladder.log" 2>&1 || status=1
     tail -n 40 "$OUT/ladder.log"
     for f in "$OUT"/ladder/*/report/summary.md; do [ -f "$f" ] && cat "$f"; done
+}
+
+stage_students() {
+    timeout 90 python3 benchmarks/kernelfile_vs_builtin.py --size 4096 --tile 32 --repeat 3 --timeline \
+        >"$OUT/kernelfile.log" 2>&1 || status=1
+    grep -A16 "^4096x4096x4096 at tile" "$OUT/kernelfile.log"
+    timeout 330 python3 benchmarks/grade_class.py --students 20 >"$OUT/grade_class.log" 2>&1 || status=1
+    tail -n 16 "$OUT/grade_class.log"
+    timeout 120 python3 -m pytest -q -p no:randomly -m gpu -o timeout=0 -s tests/gpu/test_grade_service.py \
+        >"$OUT/grade_service.log" 2>&1 || status=1
+    grep -E "passed|failed|^E  |drop -> sidecar|windows, held|run again" "$OUT/grade_service.log" | tail -n 8
+}
+
+stage_first() {
+    local trees=()
+    [ -d .wholejob/prev ] && trees=(--tree "prev=$PWD/.wholejob/prev")
+    timeout 300 python3 benchmarks/bench_first_job.py "${trees[@]}" --site /tmp/site --backend cuda \
+        --workers 1 8 --caches built --rounds 2 --out "$OUT/first" >"$OUT/first_job.log" 2>&1 || status=1
+    tail -n 14 "$OUT/first_job.log"
 }
 
 for stage in "$@"; do
