@@ -3,6 +3,11 @@
 Per-job context (job id, file name) is bound on the logger in the thread that
 runs the job; contextvars do not cross threads, so nothing relies on them.
 
+structlog is imported, and set up as :func:`configure` said, when the first
+line is logged: importing it (it imports rich for its tracebacks) costs about
+as much as numpy's import, which a one-shot command that logs nothing would
+pay for nothing (``python -X importtime -m mmd run IN``).
+
 Under systemd (``JOURNAL_STREAM`` names the stream stderr is), each line
 starts with its syslog priority, ``<3>`` for errors, ``<4>`` warnings,
 ``<6>`` info, ``<7>`` debug: journald strips the prefix and files the line at
@@ -16,10 +21,9 @@ import io
 import logging
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
-
-import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 #: syslog priorities (sd-daemon(3)'s SD_ERR ... SD_DEBUG) by structlog level name.
@@ -58,17 +62,45 @@ class _StderrLogger:
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
+#: What :func:`configure` was last asked, not applied yet (None: nothing pending).
+_pending: tuple[str, str, TextIO | None, Mapping[str, str]] | None = None
+_lock = threading.Lock()
+#: The least level logged (:func:`configure`'s): a line below it imports nothing.
+_least = logging.NOTSET
+
+
 def configure(
     fmt: str = "auto", level: str = "info", stream: TextIO | None = None, environ: Mapping[str, str] | None = None
 ) -> None:
-    """Set up structlog for the process: ``fmt`` is auto, json or console.
+    """Set up structlog for the process (as the next line is logged): ``fmt`` is auto, json or console.
 
     Without ``stream`` lines go to the current ``sys.stderr``, looked up at
     each write. When that is the journal, lines carry their priority. The
     console's lines are coloured on a terminal, unless ``NO_COLOR`` is set
     and not empty (https://no-color.org).
     """
-    environ = os.environ if environ is None else environ
+    global _pending, _least
+    if level not in _LEVELS:
+        raise ValueError(f"unknown log level {level!r}")
+    with _lock:
+        _pending = (fmt, level, stream, os.environ if environ is None else environ)
+        _least = _LEVELS[level]
+
+
+def _structlog() -> Any:
+    """structlog, set up as :func:`configure` last said."""
+    global _pending
+    import structlog
+
+    if _pending is not None:
+        with _lock:
+            if _pending is not None:
+                _apply(structlog, *_pending)
+                _pending = None
+    return structlog
+
+
+def _apply(structlog: Any, fmt: str, level: str, stream: TextIO | None, environ: Mapping[str, str]) -> None:
     out = stream or sys.stderr
     tty = out.isatty()
     if fmt == "auto":
@@ -93,6 +125,43 @@ def configure(
     )
 
 
-def get_logger(**bound: Any) -> Any:
+class Logger:
+    """mmd's logger: ``bound`` context on every line; structlog's logger is made at the first line."""
+
+    __slots__ = ("_bound", "_made")
+
+    def __init__(self, bound: dict[str, Any]) -> None:
+        self._bound = bound
+        self._made: Any = None
+
+    def _logger(self) -> Any:
+        structlog = _structlog()
+        if self._made is None:
+            self._made = structlog.get_logger("mmd").bind(**self._bound)
+        return self._made
+
+    def bind(self, **more: Any) -> Logger:
+        return Logger({**self._bound, **more})
+
+    def debug(self, event: str, **kw: Any) -> None:
+        if _least <= logging.DEBUG:
+            self._logger().debug(event, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        if _least <= logging.INFO:
+            self._logger().info(event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        if _least <= logging.WARNING:
+            self._logger().warning(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._logger().error(event, **kw)
+
+    def exception(self, event: str, **kw: Any) -> None:
+        self._logger().exception(event, **kw)
+
+
+def get_logger(**bound: Any) -> Logger:
     """A logger with ``bound`` context on every line."""
-    return structlog.get_logger("mmd").bind(**bound)
+    return Logger(bound)

@@ -209,3 +209,19 @@ def test_the_one_shot_gpu_warmer_starts_before_numpy_is_imported():
     modules = "mmd.cli.run_cmd, mmd.oneshot, mmd.config, mmd.cuda.libcuda, mmd.kernelfile.launch"
     out = _run_python("-c", f"import sys, {modules}; print(*sorted(sys.modules))")
     assert [m for m in out.split() if m == "numpy" or m.startswith("numpy.")] == []
+
+
+@pytest.mark.integration  # runs real processes
+def test_a_one_shot_that_logs_nothing_imports_no_logging_library(tmp_path: Path):
+    # structlog (with the rich it imports) is about numpy's import again: a command pays for it once it logs
+    # a line at its level, not before; here the cpu backend's note (info) is below the default level
+    (tmp_path / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
+    code = (
+        "import sys\nfrom mmd.cli import main\ntry:\n"
+        f"    main(['run', {str(tmp_path / 'm.txt')!r}, '--backend', 'cpu', '-q'])\n"
+        "except SystemExit:\n    pass\n"
+    )
+    out = _run_python("-c", code + "print(*sorted(sys.modules))")
+    assert (tmp_path / "m.out").exists()
+    names = set(out.split())
+    assert "numpy" in names and not {m for m in names if m == "structlog" or m.startswith(("structlog.", "rich"))}
