@@ -1,7 +1,7 @@
 """Tests for mmd._fasttext, the optional C accelerator of mmd.textformat.
 
-Every result is compared three ways: the C path, the numpy path (the module
-switch ``mmd.accel.ON`` off) and the slow references. Refusals must
+Every result is compared three ways: the C path, the exact Python path (the
+module switch ``mmd.accel.ON`` off) and the slow references. Refusals must
 give the same message, line and value with and without the accelerator.
 """
 
@@ -36,7 +36,7 @@ def _accelerated(monkeypatch):
     monkeypatch.setattr(accel, "ON", ft is not None)
 
 
-def _numpy_path(fn, *args):
+def _python_path(fn, *args):
     old = accel.ON
     accel.ON = False
     try:
@@ -79,7 +79,7 @@ def _split_path(fn, *args):
 
 def _same_both_ways(data: bytes):
     fast = _outcome(data)
-    slow = _numpy_path(_outcome, data)
+    slow = _python_path(_outcome, data)
     assert fast == slow
     assert _split_path(_outcome, data) == fast
     return fast
@@ -176,11 +176,11 @@ def test_format_rows_shapes():
         ft.format_rows(np.zeros((2, 2), np.float32), 2, 3)
     with pytest.raises(TypeError):
         ft.format_rows(np.zeros((2, 2), np.float64), 2, 2)
-    assert tf.emit(np.zeros((3, 0), np.float32)) == _numpy_path(tf.emit, np.zeros((3, 0), np.float32))
+    assert tf.emit(np.zeros((3, 0), np.float32)) == _python_path(tf.emit, np.zeros((3, 0), np.float32))
 
 
 # ---------------------------------------------------------------------------
-# parse: same values as the numpy path and the references
+# parse: same values as the Python path and the references
 
 _num = st.one_of(
     st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: "%.2f" % v),
@@ -223,7 +223,7 @@ def _check_values(raw: bytes, toks: list[str]) -> None:
     np.testing.assert_array_equal(_bits(fast.a), _bits(split.a))
     np.testing.assert_array_equal(_bits(fast.b), _bits(split.b))
     ref = tf.parse_reference(raw)
-    slow = _numpy_path(tf.parse, raw)
+    slow = _python_path(tf.parse, raw)
     flat = np.concatenate([fast.a.ravel(), fast.b.ravel()])
     want = np.array([np.float32(float(t)) for t in toks], dtype=np.float32)
     np.testing.assert_array_equal(_bits(flat), _bits(want))
@@ -397,11 +397,11 @@ def test_parse_reads_emit_output_back():
     _check_values(raw, toks)
 
 
-def test_numpy_path_long_fraction():
-    # A regression test: the numpy path once raised IndexError on more than 22 fraction digits.
+def test_python_path_long_fraction():
+    # A regression test: more than 22 fraction digits once raised IndexError without the accelerator.
     raw = b"1\n1 1.0000000000000000000000000\n"
     np.testing.assert_array_equal(tf.parse(raw).b, [[1.0]])  # the accelerator reads it
-    np.testing.assert_array_equal(_numpy_path(tf.parse, raw).b, [[1.0]])
+    np.testing.assert_array_equal(_python_path(tf.parse, raw).b, [[1.0]])
 
 
 # ---------------------------------------------------------------------------
@@ -485,7 +485,7 @@ def test_corrupted_inputs_same_outcome(m, k, n, data):
 
 
 # ---------------------------------------------------------------------------
-# emit: bytes equal format_reference, the numpy path and C printf
+# emit: bytes equal format_reference, the Python path and C printf
 
 
 def _emit_specials() -> np.ndarray:
@@ -512,7 +512,7 @@ def test_emit_specials_and_random_bits(c_printf):
     row = vals.reshape(1, -1)
     got = tf.emit(row)
     assert got == tf.format_reference(row)
-    assert got == _numpy_path(tf.emit, row)
+    assert got == _python_path(tf.emit, row)
     assert got.split(b"\n", 1)[1] == c_printf(vals)
 
 
@@ -521,7 +521,7 @@ def test_emit_nan_inf_like_python():
     nan_bits = np.array([0x7FC00001, 0xFFC00000, 0x7F800001], dtype=np.uint32).view(np.float32)
     c = np.concatenate([c, nan_bits.reshape(1, -1).repeat(2, axis=1)], axis=None).reshape(1, -1)
     got = tf.emit(c)
-    assert got == tf.format_reference(c) == _numpy_path(tf.emit, c)
+    assert got == tf.format_reference(c) == _python_path(tf.emit, c)
     assert got.startswith(b"1 12\n   nan   nan   inf  -inf  1.00 -0.00   nan")
 
 
@@ -532,7 +532,7 @@ def test_emit_hypothesis(m, n, data):
     c = np.array(vals, dtype=np.float32).reshape(m, n)
     got = tf.emit(c)
     assert got == tf.format_reference(c)
-    assert got == _numpy_path(tf.emit, c)
+    assert got == _python_path(tf.emit, c)
 
 
 @settings(max_examples=60, deadline=None)
@@ -540,7 +540,7 @@ def test_emit_hypothesis(m, n, data):
 def test_emit_random_bits_chunks(m, n, seed, rows):
     c = _random_bits(np.random.default_rng(seed), m * n).reshape(m, n)
     pieces = list(tf.emit_chunks(c, rows_per_chunk=rows))
-    assert pieces == list(_numpy_path(lambda: list(tf.emit_chunks(c, rows_per_chunk=rows))))
+    assert pieces == list(_python_path(lambda: list(tf.emit_chunks(c, rows_per_chunk=rows))))
     assert b"".join(pieces) == tf.format_reference(c)
 
 
@@ -548,15 +548,15 @@ def test_emit_other_layouts_and_dtypes():
     rng = np.random.default_rng(2)
     c = rng.uniform(-500, 500, (30, 20)).astype(np.float32)
     for view in (c.T, c[::2, ::3], c.astype(">f4"), c.astype(np.float16), np.asfortranarray(c)):
-        assert tf.emit(view) == tf.format_reference(view) == _numpy_path(tf.emit, view)
-    d = c.astype(np.float64) + 0.005  # float64 keeps the numpy path (near-ties)
+        assert tf.emit(view) == tf.format_reference(view) == _python_path(tf.emit, view)
+    d = c.astype(np.float64) + 0.005  # float64 keeps the Python path (near-ties)
     assert tf.emit(d) == tf.format_reference(d)
 
 
-def test_emit_big_matrix_same_as_numpy_path():
+def test_emit_big_matrix_same_as_python_path():
     rng = np.random.default_rng(5)
     c = (rng.standard_normal((300, 700)) * 3000).astype(np.float32)
-    assert tf.emit(c) == _numpy_path(tf.emit, c)
+    assert tf.emit(c) == _python_path(tf.emit, c)
 
 
 def test_locale_does_not_change_bytes():
@@ -579,7 +579,7 @@ def test_locale_does_not_change_bytes():
         locale.setlocale(locale.LC_NUMERIC, old)
 
 
-def test_env_var_forces_numpy_path():
+def test_env_var_forces_python_path():
     code = "import mmd.accel as a; print(a.ON)"
     root = Path(tf.__file__).resolve().parents[1]
     env = dict(os.environ, MMD_NO_C="1")
@@ -592,7 +592,7 @@ def test_env_var_forces_numpy_path():
 
 
 # ---------------------------------------------------------------------------
-# parse_output: the one-pass check of an output, against the numpy path
+# parse_output: the one-pass check of an output, against the Python path
 
 
 class _OutSplit:
@@ -614,7 +614,7 @@ def _output_outcome(data: bytes):
 
 
 def _output_three_ways(data: bytes):
-    """The C path (its AVX2 rows where the CPU has AVX2, then its SSE2 ones), the numpy path and the C
+    """The C path (its AVX2 rows where the CPU has AVX2, then its SSE2 ones), the Python path and the C
     path in three parts give the same outcome."""
     fast = _output_outcome(data)
     was = ft.set_wide(False)
@@ -622,7 +622,7 @@ def _output_three_ways(data: bytes):
         assert _output_outcome(data) == fast
     finally:
         ft.set_wide(was)
-    assert _numpy_path(_output_outcome, data) == fast
+    assert _python_path(_output_outcome, data) == fast
     old = accel.fasttext
     accel.fasttext = _OutSplit
     try:
@@ -1031,6 +1031,6 @@ def test_output_big_fault_late_in_the_file():
 
 
 def test_a_short_row_before_a_bad_field_is_the_first_fault_on_every_path():
-    """Found by hypothesis: a row with too few fields, then a stray blank on the next line. The numpy path
-    compared the short row as a canonical partial row and named the blank first."""
+    """Found by hypothesis: a row with too few fields, then a stray blank on the next line. A path without the
+    accelerator compared the short row as a canonical partial row and named the blank first."""
     _output_three_ways(b"3 2\n  0.00-100.00\n9999999.00\n ")
