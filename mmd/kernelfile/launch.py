@@ -482,6 +482,9 @@ class LaunchProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(REAP_S)
         self._read_printf()
+        if self._premade is not None:  # made for a job that never asked for it (a small input's host path)
+            self._premade.close()
+            self._premade = None
         for stream in (self._proc.stdout, self._proc.stderr):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:
