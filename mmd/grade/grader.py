@@ -498,7 +498,9 @@ class _Launches:
             parts.append(f"SM clock {self.gpu['sm_clock_mhz']:g} MHz{' (throttled)' if self.gpu['throttled'] else ''}")
         if self.windows > 1:
             parts.append(f"run {self.windows} times: another process used the GPU"
-                        + (" every time" if self.disturbed() else ""))  # fmt: skip
+                        + (" every time" if self.disturbed() else "")
+                        + f" (the last window: {self.gpu.get('gpu_processes')} processes listed, "
+                        f"{self.gpu.get('own_processes')} the grading's own)")  # fmt: skip
         timed = replace(case, detail="; ".join(parts), kernel_ms=tuple(kernel_ms), cuda_ms=tuple(cuda_ms),
                         noise=noise, sm_clock_mhz=self.gpu.get("sm_clock_mhz"), throttled=self.gpu.get("throttled"),
                         gpu_processes=self.gpu.get("gpu_processes"), windows=self.windows,
@@ -526,7 +528,7 @@ def _timed_case(backend: Backend, request: MultiplyRequest, case: Case, then: in
         facts = sampler.summary()
         processes = facts["gpu_processes"]
         others = processes is not None and processes > own + held.own_processes
-        done.gpu = {**facts, "gpu_busy": others or not held.kept}
+        done.gpu = {**facts, "gpu_busy": others or not held.kept, "own_processes": own + held.own_processes}
         if not done.disturbed() or done.stopped is not None or done.failed() or not held.kept:
             break
     done.seconds = time.perf_counter() - start
