@@ -153,6 +153,12 @@ int cuMemHostAlloc(void **p, size_t n, unsigned flags) {
     allocated += (int)n; *p = malloc(n); return 0;
 }
 int cuMemFreeHost(void *p) { freed++; free(p); return 0; }
+int registered, unregistered, fail_register;
+int cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+    if (fail_register) return 2;
+    registered += (int)n; return 0;
+}
+int cuMemHostUnregister(void *p) { unregistered++; return 0; }
 """
 
 
@@ -216,3 +222,34 @@ def test_memory_no_one_took_is_freed_at_release_and_a_failed_allocation_costs_no
     assert warmer.take_host_memory() is None
     warmer.release()
     assert counter(lib, "pushed") == counter(lib, "popped")
+
+
+def test_mapped_memory_is_page_locked_where_it_lies_in_the_context_and_unlocked_once(lib: ctypes.CDLL) -> None:
+    buffer = ctypes.create_string_buffer(4096)
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 4096))
+    memory = warmer.take_host_memory()
+    assert memory is not None and (memory.address, memory.nbytes) == (ctypes.addressof(buffer), 4096)
+    assert counter(lib, "registered") == 4096 and counter(lib, "allocated") == 0
+    warmer.release()
+    assert counter(lib, "unregistered") == 0  # the taker unlocks what it took
+    memory.free()
+    assert counter(lib, "unregistered") == 1
+    assert counter(lib, "pushed") == counter(lib, "popped") == 2  # its context current for each call, then not
+
+
+def test_memory_that_cannot_be_mapped_or_locked_is_none_and_what_no_one_took_is_unlocked(lib: ctypes.CDLL) -> None:
+    buffer = ctypes.create_string_buffer(64)
+
+    def no_memory_file() -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=no_memory_file)
+    assert warmer.take_host_memory() is None
+    warmer.release()
+    ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 64)).release()
+    assert (counter(lib, "registered"), counter(lib, "unregistered")) == (64, 1)
+    ctypes.c_int.in_dll(lib, "fail_register").value = 1
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 64))
+    assert warmer.take_host_memory() is None
+    warmer.release()
+    assert counter(lib, "released") == 3 and counter(lib, "pushed") == counter(lib, "popped")

@@ -378,6 +378,7 @@ def test_shared_memory_holds_what_one_side_wrote_for_the_other(tmp_path: Path) -
     other = Shared(fd=os.dup(one.fd), writable=False)  # as the launch process maps what it was sent
     assert np.array_equal(other.array(16, (4, 2)), np.full((4, 2), 7.0, np.float32))
     assert one.holds(view) and one.offset_of(view) == 16 and not one.holds(np.ones(4, np.float32))
+    assert one.address() + 16 == view.ctypes.data  # where a driver page-locks it
     with pytest.raises(ValueError, match="past the shared memory"):
         one.array(60, 2)
     one.close()

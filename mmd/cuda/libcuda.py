@@ -299,13 +299,20 @@ class Driver:
         finally:
             self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
-    def host_register(self, address: int, nbytes: int) -> Callable[[], None]:
-        """Page-lock ``nbytes`` of host memory at ``address`` (memory this process maps: a memory file's) in the
-        current context; the callable returned unlocks it, in the same context."""
-        self._check(self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 0), "page-locking")
+    def host_register(self, address: int, nbytes: int, context: int | None = None) -> Callable[[], None]:
+        """Page-lock ``nbytes`` of host memory at ``address`` (memory this process maps: a memory file's) in
+        ``context`` (None: the calling thread's current one); the callable returned unlocks it, in the same context
+        (given one: from any thread)."""
+        where = self._current(context) if context is not None else contextlib.nullcontext()
+        with where:
+            code = self.lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 0)
+        self._check(code, "page-locking")
 
         def unregister() -> None:
-            self._check(self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "unlocking page-locked memory")
+            where = self._current(context) if context is not None else contextlib.nullcontext()
+            with where:
+                code = self.lib.cuMemHostUnregister(ctypes.c_void_p(address))
+            self._check(code, "unlocking page-locked memory")
 
         return unregister
 
@@ -387,6 +394,10 @@ class Driver:
         self._check(code, "launching a cluster kernel" if cluster != (1, 1, 1) else "launching a kernel")
 
 
+#: Maps memory to page-lock (a memory file another process reads into): its address and size.
+Mapper = Callable[[], tuple[int, int]]
+
+
 class ContextWarmer:
     """Start the CUDA driver and make ``device``'s primary context on a thread of its own, now.
 
@@ -397,28 +408,45 @@ class ContextWarmer:
     later, finds it made. Nothing is raised: without a driver or device the
     thread just ends, and the backend says why when it opens. :meth:`release`
     gives back this thread's hold on the context once the job is done.
+
+    The job's input memory is made on the same thread once the context is up: ``host_bytes`` of page-locked
+    memory the driver allocates, or the memory ``mapped`` maps (a memory file another process reads the input
+    into: its address and size), page-locked where it lies.
     """
 
-    def __init__(self, device: int, driver: Callable[[], Driver] = Driver, host_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        device: int,
+        driver: Callable[[], Driver] = Driver,
+        host_bytes: int = 0,
+        mapped: Mapper | None = None,
+    ) -> None:
         self._held: Driver | None = None
         self._device = device
         self._host: HostMemory | None = None
-        self._thread = threading.Thread(target=self._warm, args=(driver, host_bytes), name="mmd-cuda-warm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._warm, args=(driver, host_bytes, mapped), name="mmd-cuda-warm", daemon=True
+        )
         self._thread.start()
 
-    def _warm(self, driver: Callable[[], Driver], host_bytes: int) -> None:
+    def _warm(self, driver: Callable[[], Driver], host_bytes: int, mapped: Mapper | None) -> None:
         try:
             made = driver()
             context = made.retain_primary_context(self._device)
         except (BackendUnavailable, CudaError, OSError):
             return  # the backend, opening, says why there is no GPU
         self._held = made
-        if host_bytes > 0:
-            with contextlib.suppress(CudaError):  # the job then allocates its own, as it would have
+        # where it cannot be made, the job makes its own, as it would have
+        with contextlib.suppress(CudaError, OSError):
+            if host_bytes > 0:
                 self._host = made.host_alloc(context, host_bytes)
+            elif mapped is not None:
+                address, nbytes = mapped()
+                self._host = HostMemory(address, nbytes, made.host_register(address, nbytes, context))
 
     def take_host_memory(self) -> HostMemory | None:
-        """The page-locked memory made beside the job's start (``host_bytes``), once; the taker frees it."""
+        """The page-locked memory made beside the job's start (``host_bytes`` or ``mapped``), once (None: none was
+        made); the taker frees it."""
         self._thread.join()
         host, self._host = self._host, None
         return host

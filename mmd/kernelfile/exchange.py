@@ -11,6 +11,7 @@ numpy is imported where arrays are made: starting a launch process (:mod:`.launc
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import weakref
@@ -78,6 +79,13 @@ class Shared:
         whole = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)
         there = np.frombuffer(view, np.uint8) if isinstance(view, memoryview) else view.view(np.uint8).reshape(-1)
         return int(there.__array_interface__["data"][0] - whole.__array_interface__["data"][0])
+
+    def address(self) -> int:
+        """Where the (writable) mapping lies in this process, for a driver to page-lock it there (0: empty)."""
+        if self._map is None:
+            return 0
+        # a ctypes view, dropped at once: a view still alive would keep the mapping from closing
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     def close(self) -> None:
         """Close the descriptor; the mapping goes once no array uses it. Idempotent."""

@@ -28,6 +28,7 @@ its context is unusable, and the parent starts a fresh process for the next job.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import faulthandler
@@ -38,10 +39,15 @@ import re
 import resource
 import socket
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..spawning import die_with_parent
+
+if TYPE_CHECKING:
+    from ..cuda.libcuda import HostMemory
+    from .exchange import Shared
 
 #: CUresult codes the driver knows descriptions of are below this.
 _MAX_CODE = 1000
@@ -162,19 +168,26 @@ def _arrays(session: Any, kernels: _Kernels, job: dict[str, Any], data: Any, cub
 
 
 class _Premade:
-    """A one-shot's input memory, made before its job: a memory file of the input file's size, page-locked here
-    once and sent with ``ready``; its job's process reads the input into it. It serves the job that brings it."""
+    """A one-shot's input memory, made before its job: a memory file of the input file's size, made and
+    page-locked on the context's thread as the process starts (:class:`~mmd.cuda.libcuda.ContextWarmer`), and sent
+    with ``ready``; its job's process reads the input into it. It serves the job that brings it."""
 
-    def __init__(self, session: Any, nbytes: int) -> None:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.input: Shared | None = None
+        self._identity = (0, 0)
+
+    def make(self) -> tuple[int, int]:
+        """The memory file made and mapped, its pages made: its address and size (ContextWarmer's ``mapped``)."""
         from .exchange import Shared
 
-        self.input = Shared(nbytes, populate=True)
+        self.input = Shared(self.nbytes, populate=True)
         self._identity = _identity(self.input.fd)
-        session.memory.adopt_mapped("input", self.input.array(0, nbytes, "u1"))
+        return self.input.address(), self.nbytes
 
     def holds(self, fd: int) -> bool:
         """Whether ``fd`` is the premade input's memory file (the job's process read its input into it)."""
-        return _identity(fd) == self._identity
+        return self.input is not None and _identity(fd) == self._identity
 
 
 def _identity(fd: int) -> tuple[int, int]:
@@ -190,13 +203,13 @@ def _text(
 
     from ..cuda.memory import DeviceMatrix
     from ..cuda.text import Timer
-    from ..textformat import Header
+    from ..textformat import Header, output_bytes_at_least
     from .exchange import Shared
 
     header = Header(**job["header"])
     mp, kp, np_ = job["padded"]
     function = kernels.function(cubin, job)
-    if premade is not None and premade.holds(data_fd):  # page-locked here since the start
+    if premade is not None and premade.input is not None and premade.holds(data_fd):  # page-locked since the start
         os.close(data_fd)
         body = premade.input.bytes_at(job["offset"], job["nbytes"])
     else:
@@ -236,7 +249,14 @@ def _text(
                 while held:
                     session.memory.free(held.pop())
 
-    result = session.text.multiply_text(body, header, multiply)
+    # the answer's memory file made (its pages too) while the GPU multiplies and formats: room for C and text
+    # of fields up to two bytes wider than the narrowest; a wider answer gets a memory file of its own
+    ahead = _Ahead(header.m * header.n * 4 + output_bytes_at_least(header.m, header.n) + 2 * header.m * header.n)
+    try:
+        result = session.text.multiply_text(body, header, multiply)
+    except BaseException:
+        ahead.take().close()
+        raise
     phases = result.phases_ms
     facts = {
         "parse_gpu": round(phases.get("parse_gpu", 0.0), 3),
@@ -246,7 +266,10 @@ def _text(
     }
     done = {"timings": phases, "stage": result.stage_ms, "notes": result.notes, "text": facts}
     sizes = [memoryview(chunk).nbytes for chunk in result.chunks]
-    out = Shared(result.c.nbytes + sum(sizes))
+    out = ahead.take()
+    if out.nbytes < result.c.nbytes + sum(sizes):
+        out.close()
+        out = Shared(result.c.nbytes + sum(sizes))
     try:
         np.copyto(out.array(0, result.c.shape), result.c)
         at = result.c.nbytes
@@ -258,23 +281,44 @@ def _text(
         out.close()
 
 
+class _Ahead:
+    """A memory file of ``nbytes``, its pages made on a thread of its own from now (:meth:`take` waits for it)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._made: list[Shared] = []
+        self._thread = threading.Thread(target=self._make, args=(nbytes,), name="mmd-answer-memory", daemon=True)
+        self._thread.start()
+
+    def _make(self, nbytes: int) -> None:
+        from .exchange import Shared
+
+        with contextlib.suppress(OSError):  # no memory file now: take() gives an empty one
+            self._made.append(Shared(nbytes, populate=True))
+
+    def take(self) -> Shared:
+        """The memory file (an empty one where it could not be made: the caller then makes its own)."""
+        from .exchange import Shared
+
+        self._thread.join()
+        return self._made[0] if self._made else Shared(0)
+
+
 def _fault(control: _Socket, error: dict[str, Any]) -> None:
     _flush_c_stdout()
     found = error_name(str(error.get("reason", ""))) if error.get("kind") in (None, "cuda", "kernel-launch") else None
     control.send({"error": {**error, **({"cuda_error": found} if found else {})}})
 
 
-def _premade(session: Any, nbytes: int) -> _Premade | None:
-    """A one-shot's input memory (``nbytes``: its input file's size), or None (none asked for, or the driver
-    would not lock it: the job's process then makes its own)."""
-    from ..errors import MmdError
-
-    if nbytes <= 0:
+def _premade(session: Any, premade: _Premade | None, locked: HostMemory | None) -> _Premade | None:
+    """The one-shot's input memory, adopted by ``session`` (unlocked when it closes), where the context's thread
+    made and page-locked it; else None (none asked for, or not made: the job's process then makes its own)."""
+    if premade is None or premade.input is None:
         return None
-    try:
-        return _Premade(session, nbytes)
-    except (MmdError, OSError):
+    if locked is None:
+        premade.input.close()
         return None
+    session.memory.adopt_host("input", locked)
+    return premade
 
 
 def main() -> None:
@@ -285,9 +329,10 @@ def main() -> None:
     faulthandler.enable()  # a crash (the driver's, a library's) says where on the error output the parent keeps
     from ..cuda.libcuda import ContextWarmer
 
-    # The driver's start and the context (pycuda retains the same primary context) on a thread beside the imports
-    # below (numpy's first): the parent is waiting for it.
-    warmer = ContextWarmer(device)
+    # The driver's start, the context (pycuda retains the same primary context) and a one-shot's input memory on
+    # a thread beside the imports below (numpy's first): the parent is waiting for them.
+    premade = _Premade(host_bytes) if host_bytes > 0 else None
+    warmer = ContextWarmer(device, mapped=premade.make if premade is not None else None)
     from .exchange import Shared
 
     control = _Socket(control_fd)
@@ -297,14 +342,14 @@ def main() -> None:
         from ..cuda.session import GpuSession
 
         session = GpuSession(device, Path(cache) if cache else None)
+        premade = _premade(session, premade, warmer.take_host_memory())
     except MmdError as exc:
         control.send({"error": exc.as_dict()})
         os._exit(0)
     finally:
         warmer.release()  # pycuda holds the context now
-    premade = _premade(session, host_bytes)
     ready = {"device": session.device.name(), "limits": dataclasses.asdict(session.device.limits)}
-    control.send({"ready": ready}, [premade.input.fd] if premade is not None else [])
+    control.send({"ready": ready}, [premade.input.fd] if premade is not None and premade.input is not None else [])
     kernels = _Kernels(session)
     while True:
         try:
