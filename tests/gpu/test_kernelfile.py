@@ -238,13 +238,20 @@ def test_the_worked_examples_run(tmp_path: Path, cache: Path, made: list[KernelF
         assert_right(run(b, a, m, 16), a, m, path.name)
 
 
-@pytest.mark.parametrize("shape", [(512, 512, 512), (300, 257, 190)], ids=["square", "padded"])
-def test_a_large_input_takes_the_gpu_text_path_in_the_launch_process(tmp_path: Path, shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    ("shape", "values"),
+    [((512, 512, 512), ("-10", "10")), ((300, 257, 190), ("-10", "10")), ((512, 512, 512), ("9000", "9999"))],
+    ids=["square", "padded", "wide"],
+)
+def test_a_large_input_takes_the_gpu_text_path_in_the_launch_process(
+    tmp_path: Path, shape: tuple[int, ...], values: tuple[str, str]
+) -> None:
     """An input past the text path's threshold is parsed, multiplied (padded on the device where the kernel needs it)
-    and formatted in the launch process: the bytes of mmd's own naive kernel and of the host text path."""
+    and formatted in the launch process: the bytes of mmd's own naive kernel and of the host text path. Wide
+    values (fields of 13 bytes) make an answer larger than the memory the launch process made for it ahead."""
     pytest.importorskip("pycuda", reason="pycuda is not installed")
     src = tmp_path / "a.txt"
-    done = run_mmd("gen", "--shape", *map(str, shape), "--seed", "5", "-o", str(src), "-q")
+    done = run_mmd("gen", "--shape", *map(str, shape), "--seed", "5", "--range", *values, "-o", str(src), "-q")
     assert done.returncode == 0, done.stderr
     k = tmp_path / "p1.cu"
     k.write_text(NAIVE, encoding="utf-8")
