@@ -181,7 +181,9 @@ class _Premade:
         """The memory file made and mapped, its pages made: its address and size (ContextWarmer's ``mapped``)."""
         from .exchange import Shared
 
-        self.input = Shared(self.nbytes, populate=True)
+        # its pages are made as the driver page-locks them, outside the GIL: made here (populate) they would hold
+        # the GIL, and the imports beside it would wait
+        self.input = Shared(self.nbytes)
         self._identity = _identity(self.input.fd)
         return self.input.address(), self.nbytes
 
@@ -293,7 +295,14 @@ class _Ahead:
         from .exchange import Shared
 
         with contextlib.suppress(OSError):  # no memory file now: take() gives an empty one
-            self._made.append(Shared(nbytes, populate=True))
+            made = Shared(nbytes)
+            try:
+                # its pages made by the kernel outside the GIL (a populated mapping would hold it: the launch waits)
+                os.posix_fallocate(made.fd, 0, nbytes)
+            except OSError:
+                made.close()
+                raise
+            self._made.append(made)
 
     def take(self) -> Shared:
         """The memory file (an empty one where it could not be made: the caller then makes its own)."""
