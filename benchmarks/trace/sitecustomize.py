@@ -2,7 +2,8 @@
 
 Put this folder first on PYTHONPATH with MMDBENCH_TRACE_FILE set: every Python process that starts then
 appends ``pid seconds event`` lines (wall clock) to that file as it passes the points named in
-:data:`POINTS`, without a line of mmd changed: each function is wrapped as its module is first imported.
+:data:`POINTS` (and in MMDBENCH_TRACE_POINTS), without a line of mmd changed: each function is wrapped as its
+module is first imported.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ POINTS = {
     "mmd.backends.kernelfile": ("KernelFileBackend._prepare", "KernelFileBackend.multiply_text"),
     "mmd.cli": ("main",),
 }
+# more points from the environment: MMDBENCH_TRACE_POINTS="module:Qual.name,other;module2:name"
+for _entry in filter(None, os.environ.get("MMDBENCH_TRACE_POINTS", "").split(";")):
+    _module, _, _names = _entry.partition(":")
+    POINTS[_module] = (*POINTS.get(_module, ()), *filter(None, _names.split(",")))
 
 
 def mark(event: str) -> None:
