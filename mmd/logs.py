@@ -100,6 +100,12 @@ def _structlog() -> Any:
     return structlog
 
 
+def ready() -> None:
+    """Import structlog and apply :func:`configure`'s settings now rather than at the first line: for a process
+    with time to spare before a line that is waited for (the daemon's "serving", while its first worker starts)."""
+    _structlog()
+
+
 def _apply(structlog: Any, fmt: str, level: str, stream: TextIO | None, environ: Mapping[str, str]) -> None:
     out = stream or sys.stderr
     tty = out.isatty()

@@ -126,3 +126,16 @@ def exit_status(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit status {returncode}"
+
+
+@contextlib.contextmanager
+def in_turn(lock: Any, timeout: float) -> Iterator[None]:
+    """The block run holding ``lock`` (a multiprocessing Lock several processes take in turn; None: no turns),
+    waited for at most ``timeout`` seconds: past it the block runs anyway (one that holds the lock too long
+    holds no other back for longer)."""
+    taken = lock is not None and lock.acquire(timeout=timeout)
+    try:
+        yield
+    finally:
+        if taken:
+            lock.release()

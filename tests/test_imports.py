@@ -225,3 +225,12 @@ def test_a_one_shot_that_logs_nothing_imports_no_logging_library(tmp_path: Path)
     assert (tmp_path / "m.out").exists()
     names = set(out.split())
     assert "numpy" in names and not {m for m in names if m == "structlog" or m.startswith(("structlog.", "rich"))}
+
+
+def test_the_logging_library_is_made_ready_before_the_first_line_where_asked():
+    # the daemon makes it ready while its first worker starts, so that "serving" waits for no import
+    code = (
+        "import sys\nfrom mmd import logs\nlogs.configure('json', 'info')\nbefore = 'structlog' in sys.modules\n"
+        "logs.ready()\nprint(before, 'structlog' in sys.modules)"
+    )
+    assert _run_python("-c", code).split() == ["False", "True"]

@@ -73,3 +73,23 @@ def test_exit_status_says_how_a_child_ended():
     assert [exit_status(r) for r in (None, 0, 3, -9, -200)] == [
         "not ended", "exit status 0", "exit status 3", "SIGKILL", "signal 200"
     ]  # fmt: skip
+
+
+def test_a_turn_waits_for_the_lock_and_past_its_time_runs_anyway():
+    import multiprocessing
+    import time
+
+    from mmd.spawning import in_turn
+
+    lock = multiprocessing.get_context("spawn").Lock()
+    with in_turn(lock, 5.0):
+        assert not lock.acquire(block=False), "held for the block"
+    assert lock.acquire(block=False), "given back after it"
+    start = time.monotonic()
+    with in_turn(lock, 0.2):  # held by another (here, this test) past the time: the block runs anyway
+        waited = time.monotonic() - start
+    assert 0.2 <= waited < 2
+    lock.release()
+    assert lock.acquire(block=False), "a turn it never got is not given back"
+    with in_turn(None, 0.0):
+        pass

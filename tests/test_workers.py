@@ -11,6 +11,7 @@ reports back through files. No sleep synchronises: every wait has a deadline.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -283,6 +284,22 @@ def logged(log: Path) -> list[dict]:
 
 
 @pytest.mark.integration
+def test_the_workers_of_a_device_open_their_backends_one_at_a_time(tmp_path):
+    """Three workers of one device open their backends in turn (CUDA contexts made at once on one GPU are each
+    made as slowly as all of them together: the first worker would be ready only with the last), and serve."""
+    (tmp_path / "inbox").mkdir()
+    inputs = make_inputs(tmp_path / "inbox", 3)
+    log = tmp_path / "open.log"
+    setup = workerhooks.partial(workerhooks.slow_open, str(log), 0.3)
+    assert daemon.Daemon(settings_for(tmp_path, devices=(0, 0, 0)), worker_setup=setup).serve(once=True) == 0
+    opened = sorted(
+        (float(start), float(end)) for _, _, start, end in (line.split() for line in log.read_text().splitlines())
+    )
+    assert len(opened) == 3, opened
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(opened)), f"opened at once: {opened}"
+    assert set(sidecars(tmp_path / "outbox")) == set(inputs)
+
+
 def test_the_first_worker_ready_takes_the_first_job_while_another_still_starts(tmp_path):
     """A fresh daemon's first job goes to the first worker that has opened its backend, and runs before that
     worker's warm-up, while another worker has not even opened its backend; READY=1 comes with the first

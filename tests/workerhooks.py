@@ -82,6 +82,25 @@ def slow_start(marker: str, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def slow_open(log: str, seconds: float) -> None:
+    """Opening a backend takes ``seconds`` more (as a CUDA context's making does); each opening appends
+    ``open <pid> <start> <end>`` (monotonic seconds) to ``log``."""
+    from mmd import backends
+
+    real = backends.open_backend
+
+    def open_backend(*args: Any, **kw: Any) -> Any:
+        start = time.monotonic()
+        time.sleep(seconds)
+        try:
+            return real(*args, **kw)
+        finally:
+            with open(log, "a") as fh:
+                fh.write(f"open {os.getpid()} {start} {time.monotonic()}\n")
+
+    backends.open_backend = open_backend
+
+
 def die_once(marker: str, name: str) -> None:
     """The job of input ``name`` kills its own worker (SIGKILL) as it starts, the first time (``marker`` is
     made then): a crash after the claim, before the job is told or done."""
@@ -281,6 +300,7 @@ __all__ = [
     "move_on_after_the_desk_looks",
     "partial",
     "raise_in_job",
+    "slow_open",
     "slow_start",
 ]
 

@@ -204,3 +204,7 @@ class WorkerSpec:
     #: Called first in the worker process (a top-level function, pickled by name): the tests install their
     #: fakes and faults inside workers through it.
     setup: Callable[[], None] | None = None
+    #: The lock the workers of this device take in turn to open their backends (a multiprocessing Lock; None:
+    #: no turns). CUDA contexts made at once on one GPU are made one after another by the driver, each waiting
+    #: for all: in turns, the first worker is ready as soon as a lone one would be.
+    opening: Any = None

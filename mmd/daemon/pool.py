@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -202,14 +203,18 @@ class WorkerPool:
         self.lock_fds = lock_fds
         self.handles: list[WorkerHandle] = []
         self._shown: dict[int, dict[str, Any] | None] = {}  # each worker's job in hand, as last shown
+        self._opening: dict[int, Any] = {}  # each device's lock its workers open their backends under
 
     def start(self, devices: list[int]) -> None:
-        """One worker per entry of ``devices`` (its device); each opens its backend in its own time."""
+        """One worker per entry of ``devices`` (its device); the workers of a device open their backends in turn,
+        the first started first."""
         self.handles = [self._handle(i, device, len(devices)) for i, device in enumerate(devices)]
 
     def _handle(self, index: int, device: int, count: int) -> WorkerHandle:
+        opening = self._opening.setdefault(device, self.ctx.Lock())
         with spawning.starting():
-            handle = WorkerHandle(self.ctx, self.spec_for(index, device, count), self.lock_fds())
+            handle = WorkerHandle(self.ctx, replace(self.spec_for(index, device, count), opening=opening),
+                                  self.lock_fds())  # fmt: skip
             handle.start()
         return handle
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import spawning
+from .. import logs, spawning
 from ..backends import worker_devices
 from ..config import Settings, graders_gids, host_id_of, listen_address
 from ..errors import ConfigError, MmdError, SpoolError
@@ -231,23 +231,15 @@ class Daemon:
         wait until the first has opened its backend, giving it the jobs waiting (the others are taken as they come)."""
         devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
         self.workers.start(devices)
+        logs.ready()  # while the first worker starts: its "serving" line waits for no import
         self._cap_submitters()
         for w in self.workers:
             self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
         # said once the first worker is ready, before it is given a job (jobs go out as each one is ready)
         self._serving = functools.partial(
-            self.log.info,
-            "serving",
-            inbox=str(self.spool.shared.inbox),
-            outbox=str(self.spool.shared.outbox),
-            observer=kind,
-            backend=self.settings.backend,
-            workers=len(devices),
-            devices=sorted(set(devices)),
-            waiting=waiting,
-            resumed=resumed,
-            **({"host": self.host_id} if self.host_id else {}),
-        )
+            self.log.info, "serving", inbox=str(self.spool.shared.inbox), outbox=str(self.spool.shared.outbox),
+            observer=kind, backend=self.settings.backend, workers=len(devices), devices=sorted(set(devices)),
+            waiting=waiting, resumed=resumed, **({"host": self.host_id} if self.host_id else {}))  # fmt: skip
         self._await_workers()
 
     def _await_workers(self) -> None:

@@ -47,3 +47,7 @@ STOP_GRACE_S = 1.0
 #: While a worker has jobs in hand, the main loop looks at its control block at least this often
 #: (seconds): a job's own limit is known only once it has started, and a job may start at any moment.
 SUPERVISE_S = 0.05
+
+#: How long a worker waits for its turn to open its backend (the workers of a device open theirs one at a time)
+#: before it opens it anyway: a worker stuck opening its own holds no other back for longer.
+OPEN_TURN_S = 30.0

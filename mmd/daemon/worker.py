@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, record
+from .. import atomic, record, spawning
 from ..atomic import Staged
 from ..backends import BackendPool
 from ..backends.base import Backend
@@ -72,7 +72,7 @@ from .messages import (
     StartFailed,
     WorkerSpec,
 )
-from .tunables import GROUP_INPUT_BYTES, HEARTBEAT, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, tighten_umask
+from .tunables import GROUP_INPUT_BYTES, HEARTBEAT, MAX_GROUP, MAX_OUTPUT_ATTEMPTS, OPEN_TURN_S, tighten_umask
 from .warmup import ORDER_WAIT_S, WarmUp
 
 #: Where a runner's events go (the pipe to the main process in a worker; a list's ``append`` in the tests).
@@ -554,7 +554,8 @@ def serve(conn: Connection, control: Control, spec: WorkerSpec, held: list[Any])
     gone = False
     try:
         try:
-            backend = runner.backends.get(settings)
+            with spawning.in_turn(spec.opening, OPEN_TURN_S):
+                backend = runner.backends.get(settings)
         except MmdError as exc:
             report(StartFailed(exc))
             return
