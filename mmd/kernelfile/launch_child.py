@@ -178,11 +178,11 @@ class _Premade:
         self._identity = (0, 0)
 
     def make(self) -> tuple[int, int]:
-        """The memory file made and mapped, its pages made: its address and size (ContextWarmer's ``mapped``)."""
+        """The memory file made and mapped (its pages are made as the driver page-locks it): its address and size
+        (ContextWarmer's ``mapped``)."""
         from .exchange import Shared
 
-        # its pages are made as the driver page-locks them, outside the GIL: made here (populate) they would hold
-        # the GIL, and the imports beside it would wait
+        # made here (populate) its pages would hold the GIL, and the imports beside it would wait
         self.input = Shared(self.nbytes)
         self._identity = _identity(self.input.fd)
         return self.input.address(), self.nbytes
