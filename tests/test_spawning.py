@@ -93,3 +93,20 @@ def test_a_turn_waits_for_the_lock_and_past_its_time_runs_anyway():
     assert lock.acquire(block=False), "a turn it never got is not given back"
     with in_turn(None, 0.0):
         pass
+
+
+def test_mmd_serve_starts_its_fork_server_before_it_reads_its_command_line(monkeypatch: pytest.MonkeyPatch):
+    # everything else of the daemon's start runs beside the fork server's imports, which its first job waits for
+    from mmd import cli, spawning
+
+    seen: list[str] = []
+    build = cli.build_parser
+    monkeypatch.setattr(spawning, "context", lambda: seen.append("fork server"))
+    monkeypatch.setattr(cli, "build_parser", lambda: seen.append("command line") or build())
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert seen == ["fork server", "command line"]
+    seen.clear()
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert seen == ["command line"], "only the daemon starts one"

@@ -74,8 +74,10 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     ``ends_process`` may leave what it holds for the process's end to release.
     """
     warnings.showwarning = _warn_in_one_line
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve"]:
+        _start_fork_server()
+    parser = build_parser()
     if not words:  # a newcomer's first try: the commands, not "required: COMMAND"
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -100,6 +102,16 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _start_fork_server() -> None:
+    """The daemon's workers' fork server started first thing, so that everything else of the daemon's start (the
+    command line, the settings, the daemon's imports, the scan of the inbox) runs beside its imports, which a
+    fresh daemon's first job otherwise waits for. Where it cannot start, ``mmd serve`` says why as it asks again."""
+    from .. import spawning
+
+    with contextlib.suppress(MmdError):
+        spawning.context()
 
 
 def _call(args: argparse.Namespace) -> int:
