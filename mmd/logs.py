@@ -100,10 +100,13 @@ def _structlog() -> Any:
     return structlog
 
 
-def ready() -> None:
-    """Import structlog and apply :func:`configure`'s settings now rather than at the first line: for a process
-    with time to spare before a line that is waited for (the daemon's "serving", while its first worker starts)."""
-    _structlog()
+def ready() -> threading.Thread:
+    """Import structlog and apply :func:`configure`'s settings on a thread of its own from now, rather than at the
+    first line (which waits for that thread where it has not ended): for a process that will soon log a line
+    that is waited for (the daemon's "serving", while its first worker starts)."""
+    thread = threading.Thread(target=_structlog, name="mmd-logs-ready", daemon=True)
+    thread.start()
+    return thread
 
 
 def _apply(structlog: Any, fmt: str, level: str, stream: TextIO | None, environ: Mapping[str, str]) -> None:

@@ -231,6 +231,6 @@ def test_the_logging_library_is_made_ready_before_the_first_line_where_asked():
     # the daemon makes it ready while its first worker starts, so that "serving" waits for no import
     code = (
         "import sys\nfrom mmd import logs\nlogs.configure('json', 'info')\nbefore = 'structlog' in sys.modules\n"
-        "logs.ready()\nprint(before, 'structlog' in sys.modules)"
+        "logs.ready().join()\nprint(before, 'structlog' in sys.modules)"
     )
     assert _run_python("-c", code).split() == ["False", "True"]

@@ -231,11 +231,11 @@ class Daemon:
         wait until the first has opened its backend, giving it the jobs waiting (the others are taken as they come)."""
         devices = worker_devices(self.settings.backend, self.settings.devices, self.settings.workers_per_device)
         self.workers.start(devices)
-        logs.ready()  # while the first worker starts: its "serving" line waits for no import
+        logs.ready()  # while the first worker starts: "serving" then waits for no import
         self._cap_submitters()
         for w in self.workers:
             self.state.worker(w.index, device_index=w.device, current=None, pid=w.pid)
-        # said once the first worker is ready, before it is given a job (jobs go out as each one is ready)
+        # said once the first worker is ready, once it has been given the jobs waiting (jobs go out as each is ready)
         self._serving = functools.partial(
             self.log.info, "serving", inbox=str(self.spool.shared.inbox), outbox=str(self.spool.shared.outbox),
             observer=kind, backend=self.settings.backend, workers=len(devices), devices=sorted(set(devices)),
@@ -261,9 +261,9 @@ class Daemon:
                     raise SpoolError(f"worker {w.index} exited while starting (exit status {w.process.exitcode})")
             if self._stopping is not None:
                 return
+            self._dispatch()  # the first jobs go out before "serving" is said
             if any(w.ready is not None for w in self.workers):
                 self._say_serving()
-            self._dispatch()
 
     def _say_serving(self) -> None:
         """Log "serving" (once)."""
