@@ -493,3 +493,17 @@ def test_a_job_without_a_given_start_arrives_at_its_start(tmp_path):
     _, _, out = job(tmp_path, "1\n2\n3\n")
     rec = yaml.safe_load(record.timing_path(out).read_text())
     assert rec["turnaround_ms"] >= rec["timings_ms"]["overall"]
+
+
+def test_an_interruption_after_the_output_is_written_and_before_its_sidecar_leaves_no_temporary(tmp_path, monkeypatch):
+    # mmd run turns SIGTERM (scancel, Slurm's time limit) into SystemExit wherever it lands: between the
+    # output's write and the sidecar's, its temporary must go too (a real Slurm's scancel once left one)
+    from mmd.pipeline import driver
+
+    def interrupted() -> str:
+        raise SystemExit(143)
+
+    monkeypatch.setattr(driver.record, "now_iso", interrupted)
+    with pytest.raises(SystemExit):
+        job(tmp_path, "2\n1 2\n3 4\n0.5 0\n0 -0.001\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.txt"]

@@ -219,43 +219,41 @@ def _run(
     # Both files are published together (synced, then renamed in order, one fsync of the folder):
     # the output's writeback runs while its sidecar is made. A group's are synced with its group's.
     commit = staged if staged is not None else Staged(durable=settings.durable, ops=ops)
+    # From the output's first byte to the publish, whatever stops the job (a fault, SIGTERM's SystemExit in mmd
+    # run) takes the temporaries with it
     try:
         written = commit.write(job.output, computed.chunks)
-    except BaseException:
-        commit.discard()
-        raise
-    timings["write"] = _since(t0)
-    timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
-    timings["emit"] = computed.stage_ms.get("emit", 0.0)
-    if computed.text.path == "host":  # the host path formats while it writes: the write is the rest
-        timings["write"] -= timings["emit"]
-    facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=hasher.hexdigest())
-    kernel_ms = product.timings_ms.get("kernel")
-    m, k, n = header.m, header.k, header.n
-    timings["overall"] = _since(job.started)
-    rec = TimingRecord(
-        job=job.id,
-        input=facts.input,
-        output=FileFacts(job.output.name, bytes=written.bytes, sha256=written.sha256),
-        shape=shape,
-        backend=backend.name,
-        kernel=product.kernel,
-        tile=product.tile,
-        memory=product.memory,
-        device=product.device,
-        requested=facts.requested,
-        timings_ms=record.timings(timings),
-        text=computed.text,
-        gflops=round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None,
-        notes=list(product.notes) or None,
-        kernel_file=product.kernel_file,
-        turnaround_ms=_turnaround(job),
-        context=job.context,
-        finished_at=record.now_iso(),
-    )
-    sidecar = record.timing_path(job.output)
-    # The sidecar is committed last: its presence means the job is complete.
-    try:
+        timings["write"] = _since(t0)
+        timings["parse"] = header_ms + computed.stage_ms.get("parse", 0.0)
+        timings["emit"] = computed.stage_ms.get("emit", 0.0)
+        if computed.text.path == "host":  # the host path formats while it writes: the write is the rest
+            timings["write"] -= timings["emit"]
+        facts.input = FileFacts(job.input.name, bytes=facts.input.bytes, sha256=hasher.hexdigest())
+        kernel_ms = product.timings_ms.get("kernel")
+        m, k, n = header.m, header.k, header.n
+        timings["overall"] = _since(job.started)
+        rec = TimingRecord(
+            job=job.id,
+            input=facts.input,
+            output=FileFacts(job.output.name, bytes=written.bytes, sha256=written.sha256),
+            shape=shape,
+            backend=backend.name,
+            kernel=product.kernel,
+            tile=product.tile,
+            memory=product.memory,
+            device=product.device,
+            requested=facts.requested,
+            timings_ms=record.timings(timings),
+            text=computed.text,
+            gflops=round(2.0 * m * k * n / (kernel_ms * 1e6), 3) if kernel_ms else None,
+            notes=list(product.notes) or None,
+            kernel_file=product.kernel_file,
+            turnaround_ms=_turnaround(job),
+            context=job.context,
+            finished_at=record.now_iso(),
+        )
+        sidecar = record.timing_path(job.output)
+        # The sidecar is committed last: its presence means the job is complete.
         commit.write(sidecar, [dumps(rec)])
         if staged is None:
             commit.publish()
