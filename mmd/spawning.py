@@ -37,13 +37,20 @@ _PR_SET_PDEATHSIG = 1
 PRELOAD = ["mmd.daemon.worker", "mmd.pipeline", "mmd.backends.cpu", "numpy"]
 
 
+#: The interpreters found to run, each checked once a process (a daemon asks for its context more than once).
+_RUNNABLE: set[str] = set()
+
+
 def context() -> Any:
     """The multiprocessing context workers are started in, its fork server (where there is one) started.
 
     The interpreter the fork server and each worker run must be one this user can run: one it cannot is
     refused here, before anything starts."""
-    if not _runs(_interpreter()):
-        raise _cannot_start(None)
+    interpreter = _interpreter()
+    if interpreter not in _RUNNABLE:
+        if not _runs(interpreter):
+            raise _cannot_start(None)
+        _RUNNABLE.add(interpreter)
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)

@@ -50,10 +50,9 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the workers' fork server, started first thing (mmd.cli), imports the pipeline while this process reads its
+    # settings and imports the daemon
     settings = _settings(args)
-    from .. import spawning
-
-    spawning.context()  # the workers' fork server imports the pipeline while this process imports the daemon
     from ..daemon import Daemon  # the watchdog, metrics and workers: only for this command
 
     return Daemon(settings, reload=lambda: _settings(args)).serve(once=args.once)
