@@ -239,7 +239,6 @@ __device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32
 #if TMA
 /* ---- the TMA build: tensor maps, mbarriers, clusters -------------------- */
 
-#include <cuda.h> /* CUtensorMap */
 
 #if !USE_WGMMA
 #error "TMA=1 is the wgmma path's: build for sm_90a"
@@ -247,8 +246,6 @@ __device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32
 static_assert(CLUSTER_N == 1 || CLUSTER_N == 2, "CLUSTER_N must be 1 or 2");
 static_assert(STAGES >= 2, "the TMA pipeline needs at least 2 stages");
 
-#define TMA_B_BOX_COLS 32                             /* B's slab as 4 boxes of 32 columns: one 128-byte swizzled row each */
-#define TMA_B_BOX_BYTES (BK * TMA_B_BOX_COLS * 4)     /* 4096 */
 #define TMA_A_BOX_ROWS (BM / CLUSTER_N)               /* rows of A's slab each block of a cluster copies (for all) */
 #define TMA_STAGE_BYTES (A_TILE_BYTES + BK * BN * 4)  /* A's slab, then B's 4 boxes, unpadded */
 #define TMA_BARRIERS (2 * STAGES * 8)                 /* a full and an empty mbarrier per stage */
@@ -266,31 +263,6 @@ __device__ __forceinline__ uint32_t b_bits(float x)
 #endif
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-/* The producer's arrival on a full barrier, announcing the bytes the copies will deliver. */
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-/* Wait until the barrier's phase of this parity has completed (acquire at cluster scope: remote arrivals). */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n"
-                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* Arrive on the same barrier in block `rank` of the cluster (this block's own where CLUSTER_N is 1). */
 __device__ __forceinline__ void mbar_arrive_in(uint32_t bar, unsigned rank)
 {
@@ -302,14 +274,6 @@ __device__ __forceinline__ void mbar_arrive_in(uint32_t bar, unsigned rank)
     (void)rank;
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #endif
-}
-
-/* One box of a 2-D tensor map -> shared memory at dst, completing on bar; x the column, y the row. */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
-                 : "memory");
 }
 
 /* The same box into every block of the cluster (the same shared offset and barrier in each). */
@@ -363,7 +327,7 @@ mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 
     block_origin(row0, col0);
     const int tid = threadIdx.x;
     const int warp = tid / WARP, lane = tid % WARP;
-    const int g = lane / 4, q = lane % 4;
+    const int q = lane % 4;
     const unsigned rank = cluster_rank();
     const int slabs = (K + BK - 1) / BK;
 
@@ -400,30 +364,12 @@ mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.0f;
 
-    /* B's slab is 4 boxes of 32 columns, each 32 rows of k x 128 bytes with the 128-byte
-     * swizzle (16-byte chunk c of row k at chunk c ^ (k % 8)). Warp w4 = warp % 4 of warpgroup
-     * wg takes half of box 2wg + w4/2: lane (g, q) the columns 4c + 2h, +1 of the box with
-     * c = 2(w4 % 2) + g/4 + 4((g % 4) / 2), h = g % 2. Over a half-warp (g 0..3, q 0..3, the
-     * rows k % 8 = q or q + 4) the chunks c ^ (k % 8) and halves h are all different: the
-     * 64-bit fragment loads are free of bank conflicts without padding the rows (the copy
-     * engine cannot pad). Logical rows g, g+8 of the warp's 16 are those two columns. */
-    const int w4 = warp % 4, gi = g % 4;
-    const int chunk = 2 * (w4 % 2) + g / 4 + 4 * (gi / 2);
-    const int box = 2 * wg + w4 / 2;
-    const int frag_col = box * TMA_B_BOX_COLS + 4 * chunk + 2 * (gi % 2);
-    const uint32_t frag_box = box * TMA_B_BOX_BYTES + 8 * (gi % 2);
+    const TmaBFrag bf(wg, warp, lane);
     auto load_frags = [&](int s, uint32_t (&f)[BK / 8][4]) {
-        const uint32_t base = b_tile(s) + frag_box;
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
-            const int k = 8 * kk + q; /* k % 8 = q; k + 4: q + 4 */
             float2 lo, hi;
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                         : "=f"(lo.x), "=f"(lo.y)
-                         : "r"(base + k * 128 + ((chunk ^ q) << 4)));
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                         : "=f"(hi.x), "=f"(hi.y)
-                         : "r"(base + (k + 4) * 128 + ((chunk ^ (q + 4)) << 4)));
+            bf.load(b_tile(s), kk, lo, hi);
             f[kk][0] = b_bits(lo.x);
             f[kk][1] = b_bits(lo.y);
             f[kk][2] = b_bits(hi.x);
@@ -474,7 +420,7 @@ mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 
     fence_acc(d);
 
     const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
-    store_wgmma_acc(C, ldc, M, N, vec_c, frag_col, q, d);
+    store_wgmma_acc(C, ldc, M, N, vec_c, bf.frag_col, q, d);
     /* A block leaves only when its cluster partner is done with it: the partner's last
      * arrivals on this block's empty barriers must find them. */
     cluster_sync();

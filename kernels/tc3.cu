@@ -87,14 +87,25 @@
  *   needs: TF32 tensor cores
  *   arch_specific: [sm_90]  # built for sm_90a there: wgmma
  *   tile_macro: null
- *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8}
+ *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8, TMA: 0, A_TRUNC: 0}
  *   switches: [USE_WGMMA]  # the file sets it by target
- *   block: [256]  # two warpgroups
+ *   requires:
+ *     not TMA or PROMOTE == 1: the TMA build promotes every slab (PROMOTE=1)
+ *     TMA or not A_TRUNC: A_TRUNC is a setting of the TMA build (TMA=1)
+ *   block: [256 + 128*TMA]  # two warpgroups that multiply; the TMA build's third copies and splits
+ *   producers: 128*TMA
  *   block_tile: [BM, BN, BK]
  *   thread_tile: [BM/16, BN/16]
  *   grid: [columns, rows]
  *   shared_bytes: 0
- *   dynamic_shared_bytes: STAGES*(2*BM*BK + BK*(BN + 8))*4 + 1024
+ *   # per stage A's big and small tiles and B's slab (padded rows; the TMA build's unpadded, and three mbarriers)
+ *   dynamic_shared_bytes: >-
+ *     STAGES*(2*BM*BK + BK*BN)*4 + 1024 + 24*STAGES if TMA else STAGES*(2*BM*BK + BK*(BN + 8))*4 + 1024
+ *   tensor_maps: {when: TMA, a_box: [BM, BK], b_box: [BK, 32], swizzle: 128, tf32: 0}
+ *   # on sm_90a: tiles by the copy engine, split once by a producer warpgroup (docs/tensorcores.md, "The TMA
+ *   # build of tc3")
+ *   arch_variants:
+ *     sm_90a: {label: tma, defines: {TMA: 1}}
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
@@ -126,6 +137,12 @@
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8 /* block-rows walked before moving one block-column right */
+#endif
+#ifndef TMA
+#define TMA 0 /* 1: tiles by the copy engine, a producer warpgroup that splits them (the TMA build) */
+#endif
+#ifndef A_TRUNC
+#define A_TRUNC 0 /* TMA build: 1 = A's big part is A as loaded (the tensor cores truncate it); only small is written */
 #endif
 #define A_PARTS 2 /* copies of A's slab per stage: big (raw until split) and small */
 
@@ -216,6 +233,171 @@ __device__ __forceinline__ void wgmma_m64n128k8_rs(float (&d)[64], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 #endif
+
+#if TMA
+/* ---- the TMA build: a producer warpgroup, two multiplying warpgroups ------ */
+
+#if !USE_WGMMA
+#error "TMA=1 is the wgmma path's: build for sm_90a"
+#endif
+static_assert(PROMOTE == 1, "the TMA build promotes every slab");
+
+#define TMA_THREADS (THREADS + 128)                   /* warpgroup 0 copies and splits; 1 and 2 multiply */
+#define TMA_STAGE_BYTES (2 * A_TILE_BYTES + BK * BN * 4) /* A's slab (split in place: big), its small part, B's boxes */
+#define TMA_COPY_BYTES (A_TILE_BYTES + BK * BN * 4)     /* what the copy engine delivers per stage */
+#define TMA_SMEM_BYTES (STAGES * TMA_STAGE_BYTES + 1024 + 3 * STAGES * 8)
+#define PRODUCER_REGS 40  /* setmaxnreg: the producer's registers ... */
+#define CONSUMER_REGS 232 /* ... and the multipliers': 128 * 40 + 256 * 232 <= 65536 */
+static_assert(TMA_SMEM_BYTES <= 227 * 1024, "the stages must fit in the 227 KiB of shared memory a block may use");
+static_assert(TMA_STAGE_BYTES % 1024 == 0, "every tile must start on a 1024-byte boundary (128-byte swizzle)");
+static_assert(BN / TMA_B_BOX_COLS == 4, "B's slab is four boxes, two per multiplying warpgroup");
+static_assert(128 * PRODUCER_REGS + 2 * 128 * CONSUMER_REGS <= 65536, "the register file holds both roles");
+
+/* A_TRUNC's small part: x less x truncated to TF32 (what the tensor cores read of x), rounded the cheap way. */
+__device__ __forceinline__ float trunc_rest(float x)
+{
+    const float rest = isinf(x) ? 0.0f : x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u);
+    return __uint_as_float(__float_as_uint(rest) + 0x1000u);
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1)
+mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte swizzle, fp32 */
+        const __grid_constant__ CUtensorMap map_b, /* B: box 32 x BK, 128-byte swizzle, fp32 */
+        float* __restrict__ C,
+        int M, int K, int N, int ldc)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t tiles = (raw + 1023u) & ~1023u;
+    unsigned char* const tiles_ptr = smem_raw + (tiles - raw);
+    /* full[s]: the copy engine's bytes; ready[s]: the producer's split; empty[s]: the multipliers are done */
+    const uint32_t bars = tiles + STAGES * TMA_STAGE_BYTES;
+    auto a_tile = [&](int s) { return tiles + s * TMA_STAGE_BYTES; };
+    auto b_tile = [&](int s) { return tiles + s * TMA_STAGE_BYTES + 2 * A_TILE_BYTES; };
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto ready = [&](int s) { return bars + 8 * (STAGES + s); };
+    auto empty = [&](int s) { return bars + 8 * (2 * STAGES + s); };
+
+    int row0, col0;
+    block_origin(row0, col0);
+    const int tid = threadIdx.x;
+    const int warp = tid / WARP, lane = tid % WARP;
+    const int wg = warp / 4;
+    const int slabs = (K + BK - 1) / BK;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);      /* the producer's expect_tx; the bytes complete it */
+            mbar_init(ready(s), 128);   /* every producer thread, its share split */
+            mbar_init(empty(s), WARPS); /* every multiplying warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---- the producer: copies each slab, then splits A's: big in place, small beside it.
+         * Thread 0 refills slab t-1's stage with slab t-1+STAGES once the multipliers release it,
+         * so STAGES - 1 slabs are copied ahead of the one split. */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        auto produce = [&](int t) {
+            const int s = t % STAGES, k0 = t * BK;
+            mbar_expect_tx(full(s), TMA_COPY_BYTES);
+            tma_load(a_tile(s), &map_a, k0, row0, full(s));
+#pragma unroll
+            for (int j = 0; j < BN / TMA_B_BOX_COLS; ++j)
+                tma_load(b_tile(s) + j * TMA_B_BOX_BYTES, &map_b, col0 + j * TMA_B_BOX_COLS, k0, full(s));
+        };
+        if (tid == 0)
+            for (int t = 0; t < STAGES && t < slabs; ++t) produce(t);
+        for (int t = 0; t < slabs; ++t) {
+            const int s = t % STAGES;
+            mbar_wait(full(s), (t / STAGES) & 1);
+            float4* big = reinterpret_cast<float4*>(tiles_ptr + s * TMA_STAGE_BYTES);
+            /* the split is elementwise: any layout, here the swizzled one, 16 bytes a thread in turn */
+#pragma unroll
+            for (int i = 0; i < A_TILE_BYTES / 16 / 128; ++i) {
+                const int at = tid + 128 * i;
+                const float4 v = big[at];
+#if A_TRUNC
+                big[at + A_TILE_BYTES / 16] = make_float4(trunc_rest(v.x), trunc_rest(v.y), trunc_rest(v.z),
+                                                          trunc_rest(v.w));
+#else
+                float4 b, sm;
+                split_tf32(v.x, b.x, sm.x);
+                split_tf32(v.y, b.y, sm.y);
+                split_tf32(v.z, b.z, sm.z);
+                split_tf32(v.w, b.w, sm.w);
+                big[at] = b;
+                big[at + A_TILE_BYTES / 16] = sm;
+#endif
+            }
+            fence_async_shared(); /* the split, visible to the tensor cores */
+            mbar_arrive(ready(s));
+            const int next = t - 1 + STAGES;
+            if (tid == 0 && t > 0 && next < slabs) {
+                mbar_wait(empty((t - 1) % STAGES), ((t - 1) / STAGES) & 1);
+                produce(next);
+            }
+        }
+        return;
+    }
+
+    /* ---- the multipliers: warpgroup wg owns columns 64(wg-1) .. +63 of the C tile ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int q = lane % 4;
+    const TmaBFrag bf(wg - 1, warp, lane);
+    float d[64];  /* fp32 accumulators (FADD, round to nearest) */
+    float dc[64]; /* the tensor cores' accumulators of the current slab */
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = dc[i] = 0.0f;
+
+    Frags f;
+    for (int t = 0; t < slabs; ++t) {
+        const int s = t % STAGES, parity = (t / STAGES) & 1;
+        mbar_wait(full(s), parity);
+        mbar_wait(ready(s), parity);
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            float2 lo, hi;
+            bf.load(b_tile(s), kk, lo, hi);
+            split_tf32(lo.x, f.big[kk][0], f.small[kk][0]);
+            split_tf32(lo.y, f.big[kk][1], f.small[kk][1]);
+            split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
+            split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
+        }
+        uint64_t desc[BK / 8][2]; /* [kk][big, small] */
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            desc[kk][0] = smem_desc(a_tile(s) + 32 * kk);
+            desc[kk][1] = smem_desc(a_tile(s) + A_TILE_BYTES + 32 * kk);
+        }
+        pin(f, desc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk) {
+            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0); /* A big x B small */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);        /* A small x B big */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);        /* A big x B big */
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty(s));
+        fence_acc(dc);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) d[i] += dc[i];
+    }
+
+    const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
+    store_wgmma_acc(C, ldc, M, N, vec_c, bf.frag_col, q, d);
+}
+
+#else
 
 /* ---- the kernel ------------------------------------------------------- */
 
@@ -437,3 +619,4 @@ mmd_tc3(const float* __restrict__ A,
     store_mma_acc(C, ldc, M, N, vec_c, wm, wn, g, q, d);
 #endif
 }
+#endif /* TMA */

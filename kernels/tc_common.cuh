@@ -353,4 +353,82 @@ __device__ __forceinline__ void store_mma_acc(float* __restrict__ C, int ldc, in
 }
 #endif
 
+#if defined(TMA) && TMA
+/* ---- the TMA builds' copies and barriers (tc1's and tc3's) ---------------- */
+
+#include <cuda.h> /* CUtensorMap */
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* The producer's arrival on a full barrier, announcing the bytes the copies will deliver. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+/* Wait until the barrier's phase of this parity has completed (acquire at cluster scope: remote arrivals). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* One box of a 2-D tensor map -> shared memory at dst, completing on bar; x the column, y the row. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+#define TMA_B_BOX_COLS 32                         /* B's slab as boxes of 32 columns: one 128-byte swizzled row each */
+#define TMA_B_BOX_BYTES (BK * TMA_B_BOX_COLS * 4) /* 4096 */
+
+/* Where a thread's B^T fragments lie in B's slab as the copy engine leaves it: BN / 32 boxes of
+ * 32 columns, each 32 rows of k x 128 bytes with the 128-byte swizzle (16-byte chunk c of row k
+ * at chunk c ^ (k % 8)). Warp w4 = warp % 4 of the multiplying warpgroup wg takes half of box
+ * 2wg + w4/2: lane (g, q) the columns 4c + 2h, +1 of the box with c = 2(w4 % 2) + g/4 +
+ * 4((g % 4) / 2), h = g % 2. Over a half-warp (g 0..3, q 0..3, the rows k % 8 = q or q + 4)
+ * the chunks c ^ (k % 8) and halves h are all different: the 64-bit fragment loads are free of
+ * bank conflicts without padding the rows (the copy engine cannot pad). Logical rows g, g+8 of
+ * the warp's 16 are those two columns (frag_col, frag_col + 1 of the block's C tile). */
+struct TmaBFrag {
+    int chunk, q, frag_col;
+    uint32_t frag_box;
+
+    __device__ __forceinline__ TmaBFrag(int wg, int warp, int lane)
+    {
+        const int g = lane / 4, gi = g % 4, w4 = warp % 4;
+        const int box = 2 * wg + w4 / 2;
+        chunk = 2 * (w4 % 2) + g / 4 + 4 * (gi / 2);
+        q = lane % 4;
+        frag_col = box * TMA_B_BOX_COLS + 4 * chunk + 2 * (gi % 2);
+        frag_box = box * TMA_B_BOX_BYTES + 8 * (gi % 2);
+    }
+
+    /* k step kk's fragment values from the slab at b_tile: lo = (k 8kk+q), hi = (k 8kk+q+4), each
+     * the thread's two columns. */
+    __device__ __forceinline__ void load(uint32_t b_tile, int kk, float2& lo, float2& hi) const
+    {
+        const uint32_t base = b_tile + frag_box;
+        const int k = 8 * kk + q; /* k % 8 = q; k + 4: q + 4 */
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(lo.x), "=f"(lo.y)
+                     : "r"(base + k * 128 + ((chunk ^ q) << 4)));
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(hi.x), "=f"(hi.y)
+                     : "r"(base + (k + 4) * 128 + ((chunk ^ (q + 4)) << 4)));
+    }
+};
+#endif /* TMA */
+
 #endif /* MMD_TC_COMMON_CUH */

@@ -94,6 +94,7 @@ def _build(kernel: str, declared: Declaration, label: str, classes: tuple[str, .
         dynamic_shared_bytes=declared.dynamic_shared(0),
         cluster_x=declared.cluster(0),
         tensor_maps=declared.maps(0),
+        producer_threads=declared.producer_threads(0),
     )
 
 

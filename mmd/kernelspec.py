@@ -65,6 +65,8 @@ class Variant:
     cluster_x: int = 1
     #: The TMA build's operand maps, as in :attr:`KernelSpec.tensor_maps`.
     tensor_maps: TensorMaps | None = None
+    #: Threads that compute no outputs, as in :attr:`KernelSpec.producer_threads`.
+    producer_threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class KernelSpec:
     shared_floats_per_tile2: int = 0
     #: For kernels whose block does not depend on the tile (the tile is
     #: ignored): (BM, BN, TM, TN), C rows and columns per block and per
-    #: thread, with (BM/TM)·(BN/TN) threads in a 1-D block.
+    #: thread, with (BM/TM)·(BN/TN) threads (and :attr:`producer_threads`) in a 1-D block.
     block_tile: tuple[int, int, int, int] | None = None
     #: Their static shared memory in bytes.
     fixed_shared_bytes: int = 0
@@ -109,6 +111,9 @@ class KernelSpec:
     arch_variants: tuple[tuple[str, Variant], ...] = ()
     #: The operand maps of a TMA build (None: the common argument list, pointers and strides).
     tensor_maps: TensorMaps | None = None
+    #: Threads of a fixed block that compute no outputs (tc3's TMA build: the warpgroup that copies and splits
+    #: the tiles), beside the (BM/TM)·(BN/TN) that do.
+    producer_threads: int = 0
     #: What a build chosen by :meth:`for_arch` falls back to where its operands do not suit it (a TMA
     #: build: A or B not 16-byte aligned); None for every other build.
     fallback: KernelSpec | None = None
@@ -166,6 +171,7 @@ class KernelSpec:
             dynamic_shared_bytes=variant.dynamic_shared_bytes,
             cluster_x=variant.cluster_x,
             tensor_maps=variant.tensor_maps,
+            producer_threads=variant.producer_threads,
             variants=(),
             variant=variant.label,
         )
@@ -223,7 +229,7 @@ class KernelSpec:
         """Block dimensions (x, y, z) in threads."""
         if self.block_tile is not None:
             bm, bn, tm, tn = self.block_tile
-            return ((bm // tm) * (bn // tn), 1, 1)
+            return ((bm // tm) * (bn // tn) + self.producer_threads, 1, 1)
         return (tile, tile, 1)
 
     def block_shape(self, tile: int) -> tuple[int, int]:

@@ -18,6 +18,9 @@
 # students  students' kernels: a kernel file's one-shot beside the built-in (benchmarks/kernelfile_vs_builtin.py),
 #           a class of 20 graded (benchmarks/grade_class.py), and a class graded beside the service while
 #           students drop 32x32 jobs (tests/gpu/test_grade_service.py)
+# tensor    the tensor-core kernels' TMA builds: benchmarks/tc_ladder.py --only $TENSOR_BUILDS (compile, check on
+#           16 shapes x 3 layouts, 4096^3 and 8192^3 beside cuBLAS SGEMM and TF32, the accuracy sweep), then the
+#           GPU tests that hold which build runs where and that tc3's TMA build gives the cp.async build's bits
 # first     benchmarks/bench_first_job.py: a fresh daemon's first 32x32 job, 1 and 8 workers, the kernel built
 #           (beside .wholejob/prev when it is there)
 #
@@ -182,6 +185,16 @@ stage_students() {
     timeout 120 python3 -m pytest -q -p no:randomly -m gpu -o timeout=0 -s tests/gpu/test_grade_service.py \
         >"$OUT/grade_service.log" 2>&1 || status=1
     grep -E "passed|failed|^E  |drop -> sidecar|windows, held|run again" "$OUT/grade_service.log" | tail -n 8
+}
+
+stage_tensor() {
+    local labels=${TENSOR_BUILDS:-tc3,tc3_tma,tc1_tma_tf}
+    timeout 400 python3 benchmarks/tc_ladder.py --only "$labels" --out "$OUT/tensor" >"$OUT/tc_ladder.log" 2>&1 \
+        || status=1
+    grep -vE "^\s*$" "$OUT/tc_ladder.log" | tail -n 60
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
+        -k "tensor_core or tc3s or tc1s" >"$OUT/tensor-tests.log" 2>&1 || status=1
+    grep -E "passed|failed|^E  " "$OUT/tensor-tests.log" | tail -n 12
 }
 
 stage_first() {

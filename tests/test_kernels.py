@@ -193,9 +193,10 @@ def test_geometry_covers_every_output_without_a_spare_block(kernel, tile, m, n):
     # one block (along x: one cluster) fewer would leave outputs uncovered
     assert gx % spec.cluster_x == 0
     assert (gx - spec.cluster_x) * cols < n and (gy - 1) * rows < m
-    # the block's threads cover its C tile exactly
-    assert bx * by * spec.outputs_per_thread == rows * cols
-    assert gx * gy * bx * by * spec.outputs_per_thread >= m * n
+    # the block's threads that compute (all but its producers) cover its C tile exactly
+    assert spec.producer_threads == 0 or spec.for_arch("sm_90") is not spec
+    assert (bx * by - spec.producer_threads) * spec.outputs_per_thread == rows * cols
+    assert gx * gy * (bx * by - spec.producer_threads) * spec.outputs_per_thread >= m * n
 
 
 def test_shared_bytes_match_the_sources():
@@ -296,8 +297,26 @@ OLD_REGISTRY: tuple[KernelSpec, ...] = (
         name="tc3", kind="source",
         description="3xTF32 tensor cores: fp32-class accuracy above fp32 speed (tile ignored)", source_file="tc3.cu",
         entry="mmd_tc3", block_tile=(128, 128, 8, 8), dynamic_shared_bytes=201728, arch_specific=("sm_90",),
+        arch_variants=(
+            (
+                "sm_90a",
+                Variant(
+                    label="tma",
+                    macros=(
+                        ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8),
+                        ("TMA", 1), ("A_TRUNC", 0),
+                    ),
+                    block_tile=(128, 128, 8, 8), shared_bytes=0, dynamic_shared_bytes=197728,
+                    tensor_maps=TensorMaps(a_box=(128, 32), b_box=(32, 32), tf32=False), producer_threads=128,
+                ),
+            ),
+        ),
         min_compute_capability=(8, 0), requirement="TF32 tensor cores", exact=False,
-        macros=(("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8)), course=False,
+        macros=(
+            ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8), ("TMA", 0),
+            ("A_TRUNC", 0),
+        ),
+        course=False,
     ),
     KernelSpec(name="cublas", kind="library", description="cuBLAS SGEMM (the vendor library, for reference)"),
     KernelSpec(
@@ -316,7 +335,7 @@ OLD_DEFAULTS: dict[str, dict[str, int]] = {
         "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0, "TMA": 0,
         "TMA_TF32": 0, "CLUSTER_N": 1,
     },
-    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8},
+    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0},
 }  # fmt: skip
 
 
@@ -364,8 +383,10 @@ def test_a_variant_is_its_kernels_declaration_with_other_macros():
     """The geometry of any macro set comes from the declaration's expressions; its conditions are checked."""
     assert registry.variant("tc3", "x", STAGES=3).dynamic_shared_bytes == 3 * (2 * 128 * 32 + 32 * 136) * 4 + 1024
     assert dict(registry.variant("tc1", "x", USE_WGMMA=0).macros)["USE_WGMMA"] == 0  # a switch: no default here
-    with pytest.raises(KernelError, match=r"^tc3 has no parameter TMA$"):
-        registry.variant("tc3", "x", TMA=1)
+    with pytest.raises(KernelError, match=r"^tc3 has no parameter CLUSTER_N$"):
+        registry.variant("tc3", "x", CLUSTER_N=2)
+    with pytest.raises(KernelError, match=r"^tc3: A_TRUNC is a setting of the TMA build \(TMA=1\)$"):
+        registry.variant("tc3", "x", A_TRUNC=1)
     with pytest.raises(KernelError, match=r"^tiled takes the tile; its builds have no variants$"):
         registry.variant("tiled", "x")
     with pytest.raises(KernelError, match=r"^cublas is not a source kernel"):
@@ -538,18 +559,33 @@ def test_tc1_elsewhere_is_the_cp_async_build(arch):
     assert tc1.for_arch(arch) is tc1 and dict(tc1.macros)["TMA"] == 0 and tc1.tensor_maps is None
 
 
-@pytest.mark.parametrize("kernel", [n for n in registry.SOURCE_KERNELS if n != "tc1"])
+def test_tc3_on_sm_90_is_the_tma_build_with_a_producer_warpgroup_and_the_cp_async_build_behind_it():
+    tc3 = registry.get("tc3")
+    tma = tc3.for_arch("sm_90")
+    assert dict(tma.macros)["TMA"] == 1 and tma.variant == "tma" and tma.arch_for("sm_90") == "sm_90a"
+    assert tma.tensor_maps == TensorMaps(a_box=(128, 32), b_box=(32, 32), swizzle=128, tf32=False)
+    # two warpgroups own the outputs, a third copies and splits: 384 threads, 256 of them 64 outputs each
+    assert tma.block(0) == (384, 1, 1) and tma.producer_threads == 128 and tma.outputs_per_thread == 64
+    assert tma.dynamic_shared_bytes == 197728 and tma.grid(4095, 1000, 0) == tc3.grid(4095, 1000, 0)
+    fallback = tma.fallback
+    assert fallback is not None and fallback.block(0) == (256, 1, 1) and fallback.producer_threads == 0
+    assert fallback.tensor_maps is None and fallback.for_arch("sm_90") is fallback
+
+
+@pytest.mark.parametrize("kernel", [n for n in registry.SOURCE_KERNELS if n not in ("tc1", "tc3")])
 def test_no_other_kernel_changes_on_sm_90(kernel):
     spec = registry.get(kernel)
     assert spec.for_arch("sm_90") is spec
 
 
 @pytest.mark.parametrize(("m", "n"), AWKWARD)
-def test_the_tma_builds_geometry_covers_every_output_without_a_spare_block(m, n):
-    spec = registry.get("tc1").for_arch("sm_90")
+@pytest.mark.parametrize("kernel", ["tc1", "tc3"])
+def test_the_tma_builds_geometry_covers_every_output_without_a_spare_block(kernel, m, n):
+    spec = registry.get(kernel).for_arch("sm_90")
     gx, gy, _ = spec.grid(m, n, 0)
     rows, cols = spec.block_shape(0)
     assert gx * cols >= n and (gx - 1) * cols < n and gy * rows >= m and (gy - 1) * rows < m
+    assert (spec.block(0)[0] - spec.producer_threads) * spec.outputs_per_thread == rows * cols
 
 
 @pytest.mark.parametrize("cluster", [1, 2])
@@ -563,4 +599,4 @@ def test_the_tma_builds_b_box_is_the_files_own():
     """tc1's declaration says how wide B's boxes are; the kernel copies boxes TMA_B_BOX_COLS wide."""
     maps = registry.variant("tc1", "x", TMA=1).tensor_maps
     assert maps is not None
-    assert re.search(rf"#define TMA_B_BOX_COLS {maps.b_box[1]}\b", (kernels_dir() / "tc1.cu").read_text())
+    assert re.search(rf"#define TMA_B_BOX_COLS {maps.b_box[1]}\b", (kernels_dir() / "tc_common.cuh").read_text())

@@ -150,6 +150,9 @@ class Declaration:
     switches: tuple[str, ...] = ()
     #: Blocks per thread-block cluster along grid x.
     cluster_x: Expr = ONE
+    #: Threads of the block that compute no outputs (a warp-specialized kernel's copying warpgroup); the others
+    #: cover the block tile.
+    producers: Expr = ZERO
     #: The operand maps of its TMA builds (None: the common argument list, pointers and strides).
     tensor_maps: TensorMapsDeclaration | None = None
     #: Builds chosen per shape class (mmd.kernels.KernelSpec.for_shape); empty: one build.
@@ -206,7 +209,7 @@ class Declaration:
         maps = self.tensor_maps.exprs if self.tensor_maps is not None else ()
         return (
             *self.block, *self.block_tile, self.dynamic_shared_bytes, *optional, *(self.thread_tile or ()),
-            self.cluster_x, *(cond for cond, _ in self.requires), *maps,
+            self.cluster_x, self.producers, *(cond for cond, _ in self.requires), *maps,
         )  # fmt: skip
 
     @property
@@ -288,11 +291,15 @@ class Declaration:
         if shape is not None:
             return shape[0] * shape[1]
         rows, cols, _ = self.block_shape(tile)
-        return rows * cols // self.threads_per_block(tile)
+        return rows * cols // (self.threads_per_block(tile) - self.producer_threads(tile))
 
     def cluster(self, tile: int) -> int:
         """Blocks per cluster along grid x at ``tile``."""
         return self.cluster_x.value(self.env(tile))
+
+    def producer_threads(self, tile: int) -> int:
+        """Threads of a block at ``tile`` that compute no outputs (:attr:`producers`)."""
+        return self.producers.value(self.env(tile))
 
     def grid_dims(self, m: int, n: int, tile: int) -> tuple[int, int, int]:
         """Grid (x, y, z) for an m×n C: each axis walks what :attr:`grid` says; x a whole number of clusters."""
@@ -337,7 +344,13 @@ class Declaration:
             if bytes_ is not None and bytes_.value(env) < 0:
                 raise ValueError(f"at tile {tile}: {bytes_.text} is {bytes_.value(env)} bytes of shared memory")
         rows, cols, _ = self.block_shape(tile)
-        threads, outputs = self.threads_per_block(tile), self.outputs(tile)
+        producers = self.producer_threads(tile)
+        if not 0 <= producers < self.threads_per_block(tile):
+            raise ValueError(
+                f"at tile {tile}: {self.producers.text} is {producers} producer threads; the block has "
+                f"{self.threads_per_block(tile)}"
+            )
+        threads, outputs = self.threads_per_block(tile) - producers, self.outputs(tile)
         if threads * outputs != rows * cols:
             raise ValueError(
                 f"at tile {tile}: {threads} threads × {outputs} outputs per thread do not cover a {rows}×{cols} "
@@ -355,7 +368,7 @@ KEYS: tuple[str, ...] = tuple(f.name for f in fields(Declaration) if f.name != "
 #: in a process of its own, through the common argument list, so none of these would mean anything there.
 OWN_KEYS: tuple[str, ...] = (
     "rung", "description", "course", "min_compute_capability", "needs", "arch_specific", "switches",
-    "cluster_x", "tensor_maps", "variants", "arch_variants",
+    "cluster_x", "producers", "tensor_maps", "variants", "arch_variants",
 )  # fmt: skip
 
 

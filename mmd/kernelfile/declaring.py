@@ -74,7 +74,7 @@ def _field(key: str, value: object) -> object:
         return _exprs(value, key + " (rows, columns, depth)", (3,))
     if key == "thread_tile":
         return _exprs(value, key + " (rows, columns)", (2,))
-    if key in ("outputs_per_thread", "shared_bytes", "dynamic_shared_bytes", "cluster_x"):
+    if key in ("outputs_per_thread", "shared_bytes", "dynamic_shared_bytes", "cluster_x", "producers"):
         return None if value is None and key in ("outputs_per_thread", "shared_bytes") else Expr.of(value)
     if key == "grid":
         if not isinstance(value, list) or len(value) != 2:

@@ -315,19 +315,20 @@ def test_exact_kernels_print_an_exact_product_as_printf_does(cuda_backend, kerne
     assert textformat.emit(c) == textformat.format_reference(want)
 
 
-# -- tc1: the TMA build on sm_90a, the cp.async build wherever the copy engine cannot read A or B -----------------
+# -- tc1 and tc3: the TMA build on sm_90a, the cp.async build wherever the copy engine cannot read A or B ------------
 
+TMA_KERNELS = ("tc1", "tc3")
 TC1_SIZES = [(1, 1, 1), (1, 4, 4), (7, 8, 12), (33, 32, 36), (33, 33, 33), (37, 53, 29), (127, 128, 100),
              (257, 1000, 132), (1000, 1000, 1000), (4095, 1000, 1028)]  # fmt: skip
 
 
-def tc1_build(session, memory: str, m: int, k: int, n: int) -> registry.KernelSpec:
-    """The build session.stream.multiply launches for tc1 on matrices of this mode and shape."""
+def tma_kernel_build(session, kernel: str, memory: str, m: int, k: int, n: int) -> registry.KernelSpec:
+    """The build session.stream.multiply launches for ``kernel`` on matrices of this mode and shape."""
     from mmd.cuda.stream import launch_build
 
     held = [session.memory.alloc(memory, rows, cols) for rows, cols in ((m, k), (k, n))]
     try:
-        compiled, _ = session.modules.compile(registry.get("tc1"), 0)
+        compiled, _ = session.modules.compile(registry.get(kernel), 0)
         return launch_build(compiled.spec, *held)
     finally:
         for matrix in held:
@@ -336,31 +337,31 @@ def tc1_build(session, memory: str, m: int, k: int, n: int) -> registry.KernelSp
 
 @pytest.mark.parametrize("size", TC1_SIZES, ids=size_id)
 @pytest.mark.parametrize("memory", MEMORY_MODES)
-def test_tc1_takes_the_tma_build_where_it_can_and_is_right_everywhere(cuda_backend, memory, size):
+@pytest.mark.parametrize("kernel", TMA_KERNELS)
+def test_the_tensor_core_kernels_take_the_tma_build_where_they_can_and_are_right_everywhere(
+    cuda_backend, kernel, memory, size
+):
     session = cuda_backend.session
     m, k, n = size
-    build = tc1_build(session, memory, m, k, n)
+    precision = registry.get(kernel).precision
+    build = tma_kernel_build(session, kernel, memory, m, k, n)
     hopper = session.device.limits.arch == "sm_90"
     rows_aligned = memory == "pitched" or (k % 4 == 0 and n % 4 == 0)
     assert (build.tensor_maps is not None) == (hopper and rows_aligned), f"{memory} {size_id(size)}: {build.variant}"
     a, b = operands(m, k, n, seed=hash((memory, size)) % 2**32)
-    c = poisoned_product(cuda_backend, "tc1", 0, memory, a, b)
-    assert_close(c, a, b, f"tc1 ({build.variant or 'cp.async'}) {memory} {size_id(size)} (poisoned)", "tf32")
-    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel="tc1", memory=memory))
-    assert_close(product.c, a, b, f"tc1 {memory} {size_id(size)} (backend)", "tf32")
+    c = poisoned_product(cuda_backend, kernel, 0, memory, a, b)
+    assert_close(c, a, b, f"{kernel} ({build.variant or 'cp.async'}) {memory} {size_id(size)} (poisoned)", precision)
+    product = cuda_backend.multiply(a, b, MultiplyRequest(kernel=kernel, memory=memory))
+    assert_close(product.c, a, b, f"{kernel} {memory} {size_id(size)} (backend)", precision)
 
 
-@pytest.mark.parametrize(("a_off", "b_off", "a_pad", "b_pad"), [(0, 0, 0, 0), (1, 0, 0, 0), (0, 3, 0, 0),
-                                                                 (0, 0, 1, 0), (0, 0, 0, 2), (2, 2, 3, 1)])  # fmt: skip
-def test_tc1_on_views_of_any_alignment(cuda_backend, a_off, b_off, a_pad, b_pad):
-    """A and B as views into larger matrices, starting ``*_off`` floats in, rows ``*_pad`` floats longer:
-    the copy engine reads only 16-byte aligned rows, and tc1 is right at every alignment."""
+def product_on_views(session, kernel: str, a, b, a_off: int, b_off: int, a_pad: int, b_pad: int) -> tuple:
+    """``kernel``'s A·B with A and B as views into larger NaN-filled matrices, starting ``*_off`` floats in, rows
+    ``*_pad`` floats longer; and whether the TMA build ran."""
     from mmd.cuda.memory import DeviceMatrix
     from mmd.cuda.stream import launch_build
 
-    session = cuda_backend.session
-    m, k, n = 300, 260, 200
-    a, b = operands(m, k, n, seed=a_off * 64 + b_off * 16 + a_pad * 4 + b_pad)
+    (m, k), n = a.shape, b.shape[1]
     lda, ldb = k + a_off + a_pad, n + b_off + b_pad
     big_a = np.full((m, lda), np.nan, np.float32)
     big_b = np.full((k, ldb), np.nan, np.float32)
@@ -377,15 +378,44 @@ def test_tc1_on_views_of_any_alignment(cuda_backend, a_off, b_off, a_pad, b_pad)
         session.memory.fill(dc, float("nan"))
         va = DeviceMatrix("device", m, k, lda, da.ptr + 4 * a_off)
         vb = DeviceMatrix("device", k, n, ldb, db.ptr + 4 * b_off)
-        compiled, _ = session.modules.compile(registry.get("tc1"), 0)
-        tma = session.device.limits.arch == "sm_90" and all(x % 4 == 0 for x in (a_off, b_off, lda, ldb))
-        assert (launch_build(compiled.spec, va, vb).tensor_maps is not None) == tma
+        compiled, _ = session.modules.compile(registry.get(kernel), 0)
+        tma = launch_build(compiled.spec, va, vb).tensor_maps is not None
         session.stream.multiply(compiled, va, vb, dc)
-        c = session.memory.download(dc, "c")
+        return session.memory.download(dc, "c"), tma
     finally:
         for matrix in held:
             session.memory.free(matrix)
-    assert_close(c, a, b, f"tc1 on views at offsets {a_off}, {b_off}, ld {lda}, {ldb}", "tf32")
+
+
+@pytest.mark.parametrize(("a_off", "b_off", "a_pad", "b_pad"), [(0, 0, 0, 0), (1, 0, 0, 0), (0, 3, 0, 0),
+                                                                 (0, 0, 1, 0), (0, 0, 0, 2), (2, 2, 3, 1)])  # fmt: skip
+@pytest.mark.parametrize("kernel", TMA_KERNELS)
+def test_the_tensor_core_kernels_on_views_of_any_alignment(cuda_backend, kernel, a_off, b_off, a_pad, b_pad):
+    """The copy engine reads only 16-byte aligned rows, and each kernel is right at every alignment."""
+    session = cuda_backend.session
+    a, b = operands(300, 260, 200, seed=a_off * 64 + b_off * 16 + a_pad * 4 + b_pad)
+    c, tma = product_on_views(session, kernel, a, b, a_off, b_off, a_pad, b_pad)
+    lda, ldb = 260 + a_off + a_pad, 200 + b_off + b_pad
+    assert tma == (session.device.limits.arch == "sm_90" and all(x % 4 == 0 for x in (a_off, b_off, lda, ldb)))
+    where = f"{kernel} on views at offsets {a_off}, {b_off}, ld {lda}, {ldb}"
+    assert_close(c, a, b, where, registry.get(kernel).precision)
+
+
+@pytest.mark.parametrize("size", [(129, 257, 130), (1000, 1000, 1000), (300, 4096, 200)], ids=size_id)
+def test_tc3s_tma_build_gives_the_cp_async_builds_bits(cuda_backend, size):
+    """The producer warpgroup splits A as the cp.async build's threads did, and the products and promotions run
+    in the same order: the same bits, wherever either build runs."""
+    session = cuda_backend.session
+    if session.device.limits.arch != "sm_90":
+        pytest.skip("the TMA build is sm_90a's")
+    m, k, n = size
+    a, b = operands(m, k, n, seed=m + k + n)
+    by_tma, tma = product_on_views(session, "tc3", a, b, 0, 0, 0, 0)
+    by_cp_async, other = product_on_views(session, "tc3", a, b, 1, 0, 3, 0)
+    assert (tma, other) == (True, False)
+    assert_close(by_tma, a, b, f"tc3 (tma) {size_id(size)}", "fp32")
+    differ = int(np.count_nonzero(by_tma.view(np.uint32) != by_cp_async.view(np.uint32)))
+    assert differ == 0, f"{differ} of {by_tma.size} outputs differ between the builds"
 
 
 def test_tc1s_tma_build_has_cublas_tf32s_error(cuda_backend):
