@@ -140,6 +140,7 @@ def builds(quick: bool, only: tuple[str, ...] = ()) -> list[TcBuild]:
         tc("tc3", "tc3_tma", SM90A, {"TMA": 1}),  # a producer warpgroup copies and splits A once
         tc("tc3", "tc3_tma_t", SM90A, {"TMA": 1, "A_TRUNC": 1}),  # A's big part as loaded: only small written
         tc("tc3", "tc3_tma_s3", SM90A, {"TMA": 1, "STAGES": 3}, sizes=(4096,)),
+        tc("tc3", "tc3_tma_p2", SM90A, {"TMA": 1, "PROMOTE": 2}),  # a chunk of two slabs: half the waits
     ]
     if only:
         out = [b for b in out if b.label in only]

@@ -90,7 +90,6 @@
  *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8, TMA: 0, A_TRUNC: 0}
  *   switches: [USE_WGMMA]  # the file sets it by target
  *   requires:
- *     not TMA or PROMOTE == 1: the TMA build promotes every slab (PROMOTE=1)
  *     TMA or not A_TRUNC: A_TRUNC is a setting of the TMA build (TMA=1)
  *   block: [256 + 128*TMA]  # two warpgroups that multiply; the TMA build's third copies and splits
  *   producers: 128*TMA
@@ -240,7 +239,6 @@ __device__ __forceinline__ void wgmma_m64n128k8_rs(float (&d)[64], const uint32_
 #if !USE_WGMMA
 #error "TMA=1 is the wgmma path's: build for sm_90a"
 #endif
-static_assert(PROMOTE == 1, "the TMA build promotes every slab");
 
 #define TMA_THREADS (THREADS + 128)                   /* warpgroup 0 copies and splits; 1 and 2 multiply */
 #define TMA_STAGE_BYTES (2 * A_TILE_BYTES + BK * BN * 4) /* A's slab (split in place: big), its small part, B's boxes */
@@ -357,8 +355,8 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = dc[i] = 0.0f;
 
-    Frags f;
-    for (int t = 0; t < slabs; ++t) {
+    /* Slab t's B^T fragments, split, once its stage is copied and split. */
+    auto load_frags = [&](int t, Frags& f) {
         const int s = t % STAGES, parity = (t / STAGES) & 1;
         mbar_wait(full(s), parity);
         mbar_wait(ready(s), parity);
@@ -371,6 +369,11 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
             split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
             split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
         }
+    };
+    /* Slab t's 3 x 4 products, queued as one group: per k8 step the small terms first. fresh: the slab
+     * starts a chunk, and its first product overwrites dc. */
+    auto issue = [&](int t, Frags& f, bool fresh) {
+        const int s = t % STAGES;
         uint64_t desc[BK / 8][2]; /* [kk][big, small] */
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
@@ -381,17 +384,55 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
-            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0); /* A big x B small */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);        /* A small x B big */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);        /* A big x B big */
+            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0 || !fresh); /* A big x B small */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);                  /* A small x B big */
+            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);                  /* A big x B big */
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(empty(s));
+    };
+    auto release = [&](int t) {
+        if (lane == 0) mbar_arrive(empty(t % STAGES));
+    };
+    auto promote = [&]() {
         fence_acc(dc);
 #pragma unroll
         for (int i = 0; i < 64; ++i) d[i] += dc[i];
+    };
+
+#if PROMOTE == 1
+    Frags f;
+    for (int t = 0; t < slabs; ++t) {
+        load_frags(t, f);
+        issue(t, f, true);
+        wgmma_wait<0>();
+        release(t);
+        promote();
     }
+#else
+    /* A chunk of two slabs: the second is issued while the first runs; two fragment sets. */
+    Frags f0, f1;
+    int t = 0;
+    for (; t + 1 < slabs; t += 2) {
+        load_frags(t, f0);
+        issue(t, f0, true);
+        load_frags(t + 1, f1);
+        issue(t + 1, f1, false);
+        wgmma_wait<1>();
+        hold(f0);
+        release(t);
+        wgmma_wait<0>();
+        hold(f1);
+        release(t + 1);
+        promote();
+    }
+    if (t < slabs) {
+        load_frags(t, f0);
+        issue(t, f0, true);
+        wgmma_wait<0>();
+        release(t);
+        promote();
+    }
+#endif
 
     const bool vec_c = ((reinterpret_cast<uintptr_t>(C) % (2 * sizeof(float))) == 0) && (ldc % 2 == 0);
     store_wgmma_acc(C, ldc, M, N, vec_c, bf.frag_col, q, d);
