@@ -109,6 +109,29 @@
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.
  *
+ * The TMA build (TMA = 1, sm_90a only; docs/tensorcores.md, "The TMA build of
+ * tc3"): 384 threads in three warpgroups with one job each (warp
+ * specialization). Warpgroup 0 produces: its thread 0 copies each slab with
+ * the copy engine (A's 32 x 128 box and B's four 32 x 32 boxes, 128-byte
+ * swizzle, edges landing as zeros) onto the stage's full mbarrier, STAGES - 1
+ * slabs ahead; then its 128 threads split A's slab once (big in place, small
+ * beside it; A_TRUNC = 1: big is A as loaded, only small is written), fence
+ * the stores to the tensor cores and arrive on the stage's ready mbarrier.
+ * Warpgroups 1 and 2 only multiply: per slab they wait for ready, load and
+ * split their B^T fragments (tc1's TMA map of B's boxes, TmaBFrag), issue the
+ * 12 wgmmas into the chunk accumulators, wait, release the stage on its empty
+ * mbarrier and promote. Without a barrier across the block the two
+ * multiplying warpgroups drift apart, so one's wgmmas run while the other
+ * waits and promotes: the tensor cores are not drained at every slab.
+ * setmaxnreg gives the producer 40 registers and the multipliers 232. The
+ * split, the products and their order are the cp.async build's: the same bits
+ * (tests/gpu/test_gpu.py). Launch: (map_a, map_b, C, M, K, N, ldc) through
+ * mmd/cuda/libcuda.py; block 384 (the registry's producers: 128); dynamic
+ * shared memory STAGES * (2 * BM * BK + BK * BN) * 4 + 1024 + 24 * STAGES =
+ * 197728 bytes; A and B 16-byte aligned with ld a multiple of 4 floats, else
+ * the cp.async build runs (mmd/cuda/stream.py, launch_build).
+ * ptxas (nvcc 13.0, sm_90a): 168 registers, 0 spills (PROMOTE=2, A_TRUNC=1: the same).
+ *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
  *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  212 registers, 0 bytes stack frame, 0 spill stores/loads
  *                                                   (PROMOTE=2: 241 registers, no spills)
