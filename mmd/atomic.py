@@ -183,6 +183,12 @@ class _File:
     synced: bool = False
 
 
+#: A durable file's writeback is started each time this many bytes have been written to it, and at its end: the
+#: disk writes a big output's first slices while the rest is copied in, and its fsync waits for the tail only
+#: (docs/daemon.md, "The 4096 job").
+WRITEBACK_SLICE = 8 << 20
+
+
 class Staged:
     """A commit in two steps: :meth:`write` puts each file in its hidden temporary now; :func:`publish`
     makes them durable and renames them in the order written, later.
@@ -190,8 +196,9 @@ class Staged:
     One instance holds one job's files (its output, then its sidecar), so that
     they are published in order. Every file is synced by
     :func:`publish`, before any is renamed: each fsynced, its writeback started
-    as it is written (so the disk writes a job's output while its sidecar is
-    made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
+    as it is written (every :data:`WRITEBACK_SLICE` bytes and at its end: so
+    the disk writes a job's output while the rest of it is copied in and its
+    sidecar is made, and the fsyncs wait for less), unless ``group``: then :func:`publish`
     publishes several commits at once with one sync for all of them (group
     commit). Any OSError leaves no temporary behind and is raised as
     OutputError, its OSError as its ``__cause__``. ``ops`` does the file
@@ -218,12 +225,18 @@ class Staged:
         fd: int | None = None
         try:
             fd = _create_exclusive(tmp, ops, mode)
+            progressive = self.durable and not self.group
+            unstarted = 0  # bytes written since the writeback was last started
             for chunk in chunks:
                 view = memoryview(chunk)
                 hasher.update(view)
                 while view:
-                    done = ops.write(fd, view)
+                    done = ops.write(fd, view[: WRITEBACK_SLICE - unstarted] if progressive else view)
                     view = view[done:]
+                    unstarted += done
+                    if progressive and unstarted == WRITEBACK_SLICE:
+                        ops.start_writeback(fd)
+                        unstarted = 0
                 size += len(chunk)
             if not self.durable:
                 ops.close(fd)

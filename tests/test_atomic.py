@@ -104,6 +104,38 @@ def test_a_commit_syncs_every_file_before_it_renames_any_and_starts_their_writeb
     assert [s for s, _ in steps] == ["fsync", "replace"]
 
 
+def test_a_big_outputs_writeback_starts_as_each_slice_is_written_not_only_at_its_end(tmp_path):
+    """The disk writes a big output's first megabytes while the rest is still copied in: at publish, its fsync
+    waits for the tail only. Every byte arrives, in order, however the chunks fall across the slices."""
+    from mmd.atomic import WRITEBACK_SLICE
+
+    events: list[tuple[str, int]] = []
+
+    class Recording(FileOps):
+        def write(self, fd: int, data: bytes | memoryview) -> int:
+            done = super().write(fd, data)
+            events.append(("write", done))
+            return done
+
+        def start_writeback(self, fd: int) -> None:
+            events.append(("start_writeback", os.fstat(fd).st_size))
+            super().start_writeback(fd)
+
+    body = os.urandom(3 * WRITEBACK_SLICE + 12345)
+    chunks = [body[: WRITEBACK_SLICE // 2], body[WRITEBACK_SLICE // 2 :]]
+    staged = Staged(ops=Recording())
+    staged.write(tmp_path / "big.out", chunks)
+    started = [size for what, size in events if what == "start_writeback"]
+    assert started == [WRITEBACK_SLICE, 2 * WRITEBACK_SLICE, 3 * WRITEBACK_SLICE, len(body)]
+    assert max(done for what, done in events if what == "write") <= WRITEBACK_SLICE
+    staged.publish()
+    assert (tmp_path / "big.out").read_bytes() == body
+
+    events.clear()
+    Staged(durable=False, ops=Recording()).write(tmp_path / "loose.out", chunks)
+    assert [what for what, _ in events if what == "start_writeback"] == []
+
+
 def test_write_all_writes_every_byte_of_an_array_given_in_short_writes(tmp_path):
     """write_all counts what os.write wrote in bytes, also for a buffer of 4-byte floats (the kernel-file launch
     process is sent its operands so)."""
