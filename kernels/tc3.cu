@@ -254,6 +254,37 @@ __device__ __forceinline__ void wgmma_m64n128k8_rs(float (&d)[64], const uint32_
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
+
+/* k step kk's fragment values (lo: k 8kk+q, hi: k 8kk+q+4, the thread's two columns), split into f. */
+__device__ __forceinline__ void split_frag(Frags& f, int kk, float2 lo, float2 hi)
+{
+    split_tf32(lo.x, f.big[kk][0], f.small[kk][0]);
+    split_tf32(lo.y, f.big[kk][1], f.small[kk][1]);
+    split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
+    split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
+}
+
+/* A slab's 3 x 4 products into dc, queued on the tensor cores as one group: per k8 step the two small
+ * terms first, then big x big. a_big: A's big tile (its small tile A_TILE_BYTES on); fresh: the slab
+ * starts a chunk, and its first product overwrites dc. */
+__device__ __forceinline__ void issue_products(float (&dc)[64], Frags& f, uint32_t a_big, bool fresh)
+{
+    uint64_t desc[BK / 8][2]; /* [kk][big, small]: k8 step kk starts 32 bytes further into each row */
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {
+        desc[kk][0] = smem_desc(a_big + 32 * kk);
+        desc[kk][1] = smem_desc(a_big + A_TILE_BYTES + 32 * kk);
+    }
+    pin(f, desc);
+    wgmma_fence(); /* orders the fragment registers' writes before the wgmmas' reads */
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {
+        wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0 || !fresh); /* A big x B small */
+        wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);                  /* A small x B big */
+        wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);                  /* A big x B big */
+    }
+    wgmma_commit();
+}
 #endif
 
 #if TMA
@@ -387,32 +418,10 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
         for (int kk = 0; kk < BK / 8; ++kk) {
             float2 lo, hi;
             bf.load(b_tile(s), kk, lo, hi);
-            split_tf32(lo.x, f.big[kk][0], f.small[kk][0]);
-            split_tf32(lo.y, f.big[kk][1], f.small[kk][1]);
-            split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
-            split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
+            split_frag(f, kk, lo, hi);
         }
     };
-    /* Slab t's 3 x 4 products, queued as one group: per k8 step the small terms first. fresh: the slab
-     * starts a chunk, and its first product overwrites dc. */
-    auto issue = [&](int t, Frags& f, bool fresh) {
-        const int s = t % STAGES;
-        uint64_t desc[BK / 8][2]; /* [kk][big, small] */
-#pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) {
-            desc[kk][0] = smem_desc(a_tile(s) + 32 * kk);
-            desc[kk][1] = smem_desc(a_tile(s) + A_TILE_BYTES + 32 * kk);
-        }
-        pin(f, desc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) {
-            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0 || !fresh); /* A big x B small */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);                  /* A small x B big */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);                  /* A big x B big */
-        }
-        wgmma_commit();
-    };
+    auto issue = [&](int t, Frags& f, bool fresh) { issue_products(dc, f, a_tile(t % STAGES), fresh); };
     auto release = [&](int t) {
         if (lane == 0) mbar_arrive(empty(t % STAGES));
     };
@@ -528,32 +537,10 @@ mmd_tc3(const float* __restrict__ A,
         for (int kk = 0; kk < BK / 8; ++kk) {
             const float2 lo = *reinterpret_cast<const float2*>(bs + (8 * kk + q) * B_LD);
             const float2 hi = *reinterpret_cast<const float2*>(bs + (8 * kk + q + 4) * B_LD);
-            split_tf32(lo.x, f.big[kk][0], f.small[kk][0]);
-            split_tf32(lo.y, f.big[kk][1], f.small[kk][1]);
-            split_tf32(hi.x, f.big[kk][2], f.small[kk][2]);
-            split_tf32(hi.y, f.big[kk][3], f.small[kk][3]);
+            split_frag(f, kk, lo, hi);
         }
     };
-    /* All 3 x 4 products of stage s, queued on the tensor cores as one group:
-     * per k8 step the two small terms first, then big x big. fresh: the slab
-     * starts a chunk, and its first product overwrites dc. */
-    auto issue = [&](int s, Frags& f, bool fresh) {
-        uint64_t desc[BK / 8][2]; /* [kk][big, small]: k8 step kk starts 32 bytes further into each row */
-#pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) {
-            desc[kk][0] = smem_desc(st.a_tile(s) + 32 * kk);
-            desc[kk][1] = smem_desc(st.a_tile(s) + A_TILE_BYTES + 32 * kk);
-        }
-        pin(f, desc);
-        wgmma_fence(); /* orders the fragment registers' writes before the wgmmas' reads */
-#pragma unroll
-        for (int kk = 0; kk < BK / 8; ++kk) {
-            wgmma_m64n128k8_rs(dc, f.small[kk], desc[kk][0], kk > 0 || !fresh); /* A big x B small */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][1], 1);                  /* A small x B big */
-            wgmma_m64n128k8_rs(dc, f.big[kk], desc[kk][0], 1);                  /* A big x B big */
-        }
-        wgmma_commit();
-    };
+    auto issue = [&](int s, Frags& f, bool fresh) { issue_products(dc, f, st.a_tile(s), fresh); };
     /* One slab. Its stage was split and published by the barrier that ended
      * the previous slab. While its products run, this thread readies slab
      * t+1 (waits for its own copies, splits them) and issues the loads of
