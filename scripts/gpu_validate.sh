@@ -189,10 +189,10 @@ stage_students() {
 
 stage_tensor() {
     local labels=${TENSOR_BUILDS:-tc3,tc3_tma,tc1_tma_tf}
-    timeout 400 python3 benchmarks/tc_ladder.py --only "$labels" --out "$OUT/tensor" >"$OUT/tc_ladder.log" 2>&1 \
+    timeout 300 python3 benchmarks/tc_ladder.py --only "$labels" --out "$OUT/tensor" >"$OUT/tc_ladder.log" 2>&1 \
         || status=1
     grep -vE "^\s*$" "$OUT/tc_ladder.log" | tail -n 60
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
         -k "tensor_core or tc3s or tc1s" >"$OUT/tensor-tests.log" 2>&1 || status=1
     grep -E "passed|failed|^E  " "$OUT/tensor-tests.log" | tail -n 12
 }
