@@ -77,7 +77,20 @@ CHECK_SHAPES = [
 ]
 TIMED_SIZES = [4096, 8192]
 #: Columns of the accuracy table (builds that exist and whose check did not die).
-ACC_COLUMNS = ["cublas_sgemm", "cublas_tf32", "fast", "tc1", "tc1_round", "tc1_tma", "tc1_tma_tf", "tc3", "tc3_p2"]
+ACC_COLUMNS = [
+    "cublas_sgemm",
+    "cublas_tf32",
+    "fast",
+    "tc1",
+    "tc1_round",
+    "tc1_tma",
+    "tc1_tma_tf",
+    "tc3",
+    "tc3_p2",
+    "tc3_tma_t",
+    "tc3_tma_tb",
+    "tc3_tma_tbp2",
+]
 ACCURACY_KS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ACCURACY_MN = 1024
 
@@ -139,8 +152,11 @@ def builds(quick: bool, only: tuple[str, ...] = ()) -> list[TcBuild]:
         tc("tc1", "tc1_tma2_s3", SM90A, {"TMA": 1, "CLUSTER_N": 2, "STAGES": 3}, sizes=(4096,)),
         tc("tc3", "tc3_tma", SM90A, {"TMA": 1}),  # a producer warpgroup copies and splits A once
         tc("tc3", "tc3_tma_t", SM90A, {"TMA": 1, "A_TRUNC": 1}),  # A's big part as loaded: only small written
-        tc("tc3", "tc3_tma_s3", SM90A, {"TMA": 1, "STAGES": 3}, sizes=(4096,)),
         tc("tc3", "tc3_tma_p2", SM90A, {"TMA": 1, "PROMOTE": 2}),  # a chunk of two slabs: half the waits
+        tc("tc3", "tc3_tma_tp2", SM90A, {"TMA": 1, "A_TRUNC": 1, "PROMOTE": 2}),
+        # the producer splits B too: the multipliers only load their fragments
+        tc("tc3", "tc3_tma_tb", SM90A, {"TMA": 1, "A_TRUNC": 1, "B_SPLIT": 1, "STAGES": 3}),
+        tc("tc3", "tc3_tma_tbp2", SM90A, {"TMA": 1, "A_TRUNC": 1, "B_SPLIT": 1, "STAGES": 3, "PROMOTE": 2}),
     ]
     if only:
         out = [b for b in out if b.label in only]

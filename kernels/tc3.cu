@@ -87,10 +87,12 @@
  *   needs: TF32 tensor cores
  *   arch_specific: [sm_90]  # built for sm_90a there: wgmma
  *   tile_macro: null
- *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8, TMA: 0, A_TRUNC: 0}
+ *   defines: {BM: 128, BN: 128, BK: 32, STAGES: 4, PROMOTE: 1, GROUP_M: 8, TMA: 0, A_TRUNC: 0, B_SPLIT: 0}
  *   switches: [USE_WGMMA]  # the file sets it by target
  *   requires:
  *     TMA or not A_TRUNC: A_TRUNC is a setting of the TMA build (TMA=1)
+ *     TMA or not B_SPLIT: B_SPLIT is a setting of the TMA build (TMA=1)
+ *     not B_SPLIT or STAGES <= 3: B_SPLIT's stages hold B's small part too (STAGES 3 at most)
  *   block: [256 + 128*TMA]  # two warpgroups that multiply; the TMA build's third copies and splits
  *   producers: 128*TMA
  *   block_tile: [BM, BN, BK]
@@ -99,7 +101,8 @@
  *   shared_bytes: 0
  *   # per stage A's big and small tiles and B's slab (padded rows; the TMA build's unpadded, and three mbarriers)
  *   dynamic_shared_bytes: >-
- *     STAGES*(2*BM*BK + BK*BN)*4 + 1024 + 24*STAGES if TMA else STAGES*(2*BM*BK + BK*(BN + 8))*4 + 1024
+ *     STAGES*(2*BM*BK + (1 + B_SPLIT)*BK*BN)*4 + 1024 + 24*STAGES if TMA else
+ *     STAGES*(2*BM*BK + BK*(BN + 8))*4 + 1024
  *   tensor_maps: {when: TMA, a_box: [BM, BK], b_box: [BK, 32], swizzle: 128, tf32: 0}
  *   # on sm_90a: tiles by the copy engine, split once by a producer warpgroup (docs/tensorcores.md, "The TMA
  *   # build of tc3")
@@ -163,6 +166,9 @@
 #ifndef TMA
 #define TMA 0 /* 1: tiles by the copy engine, a producer warpgroup that splits them (the TMA build) */
 #endif
+#ifndef B_SPLIT
+#define B_SPLIT 0 /* TMA build: 1 = the producer splits B too (big: B as loaded; small beside it, in the stage) */
+#endif
 #ifndef A_TRUNC
 #define A_TRUNC 0 /* TMA build: 1 = A's big part is A as loaded (the tensor cores truncate it); only small is written */
 #endif
@@ -177,7 +183,7 @@
 
 static_assert(BM == 128, "BM must be 128: the N of wgmma m64n128k8 (two accumulator sets of 64 registers)");
 static_assert(PROMOTE == 1 || PROMOTE == 2, "PROMOTE must be 1 or 2 slabs");
-static_assert(LOOKAHEAD >= 2, "at least two slabs must be in flight (the wgmma path readies slab t+1 during slab t)");
+static_assert(TMA || LOOKAHEAD >= 2, "at least two slabs must be in flight (the wgmma path readies slab t+1 during slab t)");
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -285,6 +291,7 @@ __device__ __forceinline__ void issue_products(float (&dc)[64], Frags& f, uint32
     }
     wgmma_commit();
 }
+
 #endif
 
 #if TMA
@@ -295,8 +302,9 @@ __device__ __forceinline__ void issue_products(float (&dc)[64], Frags& f, uint32
 #endif
 
 #define TMA_THREADS (THREADS + 128)                   /* warpgroup 0 copies and splits; 1 and 2 multiply */
-#define TMA_STAGE_BYTES (2 * A_TILE_BYTES + BK * BN * 4) /* A's slab (split in place: big), its small part, B's boxes */
-#define TMA_COPY_BYTES (A_TILE_BYTES + BK * BN * 4)     /* what the copy engine delivers per stage */
+#define B_TILE (BK * BN * 4)                            /* B's slab as the copy engine leaves it: four boxes */
+#define TMA_STAGE_BYTES (2 * A_TILE_BYTES + (1 + B_SPLIT) * B_TILE) /* A's slab (big), its small part, B's (and its small) */
+#define TMA_COPY_BYTES (A_TILE_BYTES + B_TILE)         /* what the copy engine delivers per stage */
 #define TMA_SMEM_BYTES (STAGES * TMA_STAGE_BYTES + 1024 + 3 * STAGES * 8)
 #define PRODUCER_REGS 40  /* setmaxnreg: the producer's registers ... */
 #define CONSUMER_REGS 232 /* ... and the multipliers': 128 * 40 + 256 * 232 <= 65536 */
@@ -389,6 +397,15 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
                 big[at + A_TILE_BYTES / 16] = sm;
 #endif
             }
+#if B_SPLIT
+            const float4* b_raw = reinterpret_cast<const float4*>(tiles_ptr + s * TMA_STAGE_BYTES + 2 * A_TILE_BYTES);
+            float4* b_small = reinterpret_cast<float4*>(tiles_ptr + s * TMA_STAGE_BYTES + 2 * A_TILE_BYTES + B_TILE);
+#pragma unroll
+            for (int i = 0; i < B_TILE / 16 / 128; ++i) {
+                const float4 v = b_raw[tid + 128 * i];
+                b_small[tid + 128 * i] = make_float4(trunc_rest(v.x), trunc_rest(v.y), trunc_rest(v.z), trunc_rest(v.w));
+            }
+#endif
             fence_async_shared(); /* the split, visible to the tensor cores */
             mbar_arrive(ready(s));
             const int next = t - 1 + STAGES;
@@ -418,7 +435,20 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
         for (int kk = 0; kk < BK / 8; ++kk) {
             float2 lo, hi;
             bf.load(b_tile(s), kk, lo, hi);
+#if B_SPLIT
+            float2 slo, shi;
+            bf.load(b_tile(s) + B_TILE, kk, slo, shi);
+            f.big[kk][0] = __float_as_uint(lo.x);
+            f.big[kk][1] = __float_as_uint(lo.y);
+            f.big[kk][2] = __float_as_uint(hi.x);
+            f.big[kk][3] = __float_as_uint(hi.y);
+            f.small[kk][0] = __float_as_uint(slo.x);
+            f.small[kk][1] = __float_as_uint(slo.y);
+            f.small[kk][2] = __float_as_uint(shi.x);
+            f.small[kk][3] = __float_as_uint(shi.y);
+#else
             split_frag(f, kk, lo, hi);
+#endif
         }
     };
     auto issue = [&](int t, Frags& f, bool fresh) { issue_products(dc, f, a_tile(t % STAGES), fresh); };

@@ -21,6 +21,7 @@
 # tensor    the tensor-core kernels' TMA builds: benchmarks/tc_ladder.py --only $TENSOR_BUILDS (compile, check on
 #           16 shapes x 3 layouts, 4096^3 and 8192^3 beside cuBLAS SGEMM and TF32, the accuracy sweep), then the
 #           GPU tests that hold which build runs where and that tc3's TMA build gives the cp.async build's bits
+# oneshot   one-shot `mmd run` of a 4096 job, wall clock, beside .wholejob/prev when it is there
 # first     benchmarks/bench_first_job.py: a fresh daemon's first 32x32 job, 1 and 8 workers, the kernel built
 #           (beside .wholejob/prev when it is there)
 #
@@ -195,6 +196,40 @@ stage_tensor() {
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
         -k "tensor_core or tc3s or tc1s" >"$OUT/tensor-tests.log" 2>&1 || status=1
     grep -E "passed|failed|^E  " "$OUT/tensor-tests.log" | tail -n 12
+    # PROFILE=LABELS: one 4096^3 launch of each under Nsight Compute (the cubins of the run above)
+    if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
+        local n=$(($(tr -cd , <<<"$PROFILE" | wc -c) + 1))
+        timeout 240 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            -k regex:mmd_tc -c "$n" python3 benchmarks/tc_ladder.py --profile "$PROFILE" >"$OUT/ncu.txt" 2>&1
+        grep -E "^  mmd_tc|Duration|Compute \(SM\) Throughput|Memory Throughput|No Eligible|Issued Warp|Executed Ipc A" \
+            "$OUT/ncu.txt" | head -n 60
+    fi
+}
+
+stage_oneshot() {
+    # one-shot `mmd run` of a 4096 job, wall clock, this tree and .wholejob/prev in turn (5 rounds, medians)
+    local d="$WORK/oneshot"
+    rm -rf "$d" && mkdir -p "$d"
+    "${MMD[@]}" gen 4096 --seed 7 -o "$d/in.txt" -q
+    python3 - "$d" <<'PY'
+import os, statistics, subprocess, sys, time
+d = sys.argv[1]
+trees = {"now": os.getcwd()}
+if os.path.isdir(".wholejob/prev"):
+    trees["prev"] = os.path.abspath(".wholejob/prev")
+walls = {name: [] for name in trees}
+for _ in range(5):
+    for name, tree in trees.items():
+        env = {**os.environ, "PYTHONPATH": f"/tmp/site:{tree}"}
+        out = f"{d}/out-{name}.txt"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "mmd", "run", f"{d}/in.txt", "--backend", "cuda", "-f", "-o", out],
+                       cwd=tree, env=env, check=True, capture_output=True)
+        walls[name].append(time.perf_counter() - t)
+for name, w in walls.items():
+    print(f"mmd run 4096 ({name}): median {statistics.median(w):.3f} s, min {min(w):.3f}, max {max(w):.3f}")
+PY
 }
 
 stage_first() {
