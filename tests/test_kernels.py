@@ -304,7 +304,7 @@ OLD_REGISTRY: tuple[KernelSpec, ...] = (
                     label="tma",
                     macros=(
                         ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8),
-                        ("TMA", 1), ("A_TRUNC", 0),
+                        ("TMA", 1), ("A_TRUNC", 0), ("B_SPLIT", 0),
                     ),
                     block_tile=(128, 128, 8, 8), shared_bytes=0, dynamic_shared_bytes=197728,
                     tensor_maps=TensorMaps(a_box=(128, 32), b_box=(32, 32), tf32=False), producer_threads=128,
@@ -314,7 +314,7 @@ OLD_REGISTRY: tuple[KernelSpec, ...] = (
         min_compute_capability=(8, 0), requirement="TF32 tensor cores", exact=False,
         macros=(
             ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8), ("TMA", 0),
-            ("A_TRUNC", 0),
+            ("A_TRUNC", 0), ("B_SPLIT", 0),
         ),
         course=False,
     ),
@@ -335,7 +335,7 @@ OLD_DEFAULTS: dict[str, dict[str, int]] = {
         "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0, "TMA": 0,
         "TMA_TF32": 0, "CLUSTER_N": 1,
     },
-    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0},
+    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0, "B_SPLIT": 0},
 }  # fmt: skip
 
 
