@@ -335,7 +335,9 @@ OLD_DEFAULTS: dict[str, dict[str, int]] = {
         "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0, "TMA": 0,
         "TMA_TF32": 0, "CLUSTER_N": 1,
     },
-    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0, "B_SPLIT": 0},
+    "tc3": {
+        "BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0, "B_SPLIT": 0,
+    },
 }  # fmt: skip
 
 
