@@ -185,7 +185,7 @@ class _File:
 
 #: A durable file's writeback is started each time this many bytes have been written to it, and at its end: the
 #: disk writes a big output's first slices while the rest is copied in, and its fsync waits for the tail only
-#: (docs/daemon.md, "The 4096 job").
+#: (docs/daemon.md, "A 4096 job").
 WRITEBACK_SLICE = 8 << 20
 
 
