@@ -107,7 +107,7 @@
  *   # on sm_90a: tiles by the copy engine, split once by a producer warpgroup (docs/tensorcores.md, "The TMA
  *   # build of tc3")
  *   arch_variants:
- *     sm_90a: {label: tma, defines: {TMA: 1}}
+ *     sm_90a: {label: tma, defines: {TMA: 1, A_TRUNC: 1, B_SPLIT: 1, STAGES: 3}}
  *
  * Shapes: any M, K, N >= 1; any lda >= K, ldb >= N, ldc >= N; any float
  * alignment of A, B, C. Row-major, C = A * B. TILE, if given, is ignored.

@@ -402,9 +402,9 @@ def test_the_tensor_core_kernels_on_views_of_any_alignment(cuda_backend, kernel,
 
 
 @pytest.mark.parametrize("size", [(129, 257, 130), (1000, 1000, 1000), (300, 4096, 200)], ids=size_id)
-def test_tc3s_tma_build_gives_the_cp_async_builds_bits(cuda_backend, size):
-    """The producer warpgroup splits A as the cp.async build's threads did, and the products and promotions run
-    in the same order: the same bits, wherever either build runs."""
+def test_tc3s_tma_build_has_the_cp_async_builds_error(cuda_backend, size):
+    """The TMA build splits each operand once in its producer warpgroup, taking the big part as loaded (the tensor
+    cores truncate it) and rounding the small part: its error is the cp.async build's, which rounds both."""
     session = cuda_backend.session
     if session.device.limits.arch != "sm_90":
         pytest.skip("the TMA build is sm_90a's")
@@ -413,9 +413,9 @@ def test_tc3s_tma_build_gives_the_cp_async_builds_bits(cuda_backend, size):
     by_tma, tma = product_on_views(session, "tc3", a, b, 0, 0, -k % 4, -n % 4)  # rows of 16-byte multiples
     by_cp_async, other = product_on_views(session, "tc3", a, b, 1, 0, 0, 0)  # A one float off
     assert (tma, other) == (True, False)
-    assert_close(by_tma, a, b, f"tc3 (tma) {size_id(size)}", "fp32")
-    differ = int(np.count_nonzero(by_tma.view(np.uint32) != by_cp_async.view(np.uint32)))
-    assert differ == 0, f"{differ} of {by_tma.size} outputs differ between the builds"
+    ours = assert_close(by_tma, a, b, f"tc3 (tma) {size_id(size)}", "fp32")
+    theirs = assert_close(by_cp_async, a, b, f"tc3 (cp.async) {size_id(size)}", "fp32")
+    assert ours < 1.5 * theirs, f"tc3's TMA build {ours:.2e} against its cp.async build {theirs:.2e}"
 
 
 def test_tc1s_tma_build_has_cublas_tf32s_error(cuda_backend):
