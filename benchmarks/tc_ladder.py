@@ -150,13 +150,7 @@ def builds(quick: bool, only: tuple[str, ...] = ()) -> list[TcBuild]:
         tc("tc1", "tc1_tma_tf", SM90A, {"TMA": 1, "TMA_TF32": 1}),
         tc("tc1", "tc1_tma2_tf", SM90A, {"TMA": 1, "TMA_TF32": 1, "CLUSTER_N": 2}),
         tc("tc1", "tc1_tma2_s3", SM90A, {"TMA": 1, "CLUSTER_N": 2, "STAGES": 3}, sizes=(4096,)),
-        tc("tc3", "tc3_tma", SM90A, {"TMA": 1}),  # a producer warpgroup copies and splits A once
-        tc("tc3", "tc3_tma_t", SM90A, {"TMA": 1, "A_TRUNC": 1}),  # A's big part as loaded: only small written
-        tc("tc3", "tc3_tma_p2", SM90A, {"TMA": 1, "PROMOTE": 2}),  # a chunk of two slabs: half the waits
-        tc("tc3", "tc3_tma_tp2", SM90A, {"TMA": 1, "A_TRUNC": 1, "PROMOTE": 2}),
-        # the producer splits B too: the multipliers only load their fragments
-        tc("tc3", "tc3_tma_tb", SM90A, {"TMA": 1, "A_TRUNC": 1, "B_SPLIT": 1, "STAGES": 3}),
-        tc("tc3", "tc3_tma_tbp2", SM90A, {"TMA": 1, "A_TRUNC": 1, "B_SPLIT": 1, "STAGES": 3, "PROMOTE": 2}),
+        tc("tc3", "tc3_tma", SM90A, {"TMA": 1}),  # a producer warpgroup copies and makes A's small part once
     ]
     if only:
         out = [b for b in out if b.label in only]

@@ -303,10 +303,10 @@ OLD_REGISTRY: tuple[KernelSpec, ...] = (
                 Variant(
                     label="tma",
                     macros=(
-                        ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 3), ("PROMOTE", 1), ("GROUP_M", 8),
-                        ("TMA", 1), ("A_TRUNC", 1), ("B_SPLIT", 1),
+                        ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8),
+                        ("TMA", 1),
                     ),
-                    block_tile=(128, 128, 8, 8), shared_bytes=0, dynamic_shared_bytes=197704,
+                    block_tile=(128, 128, 8, 8), shared_bytes=0, dynamic_shared_bytes=197728,
                     tensor_maps=TensorMaps(a_box=(128, 32), b_box=(32, 32), tf32=False), producer_threads=128,
                 ),
             ),
@@ -314,7 +314,6 @@ OLD_REGISTRY: tuple[KernelSpec, ...] = (
         min_compute_capability=(8, 0), requirement="TF32 tensor cores", exact=False,
         macros=(
             ("BM", 128), ("BN", 128), ("BK", 32), ("STAGES", 4), ("PROMOTE", 1), ("GROUP_M", 8), ("TMA", 0),
-            ("A_TRUNC", 0), ("B_SPLIT", 0),
         ),
         course=False,
     ),
@@ -335,9 +334,7 @@ OLD_DEFAULTS: dict[str, dict[str, int]] = {
         "BM": 256, "BN": 128, "BK": 32, "STAGES": 4, "GROUP_M": 8, "ROUND_A": 0, "PREFETCH_A": 0, "TMA": 0,
         "TMA_TF32": 0, "CLUSTER_N": 1,
     },
-    "tc3": {
-        "BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0, "A_TRUNC": 0, "B_SPLIT": 0,
-    },
+    "tc3": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 4, "PROMOTE": 1, "GROUP_M": 8, "TMA": 0},
 }  # fmt: skip
 
 
@@ -387,8 +384,8 @@ def test_a_variant_is_its_kernels_declaration_with_other_macros():
     assert dict(registry.variant("tc1", "x", USE_WGMMA=0).macros)["USE_WGMMA"] == 0  # a switch: no default here
     with pytest.raises(KernelError, match=r"^tc3 has no parameter CLUSTER_N$"):
         registry.variant("tc3", "x", CLUSTER_N=2)
-    with pytest.raises(KernelError, match=r"^tc3: A_TRUNC is a setting of the TMA build \(TMA=1\)$"):
-        registry.variant("tc3", "x", A_TRUNC=1)
+    with pytest.raises(KernelError, match=r"^tc3: the TMA build promotes every slab \(PROMOTE=1\)$"):
+        registry.variant("tc3", "x", TMA=1, PROMOTE=2)
     with pytest.raises(KernelError, match=r"^tiled takes the tile; its builds have no variants$"):
         registry.variant("tiled", "x")
     with pytest.raises(KernelError, match=r"^cublas is not a source kernel"):
@@ -568,7 +565,7 @@ def test_tc3_on_sm_90_is_the_tma_build_with_a_producer_warpgroup_and_the_cp_asyn
     assert tma.tensor_maps == TensorMaps(a_box=(128, 32), b_box=(32, 32), swizzle=128, tf32=False)
     # two warpgroups own the outputs, a third copies and splits: 384 threads, 256 of them 64 outputs each
     assert tma.block(0) == (384, 1, 1) and tma.producer_threads == 128 and tma.outputs_per_thread == 64
-    assert tma.dynamic_shared_bytes == 197704 and tma.grid(4095, 1000, 0) == tc3.grid(4095, 1000, 0)
+    assert tma.dynamic_shared_bytes == 197728 and tma.grid(4095, 1000, 0) == tc3.grid(4095, 1000, 0)
     fallback = tma.fallback
     assert fallback is not None and fallback.block(0) == (256, 1, 1) and fallback.producer_threads == 0
     assert fallback.tensor_maps is None and fallback.for_arch("sm_90") is fallback

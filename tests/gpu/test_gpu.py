@@ -403,8 +403,8 @@ def test_the_tensor_core_kernels_on_views_of_any_alignment(cuda_backend, kernel,
 
 @pytest.mark.parametrize("size", [(129, 257, 130), (1000, 1000, 1000), (300, 4096, 200)], ids=size_id)
 def test_tc3s_tma_build_has_the_cp_async_builds_error(cuda_backend, size):
-    """The TMA build splits each operand once in its producer warpgroup, taking the big part as loaded (the tensor
-    cores truncate it) and rounding the small part: its error is the cp.async build's, which rounds both."""
+    """The TMA build's producer makes A's small part once, A's big part being A as loaded (the tensor cores
+    truncate it), where the cp.async build rounds A's big part: the same error class."""
     session = cuda_backend.session
     if session.device.limits.arch != "sm_90":
         pytest.skip("the TMA build is sm_90a's")
