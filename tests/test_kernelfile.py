@@ -327,6 +327,19 @@ def test_a_variant_is_the_declaration_with_its_defines_changed() -> None:
         d.with_defines({"BX": 1})
 
 
+def test_producer_threads_compute_no_outputs_and_the_others_cover_the_tile() -> None:
+    """A warp-specialized build's copying warpgroup is declared as producers: the block's other threads cover
+    its tile; producers that leave no thread to compute, or that break the cover, are refused at the tile."""
+    text = "tile_macro: null\ndefines: {P: 128}\nblock: [384]\nproducers: P\nblock_tile: [128, 128, 32]\n"
+    d = from_mapping(yaml.safe_load(text), "k.cu:2", own=True)
+    d.check_tile(0)
+    assert (d.threads_per_block(0), d.producer_threads(0), d.outputs(0)) == (384, 128, 64)
+    with pytest.raises(ValueError, match=r"P is 384 producer threads; the block has 384$"):
+        d.with_defines({"P": 384}).check_tile(0)
+    with pytest.raises(ValueError, match=r"at tile 0: 320 threads × 51 outputs per thread do not cover a 128×128"):
+        d.with_defines({"P": 64}).check_tile(0)
+
+
 # -- mmd's own kernels: the registry reads their declarations from their files ------------------------------
 
 
