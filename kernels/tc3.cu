@@ -174,7 +174,7 @@
 
 static_assert(BM == 128, "BM must be 128: the N of wgmma m64n128k8 (two accumulator sets of 64 registers)");
 static_assert(PROMOTE == 1 || PROMOTE == 2, "PROMOTE must be 1 or 2 slabs");
-static_assert(TMA || LOOKAHEAD >= 2, "at least two slabs must be in flight (the wgmma path readies slab t+1 during slab t)");
+static_assert(LOOKAHEAD >= 2, "at least two slabs must be in flight (the wgmma path readies slab t+1 during slab t)");
 
 /* ---- small helpers ------------------------------------------------------ */
 
