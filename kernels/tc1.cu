@@ -272,7 +272,7 @@ __device__ __forceinline__ void mbar_arrive_in(uint32_t bar, unsigned rank)
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 #else
     (void)rank;
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+    mbar_arrive(bar);
 #endif
 }
 

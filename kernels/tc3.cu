@@ -313,11 +313,6 @@ __device__ __forceinline__ float trunc_rest(float x)
     return __uint_as_float(__float_as_uint(rest) + 0x1000u);
 }
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
 extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1)
 mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte swizzle, fp32 */
         const __grid_constant__ CUtensorMap map_b, /* B: box 32 x BK, 128-byte swizzle, fp32 */
@@ -354,8 +349,8 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
     __syncthreads();
 
     if (wg == 0) {
-        /* ---- the producer: copies each slab, then splits A's: big in place, small beside it.
-         * Thread 0 refills slab t-1's stage with slab t-1+STAGES once the multipliers release it,
+        /* ---- the producer: copies each slab, then makes A's small part beside it (its big part is A as
+         * loaded). Thread 0 refills slab t-1's stage with slab t-1+STAGES once the multipliers release it,
          * so STAGES - 1 slabs are copied ahead of the one split. */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         auto produce = [&](int t) {

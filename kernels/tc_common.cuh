@@ -383,6 +383,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
     } while (!done);
 }
 
+/* An arrival on this block's barrier. */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 /* One box of a 2-D tensor map -> shared memory at dst, completing on bar; x the column, y the row. */
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar)
 {
