@@ -86,6 +86,23 @@ def _header_error(got: bytes, line: int) -> InputFormatError:
     )
 
 
+#: Digits a header's size may have, leading zeros aside: 10^19 values are past any file, and a longer number could
+#: be past what Python's int() converts (4300 digits) too.
+MAX_SIZE_DIGITS = 19
+
+
+def _size(digits: bytes, line: int) -> int:
+    significant = digits.lstrip(b"0")
+    if len(significant) > MAX_SIZE_DIGITS:
+        raise InputFormatError(
+            f"line {line}: a size in the header has more than {MAX_SIZE_DIGITS} digits ({len(significant)}): "
+            "no file holds that many values",
+            line=line,
+            value=shorten(significant),
+        )
+    return int(significant or b"0")
+
+
 def parse_header(data: bytes | memoryview, size: int | None = None) -> Header:
     """Parse the header line; raises :class:`InputFormatError` naming its line.
 
@@ -123,13 +140,9 @@ def parse_header(data: bytes | memoryview, size: int | None = None) -> Header:
     match = _HEADER_RE.fullmatch(line)
     if not match:
         raise _header_error(line, line_no)
-    if match.group(2) is None:
-        n = int(match.group(1))
-        m = k = n
-        square = True
-    else:
-        m, k, n = (int(g) for g in match.groups())
-        square = False
+    sizes = [_size(g, line_no) for g in match.groups() if g is not None]
+    square = len(sizes) == 1
+    m, k, n = sizes * 3 if square else sizes
     if m <= 0 or k <= 0 or n <= 0:
         raise _header_error(line, line_no)
     return Header(m=m, k=k, n=n, square=square, body_offset=body, line=line_no)

@@ -266,6 +266,18 @@ def test_header_refusals(head):
     assert e.value == head.strip() or e.value == head
 
 
+@pytest.mark.parametrize("head", ["9" * 5000, "2 3 " + "9" * 5000, "1" + "0" * 19, "0" * 9000 + "1" + "0" * 19])
+def test_a_size_of_more_digits_than_any_file_holds_is_refused_in_a_short_line(head):
+    """Python's int() refuses strings of over 4300 digits (a ValueError, a traceback from `mmd run`); a size of 20
+    digits or more is past any file's values anyway. Leading zeros do not count, as for fscanf."""
+    with pytest.raises(InputFormatError) as info:
+        tf.parse_header(head.encode() + b"\n1 2\n")
+    e = info.value
+    assert e.line == 1 and len(str(e)) < 200
+    assert str(e).startswith("line 1: a size in the header has more than 19 digits")
+    assert tf.parse_header(b"0" * 9000 + b"3 0002 " + b"0" * 30 + b"1\n") == tf.Header(3, 2, 1, False, 9039, 1)
+
+
 @pytest.mark.parametrize("head", ["", "   "])
 def test_a_blank_first_line_is_skipped_and_the_next_one_judged(head):
     with pytest.raises(InputFormatError) as info:
