@@ -1,23 +1,27 @@
 """A one-shot job (`mmd run`): what it starts before numpy and the pipeline are imported, and the backends it runs on.
 
 A process that runs one job pays once what a daemon's worker pays at its start: the CUDA driver and context,
-and the page-locked memory the input is read into (docs/textpath.md, "A one-shot job"); or, for a kernel
-file, its launch process's start (docs/kernels.md). :class:`OneShot` starts that work at once, on a thread
-(:class:`~mmd.cuda.libcuda.ContextWarmer`) or in a child process (:class:`~mmd.kernelfile.launch.LaunchProcess`),
-so that it runs beside the imports that follow; this module imports neither numpy nor the pipeline before it
-(tests/test_oneshot.py holds it). Its :meth:`OneShot.run` then hands :func:`~mmd.pipeline.run_job` the
-backends that work made ready.
+and the page-locked memory the input is read into and the output downloaded into (docs/textpath.md, "A
+one-shot job"); or, for a kernel file, its launch process's start (docs/kernels.md). :class:`OneShot` starts
+that work at once, on a thread (:class:`~mmd.cuda.libcuda.ContextWarmer`) or in a child process
+(:class:`~mmd.kernelfile.launch.LaunchProcess`), so that it runs beside the imports that follow; this module
+imports neither numpy nor the pipeline before it (tests/test_oneshot.py holds it). Its :meth:`OneShot.run`
+then hands :func:`~mmd.pipeline.run_job` the backends that work made ready.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .config import Settings, kernel_cache_dir
-from .errors import BackendUnavailable, UsageError
+from .errors import BackendUnavailable, InputFormatError, UsageError
+from .hostbuffers import INPUT_SLOT, kept_buffers
 
 if TYPE_CHECKING:
     from .backends import BackendPool
@@ -26,12 +30,19 @@ if TYPE_CHECKING:
     from .job import Job
     from .kernelfile.launch import LaunchProcess
     from .pipeline import JobResult, PhaseHook
+    from .textcore import Header
+
+#: C's and the text's buffers are made beside the start only where together they are at most this many times the
+#: input's bytes. A square job's are at most about 3 times its input (values of 2 bytes, the fewest); a shape whose
+#: output outgrows its input more (a tall A times a wide B, k small) has them made on its path, as a header that
+#: promises more than the file holds does.
+OUTPUT_BUFFERS_PER_INPUT_BYTE = 4
 
 
 class OneShot:
     """The start of one job of ``src`` with the command line's ``settings``, made now: on a GPU its context and
-    the input's page-locked memory, or ``kernel_file``'s launch process (with the input's memory made in it
-    where the input will take the GPU text path).
+    its page-locked buffers (:func:`host_buffers`), or ``kernel_file``'s launch process (with the input's memory
+    made in it where the input will take the GPU text path).
 
     ``release``: close what was started when done (a caller's process: tests, scripts); False where the process
     ends with the job, which leaves the GPU's context and buffers to the process's end and the killed launch
@@ -51,7 +62,7 @@ class OneShot:
         elif settings.backend != "cpu":
             from .cuda.libcuda import ContextWarmer
 
-            self._warmer = ContextWarmer(settings.device, host_bytes=src.stat().st_size)
+            self._warmer = ContextWarmer(settings.device, host=host_buffers(src))
 
     def __enter__(self) -> OneShot:
         return self
@@ -101,13 +112,12 @@ class OneShot:
             self._launch.close()
 
     def _backend(self, pool: BackendPool, settings: Settings) -> Backend:
-        """The pool's backend for ``settings``, given the input's page-locked memory made beside the start."""
-        from .backends.base import INPUT_SLOT
-
+        """The pool's backend for ``settings``, given the page-locked memory made beside the start, each buffer as
+        its slot's."""
         backend = pool.get(settings)
-        memory = self._warmer.take_host_memory() if self._warmer is not None else None
-        if memory is not None:
-            backend.adopt_host(INPUT_SLOT, memory)
+        made = self._warmer.take_host_memory() if self._warmer is not None else {}
+        for slot, memory in made.items():
+            backend.adopt_host(slot, memory)
         return backend
 
     def _kernel_file(self, path: Path, settings: Settings) -> Backend:
@@ -121,6 +131,46 @@ class OneShot:
             kernel_cache_dir(settings),
         )
         return kernel_file_backend(path, settings, launch if ours else None)
+
+
+def host_buffers(src: Path) -> dict[str, int]:
+    """The page-locked buffers, by slot, a job of ``src`` is given beside its start: the input's (the file's size),
+    and C's and the text's of the product its header names (:func:`~mmd.hostbuffers.kept_buffers`), where the
+    header can be read and the file bears it out: its values fit the file (two bytes each at least) and the two
+    buffers are within :data:`OUTPUT_BUFFERS_PER_INPUT_BYTE` times its size. Else the input's alone: the pipeline
+    reads the file, and says what is wrong with it, as it would have."""
+    from .textcore import input_plausible  # numpy-free
+
+    size = src.stat().st_size
+    buffers = {INPUT_SLOT: size}
+    header = _header(src)
+    if header is None or not input_plausible(size, header.body_offset, header.m * header.k + header.k * header.n):
+        return buffers
+    output = kept_buffers(header.m, header.n)
+    if sum(output.values()) <= OUTPUT_BUFFERS_PER_INPUT_BYTE * size:
+        buffers.update(output)
+    return buffers
+
+
+def _header(src: Path) -> Header | None:
+    """``src``'s header, where it is a regular file whose first bytes hold one; else None."""
+    from .textcore import BOM, HEADER_WINDOW, parse_header  # numpy-free
+
+    try:
+        # not blocking: a pipe's open would wait for its writer (and its bytes are the job's: it is not read)
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        # ValueError: a number past int()'s digits; the pipeline reads the header again and reports it
+        with contextlib.suppress(OSError, ValueError, InputFormatError):
+            return parse_header(os.pread(fd, HEADER_WINDOW + len(BOM), 0), info.st_size)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _cuda_runs_here() -> None:

@@ -34,7 +34,8 @@ from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.memory import DeviceMatrix, device_bytes
 from mmd.cuda.pools import DEVICE_CACHE_CAP_BYTES, DeviceCache
 from mmd.cuda.stream import launch_build
-from mmd.cuda.text import Multiply, TextResult, kept_buffers
+from mmd.cuda.text import Multiply, TextResult
+from mmd.hostbuffers import kept_buffers
 
 LIMITS = registry.DeviceLimits(
     max_threads_per_block=1024,
@@ -107,7 +108,7 @@ class FakeText:
 
     def prepare(self, n: int) -> None:
         self.functions()
-        for slot, nbytes in kept_buffers(n).items():
+        for slot, nbytes in kept_buffers(n, n).items():
             self.session.memory.reserve_host(slot, nbytes)
 
     def multiply_text(self, data: bytes | memoryview, header: textformat.Header, multiply: Multiply) -> TextResult:

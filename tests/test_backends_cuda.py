@@ -7,6 +7,7 @@ freeing on every error path and the conversion of driver errors, with no GPU.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -14,13 +15,14 @@ import pytest
 
 from mmd import config
 from mmd import kernels as registry
-from mmd.backends.base import CUDA_PHASES, INPUT_SLOT, MultiplyRequest, input_bytes
+from mmd.backends.base import CUDA_PHASES, MultiplyRequest
 from mmd.backends.cpu import CpuBackend
 from mmd.backends.cuda import CudaBackend, prepared_size
 from mmd.cuda.libcuda import HostMemory
 from mmd.cuda.pools import PinnedPool
-from mmd.cuda.text import text_bytes
 from mmd.errors import BackendUnavailable, CudaError, KernelError, TileError
+from mmd.hostbuffers import C_SLOT, INPUT_SLOT, TEXT_SLOT, input_bytes, kept_buffers, text_bytes
+from mmd.textcore import FIELD_WIDTH
 
 from .fakes import COMPILE_MS, PHASE_MS, FakeSession, cuda_backend
 
@@ -269,7 +271,7 @@ def test_prepare_sets_aside_the_largest_square_job_the_budget_holds():
     held = backend.prepare(default)
     n = prepared_size(default)
     assert n >= 4096  # the default warm_up_mib covers the course's largest size
-    assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": text_bytes(n)}
+    assert session.reserved == {INPUT_SLOT: input_bytes(n), "c": 4 * n * n, "text_out": text_bytes(n, n)}
     assert held == session.memory.pinned_bytes() <= default
     assert session.text.built  # the text kernels are loaded too
 
@@ -314,6 +316,29 @@ def test_page_locked_memory_made_elsewhere_is_the_slot_s_and_freed_once_with_the
     assert sorted(freed) == ["adopted", "pool"] and not pool.holds(view)
     pool.free_all()
     assert sorted(freed) == ["adopted", "pool"]
+
+
+@pytest.mark.parametrize(("m", "n"), [(64, 64), (300, 100), (1, 1)])
+def test_the_output_s_buffers_made_before_a_job_are_the_ones_its_text_path_asks_for(m: int, n: int) -> None:
+    """A one-shot adopts C's and the text's buffers (kept_buffers): the text path's C (float32, m×n) and its text
+    (6 to 8 bytes a field, a newline a row) are views of them; a wider text outgrows its buffer, which is then
+    freed with the pool, once."""
+    freed: list[str] = []
+    pool = PinnedPool(lambda nbytes: np.empty(nbytes, np.uint8), lambda buf: freed.append("pool"))
+    made = {slot: np.empty(nbytes, np.uint8) for slot, nbytes in kept_buffers(m, n).items()}
+    for slot, buffer in made.items():
+        pool.adopt(slot, buffer, functools.partial(freed.append, slot))
+
+    def address(array: np.ndarray) -> int:
+        return int(array.__array_interface__["data"][0])
+
+    assert address(pool.get(C_SLOT, (m, n), np.float32)) == address(made[C_SLOT])
+    for size in (m * (FIELD_WIDTH * n + 1), text_bytes(m, n)):  # the narrowest text and the widest it holds
+        assert address(pool.get(TEXT_SLOT, size, np.uint8)) == address(made[TEXT_SLOT])
+    assert address(pool.get(TEXT_SLOT, text_bytes(m, n) + 1, np.uint8)) != address(made[TEXT_SLOT])
+    assert freed == []
+    pool.free_all()
+    assert sorted(freed) == sorted([C_SLOT, TEXT_SLOT, "pool"])
 
 
 def test_the_cuda_backend_gives_adopted_memory_to_its_session_and_the_cpu_frees_it():

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mmd.cuda import libcuda
-from mmd.cuda.libcuda import ContextWarmer, Driver, Int, Pointer, TensorMap, TileMap
+from mmd.cuda.libcuda import MAPPED, ContextWarmer, Driver, Int, Pointer, TensorMap, TileMap
 from mmd.errors import CudaError, KernelError
 
 
@@ -146,10 +146,11 @@ int cuDevicePrimaryCtxRelease_v2(int dev) { released++; return 0; }
 int cuGetErrorName(int code, const char **name) { *name = "CUDA_ERROR_FAKE"; return 0; }
 #include <stdlib.h>
 int pushed, popped, allocated, freed, fail_alloc;
+size_t fail_alloc_of;  /* an allocation of exactly this many bytes fails */
 int cuCtxPushCurrent_v2(void *ctx) { pushed++; return 0; }
 int cuCtxPopCurrent_v2(void **ctx) { popped++; return 0; }
 int cuMemHostAlloc(void **p, size_t n, unsigned flags) {
-    if (fail_alloc) return 2;
+    if (fail_alloc || n == fail_alloc_of) return 2;
     allocated += (int)n; *p = malloc(n); return 0;
 }
 int cuMemFreeHost(void *p) { freed++; free(p); return 0; }
@@ -162,16 +163,22 @@ int cuMemHostUnregister(void *p) { unregistered++; return 0; }
 """
 
 
-@pytest.fixture
-def lib(tmp_path: Path) -> ctypes.CDLL:
-    """The stand-in libcuda, built for this test."""
+def fake_libcuda(folder: Path) -> ctypes.CDLL:
+    """The stand-in libcuda, built in ``folder`` (a test's own: its counters start at 0); skips the test where
+    there is no C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the stand-in libcuda")
-    (tmp_path / "fake.c").write_text(FAKE_LIBCUDA)
-    so = tmp_path / "libfakecuda.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(tmp_path / "fake.c")], check=True)
+    (folder / "fake.c").write_text(FAKE_LIBCUDA)
+    so = folder / "libfakecuda.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(folder / "fake.c")], check=True)
     return ctypes.CDLL(str(so))
+
+
+@pytest.fixture
+def lib(tmp_path: Path) -> ctypes.CDLL:
+    """The stand-in libcuda, built for this test."""
+    return fake_libcuda(tmp_path)
 
 
 def counter(lib: ctypes.CDLL, name: str) -> int:
@@ -202,33 +209,51 @@ def test_no_driver_library_is_no_error():
     ContextWarmer(0, driver=lambda: Driver(ctypes.CDLL("libmmd-no-such-cuda.so.1"))).release()
 
 
-def test_the_input_s_page_locked_memory_is_made_in_the_context_and_freed_once(lib: ctypes.CDLL) -> None:
-    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=4096)
-    memory = warmer.take_host_memory()
-    assert memory is not None and memory.nbytes == 4096 and counter(lib, "allocated") == 4096
-    assert warmer.take_host_memory() is None  # taken once
+def test_each_slot_s_page_locked_memory_is_made_in_the_context_in_order_and_freed_once(lib: ctypes.CDLL) -> None:
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host={"input": 4096, "c": 64, "text_out": 128})
+    made = warmer.take_host_memory()
+    assert [(slot, memory.nbytes) for slot, memory in made.items()] == [("input", 4096), ("c", 64), ("text_out", 128)]
+    assert counter(lib, "allocated") == 4096 + 64 + 128
+    assert warmer.take_host_memory() == {}  # taken once
     warmer.release()
     assert counter(lib, "freed") == 0  # the taker frees what it took
-    memory.free()
-    assert counter(lib, "freed") == 1
-    assert counter(lib, "pushed") == counter(lib, "popped") == 2  # the context current for each call, then not
+    for memory in made.values():
+        memory.free()
+    assert counter(lib, "freed") == 3
+    assert counter(lib, "pushed") == counter(lib, "popped") == 6  # the context current for each call, then not
 
 
 def test_memory_no_one_took_is_freed_at_release_and_a_failed_allocation_costs_nothing(lib: ctypes.CDLL) -> None:
-    ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64).release()
-    assert (counter(lib, "allocated"), counter(lib, "freed"), counter(lib, "released")) == (64, 1, 1)
+    ContextWarmer(0, driver=lambda: Driver(lib), host={"input": 64, "c": 32}).release()
+    assert (counter(lib, "allocated"), counter(lib, "freed"), counter(lib, "released")) == (96, 2, 1)
     ctypes.c_int.in_dll(lib, "fail_alloc").value = 1
-    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host_bytes=64)
-    assert warmer.take_host_memory() is None
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host={"input": 64})
+    assert warmer.take_host_memory() == {}
     warmer.release()
     assert counter(lib, "pushed") == counter(lib, "popped")
+
+
+def test_a_slot_that_cannot_be_made_is_left_to_the_job_and_the_others_are_made(lib: ctypes.CDLL) -> None:
+    ctypes.c_size_t.in_dll(lib, "fail_alloc_of").value = 32
+    # "c" fails; an empty input (0 bytes) has nothing to make
+    warmer = ContextWarmer(0, driver=lambda: Driver(lib), host={"input": 0, "c": 32, "text_out": 128, "other": 64})
+    made = warmer.take_host_memory()
+    assert {slot: memory.nbytes for slot, memory in made.items()} == {"text_out": 128, "other": 64}
+    assert counter(lib, "allocated") == 128 + 64
+    warmer.release()
+    for memory in made.values():
+        memory.free()
+    assert counter(lib, "freed") == 2 and counter(lib, "pushed") == counter(lib, "popped")
 
 
 def test_mapped_memory_is_page_locked_where_it_lies_in_the_context_and_unlocked_once(lib: ctypes.CDLL) -> None:
     buffer = ctypes.create_string_buffer(4096)
     warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 4096))
-    memory = warmer.take_host_memory()
-    assert memory is not None and (memory.address, memory.nbytes) == (ctypes.addressof(buffer), 4096)
+    made = warmer.take_host_memory()
+    assert list(made) == [MAPPED]
+    memory = made[MAPPED]
+    assert (memory.address, memory.nbytes) == (ctypes.addressof(buffer), 4096)
+    assert warmer.take_host_memory() == {}  # taken once
     assert counter(lib, "registered") == 4096 and counter(lib, "allocated") == 0
     warmer.release()
     assert counter(lib, "unregistered") == 0  # the taker unlocks what it took
@@ -237,19 +262,19 @@ def test_mapped_memory_is_page_locked_where_it_lies_in_the_context_and_unlocked_
     assert counter(lib, "pushed") == counter(lib, "popped") == 2  # its context current for each call, then not
 
 
-def test_memory_that_cannot_be_mapped_or_locked_is_none_and_what_no_one_took_is_unlocked(lib: ctypes.CDLL) -> None:
+def test_memory_that_cannot_be_mapped_or_locked_is_not_made_and_what_no_one_took_is_unlocked(lib: ctypes.CDLL) -> None:
     buffer = ctypes.create_string_buffer(64)
 
     def no_memory_file() -> tuple[int, int]:
         raise OSError(24, "Too many open files")
 
     warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=no_memory_file)
-    assert warmer.take_host_memory() is None
+    assert warmer.take_host_memory() == {}
     warmer.release()
     ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 64)).release()
     assert (counter(lib, "registered"), counter(lib, "unregistered")) == (64, 1)
     ctypes.c_int.in_dll(lib, "fail_register").value = 1
     warmer = ContextWarmer(0, driver=lambda: Driver(lib), mapped=lambda: (ctypes.addressof(buffer), 64))
-    assert warmer.take_host_memory() is None
+    assert warmer.take_host_memory() == {}
     warmer.release()
     assert counter(lib, "released") == 3 and counter(lib, "pushed") == counter(lib, "popped")

@@ -20,16 +20,6 @@ from ..textformat import Header
 if TYPE_CHECKING:
     from ..cuda.libcuda import HostMemory
 
-#: The host buffer a job's input bytes are read into (:meth:`Backend.host_array`'s slot).
-INPUT_SLOT = "input"
-
-
-def input_bytes(n: int) -> int:
-    """Bytes a square n×n input takes, for buffers made ready before one comes: two matrices of fields
-    up to 8 bytes ("-999.99 ")."""
-    return 16 * n * n
-
-
 #: Every phase a backend may time, in the order they happen. ``cuda`` is the
 #: course's "CUDA time": malloc + h2d + kernel + d2h + free.
 CUDA_PHASES: tuple[str, ...] = ("malloc", "h2d", "kernel", "d2h", "free")

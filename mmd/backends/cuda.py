@@ -33,11 +33,12 @@ from ..config import MEMORY_MODES
 from ..cuda.compiler import Compiled
 from ..cuda.libcuda import HostMemory
 from ..cuda.memory import DeviceMatrix
-from ..cuda.text import Multiply, TextResult, Timer, fits, text_bytes
+from ..cuda.text import Multiply, TextResult, Timer, fits
 from ..errors import CudaError, KernelError, MmdError
+from ..hostbuffers import INPUT_SLOT, input_bytes, text_bytes
 from ..record import TextFacts
 from ..textformat import Header
-from .base import CUDA_PHASES, INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product, TextProduct, input_bytes
+from .base import CUDA_PHASES, Backend, DeviceText, MultiplyRequest, Product, TextProduct
 
 _MIB = 1024 * 1024
 #: How many shapes :class:`CudaBackend` keeps its checks for (a worker sees few; the bound is for a flood of odd ones).
@@ -47,7 +48,7 @@ T = TypeVar("T")
 
 def prepared_size(budget: int) -> int:
     """The largest n whose n×n job's buffers (input, C, text) fit ``budget`` bytes."""
-    per_n2 = input_bytes(1) + 4 + text_bytes(1)  # input, C (float32), text
+    per_n2 = input_bytes(1) + 4 + text_bytes(1, 1)  # input, C (float32), text
     return math.isqrt(max(budget, 0) // per_n2)
 
 

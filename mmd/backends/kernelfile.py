@@ -24,6 +24,7 @@ import numpy as np
 from .. import kernels as registry
 from ..cuda.text import fits
 from ..errors import KernelError, KernelFileError
+from ..hostbuffers import INPUT_SLOT
 from ..kernelfile.exchange import Shared
 from ..kernelfile.launch import Launch, LaunchProcess, Ran, arguments
 from ..kernelfile.nvrtc import CompileLimits, compile_kernel
@@ -31,7 +32,7 @@ from ..kernelfile.padding import check_padded, crop, pad_operands, padded_shape
 from ..kernelfile.reading import read_kernel_file
 from ..record import KernelFileFacts, Shape, TextFacts
 from ..textformat import Header
-from .base import CUDA_PHASES, INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product, TextProduct
+from .base import CUDA_PHASES, Backend, DeviceText, MultiplyRequest, Product, TextProduct
 
 #: Compiler warnings a job's sidecar notes at most.
 MAX_WARNING_NOTES = 5

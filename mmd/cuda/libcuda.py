@@ -23,7 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -396,6 +396,8 @@ class Driver:
 
 #: Maps memory to page-lock (a memory file another process reads into): its address and size.
 Mapper = Callable[[], tuple[int, int]]
+#: The slot :meth:`ContextWarmer.take_host_memory` gives ``mapped``'s memory under.
+MAPPED = "mapped"
 
 
 class ContextWarmer:
@@ -409,56 +411,61 @@ class ContextWarmer:
     thread just ends, and the backend says why when it opens. :meth:`release`
     gives back this thread's hold on the context once the job is done.
 
-    The job's input memory is made on the same thread once the context is up: ``host_bytes`` of page-locked
-    memory the driver allocates, or the memory ``mapped`` maps (a memory file another process reads the input
-    into: its address and size), page-locked where it lies.
+    The job's page-locked memory is made on the same thread once the context is up: for each slot of ``host``,
+    in its order, that many bytes the driver allocates (a slot of 0 bytes gets none); and the memory ``mapped``
+    maps (a memory file another process reads the input into: its address and size), page-locked where it lies,
+    as slot :data:`MAPPED`. A slot whose memory cannot be made is left out: the job makes its own, as it would
+    have.
     """
 
     def __init__(
         self,
         device: int,
         driver: Callable[[], Driver] = Driver,
-        host_bytes: int = 0,
+        host: Mapping[str, int] | None = None,
         mapped: Mapper | None = None,
     ) -> None:
         self._held: Driver | None = None
         self._device = device
-        self._host: HostMemory | None = None
+        #: What the thread made, by slot; read once it has ended.
+        self._host: dict[str, HostMemory] = {}
         self._thread = threading.Thread(
-            target=self._warm, args=(driver, host_bytes, mapped), name="mmd-cuda-warm", daemon=True
+            target=self._warm, args=(driver, dict(host or {}), mapped), name="mmd-cuda-warm", daemon=True
         )
         self._thread.start()
 
-    def _warm(self, driver: Callable[[], Driver], host_bytes: int, mapped: Mapper | None) -> None:
+    def _warm(self, driver: Callable[[], Driver], host: dict[str, int], mapped: Mapper | None) -> None:
         try:
             made = driver()
             context = made.retain_primary_context(self._device)
         except (BackendUnavailable, CudaError, OSError):
             return  # the backend, opening, says why there is no GPU
         self._held = made
-        # where it cannot be made, the job makes its own, as it would have
-        with contextlib.suppress(CudaError, OSError):
-            if host_bytes > 0:
-                self._host = made.host_alloc(context, host_bytes)
-            elif mapped is not None:
-                address, nbytes = mapped()
-                self._host = HostMemory(address, nbytes, made.host_register(address, nbytes, context))
+        # one that fails (out of page-locked memory) costs only itself: the job makes it, as it would have
+        for slot, nbytes in host.items():
+            if nbytes > 0:
+                with contextlib.suppress(CudaError, OSError):
+                    self._host[slot] = made.host_alloc(context, nbytes)
+        if mapped is not None:
+            with contextlib.suppress(CudaError, OSError):
+                address, size = mapped()
+                self._host[MAPPED] = HostMemory(address, size, made.host_register(address, size, context))
 
-    def take_host_memory(self) -> HostMemory | None:
-        """The page-locked memory made beside the job's start (``host_bytes`` or ``mapped``), once (None: none was
-        made); the taker frees it."""
+    def take_host_memory(self) -> dict[str, HostMemory]:
+        """The page-locked memory made beside the job's start, by slot (``host``'s, then :data:`MAPPED`), once:
+        the slots it could not make are not there; the taker frees what it takes."""
         self._thread.join()
-        host, self._host = self._host, None
+        host, self._host = self._host, {}
         return host
 
     def release(self) -> None:
         """Wait for the thread, free the page-locked memory no one took, and give back its hold on the context
         (pycuda keeps its own)."""
         self._thread.join()
-        if self._host is not None:
+        left, self._host = self._host, {}
+        for memory in left.values():
             with contextlib.suppress(CudaError):
-                self._host.free()
-            self._host = None
+                memory.free()
         if self._held is not None:
             held, self._held = self._held, None
             with contextlib.suppress(CudaError):

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import textformat
+from ..hostbuffers import C_SLOT, TEXT_SLOT, kept_buffers
 from ..kernels import TEXT_KERNEL_FILES
 from ..resources import kernels_dir
 from ..textformat import Header
@@ -144,20 +145,6 @@ class Timer(Protocol):
     def elapsed_ms(self) -> dict[str, float]: ...
 
 
-def text_bytes(n: int) -> int:
-    """Bytes set aside for an n×n product's text: fields up to 8 bytes ("99999.99"), a newline a row."""
-    return n * (8 * n + 1)
-
-
-#: The page-locked slots the text path downloads C and the output's text into.
-C_SLOT, TEXT_SLOT = "c", "text_out"
-
-
-def kept_buffers(n: int) -> dict[str, int]:
-    """The page-locked slots, and their bytes, that the text path keeps ready for an n×n product."""
-    return {C_SLOT: 4 * n * n, TEXT_SLOT: text_bytes(n)} if n > 0 else {}
-
-
 class Multiply(Protocol):
     """The job's multiply on parsed A and B into C, on the session's stream; it times its own phases on
     ``timer`` (``kernel`` at least)."""
@@ -183,9 +170,9 @@ class GpuText:
 
     def prepare(self, n: int) -> None:
         """Load the text kernels, and allocate and keep the page-locked buffers an n×n product's text needs:
-        its C and its text (:func:`text_bytes`; wider fields take a bigger buffer when they come)."""
+        its C and its text (:func:`~mmd.hostbuffers.text_bytes`; wider fields take a bigger buffer when they come)."""
         self.functions()
-        for slot, nbytes in kept_buffers(n).items():
+        for slot, nbytes in kept_buffers(n, n).items():
             self._memory.reserve_host(slot, nbytes)
 
     def multiply_text(self, data: bytes | memoryview, header: Header, multiply: Multiply) -> TextResult:

@@ -43,6 +43,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..hostbuffers import INPUT_SLOT
 from ..spawning import die_with_parent
 
 if TYPE_CHECKING:
@@ -326,7 +327,7 @@ def _premade(session: Any, premade: _Premade | None, locked: HostMemory | None) 
     if locked is None:
         premade.input.close()
         return None
-    session.memory.adopt_host("input", locked)
+    session.memory.adopt_host(INPUT_SLOT, locked)
     return premade
 
 
@@ -336,7 +337,7 @@ def main() -> None:
     die_with_parent(parent)  # a kernel left spinning would hold the GPU with no one to stop it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     faulthandler.enable()  # a crash (the driver's, a library's) says where on the error output the parent keeps
-    from ..cuda.libcuda import ContextWarmer
+    from ..cuda.libcuda import MAPPED, ContextWarmer
 
     # The driver's start, the context (pycuda retains the same primary context) and a one-shot's input memory on
     # a thread beside the imports below (numpy's first): the parent is waiting for them.
@@ -351,7 +352,7 @@ def main() -> None:
         from ..cuda.session import GpuSession
 
         session = GpuSession(device, Path(cache) if cache else None)
-        premade = _premade(session, premade, warmer.take_host_memory())
+        premade = _premade(session, premade, warmer.take_host_memory().get(MAPPED))
     except MmdError as exc:
         control.send({"error": exc.as_dict()})
         os._exit(0)

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from .. import textformat
-from ..backends.base import INPUT_SLOT, Backend, DeviceText, MultiplyRequest, Product
+from ..backends.base import Backend, DeviceText, MultiplyRequest, Product
+from ..hostbuffers import INPUT_SLOT
 from ..record import TextFacts
 from ..textformat import Header
 
