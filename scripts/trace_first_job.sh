@@ -10,7 +10,7 @@ mkdir -p "$d/inbox" "$d/outbox"
 python3 -m mmd gen 32 --seed 1 -o "$d/inbox/a.txt" -q
 rm -f "$log"
 export MMDBENCH_TRACE_FILE=$log PYTHONPATH="$PWD/benchmarks/trace:${PYTHONPATH:-$PWD}"
-export MMDBENCH_TRACE_POINTS="mmd.backends:worker_devices,BackendPool.get;mmd.cuda.driver:device_count,count_devices;mmd.daemon.pool:WorkerPool.start,WorkerHandle.start;mmd.daemon.worker:serve;mmd.daemon.server:Daemon._await_workers,Daemon._say_serving;mmd.cuda.session:GpuSession.__init__"
+export MMDBENCH_TRACE_POINTS="mmd.backends:worker_devices,BackendPool.get;mmd.cuda.driver:device_count;mmd.daemon.pool:WorkerPool.start,WorkerHandle.start;mmd.daemon.worker:serve;mmd.daemon.server:Daemon._await_workers,Daemon._say_serving;mmd.cuda.session:GpuSession.__init__"
 start=$(date +%s.%N)
 (cd "$d" && MMD_BACKEND=cuda MMD_WORKERS_PER_DEVICE=$n exec python3 -m mmd serve >serve.log 2>&1) &
 pid=$!

@@ -98,59 +98,6 @@ def test_worker_devices(monkeypatch):
     assert backends.worker_devices("cuda", None) == [0]
 
 
-def test_the_gpus_are_counted_once_on_a_thread_of_their_own_as_serve_reads_its_settings(monkeypatch):
-    """mmd serve starts counting the GPUs as soon as it knows its backend, so that the count (pycuda's import and
-    the driver's start) runs beside the daemon's imports; worker_devices then takes that count. Nothing is
-    counted for the cpu backend or for configured devices."""
-    import threading
-
-    from mmd.cuda import driver
-
-    counted: list[str] = []
-    release = threading.Event()
-
-    def count() -> int:
-        counted.append(threading.current_thread().name)
-        release.wait(5)
-        return 2
-
-    monkeypatch.setattr(driver, "count_devices", count)
-    monkeypatch.setattr(driver, "_ahead", None)
-    backends.count_devices_ahead("cpu", None)
-    backends.count_devices_ahead("cuda", (0,))
-    assert counted == [] and driver._ahead is None
-    backends.count_devices_ahead("auto", None)
-    backends.count_devices_ahead("cuda", None)  # once
-    release.set()
-    assert backends.worker_devices("cuda", None) == [0, 1]
-    assert backends.worker_devices("cuda", None, 2) == [0, 0, 1, 1]
-    assert counted == ["mmd-count-gpus"]
-
-
-def test_serve_counts_the_gpus_ahead_with_its_settings(monkeypatch, tmp_path):
-    from mmd.cli import serve_cmd
-
-    asked: list[tuple[str, object]] = []
-    monkeypatch.setattr(backends, "count_devices_ahead", lambda backend, devices: asked.append((backend, devices)))
-
-    class Stop(Exception):
-        pass
-
-    def no_daemon(*args, **kwargs):
-        raise Stop
-
-    import mmd.daemon
-
-    monkeypatch.setattr(mmd.daemon, "Daemon", no_daemon)
-    from mmd.cli import build_parser
-
-    monkeypatch.chdir(tmp_path)
-    args = build_parser().parse_args(["serve", "--backend", "cuda", "--create"])
-    with pytest.raises(Stop):
-        serve_cmd.run(args)
-    assert asked == [("cuda", None)]
-
-
 def test_devices_setting():
     assert config.load(None, environ={"MMD_DEVICES": "0,1"}).devices == (0, 1)
     assert config.load(None, environ={"MMD_DEVICES": "[2, 3]"}).devices == (2, 3)

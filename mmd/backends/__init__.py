@@ -63,15 +63,6 @@ def worker_devices(backend: str, devices: tuple[int, ...] | list[int] | None, pe
     return [d for d in range(count) for _ in range(per_device)]
 
 
-def count_devices_ahead(backend: str, devices: tuple[int, ...] | list[int] | None) -> None:
-    """Begin the count of GPUs :func:`worker_devices` will need for these settings, on a thread of its own
-    (:func:`mmd.cuda.driver.count_ahead`); nothing where it will need none (the cpu backend, devices named)."""
-    if backend != "cpu" and devices is None:
-        from ..cuda.driver import count_ahead
-
-        count_ahead()
-
-
 class BackendPool:
     """The backends one thread has opened, by setting: a job asks for one by its settings, all close together.
 

@@ -53,9 +53,6 @@ def run(args: argparse.Namespace) -> int:
     # the workers' fork server, started first thing (mmd.cli), imports the pipeline while this process reads its
     # settings and imports the daemon
     settings = _settings(args)
-    from .. import backends
-
-    backends.count_devices_ahead(settings.backend, settings.devices)  # beside the daemon's imports
     from ..daemon import Daemon  # the watchdog, metrics and workers: only for this command
 
     return Daemon(settings, reload=lambda: _settings(args)).serve(once=args.once)

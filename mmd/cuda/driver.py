@@ -9,7 +9,6 @@ without CUDA. A missing pycuda, driver or device raises
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from typing import Any
 
@@ -30,7 +29,7 @@ def load() -> Any:
     return cuda
 
 
-def count_devices() -> int:
+def device_count() -> int:
     """How many CUDA devices the driver shows (after CUDA_VISIBLE_DEVICES); 0 without pycuda or a driver.
 
     Initialises the driver only: no context is made in the calling thread.
@@ -41,34 +40,6 @@ def count_devices() -> int:
         return int(cuda.Device.count())
     except Exception:  # no pycuda, no driver, no device: no GPU workers
         return 0
-
-
-#: The count :func:`count_ahead` began; None: :func:`device_count` counts when asked.
-_ahead: concurrent.futures.Future[int] | None = None
-
-
-def count_ahead() -> None:
-    """Begin counting the devices on a thread of its own (once a process): ``mmd serve`` does as soon as it knows
-    it will need the count, so that pycuda's import and the driver's start, on a fresh daemon's way to its
-    first job, run beside the daemon's own imports."""
-    global _ahead
-    if _ahead is not None:
-        return
-    future: concurrent.futures.Future[int] = concurrent.futures.Future()
-
-    def count() -> None:
-        try:
-            future.set_result(count_devices())
-        except BaseException as exc:  # count_devices says 0 for every failure it expects; anything else, to the asker
-            future.set_exception(exc)
-
-    threading.Thread(target=count, name="mmd-count-gpus", daemon=True).start()
-    _ahead = future
-
-
-def device_count() -> int:
-    """:func:`count_devices`, or the count :func:`count_ahead` began (waited for)."""
-    return _ahead.result() if _ahead is not None else count_devices()
 
 
 def one_line(exc: BaseException) -> str:
