@@ -391,7 +391,7 @@ mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 
      * slab t-1+STAGES as soon as all of them have (STAGES - 1 slabs in flight). */
     auto step = [&](int t, uint32_t (&f)[BK / 8][4], uint32_t (&f_prev)[BK / 8][4]) {
         const int s = t % STAGES;
-        mbar_wait(full(s), (t / STAGES) & 1);
+        mbar_wait<(CLUSTER_N > 1)>(full(s), (t / STAGES) & 1);
         load_frags(s, f);
         issue(s, f);
         wgmma_wait<1>();
@@ -403,7 +403,7 @@ mmd_tc1(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM/CLUSTER_N, 
                 for (unsigned r = 0; r < CLUSTER_N; ++r) mbar_arrive_in(empty(sp), r);
             const int next = t - 1 + STAGES;
             if (tid == 0 && next < slabs) {
-                mbar_wait(empty(sp), ((next / STAGES) + 1) & 1);
+                mbar_wait<(CLUSTER_N > 1)>(empty(sp), ((next / STAGES) + 1) & 1);
                 produce(next);
             }
             __syncwarp();

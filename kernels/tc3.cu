@@ -127,18 +127,17 @@
  * producers: 128); dynamic shared memory STAGES * (2 * BM * BK + BK * BN) * 4 +
  * 1024 + 24 * STAGES = 197728 bytes; A and B 16-byte aligned with ld a
  * multiple of 4 floats, else the cp.async build runs (mmd/cuda/stream.py,
- * launch_build). ptxas (nvcc 13.0, sm_90a): 168 registers, 0 spills.
- * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py, docs/tensorcores.md): 4096^3 in 1.330 ms
- * (103.4 TFLOP/s, 1.98x cuBLAS SGEMM; the cp.async build 1.436 ms in the same run), max rel error
- * vs float64 7.0e-7.
+ * launch_build). ptxas (nvcc 13.0, sm_90a): 168 registers at launch, 0 spills (after setmaxnreg
+ * the multipliers may use up to 232: ptxas allocates them by it).
+ * Its barrier waits acquire at the block's scope: no cluster, no remote arrival (cluster scope would
+ * invalidate L1 at every wait). Its figures: docs/tensorcores.md, "The TMA build of tc3".
  *
  * ptxas (nvcc 13.0, -cubin -O3 -Xptxas -v, default macros), 1 barrier each:
  *   -gencode=arch=compute_90a,code=sm_90a (wgmma):  212 registers, 0 bytes stack frame, 0 spill stores/loads
  *                                                   (PROMOTE=2: 241 registers, no spills)
  *   -arch=sm_90 (mma.sync):                         208 registers, 0 bytes stack frame, 0 spill stores/loads
  *   -arch=sm_80 (mma.sync):                         196 registers, 0 bytes stack frame, 0 spill stores/loads
- * Measured (one H100 80GB HBM3, benchmarks/tc_ladder.py round 3, docs/tensorcores.md): 4096^3 in
- * 1.440 ms (95.4 TFLOP/s, 1.82x cuBLAS SGEMM), max rel error vs float64 7.3e-7 (cuBLAS SGEMM 3.3e-6).
+ * Figures for both paths: docs/tensorcores.md (benchmarks/tc_ladder.py).
  */
 #include <stdint.h>
 
@@ -365,7 +364,7 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
             for (int t = 0; t < STAGES && t < slabs; ++t) produce(t);
         for (int t = 0; t < slabs; ++t) {
             const int s = t % STAGES;
-            mbar_wait(full(s), (t / STAGES) & 1);
+            mbar_wait<false>(full(s), (t / STAGES) & 1);
             float4* big = reinterpret_cast<float4*>(tiles_ptr + s * TMA_STAGE_BYTES);
             /* A's big part is A as loaded; its small part goes beside it. Elementwise: any layout, here the
              * swizzled one, 16 bytes a thread in turn. */
@@ -380,7 +379,7 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
             mbar_arrive(ready(s));
             const int next = t - 1 + STAGES;
             if (tid == 0 && t > 0 && next < slabs) {
-                mbar_wait(empty((t - 1) % STAGES), ((t - 1) / STAGES) & 1);
+                mbar_wait<false>(empty((t - 1) % STAGES), ((t - 1) / STAGES) & 1);
                 produce(next);
             }
         }
@@ -399,8 +398,8 @@ mmd_tc3(const __grid_constant__ CUtensorMap map_a, /* A: box BK x BM, 128-byte s
     /* Slab t's B^T fragments, split, once its stage is copied and split. */
     auto load_frags = [&](int t, Frags& f) {
         const int s = t % STAGES, parity = (t / STAGES) & 1;
-        mbar_wait(full(s), parity);
-        mbar_wait(ready(s), parity);
+        mbar_wait<false>(full(s), parity); /* no cluster: the block's scope (no L1 invalidation) */
+        mbar_wait<false>(ready(s), parity);
 #pragma unroll
         for (int kk = 0; kk < BK / 8; ++kk) {
             float2 lo, hi;

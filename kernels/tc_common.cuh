@@ -369,17 +369,27 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, unsigned bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-/* Wait until the barrier's phase of this parity has completed (acquire at cluster scope: remote arrivals). */
+/* Wait until the barrier's phase of this parity has completed. Cluster: acquire at cluster scope (remote
+ * arrivals; it invalidates L1); else at the block's. */
+template <bool Cluster>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity)
 {
     uint32_t done;
     do {
-        asm volatile("{\n .reg .pred p;\n"
-                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
+        if constexpr (Cluster)
+            asm volatile("{\n .reg .pred p;\n"
+                         " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n"
+                         " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
     } while (!done);
 }
 
