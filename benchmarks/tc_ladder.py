@@ -87,9 +87,7 @@ ACC_COLUMNS = [
     "tc1_tma_tf",
     "tc3",
     "tc3_p2",
-    "tc3_tma_t",
-    "tc3_tma_tb",
-    "tc3_tma_tbp2",
+    "tc3_tma",
 ]
 ACCURACY_KS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ACCURACY_MN = 1024
