@@ -72,6 +72,18 @@ def test_check_catches_a_wrong_value_and_a_bad_format(tmp_path):
 
 
 @pytest.mark.integration  # runs mmd as a real process
+def test_a_header_size_of_thousands_of_digits_is_an_input_refusal_in_one_line(tmp_path):
+    """int() raised ValueError on it: a traceback from `mmd run`, an 'internal error' from the daemon."""
+    src = tmp_path / "big.txt"
+    src.write_text("9" * 5000 + "\n1 2\n")
+    r = run_mmd("run", str(src), "-o", str(tmp_path / "out.txt"), "--backend", "cpu")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert "more than 19 digits" in r.stderr
+    refusal = yaml.safe_load((tmp_path / "out.error.yaml").read_text())
+    assert refusal["error"]["kind"] == "input" and refusal["error"]["line"] == 1
+
+
+@pytest.mark.integration  # runs mmd as a real process
 def test_usage_errors_are_one_line(tmp_path):
     r = run_mmd("run")
     assert r.returncode == 2 and "Traceback" not in r.stderr
