@@ -29,7 +29,6 @@ from .backends.base import MultiplyRequest
 from .config import COMMAND_LINE, Settings
 from .errors import JobNameError, MmdError
 from .kernelchoice import SUFFIX
-from .kernelfile.store import KernelStore
 from .record import Context
 
 
@@ -78,6 +77,9 @@ def own_kernels(base: Settings, submitter: str | None, pinned: Path | None = Non
     job was queued: ``NAME`` picks it, whatever was handed in since."""
     if not (base.student_kernels and base.class_mode and base.state_dir is not None and submitter):
         return None
+    # imported here: a kernel file's reading (its lexer, its sandbox) is class mode's, not every job's start
+    from .kernelfile.store import KernelStore
+
     store = KernelStore.of(base.state_dir)
 
     def pick(name: str) -> Path | None:

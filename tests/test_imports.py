@@ -227,6 +227,21 @@ def test_a_one_shot_that_logs_nothing_imports_no_logging_library(tmp_path: Path)
     assert "numpy" in names and not {m for m in names if m == "structlog" or m.startswith(("structlog.", "rich"))}
 
 
+@pytest.mark.integration  # runs real processes
+def test_a_one_shot_of_mmds_own_kernel_reads_no_kernel_file(tmp_path: Path):
+    # a kernel file's reading (its lexer's patterns, its include sandbox: about 20 ms of imports on the VM) is a
+    # kernel file's or a class's, not every job's start
+    (tmp_path / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
+    code = (
+        "import sys\nfrom mmd.cli import main\ntry:\n"
+        f"    main(['run', {str(tmp_path / 'm.txt')!r}, '--backend', 'cpu', '-q'])\n"
+        "except SystemExit:\n    pass\n"
+    )
+    out = _run_python("-c", code + "print(*sorted(sys.modules))")
+    assert (tmp_path / "m.out").exists()
+    assert [m for m in out.split() if m.startswith(("mmd.kernelfile.lexer", "mmd.kernelfile.sandbox"))] == []
+
+
 def test_the_logging_library_is_made_ready_before_the_first_line_where_asked():
     # the daemon makes it ready while its first worker starts, so that "serving" waits for no import
     code = (
