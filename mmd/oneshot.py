@@ -165,8 +165,8 @@ def _header(src: Path) -> Header | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        # ValueError: a number past int()'s digits; the pipeline reads the header again and reports it
-        with contextlib.suppress(OSError, ValueError, InputFormatError):
+        # a header it refuses: the pipeline reads it again and says why
+        with contextlib.suppress(OSError, InputFormatError):
             return parse_header(os.pread(fd, HEADER_WINDOW + len(BOM), 0), info.st_size)
         return None
     finally:
