@@ -164,11 +164,17 @@ def test_an_input_that_cannot_be_read_gets_only_its_size_s_buffer(
     assert host_buffers(src) == {INPUT_SLOT: src.stat().st_size}
 
 
-def test_an_input_this_user_may_not_read_gets_only_its_size_s_buffer(tmp_path: Path) -> None:
+def test_an_input_this_user_may_not_open_gets_only_its_size_s_buffer(tmp_path: Path, monkeypatch) -> None:
+    # the open refused as for a file of mode 0 (root, as CI runs, opens any file: the refusal is injected)
     src = values_file(tmp_path / "a.txt", "4", 32)
-    src.chmod(0)
-    if os.access(src, os.R_OK):
-        pytest.skip("this user reads any file")
+    opened = os.open
+
+    def refused(path, flags, *args):
+        if Path(path) == src:
+            raise PermissionError(13, "Permission denied")
+        return opened(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refused)
     assert host_buffers(src) == {INPUT_SLOT: src.stat().st_size}
 
 
