@@ -21,7 +21,8 @@
 # tensor    the tensor-core kernels' TMA builds: benchmarks/tc_ladder.py --only $TENSOR_BUILDS (compile, check on
 #           16 shapes x 3 layouts, 4096^3 and 8192^3 beside cuBLAS SGEMM and TF32, the accuracy sweep), then the
 #           GPU tests that hold which build runs where and that tc3's TMA build gives the cp.async build's bits
-# oneshot   one-shot `mmd run` of a 4096 job, wall clock, beside .wholejob/prev when it is there
+# oneshot   one-shot `mmd run` of a 4096 job, wall clock, beside .wholejob/prev when it is there; then one run
+#           traced (scripts/trace_oneshot.sh)
 # first     benchmarks/bench_first_job.py: a fresh daemon's first 32x32 job, 1 and 8 workers, the kernel built
 #           (beside .wholejob/prev when it is there)
 #
@@ -230,6 +231,9 @@ for _ in range(5):
 for name, w in walls.items():
     print(f"mmd run 4096 ({name}): median {statistics.median(w):.3f} s, min {min(w):.3f}, max {max(w):.3f}")
 PY
+    # and one run of this tree traced: its imports, the warmer's work and the pipeline's steps
+    timeout 60 bash scripts/trace_oneshot.sh 4096 "$OUT/oneshot-trace.log" >"$OUT/oneshot-trace.txt" 2>&1 || status=1
+    grep -E "ended at|OneShot|ContextWarmer|read_input|multiply_text|publish|os._exit" "$OUT/oneshot-trace.txt"
 }
 
 stage_first() {
