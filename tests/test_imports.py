@@ -211,19 +211,24 @@ def test_the_one_shot_gpu_warmer_starts_before_numpy_is_imported():
     assert [m for m in out.split() if m == "numpy" or m.startswith("numpy.")] == []
 
 
+def _one_shot_modules(folder: Path) -> set[str]:
+    """The modules a real process has imported once `mmd run` of a small job on the cpu backend is done."""
+    (folder / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
+    code = (
+        "import sys\nfrom mmd.cli import main\ntry:\n"
+        f"    main(['run', {str(folder / 'm.txt')!r}, '--backend', 'cpu', '-q'])\n"
+        "except SystemExit:\n    pass\n"
+    )
+    out = _run_python("-c", code + "print(*sorted(sys.modules))")
+    assert (folder / "m.out").exists()
+    return set(out.split())
+
+
 @pytest.mark.integration  # runs real processes
 def test_a_one_shot_that_logs_nothing_imports_no_logging_library(tmp_path: Path):
     # structlog (with the rich it imports) is about numpy's import again: a command pays for it once it logs
     # a line at its level, not before; here the cpu backend's note (info) is below the default level
-    (tmp_path / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
-    code = (
-        "import sys\nfrom mmd.cli import main\ntry:\n"
-        f"    main(['run', {str(tmp_path / 'm.txt')!r}, '--backend', 'cpu', '-q'])\n"
-        "except SystemExit:\n    pass\n"
-    )
-    out = _run_python("-c", code + "print(*sorted(sys.modules))")
-    assert (tmp_path / "m.out").exists()
-    names = set(out.split())
+    names = _one_shot_modules(tmp_path)
     assert "numpy" in names and not {m for m in names if m == "structlog" or m.startswith(("structlog.", "rich"))}
 
 
@@ -231,15 +236,8 @@ def test_a_one_shot_that_logs_nothing_imports_no_logging_library(tmp_path: Path)
 def test_a_one_shot_of_mmds_own_kernel_reads_no_kernel_file(tmp_path: Path):
     # a kernel file's reading (its lexer's patterns, its include sandbox: about 20 ms of imports on the VM) is a
     # kernel file's or a class's, not every job's start
-    (tmp_path / "m.txt").write_text("2\n1 2\n3 4\n5 6\n7 8\n")
-    code = (
-        "import sys\nfrom mmd.cli import main\ntry:\n"
-        f"    main(['run', {str(tmp_path / 'm.txt')!r}, '--backend', 'cpu', '-q'])\n"
-        "except SystemExit:\n    pass\n"
-    )
-    out = _run_python("-c", code + "print(*sorted(sys.modules))")
-    assert (tmp_path / "m.out").exists()
-    assert [m for m in out.split() if m.startswith(("mmd.kernelfile.lexer", "mmd.kernelfile.sandbox"))] == []
+    names = _one_shot_modules(tmp_path)
+    assert [m for m in names if m.startswith(("mmd.kernelfile.lexer", "mmd.kernelfile.sandbox"))] == []
 
 
 def test_the_logging_library_is_made_ready_before_the_first_line_where_asked():
